@@ -1,0 +1,3 @@
+"""Equal-occupancy bucket fitting (1D/2D), allocation, batch forming, the batch planner and
+the simulators (padding, step-time cost, tail worker). Pure functions over arrays and
+frames: no paths, no torch, nothing of ``dataprep/`` or ``oom/``."""

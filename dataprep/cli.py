@@ -1,0 +1,16 @@
+"""The ``dataprep`` command line. Each ``commands_*`` module registers its commands on ``app``."""
+
+from __future__ import annotations
+
+from dataprep.cli_app import app
+from dataprep import commands_prep  # noqa: F401  (train-tokenizer, compile, stats, filter, demo)
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The typer application object and the error boundary shared by every command module.
+
+Command modules (``dataprep/commands_*.py``) register on :data:`app`; ``dataprep.cli``
+imports them all. Commands parse options and call a library function, nothing more.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from manifests.errors import DataprepError
+
+app = typer.Typer(
+    name="dataprep",
+    help=(
+        "Offline data preparation for speech model training: compile manifests, measure "
+        "durations / tokens / TPS, filter outliers, fit 2D buckets, size batches and "
+        "compile rank-synchronized batch schedules that any trainer reads."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+#: Tables and reports go to stdout; progress and errors to stderr.
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def user_errors(fn: F) -> F:
+    """Turn :class:`DataprepError` (and missing files) into ``error: ...`` and exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except DataprepError as exc:
+            err.print(f"[bold red]error:[/] {exc}", markup=True)
+            raise typer.Exit(2) from None
+        except FileNotFoundError as exc:
+            err.print(f"[bold red]error:[/] {exc.filename or exc}: no such file", markup=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]

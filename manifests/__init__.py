@@ -1,0 +1,41 @@
+"""Compiled-manifest schema, source readers, writers, hashing, buckets.json and plan readers.
+
+Imports nothing else of this project and never torch: any trainer can depend on it.
+"""
+
+from manifests.buckets_file import Bucket, BucketSpec, read_buckets, write_buckets
+from manifests.errors import DataprepError, ManifestError
+from manifests.io import (
+    atomic_path,
+    file_sha256,
+    manifest_hash,
+    read_manifest,
+    read_metadata,
+    table_hash,
+    write_json,
+    write_manifest,
+    write_rejects,
+)
+from manifests.schema import MANIFEST_COLUMNS, MANIFEST_SCHEMA, REJECT_REASONS, SCHEMA_VERSION
+
+__all__ = [
+    "Bucket",
+    "BucketSpec",
+    "DataprepError",
+    "MANIFEST_COLUMNS",
+    "MANIFEST_SCHEMA",
+    "ManifestError",
+    "REJECT_REASONS",
+    "SCHEMA_VERSION",
+    "atomic_path",
+    "file_sha256",
+    "manifest_hash",
+    "read_buckets",
+    "read_manifest",
+    "read_metadata",
+    "table_hash",
+    "write_buckets",
+    "write_json",
+    "write_manifest",
+    "write_rejects",
+]
