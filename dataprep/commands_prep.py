@@ -1,5 +1,92 @@
-"""Commands: train-tokenizer, compile (filled in by the foundation work)."""
+"""Commands: ``train-tokenizer`` and ``compile``."""
 
 from __future__ import annotations
 
-from dataprep.cli_app import app  # noqa: F401
+from pathlib import Path
+from typing import Annotated, Optional
+
+import polars as pl
+import typer
+from rich.table import Table
+
+from dataprep.cli_app import app, out, user_errors
+from dataprep.progress import progress_counter
+
+SourcesArg = Annotated[list[Path], typer.Argument(help="Source manifests: NeMo JSONL, Lhotse cuts JSONL(.gz), Kaldi data dir, CSV/TSV or Parquet.", show_default=False)]
+FormatOpt = Annotated[str, typer.Option("--format", help="Source format: auto, nemo, lhotse, kaldi, csv, tsv, parquet.")]
+TextFieldOpt = Annotated[str, typer.Option(help="Field holding the decoder's target text (e.g. 'answer' for speech translation).")]
+
+
+@app.command("train-tokenizer")
+@user_errors
+def train_tokenizer_cmd(
+    sources: SourcesArg,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the sentencepiece model.")],
+    vocab_size: Annotated[int, typer.Option(help="Number of pieces.")] = 1024,
+    model_type: Annotated[str, typer.Option(help="unigram or bpe.")] = "unigram",
+    fmt: FormatOpt = "auto",
+    text_field: TextFieldOpt = "text",
+    threads: Annotated[int, typer.Option(help="Trainer threads.")] = 2,
+) -> None:
+    """Train a sentencepiece model on the sources' transcripts (when you have none)."""
+    from dataprep.tokenize import train_model
+    from manifests.readers import iter_source
+
+    texts: list[str] = []
+    for src in sources:
+        for chunk in iter_source(src, fmt, text_field=text_field):
+            texts.extend(chunk.filter(pl.col("reason").is_null())["text"].drop_nulls().to_list())
+    info = train_model(texts, output, vocab_size=vocab_size, model_type=model_type, threads=threads)
+    out.print(f"trained {model_type} sentencepiece model, {vocab_size} pieces, on {info['sentences']:,} transcripts -> {output}")
+
+
+@app.command("compile")
+@user_errors
+def compile_cmd(
+    sources: SourcesArg,
+    tokenizer: Annotated[list[str], typer.Option(help="Sentencepiece model, or LANG=MODEL once per language (chosen by target_lang, else lang).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Compiled manifest (Parquet).")],
+    rejects: Annotated[Optional[Path], typer.Option(help="Rejected rows with their reason (Parquet). Default: <output>.rejects.parquet.")] = None,
+    prompt_tokens: Annotated[int, typer.Option(help="Fixed decoder prompt length added to every utterance's tokens (Canary: 9).")] = 0,
+    fmt: FormatOpt = "auto",
+    text_field: TextFieldOpt = "text",
+    audio_root: Annotated[Optional[Path], typer.Option(help="Resolve relative audio paths against this folder (default: the source's folder).")] = None,
+    probe: Annotated[str, typer.Option(help="auto: read audio headers only where the source has no duration; always: verify every file; never.")] = "auto",
+    threads: Annotated[int, typer.Option(help="Threads for audio header reads.")] = 8,
+    mismatch_tolerance: Annotated[float, typer.Option(help="Seconds a manifest duration may differ from the header with --probe always.")] = 0.05,
+    strict: Annotated[bool, typer.Option(help="Stop at the first bad row with a one-line error instead of writing it to the rejects file.")] = False,
+) -> None:
+    """Compile sources into one Parquet manifest: durations, token counts (incl. prompt), TPS.
+
+    Every input row ends in the manifest or in the rejects file with its reason.
+    """
+    from dataprep.compile import CompileOptions, compile_sources
+    from dataprep.tokenize import Tokenizers
+    from manifests.io import write_manifest, write_rejects
+
+    if probe not in ("auto", "always", "never"):
+        raise typer.BadParameter("--probe must be auto, always or never")
+    opts = CompileOptions(prompt_tokens=prompt_tokens, fmt=fmt, text_field=text_field,
+                          audio_root=str(audio_root) if audio_root else None, probe=probe,  # type: ignore[arg-type]
+                          probe_threads=threads, mismatch_tolerance=mismatch_tolerance, strict=strict)
+    toks = Tokenizers.from_specs(tokenizer)
+    with progress_counter("reading rows") as on_chunk, progress_counter("probing audio headers") as on_probe:
+        result = compile_sources(sources, toks, opts, on_chunk=on_chunk, on_probe=on_probe)
+    rejects_path = rejects or output.with_name(output.stem + ".rejects.parquet")
+    content_hash = write_manifest(result.manifest, output, result.provenance)
+    write_rejects(result.rejects, rejects_path, result.provenance)
+    _print_summary(result.rows_in, result.manifest, result.reasons)
+    out.print(f"manifest -> {output} (content hash {content_hash[:16]})")
+    out.print(f"rejects  -> {rejects_path}")
+
+
+def _print_summary(rows_in: int, manifest: pl.DataFrame, reasons: dict[str, int]) -> None:
+    table = Table(title="compile", show_header=True)
+    table.add_column("rows")
+    table.add_column("count", justify="right")
+    table.add_row("in", f"{rows_in:,}")
+    hours = float(manifest["duration"].sum() or 0.0) / 3600
+    table.add_row("kept", f"{manifest.height:,} ({hours:,.2f} h)")
+    for reason, n in reasons.items():
+        table.add_row(f"rejected: {reason}", f"{n:,}")
+    out.print(table)

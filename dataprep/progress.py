@@ -1,0 +1,20 @@
+"""Progress bars on stderr (rich), quiet when stderr is not a terminal unless forced."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from dataprep.cli_app import err
+
+
+@contextlib.contextmanager
+def progress_counter(description: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+    """Yield ``advance(n)``; shows a bar (or a counter when ``total`` is unknown) on stderr."""
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn()]
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n: bar.advance(task, n)

@@ -1,0 +1,131 @@
+"""Counting decoder tokens with sentencepiece: one model, or one per language.
+
+``num_tokens`` = sentencepiece pieces of the text + the fixed prompt length (Canary-style
+task prompt), as the decoder sees them.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import sentencepiece as spm
+
+from manifests.errors import DataprepError
+from manifests.io import atomic_path, file_sha256
+
+#: key of the model used for rows whose language has no model of its own
+DEFAULT_LANG = "*"
+
+
+def load_model(path: str | os.PathLike[str]) -> spm.SentencePieceProcessor:
+    """Load a sentencepiece model; a one-line error if it is missing or not a model."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataprepError(f"{p}: tokenizer model not found")
+    proc = spm.SentencePieceProcessor()
+    try:
+        proc.Load(str(p))
+    except (OSError, RuntimeError) as exc:
+        raise DataprepError(f"{p}: not a sentencepiece model ({str(exc).splitlines()[0]})") from None
+    return proc
+
+
+@dataclass
+class Tokenizers:
+    """Sentencepiece models by language (``DEFAULT_LANG`` for all others)."""
+
+    models: dict[str, spm.SentencePieceProcessor]
+    hashes: dict[str, str] = field(default_factory=dict)  # language -> model file sha256
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[str]) -> Tokenizers:
+        """Parse ``--tokenizer`` values: ``spm.model`` or ``lang=spm_lang.model``."""
+        models: dict[str, spm.SentencePieceProcessor] = {}
+        hashes: dict[str, str] = {}
+        for spec in specs:
+            lang, sep, path = spec.partition("=")
+            if not sep:
+                lang, path = DEFAULT_LANG, spec
+            if lang in models:
+                raise DataprepError(f"--tokenizer: language {lang!r} given twice")
+            models[lang] = load_model(path)
+            hashes[lang] = file_sha256(path)
+        if not models:
+            raise DataprepError("no --tokenizer given")
+        return cls(models=models, hashes=hashes)
+
+    def model_for(self, lang: str | None) -> spm.SentencePieceProcessor | None:
+        if lang is not None and lang in self.models:
+            return self.models[lang]
+        return self.models.get(DEFAULT_LANG)
+
+    def count(self, texts: Sequence[str], langs: Sequence[str | None], threads: int = 0) -> npt.NDArray[np.int64]:
+        """Pieces per text (without the prompt); ``-1`` where no model covers the language.
+
+        One batch-encode call per language, so throughput is that of sentencepiece itself.
+        """
+        out = np.full(len(texts), -1, dtype=np.int64)
+        lang_series = pl.Series("lang", list(langs), dtype=pl.String)
+        text_series = pl.Series("text", list(texts), dtype=pl.String)
+        for lang in lang_series.unique(maintain_order=True).to_list():
+            model = self.model_for(lang)
+            if model is None:
+                continue
+            mask = (lang_series == lang) if lang is not None else lang_series.is_null()
+            idx = np.flatnonzero(mask.to_numpy())
+            out[idx] = count_pieces(model, text_series.gather(idx).to_list(), threads)
+        return out
+
+
+def count_pieces(model: spm.SentencePieceProcessor, texts: list[str], threads: int = 0) -> npt.NDArray[np.int64]:
+    """Number of sentencepiece pieces per text, by one batch ``encode`` call."""
+    if not texts:
+        return np.zeros(0, dtype=np.int64)
+    ids = model.encode(texts, out_type=int, num_threads=threads or -1)
+    return np.fromiter(map(len, ids), dtype=np.int64, count=len(texts))
+
+
+def train_model(
+    texts: Iterable[str],
+    output: str | os.PathLike[str],
+    *,
+    vocab_size: int = 1024,
+    model_type: str = "unigram",
+    character_coverage: float = 1.0,
+    input_sentence_size: int = 2_000_000,
+    threads: int = 2,
+    seed_sentencepiece_size: int = 1_000_000,
+) -> Mapping[str, object]:
+    """Train a sentencepiece model on ``texts`` and write it atomically to ``output``.
+
+    Deterministic for equal input (sentencepiece shuffles with a fixed seed when sampling).
+    """
+    buf = io.BytesIO()
+    texts = [t for t in texts if t]
+    if not texts:
+        raise DataprepError("no transcripts to train a tokenizer on")
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_writer=buf,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=True,
+            num_threads=threads,
+            seed_sentencepiece_size=seed_sentencepiece_size,
+            minloglevel=2,
+        )
+    except RuntimeError as exc:
+        raise DataprepError(f"sentencepiece training failed: {str(exc).splitlines()[-1]}") from None
+    with atomic_path(output) as tmp:
+        tmp.write_bytes(buf.getvalue())
+    return {"vocab_size": vocab_size, "model_type": model_type, "sentences": len(texts)}
