@@ -1,0 +1,184 @@
+"""Commands: ``stats`` (tables, ``--json``, ``--plots``) and ``filter`` (kept + rejects).
+
+Thin layer: parse options, call :mod:`dataprep.stats` / :mod:`dataprep.filters` /
+:mod:`dataprep.plots`, print rich tables on stdout, write files atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from dataprep.cli_app import app, err, out, user_errors
+from dataprep.filters import FilterResult, Thresholds, apply_filters
+from dataprep.stats import ManifestStats, compute_stats
+from manifests.errors import DataprepError
+from manifests.io import manifest_hash, read_manifest, write_json, write_manifest, write_rejects
+
+_STATS_COLUMNS = ["duration", "num_tokens", "tps", "lang"]
+
+
+def _f(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def stats_tables(s: ManifestStats) -> list[Table]:
+    """The rich tables ``dataprep stats`` prints."""
+    totals = Table(title="Totals", title_justify="left")
+    totals.add_column("utterances", justify="right")
+    totals.add_column("hours", justify="right")
+    totals.add_row(f"{s.utterances:,}", _f(s.hours))
+
+    langs = Table(title="Per language", title_justify="left")
+    for name in ("lang", "utterances", "hours", "median TPS"):
+        langs.add_column(name, justify="left" if name == "lang" else "right")
+    for ls in s.languages:
+        langs.add_row(ls.lang, f"{ls.utterances:,}", _f(ls.hours), _f(ls.median_tps))
+
+    quant = Table(title="Quantiles", title_justify="left")
+    quant.add_column("column")
+    levels = list(next(iter(s.quantiles.values())).keys()) if s.quantiles else []
+    for lv in levels:
+        quant.add_column(lv, justify="right")
+    units = {"duration": "duration (s)", "num_tokens": "num_tokens", "tps": "tps (tokens/s)"}
+    for col, qs in s.quantiles.items():
+        quant.add_row(units.get(col, col), *[_f(qs[lv], 0 if col == "num_tokens" else 2) for lv in levels])
+
+    bins = Table(title="TPS by duration (tokens/s)", title_justify="left")
+    for name in ("duration (s)", "utterances", "hours", "TPS p10", "TPS median", "TPS p90"):
+        bins.add_column(name, justify="left" if name == "duration (s)" else "right")
+    for b in s.tps_by_duration:
+        bins.add_row(b.label, f"{b.count:,}", _f(b.hours), _f(b.tps_p10), _f(b.tps_median), _f(b.tps_p90))
+
+    th = Table(title="Outliers at common thresholds", title_justify="left")
+    th.add_column("condition")
+    th.add_column("utterances", justify="right")
+    th.add_column("share", justify="right")
+    for t in s.thresholds:
+        th.add_row(t.name, f"{t.count:,}", f"{100 * t.fraction:.2f}%")
+    return [totals, langs, quant, bins, th]
+
+
+@app.command("stats")
+@user_errors
+def stats_command(
+    manifest: Annotated[Path, typer.Argument(help="Compiled manifest (Parquet) from `dataprep compile`.")],
+    json_path: Annotated[
+        Optional[Path],
+        typer.Option("--json", help="Also write the figures as JSON (sorted keys, floats rounded to 4 places)."),
+    ] = None,
+    plots: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--plots",
+            help="Folder for PNGs: duration_hist.png, tps_by_duration.png, tokens_vs_duration.png "
+            "(needs the plots extra: matplotlib).",
+        ),
+    ] = None,
+) -> None:
+    """Totals, per language, quantiles of duration / tokens / TPS, TPS by duration bin and
+    outlier counts (TPS > 25, duration > 40 s, < 0.5 s), as tables on stdout."""
+    df = read_manifest(manifest, columns=_STATS_COLUMNS)
+    s = compute_stats(df)
+    for table in stats_tables(s):
+        out.print(table)
+    if json_path is not None:
+        doc = s.to_json()
+        doc["manifest"] = {"path": manifest.name, "content_hash": manifest_hash(manifest)}
+        write_json(doc, json_path)
+        err.print(f"wrote {json_path}")
+    if plots is not None:
+        from dataprep.plots import write_plots  # lazy: matplotlib is an extra
+
+        for p in write_plots(df, plots):
+            err.print(f"wrote {p}")
+
+
+def filter_table(r: FilterResult) -> Table:
+    """Per-filter counts: rows failing each filter, and rows rejected with it as the reason."""
+    t = Table(title="Filters (reason = first failing filter, in this order)", title_justify="left")
+    for name in ("filter", "rule", "failing", "rejected (reason)"):
+        t.add_column(name, justify="left" if name in ("filter", "rule") else "right")
+    for c in r.counts:
+        keep_op = "<=" if c.op == ">" else ">="
+        t.add_row(c.name, f"keep {c.column} {keep_op} {c.value:g}", f"{c.failed:,}", f"{c.rejected:,}")
+    return t
+
+
+def default_rejects_path(output: Path) -> Path:
+    """``kept.parquet`` -> ``kept.rejects.parquet`` in the same folder."""
+    return output.with_name(f"{output.stem}.rejects.parquet")
+
+
+@app.command("filter")
+@user_errors
+def filter_command(
+    manifest: Annotated[Path, typer.Argument(help="Compiled manifest (Parquet) to filter.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Kept rows, as a compiled manifest (Parquet).")],
+    rejects: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--rejects",
+            help="Rejected rows with `reason` and `detail` (Parquet). Default: <output stem>.rejects.parquet next to -o.",
+        ),
+    ] = None,
+    max_tps: Annotated[
+        Optional[float],
+        typer.Option(
+            "--max-tps",
+            help="Reject rows with tps > this (tokens/s). The paper's choice is 25; not applied unless given.",
+        ),
+    ] = None,
+    min_tps: Annotated[Optional[float], typer.Option("--min-tps", help="Reject rows with tps < this (tokens/s).")] = None,
+    min_duration: Annotated[
+        Optional[float], typer.Option("--min-duration", help="Reject rows shorter than this (seconds).")
+    ] = None,
+    max_duration: Annotated[
+        Optional[float], typer.Option("--max-duration", help="Reject rows longer than this (seconds).")
+    ] = None,
+    min_tokens: Annotated[
+        Optional[int], typer.Option("--min-tokens", help="Reject rows with fewer tokens (incl. prompt).")
+    ] = None,
+    max_tokens: Annotated[
+        Optional[int], typer.Option("--max-tokens", help="Reject rows with more tokens (incl. prompt).")
+    ] = None,
+) -> None:
+    """Drop outliers by TPS, duration and token count. Only the filters given are applied;
+    every removed row goes to the rejects file with the first filter it fails as `reason`.
+    Rows in = kept + rejected, always; kept rows keep the input order."""
+    thresholds = Thresholds(
+        max_tps=max_tps, min_tps=min_tps, min_duration=min_duration, max_duration=max_duration,
+        min_tokens=min_tokens, max_tokens=max_tokens,
+    )
+    rejects = rejects if rejects is not None else default_rejects_path(output)
+    if rejects.resolve() == output.resolve():
+        raise DataprepError(f"{rejects}: --rejects and -o name the same file")
+    input_hash = manifest_hash(manifest)
+    df = read_manifest(manifest)
+    result = apply_filters(df, thresholds)
+    if not thresholds.active():
+        err.print("no filter given: every row is kept")
+
+    provenance = {
+        "command": "filter",
+        "input": manifest.name,
+        "input_hash": input_hash,
+        "thresholds": thresholds.to_json(),
+        "rows_in": result.rows_in,
+        "kept": result.kept.height,
+        "rejected": result.rejected.height,
+    }
+    write_manifest(result.kept, output, provenance=provenance)
+    write_rejects(result.rejected, rejects, provenance=provenance)
+
+    if result.counts:
+        out.print(filter_table(result))
+    n = max(result.rows_in, 1)
+    out.print(
+        f"rows in {result.rows_in:,} | kept {result.kept.height:,} ({100 * result.kept.height / n:.2f}%) | "
+        f"rejected {result.rejected.height:,} ({100 * result.rejected.height / n:.2f}%)"
+    )
+    err.print(f"wrote {output} and {rejects}")
