@@ -1,0 +1,45 @@
+"""Shared fixtures: where ../shared/data is, and a sentencepiece model trained on it."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import polars as pl
+import pytest
+import sentencepiece as spm
+
+REPO = Path(__file__).resolve().parents[1]
+#: real corpus metadata lives beside the repository, never inside it
+SHARED_DATA = Path(os.environ.get("SPEECH_DATAPREP_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def shared_file(name: str) -> Path:
+    """Path of a file under ../shared/data, or skip the test with the reason."""
+    path = SHARED_DATA / name
+    if not path.exists():
+        pytest.skip(f"{path} not found: real corpus metadata (../shared/data) is absent")
+    return path
+
+
+def read_shared_csv(name: str) -> pl.DataFrame:
+    """A ../shared/data CSV (id, duration, text, lang[, split]) as a frame."""
+    return pl.read_csv(shared_file(name), infer_schema_length=0).with_columns(pl.col("duration").cast(pl.Float64))
+
+
+@pytest.fixture(scope="session")
+def shared_spm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1024-piece sentencepiece model trained on LibriSpeech + Common Voice transcripts."""
+    texts = []
+    for name in ("librispeech.train-clean-100.csv", "commonvoice.id_ps.csv"):
+        texts += read_shared_csv(name)["text"].drop_nulls().to_list()
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=buf, vocab_size=1024, model_type="unigram",
+        character_coverage=1.0, input_sentence_size=20000, shuffle_input_sentence=True,
+        num_threads=2, minloglevel=2,
+    )
+    path = tmp_path_factory.mktemp("spm") / "shared-1024.model"
+    path.write_bytes(buf.getvalue())
+    return path
