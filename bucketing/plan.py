@@ -1,0 +1,307 @@
+"""The batch planner: per-epoch, rank-synchronized batch schedules from arrays.
+
+Pure core: arrays in (bucket per manifest row, batch size per bucket, durations, tokens),
+schedule arrays out. No paths, no Parquet; :mod:`manifests.plan_files` writes the result.
+
+How one epoch is planned
+------------------------
+1. :func:`bucketing.batching.form_batches` cuts each bucket's rows into batches with an rng
+   derived from ``(seed, epoch)`` (so both seed and epoch change the order).
+2. Every bucket must fill whole *steps* (``world_size`` batches, one per rank) so that all
+   ranks draw from the same bucket at every step. A bucket whose batch count is not a
+   multiple of ``W`` has a *tail* (the last ``n mod W`` batches). The tail's rows are pooled
+   (with the last full step(s) when the tail has fewer than ``W`` utterances) and re-split
+   into ``j * W`` near-equal batches of the same bucket, never above its batch size. This
+   keeps synchronization and is counted as ``resplit`` (not a fallback).
+3. Fallbacks (counted and reported, rare): a bucket whose whole pool cannot fill ``W``
+   non-empty batches (fewer utterances than ranks, or batch size 1 with a count not
+   divisible by ``W``) *carries* its tail rows to the smallest later bucket whose bounds
+   contain its bounds (they train at that bucket's batch size, inside its bounds). A bucket
+   that no other bucket contains and still cannot fill a step *borrows* whole steps from
+   the largest earlier bucket it contains. What still cannot be placed (only degenerate
+   inputs, e.g. batch size 1 in the largest bucket) is *dropped* for that epoch and listed.
+   Synchronization is never broken.
+4. Steps of all buckets are interleaved at random (``interleave="random"``, no length
+   curriculum) with the bucket's own step order kept; ``interleave="ascending"`` orders
+   steps by bucket index (short first) instead.
+
+Invariants (tests check each): every allocated row appears exactly once per epoch unless
+listed in ``dropped``; every batch is non-empty and at most its bucket's batch size; all
+ranks have the same number of steps and draw from the same bucket at every step; equal
+inputs give equal arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from bucketing.batching import form_batches
+
+Interleave = Literal["random", "ascending"]
+
+
+class PlanError(ValueError):
+    """The inputs cannot be planned (e.g. fewer utterances than ranks)."""
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch's schedule, rank-major CSR.
+
+    Batch ``g = rank * num_steps + step_in_epoch``; its manifest rows are
+    ``rows[offsets[g]:offsets[g+1]]``. ``step_bucket[s]`` is the bucket every rank draws at
+    step ``s`` of the epoch.
+    """
+
+    epoch: int
+    world_size: int
+    step_bucket: npt.NDArray[np.int32]  # (num_steps,)
+    offsets: npt.NDArray[np.int64]  # (world_size * num_steps + 1,)
+    rows: npt.NDArray[np.int64]  # manifest row numbers
+    max_duration: npt.NDArray[np.float64]  # (world_size * num_steps,) seconds, longest in batch
+    max_tokens: npt.NDArray[np.int64]  # (world_size * num_steps,) tokens, most in batch
+    dropped: npt.NDArray[np.int64]  # rows not placed this epoch (degenerate inputs only)
+    fallbacks: list[dict[str, int]] = field(default_factory=list)  # carried / borrowed / dropped
+    resplit_buckets: int = 0  # buckets whose tail was re-split (sync kept)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.step_bucket.shape[0])
+
+    def sizes(self) -> npt.NDArray[np.int64]:
+        """Utterances per batch (rank-major)."""
+        return np.diff(self.offsets)
+
+    def rank_slice(self, rank: int) -> tuple[int, int]:
+        """Half-open batch index range of ``rank``."""
+        return rank * self.num_steps, (rank + 1) * self.num_steps
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the planner reads, as arrays.
+
+    ``bucket_of_row`` (-1 = not allocated, skipped); ``batch_sizes`` per bucket (>= 1);
+    ``durations`` in seconds and ``num_tokens`` per row; ``max_duration`` / ``max_tokens``
+    per bucket (upper bounds; ``inf`` = unbounded) decide which bucket may take another's
+    leftovers (it must contain its bounds). Without bounds, buckets are taken as nested
+    in index order (bucket ``b+1`` contains bucket ``b``).
+    """
+
+    bucket_of_row: npt.NDArray[np.integer]
+    batch_sizes: npt.NDArray[np.integer]
+    durations: npt.NDArray[np.floating]
+    num_tokens: npt.NDArray[np.integer]
+    max_duration: npt.NDArray[np.floating] | None = None
+    max_tokens: npt.NDArray[np.floating] | None = None
+
+
+def containment(max_duration: npt.NDArray[np.floating] | None, max_tokens: npt.NDArray[np.floating] | None,
+                num_buckets: int) -> npt.NDArray[np.bool_]:
+    """``c[a, b]``: bucket ``a``'s bounds contain bucket ``b``'s (``a != b``)."""
+    if max_duration is None:
+        idx = np.arange(num_buckets)
+        return idx[:, None] > idx[None, :]
+    d = np.asarray(max_duration, dtype=np.float64)
+    t = np.full(num_buckets, np.inf) if max_tokens is None else np.asarray(max_tokens, dtype=np.float64)
+    c = (d[:, None] >= d[None, :]) & (t[:, None] >= t[None, :])
+    np.fill_diagonal(c, False)
+    return c
+
+
+def _even_split(n: int, parts: int) -> npt.NDArray[np.int64]:
+    """Sizes of ``parts`` contiguous pieces of ``n`` items, larger first, differing by <= 1."""
+    base, extra = divmod(n, parts)
+    return base + (np.arange(parts) < extra).astype(np.int64)
+
+
+def _segments(offsets: npt.NDArray[np.int64], order: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Gather CSR segments ``order`` of ``offsets``: (new offsets, index into the old values)."""
+    sizes = offsets[1:][order] - offsets[:-1][order]
+    new_off = np.zeros(order.shape[0] + 1, dtype=np.int64)
+    np.cumsum(sizes, out=new_off[1:])
+    idx = np.repeat(offsets[:-1][order] - new_off[:-1], sizes) + np.arange(new_off[-1], dtype=np.int64)
+    return new_off, idx
+
+
+def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
+               interleave: Interleave = "random", **batch_options: object) -> EpochPlan:
+    """Plan one epoch (see the module docstring for the algorithm and invariants)."""
+    W = int(world_size)
+    if W < 1:
+        raise PlanError(f"world size must be >= 1, got {world_size}")
+    bucket_of_row = np.asarray(inputs.bucket_of_row)
+    batch_sizes = np.asarray(inputs.batch_sizes, dtype=np.int64)
+    B = int(batch_sizes.shape[0])
+    if (batch_sizes < 1).any():
+        raise PlanError("every bucket needs a batch size >= 1")
+    n_alloc = int((bucket_of_row >= 0).sum())
+    if n_alloc < W:
+        raise PlanError(f"{n_alloc} utterances cannot fill one step of {W} ranks")
+    contains = containment(inputs.max_duration, inputs.max_tokens, B)
+
+    batches = form_batches(bucket_of_row, batch_sizes, np.random.default_rng([seed, epoch, 0]),
+                           num_tokens=inputs.num_tokens, **batch_options)
+    counts = np.bincount(batches.bucket, minlength=B)
+    first_batch = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(counts, out=first_batch[1:])
+
+    # Per bucket, the finished batch list as a list of (rows, sizes) pieces; the bulk of
+    # each bucket stays a view into the formed batches (no copy on the hot path).
+    pieces_rows: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(B)]
+    pieces_sizes: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(B)]
+    carried: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(B)]
+    fallbacks: list[dict[str, int]] = []
+    dropped: list[npt.NDArray[np.int64]] = []
+    resplit = 0
+    sizes_all = batches.sizes()
+
+    for b in range(B):
+        lo, hi = int(first_batch[b]), int(first_batch[b + 1])
+        n = hi - lo
+        extra = np.concatenate(carried[b]) if carried[b] else np.empty(0, dtype=np.int64)
+        f, t = divmod(n, W)
+        bs = int(batch_sizes[b])
+        if t == 0 and extra.shape[0] == 0:
+            if n:
+                pieces_rows[b].append(batches.rows[batches.offsets[lo]:batches.offsets[hi]])
+                pieces_sizes[b].append(sizes_all[lo:hi])
+            continue
+        # Pool the tail with g = 0..f previous full steps; take the first g that fills
+        # j*W non-empty batches of at most bs rows.
+        tail_rows = int(batches.offsets[hi] - batches.offsets[lo + f * W]) + extra.shape[0]
+        step_rows = np.zeros(f + 1, dtype=np.int64)
+        if f:
+            per_step = np.add.reduceat(sizes_all[lo:lo + f * W], np.arange(0, f * W, W))
+            step_rows[1:] = np.cumsum(per_step[::-1])
+        pool = tail_rows + step_rows
+        j = -(-pool // (W * bs))
+        ok = np.flatnonzero(j * W <= pool)
+        if ok.shape[0]:
+            g = int(ok[0])
+            keep = lo + (f - g) * W
+            if keep > lo:
+                pieces_rows[b].append(batches.rows[batches.offsets[lo]:batches.offsets[keep]])
+                pieces_sizes[b].append(sizes_all[lo:keep])
+            pooled = np.concatenate([batches.rows[batches.offsets[keep]:batches.offsets[hi]], extra])
+            pieces_rows[b].append(pooled)
+            pieces_sizes[b].append(_even_split(pooled.shape[0], int(j[g]) * W))
+            resplit += 1
+            continue
+        # Cannot fill a step: keep the full steps, move the tail (with what was carried in).
+        if f:
+            pieces_rows[b].append(batches.rows[batches.offsets[lo]:batches.offsets[lo + f * W]])
+            pieces_sizes[b].append(sizes_all[lo:lo + f * W])
+        leftover = np.concatenate([batches.rows[batches.offsets[lo + f * W]:batches.offsets[hi]], extra])
+        later = np.flatnonzero(contains[b + 1:, b]) + b + 1
+        if later.shape[0]:
+            to = int(later[0])
+            carried[to].append(leftover)
+            fallbacks.append({"kind": "carried", "from": b, "to": to, "rows": int(leftover.shape[0])})
+            continue
+        # No bucket contains this one: borrow whole steps from the largest contained bucket.
+        placed = False
+        for src in (np.flatnonzero(contains[b, :b])[::-1]):
+            src = int(src)
+            while pieces_sizes[src] and not placed:
+                src_rows = np.concatenate(pieces_rows[src])
+                src_sizes = np.concatenate(pieces_sizes[src])
+                cut = int(src_sizes[:-W].sum())
+                taken = src_rows[cut:]
+                pieces_rows[src] = [src_rows[:cut]] if cut else []
+                pieces_sizes[src] = [src_sizes[:-W]] if src_sizes.shape[0] > W else []
+                fallbacks.append({"kind": "borrowed", "from": src, "to": b, "rows": int(taken.shape[0])})
+                leftover = np.concatenate([leftover, taken])
+                jj = -(-leftover.shape[0] // (W * bs))
+                if jj * W <= leftover.shape[0]:
+                    pieces_rows[b].append(leftover)
+                    pieces_sizes[b].append(_even_split(leftover.shape[0], jj * W))
+                    placed = True
+            if placed:
+                break
+        if not placed:
+            dropped.append(leftover)
+            fallbacks.append({"kind": "dropped", "from": b, "to": -1, "rows": int(leftover.shape[0])})
+
+    # Concatenate buckets in index order: batch c*W + r is (bucket step c, rank r).
+    rows_cat = np.concatenate([r for p in pieces_rows for r in p]) if any(pieces_rows) else np.empty(0, np.int64)
+    sizes_cat = np.concatenate([s for p in pieces_sizes for s in p]) if any(pieces_sizes) else np.empty(0, np.int64)
+    steps_per_bucket = np.array([sum(int(s.shape[0]) for s in p) // W for p in pieces_sizes], dtype=np.int64)
+    labels = np.repeat(np.arange(B, dtype=np.int32), steps_per_bucket)
+    S = int(labels.shape[0])
+    if interleave == "random":
+        seq = np.random.default_rng([seed, epoch, 1]).permutation(labels)
+    elif interleave == "ascending":
+        seq = labels
+    else:
+        raise PlanError(f"unknown interleave {interleave!r} (expected 'random' or 'ascending')")
+    # The c-th bucket step (bucket order) goes to position pos[c]; a bucket's steps keep order.
+    pos = np.argsort(seq, kind="stable")
+    # Rank-major output: batch (c, r) -> r*S + pos[c].
+    c_idx = np.repeat(np.arange(S, dtype=np.int64), W)
+    r_idx = np.tile(np.arange(W, dtype=np.int64), S)
+    new_index = r_idx * S + pos[c_idx]
+    order = np.empty(S * W, dtype=np.int64)
+    order[new_index] = np.arange(S * W, dtype=np.int64)
+    off_cat = np.zeros(S * W + 1, dtype=np.int64)
+    np.cumsum(sizes_cat, out=off_cat[1:])
+    offsets, gather = _segments(off_cat, order)
+    rows = rows_cat[gather]
+    durations = np.asarray(inputs.durations, dtype=np.float64)
+    tokens = np.asarray(inputs.num_tokens, dtype=np.int64)
+    starts = offsets[:-1]
+    max_d = np.maximum.reduceat(durations[rows], starts) if S else np.empty(0)
+    max_t = np.maximum.reduceat(tokens[rows], starts) if S else np.empty(0, np.int64)
+    return EpochPlan(
+        epoch=epoch,
+        world_size=W,
+        step_bucket=seq.astype(np.int32),
+        offsets=offsets,
+        rows=rows,
+        max_duration=max_d,
+        max_tokens=max_t,
+        dropped=np.sort(np.concatenate(dropped)) if dropped else np.empty(0, dtype=np.int64),
+        fallbacks=fallbacks,
+        resplit_buckets=resplit,
+    )
+
+
+def plan_epochs(inputs: PlanInputs, world_size: int, seed: int, epochs: int,
+                interleave: Interleave = "random", **batch_options: object) -> Iterator[EpochPlan]:
+    """Plan epochs ``0 .. epochs-1`` lazily (one epoch in memory at a time)."""
+    for e in range(epochs):
+        yield plan_epoch(inputs, world_size, seed, e, interleave, **batch_options)
+
+
+@dataclass(frozen=True)
+class Padding:
+    """Padding of an epoch's batches: ``1 - sum(real) / sum(batch size * max in batch)``."""
+
+    real_seconds: float
+    padded_seconds: float
+    real_tokens: int
+    padded_tokens: int
+
+    @property
+    def audio(self) -> float:
+        return 1.0 - self.real_seconds / self.padded_seconds if self.padded_seconds else 0.0
+
+    @property
+    def tokens(self) -> float:
+        return 1.0 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+
+def padding(plan: EpochPlan, durations: npt.NDArray[np.floating], num_tokens: npt.NDArray[np.integer]) -> Padding:
+    """Predicted padding of an epoch plan (audio in seconds, equal to frames up to the shift)."""
+    sizes = plan.sizes()
+    return Padding(
+        real_seconds=float(np.asarray(durations, dtype=np.float64)[plan.rows].sum()),
+        padded_seconds=float((sizes * plan.max_duration).sum()),
+        real_tokens=int(np.asarray(num_tokens, dtype=np.int64)[plan.rows].sum()),
+        padded_tokens=int((sizes * plan.max_tokens).sum()),
+    )

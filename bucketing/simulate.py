@@ -1,0 +1,95 @@
+"""Tail-worker simulator: how long ranks wait for the slowest rank at each step.
+
+Under data-parallel training every step ends with an all-reduce, so a step lasts as long as
+its slowest rank's batch. For a (steps x ranks) matrix of batch times (seconds, from
+:class:`bucketing.costmodel.CostModel`):
+
+    step time   = max over ranks
+    epoch time  = sum of step times
+    idle        = 1 - sum(all batch times) / (world_size * epoch time)
+
+A *synchronized* plan puts batches of one bucket at each step; an *unsynchronized* one
+(what samplers that pick buckets per rank do) deals the same batches to ranks in random
+order, so each rank draws its own bucket. ``speedup`` is the step-time saving of
+synchronization: ``1 - epoch_time(sync) / epoch_time(unsync)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+
+@dataclass(frozen=True)
+class SimResult:
+    world_size: int
+    steps_sync: int
+    steps_unsync: int
+    time_sync: float  # seconds per epoch (sum of step times)
+    time_unsync: float
+    idle_sync: float  # fraction of rank-time spent waiting
+    idle_unsync: float
+
+    @property
+    def speedup(self) -> float:
+        return 1.0 - self.time_sync / self.time_unsync if self.time_unsync else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["speedup"] = self.speedup
+        return out
+
+
+def epoch_time_idle(times: npt.NDArray[np.floating]) -> tuple[float, float]:
+    """(epoch seconds, idle fraction) of a (steps, ranks) matrix; NaN = rank has no batch."""
+    if times.size == 0:
+        return 0.0, 0.0
+    step = np.nanmax(times, axis=1)
+    total = float(step.sum())
+    busy = float(np.nansum(times))
+    return total, 1.0 - busy / (times.shape[1] * total)
+
+
+def _pad_to_steps(values: npt.NDArray[np.float64], world_size: int) -> npt.NDArray[np.float64]:
+    steps = -(-values.shape[0] // world_size)
+    out = np.full(steps * world_size, np.nan)
+    out[: values.shape[0]] = values
+    return out.reshape(steps, world_size)
+
+
+def synchronized_matrix(bucket: npt.NDArray[np.integer], cost: npt.NDArray[np.floating], world_size: int,
+                        rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """Deal batches so each step holds ``world_size`` batches of one bucket (random order
+    inside a bucket; a bucket's last step may be short: the missing ranks idle)."""
+    bucket = np.asarray(bucket)
+    order = np.lexsort((rng.random(bucket.shape[0]), bucket))
+    b = bucket[order]
+    c = np.asarray(cost, dtype=np.float64)[order]
+    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]]) if b.size else np.empty(0, np.int64)
+    ends = np.r_[starts[1:], b.size]
+    blocks = [_pad_to_steps(c[s:e], world_size) for s, e in zip(starts, ends)]
+    return np.concatenate(blocks) if blocks else np.empty((0, world_size))
+
+
+def unsynchronized_matrix(cost: npt.NDArray[np.floating], world_size: int,
+                          rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """Deal the same batches in random order: each rank draws its bucket independently."""
+    return _pad_to_steps(rng.permutation(np.asarray(cost, dtype=np.float64)), world_size)
+
+
+def simulate(bucket: npt.NDArray[np.integer], cost: npt.NDArray[np.floating], world_size: int,
+             seed: int = 0, sync_matrix: npt.NDArray[np.floating] | None = None) -> SimResult:
+    """Synchronized vs unsynchronized epoch time and idle fraction for one epoch's batches.
+
+    ``bucket`` and ``cost`` (seconds) are per batch. ``sync_matrix`` (steps x ranks) uses a
+    plan's own step layout instead of re-dealing (at the plan's world size).
+    """
+    rng = np.random.default_rng([seed, world_size])
+    sync = sync_matrix if sync_matrix is not None else synchronized_matrix(bucket, cost, world_size, rng)
+    unsync = unsynchronized_matrix(cost, world_size, rng)
+    ts, isy = epoch_time_idle(sync)
+    tu, iun = epoch_time_idle(unsync)
+    return SimResult(world_size, int(sync.shape[0]), int(unsync.shape[0]), ts, tu, isy, iun)

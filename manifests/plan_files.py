@@ -1,0 +1,308 @@
+"""Plan directories: the writer the planner uses and the reader any trainer imports.
+
+A plan directory holds ``plan.json`` and one Parquet shard per rank
+(``rank-00000.parquet`` ...). One shard row is one batch::
+
+    epoch          int32    epoch number (0-based)
+    step           int64    global step, the same on every rank (0 .. total steps - 1)
+    step_in_epoch  int64    step inside its epoch
+    bucket         int32    bucket index in buckets.json (the same on every rank at a step)
+    size           int32    utterances in the batch
+    max_duration   float64  longest utterance in the batch, seconds
+    max_tokens     int32    most tokens of an utterance in the batch
+    ids            list<string>  utterance ids
+    rows           list<int64>   row numbers in the compiled manifest
+
+Rows are in step order and row groups hold a fixed number of steps (a group never spans
+two epochs), with min/max statistics on ``step``: a reader seeks to step ``k`` by reading
+the footer and then only the row groups from the one holding ``k``. Needs pyarrow only (no
+torch, nothing else of this project)::
+
+    import pyarrow.parquet as pq
+    f = pq.ParquetFile("plan/rank-00003.parquet")
+    t = f.read(columns=["step", "bucket", "ids", "rows"])   # or f.read_row_group(i)
+
+The whole directory is written into a temporary sibling folder and renamed into place, so
+a crash never leaves a half-written plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from manifests.errors import ManifestError
+from manifests.io import atomic_path, file_sha256, write_json
+
+PLAN_VERSION = 1
+PLAN_JSON = "plan.json"
+META_KIND = b"speech_dataprep.kind"
+META_PLAN = b"speech_dataprep.plan"  # JSON: version, rank, world_size
+
+SHARD_SCHEMA = pa.schema(
+    [
+        pa.field("epoch", pa.int32(), nullable=False),
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("step_in_epoch", pa.int64(), nullable=False),
+        pa.field("bucket", pa.int32(), nullable=False),
+        pa.field("size", pa.int32(), nullable=False),
+        pa.field("max_duration", pa.float64(), nullable=False),
+        pa.field("max_tokens", pa.int32(), nullable=False),
+        pa.field("ids", pa.list_(pa.string()), nullable=False),
+        pa.field("rows", pa.list_(pa.int64()), nullable=False),
+    ]
+)
+
+
+def shard_name(rank: int) -> str:
+    return f"rank-{rank:05d}.parquet"
+
+
+def shard_table(
+    *,
+    epoch: int,
+    first_step: int,
+    bucket: npt.NDArray[np.integer],
+    offsets: npt.NDArray[np.int64],
+    rows: npt.NDArray[np.int64],
+    ids: pa.Array,
+    max_duration: npt.NDArray[np.floating],
+    max_tokens: npt.NDArray[np.integer],
+) -> pa.Table:
+    """One epoch of one rank as a shard table (batch ``i`` = step ``first_step + i``).
+
+    ``rows[offsets[i]:offsets[i+1]]`` are batch ``i``'s manifest rows (``offsets`` may be a
+    slice of a larger CSR); ``ids`` holds the ids of ``rows[offsets[0]:offsets[-1]]`` in that
+    order (e.g. ``manifest_ids.take(...)``), so the ``ids`` list column reuses its values.
+    """
+    n = int(bucket.shape[0])
+    offsets = np.asarray(offsets, dtype=np.int64)
+    base, end = int(offsets[0]), int(offsets[-1])
+    if end - base >= 2**31:
+        raise ManifestError(f"{end - base} utterances in one shard epoch: more than a Parquet list holds")
+    off = pa.array((offsets - base).astype(np.int32))
+    list_ids = pa.ListArray.from_arrays(off, ids)
+    list_rows = pa.ListArray.from_arrays(off, pa.array(np.asarray(rows, dtype=np.int64)[base:end]))
+    steps = np.arange(n, dtype=np.int64)
+    return pa.Table.from_arrays(
+        [
+            pa.array(np.full(n, epoch, dtype=np.int32)),
+            pa.array(steps + first_step),
+            pa.array(steps),
+            pa.array(np.asarray(bucket, dtype=np.int32)),
+            pa.array(np.diff(offsets).astype(np.int32)),
+            pa.array(np.asarray(max_duration, dtype=np.float64)),
+            pa.array(np.asarray(max_tokens, dtype=np.int32)),
+            list_ids,
+            list_rows,
+        ],
+        schema=SHARD_SCHEMA,
+    )
+
+
+class PlanWriter:
+    """Stream a plan's shards epoch by epoch, then publish the directory atomically.
+
+    ``with PlanWriter(out, world_size) as w: w.write(rank, table) ...; w.finish(meta)``.
+    ``finish`` adds ``plan_hash`` (SHA-256 over ``meta`` and every shard's bytes) and
+    ``shards`` (file names and SHA-256s) to ``plan.json`` and renames the folder into
+    place, replacing an older plan there; without ``finish`` nothing is published.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike[str], world_size: int, row_group_steps: int = 256) -> None:
+        self.out_dir = Path(out_dir)
+        if self.out_dir.exists() and not _replaceable(self.out_dir):
+            raise ManifestError(f"{self.out_dir}: exists and is not a plan directory; refusing to overwrite it")
+        self.world_size = int(world_size)
+        self.row_group_steps = int(row_group_steps)
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.", suffix=".tmp", dir=self.out_dir.parent))
+        self._stack = contextlib.ExitStack()
+        self._writers: list[pq.ParquetWriter | None] = [None] * self.world_size
+        self._paths: list[Path] = []
+        for rank in range(self.world_size):
+            self._paths.append(self._stack.enter_context(atomic_path(self.tmp_dir / shard_name(rank))))
+        self._done = False
+
+    def __enter__(self) -> PlanWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if not self._done:
+            self._abort()
+
+    def write(self, rank: int, table: pa.Table) -> None:
+        """Append batches (rows in step order) to ``rank``'s shard."""
+        writer = self._writers[rank]
+        if writer is None:
+            meta = {META_KIND: b"plan-shard",
+                    META_PLAN: json.dumps({"version": PLAN_VERSION, "rank": rank,
+                                           "world_size": self.world_size}, sort_keys=True).encode()}
+            writer = pq.ParquetWriter(
+                self._paths[rank], SHARD_SCHEMA.with_metadata(meta), compression="zstd",
+                use_dictionary=["epoch", "bucket"], write_statistics=["epoch", "step", "bucket"],
+            )
+            self._writers[rank] = writer
+        writer.write_table(table, row_group_size=self.row_group_steps)
+
+    def finish(self, meta: Mapping[str, Any]) -> str:
+        """Close the shards, write ``plan.json``, publish the directory; return the plan hash."""
+        for rank in range(self.world_size):
+            if self._writers[rank] is None:
+                self.write(rank, SHARD_SCHEMA.empty_table())
+            self._writers[rank].close()  # type: ignore[union-attr]
+        self._stack.close()  # renames each temporary shard to its name inside tmp_dir
+        shards = [{"file": shard_name(r), "sha256": file_sha256(self.tmp_dir / shard_name(r))}
+                  for r in range(self.world_size)]
+        body = dict(meta)
+        body["version"] = PLAN_VERSION
+        body["world_size"] = self.world_size
+        body["shards"] = shards
+        body.pop("plan_hash", None)
+        body["plan_hash"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        write_json(body, self.tmp_dir / PLAN_JSON)
+        old: Path | None = None
+        if self.out_dir.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.", suffix=".old", dir=self.out_dir.parent))
+            os.replace(self.out_dir, old / "plan")
+        os.replace(self.tmp_dir, self.out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        self._done = True
+        return str(body["plan_hash"])
+
+    def _abort(self) -> None:
+        for w in self._writers:
+            if w is not None:
+                with contextlib.suppress(Exception):
+                    w.close()
+        with contextlib.suppress(Exception):
+            self._stack.__exit__(RuntimeError, RuntimeError("aborted"), None)
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+
+def _replaceable(path: Path) -> bool:
+    if not path.is_dir():
+        return False
+    names = {p.name for p in path.iterdir()}
+    return not names or PLAN_JSON in names
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_plan_json(plan_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """``plan.json`` of a plan directory; :class:`ManifestError` if it is not one."""
+    path = Path(plan_dir) / PLAN_JSON
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such file (not a plan directory; run `dataprep plan-batches`)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("version") != PLAN_VERSION:
+        raise ManifestError(f"{path}: unsupported plan version {meta.get('version') if isinstance(meta, dict) else None!r}")
+    return meta
+
+
+@dataclass(frozen=True)
+class PlanBatch:
+    """One batch of a rank: utterance ids and manifest row numbers, with where it sits."""
+
+    epoch: int
+    step: int  # global, equal on every rank
+    step_in_epoch: int
+    bucket: int
+    ids: list[str]
+    rows: npt.NDArray[np.int64]
+
+
+class PlanShard:
+    """Rank ``rank``'s shard of a plan: seek to any step without reading earlier ones.
+
+    >>> shard = PlanShard("plan/", rank=3)                     # doctest: +SKIP
+    >>> for batch in shard.iter_batches(start_step=1200): ...  # doctest: +SKIP
+    """
+
+    def __init__(self, plan_dir: str | os.PathLike[str], rank: int) -> None:
+        self.path = Path(plan_dir) / shard_name(rank)
+        try:
+            self._file = pq.ParquetFile(self.path)
+        except FileNotFoundError:
+            raise ManifestError(f"{self.path}: no such file (is rank {rank} below the plan's world size?)") from None
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ManifestError(f"{self.path}: not a readable Parquet file ({exc})") from None
+        meta = self._file.schema_arrow.metadata or {}
+        if meta.get(META_KIND) != b"plan-shard":
+            raise ManifestError(f"{self.path}: not a plan shard")
+        self.rank = rank
+        md = self._file.metadata
+        step_col = md.schema.to_arrow_schema().get_field_index("step")
+        self._first = np.empty(md.num_row_groups, dtype=np.int64)
+        self._last = np.empty(md.num_row_groups, dtype=np.int64)
+        for i in range(md.num_row_groups):
+            st = md.row_group(i).column(step_col).statistics
+            if st is None or not st.has_min_max:
+                raise ManifestError(f"{self.path}: row group {i} has no step statistics")
+            self._first[i], self._last[i] = st.min, st.max
+
+    @property
+    def num_steps(self) -> int:
+        """Batches (= steps) in this shard, over all epochs."""
+        return int(self._file.metadata.num_rows)
+
+    def row_groups_from(self, start_step: int) -> list[int]:
+        """Row groups holding steps ``>= start_step`` (from the footer statistics only)."""
+        return [int(i) for i in np.flatnonzero(self._last >= start_step)]
+
+    def read(self, start_step: int = 0, columns: Sequence[str] | None = None) -> pa.Table:
+        """Batches from ``start_step`` on, as a table; reads no row group before it."""
+        groups = self.row_groups_from(start_step)
+        cols = None if columns is None else list(dict.fromkeys(["step", *columns]))
+        if not groups:
+            table = SHARD_SCHEMA.empty_table()
+            return table if cols is None else table.select(cols)
+        table = self._file.read_row_groups(groups, columns=cols)
+        if self._first[groups[0]] < start_step:
+            table = table.slice(start_step - int(table.column("step")[0].as_py()))
+        if columns is not None and "step" not in columns:
+            table = table.drop_columns(["step"])
+        return table
+
+    def iter_batches(self, start_step: int = 0) -> Iterator[PlanBatch]:
+        """Yield batches from ``start_step`` on, one row group read at a time."""
+        for g in self.row_groups_from(start_step):
+            t = self._file.read_row_group(g, columns=["epoch", "step", "step_in_epoch", "bucket", "ids", "rows"])
+            steps = t.column("step").to_numpy()
+            skip = int(np.searchsorted(steps, start_step))
+            rows_col = t.column("rows").combine_chunks()
+            offs = rows_col.offsets.to_numpy()
+            vals = rows_col.values.to_numpy()
+            ids = t.column("ids").to_pylist()
+            epochs = t.column("epoch").to_numpy()
+            sie = t.column("step_in_epoch").to_numpy()
+            buckets = t.column("bucket").to_numpy()
+            for i in range(skip, t.num_rows):
+                yield PlanBatch(int(epochs[i]), int(steps[i]), int(sie[i]), int(buckets[i]), ids[i],
+                                vals[offs[i]:offs[i + 1]])
+
+    def __iter__(self) -> Iterator[PlanBatch]:
+        return self.iter_batches()
+
+
+def open_shard(plan_dir: str | os.PathLike[str], rank: int) -> PlanShard:
+    """Open ``rank``'s shard of the plan in ``plan_dir``."""
+    return PlanShard(plan_dir, rank)
