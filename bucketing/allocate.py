@@ -1,0 +1,127 @@
+"""Allocation: which bucket each utterance trains in.
+
+Definition of "smallest bucket" (flexible, the default). Buckets are ordered by duration bin,
+then token sub-bin. A row (d, t) starts at the first duration bin whose bound holds d
+(``max_duration >= d``); within that bin, and then in each later bin in order, it takes the
+first sub-bin with ``max_tokens >= t``. So a row with unusually many tokens for its duration
+moves to a longer-duration bin rather than being dropped; a row with more tokens than every
+bucket from its bin on goes to the last bucket, whose ``max_tokens`` is raised to hold it
+(reported). Rows outside the duration grid are the only rows flexible allocation leaves out:
+shorter than the first bucket's ``min_duration`` cap (reason ``min_duration``) or longer
+than the last bucket (reason ``max_duration``).
+
+Strict (NeMo's ``strict_2d``): a row may only use the sub-bins of its own duration bin;
+rows whose tokens exceed them, or whose duration exceeds the grid, are dropped with reason
+``exceeds_bucket``.
+
+Vectorized with ``np.searchsorted``; the only loop runs over duration bins, for the few rows
+that move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from bucketing.fit import Grid
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Bucket per row (``-1`` = left out) and what was left out, by reason."""
+
+    bucket: npt.NDArray[np.int32]
+    dropped: dict[str, npt.NDArray[np.int64]] = field(default_factory=dict)  # reason -> rows
+    moved: int = 0  # rows placed in a later duration bin than their duration needs
+    max_tokens: npt.NDArray[np.int64] | None = None  # per bucket, after any raise
+    raised: int = 0  # rows that made the last bucket's max_tokens grow
+
+    @property
+    def num_dropped(self) -> int:
+        return int(sum(v.shape[0] for v in self.dropped.values()))
+
+    def counts(self, num_buckets: int) -> npt.NDArray[np.int64]:
+        """Rows per bucket."""
+        b = self.bucket[self.bucket >= 0]
+        return np.bincount(b, minlength=num_buckets).astype(np.int64)
+
+
+def _duration_layout(grid: Grid) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """Duration-bin bounds and the first bucket of each bin (plus an end sentinel)."""
+    first = np.flatnonzero(np.append(True, grid.duration_bin[1:] != grid.duration_bin[:-1]))
+    return grid.max_duration[first], np.append(first, grid.num_buckets).astype(np.int64)
+
+
+def allocate(
+    duration: npt.ArrayLike,
+    num_tokens: npt.ArrayLike | None,
+    grid: Grid,
+    strict: bool = False,
+) -> Allocation:
+    """Allocate rows to the buckets of ``grid`` (see the module docstring for the rule).
+
+    Invariant: every row gets exactly one bucket or exactly one drop reason; an allocated
+    row never exceeds its bucket's bounds (``max_tokens`` of the last bucket may be raised
+    in flexible mode, and the raised value is returned).
+    """
+    d = np.asarray(duration, dtype=np.float64)
+    n = d.shape[0]
+    t = np.zeros(n, dtype=np.int64) if num_tokens is None else np.asarray(num_tokens, dtype=np.int64)
+    dbounds, first = _duration_layout(grid)
+    nd = dbounds.shape[0]
+    max_tokens = grid.max_tokens.astype(np.int64).copy()
+    bin_max_t = max_tokens[first[1:] - 1]  # last sub-bin of each duration bin
+
+    j = np.searchsorted(dbounds, d, side="left").astype(np.int64)
+    bucket = np.full(n, -1, dtype=np.int64)
+    dropped: dict[str, npt.NDArray[np.int64]] = {}
+    lo = float(grid.min_duration[0]) if grid.num_buckets else float("nan")
+    below = d < lo if np.isfinite(lo) else np.zeros(n, dtype=bool)
+    beyond = j >= nd
+    inside = ~(below | beyond)
+    jc = np.minimum(j, nd - 1)
+    fits = inside & (t <= bin_max_t[jc])
+    moved = 0
+    raised = 0
+    if strict:
+        over = inside & ~fits
+        if below.any():
+            dropped["min_duration"] = np.flatnonzero(below)
+        bad = beyond | over
+        if bad.any():
+            dropped["exceeds_bucket"] = np.flatnonzero(bad)
+    else:
+        if below.any():
+            dropped["min_duration"] = np.flatnonzero(below)
+        if beyond.any():
+            dropped["max_duration"] = np.flatnonzero(beyond)
+        over = np.flatnonzero(inside & ~fits)
+        if over.shape[0]:
+            jo, to = j[over], t[over]
+            placed = np.zeros(over.shape[0], dtype=bool)
+            for k in range(1, nd):  # loop over bins: move rows one bin on at a time
+                cand = ~placed & (jo + k < nd)
+                if not cand.any():
+                    break
+                ok = cand & (to <= bin_max_t[np.minimum(jo + k, nd - 1)])
+                jo[ok] += k
+                placed |= ok
+            moved = int(placed.sum())
+            j[over] = jo
+            rest = over[~placed]
+            if rest.shape[0]:  # more tokens than any bucket from its bin on: last bucket grows
+                j[rest] = nd - 1
+                max_tokens[-1] = max(int(max_tokens[-1]), int(t[rest].max()))
+                bin_max_t[-1] = max_tokens[-1]
+                raised = int(rest.shape[0])
+            fits = inside
+    # first sub-bin of bin j holding t: one search over (bin, tokens) keys, ascending by design
+    big = int(max(max_tokens.max(initial=0), t.max(initial=0))) + 1
+    keys = grid.duration_bin.astype(np.int64) * big + max_tokens
+    rows = np.flatnonzero(fits)
+    bucket[rows] = np.searchsorted(keys, j[rows] * big + t[rows], side="left")
+    return Allocation(
+        bucket=bucket.astype(np.int32), dropped=dropped, moved=moved, max_tokens=max_tokens, raised=raised
+    )

@@ -1,0 +1,286 @@
+"""Equal-occupancy bucket fitting, 1D and 2D.
+
+Duration bins hold about the same **seconds of audio** each, computed exactly over all rows
+(no sample). Inside each duration bin, token sub-bins hold about the same seconds of audio
+too. Bounds are inclusive upper bounds taken from values that occur in the data, so no
+bucket is empty, and they are strictly increasing (durations across bins, tokens across
+the sub-bins of one duration bin). Where ties or skew make the requested count impossible
+(fewer distinct values than bins, or one value holding more than a bin's share) the fit
+rebalances the remaining mass over the remaining bins and, if it must, returns fewer bins;
+it never returns a duplicate or empty one.
+
+Units: duration in seconds (float64), tokens incl. the prompt (int).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from manifests.buckets_file import Bucket, BucketSpec
+from manifests.errors import ManifestError
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+#: Above this many (duration bin, token value) cells the token histogram is replaced by a sort.
+_MAX_HIST_CELLS = 1 << 26
+
+
+def equal_occupancy_cuts(cum_weight: F64, num_bins: int) -> I64:
+    """Split sorted distinct values into at most ``num_bins`` bins of near-equal weight.
+
+    ``cum_weight[i]`` is the total weight (seconds) of all rows whose value is <= the i-th
+    distinct value (non-decreasing, last = total). Returns the index of each bin's last
+    distinct value: strictly increasing, ending at ``len(cum_weight) - 1``. Greedy with
+    rebalancing: bin k aims at an equal share of what bins 0..k-1 left over, choosing the
+    closer of the two neighbouring cut points, and leaves one distinct value at least to each
+    remaining bin. Deterministic; O(num_bins log n).
+    """
+    n = int(cum_weight.shape[0])
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    bins = max(1, min(int(num_bins), n))
+    total = float(cum_weight[-1])
+    cuts: list[int] = []
+    prev = -1
+    done = 0.0
+    for k in range(bins - 1):
+        remaining = bins - k
+        target = done + (total - done) / remaining
+        i = int(np.searchsorted(cum_weight, target, side="left"))
+        if i > 0 and i < n and abs(cum_weight[i - 1] - target) <= abs(cum_weight[i] - target):
+            i -= 1
+        i = max(i, prev + 1)
+        i = min(i, n - remaining)  # leave one distinct value to every remaining bin
+        cuts.append(i)
+        prev = i
+        done = float(cum_weight[i])
+    cuts.append(n - 1)
+    return np.asarray(cuts, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A fitted bucket grid, one entry per bucket, ordered by duration bin then token sub-bin.
+
+    ``max_duration`` (s) and ``max_tokens`` are inclusive upper bounds; ``min_duration`` is
+    the exclusive lower bound of the bucket's duration bin (the previous bin's bound), or, for
+    the first bin, the inclusive ``--min-duration`` cap (NaN when there is none).
+    """
+
+    max_duration: F64
+    max_tokens: I64
+    min_duration: F64
+    duration_bin: npt.NDArray[np.int32]
+    token_bin: npt.NDArray[np.int32]
+
+    @property
+    def num_buckets(self) -> int:
+        return int(self.max_duration.shape[0])
+
+    @property
+    def num_duration_bins(self) -> int:
+        return int(self.duration_bin[-1]) + 1 if self.num_buckets else 0
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """The grid plus what the fit saw: rows outside the caps are counted, never hidden."""
+
+    grid: Grid
+    num_rows: int
+    below_min: int = 0  # rows shorter than the --min-duration cap
+    above_max: int = 0  # rows longer than the --max-duration cap
+    below_min_hours: float = 0.0
+    above_max_hours: float = 0.0
+    requested: tuple[int, int] = (0, 0)  # (num_buckets, num_subbuckets) asked for
+    notes: list[str] = field(default_factory=list)
+
+    def report(self) -> dict[str, Any]:
+        """JSON-ready summary (stored under ``fit`` in ``buckets.json``)."""
+        return {
+            "method": "equal-occupancy-seconds",
+            "num_buckets": self.requested[0],
+            "num_subbuckets": self.requested[1],
+            "num_duration_bins": self.grid.num_duration_bins,
+            "num_buckets_fitted": self.grid.num_buckets,
+            "num_rows": self.num_rows,
+            "outside_caps": {
+                "min_duration": {"rows": self.below_min, "hours": round(self.below_min_hours, 6)},
+                "max_duration": {"rows": self.above_max, "hours": round(self.above_max_hours, 6)},
+            },
+            "notes": list(self.notes),
+        }
+
+
+def _duration_bins(d_sorted: F64, num_bins: int) -> F64:
+    """Inclusive upper bounds of equal-seconds duration bins from sorted durations."""
+    last_of_run = np.flatnonzero(np.append(d_sorted[1:] != d_sorted[:-1], True))
+    cum = np.cumsum(d_sorted)[last_of_run]
+    cuts = equal_occupancy_cuts(cum, num_bins)
+    return d_sorted[last_of_run[cuts]]
+
+
+def _token_subbins(dbin: I64, tokens: I64, weight: F64, num_dbins: int, num_sub: int) -> list[I64]:
+    """Per duration bin, inclusive upper token bounds of equal-seconds sub-bins."""
+    tmin = int(tokens.min())
+    tmax = int(tokens.max())
+    span = tmax - tmin + 1
+    out: list[I64] = []
+    if num_dbins * span <= _MAX_HIST_CELLS:
+        key = dbin * span + (tokens - tmin)
+        w = np.bincount(key, weights=weight, minlength=num_dbins * span).reshape(num_dbins, span)
+        c = np.bincount(key, minlength=num_dbins * span).reshape(num_dbins, span)
+        for j in range(num_dbins):  # loop over bins, not utterances
+            present = np.flatnonzero(c[j])
+            cum = np.cumsum(w[j, present])
+            cuts = equal_occupancy_cuts(cum, num_sub)
+            out.append((present[cuts] + tmin).astype(np.int64))
+        return out
+    order = np.lexsort((tokens, dbin))
+    d_s, t_s, w_s = dbin[order], tokens[order], weight[order]
+    starts = np.searchsorted(d_s, np.arange(num_dbins + 1))
+    for j in range(num_dbins):
+        t = t_s[starts[j]:starts[j + 1]]
+        ww = w_s[starts[j]:starts[j + 1]]
+        last = np.flatnonzero(np.append(t[1:] != t[:-1], True))
+        cuts = equal_occupancy_cuts(np.cumsum(ww)[last], num_sub)
+        out.append(t[last[cuts]].astype(np.int64))
+    return out
+
+
+def fit_buckets(
+    duration: npt.ArrayLike,
+    num_tokens: npt.ArrayLike | None,
+    num_buckets: int = 30,
+    num_subbuckets: int = 2,
+    min_duration: float | None = None,
+    max_duration: float | None = None,
+) -> FitResult:
+    """Fit an equal-occupancy grid: ``num_buckets`` duration bins × ``num_subbuckets`` token bins.
+
+    Parameters
+    ----------
+    duration: seconds per row (> 0).
+    num_tokens: tokens per row (incl. prompt); may be None for ``num_subbuckets == 1``.
+    num_buckets: duration bins requested (>= 1).
+    num_subbuckets: token sub-bins per duration bin (>= 1; 1 = 1D bucketing).
+    min_duration, max_duration: optional caps (s, inclusive); rows outside are not fitted and
+        are counted in the result.
+
+    Vectorized: one sort of the durations plus a weighted histogram of (bin, tokens).
+    """
+    if num_buckets < 1 or num_subbuckets < 1:
+        raise ValueError("num_buckets and num_subbuckets must be >= 1")
+    d = np.asarray(duration, dtype=np.float64)
+    if num_tokens is None:
+        if num_subbuckets > 1:
+            raise ValueError("num_tokens is required for 2D fitting (num_subbuckets > 1)")
+        t = np.zeros(d.shape[0], dtype=np.int64)
+    else:
+        t = np.asarray(num_tokens, dtype=np.int64)
+    if d.shape != t.shape:
+        raise ValueError("duration and num_tokens have different lengths")
+    if d.shape[0] and (not np.isfinite(d).all() or (d <= 0).any()):
+        raise ValueError("durations must be finite and > 0")
+    keep = np.ones(d.shape[0], dtype=bool)
+    below = np.zeros(d.shape[0], dtype=bool)
+    above = np.zeros(d.shape[0], dtype=bool)
+    if min_duration is not None:
+        below = d < min_duration
+        keep &= ~below
+    if max_duration is not None:
+        above = d > max_duration
+        keep &= ~above
+    notes: list[str] = []
+    if not keep.all():
+        d_in, t_in = d[keep], t[keep]
+    else:
+        d_in, t_in = d, t
+    if d_in.shape[0] == 0:
+        raise ValueError("no rows left to fit (check --min-duration / --max-duration)")
+    d_sorted = np.sort(d_in)
+    dbounds = _duration_bins(d_sorted, num_buckets)
+    if dbounds.shape[0] < num_buckets:
+        notes.append(f"{dbounds.shape[0]} duration bins fitted of {num_buckets} asked: "
+                     f"too few distinct durations or one duration holds more than a bin's share")
+    dbin = np.searchsorted(dbounds, d_in, side="left").astype(np.int64)
+    nd = int(dbounds.shape[0])
+    sub = _token_subbins(dbin, t_in, d_in, nd, num_subbuckets)
+    short = [j for j, s in enumerate(sub) if s.shape[0] < num_subbuckets]
+    if short:
+        notes.append(f"{len(short)} duration bins got fewer than {num_subbuckets} token sub-bins "
+                     f"(too few distinct token counts)")
+    counts = np.asarray([s.shape[0] for s in sub], dtype=np.int64)
+    dur_bin = np.repeat(np.arange(nd, dtype=np.int32), counts)
+    tok_bin = (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)).astype(np.int32)
+    lower = np.concatenate([[np.nan if min_duration is None else float(min_duration)], dbounds[:-1]])
+    grid = Grid(
+        max_duration=dbounds[dur_bin].astype(np.float64),
+        max_tokens=np.concatenate(sub).astype(np.int64),
+        min_duration=lower[dur_bin].astype(np.float64),
+        duration_bin=dur_bin,
+        token_bin=tok_bin,
+    )
+    return FitResult(
+        grid=grid,
+        num_rows=int(d.shape[0]),
+        below_min=int(below.sum()),
+        above_max=int(above.sum()),
+        below_min_hours=float(d[below].sum() / 3600.0),
+        above_max_hours=float(d[above].sum() / 3600.0),
+        requested=(int(num_buckets), int(num_subbuckets)),
+        notes=notes,
+    )
+
+
+def grid_from_spec(spec: BucketSpec) -> Grid:
+    """The grid of a ``buckets.json`` (fitted or hand-written, e.g. NeMo's duration bins).
+
+    Duration bins are the runs of equal ``max_duration``; a missing ``max_tokens`` means
+    unbounded. Raises :class:`ManifestError` if bounds are not ordered as the format requires.
+    """
+    b = spec.buckets
+    md = np.asarray([x.max_duration for x in b], dtype=np.float64)
+    big = np.iinfo(np.int32).max
+    mt = np.asarray([big if x.max_tokens is None else x.max_tokens for x in b], dtype=np.int64)
+    if (np.diff(md) < 0).any():
+        raise ManifestError("buckets.json: max_duration must be non-decreasing in bucket order")
+    new_bin = np.append(True, md[1:] != md[:-1])
+    dbin = (np.cumsum(new_bin) - 1).astype(np.int32)
+    if ((np.diff(mt) <= 0) & ~new_bin[1:]).any():
+        raise ManifestError("buckets.json: max_tokens must increase strictly within a duration bin")
+    first = np.flatnonzero(new_bin)
+    tbin = (np.arange(md.shape[0]) - first[dbin]).astype(np.int32)
+    lower = np.concatenate([[np.nan if b[0].min_duration is None else float(b[0].min_duration)], md[first][:-1]])
+    return Grid(max_duration=md, max_tokens=mt, min_duration=lower[dbin], duration_bin=dbin, token_bin=tbin)
+
+
+def grid_to_buckets(
+    grid: Grid,
+    batch_sizes: npt.ArrayLike | None = None,
+    num_utterances: npt.ArrayLike | None = None,
+    seconds: npt.ArrayLike | None = None,
+) -> tuple[Bucket, ...]:
+    """``Bucket`` records for ``buckets.json`` (hours rounded to 1e-6)."""
+    out = []
+    for i in range(grid.num_buckets):
+        lo = float(grid.min_duration[i])
+        out.append(
+            Bucket(
+                index=i,
+                max_duration=float(grid.max_duration[i]),
+                max_tokens=int(grid.max_tokens[i]),
+                batch_size=None if batch_sizes is None else int(np.asarray(batch_sizes)[i]),
+                num_utterances=None if num_utterances is None else int(np.asarray(num_utterances)[i]),
+                hours=None if seconds is None else round(float(np.asarray(seconds)[i]) / 3600.0, 6),
+                min_duration=None if not np.isfinite(lo) else lo,
+                duration_bin=int(grid.duration_bin[i]),
+                token_bin=int(grid.token_bin[i]),
+            )
+        )
+    return tuple(out)

@@ -1,0 +1,184 @@
+"""The padding report: what each batching scheme wastes on one manifest, before training.
+
+Padding ratio = 1 − Σ real / Σ (batch size × max in batch), for audio (seconds; equal to the
+frame ratio up to rounding) and for tokens. A scheme that pads to a fixed length (Whisper's
+30 s) uses that length instead of the max in batch. Batches are formed with
+:func:`bucketing.batching.form_batches`, exactly as the planner forms them.
+
+Schemes (same budget of padded seconds per batch):
+
+1. ``fixed-<L>s``: one bucket, batch = floor(budget / L), audio padded to L seconds; rows
+   longer than L cannot be used and are counted as ``excluded``.
+2. ``1d-cumulative``: 1D duration buckets, batches filled while the sum of real durations
+   stays <= the cumulative budget (Lhotse ``max_duration``; Canary-1B used 360 s).
+3. ``1d-budget``: 1D buckets, per-bucket batch size by the padded-budget rule.
+4. ``2d``: the given 2D buckets with their per-bucket batch sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bucketing.allocate import allocate
+from bucketing.batching import Batches, form_batches, form_batches_cumulative
+from bucketing.budget import padded_budget_batch_sizes
+from bucketing.fit import Grid, fit_buckets
+
+
+@dataclass(frozen=True)
+class Padding:
+    """Padding figures of one set of batches (ratios in [0, 1])."""
+
+    audio_padding: float
+    token_padding: float
+    num_batches: int
+    mean_batch_size: float
+    num_rows: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "audio_padding": round(self.audio_padding, 6),
+            "token_padding": round(self.token_padding, 6),
+            "num_batches": self.num_batches,
+            "mean_batch_size": round(self.mean_batch_size, 4),
+            "num_rows": self.num_rows,
+        }
+
+
+def _ratio(real: float, padded: float) -> float:
+    return 0.0 if padded <= 0 else 1.0 - real / padded
+
+
+def batch_maxima(batches: Batches, values: npt.ArrayLike) -> npt.NDArray[Any]:
+    """Max of ``values`` over each batch's rows."""
+    v = np.asarray(values)[batches.rows]
+    if batches.num_batches == 0:
+        return v[:0]
+    return np.maximum.reduceat(v, batches.offsets[:-1])
+
+
+def measure(
+    batches: Batches,
+    duration: npt.ArrayLike,
+    num_tokens: npt.ArrayLike,
+    fixed_audio: float | None = None,
+) -> Padding:
+    """Padding of ``batches`` (audio padded to the max in batch, or to ``fixed_audio`` s)."""
+    d = np.asarray(duration, dtype=np.float64)
+    t = np.asarray(num_tokens, dtype=np.float64)
+    sizes = batches.sizes().astype(np.float64)
+    dmax = np.full(batches.num_batches, fixed_audio) if fixed_audio else batch_maxima(batches, d)
+    tmax = batch_maxima(batches, t)
+    n = int(batches.rows.shape[0])
+    return Padding(
+        audio_padding=_ratio(float(d[batches.rows].sum()), float((sizes * dmax).sum())),
+        token_padding=_ratio(float(t[batches.rows].sum()), float((sizes * tmax).sum())),
+        num_batches=batches.num_batches,
+        mean_batch_size=n / batches.num_batches if batches.num_batches else 0.0,
+        num_rows=n,
+    )
+
+
+def per_bucket(
+    batches: Batches, duration: npt.ArrayLike, num_tokens: npt.ArrayLike, num_buckets: int
+) -> dict[str, npt.NDArray[Any]]:
+    """Per-bucket audio/token padding, batches, rows and mean batch size (arrays by bucket)."""
+    d = np.asarray(duration, dtype=np.float64)
+    t = np.asarray(num_tokens, dtype=np.float64)
+    sizes = batches.sizes().astype(np.float64)
+    bb = batches.bucket
+    real_d = np.bincount(bb, weights=np.add.reduceat(d[batches.rows], batches.offsets[:-1])
+                         if batches.num_batches else None, minlength=num_buckets)
+    real_t = np.bincount(bb, weights=np.add.reduceat(t[batches.rows], batches.offsets[:-1])
+                         if batches.num_batches else None, minlength=num_buckets)
+    pad_d = np.bincount(bb, weights=sizes * batch_maxima(batches, d), minlength=num_buckets)
+    pad_t = np.bincount(bb, weights=sizes * batch_maxima(batches, t), minlength=num_buckets)
+    nb = np.bincount(bb, minlength=num_buckets)
+    rows = np.bincount(bb, weights=sizes, minlength=num_buckets)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {
+            "audio_padding": np.where(pad_d > 0, 1 - real_d / np.where(pad_d > 0, pad_d, 1), 0.0),
+            "token_padding": np.where(pad_t > 0, 1 - real_t / np.where(pad_t > 0, pad_t, 1), 0.0),
+            "num_batches": nb,
+            "num_rows": rows.astype(np.int64),
+            "mean_batch_size": np.where(nb > 0, rows / np.maximum(nb, 1), 0.0),
+            "hours": real_d / 3600.0,
+        }
+
+
+def padding_report(
+    duration: npt.ArrayLike,
+    num_tokens: npt.ArrayLike,
+    grid: Grid,
+    batch_sizes: npt.ArrayLike,
+    *,
+    budget: float = 600.0,
+    cumulative_budget: float | None = None,
+    fixed_lengths: tuple[float, ...] = (30.0, 40.0),
+    strict: bool = False,
+    seed: int = 0,
+    window: int | None = None,
+    sort_by: str | None = None,
+) -> dict[str, Any]:
+    """Compare the four schemes on one manifest (see the module docstring).
+
+    ``budget``: padded seconds per batch for schemes 1 and 3 (scheme 4 uses ``batch_sizes``);
+    ``cumulative_budget``: real seconds per batch for scheme 2 (default: ``budget``).
+    ``window`` / ``sort_by``: in-bucket grouping passed to ``form_batches`` (None = default).
+    Returns JSON-ready figures; ``per_bucket`` holds the 2D scheme's buckets.
+    """
+    d = np.asarray(duration, dtype=np.float64)
+    t = np.asarray(num_tokens, dtype=np.int64)
+    opts: dict[str, Any] = {"duration": d}
+    if window is not None:
+        opts["window"] = window
+    if sort_by is not None:
+        opts["sort_by"] = sort_by
+    schemes: dict[str, Any] = {}
+
+    def rng(k: int) -> np.random.Generator:
+        return np.random.default_rng([seed, k])
+
+    for i, length in enumerate(fixed_lengths):
+        ok = d <= length
+        bs = max(1, int(np.floor(budget / length + 1e-9)))
+        batches = form_batches(np.where(ok, 0, -1), np.asarray([bs]), rng(10 + i), None, window=1)
+        p = measure(batches, d, t, fixed_audio=length).to_json()
+        p["excluded"] = int((~ok).sum())
+        schemes[f"fixed-{length:g}s"] = p
+
+    nd = grid.num_duration_bins
+    fit1 = fit_buckets(d, None, num_buckets=nd, num_subbuckets=1).grid
+    b1 = allocate(d, None, fit1).bucket
+    cum = form_batches_cumulative(b1, d, cumulative_budget or budget, rng(1))
+    schemes["1d-cumulative"] = {**measure(cum, d, t).to_json(), "excluded": 0}
+    bs1 = padded_budget_batch_sizes(fit1.max_duration, max_duration_budget=budget)
+    schemes["1d-budget"] = {**measure(form_batches(b1, bs1, rng(2), t, **opts), d, t).to_json(), "excluded": 0}
+
+    alloc = allocate(d, t, grid, strict=strict)
+    batches2 = form_batches(alloc.bucket, np.asarray(batch_sizes), rng(3), t, **opts)
+    schemes["2d"] = {**measure(batches2, d, t).to_json(), "excluded": alloc.num_dropped}
+    pb = per_bucket(batches2, d, t, grid.num_buckets)
+    return {
+        "num_rows": int(d.shape[0]),
+        "budget": budget,
+        "cumulative_budget": cumulative_budget or budget,
+        "seed": seed,
+        "schemes": schemes,
+        "dropped": {k: int(v.shape[0]) for k, v in alloc.dropped.items()},
+        "moved": alloc.moved,
+        "per_bucket": [
+            {
+                "index": i,
+                "max_duration": float(grid.max_duration[i]),
+                "max_tokens": int(alloc.max_tokens[i]) if alloc.max_tokens is not None else None,
+                "batch_size": int(np.asarray(batch_sizes)[i]),
+                **{k: (round(float(v[i]), 6) if v.dtype.kind == "f" else int(v[i])) for k, v in pb.items()},
+            }
+            for i in range(grid.num_buckets)
+        ],
+    }
