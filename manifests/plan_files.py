@@ -178,6 +178,9 @@ class PlanWriter:
         if self.out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.", suffix=".old", dir=self.out_dir.parent))
             os.replace(self.out_dir, old / "plan")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.tmp_dir, 0o777 & ~umask)  # mkdtemp makes it private; a plan is shared
         os.replace(self.tmp_dir, self.out_dir)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

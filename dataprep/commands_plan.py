@@ -1,0 +1,321 @@
+"""Commands: plan-batches (compile a rank-synchronized batch schedule) and simulate
+(tail-worker idle time of a plan, synchronized vs not).
+
+The library functions :func:`build_plan` and :func:`simulate_plan` do the work; the typer
+commands parse options, call them and print.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from bucketing.allocate import allocate
+from bucketing.costmodel import CostModel
+from bucketing.fit import grid_from_spec
+from bucketing.plan import EpochPlan, PlanError, PlanInputs, padding, plan_epoch
+from bucketing.simulate import SimResult, simulate
+from dataprep.cli_app import app, err, out, user_errors
+from manifests.buckets_file import BucketSpec, read_buckets
+from manifests.errors import DataprepError, ManifestError
+from manifests.io import file_sha256, manifest_hash, read_manifest
+from manifests.plan_files import PlanWriter, read_plan_json, shard_name, shard_table
+
+DEFAULT_WORLD_SIZES = (2, 16, 128)
+
+
+def batch_sizes_of(spec: BucketSpec, where: str = "buckets.json") -> np.ndarray:
+    """Batch size per bucket; a one-line error if any bucket lacks one."""
+    missing = [b.index for b in spec.buckets if b.batch_size is None]
+    if missing:
+        raise ManifestError(
+            f"{where}: bucket {missing[0]} has no batch_size ({len(missing)} buckets lack one); "
+            "run `dataprep fit-buckets` with a budget or `dataprep oomptimize`"
+        )
+    return np.asarray([b.batch_size for b in spec.buckets], dtype=np.int64)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err, transient=True, disable=not err.is_terminal)
+
+
+def build_plan(
+    manifest: str | os.PathLike[str],
+    buckets: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    world_size: int,
+    seed: int = 0,
+    epochs: int = 1,
+    strict: bool = False,
+    interleave: str = "random",
+    row_group_steps: int = 128,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Plan ``epochs`` epochs of ``manifest`` over ``world_size`` ranks into ``out_dir``.
+
+    Returns the content of ``plan.json``. ``on_progress(done, total)`` counts shard writes.
+    """
+    if world_size < 1 or epochs < 1:
+        raise DataprepError(f"world size and epochs must be >= 1 (got {world_size}, {epochs})")
+    spec = read_buckets(buckets)
+    bs = batch_sizes_of(spec, str(buckets))
+    grid = grid_from_spec(spec)
+    df = read_manifest(manifest, columns=["id", "duration", "num_tokens"])
+    if df.height == 0:
+        raise ManifestError(f"{manifest}: the manifest has no rows")
+    duration = df["duration"].to_numpy()
+    tokens = df["num_tokens"].fill_null(0).to_numpy().astype(np.int64)
+    ids = df.get_column("id").to_arrow().cast(pa.string())
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    del df
+    alloc = allocate(duration, tokens, grid, strict=strict)
+    max_tokens = alloc.max_tokens if alloc.max_tokens is not None else grid.max_tokens
+    inputs = PlanInputs(alloc.bucket, bs, duration, tokens, grid.max_duration, max_tokens.astype(np.float64))
+
+    steps_per_epoch: list[int] = []
+    per_epoch: list[dict[str, Any]] = []
+    fallbacks: list[dict[str, int]] = []
+    B = len(spec.buckets)
+    per_bucket_batches = np.zeros(B, dtype=np.int64)
+    per_bucket_utts = np.zeros(B, dtype=np.int64)
+    real_s = pad_s = 0.0
+    real_t = pad_t = 0
+    dropped_rows: dict[str, list[int]] = {}
+    first_step = 0
+    total = epochs * world_size
+    with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps) as writer:
+        for e in range(epochs):
+            try:
+                ep = plan_epoch(inputs, world_size, seed, e, interleave=interleave,  # type: ignore[arg-type]
+                                duration=duration)
+            except PlanError as exc:
+                raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
+            _write_epoch(writer, ep, ids, first_step, lambda r: on_progress(e * world_size + r + 1, total)
+                         if on_progress else None)
+            pad = padding(ep, duration, tokens)
+            real_s, pad_s = real_s + pad.real_seconds, pad_s + pad.padded_seconds
+            real_t, pad_t = real_t + pad.real_tokens, pad_t + pad.padded_tokens
+            sizes = ep.sizes()
+            bucket_of_batch = np.tile(ep.step_bucket, world_size)
+            per_bucket_batches += np.bincount(bucket_of_batch, minlength=B)
+            per_bucket_utts += np.bincount(bucket_of_batch, weights=sizes, minlength=B).astype(np.int64)
+            steps_per_epoch.append(ep.num_steps)
+            per_epoch.append({"epoch": e, "steps": ep.num_steps, "first_step": first_step,
+                              "padding_audio": round(pad.audio, 6), "padding_tokens": round(pad.tokens, 6),
+                              "resplit_buckets": ep.resplit_buckets})
+            fallbacks += [{"epoch": e, **f} for f in ep.fallbacks]
+            if ep.dropped.shape[0]:
+                dropped_rows[str(e)] = ep.dropped.tolist()
+            first_step += ep.num_steps
+        moved = sum(f["rows"] for f in fallbacks if f["kind"] in ("carried", "borrowed"))
+        meta: dict[str, Any] = {
+            "inputs": {
+                "manifest": {"file": Path(manifest).name, "content_hash": manifest_hash(manifest),
+                             "rows": int(duration.shape[0])},
+                "buckets": {"file": Path(buckets).name, "sha256": file_sha256(buckets)},
+            },
+            "buckets": spec.to_json()["buckets"],
+            "world_size": world_size,
+            "seed": seed,
+            "epochs": epochs,
+            "interleave": interleave,
+            "allocation": {
+                "strict": strict,
+                "allocated_rows": int((alloc.bucket >= 0).sum()),
+                "left_out": {k: v.tolist() for k, v in sorted(alloc.dropped.items())},
+                "moved_to_longer_bin": alloc.moved,
+                "raised_max_tokens_rows": alloc.raised,
+            },
+            "num_steps": first_step,
+            "steps_per_epoch": steps_per_epoch,
+            "per_epoch": per_epoch,
+            "per_bucket": [{"bucket": b, "batches": int(per_bucket_batches[b]) // epochs,
+                            "utterances": int(per_bucket_utts[b]) // epochs,
+                            "steps": int(per_bucket_batches[b]) // epochs // world_size} for b in range(B)],
+            "padding": {"audio": round(1 - real_s / pad_s, 6) if pad_s else 0.0,
+                        "tokens": round(1 - real_t / pad_t, 6) if pad_t else 0.0,
+                        "real_seconds": round(real_s, 3), "padded_seconds": round(pad_s, 3),
+                        "real_tokens": real_t, "padded_tokens": pad_t},
+            "fallbacks": {
+                "moved_rows": moved,
+                "dropped_rows": sum(len(v) for v in dropped_rows.values()),
+                "events": fallbacks,
+                "dropped": dropped_rows,
+                "resplit_buckets": sum(p["resplit_buckets"] for p in per_epoch),
+                "broken_sync_steps": 0,
+            },
+        }
+        meta["plan_hash"] = writer.finish(meta)
+    return meta
+
+
+def _write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: int,
+                 tick: Callable[[int], object]) -> None:
+    taken = ids.take(pa.array(ep.rows))  # ids of every batch, rank-major, in one gather
+    S = ep.num_steps
+    for r in range(ep.world_size):
+        lo, hi = ep.rank_slice(r)
+        off = ep.offsets[lo:hi + 1]
+        table = shard_table(
+            epoch=ep.epoch, first_step=first_step, bucket=ep.step_bucket, offsets=off, rows=ep.rows,
+            ids=taken.slice(int(off[0]), int(off[-1] - off[0])),
+            max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi],
+        )
+        assert table.num_rows == S
+        writer.write(r, table)
+        tick(r)
+
+
+# --------------------------------------------------------------------------- simulate
+
+
+def read_epoch_batches(plan_dir: str | os.PathLike[str], epoch: int = 0) -> dict[str, np.ndarray]:
+    """Per-batch columns of one epoch over all ranks, as (steps, ranks) matrices."""
+    meta = read_plan_json(plan_dir)
+    W = int(meta["world_size"])
+    cols = ["epoch", "step", "bucket", "size", "max_duration", "max_tokens", "rows"]
+    parts = []
+    for r in range(W):
+        t = pq.read_table(Path(plan_dir) / shard_name(r), columns=cols, filters=[("epoch", "=", epoch)])
+        parts.append(t)
+    S = parts[0].num_rows
+    if S == 0:
+        raise ManifestError(f"{plan_dir}: epoch {epoch} is not in the plan (epochs: {meta.get('epochs')})")
+    out = {c: np.stack([p.column(c).to_numpy() for p in parts], axis=1)
+           for c in ("bucket", "size", "max_duration", "max_tokens")}
+    out["rows"] = [p.column("rows").combine_chunks() for p in parts]  # type: ignore[assignment]
+    return out
+
+
+def simulate_plan(
+    plan_dir: str | os.PathLike[str],
+    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+    cost: CostModel | None = None,
+    manifest: str | os.PathLike[str] | None = None,
+    epoch: int = 0,
+    seed: int = 0,
+) -> list[SimResult]:
+    """Tail-worker simulation of one epoch of a plan: at the plan's world size with its own
+    step layout, and at each of ``world_sizes`` by re-dealing the same batches (one bucket
+    per step when synchronized, random buckets per rank when not).
+
+    With ``manifest`` (which must be the plan's, by content hash), batch lengths are
+    recomputed from it instead of read from the shards.
+    """
+    cost = cost or CostModel()
+    meta = read_plan_json(plan_dir)
+    W = int(meta["world_size"])
+    m = read_epoch_batches(plan_dir, epoch)
+    max_d, max_t = m["max_duration"], m["max_tokens"]
+    if manifest is not None:
+        expected = meta["inputs"]["manifest"]["content_hash"]
+        if manifest_hash(manifest) != expected:
+            raise ManifestError(f"{manifest}: content hash differs from the plan's manifest ({expected[:12]}...)")
+        df = read_manifest(manifest, columns=["duration", "num_tokens"])
+        d = df["duration"].to_numpy()
+        tk = df["num_tokens"].fill_null(0).to_numpy().astype(np.int64)
+        max_d = np.empty_like(max_d)
+        max_t = np.empty_like(max_t)
+        for r, col in enumerate(m["rows"]):  # type: ignore[arg-type]
+            rows = col.values.to_numpy()
+            starts = col.offsets.to_numpy()[:-1]
+            max_d[:, r] = np.maximum.reduceat(d[rows], starts)
+            max_t[:, r] = np.maximum.reduceat(tk[rows], starts)
+    times = cost.step_time(m["size"], max_d, max_t)
+    results = []
+    for w in dict.fromkeys([W, *world_sizes]):
+        if w < 1:
+            raise DataprepError(f"world size must be >= 1, got {w}")
+        results.append(simulate(m["bucket"].ravel(), times.ravel(), w, seed=seed,
+                                sync_matrix=times if w == W else None))
+    return results
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@app.command("plan-batches")
+@user_errors
+def plan_batches_cmd(
+    manifest: Path = typer.Argument(..., help="Compiled manifest (Parquet), e.g. kept.parquet."),
+    buckets: Path = typer.Option(..., "--buckets", "-b", help="buckets.json with a batch_size per bucket."),
+    world_size: int = typer.Option(..., "--world-size", "-w", help="Number of ranks (GPUs)."),
+    seed: int = typer.Option(0, "--seed", help="Seed; with the epoch number it fixes every order."),
+    epochs: int = typer.Option(1, "--epochs", "-e", help="Epochs to plan."),
+    out_dir: Path = typer.Option(..., "-o", "--out", help="Plan directory to write (replaced if it holds a plan)."),
+    strict: bool = typer.Option(False, "--strict", help="Strict 2D allocation: drop rows over their bin's tokens."),
+    interleave: str = typer.Option("random", "--interleave",
+                                   help="Step order across buckets: random (default) or ascending (short first)."),
+    row_group_steps: int = typer.Option(128, "--row-group-steps", help="Steps per Parquet row group (seek unit)."),
+) -> None:
+    """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
+    if interleave not in ("random", "ascending"):
+        raise DataprepError(f"--interleave must be random or ascending, not {interleave!r}")
+    with _progress() as prog:
+        task = prog.add_task("planning", total=epochs * world_size)
+        meta = build_plan(manifest, buckets, out_dir, world_size=world_size, seed=seed, epochs=epochs,
+                          strict=strict, interleave=interleave, row_group_steps=row_group_steps,
+                          on_progress=lambda done, total: prog.update(task, completed=done))
+    print_plan(meta, out_dir)
+
+
+def print_plan(meta: dict[str, Any], out_dir: Path | str) -> None:
+    """The plan summary a user reads after plan-batches."""
+    spe = meta["steps_per_epoch"]
+    out.print(f"plan: {out_dir}  world size {meta['world_size']}, seed {meta['seed']}, {meta['epochs']} epoch(s)")
+    out.print(f"steps per epoch: {', '.join(map(str, spe)) if len(set(spe)) > 1 else spe[0]}  (total {meta['num_steps']})")
+    table = Table(title="per bucket (per epoch)")
+    for col in ("bucket", "max_duration", "max_tokens", "batch_size", "steps", "batches", "utterances"):
+        table.add_column(col, justify="right")
+    for b, pb in zip(meta["buckets"], meta["per_bucket"]):
+        table.add_row(str(pb["bucket"]), f"{b['max_duration']:.3f}", str(b.get("max_tokens", "-")),
+                      str(b["batch_size"]), str(pb["steps"]), str(pb["batches"]), str(pb["utterances"]))
+    out.print(table)
+    pad = meta["padding"]
+    out.print(f"predicted padding: audio {pad['audio']:.2%}, tokens {pad['tokens']:.2%}")
+    fb = meta["fallbacks"]
+    left_out = sum(len(v) for v in meta["allocation"]["left_out"].values())
+    out.print(f"fallbacks: {fb['moved_rows']} rows moved to a containing bucket, {fb['dropped_rows']} dropped, "
+              f"{fb['broken_sync_steps']} unsynchronized steps; {fb['resplit_buckets']} bucket tails re-split "
+              f"(sync kept); {left_out} rows outside the bucket grid")
+    out.print(f"plan hash: {meta['plan_hash']}")
+
+
+@app.command("simulate")
+@user_errors
+def simulate_cmd(
+    plan_dir: Path = typer.Argument(..., help="Plan directory written by plan-batches."),
+    manifest: Path | None = typer.Option(None, "--manifest", help="The plan's manifest (recompute batch lengths)."),
+    world_sizes: str = typer.Option(",".join(map(str, DEFAULT_WORLD_SIZES)), "--world-sizes",
+                                    help="Comma-separated world sizes to simulate besides the plan's."),
+    coef: list[str] = typer.Option([], "--coef", help=f"Cost coefficient NAME=VALUE ({', '.join(CostModel.names())})."),
+    epoch: int = typer.Option(0, "--epoch", help="Epoch to simulate."),
+    seed: int = typer.Option(0, "--seed", help="Seed for dealing batches at other world sizes."),
+) -> None:
+    """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not."""
+    try:
+        ws = [int(x) for x in world_sizes.split(",") if x.strip()]
+        cost = CostModel().with_overrides(coef)
+    except ValueError as exc:
+        raise DataprepError(str(exc).replace("invalid literal for int() with base 10", "--world-sizes: not an integer")) from None
+    results = simulate_plan(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
+    table = Table(title=f"tail-worker simulation, epoch {epoch} (cost model: {cost})")
+    for col in ("world size", "steps sync", "steps unsync", "idle sync", "idle unsync", "epoch s sync",
+                "epoch s unsync", "speedup"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(str(r.world_size), str(r.steps_sync), str(r.steps_unsync), f"{r.idle_sync:.1%}",
+                      f"{r.idle_unsync:.1%}", f"{r.time_sync:.1f}", f"{r.time_unsync:.1f}", f"{r.speedup:.1%}")
+    out.print(table)
