@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.fit import Grid
+from bucketing.budget import budget_source, padded_budget_batch_sizes
+from bucketing.fit import Grid, fit_buckets, grid_to_buckets
+from manifests.buckets_file import BucketSpec
 
 
 @dataclass(frozen=True)
@@ -125,3 +127,49 @@ def allocate(
     return Allocation(
         bucket=bucket.astype(np.int32), dropped=dropped, moved=moved, max_tokens=max_tokens, raised=raised
     )
+
+
+def fit_spec(
+    duration: npt.ArrayLike,
+    num_tokens: npt.ArrayLike | None,
+    *,
+    num_buckets: int = 30,
+    num_subbuckets: int = 2,
+    min_duration: float | None = None,
+    max_duration: float | None = None,
+    strict: bool = False,
+    max_duration_budget: float | None = 600.0,
+    max_frames_budget: int | None = None,
+    max_tokens_budget: int | None = None,
+    frame_shift: float = 0.01,
+    manifest_hash: str | None = None,
+) -> tuple[BucketSpec, Allocation]:
+    """Fit, allocate and size: the content of ``buckets.json`` plus the allocation it implies.
+
+    Per-bucket ``num_utterances`` / ``hours`` count the rows the allocation puts there; the
+    ``fit`` record says how the bounds were fitted and what was left out, by reason.
+    """
+    d = np.asarray(duration, dtype=np.float64)
+    fit = fit_buckets(d, num_tokens, num_buckets, num_subbuckets, min_duration, max_duration)
+    alloc = allocate(d, num_tokens, fit.grid, strict=strict)
+    grid = fit.grid
+    if alloc.max_tokens is not None:
+        grid = Grid(grid.max_duration, alloc.max_tokens, grid.min_duration, grid.duration_bin, grid.token_bin)
+    budgets = dict(max_duration_budget=max_duration_budget, max_frames_budget=max_frames_budget,
+                   max_tokens_budget=max_tokens_budget)
+    sizes = padded_budget_batch_sizes(grid.max_duration, grid.max_tokens, frame_shift=frame_shift, **budgets)
+    ok = alloc.bucket >= 0
+    counts = np.bincount(alloc.bucket[ok], minlength=grid.num_buckets)
+    secs = np.bincount(alloc.bucket[ok], weights=d[ok], minlength=grid.num_buckets)
+    report = fit.report()
+    report["allocation"] = "strict" if strict else "flexible"
+    report["dropped"] = {k: int(v.shape[0]) for k, v in sorted(alloc.dropped.items())}
+    report["moved"] = alloc.moved
+    if manifest_hash is not None:
+        report["manifest_hash"] = manifest_hash
+    spec = BucketSpec(
+        buckets=grid_to_buckets(grid, sizes, counts, secs),
+        batch_size_source=budget_source(frame_shift=frame_shift, **budgets),
+        fit=report,
+    )
+    return spec, alloc

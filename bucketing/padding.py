@@ -174,6 +174,8 @@ def padding_report(
         "per_bucket": [
             {
                 "index": i,
+                "duration_bin": int(grid.duration_bin[i]),
+                "token_bin": int(grid.token_bin[i]),
                 "max_duration": float(grid.max_duration[i]),
                 "max_tokens": int(alloc.max_tokens[i]) if alloc.max_tokens is not None else None,
                 "batch_size": int(np.asarray(batch_sizes)[i]),

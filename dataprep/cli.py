@@ -6,6 +6,7 @@ from dataprep.cli_app import app
 from dataprep import commands_prep  # noqa: F401  (train-tokenizer, compile, stats, filter, demo)
 from dataprep import commands_report  # noqa: F401  (stats, filter)
 from dataprep import commands_plan  # noqa: F401  (plan-batches, simulate)
+from dataprep import commands_buckets  # noqa: F401  (fit-buckets, padding)
 
 __all__ = ["app", "main"]
 

@@ -1,0 +1,133 @@
+"""Commands: fit-buckets (equal-occupancy 2D buckets → buckets.json) and padding (the report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from bucketing.allocate import fit_spec
+from bucketing.budget import padded_budget_batch_sizes
+from bucketing.fit import grid_from_spec
+from bucketing.padding import padding_report
+from dataprep.cli_app import app, out, user_errors
+from manifests.buckets_file import BucketSpec, read_buckets, write_buckets
+from manifests.errors import DataprepError
+from manifests.io import manifest_hash, read_manifest, write_json
+
+
+def _columns(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    df = read_manifest(path, columns=["duration", "num_tokens"])
+    if df["num_tokens"].null_count():
+        raise DataprepError(f"{path}: {df['num_tokens'].null_count()} rows have no num_tokens (compile with a tokenizer)")
+    if df["duration"].null_count():
+        raise DataprepError(f"{path}: {df['duration'].null_count()} rows have no duration")
+    return df["duration"].to_numpy(), df["num_tokens"].to_numpy().astype(np.int64)
+
+
+def _bucket_table(spec: BucketSpec) -> Table:
+    total_h = sum(b.hours or 0.0 for b in spec.buckets) or 1.0
+    table = Table(title="buckets", show_lines=False)
+    for col in ("#", "duration (s)", "tokens", "batch", "utterances", "hours", "share of audio"):
+        table.add_column(col, justify="right")
+    for b in spec.buckets:
+        lo = "" if b.min_duration is None else f"{b.min_duration:.3f}"
+        table.add_row(str(b.index), f"{lo}..{b.max_duration:.3f}", f"<= {b.max_tokens}", str(b.batch_size),
+                      f"{b.num_utterances:,}", f"{b.hours:.2f}", f"{100 * (b.hours or 0) / total_h:.2f}%")
+    return table
+
+
+@app.command("fit-buckets")
+@user_errors
+def fit_buckets_cmd(
+    manifest: Annotated[Path, typer.Argument(help="Compiled manifest (Parquet).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="buckets.json to write.")] = Path("buckets.json"),
+    num_buckets: Annotated[int, typer.Option(min=1, help="Duration bins (equal seconds of audio).")] = 30,
+    num_subbuckets: Annotated[int, typer.Option(min=1, help="Token sub-bins per duration bin; 1 = 1D.")] = 2,
+    max_duration_budget: Annotated[Optional[float], typer.Option(help="Padded seconds of audio per batch.")] = 600.0,
+    max_frames_budget: Annotated[Optional[int], typer.Option(help="Padded audio frames per batch.")] = None,
+    max_tokens_budget: Annotated[Optional[int], typer.Option(help="Padded tokens per batch.")] = None,
+    frame_shift: Annotated[float, typer.Option(help="Seconds per frame for --max-frames-budget.")] = 0.01,
+    strict: Annotated[bool, typer.Option("--strict", help="NeMo strict 2D: drop rows over their bin's tokens.")] = False,
+    min_duration: Annotated[Optional[float], typer.Option(help="Leave out rows shorter than this (s), reported.")] = None,
+    max_duration: Annotated[Optional[float], typer.Option(help="Leave out rows longer than this (s), reported.")] = None,
+) -> None:
+    """Fit equal-occupancy duration × token buckets, size batches by a padded budget, write buckets.json."""
+    d, t = _columns(manifest)
+    try:
+        spec, alloc = fit_spec(
+            d, t, num_buckets=num_buckets, num_subbuckets=num_subbuckets, min_duration=min_duration,
+            max_duration=max_duration, strict=strict, max_duration_budget=max_duration_budget,
+            max_frames_budget=max_frames_budget, max_tokens_budget=max_tokens_budget,
+            frame_shift=frame_shift, manifest_hash=manifest_hash(manifest),
+        )
+    except ValueError as exc:
+        raise DataprepError(f"{manifest}: {exc}") from None
+    write_buckets(spec, output)
+    out.print(_bucket_table(spec))
+    for reason, rows in sorted(alloc.dropped.items()):
+        out.print(f"left out: {rows.shape[0]:,} rows ({d[rows].sum() / 3600:.2f} h), reason {reason}")
+    if alloc.moved:
+        out.print(f"moved to a longer-duration bin for their tokens: {alloc.moved:,} rows")
+    for note in spec.fit.get("notes", []):
+        out.print(f"note: {note}")
+    out.print(f"wrote {output} ({len(spec.buckets)} buckets)")
+
+
+@app.command("padding")
+@user_errors
+def padding_cmd(
+    manifest: Annotated[Path, typer.Argument(help="Compiled manifest (Parquet).")],
+    buckets: Annotated[Path, typer.Option("--buckets", help="buckets.json (fitted or hand-written).")],
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON.")] = None,
+    plots: Annotated[Optional[Path], typer.Option("--plots", help="Folder for grid.png and schemes.png.")] = None,
+    budget: Annotated[Optional[float], typer.Option(help="Padded seconds per batch (default: buckets.json's).")] = None,
+    cumulative_budget: Annotated[Optional[float], typer.Option(help="Real seconds per batch, 1D cumulative scheme (Canary-1B: 360).")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Allocate as NeMo strict 2D.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the shuffles.")] = 0,
+    window: Annotated[Optional[int], typer.Option(help="Batches per grouping window (1 = plain shuffle).")] = None,
+    sort_by: Annotated[Optional[str], typer.Option(help="auto, both, tokens, duration or none.")] = None,
+) -> None:
+    """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D."""
+    d, t = _columns(manifest)
+    spec = read_buckets(buckets)
+    grid = grid_from_spec(spec)
+    if budget is None:
+        budget = float(spec.batch_size_source.get("max_duration", 600.0))
+    sizes = [b.batch_size for b in spec.buckets]
+    if any(s is None for s in sizes):
+        bs = padded_budget_batch_sizes(grid.max_duration, max_duration_budget=budget)
+    else:
+        bs = np.asarray(sizes, dtype=np.int64)
+    try:
+        report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
+                                strict=strict, seed=seed, window=window, sort_by=sort_by)
+    except ValueError as exc:
+        raise DataprepError(f"{manifest}: {exc}") from None
+    report["manifest_hash"] = manifest_hash(manifest)
+    table = Table(title=f"padding, {budget:g} s padded audio per batch")
+    for col in ("scheme", "audio padding", "token padding", "mean batch", "batches", "rows left out"):
+        table.add_column(col, justify="right")
+    for name, s in report["schemes"].items():
+        table.add_row(name, f"{100 * s['audio_padding']:.2f}%", f"{100 * s['token_padding']:.2f}%",
+                      f"{s['mean_batch_size']:.1f}", f"{s['num_batches']:,}", f"{s['excluded']:,}")
+    out.print(table)
+    pb = Table(title="2D buckets")
+    for col in ("#", "max dur (s)", "max tok", "batch", "utterances", "batches", "audio pad", "token pad"):
+        pb.add_column(col, justify="right")
+    for b in report["per_bucket"]:
+        pb.add_row(str(b["index"]), f"{b['max_duration']:.3f}", str(b["max_tokens"]), str(b["batch_size"]),
+                   f"{b['num_rows']:,}", str(b["num_batches"]), f"{100 * b['audio_padding']:.1f}%",
+                   f"{100 * b['token_padding']:.1f}%")
+    out.print(pb)
+    if json_out is not None:
+        write_json(report, json_out)
+        out.print(f"wrote {json_out}")
+    if plots is not None:
+        from bucketing.plots import write_plots
+
+        for p in write_plots(report, plots):
+            out.print(f"wrote {p}")
