@@ -275,15 +275,13 @@ class PlanShard:
         """Batches from ``start_step`` on, as a table; reads no row group before it."""
         groups = self.row_groups_from(start_step)
         cols = None if columns is None else list(dict.fromkeys(["step", *columns]))
-        if not groups:
-            table = SHARD_SCHEMA.empty_table()
-            return table if cols is None else table.select(cols)
-        table = self._file.read_row_groups(groups, columns=cols)
-        if self._first[groups[0]] < start_step:
-            table = table.slice(start_step - int(table.column("step")[0].as_py()))
-        if columns is not None and "step" not in columns:
-            table = table.drop_columns(["step"])
-        return table
+        if groups:
+            table = self._file.read_row_groups(groups, columns=cols)
+            steps = table.column("step").to_numpy()
+            table = table.slice(int(np.searchsorted(steps, start_step)))
+        else:
+            table = SHARD_SCHEMA.empty_table() if cols is None else SHARD_SCHEMA.empty_table().select(cols)
+        return table if columns is None else table.select(list(columns))
 
     def iter_batches(self, start_step: int = 0) -> Iterator[PlanBatch]:
         """Yield batches from ``start_step`` on, one row group read at a time."""

@@ -1,0 +1,134 @@
+"""Plan shards: writer publishes atomically; the torch-free reader seeks to any step
+without reading earlier row groups and resumes exactly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from manifests.errors import ManifestError
+from manifests.plan_files import SHARD_SCHEMA, PlanShard, PlanWriter, open_shard, read_plan_json, shard_table
+
+W = 3
+
+
+def _write_plan(path, epochs: int = 2, steps: int = 40, row_group_steps: int = 8) -> dict:
+    """A plan of ``epochs`` x ``steps`` steps over W ranks; batch sizes 1..5, rows distinct."""
+    rng = np.random.default_rng(0)
+    ids = pa.array([f"utt-{i:05d}" for i in range(10_000)])
+    expected: dict = {}
+    with PlanWriter(path, W, row_group_steps=row_group_steps) as w:
+        nxt = 0
+        for e in range(epochs):
+            bucket = rng.integers(0, 4, steps)
+            for r in range(W):
+                sizes = rng.integers(1, 6, steps)
+                offsets = np.r_[0, np.cumsum(sizes)]
+                rows = np.arange(nxt, nxt + offsets[-1], dtype=np.int64)
+                nxt += int(offsets[-1])
+                t = shard_table(epoch=e, first_step=e * steps, bucket=bucket, offsets=offsets, rows=rows,
+                                ids=ids.take(pa.array(rows)), max_duration=sizes * 1.5, max_tokens=sizes * 2)
+                w.write(r, t)
+                for i in range(steps):
+                    expected.setdefault(r, []).append((e, e * steps + i, int(bucket[i]),
+                                                       rows[offsets[i]:offsets[i + 1]].tolist()))
+        w.finish({"seed": 0, "epochs": epochs})
+    return expected
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    path = tmp_path_factory.mktemp("p") / "plan"
+    return path, _write_plan(path)
+
+
+def test_layout_schema_and_plain_pyarrow_read(plan) -> None:
+    path, expected = plan
+    meta = read_plan_json(path)
+    assert meta["world_size"] == W and len(meta["shards"]) == W and len(meta["plan_hash"]) == 64
+    for r in range(W):
+        f = pq.ParquetFile(path / f"rank-{r:05d}.parquet")
+        assert f.schema_arrow.remove_metadata() == SHARD_SCHEMA.remove_metadata()
+        t = f.read(columns=["step", "bucket", "ids", "rows"])
+        assert t.column("step").to_pylist() == list(range(80))
+        assert t.column("rows").to_pylist() == [x[3] for x in expected[r]]
+        assert t.column("ids").to_pylist() == [[f"utt-{i:05d}" for i in x[3]] for x in expected[r]]
+        # row groups hold a fixed number of steps and never span epochs
+        assert [f.metadata.row_group(i).num_rows for i in range(f.num_row_groups)] == [8] * 10
+
+
+@settings(max_examples=25, deadline=None)
+@given(rank=st.integers(0, W - 1), k=st.integers(0, 85))
+def test_resuming_at_any_step_equals_uninterrupted(plan, rank, k) -> None:
+    path, expected = plan
+    shard = open_shard(path, rank)
+    full = [(b.epoch, b.step, b.bucket, b.rows.tolist()) for b in shard]
+    assert full == expected[rank]
+    resumed = [(b.epoch, b.step, b.bucket, b.rows.tolist()) for b in shard.iter_batches(start_step=k)]
+    assert resumed == full[k:]
+    assert shard.read(start_step=k).column("step").to_pylist() == list(range(k, 80))
+    assert shard.read(start_step=k, columns=["rows"]).column_names == ["rows"]
+    ids = [b.ids for b in shard.iter_batches(start_step=k)]
+    assert ids == [[f"utt-{i:05d}" for i in x[3]] for x in expected[rank][k:]]
+
+
+def test_seek_reads_no_earlier_row_group(tmp_path) -> None:
+    """Overwrite the first row groups' bytes with garbage: reading from a later step still works."""
+    path = tmp_path / "plan"
+    expected = _write_plan(path, epochs=1, steps=40, row_group_steps=8)
+    shard_path = path / "rank-00001.parquet"
+    md = pq.ParquetFile(shard_path).metadata
+    end_of_group_2 = max(md.row_group(2).column(c).file_offset + md.row_group(2).column(c).total_compressed_size
+                         for c in range(md.num_columns))
+    data = bytearray(shard_path.read_bytes())
+    data[4:end_of_group_2] = b"\xff" * (end_of_group_2 - 4)
+    shard_path.write_bytes(bytes(data))
+    shard = PlanShard(path, 1)
+    assert shard.row_groups_from(24) == [3, 4]
+    got = [(b.epoch, b.step, b.bucket, b.rows.tolist()) for b in shard.iter_batches(start_step=27)]
+    assert got == expected[1][27:]
+    with pytest.raises(Exception):
+        list(shard.iter_batches(start_step=0))  # the corrupted groups really are unreadable
+
+
+def test_rewrite_replaces_plan_but_never_a_foreign_folder(tmp_path) -> None:
+    path = tmp_path / "plan"
+    _write_plan(path, epochs=1, steps=10)
+    first = (path / "plan.json").read_bytes()
+    _write_plan(path, epochs=1, steps=10)
+    assert (path / "plan.json").read_bytes() == first  # deterministic, replaced in place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan"]  # no temp folders left
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    with pytest.raises(ManifestError, match="not a plan directory"):
+        PlanWriter(foreign, 2)
+    assert (foreign / "notes.txt").read_text() == "keep"
+
+
+def test_failed_write_publishes_nothing(tmp_path) -> None:
+    path = tmp_path / "plan"
+    with pytest.raises(RuntimeError):
+        with PlanWriter(path, 2) as w:
+            w.write(0, SHARD_SCHEMA.empty_table())
+            raise RuntimeError("crash mid-plan")
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_reader_errors_are_one_line(tmp_path) -> None:
+    with pytest.raises(ManifestError, match="not a plan directory"):
+        read_plan_json(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps({"version": 99}))
+    with pytest.raises(ManifestError, match="unsupported plan version"):
+        read_plan_json(tmp_path)
+    with pytest.raises(ManifestError, match="rank 0 below"):
+        open_shard(tmp_path, 0)
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "rank-00001.parquet")
+    with pytest.raises(ManifestError, match="not a plan shard"):
+        open_shard(tmp_path, 1)
