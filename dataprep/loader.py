@@ -1,0 +1,382 @@
+"""The torch loader over a plan: rank ``r``'s shard from step ``k`` -> padded tensor batches.
+
+One shard row (one step) becomes one :class:`Batch`: the utterances' audio segments are read
+with soundfile (``offset`` + ``duration`` only, never the whole file for a segment), mixed
+down to mono, resampled to 16 kHz with soxr where needed, turned into log-mel frames
+(:mod:`dataprep.features`, 10 ms hop) and padded; the texts are tokenized with sentencepiece
+as ``[bos] + pieces + [eos]`` and padded with 0.
+
+Manifest metadata is not re-read per run: the columns the loader needs are converted once
+into an uncompressed Arrow IPC file keyed by the manifest's content hash and memory-mapped,
+so the time to the first batch does not grow with the corpus (see ``benchmarks/bench_loader.py``).
+
+Determinism: a batch depends only on (plan, step, manifest, tokenizer), never on the number
+of workers; with DataLoader workers, worker ``w`` of ``n`` builds the batches whose position
+``i`` (from the start step) has ``i % n == w`` and the DataLoader returns them in order.
+
+Bad audio: by default a missing, unreadable or too-short file raises :class:`AudioError`
+naming the utterance id and the file. With ``skip_bad_audio`` the utterance is dropped from
+its batch and reported in ``Batch.skipped`` (the trainer writes those out).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+import soundfile
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from dataprep.features import SAMPLE_RATE, LogMel
+from dataprep.tokenize import Tokenizers
+from manifests.errors import DataprepError
+from manifests.io import atomic_path, manifest_hash, read_manifest
+from manifests.plan_files import PlanBatch, PlanShard
+
+#: manifest columns the loader reads
+LOADER_COLUMNS = ("id", "audio_path", "offset", "duration", "text", "lang", "num_tokens")
+#: a decoded segment may fall short of the manifest duration by this much (s) before it is an error
+#: (MP3 encoder padding: a header saying 2.380 s for 2.376 s of samples)
+SHORT_READ_TOLERANCE = 0.05
+
+T = TypeVar("T")
+
+
+class AudioError(DataprepError):
+    """Audio of one utterance cannot be used at training time (message names id and file)."""
+
+
+# --------------------------------------------------------------------------- manifest columns
+
+
+def default_cache_dir() -> Path:
+    """``$SPEECH_DATAPREP_CACHE`` or ``$XDG_CACHE_HOME/speech-dataprep`` (``~/.cache`` by default)."""
+    env = os.environ.get("SPEECH_DATAPREP_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speech-dataprep"
+
+
+@dataclass(frozen=True)
+class RowsMeta:
+    """Manifest fields of one batch's rows, in batch order. Seconds for offset / duration."""
+
+    ids: list[str]
+    audio_paths: list[str]
+    offsets: npt.NDArray[np.float64]
+    durations: npt.NDArray[np.float64]
+    texts: list[str]
+    langs: list[str | None]
+    num_tokens: npt.NDArray[np.int64]
+
+
+class ManifestColumns:
+    """The loader's manifest columns, memory-mapped from an Arrow IPC cache file.
+
+    The cache (``<cache_dir>/<content hash>.arrow``) is built once per manifest content and
+    shared by every rank and run; building is atomic, so concurrent ranks never see half a file.
+    """
+
+    def __init__(self, table: pa.Table, source: str) -> None:
+        self.source = source
+        self.num_rows = table.num_rows
+        self._cols = {name: table.column(name).combine_chunks() for name in LOADER_COLUMNS}
+        self._offset = self._cols["offset"].fill_null(0.0).to_numpy(zero_copy_only=False)
+        self._duration = self._cols["duration"].to_numpy(zero_copy_only=False)
+        self._num_tokens = self._cols["num_tokens"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    @classmethod
+    def open(cls, manifest: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> ManifestColumns:
+        """Open (building on first use) the memory-mapped columns of a compiled manifest."""
+        digest = manifest_hash(manifest)
+        if not digest:
+            raise DataprepError(f"{manifest}: no content hash in its metadata (write it with `dataprep compile`)")
+        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        path = cache / f"{digest}.arrow"
+        if not path.exists():
+            df = read_manifest(manifest, columns=list(LOADER_COLUMNS))
+            table = df.to_arrow()
+            table = table.cast(pa.schema([
+                pa.field(f.name, pa.large_string() if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+                         else f.type) for f in table.schema]))
+            with atomic_path(path) as tmp:
+                with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                    writer.write_table(table, max_chunksize=1 << 22)
+        with pa.memory_map(str(path), "r") as source:
+            table = pa.ipc.open_file(source).read_all()
+        return cls(table, str(manifest))
+
+    def gather(self, rows: npt.NDArray[np.int64]) -> RowsMeta:
+        """Fields of manifest ``rows`` (row numbers), in the given order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_rows):
+            raise DataprepError(f"{self.source}: plan refers to row {int(rows.max())} but the manifest has "
+                                f"{self.num_rows} rows (plan made from another manifest?)")
+        idx = pa.array(rows)
+        return RowsMeta(
+            ids=self._cols["id"].take(idx).to_pylist(),
+            audio_paths=self._cols["audio_path"].take(idx).to_pylist(),
+            offsets=self._offset[rows],
+            durations=self._duration[rows],
+            texts=pc.fill_null(self._cols["text"].take(idx), "").to_pylist(),
+            langs=self._cols["lang"].take(idx).to_pylist(),
+            num_tokens=self._num_tokens[rows],
+        )
+
+
+# --------------------------------------------------------------------------- audio
+
+
+def load_audio(utt_id: str, path: str, offset: float, duration: float | None,
+               sample_rate: int = SAMPLE_RATE) -> npt.NDArray[np.float32]:
+    """Mono float32 samples at ``sample_rate`` of ``path`` from ``offset`` s for ``duration`` s.
+
+    Reads only the segment (seek + read), never the whole file. Raises :class:`AudioError`
+    naming the utterance and file when the file is missing, undecodable or too short.
+    """
+    try:
+        with soundfile.SoundFile(path) as f:
+            sr = f.samplerate
+            start = int(round(offset * sr))
+            want = -1 if duration is None else int(round(duration * sr))
+            if start > 0:
+                if f.frames and start >= f.frames:
+                    raise AudioError(f"utterance {utt_id!r}: {path}: offset {offset:.3f} s is past the end "
+                                     f"({f.frames / sr:.3f} s)")
+                f.seek(start)
+            data = f.read(want, dtype="float32", always_2d=True)
+    except AudioError:
+        raise
+    except FileNotFoundError:
+        raise AudioError(f"utterance {utt_id!r}: {path}: audio file not found") from None
+    except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
+        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if not Path(path).exists():
+            problem = "audio file not found"
+        raise AudioError(f"utterance {utt_id!r}: {path}: cannot decode audio ({problem})") from None
+    got = data.shape[0]
+    if want >= 0 and got < want - SHORT_READ_TOLERANCE * sr:
+        raise AudioError(f"utterance {utt_id!r}: {path}: decoded {got / sr:.3f} s from offset {offset:.3f} s, "
+                         f"manifest says {duration:.3f} s (truncated file?)")
+    if got == 0:
+        raise AudioError(f"utterance {utt_id!r}: {path}: no samples at offset {offset:.3f} s")
+    mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+    if sr != sample_rate:
+        import soxr
+
+        mono = soxr.resample(mono, sr, sample_rate, quality="HQ").astype(np.float32, copy=False)
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- batches
+
+
+@dataclass
+class Batch:
+    """One step's batch for one rank. Tensors are padded with 0; lengths count frames / tokens.
+
+    ``features`` (B, T, n_mels) float32 log-mel at 100 frames/s; ``feature_lens`` (B,) int64;
+    ``tokens`` (B, U) int64 ``[bos] + pieces + [eos]``; ``token_lens`` (B,) int64.
+    """
+
+    epoch: int
+    step: int
+    bucket: int
+    ids: list[str]
+    features: torch.Tensor
+    feature_lens: torch.Tensor
+    tokens: torch.Tensor
+    token_lens: torch.Tensor
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+    def padding_counts(self) -> tuple[int, int, int, int]:
+        """(real frames, padded frames, real tokens, padded tokens) of this batch."""
+        b = self.size
+        return (int(self.feature_lens.sum()), b * int(self.features.shape[1]),
+                int(self.token_lens.sum()), b * int(self.tokens.shape[1]))
+
+
+def pad_stack(seqs: Sequence[torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad ``seqs`` (first dim = length) with zeros: (B, max_len, ...) and lengths (B,)."""
+    lens = torch.tensor([s.shape[0] for s in seqs], dtype=torch.int64)
+    if not seqs:
+        return torch.zeros(0, 0, dtype=dtype), lens
+    out = torch.zeros((len(seqs), int(lens.max()), *seqs[0].shape[1:]), dtype=dtype)
+    for i, s in enumerate(seqs):
+        out[i, : s.shape[0]] = s
+    return out, lens
+
+
+class BatchBuilder:
+    """Turns plan batches into tensor batches (audio, features, tokens). Picklable: state is
+    paths and options, heavy objects are opened on first use in whichever process runs it."""
+
+    def __init__(self, manifest: str | os.PathLike[str], tokenizer: Sequence[str], *, n_mels: int = 80,
+                 skip_bad_audio: bool = False, cache_dir: str | os.PathLike[str] | None = None,
+                 io_threads: int = 4) -> None:
+        self.manifest = str(manifest)
+        self.tokenizer = list(tokenizer)
+        self.n_mels = n_mels
+        self.skip_bad_audio = skip_bad_audio
+        self.cache_dir = cache_dir
+        self.io_threads = io_threads
+        self._cols: ManifestColumns | None = None
+        self._toks: Tokenizers | None = None
+        self._mel: LogMel | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_cols": None, "_toks": None, "_mel": None, "_pool": None}
+
+    @property
+    def columns(self) -> ManifestColumns:
+        if self._cols is None:
+            self._cols = ManifestColumns.open(self.manifest, self.cache_dir)
+        return self._cols
+
+    @property
+    def tokenizers(self) -> Tokenizers:
+        if self._toks is None:
+            self._toks = Tokenizers.from_specs(self.tokenizer)
+        return self._toks
+
+    def tokenize(self, texts: Sequence[str], langs: Sequence[str | None], ids: Sequence[str]) -> list[list[int]]:
+        """``[bos] + pieces + [eos]`` per text, with the model of its language."""
+        out: list[list[int]] = [[] for _ in texts]
+        by_lang: dict[str | None, list[int]] = {}
+        for i, lang in enumerate(langs):
+            by_lang.setdefault(lang, []).append(i)
+        for lang, idx in by_lang.items():
+            model = self.tokenizers.model_for(lang)
+            if model is None:
+                raise DataprepError(f"utterance {ids[idx[0]]!r}: no tokenizer for language {lang!r}")
+            bos, eos = max(model.bos_id(), 0), max(model.eos_id(), 0)
+            for i, pieces in zip(idx, model.encode([texts[i] for i in idx], out_type=int)):
+                out[i] = [bos, *pieces, eos]
+        return out
+
+    def _load(self, args: tuple[str, str, float, float]) -> npt.NDArray[np.float32] | AudioError:
+        try:
+            return load_audio(*args)
+        except AudioError as exc:
+            if self.skip_bad_audio:
+                return exc
+            raise
+
+    def build(self, pb: PlanBatch) -> Batch:
+        """The tensor batch of one plan batch."""
+        meta = self.columns.gather(pb.rows)
+        if self._mel is None:
+            self._mel = LogMel(self.n_mels)
+        if self._pool is None and self.io_threads > 1:
+            self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="dataprep-audio")
+        jobs = [(u, p, float(o), float(d)) for u, p, o, d in
+                zip(meta.ids, meta.audio_paths, meta.offsets, meta.durations)]
+        waves = list(self._pool.map(self._load, jobs)) if self._pool is not None else list(map(self._load, jobs))
+        keep = [i for i, w in enumerate(waves) if not isinstance(w, AudioError)]
+        skipped = [{"id": meta.ids[i], "audio_path": meta.audio_paths[i], "error": str(waves[i]),
+                    "step": str(pb.step)} for i, w in enumerate(waves) if isinstance(w, AudioError)]
+        feats = [self._mel(torch.from_numpy(waves[i])) for i in keep]  # type: ignore[arg-type]
+        toks = self.tokenize([meta.texts[i] for i in keep], [meta.langs[i] for i in keep],
+                             [meta.ids[i] for i in keep])
+        features, feature_lens = pad_stack(feats, torch.float32)
+        if not keep:
+            features = torch.zeros(0, 0, self.n_mels)
+        tokens, token_lens = pad_stack([torch.tensor(t, dtype=torch.int64) for t in toks], torch.int64)
+        return Batch(pb.epoch, pb.step, pb.bucket, [meta.ids[i] for i in keep], features, feature_lens,
+                     tokens, token_lens, skipped)
+
+
+class PlanDataset(IterableDataset[Batch]):
+    """Rank ``rank``'s batches of the plan in ``plan_dir``, from global step ``start_step``
+    up to (not including) ``stop_step``. Yields :class:`Batch`; use ``batch_size=None``
+    with a DataLoader (see :func:`make_loader`)."""
+
+    def __init__(self, plan_dir: str | os.PathLike[str], rank: int, builder: BatchBuilder,
+                 start_step: int = 0, stop_step: int | None = None) -> None:
+        super().__init__()
+        self.plan_dir = str(plan_dir)
+        self.rank = rank
+        self.builder = builder
+        self.start_step = start_step
+        self.stop_step = stop_step
+
+    def plan_batches(self) -> Iterator[PlanBatch]:
+        """The shard's batches in the step range (metadata only)."""
+        for pb in PlanShard(self.plan_dir, self.rank).iter_batches(self.start_step):
+            if self.stop_step is not None and pb.step >= self.stop_step:
+                return
+            yield pb
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i, pb in enumerate(self.plan_batches()):
+            if i % nw == wid:
+                yield self.builder.build(pb)
+
+
+def _identity(x: T) -> T:
+    return x
+
+
+def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
+    """Iterate ``items`` in a background thread, ``depth`` items ahead; order is kept and
+    an exception in the producer is raised in the consumer at the same position."""
+    if depth <= 0:
+        yield from items
+        return
+    q: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put((0, item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put((1, None))
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the consumer)
+            q.put((2, exc))
+
+    thread = threading.Thread(target=produce, name="dataprep-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, item = q.get()
+            if kind == 1:
+                return
+            if kind == 2:
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def make_loader(dataset: PlanDataset, num_workers: int = 0, prefetch_depth: int = 2) -> Iterable[Batch]:
+    """Batches of ``dataset`` in step order, prepared ahead: in ``num_workers`` DataLoader
+    worker processes, or (``num_workers=0``) in one background thread ``prefetch_depth`` ahead."""
+    if num_workers > 0:
+        return DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
+                          prefetch_factor=max(1, prefetch_depth))
+    return prefetch(dataset, prefetch_depth)
