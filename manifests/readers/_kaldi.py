@@ -145,14 +145,15 @@ def iter_kaldi(path: Path, *, audio_root: str | Path | None, chunk_rows: int) ->
         known = pl.concat(text_keys) if text_keys else pl.Series([], dtype=pl.String)
         orphan = seg.filter(pl.col("key").is_not_null() & ~pl.col("key").is_in(known.implode()))
         leftovers.append(orphan.select(
-            "origin", pl.col("key").alias("id"),
+            "origin", pl.col("key").alias("id"), pl.lit("VARCHAR").alias("id__t"),
             pl.lit("missing_field").alias("reason"),
             pl.format("{}: utterance {} has no line in text", pl.col("origin"), pl.col("key")).alias("detail")))
     for name in ("wav.scp", "segments", "utt2dur", "utt2lang", "utt2spk"):
         p = path / name
         if p.exists():
             bad = _keyed(p, _BIG).filter(pl.col("utf8_error").is_not_null())
-            leftovers.append(bad.select("origin", pl.lit(None, pl.String).alias("id"), pl.lit("non_utf8").alias("reason"),
+            leftovers.append(bad.select("origin", pl.lit(None, pl.String).alias("id"),
+                                        pl.lit(None, pl.String).alias("id__t"), pl.lit("non_utf8").alias("reason"),
                                         pl.format("{}: {}", pl.col("origin"), pl.col("utf8_error")).alias("detail")))
     rows = [df for df in leftovers if df.height]
     if rows:
