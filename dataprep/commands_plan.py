@@ -8,6 +8,7 @@ commands parse options, call them and print.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,11 +62,14 @@ def build_plan(
     interleave: str = "random",
     row_group_steps: int = 128,
     on_progress: Callable[[int, int], None] | None = None,
+    timings: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Plan ``epochs`` epochs of ``manifest`` over ``world_size`` ranks into ``out_dir``.
 
-    Returns the content of ``plan.json``. ``on_progress(done, total)`` counts shard writes.
+    Returns the content of ``plan.json``. ``on_progress(done, total)`` counts shard writes;
+    ``timings`` (if given) receives wall seconds per phase (read, allocate, plan, write).
     """
+    clock = _Clock(timings)
     if world_size < 1 or epochs < 1:
         raise DataprepError(f"world size and epochs must be >= 1 (got {world_size}, {epochs})")
     spec = read_buckets(buckets)
@@ -80,9 +84,11 @@ def build_plan(
     if isinstance(ids, pa.ChunkedArray):
         ids = ids.combine_chunks()
     del df
+    clock("read")
     alloc = allocate(duration, tokens, grid, strict=strict)
     max_tokens = alloc.max_tokens if alloc.max_tokens is not None else grid.max_tokens
     inputs = PlanInputs(alloc.bucket, bs, duration, tokens, grid.max_duration, max_tokens.astype(np.float64))
+    clock("allocate")
 
     steps_per_epoch: list[int] = []
     per_epoch: list[dict[str, Any]] = []
@@ -102,6 +108,7 @@ def build_plan(
                                 duration=duration)
             except PlanError as exc:
                 raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
+            clock("plan")
             _write_epoch(writer, ep, ids, first_step, lambda r: on_progress(e * world_size + r + 1, total)
                          if on_progress else None)
             pad = padding(ep, duration, tokens)
@@ -119,6 +126,7 @@ def build_plan(
             if ep.dropped.shape[0]:
                 dropped_rows[str(e)] = ep.dropped.tolist()
             first_step += ep.num_steps
+            clock("write")
         moved = sum(f["rows"] for f in fallbacks if f["kind"] in ("carried", "borrowed"))
         meta: dict[str, Any] = {
             "inputs": {
@@ -158,7 +166,21 @@ def build_plan(
             },
         }
         meta["plan_hash"] = writer.finish(meta)
+    clock("write")
     return meta
+
+
+class _Clock:
+    """Adds the seconds since the previous call to ``timings[phase]``."""
+
+    def __init__(self, timings: dict[str, float] | None) -> None:
+        self.timings, self.t = timings, time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self.timings is not None:
+            self.timings[phase] = self.timings.get(phase, 0.0) + now - self.t
+        self.t = now
 
 
 def _write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: int,

@@ -152,7 +152,7 @@ class PlanWriter:
                     META_PLAN: json.dumps({"version": PLAN_VERSION, "rank": rank,
                                            "world_size": self.world_size}, sort_keys=True).encode()}
             writer = pq.ParquetWriter(
-                self._paths[rank], SHARD_SCHEMA.with_metadata(meta), compression="zstd",
+                self._paths[rank], SHARD_SCHEMA.with_metadata(meta), compression="zstd", compression_level=1,
                 use_dictionary=["epoch", "bucket"], write_statistics=["epoch", "step", "bucket"],
             )
             self._writers[rank] = writer

@@ -1,0 +1,208 @@
+"""Planner benchmark: 10M-utterance plan at W=128, Lhotse's sampler side by side, and the
+tail-worker simulator on the shared corpora.
+
+    python benchmarks/bench_plan.py                 # 10M rows, W=128, 1 epoch, 3 runs
+    python benchmarks/bench_plan.py --rows 1000000 --runs 1 --skip-lhotse
+
+Prints medians. The synthetic manifest resamples real (duration, characters per second)
+pairs of ../shared/data (LibriSpeech train-clean-100 + Common Voice id/ps) with 5% lognormal
+jitter; tokens = chars / 3.5 + a 9-token prompt. Without ../shared/data it uses lognormal
+fits of the same corpora. The plan runs in a fresh subprocess (2 threads) so its wall time
+and peak RSS are its own: reading the manifest, allocating, planning, writing every shard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("SPEECH_DATAPREP_SHARED_DATA", REPO.parent / "shared" / "data"))
+sys.path.insert(0, str(REPO))
+
+from bucketing.budget import budget_source, padded_budget_batch_sizes  # noqa: E402
+from bucketing.fit import fit_buckets, grid_to_buckets  # noqa: E402
+from manifests.buckets_file import BucketSpec, write_buckets  # noqa: E402
+from manifests.io import write_manifest  # noqa: E402
+
+CORPORA = ("librispeech.train-clean-100.csv", "commonvoice.id_ps.csv")
+PROMPT = 9
+CHARS_PER_TOKEN = 3.5
+
+
+def real_pairs() -> tuple[np.ndarray, np.ndarray] | None:
+    """(duration s, chars per second) of the shared corpora, or None when absent."""
+    frames = [pl.read_csv(SHARED / n, columns=["duration", "text"]) for n in CORPORA if (SHARED / n).exists()]
+    if not frames:
+        return None
+    df = pl.concat(frames).drop_nulls()
+    d = df["duration"].to_numpy().astype(np.float64)
+    return d, df["text"].str.len_chars().to_numpy() / d
+
+
+def synthetic(n: int, seed: int = 0) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    pairs = real_pairs()
+    if pairs is None:  # lognormal fits of the same corpora (log-seconds mean/std, chars/s)
+        d = rng.lognormal(2.1, 0.55, n)
+        cps = rng.normal(14.0, 2.5, n).clip(3, 30)
+    else:
+        pick = rng.integers(0, pairs[0].shape[0], n)
+        d = pairs[0][pick] * rng.lognormal(0, 0.05, n)
+        cps = pairs[1][pick] * rng.lognormal(0, 0.05, n)
+    tokens = (np.round(d * cps / CHARS_PER_TOKEN) + PROMPT).astype(np.int32)
+    return pl.DataFrame({"duration": d, "num_tokens": tokens}).with_columns(
+        pl.format("utt-{}", pl.int_range(n, dtype=pl.Int64)).alias("id"))
+
+
+def buckets_for(df: pl.DataFrame, path: Path, budget_s: float) -> None:
+    fit = fit_buckets(df["duration"].to_numpy(), df["num_tokens"].to_numpy(), 30, 2)
+    bs = padded_budget_batch_sizes(fit.grid.max_duration, max_duration_budget=budget_s)
+    write_buckets(BucketSpec(grid_to_buckets(fit.grid, bs), budget_source(max_duration_budget=budget_s),
+                             fit.report()), path)
+
+
+CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+from dataprep.commands_plan import build_plan
+from bucketing import batching, plan
+t1 = time.perf_counter()
+fb = {"s": 0.0}
+_form = batching.form_batches
+def timed(*a, **k):
+    t = time.perf_counter(); r = _form(*a, **k); fb["s"] += time.perf_counter() - t; return r
+plan.form_batches = timed
+timings = {"import": t1 - t0}
+meta = build_plan(sys.argv[1], sys.argv[2], sys.argv[3], world_size=int(sys.argv[4]), seed=0, epochs=1, timings=timings)
+timings["plan"] -= fb["s"]
+timings["form_batches"] = fb["s"]
+wall = time.perf_counter() - t0
+print(json.dumps({"wall": wall, "timings": timings, "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                  "steps": meta["num_steps"], "padding": meta["padding"], "moved": meta["fallbacks"]["moved_rows"],
+                  "dropped": meta["fallbacks"]["dropped_rows"]}))
+"""
+
+
+def run_plan(manifest: Path, buckets: Path, out: Path, world: int) -> dict:
+    env = dict(os.environ, POLARS_MAX_THREADS="2", OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
+    res = subprocess.run(["taskset", "-c", "0,1", sys.executable, "-c", CHILD, str(manifest), str(buckets),
+                          str(out), str(world)], capture_output=True, text=True, env=env, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def lhotse_cuts_per_s(durations: np.ndarray, world: int = 8, budget_s: float = 600.0) -> float:
+    """Cuts per second rank 0 of Lhotse's DynamicBucketingSampler yields (2D: duration only)."""
+    from lhotse import CutSet
+    from lhotse.dataset.sampling import DynamicBucketingSampler
+    from lhotse.testing.dummies import dummy_cut
+
+    cuts = CutSet.from_cuts(dummy_cut(i, duration=float(d)) for i, d in enumerate(durations))
+    sampler = DynamicBucketingSampler(cuts, max_duration=budget_s, num_buckets=30, shuffle=True, seed=0,
+                                      world_size=world, rank=0, sync_buckets=True)
+    t0 = time.perf_counter()
+    n = sum(len(b) for b in sampler)
+    return n / (time.perf_counter() - t0)
+
+
+def shared_manifest(tmp: Path) -> Path | None:
+    """LibriSpeech train-clean-100 + Common Voice id/ps with sentencepiece token counts."""
+    import io
+
+    import sentencepiece as spm
+
+    if not all((SHARED / n).exists() for n in CORPORA):
+        return None
+    df = pl.concat([pl.read_csv(SHARED / n, columns=["id", "duration", "text"]) for n in CORPORA]).drop_nulls()
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(df["text"].to_list()), model_writer=buf, vocab_size=1024,
+                                   input_sentence_size=20000, shuffle_input_sentence=True, num_threads=2,
+                                   minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+    tok = np.array([len(p) for p in sp.encode(df["text"].to_list())]) + PROMPT
+    path = tmp / "shared.parquet"
+    write_manifest(df.with_columns(pl.Series("num_tokens", tok, pl.Int32)), path)
+    return path
+
+
+def simulator_trend(tmp: Path, budget_s: float, seeds: int) -> None:
+    from dataprep.commands_plan import build_plan, simulate_plan
+
+    path = shared_manifest(tmp)
+    if path is None:
+        print(f"simulator: skipped ({SHARED} absent)")
+        return
+    df = pl.read_parquet(path, columns=["duration", "num_tokens"])
+    buckets_for(df, tmp / "shared-buckets.json", budget_s)
+    build_plan(path, tmp / "shared-buckets.json", tmp / "shared-plan", world_size=16, seed=0, epochs=1)
+    rows: dict[int, list] = {}
+    for s in range(seeds):
+        for r in simulate_plan(tmp / "shared-plan", (2, 16, 128), seed=s):
+            rows.setdefault(r.world_size, []).append(r)
+    print(f"simulator on {len(df)} shared utterances (LibriSpeech 100 h + CV id/ps), 30x2 buckets, "
+          f"{budget_s:.0f} s budget, plan W=16, median of {seeds} deals; paper: 7% / 13% / 20% at 2 / 16 / 128")
+    print(f"{'W':>5} {'idle sync':>10} {'idle unsync':>12} {'speedup':>8}")
+    for w in (2, 16, 128):
+        rs = rows[w]
+        print(f"{w:>5} {statistics.median(r.idle_sync for r in rs):>10.1%} "
+              f"{statistics.median(r.idle_unsync for r in rs):>12.1%} {statistics.median(r.speedup for r in rs):>8.1%}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--world-size", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--budget", type=float, default=600.0, help="padded seconds per batch")
+    ap.add_argument("--lhotse-rows", type=int, default=200_000)
+    ap.add_argument("--skip-lhotse", action="store_true")
+    ap.add_argument("--skip-simulator", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        t0 = time.perf_counter()
+        df = synthetic(args.rows)
+        write_manifest(df, tmp / "m.parquet")
+        buckets_for(df, tmp / "buckets.json", args.budget)
+        print(f"synthetic manifest: {args.rows} rows, {df['duration'].sum() / 3600:.0f} h "
+              f"(source: {'shared corpora' if real_pairs() else 'lognormal fits'}), built in "
+              f"{time.perf_counter() - t0:.1f} s")
+        results = [run_plan(tmp / "m.parquet", tmp / "buckets.json", tmp / "plan", args.world_size)
+                   for _ in range(args.runs)]
+        wall = statistics.median(r["wall"] for r in results)
+        rss = statistics.median(r["rss_gib"] for r in results)
+        size = sum(p.stat().st_size for p in (tmp / "plan").iterdir())
+        r0 = results[0]
+        print(f"plan-batches W={args.world_size}, 1 epoch, 2 cores: median wall {wall:.2f} s "
+              f"(runs: {', '.join(format(r['wall'], '.2f') for r in results)}), peak RSS {rss:.2f} GiB, "
+              f"output {size / 2**20:.0f} MiB ({size / args.rows:.1f} B/utt), {r0['steps']} steps, "
+              f"padding audio {r0['padding']['audio']:.2%} tokens {r0['padding']['tokens']:.2%}, "
+              f"moved {r0['moved']} dropped {r0['dropped']}")
+        phases = {k: statistics.median(r["timings"][k] for r in results) for k in r0["timings"]}
+        print("  phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+              + "  [form_batches = bucketing.batching, allocate = bucketing.allocate]")
+        ours = args.rows / wall
+        print(f"ours: {ours:,.0f} cuts/s planned (all {args.world_size} ranks, end to end)")
+        del df
+        if not args.skip_lhotse:
+            d = synthetic(args.lhotse_rows, seed=1)["duration"].to_numpy()
+            theirs = lhotse_cuts_per_s(d, 8, args.budget)
+            print(f"lhotse DynamicBucketingSampler (W=8, rank 0, sync_buckets, {args.lhotse_rows} cuts): "
+                  f"{theirs:,.0f} cuts/s per rank; ours / theirs = {ours / theirs:,.0f}x "
+                  f"(per-rank equivalent: {ours / args.world_size / theirs:.1f}x)")
+        if not args.skip_simulator:
+            simulator_trend(tmp, 200.0, 5)
+
+
+if __name__ == "__main__":
+    main()
