@@ -1,0 +1,84 @@
+"""Allocation: every row in exactly one bucket that holds it; strict drops reported; budget rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from bucketing.allocate import allocate
+from bucketing.budget import padded_budget_batch_sizes
+from bucketing.fit import Grid, fit_buckets, grid_from_spec
+from manifests.buckets_file import parse_buckets
+from manifests.errors import ManifestError
+
+rows_st = st.lists(st.tuples(st.floats(0.1, 60.0), st.integers(1, 400)), min_size=1, max_size=300)
+
+
+def _holds(grid: Grid, b: np.ndarray, d: np.ndarray, t: np.ndarray, max_tokens: np.ndarray) -> np.ndarray:
+    """A bucket holds a row when the row is within its upper bounds (a row may sit in a
+    longer-duration bin than its own when its tokens need it)."""
+    return (d <= grid.max_duration[b]) & (t <= max_tokens[b])
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows_st, rows_st, st.integers(1, 8), st.integers(1, 3))
+@example([(1.0, 5)], [(1.0, 500)], 1, 1)
+def test_every_row_lands_in_exactly_one_bucket_that_holds_it(fit_rows, new_rows, nb, ns) -> None:
+    fd = np.array([r[0] for r in fit_rows]); ft = np.array([r[1] for r in fit_rows])
+    grid = fit_buckets(fd, ft, nb, ns).grid
+    d = np.array([r[0] for r in new_rows]); t = np.array([r[1] for r in new_rows])
+    a = allocate(d, t, grid)
+    dropped = np.concatenate([v for v in a.dropped.values()] or [np.zeros(0, np.int64)])
+    assert set(a.dropped) <= {"max_duration"}  # flexible: only rows longer than the grid
+    assert np.array_equal(np.sort(dropped), np.flatnonzero(a.bucket < 0))
+    assert np.array_equal(np.flatnonzero(a.bucket < 0), np.flatnonzero(d > grid.max_duration[-1]))
+    ok = a.bucket >= 0
+    b = a.bucket[ok].astype(np.int64)
+    assert _holds(grid, b, d[ok], t[ok], a.max_tokens).all()
+    # smallest: no earlier bucket (in grid order) holds the row, except bins before its own
+    for i in np.flatnonzero(ok)[:50]:
+        fits = (grid.max_duration >= d[i]) & (a.max_tokens >= t[i])
+        assert a.bucket[i] == np.flatnonzero(fits)[0]
+    # and the fitted data itself always fits without moves
+    own = allocate(fd, ft, grid)
+    assert own.num_dropped == 0 and own.moved == 0 and own.raised == 0
+
+
+def test_strict_drops_are_reported_with_reason() -> None:
+    spec = parse_buckets({"buckets": [
+        {"max_duration": 5.0, "max_tokens": 20}, {"max_duration": 5.0, "max_tokens": 40},
+        {"max_duration": 10.0, "max_tokens": 60}, {"max_duration": 10.0, "max_tokens": 100}]})
+    grid = grid_from_spec(spec)
+    d = np.array([1.0, 4.0, 4.0, 9.0, 12.0, 5.0])
+    t = np.array([10, 30, 70, 120, 10, 40])
+    strict = allocate(d, t, grid, strict=True)
+    assert strict.bucket.tolist() == [0, 1, -1, -1, -1, 1]
+    assert strict.dropped["exceeds_bucket"].tolist() == [2, 3, 4]
+    flex = allocate(d, t, grid)
+    assert flex.bucket.tolist() == [0, 1, 3, 3, -1, 1]  # row 2 moved to bin 1; row 3 raises bucket 3
+    assert flex.moved == 1 and flex.raised == 1 and flex.max_tokens[-1] == 120
+    assert flex.dropped["max_duration"].tolist() == [4]
+
+
+def test_hand_written_nemo_bins_and_bad_order() -> None:
+    grid = grid_from_spec(parse_buckets({"buckets": [{"max_duration": x} for x in (2.0, 5.0, 9.0)]}))
+    a = allocate(np.array([1.0, 2.0, 2.5, 9.0]), np.array([1000, 5, 5, 5]), grid)
+    assert a.bucket.tolist() == [0, 0, 1, 2]
+    with pytest.raises(ManifestError, match="max_tokens must increase"):
+        grid_from_spec(parse_buckets({"buckets": [{"max_duration": 2.0, "max_tokens": 9},
+                                                   {"max_duration": 2.0, "max_tokens": 9}]}))
+    with pytest.raises(ManifestError, match="non-decreasing"):
+        grid_from_spec(parse_buckets({"buckets": [{"max_duration": 3.0}, {"max_duration": 2.0}]}))
+
+
+def test_padded_budget_rule() -> None:
+    md = np.array([2.0, 12.0, 25.0, 700.0])
+    mt = np.array([30, 100, 400, 1000])
+    assert padded_budget_batch_sizes(md, max_duration_budget=600).tolist() == [300, 50, 24, 1]
+    assert padded_budget_batch_sizes(md, max_frames_budget=60_000).tolist() == [300, 50, 24, 1]
+    both = padded_budget_batch_sizes(md, mt, max_duration_budget=600, max_tokens_budget=6000)
+    assert both.tolist() == [200, 50, 15, 1]
+    with pytest.raises(ValueError):
+        padded_budget_batch_sizes(md)

@@ -1,0 +1,103 @@
+"""In-bucket batch forming and the padding report, checked against brute force."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bucketing.allocate import allocate
+from bucketing.batching import form_batches, form_batches_cumulative
+from bucketing.fit import fit_buckets
+from bucketing.padding import measure, padding_report, per_bucket
+
+
+def _rows(draw_n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    d = np.round(rng.uniform(0.5, 30, draw_n), 2)
+    t = rng.integers(1, 120, draw_n)
+    return d, t
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 400), st.integers(0, 10_000), st.integers(1, 6), st.integers(1, 40),
+       st.sampled_from(["auto", "tokens", "duration", "none"]))
+def test_batches_cover_rows_once_and_respect_sizes(n, seed, nb, window, sort_by) -> None:
+    rng = np.random.default_rng(seed)
+    bucket = rng.integers(-1, nb, n)
+    sizes = rng.integers(1, 12, nb)
+    d, t = _rows(n, seed)
+    x = form_batches(bucket, sizes, np.random.default_rng(seed), t, duration=d, window=window, sort_by=sort_by)
+    assert np.array_equal(np.sort(x.rows), np.flatnonzero(bucket >= 0))
+    assert (bucket[x.rows] == np.repeat(x.bucket, x.sizes())).all()
+    assert (x.sizes() <= sizes[x.bucket]).all() and (x.sizes() >= 1).all()
+    assert (np.diff(x.bucket) >= 0).all()
+    for k in np.unique(x.bucket):  # only a bucket's last batch may be short
+        s = x.sizes()[x.bucket == k]
+        assert (s[:-1] == sizes[k]).all()
+    y = form_batches(bucket, sizes, np.random.default_rng(seed), t, duration=d, window=window, sort_by=sort_by)
+    assert np.array_equal(x.rows, y.rows) and np.array_equal(x.offsets, y.offsets)
+
+
+def _brute(batches, d, t, fixed=None):
+    real_d = padded_d = real_t = padded_t = 0.0
+    for i in range(batches.num_batches):
+        rows = [int(r) for r in batches.rows[batches.offsets[i]:batches.offsets[i + 1]]]
+        real_d += sum(d[r] for r in rows)
+        real_t += sum(t[r] for r in rows)
+        padded_d += len(rows) * (fixed if fixed else max(d[r] for r in rows))
+        padded_t += len(rows) * max(t[r] for r in rows)
+    return 1 - real_d / padded_d, 1 - real_t / padded_t
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 120), st.integers(0, 1000))
+def test_padding_matches_brute_force(n, seed) -> None:
+    d, t = _rows(n, seed)
+    grid = fit_buckets(d, t, 3, 2).grid
+    a = allocate(d, t, grid)
+    sizes = np.random.default_rng(seed).integers(1, 9, grid.num_buckets)
+    x = form_batches(a.bucket, sizes, np.random.default_rng(seed), t, duration=d)
+    p = measure(x, d, t)
+    bd, bt = _brute(x, d, t)
+    assert abs(p.audio_padding - bd) < 1e-9 and abs(p.token_padding - bt) < 1e-9
+    assert p.num_batches == x.num_batches and abs(p.mean_batch_size - n / x.num_batches) < 1e-9
+    pf = measure(x, d, t, fixed_audio=30.0)
+    assert abs(pf.audio_padding - _brute(x, d, t, fixed=30.0)[0]) < 1e-9
+    pb = per_bucket(x, d, t, grid.num_buckets)
+    for k in range(grid.num_buckets):
+        sel = np.flatnonzero(x.bucket == k)
+        if sel.shape[0] == 0:
+            continue
+        rows = np.concatenate([x.rows[x.offsets[i]:x.offsets[i + 1]] for i in sel])
+        padded = sum((x.offsets[i + 1] - x.offsets[i]) * d[x.rows[x.offsets[i]:x.offsets[i + 1]]].max() for i in sel)
+        assert abs(pb["audio_padding"][k] - (1 - d[rows].sum() / padded)) < 1e-9
+
+
+def test_cumulative_heuristic_is_greedy() -> None:
+    d, _ = _rows(500, 3)
+    bucket = np.zeros(500, dtype=np.int64)
+    x = form_batches_cumulative(bucket, d, 100.0, np.random.default_rng(0))
+    sums = np.add.reduceat(d[x.rows], x.offsets[:-1])
+    assert (sums <= 100.0 + 1e-9).all()
+    nxt = d[x.rows[x.offsets[1:-1]]]  # first row of the next batch would not have fitted
+    assert (sums[:-1] + nxt > 100.0).all()
+    assert np.array_equal(np.sort(x.rows), np.arange(500))
+
+
+def test_grouping_cuts_padding_and_report_orders_schemes() -> None:
+    rng = np.random.default_rng(1)
+    d = np.round(rng.gamma(4, 2.5, 20_000) + 0.5, 3)
+    t = (d * rng.uniform(2, 5, d.shape[0])).astype(np.int64) + 9
+    grid = fit_buckets(d, t, 10, 2).grid
+    a = allocate(d, t, grid)
+    sizes = np.floor(600 / grid.max_duration).astype(np.int64)
+    plain = measure(form_batches(a.bucket, sizes, np.random.default_rng(0), t, window=1), d, t)
+    grouped = measure(form_batches(a.bucket, sizes, np.random.default_rng(0), t, duration=d), d, t)
+    assert grouped.token_padding < plain.token_padding and grouped.audio_padding < plain.audio_padding
+    rep = padding_report(d, t, grid, sizes, budget=600)
+    s = rep["schemes"]
+    assert s["2d"]["audio_padding"] < s["1d-budget"]["audio_padding"] < s["fixed-30s"]["audio_padding"]
+    assert s["2d"]["token_padding"] < s["fixed-30s"]["token_padding"]
+    assert s["fixed-30s"]["excluded"] == int((d > 30).sum())
+    assert sum(b["num_rows"] for b in rep["per_bucket"]) == d.shape[0]
