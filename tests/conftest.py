@@ -43,3 +43,22 @@ def shared_spm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("spm") / "shared-1024.model"
     path.write_bytes(buf.getvalue())
     return path
+
+
+def manifest_from_csv(name: str, spm_path: Path, prompt_tokens: int = 9) -> pl.DataFrame:
+    """A compiled-manifest frame from a ../shared/data CSV, built without ``dataprep compile``:
+    ``num_tokens`` = sentencepiece pieces + ``prompt_tokens``, ``tps`` = num_tokens / duration (s),
+    ``origin`` = ``<csv>:<line>`` (header is line 1), the ``split`` column (if any) kept in ``extra``."""
+    df = read_shared_csv(name)
+    sp = spm.SentencePieceProcessor(model_file=str(spm_path))
+    pieces = [len(p) for p in sp.encode(df["text"].fill_null("").to_list())]
+    extra = (
+        pl.concat_str([pl.lit('{"split": "'), pl.col("split"), pl.lit('"}')])
+        if "split" in df.columns else pl.lit(None, pl.String)
+    )
+    return df.with_columns(
+        pl.format("{}.wav", pl.col("id")).alias("audio_path"),
+        (pl.Series("num_tokens", pieces, dtype=pl.Int64) + prompt_tokens).alias("num_tokens"),
+        pl.format(f"{name}:{{}}", pl.int_range(2, df.height + 2)).alias("origin"),
+        extra.alias("extra"),
+    ).with_columns((pl.col("num_tokens") / pl.col("duration")).alias("tps"))
