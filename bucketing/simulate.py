@@ -61,16 +61,23 @@ def _pad_to_steps(values: npt.NDArray[np.float64], world_size: int) -> npt.NDArr
 
 
 def synchronized_matrix(bucket: npt.NDArray[np.integer], cost: npt.NDArray[np.floating], world_size: int,
-                        rng: np.random.Generator) -> npt.NDArray[np.float64]:
+                        rng: np.random.Generator, overhead: float = 0.0) -> npt.NDArray[np.float64]:
     """Deal batches so each step holds ``world_size`` batches of one bucket (random order
-    inside a bucket; a bucket's last step may be short: the missing ranks idle)."""
+    inside a bucket). A bucket's last, partial step is spread evenly over all ranks, as the
+    planner re-splits tails: each rank gets ``overhead + sum(cost - overhead) / world_size``."""
     bucket = np.asarray(bucket)
     order = np.lexsort((rng.random(bucket.shape[0]), bucket))
     b = bucket[order]
     c = np.asarray(cost, dtype=np.float64)[order]
     starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]]) if b.size else np.empty(0, np.int64)
     ends = np.r_[starts[1:], b.size]
-    blocks = [_pad_to_steps(c[s:e], world_size) for s, e in zip(starts, ends)]
+    blocks = []
+    for s, e in zip(starts, ends):
+        full = s + (e - s) // world_size * world_size
+        if full > s:
+            blocks.append(c[s:full].reshape(-1, world_size))
+        if e > full:
+            blocks.append(np.full((1, world_size), overhead + float((c[full:e] - overhead).sum()) / world_size))
     return np.concatenate(blocks) if blocks else np.empty((0, world_size))
 
 
@@ -81,14 +88,16 @@ def unsynchronized_matrix(cost: npt.NDArray[np.floating], world_size: int,
 
 
 def simulate(bucket: npt.NDArray[np.integer], cost: npt.NDArray[np.floating], world_size: int,
-             seed: int = 0, sync_matrix: npt.NDArray[np.floating] | None = None) -> SimResult:
+             seed: int = 0, sync_matrix: npt.NDArray[np.floating] | None = None,
+             overhead: float = 0.0) -> SimResult:
     """Synchronized vs unsynchronized epoch time and idle fraction for one epoch's batches.
 
     ``bucket`` and ``cost`` (seconds) are per batch. ``sync_matrix`` (steps x ranks) uses a
-    plan's own step layout instead of re-dealing (at the plan's world size).
+    plan's own step layout instead of re-dealing (at the plan's world size); ``overhead``
+    is the per-step part of a batch's cost (not divided when a tail is re-split).
     """
     rng = np.random.default_rng([seed, world_size])
-    sync = sync_matrix if sync_matrix is not None else synchronized_matrix(bucket, cost, world_size, rng)
+    sync = sync_matrix if sync_matrix is not None else synchronized_matrix(bucket, cost, world_size, rng, overhead)
     unsync = unsynchronized_matrix(cost, world_size, rng)
     ts, isy = epoch_time_idle(sync)
     tu, iun = epoch_time_idle(unsync)

@@ -261,7 +261,7 @@ def simulate_plan(
         if w < 1:
             raise DataprepError(f"world size must be >= 1, got {w}")
         results.append(simulate(m["bucket"].ravel(), times.ravel(), w, seed=seed,
-                                sync_matrix=times if w == W else None))
+                                sync_matrix=times if w == W else None, overhead=cost.overhead))
     return results
 
 
@@ -333,11 +333,12 @@ def simulate_cmd(
     except ValueError as exc:
         raise DataprepError(str(exc).replace("invalid literal for int() with base 10", "--world-sizes: not an integer")) from None
     results = simulate_plan(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
-    table = Table(title=f"tail-worker simulation, epoch {epoch} (cost model: {cost})")
-    for col in ("world size", "steps sync", "steps unsync", "idle sync", "idle unsync", "epoch s sync",
-                "epoch s unsync", "speedup"):
-        table.add_column(col, justify="right")
+    out.print(f"tail-worker simulation, epoch {epoch}; cost model: {cost}")
+    out.print("speedup = 1 - epoch time synchronized / epoch time unsynchronized (same batches)")
+    head = ("world_size", "steps_sync", "steps_unsync", "idle_sync", "idle_unsync", "epoch_s_sync",
+            "epoch_s_unsync", "speedup")
+    out.print("  ".join(f"{h:>14}" for h in head))
     for r in results:
-        table.add_row(str(r.world_size), str(r.steps_sync), str(r.steps_unsync), f"{r.idle_sync:.1%}",
-                      f"{r.idle_unsync:.1%}", f"{r.time_sync:.1f}", f"{r.time_unsync:.1f}", f"{r.speedup:.1%}")
-    out.print(table)
+        cells = (r.world_size, r.steps_sync, r.steps_unsync, f"{r.idle_sync:.1%}", f"{r.idle_unsync:.1%}",
+                 f"{r.time_sync:.1f}", f"{r.time_unsync:.1f}", f"{r.speedup:.1%}")
+        out.print("  ".join(f"{c:>14}" for c in cells))
