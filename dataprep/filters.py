@@ -160,7 +160,7 @@ def apply_filters(df: pl.DataFrame, thresholds: Thresholds) -> FilterResult:
 
     marked = df.with_columns(
         [_fails(c, op, v).alias(fc) for (_, c, op, v), fc in zip(active, fail_cols)]
-    ).with_columns(reason.alias("reason"), detail.alias("detail"))
+    ).with_columns(reason.alias("reason"))
 
     sums = marked.select(
         [pl.col(fc).sum().alias(f"f{i}") for i, fc in enumerate(fail_cols)]
@@ -176,7 +176,8 @@ def apply_filters(df: pl.DataFrame, thresholds: Thresholds) -> FilterResult:
 
     is_rejected = pl.col("reason").is_not_null()
     kept = marked.filter(~is_rejected).select(df.columns)
-    rejected = marked.filter(is_rejected).select([*df.columns, "reason", "detail"])
+    # detail strings only for the (few) rejected rows
+    rejected = marked.filter(is_rejected).with_columns(detail.alias("detail")).select([*df.columns, "reason", "detail"])
     if kept.height + rejected.height != df.height or sum(c.rejected for c in counts) != rejected.height:
         raise AssertionError(
             f"conservation broken: {df.height} rows in, {kept.height} kept + {rejected.height} rejected"

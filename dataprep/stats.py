@@ -180,14 +180,12 @@ def compute_stats(
     )
     total_seconds = float(clean["duration"].sum() or 0.0)
 
-    # Quantiles: one select, linear interpolation (= numpy.percentile).
-    q_exprs = [
-        pl.col(c).quantile(q / 100.0, interpolation="linear").alias(f"{c}:{q}")
-        for c in _QUANTILE_COLUMNS
-        for q in quantiles
-    ]
-    q_row = clean.select(q_exprs).row(0, named=True) if n else {}
-    quant = {c: {f"p{q}": _opt(q_row.get(f"{c}:{q}")) for q in quantiles} for c in _QUANTILE_COLUMNS}
+    # Quantiles: numpy's linear interpolation, one partition pass per column.
+    quant: dict[str, dict[str, float | None]] = {}
+    for c in _QUANTILE_COLUMNS:
+        values = clean[c].drop_nulls().to_numpy()
+        qv = np.percentile(values, list(quantiles)) if values.size else [None] * len(quantiles)
+        quant[c] = {f"p{q}": _opt(v) for q, v in zip(quantiles, qv)}
 
     # Per language, sorted by language code; missing language shown as "(none)".
     lang_rows = (

@@ -101,7 +101,7 @@ def thresholds(draw: st.DrawFn) -> Thresholds:
                       min_tokens=min_t, max_tokens=max_t)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(frames(), thresholds())
 @example(  # a row exactly on a bound is kept; one just above is not
     pl.DataFrame({"id": ["a", "b"], "duration": [1.0, 1.0], "num_tokens": [25, 26], "tps": [25.0, 26.0]}),
