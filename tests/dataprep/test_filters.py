@@ -71,9 +71,6 @@ def check_result(df: pl.DataFrame, th: Thresholds) -> None:
     assert [c.name for c in r.counts] == [n for n in FILTER_NAMES if getattr(th, n) is not None]
 
 
-values = st.one_of(st.floats(0.0, 60.0, allow_nan=False), st.none(), st.just(float("nan")))
-
-
 @st.composite
 def frames(draw: st.DrawFn) -> pl.DataFrame:
     n = draw(st.integers(0, 60))
