@@ -75,6 +75,13 @@ def demo_steps(out: Path) -> list[list[str]]:
         ["stats", f"{o}/manifest.parquet", "--json", f"{o}/stats.json", "--plots", f"{o}/plots"],
         ["filter", f"{o}/manifest.parquet", "--max-tps", "25", "-o", f"{o}/kept.parquet",
          "--rejects", f"{o}/rejects.parquet"],
+        ["fit-buckets", f"{o}/kept.parquet", "--num-buckets", "30", "--num-subbuckets", "2",
+         "--max-duration-budget", "600", "-o", f"{o}/buckets.json"],
+        ["padding", f"{o}/kept.parquet", "--buckets", f"{o}/buckets.json", "--json", f"{o}/padding.json",
+         "--plots", f"{o}/plots"],
+        ["plan-batches", f"{o}/kept.parquet", "--buckets", f"{o}/buckets.json", "--world-size", "4",
+         "--seed", "0", "--epochs", "2", "-o", f"{o}/plan"],
+        ["simulate", f"{o}/plan"],
     ]
 
 

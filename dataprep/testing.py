@@ -81,7 +81,7 @@ def sample_corpus(
     rate = rng.normal(2.6, 0.35, size=max(1, num_utterances // 40))[speakers].clip(1.2, 4.0)  # words/s
     nwords = np.maximum(1, np.round(dur * rate * rng.normal(1.0, 0.08, size=num_utterances))).astype(int)
     outliers = rng.random(num_utterances) < outlier_share
-    nwords[outliers] = np.maximum(nwords[outliers], np.round(dur[outliers] * 9).astype(int))
+    nwords[outliers] = np.maximum(nwords[outliers], np.round(dur[outliers] * 16).astype(int))
     vocab = np.array(WORDS)
     word_idx = rng.zipf(1.3, size=int(nwords.sum())) % len(vocab)
     words = vocab[word_idx]

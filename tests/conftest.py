@@ -35,6 +35,7 @@ def shared_spm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("librispeech.train-clean-100.csv", "commonvoice.id_ps.csv"):
         texts += read_shared_csv(name)["text"].drop_nulls().to_list()
     buf = io.BytesIO()
+    spm.set_random_generator_seed(1234)  # the sampled sentences, hence the model, fixed across runs
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(texts), model_writer=buf, vocab_size=1024, model_type="unigram",
         character_coverage=1.0, input_sentence_size=20000, shuffle_input_sentence=True,

@@ -51,6 +51,15 @@ def test_crash_mid_write_leaves_target_untouched(tmp_path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["m.parquet"]
 
 
+def test_outputs_have_ordinary_permissions(tmp_path) -> None:
+    import os
+
+    write_manifest(_frame(), tmp_path / "m.parquet")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (tmp_path / "m.parquet").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
 def test_not_a_manifest_is_one_line_error(tmp_path) -> None:
     bad = tmp_path / "x.parquet"
     bad.write_text("not parquet")
