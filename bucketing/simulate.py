@@ -32,6 +32,13 @@ class SimResult:
     time_unsync: float
     idle_sync: float  # fraction of rank-time spent waiting
     idle_unsync: float
+    #: median batches per bucket; below ``world_size`` most synchronized steps are re-split
+    #: tails, so the comparison says little about training at that scale
+    batches_per_bucket: float = 0.0
+
+    @property
+    def representative(self) -> bool:
+        return self.batches_per_bucket >= self.world_size
 
     @property
     def speedup(self) -> float:
@@ -40,6 +47,7 @@ class SimResult:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["speedup"] = self.speedup
+        out["representative"] = self.representative
         return out
 
 
@@ -101,4 +109,5 @@ def simulate(bucket: npt.NDArray[np.integer], cost: npt.NDArray[np.floating], wo
     unsync = unsynchronized_matrix(cost, world_size, rng)
     ts, isy = epoch_time_idle(sync)
     tu, iun = epoch_time_idle(unsync)
-    return SimResult(world_size, int(sync.shape[0]), int(unsync.shape[0]), ts, tu, isy, iun)
+    per_bucket = float(np.median(np.unique(np.asarray(bucket), return_counts=True)[1])) if len(bucket) else 0.0
+    return SimResult(world_size, int(sync.shape[0]), int(unsync.shape[0]), ts, tu, isy, iun, per_bucket)

@@ -341,4 +341,6 @@ def simulate_cmd(
     for r in results:
         cells = (r.world_size, r.steps_sync, r.steps_unsync, f"{r.idle_sync:.1%}", f"{r.idle_unsync:.1%}",
                  f"{r.time_sync:.1f}", f"{r.time_unsync:.1f}", f"{r.speedup:.1%}")
-        out.print("  ".join(f"{c:>14}" for c in cells))
+        note = "" if r.representative else (
+            f"  (only {r.batches_per_bucket:.0f} batches per bucket for {r.world_size} ranks: too small a corpus to say)")
+        out.print("  ".join(f"{c:>14}" for c in cells) + note)
