@@ -55,11 +55,21 @@ def compile_cmd(
     threads: Annotated[int, typer.Option(help="Threads for audio header reads.")] = 8,
     mismatch_tolerance: Annotated[float, typer.Option(help="Seconds a manifest duration may differ from the header with --probe always.")] = 0.05,
     strict: Annotated[bool, typer.Option(help="Stop at the first bad row with a one-line error instead of writing it to the rejects file.")] = False,
+    num_shards: Annotated[Optional[int], typer.Option(help="Split the rows by a stable hash of the id into this many shards (default: $SLURM_ARRAY_TASK_COUNT with --shard-index; 4 x --workers for a local pool).", show_default=False)] = None,
+    shard_index: Annotated[Optional[int], typer.Option(help="Run only this shard (0-based; default: $SLURM_ARRAY_TASK_ID when --num-shards is given); -o is then a folder of parts for `dataprep merge`.", show_default=False)] = None,
+    executor: Annotated[str, typer.Option(help="local: this machine (--workers processes); ray: Ray Data map_batches (the `ray` extra).")] = "local",
+    workers: Annotated[int, typer.Option(help="Local worker processes, each running whole shards (threads inside for header reads).")] = 1,
 ) -> None:
     """Compile sources into one Parquet manifest: durations, token counts (incl. prompt), TPS.
 
     Every input row ends in the manifest or in the rejects file with its reason.
     """
+    if shard_index is not None or num_shards is not None or executor != "local" or workers != 1:
+        _compile_distributed(sources, tokenizer, output, rejects, prompt_tokens=prompt_tokens, fmt=fmt,
+                            text_field=text_field, audio_root=audio_root, probe=probe, threads=threads,
+                            mismatch_tolerance=mismatch_tolerance, strict=strict, num_shards=num_shards,
+                            shard_index=shard_index, executor=executor, workers=workers)
+        return
     from dataprep.compile import CompileOptions, compile_sources
     from dataprep.tokenize import Tokenizers
     from manifests.io import write_manifest, write_rejects
@@ -90,3 +100,81 @@ def _print_summary(rows_in: int, manifest: pl.DataFrame, reasons: dict[str, int]
     for reason, n in reasons.items():
         table.add_row(f"rejected: {reason}", f"{n:,}")
     out.print(table)
+
+
+def _compile_distributed(
+    sources: list[Path], tokenizer: list[str], output: Path, rejects: Optional[Path], *, prompt_tokens: int,
+    fmt: str, text_field: str, audio_root: Optional[Path], probe: str, threads: int, mismatch_tolerance: float,
+    strict: bool, num_shards: Optional[int], shard_index: Optional[int], executor: str, workers: int,
+) -> None:
+    """``compile`` with --num-shards / --shard-index / --executor / --workers (dataprep.shards, dataprep.executors)."""
+    import os
+
+    from dataprep.compile import CompileOptions
+    from dataprep.shards import resolve_shard, run_shard
+    from manifests.io import write_manifest, write_rejects
+
+    if probe not in ("auto", "always", "never"):
+        raise typer.BadParameter("--probe must be auto, always or never")
+    if executor not in ("local", "ray"):
+        raise typer.BadParameter("--executor must be local or ray")
+    opts = CompileOptions(prompt_tokens=prompt_tokens, fmt=fmt, text_field=text_field,
+                          audio_root=str(audio_root) if audio_root else None, probe=probe,  # type: ignore[arg-type]
+                          probe_threads=threads, mismatch_tolerance=mismatch_tolerance, strict=strict)
+    shard = resolve_shard(num_shards, shard_index, os.environ)
+    if shard is not None:
+        n, i = shard
+        if executor != "local":
+            raise typer.BadParameter("--shard-index runs one shard here; it does not combine with --executor ray")
+        with progress_counter("reading rows") as on_chunk, progress_counter("probing audio headers") as on_probe:
+            res = run_shard(sources, tokenizer, opts, n, i, output, on_chunk=on_chunk, on_probe=on_probe)
+        state = "already done, skipped" if res.skipped else "done"
+        out.print(f"shard {i} of {n} {state}: {res.rows_in:,} rows in, {res.rows_kept:,} kept, "
+                  f"{res.rows_rejected:,} rejected -> {output}/")
+        return
+    rejects_path = rejects or output.with_name(output.stem + ".rejects.parquet")
+    if executor == "ray":
+        from dataprep.executors import compile_ray
+
+        with progress_counter("reading rows") as on_chunk:
+            result = compile_ray(sources, tokenizer, opts, on_chunk=on_chunk)
+        rows_in, manifest, reject_rows, reasons, provenance = (result.rows_in, result.manifest, result.rejects,
+                                                               result.reasons, result.provenance)
+    else:
+        from dataprep.executors import compile_local, default_shards
+
+        total = num_shards or default_shards(workers)
+        with progress_counter("shards", total=total) as on_shard_done:
+            merged = compile_local(sources, tokenizer, opts, output, workers=workers, num_shards=total,
+                                   on_shard=lambda r: on_shard_done(1))
+        rows_in, manifest, reject_rows, reasons, provenance = (merged.rows_in, merged.manifest, merged.rejects,
+                                                               merged.reasons, merged.provenance)
+    content_hash = write_manifest(manifest, output, provenance)
+    write_rejects(reject_rows, rejects_path, provenance)
+    if executor == "local":
+        from dataprep.executors import remove_parts
+
+        remove_parts(output)
+    _print_summary(rows_in, manifest, reasons)
+    out.print(f"manifest -> {output} (content hash {content_hash[:16]})")
+    out.print(f"rejects  -> {rejects_path}")
+
+
+@app.command("merge")
+@user_errors
+def merge_cmd(
+    parts: Annotated[Path, typer.Argument(help="Folder of shard parts written by `compile --num-shards N --shard-index I -o FOLDER`.", show_default=False)],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Compiled manifest (Parquet).")],
+    rejects: Annotated[Optional[Path], typer.Option(help="Rejected rows with their reason (Parquet). Default: <output>.rejects.parquet.")] = None,
+) -> None:
+    """Merge a complete set of shard parts into the manifest a single-machine compile writes (byte-identical).
+
+    Refuses a set with missing shards (named) or parts from different runs.
+    """
+    from dataprep.shards import merge_parts
+
+    rejects_path = rejects or output.with_name(output.stem + ".rejects.parquet")
+    result, content_hash = merge_parts(parts, output, rejects_path)
+    _print_summary(result.rows_in, result.manifest, result.reasons)
+    out.print(f"merged {result.num_shards} shards; manifest -> {output} (content hash {content_hash[:16]})")
+    out.print(f"rejects  -> {rejects_path}")

@@ -216,21 +216,43 @@ def compile_sources(
         rejected.extend(bad)
         if on_chunk:
             on_chunk(chunk.height)
-    template = pl.DataFrame(schema={**REJECTS_POLARS_SCHEMA, _ROW: pl.Int64()})
-    all_ok = pl.concat([template.select(accepted[0].columns) if accepted else template] + accepted,
-                       how="vertical_relaxed")
-    all_ok, dups = _reject_duplicates(all_ok)
-    if opts.strict and dups.height:
-        raise DataprepError(str(dups.sort(_ROW).row(0, named=True)["detail"]))
-    rejected.append(dups)
-    rejects = pl.concat([conform(r, {**REJECTS_POLARS_SCHEMA, _ROW: pl.Int64()}) for r in rejected] or
-                        [template], how="vertical_relaxed").sort(_ROW)
-    manifest = conform(all_ok.sort(_ROW), POLARS_SCHEMA)
-    rejects = conform(rejects, REJECTS_POLARS_SCHEMA)
+    manifest, rejects = assemble(accepted, rejected, opts)
     if manifest.height + rejects.height != rows_in:
         raise AssertionError(f"conservation broken: {rows_in} in, {manifest.height} kept, {rejects.height} rejected")
     reasons = dict(sorted(rejects.group_by("reason").len().iter_rows())) if rejects.height else {}
-    provenance = {
+    provenance = compile_provenance(sources, tokenizers, opts)
+    return CompileResult(manifest=manifest, rejects=rejects, rows_in=rows_in, reasons=reasons,
+                         provenance=provenance)
+
+
+def assemble(
+    accepted: Sequence[pl.DataFrame], rejected: Sequence[pl.DataFrame], opts: CompileOptions,
+    *, keep_row: bool = False,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(manifest, rejects) from processed chunks: duplicate ids rejected (first in input order
+    wins), both sorted by the global input row. ``keep_row`` keeps the ``__row`` column.
+
+    Rows of one id must all be in ``accepted`` (a shard by id holds every copy of its ids).
+    """
+    row_schema = {_ROW: pl.Int64()}
+    template = pl.DataFrame(schema={**REJECTS_POLARS_SCHEMA, **row_schema})
+    all_ok = pl.concat([template.select(accepted[0].columns) if accepted else template] + list(accepted),
+                       how="vertical_relaxed").sort(_ROW)
+    all_ok, dups = _reject_duplicates(all_ok)
+    if opts.strict and dups.height:
+        raise DataprepError(str(dups.sort(_ROW).row(0, named=True)["detail"]))
+    rejected = [*rejected, dups]
+    rejects = pl.concat([conform(r, {**REJECTS_POLARS_SCHEMA, **row_schema}) for r in rejected] or
+                        [template], how="vertical_relaxed").sort(_ROW)
+    extra = row_schema if keep_row else {}
+    return conform(all_ok, {**POLARS_SCHEMA, **extra}), conform(rejects, {**REJECTS_POLARS_SCHEMA, **extra})
+
+
+def compile_provenance(
+    sources: Sequence[str | os.PathLike[str]], tokenizers: Tokenizers, opts: CompileOptions
+) -> dict[str, object]:
+    """What a compiled manifest records about its inputs (Parquet metadata)."""
+    return {
         "tool": f"speech-dataprep {__version__}",
         "sources": [{"path": str(s), "sha256": source_fingerprint(s)} for s in sources],
         "tokenizers": tokenizers.hashes,
@@ -238,6 +260,3 @@ def compile_sources(
         "probe": opts.probe,
         "text_field": opts.text_field,
     }
-    return CompileResult(manifest=manifest, rejects=rejects, rows_in=rows_in, reasons=reasons,
-                         provenance=provenance)
-

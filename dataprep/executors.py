@@ -1,0 +1,192 @@
+"""Where the per-file work of ``compile`` runs: a local process pool of shards, or Ray Data.
+
+Both give the bytes a single-process :func:`dataprep.compile.compile_sources` gives.
+
+- :func:`compile_local`: ``num_shards`` shard tasks (:func:`dataprep.shards.run_shard`) on a
+  pool of ``workers`` processes (threads inside each for header reads), parts in a folder
+  next to the output, then the merge. More shards than workers, so a slow shard does not
+  hold the others; an interrupted run resumes from the finished shards.
+- :func:`compile_ray`: the sources read once on the driver, the pure per-batch function
+  :func:`dataprep.compile.process_chunk` mapped over batches with Ray Data ``map_batches``,
+  duplicates rejected and rows ordered on the driver (``pip install 'speech-dataprep[ray]'``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from dataprep.compile import _ROW, CompileOptions, CompileResult, assemble, compile_provenance, iter_rows, process_chunk
+from dataprep.shards import MergeResult, ShardResult, load_parts, run_shard
+from dataprep.tokenize import Tokenizers
+from manifests.errors import DataprepError
+from manifests.schema import REJECTS_POLARS_SCHEMA, conform
+
+
+def default_shards(workers: int) -> int:
+    """Shards for a local pool: 4 per worker, so stragglers are a small share of the run."""
+    return max(1, 4 * workers)
+
+
+def parts_folder(output: str | os.PathLike[str]) -> Path:
+    """Where a local pool keeps its parts: ``<output>.parts/`` (removed after the merge)."""
+    out = Path(output)
+    return out.with_name(out.name + ".parts")
+
+
+def _shard_task(args: tuple[Any, ...]) -> ShardResult:
+    return run_shard(*args)
+
+
+def run_shards(
+    sources: Sequence[str | os.PathLike[str]],
+    tokenizer_specs: Sequence[str],
+    opts: CompileOptions,
+    num_shards: int,
+    folder: str | os.PathLike[str],
+    *,
+    workers: int = 1,
+    on_shard: Callable[[ShardResult], None] | None = None,
+) -> list[ShardResult]:
+    """Run every shard of ``num_shards`` into ``folder`` on ``workers`` processes (finished ones skip).
+
+    ``workers`` = 1 runs them in this process. Tokenizer threads are split between workers.
+    """
+    if workers < 1:
+        raise DataprepError(f"--workers {workers}: need at least 1")
+    cpus = os.cpu_count() or 1
+    if opts.tokenizer_threads == 0:
+        opts = replace(opts, tokenizer_threads=max(1, cpus // workers))
+    srcs = [str(s) for s in sources]
+    tasks = [(srcs, list(tokenizer_specs), opts, num_shards, i, str(folder)) for i in range(num_shards)]
+    results: list[ShardResult] = []
+    if workers == 1:
+        for t in tasks:
+            results.append(_shard_task(t))
+            if on_shard:
+                on_shard(results[-1])
+        return sorted(results, key=lambda r: r.shard_index)
+    # spawn: polars and sentencepiece hold threads that fork would copy in a broken state
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, num_shards), mp_context=ctx) as pool:
+        futures = [pool.submit(_shard_task, t) for t in tasks]
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for f in done:
+                if f.exception() is not None:
+                    for p in pending:
+                        p.cancel()
+                    raise f.exception()  # type: ignore[misc]
+                results.append(f.result())
+                if on_shard:
+                    on_shard(results[-1])
+    return sorted(results, key=lambda r: r.shard_index)
+
+
+def compile_local(
+    sources: Sequence[str | os.PathLike[str]],
+    tokenizer_specs: Sequence[str],
+    opts: CompileOptions,
+    output: str | os.PathLike[str],
+    *,
+    workers: int = 2,
+    num_shards: int | None = None,
+    on_shard: Callable[[ShardResult], None] | None = None,
+) -> MergeResult:
+    """Compile on a local process pool: shards into ``<output>.parts/``, then merged in memory.
+
+    The caller writes the result (``write_manifest`` with ``result.provenance``) and may
+    then remove the parts folder (:func:`parts_folder`).
+    """
+    folder = parts_folder(output)
+    run_shards(sources, tokenizer_specs, opts, num_shards or default_shards(workers), folder,
+               workers=workers, on_shard=on_shard)
+    return load_parts(folder)
+
+
+def remove_parts(output: str | os.PathLike[str]) -> None:
+    """Remove the parts folder of a local pool run (after its merge was written)."""
+    shutil.rmtree(parts_folder(output), ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- Ray
+
+class _RayBatch:
+    """Ray Data callable: loads the tokenizers once per actor, runs ``process_chunk`` per batch.
+
+    Returns accepted and rejected rows together (``reason`` null = accepted)."""
+
+    def __init__(self, tokenizer_specs: Sequence[str], opts: CompileOptions) -> None:
+        self.tokenizers = Tokenizers.from_specs(tokenizer_specs)
+        self.opts = opts
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        chunk = pl.from_arrow(batch)
+        assert isinstance(chunk, pl.DataFrame)
+        ok, bad = process_chunk(chunk, self.tokenizers, self.opts)
+        schema = {**REJECTS_POLARS_SCHEMA, _ROW: pl.Int64()}
+        both = pl.concat([conform(f, schema) for f in (ok, *bad)], how="vertical_relaxed")
+        return both.to_arrow()
+
+
+def compile_ray(
+    sources: Sequence[str | os.PathLike[str]],
+    tokenizer_specs: Sequence[str],
+    opts: CompileOptions,
+    *,
+    batch_rows: int = 50_000,
+    concurrency: int | None = None,
+    on_chunk: Callable[[int], None] | None = None,
+) -> CompileResult:
+    """Compile through Ray Data ``map_batches`` (a local Ray instance unless one is running).
+
+    Same manifest, rejects and provenance as :func:`dataprep.compile.compile_sources`.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise DataprepError("--executor ray needs Ray: pip install 'speech-dataprep[ray]'") from None
+    tokenizers = Tokenizers.from_specs(tokenizer_specs)  # fail early, on the driver, on a bad model
+    if opts.strict:
+        raise DataprepError("--strict is not supported with --executor ray (run it locally)")
+    chunks: list[pa.Table] = []
+    rows_in = 0
+    for chunk in iter_rows(sources, opts):
+        rows_in += chunk.height
+        chunks.append(chunk.to_arrow())
+        if on_chunk:
+            on_chunk(chunk.height)
+    started = not ray.is_initialized()
+    if started:  # a local instance, shut down afterwards; on a cluster, ray.init() before calling
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    try:
+        ds = ray.data.from_arrow(chunks).map_batches(
+            _RayBatch, fn_constructor_args=(list(tokenizer_specs), opts), batch_format="pyarrow",
+            batch_size=batch_rows, concurrency=concurrency or max(1, (os.cpu_count() or 1)),
+        )
+        tables = [t for t in ray.get(ds.to_arrow_refs()) if t.num_rows]
+    finally:
+        if started:
+            ray.shutdown()
+    frames = [pl.from_arrow(t) for t in tables]
+    both = pl.concat([f for f in frames if isinstance(f, pl.DataFrame)], how="vertical_relaxed") if frames \
+        else pl.DataFrame(schema={**REJECTS_POLARS_SCHEMA, _ROW: pl.Int64()})
+    ok = both.filter(pl.col("reason").is_null())
+    bad = both.filter(pl.col("reason").is_not_null())
+    manifest, rejects = assemble([ok], [bad], opts)
+    if manifest.height + rejects.height != rows_in:
+        raise AssertionError(f"conservation broken: {rows_in} in, {manifest.height} kept, {rejects.height} rejected")
+    reasons = dict(sorted(rejects.group_by("reason").len().iter_rows())) if rejects.height else {}
+    return CompileResult(manifest=manifest, rejects=rejects, rows_in=rows_in, reasons=reasons,
+                         provenance=compile_provenance(sources, tokenizers, opts))
