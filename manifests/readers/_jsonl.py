@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
+import numpy as np
+import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from manifests.readers._lines import iter_lines
+from manifests.readers._lines import LineBlock, iter_line_blocks, iter_lines
 from manifests.readers._normalize import base_dir_for, finish
 
 #: The remaining top-level keys, as a JSON object with sorted keys (null when none).
@@ -99,19 +104,154 @@ def _assemble(chunk: pl.DataFrame, parsed: pl.DataFrame, names: list[str], origi
     )
 
 
+#: Most extra keys the single-parse struct holds; rows with others take the general path.
+MAX_STRUCT_KEYS = 256
+_WS_SQL = "' ' || chr(9) || chr(10) || chr(13)"
+
+
+def _value_sql(j: str) -> tuple[str, str]:
+    """SQL for (string value, JSON type name) of a field's JSON text ``j`` (NULL: absent/null).
+
+    Strings are unquoted by slicing unless they hold an escape; other values keep their
+    JSON text (numbers as written, minified), as ``json_extract_string`` gives them.
+    """
+    value = (f"CASE WHEN starts_with({j}, '\"') THEN (CASE WHEN contains({j}, '\\') "
+             f"THEN json_extract_string({j}::JSON, '$') ELSE substring({j}, 2, length({j}) - 2) END) ELSE {j} END")
+    typ = f"CASE WHEN starts_with({j}, '\"') THEN 'VARCHAR' ELSE json_type({j}::JSON) END"
+    return value, typ
+
+
+@dataclass
+class _StructQuery:
+    """The single-parse NeMo query: each object line parsed once by ``from_json`` into a
+    struct of JSON texts holding the mapped keys and every extra key seen so far.
+
+    Over ``chunk(lineno, line, ks)`` (``ks``: the line's keys, NULL if not valid JSON) it
+    yields ``ok`` (parsed here), then ``<field>``, ``<field>__t`` and ``extra`` as the
+    general path does. A line is ``ok`` when it is a JSON object with distinct keys, all
+    of them in the struct.
+    """
+
+    fields: dict[str, str]
+    extra_keys: list[str] = field(default_factory=list)
+    sql: str = ""
+
+    def add_keys(self, con: duckdb.DuckDBPyConnection, keys: list[str]) -> None:
+        """Widen the struct with ``keys`` (new, not clashing case-insensitively; capped)."""
+        taken = {k.lower() for k in [*self.fields.values(), *self.extra_keys]}
+        new = []
+        for k in sorted(set(keys)):
+            if k.lower() not in taken and len(self.extra_keys) + len(new) < MAX_STRUCT_KEYS:
+                taken.add(k.lower())
+                new.append(k)
+        if new or not self.sql:
+            self.extra_keys = sorted(self.extra_keys + new)
+            self.sql = self._build(con)
+
+    def _build(self, con: duckdb.DuckDBPyConnection) -> str:
+        mapped = list(self.fields.values())
+        struct = _sql_str(json.dumps({k: "JSON" for k in [*mapped, *self.extra_keys]}))
+        known = "[" + ",".join(_sql_str(k) for k in [*mapped, *self.extra_keys]) + "]"
+        raw = ", ".join(f"s[{_sql_str(k)}]::VARCHAR AS j{i}" for i, k in enumerate(mapped))
+        cols = []
+        for i, name in enumerate(self.fields):
+            value, typ = _value_sql(f"j{i}")
+            cols.append(f'{value} AS "{name}", {typ} AS "{name}__t"')
+        quoted = [r[0] for r in con.execute("SELECT to_json(unnest(?::VARCHAR[]))", [self.extra_keys]).fetchall()]
+        parts = [f"CASE WHEN list_contains(ks, {_sql_str(k)}) THEN {_sql_str(q + ':')} || "
+                 f"coalesce(s[{_sql_str(k)}]::VARCHAR, 'null') END" for k, q in zip(self.extra_keys, quoted)]
+        extra = (f"nullif('{{' || concat_ws(',', {', '.join(parts)}) || '}}', '{{}}')" if parts
+                 else "NULL::VARCHAR")
+        return (
+            f"WITH b AS (SELECT lineno, ok, ks, CASE WHEN ok THEN from_json(line, {struct}) END AS s FROM chunk), "
+            f"c AS (SELECT lineno, ok, {raw}, CASE WHEN ok THEN {extra} END AS extra FROM b) "
+            f"SELECT lineno, ok, {', '.join(cols)}, extra FROM c"
+        )
+
+    def _ok(self, block: LineBlock, ks: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+        """Rows this query parses: objects (``{`` first) with valid JSON, distinct keys, all
+        in the struct. Vectorized over the flattened key lists (DuckDB's list_distinct and
+        list_has_all cost microseconds a row)."""
+        ks = ks.combine_chunks()
+        known = pa.array([*self.fields.values(), *self.extra_keys], pa.string())
+        ok = ks.is_valid().to_numpy(zero_copy_only=False) & block.starts_with(b"{")
+        flat = pc.list_flatten(ks)
+        if len(flat):
+            parents = pc.list_parent_indices(ks).to_numpy()
+            pos = pc.index_in(flat, value_set=known)
+            unknown = pos.is_null().to_numpy(zero_copy_only=False)
+            ok[parents[unknown]] = False
+            codes = np.sort(parents.astype(np.int64) * len(known) + pos.fill_null(0).to_numpy())
+            dup = np.flatnonzero(codes[1:] == codes[:-1])
+            ok[codes[dup] // len(known)] = False
+        return ok
+
+    def run(self, con: duckdb.DuckDBPyConnection, block: LineBlock) -> pl.DataFrame:
+        """Parse one block; keys seen for the first time widen the struct first."""
+        con.register("lines", block.table())
+        try:
+            ks = con.sql("SELECT TRY(json_keys(line)) AS ks FROM lines").to_arrow_table()["ks"]
+        finally:
+            con.unregister("lines")
+        keys = pc.unique(pc.list_flatten(ks)).to_pylist()
+        known = set(self.fields.values()) | set(self.extra_keys)
+        if not self.sql or any(k not in known for k in keys):
+            self.add_keys(con, [k for k in keys if k not in known])
+        table = block.table().append_column("ks", ks).append_column("ok", pa.array(self._ok(block, ks)))
+        con.register("chunk", table)
+        try:
+            return con.sql(self.sql).pl()
+        finally:
+            con.unregister("chunk")
+
+
+def _slow_rows(con: duckdb.DuckDBPyConnection, block: LineBlock, idx: np.ndarray, fields: dict[str, str],
+               origin_prefix: str) -> pl.DataFrame:
+    """Rows ``idx`` of ``block`` through the general per-field query (several parses a line).
+
+    The single-parse query leaves these: malformed or non-object lines, non-UTF-8 lines,
+    objects with duplicate keys (the first occurrence wins) or with keys the struct lacks.
+    """
+    chunk = pl.DataFrame({
+        "lineno": block.lineno[idx],
+        "line": pl.Series([block.line(int(i)) for i in idx], dtype=pl.String),
+        "utf8_error": pl.Series([block.utf8_errors.get(int(i)) for i in idx], dtype=pl.String),
+    })
+    select = _fields_select(fields, list(fields.values()))
+    return _assemble(chunk, _query(con, chunk, select), list(fields), origin_prefix)
+
+
 def iter_nemo(
     path: Path, *, text_field: str, audio_root: str | Path | None, chunk_rows: int
 ) -> Iterator[pl.DataFrame]:
-    """NeMo JSONL: one row per non-blank line; ids derived from ``audio_filepath`` + ``offset``."""
+    """NeMo JSONL: one row per non-blank line; ids derived from ``audio_filepath`` + ``offset``.
+
+    Each line is parsed once (DuckDB ``from_json`` into a struct, see :class:`_StructQuery`); lines that
+    it cannot take go the general path (:func:`_slow_rows`).
+    """
     fields = dict(NEMO_FIELDS, text=text_field)
-    select = _fields_select(fields, list(fields.values()))
     labels = dict(fields, id="id", sample_rate="sample_rate", channels="channels")
     base = base_dir_for(path, audio_root)
+    query = _StructQuery(fields)
+    names = ["origin", "reason", "detail", "extra", *[c for f in fields for c in (f, f"{f}__t")]]
+    prefix = str(path)
     con = duckdb.connect()
     try:
-        for chunk in iter_lines(path, chunk_rows):
-            raw = _assemble(chunk, _query(con, chunk, select), list(fields), str(path))
-            yield finish(raw, base_dir=base, labels=labels, require_audio=True)
+        for block in iter_line_blocks(path, chunk_rows):
+            parsed = query.run(con, block)
+            if not np.array_equal(parsed["lineno"].to_numpy(), block.lineno):
+                raise AssertionError("DuckDB changed the row order")  # preserve_insertion_order is on
+            raw = parsed.with_columns(
+                pl.format("{}:{}", pl.lit(prefix), pl.col("lineno")).alias("origin"),
+                pl.lit(None, pl.String).alias("reason"), pl.lit(None, pl.String).alias("detail"),
+            )
+            slow = np.flatnonzero(~parsed["ok"].to_numpy())
+            if len(slow):
+                others = _slow_rows(con, block, slow, fields, prefix)
+                cols = ["lineno", *names]
+                raw = pl.concat([raw.filter(pl.col("ok")).select(cols), others.select(cols)],
+                                how="vertical_relaxed").sort("lineno")
+            yield finish(raw.select(names), base_dir=base, labels=labels, require_audio=True)
     finally:
         con.close()
 

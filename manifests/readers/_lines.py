@@ -13,10 +13,12 @@ from __future__ import annotations
 import codecs
 import gzip
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 
@@ -50,18 +52,63 @@ def _bad_utf8(data: bytes, starts: np.ndarray) -> dict[int, str]:
     return bad
 
 
-def _block_frame(data: bytes, first_lineno: int) -> pl.DataFrame:
-    """All lines of ``data`` (which ends with a newline) as (lineno, line, utf8_error)."""
+#: ASCII whitespace (what ``bytes.strip`` removes); blank-line candidates start with one.
+_WS = np.array([9, 10, 11, 12, 13, 32], dtype=np.uint8)
+#: What polars' ``str.strip_chars`` (Rust ``char::is_whitespace``) removes.
+_UNICODE_WS = "\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+
+
+@dataclass(frozen=True)
+class LineBlock:
+    """Non-blank lines of one newline-aligned block, without a Python object per line.
+
+    ``lines`` holds each line *with* its terminator (``\\n`` or ``\\r\\n``), zero-copy over
+    the block's bytes (null where the line is not valid UTF-8); ``lineno`` is 1-based;
+    ``utf8_errors`` maps a row index of ``lines`` to a description of its bad byte.
+    """
+
+    lineno: npt.NDArray[np.int64]
+    lines: pa.Array
+    utf8_errors: dict[int, str]
+    first_byte: npt.NDArray[np.uint8]
+
+    def __len__(self) -> int:
+        return len(self.lineno)
+
+    def table(self) -> pa.Table:
+        """(lineno int64, line string) as an Arrow table, e.g. for DuckDB to scan."""
+        return pa.Table.from_arrays([pa.array(self.lineno, type=pa.int64()), self.lines], names=["lineno", "line"])
+
+    def starts_with(self, byte: bytes) -> npt.NDArray[np.bool_]:
+        """Whether each line's first byte is ``byte``."""
+        return self.first_byte == byte[0]
+
+    def line(self, i: int) -> str | None:
+        """Row ``i`` without its line terminator (for messages; not for hot loops)."""
+        v = self.lines[i].as_py()
+        return None if v is None else v.rstrip("\r\n")
+
+
+def _is_blank(line: bytes) -> bool:
+    return not line.decode("utf-8", "replace").strip(_UNICODE_WS)
+
+
+def line_block(data: bytes, first_lineno: int) -> LineBlock:
+    """All non-blank lines of ``data`` (which ends with a newline) as a :class:`LineBlock`."""
     buf = np.frombuffer(data, dtype=np.uint8)
     ends = np.flatnonzero(buf == 10)
     n = len(ends)
     starts = np.empty(n, dtype=np.int64)
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
+    bad = _bad_utf8(data, starts)
+    # Blank lines carry nothing: dropped. Only lines starting with whitespace or a non-ASCII
+    # byte can be blank; those few are checked one by one.
+    cand = np.flatnonzero(np.isin(buf[starts], _WS) | (buf[starts] >= 0x80))
+    blank = [int(i) for i in cand if int(i) not in bad and _is_blank(data[starts[i]: ends[i] + 1])]
     offsets = np.empty(n + 1, dtype=np.int32 if len(data) < 2**31 else np.int64)
     offsets[:n] = starts
     offsets[n] = len(data)
-    bad = _bad_utf8(data, starts)
     validity = None
     if bad:
         mask = np.ones(n, dtype=bool)
@@ -69,26 +116,41 @@ def _block_frame(data: bytes, first_lineno: int) -> pl.DataFrame:
         validity = pa.py_buffer(np.packbits(mask, bitorder="little").tobytes())
     typ = pa.string() if offsets.dtype == np.int32 else pa.large_string()
     arr = pa.Array.from_buffers(typ, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)])
+    lineno = np.arange(first_lineno, first_lineno + n, dtype=np.int64)
+    first = buf[starts]
+    if blank:
+        keep = np.ones(n, dtype=bool)
+        keep[blank] = False
+        idx = np.flatnonzero(keep)
+        arr = arr.take(pa.array(idx))
+        lineno = lineno[idx]
+        first = first[idx]
+        pos = np.cumsum(keep) - 1
+        bad = {int(pos[i]): msg for i, msg in bad.items()}
+    return LineBlock(lineno=lineno, lines=arr, utf8_errors=bad, first_byte=first)
+
+
+def _block_frame(data: bytes, first_lineno: int) -> pl.DataFrame:
+    """All non-blank lines of ``data`` (which ends with a newline) as (lineno, line, utf8_error)."""
+    block = line_block(data, first_lineno)
+    n = len(block)
     errors: list[str | None] | None = None
-    if bad:
+    if block.utf8_errors:
         errors = [None] * n
-        for i, msg in bad.items():
+        for i, msg in block.utf8_errors.items():
             errors[i] = msg
-    frame = pl.DataFrame(
+    return pl.DataFrame(
         {
-            "lineno": pl.int_range(first_lineno, first_lineno + n, dtype=pl.Int64, eager=True),
-            "line": pl.from_arrow(arr).cast(pl.String).str.strip_chars_end("\r\n"),
+            "lineno": block.lineno,
+            "line": pl.from_arrow(block.lines).cast(pl.String).str.strip_chars_end("\r\n"),
             "utf8_error": pl.Series(errors, dtype=pl.String) if errors else pl.repeat(None, n, dtype=pl.String, eager=True),
         }
     )
-    # Blank lines carry nothing: dropped (documented); undecodable lines are kept.
-    return frame.filter(pl.col("line").is_null() | (pl.col("line").str.strip_chars() != ""))
 
 
-def iter_lines(path: Path, chunk_rows: int, block_bytes: int = BLOCK_BYTES) -> Iterator[pl.DataFrame]:
-    """Yield frames of at most ``chunk_rows`` non-blank lines: lineno (1-based), line, utf8_error."""
-    if chunk_rows < 1:
-        raise ValueError("chunk_rows must be >= 1")
+def iter_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[bytes, int]]:
+    """Newline-terminated blocks of ``path`` (BOM dropped, final newline added), with the
+    1-based number of each block's first line."""
     lineno = 1
     carry = b""
     first = True
@@ -115,9 +177,34 @@ def iter_lines(path: Path, chunk_rows: int, block_bytes: int = BLOCK_BYTES) -> I
                     carry = data
                     continue
             carry = data[cut:]
-            frame = _block_frame(data[:cut], lineno)
+            yield data[:cut], lineno
             lineno += data.count(b"\n", 0, cut)
-            for start in range(0, frame.height, chunk_rows):
-                yield frame.slice(start, chunk_rows)
             if not block:
                 return
+
+
+def iter_line_blocks(path: Path, chunk_rows: int, block_bytes: int = BLOCK_BYTES) -> Iterator[LineBlock]:
+    """:class:`LineBlock` s of at most ``chunk_rows`` non-blank lines each, in file order."""
+    if chunk_rows < 1:
+        raise ValueError("chunk_rows must be >= 1")
+    for data, lineno in iter_blocks(path, block_bytes):
+        blk = line_block(data, lineno)
+        if len(blk) <= chunk_rows:
+            if len(blk):
+                yield blk
+            continue
+        for start in range(0, len(blk), chunk_rows):
+            stop = min(start + chunk_rows, len(blk))
+            yield LineBlock(lineno=blk.lineno[start:stop], lines=blk.lines.slice(start, stop - start),
+                            utf8_errors={i - start: m for i, m in blk.utf8_errors.items() if start <= i < stop},
+                            first_byte=blk.first_byte[start:stop])
+
+
+def iter_lines(path: Path, chunk_rows: int, block_bytes: int = BLOCK_BYTES) -> Iterator[pl.DataFrame]:
+    """Yield frames of at most ``chunk_rows`` non-blank lines: lineno (1-based), line, utf8_error."""
+    if chunk_rows < 1:
+        raise ValueError("chunk_rows must be >= 1")
+    for data, lineno in iter_blocks(path, block_bytes):
+        frame = _block_frame(data, lineno)
+        for start in range(0, frame.height, chunk_rows):
+            yield frame.slice(start, chunk_rows)

@@ -315,3 +315,42 @@ def test_shared_csv_and_its_nemo_conversion_agree(tmp_path: Path, name: str) -> 
     assert got["text"].to_list() == df["text"].to_list()
     assert got["duration"].to_list() == df["duration"].to_list()
     assert got["id"].to_list() == [f"audio/{r['id']}.wav" for r in expected]
+
+
+# --- NeMo single-parse path vs the general per-field path ------------------------------------
+
+_JSON_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20),
+                         st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
+                         st.sampled_from(["1.5", "abc", 'q"u\\ote', "tab\there", "é€𝄞", ""]))
+_JSON_VALUE = st.one_of(_JSON_SCALAR, st.lists(_JSON_SCALAR, max_size=3),
+                        st.dictionaries(st.text(max_size=3), _JSON_SCALAR, max_size=2))
+_NEMO_KEYS = st.sampled_from(["audio_filepath", "duration", "offset", "text", "answer", "lang", "source_lang",
+                              "target_lang", "taskname", "pnc", "Text", "spk", "a\"b", "é"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(objs=st.lists(st.dictionaries(_NEMO_KEYS, _JSON_VALUE, max_size=7), min_size=1, max_size=25),
+       raw=st.lists(st.sampled_from(['{"a": 1, "a": 2, "text": "dup"}', '{"text": "x" ', "[1]", " {\"text\": \"sp\"}",
+                                     '{"audio_filepath": "x.wav", "text": "t", "rare_key": null}']), max_size=3),
+       text_field=st.sampled_from(["text", "answer"]), ensure_ascii=st.booleans())
+def test_nemo_single_parse_agrees_with_general_path(tmp_path_factory, objs, raw, text_field, ensure_ascii) -> None:
+    """Every line read by the one-parse struct query equals the general query's reading of it."""
+    import duckdb
+
+    from manifests.readers._jsonl import NEMO_FIELDS, _slow_rows
+    from manifests.readers._lines import iter_line_blocks
+    from manifests.readers._normalize import base_dir_for, finish
+
+    src = tmp_path_factory.mktemp("p") / "m.jsonl"
+    lines = [json.dumps(o, ensure_ascii=ensure_ascii) for o in objs] + raw
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    fast = read_all(src, "nemo", text_field=text_field)
+    fields = dict(NEMO_FIELDS, text=text_field)
+    labels = dict(fields, id="id", sample_rate="sample_rate", channels="channels")
+    con = duckdb.connect()
+    ref = pl.concat([
+        finish(_slow_rows(con, b, np.arange(len(b)), fields, str(src)), base_dir=base_dir_for(src, None),
+               labels=labels, require_audio=True)
+        for b in iter_line_blocks(src, 10_000)])
+    assert fast.height == len(lines)
+    assert fast.equals(ref), fast.filter(~pl.all_horizontal(pl.col("*").eq_missing(ref.select(pl.col("*")))))
