@@ -239,6 +239,7 @@ class BatchBuilder:
         self._toks: Tokenizers | None = None
         self._mel: LogMel | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0  # a pool copied into a forked worker has no threads: make a new one
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cols": None, "_toks": None, "_mel": None, "_pool": None}
@@ -283,8 +284,9 @@ class BatchBuilder:
         meta = self.columns.gather(pb.rows)
         if self._mel is None:
             self._mel = LogMel(self.n_mels)
-        if self._pool is None and self.io_threads > 1:
+        if self.io_threads > 1 and (self._pool is None or self._pool_pid != os.getpid()):
             self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="dataprep-audio")
+            self._pool_pid = os.getpid()
         jobs = [(u, p, float(o), float(d)) for u, p, o, d in
                 zip(meta.ids, meta.audio_paths, meta.offsets, meta.durations)]
         waves = list(self._pool.map(self._load, jobs)) if self._pool is not None else list(map(self._load, jobs))
@@ -373,10 +375,12 @@ def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
         stop.set()
 
 
-def make_loader(dataset: PlanDataset, num_workers: int = 0, prefetch_depth: int = 2) -> Iterable[Batch]:
+def make_loader(dataset: PlanDataset, num_workers: int = 0, prefetch_depth: int = 2,
+                timeout_s: float = 600.0) -> Iterable[Batch]:
     """Batches of ``dataset`` in step order, prepared ahead: in ``num_workers`` DataLoader
-    worker processes, or (``num_workers=0``) in one background thread ``prefetch_depth`` ahead."""
+    worker processes, or (``num_workers=0``) in one background thread ``prefetch_depth`` ahead.
+    A worker that delivers nothing for ``timeout_s`` seconds is an error, not a hang."""
     if num_workers > 0:
         return DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
-                          prefetch_factor=max(1, prefetch_depth))
+                          prefetch_factor=max(1, prefetch_depth), timeout=timeout_s)
     return prefetch(dataset, prefetch_depth)
