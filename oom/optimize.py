@@ -1,0 +1,164 @@
+"""The OOMptimizer: batch size per bucket of a ``buckets.json``, measured or estimated.
+
+Budget (bytes of allocated memory a step may peak at) =
+``memory_fraction * device memory - margin``. The fraction (default 0.9) leaves room for
+the CUDA context, cuDNN/cuBLAS workspaces and allocator fragmentation; the margin (default
+5 % of device memory) guards against the memory creep users report hours into training,
+when the caching allocator has fragmented over many batch shapes
+(NVIDIA-NeMo/Speech#15847, where users needed ``--memory-fraction 0.5``). Both are written to
+``batch_size_source``. Setting ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` in
+training reduces the creep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from manifests.buckets_file import BucketSpec
+from manifests.errors import DataprepError
+from oom.cache import DEFAULT_CACHE_DIR, ProbeCache, budget_probe
+from oom.estimate import ShapeEstimator
+from oom.isolate import device_info, run_isolated
+from oom.models import FRAMES_PER_SECOND, model_config
+from oom.search import ProbeResult, SearchResult, search_buckets
+from oom.step import Shape
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str, total: int | None = None) -> int:
+    """``"80GiB"``, ``"40GB"``, ``"1048576"``; with ``total``, also ``"5%"`` of it."""
+    s = text.strip().lower().replace(" ", "")
+    if s.endswith("%"):
+        if total is None:
+            raise DataprepError(f"{text!r}: a percentage needs the device memory")
+        try:
+            return int(float(s[:-1]) / 100.0 * total)
+        except ValueError:
+            raise DataprepError(f"{text!r}: not a percentage") from None
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)([a-z]*)", s)
+    if not m or m.group(2) not in _UNITS:
+        raise DataprepError(f"{text!r}: not a memory size (e.g. 80GiB, 40GB, 5%)")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _model_context(model: str) -> dict[str, Any]:
+    cfg = model_config(model)
+    return {"name": model, **cfg.to_json()} if cfg is not None else {"factory": model}
+
+
+def oomptimize(
+    spec: BucketSpec,
+    model: str,
+    *,
+    estimate: bool = False,
+    device: str = "cuda",
+    gpu_memory: int | None = None,
+    memory_fraction: float = 0.9,
+    margin: str = "5%",
+    tolerance: float = 0.05,
+    max_batch: int = 4096,
+    max_tps: float = 20.0,
+    cache_dir: str | None = str(DEFAULT_CACHE_DIR),
+    retries: int = 2,
+    on_done: Callable[[int, SearchResult], None] | None = None,
+) -> BucketSpec:
+    """Return ``spec`` with every bucket's ``batch_size`` set to the largest batch whose
+    training step fits the budget, with provenance in ``batch_size_source`` and per-bucket
+    ``oom_peak_bytes`` / ``oom_step_seconds`` / ``oom_probes`` ([batch, peak bytes, step
+    seconds] of every probe that fit: data for a step-time cost model).
+
+    ``estimate=True`` needs ``gpu_memory`` (bytes) and no device. Otherwise the probes run
+    ``device`` (``cuda``, ``cuda:1``, or ``cpu`` for dry runs, which needs ``gpu_memory``).
+    """
+    if not 0.0 < memory_fraction <= 1.0:
+        raise DataprepError(f"--memory-fraction {memory_fraction}: expected 0 < fraction <= 1")
+    if estimate or not device.startswith("cuda"):
+        if gpu_memory is None:
+            raise DataprepError("--gpu-memory is required with --estimate or a CPU device (e.g. --gpu-memory 80GiB)")
+        gpu = {"name": f"estimate:{gpu_memory}" if estimate else "cpu", "total_memory": int(gpu_memory)}
+    else:
+        gpu = device_info(device)
+        if gpu_memory is not None:
+            gpu["total_memory"] = min(int(gpu_memory), gpu["total_memory"])
+    total = int(gpu["total_memory"])
+    margin_bytes = parse_bytes(margin, total)
+    budget = int(memory_fraction * total) - margin_bytes
+    if budget <= 0:
+        raise DataprepError(f"memory budget {budget} bytes: fraction {memory_fraction} of {total} minus margin {margin_bytes}")
+
+    shapes = [Shape.of_bucket(b.max_duration, b.max_tokens, max_tps) for b in spec.buckets]
+    base_ctx = {
+        "model": _model_context(model),
+        "gpu": gpu["name"],
+        "gpu_memory": total,
+        "torch": torch.__version__,
+        "mode": "estimate" if estimate else f"measured:{device.split(':')[0]}",
+        "memory_fraction": None if estimate else memory_fraction,
+    }
+
+    def probe_for(i: int) -> Callable[[int], ProbeResult]:
+        shape = shapes[i]
+        cache = ProbeCache(cache_dir, {**base_ctx, "frames": shape.frames, "tokens": shape.tokens})
+        if estimate:
+            holder: list[ShapeEstimator] = []
+
+            def measure(b: int) -> ProbeResult:
+                if not holder:
+                    holder.append(ShapeEstimator(model, shape))
+                return ProbeResult(fits=True, peak_bytes=holder[0].peak(b))
+        else:
+
+            def measure(b: int) -> ProbeResult:
+                kwargs = {"model": model, "frames": shape.frames, "tokens": shape.tokens, "batch_size": b,
+                          "device": device, "memory_fraction": memory_fraction}
+                return run_isolated("oom.isolate:step_probe", kwargs, retries=retries)[0]
+
+        return budget_probe(measure, budget, cache)
+
+    keys = [(s.frames, s.tokens) for s in shapes]
+    sizes, results = search_buckets(keys, probe_for, tolerance=tolerance, max_batch=max_batch, on_done=on_done)
+    buckets = []
+    for b, shape, size, res in zip(spec.buckets, shapes, sizes, results):
+        if size < 1:
+            raise DataprepError(
+                f"bucket {b.index} ({b.max_duration:g} s, {shape.tokens} tokens): even a batch of 1 "
+                f"exceeds the budget of {budget} bytes for {model}"
+            )
+        fitting = sorted((pb, r.peak_bytes, r.step_seconds) for pb, r in res.probes if r.fits)
+        at = [f for f in fitting if f[0] <= size]
+        chosen = at[-1] if at else (size, None, None)
+        extra = {
+            **b.extra,
+            "oom_peak_bytes": chosen[1],
+            "oom_step_seconds": chosen[2],
+            "oom_probes": [list(f) for f in fitting],
+        }
+        buckets.append(dataclasses.replace(b, batch_size=int(size), extra=extra))
+    source = {
+        "rule": "oom-estimate" if estimate else "oom-measured",
+        "model": model,
+        "model_config": _model_context(model),
+        "gpu": gpu["name"],
+        "gpu_memory_bytes": total,
+        "device": None if estimate else device,
+        "torch": torch.__version__,
+        "memory_fraction": memory_fraction,
+        "margin_bytes": margin_bytes,
+        "margin": margin,
+        "budget_bytes": budget,
+        "tolerance": tolerance,
+        "max_tps": max_tps,
+        "frames_per_second": FRAMES_PER_SECOND,
+        "precision": "bf16-autocast",
+        "optimizer": "AdamW",
+        "date": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
+    }
+    return dataclasses.replace(spec, buckets=tuple(buckets), batch_size_source=source)
