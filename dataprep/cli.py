@@ -8,6 +8,7 @@ from dataprep import commands_report  # noqa: F401  (stats, filter)
 from dataprep import commands_buckets  # noqa: F401  (fit-buckets, padding)
 from dataprep import commands_plan  # noqa: F401  (plan-batches, simulate)
 from dataprep import commands_train  # noqa: F401  (train, export nemo|lhotse)
+from dataprep import commands_oom  # noqa: F401  (oomptimize)
 
 __all__ = ["app", "main"]
 
