@@ -197,7 +197,9 @@ class _StructQuery:
         known = set(self.fields.values()) | set(self.extra_keys)
         if not self.sql or any(k not in known for k in keys):
             self.add_keys(con, [k for k in keys if k not in known])
-        table = block.table().append_column("ks", ks).append_column("ok", pa.array(self._ok(block, ks)))
+        table = block.table(len(block)).append_column("ks", ks.combine_chunks()).append_column(
+            "ok", pa.array(self._ok(block, ks)))
+        table = pa.Table.from_batches(table.to_batches(max_chunksize=8192), schema=table.schema)
         con.register("chunk", table)
         try:
             return con.sql(self.sql).pl()
