@@ -42,6 +42,7 @@ class Batches:
 #: share a batch were in the shuffle, so smaller windows keep epochs more different.
 DEFAULT_WINDOW = 16
 DEFAULT_SORT_BY = "auto"
+DEFAULT_AUDIO_WEIGHT = 5.0
 
 
 def _segments(order_rows: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64],
@@ -53,16 +54,70 @@ def _segments(order_rows: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64],
     return order_rows[src], new_off
 
 
+#: Prefix lengths a box search tries per step (see ``_peel``): finer costs more, gains little.
+_BOX_CANDIDATES = 128
+
+
+def _peel(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], size: int, lam: float,
+          short_first: bool) -> npt.NDArray[np.int64]:
+    """Order one small bucket's rows by peeling boxes: batches tight in duration *and* tokens.
+
+    ``d`` (s) and ``t`` (tokens) are the bucket's rows in shuffled order; ``size`` its batch
+    size. Greedy from the bottom: each step takes, from the rows left, the cheapest box
+    (``lam * d_max + t_max``, ``lam`` in tokens per second) holding one batch, and in it the
+    rows nearest the box's corner (so smaller rows stay for later boxes); what is left at the
+    end is the top batch. ``short_first`` peels the short batch (if any) first instead of
+    leaving it to the top. Returns positions into ``d``, batch after batch, the short batch
+    last (as ``form_batches`` lays batches out). Loops over batches, not rows; each step is a
+    histogram over (prefix, token) cells, the prefixes taken on at most ``_BOX_CANDIDATES``
+    cut points of the duration order.
+    """
+    n = d.shape[0]
+    order = np.argsort(d, kind="stable")  # stable on shuffled rows: random tie-break
+    d_o = d[order]
+    tmin = int(t.min())
+    t_o = (t[order] - tmin).astype(np.int64)
+    span = int(t_o.max()) + 1
+    alive = np.ones(n, dtype=bool)
+    short = n % size
+    steps = [short] + [size] * (n // size - 1) if short_first and short else [size] * ((n - 1) // size)
+    taken: list[npt.NDArray[np.int64]] = []
+    for s in steps:
+        pos = np.flatnonzero(alive)
+        na = pos.shape[0]
+        ks = np.unique(np.linspace(s - 1, na - 1, min(na - s + 1, _BOX_CANDIDATES)).astype(np.int64))
+        seg = np.searchsorted(ks, np.arange(na), side="left")
+        hist = np.bincount(seg * span + t_o[pos], minlength=ks.shape[0] * span).reshape(ks.shape[0], span)
+        hist = hist.cumsum(axis=0).cumsum(axis=1)  # rows of prefix k with tokens <= v
+        tc = np.argmax(hist >= s, axis=1)  # every prefix holds >= s rows
+        k = int(np.argmin(lam * d_o[pos[ks]] + (tc + tmin)))
+        inside = pos[: ks[k] + 1]
+        inside = inside[t_o[inside] <= tc[k]]
+        corner = np.maximum(d_o[inside] / max(d_o[pos[ks[k]]], 1e-300), (t_o[inside] + tmin) / max(tc[k] + tmin, 1))
+        pick = inside[np.argsort(-corner, kind="stable")[:s]]
+        alive[pick] = False
+        taken.append(pick)
+    top = np.flatnonzero(alive)
+    if short_first and short:
+        parts = taken[1:] + [top, taken[0]]
+    else:
+        parts = taken + [top]
+    return order[np.concatenate(parts)] if parts else order
+
+
 def _group_2d(rows: npt.NDArray[np.int64], b: npt.NDArray[np.int64], pos: npt.NDArray[np.int64],
               win: npt.NDArray[np.int64], span: npt.NDArray[np.int64], counts: npt.NDArray[np.int64],
               batch_sizes: npt.NDArray[np.int64], d: npt.NDArray[np.float64], t: npt.NDArray[Any],
-              groups: int | None) -> npt.NDArray[np.int64]:
+              groups: int | None, audio_weight: float, window: int) -> npt.NDArray[np.int64]:
     """Order duration-sorted windows so batches are similar in duration and in tokens.
 
     A window of m batches is cut into g runs of whole batches, each run sorted by tokens.
     g = 1 is a token sort, g = m a duration sort, g ~ sqrt(m) a 2D grid. Unless ``groups``
-    fixes g, each window takes, of these three, the one with the least padding
-    (audio ratio + token ratio), computed for all windows at once.
+    fixes g, each window takes, of these three, the one with the least cost, computed for
+    all windows at once; a bucket small enough to be one window also tries box peeling
+    (:func:`_peel`). Cost of a window: the padding it adds to the epoch's audio ratio times
+    ``audio_weight`` plus what it adds to the token ratio (padded − real, over the epoch's
+    real seconds / tokens), so choices add up to the epoch's figures.
     """
     bs_row = batch_sizes[b]
     in_win = np.minimum(span, counts[b] - win * span)
@@ -79,6 +134,8 @@ def _group_2d(rows: npt.NDArray[np.int64], b: npt.NDArray[np.int64], pos: npt.ND
     nwin = int(win_id[-1]) + 1
     real_d = np.bincount(win_id, weights=d[rows], minlength=nwin)
     real_t = np.bincount(win_id, weights=t[rows].astype(np.float64), minlength=nwin)
+    total_d = max(float(real_d.sum()), 1e-300)
+    total_t = max(float(real_t.sum()), 1e-300)
     best_rows = rows
     best_cost = np.full(nwin, np.inf)
     for g in cands:
@@ -86,10 +143,34 @@ def _group_2d(rows: npt.NDArray[np.int64], b: npt.NDArray[np.int64], pos: npt.ND
         cand = rows[np.lexsort((t[rows], run, win, b))]
         pad_d = np.bincount(wob, weights=sizes * np.maximum.reduceat(d[cand], starts), minlength=nwin)
         pad_t = np.bincount(wob, weights=sizes * np.maximum.reduceat(t[cand], starts), minlength=nwin)
-        cost = (1 - real_d / pad_d) + (1 - real_t / np.maximum(pad_t, 1e-300))
+        # padding this window adds to the epoch's two ratios, audio weighted (see form_batches)
+        cost = audio_weight * (pad_d - real_d) / total_d + (pad_t - real_t) / total_t
         better = cost < best_cost - 1e-12
         best_cost = np.where(better, cost, best_cost)
         best_rows = np.where(better[win_id], cand, best_rows)
+    # Small buckets (one window holds the whole bucket, >= 2 batches): a sort-based order
+    # has little room there, so also try peeling boxes (see _peel) at three aspect ratios
+    # around the one the cost implies, short batch first or last; keep what costs least.
+    whole = np.flatnonzero((counts <= batch_sizes * window) & (counts > batch_sizes))
+    if not groups and whole.shape[0]:
+        lam0 = audio_weight * total_t / total_d  # tokens per second of the cost
+        bstart = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        for k in whole:  # loop over buckets
+            lo, hi = int(bstart[k]), int(bstart[k] + counts[k])
+            w = int(win_id[lo])
+            seg_rows = best_rows[lo:hi].copy()
+            dd, tt = d[seg_rows], np.asarray(t[seg_rows], dtype=np.int64)
+            size = int(batch_sizes[k])
+            cut = np.arange(0, hi - lo, size)
+            nb = np.diff(np.append(cut, hi - lo)).astype(np.float64)
+            for f in (0.5, 1.0, 2.0):
+                for short_first in (False, True):
+                    o = _peel(dd, tt, size, lam0 * f, short_first)
+                    cost = (audio_weight * ((nb * np.maximum.reduceat(dd[o], cut)).sum() - real_d[w]) / total_d
+                            + ((nb * np.maximum.reduceat(tt[o], cut)).sum() - real_t[w]) / total_t)
+                    if cost < best_cost[w] - 1e-12:
+                        best_cost[w] = cost
+                        best_rows[lo:hi] = seg_rows[o]
     return best_rows
 
 
@@ -103,6 +184,7 @@ def form_batches(
     window: int = DEFAULT_WINDOW,
     sort_by: str = DEFAULT_SORT_BY,
     groups: int | None = None,
+    audio_weight: float = DEFAULT_AUDIO_WEIGHT,
 ) -> Batches:
     """Group each bucket's rows into batches of its batch size.
 
@@ -150,7 +232,8 @@ def form_batches(
         rows = rows[order]
         if sort_by == "both":
             rows = _group_2d(rows, b, pos_in_bucket, win, span, counts, batch_sizes,
-                             np.asarray(duration, dtype=np.float64), np.asarray(num_tokens), groups)
+                             np.asarray(duration, dtype=np.float64), np.asarray(num_tokens), groups,
+                             float(audio_weight), int(window))
     batch_in_bucket = pos_in_bucket // batch_sizes[b]
     new_batch = np.ones(rows.shape[0], dtype=bool)
     if rows.shape[0] > 1:

@@ -9,6 +9,24 @@ the sub-bins of one duration bin). Where ties or skew make the requested count i
 rebalances the remaining mass over the remaining bins and, if it must, returns fewer bins;
 it never returns a duplicate or empty one.
 
+Outliers (``outlier_fence``, default 3: Tukey's "far out" fence, Q3 + 3 × IQR). A bin's
+upper bound set by a handful of extreme rows makes every batch of that bucket as wide as
+those rows (padding), and, for the duration bound, makes its padded-budget batch small.
+So, with the fence on:
+
+- durations: rows beyond the fence of all durations are fitted as one extra **overflow**
+  bucket (one duration bin, one token sub-bin) after the equal-occupancy bins, which are
+  fitted on the other rows; a corpus without far-out durations gets exactly the bins it
+  asked for;
+- tokens (2D only): in each duration bin but the last equal-occupancy one, the top sub-bin's bound
+  is the largest token count within the fence of that bin's token counts. The rows above
+  are not dropped: flexible allocation moves them to the first later duration bin whose
+  bounds hold them, and the last equal-occupancy bin's top bound holds every token count
+  of rows up to its duration, so fitted rows never need a raised bound.
+
+The fence needs a spread: where Q1 == Q3 (ties) it is not applied. ``outlier_fence=None``
+gives plain equal occupancy with bounds at the maxima.
+
 Units: duration in seconds (float64), tokens incl. the prompt (int).
 """
 
@@ -28,6 +46,11 @@ I64 = npt.NDArray[np.int64]
 
 #: Above this many (duration bin, token value) cells the token histogram is replaced by a sort.
 _MAX_HIST_CELLS = 1 << 26
+
+#: Default duration fence of the overflow bin: Q3 + k × IQR with k = 3 (Tukey's "far out").
+DEFAULT_OUTLIER_FENCE = 3.0
+#: Default token fence of the top sub-bins: k = 2 (see the module docstring).
+DEFAULT_TOKEN_FENCE = 2.0
 
 
 def equal_occupancy_cuts(cum_weight: F64, num_bins: int) -> I64:
@@ -99,6 +122,10 @@ class FitResult:
     above_max_hours: float = 0.0
     requested: tuple[int, int] = (0, 0)  # (num_buckets, num_subbuckets) asked for
     notes: list[str] = field(default_factory=list)
+    outlier_fence: float | None = None  # k of the duration fence (overflow bin), None = off
+    token_fence: float | None = None  # k of the token fence (top sub-bins), None = off
+    overflow_rows: int = 0  # rows beyond the duration fence, fitted as the overflow bin
+    overflow_from: float | None = None  # the duration fence (s), when an overflow bin exists
 
     def report(self) -> dict[str, Any]:
         """JSON-ready summary (stored under ``fit`` in ``buckets.json``)."""
@@ -113,6 +140,12 @@ class FitResult:
                 "min_duration": {"rows": self.below_min, "hours": round(self.below_min_hours, 6)},
                 "max_duration": {"rows": self.above_max, "hours": round(self.above_max_hours, 6)},
             },
+            "outliers": {
+                "duration_fence": None if self.outlier_fence is None else f"Q3 + {self.outlier_fence:g} * IQR",
+                "token_fence": None if self.token_fence is None else f"Q3 + {self.token_fence:g} * IQR",
+                "overflow_bin": None if self.overflow_from is None else {
+                    "above_duration": round(self.overflow_from, 6), "rows": self.overflow_rows},
+            },
             "notes": list(self.notes),
         }
 
@@ -125,21 +158,69 @@ def _duration_bins(d_sorted: F64, num_bins: int) -> F64:
     return d_sorted[last_of_run[cuts]]
 
 
-def _token_subbins(dbin: I64, tokens: I64, weight: F64, num_dbins: int, num_sub: int) -> list[I64]:
-    """Per duration bin, inclusive upper token bounds of equal-seconds sub-bins."""
+def _fence(values: npt.NDArray[Any], cum_count: I64, k: float | None) -> float:
+    """Q3 + k × IQR of a sorted distinct ``values`` with cumulative row counts; inf if off.
+
+    Quartiles are order statistics (the first value whose cumulative count reaches 25% /
+    75% of the rows). No fence (inf) where Q1 == Q3: ties leave no spread to measure.
+    """
+    if k is None or values.shape[0] == 0:
+        return float("inf")
+    n = float(cum_count[-1])
+    q1, q3 = (float(values[min(int(np.searchsorted(cum_count, p * n, side="left")), values.shape[0] - 1)])
+              for p in (0.25, 0.75))
+    return float("inf") if q3 <= q1 else q3 + float(k) * (q3 - q1)
+
+
+def _bin_bounds(values: npt.NDArray[Any], cum_weight: F64, cum_count: I64, num_sub: int,
+                fence: float | None, hold: int | None) -> I64:
+    """Equal-seconds token bounds of one duration bin over its sorted distinct ``values``.
+
+    With a ``fence`` (k), the top bound drops to the largest value within the fence when
+    that stays above the sub-bin below; with ``hold``, the top bound is raised to ``hold``;
+    ``num_sub == 0`` means one sub-bin at the maximum (the overflow bin).
+    """
+    if num_sub == 0:
+        return values[-1:].astype(np.int64)
+    cuts = equal_occupancy_cuts(cum_weight, num_sub)
+    bounds = values[cuts].astype(np.int64)
+    f = _fence(values, cum_count, fence)
+    if np.isfinite(f):
+        top = int(values[int(np.searchsorted(values, f, side="right")) - 1])
+        if bounds.shape[0] == 1 or top > bounds[-2]:
+            bounds[-1] = top
+    if hold is not None:
+        bounds[-1] = max(int(bounds[-1]), int(hold))
+    return bounds
+
+
+def _token_subbins(dbin: I64, tokens: I64, weight: F64, num_dbins: int, num_sub: int,
+                   fence: float | None = None, overflow: bool = False) -> list[I64]:
+    """Per duration bin, inclusive upper token bounds of equal-seconds sub-bins.
+
+    ``fence``: k of the outlier fence, applied to the top bound of every bin before the last
+    equal-occupancy bin, whose top bound then holds every token count of the rows up to it.
+    ``overflow``: the last bin is the overflow bin, one bucket: its rows are few by
+    definition, and a duration sort batches them best.
+    """
     tmin = int(tokens.min())
     tmax = int(tokens.max())
     span = tmax - tmin + 1
     out: list[I64] = []
+    last = num_dbins - 2 if overflow else num_dbins - 1  # last equal-occupancy bin
+    hold = int(tokens[dbin <= last].max()) if fence is not None else None
+
+    def opts(j: int) -> tuple[int, float | None, int | None]:
+        return (0 if j > last else num_sub), (fence if j < last else None), (hold if j == last else None)
+
     if num_dbins * span <= _MAX_HIST_CELLS:
         key = dbin * span + (tokens - tmin)
         w = np.bincount(key, weights=weight, minlength=num_dbins * span).reshape(num_dbins, span)
         c = np.bincount(key, minlength=num_dbins * span).reshape(num_dbins, span)
         for j in range(num_dbins):  # loop over bins, not utterances
             present = np.flatnonzero(c[j])
-            cum = np.cumsum(w[j, present])
-            cuts = equal_occupancy_cuts(cum, num_sub)
-            out.append((present[cuts] + tmin).astype(np.int64))
+            out.append(_bin_bounds(present + tmin, np.cumsum(w[j, present]), np.cumsum(c[j, present]),
+                                   *opts(j)))
         return out
     order = np.lexsort((tokens, dbin))
     d_s, t_s, w_s = dbin[order], tokens[order], weight[order]
@@ -148,8 +229,7 @@ def _token_subbins(dbin: I64, tokens: I64, weight: F64, num_dbins: int, num_sub:
         t = t_s[starts[j]:starts[j + 1]]
         ww = w_s[starts[j]:starts[j + 1]]
         last = np.flatnonzero(np.append(t[1:] != t[:-1], True))
-        cuts = equal_occupancy_cuts(np.cumsum(ww)[last], num_sub)
-        out.append(t[last[cuts]].astype(np.int64))
+        out.append(_bin_bounds(t[last], np.cumsum(ww)[last], last + 1, *opts(j)))
     return out
 
 
@@ -160,6 +240,9 @@ def fit_buckets(
     num_subbuckets: int = 2,
     min_duration: float | None = None,
     max_duration: float | None = None,
+    *,
+    outlier_fence: float | None = DEFAULT_OUTLIER_FENCE,
+    token_fence: float | None = DEFAULT_TOKEN_FENCE,
 ) -> FitResult:
     """Fit an equal-occupancy grid: ``num_buckets`` duration bins × ``num_subbuckets`` token bins.
 
@@ -171,6 +254,8 @@ def fit_buckets(
     num_subbuckets: token sub-bins per duration bin (>= 1; 1 = 1D bucketing).
     min_duration, max_duration: optional caps (s, inclusive); rows outside are not fitted and
         are counted in the result.
+    outlier_fence: k of the Q3 + k × IQR fence for the overflow bin and the token bounds
+        (see the module docstring); None = bounds at the maxima, no overflow bin.
 
     Vectorized: one sort of the durations plus a weighted histogram of (bin, tokens).
     """
@@ -203,15 +288,34 @@ def fit_buckets(
         d_in, t_in = d, t
     if d_in.shape[0] == 0:
         raise ValueError("no rows left to fit (check --min-duration / --max-duration)")
+    if (outlier_fence is not None and outlier_fence < 0) or (token_fence is not None and token_fence < 0):
+        raise ValueError("outlier fences must be >= 0 (or None for no fence)")
     d_sorted = np.sort(d_in)
-    dbounds = _duration_bins(d_sorted, num_buckets)
+    n_in = d_sorted.shape[0]
+    overflow_from: float | None = None
+    n_bulk = n_in
+    if outlier_fence is not None:
+        q1, q3 = d_sorted[int(np.ceil(0.25 * n_in)) - 1], d_sorted[int(np.ceil(0.75 * n_in)) - 1]
+        if q3 > q1:
+            f = float(q3 + outlier_fence * (q3 - q1))
+            n_bulk = int(np.searchsorted(d_sorted, f, side="right"))
+            if n_bulk < n_in:
+                overflow_from = f
+    dbounds = _duration_bins(d_sorted[:n_bulk], num_buckets)
     if dbounds.shape[0] < num_buckets:
         notes.append(f"{dbounds.shape[0]} duration bins fitted of {num_buckets} asked: "
                      f"too few distinct durations or one duration holds more than a bin's share")
+    bulk_max = float(dbounds[-1])
+    if overflow_from is not None:
+        dbounds = np.append(dbounds, d_sorted[-1])
+        notes.append(f"{n_in - n_bulk} rows longer than {overflow_from:.3f} s (Q3 + {outlier_fence:g} * IQR "
+                     f"of durations) fitted as an overflow duration bin after the {num_buckets} asked")
     dbin = np.searchsorted(dbounds, d_in, side="left").astype(np.int64)
     nd = int(dbounds.shape[0])
-    sub = _token_subbins(dbin, t_in, d_in, nd, num_subbuckets)
-    short = [j for j, s in enumerate(sub) if s.shape[0] < num_subbuckets]
+    # 1D bucketing is by duration alone: its token bounds stay the maxima of its bins
+    sub = _token_subbins(dbin, t_in, d_in, nd, num_subbuckets, token_fence if num_subbuckets > 1 else None,
+                         overflow_from is not None)
+    short = [j for j, s in enumerate(sub) if s.shape[0] < num_subbuckets and dbounds[j] <= bulk_max]
     if short:
         notes.append(f"{len(short)} duration bins got fewer than {num_subbuckets} token sub-bins "
                      f"(too few distinct token counts)")
@@ -235,6 +339,10 @@ def fit_buckets(
         above_max_hours=float(d[above].sum() / 3600.0),
         requested=(int(num_buckets), int(num_subbuckets)),
         notes=notes,
+        outlier_fence=None if outlier_fence is None else float(outlier_fence),
+        token_fence=None if token_fence is None or num_subbuckets == 1 else float(token_fence),
+        overflow_rows=int(n_in - n_bulk),
+        overflow_from=overflow_from,
     )
 
 

@@ -41,8 +41,15 @@ def test_every_row_lands_in_exactly_one_bucket_that_holds_it(fit_rows, new_rows,
     for i in np.flatnonzero(ok)[:50]:
         fits = (grid.max_duration >= d[i]) & (a.max_tokens >= t[i])
         assert a.bucket[i] == np.flatnonzero(fits)[0]
-    # and the fitted data itself always fits without moves
+    # the fitted data itself always fits, never raising a bound: with the token fence, only
+    # rows above their bin's fenced top bound move; without fences nothing moves
     own = allocate(fd, ft, grid)
+    assert own.num_dropped == 0 and own.raised == 0
+    own_bin = np.searchsorted(np.unique(grid.max_duration), fd, side="left")
+    top = np.asarray([grid.max_tokens[grid.duration_bin == j].max() for j in range(grid.num_duration_bins)])
+    assert own.moved == int((ft > top[own_bin]).sum())
+    plain = fit_buckets(fd, ft, nb, ns, outlier_fence=None, token_fence=None).grid
+    own = allocate(fd, ft, plain)
     assert own.num_dropped == 0 and own.moved == 0 and own.raised == 0
 
 

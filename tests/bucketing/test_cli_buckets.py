@@ -75,11 +75,17 @@ def test_real_corpora(tmp_path: Path, shared_spm_path: Path, name: str) -> None:
     spec = read_buckets(tmp_path / "b.json")
     hours = np.array([b.hours for b in spec.buckets])
     dbins = np.array([b.duration_bin for b in spec.buckets])
+    overflow = spec.fit["outliers"]["overflow_bin"]
+    d = df["duration"].to_numpy()
+    if overflow is not None:  # Common Voice's invalidated split has clips up to 160 s
+        far = d > overflow["above_duration"]
+        assert overflow["rows"] == int(far.sum()) > 0 and spec.buckets[-1].num_utterances == overflow["rows"]
+        hours, dbins, d = hours[dbins < dbins.max()], dbins[dbins < dbins.max()], d[~far]
     per_bin = np.bincount(dbins, weights=hours)
     assert len(per_bin) == 30 and spec.fit["dropped"] == {}
     # equal seconds per duration bin, up to the granularity of the data: a bound sits on a
-    # duration that occurs, and CV's durations are quantized (many clips share one value)
-    d = df["duration"].to_numpy()
+    # duration that occurs, and CV's durations are quantized (many clips share one value);
+    # moved rows (token outliers) are counted in the bin they train in
     vals, inv = np.unique(d, return_inverse=True)
     biggest_tie_h = np.bincount(inv, weights=d).max() / 3600
     assert np.abs(per_bin - per_bin.sum() / 30).max() <= biggest_tie_h + 0.01 * per_bin.sum() / 30
@@ -88,4 +94,5 @@ def test_real_corpora(tmp_path: Path, shared_spm_path: Path, name: str) -> None:
     rep = json.loads((tmp_path / "p.json").read_text())["schemes"]
     assert rep["2d"]["excluded"] == 0
     assert rep["2d"]["audio_padding"] < rep["1d-cumulative"]["audio_padding"]
-    assert rep["2d"]["token_padding"] < 0.12 and rep["2d"]["audio_padding"] < 0.04
+    # the goal, with the default grouping (bench_buckets.py prints the medians)
+    assert rep["2d"]["token_padding"] < 0.10 and rep["2d"]["audio_padding"] < 0.02

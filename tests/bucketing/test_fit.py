@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bucketing.allocate import fit_spec
+from bucketing.allocate import allocate, fit_spec
 from bucketing.fit import equal_occupancy_cuts, fit_buckets, grid_from_spec
 from manifests.buckets_file import parse_buckets
 
@@ -36,7 +36,7 @@ def _check_grid(grid, d, t) -> None:
 
 def test_equal_occupancy_seconds_2d() -> None:
     d, t = _synthetic(200_000)
-    g = fit_buckets(d, t, 30, 2).grid
+    g = fit_buckets(d, t, 30, 2, outlier_fence=None, token_fence=None).grid
     assert g.num_buckets == 60
     _check_grid(g, d, t)
     dbin = np.searchsorted(np.unique(g.max_duration), d, side="left")
@@ -87,9 +87,9 @@ def test_cuts_strictly_increasing(weights: list[float], bins: int) -> None:
 
 def test_one_dimensional_case() -> None:
     d, t = _synthetic(10_000)
-    g = fit_buckets(d, None, 10, 1).grid
+    g = fit_buckets(d, None, 10, 1, outlier_fence=None).grid
     assert g.num_buckets == 10 and (g.token_bin == 0).all()
-    g2 = fit_buckets(d, t, 10, 1).grid
+    g2 = fit_buckets(d, t, 10, 1, outlier_fence=None).grid
     assert np.array_equal(g.max_duration, g2.max_duration)
     assert np.array_equal(g2.max_tokens, [t[(d > lo if np.isfinite(lo) else True) & (d <= hi)].max()
                                           for lo, hi in zip(g2.min_duration, g2.max_duration)])
@@ -116,6 +116,65 @@ def test_deterministic_and_spec_round_trip() -> None:
     assert np.array_equal(g.max_duration, f.max_duration) and np.array_equal(g.max_tokens, f.max_tokens)
     assert a.batch_size_source == {"rule": "padded-budget", "max_duration": 600.0}
     assert a.fit["num_buckets"] == 6 and a.fit["num_subbuckets"] == 2 and a.fit["manifest_hash"] == "h"
+
+
+def test_overflow_bin_holds_far_out_durations_only() -> None:
+    d, t = _synthetic(20_000, seed=3)
+    d = np.concatenate([d, [70.0, 120.0, 160.0]])  # a few far-out clips (besides gamma's own tail)
+    t = np.concatenate([t, [30, 12, 40]])
+    q1, q3 = np.quantile(d, [0.25, 0.75], method="inverted_cdf")
+    fence = q3 + 3 * (q3 - q1)
+    fit = fit_buckets(d, t, 12, 2)
+    g = fit.grid
+    _check_grid(g, d, t)
+    far = d > fence
+    assert fit.overflow_rows == int(far.sum()) and abs(fit.overflow_from - fence) < 1e-9
+    assert g.num_duration_bins == 13 and (g.duration_bin == 12).sum() == 1  # one overflow bucket
+    assert g.max_tokens[-1] == t[far].max() and g.min_duration[-1] < d[far].min()
+    a = allocate(d, t, g)
+    assert np.array_equal(np.flatnonzero(a.bucket == g.num_buckets - 1), np.flatnonzero(far))
+    # the 12 bins asked for are equal in seconds over the other rows
+    bulk = np.unique(g.max_duration)[:-1]
+    share = np.bincount(np.searchsorted(bulk, d[~far], side="left"), weights=d[~far]) / d[~far].sum()
+    assert np.abs(share * 12 - 1).max() < 0.02
+    rep = fit.report()["outliers"]
+    assert rep["overflow_bin"]["rows"] == int(far.sum()) > 3 and rep["duration_fence"] == "Q3 + 3 * IQR"
+    # without far-out durations, or with the fence off, exactly the bins asked for
+    assert fit_buckets(d[~far], t[~far], 12, 2).overflow_from is None
+    assert fit_buckets(d, t, 12, 2, outlier_fence=None).grid.num_duration_bins == 12
+
+
+def test_token_fence_moves_outliers_to_a_later_bin() -> None:
+    d, t = _synthetic(20_000, seed=5)
+    t = t.copy()
+    short = np.flatnonzero(d < np.quantile(d, 0.05))[:20]
+    t[short] = t.max() + 50  # transcripts far too long for their clips
+    plain = fit_buckets(d, t, 10, 2, outlier_fence=None, token_fence=None).grid
+    fenced = fit_buckets(d, t, 10, 2, outlier_fence=None).grid
+    _check_grid(fenced, d, t)
+    assert fenced.max_tokens[1] < plain.max_tokens[1]  # bin 0's top bound no longer set by them
+    a = allocate(d, t, fenced)
+    assert a.num_dropped == 0 and a.raised == 0 and a.moved >= 20
+    moved_to = a.bucket[short]
+    assert (fenced.duration_bin[moved_to] == fenced.num_duration_bins - 1).all()  # only the last holds them
+    # rows within the fences stay in their own bin
+    own = np.searchsorted(np.unique(fenced.max_duration), d, side="left")
+    top = np.asarray([fenced.max_tokens[fenced.duration_bin == j].max() for j in range(10)])
+    stay = t <= top[own]
+    assert (fenced.duration_bin[a.bucket[stay]] == own[stay]).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.1, 200.0), st.integers(1, 400)), min_size=1, max_size=300),
+       st.integers(1, 8), st.integers(1, 3), st.sampled_from([None, 0.0, 1.5, 3.0]))
+def test_fenced_grids_keep_invariants(rows, nb, ns, k) -> None:
+    d = np.array([r[0] for r in rows]); t = np.array([r[1] for r in rows])
+    g = fit_buckets(d, t, nb, ns, outlier_fence=k, token_fence=k).grid
+    _check_grid(g, d, t)
+    a = allocate(d, t, g)
+    assert a.num_dropped == 0 and a.raised == 0
+    assert (np.bincount(a.bucket, minlength=g.num_buckets) > 0).all()  # no empty bucket
+    assert (d <= g.max_duration[a.bucket]).all() and (t <= g.max_tokens[a.bucket]).all()
 
 
 def test_golden_buckets_json() -> None:
