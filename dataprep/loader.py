@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 import soundfile
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -91,10 +90,28 @@ class ManifestColumns:
     def __init__(self, table: pa.Table, source: str) -> None:
         self.source = source
         self.num_rows = table.num_rows
-        self._cols = {name: table.column(name).combine_chunks() for name in LOADER_COLUMNS}
-        self._offset = self._cols["offset"].fill_null(0.0).to_numpy(zero_copy_only=False)
-        self._duration = self._cols["duration"].to_numpy(zero_copy_only=False)
-        self._num_tokens = self._cols["num_tokens"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        cols = {name: table.column(name).combine_chunks() for name in LOADER_COLUMNS}
+        self._offset = cols["offset"].fill_null(0.0).to_numpy(zero_copy_only=False)
+        self._duration = cols["duration"].to_numpy(zero_copy_only=False)
+        self._num_tokens = cols["num_tokens"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        # strings: offsets + bytes straight from the mapped buffers; slicing a few rows per batch
+        # in Python is cheaper than an Arrow take + to_pylist per column
+        self._str = {name: self._string_buffers(cols[name]) for name in ("id", "audio_path", "text", "lang")}
+        self._lang_null = cols["lang"].is_null().to_numpy(zero_copy_only=False) if cols["lang"].null_count else None
+        self._lang_all_null = cols["lang"].null_count == self.num_rows
+
+    @staticmethod
+    def _string_buffers(col: pa.Array) -> tuple[npt.NDArray[np.int64], memoryview]:
+        if pa.types.is_string(col.type):
+            col = col.cast(pa.large_string())
+        _, offsets, data = col.buffers()
+        offs = np.frombuffer(offsets, dtype=np.int64)[col.offset: col.offset + len(col) + 1]
+        return offs, memoryview(data) if data is not None else memoryview(b"")
+
+    def _strings(self, name: str, rows: npt.NDArray[np.int64]) -> list[str]:
+        offs, data = self._str[name]
+        starts, ends = offs[rows].tolist(), offs[rows + 1].tolist()
+        return [str(data[a:b], "utf-8") for a, b in zip(starts, ends)]
 
     @classmethod
     def open(cls, manifest: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> ManifestColumns:
@@ -117,20 +134,26 @@ class ManifestColumns:
             table = pa.ipc.open_file(source).read_all()
         return cls(table, str(manifest))
 
-    def gather(self, rows: npt.NDArray[np.int64]) -> RowsMeta:
-        """Fields of manifest ``rows`` (row numbers), in the given order."""
+    def gather(self, rows: npt.NDArray[np.int64], ids: list[str] | None = None) -> RowsMeta:
+        """Fields of manifest ``rows`` (row numbers), in the given order; ``ids`` (the plan's
+        ids of those rows) saves gathering them again."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= self.num_rows):
             raise DataprepError(f"{self.source}: plan refers to row {int(rows.max())} but the manifest has "
                                 f"{self.num_rows} rows (plan made from another manifest?)")
-        idx = pa.array(rows)
+        if self._lang_all_null:
+            langs: list[str | None] = [None] * len(rows)
+        else:
+            langs = self._strings("lang", rows)  # type: ignore[assignment]
+        if self._lang_null is not None and not self._lang_all_null:
+            langs = [None if n else x for x, n in zip(langs, self._lang_null[rows].tolist())]
         return RowsMeta(
-            ids=self._cols["id"].take(idx).to_pylist(),
-            audio_paths=self._cols["audio_path"].take(idx).to_pylist(),
+            ids=self._strings("id", rows) if ids is None else ids,
+            audio_paths=self._strings("audio_path", rows),
             offsets=self._offset[rows],
             durations=self._duration[rows],
-            texts=pc.fill_null(self._cols["text"].take(idx), "").to_pylist(),
-            langs=self._cols["lang"].take(idx).to_pylist(),
+            texts=self._strings("text", rows),  # a null text reads as ""
+            langs=langs,
             num_tokens=self._num_tokens[rows],
         )
 
@@ -281,7 +304,7 @@ class BatchBuilder:
 
     def build(self, pb: PlanBatch) -> Batch:
         """The tensor batch of one plan batch."""
-        meta = self.columns.gather(pb.rows)
+        meta = self.columns.gather(pb.rows, pb.ids)
         if self._mel is None:
             self._mel = LogMel(self.n_mels)
         if self.io_threads > 1 and (self._pool is None or self._pool_pid != os.getpid()):
