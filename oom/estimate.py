@@ -329,6 +329,12 @@ class ShapeEstimator:
         return max(fwd_bwd, after + self.optimizer.transient_bytes)
 
 
-def estimate_peak(model_name: str, shape: Shape, batch_size: int) -> Estimate:
-    """The device-free estimate of one bf16-autocast AdamW training step's peak memory."""
-    return run_step_tracked(model_name, shape, batch_size, fake=True)
+@functools.lru_cache(maxsize=256)
+def shape_estimator(model_name: str, shape: Shape) -> ShapeEstimator:
+    """:class:`ShapeEstimator` of ``model_name`` for ``shape``, built once per process."""
+    return ShapeEstimator(model_name, shape)
+
+
+def estimate_peak(model_name: str, shape: Shape, batch_size: int) -> int:
+    """Estimated peak bytes of one bf16-autocast AdamW training step (see :class:`ShapeEstimator`)."""
+    return shape_estimator(model_name, shape).peak(batch_size)

@@ -23,7 +23,7 @@ import torch
 from manifests.buckets_file import BucketSpec
 from manifests.errors import DataprepError
 from oom.cache import DEFAULT_CACHE_DIR, ProbeCache, budget_probe
-from oom.estimate import ShapeEstimator
+from oom.estimate import ShapeEstimator, shape_estimator
 from oom.isolate import device_info, run_isolated
 from oom.models import FRAMES_PER_SECOND, model_config
 from oom.search import ProbeResult, SearchResult, search_buckets
@@ -112,7 +112,7 @@ def oomptimize(
 
             def measure(b: int) -> ProbeResult:
                 if not holder:
-                    holder.append(ShapeEstimator(model, shape))
+                    holder.append(shape_estimator(model, shape))
                 return ProbeResult(fits=True, peak_bytes=holder[0].peak(b))
         else:
 
