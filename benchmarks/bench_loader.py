@@ -4,7 +4,7 @@
 
 Builds (once, kept in --work): a compiled manifest of N utterances whose audio points at a
 few real 35 s FLAC files (``write_tone``), buckets (30 x 2, 600 s padded budget) and a plan
-made by the real planner (``dataprep.commands_plan.build_plan``, the code of
+made by the real planner (``dataprep.planning.build_plan``, the code of
 ``dataprep plan-batches``). Then prints medians of:
 
 - time to first batch, metadata only: open rank 0's shard, seek, map the manifest columns
@@ -27,7 +27,7 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bucketing.allocate import fit_spec  # noqa: E402
-from dataprep.commands_plan import build_plan  # noqa: E402
+from dataprep.planning import build_plan  # noqa: E402
 from dataprep.loader import BatchBuilder, ManifestColumns  # noqa: E402
 from dataprep.testing import WORDS, write_tone  # noqa: E402
 from dataprep.tokenize import train_model  # noqa: E402

@@ -75,7 +75,7 @@ def buckets_for(df: pl.DataFrame, path: Path, budget_s: float) -> None:
 CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
-from dataprep.commands_plan import build_plan
+from dataprep.planning import build_plan
 from bucketing import batching, plan
 t1 = time.perf_counter()
 fb = {"s": 0.0}
@@ -136,7 +136,7 @@ def shared_manifest(tmp: Path) -> Path | None:
 
 
 def simulator_trend(tmp: Path, budget_s: float, seeds: int) -> None:
-    from dataprep.commands_plan import build_plan, simulate_plan
+    from dataprep.planning import build_plan, simulate_plan
 
     path = shared_manifest(tmp)
     if path is None:
