@@ -115,7 +115,7 @@ def process_chunk(
     rejects.extend(probe_rejects)
 
     lang_for_tokens = pl.coalesce(pl.col("target_lang"), pl.col("lang"))
-    langs = df.select(lang_for_tokens).to_series().to_list()
+    langs = df.select(lang_for_tokens).to_series()  # a Series: no Python str per row
     pieces = tokenizers.count(df["text"].to_list(), langs, opts.tokenizer_threads)
     df = df.with_columns(pl.Series("__pieces", pieces))
     df, bad = _reject(df, pl.col("__pieces") < 0, "no_tokenizer",

@@ -7,6 +7,7 @@ task prompt), as the decoder sees them.
 from __future__ import annotations
 
 import io
+import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,26 +67,56 @@ class Tokenizers:
             return self.models[lang]
         return self.models.get(DEFAULT_LANG)
 
-    def count(self, texts: Sequence[str], langs: Sequence[str | None], threads: int = 0) -> npt.NDArray[np.int64]:
+    def count(
+        self, texts: Sequence[str] | pl.Series, langs: Sequence[str | None] | pl.Series, threads: int = 0
+    ) -> npt.NDArray[np.int64]:
         """Pieces per text (without the prompt); ``-1`` where no model covers the language.
 
-        One batch-encode call per language, so throughput is that of sentencepiece itself.
+        One batch-encode call per *model* (languages sharing a model are encoded together),
+        handing sentencepiece the caller's strings as they are when one model covers every
+        row, so throughput is that of sentencepiece itself.
         """
         out = np.full(len(texts), -1, dtype=np.int64)
-        lang_series = pl.Series("lang", list(langs), dtype=pl.String)
-        text_series = pl.Series("text", list(texts), dtype=pl.String)
-        for lang in lang_series.unique(maintain_order=True).to_list():
+        if not len(texts):
+            return out
+        lang_series = langs if isinstance(langs, pl.Series) else pl.Series("lang", list(langs), dtype=pl.String)
+        groups: dict[int, tuple[spm.SentencePieceProcessor, list[str | None]]] = {}
+        distinct = lang_series.unique(maintain_order=True).to_list()
+        for lang in distinct:
             model = self.model_for(lang)
-            if model is None:
+            if model is not None:
+                groups.setdefault(id(model), (model, []))[1].append(lang)
+        for model, group in groups.values():
+            if len(group) == len(distinct):  # this model covers every row
+                out[:] = count_pieces(model, _as_list(texts), threads)
                 continue
-            mask = (lang_series == lang) if lang is not None else lang_series.is_null()
-            idx = np.flatnonzero(mask.to_numpy())
-            out[idx] = count_pieces(model, text_series.gather(idx).to_list(), threads)
+            named = [lang for lang in group if lang is not None]
+            mask = lang_series.is_in(named) if named else pl.Series(np.zeros(len(texts), dtype=bool))
+            if None in group:
+                mask = mask | lang_series.is_null()
+            idx = np.flatnonzero(mask.fill_null(False).to_numpy())
+            out[idx] = count_pieces(model, _take(texts, idx), threads)
         return out
 
 
+def _as_list(texts: Sequence[str] | pl.Series) -> list[str]:
+    if isinstance(texts, list):
+        return texts
+    return texts.to_list() if isinstance(texts, pl.Series) else list(texts)
+
+
+def _take(texts: Sequence[str] | pl.Series, idx: npt.NDArray[np.intp]) -> list[str]:
+    """``texts[idx]`` as a list, without a Python-level loop over the rows."""
+    if isinstance(texts, pl.Series):
+        return texts.gather(idx).to_list()
+    if len(idx) == 1:
+        return [texts[int(idx[0])]]
+    return list(operator.itemgetter(*idx.tolist())(texts)) if len(idx) else []
+
+
 def count_pieces(model: spm.SentencePieceProcessor, texts: list[str], threads: int = 0) -> npt.NDArray[np.int64]:
-    """Number of sentencepiece pieces per text, by one batch ``encode`` call."""
+    """Number of sentencepiece pieces per text, by one batch ``encode`` call (``threads`` 0:
+    sentencepiece's default, all cores)."""
     if not texts:
         return np.zeros(0, dtype=np.int64)
     ids = model.encode(texts, out_type=int, num_threads=threads or -1)
