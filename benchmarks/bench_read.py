@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -19,43 +20,21 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
-WORDS = ("the of and to a in that is was he for it with as his on be at by i this had not are but from or have "
-         "an they which one you were her all she there would their we him been has when who will more no if out "
-         "so said what up its about into than them can only other new some could time these two may then do first "
-         "any my now such like our over man me even most made after also did many before must through back years "
-         "where much your way well down should because each just those people mister how too little state good very "
-         "make world still own see men work long get here between both life being under never day same another know").split()
-
-
 def generate(path: Path, rows: int, seed: int = 0) -> None:
-    """Write ``rows`` NeMo lines: durations ~ lognormal in [0.5, 40] s, ~2.6 words/s of speech."""
-    rng = np.random.default_rng(seed)
-    words = np.array(WORDS)
-    with open(path, "w", encoding="utf-8") as fh:
-        for start in range(0, rows, 100_000):
-            n = min(100_000, rows - start)
-            dur = np.clip(rng.lognormal(np.log(8.0), 0.6, n), 0.5, 40.0).round(3)
-            nwords = np.maximum(1, rng.poisson(dur * 2.6))
-            idx = rng.integers(0, len(words), int(nwords.sum()))
-            cuts = np.cumsum(nwords)[:-1]
-            texts = [" ".join(w) for w in np.split(words[idx], cuts)]
-            fh.writelines(
-                json.dumps({"audio_filepath": f"audio/{start + i:09d}.flac", "duration": float(d), "text": t,
-                            "lang": "en", "pnc": "yes"}) + "\n"
-                for i, (d, t) in enumerate(zip(dur, texts))
-            )
+    """Write ``rows`` NeMo lines (see ``bench_compile.generate``: sample_corpus transcripts)."""
+    from bench_compile import generate as generate_corpus
+
+    generate_corpus(path, rows, seed=seed)
 
 
-def read_once(path: Path, chunk_rows: int) -> tuple[int, float]:
+def read_once(path: Path, chunk_rows: int) -> tuple[int, float, float]:
     from manifests.readers import iter_source
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rows = 0
     for frame in iter_source(path, "nemo", chunk_rows=chunk_rows):
         rows += frame.height
-    return rows, time.perf_counter() - t0
+    return rows, time.perf_counter() - t0, time.process_time() - c0
 
 
 def peak_rss_mib() -> float:
@@ -70,8 +49,8 @@ def main() -> None:
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:  # one read in a fresh process: its peak RSS is the reader's alone
-        rows, secs = read_once(args.child, args.chunk_rows)
-        print(json.dumps({"rows": rows, "secs": secs, "peak_rss_mib": peak_rss_mib()}))
+        rows, secs, cpu = read_once(args.child, args.chunk_rows)
+        print(json.dumps({"rows": rows, "secs": secs, "cpu": cpu, "peak_rss_mib": peak_rss_mib()}))
         return
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "train.jsonl"
@@ -87,8 +66,10 @@ def main() -> None:
             assert results[-1]["rows"] == args.rows
         secs = statistics.median(r["secs"] for r in results)
         rss = statistics.median(r["peak_rss_mib"] for r in results)
+        cpu = statistics.median(r["cpu"] for r in results)
         print(f"iter_source nemo: {args.rows:,} rows, median {secs:.2f} s over {args.repeats} runs "
-              f"= {args.rows / secs:,.0f} rows/s ({size / secs:,.0f} MiB/s)")
+              f"= {args.rows / secs:,.0f} rows/s ({size / secs:,.0f} MiB/s); CPU {cpu:.2f} s "
+              f"= {args.rows / cpu:,.0f} rows per CPU-second; load average {os.getloadavg()[0]:.1f}")
         print(f"peak RSS of the reading process: median {rss:,.0f} MiB (chunk_rows={args.chunk_rows:,}, "
               f"file {size:,.0f} MiB)")
 
