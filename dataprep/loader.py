@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+import polars as pl
 import pyarrow as pa
 import soundfile
 import torch
@@ -48,6 +49,8 @@ LOADER_COLUMNS = ("id", "audio_path", "offset", "duration", "text", "lang", "num
 #: a decoded segment may fall short of the manifest duration by this much (s) before it is an error
 #: (MP3 encoder padding: a header saying 2.380 s for 2.376 s of samples)
 SHORT_READ_TOLERANCE = 0.05
+#: layout version of the manifest column cache files
+CACHE_VERSION = 2
 
 T = TypeVar("T")
 
@@ -80,6 +83,11 @@ class RowsMeta:
     num_tokens: npt.NDArray[np.int64]
 
 
+def _single_chunk(col: pa.ChunkedArray) -> pa.Array:
+    """The array of a one-chunk column without copying (``combine_chunks`` copies even then)."""
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
 class ManifestColumns:
     """The loader's manifest columns, memory-mapped from an Arrow IPC cache file.
 
@@ -90,15 +98,15 @@ class ManifestColumns:
     def __init__(self, table: pa.Table, source: str) -> None:
         self.source = source
         self.num_rows = table.num_rows
-        cols = {name: table.column(name).combine_chunks() for name in LOADER_COLUMNS}
-        self._offset = cols["offset"].fill_null(0.0).to_numpy(zero_copy_only=False)
-        self._duration = cols["duration"].to_numpy(zero_copy_only=False)
-        self._num_tokens = cols["num_tokens"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        # the cache file holds one chunk with no nulls: every step here is zero-copy
+        cols = {name: _single_chunk(table.column(name)) for name in LOADER_COLUMNS}
+        self._offset = cols["offset"].to_numpy()
+        self._duration = cols["duration"].to_numpy()
+        self._num_tokens = cols["num_tokens"].to_numpy()
         # strings: offsets + bytes straight from the mapped buffers; slicing a few rows per batch
         # in Python is cheaper than an Arrow take + to_pylist per column
         self._str = {name: self._string_buffers(cols[name]) for name in ("id", "audio_path", "text", "lang")}
-        self._lang_null = cols["lang"].is_null().to_numpy(zero_copy_only=False) if cols["lang"].null_count else None
-        self._lang_all_null = cols["lang"].null_count == self.num_rows
+        self._lang_all_null = int(self._str["lang"][0][-1]) == 0  # "" = no language
 
     @staticmethod
     def _string_buffers(col: pa.Array) -> tuple[npt.NDArray[np.int64], memoryview]:
@@ -119,17 +127,20 @@ class ManifestColumns:
         digest = manifest_hash(manifest)
         if not digest:
             raise DataprepError(f"{manifest}: no content hash in its metadata (write it with `dataprep compile`)")
+        digest = f"{digest}.v{CACHE_VERSION}"
         cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         path = cache / f"{digest}.arrow"
         if not path.exists():
-            df = read_manifest(manifest, columns=list(LOADER_COLUMNS))
+            df = read_manifest(manifest, columns=list(LOADER_COLUMNS)).with_columns(
+                pl.col("offset").fill_null(0.0), pl.col("num_tokens").fill_null(0).cast(pl.Int64),
+                pl.col("text").fill_null(""), pl.col("lang").fill_null(""), pl.col("audio_path").fill_null(""))
             table = df.to_arrow()
             table = table.cast(pa.schema([
                 pa.field(f.name, pa.large_string() if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
                          else f.type) for f in table.schema]))
             with atomic_path(path) as tmp:
                 with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                    writer.write_table(table, max_chunksize=1 << 22)
+                    writer.write_table(table.combine_chunks(), max_chunksize=max(1, table.num_rows))
         with pa.memory_map(str(path), "r") as source:
             table = pa.ipc.open_file(source).read_all()
         return cls(table, str(manifest))
@@ -141,12 +152,8 @@ class ManifestColumns:
         if rows.size and (rows.min() < 0 or rows.max() >= self.num_rows):
             raise DataprepError(f"{self.source}: plan refers to row {int(rows.max())} but the manifest has "
                                 f"{self.num_rows} rows (plan made from another manifest?)")
-        if self._lang_all_null:
-            langs: list[str | None] = [None] * len(rows)
-        else:
-            langs = self._strings("lang", rows)  # type: ignore[assignment]
-        if self._lang_null is not None and not self._lang_all_null:
-            langs = [None if n else x for x, n in zip(langs, self._lang_null[rows].tolist())]
+        langs: list[str | None] = ([None] * len(rows) if self._lang_all_null
+                                   else [x or None for x in self._strings("lang", rows)])
         return RowsMeta(
             ids=self._strings("id", rows) if ids is None else ids,
             audio_paths=self._strings("audio_path", rows),
