@@ -6,8 +6,11 @@ On LibriSpeech train-clean-100 and Common Voice id/ps (../shared/data), tokens f
 1024-piece sentencepiece model trained on their transcripts + 9 prompt tokens, 30x2 buckets,
 a padded budget of 600 s of audio per batch:
 
-- ours: `fit_spec` (equal seconds over all rows, flexible allocation) and `form_batches` with
-  its default in-bucket grouping, plus the plain-shuffle variant (window=1) for reference;
+- ours: `fit_spec` (equal seconds over all rows, outlier fences: far-out durations in one
+  overflow bucket, token outliers moved to a later bin by flexible allocation) and
+  `form_batches` with its default in-bucket grouping (audio-weighted cost, box peeling in
+  small buckets), plus the plain-shuffle variant (window=1) and the grid without fences for
+  reference;
 - Lhotse: `DynamicBucketingSampler` with NeMo's `FixedBucketBatchSizeConstraint2D` logic
   (strict 2D, re-stated here: NeMo is not a dependency), bins as NeMo estimates them from
   the first 10k cuts (Lhotse's `estimate_duration_buckets`, then equal-count token sub-bins),
@@ -42,13 +45,14 @@ CORPORA = ("librispeech.train-clean-100.csv", "commonvoice.id_ps.csv")
 BUDGET = 600.0
 
 
-def load(data: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def load(data: Path, seed: int = 1234) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     import sentencepiece as spm
 
     frames = {n: pl.read_csv(data / n, infer_schema_length=0).with_columns(pl.col("duration").cast(pl.Float64))
               for n in CORPORA}
     texts = [x for df in frames.values() for x in df["text"].drop_nulls().to_list()]
     buf = io.BytesIO()
+    spm.set_random_generator_seed(seed)  # the sampled sentences, hence the model (tests use 1234)
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(texts), model_writer=buf, vocab_size=1024, model_type="unigram",
         character_coverage=1.0, input_sentence_size=20000, shuffle_input_sentence=True,
@@ -68,16 +72,19 @@ class Row:
     mean_batch: float
     batches: int
     dropped: int
+    buckets: int = 0
+    moved: int = 0
 
 
-def ours(d: np.ndarray, t: np.ndarray, seeds: int, **opts) -> Row:
-    spec, alloc = fit_spec(d, t, num_buckets=30, num_subbuckets=2, max_duration_budget=BUDGET)
+def ours(d: np.ndarray, t: np.ndarray, seeds: int, fences: bool = True, **opts) -> Row:
+    off = {} if fences else {"outlier_fence": None, "token_fence": None}
+    spec, alloc = fit_spec(d, t, num_buckets=30, num_subbuckets=2, max_duration_budget=BUDGET, **off)
     sizes = np.array([b.batch_size for b in spec.buckets])
     ps = [measure(form_batches(alloc.bucket, sizes, np.random.default_rng([s, 0]), t, duration=d, **opts), d, t)
           for s in range(seeds)]
     return Row(statistics.median(p.audio_padding for p in ps), statistics.median(p.token_padding for p in ps),
                statistics.median(p.mean_batch_size for p in ps), int(statistics.median(p.num_batches for p in ps)),
-               alloc.num_dropped)
+               alloc.num_dropped, len(spec.buckets), alloc.moved)
 
 
 def nemo_bins(d: np.ndarray, t: np.ndarray) -> list[tuple[float, int]]:
@@ -155,9 +162,10 @@ def lhotse_side(d: np.ndarray, t: np.ndarray, seeds: int) -> Row:
             real_d += dd.sum(); pad_d += dd.max() * len(dd)
             real_t += tt.sum(); pad_t += tt.max() * len(tt)
             n += len(dd); nb += 1
-        rows.append(Row(1 - real_d / pad_d, 1 - real_t / pad_t, n / nb, nb, dropped))
+        rows.append(Row(1 - real_d / pad_d, 1 - real_t / pad_t, n / nb, nb, dropped, len(bins)))
     return Row(statistics.median(r.audio for r in rows), statistics.median(r.tokens for r in rows),
-               statistics.median(r.mean_batch for r in rows), int(statistics.median(r.batches for r in rows)), dropped)
+               statistics.median(r.mean_batch for r in rows), int(statistics.median(r.batches for r in rows)), dropped,
+               len(bins))
 
 
 def fit_time(n: int, repeats: int) -> float:
@@ -177,20 +185,23 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--spm-seed", type=int, default=1234, help="seed of the tokenizer's sentence sampling")
     args = ap.parse_args()
     if all((args.data / n).exists() for n in CORPORA):
-        data = load(args.data)
+        data = load(args.data, args.spm_seed)
         print(f"30x2 buckets, padded budget {BUDGET:g} s per batch, medians over {args.repeats} seeds")
-        print(f"{'corpus':<16}{'method':<34}{'audio pad':>10}{'token pad':>10}{'mean batch':>11}{'batches':>9}{'dropped':>8}")
+        print(f"{'corpus':<16}{'method':<34}{'audio pad':>10}{'token pad':>10}{'mean batch':>11}{'batches':>9}"
+              f"{'dropped':>8}{'buckets':>8}{'moved':>7}")
         for name, (d, t) in data.items():
             short = name.split(".")[0]
             for label, row in (
-                ("ours (default grouping)", ours(d, t, args.repeats)),
+                ("ours (default)", ours(d, t, args.repeats)),
+                ("ours (no fences)", ours(d, t, args.repeats, fences=False)),
                 ("ours (plain shuffle, window=1)", ours(d, t, args.repeats, window=1)),
                 ("lhotse DynamicBucketing + 2D", lhotse_side(d, t, args.repeats)),
             ):
                 print(f"{short:<16}{label:<34}{100 * row.audio:>9.2f}%{100 * row.tokens:>9.2f}%"
-                      f"{row.mean_batch:>11.1f}{row.batches:>9}{row.dropped:>8}")
+                      f"{row.mean_batch:>11.1f}{row.batches:>9}{row.dropped:>8}{row.buckets:>8}{row.moved:>7}")
     else:
         print(f"skipping the padding comparison: {args.data} not found")
     print(f"fit 30x2 on {args.rows:,} synthetic rows: {fit_time(args.rows, args.repeats):.2f} s (median of {args.repeats})")

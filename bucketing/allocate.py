@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bucketing.budget import budget_source, padded_budget_batch_sizes
-from bucketing.fit import Grid, fit_buckets, grid_to_buckets
+from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, Grid, fit_buckets, grid_to_buckets
 from manifests.buckets_file import BucketSpec
 
 
@@ -143,14 +143,18 @@ def fit_spec(
     max_tokens_budget: int | None = None,
     frame_shift: float = 0.01,
     manifest_hash: str | None = None,
+    outlier_fence: float | None = DEFAULT_OUTLIER_FENCE,
+    token_fence: float | None = DEFAULT_TOKEN_FENCE,
 ) -> tuple[BucketSpec, Allocation]:
     """Fit, allocate and size: the content of ``buckets.json`` plus the allocation it implies.
 
     Per-bucket ``num_utterances`` / ``hours`` count the rows the allocation puts there; the
     ``fit`` record says how the bounds were fitted and what was left out, by reason.
+    ``outlier_fence`` / ``token_fence``: see :mod:`bucketing.fit` (None = off).
     """
     d = np.asarray(duration, dtype=np.float64)
-    fit = fit_buckets(d, num_tokens, num_buckets, num_subbuckets, min_duration, max_duration)
+    fit = fit_buckets(d, num_tokens, num_buckets, num_subbuckets, min_duration, max_duration,
+                      outlier_fence=outlier_fence, token_fence=token_fence)
     alloc = allocate(d, num_tokens, fit.grid, strict=strict)
     grid = fit.grid
     if alloc.max_tokens is not None:

@@ -123,12 +123,14 @@ def padding_report(
     seed: int = 0,
     window: int | None = None,
     sort_by: str | None = None,
+    audio_weight: float | None = None,
 ) -> dict[str, Any]:
     """Compare the four schemes on one manifest (see the module docstring).
 
     ``budget``: padded seconds per batch for schemes 1 and 3 (scheme 4 uses ``batch_sizes``);
     ``cumulative_budget``: real seconds per batch for scheme 2 (default: ``budget``).
-    ``window`` / ``sort_by``: in-bucket grouping passed to ``form_batches`` (None = default).
+    ``window`` / ``sort_by`` / ``audio_weight``: in-bucket grouping passed to ``form_batches``
+    (None = its default).
     Returns JSON-ready figures; ``per_bucket`` holds the 2D scheme's buckets.
     """
     d = np.asarray(duration, dtype=np.float64)
@@ -138,6 +140,8 @@ def padding_report(
         opts["window"] = window
     if sort_by is not None:
         opts["sort_by"] = sort_by
+    if audio_weight is not None:
+        opts["audio_weight"] = audio_weight
     schemes: dict[str, Any] = {}
 
     def rng(k: int) -> np.random.Generator:

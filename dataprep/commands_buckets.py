@@ -11,7 +11,8 @@ from rich.table import Table
 
 from bucketing.allocate import fit_spec
 from bucketing.budget import padded_budget_batch_sizes
-from bucketing.fit import grid_from_spec
+from bucketing.batching import DEFAULT_AUDIO_WEIGHT
+from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, grid_from_spec
 from bucketing.padding import padding_report
 from dataprep.cli_app import app, out, user_errors
 from manifests.buckets_file import BucketSpec, read_buckets, write_buckets
@@ -54,6 +55,12 @@ def fit_buckets_cmd(
     strict: Annotated[bool, typer.Option("--strict", help="NeMo strict 2D: drop rows over their bin's tokens.")] = False,
     min_duration: Annotated[Optional[float], typer.Option(help="Leave out rows shorter than this (s), reported.")] = None,
     max_duration: Annotated[Optional[float], typer.Option(help="Leave out rows longer than this (s), reported.")] = None,
+    duration_fence: Annotated[float, typer.Option(
+        min=0.0, help="k of Q3 + k*IQR: longer rows form one overflow bucket after the bins.")] = DEFAULT_OUTLIER_FENCE,
+    token_fence: Annotated[float, typer.Option(
+        min=0.0, help="k of Q3 + k*IQR per duration bin: rows with more tokens move to a later bin.")] = DEFAULT_TOKEN_FENCE,
+    no_fences: Annotated[bool, typer.Option(
+        "--no-fences", help="Plain equal occupancy: bounds at the maxima, no overflow bucket.")] = False,
 ) -> None:
     """Fit equal-occupancy duration × token buckets, size batches by a padded budget, write buckets.json."""
     d, t = _columns(manifest)
@@ -63,6 +70,7 @@ def fit_buckets_cmd(
             max_duration=max_duration, strict=strict, max_duration_budget=max_duration_budget,
             max_frames_budget=max_frames_budget, max_tokens_budget=max_tokens_budget,
             frame_shift=frame_shift, manifest_hash=manifest_hash(manifest),
+            outlier_fence=None if no_fences else duration_fence, token_fence=None if no_fences else token_fence,
         )
     except ValueError as exc:
         raise DataprepError(f"{manifest}: {exc}") from None
@@ -71,7 +79,8 @@ def fit_buckets_cmd(
     for reason, rows in sorted(alloc.dropped.items()):
         out.print(f"left out: {rows.shape[0]:,} rows ({d[rows].sum() / 3600:.2f} h), reason {reason}")
     if alloc.moved:
-        out.print(f"moved to a longer-duration bin for their tokens: {alloc.moved:,} rows")
+        out.print(f"moved to a longer-duration bin for their tokens: {alloc.moved:,} rows "
+                  f"(token outliers; they train there, none dropped)")
     for note in spec.fit.get("notes", []):
         out.print(f"note: {note}")
     out.print(f"wrote {output} ({len(spec.buckets)} buckets)")
@@ -90,6 +99,8 @@ def padding_cmd(
     seed: Annotated[int, typer.Option(help="Seed of the shuffles.")] = 0,
     window: Annotated[Optional[int], typer.Option(help="Batches per grouping window (1 = plain shuffle).")] = None,
     sort_by: Annotated[Optional[str], typer.Option(help="auto, both, tokens, duration or none.")] = None,
+    audio_weight: Annotated[float, typer.Option(
+        min=0.0, help="Grouping cost: a point of audio padding counts as this many of token padding.")] = DEFAULT_AUDIO_WEIGHT,
 ) -> None:
     """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D."""
     d, t = _columns(manifest)
@@ -104,7 +115,8 @@ def padding_cmd(
         bs = np.asarray(sizes, dtype=np.int64)
     try:
         report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
-                                strict=strict, seed=seed, window=window, sort_by=sort_by)
+                                strict=strict, seed=seed, window=window, sort_by=sort_by,
+                                audio_weight=audio_weight)
     except ValueError as exc:
         raise DataprepError(f"{manifest}: {exc}") from None
     report["manifest_hash"] = manifest_hash(manifest)

@@ -39,6 +39,49 @@ def test_batches_cover_rows_once_and_respect_sizes(n, seed, nb, window, sort_by)
     assert np.array_equal(x.rows, y.rows) and np.array_equal(x.offsets, y.offsets)
 
 
+def _cost(x, d, t, w):
+    """The grouping cost form_batches minimizes: w * audio padding + token padding, as shares."""
+    sizes = x.sizes()
+    pad_d = (sizes * np.maximum.reduceat(d[x.rows], x.offsets[:-1])).sum() - d[x.rows].sum()
+    pad_t = (sizes * np.maximum.reduceat(t[x.rows], x.offsets[:-1])).sum() - t[x.rows].sum()
+    return w * pad_d / d[x.rows].sum() + pad_t / t[x.rows].sum()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 6), st.sampled_from([1.0, 5.0]))
+def test_small_buckets_peel_boxes_no_worse_than_sorts(seed, nb, w) -> None:
+    # a few batches per bucket (the Common Voice regime): box peeling is tried and kept
+    # only where it beats every sort, so the default never costs more than a sort
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(5, 40, nb)
+    counts = sizes * rng.integers(2, 6, nb) + rng.integers(0, 5, nb)
+    bucket = np.repeat(np.arange(nb), counts)
+    n = bucket.shape[0]
+    d = np.round(rng.uniform(1, 3, n) * (1 + bucket), 2)
+    t = (d * rng.gamma(2, 3, n)).astype(np.int64) + 9  # long token tails, as real transcripts
+    best = form_batches(bucket, sizes, np.random.default_rng(seed), t, duration=d, audio_weight=w)
+    assert np.array_equal(np.sort(best.rows), np.arange(n))
+    for k in range(nb):  # full batches, one short batch last
+        s = best.sizes()[best.bucket == k]
+        assert (s[:-1] == sizes[k]).all() and s[-1] <= sizes[k]
+    for g in (1, 10**6):  # token sort, duration sort
+        x = form_batches(bucket, sizes, np.random.default_rng(seed), t, duration=d, groups=g, audio_weight=w)
+        assert _cost(best, d, t, w) <= _cost(x, d, t, w) + 1e-12
+
+
+def test_peeling_cuts_padding_on_a_two_dimensional_spread() -> None:
+    rng = np.random.default_rng(0)
+    n = 900
+    d = rng.uniform(1.0, 2.5, n)
+    t = (d * rng.uniform(5, 20, n)).astype(np.int64) + 9
+    bucket = np.zeros(n, dtype=np.int64)
+    sizes = np.array([240])
+    peeled = measure(form_batches(bucket, sizes, np.random.default_rng(0), t, duration=d), d, t)
+    for g in (1, 10**6):
+        x = measure(form_batches(bucket, sizes, np.random.default_rng(0), t, duration=d, groups=g), d, t)
+        assert 5 * peeled.audio_padding + peeled.token_padding < 5 * x.audio_padding + x.token_padding
+
+
 def _brute(batches, d, t, fixed=None):
     real_d = padded_d = real_t = padded_t = 0.0
     for i in range(batches.num_batches):
