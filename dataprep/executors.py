@@ -13,6 +13,7 @@ Both give the bytes a single-process :func:`dataprep.compile.compile_sources` gi
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import shutil
@@ -170,6 +171,8 @@ def compile_ray(
     if started:  # a local instance, shut down afterwards; on a cluster, ray.init() before calling
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
     try:
         ds = ray.data.from_arrow(chunks).map_batches(
             _RayBatch, fn_constructor_args=(list(tokenizer_specs), opts), batch_format="pyarrow",
