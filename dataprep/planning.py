@@ -156,6 +156,12 @@ def build_plan(
                 "broken_sync_steps": 0,
             },
         }
+        if first_step == 0:
+            raise DataprepError(
+                f"{manifest}: the plan has no steps ({int((alloc.bucket >= 0).sum())} of {duration.shape[0]} rows "
+                f"allocated, {meta['fallbacks']['dropped_rows']} dropped for {world_size} ranks); "
+                "use fewer ranks or buckets with larger batch sizes"
+            )
         meta["plan_hash"] = writer.finish(meta)
     clock("write")
     return meta

@@ -258,6 +258,9 @@ class PlanShard:
         self._last = np.empty(md.num_row_groups, dtype=np.int64)
         for i in range(md.num_row_groups):
             st = md.row_group(i).column(step_col).statistics
+            if md.row_group(i).num_rows == 0:  # an empty shard (a plan with no steps) has one empty group
+                self._first[i], self._last[i] = np.iinfo(np.int64).max, -1
+                continue
             if st is None or not st.has_min_max:
                 raise ManifestError(f"{self.path}: row group {i} has no step statistics")
             self._first[i], self._last[i] = st.min, st.max
