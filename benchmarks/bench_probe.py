@@ -115,14 +115,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=8, help="header-read threads inside each process")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=None, help="where to write the files (default: a temp dir)")
+    ap.add_argument("--existing", type=Path, default=None,
+                    help="read the audio files already under this folder (kept) instead of generating")
     ARGS = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="bench_probe_", dir=ARGS.dir))
+    root = ARGS.existing or Path(tempfile.mkdtemp(prefix="bench_probe_", dir=ARGS.dir))
     try:
         t0 = time.perf_counter()
-        paths = generate(root, ARGS.files, max(1, os.cpu_count() or 1))
+        if ARGS.existing:
+            paths = sorted(str(q) for q in root.rglob("*") if q.suffix in (".wav", ".flac"))[: ARGS.files]
+        else:
+            paths = generate(root, ARGS.files, max(1, os.cpu_count() or 1))
         gen_s = time.perf_counter() - t0
-        print(f"generated {len(paths):,} WAV/FLAC files in {gen_s:.1f} s under {root} "
-              f"({os.cpu_count()} CPUs)")
+        print(f"{'found' if ARGS.existing else 'generated'} {len(paths):,} WAV/FLAC files in {gen_s:.1f} s "
+              f"under {root} ({os.cpu_count()} CPUs)")
         rows: list[tuple[str, int, list[float]]] = []
         rows.append(("1 process x 1 thread", 1, [run_processes(None, paths, 1, 1) for _ in range(ARGS.repeats)]))
         rows.append((f"1 process x {ARGS.threads} threads", 1,
@@ -147,7 +152,8 @@ def main() -> None:
         if ray_times is None:
             print("Ray: not installed (pip install 'speech-dataprep[ray]'), skipped")
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if not ARGS.existing:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
