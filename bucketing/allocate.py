@@ -6,7 +6,9 @@ then token sub-bin. A row (d, t) starts at the first duration bin whose bound ho
 first sub-bin with ``max_tokens >= t``. So a row with unusually many tokens for its duration
 moves to a longer-duration bin rather than being dropped; a row with more tokens than every
 bucket from its bin on goes to the last bucket, whose ``max_tokens`` is raised to hold it
-(reported). Rows outside the duration grid are the only rows flexible allocation leaves out:
+(reported; never for the rows a grid was fitted on: see :mod:`bucketing.fit`, whose token
+fence moves outliers on purpose and whose last equal-occupancy bin holds every token
+count). Rows outside the duration grid are the only rows flexible allocation leaves out:
 shorter than the first bucket's ``min_duration`` cap (reason ``min_duration``) or longer
 than the last bucket (reason ``max_duration``).
 
