@@ -68,6 +68,7 @@ def oomptimize(
     max_tps: float = 20.0,
     cache_dir: str | None = str(DEFAULT_CACHE_DIR),
     retries: int = 2,
+    start_batch: int = 1,
     on_done: Callable[[int, SearchResult], None] | None = None,
 ) -> BucketSpec:
     """Return ``spec`` with every bucket's ``batch_size`` set to the largest batch whose
@@ -77,6 +78,7 @@ def oomptimize(
 
     ``estimate=True`` needs ``gpu_memory`` (bytes) and no device. Otherwise the probes run
     ``device`` (``cuda``, ``cuda:1``, or ``cpu`` for dry runs, which needs ``gpu_memory``).
+    ``start_batch`` is where the largest bucket's search starts (e.g. from an estimate).
     """
     if not 0.0 < memory_fraction <= 1.0:
         raise DataprepError(f"--memory-fraction {memory_fraction}: expected 0 < fraction <= 1")
@@ -124,7 +126,9 @@ def oomptimize(
         return budget_probe(measure, budget, cache)
 
     keys = [(s.frames, s.tokens) for s in shapes]
-    sizes, results = search_buckets(keys, probe_for, tolerance=tolerance, max_batch=max_batch, on_done=on_done)
+    sizes, results = search_buckets(
+        keys, probe_for, tolerance=tolerance, max_batch=max_batch, start=start_batch, on_done=on_done
+    )
     buckets = []
     for b, shape, size, res in zip(spec.buckets, shapes, sizes, results):
         if size < 1:
