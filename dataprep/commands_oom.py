@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -15,19 +15,19 @@ from manifests.errors import DataprepError
 @app.command()
 @user_errors
 def oomptimize(
-    buckets: Path = typer.Argument(..., help="buckets.json to size (bounds: max_duration s, max_tokens)."),
-    model: str = typer.Option(..., "--model", help="canary-1b, canary-1b-flash, canary-180m-flash, small, tiny, or pkg.module:factory."),
-    output: Path = typer.Option(..., "-o", "--output", help="Where to write the sized buckets.json (may be the input)."),
-    estimate: bool = typer.Option(False, "--estimate", help="Estimate peak memory without a GPU (needs --gpu-memory)."),
-    device: str = typer.Option("cuda", "--device", help="Device the probes run on (cuda, cuda:1; cpu = dry run)."),
-    gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="Device memory, e.g. 80GiB (caps a real GPU's)."),
-    memory_fraction: float = typer.Option(0.9, "--memory-fraction", help="Share of device memory a step may use."),
-    margin: str = typer.Option("5%", "--margin", help="Headroom below the fraction against memory creep (size or % of memory)."),
-    tolerance: float = typer.Option(0.05, "--tolerance", help="Stop bisecting when the gap is below this share of the batch."),
-    max_batch: int = typer.Option(4096, "--max-batch", help="Largest batch size tried."),
-    max_tps: float = typer.Option(20.0, "--max-tps", help="Tokens per second assumed for buckets without max_tokens."),
-    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Probe cache (default ~/.cache/speech-dataprep/oom)."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Probe everything again; do not read or write the cache."),
+    buckets: Annotated[Path, typer.Argument(help="buckets.json to size (bounds: max_duration s, max_tokens).")],
+    model: Annotated[str, typer.Option("--model", help="canary-1b, canary-1b-flash, canary-180m-flash, small, tiny, or pkg.module:factory.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the sized buckets.json (may be the input).")],
+    estimate: Annotated[bool, typer.Option("--estimate", help="Estimate peak memory without a GPU (needs --gpu-memory).")] = False,
+    device: Annotated[str, typer.Option("--device", help="Device the probes run on (cuda, cuda:1; cpu = dry run).")] = "cuda",
+    gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="Device memory, e.g. 80GiB (caps a real GPU's).")] = None,
+    memory_fraction: Annotated[float, typer.Option("--memory-fraction", help="Share of device memory a step may use.")] = 0.9,
+    margin: Annotated[str, typer.Option("--margin", help="Headroom below the fraction against memory creep (size or % of memory).")] = "5%",
+    tolerance: Annotated[float, typer.Option("--tolerance", help="Stop bisecting when the gap is below this share of the batch.")] = 0.05,
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Largest batch size tried.")] = 4096,
+    max_tps: Annotated[float, typer.Option("--max-tps", help="Tokens per second assumed for buckets without max_tokens.")] = 20.0,
+    cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="Probe cache (default ~/.cache/speech-dataprep/oom).")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Probe everything again; do not read or write the cache.")] = False,
 ) -> None:
     """Set each bucket's batch size to the largest one whose full training step (forward,
     loss, backward, AdamW step, bf16 autocast) fits in memory, and record how in
@@ -39,7 +39,8 @@ def oomptimize(
     from rich.progress import Progress
 
     from oom.cache import DEFAULT_CACHE_DIR
-    from oom.optimize import oomptimize as run, parse_bytes
+    from oom.optimize import oomptimize as run
+    from oom.optimize import parse_bytes
 
     spec = read_buckets(buckets)
     mem = parse_bytes(gpu_memory) if gpu_memory is not None else None
@@ -62,7 +63,7 @@ def oomptimize(
         peak = b.extra.get("oom_peak_bytes")
         secs = b.extra.get("oom_step_seconds")
         out.print(
-            f"{b.index:6d}  {b.max_duration:12.3f}  {str(b.max_tokens):>10}  {b.batch_size:10d}  "
+            f"{b.index:6d}  {b.max_duration:12.3f}  {b.max_tokens!s:>10}  {b.batch_size:10d}  "
             f"{(peak or 0) / 2**30:8.2f}  {'' if secs is None else f'{secs:.3f}':>6}"
         )
     out.print(f"wrote {output}")

@@ -54,7 +54,7 @@ def run_isolated(
             cmd = [sys.executable, "-m", "oom.isolate", "--target", target,
                    "--kwargs", json.dumps(kwargs), "--out", str(out)]
             try:
-                proc = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True, timeout=timeout_s)
+                proc = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True, timeout=timeout_s, check=False)
                 tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
                 last = f"exit status {proc.returncode}: {tail[0]}"
             except subprocess.TimeoutExpired:
@@ -182,7 +182,7 @@ def device_info(device: str) -> dict[str, Any]:
         "p = torch.cuda.get_device_properties(torch.device(sys.argv[1]))\n"
         "print(json.dumps({'name': p.name, 'total_memory': int(p.total_memory)}))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, device], env=_child_env(), capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code, device], env=_child_env(), capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = (proc.stderr or "").strip().splitlines()[-1:] or ["unknown error"]
         raise ProbeCrashed(f"cannot query {device}: {tail[0]}")

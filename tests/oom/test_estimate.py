@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -59,7 +60,7 @@ def test_affine_estimator_equals_direct_fake_run(estimator: ShapeEstimator) -> N
         direct = run_step_tracked("tiny", SHAPE, b, fake=True).peak_bytes
         assert abs(estimator.peak(b) - direct) <= 0.01 * direct
     peaks = [estimator.peak(b) for b in range(1, 64)]
-    assert all(a < b for a, b in zip(peaks, peaks[1:]))
+    assert all(a < b for a, b in itertools.pairwise(peaks))
 
 
 def test_cli_estimate_end_to_end(tmp_path, estimator: ShapeEstimator) -> None:
