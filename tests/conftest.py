@@ -9,6 +9,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 import sentencepiece as spm
+from hypothesis import HealthCheck, settings
+
+# a loaded 2-core CI machine must not turn slow example generation into failures
+settings.register_profile("repo", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("repo")
 
 REPO = Path(__file__).resolve().parents[1]
 #: real corpus metadata lives beside the repository, never inside it
