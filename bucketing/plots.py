@@ -36,6 +36,7 @@ def write_plots(report: dict[str, Any], out_dir: str | os.PathLike[str]) -> list
         im = ax.imshow(m, aspect="auto", origin="lower", cmap="viridis")
         ax.set_title(title)
         ax.set_xlabel("token sub-bin")
+        ax.set_xticks(range(ns))
         fig.colorbar(im, ax=ax)
     axes[0].set_ylabel("duration bin")
     paths = []
