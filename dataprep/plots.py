@@ -144,3 +144,46 @@ def write_plots(
     fig.tight_layout()
     _save(fig, Canvas, paths[2])
     return paths
+
+
+PADDING_PLOT_FILES: tuple[str, ...] = ("grid.png", "schemes.png")
+
+
+def write_padding_plots(report: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Pictures of a padding report (``dataprep padding --plots DIR``).
+
+    ``grid.png``: utterances, hours, audio and token padding per bucket as heatmaps over
+    duration bin × token sub-bin; ``schemes.png``: audio and token padding (%) per scheme.
+    """
+    Figure, canvas = _matplotlib()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pb = report["per_bucket"]
+    nd = max(b["duration_bin"] for b in pb) + 1
+    ns = max(b["token_bin"] for b in pb) + 1
+    fig = Figure(figsize=(16, max(4, nd * 0.22)), layout="constrained")
+    axes = fig.subplots(1, 4, sharey=True)
+    for ax, key, title in zip(axes, ("num_rows", "hours", "audio_padding", "token_padding"),
+                              ("utterances", "hours", "audio padding", "token padding")):
+        grid = np.full((nd, ns), np.nan)
+        for b in pb:  # one cell per bucket, not per utterance
+            grid[b["duration_bin"], b["token_bin"]] = b[key]
+        im = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis")
+        ax.set_title(title)
+        ax.set_xlabel("token sub-bin")
+        ax.set_xticks(range(ns))
+        fig.colorbar(im, ax=ax)
+    axes[0].set_ylabel("duration bin")
+    _save(fig, canvas, out / "grid.png")
+
+    names = list(report["schemes"])
+    x = np.arange(len(names))
+    fig = Figure(figsize=(8, 4), layout="constrained")
+    ax = fig.subplots()
+    ax.bar(x - 0.2, [report["schemes"][k]["audio_padding"] * 100 for k in names], 0.4, label="audio")
+    ax.bar(x + 0.2, [report["schemes"][k]["token_padding"] * 100 for k in names], 0.4, label="tokens")
+    ax.set_xticks(x, names)
+    ax.set_ylabel("padding (%)")
+    ax.legend()
+    _save(fig, canvas, out / "schemes.png")
+    return [out / name for name in PADDING_PLOT_FILES]
