@@ -12,12 +12,15 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from manifests.errors import ManifestError
@@ -72,20 +75,178 @@ def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def table_hash(table: pa.Table) -> str:
-    """SHA-256 of a table's data (schema and values, not file metadata), as hex.
+#: rows per block of the content hash (the last block of a table may be shorter)
+HASH_BLOCK_ROWS = 1 << 16
+#: rows per Parquet row group of a manifest or rejects file
+ROW_GROUP_ROWS = 1 << 20
+_HASH_DOMAIN = b"speech_dataprep content hash v2\n"
+_CANONICAL_TYPES = {pa.large_string(): pa.string(), pa.string_view(): pa.string(), pa.large_binary(): pa.binary(),
+                    pa.binary_view(): pa.binary()}
 
-    Computed over the Arrow IPC stream of the table without schema metadata, in row
-    chunks, so equal data gives the equal hash whatever the Parquet writer or row groups.
+
+def _canonical_type(t: pa.DataType) -> pa.DataType:
+    return _CANONICAL_TYPES.get(t, t)
+
+
+def rebatch(tables: Iterable[pa.Table | pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
+    """Regroup a stream of tables into consecutive tables of exactly ``rows`` rows (the last
+    one shorter; none for an empty stream). Holds at most ``rows`` + one input table."""
+    pending: list[pa.Table] = []
+    have = 0
+    for t in tables:
+        if isinstance(t, pa.RecordBatch):
+            t = pa.Table.from_batches([t])
+        while t.num_rows:
+            take = min(rows - have, t.num_rows)
+            pending.append(t.slice(0, take))
+            have += take
+            t = t.slice(take)
+            if have == rows:
+                yield pa.concat_tables(pending)
+                pending, have = [], 0
+    if have:
+        yield pa.concat_tables(pending)
+
+
+class ContentHasher:
+    """Incremental content hash of a table's VALUES (schema and rows, not layout or metadata).
+
+    Definition (hex SHA-256), so any tool can recompute it::
+
+        "speech_dataprep content hash v2\n"
+        for each field: utf8(name) + b"\0" + str(type) + b"\n"     (large_string/string_view -> string)
+        for each consecutive block of 65,536 rows (the last one shorter), for each column:
+            validity: np.packbits(is_valid)                  (1 bit per row, MSB first)
+            values, nulls filled:  fixed width: fill_null(0) as little-endian numpy bytes
+                                   string/binary: fill_null("") then int64 offsets - offsets[0]
+                                   (little-endian, rows + 1 of them) and the data bytes they span
+        the total number of rows as 8 bytes little-endian
+
+    Equal values give the equal hash whatever the chunking, slicing, bytes under null slots,
+    string vs large_string layout or Parquet row groups; ``update`` may be fed any split.
     """
-    table = table.replace_schema_metadata(None).combine_chunks()
-    digest = hashlib.sha256()
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        for batch in table.to_batches(max_chunksize=1 << 16):
-            writer.write_batch(batch)
-    digest.update(sink.getvalue())
-    return digest.hexdigest()
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self._digest = hashlib.sha256(_HASH_DOMAIN)
+        for f in schema:
+            self._digest.update(f.name.encode() + b"\0" + str(_canonical_type(f.type)).encode() + b"\n")
+        self._pending: list[pa.Table] = []
+        self._have = 0
+        self.rows = 0
+
+    def update(self, table: pa.Table | pa.RecordBatch) -> None:
+        """Add the next rows (columns in schema order, same names)."""
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        if table.schema.names != self.schema.names:
+            raise ValueError(f"columns {table.schema.names} differ from the hasher's {self.schema.names}")
+        while table.num_rows:
+            take = min(HASH_BLOCK_ROWS - self._have, table.num_rows)
+            self._pending.append(table.slice(0, take))
+            self._have += take
+            table = table.slice(take)
+            if self._have == HASH_BLOCK_ROWS:
+                self._block()
+
+    def _block(self) -> None:
+        block = pa.concat_tables(self._pending) if len(self._pending) > 1 else self._pending[0]
+        for column in block.columns:
+            arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+            self._column(arr)
+        self.rows += block.num_rows
+        self._pending, self._have = [], 0
+
+    def _column(self, arr: pa.Array) -> None:
+        d = self._digest
+        valid = arr.is_valid().to_numpy(zero_copy_only=False)
+        d.update(np.packbits(valid).tobytes())
+        t = arr.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t) \
+                or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+            binary = pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
+            arr = pc.fill_null(arr, b"" if binary else "").cast(pa.large_binary() if binary else pa.large_string())
+            _, offsets_buf, data_buf = arr.buffers()
+            offsets = np.frombuffer(offsets_buf, dtype="<i8")[arr.offset: arr.offset + len(arr) + 1]
+            d.update((offsets - offsets[0]).astype("<i8").tobytes())
+            if data_buf is not None and offsets[-1] > offsets[0]:
+                d.update(memoryview(data_buf)[int(offsets[0]): int(offsets[-1])])
+        elif pa.types.is_boolean(t):
+            d.update(pc.fill_null(arr, False).to_numpy(zero_copy_only=False).astype(np.uint8).tobytes())
+        elif pa.types.is_integer(t) or pa.types.is_floating(t):
+            values = pc.fill_null(arr, 0).to_numpy(zero_copy_only=False)
+            d.update(values.astype(values.dtype.newbyteorder("<"), copy=False).tobytes())
+        elif pa.types.is_null(t):
+            pass
+        else:
+            raise TypeError(f"content hash: unsupported column type {t}")
+
+    def hexdigest(self) -> str:
+        """The hash of every row added so far (``update`` may not be called afterwards)."""
+        if self._have:
+            self._block()
+        self._digest.update(self.rows.to_bytes(8, "little"))
+        return self._digest.hexdigest()
+
+
+def table_hash(table: pa.Table) -> str:
+    """Content hash of a table's values (see :class:`ContentHasher` for the definition), as hex."""
+    hasher = ContentHasher(table.schema)
+    hasher.update(table)
+    return hasher.hexdigest()
+
+
+def _file_metadata(content_hash: str, kind: str, provenance: Mapping[str, Any] | None) -> dict[bytes, bytes]:
+    return {
+        META_SCHEMA_VERSION: str(SCHEMA_VERSION).encode(),
+        META_CONTENT_HASH: content_hash.encode(),
+        META_KIND: kind.encode(),
+        META_PROVENANCE: json.dumps(dict(provenance or {}), sort_keys=True).encode(),
+    }
+
+
+@dataclass
+class StreamWritten:
+    """What :func:`write_parquet_stream` wrote: the content hash and the number of rows."""
+
+    content_hash: str
+    rows: int
+
+
+def write_parquet_stream(
+    make_tables: Callable[[], Iterable[pa.Table | pa.RecordBatch]],
+    path: str | os.PathLike[str],
+    schema: pa.Schema,
+    kind: str,
+    provenance: Mapping[str, Any] | None = None,
+    *,
+    row_group_size: int = ROW_GROUP_ROWS,
+) -> StreamWritten:
+    """Write the rows ``make_tables()`` yields as one Parquet file, atomically, in bounded memory.
+
+    ``make_tables`` is called twice (the content hash goes into the schema metadata, which a
+    Parquet writer fixes when it opens: first pass hashes, second writes) and must yield the same
+    rows both times. Rows are cast to ``schema`` and written in row groups of exactly
+    ``row_group_size`` rows (the last shorter), zstd: the bytes equal ``pq.write_table`` of the
+    whole table with that row group size. Memory: about one row group.
+    """
+    hasher = ContentHasher(schema)
+    for t in make_tables():
+        hasher.update(t.cast(schema) if t.schema != schema else t)
+    content_hash = hasher.hexdigest()
+    full = schema.with_metadata(_file_metadata(content_hash, kind, provenance))
+    rows = 0
+    with atomic_path(path) as tmp:
+        with pq.ParquetWriter(tmp, full, compression="zstd") as writer:
+            for group in rebatch(make_tables(), row_group_size):
+                group = pa.Table.from_arrays([c.combine_chunks() for c in group.columns], names=group.schema.names)
+                writer.write_table(group.cast(full), row_group_size=row_group_size)
+                rows += group.num_rows
+            if rows == 0:  # pq.write_table writes one empty row group for an empty table
+                writer.write_table(full.empty_table(), row_group_size=row_group_size)
+        if rows != hasher.rows:
+            raise AssertionError(f"{path}: the second pass gave {rows} rows, the first {hasher.rows}")
+    return StreamWritten(content_hash, rows)
 
 
 def _write_parquet(
@@ -94,36 +255,32 @@ def _write_parquet(
     schema: pa.Schema,
     kind: str,
     provenance: Mapping[str, Any] | None,
+    row_group_size: int = ROW_GROUP_ROWS,
 ) -> str:
     table = df.to_arrow().cast(schema)
-    content_hash = table_hash(table)
-    meta = {
-        META_SCHEMA_VERSION: str(SCHEMA_VERSION).encode(),
-        META_CONTENT_HASH: content_hash.encode(),
-        META_KIND: kind.encode(),
-        META_PROVENANCE: json.dumps(dict(provenance or {}), sort_keys=True).encode(),
-    }
-    table = table.replace_schema_metadata(meta)
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
-    return content_hash
+    return write_parquet_stream(lambda: [table], path, schema, kind, provenance,
+                                row_group_size=row_group_size).content_hash
 
 
 def write_manifest(
-    df: pl.DataFrame, path: str | os.PathLike[str], provenance: Mapping[str, Any] | None = None
+    df: pl.DataFrame, path: str | os.PathLike[str], provenance: Mapping[str, Any] | None = None,
+    *, row_group_size: int = ROW_GROUP_ROWS,
 ) -> str:
     """Write a compiled manifest atomically; return its content hash.
 
-    ``df`` is conformed to :data:`MANIFEST_SCHEMA` (column order and dtypes).
+    ``df`` is conformed to :data:`MANIFEST_SCHEMA` (column order and dtypes). For a manifest
+    too large for memory, stream it with :func:`write_parquet_stream` (same bytes).
     """
-    return _write_parquet(conform(df, POLARS_SCHEMA), path, MANIFEST_SCHEMA, "manifest", provenance)
+    return _write_parquet(conform(df, POLARS_SCHEMA), path, MANIFEST_SCHEMA, "manifest", provenance, row_group_size)
 
 
 def write_rejects(
-    df: pl.DataFrame, path: str | os.PathLike[str], provenance: Mapping[str, Any] | None = None
+    df: pl.DataFrame, path: str | os.PathLike[str], provenance: Mapping[str, Any] | None = None,
+    *, row_group_size: int = ROW_GROUP_ROWS,
 ) -> str:
     """Write a rejects file (manifest columns + ``reason`` + ``detail``) atomically."""
-    return _write_parquet(conform(df, REJECTS_POLARS_SCHEMA), path, REJECTS_SCHEMA, "rejects", provenance)
+    return _write_parquet(conform(df, REJECTS_POLARS_SCHEMA), path, REJECTS_SCHEMA, "rejects", provenance,
+                          row_group_size)
 
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -66,3 +66,130 @@ def test_not_a_manifest_is_one_line_error(tmp_path) -> None:
     with pytest.raises(ManifestError, match=r"x.parquet: not a readable Parquet file") as exc:
         read_manifest(bad)
     assert "\n" not in str(exc.value)
+
+
+# --------------------------------------------------------------------------- content hash
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from manifests.io import (  # noqa: E402
+    HASH_BLOCK_ROWS,
+    ContentHasher,
+    rebatch,
+    table_hash,
+    write_parquet_stream,
+    write_rejects,
+)
+from manifests.schema import MANIFEST_SCHEMA  # noqa: E402
+
+
+def _with_garbage_under_nulls(arr: pa.Array) -> pa.Array:
+    """The same values, with non-zero bytes under every null slot (a layout ``take`` or a
+    reader may leave): numbers get 7, strings get 'junk' in the data buffer."""
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    if pa.types.is_string(arr.type):
+        vals = [s if ok else "junk" for s, ok in zip(arr.to_pylist(), valid)]
+        filled = pa.array(vals, pa.string())
+    else:
+        filled = pa.array(np.where(valid, arr.fill_null(0).to_numpy(zero_copy_only=False), 7), arr.type)
+    bitmap = pa.array(valid, pa.bool_()).buffers()[1]
+    return pa.Array.from_buffers(arr.type, len(arr), [bitmap, *filled.buffers()[1:]], null_count=int((~valid).sum()))
+
+
+_rows = st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=8)), st.one_of(st.none(), st.floats(allow_nan=False)),
+                           st.one_of(st.none(), st.integers(-2**31, 2**31 - 1))), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=_rows, cuts=st.lists(st.integers(0, 40), max_size=4), data=st.data())
+def test_hash_is_of_values_not_layout(rows, cuts, data) -> None:
+    s, f, i = zip(*rows) if rows else ((), (), ())
+    table = pa.table({"s": pa.array(s, pa.string()), "f": pa.array(f, pa.float64()), "i": pa.array(i, pa.int32())})
+    h = table_hash(table)
+    # other chunking, fed in other splits, with garbage under nulls, sliced out of a bigger table
+    bounds = sorted({0, len(rows), *(min(c, len(rows)) for c in cuts)})
+    pieces = [table.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]
+    chunked = pa.Table.from_batches([b for p in pieces for b in p.to_batches()], schema=table.schema) if pieces \
+        else table
+    hasher = ContentHasher(table.schema)
+    for p in pieces:
+        hasher.update(p)
+    garbage = pa.table({n: _with_garbage_under_nulls(table[n].combine_chunks()) for n in table.column_names})
+    padded = pa.concat_tables([table.slice(0, 3), table, table.slice(0, 2)]).combine_chunks().slice(min(3, len(rows)),
+                                                                                                   len(rows))
+    large = table.cast(pa.schema([("s", pa.large_string()), ("f", pa.float64()), ("i", pa.int32())]))
+    assert {table_hash(chunked), hasher.hexdigest(), table_hash(garbage), table_hash(large)} == {h}
+    if len(rows) >= 3:
+        assert table_hash(padded) == table_hash(table.slice(0, len(rows))) or padded.num_rows != len(rows)
+    # any value change changes the hash
+    if rows:
+        k = data.draw(st.integers(0, len(rows) - 1))
+        s2 = list(s)
+        s2[k] = (s[k] or "") + "x"
+        f2 = list(f)
+        f2[k] = None if f[k] is not None else 1.5
+        for col, vals, typ in (("s", s2, pa.string()), ("f", f2, pa.float64())):
+            changed = table.set_column(table.schema.get_field_index(col), col, pa.array(vals, typ))
+            assert table_hash(changed) != h
+        assert table_hash(table.slice(0, len(rows) - 1)) != h  # one row fewer
+
+
+def test_hash_blocks_and_null_vs_empty_string() -> None:
+    n = HASH_BLOCK_ROWS + 5
+    a = pa.table({"x": pa.array(np.arange(n, dtype=np.int64))})
+    b = pa.table({"x": pa.array(np.r_[np.arange(n - 1), n], pa.int64())})  # last row differs, 2nd block
+    assert table_hash(a) != table_hash(b)
+    assert table_hash(pa.table({"s": pa.array([None], pa.string())})) != table_hash(pa.table({"s": pa.array([""])}))
+    assert table_hash(pa.table({"s": pa.array(["ab", "c"])})) != table_hash(pa.table({"s": pa.array(["a", "bc"])}))
+    assert table_hash(pa.table({"x": pa.array([1], pa.int32())})) != table_hash(pa.table({"y": pa.array([1], pa.int32())}))
+
+
+def test_rebatch_gives_exact_sizes() -> None:
+    t = pa.table({"x": np.arange(23)})
+    out = list(rebatch([t.slice(0, 5), t.slice(5, 1), t.slice(6, 17)], 4))
+    assert [o.num_rows for o in out] == [4] * 5 + [3]
+    assert pa.concat_tables(out)["x"].to_pylist() == list(range(23))
+    assert list(rebatch([], 4)) == []
+
+
+def test_streamed_file_is_byte_identical_to_write_manifest(tmp_path) -> None:
+    df = _frame(50).with_columns(pl.when(pl.col("duration") > 20).then(None).otherwise(pl.col("text")).alias("text"))
+    h = write_manifest(df, tmp_path / "a.parquet", {"p": 1}, row_group_size=16)
+    from manifests.schema import POLARS_SCHEMA, conform
+
+    table = conform(df, POLARS_SCHEMA).to_arrow().cast(MANIFEST_SCHEMA)
+    made = write_parquet_stream(lambda: (table.slice(k, 7) for k in range(0, 50, 7)), tmp_path / "b.parquet",
+                                MANIFEST_SCHEMA, "manifest", {"p": 1}, row_group_size=16)
+    assert made.content_hash == h and made.rows == 50
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    assert pq_row_groups(tmp_path / "b.parquet") == [16, 16, 16, 2]
+    # empty: one empty row group, like pq.write_table
+    from manifests.schema import empty_rejects
+
+    write_rejects(empty_rejects(), tmp_path / "e.parquet")
+    assert pq_row_groups(tmp_path / "e.parquet") == [0]
+    assert read_manifest(tmp_path / "e.parquet").height == 0
+
+
+def test_stream_refuses_a_second_pass_that_differs(tmp_path) -> None:
+    table = conform_frame(_frame(5))
+    calls = iter([[table], [table.slice(0, 4)]])
+    with pytest.raises(AssertionError, match="second pass"):
+        write_parquet_stream(lambda: next(calls), tmp_path / "x.parquet", MANIFEST_SCHEMA, "manifest")
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def pq_row_groups(path) -> list[int]:
+    import pyarrow.parquet as pq
+
+    md = pq.ParquetFile(path).metadata
+    return [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+
+
+def conform_frame(df: pl.DataFrame) -> pa.Table:
+    from manifests.schema import POLARS_SCHEMA, conform
+
+    return conform(df, POLARS_SCHEMA).to_arrow().cast(MANIFEST_SCHEMA)
