@@ -70,9 +70,8 @@ def compile_cmd(
                             mismatch_tolerance=mismatch_tolerance, strict=strict, num_shards=num_shards,
                             shard_index=shard_index, executor=executor, workers=workers)
         return
-    from dataprep.compile import CompileOptions, compile_sources
+    from dataprep.compile import CompileOptions, compile_to_files
     from dataprep.tokenize import Tokenizers
-    from manifests.io import write_manifest, write_rejects
 
     if probe not in ("auto", "always", "never"):
         raise typer.BadParameter("--probe must be auto, always or never")
@@ -80,23 +79,20 @@ def compile_cmd(
                           audio_root=str(audio_root) if audio_root else None, probe=probe,  # type: ignore[arg-type]
                           probe_threads=threads, mismatch_tolerance=mismatch_tolerance, strict=strict)
     toks = Tokenizers.from_specs(tokenizer)
-    with progress_counter("reading rows") as on_chunk, progress_counter("probing audio headers") as on_probe:
-        result = compile_sources(sources, toks, opts, on_chunk=on_chunk, on_probe=on_probe)
     rejects_path = rejects or output.with_name(output.stem + ".rejects.parquet")
-    content_hash = write_manifest(result.manifest, output, result.provenance)
-    write_rejects(result.rejects, rejects_path, result.provenance)
-    _print_summary(result.rows_in, result.manifest, result.reasons)
-    out.print(f"manifest -> {output} (content hash {content_hash[:16]})")
+    with progress_counter("reading rows") as on_chunk, progress_counter("probing audio headers") as on_probe:
+        result = compile_to_files(sources, toks, opts, output, rejects_path, on_chunk=on_chunk, on_probe=on_probe)
+    _print_summary(result.rows_in, result.rows_kept, result.hours, result.reasons)
+    out.print(f"manifest -> {output} (content hash {result.content_hash[:16]})")
     out.print(f"rejects  -> {rejects_path}")
 
 
-def _print_summary(rows_in: int, manifest: pl.DataFrame, reasons: dict[str, int]) -> None:
+def _print_summary(rows_in: int, rows_kept: int, hours: float, reasons: dict[str, int]) -> None:
     table = Table(title="compile", show_header=True)
     table.add_column("rows")
     table.add_column("count", justify="right")
     table.add_row("in", f"{rows_in:,}")
-    hours = float(manifest["duration"].sum() or 0.0) / 3600
-    table.add_row("kept", f"{manifest.height:,} ({hours:,.2f} h)")
+    table.add_row("kept", f"{rows_kept:,} ({hours:,.2f} h)")
     for reason, n in reasons.items():
         table.add_row(f"rejected: {reason}", f"{n:,}")
     out.print(table)
@@ -138,24 +134,21 @@ def _compile_distributed(
 
         with progress_counter("reading rows") as on_chunk:
             result = compile_ray(sources, tokenizer, opts, on_chunk=on_chunk)
-        rows_in, manifest, reject_rows, reasons, provenance = (result.rows_in, result.manifest, result.rejects,
-                                                               result.reasons, result.provenance)
+        content_hash = write_manifest(result.manifest, output, result.provenance)
+        write_rejects(result.rejects, rejects_path, result.provenance)
+        rows_in, kept, hours, reasons = (result.rows_in, result.manifest.height,
+                                         float(result.manifest["duration"].sum() or 0.0) / 3600, result.reasons)
     else:
-        from dataprep.executors import compile_local, default_shards
+        from dataprep.executors import compile_local, default_shards, remove_parts
 
         total = num_shards or default_shards(workers)
         with progress_counter("shards", total=total) as on_shard_done:
-            merged = compile_local(sources, tokenizer, opts, output, workers=workers, num_shards=total,
+            merged = compile_local(sources, tokenizer, opts, output, rejects_path, workers=workers, num_shards=total,
                                    on_shard=lambda r: on_shard_done(1))
-        rows_in, manifest, reject_rows, reasons, provenance = (merged.rows_in, merged.manifest, merged.rejects,
-                                                               merged.reasons, merged.provenance)
-    content_hash = write_manifest(manifest, output, provenance)
-    write_rejects(reject_rows, rejects_path, provenance)
-    if executor == "local":
-        from dataprep.executors import remove_parts
-
         remove_parts(output)
-    _print_summary(rows_in, manifest, reasons)
+        rows_in, kept, hours, reasons, content_hash = (merged.rows_in, merged.rows_kept, merged.hours,
+                                                       merged.reasons, merged.content_hash)
+    _print_summary(rows_in, kept, hours, reasons)
     out.print(f"manifest -> {output} (content hash {content_hash[:16]})")
     out.print(f"rejects  -> {rejects_path}")
 
@@ -174,7 +167,7 @@ def merge_cmd(
     from dataprep.shards import merge_parts
 
     rejects_path = rejects or output.with_name(output.stem + ".rejects.parquet")
-    result, content_hash = merge_parts(parts, output, rejects_path)
-    _print_summary(result.rows_in, result.manifest, result.reasons)
-    out.print(f"merged {result.num_shards} shards; manifest -> {output} (content hash {content_hash[:16]})")
+    result = merge_parts(parts, output, rejects_path)
+    _print_summary(result.rows_in, result.rows_kept, result.hours, result.reasons)
+    out.print(f"merged {result.num_shards} shards; manifest -> {output} (content hash {result.content_hash[:16]})")
     out.print(f"rejects  -> {rejects_path}")

@@ -3,31 +3,52 @@
 Per chunk of source rows (vectorized polars): validate text and durations, probe audio
 headers where needed, count tokens; then across all sources reject duplicate ids (the
 first occurrence wins). Every input row ends in exactly one of the two outputs.
+
+:func:`compile_to_files` streams (memory bounded whatever the number of rows): accepted
+rows of each chunk are spooled to a local Parquet file (:class:`AcceptedSpool`, in a
+temporary folder next to the output), duplicate ids found by DuckDB over that file with a
+memory limit (it spills to disk), then the manifest is streamed from the spool in input
+order, its content hash computed on the way. Only rejected rows are held in memory.
+:func:`compile_sources` does the same in memory and returns frames (tests, small inputs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from dataprep import __version__
 from dataprep.probe import probe_headers
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
-from manifests.io import file_sha256
+from manifests.io import file_sha256, write_parquet_stream, write_rejects
 from manifests.readers import iter_source
-from manifests.schema import POLARS_SCHEMA, REJECTS_POLARS_SCHEMA, conform
+from manifests.schema import MANIFEST_SCHEMA, POLARS_SCHEMA, REJECTS_POLARS_SCHEMA, REJECTS_SCHEMA, conform
 
 ProbeMode = Literal["auto", "always", "never"]
 
 #: internal column: global input row number, keeps outputs in input order
 _ROW = "__row"
+#: accepted rows with their global input row (spool files and shard parts)
+PART_SCHEMA = pa.schema([*MANIFEST_SCHEMA, pa.field(_ROW, pa.int64(), nullable=False)])
+PART_REJECTS_SCHEMA = pa.schema([*REJECTS_SCHEMA, pa.field(_ROW, pa.int64(), nullable=False)])
+_PART_POLARS = {**POLARS_SCHEMA, _ROW: pl.Int64()}
+_REJECTS_ROW_POLARS = {**REJECTS_POLARS_SCHEMA, _ROW: pl.Int64()}
+#: DuckDB's memory limit for the duplicate-id pass (it spills to the spool folder beyond it)
+DUPLICATES_MEMORY_LIMIT = "512MB"
 
 
 @dataclass
@@ -260,3 +281,179 @@ def compile_provenance(
         "probe": opts.probe,
         "text_field": opts.text_field,
     }
+
+
+# --------------------------------------------------------------------------- streaming
+
+class AcceptedSpool:
+    """Accepted rows (manifest columns + ``__row``) spooled to one local Parquet file, in input order.
+
+    Memory: one chunk at a time. :meth:`duplicates` finds repeated ids with DuckDB under
+    :data:`DUPLICATES_MEMORY_LIMIT`; :meth:`tables` streams the rows back without the duplicates.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / "accepted.parquet"
+        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(self.path, PART_SCHEMA, compression="lz4")
+        self.rows = 0
+        self.seconds = 0.0  # total duration of the spooled rows
+        self._last_row = -1
+
+    def add(self, accepted: pl.DataFrame) -> None:
+        """Append a chunk's accepted rows (their ``__row`` after every row added before)."""
+        if not accepted.height:
+            return
+        assert self._writer is not None, "spool already closed"
+        frame = conform(accepted, _PART_POLARS).sort(_ROW)
+        first = int(frame[_ROW][0])
+        if first <= self._last_row:
+            raise AssertionError(f"spool rows out of input order ({first} after {self._last_row})")
+        self._last_row = int(frame[_ROW][-1])
+        self._writer.write_table(frame.to_arrow().cast(PART_SCHEMA))
+        self.rows += frame.height
+        self.seconds += float(frame["duration"].sum() or 0.0)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def duplicates(self) -> pl.DataFrame:
+        """Reject rows (rejects columns + ``__row``, input order) of every id's 2nd, 3rd... copy.
+
+        DuckDB groups the ids out of core; only the rows of repeated ids come back to Python.
+        """
+        import duckdb
+
+        self.close()
+        src = "read_parquet('" + str(self.path).replace("'", "''") + "')"
+        con = duckdb.connect()
+        try:
+            con.execute(f"SET memory_limit = '{DUPLICATES_MEMORY_LIMIT}'")
+            con.execute("SET temp_directory = '" + str(self.folder / "duckdb").replace("'", "''") + "'")
+            con.execute("SET preserve_insertion_order = false")
+            table = con.sql(f"SELECT * FROM {src} WHERE id IN "
+                            f"(SELECT id FROM {src} GROUP BY id HAVING count(*) > 1)").fetch_arrow_table()
+        finally:
+            con.close()
+        copies = pl.from_arrow(table)
+        assert isinstance(copies, pl.DataFrame)
+        copies = conform(copies, _PART_POLARS).sort(_ROW)
+        _, dups = _reject_duplicates(copies)
+        return conform(dups, _REJECTS_ROW_POLARS)
+
+    def tables(self, drop_rows: npt.NDArray[np.int64] | None = None, *, keep_row: bool = False,
+               batch_rows: int = 1 << 16) -> Iterator[pa.Table]:
+        """The spooled rows in input order, less those whose ``__row`` is in ``drop_rows``."""
+        self.close()
+        schema = PART_SCHEMA if keep_row else MANIFEST_SCHEMA
+        drop = np.sort(np.asarray(drop_rows if drop_rows is not None else [], dtype=np.int64))
+        for batch in pq.ParquetFile(self.path).iter_batches(batch_size=batch_rows):
+            table = pa.Table.from_batches([batch])
+            if drop.size:
+                rows = table[_ROW].to_numpy()
+                table = table.filter(pa.array(~np.isin(rows, drop, assume_unique=False)))
+            if not keep_row:
+                table = table.drop_columns([_ROW])
+            yield table.cast(schema)
+
+
+@contextlib.contextmanager
+def spool_folder(near: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary folder next to ``near`` (same disk as the output), removed afterwards."""
+    target = Path(near)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".spool", dir=target.parent))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def spool_chunks(
+    chunks: Iterable[tuple[pl.DataFrame, int]],
+    spool: AcceptedSpool,
+    tokenizers: Tokenizers,
+    opts: CompileOptions,
+    *,
+    on_chunk: Callable[[int], None] | None = None,
+    on_probe: Callable[[int], None] | None = None,
+) -> tuple[int, list[pl.DataFrame]]:
+    """Process ``(rows, rows read)`` chunks: accepted rows into ``spool``; returns (rows in, rejects)."""
+    rows_in = 0
+    rejected: list[pl.DataFrame] = []
+    for rows, read in chunks:
+        rows_in += rows.height
+        if rows.height:
+            ok, bad = process_chunk(rows, tokenizers, opts, on_probe)
+            if opts.strict and bad:
+                first = pl.concat(bad, how="vertical_relaxed").sort(_ROW).row(0, named=True)
+                raise DataprepError(str(first["detail"]))
+            spool.add(ok)
+            rejected.extend(bad)
+        if on_chunk:
+            on_chunk(read)
+    return rows_in, rejected
+
+
+def finish_spool(
+    spool: AcceptedSpool, rows_in: int, rejected: Sequence[pl.DataFrame], opts: CompileOptions, what: str = "compile"
+) -> tuple[npt.NDArray[np.int64], pl.DataFrame]:
+    """Reject duplicate ids; returns (``__row`` of the duplicates, all rejects with ``__row`` in input order).
+
+    Checks conservation: rows in = spooled - duplicates + rejects.
+    """
+    dups = spool.duplicates()
+    if opts.strict and dups.height:
+        raise DataprepError(str(dups.row(0, named=True)["detail"]))
+    rejects = pl.concat([conform(r, _REJECTS_ROW_POLARS) for r in [*rejected, dups]], how="vertical_relaxed")
+    rejects = rejects.sort(_ROW)
+    kept = spool.rows - dups.height
+    if kept + rejects.height != rows_in:
+        raise AssertionError(f"conservation broken in {what}: {rows_in} in, {kept} kept, {rejects.height} rejected")
+    return dups[_ROW].to_numpy(), rejects
+
+
+@dataclass
+class CompileSummary:
+    """What :func:`compile_to_files` wrote. ``hours``: total duration of kept rows / 3600."""
+
+    rows_in: int
+    rows_kept: int
+    hours: float
+    reasons: dict[str, int]
+    provenance: dict[str, object]
+    content_hash: str
+
+
+def compile_to_files(
+    sources: Sequence[str | os.PathLike[str]],
+    tokenizers: Tokenizers,
+    opts: CompileOptions,
+    output: str | os.PathLike[str],
+    rejects: str | os.PathLike[str],
+    *,
+    on_chunk: Callable[[int], None] | None = None,
+    on_probe: Callable[[int], None] | None = None,
+) -> CompileSummary:
+    """Compile ``sources`` into the manifest ``output`` and the rejects file ``rejects``, streaming.
+
+    Byte-identical to ``write_manifest(compile_sources(...).manifest)`` (and the rejects); memory
+    about one reader chunk + one row group + the rejected rows, whatever the number of rows.
+    """
+    with spool_folder(output) as folder:
+        spool = AcceptedSpool(folder)
+        try:
+            chunks = ((c, c.height) for c in iter_rows(sources, opts))
+            rows_in, rejected = spool_chunks(chunks, spool, tokenizers, opts, on_chunk=on_chunk, on_probe=on_probe)
+        finally:
+            spool.close()
+        drop, reject_rows = finish_spool(spool, rows_in, rejected, opts)
+        dup_seconds = float(reject_rows.filter(pl.col("reason") == "duplicate_id")["duration"].sum() or 0.0)
+        provenance = compile_provenance(sources, tokenizers, opts)
+        written = write_parquet_stream(lambda: spool.tables(drop), output, MANIFEST_SCHEMA, "manifest", provenance)
+    write_rejects(reject_rows.drop(_ROW), rejects, provenance)
+    reasons = dict(sorted(reject_rows.group_by("reason").len().iter_rows())) if reject_rows.height else {}
+    return CompileSummary(rows_in=rows_in, rows_kept=written.rows, hours=(spool.seconds - dup_seconds) / 3600,
+                          reasons=reasons, provenance=provenance, content_hash=written.content_hash)

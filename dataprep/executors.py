@@ -4,11 +4,11 @@ Both give the bytes a single-process :func:`dataprep.compile.compile_sources` gi
 
 - :func:`compile_local`: ``num_shards`` shard tasks (:func:`dataprep.shards.run_shard`) on a
   pool of ``workers`` processes (threads inside each for header reads), parts in a folder
-  next to the output, then the merge. More shards than workers, so a slow shard does not
+  next to the output, then the streaming merge (bounded memory). More shards than workers, so a slow shard does not
   hold the others; an interrupted run resumes from the finished shards.
 - :func:`compile_ray`: the sources read once on the driver, the pure per-batch function
   :func:`dataprep.compile.process_chunk` mapped over batches with Ray Data ``map_batches``,
-  duplicates rejected and rows ordered on the driver (``pip install 'speech-dataprep[ray]'``).
+  duplicates rejected and rows ordered on the driver, in memory (``pip install 'speech-dataprep[ray]'``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 
 from dataprep.compile import _ROW, CompileOptions, CompileResult, assemble, compile_provenance, iter_rows, process_chunk
-from dataprep.shards import MergeResult, ShardResult, load_parts, run_shard
+from dataprep.shards import MergeSummary, ShardResult, merge_parts, run_shard
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
 from manifests.schema import REJECTS_POLARS_SCHEMA, conform
@@ -99,20 +99,18 @@ def compile_local(
     tokenizer_specs: Sequence[str],
     opts: CompileOptions,
     output: str | os.PathLike[str],
+    rejects: str | os.PathLike[str],
     *,
     workers: int = 2,
     num_shards: int | None = None,
     on_shard: Callable[[ShardResult], None] | None = None,
-) -> MergeResult:
-    """Compile on a local process pool: shards into ``<output>.parts/``, then merged in memory.
-
-    The caller writes the result (``write_manifest`` with ``result.provenance``) and may
-    then remove the parts folder (:func:`parts_folder`).
-    """
+) -> MergeSummary:
+    """Compile on a local process pool: shards into ``<output>.parts/``, then the streaming merge
+    into ``output`` and ``rejects``. The caller may then remove the parts folder (:func:`remove_parts`)."""
     folder = parts_folder(output)
     run_shards(sources, tokenizer_specs, opts, num_shards or default_shards(workers), folder,
                workers=workers, on_shard=on_shard)
-    return load_parts(folder)
+    return merge_parts(folder, output, rejects)
 
 
 def remove_parts(output: str | os.PathLike[str]) -> None:

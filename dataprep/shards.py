@@ -4,7 +4,9 @@ Each shard reads every source (reading is cheap next to header reads and tokeniz
 the rows whose id hashes to it, runs :func:`dataprep.compile.process_chunk` on them and
 rejects duplicate ids locally: all copies of an id fall in one shard, so "the first in
 global input order wins" holds per shard. Parts keep the global input row ``__row``; the
-merge sorts by it and writes the manifest byte-identical to a single-machine compile.
+merge streams them in its order (a k-way merge, :func:`merged_tables`) and writes the manifest
+byte-identical to a single-machine compile. Each shard and the merge run in bounded memory
+(accepted rows spooled to disk, see :class:`dataprep.compile.AcceptedSpool`).
 
 Shard of a row: ``fmix64(fnv1a64(utf8(id))) mod num_shards`` (FNV-1a 64-bit over the id's
 UTF-8 bytes, then MurmurHash3's 64-bit finalizer to mix the low bits), computed with numpy
@@ -28,8 +30,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,11 +45,22 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataprep import __version__
-from dataprep.compile import _ROW, CompileOptions, assemble, compile_provenance, iter_rows, process_chunk
+from dataprep.compile import (
+    _ROW,
+    PART_REJECTS_SCHEMA,
+    PART_SCHEMA,
+    AcceptedSpool,
+    CompileOptions,
+    compile_provenance,
+    finish_spool,
+    spool_folder,
+    iter_rows,
+    spool_chunks,
+)
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
-from manifests.io import atomic_path, file_sha256, write_json, write_manifest, write_rejects
-from manifests.schema import MANIFEST_SCHEMA, REJECTS_SCHEMA
+from manifests.io import ROW_GROUP_ROWS, atomic_path, file_sha256, rebatch, write_json, write_parquet_stream, write_rejects
+from manifests.schema import MANIFEST_SCHEMA
 
 MARKER_VERSION = 1
 #: the shard hash, recorded in every fingerprint so a change of scheme is never mixed
@@ -56,8 +70,8 @@ WRITE_DELAY_ENV = "DATAPREP_SHARD_WRITE_DELAY"
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
-_PART_SCHEMA = pa.schema([*MANIFEST_SCHEMA, pa.field(_ROW, pa.int64(), nullable=False)])
-_PART_REJECTS_SCHEMA = pa.schema([*REJECTS_SCHEMA, pa.field(_ROW, pa.int64(), nullable=False)])
+_PART_SCHEMA = PART_SCHEMA
+_PART_REJECTS_SCHEMA = PART_REJECTS_SCHEMA
 
 
 # --------------------------------------------------------------------------- hashing
@@ -187,20 +201,29 @@ def _is_done(paths: ShardPaths, fid: str) -> bool:
     )
 
 
-def _write_part(df: pl.DataFrame, path: Path, schema: pa.Schema, kind: str) -> None:
-    table = df.to_arrow().cast(schema).replace_schema_metadata({b"speech_dataprep.kind": kind.encode()})
+def _write_part(tables: Iterable[pa.Table], path: Path, schema: pa.Schema, kind: str) -> int:
+    """Write a part (row groups of :data:`ROW_GROUP_ROWS`), atomically; returns its rows."""
+    full = schema.with_metadata({b"speech_dataprep.kind": kind.encode()})
+    rows = 0
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
+        with pq.ParquetWriter(tmp, full, compression="zstd") as writer:
+            for group in rebatch(tables, ROW_GROUP_ROWS):
+                writer.write_table(group.cast(full))
+                rows += group.num_rows
         delay = float(os.environ.get(WRITE_DELAY_ENV, "0") or 0)
         if delay:
             time.sleep(delay)
+    return rows
 
 
 def _remove_stale_tmp(paths: ShardPaths) -> None:
-    """Temporary files a killed run of this shard left (``atomic_path`` names them ``.<name>.*.tmp``)."""
+    """Temporary files and spool folders a killed run of this shard left (``atomic_path`` names
+    them ``.<name>.*.tmp``, the spool ``.<name>.*.spool``)."""
     for p in (paths.part, paths.rejects, paths.marker):
         for tmp in p.parent.glob(f".{p.name}.*.tmp"):
             tmp.unlink(missing_ok=True)
+        for spool in p.parent.glob(f".{p.name}.*.spool"):
+            shutil.rmtree(spool, ignore_errors=True)
 
 
 def resolve_shard(
@@ -279,27 +302,19 @@ def run_shard(
     _remove_stale_tmp(paths)
     paths.marker.unlink(missing_ok=True)
 
-    accepted: list[pl.DataFrame] = []
-    rejected: list[pl.DataFrame] = []
-    rows_in = 0
-    for chunk in iter_rows(sources, opts):
-        mine = chunk.filter(pl.Series(shard_of(chunk["id"], chunk[_ROW], num_shards) == shard_index))
-        rows_in += mine.height
-        if mine.height:
-            ok, bad = process_chunk(mine, tokenizers, opts, on_probe)
-            if opts.strict and bad:
-                first = pl.concat(bad, how="vertical_relaxed").sort(_ROW).row(0, named=True)
-                raise DataprepError(str(first["detail"]))
-            accepted.append(ok)
-            rejected.extend(bad)
-        if on_chunk:
-            on_chunk(chunk.height)
-    manifest, rejects = assemble(accepted, rejected, opts, keep_row=True)
-    if manifest.height + rejects.height != rows_in:
-        raise AssertionError(f"conservation broken in shard {shard_index}: {rows_in} in, "
-                             f"{manifest.height} kept, {rejects.height} rejected")
-    _write_part(manifest, paths.part, _PART_SCHEMA, "manifest_part")
-    _write_part(rejects, paths.rejects, _PART_REJECTS_SCHEMA, "rejects_part")
+    def mine() -> Iterator[tuple[pl.DataFrame, int]]:
+        for chunk in iter_rows(sources, opts):
+            yield chunk.filter(pl.Series(shard_of(chunk["id"], chunk[_ROW], num_shards) == shard_index)), chunk.height
+
+    with spool_folder(paths.part) as spool_dir:
+        spool = AcceptedSpool(spool_dir)
+        try:
+            rows_in, rejected = spool_chunks(mine(), spool, tokenizers, opts, on_chunk=on_chunk, on_probe=on_probe)
+        finally:
+            spool.close()
+        drop, rejects = finish_spool(spool, rows_in, rejected, opts, what=f"shard {shard_index}")
+        kept = _write_part(spool.tables(drop, keep_row=True), paths.part, _PART_SCHEMA, "manifest_part")
+    _write_part([rejects.to_arrow()], paths.rejects, _PART_REJECTS_SCHEMA, "rejects_part")
     write_json({
         "version": MARKER_VERSION,
         "shard_index": shard_index,
@@ -308,11 +323,11 @@ def run_shard(
         "fingerprint": fp,
         "provenance": provenance,
         "rows_in": rows_in,
-        "rows_kept": manifest.height,
+        "rows_kept": kept,
         "rows_rejected": rejects.height,
         "files": {p.name: file_sha256(p) for p in (paths.part, paths.rejects)},
     }, paths.marker)
-    return ShardResult(shard_index, num_shards, False, rows_in, manifest.height, rejects.height)
+    return ShardResult(shard_index, num_shards, False, rows_in, kept, rejects.height)
 
 
 # --------------------------------------------------------------------------- merge
@@ -327,8 +342,8 @@ class MergeResult:
     num_shards: int
 
 
-def load_parts(folder: str | os.PathLike[str]) -> MergeResult:
-    """Read a complete set of parts; the manifest and rejects in global input order.
+def _complete_parts(folder: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[ShardPaths]]:
+    """Markers (by shard index) and paths of a complete, consistent set of parts.
 
     Refuses (one line) a folder without markers, a missing shard (named), mixed fingerprints
     and a part whose bytes differ from its marker's record.
@@ -350,25 +365,69 @@ def load_parts(folder: str | os.PathLike[str]) -> MergeResult:
     if missing:
         shown = ", ".join(map(str, missing[:20])) + (", ..." if len(missing) > 20 else "")
         raise DataprepError(f"{folder}: {len(missing)} of {n} shards not done: {shown}")
-    parts, rejects = [], []
-    for m in sorted(markers, key=lambda m: int(m["shard_index"])):
+    markers = sorted(markers, key=lambda m: int(m["shard_index"]))
+    all_paths = []
+    for m in markers:
         paths = ShardPaths.of(folder, int(m["shard_index"]), n)
         for p in (paths.part, paths.rejects):
             if not p.exists() or file_sha256(p) != m["files"].get(p.name):
                 raise DataprepError(f"{p}: missing or changed since its shard finished; re-run that shard")
-        parts.append(pq.read_table(paths.part).cast(_PART_SCHEMA))
-        rejects.append(pq.read_table(paths.rejects).cast(_PART_REJECTS_SCHEMA))
+        all_paths.append(paths)
+    return markers, all_paths
+
+
+def load_parts(folder: str | os.PathLike[str]) -> MergeResult:
+    """Read a complete set of parts into memory; the manifest and rejects in global input order
+    (small sets and tests; :func:`merge_parts` streams). Refuses what :func:`merge_parts` refuses."""
+    markers, all_paths = _complete_parts(folder)
+    parts = [pq.read_table(p.part).cast(_PART_SCHEMA) for p in all_paths]
+    rejects = [pq.read_table(p.rejects).cast(_PART_REJECTS_SCHEMA) for p in all_paths]
     manifest, rej = _in_row_order(parts, _PART_SCHEMA), _in_row_order(rejects, _PART_REJECTS_SCHEMA)
     rows_in = sum(int(m["rows_in"]) for m in markers)
     if manifest.height + rej.height != rows_in:
         raise DataprepError(f"{folder}: parts hold {manifest.height + rej.height} rows, markers say {rows_in}")
     reasons = dict(sorted(rej.group_by("reason").len().iter_rows())) if rej.height else {}
-    return MergeResult(manifest, rej, rows_in, reasons, dict(first["provenance"]), n)
+    return MergeResult(manifest, rej, rows_in, reasons, dict(markers[0]["provenance"]), len(markers))
+
+
+def merged_tables(parts: Sequence[str | os.PathLike[str]], *, window: int = ROW_GROUP_ROWS,
+                  batch_rows: int = 1 << 16) -> Iterator[pa.Table]:
+    """The rows of ``parts`` (each sorted by ``__row``) merged in ``__row`` order, without ``__row``.
+
+    A k-way merge by windows of ``window`` input row numbers: memory about one window plus one
+    batch per part, whatever the total.
+    """
+    readers = [pq.ParquetFile(p).iter_batches(batch_size=batch_rows) for p in parts]
+    buffers: list[pa.Table | None] = [None] * len(readers)
+    done = [False] * len(readers)
+    lo = 0
+    while True:
+        hi = lo + window
+        pieces = []
+        for i, reader in enumerate(readers):
+            while not done[i] and (buffers[i] is None or buffers[i].num_rows == 0  # type: ignore[union-attr]
+                                   or buffers[i][_ROW][-1].as_py() < hi):  # type: ignore[index]
+                try:
+                    batch = pa.Table.from_batches([next(reader)])
+                except StopIteration:
+                    done[i] = True
+                    break
+                buffers[i] = batch if buffers[i] is None else pa.concat_tables([buffers[i], batch])  # type: ignore[list-item]
+            buf = buffers[i]
+            if buf is not None and buf.num_rows:
+                cut = int(np.searchsorted(buf[_ROW].to_numpy(), hi, side="left"))
+                pieces.append(buf.slice(0, cut))
+                buffers[i] = buf.slice(cut)
+        table = pa.concat_tables(pieces) if pieces else None
+        if table is not None and table.num_rows:
+            yield table.take(pc.sort_indices(table[_ROW])).drop_columns([_ROW])
+        if all(done) and all(b is None or b.num_rows == 0 for b in buffers):
+            return
+        lo = hi
 
 
 def _in_row_order(tables: list[pa.Table], schema: pa.Schema) -> pl.DataFrame:
-    """Concatenate parts and sort by ``__row`` in Arrow (its ``take`` leaves null slots empty, so the
-    buffers, and with them the content hash, equal those of a single-machine compile)."""
+    """Concatenate parts and sort by ``__row`` (the content hash is of values, so any layout does)."""
     table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables]) if tables else schema.empty_table()
     table = table.take(pc.sort_indices(table[_ROW])).drop_columns([_ROW]).combine_chunks()
     frame = pl.from_arrow(table)
@@ -376,12 +435,40 @@ def _in_row_order(tables: list[pa.Table], schema: pa.Schema) -> pl.DataFrame:
     return frame
 
 
+@dataclass
+class MergeSummary:
+    """What :func:`merge_parts` wrote. ``hours``: total duration of kept rows / 3600."""
+
+    rows_in: int
+    rows_kept: int
+    hours: float
+    reasons: dict[str, int]
+    provenance: dict[str, Any]
+    num_shards: int
+    content_hash: str
+
+
 def merge_parts(
     folder: str | os.PathLike[str], output: str | os.PathLike[str], rejects: str | os.PathLike[str]
-) -> tuple[MergeResult, str]:
+) -> MergeSummary:
     """Merge a parts folder into the manifest and rejects a single-machine compile writes
-    (byte-identical, same provenance). Returns (result, manifest content hash)."""
-    result = load_parts(folder)
-    content_hash = write_manifest(result.manifest, output, result.provenance)
-    write_rejects(result.rejects, rejects, result.provenance)
-    return result, content_hash
+    (byte-identical, same provenance), streaming the manifest (bounded memory; rejects in memory)."""
+    markers, all_paths = _complete_parts(folder)
+    provenance = dict(markers[0]["provenance"])
+    rows_in = sum(int(m["rows_in"]) for m in markers)
+    kept = sum(int(m["rows_kept"]) for m in markers)
+    rej = _in_row_order([pq.read_table(p.rejects).cast(_PART_REJECTS_SCHEMA) for p in all_paths],
+                        _PART_REJECTS_SCHEMA)
+    if kept + rej.height != rows_in:
+        raise DataprepError(f"{folder}: parts hold {kept + rej.height} rows, markers say {rows_in}")
+    seconds = 0.0
+    for p in all_paths:
+        for batch in pq.ParquetFile(p.part).iter_batches(columns=["duration"]):
+            seconds += float(pc.sum(batch.column(0)).as_py() or 0.0)
+    parts = [p.part for p in all_paths]
+    written = write_parquet_stream(lambda: merged_tables(parts), output, MANIFEST_SCHEMA, "manifest", provenance)
+    if written.rows != kept:
+        raise DataprepError(f"{folder}: parts hold {written.rows} kept rows, markers say {kept}")
+    write_rejects(rej, rejects, provenance)
+    reasons = dict(sorted(rej.group_by("reason").len().iter_rows())) if rej.height else {}
+    return MergeSummary(rows_in, kept, seconds / 3600, reasons, provenance, len(markers), written.content_hash)
