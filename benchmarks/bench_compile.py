@@ -8,9 +8,11 @@ Prints, each figure the median of ``--repeats`` runs:
 
 1. compile rows/s on a generated NeMo JSONL with durations present (transcripts from
    ``dataprep.testing.sample_corpus``, a 1024-piece sentencepiece model trained on them),
-   through ``compile_sources`` + ``write_manifest``, broken down into read (time inside the
-   source reader), tokenize (``Tokenizers.count``), other checks and write; each run in a
-   fresh process, whose peak RSS (``ru_maxrss``) is reported; wall and CPU seconds (CPU time
+   through the streaming ``compile_to_files`` (what ``dataprep compile`` runs), broken down
+   into read (time inside the source reader), tokenize (``Tokenizers.count``), other checks
+   and spooling, and write (after the last chunk: duplicate ids, hash, manifest); each run in a
+   fresh process, whose peak RSS (``ru_maxrss``) is reported (bounded: compare --rows 1000000
+   with --rows 10000000); wall and CPU seconds (CPU time
    is the steadier figure on a shared machine). Then the ``dataprep compile`` CLI once.
 2. ``probe_headers`` files/s on generated WAV and FLAC files, with 1 and 8 threads.
 3. tokenization throughput of ``Tokenizers.count`` as a ratio of raw sentencepiece
@@ -62,12 +64,13 @@ def peak_rss_mib() -> float:
 
 
 def compile_once(src: Path, model: Path, out: Path) -> dict[str, float]:
-    """One compile in this process, timed by phase (wraps the reader and the tokenizer)."""
+    """One streaming compile (``compile_to_files``: manifest + rejects written) in this process,
+    timed by phase (wraps the reader and the tokenizer); "write" is the time after the last chunk
+    (duplicate-id pass, hashing and writing the manifest from the spool)."""
     import dataprep.compile as comp
     from dataprep.tokenize import Tokenizers
-    from manifests.io import write_manifest, write_rejects
 
-    phases = {"read": 0.0, "tokenize": 0.0}
+    phases = {"read": 0.0, "tokenize": 0.0, "last_chunk": 0.0}
     real_iter, real_count = comp.iter_source, Tokenizers.count
 
     def timed_iter(*a, **kw):  # type: ignore[no-untyped-def]
@@ -93,12 +96,15 @@ def compile_once(src: Path, model: Path, out: Path) -> dict[str, float]:
     Tokenizers.count = timed_count  # type: ignore[method-assign]
     toks = Tokenizers.from_specs([str(model)])
     t0, c0 = time.perf_counter(), time.process_time()
-    result = comp.compile_sources([src], toks, comp.CompileOptions(prompt_tokens=9))
-    t1 = time.perf_counter()
-    write_manifest(result.manifest, out, result.provenance)
-    write_rejects(result.rejects, out.with_suffix(".rejects.parquet"), result.provenance)
+
+    def on_chunk(_: int) -> None:
+        phases["last_chunk"] = time.perf_counter()
+
+    result = comp.compile_to_files([src], toks, comp.CompileOptions(prompt_tokens=9), out,
+                                   out.with_suffix(".rejects.parquet"), on_chunk=on_chunk)
     t2, c2 = time.perf_counter(), time.process_time()
-    return {"rows": result.rows_in, "kept": result.manifest.height, "total": t2 - t0, "cpu": c2 - c0,
+    t1 = phases["last_chunk"] or t0
+    return {"rows": result.rows_in, "kept": result.rows_kept, "total": t2 - t0, "cpu": c2 - c0,
             "read": phases["read"], "tokenize": phases["tokenize"],
             "other": (t1 - t0) - phases["read"] - phases["tokenize"], "write": t2 - t1,
             "peak_rss_mib": peak_rss_mib()}
@@ -112,7 +118,8 @@ def bench_compile(src: Path, model: Path, rows: int, repeats: int, tmp: Path) ->
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         assert runs[-1]["rows"] == rows, runs[-1]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    print(f"compile_sources + write_manifest, {rows:,} NeMo rows (durations present), median of {repeats}:")
+    print(f"compile_to_files (streaming; manifest + rejects), {rows:,} NeMo rows (durations present), "
+          f"median of {repeats}:")
     print(f"  {rows / med['total']:,.0f} rows/s  ({med['total']:.2f} s wall, {med['cpu']:.2f} s CPU "
           f"= {rows / med['cpu']:,.0f} rows per CPU-second; {med['kept']:,.0f} kept)")
     for k in ("read", "tokenize", "other", "write"):
