@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 import soundfile
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dataprep.features import HOP, SAMPLE_RATE, LogMel, mel_filterbank
 from dataprep.loader import AudioError, BatchBuilder, ManifestColumns, PlanDataset, load_audio, make_loader
 from dataprep.testing import write_tone
+from manifests.errors import DataprepError
 from manifests.io import read_manifest, write_manifest
 from manifests.plan_files import PlanShard
 from tests.dataprep._consumer import Corpus, shared_corpus
@@ -123,14 +126,83 @@ def test_start_step_gives_the_tail_of_the_full_run(corpus: Corpus, tmp_path: Pat
     assert all(torch.equal(a.features, c.features) for a, c in zip(tail, full[k:]))
 
 
-def test_cache_maps_the_manifest_columns(corpus: Corpus, tmp_path: Path) -> None:
-    cols = ManifestColumns.open(corpus.manifest, tmp_path / "c")
-    again = ManifestColumns.open(corpus.manifest, tmp_path / "c")  # from the cache file
-    df = read_manifest(corpus.manifest)
-    rows = np.array([5, 0, df.height - 1])
-    for m in (cols.gather(rows), again.gather(rows)):
-        assert m.ids == df["id"].gather(rows).to_list()
-        np.testing.assert_array_equal(m.durations, df["duration"].to_numpy()[rows])
+@pytest.fixture(scope="module")
+def odd_manifest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pl.DataFrame]:
+    """A manifest with shared and unique audio files, nulls (offset, text, lang) and non-ASCII text."""
+    rng = np.random.default_rng(7)
+    n = 300
+    shared = [f"/data/long-{i}.flac" for i in range(3)]
+    paths = [shared[i % 3] if i % 4 else f"/data/ünique/{i:04d}.wav" for i in range(n)]
+    df = pl.DataFrame({
+        "id": [f"utt-{i:04d}" for i in range(n)],
+        "audio_path": paths,
+        "offset": [None if i % 5 == 0 else float(i) for i in range(n)],
+        "duration": rng.uniform(0.5, 20.0, n).round(2),
+        "text": [None if i % 17 == 0 else f"texte {i} é 日本" * (1 + i % 3) for i in range(n)],
+        "lang": [None if i % 7 == 0 else ("fr" if i % 2 else "en") for i in range(n)],
+        "num_tokens": rng.integers(1, 90, n).astype(np.int32),
+    }).with_columns((pl.col("num_tokens") / pl.col("duration")).alias("tps"))
+    path = tmp_path_factory.mktemp("odd") / "m.parquet"
+    write_manifest(df, path)
+    return path, read_manifest(path)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(picks=st.lists(st.integers(min_value=0, max_value=299), max_size=80))
+def test_gather_equals_the_manifest_rows(odd_manifest: tuple[Path, pl.DataFrame], tmp_path: Path,
+                                         picks: list[int]) -> None:
+    path, df = odd_manifest
+    cols = ManifestColumns.open(path, tmp_path / "c")
+    rows = np.array(picks, dtype=np.int64)
+    ids = df["id"].gather(rows).to_list()
+    m = cols.gather(rows, ids)
+    assert m.ids == ids and len(m) == len(picks)
+    assert m.audio_paths == df["audio_path"].gather(rows).to_list()
+    assert m.texts == df["text"].fill_null("").gather(rows).to_list()
+    assert m.langs == df["lang"].gather(rows).to_list()
+    np.testing.assert_array_equal(m.offsets, df["offset"].fill_null(0.0).to_numpy()[rows])
+    np.testing.assert_array_equal(m.durations, df["duration"].to_numpy()[rows])
+    np.testing.assert_array_equal(m.num_tokens, df["num_tokens"].to_numpy()[rows])
+    assert m.num_tokens.dtype == np.int64 and m.offsets.dtype == np.float64
+
+
+def test_cache_dictionary_encodes_paths_and_is_reused(odd_manifest: tuple[Path, pl.DataFrame],
+                                                      tmp_path: Path) -> None:
+    path, df = odd_manifest
+    cols = ManifestColumns.open(path, tmp_path)
+    assert sorted(cols.audio_files.to_pylist()) == sorted(df["audio_path"].unique().to_list())
+    assert sorted(cols.langs, key=str) == sorted(set(df["lang"].to_list()), key=str)
+    (cache,) = tmp_path.glob("*.arrow")
+    stamp = cache.stat().st_mtime_ns
+    again = ManifestColumns.open(path, tmp_path)  # maps the file, does not rebuild it
+    assert cache.stat().st_mtime_ns == stamp and again.num_rows == df.height
+
+
+def test_unreadable_cache_is_rebuilt(odd_manifest: tuple[Path, pl.DataFrame], tmp_path: Path) -> None:
+    path, df = odd_manifest
+    ManifestColumns.open(path, tmp_path)
+    (cache,) = tmp_path.glob("*.arrow")
+    cache.write_bytes(cache.read_bytes()[: cache.stat().st_size // 2])  # as a crash mid-write could leave it
+    cols = ManifestColumns.open(path, tmp_path)
+    assert cols.gather(np.array([3]), ["x"]).audio_paths == [df["audio_path"][3]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [cache.name, cache.name + ".lock"]
+
+
+def test_concurrent_openers_build_one_cache(odd_manifest: tuple[Path, pl.DataFrame], tmp_path: Path) -> None:
+    path, df = odd_manifest
+    with ThreadPoolExecutor(4) as pool:  # flock holds between threads too (one open file each)
+        opened = list(pool.map(lambda _: ManifestColumns.open(path, tmp_path), range(4)))
+    rows = np.arange(df.height)
+    texts = [c.gather(rows, [""] * df.height).texts for c in opened]
+    assert all(t == texts[0] for t in texts)
+    assert len(list(tmp_path.glob("*.arrow"))) == 1 and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_gather_refuses_rows_past_the_manifest(odd_manifest: tuple[Path, pl.DataFrame], tmp_path: Path) -> None:
+    path, df = odd_manifest
+    cols = ManifestColumns.open(path, tmp_path)
+    with pytest.raises(DataprepError, match="another manifest"):
+        cols.gather(np.array([0, df.height]), ["a", "b"])
 
 
 def _break_one(c: Corpus, tmp: Path, kind: str) -> tuple[Path, str, str]:
