@@ -57,6 +57,10 @@ LOADER_COLUMNS = ("audio_path", "offset", "duration", "text", "lang", "num_token
 SHORT_READ_TOLERANCE = 0.05
 #: layout version of the manifest column cache files
 CACHE_VERSION = 3
+#: audio file dictionaries up to this many paths are kept as Python strings per process
+SMALL_DICTIONARY = 1 << 16
+#: plan shard columns the loader reads
+_SHARD_COLUMNS = ["epoch", "step", "step_in_epoch", "bucket", "ids", "rows"]
 
 T = TypeVar("T")
 
@@ -108,10 +112,8 @@ class RowsMeta:
 
     @cached_property
     def audio_paths(self) -> list[str]:
-        """Audio file of each row (each distinct file decoded once)."""
-        uniq, inv = np.unique(self.audio_codes, return_inverse=True)
-        names = self.columns.audio_files.take(pa.array(uniq)).to_pylist()
-        return [names[i] for i in inv.tolist()]
+        """Audio file of each row."""
+        return self.columns.audio_names(self.audio_codes)
 
     @cached_property
     def texts(self) -> list[str]:
@@ -152,6 +154,17 @@ class ManifestColumns:
         self.text: pa.Array = cols["text"]
         #: distinct languages (``None`` = none given); ``RowsMeta.lang_codes`` index it
         self.langs: list[str | None] = [x or None for x in cols["lang"].dictionary.to_pylist()]
+        self._file_names: list[str] | None = None
+
+    def audio_names(self, codes: npt.NDArray[np.int32]) -> list[str]:
+        """Paths of ``audio_codes``. A small dictionary (many utterances per file) becomes Python
+        strings once, on first use; a large one (one file per utterance) is decoded per call."""
+        if len(self.audio_files) <= SMALL_DICTIONARY:
+            if self._file_names is None:
+                self._file_names = self.audio_files.to_pylist()
+            names = self._file_names
+            return [names[c] for c in codes.tolist()]
+        return self.audio_files.take(pa.array(codes)).to_pylist()  # type: ignore[no-any-return]
 
     @classmethod
     def open(cls, manifest: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> ManifestColumns:
@@ -328,6 +341,38 @@ def load_audio(utt_id: str, path: str, offset: float, duration: float | None,
     return np.ascontiguousarray(mono, dtype=np.float32)
 
 
+# --------------------------------------------------------------------------- plan shards
+
+
+def _column_view(col: pa.ChunkedArray, dtype: type[np.generic]) -> npt.NDArray[Any]:
+    return _numpy_view(_single_chunk(col), dtype)
+
+
+def iter_plan_batches(plan_dir: str | os.PathLike[str], rank: int, start_step: int = 0) -> Iterator[PlanBatch]:
+    """Rank ``rank``'s batches from ``start_step`` on, one row group read at a time: the
+    batches of :meth:`manifests.plan_files.PlanShard.iter_batches`, decoded without
+    ``Array.to_numpy`` (its first call imports pandas, half a second of a fresh process).
+    Row groups before ``start_step``'s are not read (footer statistics)."""
+    shard = PlanShard(plan_dir, rank)  # checks the file, knows the step range of each row group
+    groups = shard.row_groups_from(start_step)
+    if not groups:
+        return
+    pf = pq.ParquetFile(shard.path)
+    for g in groups:
+        t = pf.read_row_group(g, columns=_SHARD_COLUMNS)
+        steps = _column_view(t.column("step"), np.int64)
+        epochs = _column_view(t.column("epoch"), np.int32).tolist()
+        sie = _column_view(t.column("step_in_epoch"), np.int64).tolist()
+        buckets = _column_view(t.column("bucket"), np.int32).tolist()
+        rows_col = _single_chunk(t.column("rows"))
+        offs = _numpy_view(rows_col.offsets, np.int32)
+        vals = _numpy_view(rows_col.values, np.int64)
+        ids = t.column("ids").to_pylist()
+        step_list = steps.tolist()
+        for i in range(int(np.searchsorted(steps, start_step)), t.num_rows):
+            yield PlanBatch(epochs[i], step_list[i], sie[i], buckets[i], ids[i], vals[offs[i]:offs[i + 1]])
+
+
 # --------------------------------------------------------------------------- batches
 
 
@@ -469,7 +514,7 @@ class PlanDataset(IterableDataset[Batch]):
 
     def plan_batches(self) -> Iterator[PlanBatch]:
         """The shard's batches in the step range (metadata only)."""
-        for pb in PlanShard(self.plan_dir, self.rank).iter_batches(self.start_step):
+        for pb in iter_plan_batches(self.plan_dir, self.rank, self.start_step):
             if self.stop_step is not None and pb.step >= self.stop_step:
                 return
             yield pb
