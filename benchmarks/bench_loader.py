@@ -32,14 +32,14 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bucketing.allocate import fit_spec  # noqa: E402
-from dataprep.planning import build_plan  # noqa: E402
-from dataprep.loader import BatchBuilder, ManifestColumns, iter_plan_batches  # noqa: E402
-from dataprep.testing import WORDS, write_tone  # noqa: E402
-from dataprep.tokenize import train_model  # noqa: E402
-from manifests.buckets_file import write_buckets  # noqa: E402
-from manifests.io import write_manifest  # noqa: E402
-from manifests.plan_files import PlanShard  # noqa: E402
+from bucketing.allocate import fit_spec
+from dataprep.loader import BatchBuilder, ManifestColumns, iter_plan_batches
+from dataprep.planning import build_plan
+from dataprep.testing import WORDS, write_tone
+from dataprep.tokenize import train_model
+from manifests.buckets_file import write_buckets
+from manifests.io import write_manifest
+from manifests.plan_files import PlanShard
 
 
 def build(work: Path, n: int, world_size: int) -> tuple[Path, Path, Path]:

@@ -485,7 +485,7 @@ class BatchBuilder:
                 zip(meta.ids, meta.audio_paths, meta.offsets, meta.durations)]
         waves = list(self._pool.map(self._load, jobs)) if self._pool is not None else list(map(self._load, jobs))
         keep = [i for i, w in enumerate(waves) if not isinstance(w, AudioError)]
-        skipped = [{"id": meta.ids[i], "audio_path": meta.audio_paths[i], "error": str(waves[i]),
+        skipped = [{"id": meta.ids[i], "audio_path": meta.audio_paths[i], "error": str(w),
                     "step": str(pb.step)} for i, w in enumerate(waves) if isinstance(w, AudioError)]
         feats = [self._mel(torch.from_numpy(waves[i])) for i in keep]  # type: ignore[arg-type]
         toks = self.tokenize([meta.texts[i] for i in keep], [meta.langs[i] for i in keep],

@@ -15,8 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dataprep.features import HOP, SAMPLE_RATE, LogMel, mel_filterbank
-from dataprep.loader import (AudioError, BatchBuilder, ManifestColumns, PlanDataset, iter_plan_batches, load_audio,
-                             make_loader)
+from dataprep.loader import (
+    AudioError,
+    BatchBuilder,
+    ManifestColumns,
+    PlanDataset,
+    iter_plan_batches,
+    load_audio,
+    make_loader,
+)
 from dataprep.testing import write_tone
 from manifests.errors import DataprepError
 from manifests.io import read_manifest, write_manifest
