@@ -58,6 +58,43 @@ def _duration_layout(grid: Grid) -> tuple[npt.NDArray[np.float64], npt.NDArray[n
     return grid.max_duration[first], np.append(first, grid.num_buckets).astype(np.int64)
 
 
+#: Most cells of a lookup table that replaces a binary search (:func:`bin_of`, the token
+#: table of :func:`allocate`); beyond it they fall back to ``np.searchsorted``.
+_MAX_TABLE = 1 << 22
+
+
+def bin_of(values: npt.NDArray[np.float64], bounds: npt.NDArray[np.float64]) -> npt.NDArray[np.int32]:
+    """``np.searchsorted(bounds, values, side="left")`` (bounds ascending, distinct), exactly,
+    in int32, several times faster on many values.
+
+    A table over equal cells no wider than half the smallest gap between bounds gives each
+    value's count of bounds below its cell's left edge, off by at most one (a cell holds at
+    most one bound, rounding moves a value at most into a neighbouring cell); one comparison
+    each way corrects it. Falls back to ``np.searchsorted`` when the table would be large.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    nb = int(bounds.shape[0])
+    finite = bool(nb) and bool(np.isfinite(bounds).all())
+    lo, hi = (float(bounds[0]), float(bounds[-1])) if finite else (0.0, 0.0)
+    gap = float(np.diff(bounds).min()) if nb > 1 else max(hi - lo, 1.0)
+    cells = int(np.ceil((hi - lo) / (gap / 2))) + 2 if finite and gap > 0 else _MAX_TABLE + 1
+    if cells > _MAX_TABLE or v.shape[0] < 4 * cells:
+        return np.searchsorted(bounds, v, side="left").astype(np.int32)
+    step = gap / 2
+    edges = lo - step + step * np.arange(cells + 1)
+    table = np.searchsorted(bounds, edges, side="left").astype(np.int32)
+    c = (v - (lo - step)) * (1.0 / step)
+    np.clip(c, 0, cells, out=c)  # below / above the grid: the first / last cell (nan: last)
+    c[np.isnan(c)] = cells
+    j = table[c.astype(np.int32)]
+    del c
+    ext = np.append(bounds, np.inf)  # ext[nb] = inf: nothing above the last bound moves up
+    j += ext[j] < v
+    prev = np.append(-np.inf, bounds)  # prev[j] = bounds[j - 1]
+    j -= prev[j] >= v
+    return j
+
+
 def allocate(
     duration: npt.ArrayLike,
     num_tokens: npt.ArrayLike | None,
@@ -72,21 +109,25 @@ def allocate(
     """
     d = np.asarray(duration, dtype=np.float64)
     n = d.shape[0]
-    t = np.zeros(n, dtype=np.int64) if num_tokens is None else np.asarray(num_tokens, dtype=np.int64)
+    t = np.zeros(n, dtype=np.int32) if num_tokens is None else np.asarray(num_tokens)
+    if not np.issubdtype(t.dtype, np.integer):
+        t = t.astype(np.int64)
     dbounds, first = _duration_layout(grid)
     nd = dbounds.shape[0]
     max_tokens = grid.max_tokens.astype(np.int64).copy()
     bin_max_t = max_tokens[first[1:] - 1]  # last sub-bin of each duration bin
 
-    j = np.searchsorted(dbounds, d, side="left").astype(np.int64)
-    bucket = np.full(n, -1, dtype=np.int64)
+    j = bin_of(d, dbounds)
+    bucket = np.full(n, -1, dtype=np.int32)
     dropped: dict[str, npt.NDArray[np.int64]] = {}
     lo = float(grid.min_duration[0]) if grid.num_buckets else float("nan")
     below = d < lo if np.isfinite(lo) else np.zeros(n, dtype=bool)
     beyond = j >= nd
     inside = ~(below | beyond)
     jc = np.minimum(j, nd - 1)
-    fits = inside & (t <= bin_max_t[jc])
+    fits = t <= bin_max_t[jc]
+    fits &= inside
+    del jc
     moved = 0
     raised = 0
     if strict:
@@ -121,14 +162,23 @@ def allocate(
                 bin_max_t[-1] = max_tokens[-1]
                 raised = int(rest.shape[0])
             fits = inside
-    # first sub-bin of bin j holding t: one search over (bin, tokens) keys, ascending by design
+    # first sub-bin of bin j holding t: one search over (bin, tokens) keys, ascending by
+    # design; a (bin, tokens) table when it is small (every placed row has t <= its bin's max)
     big = int(max(max_tokens.max(initial=0), t.max(initial=0))) + 1
     keys = grid.duration_bin.astype(np.int64) * big + max_tokens
-    rows = np.flatnonzero(fits)
-    bucket[rows] = np.searchsorted(keys, j[rows] * big + t[rows], side="left")
-    return Allocation(
-        bucket=bucket.astype(np.int32), dropped=dropped, moved=moved, max_tokens=max_tokens, raised=raised
-    )
+    t_lo = int(t.min(initial=0))
+    span = int(max_tokens.max(initial=0)) - t_lo + 1
+    if nd and t_lo >= 0 and nd * span <= _MAX_TABLE and nd * span <= n:
+        cell = np.arange(nd, dtype=np.int64)[:, None] * big + (t_lo + np.arange(span))[None, :]
+        table = np.searchsorted(keys, cell.ravel(), side="left").astype(np.int32)
+        k = np.minimum(j, nd - 1)  # rows beyond the grid are not written
+        k *= span
+        k += np.minimum(t, t_lo + span - 1) - t_lo  # rows that do not fit are not written
+        np.copyto(bucket, table[k], where=fits)
+    else:
+        rows = np.flatnonzero(fits)
+        bucket[rows] = np.searchsorted(keys, j[rows].astype(np.int64) * big + t[rows], side="left")
+    return Allocation(bucket=bucket, dropped=dropped, moved=moved, max_tokens=max_tokens, raised=raised)
 
 
 def fit_spec(

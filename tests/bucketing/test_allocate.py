@@ -89,3 +89,16 @@ def test_padded_budget_rule() -> None:
     assert both.tolist() == [200, 50, 15, 1]
     with pytest.raises(ValueError):
         padded_budget_batch_sizes(md)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.01, 50.0), min_size=1, max_size=40, unique=True), st.integers(0, 10_000))
+def test_bin_of_equals_searchsorted(bounds, seed) -> None:
+    # the lookup table must agree with a binary search exactly, also on and next to bounds
+    from bucketing.allocate import bin_of
+
+    b = np.sort(np.asarray(bounds))
+    rng = np.random.default_rng(seed)
+    near = np.concatenate([b, np.nextafter(b, 0), np.nextafter(b, 100)])
+    v = np.concatenate([near, rng.uniform(-1, 60, 20_000), [0.0, np.inf, np.nan]])
+    assert np.array_equal(bin_of(v, b), np.searchsorted(b, v, side="left"))
