@@ -68,6 +68,8 @@ class EpochPlan:
     dropped: npt.NDArray[np.int64]  # rows not placed this epoch (degenerate inputs only)
     fallbacks: list[dict[str, int]] = field(default_factory=list)  # carried / borrowed / dropped
     resplit_buckets: int = 0  # buckets whose tail was re-split (sync kept)
+    real_seconds: float | None = None  # sum of the planned rows' durations (s), if known
+    real_tokens: int | None = None  # sum of the planned rows' tokens, if known
 
     @property
     def num_steps(self) -> int:
@@ -255,8 +257,14 @@ def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
     durations = np.asarray(inputs.durations, dtype=np.float64)
     tokens = np.asarray(inputs.num_tokens, dtype=np.int64)
     starts = offsets[:-1]
-    max_d = np.maximum.reduceat(durations[rows], starts) if S else np.empty(0)
-    max_t = np.maximum.reduceat(tokens[rows], starts) if S else np.empty(0, np.int64)
+    dr = durations[rows]  # one gather each, for the maxima and the real sums
+    max_d = np.maximum.reduceat(dr, starts) if S else np.empty(0)
+    real_seconds = float(dr.sum())
+    del dr
+    tr = tokens[rows]
+    max_t = np.maximum.reduceat(tr, starts) if S else np.empty(0, np.int64)
+    real_tokens = int(tr.sum())
+    del tr
     return EpochPlan(
         epoch=epoch,
         world_size=W,
@@ -268,6 +276,8 @@ def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
         dropped=np.sort(np.concatenate(dropped)) if dropped else np.empty(0, dtype=np.int64),
         fallbacks=fallbacks,
         resplit_buckets=resplit,
+        real_seconds=real_seconds,
+        real_tokens=real_tokens,
     )
 
 
@@ -299,9 +309,15 @@ class Padding:
 def padding(plan: EpochPlan, durations: npt.NDArray[np.floating], num_tokens: npt.NDArray[np.integer]) -> Padding:
     """Predicted padding of an epoch plan (audio in seconds, equal to frames up to the shift)."""
     sizes = plan.sizes()
+    real_s = plan.real_seconds
+    if real_s is None:
+        real_s = float(np.asarray(durations, dtype=np.float64)[plan.rows].sum())
+    real_t = plan.real_tokens
+    if real_t is None:
+        real_t = int(np.asarray(num_tokens, dtype=np.int64)[plan.rows].sum())
     return Padding(
-        real_seconds=float(np.asarray(durations, dtype=np.float64)[plan.rows].sum()),
+        real_seconds=real_s,
         padded_seconds=float((sizes * plan.max_duration).sum()),
-        real_tokens=int(np.asarray(num_tokens, dtype=np.int64)[plan.rows].sum()),
+        real_tokens=real_t,
         padded_tokens=int((sizes * plan.max_tokens).sum()),
     )

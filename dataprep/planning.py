@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -180,21 +181,35 @@ class _Clock:
         self.t = now
 
 
+def _write_threads() -> int:
+    """Shards written at once: one per core we may use, at most 4 (Arrow's gather,
+    encoding and compression release the GIL; each shard's bytes do not depend on it)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
 def _write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: int,
                  tick: Callable[[int], object]) -> None:
-    taken = ids.take(pa.array(ep.rows))  # ids of every batch, rank-major, in one gather
     S = ep.num_steps
-    for r in range(ep.world_size):
+
+    def one(r: int) -> None:
         lo, hi = ep.rank_slice(r)
         off = ep.offsets[lo:hi + 1]
+        a, b = int(off[0]), int(off[-1])
         table = shard_table(
             epoch=ep.epoch, first_step=first_step, bucket=ep.step_bucket, offsets=off, rows=ep.rows,
-            ids=taken.slice(int(off[0]), int(off[-1] - off[0])),
+            ids=ids.take(pa.array(ep.rows[a:b])),  # this rank's ids, one gather
             max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi],
         )
         assert table.num_rows == S
         writer.write(r, table)
-        tick(r)
+
+    with ThreadPoolExecutor(_write_threads()) as pool:
+        for r, _ in enumerate(pool.map(one, range(ep.world_size))):  # in rank order
+            tick(r)
 
 
 # --------------------------------------------------------------------------- simulate
