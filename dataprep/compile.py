@@ -189,13 +189,16 @@ def _probe(
 
 def _reject_duplicates(accepted: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Keep each id's first row (in input order); reject the others naming the first."""
-    first_origin = pl.col("origin").first().over("id")
-    return _reject(
-        accepted,
+    # the first origin is taken before the split: after it, the first *rejected* copy would be named
+    marked = accepted.with_columns(pl.col("origin").first().over("id").alias("__first"))
+    ok, bad = _reject(
+        marked,
         ~pl.col("id").is_first_distinct(),
         "duplicate_id",
-        _at(pl.concat_str([pl.lit("duplicate id "), pl.col("id"), pl.lit(" (first at "), first_origin, pl.lit(")")])),
+        _at(pl.concat_str([pl.lit("duplicate id "), pl.col("id"), pl.lit(" (first at "), pl.col("__first"),
+                           pl.lit(")")])),
     )
+    return ok.drop("__first"), bad.drop("__first")
 
 
 def iter_rows(sources: Sequence[str | os.PathLike[str]], opts: CompileOptions) -> Iterator[pl.DataFrame]:

@@ -151,3 +151,67 @@ def test_train_tokenizer_cli(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
     assert sp.get_piece_size() == 100
+
+
+# --------------------------------------------------------------------------- streaming compile
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from dataprep.compile import CompileOptions, compile_sources, compile_to_files  # noqa: E402
+from dataprep.tokenize import Tokenizers  # noqa: E402
+from manifests.errors import DataprepError  # noqa: E402
+from manifests.io import write_manifest, write_rejects  # noqa: E402
+
+
+def _in_memory_files(src: Path, spm: Path, opts: CompileOptions, folder: Path) -> tuple[Path, Path, str]:
+    """The reference: the in-memory compile written by write_manifest / write_rejects."""
+    ref = compile_sources([src], Tokenizers.from_specs([str(spm)]), opts)
+    folder.mkdir(parents=True, exist_ok=True)
+    h = write_manifest(ref.manifest, folder / "ref.parquet", ref.provenance)
+    write_rejects(ref.rejects, folder / "ref.rejects.parquet", ref.provenance)
+    return folder / "ref.parquet", folder / "ref.rejects.parquet", h
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=st.lists(st.sampled_from([f"u{k}" for k in range(15)] + ["é", "a b"]), min_size=1, max_size=30),
+       chunk_rows=st.integers(4, 12), bad=st.sets(st.integers(0, 29), max_size=5))
+def test_streaming_compile_equals_the_in_memory_compile(ids, chunk_rows, bad, tiny_spm, tmp_path) -> None:
+    run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+    rows = [{"audio_filepath": f"{i}.wav", "id": i, "duration": (-1.0 if k in bad else 1.0 + k / 10),
+             "text": "the word " * (k % 4 + 1), "lang": None if k % 5 else "en"} for k, i in enumerate(ids)]
+    src = write_nemo_manifest(run / "s.jsonl", rows)
+    opts = CompileOptions(prompt_tokens=2, chunk_rows=chunk_rows)
+    ref_m, ref_r, ref_h = _in_memory_files(src, tiny_spm, opts, run / "ref")
+    out, rej = run / "out" / "m.parquet", run / "out" / "r.parquet"
+    got = compile_to_files([src], Tokenizers.from_specs([str(tiny_spm)]), opts, out, rej)
+    assert out.read_bytes() == ref_m.read_bytes() and rej.read_bytes() == ref_r.read_bytes()
+    assert got.content_hash == ref_h
+    m, r = read_manifest(out), read_manifest(rej)
+    assert got.rows_in == len(ids) == m.height + r.height and got.rows_kept == m.height
+    assert got.hours == pytest.approx(float(m["duration"].sum() or 0.0) / 3600)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m.parquet", "r.parquet"]  # spool removed
+    good = [(k, i) for k, i in enumerate(ids) if k not in bad]
+    firsts = [i for n, (k, i) in enumerate(good) if i not in [j for _, j in good[:n]]]
+    assert m["id"].to_list() == [f"{i}.wav" for i in firsts]  # first good copy of each id (ids from the path)
+
+
+def test_streaming_compile_strict_duplicate_and_cleanup(tmp_path, tiny_spm) -> None:
+    rows = [{"audio_filepath": f"{k % 3}.wav", "duration": 1.0, "text": "one"} for k in range(7)]
+    src = write_nemo_manifest(tmp_path / "d.jsonl", rows)
+    out = tmp_path / "out" / "m.parquet"
+    opts = CompileOptions(chunk_rows=2, strict=True)
+    with pytest.raises(DataprepError, match=r"d.jsonl:4: duplicate id 0.wav \(first at [^ ]*d.jsonl:1\)"):
+        compile_to_files([src], Tokenizers.from_specs([str(tiny_spm)]), opts, out, tmp_path / "out" / "r.parquet")
+    assert list((tmp_path / "out").iterdir()) == []  # no output, no spool left behind
+
+
+def test_cli_compile_reports_counts_and_hours(tmp_path, tiny_spm) -> None:
+    rows = [{"audio_filepath": f"{k % 4}.wav", "duration": 900.0, "text": "one two"} for k in range(6)]
+    src = write_nemo_manifest(tmp_path / "h.jsonl", rows)
+    res = runner.invoke(app, ["compile", str(src), "--tokenizer", str(tiny_spm), "-o", str(tmp_path / "m.parquet")])
+    assert res.exit_code == 0, res.output
+    assert "4 (1.00 h)" in res.output and "duplicate_id" in res.output
+    r = read_manifest(tmp_path / "m.rejects.parquet")
+    assert r["reason"].to_list() == ["duplicate_id"] * 2
+    assert r["detail"].to_list() == [f"{src}:{k}: duplicate id {k - 5}.wav (first at {src}:{k - 4})" for k in (5, 6)]
