@@ -26,7 +26,15 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from dataprep.compile import _ROW, CompileOptions, CompileResult, assemble, compile_provenance, iter_rows, process_chunk
+from dataprep.compile import (
+    _ROW,
+    CompileOptions,
+    CompileResult,
+    assemble,
+    compile_provenance,
+    iter_rows,
+    process_chunk,
+)
 from dataprep.shards import MergeSummary, ShardResult, merge_parts, run_shard
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError

@@ -53,13 +53,21 @@ from dataprep.compile import (
     CompileOptions,
     compile_provenance,
     finish_spool,
-    spool_folder,
     iter_rows,
     spool_chunks,
+    spool_folder,
 )
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
-from manifests.io import ROW_GROUP_ROWS, atomic_path, file_sha256, rebatch, write_json, write_parquet_stream, write_rejects
+from manifests.io import (
+    ROW_GROUP_ROWS,
+    atomic_path,
+    file_sha256,
+    rebatch,
+    write_json,
+    write_parquet_stream,
+    write_rejects,
+)
 from manifests.schema import MANIFEST_SCHEMA
 
 MARKER_VERSION = 1

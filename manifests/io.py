@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -162,24 +163,34 @@ class ContentHasher:
         valid = arr.is_valid().to_numpy(zero_copy_only=False)
         d.update(np.packbits(valid).tobytes())
         t = arr.type
-        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t) \
-                or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-            binary = pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
-            arr = pc.fill_null(arr, b"" if binary else "").cast(pa.large_binary() if binary else pa.large_string())
-            _, offsets_buf, data_buf = arr.buffers()
-            offsets = np.frombuffer(offsets_buf, dtype="<i8")[arr.offset: arr.offset + len(arr) + 1]
-            d.update((offsets - offsets[0]).astype("<i8").tobytes())
-            if data_buf is not None and offsets[-1] > offsets[0]:
-                d.update(memoryview(data_buf)[int(offsets[0]): int(offsets[-1])])
+        if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
+            arr = arr.cast(pa.large_binary() if pa.types.is_binary_view(t) else pa.large_string())
+            t = arr.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            offsets, data = self._offsets(arr)
+            if arr.null_count and (np.diff(offsets)[~valid] != 0).any():  # bytes under a null slot
+                binary = pa.types.is_binary(t) or pa.types.is_large_binary(t)
+                offsets, data = self._offsets(pc.fill_null(arr, b"" if binary else ""))
+            d.update((offsets - offsets[0]).astype("<i8", copy=False).tobytes())
+            if data is not None and offsets[-1] > offsets[0]:
+                d.update(memoryview(data)[int(offsets[0]): int(offsets[-1])])
         elif pa.types.is_boolean(t):
             d.update(pc.fill_null(arr, False).to_numpy(zero_copy_only=False).astype(np.uint8).tobytes())
         elif pa.types.is_integer(t) or pa.types.is_floating(t):
-            values = pc.fill_null(arr, 0).to_numpy(zero_copy_only=False)
+            values = (pc.fill_null(arr, 0) if arr.null_count else arr).to_numpy(zero_copy_only=False)
             d.update(values.astype(values.dtype.newbyteorder("<"), copy=False).tobytes())
         elif pa.types.is_null(t):
             pass
         else:
             raise TypeError(f"content hash: unsupported column type {t}")
+
+    @staticmethod
+    def _offsets(arr: pa.Array) -> tuple[npt.NDArray[np.int64], pa.Buffer | None]:
+        """(int64 offsets of the array's rows, its data buffer)."""
+        _, offsets_buf, data_buf = arr.buffers()
+        width = "<i8" if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type) else "<i4"
+        offsets = np.frombuffer(offsets_buf, dtype=width)[arr.offset: arr.offset + len(arr) + 1].astype(np.int64)
+        return offsets, data_buf
 
     def hexdigest(self) -> str:
         """The hash of every row added so far (``update`` may not be called afterwards)."""

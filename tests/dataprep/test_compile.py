@@ -9,11 +9,16 @@ import numpy as np
 import polars as pl
 import pytest
 import sentencepiece as spm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dataprep.cli import app
+from dataprep.compile import CompileOptions, compile_sources, compile_to_files
 from dataprep.testing import write_nemo_manifest, write_tone
-from manifests.io import read_manifest, read_metadata
+from dataprep.tokenize import Tokenizers
+from manifests.errors import DataprepError
+from manifests.io import read_manifest, read_metadata, write_manifest, write_rejects
 from tests.conftest import read_shared_csv, shared_file
 
 runner = CliRunner()
@@ -155,13 +160,7 @@ def test_train_tokenizer_cli(tmp_path) -> None:
 
 # --------------------------------------------------------------------------- streaming compile
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
-from dataprep.compile import CompileOptions, compile_sources, compile_to_files  # noqa: E402
-from dataprep.tokenize import Tokenizers  # noqa: E402
-from manifests.errors import DataprepError  # noqa: E402
-from manifests.io import write_manifest, write_rejects  # noqa: E402
 
 
 def _in_memory_files(src: Path, spm: Path, opts: CompileOptions, folder: Path) -> tuple[Path, Path, str]:

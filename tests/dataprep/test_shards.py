@@ -292,3 +292,28 @@ def test_ray_executor_gives_the_same_bytes(corpus, spm_model, single, tmp_path) 
     _ok(*_compile_args(corpus, spm_model), "--executor", "ray", "-o", str(out))
     assert out.read_bytes() == single[0].read_bytes()
     assert out.with_name("ray.rejects.parquet").read_bytes() == single[1].read_bytes()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(owner=st.lists(st.integers(0, 3), max_size=120), window=st.integers(1, 50), batch=st.integers(1, 9),
+       dropped=st.sets(st.integers(0, 119), max_size=30))
+def test_merged_tables_is_input_order_in_bounded_windows(owner, window, batch, dropped, tmp_path) -> None:
+    """Rows spread over 4 parts (each sorted by __row, some rows in none: rejected) come back in
+    __row order whatever the window and batch sizes."""
+    import pyarrow.parquet as pq
+
+    from dataprep.shards import merged_tables
+
+    run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+    run.mkdir()
+    paths = []
+    for shard in range(4):
+        rows = [r for r, o in enumerate(owner) if o == shard and r not in dropped]
+        path = run / f"p{shard}.parquet"
+        pq.write_table(pa.table({"x": [f"row{r}" for r in rows], "__row": pa.array(rows, pa.int64())}), path,
+                       row_group_size=7)
+        paths.append(path)
+    out = list(merged_tables(paths, window=window, batch_rows=batch))
+    assert all(t.num_rows <= window and t.column_names == ["x"] for t in out)
+    got = [v for t in out for v in t["x"].to_pylist()]
+    assert got == [f"row{r}" for r in range(len(owner)) if r not in dropped]
