@@ -33,13 +33,13 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bucketing.allocate import fit_spec
-from dataprep.loader import BatchBuilder, ManifestColumns, iter_plan_batches
+from dataprep.loader import BatchBuilder, ManifestColumns
+from manifests.plan_files import PlanShard
 from dataprep.planning import build_plan
 from dataprep.testing import WORDS, write_tone
 from dataprep.tokenize import train_model
 from manifests.buckets_file import write_buckets
 from manifests.io import write_manifest
-from manifests.plan_files import PlanShard
 
 
 def build(work: Path, n: int, world_size: int) -> tuple[Path, Path, Path]:
@@ -99,13 +99,13 @@ def main() -> None:
     meta_first, audio_first = [], []
     for _ in range(args.repeats):
         t = time.perf_counter()
-        pb = next(iter_plan_batches(plan, 0))
+        pb = next(PlanShard(plan, 0).iter_batches())
         cols = ManifestColumns.open(manifest, cache)
         cols.gather(pb.rows, pb.ids)
         meta_first.append(time.perf_counter() - t)
         t = time.perf_counter()
         b = BatchBuilder(manifest, [str(spm)], cache_dir=cache)
-        batch = b.build(next(iter_plan_batches(plan, 0)))
+        batch = b.build(next(PlanShard(plan, 0).iter_batches()))
         audio_first.append(time.perf_counter() - t)
 
     cols = ManifestColumns.open(manifest, cache)
@@ -114,7 +114,7 @@ def main() -> None:
     chunk = 100
     for strings, out in ((False, per_batch), (True, with_strings)):
         # seek to the middle (no earlier row group is read); each pass reads batches no pass read
-        it = iter_plan_batches(plan, 0, shard.num_steps // 2 if not strings else shard.num_steps // 4)
+        it = PlanShard(plan, 0).iter_batches(shard.num_steps // 2 if not strings else shard.num_steps // 4)
         for _ in range(max(1, args.batches // chunk)):
             t = time.perf_counter()
             n = 0
@@ -145,9 +145,10 @@ def main() -> None:
 
 _FRESH = """
 import sys, time
-from dataprep.loader import ManifestColumns, iter_plan_batches
+from dataprep.loader import ManifestColumns
+from manifests.plan_files import PlanShard
 t = time.perf_counter()
-pb = next(iter_plan_batches(sys.argv[2], 0))
+pb = next(PlanShard(sys.argv[2], 0).iter_batches())
 ManifestColumns.open(sys.argv[1], sys.argv[3]).gather(pb.rows, pb.ids)
 print(time.perf_counter() - t)
 """

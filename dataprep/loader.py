@@ -48,6 +48,7 @@ from dataprep.features import SAMPLE_RATE, LogMel
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
 from manifests.io import manifest_hash
+from manifests.arrow_views import numpy_view, single_chunk
 from manifests.plan_files import PlanBatch, PlanShard
 
 #: manifest columns the loader reads (ids come from the plan, which holds them per batch)
@@ -60,7 +61,6 @@ CACHE_VERSION = 3
 #: audio file dictionaries up to this many paths are kept as Python strings per process
 SMALL_DICTIONARY = 1 << 16
 #: plan shard columns the loader reads
-_SHARD_COLUMNS = ["epoch", "step", "step_in_epoch", "bucket", "ids", "rows"]
 
 T = TypeVar("T")
 
@@ -78,14 +78,6 @@ def default_cache_dir() -> Path:
     if env:
         return Path(env)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speech-dataprep"
-
-
-def _numpy_view(arr: pa.Array, dtype: type[np.generic]) -> npt.NDArray[Any]:
-    """Zero-copy numpy view of a null-free fixed-width array (``Array.to_numpy`` would import
-    pandas on its first call: half a second in a fresh process)."""
-    if arr.null_count:
-        raise ValueError("column with nulls")  # the cache builder fills them; a bug if reached
-    return np.frombuffer(arr.buffers()[1], dtype=dtype)[arr.offset: arr.offset + len(arr)]
 
 
 @dataclass(frozen=True)
@@ -142,12 +134,12 @@ class ManifestColumns:
     def __init__(self, table: pa.Table, source: str) -> None:
         self.source = source
         self.num_rows = table.num_rows
-        cols = {name: _single_chunk(table.column(name)) for name in LOADER_COLUMNS}
-        self._offset = _numpy_view(cols["offset"], np.float64)
-        self._duration = _numpy_view(cols["duration"], np.float64)
-        self._num_tokens = _numpy_view(cols["num_tokens"], np.int32)
-        self._audio = _numpy_view(cols["audio_path"].indices, np.int32)
-        self._lang = _numpy_view(cols["lang"].indices, np.int32)
+        cols = {name: single_chunk(table.column(name)) for name in LOADER_COLUMNS}
+        self._offset = numpy_view(cols["offset"], np.float64)
+        self._duration = numpy_view(cols["duration"], np.float64)
+        self._num_tokens = numpy_view(cols["num_tokens"], np.int32)
+        self._audio = numpy_view(cols["audio_path"].indices, np.int32)
+        self._lang = numpy_view(cols["lang"].indices, np.int32)
         #: distinct audio files (mapped strings); ``RowsMeta.audio_codes`` index it
         self.audio_files: pa.Array = cols["audio_path"].dictionary
         #: transcripts (mapped strings), one per manifest row
@@ -201,11 +193,6 @@ class ManifestColumns:
             num_tokens=self._num_tokens[rows].astype(np.int64), audio_codes=self._audio[rows],
             lang_codes=self._lang[rows], columns=self,
         )
-
-
-def _single_chunk(col: pa.ChunkedArray) -> pa.Array:
-    """The array of a one-chunk column without copying (``combine_chunks`` copies even then)."""
-    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
 @contextlib.contextmanager
@@ -342,35 +329,6 @@ def load_audio(utt_id: str, path: str, offset: float, duration: float | None,
 
 
 # --------------------------------------------------------------------------- plan shards
-
-
-def _column_view(col: pa.ChunkedArray, dtype: type[np.generic]) -> npt.NDArray[Any]:
-    return _numpy_view(_single_chunk(col), dtype)
-
-
-def iter_plan_batches(plan_dir: str | os.PathLike[str], rank: int, start_step: int = 0) -> Iterator[PlanBatch]:
-    """Rank ``rank``'s batches from ``start_step`` on, one row group read at a time: the
-    batches of :meth:`manifests.plan_files.PlanShard.iter_batches`, decoded without
-    ``Array.to_numpy`` (its first call imports pandas, half a second of a fresh process).
-    Row groups before ``start_step``'s are not read (footer statistics)."""
-    shard = PlanShard(plan_dir, rank)  # checks the file, knows the step range of each row group
-    groups = shard.row_groups_from(start_step)
-    if not groups:
-        return
-    pf = pq.ParquetFile(shard.path)
-    for g in groups:
-        t = pf.read_row_group(g, columns=_SHARD_COLUMNS)
-        steps = _column_view(t.column("step"), np.int64)
-        epochs = _column_view(t.column("epoch"), np.int32).tolist()
-        sie = _column_view(t.column("step_in_epoch"), np.int64).tolist()
-        buckets = _column_view(t.column("bucket"), np.int32).tolist()
-        rows_col = _single_chunk(t.column("rows"))
-        offs = _numpy_view(rows_col.offsets, np.int32)
-        vals = _numpy_view(rows_col.values, np.int64)
-        ids = t.column("ids").to_pylist()
-        step_list = steps.tolist()
-        for i in range(int(np.searchsorted(steps, start_step)), t.num_rows):
-            yield PlanBatch(epochs[i], step_list[i], sie[i], buckets[i], ids[i], vals[offs[i]:offs[i + 1]])
 
 
 # --------------------------------------------------------------------------- batches
@@ -514,7 +472,7 @@ class PlanDataset(IterableDataset[Batch]):
 
     def plan_batches(self) -> Iterator[PlanBatch]:
         """The shard's batches in the step range (metadata only)."""
-        for pb in iter_plan_batches(self.plan_dir, self.rank, self.start_step):
+        for pb in PlanShard(self.plan_dir, self.rank).iter_batches(self.start_step):
             if self.stop_step is not None and pb.step >= self.stop_step:
                 return
             yield pb

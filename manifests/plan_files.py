@@ -44,6 +44,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from manifests.arrow_views import numpy_view, single_chunk
 from manifests.errors import ManifestError
 from manifests.io import atomic_path, file_sha256, write_json
 
@@ -290,18 +291,18 @@ class PlanShard:
         """Yield batches from ``start_step`` on, one row group read at a time."""
         for g in self.row_groups_from(start_step):
             t = self._file.read_row_group(g, columns=["epoch", "step", "step_in_epoch", "bucket", "ids", "rows"])
-            steps = t.column("step").to_numpy()
+            steps = numpy_view(t.column("step"), np.int64)
             skip = int(np.searchsorted(steps, start_step))
-            rows_col = t.column("rows").combine_chunks()
-            offs = rows_col.offsets.to_numpy()
-            vals = rows_col.values.to_numpy()
+            rows_col = single_chunk(t.column("rows"))
+            offs = numpy_view(rows_col.offsets, np.int32)
+            vals = numpy_view(rows_col.values, np.int64)
             ids = t.column("ids").to_pylist()
-            epochs = t.column("epoch").to_numpy()
-            sie = t.column("step_in_epoch").to_numpy()
-            buckets = t.column("bucket").to_numpy()
+            epochs = numpy_view(t.column("epoch"), np.int32).tolist()
+            sie = numpy_view(t.column("step_in_epoch"), np.int64).tolist()
+            buckets = numpy_view(t.column("bucket"), np.int32).tolist()
+            step_list = steps.tolist()
             for i in range(skip, t.num_rows):
-                yield PlanBatch(int(epochs[i]), int(steps[i]), int(sie[i]), int(buckets[i]), ids[i],
-                                vals[offs[i]:offs[i + 1]])
+                yield PlanBatch(epochs[i], step_list[i], sie[i], buckets[i], ids[i], vals[offs[i]:offs[i + 1]])
 
     def __iter__(self) -> Iterator[PlanBatch]:
         return self.iter_batches()

@@ -20,7 +20,6 @@ from dataprep.loader import (
     BatchBuilder,
     ManifestColumns,
     PlanDataset,
-    iter_plan_batches,
     load_audio,
     make_loader,
 )
@@ -111,20 +110,6 @@ def test_batches_follow_the_shard_with_real_tensors(corpus: Corpus, tmp_path: Pa
             assert x.tokens.shape[0] == len(p.ids) and int(x.token_lens.min()) >= 2
             pad = x.features[0, int(x.feature_lens[0]):]
             assert (pad == 0).all()
-
-
-def test_plan_batches_are_the_shard_readers_from_any_step(corpus: Corpus) -> None:
-    plan = corpus.plan(2, epochs=2)
-    for rank in range(2):
-        ref = list(PlanShard(plan, rank))
-        for k in sorted({0, 1, len(ref) // 2, len(ref) - 1, len(ref), len(ref) + 5}):
-            got = list(iter_plan_batches(plan, rank, ref[k].step if k < len(ref) else k))
-            assert len(got) == max(0, len(ref) - k)
-            for a, b in zip(got, ref[k:]):
-                assert (a.epoch, a.step, a.step_in_epoch, a.bucket, a.ids) == (b.epoch, b.step, b.step_in_epoch,
-                                                                              b.bucket, b.ids)
-                np.testing.assert_array_equal(a.rows, b.rows)
-                assert a.rows.dtype == np.int64
 
 
 def test_deterministic_whatever_the_worker_count(corpus: Corpus, tmp_path: Path) -> None:

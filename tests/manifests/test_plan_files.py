@@ -132,3 +132,16 @@ def test_reader_errors_are_one_line(tmp_path) -> None:
     pq.write_table(pa.table({"x": [1]}), tmp_path / "rank-00001.parquet")
     with pytest.raises(ManifestError, match="not a plan shard"):
         open_shard(tmp_path, 1)
+
+
+def test_reading_a_shard_does_not_import_pandas(plan) -> None:
+    plan = plan[0]
+    """Trainers start in well under a second: the shard reader must not pull in pandas."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from manifests.plan_files import open_shard; "
+            f"b = next(open_shard({str(plan)!r}, 0).iter_batches(1)); "
+            "assert b.rows.dtype.name == 'int64' and b.step == 1; print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
