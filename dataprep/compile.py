@@ -358,7 +358,7 @@ class AcceptedSpool:
         self.close()
         schema = PART_SCHEMA if keep_row else MANIFEST_SCHEMA
         drop = np.sort(np.asarray(drop_rows if drop_rows is not None else [], dtype=np.int64))
-        for batch in pq.ParquetFile(self.path).iter_batches(batch_size=batch_rows):
+        for batch in open_parquet(self.path).iter_batches(batch_size=batch_rows):
             table = pa.Table.from_batches([batch])
             if drop.size:
                 rows = table[_ROW].to_numpy()
@@ -366,6 +366,12 @@ class AcceptedSpool:
             if not keep_row:
                 table = table.drop_columns([_ROW])
             yield table.cast(schema)
+
+
+def open_parquet(path: str | os.PathLike[str]) -> pq.ParquetFile:
+    """A Parquet file for one streaming pass: no pre-buffering (pyarrow's pre-buffer cache keeps
+    every range it read until the file is closed: memory growing with the file)."""
+    return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
 
 
 @contextlib.contextmanager

@@ -54,6 +54,7 @@ from dataprep.compile import (
     compile_provenance,
     finish_spool,
     iter_rows,
+    open_parquet,
     spool_chunks,
     spool_folder,
 )
@@ -405,7 +406,7 @@ def merged_tables(parts: Sequence[str | os.PathLike[str]], *, window: int = ROW_
     A k-way merge by windows of ``window`` input row numbers: memory about one window plus one
     batch per part, whatever the total.
     """
-    readers = [pq.ParquetFile(p).iter_batches(batch_size=batch_rows) for p in parts]
+    readers = [open_parquet(p).iter_batches(batch_size=batch_rows) for p in parts]
     buffers: list[pa.Table | None] = [None] * len(readers)
     done = [False] * len(readers)
     lo = 0
@@ -471,7 +472,7 @@ def merge_parts(
         raise DataprepError(f"{folder}: parts hold {kept + rej.height} rows, markers say {rows_in}")
     seconds = 0.0
     for p in all_paths:
-        for batch in pq.ParquetFile(p.part).iter_batches(columns=["duration"]):
+        for batch in open_parquet(p.part).iter_batches(columns=["duration"]):
             seconds += float(pc.sum(batch.column(0)).as_py() or 0.0)
     parts = [p.part for p in all_paths]
     written = write_parquet_stream(lambda: merged_tables(parts), output, MANIFEST_SCHEMA, "manifest", provenance)
