@@ -399,7 +399,7 @@ def load_parts(folder: str | os.PathLike[str]) -> MergeResult:
     return MergeResult(manifest, rej, rows_in, reasons, dict(markers[0]["provenance"]), len(markers))
 
 
-def merged_tables(parts: Sequence[str | os.PathLike[str]], *, window: int = ROW_GROUP_ROWS,
+def merged_tables(parts: Sequence[str | os.PathLike[str]], *, window: int = 1 << 17,
                   batch_rows: int = 1 << 16) -> Iterator[pa.Table]:
     """The rows of ``parts`` (each sorted by ``__row``) merged in ``__row`` order, without ``__row``.
 
