@@ -6,6 +6,7 @@ Imports nothing else of this project and never torch: any trainer can depend on 
 from manifests.buckets_file import Bucket, BucketSpec, read_buckets, write_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import (
+    ContentHasher,
     atomic_path,
     file_sha256,
     manifest_hash,
@@ -14,12 +15,17 @@ from manifests.io import (
     table_hash,
     write_json,
     write_manifest,
+    write_parquet_stream,
     write_rejects,
 )
+from manifests.plan_files import PlanBatch, PlanShard, open_shard, read_plan_json
 from manifests.schema import MANIFEST_COLUMNS, MANIFEST_SCHEMA, REJECT_REASONS, SCHEMA_VERSION
 
 __all__ = [
     "Bucket",
+    "ContentHasher",
+    "PlanBatch",
+    "PlanShard",
     "BucketSpec",
     "DataprepError",
     "MANIFEST_COLUMNS",
@@ -30,12 +36,15 @@ __all__ = [
     "atomic_path",
     "file_sha256",
     "manifest_hash",
+    "open_shard",
     "read_buckets",
     "read_manifest",
     "read_metadata",
+    "read_plan_json",
     "table_hash",
     "write_buckets",
     "write_json",
     "write_manifest",
+    "write_parquet_stream",
     "write_rejects",
 ]

@@ -105,6 +105,8 @@ def empty_rejects() -> pl.DataFrame:
 
 def conform(df: pl.DataFrame, schema: dict[str, pl.DataType] = POLARS_SCHEMA) -> pl.DataFrame:
     """Select ``schema``'s columns in order with its dtypes; absent columns become null."""
+    if not df.columns:  # a select of literals alone would make one all-null row
+        return pl.DataFrame(schema=schema)
     return df.select(
         [
             (pl.col(name) if name in df.columns else pl.lit(None)).cast(dtype).alias(name)

@@ -196,3 +196,10 @@ def conform_frame(df: pl.DataFrame) -> pa.Table:
     from manifests.schema import POLARS_SCHEMA, conform
 
     return conform(df, POLARS_SCHEMA).to_arrow().cast(MANIFEST_SCHEMA)
+
+
+def test_conform_of_an_empty_frame_has_no_rows() -> None:
+    from manifests.schema import MANIFEST_COLUMNS, conform
+
+    out = conform(pl.DataFrame())
+    assert out.height == 0 and tuple(out.columns) == MANIFEST_COLUMNS
