@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.allocate import allocate
+from bucketing.allocate import allocate, carry_tails
 from bucketing.batching import Batches, form_batches, form_batches_cumulative
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.fit import Grid, fit_buckets
@@ -124,13 +124,15 @@ def padding_report(
     window: int | None = None,
     sort_by: str | None = None,
     audio_weight: float | None = None,
+    carry: bool = True,
 ) -> dict[str, Any]:
     """Compare the four schemes on one manifest (see the module docstring).
 
     ``budget``: padded seconds per batch for schemes 1 and 3 (scheme 4 uses ``batch_sizes``);
     ``cumulative_budget``: real seconds per batch for scheme 2 (default: ``budget``).
     ``window`` / ``sort_by`` / ``audio_weight``: in-bucket grouping passed to ``form_batches``
-    (None = its default).
+    (None = its default). ``carry``: bucket tails fill the next bucket that holds them
+    (:func:`bucketing.allocate.carry_tails`) in the bucketed schemes 3 and 4, as the planner does.
     Returns JSON-ready figures; ``per_bucket`` holds the 2D scheme's buckets.
     """
     d = np.asarray(duration, dtype=np.float64)
@@ -161,10 +163,16 @@ def padding_report(
     cum = form_batches_cumulative(b1, d, cumulative_budget or budget, rng(1))
     schemes["1d-cumulative"] = {**measure(cum, d, t).to_json(), "excluded": 0}
     bs1 = padded_budget_batch_sizes(fit1.max_duration, max_duration_budget=budget)
+    if carry:
+        b1 = carry_tails(b1, d, None, bs1, np.zeros(fit1.num_buckets, dtype=np.int64), fit1.duration_bin)[0]
     schemes["1d-budget"] = {**measure(form_batches(b1, bs1, rng(2), t, **opts), d, t).to_json(), "excluded": 0}
 
     alloc = allocate(d, t, grid, strict=strict)
-    batches2 = form_batches(alloc.bucket, np.asarray(batch_sizes), rng(3), t, **opts)
+    b2, carried = alloc.bucket, 0
+    if carry and not strict:
+        mt = alloc.max_tokens if alloc.max_tokens is not None else grid.max_tokens
+        b2, carried = carry_tails(b2, d, t, batch_sizes, mt, grid.duration_bin)
+    batches2 = form_batches(b2, np.asarray(batch_sizes), rng(3), t, **opts)
     schemes["2d"] = {**measure(batches2, d, t).to_json(), "excluded": alloc.num_dropped}
     pb = per_bucket(batches2, d, t, grid.num_buckets)
     return {
@@ -175,6 +183,7 @@ def padding_report(
         "schemes": schemes,
         "dropped": {k: int(v.shape[0]) for k, v in alloc.dropped.items()},
         "moved": alloc.moved,
+        "carried": carried,
         "per_bucket": [
             {
                 "index": i,

@@ -101,6 +101,7 @@ def padding_cmd(
     sort_by: Annotated[Optional[str], typer.Option(help="auto, both, tokens, duration or none.")] = None,
     audio_weight: Annotated[float, typer.Option(
         min=0.0, help="Grouping cost: a point of audio padding counts as this many of token padding.")] = DEFAULT_AUDIO_WEIGHT,
+    carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch (as plan-batches does).")] = True,
 ) -> None:
     """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D."""
     d, t = _columns(manifest)
@@ -116,7 +117,7 @@ def padding_cmd(
     try:
         report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
                                 strict=strict, seed=seed, window=window, sort_by=sort_by,
-                                audio_weight=audio_weight)
+                                audio_weight=audio_weight, carry=carry)
     except ValueError as exc:
         raise DataprepError(f"{manifest}: {exc}") from None
     report["manifest_hash"] = manifest_hash(manifest)

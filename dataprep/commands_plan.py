@@ -34,6 +34,8 @@ def plan_batches_cmd(
     interleave: str = typer.Option("random", "--interleave",
                                    help="Step order across buckets: random (default) or ascending (short first)."),
     row_group_steps: int = typer.Option(128, "--row-group-steps", help="Steps per Parquet row group (seek unit)."),
+    carry: bool = typer.Option(True, "--carry/--no-carry",
+                               help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch."),
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
     if interleave not in ("random", "ascending"):
@@ -41,7 +43,7 @@ def plan_batches_cmd(
     with _progress() as prog:
         task = prog.add_task("planning", total=epochs * world_size)
         meta = build_plan(manifest, buckets, out_dir, world_size=world_size, seed=seed, epochs=epochs,
-                          strict=strict, interleave=interleave, row_group_steps=row_group_steps,
+                          strict=strict, interleave=interleave, row_group_steps=row_group_steps, carry=carry,
                           on_progress=lambda done, total: prog.update(task, completed=done))
     print_plan(meta, out_dir)
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bucketing.allocate import allocate
+from bucketing.allocate import allocate, carry_tails
 from bucketing.costmodel import CostModel
 from bucketing.fit import grid_from_spec
 from bucketing.plan import EpochPlan, PlanError, PlanInputs, padding, plan_epoch
@@ -53,6 +53,7 @@ def build_plan(
     strict: bool = False,
     interleave: str = "random",
     row_group_steps: int = 128,
+    carry: bool = True,
     on_progress: Callable[[int, int], None] | None = None,
     timings: dict[str, float] | None = None,
 ) -> dict[str, Any]:
@@ -79,7 +80,10 @@ def build_plan(
     clock("read")
     alloc = allocate(duration, tokens, grid, strict=strict)
     max_tokens = alloc.max_tokens if alloc.max_tokens is not None else grid.max_tokens
-    inputs = PlanInputs(alloc.bucket, bs, duration, tokens, grid.max_duration, max_tokens.astype(np.float64))
+    bucket_of_row, carried = alloc.bucket, 0
+    if carry and not strict:
+        bucket_of_row, carried = carry_tails(bucket_of_row, duration, tokens, bs, max_tokens, grid.duration_bin)
+    inputs = PlanInputs(bucket_of_row, bs, duration, tokens, grid.max_duration, max_tokens.astype(np.float64))
     clock("allocate")
 
     steps_per_epoch: list[int] = []
@@ -136,6 +140,7 @@ def build_plan(
                 "allocated_rows": int((alloc.bucket >= 0).sum()),
                 "left_out": {k: v.tolist() for k, v in sorted(alloc.dropped.items())},
                 "moved_to_longer_bin": alloc.moved,
+                "carried_tails": carried,
                 "raised_max_tokens_rows": alloc.raised,
             },
             "num_steps": first_step,

@@ -102,3 +102,35 @@ def test_bin_of_equals_searchsorted(bounds, seed) -> None:
     near = np.concatenate([b, np.nextafter(b, 0), np.nextafter(b, 100)])
     v = np.concatenate([near, rng.uniform(-1, 60, 20_000), [0.0, np.inf, np.nan]])
     assert np.array_equal(bin_of(v, b), np.searchsorted(b, v, side="left"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 400), nd=st.integers(1, 5), ns=st.integers(1, 3), seed=st.integers(0, 10_000),
+       max_bs=st.integers(1, 12), across=st.booleans())
+def test_carried_tails_stay_in_a_bucket_that_holds_them(n, nd, ns, seed, max_bs, across) -> None:
+    from bucketing.allocate import carry_tails
+
+    rng = np.random.default_rng(seed)
+    d = rng.uniform(0.5, 20, n).round(2)
+    t = np.maximum(1, (d * rng.uniform(1, 6, n))).astype(np.int64)
+    grid = fit_buckets(d, t, num_buckets=nd, num_subbuckets=ns).grid
+    alloc = allocate(d, t, grid)
+    bs = rng.integers(1, max_bs + 1, grid.num_buckets)
+    mt = alloc.max_tokens
+    b, carried = carry_tails(alloc.bucket, d, t, bs, mt, grid.duration_bin, across_bins=across)
+    ok = b >= 0
+    assert np.array_equal(ok, alloc.bucket >= 0)  # left-out rows stay out, nothing else leaves
+    assert (d[ok] <= grid.max_duration[b[ok]]).all() and (t[ok] <= mt[b[ok]]).all()
+    assert (b[ok] >= alloc.bucket[ok]).all()  # rows only move on to later buckets
+    assert carried == int((b != alloc.bucket).sum())
+    counts = np.bincount(b[ok], minlength=grid.num_buckets)
+    if not across:  # rows keep their duration bin
+        assert np.array_equal(grid.duration_bin[b[ok]], grid.duration_bin[alloc.bucket[ok]])
+    # a bucket ends with whole batches unless no bucket it may pass rows to holds its tail
+    for k in range(grid.num_buckets - 1):
+        if counts[k] % bs[k]:
+            rows = np.flatnonzero(b == k)
+            allowed = np.arange(k + 1, grid.num_buckets)
+            if not across:
+                allowed = allowed[grid.duration_bin[allowed] == grid.duration_bin[k]]
+            assert not (t[rows][:, None] <= mt[None, allowed]).any(axis=1).all()
