@@ -38,11 +38,12 @@ class Corpus:
     buckets: Path
     num_shared: int
 
-    def plan(self, world_size: int, epochs: int = 1, seed: int = 0) -> Path:
-        out = self.root / f"plan-w{world_size}-e{epochs}-s{seed}"
+    def plan(self, world_size: int, epochs: int = 1, seed: int = 0, carry: bool = True) -> Path:
+        out = self.root / f"plan-w{world_size}-e{epochs}-s{seed}-{'carry' if carry else 'nocarry'}"
         if not out.exists():
             invoke("plan-batches", str(self.manifest), "--buckets", str(self.buckets), "--world-size",
-                   str(world_size), "--seed", str(seed), "--epochs", str(epochs), "-o", str(out))
+                   str(world_size), "--seed", str(seed), "--epochs", str(epochs), "-o", str(out),
+                   "--carry" if carry else "--no-carry")
         return out
 
 

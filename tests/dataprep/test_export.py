@@ -55,7 +55,9 @@ def test_lhotse_round_trip_same_buckets(corpus: Corpus, tmp_path: Path, source: 
     from lhotse import CutSet
     from lhotse.dataset.sampling.dynamic_bucketing import DynamicBucketingSampler
 
-    src = corpus.buckets if source == "buckets" else corpus.plan(1)
+    # Lhotse puts each cut in the smallest bucket that holds it; a plan that carried bucket
+    # tails on (the default) moved some rows further, which Lhotse's bins cannot express.
+    src = corpus.buckets if source == "buckets" else corpus.plan(1, carry=False)
     invoke("export", "lhotse", str(src), "--manifest", str(corpus.manifest), "-o", str(tmp_path))
     bins = json.loads((tmp_path / "bins.json").read_text())
     cuts = CutSet.from_jsonl(tmp_path / "cuts.jsonl.gz").to_eager()
