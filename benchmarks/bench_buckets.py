@@ -35,11 +35,10 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bucketing.allocate import fit_spec  # noqa: E402
+from bucketing.allocate import carry_tails, fit_spec  # noqa: E402
 from bucketing.batching import form_batches  # noqa: E402
 from bucketing.fit import fit_buckets, grid_from_spec  # noqa: E402
 from bucketing.padding import measure  # noqa: E402
-from bucketing.allocate import allocate  # noqa: E402
 
 CORPORA = ("librispeech.train-clean-100.csv", "commonvoice.id_ps.csv")
 BUDGET = 600.0
@@ -78,11 +77,15 @@ class Row:
     moved: int = 0
 
 
-def ours(d: np.ndarray, t: np.ndarray, seeds: int, fences: bool = True, **opts) -> Row:
+def ours(d: np.ndarray, t: np.ndarray, seeds: int, fences: bool = True, carry: bool = True, **opts) -> Row:
     off = {} if fences else {"outlier_fence": None, "token_fence": None}
     spec, alloc = fit_spec(d, t, num_buckets=30, num_subbuckets=2, max_duration_budget=BUDGET, **off)
     sizes = np.array([b.batch_size for b in spec.buckets])
-    ps = [measure(form_batches(alloc.bucket, sizes, np.random.default_rng([s, 0]), t, duration=d, **opts), d, t)
+    grid = grid_from_spec(spec)
+    bucket = alloc.bucket  # bucket tails carried on as the planner and `dataprep padding` do
+    if carry:
+        bucket = carry_tails(bucket, d, t, sizes, alloc.max_tokens, grid.duration_bin)[0]
+    ps = [measure(form_batches(bucket, sizes, np.random.default_rng([s, 0]), t, duration=d, **opts), d, t)
           for s in range(seeds)]
     return Row(statistics.median(p.audio_padding for p in ps), statistics.median(p.token_padding for p in ps),
                statistics.median(p.mean_batch_size for p in ps), int(statistics.median(p.num_batches for p in ps)),
@@ -198,6 +201,7 @@ def main() -> None:
             short = name.split(".")[0]
             for label, row in (
                 ("ours (default)", ours(d, t, args.repeats)),
+                ("ours (no carried tails)", ours(d, t, args.repeats, carry=False)),
                 ("ours (no fences)", ours(d, t, args.repeats, fences=False)),
                 ("ours (plain shuffle, window=1)", ours(d, t, args.repeats, window=1)),
                 ("lhotse DynamicBucketing + 2D", lhotse_side(d, t, args.repeats)),

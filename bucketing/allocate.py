@@ -23,6 +23,7 @@ that move.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -231,6 +232,17 @@ def fit_spec(
     return spec, alloc
 
 
+def _largest(rows: npt.NDArray[np.int64], key: npt.NDArray[Any], count: int) -> npt.NDArray[np.int64]:
+    """The ``count`` rows of largest ``key``, ties to the larger row number: what
+    ``rows[np.lexsort((rows, key))[-count:]]`` picks (as a set), in O(n)."""
+    kth = rows.shape[0] - count
+    threshold = np.partition(key, kth)[kth]
+    above = key > threshold
+    need = count - int(above.sum())
+    tied = np.sort(rows[key == threshold])
+    return np.concatenate([rows[above], tied[tied.shape[0] - need:]])
+
+
 def carry_tails(
     bucket: npt.NDArray[np.integer],
     duration: npt.NDArray[np.floating],
@@ -274,7 +286,7 @@ def carry_tails(
         if tail == 0:
             continue
         key = t[members] if dbin[k + 1] == dbin[k] else d[members]
-        pick = members[np.lexsort((members, key))[-tail:]]
+        pick = _largest(members, key, tail)
         target = np.full(tail, -1, dtype=np.int64)
         last = nb if across_bins else int(np.searchsorted(dbin, dbin[k], side="right"))
         for j in range(k + 1, last):  # first later bucket holding the tokens; all hold the duration
