@@ -106,8 +106,8 @@ def test_bin_of_equals_searchsorted(bounds, seed) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 400), nd=st.integers(1, 5), ns=st.integers(1, 3), seed=st.integers(0, 10_000),
-       max_bs=st.integers(1, 12), across=st.booleans())
-def test_carried_tails_stay_in_a_bucket_that_holds_them(n, nd, ns, seed, max_bs, across) -> None:
+       max_bs=st.integers(1, 12), across=st.booleans(), frac=st.sampled_from([0.25, 0.5, 1.0]))
+def test_carried_tails_stay_in_a_bucket_that_holds_them(n, nd, ns, seed, max_bs, across, frac) -> None:
     from bucketing.allocate import carry_tails
 
     rng = np.random.default_rng(seed)
@@ -117,7 +117,8 @@ def test_carried_tails_stay_in_a_bucket_that_holds_them(n, nd, ns, seed, max_bs,
     alloc = allocate(d, t, grid)
     bs = rng.integers(1, max_bs + 1, grid.num_buckets)
     mt = alloc.max_tokens
-    b, carried = carry_tails(alloc.bucket, d, t, bs, mt, grid.duration_bin, across_bins=across)
+    b, carried = carry_tails(alloc.bucket, d, t, bs, mt, grid.duration_bin, across_bins=across,
+                             max_tail_fraction=frac)
     ok = b >= 0
     assert np.array_equal(ok, alloc.bucket >= 0)  # left-out rows stay out, nothing else leaves
     assert (d[ok] <= grid.max_duration[b[ok]]).all() and (t[ok] <= mt[b[ok]]).all()
@@ -126,9 +127,10 @@ def test_carried_tails_stay_in_a_bucket_that_holds_them(n, nd, ns, seed, max_bs,
     counts = np.bincount(b[ok], minlength=grid.num_buckets)
     if not across:  # rows keep their duration bin
         assert np.array_equal(grid.duration_bin[b[ok]], grid.duration_bin[alloc.bucket[ok]])
-    # a bucket ends with whole batches unless no bucket it may pass rows to holds its tail
+    # a bucket ends with whole batches unless its tail is over the fraction carried, or no
+    # bucket it may pass rows to holds the tail
     for k in range(grid.num_buckets - 1):
-        if counts[k] % bs[k]:
+        if 0 < counts[k] % bs[k] <= frac * bs[k]:
             rows = np.flatnonzero(b == k)
             allowed = np.arange(k + 1, grid.num_buckets)
             if not across:
