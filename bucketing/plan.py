@@ -227,8 +227,17 @@ def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
             if placed:
                 break
         if not placed:
-            dropped.append(leftover)
-            fallbacks.append({"kind": "dropped", "from": b, "to": -1, "rows": int(leftover.shape[0])})
+            # Place as many whole steps as capacity allows; only fewer than W rows (or what
+            # exceeds W * bs per step) are dropped, never the rows that fit.
+            steps = leftover.shape[0] // W
+            if steps:
+                fit = min(int(leftover.shape[0]), steps * W * bs)
+                pieces_rows[b].append(leftover[:fit])
+                pieces_sizes[b].append(_even_split(fit, steps * W))
+                leftover = leftover[fit:]
+            if leftover.shape[0]:
+                dropped.append(leftover)
+                fallbacks.append({"kind": "dropped", "from": b, "to": -1, "rows": int(leftover.shape[0])})
 
     # Concatenate buckets in index order: batch c*W + r is (bucket step c, rank r).
     rows_cat = np.concatenate([r for p in pieces_rows for r in p]) if any(pieces_rows) else np.empty(0, np.int64)

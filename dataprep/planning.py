@@ -81,7 +81,11 @@ def build_plan(
     alloc = allocate(duration, tokens, grid, strict=strict)
     max_tokens = alloc.max_tokens if alloc.max_tokens is not None else grid.max_tokens
     bucket_of_row, carried = alloc.bucket, 0
-    if carry and not strict:
+    counts = np.bincount(alloc.bucket[alloc.bucket >= 0], minlength=bs.shape[0])
+    # Carrying tails is for buckets that fill whole steps; where a bucket holds less than one
+    # step (world_size batches), the planner's own fallbacks (re-split, carry, borrow) place it.
+    carry = carry and not strict and bool((counts[counts > 0] >= world_size * bs[counts > 0]).all())
+    if carry:
         bucket_of_row, carried = carry_tails(bucket_of_row, duration, tokens, bs, max_tokens, grid.duration_bin)
     inputs = PlanInputs(bucket_of_row, bs, duration, tokens, grid.max_duration, max_tokens.astype(np.float64))
     clock("allocate")
@@ -141,6 +145,7 @@ def build_plan(
                 "left_out": {k: v.tolist() for k, v in sorted(alloc.dropped.items())},
                 "moved_to_longer_bin": alloc.moved,
                 "carried_tails": carried,
+                "carry": carry,
                 "raised_max_tokens_rows": alloc.raised,
             },
             "num_steps": first_step,
