@@ -112,6 +112,13 @@ def _fmt(expr: pl.Expr, decimals: int = 3) -> pl.Expr:
     return expr.round(decimals).cast(pl.String)
 
 
+def stop_if_strict(opts: CompileOptions, rejects: list[pl.DataFrame]) -> None:
+    """With ``--strict``, raise the first (in input order) reject's one-line detail."""
+    if opts.strict and rejects:
+        first = pl.concat(rejects, how="vertical_relaxed").sort(_ROW).row(0, named=True)
+        raise DataprepError(str(first["detail"]))
+
+
 def process_chunk(
     chunk: pl.DataFrame,
     tokenizers: Tokenizers,
@@ -239,9 +246,7 @@ def compile_sources(
     for chunk in iter_rows(sources, opts):
         rows_in += chunk.height
         ok, bad = process_chunk(chunk, tokenizers, opts, on_probe)
-        if opts.strict and bad:
-            first = pl.concat(bad, how="vertical_relaxed").sort(_ROW).row(0, named=True)
-            raise DataprepError(str(first["detail"]))
+        stop_if_strict(opts, bad)
         accepted.append(ok)
         rejected.extend(bad)
         if on_chunk:
@@ -402,9 +407,7 @@ def spool_chunks(
         rows_in += rows.height
         if rows.height:
             ok, bad = process_chunk(rows, tokenizers, opts, on_probe)
-            if opts.strict and bad:
-                first = pl.concat(bad, how="vertical_relaxed").sort(_ROW).row(0, named=True)
-                raise DataprepError(str(first["detail"]))
+            stop_if_strict(opts, bad)
             spool.add(ok)
             rejected.extend(bad)
         if on_chunk:

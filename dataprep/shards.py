@@ -51,6 +51,7 @@ from dataprep.compile import (
     PART_SCHEMA,
     AcceptedSpool,
     CompileOptions,
+    CompileSummary,
     compile_provenance,
     finish_spool,
     iter_rows,
@@ -445,16 +446,10 @@ def _in_row_order(tables: list[pa.Table], schema: pa.Schema) -> pl.DataFrame:
 
 
 @dataclass
-class MergeSummary:
-    """What :func:`merge_parts` wrote. ``hours``: total duration of kept rows / 3600."""
+class MergeSummary(CompileSummary):
+    """What :func:`merge_parts` wrote: a compile's summary, from ``num_shards`` parts."""
 
-    rows_in: int
-    rows_kept: int
-    hours: float
-    reasons: dict[str, int]
-    provenance: dict[str, Any]
-    num_shards: int
-    content_hash: str
+    num_shards: int = 0
 
 
 def merge_parts(
@@ -480,4 +475,5 @@ def merge_parts(
         raise DataprepError(f"{folder}: parts hold {written.rows} kept rows, markers say {kept}")
     write_rejects(rej, rejects, provenance)
     reasons = dict(sorted(rej.group_by("reason").len().iter_rows())) if rej.height else {}
-    return MergeSummary(rows_in, kept, seconds / 3600, reasons, provenance, len(markers), written.content_hash)
+    return MergeSummary(rows_in, kept, seconds / 3600, reasons, provenance, written.content_hash,
+                        num_shards=len(markers))
