@@ -78,7 +78,9 @@ def bin_of(values: npt.NDArray[np.float64], bounds: npt.NDArray[np.float64]) -> 
     finite = bool(nb) and bool(np.isfinite(bounds).all())
     lo, hi = (float(bounds[0]), float(bounds[-1])) if finite else (0.0, 0.0)
     gap = float(np.diff(bounds).min()) if nb > 1 else max(hi - lo, 1.0)
-    cells = int(np.ceil((hi - lo) / (gap / 2))) + 2 if finite and gap > 0 else _MAX_TABLE + 1
+    # cells far wider than the rounding of values near the bounds (else: a binary search)
+    usable = finite and gap > 1e-9 * max(abs(lo), abs(hi))
+    cells = int(np.ceil((hi - lo) / (gap / 2))) + 2 if usable else _MAX_TABLE + 1
     if cells > _MAX_TABLE or v.shape[0] < 4 * cells:
         return np.searchsorted(bounds, v, side="left").astype(np.int32)
     step = gap / 2

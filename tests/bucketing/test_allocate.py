@@ -93,6 +93,7 @@ def test_padded_budget_rule() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.01, 50.0), min_size=1, max_size=40, unique=True), st.integers(0, 10_000))
+@example([0.010000000000000002, 0.01], 0)  # bounds one ulp apart: the table must not be used
 def test_bin_of_equals_searchsorted(bounds, seed) -> None:
     # the lookup table must agree with a binary search exactly, also on and next to bounds
     from bucketing.allocate import bin_of
