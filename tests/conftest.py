@@ -11,9 +11,12 @@ import pytest
 import sentencepiece as spm
 from hypothesis import HealthCheck, settings
 
-# a loaded 2-core CI machine must not turn slow example generation into failures
-settings.register_profile("repo", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("repo")
+# a loaded 2-core CI machine must not turn slow example generation into failures, and CI runs
+# the same examples every time (explore more locally with HYPOTHESIS_PROFILE=explore)
+settings.register_profile("repo", deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                          derandomize=True)
+settings.register_profile("explore", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repo"))
 
 REPO = Path(__file__).resolve().parents[1]
 #: real corpus metadata lives beside the repository, never inside it
