@@ -151,7 +151,6 @@ class _StructQuery:
     def _build(self, con: duckdb.DuckDBPyConnection) -> str:
         mapped = list(self.fields.values())
         struct = _sql_str(json.dumps({k: "JSON" for k in [*mapped, *self.extra_keys]}))
-        known = "[" + ",".join(_sql_str(k) for k in [*mapped, *self.extra_keys]) + "]"
         raw = ", ".join(f"s[{_sql_str(k)}]::VARCHAR AS j{i}" for i, k in enumerate(mapped))
         cols = []
         for i, name in enumerate(self.fields):
