@@ -4,8 +4,9 @@ DEMO_DIR ?= demo-out
 
 .PHONY: install install-dev demo test bench
 
+# the core plus matplotlib for the demo's plots (no torch)
 install:
-	$(PIP) install -q -e .
+	$(PIP) install -q -e '.[plots]'
 
 # torch 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 install-dev:
