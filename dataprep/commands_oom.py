@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from dataprep.cli_app import app, err, out, user_errors
+from dataprep.cli_app import app, out, user_errors
+from dataprep.progress import progress_counter
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
 
@@ -36,8 +37,6 @@ def oomptimize(
         import torch  # noqa: F401
     except ImportError:
         raise DataprepError("oomptimize needs torch: install the torch extra (pip install 'speech-dataprep[torch]')") from None
-    from rich.progress import Progress
-
     from oom.cache import DEFAULT_CACHE_DIR
     from oom.optimize import oomptimize as run
     from oom.optimize import parse_bytes
@@ -45,11 +44,10 @@ def oomptimize(
     spec = read_buckets(buckets)
     mem = parse_bytes(gpu_memory) if gpu_memory is not None else None
     cdir = None if no_cache else str(cache_dir or DEFAULT_CACHE_DIR)
-    with Progress(console=err, transient=True) as progress:
-        task = progress.add_task("oomptimize", total=len(spec.buckets))
+    with progress_counter("oomptimize", total=len(spec.buckets)) as advance:
 
         def done(i: int, res: Any) -> None:
-            progress.update(task, advance=1, description=f"bucket {i}: batch {res.batch_size}")
+            advance(1, f"bucket {i}: batch {res.batch_size}")
 
         sized = run(
             spec, model, estimate=estimate, device=device, gpu_memory=mem, memory_fraction=memory_fraction,

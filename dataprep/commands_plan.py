@@ -7,18 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from bucketing.costmodel import CostModel
-from dataprep.cli_app import app, err, out, user_errors
+from dataprep.cli_app import app, out, user_errors
 from dataprep.planning import DEFAULT_WORLD_SIZES, build_plan, simulate_plan
+from dataprep.progress import progress_counter
 from manifests.errors import DataprepError
-
-
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err, transient=True, disable=not err.is_terminal)
 
 
 @app.command("plan-batches")
@@ -40,11 +35,10 @@ def plan_batches_cmd(
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
     if interleave not in ("random", "ascending"):
         raise DataprepError(f"--interleave must be random or ascending, not {interleave!r}")
-    with _progress() as prog:
-        task = prog.add_task("planning", total=epochs * world_size)
+    with progress_counter("planning (shards written)", total=epochs * world_size) as advance:
         meta = build_plan(manifest, buckets, out_dir, world_size=world_size, seed=seed, epochs=epochs,
                           strict=strict, interleave=interleave, row_group_steps=row_group_steps, carry=carry,
-                          on_progress=lambda done, total: prog.update(task, completed=done))
+                          on_progress=lambda done, total: advance(1))
     print_plan(meta, out_dir)
 
 

@@ -11,10 +11,15 @@ from dataprep.cli_app import err
 
 
 @contextlib.contextmanager
-def progress_counter(description: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
-    """Yield ``advance(n)``; shows a bar (or a counter when ``total`` is unknown) on stderr."""
+def progress_counter(description: str, total: int | None = None) -> Iterator[Callable[..., None]]:
+    """Yield ``advance(n, description=None)``; shows a bar (or a counter when ``total`` is
+    unknown) on stderr, only when stderr is a terminal."""
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn()]
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task(description, total=total)
-        yield lambda n: bar.advance(task, n)
+
+        def advance(n: int, description: str | None = None) -> None:
+            bar.update(task, advance=n, description=description or bar.tasks[0].description)
+
+        yield advance

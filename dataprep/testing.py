@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import polars as pl
 import soundfile
 
 #: a plain English word list for synthetic transcripts (common words, no punctuation)
@@ -98,3 +99,33 @@ def write_nemo_manifest(path: str | os.PathLike[str], rows: Sequence[dict[str, o
         for row in rows:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return p
+
+
+def synthetic_manifest(
+    num_utterances: int,
+    *,
+    seed: int = 0,
+    outlier_share: float = 0.01,
+    vocab_size: int = 256,
+    prompt_tokens: int = 9,
+) -> pl.DataFrame:
+    """A compiled-manifest frame of :func:`sample_corpus`: ``num_tokens`` from a real
+    sentencepiece model trained (in memory) on the corpus's own transcripts, plus
+    ``prompt_tokens``; ``tps`` = num_tokens / duration. No audio files are written."""
+    import io
+
+    import sentencepiece as spm
+
+    dur, texts, _ = sample_corpus(num_utterances, seed=seed, outlier_share=outlier_share)
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=buf, vocab_size=vocab_size, num_threads=2, minloglevel=2
+    )
+    sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+    tokens = np.fromiter(map(len, sp.encode(texts)), dtype=np.int64, count=len(texts)) + prompt_tokens
+    n = len(texts)
+    return pl.DataFrame({
+        "id": [f"gen-{i:05d}" for i in range(n)], "audio_path": [f"a/{i}.flac" for i in range(n)],
+        "duration": dur, "text": texts, "lang": "en", "num_tokens": tokens, "tps": tokens / dur,
+        "origin": [f"gen.jsonl:{i + 1}" for i in range(n)],
+    })

@@ -3,14 +3,12 @@ kept order, rejects file contents; on random frames and on ../shared/data."""
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
-import sentencepiece as spm
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -148,20 +146,10 @@ def test_no_filter_keeps_everything_and_bad_bounds_are_user_errors() -> None:
 def generated_manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 3,000-utterance synthetic corpus (1% fast-speech outliers) tokenized by a
     sentencepiece model trained on its own transcripts."""
-    from dataprep.testing import sample_corpus
+    from dataprep.testing import synthetic_manifest
 
-    dur, texts, _ = sample_corpus(3000, seed=11, outlier_share=0.02)
-    buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=buf, vocab_size=256, num_threads=2, minloglevel=2
-    )
-    sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
-    tokens = np.array([len(p) for p in sp.encode(texts)]) + PROMPT
-    df = pl.DataFrame(
-        {"id": [f"gen-{i:05d}" for i in range(len(texts))], "audio_path": [f"a/{i}.flac" for i in range(len(texts))],
-         "duration": dur, "text": texts, "lang": "en", "num_tokens": tokens, "tps": tokens / dur,
-         "origin": [f"gen.jsonl:{i + 1}" for i in range(len(texts))], "extra": '{"speaker": 1}'}
-    )
+    df = synthetic_manifest(3000, seed=11, outlier_share=0.02, prompt_tokens=PROMPT).with_columns(
+        extra=pl.lit('{"speaker": 1}'))
     path = tmp_path_factory.mktemp("gen") / "manifest.parquet"
     write_manifest(df, path)
     return path

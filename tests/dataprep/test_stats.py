@@ -162,21 +162,9 @@ def test_json_rounds_to_four_places_and_is_plain() -> None:
 @pytest.fixture(scope="module")
 def generated_manifest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pl.DataFrame]:
     """A 3,000-utterance synthetic corpus tokenized by a sentencepiece model trained on it."""
-    import io
+    from dataprep.testing import synthetic_manifest
 
-    from dataprep.testing import sample_corpus
-
-    dur, texts, _ = sample_corpus(3000, seed=3)
-    buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=buf, vocab_size=256, num_threads=2, minloglevel=2
-    )
-    sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
-    tokens = np.array([len(p) for p in sp.encode(texts)]) + PROMPT
-    df = pl.DataFrame(
-        {"id": [f"gen-{i:05d}" for i in range(len(texts))], "duration": dur, "text": texts, "lang": "en",
-         "num_tokens": tokens, "tps": tokens / dur, "origin": [f"gen.jsonl:{i + 1}" for i in range(len(texts))]}
-    )
+    df = synthetic_manifest(3000, seed=3, prompt_tokens=PROMPT).drop("audio_path")
     path = tmp_path_factory.mktemp("gen") / "manifest.parquet"
     write_manifest(df, path)
     return path, df
