@@ -114,7 +114,7 @@ def bench_compile(src: Path, model: Path, rows: int, repeats: int, tmp: Path) ->
     runs = []
     for _ in range(repeats):
         out = subprocess.run([sys.executable, __file__, "--child", str(src), "--model", str(model),
-                              "--out", str(tmp / "manifest.parquet")], check=True, capture_output=True, text=True)
+                              "--output", str(tmp / "manifest.parquet")], check=True, capture_output=True, text=True)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         assert runs[-1]["rows"] == rows, runs[-1]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -211,7 +211,7 @@ def main() -> None:
     ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--output", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:  # one compile in a fresh process: its peak RSS is the compile's alone
         print(json.dumps(compile_once(args.child, args.model, args.out)))

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from dataprep.cli_app import err
+from dataprep.cli.app import err
 
 
 @contextlib.contextmanager

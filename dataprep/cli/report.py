@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dataprep.cli_app import app, err, out, user_errors
+from dataprep.cli.app import app, err, out, user_errors
 from dataprep.filters import FilterResult, Thresholds, apply_filters
 from dataprep.stats import ManifestStats, compute_stats
 from manifests.errors import DataprepError
@@ -115,7 +115,7 @@ def default_rejects_path(output: Path) -> Path:
 
 @app.command("filter")
 @user_errors
-def filter_command(
+def filter_cmd(
     manifest: Annotated[Path, typer.Argument(help="Compiled manifest (Parquet) to filter.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Kept rows, as a compiled manifest (Parquet).")],
     rejects: Annotated[

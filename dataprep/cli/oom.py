@@ -7,15 +7,15 @@ from typing import Annotated, Any
 
 import typer
 
-from dataprep.cli_app import app, out, user_errors
-from dataprep.progress import progress_counter
+from dataprep.cli.app import app, out, user_errors
+from dataprep.cli.progress import progress_counter
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
 
 
-@app.command()
+@app.command("oomptimize")
 @user_errors
-def oomptimize(
+def oomptimize_cmd(
     buckets: Annotated[Path, typer.Argument(help="buckets.json to size (bounds: max_duration s, max_tokens).")],
     model: Annotated[str, typer.Option("--model", help="canary-1b, canary-1b-flash, canary-180m-flash, small, tiny, or pkg.module:factory.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the sized buckets.json (may be the input).")],

@@ -14,7 +14,7 @@ from bucketing.budget import padded_budget_batch_sizes
 from bucketing.batching import DEFAULT_AUDIO_WEIGHT
 from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, grid_from_spec
 from bucketing.padding import padding_report
-from dataprep.cli_app import app, out, user_errors
+from dataprep.cli.app import app, out, user_errors
 from manifests.buckets_file import BucketSpec, read_buckets, write_buckets
 from manifests.errors import DataprepError
 from manifests.io import manifest_hash, read_manifest, write_json

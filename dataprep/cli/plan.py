@@ -4,33 +4,31 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
 
 from bucketing.costmodel import CostModel
-from dataprep.cli_app import app, out, user_errors
+from dataprep.cli.app import app, out, user_errors
 from dataprep.planning import DEFAULT_WORLD_SIZES, build_plan, simulate_plan
-from dataprep.progress import progress_counter
+from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
 
 
 @app.command("plan-batches")
 @user_errors
 def plan_batches_cmd(
-    manifest: Path = typer.Argument(..., help="Compiled manifest (Parquet), e.g. kept.parquet."),
-    buckets: Path = typer.Option(..., "--buckets", "-b", help="buckets.json with a batch_size per bucket."),
-    world_size: int = typer.Option(..., "--world-size", "-w", help="Number of ranks (GPUs)."),
-    seed: int = typer.Option(0, "--seed", help="Seed; with the epoch number it fixes every order."),
-    epochs: int = typer.Option(1, "--epochs", "-e", help="Epochs to plan."),
-    out_dir: Path = typer.Option(..., "-o", "--out", help="Plan directory to write (replaced if it holds a plan)."),
-    strict: bool = typer.Option(False, "--strict", help="Strict 2D allocation: drop rows over their bin's tokens."),
-    interleave: str = typer.Option("random", "--interleave",
-                                   help="Step order across buckets: random (default) or ascending (short first)."),
-    row_group_steps: int = typer.Option(128, "--row-group-steps", help="Steps per Parquet row group (seek unit)."),
-    carry: bool = typer.Option(True, "--carry/--no-carry",
-                               help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch."),
+    manifest: Annotated[Path, typer.Argument(help="Compiled manifest (Parquet), e.g. kept.parquet.")],
+    buckets: Annotated[Path, typer.Option("--buckets", "-b", help="buckets.json with a batch_size per bucket.")],
+    world_size: Annotated[int, typer.Option("--world-size", "-w", help="Number of ranks (GPUs).")],
+    out_dir: Annotated[Path, typer.Option("-o", "--output", help="Plan directory to write (replaced if it holds a plan).")],
+    seed: Annotated[int, typer.Option("--seed", help="Seed; with the epoch number it fixes every order.")] = 0,
+    epochs: Annotated[int, typer.Option("--epochs", "-e", help="Epochs to plan.")] = 1,
+    strict: Annotated[bool, typer.Option("--strict", help="Strict 2D allocation: drop rows over their bin's tokens.")] = False,
+    interleave: Annotated[str, typer.Option("--interleave", help="Step order across buckets: random (default) or ascending (short first).")] = "random",
+    row_group_steps: Annotated[int, typer.Option("--row-group-steps", help="Steps per Parquet row group (seek unit).")] = 128,
+    carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch.")] = True,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
     if interleave not in ("random", "ascending"):
@@ -67,18 +65,17 @@ def print_plan(meta: dict[str, Any], out_dir: Path | str) -> None:
 @app.command("simulate")
 @user_errors
 def simulate_cmd(
-    plan_dir: Path = typer.Argument(..., help="Plan directory written by plan-batches."),
-    manifest: Path | None = typer.Option(None, "--manifest", help="The plan's manifest (recompute batch lengths)."),
-    world_sizes: str = typer.Option(",".join(map(str, DEFAULT_WORLD_SIZES)), "--world-sizes",
-                                    help="Comma-separated world sizes to simulate besides the plan's."),
-    coef: list[str] = typer.Option([], "--coef", help=f"Cost coefficient NAME=VALUE ({', '.join(CostModel.names())})."),
-    epoch: int = typer.Option(0, "--epoch", help="Epoch to simulate."),
-    seed: int = typer.Option(0, "--seed", help="Seed for dealing batches at other world sizes."),
+    plan_dir: Annotated[Path, typer.Argument(help="Plan directory written by plan-batches.")],
+    manifest: Annotated[Optional[Path], typer.Option("--manifest", help="The plan's manifest (recompute batch lengths).")] = None,
+    world_sizes: Annotated[str, typer.Option("--world-sizes", help="Comma-separated world sizes to simulate besides the plan's.")] = ",".join(map(str, DEFAULT_WORLD_SIZES)),
+    coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE ({', '.join(CostModel.names())}).")] = None,
+    epoch: Annotated[int, typer.Option("--epoch", help="Epoch to simulate.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for dealing batches at other world sizes.")] = 0,
 ) -> None:
     """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not."""
     try:
         ws = [int(x) for x in world_sizes.split(",") if x.strip()]
-        cost = CostModel().with_overrides(coef)
+        cost = CostModel().with_overrides(coef or [])
     except ValueError as exc:
         raise DataprepError(str(exc).replace("invalid literal for int() with base 10", "--world-sizes: not an integer")) from None
     results = simulate_plan(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)

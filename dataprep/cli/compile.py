@@ -9,8 +9,8 @@ import polars as pl
 import typer
 from rich.table import Table
 
-from dataprep.cli_app import app, out, user_errors
-from dataprep.progress import progress_counter
+from dataprep.cli.app import app, out, user_errors
+from dataprep.cli.progress import progress_counter
 
 SourcesArg = Annotated[list[Path], typer.Argument(help="Source manifests: NeMo JSONL, Lhotse cuts JSONL(.gz), Kaldi data dir, CSV/TSV or Parquet.", show_default=False)]
 FormatOpt = Annotated[str, typer.Option("--format", help="Source format: auto, nemo, lhotse, kaldi, csv, tsv, parquet.")]

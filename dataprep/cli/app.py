@@ -1,6 +1,6 @@
 """The typer application object and the error boundary shared by every command module.
 
-Command modules (``dataprep/commands_*.py``) register on :data:`app`; ``dataprep.cli``
+Command modules (``dataprep/cli/*.py``) register on :data:`app`; ``dataprep.cli``
 imports them all. Commands parse options and call a library function, nothing more.
 """
 

@@ -1,0 +1,20 @@
+"""The ``dataprep`` command line: one module per command group, each registering its
+commands on :data:`dataprep.cli.app.app`. Commands parse options, call a library function
+and print; everything they do can be done from Python without them."""
+
+from __future__ import annotations
+
+from dataprep.cli import buckets  # noqa: F401  (fit-buckets, padding)
+from dataprep.cli import compile  # noqa: F401  (train-tokenizer, compile, merge)
+from dataprep.cli import export  # noqa: F401  (export nemo|lhotse)
+from dataprep.cli import oom  # noqa: F401  (oomptimize)
+from dataprep.cli import plan  # noqa: F401  (plan-batches, simulate)
+from dataprep.cli import report  # noqa: F401  (stats, filter)
+from dataprep.cli import train  # noqa: F401  (train)
+from dataprep.cli.app import app
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    app()
