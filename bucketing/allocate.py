@@ -306,3 +306,49 @@ def carry_tails(
             b[rows] = j
     carried = int((b != np.asarray(bucket)).sum())  # a row may be carried on more than once
     return b, carried
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where every row trains: the allocation, then the carried bucket tails.
+
+    ``bucket`` (int32, -1 = left out) is what batches are formed from; ``max_tokens`` the
+    per-bucket token bounds the allocation used (raised where flexible allocation had to);
+    ``carried`` counts the rows moved by :func:`carry_tails`; ``carry`` says if it ran.
+    """
+
+    allocation: Allocation
+    bucket: npt.NDArray[np.int32]
+    max_tokens: npt.NDArray[np.int64]
+    carried: int
+    carry: bool
+
+
+def assign(
+    duration: npt.NDArray[np.floating],
+    num_tokens: npt.NDArray[np.integer],
+    grid: Grid,
+    batch_sizes: npt.ArrayLike,
+    *,
+    strict: bool = False,
+    carry: bool = True,
+    world_size: int | None = None,
+) -> Assignment:
+    """Allocate rows to buckets, then carry bucket tails (never with ``strict``).
+
+    With ``world_size``, tails are carried only when every non-empty bucket fills at least
+    one step of ``world_size`` batches (the planner's rule: smaller buckets are placed by its
+    own fallbacks); without it, always (the padding report's rule).
+    """
+    alloc = allocate(duration, num_tokens, grid, strict=strict)
+    max_tokens = alloc.max_tokens if alloc.max_tokens is not None else grid.max_tokens
+    bs = np.asarray(batch_sizes, dtype=np.int64)
+    carry = carry and not strict
+    if carry and world_size is not None:
+        counts = np.bincount(alloc.bucket[alloc.bucket >= 0], minlength=bs.shape[0])
+        full = counts > 0
+        carry = bool((counts[full] >= world_size * bs[full]).all())
+    bucket, carried = alloc.bucket, 0
+    if carry:
+        bucket, carried = carry_tails(bucket, duration, num_tokens, bs, max_tokens, grid.duration_bin)
+    return Assignment(allocation=alloc, bucket=bucket, max_tokens=np.asarray(max_tokens), carried=carried, carry=carry)

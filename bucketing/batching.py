@@ -48,13 +48,15 @@ DEFAULT_SORT_BY = "auto"
 DEFAULT_AUDIO_WEIGHT = 5.0
 
 
-def _segments(order_rows: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64],
-              perm: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Rows and offsets of the CSR batches taken in the order ``perm``."""
-    sizes = np.diff(offsets)[perm]
-    new_off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    src = np.repeat(offsets[:-1][perm] - new_off[:-1], sizes) + np.arange(int(new_off[-1]))
-    return order_rows[src], new_off
+def gather_segments(offsets: npt.NDArray[np.int64],
+                    order: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Take the CSR segments of ``offsets`` in the order ``order``: (new offsets, index of
+    each new position into the old values), so ``values[index]`` is the reordered CSR."""
+    sizes = offsets[1:][order] - offsets[:-1][order]
+    new_off = np.zeros(order.shape[0] + 1, dtype=np.int64)
+    np.cumsum(sizes, out=new_off[1:])
+    idx = np.repeat(offsets[:-1][order] - new_off[:-1], sizes) + np.arange(new_off[-1], dtype=np.int64)
+    return new_off, idx
 
 
 #: Prefix lengths a box search tries per step (see ``_peel``): finer costs more, gains nothing
@@ -369,7 +371,8 @@ def form_batches(
         short = np.diff(offsets) < batch_sizes[bb]
         bkey = np.where(short, 2.0, rng.random(bb.shape[0]))
         perm = np.lexsort((bkey, bb))
-        rows, offsets = _segments(rows, offsets, perm)
+        offsets, src = gather_segments(offsets, perm)
+        rows = rows[src]
         bb = bb[perm]
     return Batches(bucket=bb.astype(np.int32), offsets=offsets, rows=rows)
 

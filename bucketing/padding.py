@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.allocate import allocate, carry_tails
+from bucketing.allocate import allocate, assign, carry_tails
 from bucketing.batching import Batches, form_batches, form_batches_cumulative
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.fit import Grid, fit_buckets
@@ -167,12 +167,9 @@ def padding_report(
         b1 = carry_tails(b1, d, None, bs1, np.zeros(fit1.num_buckets, dtype=np.int64), fit1.duration_bin)[0]
     schemes["1d-budget"] = {**measure(form_batches(b1, bs1, rng(2), t, **opts), d, t).to_json(), "excluded": 0}
 
-    alloc = allocate(d, t, grid, strict=strict)
-    b2, carried = alloc.bucket, 0
-    if carry and not strict:
-        mt = alloc.max_tokens if alloc.max_tokens is not None else grid.max_tokens
-        b2, carried = carry_tails(b2, d, t, batch_sizes, mt, grid.duration_bin)
-    batches2 = form_batches(b2, np.asarray(batch_sizes), rng(3), t, **opts)
+    assigned = assign(d, t, grid, batch_sizes, strict=strict, carry=carry)
+    alloc, carried = assigned.allocation, assigned.carried
+    batches2 = form_batches(assigned.bucket, np.asarray(batch_sizes), rng(3), t, **opts)
     schemes["2d"] = {**measure(batches2, d, t).to_json(), "excluded": alloc.num_dropped}
     pb = per_bucket(batches2, d, t, grid.num_buckets)
     return {

@@ -33,14 +33,13 @@ inputs give equal arrays.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.batching import form_batches
+from bucketing.batching import Batches, form_batches, gather_segments
 
 Interleave = Literal["random", "ascending"]
 
@@ -68,8 +67,8 @@ class EpochPlan:
     dropped: npt.NDArray[np.int64]  # rows not placed this epoch (degenerate inputs only)
     fallbacks: list[dict[str, int]] = field(default_factory=list)  # carried / borrowed / dropped
     resplit_buckets: int = 0  # buckets whose tail was re-split (sync kept)
-    real_seconds: float | None = None  # sum of the planned rows' durations (s), if known
-    real_tokens: int | None = None  # sum of the planned rows' tokens, if known
+    real_seconds: float = 0.0  # sum of the planned rows' durations (s)
+    real_tokens: int = 0  # sum of the planned rows' tokens
 
     @property
     def num_steps(self) -> int:
@@ -82,6 +81,28 @@ class EpochPlan:
     def rank_slice(self, rank: int) -> tuple[int, int]:
         """Half-open batch index range of ``rank``."""
         return rank * self.num_steps, (rank + 1) * self.num_steps
+
+    @property
+    def padded_seconds(self) -> float:
+        """Sum over batches of batch size × longest duration (s)."""
+        return float((self.sizes() * self.max_duration).sum())
+
+    @property
+    def padded_tokens(self) -> int:
+        """Sum over batches of batch size × most tokens."""
+        return int((self.sizes() * self.max_tokens).sum())
+
+    @property
+    def audio_padding(self) -> float:
+        """``1 - real / padded`` seconds (equal to the frame ratio up to rounding)."""
+        padded = self.padded_seconds
+        return 1.0 - self.real_seconds / padded if padded else 0.0
+
+    @property
+    def token_padding(self) -> float:
+        """``1 - real / padded`` tokens."""
+        padded = self.padded_tokens
+        return 1.0 - self.real_tokens / padded if padded else 0.0
 
 
 @dataclass(frozen=True)
@@ -122,18 +143,36 @@ def _even_split(n: int, parts: int) -> npt.NDArray[np.int64]:
     return base + (np.arange(parts) < extra).astype(np.int64)
 
 
-def _segments(offsets: npt.NDArray[np.int64], order: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Gather CSR segments ``order`` of ``offsets``: (new offsets, index into the old values)."""
-    sizes = offsets[1:][order] - offsets[:-1][order]
-    new_off = np.zeros(order.shape[0] + 1, dtype=np.int64)
-    np.cumsum(sizes, out=new_off[1:])
-    idx = np.repeat(offsets[:-1][order] - new_off[:-1], sizes) + np.arange(new_off[-1], dtype=np.int64)
-    return new_off, idx
+@dataclass
+class _Placement:
+    """Batches being assembled per bucket during one epoch, as (rows, sizes) pieces; the
+    bulk of each bucket stays a view into the formed batches (no copy on the hot path)."""
+
+    num_buckets: int
+    rows: list[list[npt.NDArray[np.int64]]] = field(init=False)
+    sizes: list[list[npt.NDArray[np.int64]]] = field(init=False)
+    carried: list[list[npt.NDArray[np.int64]]] = field(init=False)
+    fallbacks: list[dict[str, int]] = field(default_factory=list)
+    dropped: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    resplit: int = 0
+
+    def __post_init__(self) -> None:
+        self.rows = [[] for _ in range(self.num_buckets)]
+        self.sizes = [[] for _ in range(self.num_buckets)]
+        self.carried = [[] for _ in range(self.num_buckets)]
+
+    def add(self, b: int, rows: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> None:
+        self.rows[b].append(rows)
+        self.sizes[b].append(sizes)
 
 
 def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
-               interleave: Interleave = "random", **batch_options: object) -> EpochPlan:
-    """Plan one epoch (see the module docstring for the algorithm and invariants)."""
+               interleave: Interleave = "random", **grouping: object) -> EpochPlan:
+    """Plan one epoch (see the module docstring for the algorithm and invariants).
+
+    Batches are formed from ``inputs`` (durations and tokens) exactly as production does;
+    ``grouping`` passes :func:`bucketing.batching.form_batches`'s window / sort options.
+    """
     W = int(world_size)
     if W < 1:
         raise PlanError(f"world size must be >= 1, got {world_size}")
@@ -146,104 +185,103 @@ def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
     if n_alloc < W:
         raise PlanError(f"{n_alloc} utterances cannot fill one step of {W} ranks")
     contains = containment(inputs.max_duration, inputs.max_tokens, B)
-
     batches = form_batches(bucket_of_row, batch_sizes, np.random.default_rng([seed, epoch, 0]),
-                           num_tokens=inputs.num_tokens, **batch_options)
+                           num_tokens=inputs.num_tokens, duration=inputs.durations, **grouping)
     counts = np.bincount(batches.bucket, minlength=B)
     first_batch = np.zeros(B + 1, dtype=np.int64)
     np.cumsum(counts, out=first_batch[1:])
-
-    # Per bucket, the finished batch list as a list of (rows, sizes) pieces; the bulk of
-    # each bucket stays a view into the formed batches (no copy on the hot path).
-    pieces_rows: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(B)]
-    pieces_sizes: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(B)]
-    carried: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(B)]
-    fallbacks: list[dict[str, int]] = []
-    dropped: list[npt.NDArray[np.int64]] = []
-    resplit = 0
-    sizes_all = batches.sizes()
-
+    placed = _Placement(B)
     for b in range(B):
-        lo, hi = int(first_batch[b]), int(first_batch[b + 1])
-        n = hi - lo
-        extra = np.concatenate(carried[b]) if carried[b] else np.empty(0, dtype=np.int64)
-        f, t = divmod(n, W)
-        bs = int(batch_sizes[b])
-        if t == 0 and extra.shape[0] == 0:
-            if n:
-                pieces_rows[b].append(batches.rows[batches.offsets[lo]:batches.offsets[hi]])
-                pieces_sizes[b].append(sizes_all[lo:hi])
-            continue
-        # Pool the tail with g = 0..f previous full steps; take the first g that fills
-        # j*W non-empty batches of at most bs rows.
-        tail_rows = int(batches.offsets[hi] - batches.offsets[lo + f * W]) + extra.shape[0]
-        step_rows = np.zeros(f + 1, dtype=np.int64)
-        if f:
-            per_step = np.add.reduceat(sizes_all[lo:lo + f * W], np.arange(0, f * W, W))
-            step_rows[1:] = np.cumsum(per_step[::-1])
-        pool = tail_rows + step_rows
-        j = -(-pool // (W * bs))
-        ok = np.flatnonzero(j * W <= pool)
-        if ok.shape[0]:
-            g = int(ok[0])
-            keep = lo + (f - g) * W
-            if keep > lo:
-                pieces_rows[b].append(batches.rows[batches.offsets[lo]:batches.offsets[keep]])
-                pieces_sizes[b].append(sizes_all[lo:keep])
-            pooled = np.concatenate([batches.rows[batches.offsets[keep]:batches.offsets[hi]], extra])
-            pieces_rows[b].append(pooled)
-            pieces_sizes[b].append(_even_split(pooled.shape[0], int(j[g]) * W))
-            resplit += 1
-            continue
-        # Cannot fill a step: keep the full steps, move the tail (with what was carried in).
-        if f:
-            pieces_rows[b].append(batches.rows[batches.offsets[lo]:batches.offsets[lo + f * W]])
-            pieces_sizes[b].append(sizes_all[lo:lo + f * W])
-        leftover = np.concatenate([batches.rows[batches.offsets[lo + f * W]:batches.offsets[hi]], extra])
-        later = np.flatnonzero(contains[b + 1:, b]) + b + 1
-        if later.shape[0]:
-            to = int(later[0])
-            carried[to].append(leftover)
-            fallbacks.append({"kind": "carried", "from": b, "to": to, "rows": int(leftover.shape[0])})
-            continue
-        # No bucket contains this one: borrow whole steps from the largest contained bucket.
-        placed = False
-        for src in (np.flatnonzero(contains[b, :b])[::-1]):
-            src = int(src)
-            while pieces_sizes[src] and not placed:
-                src_rows = np.concatenate(pieces_rows[src])
-                src_sizes = np.concatenate(pieces_sizes[src])
-                cut = int(src_sizes[:-W].sum())
-                taken = src_rows[cut:]
-                pieces_rows[src] = [src_rows[:cut]] if cut else []
-                pieces_sizes[src] = [src_sizes[:-W]] if src_sizes.shape[0] > W else []
-                fallbacks.append({"kind": "borrowed", "from": src, "to": b, "rows": int(taken.shape[0])})
-                leftover = np.concatenate([leftover, taken])
-                jj = -(-leftover.shape[0] // (W * bs))
-                if jj * W <= leftover.shape[0]:
-                    pieces_rows[b].append(leftover)
-                    pieces_sizes[b].append(_even_split(leftover.shape[0], jj * W))
-                    placed = True
-            if placed:
-                break
-        if not placed:
-            # Place as many whole steps as capacity allows; only fewer than W rows (or what
-            # exceeds W * bs per step) are dropped, never the rows that fit.
-            steps = leftover.shape[0] // W
-            if steps:
-                fit = min(int(leftover.shape[0]), steps * W * bs)
-                pieces_rows[b].append(leftover[:fit])
-                pieces_sizes[b].append(_even_split(fit, steps * W))
-                leftover = leftover[fit:]
-            if leftover.shape[0]:
-                dropped.append(leftover)
-                fallbacks.append({"kind": "dropped", "from": b, "to": -1, "rows": int(leftover.shape[0])})
+        _place_bucket(placed, batches, b, int(first_batch[b]), int(first_batch[b + 1]), W,
+                      int(batch_sizes[b]), contains)
+    seq, offsets, rows = _interleave(placed, W, seed, epoch, interleave)
+    return _epoch_plan(epoch, W, seq, offsets, rows, inputs, placed)
 
-    # Concatenate buckets in index order: batch c*W + r is (bucket step c, rank r).
-    rows_cat = np.concatenate([r for p in pieces_rows for r in p]) if any(pieces_rows) else np.empty(0, np.int64)
-    sizes_cat = np.concatenate([s for p in pieces_sizes for s in p]) if any(pieces_sizes) else np.empty(0, np.int64)
-    steps_per_bucket = np.array([sum(int(s.shape[0]) for s in p) // W for p in pieces_sizes], dtype=np.int64)
-    labels = np.repeat(np.arange(B, dtype=np.int32), steps_per_bucket)
+
+def _place_bucket(placed: _Placement, batches: Batches, b: int, lo: int, hi: int, W: int, bs: int,
+                  contains: npt.NDArray[np.bool_]) -> None:
+    """Place bucket ``b``'s formed batches ``lo:hi`` (plus rows carried into it) as whole
+    steps of ``W`` batches: as formed, tail re-split, or carried / borrowed / dropped."""
+    sizes_all = batches.sizes()
+    off = batches.offsets
+    n = hi - lo
+    extra = np.concatenate(placed.carried[b]) if placed.carried[b] else np.empty(0, dtype=np.int64)
+    f, t = divmod(n, W)
+    if t == 0 and extra.shape[0] == 0:
+        if n:
+            placed.add(b, batches.rows[off[lo]:off[hi]], sizes_all[lo:hi])
+        return
+    # Pool the tail with g = 0..f previous full steps; take the first g that fills
+    # j*W non-empty batches of at most bs rows.
+    tail_rows = int(off[hi] - off[lo + f * W]) + extra.shape[0]
+    step_rows = np.zeros(f + 1, dtype=np.int64)
+    if f:
+        per_step = np.add.reduceat(sizes_all[lo:lo + f * W], np.arange(0, f * W, W))
+        step_rows[1:] = np.cumsum(per_step[::-1])
+    pool = tail_rows + step_rows
+    j = -(-pool // (W * bs))
+    ok = np.flatnonzero(j * W <= pool)
+    if ok.shape[0]:
+        g = int(ok[0])
+        keep = lo + (f - g) * W
+        if keep > lo:
+            placed.add(b, batches.rows[off[lo]:off[keep]], sizes_all[lo:keep])
+        pooled = np.concatenate([batches.rows[off[keep]:off[hi]], extra])
+        placed.add(b, pooled, _even_split(pooled.shape[0], int(j[g]) * W))
+        placed.resplit += 1
+        return
+    # Cannot fill a step: keep the full steps, move the tail (with what was carried in).
+    if f:
+        placed.add(b, batches.rows[off[lo]:off[lo + f * W]], sizes_all[lo:lo + f * W])
+    leftover = np.concatenate([batches.rows[off[lo + f * W]:off[hi]], extra])
+    later = np.flatnonzero(contains[b + 1:, b]) + b + 1
+    if later.shape[0]:
+        to = int(later[0])
+        placed.carried[to].append(leftover)
+        placed.fallbacks.append({"kind": "carried", "from": b, "to": to, "rows": int(leftover.shape[0])})
+        return
+    _borrow_or_drop(placed, b, leftover, W, bs, contains)
+
+
+def _borrow_or_drop(placed: _Placement, b: int, leftover: npt.NDArray[np.int64], W: int, bs: int,
+                    contains: npt.NDArray[np.bool_]) -> None:
+    """No bucket contains ``b``: borrow whole steps from the largest bucket it contains
+    until its rows fill steps; what still cannot be placed is dropped (listed)."""
+    for src in (np.flatnonzero(contains[b, :b])[::-1]):
+        src = int(src)
+        while placed.sizes[src]:
+            src_rows = np.concatenate(placed.rows[src])
+            src_sizes = np.concatenate(placed.sizes[src])
+            cut = int(src_sizes[:-W].sum())
+            taken = src_rows[cut:]
+            placed.rows[src] = [src_rows[:cut]] if cut else []
+            placed.sizes[src] = [src_sizes[:-W]] if src_sizes.shape[0] > W else []
+            placed.fallbacks.append({"kind": "borrowed", "from": src, "to": b, "rows": int(taken.shape[0])})
+            leftover = np.concatenate([leftover, taken])
+            jj = -(-leftover.shape[0] // (W * bs))
+            if jj * W <= leftover.shape[0]:
+                placed.add(b, leftover, _even_split(leftover.shape[0], jj * W))
+                return
+    # Place as many whole steps as capacity allows; only fewer than W rows (or what
+    # exceeds W * bs per step) are dropped, never the rows that fit.
+    steps = leftover.shape[0] // W
+    if steps:
+        fit = min(int(leftover.shape[0]), steps * W * bs)
+        placed.add(b, leftover[:fit], _even_split(fit, steps * W))
+        leftover = leftover[fit:]
+    if leftover.shape[0]:
+        placed.dropped.append(leftover)
+        placed.fallbacks.append({"kind": "dropped", "from": b, "to": -1, "rows": int(leftover.shape[0])})
+
+
+def _interleave(placed: _Placement, W: int, seed: int, epoch: int,
+                interleave: Interleave) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Order the buckets' steps (random or ascending) and lay batches out rank-major:
+    (bucket per step, CSR offsets, manifest rows)."""
+    rows_cat = np.concatenate([r for p in placed.rows for r in p]) if any(placed.rows) else np.empty(0, np.int64)
+    sizes_cat = np.concatenate([s for p in placed.sizes for s in p]) if any(placed.sizes) else np.empty(0, np.int64)
+    steps_per_bucket = np.array([sum(int(s.shape[0]) for s in p) // W for p in placed.sizes], dtype=np.int64)
+    labels = np.repeat(np.arange(placed.num_buckets, dtype=np.int32), steps_per_bucket)
     S = int(labels.shape[0])
     if interleave == "random":
         seq = np.random.default_rng([seed, epoch, 1]).permutation(labels)
@@ -251,82 +289,36 @@ def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
         seq = labels
     else:
         raise PlanError(f"unknown interleave {interleave!r} (expected 'random' or 'ascending')")
-    # The c-th bucket step (bucket order) goes to position pos[c]; a bucket's steps keep order.
+    # Batches are concatenated in bucket order: batch c*W + r is (bucket step c, rank r).
+    # The c-th bucket step goes to position pos[c]; a bucket's steps keep their order.
     pos = np.argsort(seq, kind="stable")
-    # Rank-major output: batch (c, r) -> r*S + pos[c].
     c_idx = np.repeat(np.arange(S, dtype=np.int64), W)
     r_idx = np.tile(np.arange(W, dtype=np.int64), S)
-    new_index = r_idx * S + pos[c_idx]
     order = np.empty(S * W, dtype=np.int64)
-    order[new_index] = np.arange(S * W, dtype=np.int64)
+    order[r_idx * S + pos[c_idx]] = np.arange(S * W, dtype=np.int64)  # rank-major: (c, r) -> r*S + pos[c]
     off_cat = np.zeros(S * W + 1, dtype=np.int64)
     np.cumsum(sizes_cat, out=off_cat[1:])
-    offsets, gather = _segments(off_cat, order)
-    rows = rows_cat[gather]
-    durations = np.asarray(inputs.durations, dtype=np.float64)
-    tokens = np.asarray(inputs.num_tokens, dtype=np.int64)
+    offsets, gather = gather_segments(off_cat, order)
+    return seq, offsets, rows_cat[gather]
+
+
+def _epoch_plan(epoch: int, W: int, seq: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64],
+                rows: npt.NDArray[np.int64], inputs: PlanInputs, placed: _Placement) -> EpochPlan:
+    """The epoch's plan with per-batch maxima and the real sums (one gather each)."""
+    S = int(seq.shape[0])
     starts = offsets[:-1]
-    dr = durations[rows]  # one gather each, for the maxima and the real sums
+    dr = np.asarray(inputs.durations, dtype=np.float64)[rows]
     max_d = np.maximum.reduceat(dr, starts) if S else np.empty(0)
     real_seconds = float(dr.sum())
     del dr
-    tr = tokens[rows]
+    tr = np.asarray(inputs.num_tokens, dtype=np.int64)[rows]
     max_t = np.maximum.reduceat(tr, starts) if S else np.empty(0, np.int64)
     real_tokens = int(tr.sum())
     del tr
     return EpochPlan(
-        epoch=epoch,
-        world_size=W,
-        step_bucket=seq.astype(np.int32),
-        offsets=offsets,
-        rows=rows,
-        max_duration=max_d,
-        max_tokens=max_t,
-        dropped=np.sort(np.concatenate(dropped)) if dropped else np.empty(0, dtype=np.int64),
-        fallbacks=fallbacks,
-        resplit_buckets=resplit,
-        real_seconds=real_seconds,
-        real_tokens=real_tokens,
-    )
-
-
-def plan_epochs(inputs: PlanInputs, world_size: int, seed: int, epochs: int,
-                interleave: Interleave = "random", **batch_options: object) -> Iterator[EpochPlan]:
-    """Plan epochs ``0 .. epochs-1`` lazily (one epoch in memory at a time)."""
-    for e in range(epochs):
-        yield plan_epoch(inputs, world_size, seed, e, interleave, **batch_options)
-
-
-@dataclass(frozen=True)
-class Padding:
-    """Padding of an epoch's batches: ``1 - sum(real) / sum(batch size * max in batch)``."""
-
-    real_seconds: float
-    padded_seconds: float
-    real_tokens: int
-    padded_tokens: int
-
-    @property
-    def audio(self) -> float:
-        return 1.0 - self.real_seconds / self.padded_seconds if self.padded_seconds else 0.0
-
-    @property
-    def tokens(self) -> float:
-        return 1.0 - self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
-
-
-def padding(plan: EpochPlan, durations: npt.NDArray[np.floating], num_tokens: npt.NDArray[np.integer]) -> Padding:
-    """Predicted padding of an epoch plan (audio in seconds, equal to frames up to the shift)."""
-    sizes = plan.sizes()
-    real_s = plan.real_seconds
-    if real_s is None:
-        real_s = float(np.asarray(durations, dtype=np.float64)[plan.rows].sum())
-    real_t = plan.real_tokens
-    if real_t is None:
-        real_t = int(np.asarray(num_tokens, dtype=np.int64)[plan.rows].sum())
-    return Padding(
-        real_seconds=real_s,
-        padded_seconds=float((sizes * plan.max_duration).sum()),
-        real_tokens=real_t,
-        padded_tokens=int((sizes * plan.max_tokens).sum()),
+        epoch=epoch, world_size=W, step_bucket=seq.astype(np.int32), offsets=offsets, rows=rows,
+        max_duration=max_d, max_tokens=max_t,
+        dropped=np.sort(np.concatenate(placed.dropped)) if placed.dropped else np.empty(0, dtype=np.int64),
+        fallbacks=placed.fallbacks, resplit_buckets=placed.resplit,
+        real_seconds=real_seconds, real_tokens=real_tokens,
     )

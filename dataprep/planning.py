@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bucketing.allocate import allocate, carry_tails
+from bucketing.allocate import assign
 from bucketing.costmodel import CostModel
 from bucketing.fit import grid_from_spec
-from bucketing.plan import EpochPlan, PlanError, PlanInputs, padding, plan_epoch
+from bucketing.plan import EpochPlan, PlanError, PlanInputs, plan_epoch
 from bucketing.simulate import SimResult, simulate
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError, ManifestError
@@ -78,16 +78,9 @@ def build_plan(
         ids = ids.combine_chunks()
     del df
     clock("read")
-    alloc = allocate(duration, tokens, grid, strict=strict)
-    max_tokens = alloc.max_tokens if alloc.max_tokens is not None else grid.max_tokens
-    bucket_of_row, carried = alloc.bucket, 0
-    counts = np.bincount(alloc.bucket[alloc.bucket >= 0], minlength=bs.shape[0])
-    # Carrying tails is for buckets that fill whole steps; where a bucket holds less than one
-    # step (world_size batches), the planner's own fallbacks (re-split, carry, borrow) place it.
-    carry = carry and not strict and bool((counts[counts > 0] >= world_size * bs[counts > 0]).all())
-    if carry:
-        bucket_of_row, carried = carry_tails(bucket_of_row, duration, tokens, bs, max_tokens, grid.duration_bin)
-    inputs = PlanInputs(bucket_of_row, bs, duration, tokens, grid.max_duration, max_tokens.astype(np.float64))
+    assigned = assign(duration, tokens, grid, bs, strict=strict, carry=carry, world_size=world_size)
+    alloc = assigned.allocation
+    inputs = PlanInputs(assigned.bucket, bs, duration, tokens, grid.max_duration, assigned.max_tokens.astype(np.float64))
     clock("allocate")
 
     steps_per_epoch: list[int] = []
@@ -104,23 +97,21 @@ def build_plan(
     with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps) as writer:
         for e in range(epochs):
             try:
-                ep = plan_epoch(inputs, world_size, seed, e, interleave=interleave,  # type: ignore[arg-type]
-                                duration=duration)
+                ep = plan_epoch(inputs, world_size, seed, e, interleave=interleave)  # type: ignore[arg-type]
             except PlanError as exc:
                 raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
             clock("plan")
             _write_epoch(writer, ep, ids, first_step, lambda r: on_progress(e * world_size + r + 1, total)
                          if on_progress else None)
-            pad = padding(ep, duration, tokens)
-            real_s, pad_s = real_s + pad.real_seconds, pad_s + pad.padded_seconds
-            real_t, pad_t = real_t + pad.real_tokens, pad_t + pad.padded_tokens
+            real_s, pad_s = real_s + ep.real_seconds, pad_s + ep.padded_seconds
+            real_t, pad_t = real_t + ep.real_tokens, pad_t + ep.padded_tokens
             sizes = ep.sizes()
             bucket_of_batch = np.tile(ep.step_bucket, world_size)
             per_bucket_batches += np.bincount(bucket_of_batch, minlength=B)
             per_bucket_utts += np.bincount(bucket_of_batch, weights=sizes, minlength=B).astype(np.int64)
             steps_per_epoch.append(ep.num_steps)
             per_epoch.append({"epoch": e, "steps": ep.num_steps, "first_step": first_step,
-                              "padding_audio": round(pad.audio, 6), "padding_tokens": round(pad.tokens, 6),
+                              "padding_audio": round(ep.audio_padding, 6), "padding_tokens": round(ep.token_padding, 6),
                               "resplit_buckets": ep.resplit_buckets})
             fallbacks += [{"epoch": e, **f} for f in ep.fallbacks]
             if ep.dropped.shape[0]:
@@ -144,8 +135,8 @@ def build_plan(
                 "allocated_rows": int((alloc.bucket >= 0).sum()),
                 "left_out": {k: v.tolist() for k, v in sorted(alloc.dropped.items())},
                 "moved_to_longer_bin": alloc.moved,
-                "carried_tails": carried,
-                "carry": carry,
+                "carried_tails": assigned.carried,
+                "carry": assigned.carry,
                 "raised_max_tokens_rows": alloc.raised,
             },
             "num_steps": first_step,

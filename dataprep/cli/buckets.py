@@ -140,7 +140,7 @@ def padding_cmd(
         write_json(report, json_out)
         out.print(f"wrote {json_out}")
     if plots is not None:
-        from dataprep.plots import write_padding_plots as write_plots
+        from dataprep.report.plots import write_padding_plots as write_plots
 
         for p in write_plots(report, plots):
             out.print(f"wrote {p}")

@@ -23,7 +23,7 @@ OutOpt = Annotated[Path, typer.Option("-o", "--output", help="Output folder.")]
 @user_errors
 def export_nemo_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_dir: OutOpt) -> None:
     """bucket_duration_bins, bucket_batch_size, max_tps (bucketing.yaml) and NeMo JSONL manifests."""
-    from dataprep.export import export_nemo
+    from dataprep.integrations.export import export_nemo
 
     cfg = export_nemo(plan_or_buckets, manifest, out_dir)
     out.print(f"{cfg['num_buckets']} buckets -> {out_dir / 'bucketing.yaml'}, manifest.jsonl, bucket-*.jsonl")
@@ -33,7 +33,7 @@ def export_nemo_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_d
 @user_errors
 def export_lhotse_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_dir: OutOpt) -> None:
     """A Lhotse CutSet (cuts.jsonl.gz) and the bins / batch sizes for DynamicBucketingSampler (bins.json)."""
-    from dataprep.export import export_lhotse
+    from dataprep.integrations.export import export_lhotse
 
     bins = export_lhotse(plan_or_buckets, manifest, out_dir)
     out.print(f"{bins['num_cuts']} cuts -> {out_dir / 'cuts.jsonl.gz'}; {len(bins['duration_bins'])} bins -> {out_dir / 'bins.json'}")

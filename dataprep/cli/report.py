@@ -1,7 +1,7 @@
 """Commands: ``stats`` (tables, ``--json``, ``--plots``) and ``filter`` (kept + rejects).
 
-Thin layer: parse options, call :mod:`dataprep.stats` / :mod:`dataprep.filters` /
-:mod:`dataprep.plots`, print rich tables on stdout, write files atomically.
+Thin layer: parse options, call :mod:`dataprep.report.stats` / :mod:`dataprep.report.filters` /
+:mod:`dataprep.report.plots`, print rich tables on stdout, write files atomically.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import typer
 from rich.table import Table
 
 from dataprep.cli.app import app, err, out, user_errors
-from dataprep.filters import FilterResult, Thresholds, apply_filters
-from dataprep.stats import ManifestStats, compute_stats
+from dataprep.report.filters import FilterResult, Thresholds, apply_filters
+from dataprep.report.stats import ManifestStats, compute_stats
 from manifests.errors import DataprepError
 from manifests.io import manifest_hash, read_manifest, write_json, write_manifest, write_rejects
 
@@ -91,7 +91,7 @@ def stats_command(
         write_json(doc, json_path)
         err.print(f"wrote {json_path}")
     if plots is not None:
-        from dataprep.plots import write_plots  # lazy: matplotlib is an extra
+        from dataprep.report.plots import write_plots  # lazy: matplotlib is an extra
 
         for p in write_plots(df, plots):
             err.print(f"wrote {p}")

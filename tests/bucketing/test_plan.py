@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bucketing.plan import EpochPlan, PlanError, PlanInputs, padding, plan_epoch
+from bucketing.plan import EpochPlan, PlanError, PlanInputs, plan_epoch
 
 
 def _inputs(seed: int, n: int, num_buckets: int, max_bs: int, two_d: bool, unalloc: float = 0.05,
@@ -95,8 +95,10 @@ def test_fallbacks_are_rare_at_scale() -> None:
     moved = sum(f["rows"] for f in p.fallbacks)
     assert moved / 200_000 < 1e-3, p.fallbacks
     assert p.resplit_buckets > 0  # tails existed and were handled inside their bucket
-    pad = padding(p, inp.durations, inp.num_tokens)
-    assert 0 < pad.audio < 0.2 and 0 < pad.tokens < 0.6
+    assert 0 < p.audio_padding < 0.2 and 0 < p.token_padding < 0.6
+    rows_d = inp.durations[p.rows]
+    assert p.real_seconds == pytest.approx(rows_d.sum())
+    assert p.padded_seconds == pytest.approx(sum(len(r) * inp.durations[r].max() for r in np.split(p.rows, p.offsets[1:-1])))
 
 
 def test_deterministic_and_seed_and_epoch_change_order() -> None:

@@ -1,4 +1,4 @@
-"""``dataprep.stats`` and ``dataprep stats``: every figure checked against an independent
+"""``dataprep.report.stats`` and ``dataprep stats``: every figure checked against an independent
 computation (csv + numpy + statistics), on generated frames and on ../shared/data."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dataprep.cli import app
-from dataprep.stats import DURATION_BIN_EDGES, QUANTILES, bin_labels, compute_stats, duration_bin_index
+from dataprep.report.stats import DURATION_BIN_EDGES, QUANTILES, bin_labels, compute_stats, duration_bin_index
 from manifests.errors import DataprepError
 from manifests.io import manifest_hash, write_manifest
 from tests.conftest import manifest_from_csv, shared_file
@@ -197,7 +197,7 @@ def test_cli_stats_user_errors(tmp_path: Path) -> None:
 def test_plots_without_matplotlib_say_which_extra(
     generated_manifest: tuple[Path, pl.DataFrame], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dataprep.plots import write_plots
+    from dataprep.report.plots import write_plots
 
     # None in sys.modules makes the import fail as if the package were not installed
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)

@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from dataprep.export import lhotse_constraint, load_inputs
+from dataprep.integrations.export import lhotse_constraint, load_inputs
 from manifests.buckets_file import read_buckets
 from manifests.io import read_manifest
 from tests.dataprep._consumer import Corpus, invoke, shared_corpus

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from dataprep.stats import DURATION_BIN_EDGES, bin_labels, duration_bin_index
+from dataprep.report.stats import DURATION_BIN_EDGES, bin_labels, duration_bin_index
 from manifests.errors import DataprepError
 from manifests.io import atomic_path
 
