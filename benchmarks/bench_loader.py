@@ -70,7 +70,7 @@ def build(work: Path, n: int, world_size: int) -> tuple[Path, Path, Path]:
                            max_duration_budget=600.0)
         write_buckets(spec, buckets)
         meta = build_plan(manifest, buckets, plan, world_size=world_size, seed=0, epochs=1)
-        print(f"planned {meta['num_steps']:,} steps x {world_size} ranks with the real planner in "
+        print(f"planned {meta.num_steps:,} steps x {world_size} ranks with the real planner in "
               f"{time.perf_counter() - t:.1f} s", flush=True)
     return manifest, plan, spm
 

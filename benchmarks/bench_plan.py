@@ -95,8 +95,8 @@ try:  # this process's own peak: ru_maxrss keeps the parent's size from before t
 except (OSError, StopIteration):
     hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 print(json.dumps({"wall": wall, "timings": timings, "rss_gib": hwm,
-                  "steps": meta["num_steps"], "padding": meta["padding"], "moved": meta["fallbacks"]["moved_rows"],
-                  "dropped": meta["fallbacks"]["dropped_rows"]}))
+                  "steps": meta.num_steps, "padding": meta.padding, "moved": meta.fallbacks["moved_rows"],
+                  "dropped": meta.fallbacks["dropped_rows"]}))
 """
 
 

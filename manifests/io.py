@@ -332,3 +332,11 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def require_manifest_hash(path: str | os.PathLike[str], expected: str, what: str) -> None:
+    """Refuse ``path`` unless its content hash is ``expected`` (``what`` names the owner of
+    the expectation in the one-line error, e.g. "the plan's manifest")."""
+    got = manifest_hash(path)
+    if got != expected:
+        raise ManifestError(f"{path}: content hash {got[:12]}... differs from {what} ({expected[:12]}...)")

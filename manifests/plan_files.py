@@ -29,6 +29,7 @@ a crash never leaves a half-written plan.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -47,9 +48,8 @@ import pyarrow.parquet as pq
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.errors import ManifestError
 from manifests.io import atomic_path, file_sha256, write_json
+from manifests.plan_meta import PLAN_JSON, PLAN_VERSION, FileRef, PlanMeta, read_plan_meta
 
-PLAN_VERSION = 1
-PLAN_JSON = "plan.json"
 META_KIND = b"speech_dataprep.kind"
 META_PLAN = b"speech_dataprep.plan"  # JSON: version, rank, world_size
 
@@ -159,22 +159,21 @@ class PlanWriter:
             self._writers[rank] = writer
         writer.write_table(table, row_group_size=self.row_group_steps)
 
-    def finish(self, meta: Mapping[str, Any]) -> str:
-        """Close the shards, write ``plan.json``, publish the directory; return the plan hash."""
+    def finish(self, meta: PlanMeta) -> PlanMeta:
+        """Close the shards, write ``plan.json``, publish the directory; return the plan's
+        metadata with its shards' SHA-256s and ``plan_hash`` filled in."""
+        if meta.world_size != self.world_size:
+            raise ValueError(f"plan metadata says world size {meta.world_size}, the writer has {self.world_size}")
         for rank in range(self.world_size):
             if self._writers[rank] is None:
                 self.write(rank, SHARD_SCHEMA.empty_table())
             self._writers[rank].close()  # type: ignore[union-attr]
         self._stack.close()  # renames each temporary shard to its name inside tmp_dir
-        shards = [{"file": shard_name(r), "sha256": file_sha256(self.tmp_dir / shard_name(r))}
-                  for r in range(self.world_size)]
-        body = dict(meta)
-        body["version"] = PLAN_VERSION
-        body["world_size"] = self.world_size
-        body["shards"] = shards
-        body.pop("plan_hash", None)
-        body["plan_hash"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-        write_json(body, self.tmp_dir / PLAN_JSON)
+        shards = [FileRef(shard_name(r), file_sha256(self.tmp_dir / shard_name(r))) for r in range(self.world_size)]
+        body = dataclasses.replace(meta, shards=shards, plan_hash="").to_json()
+        plan_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        final = dataclasses.replace(meta, shards=shards, plan_hash=plan_hash)
+        write_json(final.to_json(), self.tmp_dir / PLAN_JSON)
         old: Path | None = None
         if self.out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.", suffix=".old", dir=self.out_dir.parent))
@@ -186,7 +185,7 @@ class PlanWriter:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         self._done = True
-        return str(body["plan_hash"])
+        return final
 
     def _abort(self) -> None:
         for w in self._writers:
@@ -209,17 +208,8 @@ def _replaceable(path: Path) -> bool:
 
 
 def read_plan_json(plan_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """``plan.json`` of a plan directory; :class:`ManifestError` if it is not one."""
-    path = Path(plan_dir) / PLAN_JSON
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: no such file (not a plan directory; run `dataprep plan-batches`)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("version") != PLAN_VERSION:
-        raise ManifestError(f"{path}: unsupported plan version {meta.get('version') if isinstance(meta, dict) else None!r}")
-    return meta
+    """``plan.json`` of a plan directory as a dict, validated (see :func:`read_plan_meta`)."""
+    return read_plan_meta(plan_dir).to_json()
 
 
 @dataclass(frozen=True)

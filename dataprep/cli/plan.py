@@ -14,6 +14,7 @@ from dataprep.cli.app import app, out, user_errors
 from dataprep.planning import DEFAULT_WORLD_SIZES, build_plan, simulate_plan
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
+from manifests.plan_meta import PlanMeta
 
 
 @app.command("plan-batches")
@@ -40,26 +41,26 @@ def plan_batches_cmd(
     print_plan(meta, out_dir)
 
 
-def print_plan(meta: dict[str, Any], out_dir: Path | str) -> None:
+def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
     """The plan summary a user reads after plan-batches."""
-    spe = meta["steps_per_epoch"]
-    out.print(f"plan: {out_dir}  world size {meta['world_size']}, seed {meta['seed']}, {meta['epochs']} epoch(s)")
-    out.print(f"steps per epoch: {', '.join(map(str, spe)) if len(set(spe)) > 1 else spe[0]}  (total {meta['num_steps']})")
+    spe = meta.steps_per_epoch
+    out.print(f"plan: {out_dir}  world size {meta.world_size}, seed {meta.seed}, {meta.epochs} epoch(s)")
+    out.print(f"steps per epoch: {', '.join(map(str, spe)) if len(set(spe)) > 1 else spe[0]}  (total {meta.num_steps})")
     table = Table(title="per bucket (per epoch)")
     for col in ("bucket", "max_duration", "max_tokens", "batch_size", "steps", "batches", "utterances"):
         table.add_column(col, justify="right")
-    for b, pb in zip(meta["buckets"], meta["per_bucket"]):
+    for b, pb in zip(meta.buckets, meta.per_bucket):
         table.add_row(str(pb["bucket"]), f"{b['max_duration']:.3f}", str(b.get("max_tokens", "-")),
                       str(b["batch_size"]), str(pb["steps"]), str(pb["batches"]), str(pb["utterances"]))
     out.print(table)
-    pad = meta["padding"]
+    pad = meta.padding
     out.print(f"predicted padding: audio {pad['audio']:.2%}, tokens {pad['tokens']:.2%}")
-    fb = meta["fallbacks"]
-    left_out = sum(len(v) for v in meta["allocation"]["left_out"].values())
+    fb = meta.fallbacks
+    left_out = sum(len(v) for v in meta.allocation["left_out"].values())
     out.print(f"fallbacks: {fb['moved_rows']} rows moved to a containing bucket, {fb['dropped_rows']} dropped, "
               f"{fb['broken_sync_steps']} unsynchronized steps; {fb['resplit_buckets']} bucket tails re-split "
               f"(sync kept); {left_out} rows outside the bucket grid")
-    out.print(f"plan hash: {meta['plan_hash']}")
+    out.print(f"plan hash: {meta.plan_hash}")
 
 
 @app.command("simulate")

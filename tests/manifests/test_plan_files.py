@@ -14,8 +14,17 @@ from hypothesis import strategies as st
 
 from manifests.errors import ManifestError
 from manifests.plan_files import SHARD_SCHEMA, PlanShard, PlanWriter, open_shard, read_plan_json, shard_table
+from manifests.plan_meta import FileRef, ManifestRef, PlanMeta
 
 W = 3
+
+
+def plan_meta(epochs: int, steps: int, world_size: int = W) -> PlanMeta:
+    """Metadata for a hand-written plan: only the shapes are real."""
+    return PlanMeta(manifest=ManifestRef("m.parquet", "0" * 64, 10_000), buckets_file=FileRef("b.json", "1" * 64),
+                    buckets=[], world_size=world_size, seed=0, epochs=epochs, interleave="random", allocation={},
+                    num_steps=epochs * steps, steps_per_epoch=[steps] * epochs, per_epoch=[], per_bucket=[],
+                    padding={}, fallbacks={})
 
 
 def _write_plan(path, epochs: int = 2, steps: int = 40, row_group_steps: int = 8) -> dict:
@@ -38,7 +47,7 @@ def _write_plan(path, epochs: int = 2, steps: int = 40, row_group_steps: int = 8
                 for i in range(steps):
                     expected.setdefault(r, []).append((e, e * steps + i, int(bucket[i]),
                                                        rows[offsets[i]:offsets[i + 1]].tolist()))
-        w.finish({"seed": 0, "epochs": epochs})
+        w.finish(plan_meta(epochs, steps))
     return expected
 
 

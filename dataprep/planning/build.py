@@ -1,0 +1,247 @@
+"""manifest + buckets.json -> plan directory: read the columns the planner needs, assign rows
+to buckets, plan every epoch with :func:`bucketing.plan.plan_epoch`, stream the rank shards
+and publish ``plan.json`` (:class:`manifests.plan_meta.PlanMeta`) atomically with them."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from bucketing.allocate import Assignment, assign
+from bucketing.fit import grid_from_spec
+from bucketing.plan import EpochPlan, PlanError, PlanInputs, plan_epoch
+from manifests.buckets_file import BucketSpec, read_buckets
+from manifests.errors import DataprepError, ManifestError
+from manifests.io import file_sha256, manifest_hash, read_manifest
+from manifests.plan_files import PlanWriter, shard_table
+from manifests.plan_meta import FileRef, ManifestRef, PlanMeta
+
+
+def batch_sizes_of(spec: BucketSpec, where: str = "buckets.json") -> npt.NDArray[np.int64]:
+    """Batch size per bucket; a one-line error if any bucket lacks one."""
+    missing = [b.index for b in spec.buckets if b.batch_size is None]
+    if missing:
+        raise ManifestError(
+            f"{where}: bucket {missing[0]} has no batch_size ({len(missing)} buckets lack one); "
+            "run `dataprep fit-buckets` with a budget or `dataprep oomptimize`"
+        )
+    return np.asarray([b.batch_size for b in spec.buckets], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class ManifestColumns:
+    """What the planner reads of a manifest: durations (s), tokens, ids."""
+
+    duration: npt.NDArray[np.float64]
+    num_tokens: npt.NDArray[np.int64]
+    ids: pa.Array
+
+    @classmethod
+    def read(cls, manifest: str | os.PathLike[str]) -> ManifestColumns:
+        df = read_manifest(manifest, columns=["id", "duration", "num_tokens"])
+        if df.height == 0:
+            raise ManifestError(f"{manifest}: the manifest has no rows")
+        ids = df.get_column("id").to_arrow().cast(pa.string())
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
+        return cls(df["duration"].to_numpy(), df["num_tokens"].fill_null(0).to_numpy().astype(np.int64), ids)
+
+
+@dataclass
+class _Totals:
+    """What the epochs add up to, for ``plan.json``."""
+
+    num_buckets: int
+    steps_per_epoch: list[int] = field(default_factory=list)
+    per_epoch: list[dict[str, Any]] = field(default_factory=list)
+    fallbacks: list[dict[str, int]] = field(default_factory=list)
+    dropped_rows: dict[str, list[int]] = field(default_factory=dict)
+    real_s: float = 0.0
+    pad_s: float = 0.0
+    real_t: int = 0
+    pad_t: int = 0
+    batches: npt.NDArray[np.int64] = field(init=False)
+    utterances: npt.NDArray[np.int64] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.batches = np.zeros(self.num_buckets, dtype=np.int64)
+        self.utterances = np.zeros(self.num_buckets, dtype=np.int64)
+
+    @property
+    def num_steps(self) -> int:
+        return sum(self.steps_per_epoch)
+
+    def add(self, ep: EpochPlan, first_step: int) -> None:
+        self.real_s, self.pad_s = self.real_s + ep.real_seconds, self.pad_s + ep.padded_seconds
+        self.real_t, self.pad_t = self.real_t + ep.real_tokens, self.pad_t + ep.padded_tokens
+        bucket_of_batch = np.tile(ep.step_bucket, ep.world_size)
+        self.batches += np.bincount(bucket_of_batch, minlength=self.num_buckets)
+        self.utterances += np.bincount(bucket_of_batch, weights=ep.sizes(), minlength=self.num_buckets).astype(np.int64)
+        self.steps_per_epoch.append(ep.num_steps)
+        self.per_epoch.append({"epoch": ep.epoch, "steps": ep.num_steps, "first_step": first_step,
+                               "padding_audio": round(ep.audio_padding, 6),
+                               "padding_tokens": round(ep.token_padding, 6),
+                               "resplit_buckets": ep.resplit_buckets})
+        self.fallbacks += [{"epoch": ep.epoch, **f} for f in ep.fallbacks]
+        if ep.dropped.shape[0]:
+            self.dropped_rows[str(ep.epoch)] = ep.dropped.tolist()
+
+    def per_bucket(self, epochs: int, world_size: int) -> list[dict[str, int]]:
+        return [{"bucket": b, "batches": int(self.batches[b]) // epochs,
+                 "utterances": int(self.utterances[b]) // epochs,
+                 "steps": int(self.batches[b]) // epochs // world_size} for b in range(self.num_buckets)]
+
+    def padding(self) -> dict[str, Any]:
+        return {"audio": round(1 - self.real_s / self.pad_s, 6) if self.pad_s else 0.0,
+                "tokens": round(1 - self.real_t / self.pad_t, 6) if self.pad_t else 0.0,
+                "real_seconds": round(self.real_s, 3), "padded_seconds": round(self.pad_s, 3),
+                "real_tokens": self.real_t, "padded_tokens": self.pad_t}
+
+    def fallback_summary(self) -> dict[str, Any]:
+        return {
+            "moved_rows": sum(f["rows"] for f in self.fallbacks if f["kind"] in ("carried", "borrowed")),
+            "dropped_rows": sum(len(v) for v in self.dropped_rows.values()),
+            "events": self.fallbacks,
+            "dropped": self.dropped_rows,
+            "resplit_buckets": sum(p["resplit_buckets"] for p in self.per_epoch),
+            "broken_sync_steps": 0,
+        }
+
+
+def build_plan(
+    manifest: str | os.PathLike[str],
+    buckets: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    world_size: int,
+    seed: int = 0,
+    epochs: int = 1,
+    strict: bool = False,
+    interleave: str = "random",
+    row_group_steps: int = 128,
+    carry: bool = True,
+    on_progress: Callable[[int, int], None] | None = None,
+    timings: dict[str, float] | None = None,
+) -> PlanMeta:
+    """Plan ``epochs`` epochs of ``manifest`` over ``world_size`` ranks into ``out_dir``.
+
+    Returns the plan's metadata (the content of ``plan.json``). ``on_progress(done, total)``
+    counts shard writes; ``timings`` (if given) receives wall seconds per phase (read,
+    allocate, plan, write).
+    """
+    clock = _Clock(timings)
+    if world_size < 1 or epochs < 1:
+        raise DataprepError(f"world size and epochs must be >= 1 (got {world_size}, {epochs})")
+    spec = read_buckets(buckets)
+    bs = batch_sizes_of(spec, str(buckets))
+    grid = grid_from_spec(spec)
+    cols = ManifestColumns.read(manifest)
+    clock("read")
+    assigned = assign(cols.duration, cols.num_tokens, grid, bs, strict=strict, carry=carry, world_size=world_size)
+    inputs = PlanInputs(assigned.bucket, bs, cols.duration, cols.num_tokens, grid.max_duration,
+                        assigned.max_tokens.astype(np.float64))
+    clock("allocate")
+    totals = _Totals(len(spec.buckets))
+    total = epochs * world_size
+    with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps) as writer:
+        for e in range(epochs):
+            try:
+                ep = plan_epoch(inputs, world_size, seed, e, interleave=interleave)  # type: ignore[arg-type]
+            except PlanError as exc:
+                raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
+            clock("plan")
+            first_step = totals.num_steps
+            _write_epoch(writer, ep, cols.ids, first_step, lambda r: on_progress(e * world_size + r + 1, total)
+                         if on_progress else None)
+            totals.add(ep, first_step)
+            clock("write")
+        if totals.num_steps == 0:
+            raise DataprepError(
+                f"{manifest}: the plan has no steps ({int((assigned.bucket >= 0).sum())} of {cols.duration.shape[0]} "
+                f"rows allocated, {totals.fallback_summary()['dropped_rows']} dropped for {world_size} ranks); "
+                "use fewer ranks or buckets with larger batch sizes"
+            )
+        meta = writer.finish(_plan_meta(manifest, buckets, spec, cols, assigned, totals, strict=strict,
+                                        world_size=world_size, seed=seed, epochs=epochs, interleave=interleave))
+    clock("write")
+    return meta
+
+
+def _plan_meta(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str], spec: BucketSpec,
+               cols: ManifestColumns, assigned: Assignment, totals: _Totals, *, strict: bool, world_size: int,
+               seed: int, epochs: int, interleave: str) -> PlanMeta:
+    alloc = assigned.allocation
+    return PlanMeta(
+        manifest=ManifestRef(Path(manifest).name, manifest_hash(manifest), int(cols.duration.shape[0])),
+        buckets_file=FileRef(Path(buckets).name, file_sha256(buckets)),
+        buckets=spec.to_json()["buckets"],
+        world_size=world_size, seed=seed, epochs=epochs, interleave=interleave,
+        allocation={
+            "strict": strict,
+            "allocated_rows": int((alloc.bucket >= 0).sum()),
+            "left_out": {k: v.tolist() for k, v in sorted(alloc.dropped.items())},
+            "moved_to_longer_bin": alloc.moved,
+            "carried_tails": assigned.carried,
+            "carry": assigned.carry,
+            "raised_max_tokens_rows": alloc.raised,
+        },
+        num_steps=totals.num_steps,
+        steps_per_epoch=totals.steps_per_epoch,
+        per_epoch=totals.per_epoch,
+        per_bucket=totals.per_bucket(epochs, world_size),
+        padding=totals.padding(),
+        fallbacks=totals.fallback_summary(),
+    )
+
+
+class _Clock:
+    """Adds the seconds since the previous call to ``timings[phase]``."""
+
+    def __init__(self, timings: dict[str, float] | None) -> None:
+        self.timings, self.t = timings, time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self.timings is not None:
+            self.timings[phase] = self.timings.get(phase, 0.0) + now - self.t
+        self.t = now
+
+
+def _write_threads() -> int:
+    """Shards written at once: one per core we may use, at most 4 (Arrow's gather,
+    encoding and compression release the GIL; each shard's bytes do not depend on it)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
+def _write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: int,
+                 tick: Callable[[int], object]) -> None:
+    S = ep.num_steps
+
+    def one(r: int) -> None:
+        lo, hi = ep.rank_slice(r)
+        off = ep.offsets[lo:hi + 1]
+        a, b = int(off[0]), int(off[-1])
+        table = shard_table(
+            epoch=ep.epoch, first_step=first_step, bucket=ep.step_bucket, offsets=off, rows=ep.rows,
+            ids=ids.take(pa.array(ep.rows[a:b])),  # this rank's ids, one gather
+            max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi],
+        )
+        assert table.num_rows == S
+        writer.write(r, table)
+
+    with ThreadPoolExecutor(_write_threads()) as pool:
+        for r, _ in enumerate(pool.map(one, range(ep.world_size))):  # in rank order
+            tick(r)

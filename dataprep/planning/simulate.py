@@ -1,0 +1,81 @@
+"""The tail-worker simulation of a written plan: read one epoch's batches from the rank
+shards, cost each with :class:`bucketing.costmodel.CostModel`, and compare synchronized and
+unsynchronized step times with :func:`bucketing.simulate.simulate`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from bucketing.costmodel import CostModel
+from bucketing.simulate import SimResult, simulate
+from manifests.errors import DataprepError, ManifestError
+from manifests.io import read_manifest, require_manifest_hash
+from manifests.plan_files import shard_name
+from manifests.plan_meta import read_plan_meta
+
+DEFAULT_WORLD_SIZES = (2, 16, 128)
+
+
+def read_epoch_batches(plan_dir: str | os.PathLike[str], epoch: int = 0) -> dict[str, np.ndarray]:
+    """Per-batch columns of one epoch over all ranks, as (steps, ranks) matrices."""
+    meta = read_plan_meta(plan_dir)
+    W = meta.world_size
+    cols = ["epoch", "step", "bucket", "size", "max_duration", "max_tokens", "rows"]
+    parts = []
+    for r in range(W):
+        t = pq.read_table(Path(plan_dir) / shard_name(r), columns=cols, filters=[("epoch", "=", epoch)])
+        parts.append(t)
+    S = parts[0].num_rows
+    if S == 0:
+        raise ManifestError(f"{plan_dir}: epoch {epoch} is not in the plan (epochs: {meta.epochs})")
+    out = {c: np.stack([p.column(c).to_numpy() for p in parts], axis=1)
+           for c in ("bucket", "size", "max_duration", "max_tokens")}
+    out["rows"] = [p.column("rows").combine_chunks() for p in parts]  # type: ignore[assignment]
+    return out
+
+
+def simulate_plan(
+    plan_dir: str | os.PathLike[str],
+    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+    cost: CostModel | None = None,
+    manifest: str | os.PathLike[str] | None = None,
+    epoch: int = 0,
+    seed: int = 0,
+) -> list[SimResult]:
+    """Tail-worker simulation of one epoch of a plan: at the plan's world size with its own
+    step layout, and at each of ``world_sizes`` by re-dealing the same batches (one bucket
+    per step when synchronized, random buckets per rank when not).
+
+    With ``manifest`` (which must be the plan's, by content hash), batch lengths are
+    recomputed from it instead of read from the shards.
+    """
+    cost = cost or CostModel()
+    meta = read_plan_meta(plan_dir)
+    W = meta.world_size
+    m = read_epoch_batches(plan_dir, epoch)
+    max_d, max_t = m["max_duration"], m["max_tokens"]
+    if manifest is not None:
+        require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
+        df = read_manifest(manifest, columns=["duration", "num_tokens"])
+        d = df["duration"].to_numpy()
+        tk = df["num_tokens"].fill_null(0).to_numpy().astype(np.int64)
+        max_d = np.empty_like(max_d)
+        max_t = np.empty_like(max_t)
+        for r, col in enumerate(m["rows"]):  # type: ignore[arg-type]
+            rows = col.values.to_numpy()
+            starts = col.offsets.to_numpy()[:-1]
+            max_d[:, r] = np.maximum.reduceat(d[rows], starts)
+            max_t[:, r] = np.maximum.reduceat(tk[rows], starts)
+    times = cost.step_time(m["size"], max_d, max_t)
+    results = []
+    for w in dict.fromkeys([W, *world_sizes]):
+        if w < 1:
+            raise DataprepError(f"world size must be >= 1, got {w}")
+        results.append(simulate(m["bucket"].ravel(), times.ravel(), w, seed=seed,
+                                sync_matrix=times if w == W else None, overhead=cost.overhead))
+    return results

@@ -1,0 +1,228 @@
+"""``plan.json``, typed: what a plan was made from and what it holds.
+
+:class:`PlanMeta` is written by the planner (through :class:`manifests.plan_files.PlanWriter`)
+and read, validated field by field, by every consumer (training, simulate, exports). Its JSON
+form is the file's content; :meth:`PlanMeta.to_json` gives exactly the dict that is written
+(keys sorted on disk), so the file's bytes do not depend on this class.
+
+Fields (units): ``world_size`` ranks, ``seed``, ``epochs``, ``num_steps`` (global steps over
+all epochs, equal on every rank), ``steps_per_epoch``, ``interleave`` (random | ascending),
+``inputs`` (the manifest's file name, content hash and row count; the buckets file's name and
+SHA-256), ``buckets`` (the buckets.json entries the plan used), ``allocation``, ``per_epoch``,
+``per_bucket``, ``padding`` (ratios and seconds / tokens), ``fallbacks``, ``shards`` (file
+name and SHA-256 per rank) and ``plan_hash`` (SHA-256 of the rest, keys sorted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from manifests.errors import ManifestError
+
+PLAN_VERSION = 1
+PLAN_JSON = "plan.json"
+INTERLEAVES = ("random", "ascending")
+
+
+@dataclass(frozen=True)
+class ManifestRef:
+    """The compiled manifest a plan indexes: file name, content hash, rows."""
+
+    file: str
+    content_hash: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A file by name and the SHA-256 of its bytes."""
+
+    file: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class PlanMeta:
+    """The typed content of ``plan.json`` (see the module docstring)."""
+
+    manifest: ManifestRef
+    buckets_file: FileRef
+    buckets: list[dict[str, Any]]
+    world_size: int
+    seed: int
+    epochs: int
+    interleave: str
+    allocation: dict[str, Any]
+    num_steps: int
+    steps_per_epoch: list[int]
+    per_epoch: list[dict[str, Any]]
+    per_bucket: list[dict[str, Any]]
+    padding: dict[str, Any]
+    fallbacks: dict[str, Any]
+    shards: list[FileRef] = field(default_factory=list)
+    plan_hash: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # keys added by newer writers, kept as read
+
+    def to_json(self) -> dict[str, Any]:
+        """The dict written to ``plan.json`` (without ``shards`` / ``plan_hash`` / ``version``
+        until :class:`~manifests.plan_files.PlanWriter` adds them)."""
+        body: dict[str, Any] = {
+            "inputs": {
+                "manifest": {"file": self.manifest.file, "content_hash": self.manifest.content_hash,
+                             "rows": self.manifest.rows},
+                "buckets": {"file": self.buckets_file.file, "sha256": self.buckets_file.sha256},
+            },
+            "buckets": self.buckets,
+            "world_size": self.world_size,
+            "seed": self.seed,
+            "epochs": self.epochs,
+            "interleave": self.interleave,
+            "allocation": self.allocation,
+            "num_steps": self.num_steps,
+            "steps_per_epoch": self.steps_per_epoch,
+            "per_epoch": self.per_epoch,
+            "per_bucket": self.per_bucket,
+            "padding": self.padding,
+            "fallbacks": self.fallbacks,
+            **self.extra,
+        }
+        if self.shards:
+            body["shards"] = [{"file": s.file, "sha256": s.sha256} for s in self.shards]
+            body["version"] = PLAN_VERSION
+        if self.plan_hash:
+            body["plan_hash"] = self.plan_hash
+        return body
+
+    @property
+    def first_step_of_epoch(self) -> list[int]:
+        """Global step at which each epoch starts."""
+        starts, s = [], 0
+        for n in self.steps_per_epoch:
+            starts.append(s)
+            s += n
+        return starts
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = PLAN_JSON) -> PlanMeta:
+        """Validate every field; :class:`ManifestError` names the file and the field."""
+        v = _Validator(where)
+        obj = v.obj(obj, "plan")
+        version = obj.get("version")
+        if version != PLAN_VERSION:
+            raise ManifestError(f"{where}: unsupported plan version {version!r} (this tool reads {PLAN_VERSION})")
+        inputs = v.obj(v.key(obj, "inputs"), "inputs")
+        man = v.obj(v.key(inputs, "manifest", "inputs."), "inputs.manifest")
+        bfile = v.obj(v.key(inputs, "buckets", "inputs."), "inputs.buckets")
+        world_size = v.int_(v.key(obj, "world_size"), "world_size", lo=1)
+        epochs = v.int_(v.key(obj, "epochs"), "epochs", lo=1)
+        steps_per_epoch = [v.int_(x, f"steps_per_epoch[{i}]", lo=0)
+                           for i, x in enumerate(v.list_(v.key(obj, "steps_per_epoch"), "steps_per_epoch"))]
+        num_steps = v.int_(v.key(obj, "num_steps"), "num_steps", lo=0)
+        if len(steps_per_epoch) != epochs or sum(steps_per_epoch) != num_steps:
+            raise ManifestError(f"{where}: steps_per_epoch: {len(steps_per_epoch)} epochs summing to "
+                                f"{sum(steps_per_epoch)} steps, but epochs = {epochs} and num_steps = {num_steps}")
+        interleave = v.str_(v.key(obj, "interleave"), "interleave")
+        if interleave not in INTERLEAVES:
+            raise ManifestError(f"{where}: interleave: {interleave!r} is not one of {', '.join(INTERLEAVES)}")
+        shards = [v.file_ref(s, f"shards[{i}]") for i, s in enumerate(v.list_(v.key(obj, "shards"), "shards"))]
+        if len(shards) != world_size:
+            raise ManifestError(f"{where}: shards: {len(shards)} listed for world size {world_size}")
+        known = {"inputs", "buckets", "world_size", "seed", "epochs", "interleave", "allocation", "num_steps",
+                 "steps_per_epoch", "per_epoch", "per_bucket", "padding", "fallbacks", "shards", "plan_hash",
+                 "version"}
+        return cls(
+            manifest=ManifestRef(file=v.str_(v.key(man, "file", "inputs.manifest."), "inputs.manifest.file"),
+                                 content_hash=v.hex_(v.key(man, "content_hash", "inputs.manifest."),
+                                                     "inputs.manifest.content_hash"),
+                                 rows=v.int_(v.key(man, "rows", "inputs.manifest."), "inputs.manifest.rows", lo=0)),
+            buckets_file=v.file_ref(bfile, "inputs.buckets"),
+            buckets=[v.obj(b, f"buckets[{i}]") for i, b in enumerate(v.list_(v.key(obj, "buckets"), "buckets"))],
+            world_size=world_size,
+            seed=v.int_(v.key(obj, "seed"), "seed"),
+            epochs=epochs,
+            interleave=interleave,
+            allocation=v.obj(v.key(obj, "allocation"), "allocation"),
+            num_steps=num_steps,
+            steps_per_epoch=steps_per_epoch,
+            per_epoch=[v.obj(p, f"per_epoch[{i}]") for i, p in enumerate(v.list_(v.key(obj, "per_epoch"), "per_epoch"))],
+            per_bucket=[v.obj(p, f"per_bucket[{i}]") for i, p in enumerate(v.list_(v.key(obj, "per_bucket"), "per_bucket"))],
+            padding=v.obj(v.key(obj, "padding"), "padding"),
+            fallbacks=v.obj(v.key(obj, "fallbacks"), "fallbacks"),
+            shards=shards,
+            plan_hash=v.hex_(v.key(obj, "plan_hash"), "plan_hash"),
+            extra={k: val for k, val in obj.items() if k not in known},
+        )
+
+
+class _Validator:
+    """Type checks with one-line errors ``FILE: field: problem``; never coerces."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, name: str, problem: str) -> ManifestError:
+        return ManifestError(f"{self.where}: {name}: {problem}")
+
+    def key(self, obj: dict[str, Any], key: str, prefix: str = "") -> Any:
+        if key not in obj:
+            raise self.fail(prefix + key, "missing")
+        return obj[key]
+
+    def obj(self, x: Any, name: str) -> dict[str, Any]:
+        if not isinstance(x, dict):
+            raise self.fail(name, f"expected an object, got {type(x).__name__}")
+        return x
+
+    def list_(self, x: Any, name: str) -> list[Any]:
+        if not isinstance(x, list):
+            raise self.fail(name, f"expected a list, got {type(x).__name__}")
+        return x
+
+    def int_(self, x: Any, name: str, lo: int | None = None) -> int:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise self.fail(name, f"expected an integer, got {x!r}")
+        if lo is not None and x < lo:
+            raise self.fail(name, f"must be >= {lo}, got {x}")
+        return x
+
+    def str_(self, x: Any, name: str) -> str:
+        if not isinstance(x, str) or not x:
+            raise self.fail(name, f"expected a non-empty string, got {x!r}")
+        return x
+
+    def hex_(self, x: Any, name: str) -> str:
+        s = self.str_(x, name)
+        if len(s) != 64 or any(c not in "0123456789abcdef" for c in s):
+            raise self.fail(name, f"expected a SHA-256 hex digest, got {s[:80]!r}")
+        return s
+
+    def file_ref(self, x: Any, name: str) -> FileRef:
+        x = self.obj(x, name)
+        f = self.str_(self.key(x, "file", name + "."), name + ".file")
+        if "/" in f or "\\" in f or f in (".", ".."):
+            raise self.fail(name + ".file", f"must be a bare file name, got {f!r}")
+        return FileRef(file=f, sha256=self.hex_(self.key(x, "sha256", name + "."), name + ".sha256"))
+
+
+def read_plan_meta(plan_dir: str | os.PathLike[str]) -> PlanMeta:
+    """``plan.json`` of a plan directory, validated; :class:`ManifestError` if it is not one."""
+    path = Path(plan_dir) / PLAN_JSON
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such file (not a plan directory; run `dataprep plan-batches`)") from None
+    except IsADirectoryError:
+        raise ManifestError(f"{path}: is a directory, not a plan.json") from None
+    try:
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
+    return PlanMeta.from_json(obj, str(path))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
