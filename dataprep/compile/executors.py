@@ -30,7 +30,6 @@ from dataprep.compile.parts import merge_parts, run_part
 from dataprep.compile.single import CompileResult, CompileSummary, assemble
 from dataprep.compile.validate import (
     REJECTS_ROW_POLARS_SCHEMA,
-    ROW,
     CompileOptions,
     compile_provenance,
     iter_rows,
