@@ -68,10 +68,11 @@ def compile_once(src: Path, model: Path, out: Path) -> dict[str, float]:
     timed by phase (wraps the reader and the tokenizer); "write" is the time after the last chunk
     (duplicate-id pass, hashing and writing the manifest from the spool)."""
     import dataprep.compile as comp
+    import dataprep.compile.validate as validate  # where the reader is called
     from dataprep.tokenize import Tokenizers
 
     phases = {"read": 0.0, "tokenize": 0.0, "last_chunk": 0.0}
-    real_iter, real_count = comp.iter_source, Tokenizers.count
+    real_iter, real_count = validate.iter_source, Tokenizers.count
 
     def timed_iter(*a, **kw):  # type: ignore[no-untyped-def]
         it = real_iter(*a, **kw)
@@ -92,7 +93,7 @@ def compile_once(src: Path, model: Path, out: Path) -> dict[str, float]:
         finally:
             phases["tokenize"] += time.perf_counter() - t0
 
-    comp.iter_source = timed_iter  # type: ignore[assignment]
+    validate.iter_source = timed_iter  # type: ignore[assignment]
     Tokenizers.count = timed_count  # type: ignore[method-assign]
     toks = Tokenizers.from_specs([str(model)])
     t0, c0 = time.perf_counter(), time.process_time()
@@ -139,7 +140,7 @@ def bench_cli(src: Path, model: Path, rows: int, tmp: Path) -> None:
 
 
 def bench_probe(tmp: Path, files: int, repeats: int) -> None:
-    from dataprep.probe import probe_headers
+    from dataprep.compile.probe import probe_headers
     from dataprep.testing import write_tone
 
     for ext in ("wav", "flac"):

@@ -1,4 +1,4 @@
-"""Audio header reads (``dataprep.probe.probe_headers``) on generated WAV/FLAC files: files/s.
+"""Audio header reads (``dataprep.compile.probe.probe_headers``) on generated WAV/FLAC files: files/s.
 
     python benchmarks/bench_probe.py                    # 200k files, median of 3 runs
     python benchmarks/bench_probe.py --files 20000 --repeats 5
@@ -58,7 +58,7 @@ def generate(root: Path, files: int, processes: int) -> list[str]:
 
 
 def _probe(args: tuple[list[str], int]) -> int:
-    from dataprep.probe import probe_headers
+    from dataprep.compile.probe import probe_headers
 
     paths, threads = args
     info = probe_headers(paths, threads=threads)
@@ -90,7 +90,7 @@ def run_ray(paths: list[str], threads: int, batch: int) -> list[float] | None:
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
     def probe_batch(b: dict) -> dict:
-        from dataprep.probe import probe_headers
+        from dataprep.compile.probe import probe_headers
 
         info = probe_headers(list(b["path"]), threads=threads)
         return {"duration": info["file_duration"].to_numpy()}

@@ -294,6 +294,18 @@ def write_rejects(
                           row_group_size)
 
 
+def default_rejects_path(output: str | os.PathLike[str]) -> Path:
+    """Where a command writing ``output`` puts its rejected rows by default:
+    ``<output stem>.rejects.parquet`` next to it (``kept.parquet`` -> ``kept.rejects.parquet``)."""
+    out = Path(output)
+    return out.with_name(out.stem + ".rejects.parquet")
+
+
+def reasons_count(rejects: pl.DataFrame) -> dict[str, int]:
+    """Rejected rows per ``reason``, sorted by reason (empty for no rows)."""
+    return dict(sorted(rejects.group_by("reason").len().iter_rows())) if rejects.height else {}
+
+
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Schema version, content hash, kind and provenance of a file we wrote."""
     try:

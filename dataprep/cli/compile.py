@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -64,24 +67,32 @@ def compile_cmd(
 
     Every input row ends in the manifest or in the rejects file with its reason.
     """
-    if shard_index is not None or num_shards is not None or executor != "local" or workers != 1:
-        _compile_distributed(sources, tokenizer, output, rejects, prompt_tokens=prompt_tokens, fmt=fmt,
-                            text_field=text_field, audio_root=audio_root, probe=probe, threads=threads,
-                            mismatch_tolerance=mismatch_tolerance, strict=strict, num_shards=num_shards,
-                            shard_index=shard_index, executor=executor, workers=workers)
-        return
-    from dataprep.compile import CompileOptions, compile_to_files
-    from dataprep.tokenize import Tokenizers
+    from dataprep.compile import CompileOptions, compile
+    from manifests.io import default_rejects_path
 
-    if probe not in ("auto", "always", "never"):
-        raise typer.BadParameter("--probe must be auto, always or never")
     opts = CompileOptions(prompt_tokens=prompt_tokens, fmt=fmt, text_field=text_field,
                           audio_root=str(audio_root) if audio_root else None, probe=probe,  # type: ignore[arg-type]
                           probe_threads=threads, mismatch_tolerance=mismatch_tolerance, strict=strict)
-    toks = Tokenizers.from_specs(tokenizer)
-    rejects_path = rejects or output.with_name(output.stem + ".rejects.parquet")
-    with progress_counter("reading rows") as on_chunk, progress_counter("probing audio headers") as on_probe:
-        result = compile_to_files(sources, toks, opts, output, rejects_path, on_chunk=on_chunk, on_probe=on_probe)
+    rejects_path = rejects or default_rejects_path(output)
+    pooled = executor == "local" and shard_index is None and (workers != 1 or num_shards is not None) \
+        and "SLURM_ARRAY_TASK_ID" not in os.environ  # only picks the progress bars shown
+    with contextlib.ExitStack() as bars:
+        on_chunk = on_probe = on_part = None
+        if pooled:
+            on_part_done = bars.enter_context(progress_counter("shards", total=num_shards or 4 * workers))
+            on_part = lambda r: on_part_done(1)  # noqa: E731
+        else:
+            on_chunk = bars.enter_context(progress_counter("reading rows"))
+            if executor != "ray":
+                on_probe = bars.enter_context(progress_counter("probing audio headers"))
+        result = compile(sources, tokenizer, output, rejects_path, opts, executor=executor, workers=workers,
+                         num_parts=num_shards, part_index=shard_index, on_chunk=on_chunk, on_probe=on_probe,
+                         on_part=on_part)
+    if result.part_index is not None:
+        state = "already done, skipped" if result.skipped else "done"
+        out.print(f"shard {result.part_index} of {result.num_parts} {state}: {result.rows_in:,} rows in, "
+                  f"{result.rows_kept:,} kept, {result.rows_rejected:,} rejected -> {output}/")
+        return
     _print_summary(result.rows_in, result.rows_kept, result.hours, result.reasons)
     out.print(f"manifest -> {output} (content hash {result.content_hash[:16]})")
     out.print(f"rejects  -> {rejects_path}")
@@ -98,61 +109,6 @@ def _print_summary(rows_in: int, rows_kept: int, hours: float, reasons: dict[str
     out.print(table)
 
 
-def _compile_distributed(
-    sources: list[Path], tokenizer: list[str], output: Path, rejects: Optional[Path], *, prompt_tokens: int,
-    fmt: str, text_field: str, audio_root: Optional[Path], probe: str, threads: int, mismatch_tolerance: float,
-    strict: bool, num_shards: Optional[int], shard_index: Optional[int], executor: str, workers: int,
-) -> None:
-    """``compile`` with --num-shards / --shard-index / --executor / --workers (dataprep.shards, dataprep.executors)."""
-    import os
-
-    from dataprep.compile import CompileOptions
-    from dataprep.shards import resolve_shard, run_shard
-    from manifests.io import write_manifest, write_rejects
-
-    if probe not in ("auto", "always", "never"):
-        raise typer.BadParameter("--probe must be auto, always or never")
-    if executor not in ("local", "ray"):
-        raise typer.BadParameter("--executor must be local or ray")
-    opts = CompileOptions(prompt_tokens=prompt_tokens, fmt=fmt, text_field=text_field,
-                          audio_root=str(audio_root) if audio_root else None, probe=probe,  # type: ignore[arg-type]
-                          probe_threads=threads, mismatch_tolerance=mismatch_tolerance, strict=strict)
-    shard = resolve_shard(num_shards, shard_index, os.environ)
-    if shard is not None:
-        n, i = shard
-        if executor != "local":
-            raise typer.BadParameter("--shard-index runs one shard here; it does not combine with --executor ray")
-        with progress_counter("reading rows") as on_chunk, progress_counter("probing audio headers") as on_probe:
-            res = run_shard(sources, tokenizer, opts, n, i, output, on_chunk=on_chunk, on_probe=on_probe)
-        state = "already done, skipped" if res.skipped else "done"
-        out.print(f"shard {i} of {n} {state}: {res.rows_in:,} rows in, {res.rows_kept:,} kept, "
-                  f"{res.rows_rejected:,} rejected -> {output}/")
-        return
-    rejects_path = rejects or output.with_name(output.stem + ".rejects.parquet")
-    if executor == "ray":
-        from dataprep.executors import compile_ray
-
-        with progress_counter("reading rows") as on_chunk:
-            result = compile_ray(sources, tokenizer, opts, on_chunk=on_chunk)
-        content_hash = write_manifest(result.manifest, output, result.provenance)
-        write_rejects(result.rejects, rejects_path, result.provenance)
-        rows_in, kept, hours, reasons = (result.rows_in, result.manifest.height,
-                                         float(result.manifest["duration"].sum() or 0.0) / 3600, result.reasons)
-    else:
-        from dataprep.executors import compile_local, default_shards, remove_parts
-
-        total = num_shards or default_shards(workers)
-        with progress_counter("shards", total=total) as on_shard_done:
-            merged = compile_local(sources, tokenizer, opts, output, rejects_path, workers=workers, num_shards=total,
-                                   on_shard=lambda r: on_shard_done(1))
-        remove_parts(output)
-        rows_in, kept, hours, reasons, content_hash = (merged.rows_in, merged.rows_kept, merged.hours,
-                                                       merged.reasons, merged.content_hash)
-    _print_summary(rows_in, kept, hours, reasons)
-    out.print(f"manifest -> {output} (content hash {content_hash[:16]})")
-    out.print(f"rejects  -> {rejects_path}")
-
-
 @app.command("merge")
 @user_errors
 def merge_cmd(
@@ -164,10 +120,11 @@ def merge_cmd(
 
     Refuses a set with missing shards (named) or parts from different runs.
     """
-    from dataprep.shards import merge_parts
+    from dataprep.compile import merge_parts
+    from manifests.io import default_rejects_path
 
-    rejects_path = rejects or output.with_name(output.stem + ".rejects.parquet")
+    rejects_path = rejects or default_rejects_path(output)
     result = merge_parts(parts, output, rejects_path)
     _print_summary(result.rows_in, result.rows_kept, result.hours, result.reasons)
-    out.print(f"merged {result.num_shards} shards; manifest -> {output} (content hash {result.content_hash[:16]})")
+    out.print(f"merged {result.num_parts} shards; manifest -> {output} (content hash {result.content_hash[:16]})")
     out.print(f"rejects  -> {rejects_path}")

@@ -172,7 +172,7 @@ def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
 
 def _recording_info(paths: list[str]) -> dict[str, tuple[int, int, int]]:
     """(sample_rate, num_samples, channels) per distinct audio file, from headers only."""
-    from dataprep.probe import probe_headers
+    from dataprep.compile.probe import probe_headers
 
     probed = probe_headers(paths, threads=8)
     out: dict[str, tuple[int, int, int]] = {}

@@ -21,15 +21,15 @@ from typer.testing import CliRunner
 
 from dataprep.cli import app
 from dataprep.compile import CompileOptions, compile_sources
-from dataprep.shards import (
+from dataprep.compile.parts import (
     WRITE_DELAY_ENV,
-    ShardPaths,
+    PartPaths,
     fmix64,
     fnv1a64,
     load_parts,
-    resolve_shard,
-    run_shard,
-    shard_of,
+    part_of,
+    resolve_part,
+    run_part,
 )
 from dataprep.testing import sample_corpus, write_nemo_manifest, write_tone
 from dataprep.tokenize import Tokenizers, train_model
@@ -140,7 +140,7 @@ def test_fnv1a64_and_shard_match_the_byte_by_byte_definition(ids: list[str | Non
     expected = [_fnv1a64_ref((s or "").encode()) for s in ids[min(cut, len(ids)):]]
     assert [int(x) for x in fnv1a64(sliced)] == expected
     rows = pl.Series(np.arange(len(ids), dtype=np.int64))
-    shards = shard_of(pl.Series(ids, dtype=pl.String), rows, 7)
+    shards = part_of(pl.Series(ids, dtype=pl.String), rows, 7)
     for k, s in enumerate(ids):
         want = k % 7 if s is None else _fmix64_ref(_fnv1a64_ref(s.encode())) % 7
         assert shards[k] == want
@@ -149,15 +149,15 @@ def test_fnv1a64_and_shard_match_the_byte_by_byte_definition(ids: list[str | Non
 
 
 def test_resolve_shard_from_flags_and_slurm() -> None:
-    assert resolve_shard(None, None, {"SLURM_ARRAY_TASK_ID": "3"}) is None  # no sharding asked
-    assert resolve_shard(8, None, {}) is None  # all shards here
-    assert resolve_shard(8, 2, {}) == (8, 2)
-    assert resolve_shard(None, 2, {"SLURM_ARRAY_TASK_COUNT": "16"}) == (16, 2)
-    assert resolve_shard(64, None, {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "1"}) == (64, 4)
+    assert resolve_part(None, None, {"SLURM_ARRAY_TASK_ID": "3"}) is None  # no sharding asked
+    assert resolve_part(8, None, {}) is None  # all shards here
+    assert resolve_part(8, 2, {}) == (8, 2)
+    assert resolve_part(None, 2, {"SLURM_ARRAY_TASK_COUNT": "16"}) == (16, 2)
+    assert resolve_part(64, None, {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "1"}) == (64, 4)
     with pytest.raises(DataprepError, match="needs --num-shards"):
-        resolve_shard(None, 2, {})
+        resolve_part(None, 2, {})
     with pytest.raises(DataprepError, match=r"not in \[0, 4\)"):
-        resolve_shard(4, 4, {})
+        resolve_part(4, 4, {})
 
 
 # --------------------------------------------------------------------------- shards and merge
@@ -173,10 +173,10 @@ def test_sharded_compile_then_merge_is_byte_identical(corpus, spm_model, single,
     # every shard holds only its ids, all copies of each id together, and the hidden row index
     total = 0
     for i in range(4):
-        part = pl.read_parquet(ShardPaths.of(parts, i, 4).part)
+        part = pl.read_parquet(PartPaths.of(parts, i, 4).part)
         total += part.height
         assert "__row" in part.columns
-        assert (shard_of(part["id"], part["__row"], 4) == i).all()
+        assert (part_of(part["id"], part["__row"], 4) == i).all()
     out, rej = tmp_path / "merged.parquet", tmp_path / "merged.rejects.parquet"
     text = _ok("merge", str(parts), "-o", str(out))
     assert "merged 4 shards" in text
@@ -197,12 +197,12 @@ def test_rerun_skips_finished_shards_and_refuses_a_changed_fingerprint(corpus, s
     args = [*_compile_args(corpus, spm_model), "--num-shards", "3", "-o", str(parts)]
     # shard index from a Slurm array running --array=1-3
     _ok(*args, env={"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "1"})
-    marker = ShardPaths.of(parts, 1, 3).marker
+    marker = PartPaths.of(parts, 1, 3).marker
     before = marker.stat().st_mtime_ns
     assert "already done, skipped" in _ok(*args, "--shard-index", "1")
     assert marker.stat().st_mtime_ns == before
     # a deleted part is redone even with its marker present
-    ShardPaths.of(parts, 1, 3).part.unlink()
+    PartPaths.of(parts, 1, 3).part.unlink()
     assert "shard 1 of 3 done" in _ok(*args, "--shard-index", "1")
 
     res = _invoke(*_compile_args(corpus, spm_model)[:-1], "5", "--num-shards", "3", "--shard-index", "0",
@@ -252,7 +252,7 @@ def test_merge_equals_compile_for_any_duplicates_and_shard_count(ids, num_shards
     opts = CompileOptions(prompt_tokens=1)
     ref = compile_sources([src], Tokenizers.from_specs([str(spm_model)]), opts)
     for i in range(num_shards):
-        run_shard([src], [str(spm_model)], opts, num_shards, i, run / "parts")
+        run_part([src], [str(spm_model)], opts, num_shards, i, run / "parts")
     merged = load_parts(run / "parts")
     assert merged.manifest.equals(ref.manifest) and merged.rejects.equals(ref.rejects)
     assert merged.provenance == ref.provenance and merged.rows_in == len(ids)
@@ -275,7 +275,7 @@ def test_kill_9_mid_write_leaves_no_partial_part_and_the_rerun_completes(corpus,
     finally:
         proc.wait(timeout=10)
     assert proc.returncode == -signal.SIGKILL
-    paths = ShardPaths.of(parts, 0, 2)
+    paths = PartPaths.of(parts, 0, 2)
     assert not paths.part.exists() and not paths.marker.exists()
     res = _invoke("merge", str(parts), "-o", str(tmp_path / "m.parquet"))
     assert res.exit_code == 2 and "1 of 2 shards not done: 0" in res.output
@@ -283,7 +283,7 @@ def test_kill_9_mid_write_leaves_no_partial_part_and_the_rerun_completes(corpus,
     assert not list(parts.glob(".*.tmp"))  # the killed run's temporary file is cleaned up
     _ok("merge", str(parts), "-o", str(tmp_path / "m.parquet"))
     assert (tmp_path / "m.parquet").read_bytes() == single[0].read_bytes()
-    rows_in = sum(json.loads(ShardPaths.of(parts, i, 2).marker.read_text())["rows_in"] for i in range(2))
+    rows_in = sum(json.loads(PartPaths.of(parts, i, 2).marker.read_text())["rows_in"] for i in range(2))
     assert rows_in == read_manifest(single[0]).height + read_manifest(single[1]).height
 
 def test_ray_executor_gives_the_same_bytes(corpus, spm_model, single, tmp_path) -> None:
@@ -302,7 +302,7 @@ def test_merged_tables_is_input_order_in_bounded_windows(owner, window, batch, d
     __row order whatever the window and batch sizes."""
     import pyarrow.parquet as pq
 
-    from dataprep.shards import merged_tables
+    from dataprep.compile.parts import merged_tables
 
     run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
     run.mkdir()

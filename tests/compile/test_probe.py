@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from dataprep.probe import probe_headers
+from dataprep.compile.probe import probe_headers
 from dataprep.testing import write_tone
 from tests.conftest import shared_file
 
@@ -22,7 +22,7 @@ def test_real_headers_match_reference_within_1ms() -> None:
     assert (got["sample_rate"] == ref["sample_rate"]).all()
     assert (got["channels"] == ref["channels"]).all()
     # the MP3's header says 2.380 s though it decodes to 2.376 s (encoder padding): we store
-    # the header's figure, as documented in dataprep.probe
+    # the header's figure, as documented in dataprep.compile.probe
     mp3 = got.filter(pl.col("audio_path").str.ends_with(".mp3"))
     assert mp3.height == 1 and mp3["file_duration"][0] == pytest.approx(2.380, abs=1e-3)
 

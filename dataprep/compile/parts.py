@@ -1,17 +1,21 @@
-"""Sharded compile: per-file work split by a stable hash of the id, resumable, merged exactly.
+"""Parted compile: per-file work split by a stable hash of the id into parts, resumable, merged exactly.
+
+("Part", not "shard": a shard is one rank's file of a batch plan. The CLI's ``--num-shards`` /
+``--shard-index`` and the completion markers' ``num_shards`` / ``shard_index`` keys keep their
+names, on-disk format and user-facing flags being unchanged.)
 
 Each shard reads every source (reading is cheap next to header reads and tokenizing), keeps
-the rows whose id hashes to it, runs :func:`dataprep.compile.process_chunk` on them and
+the rows whose id hashes to it, runs :func:`dataprep.compile.validate.process_chunk` on them and
 rejects duplicate ids locally: all copies of an id fall in one shard, so "the first in
 global input order wins" holds per shard. Parts keep the global input row ``__row``; the
 merge streams them in its order (a k-way merge, :func:`merged_tables`) and writes the manifest
 byte-identical to a single-machine compile. Each shard and the merge run in bounded memory
-(accepted rows spooled to disk, see :class:`dataprep.compile.AcceptedSpool`).
+(accepted rows spooled to disk, see :class:`dataprep.compile.spool.AcceptedSpool`).
 
-Shard of a row: ``fmix64(fnv1a64(utf8(id))) mod num_shards`` (FNV-1a 64-bit over the id's
+Shard of a row: ``fmix64(fnv1a64(utf8(id))) mod num_parts`` (FNV-1a 64-bit over the id's
 UTF-8 bytes, then MurmurHash3's 64-bit finalizer to mix the low bits), computed with numpy
 over the Arrow string buffers: stable across Python, polars and machines. A row without an
-id (a malformed line, already a reject) goes to ``__row mod num_shards``.
+id (a malformed line, already a reject) goes to ``__row mod num_parts``.
 
 Files in a parts folder, for shard ``i`` of ``n``::
 
@@ -45,23 +49,20 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataprep import __version__
-from dataprep.compile import (
-    _ROW,
+from dataprep.compile.single import CompileSummary
+from dataprep.compile.spool import AcceptedSpool, finish_spool, open_parquet, spool_chunks, spool_folder
+from dataprep.compile.validate import (
     PART_REJECTS_SCHEMA,
     PART_SCHEMA,
-    AcceptedSpool,
+    ROW,
     CompileOptions,
-    CompileSummary,
     compile_provenance,
-    finish_spool,
     iter_rows,
-    open_parquet,
-    spool_chunks,
-    spool_folder,
 )
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
 from manifests.io import (
+    reasons_count,
     ROW_GROUP_ROWS,
     atomic_path,
     file_sha256,
@@ -74,14 +75,12 @@ from manifests.schema import MANIFEST_SCHEMA
 
 MARKER_VERSION = 1
 #: the shard hash, recorded in every fingerprint so a change of scheme is never mixed
-SHARD_HASH = "fmix64(fnv1a64(utf8(id))) mod n"
+PART_HASH = "fmix64(fnv1a64(utf8(id))) mod n"
 #: testing hook: seconds to sleep inside a part's atomic write (before the rename)
 WRITE_DELAY_ENV = "DATAPREP_SHARD_WRITE_DELAY"
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
-_PART_SCHEMA = PART_SCHEMA
-_PART_REJECTS_SCHEMA = PART_REJECTS_SCHEMA
 
 
 # --------------------------------------------------------------------------- hashing
@@ -125,43 +124,43 @@ def fmix64(h: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         return h ^ (h >> np.uint64(33))
 
 
-def shard_of(ids: pl.Series, rows: pl.Series, num_shards: int) -> npt.NDArray[np.int64]:
+def part_of(ids: pl.Series, rows: pl.Series, num_parts: int) -> npt.NDArray[np.int64]:
     """Shard index of each row: by the stable hash of ``ids``; by ``rows`` where the id is null."""
     h = fmix64(fnv1a64(ids.cast(pl.String).to_arrow()))
-    shard = (h % np.uint64(num_shards)).astype(np.int64)
+    shard = (h % np.uint64(num_parts)).astype(np.int64)
     null = ids.is_null().to_numpy()
     if null.any():
-        shard[null] = rows.to_numpy()[null] % num_shards
+        shard[null] = rows.to_numpy()[null] % num_parts
     return shard
 
 
 # --------------------------------------------------------------------------- fingerprints and names
 
-def part_name(shard_index: int, num_shards: int) -> str:
+def part_name(part_index: int, num_parts: int) -> str:
     """``part-00003-of-00064`` (the stem shared by a shard's part, rejects and marker)."""
-    return f"part-{shard_index:05d}-of-{num_shards:05d}"
+    return f"part-{part_index:05d}-of-{num_parts:05d}"
 
 
 @dataclass(frozen=True)
-class ShardPaths:
+class PartPaths:
     part: Path
     rejects: Path
     marker: Path
 
     @classmethod
-    def of(cls, folder: str | os.PathLike[str], shard_index: int, num_shards: int) -> ShardPaths:
-        stem = Path(folder) / part_name(shard_index, num_shards)
+    def of(cls, folder: str | os.PathLike[str], part_index: int, num_parts: int) -> PartPaths:
+        stem = Path(folder) / part_name(part_index, num_parts)
         return cls(stem.with_name(stem.name + ".parquet"), stem.with_name(stem.name + ".rejects.parquet"),
                    stem.with_name(stem.name + ".done.json"))
 
 
-def fingerprint(provenance: dict[str, Any], opts: CompileOptions, num_shards: int) -> dict[str, Any]:
+def fingerprint(provenance: dict[str, Any], opts: CompileOptions, num_parts: int) -> dict[str, Any]:
     """Everything that changes a shard's output: inputs' and tokenizers' hashes, tool version,
     number of shards, the shard hash and the output-changing options."""
     o = asdict(opts)
     for runtime_only in ("probe_threads", "tokenizer_threads", "chunk_rows"):
         o.pop(runtime_only)
-    return {"tool": f"speech-dataprep {__version__}", "num_shards": num_shards, "shard_hash": SHARD_HASH,
+    return {"tool": f"speech-dataprep {__version__}", "num_shards": num_parts, "shard_hash": PART_HASH,
             "sources": provenance["sources"], "tokenizers": provenance["tokenizers"], "options": o}
 
 
@@ -201,7 +200,7 @@ def check_folder(folder: Path, fp: dict[str, Any]) -> None:
             )
 
 
-def _is_done(paths: ShardPaths, fid: str) -> bool:
+def _is_done(paths: PartPaths, fid: str) -> bool:
     if not paths.marker.exists():
         return False
     marker = _read_marker(paths.marker)
@@ -226,7 +225,7 @@ def _write_part(tables: Iterable[pa.Table], path: Path, schema: pa.Schema, kind:
     return rows
 
 
-def _remove_stale_tmp(paths: ShardPaths) -> None:
+def _remove_stale_tmp(paths: PartPaths) -> None:
     """Temporary files and spool folders a killed run of this shard left (``atomic_path`` names
     them ``.<name>.*.tmp``, the spool ``.<name>.*.spool``)."""
     for p in (paths.part, paths.rejects, paths.marker):
@@ -236,10 +235,10 @@ def _remove_stale_tmp(paths: ShardPaths) -> None:
             shutil.rmtree(spool, ignore_errors=True)
 
 
-def resolve_shard(
-    num_shards: int | None, shard_index: int | None, env: Mapping[str, str]
+def resolve_part(
+    num_parts: int | None, part_index: int | None, env: Mapping[str, str]
 ) -> tuple[int, int] | None:
-    """(num_shards, shard_index) of a one-shard run, or None for a run of all shards here.
+    """(num_parts, part_index) of a one-shard run, or None for a run of all shards here.
 
     ``--shard-index`` without ``--num-shards`` takes ``$SLURM_ARRAY_TASK_COUNT``; ``--num-shards``
     without ``--shard-index`` takes ``$SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN`` inside a
@@ -251,48 +250,38 @@ def resolve_shard(
         except ValueError:
             raise DataprepError(f"${name}={env[name]!r} is not an integer") from None
 
-    if shard_index is None:
-        if num_shards is None or "SLURM_ARRAY_TASK_ID" not in env:
+    if part_index is None:
+        if num_parts is None or "SLURM_ARRAY_TASK_ID" not in env:
             return None
-        shard_index = _int("SLURM_ARRAY_TASK_ID") - (_int("SLURM_ARRAY_TASK_MIN") if "SLURM_ARRAY_TASK_MIN" in env else 0)
-    if num_shards is None:
+        part_index = _int("SLURM_ARRAY_TASK_ID") - (_int("SLURM_ARRAY_TASK_MIN") if "SLURM_ARRAY_TASK_MIN" in env else 0)
+    if num_parts is None:
         if "SLURM_ARRAY_TASK_COUNT" not in env:
             raise DataprepError("--shard-index needs --num-shards (or $SLURM_ARRAY_TASK_COUNT)")
-        num_shards = _int("SLURM_ARRAY_TASK_COUNT")
-    if num_shards < 1 or not 0 <= shard_index < num_shards:
-        raise DataprepError(f"shard index {shard_index} is not in [0, {num_shards}) (--num-shards {num_shards})")
-    return num_shards, shard_index
+        num_parts = _int("SLURM_ARRAY_TASK_COUNT")
+    if num_parts < 1 or not 0 <= part_index < num_parts:
+        raise DataprepError(f"shard index {part_index} is not in [0, {num_parts}) (--num-shards {num_parts})")
+    return num_parts, part_index
 
 
-# --------------------------------------------------------------------------- one shard
+# --------------------------------------------------------------------------- one part
 
-@dataclass
-class ShardResult:
-    shard_index: int
-    num_shards: int
-    skipped: bool
-    rows_in: int
-    rows_kept: int
-    rows_rejected: int
-
-
-def run_shard(
+def run_part(
     sources: Sequence[str | os.PathLike[str]],
     tokenizer_specs: Sequence[str],
     opts: CompileOptions,
-    num_shards: int,
-    shard_index: int,
+    num_parts: int,
+    part_index: int,
     folder: str | os.PathLike[str],
     *,
     on_chunk: Callable[[int], None] | None = None,
     on_probe: Callable[[int], None] | None = None,
-) -> ShardResult:
-    """Compile the rows of shard ``shard_index`` of ``num_shards`` into ``folder``; skip it if done.
+) -> CompileSummary:
+    """Compile the rows of shard ``part_index`` of ``num_parts`` into ``folder``; skip it if done.
 
     Invariant: the shard's rows in = its kept + rejected rows (checked).
     """
-    if num_shards < 1 or not 0 <= shard_index < num_shards:
-        raise DataprepError(f"--shard-index {shard_index} is not in [0, {num_shards}) (--num-shards {num_shards})")
+    if num_parts < 1 or not 0 <= part_index < num_parts:
+        raise DataprepError(f"--shard-index {part_index} is not in [0, {num_parts}) (--num-shards {num_parts})")
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise DataprepError(f"{folder}: exists and is not a folder (a sharded compile writes parts into a folder)")
@@ -301,20 +290,20 @@ def run_shard(
             raise DataprepError(f"{src}: no such file or directory")
     tokenizers = Tokenizers.from_specs(tokenizer_specs)
     provenance = compile_provenance(sources, tokenizers, opts)
-    fp = fingerprint(provenance, opts, num_shards)
+    fp = fingerprint(provenance, opts, num_parts)
     fid = fingerprint_id(fp)
     check_folder(folder, fp)
-    paths = ShardPaths.of(folder, shard_index, num_shards)
+    paths = PartPaths.of(folder, part_index, num_parts)
     if _is_done(paths, fid):
         m = _read_marker(paths.marker)
-        return ShardResult(shard_index, num_shards, True, m["rows_in"], m["rows_kept"], m["rows_rejected"])
+        return _part_summary(m["rows_in"], m["rows_kept"], provenance, num_parts, part_index, skipped=True)
     folder.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(paths)
     paths.marker.unlink(missing_ok=True)
 
     def mine() -> Iterator[tuple[pl.DataFrame, int]]:
         for chunk in iter_rows(sources, opts):
-            yield chunk.filter(pl.Series(shard_of(chunk["id"], chunk[_ROW], num_shards) == shard_index)), chunk.height
+            yield chunk.filter(pl.Series(part_of(chunk["id"], chunk[ROW], num_parts) == part_index)), chunk.height
 
     with spool_folder(paths.part) as spool_dir:
         spool = AcceptedSpool(spool_dir)
@@ -322,13 +311,13 @@ def run_shard(
             rows_in, rejected = spool_chunks(mine(), spool, tokenizers, opts, on_chunk=on_chunk, on_probe=on_probe)
         finally:
             spool.close()
-        drop, rejects = finish_spool(spool, rows_in, rejected, opts, what=f"shard {shard_index}")
-        kept = _write_part(spool.tables(drop, keep_row=True), paths.part, _PART_SCHEMA, "manifest_part")
-    _write_part([rejects.to_arrow()], paths.rejects, _PART_REJECTS_SCHEMA, "rejects_part")
+        drop, rejects = finish_spool(spool, rows_in, rejected, opts, what=f"shard {part_index}")
+        kept = _write_part(spool.tables(drop, keep_row=True), paths.part, PART_SCHEMA, "manifest_part")
+    _write_part([rejects.to_arrow()], paths.rejects, PART_REJECTS_SCHEMA, "rejects_part")
     write_json({
         "version": MARKER_VERSION,
-        "shard_index": shard_index,
-        "num_shards": num_shards,
+        "shard_index": part_index,
+        "num_shards": num_parts,
         "fingerprint_id": fid,
         "fingerprint": fp,
         "provenance": provenance,
@@ -337,7 +326,15 @@ def run_shard(
         "rows_rejected": rejects.height,
         "files": {p.name: file_sha256(p) for p in (paths.part, paths.rejects)},
     }, paths.marker)
-    return ShardResult(shard_index, num_shards, False, rows_in, kept, rejects.height)
+    return _part_summary(rows_in, kept, provenance, num_parts, part_index, skipped=False)
+
+
+def _part_summary(rows_in: int, rows_kept: int, provenance: dict[str, Any], num_parts: int, part_index: int,
+                  *, skipped: bool) -> CompileSummary:
+    """A one-part run's summary: counts only (no manifest written, so no hash, hours or reasons)."""
+    return CompileSummary(rows_in=int(rows_in), rows_kept=int(rows_kept), hours=0.0, reasons={},
+                          provenance=provenance, content_hash="", num_parts=num_parts, part_index=part_index,
+                          skipped=skipped)
 
 
 # --------------------------------------------------------------------------- merge
@@ -349,10 +346,10 @@ class MergeResult:
     rows_in: int
     reasons: dict[str, int]
     provenance: dict[str, Any]
-    num_shards: int
+    num_parts: int
 
 
-def _complete_parts(folder: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[ShardPaths]]:
+def _complete_parts(folder: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[PartPaths]]:
     """Markers (by shard index) and paths of a complete, consistent set of parts.
 
     Refuses (one line) a folder without markers, a missing shard (named), mixed fingerprints
@@ -378,7 +375,7 @@ def _complete_parts(folder: str | os.PathLike[str]) -> tuple[list[dict[str, Any]
     markers = sorted(markers, key=lambda m: int(m["shard_index"]))
     all_paths = []
     for m in markers:
-        paths = ShardPaths.of(folder, int(m["shard_index"]), n)
+        paths = PartPaths.of(folder, int(m["shard_index"]), n)
         for p in (paths.part, paths.rejects):
             if not p.exists() or file_sha256(p) != m["files"].get(p.name):
                 raise DataprepError(f"{p}: missing or changed since its shard finished; re-run that shard")
@@ -390,13 +387,13 @@ def load_parts(folder: str | os.PathLike[str]) -> MergeResult:
     """Read a complete set of parts into memory; the manifest and rejects in global input order
     (small sets and tests; :func:`merge_parts` streams). Refuses what :func:`merge_parts` refuses."""
     markers, all_paths = _complete_parts(folder)
-    parts = [pq.read_table(p.part).cast(_PART_SCHEMA) for p in all_paths]
-    rejects = [pq.read_table(p.rejects).cast(_PART_REJECTS_SCHEMA) for p in all_paths]
-    manifest, rej = _in_row_order(parts, _PART_SCHEMA), _in_row_order(rejects, _PART_REJECTS_SCHEMA)
+    parts = [pq.read_table(p.part).cast(PART_SCHEMA) for p in all_paths]
+    rejects = [pq.read_table(p.rejects).cast(PART_REJECTS_SCHEMA) for p in all_paths]
+    manifest, rej = _in_row_order(parts, PART_SCHEMA), _in_row_order(rejects, PART_REJECTS_SCHEMA)
     rows_in = sum(int(m["rows_in"]) for m in markers)
     if manifest.height + rej.height != rows_in:
         raise DataprepError(f"{folder}: parts hold {manifest.height + rej.height} rows, markers say {rows_in}")
-    reasons = dict(sorted(rej.group_by("reason").len().iter_rows())) if rej.height else {}
+    reasons = reasons_count(rej)
     return MergeResult(manifest, rej, rows_in, reasons, dict(markers[0]["provenance"]), len(markers))
 
 
@@ -416,7 +413,7 @@ def merged_tables(parts: Sequence[str | os.PathLike[str]], *, window: int = 1 <<
         pieces = []
         for i, reader in enumerate(readers):
             while not done[i] and (buffers[i] is None or buffers[i].num_rows == 0  # type: ignore[union-attr]
-                                   or buffers[i][_ROW][-1].as_py() < hi):  # type: ignore[index]
+                                   or buffers[i][ROW][-1].as_py() < hi):  # type: ignore[index]
                 try:
                     batch = pa.Table.from_batches([next(reader)])
                 except StopIteration:
@@ -425,12 +422,12 @@ def merged_tables(parts: Sequence[str | os.PathLike[str]], *, window: int = 1 <<
                 buffers[i] = batch if buffers[i] is None else pa.concat_tables([buffers[i], batch])  # type: ignore[list-item]
             buf = buffers[i]
             if buf is not None and buf.num_rows:
-                cut = int(np.searchsorted(buf[_ROW].to_numpy(), hi, side="left"))
+                cut = int(np.searchsorted(buf[ROW].to_numpy(), hi, side="left"))
                 pieces.append(buf.slice(0, cut))
                 buffers[i] = buf.slice(cut)
         table = pa.concat_tables(pieces) if pieces else None
         if table is not None and table.num_rows:
-            yield table.take(pc.sort_indices(table[_ROW])).drop_columns([_ROW])
+            yield table.take(pc.sort_indices(table[ROW])).drop_columns([ROW])
         if all(done) and all(b is None or b.num_rows == 0 for b in buffers):
             return
         lo = hi
@@ -439,30 +436,23 @@ def merged_tables(parts: Sequence[str | os.PathLike[str]], *, window: int = 1 <<
 def _in_row_order(tables: list[pa.Table], schema: pa.Schema) -> pl.DataFrame:
     """Concatenate parts and sort by ``__row`` (the content hash is of values, so any layout does)."""
     table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables]) if tables else schema.empty_table()
-    table = table.take(pc.sort_indices(table[_ROW])).drop_columns([_ROW]).combine_chunks()
+    table = table.take(pc.sort_indices(table[ROW])).drop_columns([ROW]).combine_chunks()
     frame = pl.from_arrow(table)
     assert isinstance(frame, pl.DataFrame)
     return frame
 
 
-@dataclass
-class MergeSummary(CompileSummary):
-    """What :func:`merge_parts` wrote: a compile's summary, from ``num_shards`` parts."""
-
-    num_shards: int = 0
-
-
 def merge_parts(
     folder: str | os.PathLike[str], output: str | os.PathLike[str], rejects: str | os.PathLike[str]
-) -> MergeSummary:
+) -> CompileSummary:
     """Merge a parts folder into the manifest and rejects a single-machine compile writes
     (byte-identical, same provenance), streaming the manifest (bounded memory; rejects in memory)."""
     markers, all_paths = _complete_parts(folder)
     provenance = dict(markers[0]["provenance"])
     rows_in = sum(int(m["rows_in"]) for m in markers)
     kept = sum(int(m["rows_kept"]) for m in markers)
-    rej = _in_row_order([pq.read_table(p.rejects).cast(_PART_REJECTS_SCHEMA) for p in all_paths],
-                        _PART_REJECTS_SCHEMA)
+    rej = _in_row_order([pq.read_table(p.rejects).cast(PART_REJECTS_SCHEMA) for p in all_paths],
+                        PART_REJECTS_SCHEMA)
     if kept + rej.height != rows_in:
         raise DataprepError(f"{folder}: parts hold {kept + rej.height} rows, markers say {rows_in}")
     seconds = 0.0
@@ -474,6 +464,6 @@ def merge_parts(
     if written.rows != kept:
         raise DataprepError(f"{folder}: parts hold {written.rows} kept rows, markers say {kept}")
     write_rejects(rej, rejects, provenance)
-    reasons = dict(sorted(rej.group_by("reason").len().iter_rows())) if rej.height else {}
-    return MergeSummary(rows_in, kept, seconds / 3600, reasons, provenance, written.content_hash,
-                        num_shards=len(markers))
+    reasons = reasons_count(rej)
+    return CompileSummary(rows_in, kept, seconds / 3600, reasons, provenance, written.content_hash,
+                          num_parts=len(markers))

@@ -1,13 +1,13 @@
-"""Where the per-file work of ``compile`` runs: a local process pool of shards, or Ray Data.
+"""Where the per-file work of ``compile`` runs: a local process pool of parts, or Ray Data.
 
-Both give the bytes a single-process :func:`dataprep.compile.compile_sources` gives.
+Both give the bytes a single-process :func:`dataprep.compile.single.compile_sources` gives.
 
-- :func:`compile_local`: ``num_shards`` shard tasks (:func:`dataprep.shards.run_shard`) on a
+- :func:`compile_pool`: ``num_parts`` part tasks (:func:`dataprep.compile.parts.run_part`) on a
   pool of ``workers`` processes (threads inside each for header reads), parts in a folder
-  next to the output, then the streaming merge (bounded memory). More shards than workers, so a slow shard does not
-  hold the others; an interrupted run resumes from the finished shards.
+  next to the output, then the streaming merge (bounded memory). More parts than workers, so a slow part does not
+  hold the others; an interrupted run resumes from the finished parts.
 - :func:`compile_ray`: the sources read once on the driver, the pure per-batch function
-  :func:`dataprep.compile.process_chunk` mapped over batches with Ray Data ``map_batches``,
+  :func:`dataprep.compile.validate.process_chunk` mapped over batches with Ray Data ``map_batches``,
   duplicates rejected and rows ordered on the driver, in memory (``pip install 'speech-dataprep[ray]'``).
 """
 
@@ -26,22 +26,22 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from dataprep.compile import (
-    _ROW,
+from dataprep.compile.parts import merge_parts, run_part
+from dataprep.compile.single import CompileResult, CompileSummary, assemble
+from dataprep.compile.validate import (
+    REJECTS_ROW_POLARS_SCHEMA,
     CompileOptions,
-    CompileResult,
-    assemble,
     compile_provenance,
     iter_rows,
     process_chunk,
 )
-from dataprep.shards import MergeSummary, ShardResult, merge_parts, run_shard
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
-from manifests.schema import REJECTS_POLARS_SCHEMA, conform
+from manifests.io import reasons_count
+from manifests.schema import conform
 
 
-def default_shards(workers: int) -> int:
+def default_parts(workers: int) -> int:
     """Shards for a local pool: 4 per worker, so stragglers are a small share of the run."""
     return max(1, 4 * workers)
 
@@ -52,21 +52,21 @@ def parts_folder(output: str | os.PathLike[str]) -> Path:
     return out.with_name(out.name + ".parts")
 
 
-def _shard_task(args: tuple[Any, ...]) -> ShardResult:
-    return run_shard(*args)
+def _part_task(args: tuple[Any, ...]) -> CompileSummary:
+    return run_part(*args)
 
 
-def run_shards(
+def run_parts(
     sources: Sequence[str | os.PathLike[str]],
     tokenizer_specs: Sequence[str],
     opts: CompileOptions,
-    num_shards: int,
+    num_parts: int,
     folder: str | os.PathLike[str],
     *,
     workers: int = 1,
-    on_shard: Callable[[ShardResult], None] | None = None,
-) -> list[ShardResult]:
-    """Run every shard of ``num_shards`` into ``folder`` on ``workers`` processes (finished ones skip).
+    on_part: Callable[[CompileSummary], None] | None = None,
+) -> list[CompileSummary]:
+    """Run every part of ``num_parts`` into ``folder`` on ``workers`` processes (finished ones skip).
 
     ``workers`` = 1 runs them in this process. Tokenizer threads are split between workers.
     """
@@ -76,18 +76,18 @@ def run_shards(
     if opts.tokenizer_threads == 0:
         opts = replace(opts, tokenizer_threads=max(1, cpus // workers))
     srcs = [str(s) for s in sources]
-    tasks = [(srcs, list(tokenizer_specs), opts, num_shards, i, str(folder)) for i in range(num_shards)]
-    results: list[ShardResult] = []
+    tasks = [(srcs, list(tokenizer_specs), opts, num_parts, i, str(folder)) for i in range(num_parts)]
+    results: list[CompileSummary] = []
     if workers == 1:
         for t in tasks:
-            results.append(_shard_task(t))
-            if on_shard:
-                on_shard(results[-1])
-        return sorted(results, key=lambda r: r.shard_index)
+            results.append(_part_task(t))
+            if on_part:
+                on_part(results[-1])
+        return sorted(results, key=lambda r: r.part_index)
     # spawn: polars and sentencepiece hold threads that fork would copy in a broken state
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, num_shards), mp_context=ctx) as pool:
-        futures = [pool.submit(_shard_task, t) for t in tasks]
+    with ProcessPoolExecutor(max_workers=min(workers, num_parts), mp_context=ctx) as pool:
+        futures = [pool.submit(_part_task, t) for t in tasks]
         pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_EXCEPTION)
@@ -97,12 +97,12 @@ def run_shards(
                         p.cancel()
                     raise f.exception()  # type: ignore[misc]
                 results.append(f.result())
-                if on_shard:
-                    on_shard(results[-1])
-    return sorted(results, key=lambda r: r.shard_index)
+                if on_part:
+                    on_part(results[-1])
+    return sorted(results, key=lambda r: r.part_index)
 
 
-def compile_local(
+def compile_pool(
     sources: Sequence[str | os.PathLike[str]],
     tokenizer_specs: Sequence[str],
     opts: CompileOptions,
@@ -110,14 +110,14 @@ def compile_local(
     rejects: str | os.PathLike[str],
     *,
     workers: int = 2,
-    num_shards: int | None = None,
-    on_shard: Callable[[ShardResult], None] | None = None,
-) -> MergeSummary:
-    """Compile on a local process pool: shards into ``<output>.parts/``, then the streaming merge
+    num_parts: int | None = None,
+    on_part: Callable[[CompileSummary], None] | None = None,
+) -> CompileSummary:
+    """Compile on a local process pool: parts into ``<output>.parts/``, then the streaming merge
     into ``output`` and ``rejects``. The caller may then remove the parts folder (:func:`remove_parts`)."""
     folder = parts_folder(output)
-    run_shards(sources, tokenizer_specs, opts, num_shards or default_shards(workers), folder,
-               workers=workers, on_shard=on_shard)
+    run_parts(sources, tokenizer_specs, opts, num_parts or default_parts(workers), folder,
+               workers=workers, on_part=on_part)
     return merge_parts(folder, output, rejects)
 
 
@@ -141,8 +141,7 @@ class _RayBatch:
         chunk = pl.from_arrow(batch)
         assert isinstance(chunk, pl.DataFrame)
         ok, bad = process_chunk(chunk, self.tokenizers, self.opts)
-        schema = {**REJECTS_POLARS_SCHEMA, _ROW: pl.Int64()}
-        both = pl.concat([conform(f, schema) for f in (ok, *bad)], how="vertical_relaxed")
+        both = pl.concat([conform(f, REJECTS_ROW_POLARS_SCHEMA) for f in (ok, *bad)], how="vertical_relaxed")
         return both.to_arrow()
 
 
@@ -157,7 +156,7 @@ def compile_ray(
 ) -> CompileResult:
     """Compile through Ray Data ``map_batches`` (a local Ray instance unless one is running).
 
-    Same manifest, rejects and provenance as :func:`dataprep.compile.compile_sources`.
+    Same manifest, rejects and provenance as :func:`dataprep.compile.single.compile_sources`.
     """
     try:
         import ray
@@ -190,12 +189,12 @@ def compile_ray(
             ray.shutdown()
     frames = [pl.from_arrow(t) for t in tables]
     both = pl.concat([f for f in frames if isinstance(f, pl.DataFrame)], how="vertical_relaxed") if frames \
-        else pl.DataFrame(schema={**REJECTS_POLARS_SCHEMA, _ROW: pl.Int64()})
+        else pl.DataFrame(schema=REJECTS_ROW_POLARS_SCHEMA)
     ok = both.filter(pl.col("reason").is_null())
     bad = both.filter(pl.col("reason").is_not_null())
     manifest, rejects = assemble([ok], [bad], opts)
     if manifest.height + rejects.height != rows_in:
         raise AssertionError(f"conservation broken: {rows_in} in, {manifest.height} kept, {rejects.height} rejected")
-    reasons = dict(sorted(rejects.group_by("reason").len().iter_rows())) if rejects.height else {}
+    reasons = reasons_count(rejects)
     return CompileResult(manifest=manifest, rejects=rejects, rows_in=rows_in, reasons=reasons,
                          provenance=compile_provenance(sources, tokenizers, opts))

@@ -1,0 +1,121 @@
+"""``dataprep compile``: sources -> one compiled manifest + one rejects file, the public entry.
+
+:func:`compile` runs it whatever the executor: this process (streaming, bounded memory), a
+local pool of ``workers`` processes over hashed parts, one part of a parted run (for a Slurm
+array; ``dataprep merge`` / :func:`merge_parts` combines the parts), or Ray Data. Every way
+writes the same bytes and returns a :class:`CompileSummary`. Options are checked here, once,
+raising :class:`manifests.errors.DataprepError`.
+
+Modules: :mod:`.validate` (per-chunk validation, rejects), :mod:`.probe` (audio headers),
+:mod:`.spool` (spooling accepted rows, duplicate ids), :mod:`.single` (the one-process
+compile), :mod:`.parts` (hashed parts, markers, merge), :mod:`.executors` (pool and Ray).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from dataprep.compile.parts import merge_parts, resolve_part, run_part
+from dataprep.compile.probe import probe_headers
+from dataprep.compile.single import CompileResult, CompileSummary, compile_sources, compile_to_files
+from dataprep.compile.validate import PROBE_MODES, CompileOptions, ProbeMode, process_chunk
+from dataprep.tokenize import Tokenizers
+from manifests.errors import DataprepError
+from manifests.io import default_rejects_path
+
+__all__ = [
+    "EXECUTORS",
+    "PROBE_MODES",
+    "CompileOptions",
+    "CompileResult",
+    "CompileSummary",
+    "ProbeMode",
+    "compile",
+    "compile_sources",
+    "compile_to_files",
+    "merge_parts",
+    "probe_headers",
+    "process_chunk",
+]
+
+EXECUTORS: tuple[str, ...] = ("local", "ray")
+
+Progress = Callable[[int], None]
+
+
+def _check(executor: str, workers: int, num_parts: int | None, part_index: int | None) -> None:
+    if executor not in EXECUTORS:
+        raise DataprepError(f"--executor must be local or ray (got {executor!r})")
+    if workers < 1:
+        raise DataprepError(f"--workers {workers}: need at least 1")
+    if num_parts is not None and num_parts < 1:
+        raise DataprepError(f"--num-shards {num_parts}: need at least 1")
+
+
+def compile(  # noqa: A001 - the stage's name
+    sources: Sequence[str | os.PathLike[str]],
+    tokenizer_specs: Sequence[str],
+    output: str | os.PathLike[str],
+    rejects: str | os.PathLike[str] | None = None,
+    opts: CompileOptions | None = None,
+    *,
+    executor: str = "local",
+    workers: int = 1,
+    num_parts: int | None = None,
+    part_index: int | None = None,
+    env: Mapping[str, str] | None = None,
+    on_chunk: Progress | None = None,
+    on_probe: Progress | None = None,
+    on_part: Callable[[CompileSummary], None] | None = None,
+) -> CompileSummary:
+    """Compile ``sources`` with the tokenizers ``tokenizer_specs`` (``MODEL`` or ``LANG=MODEL``).
+
+    - one part (``part_index`` given, or ``num_parts`` inside a Slurm array: ``env``, default
+      ``os.environ``): that part into the folder ``output`` (skipped if already done);
+    - ``executor="ray"``: Ray Data ``map_batches``, then ``output`` and ``rejects``;
+    - ``workers`` > 1 or ``num_parts``: a local pool over ``num_parts`` parts (default 4 x workers)
+      in ``<output>.parts/``, merged into ``output`` and ``rejects``, the parts folder then removed;
+    - otherwise this process, streaming.
+
+    ``rejects`` defaults to :func:`manifests.io.default_rejects_path` of ``output``.
+    ``on_chunk`` / ``on_probe`` count rows read / headers probed (not from pool workers);
+    ``on_part`` gets each finished part of a pool run.
+    """
+    opts = opts or CompileOptions()
+    _check(executor, workers, num_parts, part_index)
+    rejects_path = Path(rejects) if rejects is not None else default_rejects_path(output)
+    part = resolve_part(num_parts, part_index, os.environ if env is None else env)
+    if part is not None:
+        if executor != "local":
+            raise DataprepError("--shard-index runs one shard here; it does not combine with --executor ray")
+        n, i = part
+        return run_part(sources, tokenizer_specs, opts, n, i, output, on_chunk=on_chunk, on_probe=on_probe)
+    if executor == "ray":
+        return _compile_ray(sources, tokenizer_specs, opts, output, rejects_path, on_chunk)
+    if workers != 1 or num_parts is not None:
+        from dataprep.compile.executors import compile_pool, default_parts, remove_parts
+
+        summary = compile_pool(sources, tokenizer_specs, opts, output, rejects_path, workers=workers,
+                               num_parts=num_parts or default_parts(workers), on_part=on_part)
+        remove_parts(output)
+        return summary
+    tokenizers = Tokenizers.from_specs(tokenizer_specs)
+    return compile_to_files(sources, tokenizers, opts, output, rejects_path, on_chunk=on_chunk, on_probe=on_probe)
+
+
+def _compile_ray(
+    sources: Sequence[str | os.PathLike[str]], tokenizer_specs: Sequence[str], opts: CompileOptions,
+    output: str | os.PathLike[str], rejects: Path, on_chunk: Progress | None,
+) -> CompileSummary:
+    """Ray Data in memory on the driver, then the manifest and rejects written."""
+    from dataprep.compile.executors import compile_ray
+    from manifests.io import write_manifest, write_rejects
+
+    result = compile_ray(sources, tokenizer_specs, opts, on_chunk=on_chunk)
+    content_hash = write_manifest(result.manifest, output, result.provenance)
+    write_rejects(result.rejects, rejects, result.provenance)
+    return CompileSummary(rows_in=result.rows_in, rows_kept=result.manifest.height,
+                          hours=float(result.manifest["duration"].sum() or 0.0) / 3600, reasons=result.reasons,
+                          provenance=result.provenance, content_hash=content_hash)

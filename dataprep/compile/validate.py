@@ -1,0 +1,225 @@
+"""Per-chunk validation of source rows: what makes a row a reject, and why.
+
+:func:`process_chunk` takes one chunk of reader rows (vectorized polars) and splits it into
+accepted rows (durations filled from audio headers where needed, token counts, TPS) and
+rejected rows with their ``reason`` and one-line ``detail``. :func:`reject_duplicates` rejects
+every id's 2nd, 3rd... copy (the first in input order wins). Rows carry their global input
+row number in the :data:`ROW` column (from :func:`iter_rows`) so outputs keep input order.
+Also here: :class:`CompileOptions` (checked once, when built) and the provenance a compiled
+manifest records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import polars as pl
+import pyarrow as pa
+
+from dataprep import __version__
+from dataprep.compile.probe import probe_headers
+from dataprep.tokenize import Tokenizers
+from manifests.errors import DataprepError
+from manifests.io import file_sha256
+from manifests.readers import iter_source
+from manifests.schema import (
+    MANIFEST_SCHEMA,
+    POLARS_SCHEMA,
+    REJECTS_POLARS_SCHEMA,
+    REJECTS_SCHEMA,
+)
+
+ProbeMode = Literal["auto", "always", "never"]
+PROBE_MODES: tuple[str, ...] = ("auto", "always", "never")
+
+#: column of the global input row number (keeps outputs in input order; never in a manifest)
+ROW = "__row"
+#: accepted rows with their global input row (spool files and parts)
+PART_SCHEMA = pa.schema([*MANIFEST_SCHEMA, pa.field(ROW, pa.int64(), nullable=False)])
+PART_REJECTS_SCHEMA = pa.schema([*REJECTS_SCHEMA, pa.field(ROW, pa.int64(), nullable=False)])
+#: polars schemas of the same (accepted rows + ROW, rejected rows + ROW)
+PART_POLARS_SCHEMA = {**POLARS_SCHEMA, ROW: pl.Int64()}
+REJECTS_ROW_POLARS_SCHEMA = {**REJECTS_POLARS_SCHEMA, ROW: pl.Int64()}
+
+
+@dataclass
+class CompileOptions:
+    """How sources become a manifest. Durations in seconds."""
+
+    prompt_tokens: int = 0
+    fmt: str = "auto"
+    text_field: str = "text"
+    audio_root: str | None = None
+    probe: ProbeMode = "auto"  # auto: header only where the source has no duration
+    probe_threads: int = 8
+    tokenizer_threads: int = 0  # 0 = all cores
+    mismatch_tolerance: float = 0.05  # s, for --probe always on whole-file rows
+    chunk_rows: int = 500_000
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if self.probe not in PROBE_MODES:
+            raise DataprepError(f"--probe must be auto, always or never (got {self.probe!r})")
+
+
+def source_fingerprint(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a source file, or of a directory's files (names and contents, sorted)."""
+    p = Path(path)
+    if p.is_dir():
+        digest = hashlib.sha256()
+        for f in sorted(q for q in p.rglob("*") if q.is_file()):
+            digest.update(f.relative_to(p).as_posix().encode() + b"\0" + file_sha256(f).encode())
+        return digest.hexdigest()
+    return file_sha256(p)
+
+
+def _reject(df: pl.DataFrame, mask: pl.Expr, reason: str, detail: pl.Expr) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Split ``df`` into (rows kept, rows rejected with ``reason``/``detail``)."""
+    flagged = df.with_columns(mask.fill_null(False).alias("__bad"))
+    bad = flagged.filter(pl.col("__bad")).with_columns(
+        pl.lit(reason).alias("reason"), detail.alias("detail")
+    ).drop("__bad")
+    return flagged.filter(~pl.col("__bad")).drop("__bad"), bad
+
+
+def _at(problem: pl.Expr | str) -> pl.Expr:
+    """``origin: problem`` as a one-line detail."""
+    prob = pl.lit(problem) if isinstance(problem, str) else problem
+    return pl.concat_str([pl.col("origin"), pl.lit(": "), prob])
+
+
+def _fmt(expr: pl.Expr, decimals: int = 3) -> pl.Expr:
+    return expr.round(decimals).cast(pl.String)
+
+
+def stop_if_strict(opts: CompileOptions, rejects: list[pl.DataFrame]) -> None:
+    """With ``--strict``, raise the first (in input order) reject's one-line detail."""
+    if opts.strict and rejects:
+        first = pl.concat(rejects, how="vertical_relaxed").sort(ROW).row(0, named=True)
+        raise DataprepError(str(first["detail"]))
+
+
+def process_chunk(
+    chunk: pl.DataFrame,
+    tokenizers: Tokenizers,
+    opts: CompileOptions,
+    on_probe: Callable[[int], None] | None = None,
+) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
+    """Validate, probe and tokenize one chunk of reader rows. Returns (accepted, rejects)."""
+    rejects: list[pl.DataFrame] = [chunk.filter(pl.col("reason").is_not_null())]
+    df = chunk.filter(pl.col("reason").is_null())
+
+    df, bad = _reject(df, pl.col("text").is_null() | (pl.col("text").str.strip_chars() == ""), "empty_text",
+                      _at("empty text"))
+    rejects.append(bad)
+    d = pl.col("duration")
+    df, bad = _reject(df, d.is_not_null() & (d.is_nan() | d.is_infinite() | (d <= 0)), "invalid_duration",
+                      _at(pl.concat_str([pl.lit("duration "), d.cast(pl.String), pl.lit(" s is not a positive number")])))
+    rejects.append(bad)
+    o = pl.col("offset").fill_null(0.0)
+    df, bad = _reject(df, o.is_nan() | o.is_infinite() | (o < 0), "invalid_duration",
+                      _at(pl.concat_str([pl.lit("offset "), pl.col("offset").cast(pl.String), pl.lit(" s is negative or not a number")])))
+    rejects.append(bad)
+    df = df.with_columns(pl.col("offset").fill_null(0.0))
+    df, bad = _reject(df, d.is_null() & pl.col("audio_path").is_null(), "missing_field",
+                      _at("no duration and no audio path to probe"))
+    rejects.append(bad)
+
+    df, probe_rejects = _probe(df, opts, on_probe)
+    rejects.extend(probe_rejects)
+
+    lang_for_tokens = pl.coalesce(pl.col("target_lang"), pl.col("lang"))
+    langs = df.select(lang_for_tokens).to_series()  # a Series: no Python str per row
+    pieces = tokenizers.count(df["text"].to_list(), langs, opts.tokenizer_threads)
+    df = df.with_columns(pl.Series("__pieces", pieces))
+    df, bad = _reject(df, pl.col("__pieces") < 0, "no_tokenizer",
+                      _at(pl.concat_str([pl.lit("no tokenizer for language "), lang_for_tokens.fill_null("<none>")])))
+    rejects.append(bad.drop("__pieces"))
+    df = df.with_columns(
+        (pl.col("__pieces") + opts.prompt_tokens).cast(pl.Int32).alias("num_tokens"),
+    ).with_columns((pl.col("num_tokens") / pl.col("duration")).alias("tps")).drop("__pieces")
+    return df, [r for r in rejects if r.height]
+
+
+def _probe(
+    df: pl.DataFrame, opts: CompileOptions, on_probe: Callable[[int], None] | None
+) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
+    """Read audio headers where needed; fill duration, sample_rate, channels."""
+    if opts.probe == "never":
+        df, bad = _reject(df, pl.col("duration").is_null(), "missing_field",
+                          _at("no duration in the source and --probe never"))
+        return df, [bad]
+    need = pl.col("audio_path").is_not_null() & (
+        pl.col("duration").is_null() | pl.lit(opts.probe == "always")
+    )
+    paths = df.filter(need)["audio_path"].unique(maintain_order=True).to_list()
+    if not paths:
+        return df, []
+    info = probe_headers(paths, threads=opts.probe_threads, on_progress=on_probe)
+    df = df.join(info, on="audio_path", how="left", maintain_order="left", suffix="__p")
+    df = df.with_columns(
+        pl.when(need).then(pl.col("sample_rate__p")).otherwise(pl.col("sample_rate")).alias("sample_rate"),
+        pl.when(need).then(pl.col("channels__p")).otherwise(pl.col("channels")).alias("channels"),
+    ).drop("sample_rate__p", "channels__p")
+    rejects = []
+    df, bad = _reject(df, need & pl.col("probe_reason").is_not_null(), "__probe", _at(pl.col("probe_detail")))
+    rejects.append(bad.with_columns(pl.col("probe_reason").alias("reason")))
+    fd, o, d = pl.col("file_duration"), pl.col("offset"), pl.col("duration")
+    df = df.with_columns(pl.when(d.is_null()).then(fd - o).otherwise(d).alias("duration"))
+    tol = opts.mismatch_tolerance
+    df, bad = _reject(df, fd.is_not_null() & ((d <= 0) | (o + d > fd + tol)), "segment_out_of_range",
+                      _at(pl.concat_str([pl.lit("segment "), _fmt(o), pl.lit("+"), _fmt(d),
+                                         pl.lit(" s exceeds the audio ("), _fmt(fd), pl.lit(" s)")])))
+    rejects.append(bad)
+    if opts.probe == "always":
+        df, bad = _reject(df, fd.is_not_null() & (o == 0) & ((d - fd).abs() > tol), "duration_mismatch",
+                          _at(pl.concat_str([pl.lit("manifest says "), _fmt(d), pl.lit(" s, audio header says "),
+                                             _fmt(fd), pl.lit(" s")])))
+        rejects.append(bad)
+    drop = ["file_duration", "probe_reason", "probe_detail"]
+    return df.drop(drop), [r.drop(drop) for r in rejects]
+
+
+def reject_duplicates(accepted: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Keep each id's first row (in input order); reject the others naming the first."""
+    # the first origin is taken before the split: after it, the first *rejected* copy would be named
+    marked = accepted.with_columns(pl.col("origin").first().over("id").alias("__first"))
+    ok, bad = _reject(
+        marked,
+        ~pl.col("id").is_first_distinct(),
+        "duplicate_id",
+        _at(pl.concat_str([pl.lit("duplicate id "), pl.col("id"), pl.lit(" (first at "), pl.col("__first"),
+                           pl.lit(")")])),
+    )
+    return ok.drop("__first"), bad.drop("__first")
+
+
+def iter_rows(sources: Sequence[str | os.PathLike[str]], opts: CompileOptions) -> Iterator[pl.DataFrame]:
+    """Reader chunks of every source in order, numbered with a global input row index."""
+    start = 0
+    for src in sources:
+        if not Path(src).exists():
+            raise DataprepError(f"{src}: no such file or directory")
+        for chunk in iter_source(src, opts.fmt, text_field=opts.text_field, audio_root=opts.audio_root,
+                                 chunk_rows=opts.chunk_rows):
+            yield chunk.with_columns(pl.int_range(start, start + chunk.height, dtype=pl.Int64).alias(ROW))
+            start += chunk.height
+
+
+def compile_provenance(
+    sources: Sequence[str | os.PathLike[str]], tokenizers: Tokenizers, opts: CompileOptions
+) -> dict[str, object]:
+    """What a compiled manifest records about its inputs (Parquet metadata)."""
+    return {
+        "tool": f"speech-dataprep {__version__}",
+        "sources": [{"path": str(s), "sha256": source_fingerprint(s)} for s in sources],
+        "tokenizers": tokenizers.hashes,
+        "prompt_tokens": opts.prompt_tokens,
+        "probe": opts.probe,
+        "text_field": opts.text_field,
+    }
