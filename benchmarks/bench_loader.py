@@ -33,7 +33,7 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bucketing.allocate import fit_spec
-from dataprep.loader import BatchBuilder, ManifestColumns
+from dataprep.training import BatchBuilder, ManifestColumns
 from manifests.plan_files import PlanShard
 from dataprep.planning import build_plan
 from dataprep.testing import WORDS, write_tone
@@ -145,7 +145,7 @@ def main() -> None:
 
 _FRESH = """
 import sys, time
-from dataprep.loader import ManifestColumns
+from dataprep.training.cache import ManifestColumns
 from manifests.plan_files import PlanShard
 t = time.perf_counter()
 pb = next(PlanShard(sys.argv[2], 0).iter_batches())

@@ -39,13 +39,14 @@ from manifests.schema import (
 )
 
 
-def _current_umask() -> int:
+def current_umask() -> int:
+    """The process umask (read without changing it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
-_UMASK = _current_umask()
+_UMASK = current_umask()
 
 
 @contextlib.contextmanager

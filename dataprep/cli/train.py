@@ -1,6 +1,7 @@
-"""Command: ``train`` (the thin DDP loop over a plan).
+"""Command: ``train`` (the thin DDP loop over a plan, :mod:`dataprep.training`).
 
-torch is imported inside the commands, so the rest of the CLI works without it.
+:mod:`dataprep.training` (and torch) is imported inside the command, so the rest of the CLI
+works without it; ``python -m dataprep.training`` (torchrun) reuses :func:`train_cmd`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def train_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-step lines on stdout.")] = False,
 ) -> None:
     """Train a reference model on the plan with DDP (gloo on CPU, nccl on GPU); one JSON line per step."""
-    from dataprep.train import TrainConfig, train
+    from dataprep.training import TrainConfig, train
 
     if device not in ("auto", "cpu", "cuda"):
         raise typer.BadParameter("--device must be auto, cpu or cuda")

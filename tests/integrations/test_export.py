@@ -12,7 +12,7 @@ import pytest
 from dataprep.integrations.export import lhotse_constraint, load_inputs
 from manifests.buckets_file import read_buckets
 from manifests.io import read_manifest
-from tests.dataprep._consumer import Corpus, invoke, shared_corpus
+from tests.training._consumer import Corpus, invoke, shared_corpus
 
 lhotse = pytest.importorskip("lhotse", reason="lhotse (dev extra) is needed for the round trip")
 

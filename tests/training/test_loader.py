@@ -14,8 +14,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dataprep.features import HOP, SAMPLE_RATE, LogMel, mel_filterbank
-from dataprep.loader import (
+from dataprep.training.features import HOP, SAMPLE_RATE, LogMel, mel_filterbank
+from dataprep.training import (
     AudioError,
     BatchBuilder,
     ManifestColumns,
@@ -27,7 +27,7 @@ from dataprep.testing import write_tone
 from manifests.errors import DataprepError
 from manifests.io import read_manifest, write_manifest
 from manifests.plan_files import PlanShard
-from tests.dataprep._consumer import Corpus, shared_corpus
+from tests.training._consumer import Corpus, shared_corpus
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 
 from dataprep.testing import write_tone
 from manifests.io import read_manifest
-from tests.dataprep._consumer import Corpus, build_corpus, invoke, runner
+from tests.training._consumer import Corpus, build_corpus, invoke, runner
 from dataprep.cli import app
 
 TIMEOUT = "90"

@@ -1,0 +1,50 @@
+"""The training stage: a torch loader over a plan and a thin DDP loop that consumes it.
+
+- :mod:`~dataprep.training.cache`: the memory-mapped manifest column cache
+- :mod:`~dataprep.training.audio`: one utterance's audio segment, mono 16 kHz
+- :mod:`~dataprep.training.features`: log-mel features in pure torch
+- :mod:`~dataprep.training.batches`: plan batch -> padded tensor :class:`Batch`
+- :mod:`~dataprep.training.loader`: :class:`PlanDataset`, prefetch, :func:`make_loader`
+- :mod:`~dataprep.training.loop`: :class:`TrainConfig`, :func:`train`, :func:`run_rank`, checkpoints
+
+``torchrun --nproc-per-node N -m dataprep.training PLAN --manifest ...`` runs one rank per
+process (the options of ``dataprep train``). Importing this package imports torch.
+"""
+
+from dataprep.training.audio import AudioError, load_audio
+from dataprep.training.batches import Batch, BatchBuilder, pad_stack
+from dataprep.training.cache import (
+    LOADER_COLUMNS,
+    ManifestColumns,
+    RowsMeta,
+    build_column_cache,
+    default_cache_dir,
+)
+from dataprep.training.features import HOP, SAMPLE_RATE, LogMel, mel_filterbank
+from dataprep.training.loader import PlanDataset, make_loader, prefetch
+from dataprep.training.loop import TrainConfig, batch_digest, check_plan, run_rank, train
+
+__all__ = [
+    "HOP",
+    "LOADER_COLUMNS",
+    "SAMPLE_RATE",
+    "AudioError",
+    "Batch",
+    "BatchBuilder",
+    "LogMel",
+    "ManifestColumns",
+    "PlanDataset",
+    "RowsMeta",
+    "TrainConfig",
+    "batch_digest",
+    "build_column_cache",
+    "check_plan",
+    "default_cache_dir",
+    "load_audio",
+    "make_loader",
+    "mel_filterbank",
+    "pad_stack",
+    "prefetch",
+    "run_rank",
+    "train",
+]

@@ -1,0 +1,152 @@
+"""Tensor batches: one plan batch (one step of one rank) -> a padded :class:`Batch`.
+
+The utterances' audio segments are read (:mod:`dataprep.training.audio`), turned into log-mel
+frames (:mod:`dataprep.training.features`, 10 ms hop) and padded; the texts are tokenized with
+sentencepiece as ``[bos] + pieces + [eos]`` and padded with 0. Manifest fields come from the
+memory-mapped column cache (:mod:`dataprep.training.cache`).
+
+Bad audio: by default a missing, unreadable or too-short file raises :class:`AudioError`
+naming the utterance id and the file. With ``skip_bad_audio`` the utterance is dropped from
+its batch and reported in ``Batch.skipped`` (the trainer writes those out).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from dataprep.tokenize import Tokenizers
+from dataprep.training.audio import AudioError, load_audio
+from dataprep.training.cache import ManifestColumns
+from dataprep.training.features import LogMel
+from manifests.errors import DataprepError
+from manifests.plan_files import PlanBatch
+
+
+@dataclass
+class Batch:
+    """One step's batch for one rank. Tensors are padded with 0; lengths count frames / tokens.
+
+    ``features`` (B, T, n_mels) float32 log-mel at 100 frames/s; ``feature_lens`` (B,) int64;
+    ``tokens`` (B, U) int64 ``[bos] + pieces + [eos]``; ``token_lens`` (B,) int64.
+    """
+
+    epoch: int
+    step: int
+    bucket: int
+    ids: list[str]
+    features: torch.Tensor
+    feature_lens: torch.Tensor
+    tokens: torch.Tensor
+    token_lens: torch.Tensor
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+    def padding_counts(self) -> tuple[int, int, int, int]:
+        """(real frames, padded frames, real tokens, padded tokens) of this batch."""
+        b = self.size
+        return (int(self.feature_lens.sum()), b * int(self.features.shape[1]),
+                int(self.token_lens.sum()), b * int(self.tokens.shape[1]))
+
+
+def pad_stack(seqs: Sequence[torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad ``seqs`` (first dim = length) with zeros: (B, max_len, ...) and lengths (B,)."""
+    lens = torch.tensor([s.shape[0] for s in seqs], dtype=torch.int64)
+    if not seqs:
+        return torch.zeros(0, 0, dtype=dtype), lens
+    out = torch.zeros((len(seqs), int(lens.max()), *seqs[0].shape[1:]), dtype=dtype)
+    for i, s in enumerate(seqs):
+        out[i, : s.shape[0]] = s
+    return out, lens
+
+
+class BatchBuilder:
+    """Turns plan batches into tensor batches (audio, features, tokens). Picklable: state is
+    paths and options, heavy objects are opened on first use in whichever process runs it."""
+
+    def __init__(self, manifest: str | os.PathLike[str], tokenizer: Sequence[str], *, n_mels: int = 80,
+                 skip_bad_audio: bool = False, cache_dir: str | os.PathLike[str] | None = None,
+                 io_threads: int = 4) -> None:
+        self.manifest = str(manifest)
+        self.tokenizer = list(tokenizer)
+        self.n_mels = n_mels
+        self.skip_bad_audio = skip_bad_audio
+        self.cache_dir = cache_dir
+        self.io_threads = io_threads
+        self._cols: ManifestColumns | None = None
+        self._toks: Tokenizers | None = None
+        self._mel: LogMel | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0  # a pool copied into a forked worker has no threads: make a new one
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_cols": None, "_toks": None, "_mel": None, "_pool": None}
+
+    @property
+    def columns(self) -> ManifestColumns:
+        if self._cols is None:
+            self._cols = ManifestColumns.open(self.manifest, self.cache_dir)
+        return self._cols
+
+    @property
+    def tokenizers(self) -> Tokenizers:
+        if self._toks is None:
+            self._toks = Tokenizers.from_specs(self.tokenizer)
+        return self._toks
+
+    def tokenize(self, texts: Sequence[str], langs: Sequence[str | None], ids: Sequence[str]) -> list[list[int]]:
+        """``[bos] + pieces + [eos]`` per text, with the model of its language."""
+        out: list[list[int]] = [[] for _ in texts]
+        by_lang: dict[str | None, list[int]] = {}
+        for i, lang in enumerate(langs):
+            by_lang.setdefault(lang, []).append(i)
+        for lang, idx in by_lang.items():
+            model = self.tokenizers.model_for(lang)
+            if model is None:
+                raise DataprepError(f"utterance {ids[idx[0]]!r}: no tokenizer for language {lang!r}")
+            bos, eos = max(model.bos_id(), 0), max(model.eos_id(), 0)
+            for i, pieces in zip(idx, model.encode([texts[i] for i in idx], out_type=int)):
+                out[i] = [bos, *pieces, eos]
+        return out
+
+    def _load(self, args: tuple[str, str, float, float]) -> npt.NDArray[np.float32] | AudioError:
+        try:
+            return load_audio(*args)
+        except AudioError as exc:
+            if self.skip_bad_audio:
+                return exc
+            raise
+
+    def build(self, pb: PlanBatch) -> Batch:
+        """The tensor batch of one plan batch."""
+        meta = self.columns.gather(pb.rows, pb.ids)
+        if self._mel is None:
+            self._mel = LogMel(self.n_mels)
+        if self.io_threads > 1 and (self._pool is None or self._pool_pid != os.getpid()):
+            self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="dataprep-audio")
+            self._pool_pid = os.getpid()
+        jobs = [(u, p, float(o), float(d)) for u, p, o, d in
+                zip(meta.ids, meta.audio_paths, meta.offsets, meta.durations)]
+        waves = list(self._pool.map(self._load, jobs)) if self._pool is not None else list(map(self._load, jobs))
+        keep = [i for i, w in enumerate(waves) if not isinstance(w, AudioError)]
+        skipped = [{"id": meta.ids[i], "audio_path": meta.audio_paths[i], "error": str(w),
+                    "step": str(pb.step)} for i, w in enumerate(waves) if isinstance(w, AudioError)]
+        feats = [self._mel(torch.from_numpy(waves[i])) for i in keep]  # type: ignore[arg-type]
+        toks = self.tokenize([meta.texts[i] for i in keep], [meta.langs[i] for i in keep],
+                             [meta.ids[i] for i in keep])
+        features, feature_lens = pad_stack(feats, torch.float32)
+        if not keep:
+            features = torch.zeros(0, 0, self.n_mels)
+        tokens, token_lens = pad_stack([torch.tensor(t, dtype=torch.int64) for t in toks], torch.int64)
+        return Batch(pb.epoch, pb.step, pb.bucket, [meta.ids[i] for i in keep], features, feature_lens,
+                     tokens, token_lens, skipped)

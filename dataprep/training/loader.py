@@ -1,0 +1,107 @@
+"""The torch loader over a plan: rank ``r``'s shard from step ``k`` -> tensor batches in step order.
+
+:class:`PlanDataset` yields rank ``r``'s :class:`~dataprep.training.batches.Batch` es from its
+shard (``rank-0000r.parquet``); :func:`make_loader` prepares them ahead, in DataLoader workers
+or in one background thread (:func:`prefetch`).
+
+Determinism: a batch depends only on (plan, step, manifest, tokenizer), never on the number
+of workers; with DataLoader workers, worker ``w`` of ``n`` builds the batches whose position
+``i`` (from the start step) has ``i % n == w`` and the DataLoader returns them in order.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from dataprep.training.batches import Batch, BatchBuilder
+from manifests.plan_files import PlanBatch, PlanShard
+
+T = TypeVar("T")
+
+
+class PlanDataset(IterableDataset[Batch]):
+    """Rank ``rank``'s batches of the plan in ``plan_dir``, from global step ``start_step``
+    up to (not including) ``stop_step``. Yields :class:`Batch`; use ``batch_size=None``
+    with a DataLoader (see :func:`make_loader`)."""
+
+    def __init__(self, plan_dir: str | os.PathLike[str], rank: int, builder: BatchBuilder,
+                 start_step: int = 0, stop_step: int | None = None) -> None:
+        super().__init__()
+        self.plan_dir = str(plan_dir)
+        self.rank = rank
+        self.builder = builder
+        self.start_step = start_step
+        self.stop_step = stop_step
+
+    def plan_batches(self) -> Iterator[PlanBatch]:
+        """The shard's batches in the step range (metadata only)."""
+        for pb in PlanShard(self.plan_dir, self.rank).iter_batches(self.start_step):
+            if self.stop_step is not None and pb.step >= self.stop_step:
+                return
+            yield pb
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i, pb in enumerate(self.plan_batches()):
+            if i % nw == wid:
+                yield self.builder.build(pb)
+
+
+def _identity(x: T) -> T:
+    return x
+
+
+def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
+    """Iterate ``items`` in a background thread, ``depth`` items ahead; order is kept and
+    an exception in the producer is raised in the consumer at the same position."""
+    if depth <= 0:
+        yield from items
+        return
+    q: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put((0, item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put((1, None))
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the consumer)
+            q.put((2, exc))
+
+    thread = threading.Thread(target=produce, name="dataprep-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, item = q.get()
+            if kind == 1:
+                return
+            if kind == 2:
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def make_loader(dataset: PlanDataset, num_workers: int = 0, prefetch_depth: int = 2,
+                timeout_s: float = 600.0) -> Iterable[Batch]:
+    """Batches of ``dataset`` in step order, prepared ahead: in ``num_workers`` DataLoader
+    worker processes, or (``num_workers=0``) in one background thread ``prefetch_depth`` ahead.
+    A worker that delivers nothing for ``timeout_s`` seconds is an error, not a hang."""
+    if num_workers > 0:
+        return DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
+                          prefetch_factor=max(1, prefetch_depth), timeout=timeout_s)
+    return prefetch(dataset, prefetch_depth)

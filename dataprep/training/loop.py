@@ -1,0 +1,322 @@
+"""The thin DDP training loop over a plan: how any trainer consumes ``plan/``; checkpoints.
+
+Each rank reads only its shard (``rank-0000r.parquet``) through :mod:`dataprep.training.loader`,
+runs one optimizer step per plan step, and all ranks step together because the plan gives
+every rank the same number of steps. Backend: gloo on CPU, nccl on GPU.
+
+Launch: ``dataprep train ... --nproc N`` spawns N local processes (127.0.0.1, a free port);
+under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` set) each process runs one
+rank: ``torchrun --nproc-per-node N -m dataprep.training plan/ --manifest ...``. Either way the
+process count must equal the plan's world size.
+
+Per step, rank 0 prints one JSON line: step, epoch, bucket, loss (mean over ranks), audio and
+token padding ratios (1 - real / padded, summed over ranks), utterances and utterances/s.
+Checkpoints (``<dir>/last.pt``) hold model, optimizer and ``next_step``; ``--resume``
+continues at exactly that plan step. Dropout is seeded per (seed, step, rank), so a resumed
+run computes what the uninterrupted one would.
+
+Files in the checkpoint directory: ``last.pt``, ``log.jsonl`` (rank 0's step lines),
+``skipped-rank-0000r.jsonl`` (utterances skipped for bad audio, with ``--skip-bad-audio``),
+``trace-rank-0000r.jsonl`` (with ``--trace``: step, ids and a SHA-256 of each batch's tensors).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dataprep.training.batches import Batch, BatchBuilder
+from dataprep.training.loader import PlanDataset, make_loader
+from manifests.errors import DataprepError
+from manifests.io import atomic_path, manifest_hash
+from manifests.plan_files import read_plan_json
+
+
+@dataclass
+class TrainConfig:
+    """What ``dataprep train`` does. ``steps``: train up to (not including) this global plan
+    step (None = the whole plan)."""
+
+    plan_dir: str
+    manifest: str
+    tokenizer: list[str]
+    checkpoint_dir: str
+    model: str = "tiny"
+    steps: int | None = None
+    resume: bool = False
+    lr: float = 1e-3
+    seed: int = 0
+    workers: int = 0
+    prefetch: int = 2
+    skip_bad_audio: bool = False
+    checkpoint_every: int = 0  # steps; 0 = only at the end
+    trace: bool = False
+    device: str = "auto"  # auto | cpu | cuda
+    timeout_s: float = 600.0
+    cache_dir: str | None = None
+    quiet: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _rank_file(cfg: TrainConfig, kind: str, rank: int) -> Path:
+    return Path(cfg.checkpoint_dir) / f"{kind}-rank-{rank:05d}.jsonl"
+
+
+def _write_lines(path: Path, rows: list[dict[str, Any]]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
+
+
+def _read_lines(path: Path, before_step: int) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x]
+    return [r for r in rows if int(r["step"]) < before_step]
+
+
+def batch_digest(batch: Batch) -> str:
+    """SHA-256 over a batch's tensors (features, lengths, tokens), to compare runs."""
+    h = hashlib.sha256()
+    for t in (batch.features, batch.feature_lens, batch.tokens, batch.token_lens):
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_plan(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
+    """plan.json, after checking its world size and manifest against this run."""
+    meta = read_plan_json(cfg.plan_dir)
+    if int(meta["world_size"]) != world_size:
+        raise DataprepError(f"{cfg.plan_dir}: the plan is for world size {meta['world_size']} but {world_size} "
+                            f"process(es) were started; use --nproc {meta['world_size']} or re-plan")
+    expected = meta.get("inputs", {}).get("manifest", {}).get("content_hash")
+    if expected and manifest_hash(cfg.manifest) != expected:
+        raise DataprepError(f"{cfg.manifest}: not the plan's manifest (content hash differs from {expected[:12]}...)")
+    return meta
+
+
+def _init_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, local_rank: int) -> torch.device:
+    """Pick the device (``cuda:local_rank`` or CPU), share the CPU threads, join the process group."""
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=cfg.timeout_s))
+    return device
+
+
+def _build(cfg: TrainConfig, device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer,
+                                                          BatchBuilder, int]:
+    """(model, its DDP wrapper, optimizer, batch builder, n_mels), after checking the tokenizer
+    fits the model's vocabulary. The model is initialized from ``cfg.seed``."""
+    from oom.models import build_model, model_input_spec
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model).to(device)
+    n_mels, vocab = model_input_spec(model)
+    builder = BatchBuilder(cfg.manifest, cfg.tokenizer, n_mels=n_mels, skip_bad_audio=cfg.skip_bad_audio,
+                           cache_dir=cfg.cache_dir)
+    pieces = max(m.get_piece_size() for m in builder.tokenizers.models.values())
+    if pieces > vocab:
+        raise DataprepError(f"tokenizer has {pieces} pieces but model {cfg.model!r} has a {vocab}-entry vocabulary")
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=cfg.lr)
+    return model, ddp, opt, builder, n_mels
+
+
+def _resume(ckpt_path: Path, meta: dict[str, Any], model: torch.nn.Module, opt: torch.optim.Optimizer,
+            device: torch.device) -> int:
+    """Load model and optimizer state from ``ckpt_path``; the plan step to continue at."""
+    if not ckpt_path.exists():
+        raise DataprepError(f"{ckpt_path}: no checkpoint to resume from")
+    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+    if ckpt.get("plan_hash") != meta.get("plan_hash"):
+        raise DataprepError(f"{ckpt_path}: checkpoint was made with another plan")
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    return int(ckpt["next_step"])
+
+
+def _optimizer_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, device: torch.device,
+                    n_mels: int) -> torch.Tensor:
+    """Forward, backward and one optimizer step on ``batch``; the loss."""
+    from oom.models import loss as model_loss
+
+    if batch.size:
+        feats, flens = batch.features.to(device, non_blocking=True), batch.feature_lens.to(device)
+        toks, tlens = batch.tokens.to(device), batch.token_lens.to(device)
+        loss = model_loss(ddp, feats, flens, toks, tlens)
+    else:  # every utterance skipped: a zero-weight step keeps DDP's all-reduce in step
+        feats = torch.zeros(1, 16, n_mels, device=device)
+        loss = 0.0 * model_loss(ddp, feats, torch.tensor([16], device=device),
+                                torch.zeros(1, 2, dtype=torch.int64, device=device),
+                                torch.tensor([2], device=device))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _step_line(step: int, batch: Batch, loss: torch.Tensor, device: torch.device,
+               t_prev: float) -> tuple[dict[str, Any], float]:
+    """The step's log line (loss and padding summed over ranks: an all-reduce) and the time now."""
+    rf, pf, rt, pt = batch.padding_counts()
+    stats = torch.tensor([float(loss.detach()) * batch.size, batch.size, rf, pf, rt, pt],
+                         dtype=torch.float64, device=device)
+    dist.all_reduce(stats)
+    now = time.perf_counter()
+    s = stats.tolist()
+    line = {"step": step, "epoch": batch.epoch, "bucket": batch.bucket,
+            "loss": round(s[0] / s[1], 5) if s[1] else None, "utterances": int(s[1]),
+            "padding_audio": round(1 - s[2] / s[3], 5) if s[3] else 0.0,
+            "padding_tokens": round(1 - s[4] / s[5], 5) if s[5] else 0.0,
+            "utt_per_s": round(s[1] / max(now - t_prev, 1e-9), 2)}
+    return line, now
+
+
+def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, local_rank: int = 0) -> dict[str, Any]:
+    """Train as ``rank`` of ``world_size``; returns rank 0's summary (others: their own)."""
+    device = _init_rank(rank, world_size, cfg, init_method, local_rank)
+    try:
+        meta = check_plan(cfg, world_size)
+        model, ddp, opt, builder, n_mels = _build(cfg, device)
+        ckpt_path = Path(cfg.checkpoint_dir) / "last.pt"
+        start = _resume(ckpt_path, meta, model, opt, device) if cfg.resume else 0
+        stop = min(int(meta["num_steps"]), cfg.steps if cfg.steps is not None else int(meta["num_steps"]))
+        trace = _read_lines(_rank_file(cfg, "trace", rank), start) if cfg.trace else []
+        skipped = _read_lines(_rank_file(cfg, "skipped", rank), start)
+        log = _read_lines(Path(cfg.checkpoint_dir) / "log.jsonl", start) if rank == 0 else []
+        n_skipped_before = len(skipped)
+        loader = make_loader(PlanDataset(cfg.plan_dir, rank, builder, start, stop), cfg.workers, cfg.prefetch)
+
+        def save(next_step: int) -> None:
+            if rank == 0:
+                with atomic_path(ckpt_path) as tmp:
+                    torch.save({"next_step": next_step, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                                "plan_hash": meta.get("plan_hash"), "config": asdict(cfg)}, tmp)
+                _write_lines(Path(cfg.checkpoint_dir) / "log.jsonl", log)
+            if cfg.trace:
+                _write_lines(_rank_file(cfg, "trace", rank), trace)
+            if skipped:
+                _write_lines(_rank_file(cfg, "skipped", rank), skipped)
+            dist.barrier()
+
+        step = start
+        t_prev = time.perf_counter()
+        for batch in loader:
+            if batch.step != step:
+                raise DataprepError(f"{cfg.plan_dir}: rank {rank} expected step {step}, shard gave {batch.step}")
+            torch.manual_seed(hash((cfg.seed, step, rank)) & 0x7FFFFFFF)
+            if cfg.trace:
+                trace.append({"step": step, "epoch": batch.epoch, "bucket": batch.bucket, "ids": batch.ids,
+                              "sha256": batch_digest(batch)})
+            skipped.extend(batch.skipped)
+            loss = _optimizer_step(ddp, opt, batch, device, n_mels)
+            line, t_prev = _step_line(step, batch, loss, device, t_prev)
+            if rank == 0:
+                log.append(line)
+                if not cfg.quiet:
+                    print(json.dumps(line), flush=True)
+            step += 1
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < stop:
+                save(step)
+        if step != stop:
+            raise DataprepError(f"{cfg.plan_dir}: rank {rank} ran {step - start} steps, expected {stop - start}")
+        save(step)
+        return {"rank": rank, "start_step": start, "next_step": step, "steps_run": step - start,
+                "skipped": len(skipped) - n_skipped_before, "last": log[-1] if log else None}
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child(rank: int, world_size: int, cfg: TrainConfig, init_method: str, errq: Any) -> None:
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGTERM, chain=True)  # a rank killed for hanging shows where it hung
+    try:
+        run_rank(rank, world_size, cfg, init_method, local_rank=rank)
+    except DataprepError as exc:
+        errq.put((rank, "user", str(exc)))
+        sys.exit(2)
+    except BaseException as exc:  # noqa: BLE001  (reported by the parent)
+        errq.put((rank, "crash", "".join(traceback.format_exception_only(type(exc), exc)).strip()))
+        sys.exit(1)
+
+
+def train(cfg: TrainConfig, nproc: int = 1) -> dict[str, Any]:
+    """Run training: under torchrun (env ``RANK``/``WORLD_SIZE``) as that one rank; else spawn
+    ``nproc`` local ranks and wait (at most ``cfg.timeout_s``; a hung rank is killed and reported).
+    """
+    Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), cfg, "env://",
+                        local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    check_plan(cfg, nproc)  # fail before starting processes
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    if nproc == 1:
+        return run_rank(0, 1, cfg, init_method)
+    # forkserver: one clean server process imports torch once (slow on small machines) and
+    # forks every rank from it; no OpenMP state is inherited, unlike a plain fork of this process
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["dataprep.training.loop", "oom.models", "torch._dynamo"])  # DDP imports _dynamo
+    errq = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_child, args=(r, nproc, cfg, init_method, errq), daemon=False) for r in range(nproc)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + cfg.timeout_s + 30
+    try:
+        while any(p.is_alive() for p in procs):
+            failed = [p for p in procs if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        failed = [p for p in procs if p.exitcode not in (None, 0)]
+        hung = [r for r, p in enumerate(procs) if p.is_alive()] if not failed else []
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    errors = []
+    while not errq.empty():
+        errors.append(errq.get())
+    if errors:
+        user = [e for e in errors if e[1] == "user"]
+        rank, kind, msg = sorted(user or errors)[0]
+        if kind == "user":
+            raise DataprepError(msg)
+        raise RuntimeError(f"rank {rank} crashed: {msg}")
+    if failed:
+        raise RuntimeError(f"rank {procs.index(failed[0])} exited with status {failed[0].exitcode}")
+    if hung:
+        raise DataprepError(f"training did not finish within {cfg.timeout_s:.0f} s; ranks {hung} still running (killed)")
+    logs = [json.loads(x) for x in (Path(cfg.checkpoint_dir) / "log.jsonl").read_text().splitlines() if x]
+    ckpt_step = int(torch.load(Path(cfg.checkpoint_dir) / "last.pt", weights_only=False)["next_step"])
+    return {"rank": 0, "next_step": ckpt_step, "last": logs[-1] if logs else None}
+
