@@ -35,7 +35,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.errors import ManifestError
-from manifests.io import atomic_path, file_sha256, write_json
+from manifests.io import atomic_path, current_umask, file_sha256, write_json
 from manifests.plan_meta import PLAN_JSON, PLAN_VERSION, FileRef, PlanMeta, read_plan_meta
 
 META_KIND = b"speech_dataprep.kind"
@@ -178,9 +178,7 @@ class PlanWriter:
         if self.out_dir.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.", suffix=".old", dir=self.out_dir.parent))
             os.replace(self.out_dir, old / "plan")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self.tmp_dir, 0o777 & ~umask)  # mkdtemp makes it private; a plan is shared
+        os.chmod(self.tmp_dir, 0o777 & ~current_umask())  # mkdtemp makes it private; a plan is shared
         os.replace(self.tmp_dir, self.out_dir)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

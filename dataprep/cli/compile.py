@@ -49,7 +49,7 @@ def compile_cmd(
     sources: SourcesArg,
     tokenizer: Annotated[list[str], typer.Option(help="Sentencepiece model, or LANG=MODEL once per language (chosen by target_lang, else lang).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Compiled manifest (Parquet).")],
-    rejects: Annotated[Optional[Path], typer.Option(help="Rejected rows with their reason (Parquet). Default: <output>.rejects.parquet.")] = None,
+    rejects: Annotated[Optional[Path], typer.Option(help="Rejected rows with their reason (Parquet). Default: <output stem>.rejects.parquet next to -o.")] = None,
     prompt_tokens: Annotated[int, typer.Option(help="Fixed decoder prompt length added to every utterance's tokens (Canary: 9).")] = 0,
     fmt: FormatOpt = "auto",
     text_field: TextFieldOpt = "text",
@@ -114,7 +114,7 @@ def _print_summary(rows_in: int, rows_kept: int, hours: float, reasons: dict[str
 def merge_cmd(
     parts: Annotated[Path, typer.Argument(help="Folder of shard parts written by `compile --num-shards N --shard-index I -o FOLDER`.", show_default=False)],
     output: Annotated[Path, typer.Option("-o", "--output", help="Compiled manifest (Parquet).")],
-    rejects: Annotated[Optional[Path], typer.Option(help="Rejected rows with their reason (Parquet). Default: <output>.rejects.parquet.")] = None,
+    rejects: Annotated[Optional[Path], typer.Option(help="Rejected rows with their reason (Parquet). Default: <output stem>.rejects.parquet next to -o.")] = None,
 ) -> None:
     """Merge a complete set of shard parts into the manifest a single-machine compile writes (byte-identical).
 

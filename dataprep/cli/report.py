@@ -16,7 +16,7 @@ from dataprep.cli.app import app, err, out, user_errors
 from dataprep.report.filters import FilterResult, Thresholds, apply_filters
 from dataprep.report.stats import ManifestStats, compute_stats
 from manifests.errors import DataprepError
-from manifests.io import manifest_hash, read_manifest, write_json, write_manifest, write_rejects
+from manifests.io import default_rejects_path, manifest_hash, read_manifest, write_json, write_manifest, write_rejects
 
 _STATS_COLUMNS = ["duration", "num_tokens", "tps", "lang"]
 
@@ -106,11 +106,6 @@ def filter_table(r: FilterResult) -> Table:
         keep_op = "<=" if c.op == ">" else ">="
         t.add_row(c.name, f"keep {c.column} {keep_op} {c.value:g}", f"{c.failed:,}", f"{c.rejected:,}")
     return t
-
-
-def default_rejects_path(output: Path) -> Path:
-    """``kept.parquet`` -> ``kept.rejects.parquet`` in the same folder."""
-    return output.with_name(f"{output.stem}.rejects.parquet")
 
 
 @app.command("filter")

@@ -42,8 +42,9 @@ from bucketing.allocate import allocate
 from bucketing.fit import grid_from_spec
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
-from manifests.io import atomic_path, manifest_hash, read_manifest, write_json
-from manifests.plan_files import PLAN_JSON, read_plan_json, shard_name
+from manifests.io import atomic_path, read_manifest, require_manifest_hash, write_json
+from manifests.plan_files import shard_name
+from manifests.plan_meta import PLAN_JSON, read_plan_meta
 
 NEMO_OPTIONAL = ("lang", "source_lang", "target_lang", "task")
 
@@ -78,12 +79,10 @@ def load_inputs(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
     df = read_manifest(manifest)
     if src.is_dir() or src.name == PLAN_JSON:
         plan_dir = src if src.is_dir() else src.parent
-        meta = read_plan_json(plan_dir)
-        expected = meta.get("inputs", {}).get("manifest", {}).get("content_hash")
-        if expected and manifest_hash(manifest) != expected:
-            raise ManifestError(f"{manifest}: not the plan's manifest (content hash differs from {expected[:12]}...)")
-        spec = parse_buckets({"version": 1, "buckets": meta["buckets"]}, str(plan_dir / PLAN_JSON))
-        bucket = _plan_buckets(plan_dir, int(meta["world_size"]), df.height)
+        meta = read_plan_meta(plan_dir)
+        require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
+        spec = parse_buckets({"version": 1, "buckets": meta.buckets}, str(plan_dir / PLAN_JSON))
+        bucket = _plan_buckets(plan_dir, meta.world_size, df.height)
         origin = "plan"
     else:
         spec = read_buckets(src)

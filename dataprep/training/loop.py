@@ -41,8 +41,8 @@ import torch.multiprocessing as mp
 from dataprep.training.batches import Batch, BatchBuilder
 from dataprep.training.loader import PlanDataset, make_loader
 from manifests.errors import DataprepError
-from manifests.io import atomic_path, manifest_hash
-from manifests.plan_files import read_plan_json
+from manifests.io import atomic_path, require_manifest_hash
+from manifests.plan_meta import PlanMeta, read_plan_meta
 
 
 @dataclass
@@ -95,15 +95,13 @@ def batch_digest(batch: Batch) -> str:
     return h.hexdigest()
 
 
-def check_plan(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
+def check_plan(cfg: TrainConfig, world_size: int) -> PlanMeta:
     """plan.json, after checking its world size and manifest against this run."""
-    meta = read_plan_json(cfg.plan_dir)
-    if int(meta["world_size"]) != world_size:
-        raise DataprepError(f"{cfg.plan_dir}: the plan is for world size {meta['world_size']} but {world_size} "
-                            f"process(es) were started; use --nproc {meta['world_size']} or re-plan")
-    expected = meta.get("inputs", {}).get("manifest", {}).get("content_hash")
-    if expected and manifest_hash(cfg.manifest) != expected:
-        raise DataprepError(f"{cfg.manifest}: not the plan's manifest (content hash differs from {expected[:12]}...)")
+    meta = read_plan_meta(cfg.plan_dir)
+    if meta.world_size != world_size:
+        raise DataprepError(f"{cfg.plan_dir}: the plan is for world size {meta.world_size} but {world_size} "
+                            f"process(es) were started; use --nproc {meta.world_size} or re-plan")
+    require_manifest_hash(cfg.manifest, meta.manifest.content_hash, "the plan's manifest")
     return meta
 
 
@@ -139,13 +137,13 @@ def _build(cfg: TrainConfig, device: torch.device) -> tuple[torch.nn.Module, tor
     return model, ddp, opt, builder, n_mels
 
 
-def _resume(ckpt_path: Path, meta: dict[str, Any], model: torch.nn.Module, opt: torch.optim.Optimizer,
+def _resume(ckpt_path: Path, meta: PlanMeta, model: torch.nn.Module, opt: torch.optim.Optimizer,
             device: torch.device) -> int:
     """Load model and optimizer state from ``ckpt_path``; the plan step to continue at."""
     if not ckpt_path.exists():
         raise DataprepError(f"{ckpt_path}: no checkpoint to resume from")
     ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
-    if ckpt.get("plan_hash") != meta.get("plan_hash"):
+    if ckpt.get("plan_hash") != meta.plan_hash:
         raise DataprepError(f"{ckpt_path}: checkpoint was made with another plan")
     model.load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["optimizer"])
@@ -197,7 +195,7 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
         model, ddp, opt, builder, n_mels = _build(cfg, device)
         ckpt_path = Path(cfg.checkpoint_dir) / "last.pt"
         start = _resume(ckpt_path, meta, model, opt, device) if cfg.resume else 0
-        stop = min(int(meta["num_steps"]), cfg.steps if cfg.steps is not None else int(meta["num_steps"]))
+        stop = min(meta.num_steps, cfg.steps if cfg.steps is not None else meta.num_steps)
         trace = _read_lines(_rank_file(cfg, "trace", rank), start) if cfg.trace else []
         skipped = _read_lines(_rank_file(cfg, "skipped", rank), start)
         log = _read_lines(Path(cfg.checkpoint_dir) / "log.jsonl", start) if rank == 0 else []
@@ -208,7 +206,7 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
             if rank == 0:
                 with atomic_path(ckpt_path) as tmp:
                     torch.save({"next_step": next_step, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                                "plan_hash": meta.get("plan_hash"), "config": asdict(cfg)}, tmp)
+                                "plan_hash": meta.plan_hash, "config": asdict(cfg)}, tmp)
                 _write_lines(Path(cfg.checkpoint_dir) / "log.jsonl", log)
             if cfg.trace:
                 _write_lines(_rank_file(cfg, "trace", rank), trace)
