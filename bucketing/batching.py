@@ -307,31 +307,11 @@ def form_batches(
     Invariant: every allocated row is in exactly one batch; no batch exceeds its bucket's
     batch size; only a bucket's last batch may be smaller.
     """
-    if sort_by not in ("auto", "both", "tokens", "duration", "none"):
-        raise ValueError(f"sort_by must be auto, both, tokens, duration or none, not {sort_by!r}")
-    if sort_by == "auto":
-        sort_by = "both" if num_tokens is not None and duration is not None else "tokens"
-    if sort_by == "both" and (num_tokens is None or duration is None):
-        sort_by = "tokens" if duration is None else "duration"
-    bucket_of_row = np.asarray(bucket_of_row)
+    sort_by = _resolve_sort(sort_by, num_tokens, duration)
     batch_sizes = np.asarray(batch_sizes, dtype=np.int64)
-    B = int(batch_sizes.shape[0])
-    valid = bucket_of_row >= 0
-    sel = None if valid.all() else np.flatnonzero(valid)
-    del valid
-    b0 = bucket_of_row if sel is None else bucket_of_row[sel]
-    n = int(b0.shape[0])
-    if n == 0:
+    rows, counts, first = _rows_by_bucket(np.asarray(bucket_of_row), int(batch_sizes.shape[0]))
+    if rows.shape[0] == 0:
         return Batches(bucket=np.zeros(0, np.int32), offsets=np.zeros(1, np.int64), rows=np.zeros(0, np.int64))
-    counts = np.bincount(b0, minlength=B).astype(np.int64)
-    # group rows by bucket, ascending row order inside (stable radix sort on a small dtype)
-    rows = np.argsort(_small_int(b0, B - 1), kind="stable").astype(np.int64, copy=False)
-    del b0
-    if sel is not None:
-        rows = sel[rows]
-        del sel
-    first = np.zeros(B, dtype=np.int64)
-    np.cumsum(counts[:-1], out=first[1:])
     primary = {"both": duration, "duration": duration, "tokens": num_tokens, "none": None}[sort_by]
     grouped = window > 1 and primary is not None
     both = grouped and sort_by == "both"
@@ -339,7 +319,8 @@ def form_batches(
         d_all = np.asarray(duration, dtype=np.float64)
         t_all = np.asarray(num_tokens)
         primary = d_all
-        where = True if n == bucket_of_row.shape[0] else bucket_of_row >= 0
+        # shares are of the allocated rows' totals
+        where = True if rows.shape[0] == len(bucket_of_row) else np.asarray(bucket_of_row) >= 0
         total_d = max(float(d_all.sum(where=where)), 1e-300)
         total_t = max(float(t_all.sum(dtype=np.float64, where=where)), 1e-300)
         del where
@@ -362,12 +343,48 @@ def form_batches(
                 if perm is not None:
                     p = p[perm]
         rows[lo:lo + cnt] = idx[p]
+    return _cut(rows, counts, first, batch_sizes, rng if grouped else None)
+
+
+def _resolve_sort(sort_by: str, num_tokens: npt.NDArray[Any] | None, duration: npt.NDArray[Any] | None) -> str:
+    """The sort key actually used: ``auto`` is ``both`` when both keys exist, else tokens;
+    a key that is missing falls back to the other."""
+    if sort_by not in ("auto", "both", "tokens", "duration", "none"):
+        raise ValueError(f"sort_by must be auto, both, tokens, duration or none, not {sort_by!r}")
+    if sort_by == "auto":
+        sort_by = "both" if num_tokens is not None and duration is not None else "tokens"
+    if sort_by == "both" and (num_tokens is None or duration is None):
+        sort_by = "tokens" if duration is None else "duration"
+    return sort_by
+
+
+def _rows_by_bucket(bucket_of_row: npt.NDArray[np.integer],
+                    num_buckets: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(allocated rows grouped by bucket, ascending inside; rows per bucket; first index of
+    each bucket), by a stable radix sort on a small dtype."""
+    valid = bucket_of_row >= 0
+    sel = None if valid.all() else np.flatnonzero(valid)
+    del valid
+    b0 = bucket_of_row if sel is None else bucket_of_row[sel]
+    counts = np.bincount(b0, minlength=num_buckets).astype(np.int64)
+    rows = np.argsort(_small_int(b0, num_buckets - 1), kind="stable").astype(np.int64, copy=False)
+    if sel is not None:
+        rows = sel[rows]
+    first = np.zeros(num_buckets, dtype=np.int64)
+    np.cumsum(counts[:-1], out=first[1:])
+    return rows, counts, first
+
+
+def _cut(rows: npt.NDArray[np.int64], counts: npt.NDArray[np.int64], first: npt.NDArray[np.int64],
+         batch_sizes: npt.NDArray[np.int64], rng: np.random.Generator | None) -> Batches:
+    """Cut each bucket's ordered rows into batches of its size; with ``rng``, draw the full
+    batches of a bucket in random order (a short batch stays last)."""
+    n = int(rows.shape[0])
     starts = np.concatenate([np.arange(0, int(c), int(s)) + f
                              for c, s, f in zip(counts, batch_sizes, first)]).astype(np.int64)
     offsets = np.append(starts, n).astype(np.int64)
-    bb = np.repeat(np.arange(B, dtype=np.int64), -(-counts // batch_sizes))
-    if grouped and bb.shape[0] > 1:
-        # draw full batches in random order inside each bucket; a short batch stays last
+    bb = np.repeat(np.arange(batch_sizes.shape[0], dtype=np.int64), -(-counts // batch_sizes))
+    if rng is not None and bb.shape[0] > 1:
         short = np.diff(offsets) < batch_sizes[bb]
         bkey = np.where(short, 2.0, rng.random(bb.shape[0]))
         perm = np.lexsort((bkey, bb))

@@ -241,6 +241,39 @@ def _token_subbins(dbin: I64, tokens: I64, weight: F64, num_dbins: int, num_sub:
     return out
 
 
+def _checked_columns(duration: npt.ArrayLike, num_tokens: npt.ArrayLike | None, num_buckets: int,
+                     num_subbuckets: int) -> tuple[F64, I64]:
+    """Durations (s, finite, > 0) and tokens (zeros when 1D without tokens) as arrays."""
+    if num_buckets < 1 or num_subbuckets < 1:
+        raise ValueError("num_buckets and num_subbuckets must be >= 1")
+    d = np.asarray(duration, dtype=np.float64)
+    if num_tokens is None:
+        if num_subbuckets > 1:
+            raise ValueError("num_tokens is required for 2D fitting (num_subbuckets > 1)")
+        t = np.zeros(d.shape[0], dtype=np.int64)
+    else:
+        t = np.asarray(num_tokens, dtype=np.int64)
+    if d.shape != t.shape:
+        raise ValueError("duration and num_tokens have different lengths")
+    if d.shape[0] and (not np.isfinite(d).all() or (d <= 0).any()):
+        raise ValueError("durations must be finite and > 0")
+    return d, t
+
+
+def _overflow_split(d_sorted: F64, outlier_fence: float | None) -> tuple[int, float | None]:
+    """(rows inside the fence, fence in seconds or None): the rows beyond Q3 + k × IQR of
+    the sorted durations form the overflow bin; None when nothing is beyond it."""
+    n_in = d_sorted.shape[0]
+    if outlier_fence is None:
+        return n_in, None
+    q1, q3 = d_sorted[int(np.ceil(0.25 * n_in)) - 1], d_sorted[int(np.ceil(0.75 * n_in)) - 1]
+    if q3 <= q1:
+        return n_in, None
+    f = float(q3 + outlier_fence * (q3 - q1))
+    n_bulk = int(np.searchsorted(d_sorted, f, side="right"))
+    return (n_bulk, f) if n_bulk < n_in else (n_in, None)
+
+
 def fit_buckets(
     duration: npt.ArrayLike,
     num_tokens: npt.ArrayLike | None,
@@ -267,48 +300,19 @@ def fit_buckets(
 
     Vectorized: one sort of the durations plus a weighted histogram of (bin, tokens).
     """
-    if num_buckets < 1 or num_subbuckets < 1:
-        raise ValueError("num_buckets and num_subbuckets must be >= 1")
-    d = np.asarray(duration, dtype=np.float64)
-    if num_tokens is None:
-        if num_subbuckets > 1:
-            raise ValueError("num_tokens is required for 2D fitting (num_subbuckets > 1)")
-        t = np.zeros(d.shape[0], dtype=np.int64)
-    else:
-        t = np.asarray(num_tokens, dtype=np.int64)
-    if d.shape != t.shape:
-        raise ValueError("duration and num_tokens have different lengths")
-    if d.shape[0] and (not np.isfinite(d).all() or (d <= 0).any()):
-        raise ValueError("durations must be finite and > 0")
-    keep = np.ones(d.shape[0], dtype=bool)
-    below = np.zeros(d.shape[0], dtype=bool)
-    above = np.zeros(d.shape[0], dtype=bool)
-    if min_duration is not None:
-        below = d < min_duration
-        keep &= ~below
-    if max_duration is not None:
-        above = d > max_duration
-        keep &= ~above
-    notes: list[str] = []
-    if not keep.all():
-        d_in, t_in = d[keep], t[keep]
-    else:
-        d_in, t_in = d, t
-    if d_in.shape[0] == 0:
-        raise ValueError("no rows left to fit (check --min-duration / --max-duration)")
+    d, t = _checked_columns(duration, num_tokens, num_buckets, num_subbuckets)
     if (outlier_fence is not None and outlier_fence < 0) or (token_fence is not None and token_fence < 0):
         raise ValueError("outlier fences must be >= 0 (or None for no fence)")
+    below = d < min_duration if min_duration is not None else np.zeros(d.shape[0], dtype=bool)
+    above = d > max_duration if max_duration is not None else np.zeros(d.shape[0], dtype=bool)
+    keep = ~(below | above)
+    d_in, t_in = (d, t) if keep.all() else (d[keep], t[keep])
+    if d_in.shape[0] == 0:
+        raise ValueError("no rows left to fit (check --min-duration / --max-duration)")
+    notes: list[str] = []
     d_sorted = np.sort(d_in)
     n_in = d_sorted.shape[0]
-    overflow_from: float | None = None
-    n_bulk = n_in
-    if outlier_fence is not None:
-        q1, q3 = d_sorted[int(np.ceil(0.25 * n_in)) - 1], d_sorted[int(np.ceil(0.75 * n_in)) - 1]
-        if q3 > q1:
-            f = float(q3 + outlier_fence * (q3 - q1))
-            n_bulk = int(np.searchsorted(d_sorted, f, side="right"))
-            if n_bulk < n_in:
-                overflow_from = f
+    n_bulk, overflow_from = _overflow_split(d_sorted, outlier_fence)
     dbounds = _duration_bins(d_sorted[:n_bulk], num_buckets)
     if dbounds.shape[0] < num_buckets:
         notes.append(f"{dbounds.shape[0]} duration bins fitted of {num_buckets} asked: "

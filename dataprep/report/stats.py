@@ -173,45 +173,47 @@ def compute_stats(
     missing = [c for c in _QUANTILE_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"manifest frame lacks column(s) {', '.join(missing)}")
-    n = df.height
     clean = df.select(
         [_clean(c).alias(c) for c in _QUANTILE_COLUMNS]
         + [(pl.col("lang").cast(pl.String) if "lang" in df.columns else pl.lit(None, pl.String)).alias("lang")]
     )
-    total_seconds = float(clean["duration"].sum() or 0.0)
+    return ManifestStats(
+        utterances=df.height,
+        hours=float(clean["duration"].sum() or 0.0) / 3600.0,
+        languages=_languages(clean),
+        quantiles=_quantiles(clean, quantiles),
+        tps_by_duration=_tps_by_duration(clean, edges),
+        thresholds=_threshold_counts(clean, thresholds),
+    )
 
-    # Quantiles: numpy's linear interpolation, one partition pass per column.
+
+def _quantiles(clean: pl.DataFrame, quantiles: Sequence[int]) -> dict[str, dict[str, float | None]]:
+    """Per column, numpy's linear-interpolation percentiles (one partition pass per column)."""
     quant: dict[str, dict[str, float | None]] = {}
     for c in _QUANTILE_COLUMNS:
         values = clean[c].drop_nulls().to_numpy()
         qv = np.percentile(values, list(quantiles)) if values.size else [None] * len(quantiles)
         quant[c] = {f"p{q}": _opt(v) for q, v in zip(quantiles, qv)}
+    return quant
 
-    # Per language, sorted by language code; missing language shown as "(none)".
-    lang_rows = (
+
+def _languages(clean: pl.DataFrame) -> tuple[LanguageStats, ...]:
+    """Per language, sorted by language code; a missing language shows as "(none)"."""
+    rows = (
         clean.group_by(pl.col("lang").fill_null(_NO_LANG))
-        .agg(
-            pl.len().alias("n"),
-            pl.col("duration").sum().alias("seconds"),
-            pl.col("tps").median().alias("median_tps"),
-        )
+        .agg(pl.len().alias("n"), pl.col("duration").sum().alias("seconds"), pl.col("tps").median().alias("median_tps"))
         .sort("lang")
         .to_dicts()
     )
-    languages = tuple(
-        LanguageStats(
-            lang=str(r["lang"]),
-            utterances=int(r["n"]),
-            hours=float(r["seconds"] or 0.0) / 3600.0,
-            median_tps=_opt(r["median_tps"]),
-        )
-        for r in lang_rows
-    )
+    return tuple(LanguageStats(lang=str(r["lang"]), utterances=int(r["n"]), hours=float(r["seconds"] or 0.0) / 3600.0,
+                               median_tps=_opt(r["median_tps"])) for r in rows)
 
-    # TPS by duration bin; a null/NaN duration falls in no bin.
+
+def _tps_by_duration(clean: pl.DataFrame, edges: Sequence[float]) -> tuple[DurationBinStats, ...]:
+    """TPS quantiles per duration bin; a null/NaN duration falls in no bin."""
     dur = clean["duration"].to_numpy()
     valid = ~np.isnan(dur.astype(np.float64))
-    idx = np.full(n, -1, dtype=np.int64)
+    idx = np.full(clean.height, -1, dtype=np.int64)
     idx[valid] = duration_bin_index(dur[valid], edges)
     per_bin = {
         int(r["bin"]): r
@@ -227,40 +229,30 @@ def compute_stats(
         )
         .to_dicts()
     }
-    labels = bin_labels(edges)
     bins = []
-    for i, label in enumerate(labels):
+    for i, label in enumerate(bin_labels(edges)):
         r = per_bin.get(i, {})
-        bins.append(
-            DurationBinStats(
-                label=label,
-                lo=float(edges[i]),
-                hi=float(edges[i + 1]),
-                count=int(r.get("n", 0)),
-                hours=float(r.get("seconds") or 0.0) / 3600.0,
-                tps_p10=_opt(r.get("p10")),
-                tps_median=_opt(r.get("p50")),
-                tps_p90=_opt(r.get("p90")),
-            )
-        )
+        bins.append(DurationBinStats(
+            label=label, lo=float(edges[i]), hi=float(edges[i + 1]), count=int(r.get("n", 0)),
+            hours=float(r.get("seconds") or 0.0) / 3600.0, tps_p10=_opt(r.get("p10")),
+            tps_median=_opt(r.get("p50")), tps_p90=_opt(r.get("p90")),
+        ))
+    return tuple(bins)
 
-    ops = {">": pl.Expr.__gt__, ">=": pl.Expr.__ge__, "<": pl.Expr.__lt__, "<=": pl.Expr.__le__}
-    th_exprs = []
+
+_OPS = {">": pl.Expr.__gt__, ">=": pl.Expr.__ge__, "<": pl.Expr.__lt__, "<=": pl.Expr.__le__}
+
+
+def _threshold_counts(clean: pl.DataFrame, thresholds: Sequence[tuple[str, str, float]]) -> tuple[ThresholdCount, ...]:
+    """Rows beyond each ``(column, op, value)`` threshold (nulls never count)."""
+    exprs = []
     for i, (col, op, value) in enumerate(thresholds):
-        if op not in ops:
-            raise ValueError(f"threshold operator {op!r} is not one of {', '.join(ops)}")
-        th_exprs.append(ops[op](pl.col(col), value).fill_null(False).sum().alias(str(i)))
-    th_row = clean.select(th_exprs).row(0) if th_exprs else ()
-    counts = tuple(
-        ThresholdCount(column=col, op=op, value=float(value), count=int(th_row[i]), fraction=(th_row[i] / n if n else 0.0))
+        if op not in _OPS:
+            raise ValueError(f"threshold operator {op!r} is not one of {', '.join(_OPS)}")
+        exprs.append(_OPS[op](pl.col(col), value).fill_null(False).sum().alias(str(i)))
+    row = clean.select(exprs).row(0) if exprs else ()
+    n = clean.height
+    return tuple(
+        ThresholdCount(column=col, op=op, value=float(value), count=int(row[i]), fraction=(row[i] / n if n else 0.0))
         for i, (col, op, value) in enumerate(thresholds)
-    )
-
-    return ManifestStats(
-        utterances=n,
-        hours=total_seconds / 3600.0,
-        languages=languages,
-        quantiles=quant,
-        tps_by_duration=tuple(bins),
-        thresholds=counts,
     )
