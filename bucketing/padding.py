@@ -13,6 +13,11 @@ Schemes (same budget of padded seconds per batch):
    stays <= the cumulative budget (Lhotse ``max_duration``; Canary-1B used 360 s).
 3. ``1d-budget``: 1D buckets, per-bucket batch size by the padded-budget rule.
 4. ``2d``: the given 2D buckets with their per-bucket batch sizes.
+5. ``2d-dynamic-resolution``: the same batches, each utterance featurized at the rate that
+   brings it to its batch's target frames (:mod:`bucketing.dynres`); ``audio_padding`` is
+   the frame padding left (clamped utterances), beside ``frame_padding_base`` (ordinary
+   padding at the base rate), ``clamped_share`` (utterances), ``fallback_share`` (batches)
+   and ``off_rate_share`` (frames more than 10% off the base rate), also per bucket.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import numpy.typing as npt
 from bucketing.allocate import allocate, assign, carry_tails
 from bucketing.batching import Batches, form_batches, form_batches_cumulative
 from bucketing.budget import padded_budget_batch_sizes
+from bucketing.dynres import DynResConfig, resolution_totals, resolve
 from bucketing.fit import Grid, fit_buckets
 
 
@@ -125,15 +131,18 @@ def padding_report(
     sort_by: str | None = None,
     audio_weight: float | None = None,
     carry: bool = True,
+    dynamic_resolution: DynResConfig | None = DynResConfig(),
 ) -> dict[str, Any]:
-    """Compare the four schemes on one manifest (see the module docstring).
+    """Compare the schemes on one manifest (see the module docstring).
 
     ``budget``: padded seconds per batch for schemes 1 and 3 (scheme 4 uses ``batch_sizes``);
     ``cumulative_budget``: real seconds per batch for scheme 2 (default: ``budget``).
     ``window`` / ``sort_by`` / ``audio_weight``: in-bucket grouping passed to ``form_batches``
     (None = its default). ``carry``: bucket tails fill the next bucket that holds them
     (:func:`bucketing.allocate.carry_tails`) in the bucketed schemes 3 and 4, as the planner does.
-    Returns JSON-ready figures; ``per_bucket`` holds the 2D scheme's buckets.
+    ``dynamic_resolution``: the rates of scheme 5 (None leaves it out).
+    Returns JSON-ready figures; ``per_bucket`` holds the 2D scheme's buckets (with the
+    ``dynres_*`` figures of scheme 5).
     """
     d = np.asarray(duration, dtype=np.float64)
     t = np.asarray(num_tokens, dtype=np.int64)
@@ -172,6 +181,19 @@ def padding_report(
     batches2 = form_batches(assigned.bucket, np.asarray(batch_sizes), rng(3), t, **opts)
     schemes["2d"] = {**measure(batches2, d, t).to_json(), "excluded": alloc.num_dropped}
     pb = per_bucket(batches2, d, t, grid.num_buckets)
+    if dynamic_resolution is not None:
+        db = d[batches2.rows]
+        res = resolve(db, batches2.offsets, None, dynamic_resolution)
+        by_bucket = resolution_totals(db, batches2.offsets, res, dynamic_resolution, batches2.bucket, grid.num_buckets)
+        whole = sum(by_bucket[1:], by_bucket[0]).to_json() if by_bucket else {}
+        schemes["2d-dynamic-resolution"] = {
+            **schemes["2d"], "audio_padding": whole.get("frame_padding", 0.0),
+            **{k: whole.get(k, 0.0) for k in ("frame_padding", "frame_padding_base", "clamped_share",
+                                                "fallback_share", "off_rate_share")},
+            "config": dynamic_resolution.to_json()}
+        dyn = [t.to_json() for t in by_bucket]
+        for k in ("frame_padding", "clamped_share", "fallback_share", "off_rate_share"):
+            pb[f"dynres_{k}"] = np.asarray([x[k] for x in dyn], dtype=np.float64)
     return {
         "num_rows": int(d.shape[0]),
         "budget": budget,

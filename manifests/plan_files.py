@@ -12,6 +12,12 @@ A plan directory holds ``plan.json`` and one Parquet shard per rank
     max_tokens     int32    most tokens of an utterance in the batch
     ids            list<string>  utterance ids
     rows           list<int64>   row numbers in the compiled manifest
+    target_frames  int32    (shard version 2 only: plans made with ``--dynamic-resolution``)
+                            frames every utterance of the batch is featurized to: the
+                            longest at the base rate (:mod:`bucketing.dynres`)
+
+The shard's key-value metadata ``speech_dataprep.plan`` holds its ``version``: 1 without
+``target_frames``, 2 with it. Readers take both (``PlanBatch.target_frames`` is None for 1).
 
 Rows are in step order and row groups hold a fixed number of steps (a group never spans
 two epochs), with min/max statistics on ``step``: a reader seeks to step ``k`` by reading
@@ -48,7 +54,7 @@ import pyarrow.parquet as pq
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.errors import ManifestError
 from manifests.io import atomic_path, current_umask, file_sha256, write_json
-from manifests.plan_meta import PLAN_JSON, PLAN_VERSION, FileRef, PlanMeta, read_plan_meta
+from manifests.plan_meta import PLAN_JSON, FileRef, PlanMeta, read_plan_meta
 
 META_KIND = b"speech_dataprep.kind"
 META_PLAN = b"speech_dataprep.plan"  # JSON: version, rank, world_size
@@ -66,6 +72,11 @@ SHARD_SCHEMA = pa.schema(
         pa.field("rows", pa.list_(pa.int64()), nullable=False),
     ]
 )
+#: shards of plans made with dynamic resolution: one more column, version 2
+SHARD_SCHEMA_TARGET_FRAMES = SHARD_SCHEMA.append(pa.field("target_frames", pa.int32(), nullable=False))
+SHARD_VERSION = 1
+SHARD_VERSION_TARGET_FRAMES = 2
+SHARD_VERSIONS = (SHARD_VERSION, SHARD_VERSION_TARGET_FRAMES)
 
 
 def shard_name(rank: int) -> str:
@@ -82,12 +93,14 @@ def shard_table(
     ids: pa.Array,
     max_duration: npt.NDArray[np.floating],
     max_tokens: npt.NDArray[np.integer],
+    target_frames: npt.NDArray[np.integer] | None = None,
 ) -> pa.Table:
     """One epoch of one rank as a shard table (batch ``i`` = step ``first_step + i``).
 
     ``rows[offsets[i]:offsets[i+1]]`` are batch ``i``'s manifest rows (``offsets`` may be a
     slice of a larger CSR); ``ids`` holds the ids of ``rows[offsets[0]:offsets[-1]]`` in that
     order (e.g. ``manifest_ids.take(...)``), so the ``ids`` list column reuses its values.
+    ``target_frames`` (frames per batch, dynamic resolution) adds that column (shard version 2).
     """
     n = int(bucket.shape[0])
     offsets = np.asarray(offsets, dtype=np.int64)
@@ -98,6 +111,7 @@ def shard_table(
     list_ids = pa.ListArray.from_arrays(off, ids)
     list_rows = pa.ListArray.from_arrays(off, pa.array(np.asarray(rows, dtype=np.int64)[base:end]))
     steps = np.arange(n, dtype=np.int64)
+    extra = [] if target_frames is None else [pa.array(np.asarray(target_frames, dtype=np.int32))]
     return pa.Table.from_arrays(
         [
             pa.array(np.full(n, epoch, dtype=np.int32)),
@@ -109,8 +123,9 @@ def shard_table(
             pa.array(np.asarray(max_tokens, dtype=np.int32)),
             list_ids,
             list_rows,
+            *extra,
         ],
-        schema=SHARD_SCHEMA,
+        schema=SHARD_SCHEMA if target_frames is None else SHARD_SCHEMA_TARGET_FRAMES,
     )
 
 
@@ -118,13 +133,17 @@ class PlanWriter:
     """Stream a plan's shards epoch by epoch, then publish the directory atomically.
 
     ``with PlanWriter(out, world_size) as w: w.write(rank, table) ...; w.finish(meta)``.
+    ``target_frames=True`` writes version-2 shards (tables from ``shard_table(..., target_frames=...)``).
     ``finish`` adds ``plan_hash`` (SHA-256 over ``meta`` and every shard's bytes) and
     ``shards`` (file names and SHA-256s) to ``plan.json`` and renames the folder into
     place, replacing an older plan there; without ``finish`` nothing is published.
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str], world_size: int, row_group_steps: int = 256) -> None:
+    def __init__(self, out_dir: str | os.PathLike[str], world_size: int, row_group_steps: int = 256,
+                 target_frames: bool = False) -> None:
         self.out_dir = Path(out_dir)
+        self.schema = SHARD_SCHEMA_TARGET_FRAMES if target_frames else SHARD_SCHEMA
+        self.version = SHARD_VERSION_TARGET_FRAMES if target_frames else SHARD_VERSION
         if self.out_dir.exists() and not _replaceable(self.out_dir):
             raise ManifestError(f"{self.out_dir}: exists and is not a plan directory; refusing to overwrite it")
         self.world_size = int(world_size)
@@ -150,10 +169,10 @@ class PlanWriter:
         writer = self._writers[rank]
         if writer is None:
             meta = {META_KIND: b"plan-shard",
-                    META_PLAN: json.dumps({"version": PLAN_VERSION, "rank": rank,
+                    META_PLAN: json.dumps({"version": self.version, "rank": rank,
                                            "world_size": self.world_size}, sort_keys=True).encode()}
             writer = pq.ParquetWriter(
-                self._paths[rank], SHARD_SCHEMA.with_metadata(meta), compression="zstd", compression_level=1,
+                self._paths[rank], self.schema.with_metadata(meta), compression="zstd", compression_level=1,
                 use_dictionary=["epoch", "bucket"], write_statistics=["epoch", "step", "bucket"],
             )
             self._writers[rank] = writer
@@ -166,7 +185,7 @@ class PlanWriter:
             raise ValueError(f"plan metadata says world size {meta.world_size}, the writer has {self.world_size}")
         for rank in range(self.world_size):
             if self._writers[rank] is None:
-                self.write(rank, SHARD_SCHEMA.empty_table())
+                self.write(rank, self.schema.empty_table())
             self._writers[rank].close()  # type: ignore[union-attr]
         self._stack.close()  # renames each temporary shard to its name inside tmp_dir
         shards = [FileRef(shard_name(r), file_sha256(self.tmp_dir / shard_name(r))) for r in range(self.world_size)]
@@ -220,6 +239,7 @@ class PlanBatch:
     bucket: int
     ids: list[str]
     rows: npt.NDArray[np.int64]
+    target_frames: int | None = None  # frames per utterance (dynamic resolution); None = ordinary padding
 
 
 class PlanShard:
@@ -240,6 +260,14 @@ class PlanShard:
         meta = self._file.schema_arrow.metadata or {}
         if meta.get(META_KIND) != b"plan-shard":
             raise ManifestError(f"{self.path}: not a plan shard")
+        try:
+            self.version = json.loads(meta.get(META_PLAN, b"{}")).get("version", SHARD_VERSION)
+        except (ValueError, AttributeError):
+            raise ManifestError(f"{self.path}: unreadable {META_PLAN.decode()} metadata") from None
+        if self.version not in SHARD_VERSIONS:
+            raise ManifestError(f"{self.path}: unsupported shard version {self.version!r} "
+                                f"(this tool reads {', '.join(map(str, SHARD_VERSIONS))})")
+        self.has_target_frames = "target_frames" in self._file.schema_arrow.names
         self.rank = rank
         md = self._file.metadata
         step_col = md.schema.to_arrow_schema().get_field_index("step")
@@ -272,13 +300,15 @@ class PlanShard:
             steps = table.column("step").to_numpy()
             table = table.slice(int(np.searchsorted(steps, start_step)))
         else:
-            table = SHARD_SCHEMA.empty_table() if cols is None else SHARD_SCHEMA.empty_table().select(cols)
+            empty = self._file.schema_arrow.empty_table()
+            table = empty if cols is None else empty.select(cols)
         return table if columns is None else table.select(list(columns))
 
     def iter_batches(self, start_step: int = 0) -> Iterator[PlanBatch]:
         """Yield batches from ``start_step`` on, one row group read at a time."""
         for g in self.row_groups_from(start_step):
-            t = self._file.read_row_group(g, columns=["epoch", "step", "step_in_epoch", "bucket", "ids", "rows"])
+            t = self._file.read_row_group(g, columns=["epoch", "step", "step_in_epoch", "bucket", "ids", "rows"]
+                                          + (["target_frames"] if self.has_target_frames else []))
             steps = numpy_view(t.column("step"), np.int64)
             skip = int(np.searchsorted(steps, start_step))
             rows_col = single_chunk(t.column("rows"))
@@ -289,8 +319,11 @@ class PlanShard:
             sie = numpy_view(t.column("step_in_epoch"), np.int64).tolist()
             buckets = numpy_view(t.column("bucket"), np.int32).tolist()
             step_list = steps.tolist()
+            targets = (numpy_view(t.column("target_frames"), np.int32).tolist() if self.has_target_frames
+                       else [None] * t.num_rows)
             for i in range(skip, t.num_rows):
-                yield PlanBatch(epochs[i], step_list[i], sie[i], buckets[i], ids[i], vals[offs[i]:offs[i + 1]])
+                yield PlanBatch(epochs[i], step_list[i], sie[i], buckets[i], ids[i], vals[offs[i]:offs[i + 1]],
+                                targets[i])
 
     def __iter__(self) -> Iterator[PlanBatch]:
         return self.iter_batches()

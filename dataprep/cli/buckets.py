@@ -11,6 +11,7 @@ from rich.table import Table
 
 from bucketing.allocate import fit_spec
 from bucketing.budget import padded_budget_batch_sizes
+from bucketing.dynres import DynResConfig
 from bucketing.batching import DEFAULT_AUDIO_WEIGHT
 from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, grid_from_spec
 from bucketing.padding import padding_report
@@ -102,8 +103,13 @@ def padding_cmd(
     audio_weight: Annotated[float, typer.Option(
         min=0.0, help="Grouping cost: a point of audio padding counts as this many of token padding.")] = DEFAULT_AUDIO_WEIGHT,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch (as plan-batches does).")] = True,
+    frames_per_second: Annotated[float, typer.Option(help="2D + dynamic resolution: base frame rate (Hz).")] = 100.0,
+    min_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: lowest frame rate (Hz).")] = 70.0,
+    max_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: highest frame rate (Hz).")] = 130.0,
+    floor_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: a batch needing less (Hz) falls back to padding.")] = 50.0,
 ) -> None:
-    """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D."""
+    """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D,
+    2D + dynamic resolution (frame padding, clamped utterances, batches that fell back)."""
     d, t = _columns(manifest)
     spec = read_buckets(buckets)
     grid = grid_from_spec(spec)
@@ -115,9 +121,14 @@ def padding_cmd(
     else:
         bs = np.asarray(sizes, dtype=np.int64)
     try:
+        dynres = DynResConfig(frames_per_second=frames_per_second, min_rate=min_rate, max_rate=max_rate,
+                              floor_rate=floor_rate)
+    except ValueError as exc:
+        raise DataprepError(str(exc)) from None
+    try:
         report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
                                 strict=strict, seed=seed, window=window, sort_by=sort_by,
-                                audio_weight=audio_weight, carry=carry)
+                                audio_weight=audio_weight, carry=carry, dynamic_resolution=dynres)
     except ValueError as exc:
         raise DataprepError(f"{manifest}: {exc}") from None
     report["manifest_hash"] = manifest_hash(manifest)
@@ -128,13 +139,20 @@ def padding_cmd(
         table.add_row(name, f"{100 * s['audio_padding']:.2f}%", f"{100 * s['token_padding']:.2f}%",
                       f"{s['mean_batch_size']:.1f}", f"{s['num_batches']:,}", f"{s['excluded']:,}")
     out.print(table)
-    pb = Table(title="2D buckets")
-    for col in ("#", "max dur (s)", "max tok", "batch", "utterances", "batches", "audio pad", "token pad"):
+    dr = report["schemes"]["2d-dynamic-resolution"]
+    out.print(f"2D + dynamic resolution ({frames_per_second:g} Hz base, {min_rate:g}-{max_rate:g} Hz, floor "
+              f"{floor_rate:g} Hz): frame padding {dr['frame_padding']:.2%} (vs {dr['frame_padding_base']:.2%} at the "
+              f"base rate), {dr['clamped_share']:.2%} of utterances clamped, {dr['fallback_share']:.2%} of batches "
+              f"fell back, {dr['off_rate_share']:.2%} of frames more than 10% off the base rate")
+    pb = Table(title="2D buckets (dyn res = 2D + dynamic resolution)")
+    for col in ("#", "max dur (s)", "max tok", "batch", "utterances", "batches", "audio pad", "token pad",
+                "dyn pad", "clamped", "fell back"):
         pb.add_column(col, justify="right")
     for b in report["per_bucket"]:
         pb.add_row(str(b["index"]), f"{b['max_duration']:.3f}", str(b["max_tokens"]), str(b["batch_size"]),
                    f"{b['num_rows']:,}", str(b["num_batches"]), f"{100 * b['audio_padding']:.1f}%",
-                   f"{100 * b['token_padding']:.1f}%")
+                   f"{100 * b['token_padding']:.1f}%", f"{100 * b['dynres_frame_padding']:.2f}%",
+                   f"{100 * b['dynres_clamped_share']:.1f}%", f"{100 * b['dynres_fallback_share']:.1f}%")
     out.print(pb)
     if json_out is not None:
         write_json(report, json_out)

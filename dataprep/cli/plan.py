@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from bucketing.costmodel import CostModel
+from bucketing.dynres import DynResConfig
 from dataprep.cli.app import app, out, user_errors
 from dataprep.planning import DEFAULT_WORLD_SIZES, build_plan, simulate_plan
 from dataprep.cli.progress import progress_counter
@@ -30,15 +31,29 @@ def plan_batches_cmd(
     interleave: Annotated[str, typer.Option("--interleave", help="Step order across buckets: random (default) or ascending (short first).")] = "random",
     row_group_steps: Annotated[int, typer.Option("--row-group-steps", help="Steps per Parquet row group (seek unit).")] = 128,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch.")] = True,
+    dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Record per batch its target frames (the longest at --frames-per-second); loaders featurize each utterance at the rate that gives that length.")] = False,
+    frames_per_second: Annotated[float, typer.Option(help="Dynamic resolution: base frame rate (Hz) of the features.")] = 100.0,
+    min_rate: Annotated[float, typer.Option(help="Dynamic resolution: lowest frame rate (Hz); below it the rate is clamped.")] = 70.0,
+    max_rate: Annotated[float, typer.Option(help="Dynamic resolution: highest frame rate (Hz); above it the rate is clamped and the rest zero-padded.")] = 130.0,
+    floor_rate: Annotated[float, typer.Option(help="Dynamic resolution: a batch needing a rate below this (Hz) falls back to ordinary padding.")] = 50.0,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
     if interleave not in ("random", "ascending"):
         raise DataprepError(f"--interleave must be random or ascending, not {interleave!r}")
+    dynres = _dynres_config(frames_per_second, min_rate, max_rate, floor_rate) if dynamic_resolution else None
     with progress_counter("planning (shards written)", total=epochs * world_size) as advance:
         meta = build_plan(manifest, buckets, out_dir, world_size=world_size, seed=seed, epochs=epochs,
                           strict=strict, interleave=interleave, row_group_steps=row_group_steps, carry=carry,
-                          on_progress=lambda done, total: advance(1))
+                          on_progress=lambda done, total: advance(1), dynamic_resolution=dynres)
     print_plan(meta, out_dir)
+
+
+def _dynres_config(frames_per_second: float, min_rate: float, max_rate: float, floor_rate: float) -> DynResConfig:
+    try:
+        return DynResConfig(frames_per_second=frames_per_second, min_rate=min_rate, max_rate=max_rate,
+                            floor_rate=floor_rate)
+    except ValueError as exc:
+        raise DataprepError(str(exc)) from None
 
 
 def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
@@ -55,6 +70,14 @@ def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
     out.print(table)
     pad = meta.padding
     out.print(f"predicted padding: audio {pad['audio']:.2%}, tokens {pad['tokens']:.2%}")
+    dr = meta.extra.get("dynamic_resolution")
+    if dr:
+        c = dr["config"]
+        out.print(f"dynamic resolution ({c['frames_per_second']:g} Hz base, {c['min_rate']:g}-{c['max_rate']:g} Hz, "
+                  f"floor {c['floor_rate']:g} Hz): frame padding {dr['frame_padding']:.2%} "
+                  f"(vs {dr['frame_padding_base']:.2%} at the base rate), {dr['clamped_share']:.2%} of utterances "
+                  f"clamped, {dr['fallback_share']:.2%} of batches fell back, {dr['off_rate_share']:.2%} of frames "
+                  f"more than 10% off the base rate")
     fb = meta.fallbacks
     left_out = sum(len(v) for v in meta.allocation["left_out"].values())
     out.print(f"fallbacks: {fb['moved_rows']} rows moved to a containing bucket, {fb['dropped_rows']} dropped, "

@@ -38,6 +38,7 @@ def train_cmd(
     timeout: Annotated[float, typer.Option(help="Seconds before a hung collective / rank is reported.")] = 600.0,
     cache_dir: Annotated[Optional[Path], typer.Option(help="Where the memory-mapped manifest columns are cached.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-step lines on stdout.")] = False,
+    dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution/--no-dynamic-resolution", help="For a plan made with --dynamic-resolution: featurize each utterance at the rate that gives its batch's target frames (off: 10 ms hop, ordinary padding).")] = True,
 ) -> None:
     """Train a reference model on the plan with DDP (gloo on CPU, nccl on GPU); one JSON line per step."""
     from dataprep.training import TrainConfig, train
@@ -48,7 +49,8 @@ def train_cmd(
                       checkpoint_dir=str(checkpoint_dir), model=model, steps=steps, resume=resume, lr=lr, seed=seed,
                       workers=workers, prefetch=prefetch, skip_bad_audio=skip_bad_audio,
                       checkpoint_every=checkpoint_every, trace=trace, device=device, timeout_s=timeout,
-                      cache_dir=str(cache_dir) if cache_dir else None, quiet=quiet)
+                      cache_dir=str(cache_dir) if cache_dir else None, quiet=quiet,
+                      dynamic_resolution=dynamic_resolution)
     summary = train(cfg, nproc=nproc)
     if summary.get("rank", 0) == 0:
         out.print(f"trained to step {summary['next_step']}; checkpoint -> {checkpoint_dir / 'last.pt'}")

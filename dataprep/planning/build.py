@@ -1,9 +1,14 @@
 """manifest + buckets.json -> plan directory: read the columns the planner needs, assign rows
 to buckets, plan every epoch with :func:`bucketing.plan.plan_epoch`, stream the rank shards
-and publish ``plan.json`` (:class:`manifests.plan_meta.PlanMeta`) atomically with them."""
+and publish ``plan.json`` (:class:`manifests.plan_meta.PlanMeta`) atomically with them.
+
+With dynamic resolution (:mod:`bucketing.dynres`) each batch also records its target frames
+(shard version 2) and ``plan.json`` gets a ``dynamic_resolution`` entry: the rates and the
+predicted frame padding, clamped and fallback shares, overall and per bucket."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -17,6 +22,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from bucketing.allocate import Assignment, assign
+from bucketing.dynres import DynResConfig, ResolutionTotals, resolution_totals, resolve, target_frames
 from bucketing.fit import grid_from_spec
 from bucketing.plan import EpochPlan, PlanError, PlanInputs, plan_epoch
 from manifests.buckets_file import BucketSpec, read_buckets
@@ -131,12 +137,15 @@ def build_plan(
     carry: bool = True,
     on_progress: Callable[[int, int], None] | None = None,
     timings: dict[str, float] | None = None,
+    dynamic_resolution: DynResConfig | None = None,
 ) -> PlanMeta:
     """Plan ``epochs`` epochs of ``manifest`` over ``world_size`` ranks into ``out_dir``.
 
     Returns the plan's metadata (the content of ``plan.json``). ``on_progress(done, total)``
     counts shard writes; ``timings`` (if given) receives wall seconds per phase (read,
-    allocate, plan, write).
+    allocate, plan, write). ``dynamic_resolution``: record each batch's target frames (the
+    longest utterance at ``frames_per_second``) in a ``target_frames`` shard column and the
+    predicted figures in ``plan.json``; None (default) writes today's plan, byte for byte.
     """
     clock = _Clock(timings)
     if world_size < 1 or epochs < 1:
@@ -151,8 +160,10 @@ def build_plan(
                         assigned.max_tokens.astype(np.float64))
     clock("allocate")
     totals = _Totals(len(spec.buckets))
+    dynres = _DynResTotals(dynamic_resolution, len(spec.buckets)) if dynamic_resolution is not None else None
     total = epochs * world_size
-    with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps) as writer:
+    with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
+                    target_frames=dynamic_resolution is not None) as writer:
         for e in range(epochs):
             try:
                 ep = plan_epoch(inputs, world_size, seed, e, interleave=interleave)  # type: ignore[arg-type]
@@ -161,8 +172,10 @@ def build_plan(
             clock("plan")
             first_step = totals.num_steps
             _write_epoch(writer, ep, cols.ids, first_step, lambda r: on_progress(e * world_size + r + 1, total)
-                         if on_progress else None)
+                         if on_progress else None, dynamic_resolution)
             totals.add(ep, first_step)
+            if dynres is not None:
+                dynres.add(ep, cols.duration)
             clock("write")
         if totals.num_steps == 0:
             raise DataprepError(
@@ -170,8 +183,11 @@ def build_plan(
                 f"rows allocated, {totals.fallback_summary()['dropped_rows']} dropped for {world_size} ranks); "
                 "use fewer ranks or buckets with larger batch sizes"
             )
-        meta = writer.finish(_plan_meta(manifest, buckets, spec, cols, assigned, totals, strict=strict,
-                                        world_size=world_size, seed=seed, epochs=epochs, interleave=interleave))
+        meta = _plan_meta(manifest, buckets, spec, cols, assigned, totals, strict=strict,
+                          world_size=world_size, seed=seed, epochs=epochs, interleave=interleave)
+        if dynres is not None:
+            meta = dataclasses.replace(meta, extra={**meta.extra, "dynamic_resolution": dynres.to_json()})
+        meta = writer.finish(meta)
     clock("write")
     return meta
 
@@ -203,6 +219,30 @@ def _plan_meta(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str]
     )
 
 
+@dataclass
+class _DynResTotals:
+    """Predicted dynamic-resolution figures over the epochs, overall and per bucket."""
+
+    config: DynResConfig
+    num_buckets: int
+    per_bucket: list[ResolutionTotals] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.per_bucket = [ResolutionTotals() for _ in range(self.num_buckets)]
+
+    def add(self, ep: EpochPlan, duration: npt.NDArray[np.float64]) -> None:
+        d = duration[ep.rows]
+        res = resolve(d, ep.offsets, target_frames(ep.max_duration, self.config.frames_per_second), self.config)
+        bucket_of_batch = np.tile(ep.step_bucket, ep.world_size)  # rank-major batches
+        got = resolution_totals(d, ep.offsets, res, self.config, bucket_of_batch, self.num_buckets)
+        self.per_bucket = [a + b for a, b in zip(self.per_bucket, got)]
+
+    def to_json(self) -> dict[str, Any]:
+        whole = sum(self.per_bucket, ResolutionTotals())
+        return {"config": self.config.to_json(), **whole.to_json(),
+                "per_bucket": [{"bucket": b, **t.to_json()} for b, t in enumerate(self.per_bucket)]}
+
+
 class _Clock:
     """Adds the seconds since the previous call to ``timings[phase]``."""
 
@@ -227,8 +267,10 @@ def _write_threads() -> int:
 
 
 def _write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: int,
-                 tick: Callable[[int], object]) -> None:
+                 tick: Callable[[int], object], dynamic_resolution: DynResConfig | None = None) -> None:
     S = ep.num_steps
+    targets = (None if dynamic_resolution is None
+               else target_frames(ep.max_duration, dynamic_resolution.frames_per_second))
 
     def one(r: int) -> None:
         lo, hi = ep.rank_slice(r)
@@ -238,6 +280,7 @@ def _write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: i
             epoch=ep.epoch, first_step=first_step, bucket=ep.step_bucket, offsets=off, rows=ep.rows,
             ids=ids.take(pa.array(ep.rows[a:b])),  # this rank's ids, one gather
             max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi],
+            target_frames=None if targets is None else targets[lo:hi],
         )
         assert table.num_rows == S
         writer.write(r, table)

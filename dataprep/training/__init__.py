@@ -3,6 +3,7 @@
 - :mod:`~dataprep.training.cache`: the memory-mapped manifest column cache
 - :mod:`~dataprep.training.audio`: one utterance's audio segment, mono 16 kHz
 - :mod:`~dataprep.training.features`: log-mel features in pure torch
+- :mod:`~dataprep.training.dynres`: dynamic-resolution features and the collate helper
 - :mod:`~dataprep.training.batches`: plan batch -> padded tensor :class:`Batch`
 - :mod:`~dataprep.training.loader`: :class:`PlanDataset`, prefetch, :func:`make_loader`
 - :mod:`~dataprep.training.loop`: :class:`TrainConfig`, :func:`train`, :func:`run_rank`, checkpoints
@@ -20,6 +21,7 @@ from dataprep.training.cache import (
     build_column_cache,
     default_cache_dir,
 )
+from dataprep.training.dynres import DynResFeatures, collate_dynamic_resolution, time_mask_widths
 from dataprep.training.features import HOP, SAMPLE_RATE, LogMel, mel_filterbank
 from dataprep.training.loader import PlanDataset, make_loader, prefetch
 from dataprep.training.loop import TrainConfig, batch_digest, check_plan, run_rank, train
@@ -31,6 +33,7 @@ __all__ = [
     "AudioError",
     "Batch",
     "BatchBuilder",
+    "DynResFeatures",
     "LogMel",
     "ManifestColumns",
     "PlanDataset",
@@ -39,6 +42,7 @@ __all__ = [
     "batch_digest",
     "build_column_cache",
     "check_plan",
+    "collate_dynamic_resolution",
     "default_cache_dir",
     "load_audio",
     "make_loader",
@@ -46,5 +50,6 @@ __all__ = [
     "pad_stack",
     "prefetch",
     "run_rank",
+    "time_mask_widths",
     "train",
 ]

@@ -5,6 +5,12 @@ frames (:mod:`dataprep.training.features`, 10 ms hop) and padded; the texts are 
 sentencepiece as ``[bos] + pieces + [eos]`` and padded with 0. Manifest fields come from the
 memory-mapped column cache (:mod:`dataprep.training.cache`).
 
+Dynamic resolution: for a plan made with ``--dynamic-resolution`` (its batches carry
+``target_frames``) a builder given the plan's :class:`~bucketing.dynres.DynResConfig`
+featurizes each utterance at the rate that brings it to the target
+(:func:`~dataprep.training.dynres.collate_dynamic_resolution`); ``Batch.rates`` then holds the
+rates (Hz). ``evaluation=True`` builders never do (ordinary padding at 10 ms).
+
 Bad audio: by default a missing, unreadable or too-short file raises :class:`AudioError`
 naming the utterance id and the file. With ``skip_bad_audio`` the utterance is dropped from
 its batch and reported in ``Batch.skipped`` (the trainer writes those out).
@@ -22,9 +28,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from bucketing.dynres import DynResConfig
 from dataprep.tokenize import Tokenizers
 from dataprep.training.audio import AudioError, load_audio
 from dataprep.training.cache import ManifestColumns
+from dataprep.training.dynres import collate_dynamic_resolution
 from dataprep.training.features import LogMel
 from manifests.errors import DataprepError
 from manifests.plan_files import PlanBatch
@@ -36,6 +44,8 @@ class Batch:
 
     ``features`` (B, T, n_mels) float32 log-mel at 100 frames/s; ``feature_lens`` (B,) int64;
     ``tokens`` (B, U) int64 ``[bos] + pieces + [eos]``; ``token_lens`` (B,) int64.
+    With dynamic resolution ``features`` are at ``rates`` (B,) float64 Hz per utterance
+    (None otherwise: 100 Hz).
     """
 
     epoch: int
@@ -47,6 +57,7 @@ class Batch:
     tokens: torch.Tensor
     token_lens: torch.Tensor
     skipped: list[dict[str, str]] = field(default_factory=list)
+    rates: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -72,17 +83,24 @@ def pad_stack(seqs: Sequence[torch.Tensor], dtype: torch.dtype) -> tuple[torch.T
 
 class BatchBuilder:
     """Turns plan batches into tensor batches (audio, features, tokens). Picklable: state is
-    paths and options, heavy objects are opened on first use in whichever process runs it."""
+    paths and options, heavy objects are opened on first use in whichever process runs it.
+
+    ``dynamic_resolution``: the plan's rates (``plan.json``'s ``dynamic_resolution.config``);
+    used for batches that carry ``target_frames`` unless ``evaluation`` (eval loaders keep the
+    fixed 10 ms hop)."""
 
     def __init__(self, manifest: str | os.PathLike[str], tokenizer: Sequence[str], *, n_mels: int = 80,
                  skip_bad_audio: bool = False, cache_dir: str | os.PathLike[str] | None = None,
-                 io_threads: int = 4) -> None:
+                 io_threads: int = 4, dynamic_resolution: DynResConfig | None = None,
+                 evaluation: bool = False) -> None:
         self.manifest = str(manifest)
         self.tokenizer = list(tokenizer)
         self.n_mels = n_mels
         self.skip_bad_audio = skip_bad_audio
         self.cache_dir = cache_dir
         self.io_threads = io_threads
+        self.dynamic_resolution = dynamic_resolution
+        self.evaluation = evaluation
         self._cols: ManifestColumns | None = None
         self._toks: Tokenizers | None = None
         self._mel: LogMel | None = None
@@ -141,12 +159,18 @@ class BatchBuilder:
         keep = [i for i, w in enumerate(waves) if not isinstance(w, AudioError)]
         skipped = [{"id": meta.ids[i], "audio_path": meta.audio_paths[i], "error": str(w),
                     "step": str(pb.step)} for i, w in enumerate(waves) if isinstance(w, AudioError)]
-        feats = [self._mel(torch.from_numpy(waves[i])) for i in keep]  # type: ignore[arg-type]
+        rates = None
+        if self.dynamic_resolution is not None and not self.evaluation and pb.target_frames is not None and keep:
+            dyn = collate_dynamic_resolution([waves[i] for i in keep], pb.target_frames,  # type: ignore[misc]
+                                             config=self.dynamic_resolution, mel=self._mel)
+            features, feature_lens, rates = dyn.features, dyn.feature_lens, dyn.rates
+        else:
+            feats = [self._mel(torch.from_numpy(waves[i])) for i in keep]  # type: ignore[arg-type]
+            features, feature_lens = pad_stack(feats, torch.float32)
         toks = self.tokenize([meta.texts[i] for i in keep], [meta.langs[i] for i in keep],
                              [meta.ids[i] for i in keep])
-        features, feature_lens = pad_stack(feats, torch.float32)
         if not keep:
             features = torch.zeros(0, 0, self.n_mels)
         tokens, token_lens = pad_stack([torch.tensor(t, dtype=torch.int64) for t in toks], torch.int64)
         return Batch(pb.epoch, pb.step, pb.bucket, [meta.ids[i] for i in keep], features, feature_lens,
-                     tokens, token_lens, skipped)
+                     tokens, token_lens, skipped, rates)

@@ -4,6 +4,10 @@ Conventions (NeMo's ``AudioToMelSpectrogramPreprocessor`` defaults): 16 kHz inpu
 window (400 samples), 10 ms hop (160 samples), n_fft 512, power spectrum, Slaney-style mel
 scale and area normalization, ``log(x + 2**-24)``. Frames: ``1 + samples // hop`` (centered
 STFT), i.e. 100 frames per second of audio.
+
+:meth:`LogMel.at_hop` extracts the same features at any (fractional) hop, for dynamic
+resolution (:mod:`dataprep.training.dynres`): frame ``k`` is centered at sample
+``round(k * hop)``; window, n_fft and filter bank are unchanged.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ class LogMel:
         self.n_mels = n_mels
         self.fb = mel_filterbank(n_mels)
         self.window = torch.hann_window(WIN, periodic=False)
+        left = (N_FFT - WIN) // 2  # torch.stft centers a shorter window inside n_fft
+        self.fft_window = torch.nn.functional.pad(self.window, (left, N_FFT - WIN - left))
 
     def num_frames(self, samples: int) -> int:
         """Frames for ``samples`` samples (centered STFT, 10 ms hop)."""
@@ -74,3 +80,23 @@ class LogMel:
                           center=True, pad_mode="reflect", return_complex=True)
         power = spec.real.square() + spec.imag.square()  # (freq, frames)
         return torch.log(self.fb @ power + LOG_GUARD).T.contiguous()
+
+    def at_hop(self, wave: torch.Tensor, hop: float, num_frames: int) -> torch.Tensor:
+        """(num_frames, n_mels) log-mel of ``wave`` (16 kHz) with frames ``hop`` samples apart
+        (fractional: frame ``k`` centered at sample ``round(k * hop)``, reflect-padded edges as
+        the centered STFT). At an integer hop and ``num_frames(len(wave))`` frames it equals
+        ``self(wave)`` up to float rounding. Frames centered past the end are an error."""
+        if hop <= 0 or num_frames < 1:
+            raise ValueError(f"hop must be > 0 samples and frames >= 1 (got {hop}, {num_frames})")
+        if wave.shape[0] < N_FFT // 2 + 1:
+            wave = torch.nn.functional.pad(wave, (0, N_FFT // 2 + 1 - wave.shape[0]))
+        centers = torch.round(torch.arange(num_frames, dtype=torch.float64) * hop).to(torch.int64)
+        if int(centers[-1]) > wave.shape[0]:
+            raise ValueError(f"{num_frames} frames at a {hop:.3f}-sample hop need {int(centers[-1])} samples, "
+                             f"the wave has {wave.shape[0]}")
+        half = N_FFT // 2
+        padded = torch.nn.functional.pad(wave[None, None], (half, half), mode="reflect")[0, 0]
+        frames = padded[centers[:, None] + torch.arange(N_FFT)[None, :]] * self.fft_window  # (frames, n_fft)
+        spec = torch.fft.rfft(frames, n=N_FFT)
+        power = spec.real.square() + spec.imag.square()  # (frames, freq)
+        return torch.log(power @ self.fb.T + LOG_GUARD).contiguous()

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bucketing.dynres import DynResConfig
 from dataprep.training.batches import Batch, BatchBuilder
 from dataprep.training.loader import PlanDataset, make_loader
 from manifests.errors import DataprepError
@@ -68,6 +69,7 @@ class TrainConfig:
     timeout_s: float = 600.0
     cache_dir: str | None = None
     quiet: bool = False
+    dynamic_resolution: bool = True  # use the plan's dynamic resolution when it has one
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -117,8 +119,8 @@ def _init_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, l
     return device
 
 
-def _build(cfg: TrainConfig, device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer,
-                                                          BatchBuilder, int]:
+def _build(cfg: TrainConfig, device: torch.device,
+           meta: PlanMeta) -> tuple[torch.nn.Module, torch.nn.Module, torch.optim.Optimizer, BatchBuilder, int]:
     """(model, its DDP wrapper, optimizer, batch builder, n_mels), after checking the tokenizer
     fits the model's vocabulary. The model is initialized from ``cfg.seed``."""
     from oom.models import build_model, model_input_spec
@@ -127,8 +129,10 @@ def _build(cfg: TrainConfig, device: torch.device) -> tuple[torch.nn.Module, tor
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model).to(device)
     n_mels, vocab = model_input_spec(model)
+    dynres = meta.extra.get("dynamic_resolution") if cfg.dynamic_resolution else None
     builder = BatchBuilder(cfg.manifest, cfg.tokenizer, n_mels=n_mels, skip_bad_audio=cfg.skip_bad_audio,
-                           cache_dir=cfg.cache_dir)
+                           cache_dir=cfg.cache_dir,
+                           dynamic_resolution=DynResConfig.from_json(dynres["config"]) if dynres else None)
     pieces = max(m.get_piece_size() for m in builder.tokenizers.models.values())
     if pieces > vocab:
         raise DataprepError(f"tokenizer has {pieces} pieces but model {cfg.model!r} has a {vocab}-entry vocabulary")
@@ -192,7 +196,7 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
     device = _init_rank(rank, world_size, cfg, init_method, local_rank)
     try:
         meta = check_plan(cfg, world_size)
-        model, ddp, opt, builder, n_mels = _build(cfg, device)
+        model, ddp, opt, builder, n_mels = _build(cfg, device, meta)
         ckpt_path = Path(cfg.checkpoint_dir) / "last.pt"
         start = _resume(ckpt_path, meta, model, opt, device) if cfg.resume else 0
         stop = min(meta.num_steps, cfg.steps if cfg.steps is not None else meta.num_steps)
