@@ -44,7 +44,15 @@ def test_fit_buckets_and_padding(tmp_path: Path) -> None:
                             "--json", str(tmp_path / "padding.json"), "--plots", str(tmp_path / "plots")])
     assert r.exit_code == 0, r.output
     rep = json.loads((tmp_path / "padding.json").read_text())
-    assert set(rep["schemes"]) == {"fixed-30s", "fixed-40s", "1d-cumulative", "1d-budget", "2d"}
+    assert set(rep["schemes"]) == {"fixed-30s", "fixed-40s", "1d-cumulative", "1d-budget", "2d",
+                                   "2d-dynamic-resolution"}
+    dyn, two = rep["schemes"]["2d-dynamic-resolution"], rep["schemes"]["2d"]
+    assert "2D + dynamic resolution" in r.output and "of batches fell back" in r.output
+    assert dyn["num_batches"] == two["num_batches"] and dyn["token_padding"] == two["token_padding"]
+    assert 0 <= dyn["frame_padding"] < dyn["frame_padding_base"] and abs(dyn["frame_padding_base"] - two["audio_padding"]) < 0.01
+    assert dyn["fallback_share"] == 0.0 and 0 < dyn["clamped_share"] < 0.5
+    for b in rep["per_bucket"]:
+        assert 0 <= b["dynres_frame_padding"] <= b["audio_padding"] + 0.01
     assert (tmp_path / "plots" / "grid.png").stat().st_size > 0
     assert (tmp_path / "plots" / "schemes.png").stat().st_size > 0
 
@@ -60,6 +68,8 @@ def test_strict_and_user_errors(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "p.json").read_text())["dropped"]["exceeds_bucket"] > 0
     r = runner.invoke(app, ["padding", str(m), "--buckets", str(tmp_path / "missing.json")])
     assert r.exit_code == 2 and "no such file" in r.output
+    r = runner.invoke(app, ["padding", str(m), "--buckets", str(hand), "--min-rate", "140"])
+    assert r.exit_code == 2 and "min rate <= max rate" in r.output and len(r.output.strip().splitlines()) == 1
     r = runner.invoke(app, ["fit-buckets", str(m), "--min-duration", "1000", "-o", str(tmp_path / "b.json")])
     assert r.exit_code == 2 and "no rows left" in r.output
 

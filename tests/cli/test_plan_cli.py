@@ -93,6 +93,30 @@ def test_shards_hold_every_property_across_ranks(plan, inputs) -> None:
     assert 0 < meta["padding"]["audio"] < 0.5 and 0 <= meta["padding"]["tokens"] < 0.9
 
 
+def test_dynamic_resolution_adds_target_frames_to_the_same_batches(plan, inputs, tmp_path) -> None:
+    out = tmp_path / "plan-dynres"
+    res = _plan(inputs, out, "--dynamic-resolution", "--max-rate", "120")
+    assert res.exit_code == 0, res.output
+    assert "dynamic resolution (100 Hz base, 70-120 Hz" in res.stdout and "fell back" in res.stdout
+    meta, plain = read_plan_json(out), read_plan_json(plan)
+    dr = meta["dynamic_resolution"]
+    assert "dynamic_resolution" not in plain and dr["config"]["max_rate"] == 120.0
+    assert dr["frame_padding"] < dr["frame_padding_base"] and dr["fallback_share"] == 0.0
+    assert len(dr["per_bucket"]) == len(plain["buckets"])
+    assert sum(b["utterances"] for b in dr["per_bucket"]) == dr["utterances"]
+    for r in range(W):
+        t = pq.read_table(out / f"rank-{r:05d}.parquet")
+        old = pq.read_table(plan / f"rank-{r:05d}.parquet")
+        assert "target_frames" not in old.column_names and t.schema.field("target_frames").type == "int32"
+        assert t.drop(["target_frames"]).equals(old)  # the same batches, one more column
+        want = 1 + np.floor(t.column("max_duration").to_numpy() * 100 + 1e-6).astype(np.int64)
+        assert t.column("target_frames").to_numpy().tolist() == want.tolist()
+    assert [b.target_frames for b in open_shard(out, 0).iter_batches(3)] == \
+        pq.read_table(out / "rank-00000.parquet").column("target_frames").to_pylist()[3:]
+    bad = _plan(inputs, tmp_path / "bad", "--dynamic-resolution", "--floor-rate", "80")
+    assert bad.exit_code == 2 and "floor rate <= min rate" in bad.output
+
+
 def test_resumption_through_the_reader(plan) -> None:
     meta = read_plan_json(plan)
     for rank in (0, W - 1):

@@ -13,7 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from manifests.errors import ManifestError
-from manifests.plan_files import SHARD_SCHEMA, PlanShard, PlanWriter, open_shard, read_plan_json, shard_table
+from manifests.plan_files import (
+    SHARD_SCHEMA,
+    SHARD_SCHEMA_TARGET_FRAMES,
+    PlanShard,
+    PlanWriter,
+    open_shard,
+    read_plan_json,
+    shard_table,
+)
 from manifests.plan_meta import FileRef, ManifestRef, PlanMeta
 
 W = 3
@@ -154,3 +162,34 @@ def test_reading_a_shard_does_not_import_pandas(plan) -> None:
             "assert b.rows.dtype.name == 'int64' and b.step == 1; print('pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_target_frames_shards_are_version_2_and_old_shards_still_read(plan, tmp_path) -> None:
+    old_path, expected = plan
+    path = tmp_path / "plan2"
+    ids = pa.array([f"utt-{i}" for i in range(8)])
+    with PlanWriter(path, 1, row_group_steps=2, target_frames=True) as w:
+        t = shard_table(epoch=0, first_step=0, bucket=np.array([0, 1, 1]), offsets=np.array([0, 2, 5, 8]),
+                        rows=np.arange(8), ids=ids, max_duration=np.array([1.0, 2.0, 2.5]),
+                        max_tokens=np.array([3, 4, 5]), target_frames=np.array([101, 201, 251]))
+        w.write(0, t)
+        w.finish(plan_meta(1, 3, world_size=1))
+    f = pq.ParquetFile(path / "rank-00000.parquet")
+    assert f.schema_arrow.remove_metadata() == SHARD_SCHEMA_TARGET_FRAMES.remove_metadata()
+    assert json.loads(f.schema_arrow.metadata[b"speech_dataprep.plan"])["version"] == 2
+    shard = open_shard(path, 0)
+    assert shard.version == 2 and [b.target_frames for b in shard] == [101, 201, 251]
+    assert [b.target_frames for b in shard.iter_batches(1)] == [201, 251]
+    assert shard.read(2, columns=["target_frames"]).column("target_frames").to_pylist() == [251]
+    old = open_shard(old_path, 0)  # version 1: no column, target None, read as before
+    assert old.version == 1 and {b.target_frames for b in old} == {None}
+    assert [(b.epoch, b.step, b.bucket, b.rows.tolist()) for b in old] == expected[0]
+
+
+def test_an_unknown_shard_version_is_refused_in_one_line(tmp_path) -> None:
+    t = SHARD_SCHEMA.empty_table().replace_schema_metadata(
+        {b"speech_dataprep.kind": b"plan-shard", b"speech_dataprep.plan": b'{"version": 9, "rank": 0}'})
+    pq.write_table(t, tmp_path / "rank-00000.parquet")
+    with pytest.raises(ManifestError, match=r"unsupported shard version 9 \(this tool reads 1, 2\)") as exc:
+        open_shard(tmp_path, 0)
+    assert "\n" not in str(exc.value)

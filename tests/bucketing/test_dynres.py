@@ -1,0 +1,138 @@
+"""Dynamic-resolution math (bucketing.dynres): target frames, rates, clamps, per-batch fallback,
+their totals and the SpecAugment width helper; hand-computed cases plus properties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bucketing.dynres import (
+    DynResConfig,
+    ResolutionTotals,
+    frames_at_rate,
+    resolution_totals,
+    resolve,
+    target_frames,
+    time_mask_widths,
+)
+
+CFG = DynResConfig()
+
+
+def test_target_is_the_longest_at_the_base_rate_as_oom_sizes_it() -> None:
+    # oom.step: frames = floor(max_duration * 100 + 1e-6) + 1
+    assert target_frames([10.0, 0.01, 3.456, 0.004]).tolist() == [1001, 2, 346, 1]
+    assert target_frames([2.0], 50.0).tolist() == [101]
+
+
+def test_hand_computed_batch_with_a_clamp() -> None:
+    # batch 0: 10 s and 9.5 s fit the target (rates 100 and 105.26 Hz); 5 s needs 200 Hz,
+    # clamped to 130 Hz -> 1 + floor(650) = 651 frames, zero-padded to 1001
+    res = resolve([10.0, 9.5, 5.0], [0, 3])
+    assert res.target.tolist() == [1001] and res.length.tolist() == [1001]
+    np.testing.assert_allclose(res.rate, [100.0, 1000 / 9.5, 130.0])
+    assert res.frames.tolist() == [1001, 1001, 651]
+    assert res.clamped.tolist() == [False, False, True]
+    assert res.fallback.tolist() == [False]
+    np.testing.assert_allclose(res.hop(), [160.0, 16000 * 9.5 / 1000, 16000 / 130])
+    t = resolution_totals([10.0, 9.5, 5.0], [0, 3], res)[0]
+    assert t.real_frames == 2653 and t.padded_frames == 3003
+    assert t.base_frames == 1001 + 951 + 501 and t.base_padded_frames == 3003
+    assert t.off_rate_frames == 651  # 105.26 Hz is within 10% of 100 Hz, 130 Hz is not
+    assert (t.clamped, t.utterances, t.fallback_batches, t.batches) == (1, 3, 0, 1)
+
+
+def test_a_target_below_the_floor_falls_back_to_padding_at_the_base_rate() -> None:
+    # a 300-frame target for 10 s needs 29.9 Hz < 50 Hz: the whole batch at 100 Hz, padded
+    res = resolve([10.0, 5.0, 3.0, 2.0], [0, 2, 4], target=[300, 301])
+    assert res.fallback.tolist() == [True, False]
+    assert res.rate[:2].tolist() == [100.0, 100.0] and res.frames[:2].tolist() == [1001, 501]
+    assert res.length[0] == 1001  # ordinary padding: the longest
+    assert not res.clamped[:2].any()
+    # batch 1 (target 301): 3 s -> 100 Hz, 2 s -> 150 Hz clamped to 130 -> 261 frames
+    assert res.frames[2:].tolist() == [301, 261] and res.clamped[2:].tolist() == [False, True]
+
+
+def test_the_min_clamp_lengthens_the_batch() -> None:
+    # target 400 for 6 s needs 66.5 Hz: clamped up to 70 Hz -> 421 frames > 400
+    res = resolve([6.0, 4.0], [0, 2], target=[400])
+    assert res.clamped.tolist() == [True, False] and res.frames.tolist() == [421, 400]
+    assert res.length.tolist() == [421] and not res.fallback[0]
+
+
+def test_config_errors_are_one_line() -> None:
+    with pytest.raises(ValueError, match="floor rate <= min rate <= max rate"):
+        DynResConfig(min_rate=140)
+    with pytest.raises(ValueError, match="floor rate"):
+        DynResConfig(floor_rate=80)
+    with pytest.raises(ValueError, match="offsets"):
+        resolve([1.0, 2.0], [0, 1])
+    assert DynResConfig.from_json({**CFG.to_json(), "new_key": 1}) == CFG
+
+
+def test_time_mask_widths_cover_the_same_seconds() -> None:
+    assert time_mask_widths(40, [100.0, 130.0, 70.0, 115.0]).tolist() == [40, 52, 28, 46]
+    assert time_mask_widths(0, [130.0]).tolist() == [0]
+    with pytest.raises(ValueError):
+        time_mask_widths(-1, [100.0])
+
+
+batches_st = st.lists(
+    st.lists(st.floats(min_value=0.02, max_value=40.0, allow_nan=False), min_size=0, max_size=12),
+    min_size=1, max_size=8,
+)
+
+
+def _csr(batches: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
+    d = np.array([x for b in batches for x in b], dtype=np.float64)
+    off = np.concatenate([[0], np.cumsum([len(b) for b in batches])]).astype(np.int64)
+    return d, off
+
+
+@settings(max_examples=150)
+@given(batches=batches_st)
+def test_with_the_default_target_every_unclamped_utterance_has_the_target_length(batches: list[list[float]]) -> None:
+    d, off = _csr(batches)
+    res = resolve(d, off)
+    b = np.repeat(np.arange(len(batches)), np.diff(off))
+    # the target is the longest at the base rate, inside [min, max]: rates >= base minus a
+    # frame of rounding (> 50 Hz from 20 ms on), so nothing falls back and no batch grows
+    assert not res.fallback.any()
+    assert (res.length == res.target).all()
+    ok = ~res.fallback[b]
+    assert (res.frames <= res.target[b]).all()
+    free = ok & ~res.clamped
+    assert (res.frames[free] == res.target[b][free]).all()
+    # a clamp only where the rate the target needs leaves [min, max], and it lands on a bound
+    need = (res.target[b] - 1) / d
+    assert (res.clamped[ok] == ((need[ok] > CFG.max_rate) | (need[ok] < CFG.min_rate))).all()
+    assert np.isin(res.rate[res.clamped], [CFG.min_rate, CFG.max_rate]).all()
+    assert ((res.rate[ok] >= CFG.min_rate) & (res.rate[ok] <= CFG.max_rate)).all()
+    # frames at the rate actually used, never more than the batch tensor holds
+    assert (res.frames <= res.length[b]).all()
+    np.testing.assert_array_equal(res.frames[~free], frames_at_rate(d[~free], res.rate[~free]))
+
+
+@settings(max_examples=150)
+@given(batches=batches_st, data=st.data())
+def test_vectorized_equals_batch_by_batch_and_totals_add_up(batches: list[list[float]], data: st.DataObject) -> None:
+    d, off = _csr(batches)
+    target = np.array(data.draw(st.lists(st.integers(1, 5000), min_size=len(batches), max_size=len(batches))))
+    res = resolve(d, off, target)
+    for i in range(len(batches)):
+        one = resolve(d[off[i]:off[i + 1]], [0, off[i + 1] - off[i]], target[i:i + 1])
+        sl = slice(off[i], off[i + 1])
+        np.testing.assert_array_equal(one.frames, res.frames[sl])
+        np.testing.assert_array_equal(one.rate, res.rate[sl])
+        assert one.fallback[0] == res.fallback[i] and one.length[0] == res.length[i]
+        # fallback exactly when some utterance would need less than the floor
+        assert res.fallback[i] == bool(off[i + 1] > off[i] and ((target[i] - 1) / d[sl]).min() < CFG.floor_rate)
+    groups = np.arange(len(batches)) % 3
+    parts = resolution_totals(d, off, res, CFG, groups, 3)
+    whole = resolution_totals(d, off, res, CFG)[0]
+    assert sum(parts, ResolutionTotals()) == whole
+    j = whole.to_json()
+    assert 0.0 <= j["clamped_share"] <= 1 and 0.0 <= j["fallback_share"] <= 1 and 0.0 <= j["off_rate_share"] <= 1
+    assert whole.padded_frames >= whole.real_frames
