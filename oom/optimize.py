@@ -161,6 +161,9 @@ def oomptimize(
         "tolerance": tolerance,
         "max_tps": max_tps,
         "frames_per_second": FRAMES_PER_SECOND,
+        # plan-batches --dynamic-resolution featurizes every utterance of a batch to the batch's
+        # target frames = its longest at frames_per_second: the shape probed here (worst case unchanged)
+        "dynamic_resolution": "sized by target frames (the longest utterance at frames_per_second)",
         "precision": "bf16-autocast",
         "optimizer": "AdamW",
         "date": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),

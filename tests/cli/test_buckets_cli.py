@@ -108,3 +108,6 @@ def test_real_corpora(tmp_path: Path, shared_spm_path: Path, name: str) -> None:
     # figures. Sentencepiece training is not deterministic even seeded, and Common Voice's
     # audio padding sits at 1.9-2.0% across trained models, hence the 0.1-point allowance
     assert rep["2d"]["token_padding"] < 0.10 and rep["2d"]["audio_padding"] < 0.021
+    # issue 16: dynamic resolution leaves <= 0.5% frame padding (bench_dynres.py: 0.03% / 0.19%)
+    dyn = rep["2d-dynamic-resolution"]
+    assert dyn["frame_padding"] <= 0.005 and dyn["fallback_share"] == 0.0 and dyn["off_rate_share"] < 0.05

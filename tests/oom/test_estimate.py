@@ -77,6 +77,7 @@ def test_cli_estimate_end_to_end(tmp_path, estimator: ShapeEstimator) -> None:
     data = json.loads(out.read_text())
     src_info = data["batch_size_source"]
     assert src_info["rule"] == "oom-estimate" and src_info["memory_fraction"] == 0.9
+    assert "target frames" in src_info["dynamic_resolution"]  # plan-batches --dynamic-resolution: same worst case
     budget = src_info["budget_bytes"]
     assert budget == int(0.9 * 40 * 2**20) - int(0.05 * 40 * 2**20)
     b0, b1 = data["buckets"]
