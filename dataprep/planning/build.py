@@ -231,11 +231,16 @@ class _DynResTotals:
         self.per_bucket = [ResolutionTotals() for _ in range(self.num_buckets)]
 
     def add(self, ep: EpochPlan, duration: npt.NDArray[np.float64]) -> None:
-        d = duration[ep.rows]
-        res = resolve(d, ep.offsets, target_frames(ep.max_duration, self.config.frames_per_second), self.config)
-        bucket_of_batch = np.tile(ep.step_bucket, ep.world_size)  # rank-major batches
-        got = resolution_totals(d, ep.offsets, res, self.config, bucket_of_batch, self.num_buckets)
-        self.per_bucket = [a + b for a, b in zip(self.per_bucket, got)]
+        """Add one epoch, one rank at a time (memory: a rank's rows, not the epoch's)."""
+        target = target_frames(ep.max_duration, self.config.frames_per_second)
+        for r in range(ep.world_size):
+            lo, hi = ep.rank_slice(r)
+            off = ep.offsets[lo:hi + 1]
+            d = duration[ep.rows[off[0]:off[-1]]]
+            off = off - off[0]
+            res = resolve(d, off, target[lo:hi], self.config)
+            got = resolution_totals(d, off, res, self.config, ep.step_bucket, self.num_buckets)
+            self.per_bucket = [a + b for a, b in zip(self.per_bucket, got)]
 
     def to_json(self) -> dict[str, Any]:
         whole = sum(self.per_bucket, ResolutionTotals())
