@@ -50,7 +50,7 @@ def collate_dynamic_resolution(
     waves: Sequence[npt.NDArray[np.float32] | torch.Tensor],
     target: int | None = None,
     *,
-    config: DynResConfig = DynResConfig(),
+    config: DynResConfig | None = None,
     mel: LogMel | None = None,
     evaluation: bool = False,
 ) -> DynResFeatures:
@@ -58,9 +58,11 @@ def collate_dynamic_resolution(
     dynamic resolution.
 
     ``target``: the batch's target frames (a plan's ``target_frames``); None = the longest wave
-    at the base rate. ``evaluation``: ordinary padding at the base rate (eval loaders must not
-    change the frame rate). ``mel``: a :class:`LogMel` to reuse (80 mels by default).
+    at the base rate. ``config``: the rates (default :class:`DynResConfig`: 100 Hz base,
+    70-130 Hz, floor 50 Hz). ``evaluation``: ordinary padding at the base rate (eval loaders
+    must not change the frame rate). ``mel``: a :class:`LogMel` to reuse (80 mels by default).
     """
+    config = config or DynResConfig()
     if config.sample_rate != SAMPLE_RATE:
         raise ValueError(f"features are computed at {SAMPLE_RATE} Hz audio, the config says {config.sample_rate}")
     mel = mel or LogMel()

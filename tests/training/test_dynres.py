@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketing.dynres import DynResConfig
+from dataprep.testing import write_tone
 from dataprep.training import BatchBuilder, collate_dynamic_resolution, load_audio
 from dataprep.training.features import N_FFT, SAMPLE_RATE, WIN, LogMel, mel_filterbank
-from dataprep.testing import write_tone
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import read_plan_meta
 from tests.training._consumer import Corpus, invoke, shared_corpus
