@@ -215,7 +215,7 @@ def main() -> None:
     ap.add_argument("--output", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:  # one compile in a fresh process: its peak RSS is the compile's alone
-        print(json.dumps(compile_once(args.child, args.model, args.out)))
+        print(json.dumps(compile_once(args.child, args.model, args.output)))
         return
     from dataprep.testing import sample_corpus
 
