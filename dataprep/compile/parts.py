@@ -57,6 +57,7 @@ from dataprep.compile.validate import (
     ROW,
     CompileOptions,
     compile_provenance,
+    expand_sources,
     iter_rows,
 )
 from dataprep.tokenize import Tokenizers
@@ -71,7 +72,7 @@ from manifests.io import (
     write_parquet_stream,
     write_rejects,
 )
-from manifests.schema import MANIFEST_SCHEMA
+from manifests.schema import manifest_schema, trim_containers
 
 MARKER_VERSION = 1
 #: the shard hash, recorded in every fingerprint so a change of scheme is never mixed
@@ -285,7 +286,7 @@ def run_part(
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise DataprepError(f"{folder}: exists and is not a folder (a sharded compile writes parts into a folder)")
-    for src in sources:
+    for src in expand_sources(sources):
         if not Path(src).exists():
             raise DataprepError(f"{src}: no such file or directory")
     tokenizers = Tokenizers.from_specs(tokenizer_specs)
@@ -324,6 +325,7 @@ def run_part(
         "rows_in": rows_in,
         "rows_kept": kept,
         "rows_rejected": rejects.height,
+        "containers": spool.containers,
         "files": {p.name: file_sha256(p) for p in (paths.part, paths.rejects)},
     }, paths.marker)
     return _part_summary(rows_in, kept, provenance, num_parts, part_index, skipped=False)
@@ -390,6 +392,7 @@ def load_parts(folder: str | os.PathLike[str]) -> MergeResult:
     parts = [pq.read_table(p.part).cast(PART_SCHEMA) for p in all_paths]
     rejects = [pq.read_table(p.rejects).cast(PART_REJECTS_SCHEMA) for p in all_paths]
     manifest, rej = _in_row_order(parts, PART_SCHEMA), _in_row_order(rejects, PART_REJECTS_SCHEMA)
+    manifest, rej = trim_containers(manifest), trim_containers(rej)
     rows_in = sum(int(m["rows_in"]) for m in markers)
     if manifest.height + rej.height != rows_in:
         raise DataprepError(f"{folder}: parts hold {manifest.height + rej.height} rows, markers say {rows_in}")
@@ -460,7 +463,9 @@ def merge_parts(
         for batch in open_parquet(p.part).iter_batches(columns=["duration"]):
             seconds += float(pc.sum(batch.column(0)).as_py() or 0.0)
     parts = [p.part for p in all_paths]
-    written = write_parquet_stream(lambda: merged_tables(parts), output, MANIFEST_SCHEMA, "manifest", provenance)
+    schema = manifest_schema(any(bool(m.get("containers")) for m in markers))
+    written = write_parquet_stream(lambda: (t.select(schema.names) for t in merged_tables(parts)), output, schema,
+                                   "manifest", provenance)
     if written.rows != kept:
         raise DataprepError(f"{folder}: parts hold {written.rows} kept rows, markers say {kept}")
     write_rejects(rej, rejects, provenance)
