@@ -137,8 +137,10 @@ def has_containers(df: pl.DataFrame | pa.Table) -> bool:
     names = df.column_names if isinstance(df, pa.Table) else df.columns
     if "container" not in names:
         return False
-    col = df.column("container") if isinstance(df, pa.Table) else df["container"]
-    return bool(len(col) - col.null_count)
+    if isinstance(df, pa.Table):
+        col = df.column("container")
+        return bool(len(col) - col.null_count)
+    return bool(df.height - df["container"].null_count())
 
 
 def manifest_schema(containers: bool) -> pa.Schema:

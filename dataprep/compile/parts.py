@@ -170,6 +170,11 @@ def fingerprint_id(fp: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()
 
 
+def read_marker(path: Path) -> dict[str, Any]:
+    """A completion marker (one-line error when it is not one of ours)."""
+    return _read_marker(path)
+
+
 def _read_marker(path: Path) -> dict[str, Any]:
     try:
         marker = json.loads(path.read_text(encoding="utf-8"))
@@ -180,8 +185,8 @@ def _read_marker(path: Path) -> dict[str, Any]:
         raise DataprepError(f"{path}: not a shard completion marker ({exc})") from None
 
 
-def _markers(folder: Path) -> list[Path]:
-    return sorted(folder.glob("part-*-of-*.done.json")) if folder.is_dir() else []
+def _markers(folder: Path, pattern: str = "part-*-of-*.done.json") -> list[Path]:
+    return sorted(folder.glob(pattern)) if folder.is_dir() else []
 
 
 def _differs(a: dict[str, Any], b: dict[str, Any]) -> str:
@@ -189,10 +194,10 @@ def _differs(a: dict[str, Any], b: dict[str, Any]) -> str:
     return ", ".join(keys) or "fingerprint"
 
 
-def check_folder(folder: Path, fp: dict[str, Any]) -> None:
-    """Refuse a parts folder holding a marker of another fingerprint (one line naming what changed)."""
+def check_folder(folder: Path, fp: dict[str, Any], pattern: str = "part-*-of-*.done.json") -> None:
+    """Refuse a folder holding a marker (``pattern``) of another fingerprint (one line naming what changed)."""
     fid = fingerprint_id(fp)
-    for path in _markers(folder):
+    for path in _markers(folder, pattern):
         marker = _read_marker(path)
         if marker.get("fingerprint_id") != fid:
             raise DataprepError(
@@ -201,14 +206,19 @@ def check_folder(folder: Path, fp: dict[str, Any]) -> None:
             )
 
 
-def _is_done(paths: PartPaths, fid: str) -> bool:
-    if not paths.marker.exists():
+def marker_done(marker_path: Path, fid: str, files: Sequence[Path]) -> bool:
+    """Whether ``marker_path`` records fingerprint ``fid`` and ``files`` with their current SHA-256."""
+    if not marker_path.exists():
         return False
-    marker = _read_marker(paths.marker)
-    files = marker.get("files", {})
+    marker = _read_marker(marker_path)
+    recorded = marker.get("files", {})
     return marker.get("fingerprint_id") == fid and all(
-        p.exists() and file_sha256(p) == files.get(p.name) for p in (paths.part, paths.rejects)
+        p.exists() and file_sha256(p) == recorded.get(p.name) for p in files
     )
+
+
+def _is_done(paths: PartPaths, fid: str) -> bool:
+    return marker_done(paths.marker, fid, (paths.part, paths.rejects))
 
 
 def _write_part(tables: Iterable[pa.Table], path: Path, schema: pa.Schema, kind: str) -> int:
