@@ -161,6 +161,7 @@ def fingerprint(provenance: dict[str, Any], opts: CompileOptions, num_parts: int
     o = asdict(opts)
     for runtime_only in ("probe_threads", "tokenizer_threads", "chunk_rows"):
         o.pop(runtime_only)
+    o["tarred_audio"] = list(o["tarred_audio"])  # as its JSON reads back (a marker's copy compares equal)
     return {"tool": f"speech-dataprep {__version__}", "num_shards": num_parts, "shard_hash": PART_HASH,
             "sources": provenance["sources"], "tokenizers": provenance["tokenizers"], "options": o}
 

@@ -3,12 +3,13 @@
 Layouts (``N`` shards, shard ``i``):
 
 - ``nemo-tarred``: ``audio_<i>.tar`` + ``manifest_<i>.json`` (NeMo tarred manifest lines:
-  ``audio_filepath`` = member name, ``duration``, ``text``, ``lang`` ..., ``shard_id`` = i);
+  ``audio_filepath`` = member name, ``duration``, ``text``, ``lang`` ..., ``shard_id`` = i,
+  ``source_id`` = the compiled manifest's id);
   NeMo's ``tarred_audio_filepaths: audio__OP_0..N-1_CL_.tar``, ``shard_manifests: true``.
 - ``shar``: ``recording.<i:06d>.tar`` (``<cut id>.<ext>`` + ``<cut id>.json``) +
-  ``cuts.<i:06d>.jsonl.gz``: ``CutSet.from_shar(in_dir=...)``.
+  ``cuts.<i:06d>.jsonl.gz`` (``custom.source_id``): ``CutSet.from_shar(in_dir=...)``.
 - ``webdataset``: ``shard-<i:06d>.tar`` with ``<key>.<ext>`` + ``<key>.json`` (``text``,
-  ``duration``, ``lang`` ..., ``id`` = the compiled manifest's id).
+  ``duration``, ``lang`` ..., ``source_id`` = the compiled manifest's id).
 
 Every layout's own manifest is compile-ready (``dataprep compile`` reads it back, with the
 container addressing). Members keep their original bytes when a row is a whole file (or a
@@ -211,7 +212,7 @@ def _write_shard(rows: list[dict[str, Any]], layout: str, out: Path, i: int, sou
                 _add(tf, f"{stem}.{ext}", data)
                 if layout == "nemo-tarred":
                     line = {"audio_filepath": f"{stem}.{ext}", "duration": duration, "text": row["text"],
-                            **_labels(row), "shard_id": i}
+                            **_labels(row), "shard_id": i, "source_id": row["id"]}
                     if row.get("task") is not None:
                         line["taskname"] = row["task"]
                     lines.append(json.dumps(line, ensure_ascii=False))
@@ -230,7 +231,7 @@ def _write_shard(rows: list[dict[str, Any]], layout: str, out: Path, i: int, sou
                            "custom": {"source_id": row["id"]}, "type": "MonoCut" if channels == 1 else "MultiCut"}
                     lines.append(json.dumps(cut, ensure_ascii=False))
                 else:
-                    meta = {"id": row["id"], "text": row["text"], "duration": duration, **_labels(row)}
+                    meta = {"source_id": row["id"], "text": row["text"], "duration": duration, **_labels(row)}
                     if row.get("task") is not None:
                         meta["task"] = row["task"]
                     _add(tf, f"{stem}.json", json.dumps(meta, ensure_ascii=False).encode())
