@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -90,6 +91,7 @@ def _info_of(name: str, source: Any) -> tuple[str, float | None, int | None, int
         hdr = soundfile.info(source)
     except (soundfile.LibsndfileError, RuntimeError, OSError, ValueError, TypeError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        msg = re.sub(r"^Error opening <[^>]*>: ", "", msg)  # the file object's repr says nothing
         return name, None, None, None, "unreadable_audio", f"{name}: unreadable audio header ({msg})"
     frames, rate = int(hdr.frames), int(hdr.samplerate)
     if rate <= 0 or frames <= 0:
