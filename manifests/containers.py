@@ -123,11 +123,16 @@ def read_range(fd: int, offset: int, size: int) -> bytes:
 
 class RangeFile(io.RawIOBase):
     """Read-only, seekable view of ``size`` bytes at ``offset`` of the open file ``fd`` (pread:
-    no shared file position, so views of one descriptor may be used from several threads)."""
+    no shared file position, so views of one descriptor may be used from several threads).
 
-    def __init__(self, fd: int, offset: int, size: int) -> None:
+    The first ``head`` bytes are fetched with one ``pread`` when the view is made: a header
+    parser's many small reads are then served from memory; reads past them ``pread`` again.
+    """
+
+    def __init__(self, fd: int, offset: int, size: int, head: int = 1 << 16) -> None:
         super().__init__()
         self._fd, self._start, self._size, self._pos = fd, offset, size, 0
+        self._head = os.pread(fd, min(size, head), offset) if head > 0 else b""
 
     def readable(self) -> bool:
         return True
@@ -143,19 +148,19 @@ class RangeFile(io.RawIOBase):
         self._pos = max(0, base + pos)
         return self._pos
 
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        n = min(len(buffer), self._size - self._pos)
-        if n <= 0:
-            return 0
-        data = os.pread(self._fd, n, self._start + self._pos)
-        buffer[: len(data)] = data
-        self._pos += len(data)
-        return len(data)
-
     def read(self, size: int = -1) -> bytes:
         n = self._size - self._pos if size is None or size < 0 else min(size, self._size - self._pos)
         if n <= 0:
             return b""
-        data = os.pread(self._fd, n, self._start + self._pos)
+        end = self._pos + n
+        if end <= len(self._head):
+            data = self._head[self._pos:end]
+        else:
+            data = os.pread(self._fd, n, self._start + self._pos)
         self._pos += len(data)
         return data
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)

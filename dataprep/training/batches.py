@@ -31,7 +31,7 @@ import torch
 from bucketing.dynres import DynResConfig
 from dataprep.tokenize import Tokenizers
 from dataprep.training.audio import AudioError, ContainerReader, load_audio
-from dataprep.training.cache import ManifestColumns
+from dataprep.training.cache import ManifestColumns, RowsMeta
 from dataprep.training.dynres import collate_dynamic_resolution
 from dataprep.training.features import LogMel
 from manifests.errors import DataprepError
@@ -162,6 +162,16 @@ class BatchBuilder:
                 return exc
             raise
 
+    def read_audio(self, meta: RowsMeta) -> list[npt.NDArray[np.float32] | AudioError]:
+        """Mono 16 kHz samples of each row of ``meta`` (loose files or ranged reads of containers),
+        in order; an :class:`AudioError` in place of a row that failed when ``skip_bad_audio``."""
+        jobs = [(u, p, float(o), float(d), c, int(mo), int(ms), int(g), int(r)) for u, p, o, d, c, mo, ms, g, r in
+                zip(meta.ids, meta.audio_paths, meta.offsets, meta.durations, meta.container_paths,
+                    meta.member_offsets, meta.member_sizes, meta.row_groups, meta.group_rows)]
+        if self._pool is not None and self._pool_pid == os.getpid():
+            return list(self._pool.map(self._load, jobs))
+        return list(map(self._load, jobs))
+
     def build(self, pb: PlanBatch) -> Batch:
         """The tensor batch of one plan batch."""
         meta = self.columns.gather(pb.rows, pb.ids)
@@ -170,10 +180,7 @@ class BatchBuilder:
         if self.io_threads > 1 and (self._pool is None or self._pool_pid != os.getpid()):
             self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="dataprep-audio")
             self._pool_pid = os.getpid()
-        jobs = [(u, p, float(o), float(d), c, int(mo), int(ms), int(g), int(r)) for u, p, o, d, c, mo, ms, g, r in
-                zip(meta.ids, meta.audio_paths, meta.offsets, meta.durations, meta.container_paths,
-                    meta.member_offsets, meta.member_sizes, meta.row_groups, meta.group_rows)]
-        waves = list(self._pool.map(self._load, jobs)) if self._pool is not None else list(map(self._load, jobs))
+        waves = self.read_audio(meta)
         keep = [i for i, w in enumerate(waves) if not isinstance(w, AudioError)]
         skipped = [{"id": meta.ids[i], "audio_path": meta.audio_paths[i], "error": str(w),
                     "step": str(pb.step)} for i, w in enumerate(waves) if isinstance(w, AudioError)]
