@@ -42,10 +42,21 @@ import pyarrow.parquet as pq
 import soundfile
 
 from dataprep import __version__
-from dataprep.compile.parts import MARKER_VERSION, check_folder, fingerprint_id, marker_done
+from dataprep.compile.parts import (
+    MARKER_VERSION,
+    check_folder,
+    fingerprint_id,
+    marker_done,
+)
 from manifests.containers import read_range
 from manifests.errors import DataprepError
-from manifests.io import atomic_path, file_sha256, manifest_hash, read_manifest, write_json
+from manifests.io import (
+    atomic_path,
+    file_sha256,
+    manifest_hash,
+    read_manifest,
+    write_json,
+)
 
 LAYOUTS: tuple[str, ...] = ("nemo-tarred", "shar", "webdataset")
 #: seconds a whole-file row may differ from its header before it is cut as a segment
@@ -202,39 +213,38 @@ def _write_shard(rows: list[dict[str, Any]], layout: str, out: Path, i: int, sou
     """Write shard ``i`` (tar, then its manifest), each atomically; returns the files."""
     tar_path, manifest_path = shard_files(out, layout, i)
     lines: list[str] = []
-    with atomic_path(tar_path) as tmp:
-        with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tf:
-            for row in rows:
-                data, ext, rate, frames, channels = _member_audio(row, source)
-                stem = row["__member"]
-                seconds = frames / rate
-                duration = min(float(row["duration"]), seconds)
-                _add(tf, f"{stem}.{ext}", data)
-                if layout == "nemo-tarred":
-                    line = {"audio_filepath": f"{stem}.{ext}", "duration": duration, "text": row["text"],
-                            **_labels(row), "shard_id": i, "source_id": row["id"]}
-                    if row.get("task") is not None:
-                        line["taskname"] = row["task"]
-                    lines.append(json.dumps(line, ensure_ascii=False))
-                elif layout == "shar":
-                    recording = {"id": stem, "sources": [{"type": "shar", "channels": list(range(channels)),
-                                                          "source": ""}],
-                                 "sampling_rate": rate, "num_samples": frames, "duration": seconds,
-                                 "channel_ids": list(range(channels))}
-                    _add(tf, f"{stem}.json", json.dumps(recording).encode())
-                    sup = {"id": stem, "recording_id": stem, "start": 0, "duration": duration, "channel": 0,
-                           "text": row["text"]}
-                    if row.get("lang") is not None:
-                        sup["language"] = row["lang"]
-                    cut = {"id": stem, "start": 0, "duration": duration, "channel": 0 if channels == 1
-                           else list(range(channels)), "supervisions": [sup], "recording": recording,
-                           "custom": {"source_id": row["id"]}, "type": "MonoCut" if channels == 1 else "MultiCut"}
-                    lines.append(json.dumps(cut, ensure_ascii=False))
-                else:
-                    meta = {"source_id": row["id"], "text": row["text"], "duration": duration, **_labels(row)}
-                    if row.get("task") is not None:
-                        meta["task"] = row["task"]
-                    _add(tf, f"{stem}.json", json.dumps(meta, ensure_ascii=False).encode())
+    with atomic_path(tar_path) as tmp, tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for row in rows:
+            data, ext, rate, frames, channels = _member_audio(row, source)
+            stem = row["__member"]
+            seconds = frames / rate
+            duration = min(float(row["duration"]), seconds)
+            _add(tf, f"{stem}.{ext}", data)
+            if layout == "nemo-tarred":
+                line = {"audio_filepath": f"{stem}.{ext}", "duration": duration, "text": row["text"],
+                        **_labels(row), "shard_id": i, "source_id": row["id"]}
+                if row.get("task") is not None:
+                    line["taskname"] = row["task"]
+                lines.append(json.dumps(line, ensure_ascii=False))
+            elif layout == "shar":
+                recording = {"id": stem, "sources": [{"type": "shar", "channels": list(range(channels)),
+                                                      "source": ""}],
+                             "sampling_rate": rate, "num_samples": frames, "duration": seconds,
+                             "channel_ids": list(range(channels))}
+                _add(tf, f"{stem}.json", json.dumps(recording).encode())
+                sup = {"id": stem, "recording_id": stem, "start": 0, "duration": duration, "channel": 0,
+                       "text": row["text"]}
+                if row.get("lang") is not None:
+                    sup["language"] = row["lang"]
+                cut = {"id": stem, "start": 0, "duration": duration, "channel": 0 if channels == 1
+                       else list(range(channels)), "supervisions": [sup], "recording": recording,
+                       "custom": {"source_id": row["id"]}, "type": "MonoCut" if channels == 1 else "MultiCut"}
+                lines.append(json.dumps(cut, ensure_ascii=False))
+            else:
+                meta = {"source_id": row["id"], "text": row["text"], "duration": duration, **_labels(row)}
+                if row.get("task") is not None:
+                    meta["task"] = row["task"]
+                _add(tf, f"{stem}.json", json.dumps(meta, ensure_ascii=False).encode())
     if layout == "webdataset":
         return [tar_path]
     body = ("\n".join(lines) + "\n" if lines else "").encode()

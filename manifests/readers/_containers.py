@@ -29,8 +29,13 @@ import pyarrow.parquet as pq
 from manifests.containers import AUDIO_EXTENSIONS, TarIndex, index_tar, read_range
 from manifests.errors import DataprepError
 from manifests.readers._jsonl import iter_lhotse, iter_nemo
-from manifests.readers._normalize import FIELDS, base_dir_for, finish
-from manifests.readers._tabular import _labels, _raw_from_columns, _type_name, column_map
+from manifests.readers._normalize import FIELDS, finish
+from manifests.readers._tabular import (
+    _labels,
+    _raw_from_columns,
+    _type_name,
+    column_map,
+)
 from manifests.schema import FULL_REJECTS_POLARS_SCHEMA, conform
 
 #: text columns of a Hugging Face audio Parquet, tried in this order after ``--text-field``

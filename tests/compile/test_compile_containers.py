@@ -52,7 +52,7 @@ def _wds(root: Path, tones: list[Path]) -> Path:
 
 
 def test_webdataset_probe_always(inputs: tuple[Path, list[Path], Path], tmp_path: Path) -> None:
-    root, tones, spm = inputs
+    _, tones, spm = inputs
     tar = _wds(tmp_path, tones)
     out = tmp_path / "m.parquet"
     summary = compile([tar], [str(spm)], out, opts=CompileOptions(probe="always", probe_threads=2))
@@ -70,7 +70,7 @@ def test_webdataset_probe_always(inputs: tuple[Path, list[Path], Path], tmp_path
 
 def test_webdataset_auto_trusts_the_source_and_probes_only_where_missing(
         inputs: tuple[Path, list[Path], Path], tmp_path: Path) -> None:
-    root, tones, spm = inputs
+    _, tones, spm = inputs
     tar = _wds(tmp_path, tones)
     out = tmp_path / "m.parquet"
     compile([tar], [str(spm)], out, opts=CompileOptions(probe="auto", probe_threads=1))
@@ -82,7 +82,7 @@ def test_webdataset_auto_trusts_the_source_and_probes_only_where_missing(
 
 def test_hf_parquet_durations_from_the_bytes_and_parted_equals_single(
         inputs: tuple[Path, list[Path], Path], tmp_path: Path) -> None:
-    root, tones, spm = inputs
+    _, tones, spm = inputs
     audio = [{"bytes": t.read_bytes(), "path": t.name} for t in tones] + [{"bytes": None, "path": "gone.wav"}]
     pq.write_table(pa.table({"audio": pa.array(audio, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
                              "transcription": ["gamma delta"] * len(audio)}), tmp_path / "hf.parquet", row_group_size=3)

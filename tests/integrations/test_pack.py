@@ -58,7 +58,7 @@ def packed(request: pytest.FixtureRequest, corpus: Corpus, tmp_path_factory: pyt
 
 
 def test_packed_copy_compiles_back_with_every_row(packed: tuple[str, Path], corpus: Corpus) -> None:
-    layout, manifest = packed
+    _, manifest = packed
     src = read_manifest(corpus.manifest)
     got = read_manifest(manifest)
     rejects = pl.read_parquet(manifest.with_name("manifest.rejects.parquet"))
@@ -150,7 +150,10 @@ def test_resumable_atomic_shards_and_refusals(corpus: Corpus, tmp_path: Path) ->
     (out / "shard-000002.tar").write_bytes(b"damaged")
     assert pack(corpus.manifest, out, "webdataset", num_shards=3).written == [2]
     assert not list(out.glob(".*")) and len(list(marker_folder(out).glob("*.done.json"))) == 3
-    keys = sum(len({m.split(".")[0] for m in tarfile.open(t).getnames()}) for t in out.glob("*.tar"))
+    keys = 0
+    for t in out.glob("*.tar"):
+        with tarfile.open(t) as tf:
+            keys += len({m.split(".")[0] for m in tf.getnames()})
     assert keys == read_manifest(corpus.manifest).height
     with pytest.raises(DataprepError, match="written by a different run"):
         pack(corpus.manifest, out, "webdataset", num_shards=2)

@@ -76,7 +76,7 @@ def test_webdataset_keys_and_bad_keys(tmp_path: Path, tones: list[Path]) -> None
         _add(tf, "k0.flac", tones[0].read_bytes())
         _add(tf, "k0.json", json.dumps({"text": "zero", "lang": "en", "speaker": "s1"}).encode())
         _add(tf, "k1.flac", tones[1].read_bytes())
-        _add(tf, "k1.txt", "one".encode())
+        _add(tf, "k1.txt", b"one")
         _add(tf, "k2.flac", tones[2].read_bytes())  # audio, no text
         _add(tf, "k3.txt", b"text without audio")
         _add(tf, "dir/k4.wav", b"RIFF")  # a key with a folder
