@@ -26,16 +26,19 @@ import pyarrow.parquet as pq
 
 from manifests.errors import ManifestError
 from manifests.schema import (
-    MANIFEST_SCHEMA,
     META_CONTENT_HASH,
     META_KIND,
     META_PROVENANCE,
     META_SCHEMA_VERSION,
     POLARS_SCHEMA,
     REJECTS_POLARS_SCHEMA,
-    REJECTS_SCHEMA,
     SCHEMA_VERSION,
+    CONTAINER_POLARS_SCHEMA,
     conform,
+    has_containers,
+    manifest_schema,
+    rejects_schema,
+    schema_version,
 )
 
 
@@ -208,9 +211,10 @@ def table_hash(table: pa.Table) -> str:
     return hasher.hexdigest()
 
 
-def _file_metadata(content_hash: str, kind: str, provenance: Mapping[str, Any] | None) -> dict[bytes, bytes]:
+def _file_metadata(content_hash: str, kind: str, provenance: Mapping[str, Any] | None,
+                   version: int) -> dict[bytes, bytes]:
     return {
-        META_SCHEMA_VERSION: str(SCHEMA_VERSION).encode(),
+        META_SCHEMA_VERSION: str(version).encode(),
         META_CONTENT_HASH: content_hash.encode(),
         META_KIND: kind.encode(),
         META_PROVENANCE: json.dumps(dict(provenance or {}), sort_keys=True).encode(),
@@ -246,7 +250,7 @@ def write_parquet_stream(
     for t in make_tables():
         hasher.update(t.cast(schema) if t.schema != schema else t)
     content_hash = hasher.hexdigest()
-    full = schema.with_metadata(_file_metadata(content_hash, kind, provenance))
+    full = schema.with_metadata(_file_metadata(content_hash, kind, provenance, schema_version(schema)))
     rows = 0
     with atomic_path(path) as tmp:
         with pq.ParquetWriter(tmp, full, compression="zstd") as writer:
@@ -280,19 +284,24 @@ def write_manifest(
 ) -> str:
     """Write a compiled manifest atomically; return its content hash.
 
-    ``df`` is conformed to :data:`MANIFEST_SCHEMA` (column order and dtypes). For a manifest
-    too large for memory, stream it with :func:`write_parquet_stream` (same bytes).
+    ``df`` is conformed to :data:`MANIFEST_SCHEMA` (column order and dtypes), plus the container
+    columns (schema version 2) when any row has a ``container``. For a manifest too large for
+    memory, stream it with :func:`write_parquet_stream` (same bytes).
     """
-    return _write_parquet(conform(df, POLARS_SCHEMA), path, MANIFEST_SCHEMA, "manifest", provenance, row_group_size)
+    c = has_containers(df)
+    schema = {**POLARS_SCHEMA, **(CONTAINER_POLARS_SCHEMA if c else {})}
+    return _write_parquet(conform(df, schema), path, manifest_schema(c), "manifest", provenance, row_group_size)
 
 
 def write_rejects(
     df: pl.DataFrame, path: str | os.PathLike[str], provenance: Mapping[str, Any] | None = None,
     *, row_group_size: int = ROW_GROUP_ROWS,
 ) -> str:
-    """Write a rejects file (manifest columns + ``reason`` + ``detail``) atomically."""
-    return _write_parquet(conform(df, REJECTS_POLARS_SCHEMA), path, REJECTS_SCHEMA, "rejects", provenance,
-                          row_group_size)
+    """Write a rejects file (manifest columns + ``reason`` + ``detail``, plus the container
+    columns when any row has a ``container``) atomically."""
+    c = has_containers(df)
+    schema = {**REJECTS_POLARS_SCHEMA, **(CONTAINER_POLARS_SCHEMA if c else {})}
+    return _write_parquet(conform(df, schema), path, rejects_schema(c), "rejects", provenance, row_group_size)
 
 
 def default_rejects_path(output: str | os.PathLike[str]) -> Path:

@@ -15,8 +15,8 @@ from rich.table import Table
 from dataprep.cli.app import app, out, user_errors
 from dataprep.cli.progress import progress_counter
 
-SourcesArg = Annotated[list[Path], typer.Argument(help="Source manifests: NeMo JSONL, Lhotse cuts JSONL(.gz), Kaldi data dir, CSV/TSV or Parquet.", show_default=False)]
-FormatOpt = Annotated[str, typer.Option("--format", help="Source format: auto, nemo, lhotse, kaldi, csv, tsv, parquet.")]
+SourcesArg = Annotated[list[Path], typer.Argument(help="Source manifests: NeMo JSONL, Lhotse cuts JSONL(.gz), Kaldi data dir, CSV/TSV, Parquet (Hugging Face audio Parquet too), Lhotse Shar dir, WebDataset tars; NeMo tarred manifests with --tarred-audio (brace syntax 'manifest__OP_0..7_CL_.json' accepted).", show_default=False)]
+FormatOpt = Annotated[str, typer.Option("--format", help="Source format: auto, nemo, lhotse, kaldi, csv, tsv, parquet, hf-parquet, shar, webdataset.")]
 TextFieldOpt = Annotated[str, typer.Option(help="Field holding the decoder's target text (e.g. 'answer' for speech translation).")]
 
 
@@ -62,6 +62,7 @@ def compile_cmd(
     shard_index: Annotated[Optional[int], typer.Option(help="Run only this shard (0-based; default: $SLURM_ARRAY_TASK_ID when --num-shards is given); -o is then a folder of parts for `dataprep merge`.", show_default=False)] = None,
     executor: Annotated[str, typer.Option(help="local: this machine (--workers processes); ray: Ray Data map_batches (the `ray` extra).")] = "local",
     workers: Annotated[int, typer.Option(help="Local worker processes, each running whole shards (threads inside for header reads).")] = 1,
+    tarred_audio: Annotated[Optional[list[str]], typer.Option("--tarred-audio", help="NeMo tarred dataset: its audio tars (NeMo's brace syntax 'audio__OP_0..7_CL_.tar' or a list); the sources are then its manifests (matched by shard_id and file name, as NeMo does).", show_default=False)] = None,
 ) -> None:
     """Compile sources into one Parquet manifest: durations, token counts (incl. prompt), TPS.
 
@@ -72,7 +73,8 @@ def compile_cmd(
 
     opts = CompileOptions(prompt_tokens=prompt_tokens, fmt=fmt, text_field=text_field,
                           audio_root=str(audio_root) if audio_root else None, probe=probe,  # type: ignore[arg-type]
-                          probe_threads=threads, mismatch_tolerance=mismatch_tolerance, strict=strict)
+                          probe_threads=threads, mismatch_tolerance=mismatch_tolerance, strict=strict,
+                          tarred_audio=tuple(tarred_audio or ()))
     rejects_path = rejects or default_rejects_path(output)
     pooled = executor == "local" and shard_index is None and (workers != 1 or num_shards is not None) \
         and "SLURM_ARRAY_TASK_ID" not in os.environ  # only picks the progress bars shown

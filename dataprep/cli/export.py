@@ -1,10 +1,10 @@
 """Commands: ``export nemo`` and ``export lhotse`` (buckets, batch sizes and manifests for
-NeMo or Lhotse training)."""
+NeMo or Lhotse training), and ``pack`` (audio into NeMo tarred / Lhotse Shar / WebDataset shards)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -37,3 +37,26 @@ def export_lhotse_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out
 
     bins = export_lhotse(plan_or_buckets, manifest, out_dir)
     out.print(f"{bins['num_cuts']} cuts -> {out_dir / 'cuts.jsonl.gz'}; {len(bins['duration_bins'])} bins -> {out_dir / 'bins.json'}")
+
+
+@app.command("pack")
+@user_errors
+def pack_cmd(
+    manifest: Annotated[Path, typer.Argument(help="Compiled manifest whose audio to pack.", show_default=False)],
+    out_dir: OutOpt,
+    layout: Annotated[str, typer.Option(help="nemo-tarred, shar or webdataset.")] = "webdataset",
+    shard_size: Annotated[str, typer.Option(help="About this many bytes per shard (e.g. 1GiB, 500MB).")] = "1GiB",
+    num_shards: Annotated[Optional[int], typer.Option(help="Exactly this many shards (overrides --shard-size).", show_default=False)] = None,
+    shard_index: Annotated[Optional[int], typer.Option(help="Write only this shard (0-based; one task of an array); default: every shard not yet done.", show_default=False)] = None,
+    buckets: Annotated[Optional[Path], typer.Option(help="buckets.json: members ordered by bucket first (else by duration and tokens).", show_default=False)] = None,
+) -> None:
+    """Write the manifest's audio into tar shards NeMo, Lhotse or WebDataset read, with each layout's
+    manifest (compile-ready). Atomic per shard; finished shards are skipped (resumable)."""
+    from dataprep.integrations.pack import pack
+    from manifests.units import parse_bytes
+
+    result = pack(manifest, out_dir, layout, shard_size=parse_bytes(shard_size), num_shards=num_shards,
+                  shard_index=shard_index, buckets=buckets)
+    out.print(f"{layout}: {len(result.written)} shards written, {len(result.skipped)} already done, "
+              f"of {result.num_shards} -> {out_dir}/")
+    out.print(f"compile it with: {result.compile_hint}")

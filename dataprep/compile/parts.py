@@ -57,6 +57,7 @@ from dataprep.compile.validate import (
     ROW,
     CompileOptions,
     compile_provenance,
+    expand_sources,
     iter_rows,
 )
 from dataprep.tokenize import Tokenizers
@@ -71,7 +72,7 @@ from manifests.io import (
     write_parquet_stream,
     write_rejects,
 )
-from manifests.schema import MANIFEST_SCHEMA
+from manifests.schema import manifest_schema, trim_containers
 
 MARKER_VERSION = 1
 #: the shard hash, recorded in every fingerprint so a change of scheme is never mixed
@@ -160,6 +161,7 @@ def fingerprint(provenance: dict[str, Any], opts: CompileOptions, num_parts: int
     o = asdict(opts)
     for runtime_only in ("probe_threads", "tokenizer_threads", "chunk_rows"):
         o.pop(runtime_only)
+    o["tarred_audio"] = list(o["tarred_audio"])  # as its JSON reads back (a marker's copy compares equal)
     return {"tool": f"speech-dataprep {__version__}", "num_shards": num_parts, "shard_hash": PART_HASH,
             "sources": provenance["sources"], "tokenizers": provenance["tokenizers"], "options": o}
 
@@ -167,6 +169,11 @@ def fingerprint(provenance: dict[str, Any], opts: CompileOptions, num_parts: int
 def fingerprint_id(fp: dict[str, Any]) -> str:
     """SHA-256 of the fingerprint's canonical JSON."""
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()
+
+
+def read_marker(path: Path) -> dict[str, Any]:
+    """A completion marker (one-line error when it is not one of ours)."""
+    return _read_marker(path)
 
 
 def _read_marker(path: Path) -> dict[str, Any]:
@@ -179,8 +186,8 @@ def _read_marker(path: Path) -> dict[str, Any]:
         raise DataprepError(f"{path}: not a shard completion marker ({exc})") from None
 
 
-def _markers(folder: Path) -> list[Path]:
-    return sorted(folder.glob("part-*-of-*.done.json")) if folder.is_dir() else []
+def _markers(folder: Path, pattern: str = "part-*-of-*.done.json") -> list[Path]:
+    return sorted(folder.glob(pattern)) if folder.is_dir() else []
 
 
 def _differs(a: dict[str, Any], b: dict[str, Any]) -> str:
@@ -188,10 +195,10 @@ def _differs(a: dict[str, Any], b: dict[str, Any]) -> str:
     return ", ".join(keys) or "fingerprint"
 
 
-def check_folder(folder: Path, fp: dict[str, Any]) -> None:
-    """Refuse a parts folder holding a marker of another fingerprint (one line naming what changed)."""
+def check_folder(folder: Path, fp: dict[str, Any], pattern: str = "part-*-of-*.done.json") -> None:
+    """Refuse a folder holding a marker (``pattern``) of another fingerprint (one line naming what changed)."""
     fid = fingerprint_id(fp)
-    for path in _markers(folder):
+    for path in _markers(folder, pattern):
         marker = _read_marker(path)
         if marker.get("fingerprint_id") != fid:
             raise DataprepError(
@@ -200,14 +207,19 @@ def check_folder(folder: Path, fp: dict[str, Any]) -> None:
             )
 
 
-def _is_done(paths: PartPaths, fid: str) -> bool:
-    if not paths.marker.exists():
+def marker_done(marker_path: Path, fid: str, files: Sequence[Path]) -> bool:
+    """Whether ``marker_path`` records fingerprint ``fid`` and ``files`` with their current SHA-256."""
+    if not marker_path.exists():
         return False
-    marker = _read_marker(paths.marker)
-    files = marker.get("files", {})
+    marker = _read_marker(marker_path)
+    recorded = marker.get("files", {})
     return marker.get("fingerprint_id") == fid and all(
-        p.exists() and file_sha256(p) == files.get(p.name) for p in (paths.part, paths.rejects)
+        p.exists() and file_sha256(p) == recorded.get(p.name) for p in files
     )
+
+
+def _is_done(paths: PartPaths, fid: str) -> bool:
+    return marker_done(paths.marker, fid, (paths.part, paths.rejects))
 
 
 def _write_part(tables: Iterable[pa.Table], path: Path, schema: pa.Schema, kind: str) -> int:
@@ -285,7 +297,7 @@ def run_part(
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise DataprepError(f"{folder}: exists and is not a folder (a sharded compile writes parts into a folder)")
-    for src in sources:
+    for src in expand_sources(sources):
         if not Path(src).exists():
             raise DataprepError(f"{src}: no such file or directory")
     tokenizers = Tokenizers.from_specs(tokenizer_specs)
@@ -324,6 +336,7 @@ def run_part(
         "rows_in": rows_in,
         "rows_kept": kept,
         "rows_rejected": rejects.height,
+        "containers": spool.containers,
         "files": {p.name: file_sha256(p) for p in (paths.part, paths.rejects)},
     }, paths.marker)
     return _part_summary(rows_in, kept, provenance, num_parts, part_index, skipped=False)
@@ -390,6 +403,7 @@ def load_parts(folder: str | os.PathLike[str]) -> MergeResult:
     parts = [pq.read_table(p.part).cast(PART_SCHEMA) for p in all_paths]
     rejects = [pq.read_table(p.rejects).cast(PART_REJECTS_SCHEMA) for p in all_paths]
     manifest, rej = _in_row_order(parts, PART_SCHEMA), _in_row_order(rejects, PART_REJECTS_SCHEMA)
+    manifest, rej = trim_containers(manifest), trim_containers(rej)
     rows_in = sum(int(m["rows_in"]) for m in markers)
     if manifest.height + rej.height != rows_in:
         raise DataprepError(f"{folder}: parts hold {manifest.height + rej.height} rows, markers say {rows_in}")
@@ -460,7 +474,9 @@ def merge_parts(
         for batch in open_parquet(p.part).iter_batches(columns=["duration"]):
             seconds += float(pc.sum(batch.column(0)).as_py() or 0.0)
     parts = [p.part for p in all_paths]
-    written = write_parquet_stream(lambda: merged_tables(parts), output, MANIFEST_SCHEMA, "manifest", provenance)
+    schema = manifest_schema(any(bool(m.get("containers")) for m in markers))
+    written = write_parquet_stream(lambda: (t.select(schema.names) for t in merged_tables(parts)), output, schema,
+                                   "manifest", provenance)
     if written.rows != kept:
         raise DataprepError(f"{folder}: parts hold {written.rows} kept rows, markers say {kept}")
     write_rejects(rej, rejects, provenance)

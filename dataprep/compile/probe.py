@@ -4,17 +4,25 @@
 MP3, libsndfile reports the header's length, which can exceed the decoded length by the
 encoder delay/padding (e.g. 2.380 s in the header vs 2.376 s decoded for a 48 kHz clip):
 the header figure is what we store, documented as a tolerance of a few milliseconds.
+
+Audio inside containers (:func:`probe_members`) is probed in place: a tar member through a
+read-only view of its byte range (``pread``; nothing extracted, only the header's bytes read),
+a Hugging Face Parquet row from the bytes the reader already holds.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import polars as pl
 import soundfile
+
+from manifests.containers import RangeFile
 
 #: ``info(path)`` returns an object with ``frames``, ``samplerate`` and ``channels``.
 HeaderReader = Callable[[str], Any]
@@ -74,4 +82,71 @@ def probe_headers(
                 results.append(res)
                 if on_progress:
                     on_progress(1)
+    return pl.DataFrame(results, schema=PROBE_SCHEMA, orient="row")
+
+
+def _info_of(name: str, source: Any) -> tuple[str, float | None, int | None, int | None, str | None, str | None]:
+    """Header of an in-memory or ranged audio source; ``name`` labels it in messages."""
+    try:
+        hdr = soundfile.info(source)
+    except (soundfile.LibsndfileError, RuntimeError, OSError, ValueError, TypeError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        msg = re.sub(r"^Error opening <[^>]*>: ", "", msg)  # the file object's repr says nothing
+        return name, None, None, None, "unreadable_audio", f"{name}: unreadable audio header ({msg})"
+    frames, rate = int(hdr.frames), int(hdr.samplerate)
+    if rate <= 0 or frames <= 0:
+        return name, None, rate or None, int(hdr.channels) or None, "unreadable_audio", (
+            f"{name}: header reports {frames} frames at {rate} Hz")
+    return name, frames / rate, rate, int(hdr.channels), None, None
+
+
+def probe_members(
+    rows: pl.DataFrame, *, threads: int = 8, on_progress: Callable[[int], None] | None = None
+) -> pl.DataFrame:
+    """Headers of audio inside containers, one row per row of ``rows`` (same schema as
+    :func:`probe_headers`, keyed by ``audio_path``).
+
+    ``rows`` has ``audio_path``, ``container``, ``member_offset``, ``member_size`` and optionally
+    ``__audio_bytes``: rows with bytes are probed from them, the others through a
+    :class:`~manifests.containers.RangeFile` over the tar member (each tar opened once).
+    """
+    names = rows["audio_path"].to_list()
+    data = rows["__audio_bytes"].to_list() if "__audio_bytes" in rows.columns else [None] * rows.height
+    containers = rows["container"].to_list()
+    offsets = rows["member_offset"].to_list()
+    sizes = rows["member_size"].to_list()
+    fds: dict[str, int] = {}
+    missing: set[str] = set()
+    for c, b in zip(containers, data):
+        if b is None and c is not None and c not in fds and c not in missing:
+            try:
+                fds[c] = os.open(c, os.O_RDONLY)
+            except OSError:
+                missing.add(c)
+
+    def one(i: int) -> tuple[str, float | None, int | None, int | None, str | None, str | None]:
+        name = names[i]
+        if data[i] is not None:
+            return _info_of(name, io.BytesIO(data[i]))
+        c = containers[i]
+        if c in missing or c is None or offsets[i] is None:
+            return name, None, None, None, "missing_audio", f"{name}: container not found"
+        return _info_of(name, RangeFile(fds[c], int(offsets[i]), int(sizes[i])))
+
+    results = []
+    try:
+        if threads <= 1:
+            it = map(one, range(rows.height))
+        else:
+            pool = ThreadPoolExecutor(max_workers=threads)
+            it = pool.map(one, range(rows.height), chunksize=64)
+        for res in it:
+            results.append(res)
+            if on_progress:
+                on_progress(1)
+        if threads > 1:
+            pool.shutdown()
+    finally:
+        for fd in fds.values():
+            os.close(fd)
     return pl.DataFrame(results, schema=PROBE_SCHEMA, orient="row")

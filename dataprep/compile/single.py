@@ -29,7 +29,7 @@ from dataprep.compile.validate import (
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
 from manifests.io import reasons_count, write_parquet_stream, write_rejects
-from manifests.schema import MANIFEST_SCHEMA, POLARS_SCHEMA, REJECTS_POLARS_SCHEMA, conform
+from manifests.schema import FULL_POLARS_SCHEMA, FULL_REJECTS_POLARS_SCHEMA, conform, manifest_schema, trim_containers
 
 
 @dataclass
@@ -111,17 +111,18 @@ def assemble(
     Rows of one id must all be in ``accepted`` (a shard by id holds every copy of its ids).
     """
     row_schema = {ROW: pl.Int64()}
-    template = pl.DataFrame(schema={**REJECTS_POLARS_SCHEMA, **row_schema})
+    template = pl.DataFrame(schema={**FULL_REJECTS_POLARS_SCHEMA, **row_schema})
     all_ok = pl.concat([template.select(accepted[0].columns) if accepted else template] + list(accepted),
                        how="vertical_relaxed").sort(ROW)
     all_ok, dups = reject_duplicates(all_ok)
     if opts.strict and dups.height:
         raise DataprepError(str(dups.sort(ROW).row(0, named=True)["detail"]))
     rejected = [*rejected, dups]
-    rejects = pl.concat([conform(r, {**REJECTS_POLARS_SCHEMA, **row_schema}) for r in rejected] or
+    rejects = pl.concat([conform(r, {**FULL_REJECTS_POLARS_SCHEMA, **row_schema}) for r in rejected] or
                         [template], how="vertical_relaxed").sort(ROW)
     extra = row_schema if keep_row else {}
-    return conform(all_ok, {**POLARS_SCHEMA, **extra}), conform(rejects, {**REJECTS_POLARS_SCHEMA, **extra})
+    return (trim_containers(conform(all_ok, {**FULL_POLARS_SCHEMA, **extra})),
+            trim_containers(conform(rejects, {**FULL_REJECTS_POLARS_SCHEMA, **extra})))
 
 
 def compile_to_files(
@@ -149,7 +150,8 @@ def compile_to_files(
         drop, reject_rows = finish_spool(spool, rows_in, rejected, opts)
         dup_seconds = float(reject_rows.filter(pl.col("reason") == "duplicate_id")["duration"].sum() or 0.0)
         provenance = compile_provenance(sources, tokenizers, opts)
-        written = write_parquet_stream(lambda: spool.tables(drop), output, MANIFEST_SCHEMA, "manifest", provenance)
+        written = write_parquet_stream(lambda: spool.tables(drop), output, manifest_schema(spool.containers),
+                                       "manifest", provenance)
     write_rejects(reject_rows.drop(ROW), rejects, provenance)
     reasons = reasons_count(reject_rows)
     return CompileSummary(rows_in=rows_in, rows_kept=written.rows, hours=(spool.seconds - dup_seconds) / 3600,

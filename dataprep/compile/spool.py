@@ -35,7 +35,7 @@ from dataprep.compile.validate import (
 )
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
-from manifests.schema import MANIFEST_SCHEMA, conform
+from manifests.schema import conform, has_containers, manifest_schema
 
 #: DuckDB's memory limit for the duplicate-id pass (it spills to the spool folder beyond it)
 DUPLICATES_MEMORY_LIMIT = "256MB"  # measured: 10M distinct ids in ~4 s, ~320 MiB RSS
@@ -54,6 +54,7 @@ class AcceptedSpool:
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(self.path, PART_SCHEMA, compression="lz4")
         self.rows = 0
         self.seconds = 0.0  # total duration of the spooled rows
+        self.containers = False  # whether any spooled row is addressed inside a container
         self._last_row = -1
 
     def add(self, accepted: pl.DataFrame) -> None:
@@ -69,6 +70,7 @@ class AcceptedSpool:
         self._writer.write_table(frame.to_arrow().cast(PART_SCHEMA))
         self.rows += frame.height
         self.seconds += float(frame["duration"].sum() or 0.0)
+        self.containers = self.containers or has_containers(frame)
 
     def close(self) -> None:
         if self._writer is not None:
@@ -101,18 +103,17 @@ class AcceptedSpool:
 
     def tables(self, drop_rows: npt.NDArray[np.int64] | None = None, *, keep_row: bool = False,
                batch_rows: int = 1 << 16) -> Iterator[pa.Table]:
-        """The spooled rows in input order, less those whose ``__row`` is in ``drop_rows``."""
+        """The spooled rows in input order, less those whose ``__row`` is in ``drop_rows``
+        (with the container columns only when a spooled row has a container, or ``keep_row``)."""
         self.close()
-        schema = PART_SCHEMA if keep_row else MANIFEST_SCHEMA
+        schema = PART_SCHEMA if keep_row else manifest_schema(self.containers)
         drop = np.sort(np.asarray(drop_rows if drop_rows is not None else [], dtype=np.int64))
         for batch in open_parquet(self.path).iter_batches(batch_size=batch_rows):
             table = pa.Table.from_batches([batch])
             if drop.size:
                 rows = table[ROW].to_numpy()
                 table = table.filter(pa.array(~np.isin(rows, drop, assume_unique=False)))
-            if not keep_row:
-                table = table.drop_columns([ROW])
-            yield table.cast(schema)
+            yield table.select(schema.names).cast(schema)
 
 
 def open_parquet(path: str | os.PathLike[str]) -> pq.ParquetFile:

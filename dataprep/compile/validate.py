@@ -22,16 +22,17 @@ import polars as pl
 import pyarrow as pa
 
 from dataprep import __version__
-from dataprep.compile.probe import probe_headers
+from dataprep.compile.probe import PROBE_SCHEMA, probe_headers, probe_members
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
 from manifests.io import file_sha256
-from manifests.readers import iter_source
+from manifests.containers import expand_paths
+from manifests.readers import iter_nemo_tarred, iter_source
 from manifests.schema import (
-    MANIFEST_SCHEMA,
-    POLARS_SCHEMA,
-    REJECTS_POLARS_SCHEMA,
-    REJECTS_SCHEMA,
+    CONTAINER_MANIFEST_SCHEMA,
+    CONTAINER_REJECTS_SCHEMA,
+    FULL_POLARS_SCHEMA,
+    FULL_REJECTS_POLARS_SCHEMA,
 )
 
 ProbeMode = Literal["auto", "always", "never"]
@@ -39,12 +40,13 @@ PROBE_MODES: tuple[str, ...] = ("auto", "always", "never")
 
 #: column of the global input row number (keeps outputs in input order; never in a manifest)
 ROW = "__row"
-#: accepted rows with their global input row (spool files and parts)
-PART_SCHEMA = pa.schema([*MANIFEST_SCHEMA, pa.field(ROW, pa.int64(), nullable=False)])
-PART_REJECTS_SCHEMA = pa.schema([*REJECTS_SCHEMA, pa.field(ROW, pa.int64(), nullable=False)])
+#: accepted rows with their global input row (spool files and parts), container columns included
+#: (null for loose files; dropped from the outputs when no row has a container)
+PART_SCHEMA = pa.schema([*CONTAINER_MANIFEST_SCHEMA, pa.field(ROW, pa.int64(), nullable=False)])
+PART_REJECTS_SCHEMA = pa.schema([*CONTAINER_REJECTS_SCHEMA, pa.field(ROW, pa.int64(), nullable=False)])
 #: polars schemas of the same (accepted rows + ROW, rejected rows + ROW)
-PART_POLARS_SCHEMA = {**POLARS_SCHEMA, ROW: pl.Int64()}
-REJECTS_ROW_POLARS_SCHEMA = {**REJECTS_POLARS_SCHEMA, ROW: pl.Int64()}
+PART_POLARS_SCHEMA = {**FULL_POLARS_SCHEMA, ROW: pl.Int64()}
+REJECTS_ROW_POLARS_SCHEMA = {**FULL_REJECTS_POLARS_SCHEMA, ROW: pl.Int64()}
 
 
 @dataclass
@@ -61,10 +63,22 @@ class CompileOptions:
     mismatch_tolerance: float = 0.05  # s, for --probe always on whole-file rows
     chunk_rows: int = 500_000
     strict: bool = False
+    #: NeMo tarred dataset: the tars (NeMo's brace syntax allowed); the sources are its manifests
+    tarred_audio: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        self.tarred_audio = tuple(str(t) for t in self.tarred_audio)
         if self.probe not in PROBE_MODES:
             raise DataprepError(f"--probe must be auto, always or never (got {self.probe!r})")
+
+
+def expand_sources(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Sources with NeMo's brace syntax expanded (``manifest__OP_0..7_CL_.json``, ``m_{0..7}.json``);
+    a path that exists as written is kept as is."""
+    out: list[str] = []
+    for s in sources:
+        out.extend([str(s)] if Path(s).exists() else expand_paths([str(s)]))
+    return out
 
 
 def source_fingerprint(path: str | os.PathLike[str]) -> str:
@@ -132,6 +146,8 @@ def process_chunk(
 
     df, probe_rejects = _probe(df, opts, on_probe)
     rejects.extend(probe_rejects)
+    if "__audio_bytes" in df.columns:  # Hugging Face rows' audio, needed only by the probe
+        df = df.drop("__audio_bytes")
 
     lang_for_tokens = pl.coalesce(pl.col("target_lang"), pl.col("lang"))
     langs = df.select(lang_for_tokens).to_series()  # a Series: no Python str per row
@@ -143,7 +159,7 @@ def process_chunk(
     df = df.with_columns(
         (pl.col("__pieces") + opts.prompt_tokens).cast(pl.Int32).alias("num_tokens"),
     ).with_columns((pl.col("num_tokens") / pl.col("duration")).alias("tps")).drop("__pieces")
-    return df, [r for r in rejects if r.height]
+    return df, [r.drop("__audio_bytes", strict=False) for r in rejects if r.height]
 
 
 def _probe(
@@ -157,10 +173,18 @@ def _probe(
     need = pl.col("audio_path").is_not_null() & (
         pl.col("duration").is_null() | pl.lit(opts.probe == "always")
     )
-    paths = df.filter(need)["audio_path"].unique(maintain_order=True).to_list()
-    if not paths:
+    loose = pl.col("container").is_null() if "container" in df.columns else pl.lit(True)
+    paths = df.filter(need & loose)["audio_path"].unique(maintain_order=True).to_list()
+    members = df.filter(need & ~loose).unique("audio_path", maintain_order=True) if "container" in df.columns \
+        else df.clear()
+    if not paths and not members.height:
         return df, []
-    info = probe_headers(paths, threads=opts.probe_threads, on_progress=on_probe)
+    infos = [pl.DataFrame(schema=PROBE_SCHEMA)]
+    if paths:
+        infos.append(probe_headers(paths, threads=opts.probe_threads, on_progress=on_probe))
+    if members.height:
+        infos.append(probe_members(members, threads=opts.probe_threads, on_progress=on_probe))
+    info = pl.concat(infos)
     df = df.join(info, on="audio_path", how="left", maintain_order="left", suffix="__p")
     df = df.with_columns(
         pl.when(need).then(pl.col("sample_rate__p")).otherwise(pl.col("sample_rate")).alias("sample_rate"),
@@ -202,6 +226,15 @@ def reject_duplicates(accepted: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFram
 def iter_rows(sources: Sequence[str | os.PathLike[str]], opts: CompileOptions) -> Iterator[pl.DataFrame]:
     """Reader chunks of every source in order, numbered with a global input row index."""
     start = 0
+    sources = expand_sources(sources)
+    if opts.tarred_audio:
+        frames = iter_nemo_tarred(sources, expand_paths(opts.tarred_audio), text_field=opts.text_field,
+                                  chunk_rows=opts.chunk_rows)
+        for chunk in frames:
+            if chunk.height:
+                yield chunk.with_columns(pl.int_range(start, start + chunk.height, dtype=pl.Int64).alias(ROW))
+                start += chunk.height
+        return
     for src in sources:
         if not Path(src).exists():
             raise DataprepError(f"{src}: no such file or directory")
@@ -215,7 +248,13 @@ def compile_provenance(
     sources: Sequence[str | os.PathLike[str]], tokenizers: Tokenizers, opts: CompileOptions
 ) -> dict[str, object]:
     """What a compiled manifest records about its inputs (Parquet metadata)."""
+    sources = expand_sources(sources)
+    extra: dict[str, object] = {}
+    if opts.tarred_audio:
+        extra["tarred_audio"] = [{"path": t, "sha256": source_fingerprint(t) if Path(t).exists() else None}
+                                 for t in expand_paths(opts.tarred_audio)]
     return {
+        **extra,
         "tool": f"speech-dataprep {__version__}",
         "sources": [{"path": str(s), "sha256": source_fingerprint(s)} for s in sources],
         "tokenizers": tokenizers.hashes,

@@ -30,8 +30,8 @@ import torch
 
 from bucketing.dynres import DynResConfig
 from dataprep.tokenize import Tokenizers
-from dataprep.training.audio import AudioError, load_audio
-from dataprep.training.cache import ManifestColumns
+from dataprep.training.audio import AudioError, ContainerReader, load_audio
+from dataprep.training.cache import ManifestColumns, RowsMeta
 from dataprep.training.dynres import collate_dynamic_resolution
 from dataprep.training.features import LogMel
 from manifests.errors import DataprepError
@@ -106,9 +106,19 @@ class BatchBuilder:
         self._mel: LogMel | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0  # a pool copied into a forked worker has no threads: make a new one
+        self._containers: ContainerReader | None = None
+        self._containers_pid = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cols": None, "_toks": None, "_mel": None, "_pool": None}
+        return {**self.__dict__, "_cols": None, "_toks": None, "_mel": None, "_pool": None, "_containers": None}
+
+    @property
+    def containers(self) -> ContainerReader:
+        """This process's reader of audio inside containers (descriptors are not shared across forks)."""
+        if self._containers is None or self._containers_pid != os.getpid():
+            self._containers = ContainerReader()
+            self._containers_pid = os.getpid()
+        return self._containers
 
     @property
     def columns(self) -> ManifestColumns:
@@ -137,13 +147,30 @@ class BatchBuilder:
                 out[i] = [bos, *pieces, eos]
         return out
 
-    def _load(self, args: tuple[str, str, float, float]) -> npt.NDArray[np.float32] | AudioError:
+    def _load(self, args: tuple[str, str, float, float, str | None, int, int, int, int]
+              ) -> npt.NDArray[np.float32] | AudioError:
+        utt, path, offset, duration, container, m_offset, m_size, group, row = args
         try:
-            return load_audio(*args)
+            data = None
+            if container is not None and m_offset >= 0:
+                data = self.containers.member(utt, container, m_offset, m_size)
+            elif container is not None and group >= 0:
+                data = self.containers.parquet_row(utt, container, group, row)
+            return load_audio(utt, path, offset, duration, data=data)
         except AudioError as exc:
             if self.skip_bad_audio:
                 return exc
             raise
+
+    def read_audio(self, meta: RowsMeta) -> list[npt.NDArray[np.float32] | AudioError]:
+        """Mono 16 kHz samples of each row of ``meta`` (loose files or ranged reads of containers),
+        in order; an :class:`AudioError` in place of a row that failed when ``skip_bad_audio``."""
+        jobs = [(u, p, float(o), float(d), c, int(mo), int(ms), int(g), int(r)) for u, p, o, d, c, mo, ms, g, r in
+                zip(meta.ids, meta.audio_paths, meta.offsets, meta.durations, meta.container_paths,
+                    meta.member_offsets, meta.member_sizes, meta.row_groups, meta.group_rows)]
+        if self._pool is not None and self._pool_pid == os.getpid():
+            return list(self._pool.map(self._load, jobs))
+        return list(map(self._load, jobs))
 
     def build(self, pb: PlanBatch) -> Batch:
         """The tensor batch of one plan batch."""
@@ -153,9 +180,7 @@ class BatchBuilder:
         if self.io_threads > 1 and (self._pool is None or self._pool_pid != os.getpid()):
             self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="dataprep-audio")
             self._pool_pid = os.getpid()
-        jobs = [(u, p, float(o), float(d)) for u, p, o, d in
-                zip(meta.ids, meta.audio_paths, meta.offsets, meta.durations)]
-        waves = list(self._pool.map(self._load, jobs)) if self._pool is not None else list(map(self._load, jobs))
+        waves = self.read_audio(meta)
         keep = [i for i, w in enumerate(waves) if not isinstance(w, AudioError)]
         skipped = [{"id": meta.ids[i], "audio_path": meta.audio_paths[i], "error": str(w),
                     "step": str(pb.step)} for i, w in enumerate(waves) if isinstance(w, AudioError)]

@@ -29,8 +29,12 @@ from manifests.io import current_umask, manifest_hash
 
 #: manifest columns the loader reads (ids come from the plan, which holds them per batch)
 LOADER_COLUMNS = ("audio_path", "offset", "duration", "text", "lang", "num_tokens")
+#: container addressing columns (schema version 2); a version-1 manifest caches them as "" / -1
+ADDRESS_COLUMNS = ("container", "member_offset", "member_size", "row_group", "group_row")
+#: every column of a cache file, in order
+CACHE_COLUMNS = LOADER_COLUMNS + ADDRESS_COLUMNS
 #: layout version of the manifest column cache files
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 #: audio file dictionaries up to this many paths are kept as Python strings per process
 SMALL_DICTIONARY = 1 << 16
 
@@ -61,6 +65,14 @@ class RowsMeta:
     audio_codes: npt.NDArray[np.int32]
     lang_codes: npt.NDArray[np.int32]
     columns: ManifestColumns = field(repr=False, compare=False)
+    #: container of each row (codes into :attr:`ManifestColumns.containers`, -1 = a loose file)
+    container_codes: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    #: tar rows: byte offset and size of the member's data (-1 elsewhere)
+    member_offsets: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    member_sizes: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: Parquet rows: row group and row inside it (-1 elsewhere)
+    row_groups: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    group_rows: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
@@ -69,6 +81,12 @@ class RowsMeta:
     def audio_paths(self) -> list[str]:
         """Audio file of each row."""
         return self.columns.audio_names(self.audio_codes)
+
+    @cached_property
+    def container_paths(self) -> list[str | None]:
+        """Container of each row (``None`` for a loose file)."""
+        names = self.columns.containers
+        return [names[c] if c >= 0 else None for c in self.container_codes.tolist()]
 
     @cached_property
     def texts(self) -> list[str]:
@@ -85,9 +103,11 @@ class RowsMeta:
 class ManifestColumns:
     """The loader's manifest columns, memory-mapped from an Arrow IPC cache file.
 
-    The cache (``<cache_dir>/<content hash>.v3.arrow``) holds one record batch with no nulls:
+    The cache (``<cache_dir>/<content hash>.v4.arrow``) holds one record batch with no nulls:
     ``offset``, ``duration`` (float64, s), ``num_tokens`` (int32), ``text`` (large_string),
-    ``audio_path`` and ``lang`` dictionary-encoded (int32 codes; ``""`` = no language). It is
+    ``audio_path``, ``lang`` and ``container`` dictionary-encoded (int32 codes; ``""`` = no
+    language / no container), ``member_offset``, ``member_size``, ``row_group``, ``group_row``
+    (-1 where the row is not in a container). It is
     built once per manifest content (a few seconds at 10M rows: only these columns are read,
     paths straight from the Parquet dictionary pages) and shared by every rank and run; one
     process builds it under a file lock while the others wait, and the file appears atomically.
@@ -110,6 +130,15 @@ class ManifestColumns:
         #: distinct languages (``None`` = none given); ``RowsMeta.lang_codes`` index it
         self.langs: list[str | None] = [x or None for x in cols["lang"].dictionary.to_pylist()]
         self._file_names: list[str] | None = None
+        self._container = numpy_view(single_chunk(table.column("container")).indices, np.int32)
+        #: distinct containers (``""`` stands for none)
+        self.containers: list[str] = single_chunk(table.column("container")).dictionary.to_pylist()
+        empty = self.containers.index("") if "" in self.containers else -2
+        self._member_offset = numpy_view(single_chunk(table.column("member_offset")), np.int64)
+        self._member_size = numpy_view(single_chunk(table.column("member_size")), np.int64)
+        self._row_group = numpy_view(single_chunk(table.column("row_group")), np.int32)
+        self._group_row = numpy_view(single_chunk(table.column("group_row")), np.int64)
+        self._no_container = empty
 
     def audio_names(self, codes: npt.NDArray[np.int32]) -> list[str]:
         """Paths of ``audio_codes``. A small dictionary (many utterances per file) becomes Python
@@ -155,6 +184,9 @@ class ManifestColumns:
             ids=list(ids), rows=rows, offsets=self._offset[rows], durations=self._duration[rows],
             num_tokens=self._num_tokens[rows].astype(np.int64), audio_codes=self._audio[rows],
             lang_codes=self._lang[rows], columns=self,
+            container_codes=np.where(self._container[rows] == self._no_container, -1, self._container[rows]).astype(np.int32),
+            member_offsets=self._member_offset[rows], member_sizes=self._member_size[rows],
+            row_groups=self._row_group[rows], group_rows=self._group_row[rows],
         )
 
 
@@ -193,14 +225,26 @@ def _encoded(col: pa.ChunkedArray) -> pa.DictionaryArray:
 def build_column_cache(manifest: str | os.PathLike[str], path: Path) -> None:
     """Write the loader's column cache of ``manifest`` to ``path`` (atomically).
 
-    Reads only :data:`LOADER_COLUMNS`; audio paths and languages come dictionary-encoded from
-    the Parquet dictionary pages where the writer made them (no hashing of 10M strings).
+    Reads only :data:`LOADER_COLUMNS` (and the container columns of a version-2 manifest);
+    audio paths and languages come dictionary-encoded from the Parquet dictionary pages where
+    the writer made them (no hashing of 10M strings).
     """
     try:
-        t = pq.read_table(manifest, columns=list(LOADER_COLUMNS), read_dictionary=["audio_path", "lang"])
+        names = pq.read_schema(manifest).names
+        address = [c for c in ADDRESS_COLUMNS if c in names]
+        t = pq.read_table(manifest, columns=list(LOADER_COLUMNS) + address,
+                          read_dictionary=["audio_path", "lang"] + (["container"] if "container" in address else []))
     except (OSError, pa.ArrowInvalid, KeyError) as exc:
         raise DataprepError(f"{manifest}: cannot read the loader's columns ({exc})") from None
+    n = t.num_rows
     text = pc.fill_null(t.column("text").cast(pa.large_string()), "")
+
+    def number(name: str, typ: pa.DataType) -> pa.Array:
+        if name not in address:
+            return pa.array(np.full(n, -1), typ)
+        return pc.fill_null(t.column(name).cast(typ), -1).combine_chunks()
+
+    container = t.column("container") if "container" in address else pa.chunked_array([pa.nulls(n, pa.string())])
     table = pa.Table.from_arrays(
         [
             _encoded(t.column("audio_path")),
@@ -209,8 +253,13 @@ def build_column_cache(manifest: str | os.PathLike[str], path: Path) -> None:
             text.combine_chunks(),
             _encoded(t.column("lang")),
             pc.fill_null(t.column("num_tokens").cast(pa.int32()), 0).combine_chunks(),
+            _encoded(container),
+            number("member_offset", pa.int64()),
+            number("member_size", pa.int64()),
+            number("row_group", pa.int32()),
+            number("group_row", pa.int64()),
         ],
-        names=list(LOADER_COLUMNS),
+        names=list(CACHE_COLUMNS),
     )
     # atomic (temporary file + rename) but not fsynced, unlike ``manifests.io.atomic_path``: the
     # fsync of a 0.6 GB cache costs more than writing it, and a file a crash left unreadable is
@@ -235,6 +284,6 @@ def _open_cache(path: Path, num_rows: int) -> pa.Table | None:
         return None
     except (OSError, pa.ArrowInvalid):
         return None
-    if table.num_rows != num_rows or table.schema.names != list(LOADER_COLUMNS):
+    if table.num_rows != num_rows or table.schema.names != list(CACHE_COLUMNS):
         return None
     return table

@@ -1,4 +1,5 @@
-"""Source readers: NeMo JSONL, Lhotse cuts, Kaldi data dirs, CSV/TSV, Parquet.
+"""Source readers: NeMo JSONL, Lhotse cuts, Kaldi data dirs, CSV/TSV, Parquet, and audio in
+containers: NeMo tarred datasets, Lhotse Shar, WebDataset tars, Hugging Face audio Parquet.
 
 :func:`iter_source` streams a source as polars frames with exactly the columns of
 :data:`manifests.schema.REJECTS_POLARS_SCHEMA`, in source order, one row per non-blank
@@ -24,6 +25,8 @@ Conventions:
   ``malformed_line``. String fields must be strings. A null counts as absent.
 - Blank lines are skipped; a UTF-8 BOM, CRLF endings, a missing final newline and gzip
   (``.gz``, detected by magic bytes) are handled for every line-based format.
+- Container formats (:mod:`._containers`) yield the container columns too
+  (:data:`manifests.schema.FULL_REJECTS_POLARS_SCHEMA`); see there for their reasons.
 """
 
 from __future__ import annotations
@@ -39,11 +42,31 @@ from manifests.errors import DataprepError
 from manifests.readers._jsonl import iter_lhotse, iter_nemo
 from manifests.readers._kaldi import iter_kaldi
 from manifests.readers._lines import open_binary
+from manifests.readers._containers import (
+    is_hf_audio,
+    iter_hf_parquet,
+    iter_nemo_tarred,
+    iter_shar,
+    iter_webdataset,
+)
 from manifests.readers._tabular import iter_delimited, iter_parquet
 
-SOURCE_FORMATS = ("nemo", "lhotse", "kaldi", "csv", "tsv", "parquet")
+SOURCE_FORMATS = ("nemo", "lhotse", "kaldi", "csv", "tsv", "parquet", "shar", "webdataset", "hf-parquet")
 
-__all__ = ["SOURCE_FORMATS", "detect_format", "iter_source"]
+__all__ = ["SOURCE_FORMATS", "detect_format", "iter_nemo_tarred", "iter_source"]
+
+
+def _is_shar(p: Path) -> bool:
+    return any(p.glob("cuts.*.jsonl*"))
+
+
+def _parquet_kind(p: Path) -> str:
+    import pyarrow.parquet as pq
+
+    try:
+        return "hf-parquet" if is_hf_audio(pq.read_schema(p)) else "parquet"
+    except Exception:  # noqa: BLE001 (an unreadable file is reported by the reader)
+        return "parquet"
 
 _LHOTSE_TYPES = ("MonoCut", "MultiCut", "MixedCut", "PaddingCut")
 
@@ -79,13 +102,17 @@ def detect_format(path: str | Path) -> str:
     if p.is_dir():
         if (p / "wav.scp").exists():
             return "kaldi"
-        raise DataprepError(f"{p}: a directory but not a Kaldi data dir (no wav.scp)")
+        if _is_shar(p):
+            return "shar"
+        raise DataprepError(f"{p}: a directory but not a Kaldi data dir (no wav.scp) nor Lhotse Shar (no cuts.*.jsonl.gz)")
     if not p.exists():
         raise DataprepError(f"{p}: no such file")
     suffixes = [s.lower() for s in p.suffixes]
     last = suffixes[-2] if suffixes[-1:] == [".gz"] and len(suffixes) > 1 else (suffixes[-1] if suffixes else "")
     if last in (".parquet", ".pq"):
-        return "parquet"
+        return _parquet_kind(p)
+    if last == ".tar":
+        return "webdataset"
     if last == ".csv":
         return "csv"
     if last == ".tsv":
@@ -107,7 +134,8 @@ def iter_source(
     audio_root: str | Path | None = None,
     chunk_rows: int = 500_000,
 ) -> Iterator[pl.DataFrame]:
-    """Stream ``path`` as frames of at most ``chunk_rows`` rows in the rejects schema.
+    """Stream ``path`` as frames of at most ``chunk_rows`` rows in the rejects schema (plus the
+    container columns for the container formats; NeMo tarred datasets: :func:`iter_nemo_tarred`).
 
     Memory is bounded by ``chunk_rows`` (and a 16 MiB read block), except for Kaldi lookup
     files, which are read whole. Frames are never empty; an empty source yields none.
@@ -125,12 +153,20 @@ def iter_source(
         if not p.is_dir():
             raise DataprepError(f"{p}: a Kaldi source must be a data directory")
         frames = iter_kaldi(p, audio_root=audio_root, chunk_rows=chunk_rows)
+    elif fmt == "shar":
+        if not p.is_dir():
+            raise DataprepError(f"{p}: a Lhotse Shar source must be a directory")
+        frames = iter_shar(p, chunk_rows=chunk_rows)
     elif p.is_dir():
         raise DataprepError(f"{p}: is a directory, expected a {fmt} file")
     elif fmt == "nemo":
         frames = iter_nemo(p, text_field=text_field, audio_root=audio_root, chunk_rows=chunk_rows)
     elif fmt == "lhotse":
         frames = iter_lhotse(p, audio_root=audio_root, chunk_rows=chunk_rows)
+    elif fmt == "webdataset":
+        frames = iter_webdataset(p, chunk_rows=chunk_rows)
+    elif fmt == "hf-parquet" or (fmt == "parquet" and _parquet_kind(p) == "hf-parquet"):
+        frames = iter_hf_parquet(p, text_field=text_field, chunk_rows=chunk_rows)
     elif fmt in ("csv", "tsv"):
         frames = iter_delimited(p, sep="," if fmt == "csv" else "\t", text_field=text_field,
                                 audio_root=audio_root, chunk_rows=chunk_rows)

@@ -277,8 +277,10 @@ _LHOTSE_SELECT = """
 _LHOTSE_MAPPED = ["id", "start", "duration", "channel", "recording", "supervisions", "type"]
 
 
-def iter_lhotse(path: Path, *, audio_root: str | Path | None, chunk_rows: int) -> Iterator[pl.DataFrame]:
-    """Lhotse cuts JSONL(.gz): one row per cut, inline ``recording`` with a ``file`` source.
+def iter_lhotse(path: Path, *, audio_root: str | Path | None, chunk_rows: int,
+                source_types: tuple[str, ...] = ("file",)) -> Iterator[pl.DataFrame]:
+    """Lhotse cuts JSONL(.gz): one row per cut, inline ``recording`` with a ``file`` source
+    (``source_types``: the Shar reader also accepts ``shar``, audio stored in the shard's tar).
 
     text = the supervisions' texts joined by a space in start order; lang = the first
     (by start) supervision's language; offset = cut ``start``; channels from ``channel``.
@@ -307,15 +309,16 @@ def iter_lhotse(path: Path, *, audio_root: str | Path | None, chunk_rows: int) -
                 pl.when(pl.col("lang").is_not_null()).then(pl.lit("VARCHAR")).alias("lang__t"),
             )
             bad_type = pl.col("cut_type").is_not_null() & ~pl.col("cut_type").is_in(["MonoCut", "MultiCut"])
-            bad_source = pl.col("source_type").is_not_null() & (pl.col("source_type") != "file")
+            bad_source = pl.col("source_type").is_not_null() & ~pl.col("source_type").is_in(list(source_types))
             df = df.with_columns(
                 pl.when(pl.col("reason").is_not_null()).then(pl.col("reason"))
                 .when(bad_type | bad_source).then(pl.lit("malformed_line")).alias("reason"),
                 pl.when(pl.col("reason").is_not_null()).then(pl.col("detail"))
                 .when(bad_type).then(pl.format("{}: cut type {} is not supported", pl.col("origin"), pl.col("cut_type")))
                 .when(bad_source).then(
-                    pl.format("{}: recording source type '{}' is not supported (only 'file')",
-                              pl.col("origin"), pl.col("source_type")))
+                    pl.format("{}: recording source type '{}' is not supported (only {})",
+                              pl.col("origin"), pl.col("source_type"),
+                              pl.lit(", ".join(f"'{t}'" for t in source_types))))
                 .alias("detail"),
             )
             yield finish(df, base_dir=base, labels=labels, require_audio=True)

@@ -24,7 +24,7 @@ from manifests.io import (
     write_parquet_stream,
     write_rejects,
 )
-from manifests.schema import MANIFEST_COLUMNS, MANIFEST_SCHEMA, SCHEMA_VERSION
+from manifests.schema import MANIFEST_COLUMNS, MANIFEST_SCHEMA, SCHEMA_VERSION_LOOSE
 
 
 def _frame(n: int = 5) -> pl.DataFrame:
@@ -38,8 +38,27 @@ def test_roundtrip_schema_and_metadata(tmp_path) -> None:
     df = read_manifest(path)
     assert tuple(df.columns) == MANIFEST_COLUMNS
     meta = read_metadata(path)
-    assert meta["schema_version"] == SCHEMA_VERSION and meta["content_hash"] == h
+    assert meta["schema_version"] == SCHEMA_VERSION_LOOSE and meta["content_hash"] == h
     assert meta["provenance"] == {"k": 1} and meta["kind"] == "manifest"
+
+
+def test_container_columns_only_when_a_row_is_in_a_container(tmp_path) -> None:
+    """A loose-file manifest stays version 1 (same bytes and hash, empty container columns or
+    none); one row in a container makes it version 2 with the addressing columns."""
+    from manifests.schema import CONTAINER_COLUMNS, SCHEMA_VERSION
+
+    loose = _frame()
+    h1 = write_manifest(loose, tmp_path / "a.parquet")
+    nulls = loose.with_columns(pl.lit(None, pl.String).alias("container"), pl.lit(None, pl.Int64).alias("member_offset"))
+    h2 = write_manifest(nulls, tmp_path / "b.parquet")
+    assert h1 == h2 and (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    boxed = loose.with_columns(pl.lit("/d/s.tar").alias("container"), pl.lit(512, pl.Int64).alias("member_offset"),
+                               pl.lit(100, pl.Int64).alias("member_size"))
+    h3 = write_manifest(boxed, tmp_path / "c.parquet")
+    df = read_manifest(tmp_path / "c.parquet")
+    assert tuple(df.columns) == MANIFEST_COLUMNS + CONTAINER_COLUMNS and h3 != h1
+    assert read_metadata(tmp_path / "c.parquet")["schema_version"] == SCHEMA_VERSION == 2
+    assert df["member_offset"].to_list() == [512] * 5 and df["row_group"].null_count() == 5
 
 
 def test_hash_depends_on_data_only(tmp_path) -> None:

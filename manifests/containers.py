@@ -1,0 +1,166 @@
+"""Audio inside containers: tar shards indexed in place, NeMo's brace syntax, ranged reads.
+
+A tar member is addressed by (tar path, byte offset of its data, size): :func:`index_tar` lists
+them from the headers alone (the data is skipped, never read), :func:`read_range` fetches one
+member with a single ``pread`` and :class:`RangeFile` is a read-only, seekable file object over
+a byte range of a file (what ``soundfile`` needs to read a header in place, without extracting
+the member or reading all of it). :func:`expand_braces` expands NeMo's sharded-path syntax
+(``audio__OP_0..7_CL_.tar`` = ``audio_{0..7}.tar``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from manifests.errors import DataprepError
+
+#: audio file extensions recognised inside WebDataset / Shar tars
+AUDIO_EXTENSIONS: tuple[str, ...] = ("flac", "wav", "mp3", "opus", "ogg", "sph", "aiff", "aif")
+
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """NeMo's sharded paths: ``_OP_``/``_CL_`` stand for ``{``/``}``; ``{0..7}`` is a range
+    (zero-padded like its bounds when they are), ``{a,b}`` a list; several braces multiply."""
+    pattern = pattern.replace("_OP_", "{").replace("_CL_", "}")
+    start = pattern.find("{")
+    if start < 0:
+        return [pattern]
+    end = pattern.find("}", start)
+    if end < 0:
+        raise DataprepError(f"{pattern}: unbalanced brace")
+    body, head, tail = pattern[start + 1:end], pattern[:start], pattern[end + 1:]
+    m = _RANGE.match(body)
+    if m:
+        lo, hi = int(m.group(1)), int(m.group(2))
+        width = len(m.group(1)) if m.group(1).startswith("0") and len(m.group(1)) > 1 else 0
+        items = [str(i).zfill(width) for i in (range(lo, hi + 1) if lo <= hi else range(lo, hi - 1, -1))]
+    else:
+        items = body.split(",")
+    return [e for item in items for e in expand_braces(head + item + tail)]
+
+
+def expand_paths(patterns: Sequence[str]) -> list[str]:
+    """Every pattern of ``patterns`` expanded by :func:`expand_braces`, in order."""
+    return [p for pat in patterns for p in expand_braces(str(pat))]
+
+
+@dataclass
+class TarIndex:
+    """Members of one tar: name -> (offset of the data, size), in tar order.
+
+    ``truncated``: names whose data runs past the end of the file (a cut-off tar);
+    ``problem``: a one-line reason the tar could not be read to its end (``None`` if it was).
+    """
+
+    path: str
+    names: list[str] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    truncated: set[str] = field(default_factory=set)
+    problem: str | None = None
+
+    def lookup(self) -> dict[str, int]:
+        """Member name -> position in :attr:`names` (the first of repeated names)."""
+        out: dict[str, int] = {}
+        for i, n in enumerate(self.names):
+            out.setdefault(n, i)
+        return out
+
+
+def index_tar(path: str | os.PathLike[str]) -> TarIndex:
+    """The regular-file members of a tar and where their data lies, from the headers only.
+
+    A member whose data runs past the end of the file is listed and flagged ``truncated``;
+    a header that cannot be parsed stops the listing with ``problem`` set.
+    """
+    idx = TarIndex(str(path))
+    size = os.path.getsize(path)
+    try:
+        with tarfile.open(path, mode="r:") as tf:
+            while True:
+                try:
+                    info = tf.next()
+                except tarfile.ReadError as exc:
+                    idx.problem = f"unreadable tar header after {len(idx.names)} members ({exc})"
+                    break
+                if info is None:
+                    break
+                if not info.isreg():
+                    continue
+                idx.names.append(info.name)
+                idx.offsets.append(info.offset_data)
+                idx.sizes.append(info.size)
+                if info.offset_data + info.size > size:
+                    idx.truncated.add(info.name)
+    except (tarfile.ReadError, OSError, EOFError) as exc:
+        if not idx.names:
+            idx.problem = f"not a readable tar ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    return idx
+
+
+def read_range(fd: int, offset: int, size: int) -> bytes:
+    """``size`` bytes at ``offset`` of the open file ``fd`` (one ``pread``; short only at EOF)."""
+    data = os.pread(fd, size, offset)
+    if len(data) < size:  # a pread may return less on some filesystems: finish it
+        parts = [data]
+        got = len(data)
+        while got < size:
+            more = os.pread(fd, size - got, offset + got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        data = b"".join(parts)
+    return data
+
+
+class RangeFile(io.RawIOBase):
+    """Read-only, seekable view of ``size`` bytes at ``offset`` of the open file ``fd`` (pread:
+    no shared file position, so views of one descriptor may be used from several threads).
+
+    The first ``head`` bytes are fetched with one ``pread`` when the view is made: a header
+    parser's many small reads are then served from memory; reads past them ``pread`` again.
+    """
+
+    def __init__(self, fd: int, offset: int, size: int, head: int = 1 << 16) -> None:
+        super().__init__()
+        self._fd, self._start, self._size, self._pos = fd, offset, size, 0
+        self._head = os.pread(fd, min(size, head), offset) if head > 0 else b""
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        n = self._size - self._pos if size is None or size < 0 else min(size, self._size - self._pos)
+        if n <= 0:
+            return b""
+        end = self._pos + n
+        if end <= len(self._head):
+            data = self._head[self._pos:end]
+        else:
+            data = os.pread(self._fd, n, self._start + self._pos)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)

@@ -1,0 +1,395 @@
+"""Audio kept in containers: NeMo tarred datasets, Lhotse Shar, WebDataset tars, Hugging Face Parquet.
+
+Every reader yields rows of :data:`manifests.schema.FULL_REJECTS_POLARS_SCHEMA` (the rejects
+columns plus the container addressing), and for Hugging Face Parquet also ``__audio_bytes``
+(the member's bytes, for a header probe without another read; compile drops it). A row's
+``audio_path`` is ``<container>:<member>`` (``<file.parquet>:<row>``): unique per utterance,
+for messages; the audio is fetched by the container columns. Tars are indexed from their
+headers only (:func:`manifests.containers.index_tar`); no member is extracted.
+
+Reasons beyond the line-based readers': ``missing_shard`` (a tar a row needs does not exist),
+``missing_member`` (named but not in its tar), ``truncated_member`` (its data runs past the
+end of the tar), ``unlisted_member`` (a NeMo / Shar tar's audio member no manifest line names:
+one reject row per member, origin ``tar:member``), ``missing_audio`` (a WebDataset key or a
+Parquet row without audio bytes), ``missing_field`` (a WebDataset key with audio but no text).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from manifests.containers import AUDIO_EXTENSIONS, TarIndex, index_tar, read_range
+from manifests.errors import DataprepError
+from manifests.readers._jsonl import iter_lhotse, iter_nemo
+from manifests.readers._normalize import FIELDS, finish
+from manifests.readers._tabular import (
+    _labels,
+    _raw_from_columns,
+    _type_name,
+    column_map,
+)
+from manifests.schema import FULL_REJECTS_POLARS_SCHEMA, conform
+
+#: text columns of a Hugging Face audio Parquet, tried in this order after ``--text-field``
+HF_TEXT_COLUMNS = ("text", "sentence", "transcription")
+#: bytes of audio per chunk of a Hugging Face Parquet (rows per chunk follow from it)
+HF_CHUNK_BYTES = 64 << 20
+_WDS_KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+
+
+def _abs(path: str | os.PathLike[str]) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+def _index_frame(idx: TarIndex, shard: int | None = None) -> pl.DataFrame:
+    """One row per member: name, its stem (basename without extension), extension, offset, size."""
+    names = pl.Series("member", idx.names, dtype=pl.String)
+    base = names.str.split("/").list.last()
+    return pl.DataFrame({
+        "member": names,
+        "stem": base.str.replace(r"\.[^.]*$", ""),
+        "ext": base.str.extract(r"\.([^.]*)$").str.to_lowercase(),
+        "member_offset": pl.Series(idx.offsets, dtype=pl.Int64),
+        "member_size": pl.Series(idx.sizes, dtype=pl.Int64),
+        "truncated": pl.Series([n in idx.truncated for n in idx.names] if idx.truncated else [False] * len(names),
+                               dtype=pl.Boolean),
+        "shard": pl.Series([shard] * len(names), dtype=pl.Int64),
+    })
+
+
+def _set_problem(df: pl.DataFrame, cond: pl.Expr, reason: str, detail: pl.Expr) -> pl.DataFrame:
+    """Give rows without a reason yet that meet ``cond`` this reason and ``origin: detail``."""
+    hit = pl.col("reason").is_null() & cond.fill_null(False)
+    return df.with_columns(
+        pl.when(hit).then(pl.lit(reason)).otherwise(pl.col("reason")).alias("reason"),
+        pl.when(hit).then(pl.format("{}: {}", pl.col("origin"), detail)).otherwise(pl.col("detail")).alias("detail"),
+    )
+
+
+def _unlisted(idx: TarIndex, used: set[str], audio_only: bool) -> pl.DataFrame:
+    """Reject rows for the members of ``idx`` no manifest row named."""
+    frame = _index_frame(idx).filter(~pl.col("member").is_in(list(used)))
+    if audio_only:
+        frame = frame.filter(pl.col("ext").is_in(list(AUDIO_EXTENSIONS)))
+    if not frame.height:
+        return pl.DataFrame(schema=FULL_REJECTS_POLARS_SCHEMA)
+    tar = _abs(idx.path)
+    out = frame.select(
+        pl.col("member").alias("id"),
+        (pl.lit(tar + ":") + pl.col("member")).alias("audio_path"),
+        (pl.lit(idx.path + ":") + pl.col("member")).alias("origin"),
+        pl.lit("unlisted_member").alias("reason"),
+        (pl.lit(idx.path + ":") + pl.col("member") + pl.lit(": member is in the tar but no manifest line names it"))
+        .alias("detail"),
+        pl.lit(tar).alias("container"), "member_offset", "member_size",
+    )
+    return conform(out, FULL_REJECTS_POLARS_SCHEMA)
+
+
+def _attach_members(df: pl.DataFrame, members: pl.DataFrame, key: str, tar_of: pl.Expr) -> pl.DataFrame:
+    """Join the reader rows ``df`` (with ``__shard`` and ``key``) to tar members (``shard``, ``stem``),
+    set the container columns, and reject rows whose member is absent or truncated."""
+    df = df.with_row_index("__i").join(
+        members.rename({"stem": key, "shard": "__shard"}), on=["__shard", key], how="left", maintain_order="left"
+    ).unique("__i", keep="first", maintain_order=True).drop("__i")
+    df = _set_problem(df, pl.col("member").is_null(), "missing_member",
+                      pl.format("{} has no member for '{}'", tar_of, pl.col(key)))
+    df = _set_problem(df, pl.col("truncated"), "truncated_member",
+                      pl.format("{}:{}: member data runs past the end of the tar (truncated)", tar_of, pl.col("member")))
+    has = pl.col("member").is_not_null()
+    return df.with_columns(
+        pl.when(has).then(pl.col("__tar_abs")).alias("container"),
+        pl.when(has).then(pl.col("__tar_abs") + pl.lit(":") + pl.col("member")).otherwise(pl.col("audio_path"))
+        .alias("audio_path"),
+    )
+
+
+class _Tars:
+    """Tar indexes opened on first use; ``None`` for a tar that does not exist."""
+
+    def __init__(self, tars: Sequence[str]) -> None:
+        self.tars = list(tars)
+        self._idx: dict[int, TarIndex | None] = {}
+        self.used: dict[int, set[str]] = {}
+
+    def get(self, shard: int) -> TarIndex | None:
+        if shard not in self._idx:
+            path = self.tars[shard]
+            self._idx[shard] = index_tar(path) if os.path.isfile(path) else None
+            self.used.setdefault(shard, set())
+        return self._idx[shard]
+
+    def members(self, shards: Sequence[int]) -> pl.DataFrame:
+        frames = [_index_frame(idx, s) for s in shards if 0 <= s < len(self.tars) and (idx := self.get(s)) is not None]
+        empty = _index_frame(TarIndex(""), 0).clear()
+        return pl.concat([empty, *frames]) if frames else empty
+
+    def unlisted(self, audio_only: bool) -> Iterator[pl.DataFrame]:
+        for s in range(len(self.tars)):
+            idx = self.get(s)
+            if idx is not None:
+                frame = _unlisted(idx, self.used[s], audio_only)
+                if frame.height:
+                    yield frame
+
+
+def _with_shard_paths(df: pl.DataFrame, tars: Sequence[str]) -> pl.DataFrame:
+    """``__tar`` (as given) and ``__tar_abs`` of each row's ``__shard`` (null when out of range)."""
+    lut = pl.DataFrame({"__shard": pl.Series(range(len(tars)), dtype=pl.Int64), "__tar": list(tars),
+                        "__tar_abs": [_abs(t) for t in tars]})
+    return df.join(lut, on="__shard", how="left", maintain_order="left")
+
+
+def _shard_problems(df: pl.DataFrame, tars: Sequence[str]) -> pl.DataFrame:
+    df = _set_problem(df, pl.col("__shard").is_null() | pl.col("__tar").is_null(), "missing_shard",
+                      pl.format("shard_id {} names no tar ({} given)", pl.col("__shard").cast(pl.String).fill_null("<none>"),
+                                pl.lit(len(tars))))
+    exists = {t: os.path.isfile(t) for t in tars}
+    return _set_problem(df, pl.col("__tar").replace_strict(exists, default=True, return_dtype=pl.Boolean).not_(),
+                        "missing_shard", pl.format("{}: no such tar shard", pl.col("__tar")))
+
+
+def iter_nemo_tarred(
+    manifests: Sequence[str], tars: Sequence[str], *, text_field: str, chunk_rows: int
+) -> Iterator[pl.DataFrame]:
+    """A NeMo tarred dataset: manifest lines matched to members of ``tars`` as NeMo does.
+
+    A line's shard is its ``shard_id``; without one, the index of its manifest when there
+    are as many manifests as tars (NeMo's sharded manifests), else 0 for a single tar. Its
+    member is the one of that tar whose file name without extension equals the line's
+    ``audio_filepath``'s (NeMo's ``file_id``). Unlisted audio members end as rejects.
+    """
+    if not tars:
+        raise DataprepError("--tarred-audio: no tar files given")
+    store = _Tars(tars)
+    for mi, manifest in enumerate(manifests):
+        mpath = Path(manifest)
+        if not mpath.is_file():
+            raise DataprepError(f"{manifest}: no such tarred-dataset manifest")
+        default = mi if len(manifests) == len(tars) else (0 if len(tars) == 1 else None)
+        for frame in iter_nemo(mpath, text_field=text_field, audio_root=None, chunk_rows=chunk_rows):
+            sid = frame["extra"].str.json_path_match("$.shard_id").cast(pl.Int64, strict=False)
+            df = frame.with_columns(sid.fill_null(default).alias("__shard") if default is not None else sid.alias("__shard"),
+                                    pl.col("audio_path").str.split("/").list.last().str.replace(r"\.[^.]*$", "")
+                                    .alias("__stem"))
+            df = _with_shard_paths(df, tars)
+            df = _shard_problems(df, tars)
+            shards = df.filter(pl.col("reason").is_null())["__shard"].unique().drop_nulls().to_list()
+            members = store.members(sorted(int(s) for s in shards))
+            df = _attach_members(df, members.drop("ext"), "__stem", pl.col("__tar"))
+            for s, names in df.filter(pl.col("member").is_not_null()).group_by("__shard").agg("member").iter_rows():
+                store.used[int(s)].update(names)
+            yield conform(df, FULL_REJECTS_POLARS_SCHEMA)
+    yield from store.unlisted(audio_only=True)
+
+
+def iter_shar(folder: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
+    """A Lhotse Shar directory: ``cuts.NNNNNN.jsonl(.gz)`` with ``recording.NNNNNN.tar``; each cut's
+    audio is the member ``<cut id>.<audio ext>`` of its shard's recording tar."""
+    cuts = sorted(p for p in folder.iterdir() if re.fullmatch(r"cuts\.\d+\.jsonl(\.gz)?", p.name))
+    if not cuts:
+        raise DataprepError(f"{folder}: no cuts.NNNNNN.jsonl(.gz) files (not a Lhotse Shar directory)")
+    tars = [str(folder / f"recording.{p.name.split('.')[1]}.tar") for p in cuts]
+    store = _Tars(tars)
+    for si, cut_file in enumerate(cuts):
+        for frame in iter_lhotse(cut_file, audio_root=None, chunk_rows=chunk_rows, source_types=("file", "shar")):
+            df = _with_shard_paths(frame.with_columns(pl.lit(si, pl.Int64).alias("__shard")), tars)
+            df = _shard_problems(df, tars)
+            members = store.members([si]) if os.path.isfile(tars[si]) else store.members([])
+            members = members.filter(pl.col("ext").is_in(list(AUDIO_EXTENSIONS))).drop("ext")
+            df = _attach_members(df, members, "id", pl.col("__tar"))
+            store.used.setdefault(si, set()).update(df["member"].drop_nulls().to_list())
+            yield conform(df, FULL_REJECTS_POLARS_SCHEMA)
+    yield from store.unlisted(audio_only=True)
+
+
+_WDS_LABELS = {"id": "__key__", "audio": "audio member", "offset": "offset", "duration": "duration",
+               "sample_rate": "sample_rate", "channels": "channels", "text": ".txt or .json 'text'",
+               "lang": "lang", "source_lang": "source_lang", "target_lang": "target_lang", "task": "task"}
+_WDS_JSON_FIELDS = {"text": "text", "duration": "duration", "offset": "offset", "lang": "lang",
+                    "language": "lang", "source_lang": "source_lang", "target_lang": "target_lang",
+                    "task": "task", "taskname": "task", "sample_rate": "sample_rate", "channels": "channels"}
+
+
+def _json_type(v: object) -> str | None:
+    if v is None:
+        return "NULL"
+    if isinstance(v, bool):
+        return "BOOLEAN"
+    if isinstance(v, (int, float)):
+        return "DOUBLE"
+    if isinstance(v, str):
+        return "VARCHAR"
+    return "ARRAY" if isinstance(v, list) else "OBJECT"
+
+
+def iter_webdataset(path: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
+    """A WebDataset tar: members grouped by key (the name up to the first dot of its file name),
+    one row per key: audio = the key's first member with an audio extension, text from ``.txt``
+    or the ``text`` of ``.json`` (whose ``duration``, ``lang``, ... are read too; other keys go to
+    ``extra``). ``origin`` = ``tar:<audio member>`` (or the key's first member)."""
+    idx = index_tar(path)
+    if idx.problem and not idx.names:
+        raise DataprepError(f"{path}: {idx.problem}")
+    tar_abs = _abs(path)
+    groups: dict[str, dict[str, int]] = {}
+    for i, name in enumerate(idx.names):
+        m = _WDS_KEY.match(name)
+        key, ext = (m.group(1), m.group(2).lower()) if m else (name, "")
+        groups.setdefault(key, {}).setdefault(ext, i)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        rows: list[dict[str, object]] = []
+        for key, exts in groups.items():
+            rows.append(_wds_row(fd, idx, str(path), tar_abs, key, exts))
+            if len(rows) >= chunk_rows:
+                yield _wds_frame(rows, path)
+                rows = []
+        if rows:
+            yield _wds_frame(rows, path)
+    finally:
+        os.close(fd)
+
+
+def _wds_row(fd: int, idx: TarIndex, tar: str, tar_abs: str, key: str, exts: dict[str, int]) -> dict[str, object]:
+    """The raw row (value + type columns, reason) of one WebDataset key."""
+    audio = next((exts[e] for e in exts if e.rsplit(".", 1)[-1] in AUDIO_EXTENSIONS), None)
+    first = audio if audio is not None else min(exts.values())
+    origin = f"{tar}:{idx.names[first]}"
+    row: dict[str, object] = {"origin": origin, "id": key, "id__t": "VARCHAR"}
+    problem: tuple[str, str] | None = None
+    extra: dict[str, object] = {}
+    for ext in ("txt", "json"):
+        if ext not in exts:
+            continue
+        i = exts[ext]
+        if idx.names[i] in idx.truncated:
+            problem = problem or ("truncated_member", f"{origin}: {idx.names[i]}: member data runs past the end of the tar")
+            continue
+        raw = read_range(fd, idx.offsets[i], idx.sizes[i])
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            problem = problem or ("non_utf8", f"{origin}: {idx.names[i]} is not UTF-8 ({exc.reason})")
+            continue
+        if ext == "txt":
+            row["text"], row["text__t"] = text.strip(), "VARCHAR"
+            continue
+        try:
+            obj = json.loads(text)
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            problem = problem or ("malformed_line", f"{origin}: {idx.names[i]} is not a JSON object ({exc})")
+            continue
+        for k, v in obj.items():
+            field = _WDS_JSON_FIELDS.get(k)
+            if field is None or (field == "text" and "text__t" in row):
+                extra[k] = v
+            elif f"{field}__t" not in row:
+                row[field] = v if isinstance(v, str) or v is None else json.dumps(v)
+                row[f"{field}__t"] = _json_type(v)
+    if audio is None:
+        problem = problem or ("missing_audio", f"{origin}: key '{key}' has no audio member ({', '.join(sorted(exts))})")
+    else:
+        name = idx.names[audio]
+        row.update(audio=name, audio__t="VARCHAR", container=tar_abs, member_offset=idx.offsets[audio],
+                   member_size=idx.sizes[audio])
+        if name in idx.truncated:
+            problem = ("truncated_member", f"{origin}: member data runs past the end of the tar (truncated)")
+        elif "text__t" not in row:
+            problem = problem or ("missing_field", f"{origin}: key '{key}' has audio but no text (.txt or .json 'text')")
+    if problem:
+        row["reason"], row["detail"] = problem
+    row["extra"] = json.dumps(extra, sort_keys=True, ensure_ascii=False) if extra else None
+    return row
+
+
+def _wds_frame(rows: list[dict[str, object]], path: Path) -> pl.DataFrame:
+    schema: dict[str, pl.DataType] = {"origin": pl.String(), "reason": pl.String(), "detail": pl.String(),
+                                      "extra": pl.String(), "container": pl.String(), "member_offset": pl.Int64(),
+                                      "member_size": pl.Int64()}
+    for f in FIELDS:
+        schema[f] = pl.String()
+        schema[f"{f}__t"] = pl.String()
+    raw = pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
+    out = finish(raw, base_dir=str(path.parent.resolve()), labels=_WDS_LABELS, require_audio=False)
+    c = raw.select("container", "member_offset", "member_size",
+                   (pl.col("container") + pl.lit(":") + pl.col("audio")).alias("audio_path"))
+    out = out.with_columns(c.get_columns())
+    return conform(out, FULL_REJECTS_POLARS_SCHEMA)
+
+
+def is_hf_audio(schema: pa.Schema) -> bool:
+    """Whether a Parquet schema has Hugging Face's ``audio`` struct (``bytes`` and ``path``)."""
+    if "audio" not in schema.names:
+        return False
+    t = schema.field("audio").type
+    return pa.types.is_struct(t) and t.get_field_index("bytes") >= 0
+
+
+def iter_hf_parquet(path: Path, *, text_field: str, chunk_rows: int) -> Iterator[pl.DataFrame]:
+    """A Hugging Face audio Parquet: ``audio`` = struct(``bytes``, ``path``); text in ``text_field``,
+    else ``text``, ``sentence`` or ``transcription``; other columns as for Parquet (the struct's
+    ``path`` goes to ``extra`` as ``audio_path``). ``id``: the ``id`` column, else the struct's
+    ``path``, else ``<file>:<row>``. Rows come per row group in chunks of about
+    :data:`HF_CHUNK_BYTES` of audio, with ``__audio_bytes`` for the header probe."""
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001 (pyarrow raises several types)
+        raise DataprepError(f"{path}: not a readable Parquet file ({exc})") from None
+    names = [n for n in pf.schema_arrow.names if n != "audio"]
+    text_col = next((c for c in (text_field, *HF_TEXT_COLUMNS) if c in names), None)
+    if text_col is None:
+        raise DataprepError(f"{path}: no text column ('{text_field}', {', '.join(HF_TEXT_COLUMNS)}; "
+                            f"columns: {', '.join(pf.schema_arrow.names)})")
+    mapping = column_map(names, text_col, str(path))
+    mapping.pop("audio", None)
+    derive_id = "id" not in mapping
+    if derive_id:
+        mapping["id"] = "__id"
+    file_abs = _abs(path)
+    row = 0
+    for rg in range(pf.num_row_groups):
+        meta = pf.metadata.row_group(rg)
+        per_row = max(1, meta.total_byte_size // max(1, meta.num_rows))
+        batch_rows = max(1, min(chunk_rows, HF_CHUNK_BYTES // per_row))
+        in_group = 0
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[rg]):
+            audio = batch.column("audio")
+            audio_bytes = pl.from_arrow(audio.field("bytes")).cast(pl.Binary)  # type: ignore[union-attr]
+            audio_name = (pl.from_arrow(audio.field("path")) if audio.type.get_field_index("path") >= 0  # type: ignore[union-attr]
+                          else pl.Series([None] * batch.num_rows, dtype=pl.String))
+            df = pl.from_arrow(pa.Table.from_batches([batch]).drop_columns(["audio"]))
+            assert isinstance(df, pl.DataFrame)
+            n = df.height
+            origin = pl.format("{}:{}", pl.lit(str(path)), pl.int_range(row + 1, row + 1 + n))
+            # the struct's path is kept in ``extra`` (as ``audio_path``)
+            df = df.with_columns(origin.alias("origin"), pl.Series("audio_path", audio_name, dtype=pl.String))
+            if derive_id:
+                df = df.with_columns(pl.coalesce(pl.col("audio_path"), pl.col("origin")).alias("__id"))
+            types = {c: _type_name(df.schema[c]) for c in df.columns}
+            raw = _raw_from_columns(df, mapping, types)
+            labels = _labels(mapping)
+            labels["audio"] = "audio.bytes"
+            out = finish(raw, base_dir=str(path.parent.resolve()), labels=labels, require_audio=False)
+            out = out.with_columns(
+                pl.lit(file_abs).alias("container"),
+                pl.lit(rg, pl.Int32).alias("row_group"),
+                pl.int_range(in_group, in_group + n, dtype=pl.Int64).alias("group_row"),
+                pl.format("{}:{}", pl.lit(file_abs), pl.int_range(row + 1, row + 1 + n)).alias("audio_path"),
+            )
+            out = _set_problem(out, pl.lit(audio_bytes.is_null()), "missing_audio",
+                               pl.lit("audio struct has null bytes"))
+            out = conform(out, FULL_REJECTS_POLARS_SCHEMA).with_columns(audio_bytes.alias("__audio_bytes"))
+            row += n
+            in_group += n
+            yield out
