@@ -25,6 +25,11 @@ How one epoch is planned
    curriculum) with the bucket's own step order kept; ``interleave="ascending"`` orders
    steps by bucket index (short first) instead.
 
+With ``balance > 0`` the steps are *balanced* instead (:mod:`bucketing.balance`): full
+batches of different buckets share a step when their predicted times agree within the
+tolerance, and at most W - 1 batches are halved to fill the last step; ``step_bucket`` is
+then -1 at mixed steps and ``batch_bucket`` holds each batch's bucket.
+
 Invariants (tests check each): every allocated row appears exactly once per epoch unless
 listed in ``dropped``; every batch is non-empty and at most its bucket's batch size; all
 ranks have the same number of steps and draw from the same bucket at every step; equal
@@ -33,13 +38,16 @@ inputs give equal arrays.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from bucketing.balance import balance_steps, batch_cost, layout
 from bucketing.batching import Batches, form_batches, gather_segments
+from bucketing.costmodel import CostModel
 
 Interleave = Literal["random", "ascending"]
 
@@ -69,10 +77,19 @@ class EpochPlan:
     resplit_buckets: int = 0  # buckets whose tail was re-split (sync kept)
     real_seconds: float = 0.0  # sum of the planned rows' durations (s)
     real_tokens: int = 0  # sum of the planned rows' tokens
+    batch_bucket: npt.NDArray[np.int32] | None = None  # (world_size * num_steps,) balanced plans only
+    split_batches: int = 0  # balanced: formed batches cut into pieces (the only short batches)
+    unbalanced_steps: int = 0  # balanced: steps over the tolerance (counted fallbacks)
 
     @property
     def num_steps(self) -> int:
         return int(self.step_bucket.shape[0])
+
+    def bucket_of_batch(self) -> npt.NDArray[np.int32]:
+        """Bucket per batch (rank-major)."""
+        if self.batch_bucket is not None:
+            return self.batch_bucket
+        return np.tile(self.step_bucket, self.world_size)
 
     def sizes(self) -> npt.NDArray[np.int64]:
         """Utterances per batch (rank-major)."""
@@ -167,11 +184,14 @@ class _Placement:
 
 
 def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
-               interleave: Interleave = "random", **grouping: object) -> EpochPlan:
+               interleave: Interleave = "random", balance: float = 0.0, cost: CostModel | None = None,
+               **grouping: object) -> EpochPlan:
     """Plan one epoch (see the module docstring for the algorithm and invariants).
 
     Batches are formed from ``inputs`` (durations and tokens) exactly as production does;
     ``grouping`` passes :func:`bucketing.batching.form_batches`'s window / sort options.
+    ``balance`` > 0: balanced steps within that relative tolerance of predicted time
+    (``cost``, default :class:`CostModel`); 0: every step in one bucket.
     """
     W = int(world_size)
     if W < 1:
@@ -184,9 +204,17 @@ def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
     n_alloc = int((bucket_of_row >= 0).sum())
     if n_alloc < W:
         raise PlanError(f"{n_alloc} utterances cannot fill one step of {W} ranks")
+    if balance < 0:
+        raise PlanError(f"balance tolerance must be >= 0, got {balance}")
+    if interleave not in ("random", "ascending"):
+        raise PlanError(f"unknown interleave {interleave!r} (expected 'random' or 'ascending')")
     contains = containment(inputs.max_duration, inputs.max_tokens, B)
     batches = form_batches(bucket_of_row, batch_sizes, np.random.default_rng([seed, epoch, 0]),
                            num_tokens=inputs.num_tokens, duration=inputs.durations, **grouping)
+    if balance > 0:
+        balanced = _plan_balanced(inputs, batches, W, seed, epoch, interleave, balance, cost or CostModel())
+        if balanced is not None:
+            return balanced
     counts = np.bincount(batches.bucket, minlength=B)
     first_batch = np.zeros(B + 1, dtype=np.int64)
     np.cumsum(counts, out=first_batch[1:])
@@ -196,6 +224,26 @@ def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
                       int(batch_sizes[b]), contains)
     seq, offsets, rows = _interleave(placed, W, seed, epoch, interleave)
     return _epoch_plan(epoch, W, seq, offsets, rows, inputs, placed)
+
+
+def _plan_balanced(inputs: PlanInputs, batches: Batches, W: int, seed: int, epoch: int, interleave: Interleave,
+                   tolerance: float, cost: CostModel) -> EpochPlan | None:
+    """Balanced steps over the formed batches (:mod:`bucketing.balance`); None when the rows
+    cannot fill whole steps that way (the caller falls back to identical-bucket steps)."""
+    times = batch_cost(cost, batches.sizes(), batches.offsets, batches.rows, inputs.durations, inputs.num_tokens)
+    steps = balance_steps(batches.bucket, batches.offsets, times, W, tolerance, cost.overhead)
+    if steps is None:
+        return None
+    rng_steps = np.random.default_rng([seed, epoch, 1]) if interleave == "random" else None
+    offsets, gather, bucket = layout(steps, W, rng_steps, np.random.default_rng([seed, epoch, 2]))
+    by_step = bucket.reshape(W, steps.num_steps)
+    step_bucket = np.where((by_step == by_step[:1]).all(0), by_step[0], -1)
+    placed = _Placement(int(np.asarray(inputs.batch_sizes).shape[0]))
+    ep = _epoch_plan(epoch, W, step_bucket, offsets, batches.rows[gather], inputs, placed)
+    t = cost.step_time(ep.sizes(), ep.max_duration, ep.max_tokens).reshape(W, -1)
+    unbalanced = int((t.max(0) > (1 + tolerance) * t.mean(0)).sum())
+    return dataclasses.replace(ep, batch_bucket=bucket, split_batches=steps.split_batches,
+                               unbalanced_steps=unbalanced)
 
 
 def _place_bucket(placed: _Placement, batches: Batches, b: int, lo: int, hi: int, W: int, bs: int,

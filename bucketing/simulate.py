@@ -111,3 +111,84 @@ def simulate(bucket: npt.NDArray[np.integer], cost: npt.NDArray[np.floating], wo
     tu, iun = epoch_time_idle(unsync)
     per_bucket = float(np.median(np.unique(np.asarray(bucket), return_counts=True)[1])) if len(bucket) else 0.0
     return SimResult(world_size, int(sync.shape[0]), int(unsync.shape[0]), ts, tu, isy, iun, per_bucket)
+
+
+# --------------------------------------------------------------------------- strategies
+
+STRATEGIES = ("sync", "adpsgd", "hybrid")
+
+
+@dataclass(frozen=True)
+class StrategyResult:
+    """One epoch under a training strategy (see :func:`simulate_strategy`)."""
+
+    strategy: str
+    world_size: int
+    group_size: int
+    time: float  # seconds until the last learner finishes
+    utt_per_s: float  # utterances of the epoch / time
+    idle: float  # share of rank time not spent computing a batch
+    staleness: int  # largest gap in completed steps between two learners at any moment
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ring_finish(compute: npt.NDArray[np.float64], exchange: float) -> npt.NDArray[np.float64]:
+    """Finish times (steps, learners) of learners on a ring: learner ``i`` ends step ``s`` after
+    its own compute and one exchange with neighbour ``i + 1``, which must have ended step
+    ``s - 1`` (bounded staleness 1 between neighbours). A loop over steps, vectorized over
+    learners."""
+    S, L = compute.shape
+    done = np.empty((S, L))
+    prev = np.zeros(L)
+    for s in range(S):
+        ready = prev + compute[s]
+        done[s] = np.maximum(ready, np.roll(prev, -1)) + exchange if L > 1 else ready
+        prev = done[s]
+    return done
+
+
+def _staleness(done: npt.NDArray[np.float64]) -> int:
+    """Largest number of steps a learner is behind another when that one ends a step."""
+    S, L = done.shape
+    if L < 2 or S == 0:
+        return 0
+    first = done.min(1)  # when the first learner ends step s
+    behind = 0
+    for i in range(L):  # a loop over learners, each a binary search over its steps
+        completed = np.searchsorted(done[:, i], first, side="right")
+        behind = max(behind, int((np.arange(1, S + 1) - completed).max()))
+    return behind
+
+
+def simulate_strategy(times: npt.NDArray[np.floating], sizes: npt.NDArray[np.integer], strategy: str,
+                      group_size: int | None = None, exchange: float = 0.005,
+                      slow: dict[int, float] | None = None) -> StrategyResult:
+    """Epoch time, utterances/s, idle share and staleness of a (steps, ranks) plan under
+    ``strategy``: ``sync`` (every step waits for the slowest rank: :func:`epoch_time_idle`),
+    ``adpsgd`` (each rank is a learner on a ring, :func:`_ring_finish`, ``exchange`` seconds per
+    step) or ``hybrid`` (sync inside groups of ``group_size`` consecutive ranks, each group one
+    learner on the ring). ``slow`` multiplies a rank's batch times (``{rank: factor}``).
+    ``sizes``: utterances per batch, same shape."""
+    t = np.array(times, dtype=np.float64)
+    W = t.shape[1]
+    for r, f in (slow or {}).items():
+        if not 0 <= r < W:
+            raise ValueError(f"slow rank {r} is not a rank of a {W}-rank plan")
+        t[:, r] *= f
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r} (expected {', '.join(STRATEGIES)})")
+    G = {"sync": W, "adpsgd": 1}.get(strategy, group_size or W)
+    if G < 1 or W % G:
+        raise ValueError(f"group size {G} must be >= 1 and divide the world size {W}")
+    utts = float(np.asarray(sizes).sum())
+    busy = float(t.sum())
+    if strategy == "sync":
+        total, idle = epoch_time_idle(t)
+        return StrategyResult(strategy, W, W, total, utts / total if total else 0.0, idle, 0)
+    compute = t.reshape(t.shape[0], W // G, G).max(2)  # a group's step lasts as long as its slowest rank
+    done = _ring_finish(compute, exchange)
+    total = float(done[-1].max()) if done.size else 0.0
+    idle = 1.0 - busy / (W * total) if total else 0.0
+    return StrategyResult(strategy, W, G, total, utts / total if total else 0.0, idle, _staleness(done))

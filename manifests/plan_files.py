@@ -4,9 +4,11 @@ A plan directory holds ``plan.json`` and one Parquet shard per rank
 (``rank-00000.parquet`` ...). One shard row is one batch::
 
     epoch          int32    epoch number (0-based)
-    step           int64    global step, the same on every rank (0 .. total steps - 1)
+    step           int64    global step, the same on every rank (0 .. total steps - 1; a
+                            re-planned plan starts at its ``replan.at_step``)
     step_in_epoch  int64    step inside its epoch
-    bucket         int32    bucket index in buckets.json (the same on every rank at a step)
+    bucket         int32    bucket index in buckets.json (the same on every rank at a step,
+                            except in balanced plans: ``plan-batches --balance``)
     size           int32    utterances in the batch
     max_duration   float64  longest utterance in the batch, seconds
     max_tokens     int32    most tokens of an utterance in the batch

@@ -11,13 +11,19 @@ all epochs, equal on every rank), ``steps_per_epoch``, ``interleave`` (random | 
 SHA-256), ``buckets`` (the buckets.json entries the plan used), ``allocation``, ``per_epoch``,
 ``per_bucket``, ``padding`` (ratios and seconds / tokens), ``fallbacks``, ``shards`` (file
 name and SHA-256 per rank) and ``plan_hash`` (SHA-256 of the rest, keys sorted).
+
+Optional (absent from plans made with ``--balance 0`` and not re-planned, so those keep their
+bytes): ``balance`` (:class:`BalanceInfo`: tolerance, fill, straggler, same-bucket share, ...)
+and ``replan`` (:class:`ReplanInfo`: the parent plan's hash and world size, the step ``at_step``
+from which this plan's shards hold the batches; steps before it were the parent's).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +52,69 @@ class FileRef:
 
 
 @dataclass(frozen=True)
+class BalanceInfo:
+    """How full and how balanced a plan's steps are (over all its epochs, step-weighted).
+
+    ``tolerance``: the ``--balance`` asked for (relative, 0 = one bucket per step); ``fill``:
+    Σ batch size ÷ Σ the buckets' batch sizes (0..1); ``mean_batch`` utterances; ``straggler``:
+    mean over steps of max ÷ mean predicted rank time − 1; ``idle``: share of rank time spent
+    waiting; ``same_bucket``: share of steps with one bucket on all ranks; ``balance_mean``:
+    mean over steps of max ÷ mean padded audio seconds; ``balance_over_1_10``: share of steps
+    above 1.10; ``split_batches``: formed batches cut into pieces (the only short batches); ``unbalanced_steps``: steps whose
+    predicted max ÷ mean time exceeds ``1 + tolerance`` (counted fallbacks).
+    """
+
+    tolerance: float
+    fill: float
+    mean_batch: float
+    straggler: float
+    idle: float
+    same_bucket: float
+    balance_mean: float
+    balance_over_1_10: float
+    split_batches: int
+    unbalanced_steps: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (round(x, 6) if isinstance(x, float) else x) for k, x in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, obj: Any, v: _Validator) -> BalanceInfo:
+        obj = v.obj(obj, "balance")
+        vals: dict[str, Any] = {}
+        for f in fields(cls):
+            x = v.key(obj, f.name, "balance.")
+            vals[f.name] = (v.int_(x, f"balance.{f.name}", lo=0) if f.type == "int"
+                            else v.float_(x, f"balance.{f.name}", lo=0.0))
+        for name in ("fill", "same_bucket", "balance_over_1_10", "idle"):
+            if vals[name] > 1:
+                raise v.fail(f"balance.{name}", f"a share must be <= 1, got {vals[name]}")
+        return cls(**vals)
+
+
+@dataclass(frozen=True)
+class ReplanInfo:
+    """Where a re-planned plan descends from: the parent's ``plan_hash`` and world size, and
+    ``at_step`` (global): the parent's batches of steps < ``at_step`` were consumed; this plan's
+    shards hold steps ``at_step`` .. ``num_steps - 1``."""
+
+    parent_plan_hash: str
+    parent_world_size: int
+    at_step: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: Any, v: _Validator) -> ReplanInfo:
+        obj = v.obj(obj, "replan")
+        return cls(parent_plan_hash=v.hex_(v.key(obj, "parent_plan_hash", "replan."), "replan.parent_plan_hash"),
+                   parent_world_size=v.int_(v.key(obj, "parent_world_size", "replan."), "replan.parent_world_size",
+                                            lo=1),
+                   at_step=v.int_(v.key(obj, "at_step", "replan."), "replan.at_step", lo=0))
+
+
+@dataclass(frozen=True)
 class PlanMeta:
     """The typed content of ``plan.json`` (see the module docstring)."""
 
@@ -66,6 +135,14 @@ class PlanMeta:
     shards: list[FileRef] = field(default_factory=list)
     plan_hash: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # keys added by newer writers, kept as read
+    balance: BalanceInfo | None = None  # written when tolerance > 0 (see the module docstring)
+    replan: ReplanInfo | None = None
+    sync_group: int | None = None  # ranks per sync group when < world_size (written only then)
+
+    @property
+    def first_step(self) -> int:
+        """The first global step this plan's shards hold (0, or ``replan.at_step``)."""
+        return self.replan.at_step if self.replan is not None else 0
 
     def to_json(self) -> dict[str, Any]:
         """The dict written to ``plan.json`` (without ``shards`` / ``plan_hash`` / ``version``
@@ -90,6 +167,12 @@ class PlanMeta:
             "fallbacks": self.fallbacks,
             **self.extra,
         }
+        if self.balance is not None and self.balance.tolerance > 0:
+            body["balance"] = self.balance.to_json()
+        if self.replan is not None:
+            body["replan"] = self.replan.to_json()
+        if self.sync_group is not None and self.sync_group != self.world_size:
+            body["sync_group"] = self.sync_group
         if self.shards:
             body["shards"] = [{"file": s.file, "sha256": s.sha256} for s in self.shards]
             body["version"] = PLAN_VERSION
@@ -133,7 +216,13 @@ class PlanMeta:
             raise ManifestError(f"{where}: shards: {len(shards)} listed for world size {world_size}")
         known = {"inputs", "buckets", "world_size", "seed", "epochs", "interleave", "allocation", "num_steps",
                  "steps_per_epoch", "per_epoch", "per_bucket", "padding", "fallbacks", "shards", "plan_hash",
-                 "version"}
+                 "version", "balance", "replan", "sync_group"}
+        sync_group = v.int_(obj["sync_group"], "sync_group", lo=1) if "sync_group" in obj else None
+        if sync_group is not None and world_size % sync_group:
+            raise ManifestError(f"{where}: sync_group: {sync_group} does not divide the world size {world_size}")
+        replan = ReplanInfo.from_json(obj["replan"], v) if "replan" in obj else None
+        if replan is not None and replan.at_step > num_steps:
+            raise ManifestError(f"{where}: replan.at_step: {replan.at_step} is past the plan's {num_steps} steps")
         return cls(
             manifest=ManifestRef(file=v.str_(v.key(man, "file", "inputs.manifest."), "inputs.manifest.file"),
                                  content_hash=v.hex_(v.key(man, "content_hash", "inputs.manifest."),
@@ -155,6 +244,9 @@ class PlanMeta:
             shards=shards,
             plan_hash=v.hex_(v.key(obj, "plan_hash"), "plan_hash"),
             extra={k: val for k, val in obj.items() if k not in known},
+            balance=BalanceInfo.from_json(obj["balance"], v) if "balance" in obj else None,
+            replan=replan,
+            sync_group=sync_group,
         )
 
 
@@ -188,6 +280,13 @@ class _Validator:
         if lo is not None and x < lo:
             raise self.fail(name, f"must be >= {lo}, got {x}")
         return x
+
+    def float_(self, x: Any, name: str, lo: float | None = None) -> float:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise self.fail(name, f"expected a finite number, got {x!r}")
+        if lo is not None and x < lo:
+            raise self.fail(name, f"must be >= {lo}, got {x}")
+        return float(x)
 
     def str_(self, x: Any, name: str) -> str:
         if not isinstance(x, str) or not x:

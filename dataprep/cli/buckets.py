@@ -15,6 +15,8 @@ from bucketing.dynres import DynResConfig
 from bucketing.batching import DEFAULT_AUDIO_WEIGHT
 from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, grid_from_spec
 from bucketing.padding import padding_report
+from bucketing.plan import PlanError
+from bucketing.steps_report import steps_report
 from dataprep.cli.app import app, out, user_errors
 from manifests.buckets_file import BucketSpec, read_buckets, write_buckets
 from manifests.errors import DataprepError
@@ -107,6 +109,8 @@ def padding_cmd(
     min_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: lowest frame rate (Hz).")] = 70.0,
     max_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: highest frame rate (Hz).")] = 130.0,
     floor_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: a batch needing less (Hz) falls back to padding.")] = 50.0,
+    world_sizes: Annotated[Optional[str], typer.Option("--world-sizes", help="Comma-separated world sizes: also report the steps plan-batches would make (fill, straggler, same-bucket share) with one bucket per step and with --balance.")] = None,
+    balance: Annotated[float, typer.Option("--balance", min=0.0, help="Balance tolerance for --world-sizes (as plan-batches --balance).")] = 0.05,
 ) -> None:
     """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D,
     2D + dynamic resolution (frame padding, clamped utterances, batches that fell back)."""
@@ -131,6 +135,17 @@ def padding_cmd(
                                 audio_weight=audio_weight, carry=carry, dynamic_resolution=dynres)
     except ValueError as exc:
         raise DataprepError(f"{manifest}: {exc}") from None
+    if world_sizes:
+        try:
+            ws = [int(x) for x in world_sizes.split(",") if x.strip()]
+        except ValueError:
+            raise DataprepError(f"--world-sizes: expected integers, got {world_sizes!r}") from None
+        if not ws or min(ws) < 1:
+            raise DataprepError(f"--world-sizes: expected integers >= 1, got {world_sizes!r}")
+        try:
+            report["steps"] = steps_report(d, t, grid, bs, ws, balance, seed=seed, strict=strict, carry=carry)
+        except PlanError as exc:
+            raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
     report["manifest_hash"] = manifest_hash(manifest)
     table = Table(title=f"padding, {budget:g} s padded audio per batch")
     for col in ("scheme", "audio padding", "token padding", "mean batch", "batches", "rows left out"):
@@ -154,6 +169,18 @@ def padding_cmd(
                    f"{100 * b['token_padding']:.1f}%", f"{100 * b['dynres_frame_padding']:.2f}%",
                    f"{100 * b['dynres_clamped_share']:.1f}%", f"{100 * b['dynres_fallback_share']:.1f}%")
     out.print(pb)
+    if "steps" in report:
+        st = Table(title="steps per epoch at each world size (fill = mean batch / mean batch at W=1; bound = "
+                         "B / (W ceil(B/W)); straggler = mean max/mean predicted rank time - 1)")
+        for col in ("W", "balance", "steps", "fill", "bound", "straggler", "same bucket", "padded max/mean",
+                    "> 1.10", "audio pad", "token pad"):
+            st.add_column(col, justify="right")
+        for r in report["steps"]:
+            st.add_row(str(r["world_size"]), f"{r['balance']:g}", str(r["steps"]), f"{r['fill']:.3f}",
+                       f"{r['bound']:.3f}", f"{r['straggler']:.1%}", f"{r['same_bucket']:.1%}",
+                       f"{r['balance_mean']:.3f}", f"{r['balance_over_1_10']:.1%}", f"{r['padding_audio']:.2%}",
+                       f"{r['padding_tokens']:.2%}")
+        out.print(st)
     if json_out is not None:
         write_json(report, json_out)
         out.print(f"wrote {json_out}")

@@ -1,5 +1,6 @@
-"""Commands: plan-batches (compile a rank-synchronized batch schedule) and simulate
-(tail-worker idle time of a plan, synchronized vs not). The work is in :mod:`dataprep.planning`."""
+"""Commands: plan-batches (compile a rank-synchronized batch schedule), replan (continue a
+plan at a step on another world size) and simulate (tail-worker idle time of a plan,
+synchronized vs not). The work is in :mod:`dataprep.planning`."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from rich.table import Table
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from dataprep.cli.app import app, out, user_errors
-from dataprep.planning import DEFAULT_WORLD_SIZES, build_plan, simulate_plan
+from dataprep.planning import DEFAULT_WORLD_SIZES, build_plan, replan, simulate_plan
+from dataprep.planning.replan import default_manifest
+from dataprep.planning.simulate import plan_steps_report, simulate_strategies
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
-from manifests.plan_meta import PlanMeta
+from manifests.plan_meta import PlanMeta, read_plan_meta
 
 
 @app.command("plan-batches")
@@ -36,14 +39,19 @@ def plan_batches_cmd(
     min_rate: Annotated[float, typer.Option(help="Dynamic resolution: lowest frame rate (Hz); below it the rate is clamped.")] = 70.0,
     max_rate: Annotated[float, typer.Option(help="Dynamic resolution: highest frame rate (Hz); above it the rate is clamped and the rest zero-padded.")] = 130.0,
     floor_rate: Annotated[float, typer.Option(help="Dynamic resolution: a batch needing a rate below this (Hz) falls back to ordinary padding.")] = 50.0,
+    balance: Annotated[float, typer.Option("--balance", help="Balanced steps: full batches of any buckets whose predicted step times agree within this relative tolerance (e.g. 0.05); 0 = one bucket per step.")] = 0.0,
+    coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE for --balance ({', '.join(CostModel.names())}).")] = None,
+    sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together (divides --world-size; default all): each group of consecutive ranks draws the steps in its own order (1 = independent learners, for ADPSGD).")] = None,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
     if interleave not in ("random", "ascending"):
         raise DataprepError(f"--interleave must be random or ascending, not {interleave!r}")
     dynres = _dynres_config(frames_per_second, min_rate, max_rate, floor_rate) if dynamic_resolution else None
+    cost = _cost(coef)
     with progress_counter("planning (shards written)", total=epochs * world_size) as advance:
         meta = build_plan(manifest, buckets, out_dir, world_size=world_size, seed=seed, epochs=epochs,
                           strict=strict, interleave=interleave, row_group_steps=row_group_steps, carry=carry,
+                          balance=balance, cost=cost, sync_group=sync_group,
                           on_progress=lambda done, total: advance(1), dynamic_resolution=dynres)
     print_plan(meta, out_dir)
 
@@ -56,10 +64,42 @@ def _dynres_config(frames_per_second: float, min_rate: float, max_rate: float, f
         raise DataprepError(str(exc)) from None
 
 
+@app.command("replan")
+@user_errors
+def replan_cmd(
+    plan_dir: Annotated[Path, typer.Argument(help="Plan directory to continue (written by plan-batches or replan).")],
+    at_step: Annotated[int, typer.Option("--at-step", help="First global step not yet trained (the checkpoint's next step).")],
+    world_size: Annotated[int, typer.Option("--world-size", "-w", help="Number of ranks from that step on.")],
+    out_dir: Annotated[Path, typer.Option("-o", "--output", help="New plan directory (replaced if it holds a plan).")],
+    manifest: Annotated[Optional[Path], typer.Option("--manifest", help="The plan's manifest (default: its recorded file name next to the plan directory).")] = None,
+    carry: Annotated[bool, typer.Option("--carry/--no-carry", help="Carry bucket tails in the later epochs (as plan-batches).")] = True,
+    coef: Annotated[Optional[list[str]], typer.Option("--coef", help="Cost coefficient NAME=VALUE for a balanced plan.")] = None,
+) -> None:
+    """Continue a plan at --at-step on --world-size ranks: steps before it stay consumed; the
+    rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned."""
+    man = manifest if manifest is not None else default_manifest(plan_dir, read_plan_meta(plan_dir))
+    meta = replan(plan_dir, man, out_dir, at_step=at_step, world_size=world_size, carry=carry, cost=_cost(coef))
+    print_plan(meta, out_dir)
+
+
+def _cost(coef: list[str] | None) -> CostModel:
+    try:
+        return CostModel().with_overrides(coef or [])
+    except ValueError as exc:
+        raise DataprepError(str(exc)) from None
+
+
 def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
     """The plan summary a user reads after plan-batches."""
     spe = meta.steps_per_epoch
     out.print(f"plan: {out_dir}  world size {meta.world_size}, seed {meta.seed}, {meta.epochs} epoch(s)")
+    if meta.sync_group is not None and meta.sync_group != meta.world_size:
+        out.print(f"sync groups of {meta.sync_group} rank(s): {meta.world_size // meta.sync_group} groups, "
+                  "each with its own step order")
+    if meta.replan is not None:
+        rp = meta.replan
+        out.print(f"re-planned from plan {rp.parent_plan_hash[:12]} (world size {rp.parent_world_size}) at step "
+                  f"{rp.at_step}: its shards hold steps {rp.at_step}..{meta.num_steps - 1}")
     out.print(f"steps per epoch: {', '.join(map(str, spe)) if len(set(spe)) > 1 else spe[0]}  (total {meta.num_steps})")
     table = Table(title="per bucket (per epoch)")
     for col in ("bucket", "max_duration", "max_tokens", "batch_size", "steps", "batches", "utterances"):
@@ -83,6 +123,14 @@ def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
     out.print(f"fallbacks: {fb['moved_rows']} rows moved to a containing bucket, {fb['dropped_rows']} dropped, "
               f"{fb['broken_sync_steps']} unsynchronized steps; {fb['resplit_buckets']} bucket tails re-split "
               f"(sync kept); {left_out} rows outside the bucket grid")
+    if meta.balance is not None:
+        bl = meta.balance
+        mode = f"balanced within {bl.tolerance:g}" if bl.tolerance > 0 else "one bucket per step"
+        out.print(f"steps ({mode}): fill {bl.fill:.1%} of the buckets' batch sizes (mean batch {bl.mean_batch:.1f}), "
+                  f"same-bucket steps {bl.same_bucket:.1%}, predicted straggler {bl.straggler:.1%} "
+                  f"(idle {bl.idle:.1%}), padded audio max/mean {bl.balance_mean:.3f} "
+                  f"(> 1.10 on {bl.balance_over_1_10:.1%} of steps); {bl.split_batches} batch(es) split, "
+                  f"{bl.unbalanced_steps} step(s) over the tolerance")
     out.print(f"plan hash: {meta.plan_hash}")
 
 
@@ -95,6 +143,10 @@ def simulate_cmd(
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE ({', '.join(CostModel.names())}).")] = None,
     epoch: Annotated[int, typer.Option("--epoch", help="Epoch to simulate.")] = 0,
     seed: Annotated[int, typer.Option("--seed", help="Seed for dealing batches at other world sizes.")] = 0,
+    strategy: Annotated[Optional[str], typer.Option("--strategy", help="Also simulate training strategies on the plan: sync, adpsgd, hybrid, or a comma-separated list.")] = None,
+    group_size: Annotated[Optional[int], typer.Option("--group-size", help="Ranks per synchronous group for hybrid (default: the plan's --sync-group, else 8).")] = None,
+    slow_rank: Annotated[Optional[list[str]], typer.Option("--slow-rank", help="RANK=FACTOR: that rank's batches take FACTOR times longer (e.g. 3=1.5).")] = None,
+    exchange: Annotated[float, typer.Option("--exchange", min=0.0, help="Seconds per ADPSGD pairwise weight exchange (one per step).")] = 0.005,
 ) -> None:
     """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not."""
     try:
@@ -102,8 +154,15 @@ def simulate_cmd(
         cost = CostModel().with_overrides(coef or [])
     except ValueError as exc:
         raise DataprepError(str(exc).replace("invalid literal for int() with base 10", "--world-sizes: not an integer")) from None
+    slow = _slow_ranks(slow_rank or [])
+    strategies = [x.strip() for x in strategy.split(",") if x.strip()] if strategy else []
     results = simulate_plan(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
     out.print(f"tail-worker simulation, epoch {epoch}; cost model: {cost}")
+    rep = plan_steps_report(plan_dir, cost, epoch)
+    out.print(f"plan's steps (world size {results[0].world_size}): {rep.steps} steps, fill {rep.fill:.1%} of the "
+              f"buckets' batch sizes (mean batch {rep.mean_batch:.1f}), same-bucket steps {rep.same_bucket:.1%}, "
+              f"predicted straggler {rep.straggler:.1%}, padded audio max/mean {rep.balance_mean:.3f} "
+              f"(> 1.10 on {rep.balance_over_1_10:.1%} of steps)")
     out.print("speedup = 1 - epoch time synchronized / epoch time unsynchronized (same batches)")
     head = ("world_size", "steps_sync", "steps_unsync", "idle_sync", "idle_unsync", "epoch_s_sync",
             "epoch_s_unsync", "speedup")
@@ -114,3 +173,28 @@ def simulate_cmd(
         note = "" if r.representative else (
             f"  (only {r.batches_per_bucket:.0f} batches per bucket for {r.world_size} ranks: too small a corpus to say)")
         out.print("  ".join(f"{c:>14}" for c in cells) + note)
+    if strategies:
+        res = simulate_strategies(plan_dir, strategies, cost, group_size, slow, exchange, epoch)
+        out.print(f"strategies (exchange {exchange:g} s per ADPSGD step"
+                  + (", slow " + ", ".join(f"rank {r} x{f:g}" for r, f in slow.items()) if slow else "") + ")")
+        head = ("strategy", "group", "epoch_s", "utt/s", "idle", "staleness")
+        out.print("  ".join(f"{h:>10}" for h in head))
+        for r in res:
+            cells = (r.strategy, r.group_size, f"{r.time:.1f}", f"{r.utt_per_s:.1f}", f"{r.idle:.1%}", r.staleness)
+            out.print("  ".join(f"{c:>10}" for c in cells))
+
+
+def _slow_ranks(pairs: list[str]) -> dict[int, float]:
+    """``RANK=FACTOR`` options as a dict; one-line error for a bad one."""
+    slow: dict[int, float] = {}
+    for pair in pairs:
+        rank, sep, factor = pair.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            slow[int(rank)] = float(factor)
+        except ValueError:
+            raise DataprepError(f"--slow-rank {pair!r}: expected RANK=FACTOR, e.g. 3=1.5") from None
+        if not slow[int(rank)] > 0:
+            raise DataprepError(f"--slow-rank {pair!r}: the factor must be > 0")
+    return slow

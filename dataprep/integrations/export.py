@@ -80,6 +80,9 @@ def load_inputs(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
     if src.is_dir() or src.name == PLAN_JSON:
         plan_dir = src if src.is_dir() else src.parent
         meta = read_plan_meta(plan_dir)
+        if meta.replan is not None:  # its shards start mid-plan: epoch 0 may be absent or partial
+            raise DataprepError(f"{plan_dir}: a re-planned plan (from step {meta.replan.at_step}); export its "
+                                "parent plan or the buckets.json")
         require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
         spec = parse_buckets({"version": 1, "buckets": meta.buckets}, str(plan_dir / PLAN_JSON))
         bucket = _plan_buckets(plan_dir, meta.world_size, df.height)

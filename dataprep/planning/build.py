@@ -23,13 +23,17 @@ import pyarrow as pa
 
 from bucketing.allocate import Assignment, assign
 from bucketing.dynres import DynResConfig, ResolutionTotals, resolution_totals, resolve, target_frames
+from bucketing.balance import PlanReport
+from bucketing.costmodel import CostModel
 from bucketing.fit import grid_from_spec
+from bucketing.groups import regroup
 from bucketing.plan import EpochPlan, PlanError, PlanInputs, plan_epoch
+from bucketing.steps_report import epoch_report
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import file_sha256, manifest_hash, read_manifest
 from manifests.plan_files import PlanWriter, shard_table
-from manifests.plan_meta import FileRef, ManifestRef, PlanMeta
+from manifests.plan_meta import BalanceInfo, FileRef, ManifestRef, PlanMeta
 
 
 def batch_sizes_of(spec: BucketSpec, where: str = "buckets.json") -> npt.NDArray[np.int64]:
@@ -75,6 +79,9 @@ class _Totals:
     pad_s: float = 0.0
     real_t: int = 0
     pad_t: int = 0
+    reports: list[PlanReport] = field(default_factory=list)
+    split_batches: int = 0
+    unbalanced_steps: int = 0
     batches: npt.NDArray[np.int64] = field(init=False)
     utterances: npt.NDArray[np.int64] = field(init=False)
 
@@ -86,10 +93,15 @@ class _Totals:
     def num_steps(self) -> int:
         return sum(self.steps_per_epoch)
 
-    def add(self, ep: EpochPlan, first_step: int) -> None:
+    def add(self, ep: EpochPlan, first_step: int, batch_sizes: npt.NDArray[np.int64] | None = None,
+            cost: CostModel | None = None) -> None:
         self.real_s, self.pad_s = self.real_s + ep.real_seconds, self.pad_s + ep.padded_seconds
         self.real_t, self.pad_t = self.real_t + ep.real_tokens, self.pad_t + ep.padded_tokens
-        bucket_of_batch = np.tile(ep.step_bucket, ep.world_size)
+        bucket_of_batch = ep.bucket_of_batch()
+        if batch_sizes is not None:
+            self.reports.append(epoch_report(ep, batch_sizes, cost))
+        self.split_batches += ep.split_batches
+        self.unbalanced_steps += ep.unbalanced_steps
         self.batches += np.bincount(bucket_of_batch, minlength=self.num_buckets)
         self.utterances += np.bincount(bucket_of_batch, weights=ep.sizes(), minlength=self.num_buckets).astype(np.int64)
         self.steps_per_epoch.append(ep.num_steps)
@@ -111,6 +123,19 @@ class _Totals:
                 "tokens": round(1 - self.real_t / self.pad_t, 6) if self.pad_t else 0.0,
                 "real_seconds": round(self.real_s, 3), "padded_seconds": round(self.pad_s, 3),
                 "real_tokens": self.real_t, "padded_tokens": self.pad_t}
+
+    def balance_info(self, tolerance: float) -> BalanceInfo:
+        """The epochs' reports, step-weighted."""
+        w = np.array([r.steps for r in self.reports], dtype=np.float64)
+        w = w / w.sum() if w.sum() else w
+
+        def avg(name: str) -> float:
+            return float(sum(wi * getattr(r, name) for wi, r in zip(w, self.reports)))
+
+        return BalanceInfo(tolerance=float(tolerance), fill=avg("fill"), mean_batch=avg("mean_batch"),
+                           straggler=avg("straggler"), idle=avg("idle"), same_bucket=avg("same_bucket"),
+                           balance_mean=avg("balance_mean"), balance_over_1_10=avg("balance_over_1_10"),
+                           split_batches=self.split_batches, unbalanced_steps=self.unbalanced_steps)
 
     def fallback_summary(self) -> dict[str, Any]:
         return {
@@ -135,11 +160,20 @@ def build_plan(
     interleave: str = "random",
     row_group_steps: int = 128,
     carry: bool = True,
+    balance: float = 0.0,
+    cost: CostModel | None = None,
+    sync_group: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     timings: dict[str, float] | None = None,
     dynamic_resolution: DynResConfig | None = None,
 ) -> PlanMeta:
     """Plan ``epochs`` epochs of ``manifest`` over ``world_size`` ranks into ``out_dir``.
+
+    ``balance`` > 0: balanced steps (full batches of any buckets whose predicted times under
+    ``cost`` agree within that relative tolerance, :mod:`bucketing.balance`); 0: one bucket per
+    step (today's plans, byte for byte). ``sync_group`` G (dividing ``world_size``; None = all):
+    ranks are synchronized only within groups of G, each group drawing the steps in its own
+    order (:mod:`bucketing.groups`).
 
     Returns the plan's metadata (the content of ``plan.json``). ``on_progress(done, total)``
     counts shard writes; ``timings`` (if given) receives wall seconds per phase (read,
@@ -150,12 +184,19 @@ def build_plan(
     clock = _Clock(timings)
     if world_size < 1 or epochs < 1:
         raise DataprepError(f"world size and epochs must be >= 1 (got {world_size}, {epochs})")
+    if not balance >= 0:
+        raise DataprepError(f"--balance must be >= 0 (a relative tolerance, e.g. 0.05), got {balance}")
+    group = world_size if sync_group is None else sync_group
+    if group < 1 or world_size % group:
+        raise DataprepError(f"--sync-group {group} must be >= 1 and divide the world size {world_size}")
     spec = read_buckets(buckets)
     bs = batch_sizes_of(spec, str(buckets))
     grid = grid_from_spec(spec)
     cols = ManifestColumns.read(manifest)
     clock("read")
-    assigned = assign(cols.duration, cols.num_tokens, grid, bs, strict=strict, carry=carry, world_size=world_size)
+    # balanced steps need no bucket to fill whole steps, so tails are always carried
+    assigned = assign(cols.duration, cols.num_tokens, grid, bs, strict=strict, carry=carry,
+                      world_size=None if balance > 0 else world_size)
     inputs = PlanInputs(assigned.bucket, bs, cols.duration, cols.num_tokens, grid.max_duration,
                         assigned.max_tokens.astype(np.float64))
     clock("allocate")
@@ -166,14 +207,15 @@ def build_plan(
                     target_frames=dynamic_resolution is not None) as writer:
         for e in range(epochs):
             try:
-                ep = plan_epoch(inputs, world_size, seed, e, interleave=interleave)  # type: ignore[arg-type]
+                ep = regroup(plan_epoch(inputs, world_size, seed, e, interleave=interleave,  # type: ignore[arg-type]
+                                        balance=balance, cost=cost), group, seed)
             except PlanError as exc:
                 raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
             clock("plan")
             first_step = totals.num_steps
             _write_epoch(writer, ep, cols.ids, first_step, lambda r: on_progress(e * world_size + r + 1, total)
                          if on_progress else None, dynamic_resolution)
-            totals.add(ep, first_step)
+            totals.add(ep, first_step, bs, cost)
             if dynres is not None:
                 dynres.add(ep, cols.duration)
             clock("write")
@@ -184,7 +226,8 @@ def build_plan(
                 "use fewer ranks or buckets with larger batch sizes"
             )
         meta = _plan_meta(manifest, buckets, spec, cols, assigned, totals, strict=strict,
-                          world_size=world_size, seed=seed, epochs=epochs, interleave=interleave)
+                          world_size=world_size, seed=seed, epochs=epochs, interleave=interleave,
+                          balance=totals.balance_info(balance), sync_group=group)
         if dynres is not None:
             meta = dataclasses.replace(meta, extra={**meta.extra, "dynamic_resolution": dynres.to_json()})
         meta = writer.finish(meta)
@@ -194,7 +237,8 @@ def build_plan(
 
 def _plan_meta(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str], spec: BucketSpec,
                cols: ManifestColumns, assigned: Assignment, totals: _Totals, *, strict: bool, world_size: int,
-               seed: int, epochs: int, interleave: str) -> PlanMeta:
+               seed: int, epochs: int, interleave: str, balance: BalanceInfo | None = None,
+               sync_group: int | None = None) -> PlanMeta:
     alloc = assigned.allocation
     return PlanMeta(
         manifest=ManifestRef(Path(manifest).name, manifest_hash(manifest), int(cols.duration.shape[0])),
@@ -216,6 +260,8 @@ def _plan_meta(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str]
         per_bucket=totals.per_bucket(epochs, world_size),
         padding=totals.padding(),
         fallbacks=totals.fallback_summary(),
+        balance=balance,
+        sync_group=sync_group,
     )
 
 
@@ -239,7 +285,7 @@ class _DynResTotals:
             d = duration[ep.rows[off[0]:off[-1]]]
             off = off - off[0]
             res = resolve(d, off, target[lo:hi], self.config)
-            got = resolution_totals(d, off, res, self.config, ep.step_bucket, self.num_buckets)
+            got = resolution_totals(d, off, res, self.config, ep.bucket_of_batch()[lo:hi], self.num_buckets)
             self.per_bucket = [a + b for a, b in zip(self.per_bucket, got)]
 
     def to_json(self) -> dict[str, Any]:
@@ -282,7 +328,7 @@ def _write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: i
         off = ep.offsets[lo:hi + 1]
         a, b = int(off[0]), int(off[-1])
         table = shard_table(
-            epoch=ep.epoch, first_step=first_step, bucket=ep.step_bucket, offsets=off, rows=ep.rows,
+            epoch=ep.epoch, first_step=first_step, bucket=ep.bucket_of_batch()[lo:hi], offsets=off, rows=ep.rows,
             ids=ids.take(pa.array(ep.rows[a:b])),  # this rank's ids, one gather
             max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi],
             target_frames=None if targets is None else targets[lo:hi],

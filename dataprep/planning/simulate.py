@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from bucketing.balance import PlanReport, plan_report
 from bucketing.costmodel import CostModel
-from bucketing.simulate import SimResult, simulate
+from bucketing.simulate import SimResult, StrategyResult, simulate, simulate_strategy
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import read_manifest, require_manifest_hash
 from manifests.plan_files import shard_name
@@ -79,3 +80,40 @@ def simulate_plan(
         results.append(simulate(m["bucket"].ravel(), times.ravel(), w, seed=seed,
                                 sync_matrix=times if w == W else None, overhead=cost.overhead))
     return results
+
+
+def plan_steps_report(plan_dir: str | os.PathLike[str], cost: CostModel | None = None, epoch: int = 0) -> PlanReport:
+    """Fill, straggler, same-bucket share and padded-audio balance of one epoch of a written
+    plan, at its own world size and step layout (:func:`bucketing.balance.plan_report`)."""
+    meta = read_plan_meta(plan_dir)
+    m = read_epoch_batches(plan_dir, epoch)
+    bs = np.asarray([b.get("batch_size") or 1 for b in meta.buckets], dtype=np.int64)
+    return plan_report(m["bucket"], m["size"], m["max_duration"], m["max_tokens"], bs, cost)
+
+
+def simulate_strategies(
+    plan_dir: str | os.PathLike[str],
+    strategies: Sequence[str],
+    cost: CostModel | None = None,
+    group_size: int | None = None,
+    slow: dict[int, float] | None = None,
+    exchange: float = 0.005,
+    epoch: int = 0,
+) -> list[StrategyResult]:
+    """One epoch of a plan under each of ``strategies`` (sync | adpsgd | hybrid,
+    :func:`bucketing.simulate.simulate_strategy`); ``group_size`` for hybrid defaults to the
+    plan's ``sync_group`` (else 8 when it divides the world size, else all ranks)."""
+    cost = cost or CostModel()
+    meta = read_plan_meta(plan_dir)
+    W = meta.world_size
+    if group_size is None:
+        group_size = meta.sync_group or (8 if W % 8 == 0 and W > 8 else W)
+    m = read_epoch_batches(plan_dir, epoch)
+    times = cost.step_time(m["size"], m["max_duration"], m["max_tokens"])
+    out = []
+    for st in strategies:
+        try:
+            out.append(simulate_strategy(times, m["size"], st, group_size, exchange, slow))
+        except ValueError as exc:
+            raise DataprepError(f"{plan_dir}: {exc}") from None
+    return out

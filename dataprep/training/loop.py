@@ -12,7 +12,9 @@ process count must equal the plan's world size.
 Per step, rank 0 prints one JSON line: step, epoch, bucket, loss (mean over ranks), audio and
 token padding ratios (1 - real / padded, summed over ranks), utterances and utterances/s.
 Checkpoints (``<dir>/last.pt``) hold model, optimizer and ``next_step``; ``--resume``
-continues at exactly that plan step. Dropout is seeded per (seed, step, rank), so a resumed
+continues at exactly that plan step, also on a plan re-planned from it at that step for
+another world size (``dataprep replan``: the checkpoint's plan hash must be the new plan's
+parent and its next step the re-plan step; model and optimizer state carry over). Dropout is seeded per (seed, step, rank), so a resumed
 run computes what the uninterrupted one would.
 
 Files in the checkpoint directory: ``last.pt``, ``log.jsonl`` (rank 0's step lines),
@@ -147,11 +149,17 @@ def _resume(ckpt_path: Path, meta: PlanMeta, model: torch.nn.Module, opt: torch.
     if not ckpt_path.exists():
         raise DataprepError(f"{ckpt_path}: no checkpoint to resume from")
     ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+    next_step = int(ckpt["next_step"])
     if ckpt.get("plan_hash") != meta.plan_hash:
-        raise DataprepError(f"{ckpt_path}: checkpoint was made with another plan")
+        rp = meta.replan
+        if rp is None or ckpt.get("plan_hash") != rp.parent_plan_hash:
+            raise DataprepError(f"{ckpt_path}: checkpoint was made with another plan")
+        if next_step != rp.at_step:  # a re-planned plan continues its parent exactly at at_step
+            raise DataprepError(f"{ckpt_path}: checkpoint is at step {next_step} of the parent plan, but the plan "
+                                f"was re-planned at step {rp.at_step}; re-plan with --at-step {next_step}")
     model.load_state_dict(ckpt["model"])
     opt.load_state_dict(ckpt["optimizer"])
-    return int(ckpt["next_step"])
+    return next_step
 
 
 def _optimizer_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, device: torch.device,
@@ -199,6 +207,9 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
         model, ddp, opt, builder, n_mels = _build(cfg, device, meta)
         ckpt_path = Path(cfg.checkpoint_dir) / "last.pt"
         start = _resume(ckpt_path, meta, model, opt, device) if cfg.resume else 0
+        if start < meta.first_step:
+            raise DataprepError(f"{cfg.plan_dir}: the plan was re-planned at step {meta.first_step}; start it with "
+                                "--resume from the parent plan's checkpoint")
         stop = min(meta.num_steps, cfg.steps if cfg.steps is not None else meta.num_steps)
         trace = _read_lines(_rank_file(cfg, "trace", rank), start) if cfg.trace else []
         skipped = _read_lines(_rank_file(cfg, "skipped", rank), start)

@@ -1,0 +1,161 @@
+"""Fill and balance of plans at fine-tuning scale: identical-bucket steps (``--balance 0``),
+balanced steps (``--balance 0.05``) and Lhotse's ``DynamicBucketingSampler(sync_buckets=True)``
+side by side at the same world size, the same buckets and batch sizes, the same cost model.
+
+    python benchmarks/bench_fill.py                       # LibriSpeech 100 h, Common Voice id+ps, 10M synthetic
+    python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 32
+
+Corpora: ../shared/data CSVs; tokens = sentencepiece (1024 pieces, trained on both corpora's
+transcripts) + a 9-token prompt; 30x2 buckets (``fit_buckets`` defaults), padded-budget batch
+sizes (600 s), seed 0, one epoch. Columns:
+
+- ``steps``: steps per epoch (every rank); ``fill``: mean batch ÷ mean batch at W = 1 (the same
+  formed batches); ``bound``: the packing bound B / (W ⌈B / W⌉), B = batches at W = 1;
+- ``bal``: mean over steps of max ÷ mean padded audio seconds (batch size × longest) over ranks,
+  ``>1.10``: share of steps above 1.10; ``strag``: mean over steps of max ÷ mean predicted rank
+  time − 1 (``bucketing.costmodel.CostModel`` defaults); ``same``: share of steps whose ranks
+  all draw one bucket; ``pad a/t``: audio / token padding; ``drop``: utterances not trained.
+
+Lhotse: every rank's sampler is iterated (each rank walks the whole corpus, so W=128 is slow);
+steps = the fewest batches any rank yields (the rest would hang DDP: counted as dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from bench_plan import CORPORA, PROMPT, SHARED, synthetic  # noqa: E402
+from bucketing.balance import plan_report  # noqa: E402
+from bucketing.budget import padded_budget_batch_sizes  # noqa: E402
+from bucketing.costmodel import CostModel  # noqa: E402
+from bucketing.fit import fit_buckets  # noqa: E402
+from bucketing.steps_report import steps_report  # noqa: E402
+
+
+@dataclass
+class Corpus:
+    name: str
+    duration: np.ndarray
+    tokens: np.ndarray
+
+
+def shared_corpora() -> list[Corpus]:
+    """LibriSpeech 100 h and Common Voice id+ps with sentencepiece token counts."""
+    import io
+
+    import sentencepiece as spm
+
+    frames = {n: pl.read_csv(SHARED / n, columns=["duration", "text"]).drop_nulls() for n in CORPORA}
+    texts = [t for df in frames.values() for t in df["text"].to_list()]
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=buf, vocab_size=1024,
+                                   input_sentence_size=20000, shuffle_input_sentence=True, num_threads=2,
+                                   minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+    out = []
+    for n, label in zip(CORPORA, ("LibriSpeech 100 h", "Common Voice id+ps")):
+        df = frames[n]
+        tok = np.array([len(p) for p in sp.encode(df["text"].to_list())], dtype=np.int64) + PROMPT
+        out.append(Corpus(label, df["duration"].to_numpy().astype(np.float64), tok))
+    return out
+
+
+def row(label: str, r: dict) -> str:
+    return (f"| {label} | {r['world_size']} | {r['steps']} | {r['fill']:.3f} | {r['bound']:.3f} | "
+            f"{r['balance_mean']:.3f} | {r['balance_over_1_10']:.1%} | {r['straggler']:.1%} | {r['same_bucket']:.1%} | "
+            f"{r['padding_audio']:.2%} / {r['padding_tokens']:.2%} | {r['dropped']} |")
+
+
+def lhotse_steps(c: Corpus, grid, bs: np.ndarray, W: int, cost: CostModel):
+    from lhotse import CutSet
+    from lhotse.dataset.sampling import DynamicBucketingSampler
+    from lhotse.testing.dummies import dummy_cut
+
+    from dataprep.integrations.export import lhotse_constraint
+
+    bins = [[float(d), int(t)] for d, t in zip(grid.max_duration, grid.max_tokens)]
+    cuts = []
+    for i, (d, t) in enumerate(zip(c.duration.tolist(), c.tokens.tolist())):
+        cut = dummy_cut(i, duration=d)
+        cut.custom = {"num_tokens": int(t)}
+        cuts.append(cut)
+    cuts = CutSet.from_cuts(cuts)
+    constraint = lhotse_constraint(bins, bs.tolist())
+    per_rank = []
+    for r in range(W):
+        s = DynamicBucketingSampler(cuts, constraint=lhotse_constraint(bins, bs.tolist()), duration_bins=bins,
+                                    shuffle=True, seed=0, world_size=W, rank=r, sync_buckets=True)
+        batches = []
+        for b in s:
+            d = np.array([x.duration for x in b])
+            t = np.array([x.custom["num_tokens"] for x in b])
+            batches.append((len(b), d.max(), t.max(), d.sum(), t.sum(),
+                            constraint.select_bucket(None, example_len=(float(d.max()), int(t.max())))))
+        per_rank.append(np.array(batches, dtype=np.float64))
+    S = min(x.shape[0] for x in per_rank)
+    arr = np.stack([x[:S] for x in per_rank], axis=1)  # (S, W, 6)
+    total = sum(int(x[:, 0].sum()) for x in per_rank)
+    kept = int(arr[..., 0].sum())
+    pad = (1 - arr[..., 3].sum() / (arr[..., 0] * arr[..., 1]).sum(),
+           1 - arr[..., 4].sum() / (arr[..., 0] * arr[..., 2]).sum())
+    bucket = np.minimum(arr[..., 5].astype(np.int64), bs.shape[0] - 1)
+    rep = plan_report(bucket, arr[..., 0], arr[..., 1], arr[..., 2].astype(np.int64), bs, cost)
+    return rep, pad, c.duration.shape[0] - kept, total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worlds", default="8,32,128")
+    ap.add_argument("--budget", type=float, default=600.0)
+    ap.add_argument("--balance", type=float, default=0.05)
+    ap.add_argument("--synthetic-rows", type=int, default=10_000_000)
+    ap.add_argument("--synthetic-worlds", default="128,1024")
+    ap.add_argument("--lhotse-max-world", type=int, default=128, help="skip Lhotse above this W (0 = never)")
+    args = ap.parse_args()
+    cost = CostModel()
+    corpora = shared_corpora() if all((SHARED / n).exists() for n in CORPORA) else []
+    jobs = [(c, [int(w) for w in args.worlds.split(",")], True) for c in corpora]
+    if args.synthetic_rows:
+        df = synthetic(args.synthetic_rows)
+        jobs.append((Corpus(f"synthetic {args.synthetic_rows / 1e6:g}M", df["duration"].to_numpy(),
+                            df["num_tokens"].to_numpy().astype(np.int64)),
+                     [int(w) for w in args.synthetic_worlds.split(",")], False))
+        del df
+    print(f"30x2 buckets, padded budget {args.budget:.0f} s, seed 0, one epoch; cost model {cost}")
+    print("| corpus / planner | W | steps | fill | bound | bal | >1.10 | strag | same | pad a / t | drop |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for c, worlds, with_lhotse in jobs:
+        fit = fit_buckets(c.duration, c.tokens, 30, 2)
+        bs = padded_budget_batch_sizes(fit.grid.max_duration, max_duration_budget=args.budget)
+        mean1 = None
+        for W in worlds:
+            t0 = time.perf_counter()
+            rows = steps_report(c.duration, c.tokens, fit.grid, bs, [1, W] if mean1 is None else [W], args.balance,
+                                cost=cost)
+            mean1 = rows[0]["mean_batch"] / rows[0]["fill"]
+            for r in rows:
+                if r["world_size"] == W:
+                    print(row(f"{c.name} --balance {r['balance']:g}", r) + f" {time.perf_counter() - t0:.1f} s",
+                          flush=True)
+            if with_lhotse and 0 < W <= args.lhotse_max_world:
+                t0 = time.perf_counter()
+                rep, pad, dropped, _ = lhotse_steps(c, fit.grid, bs, W, cost)
+                bound = rows[-1]["bound"]
+                r = {"world_size": W, **rep.to_json(), "fill": rep.mean_batch / mean1, "bound": bound,
+                     "padding_audio": pad[0], "padding_tokens": pad[1], "dropped": dropped}
+                print(row(f"{c.name} Lhotse sync_buckets", r) + f" {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

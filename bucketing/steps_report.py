@@ -1,0 +1,68 @@
+"""Fill and balance of the steps a plan would have at a world size, before planning.
+
+Pure core: rows (durations s, tokens), the bucket grid and batch sizes in; per world size, one
+epoch planned in memory with :func:`bucketing.plan.plan_epoch` (one bucket per step, and
+balanced steps at a tolerance) and its :class:`bucketing.balance.PlanReport`, the packing bound
+and padding out. Used by ``dataprep padding --world-sizes`` and ``benchmarks/bench_fill.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bucketing.allocate import assign
+from bucketing.balance import PlanReport, plan_report
+from bucketing.costmodel import CostModel
+from bucketing.fit import Grid
+from bucketing.plan import EpochPlan, PlanInputs, plan_epoch
+
+
+def epoch_report(ep: EpochPlan, batch_sizes: npt.ArrayLike, cost: CostModel | None = None) -> PlanReport:
+    """:func:`bucketing.balance.plan_report` of one planned epoch (rank-major arrays)."""
+    W, S = ep.world_size, ep.num_steps
+
+    def m(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return x.reshape(W, S).T
+
+    return plan_report(m(ep.bucket_of_batch()), m(ep.sizes()), m(ep.max_duration), m(ep.max_tokens),
+                       np.asarray(batch_sizes), cost)
+
+
+def plan_in_memory(duration: npt.ArrayLike, num_tokens: npt.ArrayLike, grid: Grid, batch_sizes: npt.ArrayLike,
+                   world_size: int, balance: float, *, seed: int = 0, strict: bool = False, carry: bool = True,
+                   cost: CostModel | None = None) -> EpochPlan:
+    """Epoch 0 as ``plan-batches`` would plan it (same allocation and carry rule)."""
+    d = np.asarray(duration, dtype=np.float64)
+    t = np.asarray(num_tokens, dtype=np.int64)
+    bs = np.asarray(batch_sizes, dtype=np.int64)
+    a = assign(d, t, grid, bs, strict=strict, carry=carry, world_size=None if balance > 0 else world_size)
+    inp = PlanInputs(a.bucket, bs, d, t, grid.max_duration, a.max_tokens.astype(np.float64))
+    return plan_epoch(inp, world_size, seed, 0, balance=balance, cost=cost)
+
+
+def steps_report(duration: npt.ArrayLike, num_tokens: npt.ArrayLike, grid: Grid, batch_sizes: npt.ArrayLike,
+                 world_sizes: list[int], balance: float = 0.05, *, seed: int = 0, strict: bool = False,
+                 carry: bool = True, cost: CostModel | None = None) -> list[dict[str, Any]]:
+    """Per world size and planner (``balance`` 0 and the given tolerance): steps, ``fill``
+    (mean batch ÷ mean batch at W = 1), ``bound`` (B / (W ⌈B / W⌉), B = batches at W = 1), the
+    report's straggler / same-bucket / balance figures, padding and dropped rows."""
+    cost = cost or CostModel()
+    one = plan_in_memory(duration, num_tokens, grid, batch_sizes, 1, max(balance, 0.0), seed=seed, strict=strict,
+                         carry=carry, cost=cost)
+    B, mean1 = one.num_steps, float(one.sizes().mean())
+    out = []
+    for W in world_sizes:
+        for tol in dict.fromkeys([0.0, balance]):
+            ep = plan_in_memory(duration, num_tokens, grid, batch_sizes, W, tol, seed=seed, strict=strict,
+                                carry=carry, cost=cost)
+            rep = epoch_report(ep, batch_sizes, cost)
+            out.append({"world_size": W, "balance": tol, **rep.to_json(),
+                        "fill": round(rep.mean_batch / mean1, 6), "fill_of_batch_sizes": round(rep.fill, 6),
+                        "bound": round(B / (W * math.ceil(B / W)), 6),
+                        "padding_audio": round(ep.audio_padding, 6), "padding_tokens": round(ep.token_padding, 6),
+                        "dropped": int(ep.dropped.shape[0])})
+    return out

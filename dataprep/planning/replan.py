@@ -1,0 +1,133 @@
+"""Elastic re-plan: continue a plan at step K on another world size.
+
+``replan(plan/, at_step=K, world_size=W2, out_dir=plan2/)``: the parent's batches of steps < K
+stay consumed; the rest of K's epoch (exactly the rows of the parent's batches at steps >= K of
+that epoch, in the buckets they had) and every later epoch are planned for W2 ranks with
+:func:`bucketing.plan.plan_epoch`, the parent's seed, interleave and balance tolerance. The new
+plan keeps the parent's global step numbers: its shards hold steps K .. num_steps - 1 and
+``plan.json`` records ``replan`` (parent plan hash, parent world size, K), so a trainer resumes
+the parent's checkpoint at step K on it (``dataprep train --resume``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bucketing.allocate import assign
+from bucketing.costmodel import CostModel
+from bucketing.fit import grid_from_spec
+from bucketing.plan import PlanError, PlanInputs, plan_epoch
+from dataprep.planning.build import (
+    ManifestColumns,
+    _Totals,
+    _write_epoch,
+    batch_sizes_of,
+)
+from manifests.buckets_file import parse_buckets
+from manifests.errors import DataprepError
+from manifests.io import require_manifest_hash
+from manifests.plan_files import PlanShard, PlanWriter
+from manifests.plan_meta import PlanMeta, ReplanInfo, read_plan_meta
+
+#: Tolerance of the balanced steps a re-plan falls back to for the unseen rest of an epoch when
+#: one-bucket steps would drop some of it (tiny buckets of batch size 1).
+REST_BALANCE = 0.05
+
+
+def epoch_of_step(meta: PlanMeta, step: int) -> int:
+    """The epoch holding global ``step`` (``epochs`` when ``step == num_steps``)."""
+    starts = np.asarray(meta.first_step_of_epoch + [meta.num_steps])
+    return int(np.searchsorted(starts, step, side="right") - 1) if step < meta.num_steps else meta.epochs
+
+
+def unseen_rows(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int,
+                epoch: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+    """(manifest rows, their buckets) of the parent's batches of ``epoch`` at steps >= ``at_step``
+    on every rank: what no rank has seen of that epoch when steps < ``at_step`` are consumed."""
+    rows, buckets = [], []
+    for r in range(meta.world_size):
+        t = PlanShard(plan_dir, r).read(at_step, columns=["epoch", "bucket", "size", "rows"])
+        t = t.filter(pc.equal(t.column("epoch"), pa.scalar(epoch, pa.int32())))
+        rows.append(pc.list_flatten(t.column("rows")).to_numpy())
+        buckets.append(np.repeat(t.column("bucket").to_numpy(), t.column("size").to_numpy()))
+    return (np.concatenate(rows).astype(np.int64) if rows else np.empty(0, np.int64),
+            np.concatenate(buckets).astype(np.int32) if buckets else np.empty(0, np.int32))
+
+
+def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
+           at_step: int, world_size: int, carry: bool = True, cost: CostModel | None = None,
+           row_group_steps: int = 128) -> PlanMeta:
+    """Re-plan ``plan_dir`` from ``at_step`` on for ``world_size`` ranks into ``out_dir``
+    (module docstring). ``manifest`` must be the parent's (by content hash)."""
+    meta = read_plan_meta(plan_dir)
+    if world_size < 1:
+        raise DataprepError(f"world size must be >= 1, got {world_size}")
+    if not meta.first_step <= at_step < meta.num_steps:
+        raise DataprepError(f"--at-step {at_step}: the plan holds steps {meta.first_step}..{meta.num_steps - 1}")
+    if "dynamic_resolution" in meta.extra:
+        raise DataprepError(f"{plan_dir}: re-planning a --dynamic-resolution plan is not supported yet; "
+                            "plan-batches the rest anew")
+    require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
+    spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
+    bs = batch_sizes_of(spec, f"{plan_dir}/plan.json")
+    grid = grid_from_spec(spec)
+    cols = ManifestColumns.read(manifest)
+    tol = meta.balance.tolerance if meta.balance is not None else 0.0
+    strict = bool(meta.allocation.get("strict", False))
+    assigned = assign(cols.duration, cols.num_tokens, grid, bs, strict=strict, carry=carry,
+                      world_size=None if tol > 0 else world_size)
+    max_tokens = assigned.max_tokens.astype(np.float64)
+    e0 = epoch_of_step(meta, at_step)
+    rows, buckets = unseen_rows(plan_dir, meta, at_step, e0)
+    rest_bucket = np.full(cols.duration.shape[0], -1, dtype=np.int32)
+    # the unseen rows in the buckets the allocation gives them (the parent's fallbacks, e.g. rows
+    # borrowed by a bucket of batch size 1, are re-decided for the new world size)
+    rest_bucket[rows] = np.where(assigned.bucket[rows] >= 0, assigned.bucket[rows], buckets)
+    consumed = at_step - meta.first_step_of_epoch[e0]
+    totals = _Totals(len(spec.buckets))
+    with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps) as writer:
+        first = at_step
+        for e in range(e0, meta.epochs):
+            b = rest_bucket if e == e0 else assigned.bucket
+            inputs = PlanInputs(b, bs, cols.duration, cols.num_tokens, grid.max_duration, max_tokens)
+            try:
+                ep = plan_epoch(inputs, world_size, meta.seed, e, interleave=meta.interleave,  # type: ignore[arg-type]
+                                balance=tol, cost=cost)
+                if e == e0 and ep.dropped.shape[0]:
+                    # one-bucket steps cannot place every unseen row: balanced steps place all
+                    # (the parent planned them, so this epoch must see them); counted
+                    ep = plan_epoch(inputs, world_size, meta.seed, e, interleave=meta.interleave,  # type: ignore[arg-type]
+                                    balance=REST_BALANCE, cost=cost)
+                    ep.fallbacks.append({"kind": "balanced_rest", "from": -1, "to": -1, "rows": int(rows.shape[0])})
+            except PlanError as exc:
+                raise DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {world_size} "
+                                    f"ranks: {exc}; re-plan at another step") from None
+            _write_epoch(writer, ep, cols.ids, first, lambda r: None)
+            totals.add(ep, first, bs, cost)
+            first += ep.num_steps
+        spe = meta.steps_per_epoch[:e0] + [consumed + totals.steps_per_epoch[0]] + totals.steps_per_epoch[1:]
+        per_epoch = meta.per_epoch[:e0] + totals.per_epoch
+        new = PlanMeta(
+            manifest=meta.manifest, buckets_file=meta.buckets_file, buckets=meta.buckets, world_size=world_size,
+            seed=meta.seed, epochs=meta.epochs, interleave=meta.interleave,
+            allocation={**meta.allocation, "carried_tails": assigned.carried, "carry": assigned.carry},
+            num_steps=sum(spe), steps_per_epoch=spe, per_epoch=per_epoch,
+            per_bucket=totals.per_bucket(meta.epochs - e0, world_size), padding=totals.padding(),
+            fallbacks=totals.fallback_summary(), balance=totals.balance_info(tol),
+            replan=ReplanInfo(meta.plan_hash, meta.world_size, at_step),
+        )
+        return writer.finish(new)
+
+
+def default_manifest(plan_dir: str | os.PathLike[str], meta: PlanMeta) -> Path:
+    """The parent's manifest by its recorded file name, next to the plan directory."""
+    path = Path(plan_dir).resolve().parent / meta.manifest.file
+    if not path.exists():
+        raise DataprepError(f"{path}: the plan's manifest is not next to the plan directory; give --manifest")
+    return path

@@ -1,0 +1,123 @@
+"""Properties of balanced steps (bucketing.balance through plan_epoch(balance=...)): exactly
+once per epoch for any W and tolerance, equal steps, batches inside their bucket, balance
+within tolerance except the counted steps, the packing bound, determinism, the report."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bucketing.balance import _pieces_per_batch, batch_cost, plan_report
+from bucketing.budget import padded_budget_batch_sizes
+from bucketing.costmodel import CostModel
+from bucketing.plan import EpochPlan, PlanInputs, plan_epoch
+from tests.bucketing.test_plan import _inputs
+
+
+def _budget_inputs(seed: int, n: int, num_buckets: int, budget: float = 200.0) -> PlanInputs:
+    """Rows in 1D buckets with padded-budget batch sizes (near-equal cost when full)."""
+    inp = _inputs(seed, n, num_buckets, 2, False, unalloc=0.0)
+    bs = padded_budget_batch_sizes(inp.max_duration, max_duration_budget=budget)
+    return PlanInputs(inp.bucket_of_row, bs, inp.durations, inp.num_tokens, inp.max_duration, inp.max_tokens)
+
+
+def check_balanced(p: EpochPlan, inp: PlanInputs, tol: float, cost: CostModel) -> None:
+    W, S = p.world_size, p.num_steps
+    allocated = np.flatnonzero(np.asarray(inp.bucket_of_row) >= 0)
+    assert p.dropped.shape[0] == 0
+    assert np.array_equal(np.sort(p.rows), allocated)  # exactly once
+    sizes = p.sizes()
+    assert sizes.shape[0] == W * S and (sizes >= 1).all()  # equal steps, no empty batch
+    b = p.bucket_of_batch()
+    assert b.shape[0] == W * S
+    assert (sizes <= np.asarray(inp.batch_sizes)[b]).all()
+    b_of_row = np.repeat(b, sizes)
+    assert np.array_equal(np.asarray(inp.bucket_of_row)[p.rows], b_of_row)  # rows stay in their bucket
+    # balance: steps over the tolerance are exactly the counted ones
+    t = cost.step_time(sizes, p.max_duration, p.max_tokens).reshape(W, S).T
+    assert int((t.max(1) > (1 + tol) * t.mean(1)).sum()) == p.unbalanced_steps
+    assert p.split_batches <= W * S  # the only batches below their formed size
+    # step_bucket: the bucket of a same-bucket step, -1 at mixed ones
+    same = (b.reshape(W, S) == b.reshape(W, S)[:1]).all(0)
+    assert np.array_equal(p.step_bucket, np.where(same, b.reshape(W, S)[0], -1))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(40, 3000), nb=st.integers(1, 8), world=st.integers(1, 40),
+       tol=st.sampled_from([0.001, 0.02, 0.05, 0.2, 1.0]), max_bs=st.integers(1, 60))
+def test_exactly_once_equal_steps_any_world_and_tolerance(seed, n, nb, world, tol, max_bs) -> None:
+    inp = _inputs(seed, n, nb, max_bs, seed % 2 == 0)
+    cost = CostModel()
+    if (np.asarray(inp.bucket_of_row) >= 0).sum() < world:
+        return
+    p = plan_epoch(inp, world, seed, 0, balance=tol, cost=cost)
+    if p.batch_bucket is None:  # could not fill whole steps of full batches: identical-bucket fallback
+        return
+    check_balanced(p, inp, tol, cost)
+
+
+@pytest.mark.parametrize("world", [8, 32, 128])
+def test_steps_reach_the_packing_bound(world: int) -> None:
+    inp = _budget_inputs(3, 20_000, 12)
+    one = plan_epoch(inp, 1, 0, 0, balance=0.05)
+    p = plan_epoch(inp, world, 0, 0, balance=0.05)
+    B = one.num_steps
+    assert p.num_steps == math.ceil(B / world)  # the bound B / (W ceil(B / W)) on fill
+    old = plan_epoch(inp, world, 0, 0)
+    assert p.num_steps < old.num_steps
+    check_balanced(p, inp, 0.05, CostModel())
+
+
+def test_balanced_steps_are_mostly_within_tolerance_and_often_one_bucket() -> None:
+    inp = _budget_inputs(5, 60_000, 10)
+    cost = CostModel()
+    p = plan_epoch(inp, 8, 0, 0, balance=0.05, cost=cost)
+    W, S = 8, p.num_steps
+    m = lambda x: x.reshape(W, S).T
+    rep = plan_report(m(p.bucket_of_batch()), m(p.sizes()), m(p.max_duration), m(p.max_tokens), inp.batch_sizes, cost)
+    assert p.unbalanced_steps <= 0.05 * S
+    assert rep.straggler < 0.03 and rep.fill > 0.95 and rep.same_bucket > 0.3
+    ident = plan_epoch(inp, 8, 0, 0)
+    rep0 = plan_report(np.tile(ident.step_bucket, (W, 1)).T,
+                       ident.sizes().reshape(W, -1).T, ident.max_duration.reshape(W, -1).T,
+                       ident.max_tokens.reshape(W, -1).T, inp.batch_sizes, cost)
+    assert rep0.same_bucket == 1.0 and rep.steps <= rep0.steps
+
+
+def test_deterministic_and_seeded() -> None:
+    inp = _budget_inputs(7, 5000, 6)
+    a, b = plan_epoch(inp, 8, 5, 1, balance=0.05), plan_epoch(inp, 8, 5, 1, balance=0.05)
+    for f in ("step_bucket", "batch_bucket", "offsets", "rows", "max_duration", "max_tokens"):
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    c = plan_epoch(inp, 8, 5, 2, balance=0.05)
+    assert not np.array_equal(a.rows, c.rows)
+    asc = plan_epoch(inp, 8, 5, 1, balance=0.05, interleave="ascending")
+    t = CostModel().step_time(asc.sizes(), asc.max_duration, asc.max_tokens).reshape(8, -1).mean(0)
+    assert np.corrcoef(np.arange(t.shape[0]), t)[0, 1] > 0.8  # ascending predicted time
+
+
+def test_balance_zero_is_the_identical_bucket_plan() -> None:
+    inp = _budget_inputs(9, 4000, 6)
+    a, b = plan_epoch(inp, 4, 0, 0), plan_epoch(inp, 4, 0, 0, balance=0.0)
+    assert b.batch_bucket is None
+    for f in ("step_bucket", "offsets", "rows"):
+        assert np.array_equal(getattr(a, f), getattr(b, f))
+
+
+def test_pieces_per_batch_follow_the_work() -> None:
+    m = _pieces_per_batch(np.array([1.0, 3.0, 0.5]), np.array([10, 10, 1]), 8)
+    assert m.sum() == 8 and (m >= 1).all() and m[2] == 1 and m[1] > m[0]
+    m = _pieces_per_batch(np.array([5.0, 1.0]), np.array([2, 50]), 10)  # capped by size
+    assert m.tolist() == [2, 8]
+
+
+def test_batch_cost_matches_the_cost_model() -> None:
+    d = np.array([1.0, 2.0, 3.0, 4.0])
+    t = np.array([5, 9, 2, 7])
+    off = np.array([0, 2, 4])
+    c = batch_cost(CostModel(), np.array([2, 2]), off, np.arange(4), d, t)
+    assert np.allclose(c, CostModel().step_time(np.array([2, 2]), np.array([2.0, 4.0]), np.array([9, 7])))

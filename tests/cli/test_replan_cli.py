@@ -1,0 +1,171 @@
+"""`dataprep plan-batches --balance` and `dataprep replan` as a user runs them: balanced shards
+(exactly once, equal steps, plan.json's balance report), --balance 0 unchanged, and re-plans
+W -> W2 at several steps that, with the parent's consumed batches, cover every utterance of
+every epoch exactly once."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from bucketing.budget import budget_source, padded_budget_batch_sizes
+from bucketing.fit import fit_buckets, grid_to_buckets
+from dataprep.cli import app
+from manifests.buckets_file import BucketSpec, write_buckets
+from manifests.io import write_manifest
+from manifests.plan_files import shard_name
+from manifests.plan_meta import read_plan_meta
+
+runner = CliRunner()
+EPOCHS = 2
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("replan-in")
+    rng = np.random.default_rng(3)
+    n = 1500
+    d = rng.lognormal(1.6, 0.6, n)
+    tok = (d * rng.uniform(2, 4, n)).astype(np.int64) + 9
+    write_manifest(pl.DataFrame({"id": [f"u{i:05d}" for i in range(n)], "duration": d, "num_tokens": tok}),
+                   tmp / "kept.parquet")
+    fit = fit_buckets(d, tok, 5, 2)
+    bs = padded_budget_batch_sizes(fit.grid.max_duration, max_duration_budget=120.0)
+    write_buckets(BucketSpec(grid_to_buckets(fit.grid, bs), budget_source(max_duration_budget=120.0)),
+                  tmp / "buckets.json")
+    return tmp / "kept.parquet", tmp / "buckets.json"
+
+
+def invoke(*args: str) -> str:
+    res = runner.invoke(app, list(args))
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def plan(inputs, out: Path, world: int, balance: str) -> Path:
+    if not out.exists():
+        invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", str(world),
+               "--epochs", str(EPOCHS), "--balance", balance, "-o", str(out), "--row-group-steps", "3")
+    return out
+
+
+def batches(plan_dir: Path) -> pl.DataFrame:
+    """All batches of a plan: rank, epoch, step, bucket, rows."""
+    meta = read_plan_meta(plan_dir)
+    frames = [pl.from_arrow(pq.read_table(plan_dir / shard_name(r), columns=["epoch", "step", "bucket", "rows"]))
+              .with_columns(pl.lit(r).alias("rank")) for r in range(meta.world_size)]
+    return pl.concat(frames)
+
+
+def test_balanced_plan_cli(inputs, tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    text = invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "8",
+                  "--balance", "0.05", "-o", str(out))
+    assert "same-bucket steps" in text and "straggler" in text
+    meta = read_plan_meta(out)
+    assert meta.balance is not None and meta.balance.tolerance == 0.05 and 0 < meta.balance.fill <= 1
+    b = batches(out)
+    steps = b.group_by("rank").agg(pl.col("step").sort())
+    assert len({tuple(s) for s in steps["step"].to_list()}) == 1  # same steps on every rank
+    rows = np.concatenate(b["rows"].to_list())
+    assert np.array_equal(np.sort(rows), np.arange(1500))  # carry on, nothing left out: every row once
+    zero = tmp_path / "zero"
+    invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "8", "-o", str(zero))
+    assert "balance" not in json.loads((zero / "plan.json").read_text())  # --balance 0: today's plan.json
+    assert read_plan_meta(zero).num_steps > meta.num_steps
+
+
+def test_bad_balance_is_one_line(inputs, tmp_path: Path) -> None:
+    res = runner.invoke(app, ["plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "2",
+                              "--balance", "-1", "-o", str(tmp_path / "p")])
+    assert res.exit_code == 2 and "--balance must be >= 0" in res.output
+
+
+@pytest.mark.parametrize("balance", ["0", "0.05"])
+@pytest.mark.parametrize("w,w2", [(4, 2), (4, 3), (2, 5)])
+def test_replan_covers_every_utterance_once_per_epoch(inputs, tmp_path_factory, w: int, w2: int, balance: str) -> None:
+    parent = plan(inputs, tmp_path_factory.mktemp("parent") / f"p{w}-{balance}", w, balance)
+    pm = read_plan_meta(parent)
+    old = batches(parent)
+    n = pm.steps_per_epoch[0]
+    for k in sorted({1, n // 2, n - 2, n + 1, pm.num_steps - 3}):
+        child = tmp_path_factory.mktemp("child") / f"k{k}"
+        invoke("replan", str(parent), "--at-step", str(k), "--world-size", str(w2), "-o", str(child),
+               "--manifest", str(inputs[0]))
+        cm = read_plan_meta(child)
+        assert cm.replan is not None and cm.replan.at_step == k and cm.replan.parent_plan_hash == pm.plan_hash
+        assert cm.world_size == w2 and cm.first_step == k
+        new = batches(child)
+        steps = new.group_by("rank").agg(pl.col("step").sort())
+        assert len(steps) == w2 and len({tuple(s) for s in steps["step"].to_list()}) == 1
+        assert new["step"].min() == k and new["step"].max() == cm.num_steps - 1
+        assert sorted(set(new["step"].to_list())) == list(range(k, cm.num_steps))
+        for e in range(EPOCHS):
+            consumed = old.filter((pl.col("epoch") == e) & (pl.col("step") < k))["rows"].to_list()
+            later = new.filter(pl.col("epoch") == e)["rows"].to_list()
+            seen = Counter(int(x) for part in consumed + later for x in part)
+            assert set(seen.values()) == {1}, (k, e)
+            assert set(seen) == set(range(1500)), (k, e)
+
+
+def test_replan_errors_are_one_line(inputs, tmp_path: Path) -> None:
+    parent = plan(inputs, tmp_path / "p", 2, "0")
+    n = read_plan_meta(parent).num_steps
+    for args, msg in ((["--at-step", str(n), "--manifest", str(inputs[0])], "holds steps"),
+                      (["--at-step", "-1", "--manifest", str(inputs[0])], "holds steps"),
+                      (["--at-step", "1"], "give --manifest"),
+                      (["--at-step", "1", "--manifest", str(inputs[1])], "")):
+        res = runner.invoke(app, ["replan", str(parent), "--world-size", "3", "-o", str(tmp_path / "c"), *args])
+        assert res.exit_code == 2 and msg in res.output and len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_simulate_and_padding_report_fill_and_balance(inputs, tmp_path: Path) -> None:
+    p = plan(inputs, tmp_path / "p", 4, "0.05")
+    text = invoke("simulate", str(p), "--world-sizes", "2")
+    assert "same-bucket steps" in text and "straggler" in text
+    out = tmp_path / "pad.json"
+    invoke("padding", str(inputs[0]), "--buckets", str(inputs[1]), "--world-sizes", "1,4", "--json", str(out))
+    rows = json.loads(out.read_text())["steps"]
+    assert [(r["world_size"], r["balance"]) for r in rows] == [(1, 0.0), (1, 0.05), (4, 0.0), (4, 0.05)]
+    bal4 = rows[3]
+    assert bal4["fill"] == pytest.approx(bal4["bound"]) and bal4["dropped"] == 0
+    assert rows[2]["steps"] >= bal4["steps"]
+    meta = read_plan_meta(p)
+    assert bal4["steps"] == meta.steps_per_epoch[0]  # padding predicts what plan-batches makes
+    res = runner.invoke(app, ["padding", str(inputs[0]), "--buckets", str(inputs[1]), "--world-sizes", "0"])
+    assert res.exit_code == 2 and "--world-sizes" in res.output
+
+
+@pytest.mark.parametrize("G", [1, 2, 4])
+def test_sync_groups_cover_each_utterance_once_and_simulate_strategies(inputs, tmp_path: Path, G: int) -> None:
+    out = tmp_path / "p"
+    invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "4", "--sync-group", str(G),
+           "-o", str(out))
+    meta = read_plan_meta(out)
+    assert meta.sync_group == (G if G < 4 else None)
+    assert ("sync_group" in json.loads((out / "plan.json").read_text())) == (G < 4)
+    b = batches(out)
+    rows = np.concatenate(b["rows"].to_list())
+    assert np.array_equal(np.sort(rows), np.arange(1500))
+    per_step = b.with_columns((pl.col("rank") // G).alias("group")).group_by(["step", "group"]).agg(
+        pl.col("bucket").n_unique().alias("n"))
+    assert (per_step["n"] == 1).all()  # one bucket per step inside each group
+    text = invoke("simulate", str(out), "--world-sizes", "2", "--strategy", "sync,adpsgd,hybrid", "--group-size", "2",
+                  "--slow-rank", "1=1.5")
+    for s in ("sync", "adpsgd", "hybrid", "staleness", "rank 1 x1.5"):
+        assert s in text
+    bad = runner.invoke(app, ["simulate", str(out), "--strategy", "sync", "--slow-rank", "x"])
+    assert bad.exit_code == 2 and "RANK=FACTOR" in bad.output
+
+
+def test_sync_group_must_divide_the_world_size(inputs, tmp_path: Path) -> None:
+    res = runner.invoke(app, ["plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "4",
+                              "--sync-group", "3", "-o", str(tmp_path / "p")])
+    assert res.exit_code == 2 and "divide the world size" in res.output
