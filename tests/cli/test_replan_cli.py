@@ -169,3 +169,20 @@ def test_sync_group_must_divide_the_world_size(inputs, tmp_path: Path) -> None:
     res = runner.invoke(app, ["plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "4",
                               "--sync-group", "3", "-o", str(tmp_path / "p")])
     assert res.exit_code == 2 and "divide the world size" in res.output
+
+
+def test_balanced_plan_with_dynamic_resolution(inputs, tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "4", "--balance", "0.05",
+           "--dynamic-resolution", "-o", str(out))
+    meta = json.loads((out / "plan.json").read_text())
+    per_bucket = meta["dynamic_resolution"]["per_bucket"]
+    b = batches(out)
+    sizes = b.with_columns(pl.col("rows").list.len().alias("n")).group_by("bucket").agg(pl.col("n").sum())
+    # per-bucket figures follow each batch's own bucket (buckets differ across ranks at a step)
+    got = {r["bucket"]: r["utterances"] for r in per_bucket if r["utterances"]}
+    assert got == dict(zip(sizes["bucket"].to_list(), sizes["n"].to_list()))
+    assert "balance" in meta
+    res = runner.invoke(app, ["replan", str(out), "--at-step", "1", "--world-size", "2", "--manifest", str(inputs[0]),
+                              "-o", str(tmp_path / "c")])
+    assert res.exit_code == 2 and "dynamic-resolution" in res.output
