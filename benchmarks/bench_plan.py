@@ -3,6 +3,7 @@ tail-worker simulator on the shared corpora.
 
     python benchmarks/bench_plan.py                 # 10M rows, W=128, 1 epoch, 3 runs
     python benchmarks/bench_plan.py --rows 1000000 --runs 1 --skip-lhotse
+    python benchmarks/bench_plan.py --runs 1 --balance 0.05 --skip-lhotse --skip-simulator   # balanced steps
 
 Prints medians. The synthetic manifest resamples real (duration, characters per second)
 pairs of ../shared/data (LibriSpeech train-clean-100 + Common Voice id/ps) with 5% lognormal
@@ -86,7 +87,8 @@ def timed(*a, **k):
     t = time.perf_counter(); r = _form(*a, **k); fb["s"] += time.perf_counter() - t; return r
 plan.form_batches = timed
 timings = {"import": t1 - t0}
-meta = build_plan(sys.argv[1], sys.argv[2], sys.argv[3], world_size=int(sys.argv[4]), seed=0, epochs=1, timings=timings)
+meta = build_plan(sys.argv[1], sys.argv[2], sys.argv[3], world_size=int(sys.argv[4]), seed=0, epochs=1, timings=timings,
+                  balance=float(sys.argv[5]))
 timings["plan"] -= fb["s"]
 timings["form_batches"] = fb["s"]
 wall = time.perf_counter() - t0
@@ -100,10 +102,10 @@ print(json.dumps({"wall": wall, "timings": timings, "rss_gib": hwm,
 """
 
 
-def run_plan(manifest: Path, buckets: Path, out: Path, world: int) -> dict:
+def run_plan(manifest: Path, buckets: Path, out: Path, world: int, balance: float = 0.0) -> dict:
     env = dict(os.environ, POLARS_MAX_THREADS="2", OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
     res = subprocess.run(["taskset", "-c", "0,1", sys.executable, "-c", CHILD, str(manifest), str(buckets),
-                          str(out), str(world)], capture_output=True, text=True, env=env, check=True)
+                          str(out), str(world), str(balance)], capture_output=True, text=True, env=env, check=True)
     out = json.loads(res.stdout.strip().splitlines()[-1])
     print(f"  run: wall {out['wall']:.2f} s, peak RSS {out['rss_gib']:.2f} GiB", flush=True)
     return out
@@ -174,6 +176,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=600.0, help="padded seconds per batch")
     ap.add_argument("--lhotse-rows", type=int, default=200_000)
     ap.add_argument("--skip-lhotse", action="store_true")
+    ap.add_argument("--balance", type=float, default=0.0, help="plan-batches --balance (0: one bucket per step)")
     ap.add_argument("--skip-simulator", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as td:
@@ -185,13 +188,13 @@ def main() -> None:
         print(f"synthetic manifest: {args.rows} rows, {df['duration'].sum() / 3600:.0f} h "
               f"(source: {'shared corpora' if real_pairs() else 'lognormal fits'}), built in "
               f"{time.perf_counter() - t0:.1f} s")
-        results = [run_plan(tmp / "m.parquet", tmp / "buckets.json", tmp / "plan", args.world_size)
+        results = [run_plan(tmp / "m.parquet", tmp / "buckets.json", tmp / "plan", args.world_size, args.balance)
                    for _ in range(args.runs)]
         wall = statistics.median(r["wall"] for r in results)
         rss = statistics.median(r["rss_gib"] for r in results)
         size = sum(p.stat().st_size for p in (tmp / "plan").iterdir())
         r0 = results[0]
-        print(f"plan-batches W={args.world_size}, 1 epoch, 2 cores: median wall {wall:.2f} s "
+        print(f"plan-batches W={args.world_size} --balance {args.balance:g}, 1 epoch, 2 cores: median wall {wall:.2f} s "
               f"(runs: {', '.join(format(r['wall'], '.2f') for r in results)}), peak RSS {rss:.2f} GiB, "
               f"output {size / 2**20:.0f} MiB ({size / args.rows:.1f} B/utt), {r0['steps']} steps, "
               f"padding audio {r0['padding']['audio']:.2%} tokens {r0['padding']['tokens']:.2%}, "
