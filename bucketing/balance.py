@@ -31,14 +31,14 @@ equal inputs give equal arrays.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from bucketing.batching import gather_segments
 from bucketing.costmodel import CostModel
+from manifests.plan_meta import StepsReport as PlanReport
 
 
 @dataclass(frozen=True)
@@ -148,31 +148,6 @@ def layout(steps: BalancedSteps, world_size: int, rng_steps: np.random.Generator
     order[rank * S + pos[steps.seg_step]] = np.arange(n, dtype=np.int64)
     offsets, gather = gather_segments(steps.seg_offsets, order)
     return offsets, gather, steps.seg_bucket[order]
-
-
-@dataclass(frozen=True)
-class PlanReport:
-    """How full and how balanced one epoch's steps are.
-
-    ``fill``: utterances ÷ what the batches' buckets allow (Σ size ÷ Σ batch size);
-    ``mean_batch`` utterances; ``straggler``: mean over steps of max ÷ mean predicted rank time,
-    minus 1; ``idle``: share of rank time spent waiting for the slowest rank;
-    ``same_bucket``: share of steps whose ranks all draw one bucket; ``balance_mean`` /
-    ``balance_over_1_10``: mean of the per-step max ÷ mean padded audio seconds (batch size ×
-    longest duration) and the share of steps where it exceeds 1.10.
-    """
-
-    steps: int
-    fill: float
-    mean_batch: float
-    straggler: float
-    idle: float
-    same_bucket: float
-    balance_mean: float
-    balance_over_1_10: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
 def plan_report(bucket: npt.NDArray[np.integer], size: npt.NDArray[np.integer], max_duration: npt.NDArray[np.floating],

@@ -52,19 +52,17 @@ class FileRef:
 
 
 @dataclass(frozen=True)
-class BalanceInfo:
-    """How full and how balanced a plan's steps are (over all its epochs, step-weighted).
+class StepsReport:
+    """How full and how balanced a plan's steps are (:func:`bucketing.balance.plan_report`).
 
-    ``tolerance``: the ``--balance`` asked for (relative, 0 = one bucket per step); ``fill``:
-    Σ batch size ÷ Σ the buckets' batch sizes (0..1); ``mean_batch`` utterances; ``straggler``:
-    mean over steps of max ÷ mean predicted rank time − 1; ``idle``: share of rank time spent
-    waiting; ``same_bucket``: share of steps with one bucket on all ranks; ``balance_mean``:
-    mean over steps of max ÷ mean padded audio seconds; ``balance_over_1_10``: share of steps
-    above 1.10; ``split_batches``: formed batches cut into pieces (the only short batches); ``unbalanced_steps``: steps whose
-    predicted max ÷ mean time exceeds ``1 + tolerance`` (counted fallbacks).
+    ``steps``; ``fill``: Σ batch size ÷ Σ the batches' buckets' batch sizes (0..1);
+    ``mean_batch`` utterances; ``straggler``: mean over steps of max ÷ mean predicted rank time
+    − 1; ``idle``: share of rank time spent waiting for the slowest rank; ``same_bucket``: share
+    of steps with one bucket on all ranks; ``balance_mean``: mean over steps of max ÷ mean padded
+    audio seconds (batch size × longest duration); ``balance_over_1_10``: share of steps above 1.10.
     """
 
-    tolerance: float
+    steps: int
     fill: float
     mean_batch: float
     straggler: float
@@ -72,11 +70,21 @@ class BalanceInfo:
     same_bucket: float
     balance_mean: float
     balance_over_1_10: float
-    split_batches: int
-    unbalanced_steps: int
 
     def to_json(self) -> dict[str, Any]:
         return {k: (round(x, 6) if isinstance(x, float) else x) for k, x in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class BalanceInfo(StepsReport):
+    """:class:`StepsReport` over all of a plan's epochs (step-weighted; ``steps`` summed), plus
+    ``tolerance`` (the ``--balance`` asked for, 0 = one bucket per step), ``split_batches``
+    (formed batches cut into pieces: the only short batches) and ``unbalanced_steps`` (steps
+    whose predicted max ÷ mean time exceeds ``1 + tolerance``: counted fallbacks)."""
+
+    tolerance: float
+    split_batches: int
+    unbalanced_steps: int
 
     @classmethod
     def from_json(cls, obj: Any, v: _Validator) -> BalanceInfo:

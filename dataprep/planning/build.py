@@ -132,10 +132,11 @@ class _Totals:
         def avg(name: str) -> float:
             return float(sum(wi * getattr(r, name) for wi, r in zip(w, self.reports)))
 
-        return BalanceInfo(tolerance=float(tolerance), fill=avg("fill"), mean_batch=avg("mean_batch"),
+        return BalanceInfo(steps=sum(r.steps for r in self.reports), fill=avg("fill"), mean_batch=avg("mean_batch"),
                            straggler=avg("straggler"), idle=avg("idle"), same_bucket=avg("same_bucket"),
                            balance_mean=avg("balance_mean"), balance_over_1_10=avg("balance_over_1_10"),
-                           split_batches=self.split_batches, unbalanced_steps=self.unbalanced_steps)
+                           tolerance=float(tolerance), split_batches=self.split_batches,
+                           unbalanced_steps=self.unbalanced_steps)
 
     def fallback_summary(self) -> dict[str, Any]:
         return {
