@@ -44,7 +44,7 @@ PAD_ID = 0
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Sizes of a reference encoder-decoder model."""
+    """Sizes of a reference encoder-decoder model (``TransducerConfig`` shares the encoder fields)."""
 
     name: str
     n_mels: int = 128
@@ -284,17 +284,41 @@ def loss(
     feature_lens: torch.Tensor,
     tokens: torch.Tensor,
     token_lens: torch.Tensor,
+    loss_mode: str = "batched",
 ) -> torch.Tensor:
-    """Teacher-forced training loss. ``tokens`` (B, U + 1) hold prompt + text + EOS;
-    ``token_lens`` (B,) count them. The decoder reads ``tokens[:, :-1]`` and predicts
-    ``tokens[:, 1:]``."""
+    """Training loss. Encoder-decoders: teacher-forced cross-entropy; ``tokens`` (B, U + 1)
+    hold prompt + text + EOS, ``token_lens`` (B,) count them, the decoder reads
+    ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``. Transducers (``oom.transducer``):
+    the transducer loss in ``loss_mode`` (``batched`` or ``sample-wise``); ``loss_mode`` is
+    ignored by encoder-decoders, whose loss has no joint."""
+    from oom.transducer import Transducer, transducer_loss
+
+    if isinstance(model, Transducer):
+        return transducer_loss(model, features, feature_lens, tokens, token_lens, loss_mode)
     logits = model(features, feature_lens, tokens[:, :-1], token_lens - 1)
     return sequence_loss(logits, tokens[:, 1:], token_lens - 1)
 
 
-def model_config(name: str) -> ModelConfig | None:
-    """The built-in configuration called ``name``, or None for a user factory."""
-    return CONFIGS.get(name)
+def model_config(name: str) -> Any:
+    """The built-in configuration called ``name`` (``ModelConfig`` or ``TransducerConfig``),
+    or None for a user factory."""
+    from oom.transducer import TRANSDUCER_CONFIGS
+
+    return CONFIGS.get(name) or TRANSDUCER_CONFIGS.get(name)
+
+
+def is_transducer(name: str) -> bool:
+    """True for the built-in transducers (their loss has a ``loss_mode``)."""
+    from oom.transducer import TRANSDUCER_CONFIGS
+
+    return name in TRANSDUCER_CONFIGS
+
+
+def known_models() -> list[str]:
+    """Names of the built-in models."""
+    from oom.transducer import TRANSDUCER_CONFIGS
+
+    return sorted([*CONFIGS, *TRANSDUCER_CONFIGS])
 
 
 def load_factory(spec: str) -> Callable[[], nn.Module]:
@@ -302,7 +326,7 @@ def load_factory(spec: str) -> Callable[[], nn.Module]:
     mod_name, _, fn_name = spec.partition(":")
     if not mod_name or not fn_name:
         raise DataprepError(
-            f"--model {spec!r}: not a known model ({', '.join(sorted(CONFIGS))}) nor 'package.module:function'"
+            f"--model {spec!r}: not a known model ({', '.join(known_models())}) nor 'package.module:function'"
         )
     try:
         fn = getattr(importlib.import_module(mod_name), fn_name)
@@ -321,6 +345,10 @@ def build_model(name: str) -> nn.Module:
     cfg = CONFIGS.get(name)
     if cfg is not None:
         return EncDec(cfg)
+    if is_transducer(name):
+        from oom.transducer import TRANSDUCER_CONFIGS, Transducer
+
+        return Transducer(TRANSDUCER_CONFIGS[name])
     model = load_factory(name)()
     if not isinstance(model, nn.Module):
         raise DataprepError(f"--model {name!r}: the factory returned {type(model).__name__}, not an nn.Module")

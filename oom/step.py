@@ -70,12 +70,13 @@ def training_step(
     batch: Batch,
     device_type: str,
     autocast_dtype: torch.dtype | None = torch.bfloat16,
+    loss_mode: str = "batched",
 ) -> torch.Tensor:
-    """zero_grad, forward + loss (autocast ``autocast_dtype`` on ``device_type``, None = off),
-    backward, optimizer step. Returns the detached loss."""
+    """zero_grad, forward + loss (autocast ``autocast_dtype`` on ``device_type``, None = off;
+    ``loss_mode`` for transducers), backward, optimizer step. Returns the detached loss."""
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(device_type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-        value = loss(model, batch.features, batch.feature_lens, batch.tokens, batch.token_lens)
+        value = loss(model, batch.features, batch.feature_lens, batch.tokens, batch.token_lens, loss_mode)
     value.backward()
     optimizer.step()
     return value.detach()
