@@ -47,7 +47,7 @@ class Ledger:
 
     def __init__(self, round_to: int = CUDA_ROUNDING) -> None:
         self.round_to = max(1, round_to)
-        self.live: dict[int, tuple[Any, int]] = {}
+        self.live: dict[int, tuple[Any, int, int]] = {}  # storage key -> (weakref, bytes, alloc id)
         self.current = 0
         self.peak = 0
         #: Raw (unrounded) size of each storage in creation order, and the event log:
@@ -78,7 +78,12 @@ class Ledger:
                 self.current -= n
                 self.events.append(~alloc_id)
 
-        self.live[key] = (weakref.ref(st, release), n)
+        self.live[key] = (weakref.ref(st, release), n, alloc_id)
+
+    def alloc_id(self, t: torch.Tensor) -> int | None:
+        """The allocation id of ``t``'s storage while it is live (None if not counted)."""
+        entry = self.live.get(t.untyped_storage()._cdata)
+        return None if entry is None else entry[2]
 
     def reset_peak(self) -> None:
         self.peak = self.current
@@ -156,6 +161,7 @@ def run_step_tracked(
     autocast_dtype: torch.dtype | None = torch.bfloat16,
     round_to: int = CUDA_ROUNDING,
     seed: int = 0,
+    loss_mode: str = "batched",
 ) -> Estimate:
     """Build ``model_name`` and run ``steps`` full training steps on ``batch_size`` copies of
     ``shape`` on CPU, tracking live storage bytes. ``fake=True`` allocates nothing (the
@@ -180,7 +186,7 @@ def run_step_tracked(
         model.train()
         optimizer = make_optimizer(model)
         for _ in range(steps):
-            training_step(model, optimizer, batch, "cpu", autocast_dtype)
+            training_step(model, optimizer, batch, "cpu", autocast_dtype, loss_mode)
         params = list(model.parameters())
         grads = [p.grad for p in params if p.grad is not None]
         state = [v for s in optimizer.state.values() for v in s.values()
@@ -226,36 +232,64 @@ def optimizer_profile(model_name: str, round_to: int = CUDA_ROUNDING) -> Optimiz
     return prof
 
 
+@dataclass(frozen=True)
+class Trace:
+    """One fake forward + loss + backward: raw storage sizes (bytes, by allocation id), the
+    event log (``i`` allocated, ``~i`` freed), and where each allocation came from: ids
+    below ``n_build`` were made building the model and the batch, ids below ``n_state``
+    are the AdamW state, ``grad_ids`` hold the parameters' gradients."""
+
+    sizes: list[int]
+    events: list[int]
+    n_build: int
+    n_state: int
+    grad_ids: frozenset[int]
+
+
 def _trace_forward_backward(
-    model_name: str, shape: Shape, batch_size: int, round_to: int, autocast_dtype: torch.dtype | None
-) -> tuple[list[int], list[int]]:
-    """Storage sizes and event log of forward + loss + backward of a fresh fake model with
-    its AdamW state (two fp32 tensors per parameter) allocated, as in every step after the first."""
+    model_name: str,
+    shape: Shape,
+    batch_size: int,
+    round_to: int,
+    autocast_dtype: torch.dtype | None,
+    loss_mode: str = "batched",
+) -> Trace:
+    """Trace forward + loss + backward of a fresh fake model with its AdamW state (two fp32
+    tensors per parameter) allocated, as in every step after the first."""
     tracker = Ledger(round_to)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # frees must follow reference counts, not the cyclic collector's timing
     try:
-        return _trace_with(tracker, model_name, shape, batch_size, autocast_dtype)
+        return _trace_with(tracker, model_name, shape, batch_size, autocast_dtype, loss_mode)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
 def _trace_with(
-    tracker: Ledger, model_name: str, shape: Shape, batch_size: int, autocast_dtype: torch.dtype | None
-) -> tuple[list[int], list[int]]:
+    tracker: Ledger,
+    model_name: str,
+    shape: Shape,
+    batch_size: int,
+    autocast_dtype: torch.dtype | None,
+    loss_mode: str = "batched",
+) -> Trace:
     with _tracking_fake_mode(tracker):
         model = build_model(model_name)
         n_mels, vocab = model_input_spec(model)
         batch = synthetic_batch(batch_size, shape, n_mels, vocab)
+    n_build = len(tracker.sizes)
     model.train()
     state = [torch.zeros_like(p) for p in model.parameters() for _ in range(2)]
+    n_state = len(tracker.sizes)
     with torch.autocast("cpu", dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-        value = loss(model, batch.features, batch.feature_lens, batch.tokens, batch.token_lens)
+        value = loss(model, batch.features, batch.feature_lens, batch.tokens, batch.token_lens, loss_mode)
     value.backward()
-    sizes, events = list(tracker.sizes), list(tracker.events)
+    grads = {tracker.alloc_id(p.grad) for p in model.parameters() if p.grad is not None}
+    trace = Trace(list(tracker.sizes), list(tracker.events), n_build, n_state,
+                  frozenset(g for g in grads if g is not None))
     del state, value
-    return sizes, events
+    return trace
 
 
 def _canonical(events: list[int]) -> list[int]:
@@ -292,13 +326,15 @@ class ShapeEstimator:
         shape: Shape,
         round_to: int = CUDA_ROUNDING,
         autocast_dtype: torch.dtype | None = torch.bfloat16,
+        loss_mode: str = "batched",
     ) -> None:
         t0 = time.perf_counter()
         self.round_to = max(1, round_to)
         # Batch 2 and 3, not 1: with a batch of one, some reshapes are views instead of copies.
-        s2, e2 = _trace_forward_backward(model_name, shape, 2, self.round_to, autocast_dtype)
-        s3, e3 = _trace_forward_backward(model_name, shape, 3, self.round_to, autocast_dtype)
-        e2, e3 = _canonical(e2), _canonical(e3)
+        t2 = _trace_forward_backward(model_name, shape, 2, self.round_to, autocast_dtype, loss_mode)
+        t3 = _trace_forward_backward(model_name, shape, 3, self.round_to, autocast_dtype, loss_mode)
+        s2, s3 = t2.sizes, t3.sizes
+        e2, e3 = _canonical(t2.events), _canonical(t3.events)
         if e2 != e3 or len(s2) != len(s3):
             raise RuntimeError(
                 f"{model_name}: the step allocates differently at batch 2 and 3; "
@@ -330,11 +366,12 @@ class ShapeEstimator:
 
 
 @functools.lru_cache(maxsize=256)
-def shape_estimator(model_name: str, shape: Shape) -> ShapeEstimator:
+def shape_estimator(model_name: str, shape: Shape, loss_mode: str = "batched") -> ShapeEstimator:
     """:class:`ShapeEstimator` of ``model_name`` for ``shape``, built once per process."""
-    return ShapeEstimator(model_name, shape)
+    return ShapeEstimator(model_name, shape, loss_mode=loss_mode)
 
 
-def estimate_peak(model_name: str, shape: Shape, batch_size: int) -> int:
-    """Estimated peak bytes of one bf16-autocast AdamW training step (see :class:`ShapeEstimator`)."""
-    return shape_estimator(model_name, shape).peak(batch_size)
+def estimate_peak(model_name: str, shape: Shape, batch_size: int, loss_mode: str = "batched") -> int:
+    """Estimated peak bytes of one bf16-autocast AdamW training step by full traces of
+    ``shape`` (see :class:`ShapeEstimator`; :mod:`oom.fit` is the fast path)."""
+    return shape_estimator(model_name, shape, loss_mode).peak(batch_size)

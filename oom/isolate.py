@@ -124,9 +124,11 @@ def step_probe(
     device: str = "cuda",
     memory_fraction: float = 0.9,
     steps: int = 3,
+    loss_mode: str = "batched",
 ) -> dict[str, Any]:
     """One probe: ``steps`` full training steps (bf16 autocast, AdamW) of ``model`` on a
-    synthetic batch of ``batch_size`` x (``frames`` frames, ``tokens`` tokens).
+    synthetic batch of ``batch_size`` x (``frames`` frames, ``tokens`` tokens), the
+    transducer loss in ``loss_mode``.
 
     On CUDA the process may use ``memory_fraction`` of the GPU; the peak is
     ``torch.cuda.max_memory_allocated`` over all steps (the second step is the first with
@@ -154,7 +156,7 @@ def step_probe(
         for _ in range(steps):
             torch.cuda.synchronize(dev)
             t0 = time.perf_counter()
-            training_step(net, opt, batch, "cuda")
+            training_step(net, opt, batch, "cuda", loss_mode=loss_mode)
             torch.cuda.synchronize(dev)
             times.append(time.perf_counter() - t0)
         peak = int(torch.cuda.max_memory_allocated(dev))
@@ -167,7 +169,7 @@ def step_probe(
             batch = synthetic_batch(batch_size, shape, n_mels, vocab)
             for _ in range(steps):
                 t0 = time.perf_counter()
-                training_step(net, opt, batch, "cpu")
+                training_step(net, opt, batch, "cpu", loss_mode=loss_mode)
                 times.append(time.perf_counter() - t0)
         peak = tracker.ledger.peak
     later = sorted(times[1:] or times)

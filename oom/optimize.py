@@ -23,15 +23,35 @@ from manifests.buckets_file import BucketSpec
 from manifests.errors import DataprepError
 from manifests.units import parse_bytes
 from oom.cache import DEFAULT_CACHE_DIR, ProbeCache, budget_probe
-from oom.estimate import ShapeEstimator, shape_estimator
+from oom.estimate import shape_estimator
+from oom.fit import FitError, fitted_model
 from oom.isolate import device_info, run_isolated
-from oom.models import FRAMES_PER_SECOND, model_config
+from oom.models import FRAMES_PER_SECOND, is_transducer, model_config
 from oom.search import ProbeResult, SearchResult, search_buckets
 from oom.step import Shape
 
 def _model_context(model: str) -> dict[str, Any]:
     cfg = model_config(model)
     return {"name": model, **cfg.to_json()} if cfg is not None else {"factory": model}
+
+
+def _peak_function(model: str, loss_mode: str, exact_trace: bool) -> tuple[Callable[[Shape, int], int], str]:
+    """``(shape, batch) -> estimated peak bytes`` and the method's name: the fitted laws of
+    :mod:`oom.fit` (one trace per model), or full traces per shape (``exact_trace``, or
+    when the model's sizes are not shape monomials)."""
+    if not exact_trace:
+        try:
+            fm = fitted_model(model, loss_mode)
+            return (lambda shape, b: fm.peak(b, shape)), "fitted"
+        except FitError:
+            pass
+    return (lambda shape, b: shape_estimator(model, shape, loss_mode).peak(b)), "exact-trace"
+
+
+def explain_bucket(model: str, shape: Shape, batch_size: int, loss_mode: str = "batched") -> dict[str, Any]:
+    """Estimated live bytes by class (parameters, gradients, optimizer, activations,
+    attention, joint) at the peak of the step, for one bucket shape and batch size."""
+    return fitted_model(model, loss_mode).explain(batch_size, shape).to_json()
 
 
 def oomptimize(
@@ -50,6 +70,9 @@ def oomptimize(
     retries: int = 2,
     start_batch: int = 1,
     on_done: Callable[[int, SearchResult], None] | None = None,
+    loss_mode: str = "batched",
+    exact_trace: bool = False,
+    explain: bool = False,
 ) -> BucketSpec:
     """Return ``spec`` with every bucket's ``batch_size`` set to the largest batch whose
     training step fits the budget, with provenance in ``batch_size_source`` and per-bucket
@@ -59,7 +82,18 @@ def oomptimize(
     ``estimate=True`` needs ``gpu_memory`` (bytes) and no device. Otherwise the probes run
     ``device`` (``cuda``, ``cuda:1``, or ``cpu`` for dry runs, which needs ``gpu_memory``).
     ``start_batch`` is where the largest bucket's search starts (e.g. from an estimate).
+
+    ``loss_mode`` (``batched`` | ``sample-wise``) applies to transducers (measured and
+    estimated); it is recorded in ``batch_size_source``. The estimate is the fitted one of
+    :mod:`oom.fit` unless ``exact_trace`` (two full traces per bucket shape). ``explain``
+    adds ``oom_breakdown`` (bytes by class at the peak, from the fitted laws) to each bucket.
     """
+    from oom.transducer import LOSS_MODES
+
+    if loss_mode not in LOSS_MODES:
+        raise DataprepError(f"--loss-mode {loss_mode!r}: expected one of {', '.join(LOSS_MODES)}")
+    if loss_mode != "batched" and not is_transducer(model):
+        raise DataprepError(f"--loss-mode {loss_mode}: only transducer models have a sample-wise loss ({model} has none)")
     if not 0.0 < memory_fraction <= 1.0:
         raise DataprepError(f"--memory-fraction {memory_fraction}: expected 0 < fraction <= 1")
     if estimate or not device.startswith("cuda"):
@@ -84,23 +118,25 @@ def oomptimize(
         "torch": torch.__version__,
         "mode": "estimate" if estimate else f"measured:{device.split(':')[0]}",
         "memory_fraction": None if estimate else memory_fraction,
+        **({"loss_mode": loss_mode} if loss_mode != "batched" else {}),
     }
+    peak_of, method = _peak_function(model, loss_mode, exact_trace) if estimate else (None, None)
 
     def probe_for(i: int) -> Callable[[int], ProbeResult]:
         shape = shapes[i]
         cache = ProbeCache(cache_dir, {**base_ctx, "frames": shape.frames, "tokens": shape.tokens})
-        if estimate:
-            holder: list[ShapeEstimator] = []
+        if peak_of is not None:
+            # the fitted and exact estimates agree to the byte on the models we ship; the
+            # cache key still tells them apart so that one never answers for the other
+            cache = ProbeCache(cache_dir, {**cache.context, "estimator": method})
 
             def measure(b: int) -> ProbeResult:
-                if not holder:
-                    holder.append(shape_estimator(model, shape))
-                return ProbeResult(fits=True, peak_bytes=holder[0].peak(b))
+                return ProbeResult(fits=True, peak_bytes=peak_of(shape, b))
         else:
 
             def measure(b: int) -> ProbeResult:
                 kwargs = {"model": model, "frames": shape.frames, "tokens": shape.tokens, "batch_size": b,
-                          "device": device, "memory_fraction": memory_fraction}
+                          "device": device, "memory_fraction": memory_fraction, "loss_mode": loss_mode}
                 return run_isolated("oom.isolate:step_probe", kwargs, retries=retries)[0]
 
         return budget_probe(measure, budget, cache)
@@ -125,6 +161,8 @@ def oomptimize(
             "oom_step_seconds": chosen[2],
             "oom_probes": [list(f) for f in fitting],
         }
+        if explain:
+            extra["oom_breakdown"] = explain_bucket(model, shape, int(size), loss_mode)
         buckets.append(dataclasses.replace(b, batch_size=int(size), extra=extra))
     source = {
         "rule": "oom-estimate" if estimate else "oom-measured",
@@ -145,6 +183,8 @@ def oomptimize(
         # target frames = its longest at frames_per_second: the shape probed here (worst case unchanged)
         "dynamic_resolution": "sized by target frames (the longest utterance at frames_per_second)",
         "precision": "bf16-autocast",
+        "loss_mode": loss_mode if is_transducer(model) else None,
+        "estimator": method,
         "optimizer": "AdamW",
         "date": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
     }
