@@ -1,5 +1,8 @@
 """Measured vs estimated batch sizes and peak memory, per bucket (the OOMptimizer on a GPU).
 
+Runs each ``--models`` entry (``name`` or ``name:loss_mode``; default canary-1b-flash, then
+the parakeet-tdt-0.6b transducer batched and sample-wise) within one time limit.
+
 Fits 30x2 buckets on LibriSpeech train-clean-100 (durations from the shared CSV; tokens
 from a sentencepiece BPE model trained here on dev-clean transcripts, plus a 10-token
 prompt) or reads ``--buckets``; takes a subset (the largest bucket and evenly spaced
@@ -72,9 +75,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--buckets", help="buckets.json (default: fit 30x2 on LibriSpeech)")
     ap.add_argument("--data", help="folder with librispeech.*.csv")
-    ap.add_argument("--model", default="canary-1b-flash")
+    ap.add_argument("--models", default="canary-1b-flash,parakeet-tdt-0.6b:batched,parakeet-tdt-0.6b:sample-wise",
+                    help="comma-separated name[:loss_mode]")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--subset", type=int, default=4, help="buckets to measure")
+    ap.add_argument("--subset", type=int, default=3, help="buckets to measure per model")
     ap.add_argument("--tolerance", type=float, default=0.1)
     ap.add_argument("--memory-fraction", type=float, default=0.9)
     ap.add_argument("--margin", default="5%")
@@ -83,14 +87,14 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny model, 32MiB budget")
     a = ap.parse_args()
     if a.dry_run:
-        a.model, a.device, a.gpu_memory = "tiny", "cpu", a.gpu_memory or "32MiB"
+        a.models, a.device, a.gpu_memory = "tiny,tiny-rnnt:batched,tiny-rnnt:sample-wise", "cpu", a.gpu_memory or "32MiB"
         a.subset = min(a.subset, 2)
         a.tolerance = max(a.tolerance, 0.5)
 
     import torch
 
     from manifests.buckets_file import BucketSpec, read_buckets
-    from oom.estimate import estimate_peak
+    from oom.fit import fitted_model
     from oom.isolate import device_info
     from oom.optimize import oomptimize, parse_bytes
     from oom.step import Shape
@@ -106,38 +110,41 @@ def main() -> int:
             gpu = f"{info['name']} {info['total_memory'] / 2**30:.1f} GiB"
         else:
             total, gpu = parse_bytes(a.gpu_memory), f"cpu (budget from {a.gpu_memory})"
-        print(f"model {a.model}  device {gpu}  torch {torch.__version__}  fraction {a.memory_fraction}  "
+        print(f"models {a.models}  device {gpu}  torch {torch.__version__}  fraction {a.memory_fraction}  "
               f"margin {a.margin}  buckets {[b.index for b in chosen]} of {len(spec.buckets)}", flush=True)
         common = dict(gpu_memory=total, memory_fraction=a.memory_fraction, margin=a.margin,
                       tolerance=a.tolerance, cache_dir=cache)
         rows = []
-        for b in chosen:
-            one = BucketSpec(buckets=(dataclasses.replace(b, index=0, batch_size=None),))
-            t0 = time.perf_counter()
-            est = oomptimize(one, a.model, estimate=True, **common).buckets[0]
-            t_est = time.perf_counter() - t0
-            if time.perf_counter() - t_start > a.time_limit:
-                print(f"time limit reached; bucket {b.index} and later not measured", flush=True)
-                break
-            t0 = time.perf_counter()
-            meas = oomptimize(one, a.model, device=a.device, start_batch=max(est.batch_size, 1),
-                              **{**common, "gpu_memory": total if not a.device.startswith("cuda") else a.gpu_memory and total}).buckets[0]
-            t_meas = time.perf_counter() - t0
-            shape = Shape.of_bucket(b.max_duration, b.max_tokens)
-            est_at_meas = estimate_peak(a.model, shape, meas.batch_size)
-            mp = meas.extra["oom_peak_bytes"] or 0
-            rows.append((b.index, b.max_duration, b.max_tokens, meas.batch_size, est.batch_size, mp, est_at_meas,
-                         meas.extra["oom_step_seconds"], len(meas.extra["oom_probes"]), t_meas, t_est))
-            print(f"  bucket {b.index}: measured {meas.batch_size} in {t_meas:.0f} s, estimated {est.batch_size} "
-                  f"in {t_est:.0f} s", flush=True)
+        for entry in a.models.split(","):
+            model, _, mode = entry.partition(":")
+            mode = mode or "batched"
+            for b in chosen:
+                one = BucketSpec(buckets=(dataclasses.replace(b, index=0, batch_size=None),))
+                t0 = time.perf_counter()
+                est = oomptimize(one, model, estimate=True, loss_mode=mode, **common).buckets[0]
+                t_est = time.perf_counter() - t0
+                if time.perf_counter() - t_start > a.time_limit:
+                    print(f"time limit reached; {entry} bucket {b.index} and later not measured", flush=True)
+                    break
+                t0 = time.perf_counter()
+                meas = oomptimize(one, model, device=a.device, start_batch=max(est.batch_size, 1), loss_mode=mode,
+                                  **{**common, "gpu_memory": total if not a.device.startswith("cuda") else a.gpu_memory and total}).buckets[0]
+                t_meas = time.perf_counter() - t0
+                shape = Shape.of_bucket(b.max_duration, b.max_tokens)
+                est_at_meas = fitted_model(model, mode).peak(meas.batch_size, shape)
+                mp = meas.extra["oom_peak_bytes"] or 0
+                rows.append((f"{model}:{mode}", b.index, b.max_duration, b.max_tokens, meas.batch_size, est.batch_size,
+                             mp, est_at_meas, meas.extra["oom_step_seconds"], t_meas, t_est))
+                print(f"  {entry} bucket {b.index}: measured {meas.batch_size} in {t_meas:.0f} s, estimated "
+                      f"{est.batch_size} in {t_est:.1f} s", flush=True)
     print()
-    print("bucket  max_s    max_tok  bs_meas  bs_est  peak_meas_GiB  peak_est_GiB  est/meas  step_s")
+    print("model:mode                       bucket  max_s    max_tok  bs_meas  bs_est  peak_meas_GiB  peak_est_GiB  est/meas  step_s")
     ratios = []
     for r in rows:
-        ratio = r[6] / r[5] if r[5] else math.nan
+        ratio = r[7] / r[6] if r[6] else math.nan
         ratios.append(ratio)
-        print(f"{r[0]:6d}  {r[1]:7.3f}  {r[2]:7d}  {r[3]:7d}  {r[4]:6d}  {r[5] / 2**30:13.3f}  {r[6] / 2**30:12.3f}  "
-              f"{ratio:8.3f}  {r[7]:.3f}")
+        print(f"{r[0]:32s} {r[1]:6d}  {r[2]:7.3f}  {r[3]:7d}  {r[4]:7d}  {r[5]:6d}  {r[6] / 2**30:13.3f}  "
+              f"{r[7] / 2**30:12.3f}  {ratio:8.3f}  {r[8]:.3f}")
     if ratios:
         print(f"median est/meas {float(np.nanmedian(ratios)):.3f}  worst |1 - est/meas| "
               f"{float(np.nanmax(np.abs(1 - np.array(ratios)))):.3f}  total {time.perf_counter() - t_start:.0f} s")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Measured (CUDA) vs estimated batch sizes and peak memory for canary-1b-flash on a subset of
-# 30x2 LibriSpeech buckets. Under 8 minutes on one GPU. Usage:
-#   benchmarks/gpu_oom_check.sh [--buckets buckets.json] [--subset 4] [--model canary-1b-flash]
-#   benchmarks/gpu_oom_check.sh --dry-run      # CPU, tiny model: exercises the same code path
+# Measured (CUDA) vs estimated (fitted) batch sizes and peak memory on a subset of 30x2
+# LibriSpeech buckets: canary-1b-flash, then the parakeet-tdt-0.6b transducer with the batched
+# and the sample-wise loss. Under 8 minutes on one GPU. Usage:
+#   benchmarks/gpu_oom_check.sh [--buckets buckets.json] [--subset 3] [--models canary-1b-flash,parakeet-tdt-0.6b:sample-wise]
+#   benchmarks/gpu_oom_check.sh --dry-run      # CPU, tiny + tiny-rnnt (both modes): the same code path
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

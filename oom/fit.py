@@ -16,7 +16,9 @@ rounded to the allocator's 512 bytes, live total = cumulative sum over the event
 = its maximum; combined with the AdamW step as in :class:`oom.estimate.ShapeEstimator`.
 One trace per model (seconds to tens of seconds), then microseconds-to-milliseconds per
 bucket. A model dimension divisible by a tag prime would be misread as a shape factor:
-``verify=True`` checks the laws against a second, untagged trace.
+:meth:`FittedModel.check_against` compares with full traces at any shape (tests do).
+On a batch of 1 some reshapes are views instead of copies, so the fitted peak is then an
+upper bound.
 """
 
 from __future__ import annotations
