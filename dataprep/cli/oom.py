@@ -17,7 +17,7 @@ from manifests.errors import DataprepError
 @user_errors
 def oomptimize_cmd(
     buckets: Annotated[Path, typer.Argument(help="buckets.json to size (bounds: max_duration s, max_tokens).")],
-    model: Annotated[str, typer.Option("--model", help="canary-1b, canary-1b-flash, canary-180m-flash, small, tiny, or pkg.module:factory.")],
+    model: Annotated[str, typer.Option("--model", help="canary-1b, canary-1b-flash, canary-180m-flash, parakeet-rnnt-0.6b, parakeet-tdt-0.6b, parakeet-tdt-1.1b, small, tiny, or pkg.module:factory.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the sized buckets.json (may be the input).")],
     estimate: Annotated[bool, typer.Option("--estimate", help="Estimate peak memory without a GPU (needs --gpu-memory).")] = False,
     device: Annotated[str, typer.Option("--device", help="Device the probes run on (cuda, cuda:1; cpu = dry run).")] = "cuda",
@@ -29,6 +29,9 @@ def oomptimize_cmd(
     max_tps: Annotated[float, typer.Option("--max-tps", help="Tokens per second assumed for buckets without max_tokens.")] = 20.0,
     cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="Probe cache (default ~/.cache/speech-dataprep/oom).")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Probe everything again; do not read or write the cache.")] = False,
+    loss_mode: Annotated[str, typer.Option("--loss-mode", help="Transducers: batched (whole joint) or sample-wise (joint + loss + gradient per sample).")] = "batched",
+    exact_trace: Annotated[bool, typer.Option("--exact-trace", help="With --estimate: full traces per bucket instead of the fitted estimate (slow).")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Per bucket, the memory at the peak by class (parameters, gradients, optimizer, activations, attention, joint).")] = False,
 ) -> None:
     """Set each bucket's batch size to the largest one whose full training step (forward,
     loss, backward, AdamW step, bf16 autocast) fits in memory, and record how in
@@ -52,10 +55,13 @@ def oomptimize_cmd(
         sized = run(
             spec, model, estimate=estimate, device=device, gpu_memory=mem, memory_fraction=memory_fraction,
             margin=margin, tolerance=tolerance, max_batch=max_batch, max_tps=max_tps, cache_dir=cdir, on_done=done,
+            loss_mode=loss_mode, exact_trace=exact_trace, explain=explain,
         )
     write_buckets(sized, output)
     src = sized.batch_size_source
-    out.print(f"{src['rule']}: {model} on {src['gpu']}, budget {src['budget_bytes'] / 2**30:.2f} GiB")
+    mode = f", {src['loss_mode']} loss" if src.get("loss_mode") else ""
+    how = f", {src['estimator']} estimate" if src.get("estimator") else ""
+    out.print(f"{src['rule']}: {model} on {src['gpu']}{mode}{how}, budget {src['budget_bytes'] / 2**30:.2f} GiB")
     out.print("bucket  max_duration  max_tokens  batch_size  peak_GiB  step_s")
     for b in sized.buckets:
         peak = b.extra.get("oom_peak_bytes")
@@ -64,4 +70,16 @@ def oomptimize_cmd(
             f"{b.index:6d}  {b.max_duration:12.3f}  {b.max_tokens!s:>10}  {b.batch_size:10d}  "
             f"{(peak or 0) / 2**30:8.2f}  {'' if secs is None else f'{secs:.3f}':>6}"
         )
+    if explain:
+        _print_breakdown(sized.buckets)
     out.print(f"wrote {output}")
+
+
+def _print_breakdown(buckets: Any) -> None:
+    """One row per bucket: GiB by class at the step's estimated peak."""
+    classes = ("parameters", "gradients", "optimizer", "activations", "attention", "joint")
+    out.print("bucket  batch_size  " + "  ".join(f"{c:>11}" for c in classes) + "  peak_GiB  peak_at")
+    for b in buckets:
+        br = b.extra["oom_breakdown"]
+        cells = "  ".join(f"{br[c] / 2**30:11.2f}" for c in classes)
+        out.print(f"{b.index:6d}  {b.batch_size:10d}  {cells}  {br['peak_bytes'] / 2**30:8.2f}  {br['phase']}")

@@ -1,0 +1,52 @@
+"""CLI: oomptimize --loss-mode / --exact-trace / --explain (tiny transducer, estimate)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from dataprep.cli import app
+
+
+BUCKETS = [{"index": 0, "max_duration": 2.0, "max_tokens": 18}, {"index": 1, "max_duration": 8.0, "max_tokens": 66}]
+
+
+def _write(tmp_path, buckets: list[dict] = BUCKETS) -> str:
+    src = tmp_path / "buckets.json"
+    src.write_text(json.dumps({"version": 1, "buckets": buckets}))
+    return str(src)
+
+
+def _run(tmp_path, *extra: str, buckets: list[dict] = BUCKETS) -> tuple[dict, str]:
+    out = tmp_path / "sized.json"
+    args = ["oomptimize", _write(tmp_path, buckets), "--model", "tiny-rnnt", "--estimate", "--gpu-memory", "200MiB",
+            "--tolerance", "0", "--no-cache", "-o", str(out), *extra]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    return json.loads(out.read_text()), r.output
+
+
+def test_loss_mode_explain_and_exact_trace(tmp_path) -> None:
+    batched, _ = _run(tmp_path)
+    sample, text = _run(tmp_path, "--loss-mode", "sample-wise", "--explain")
+    assert batched["batch_size_source"]["loss_mode"] == "batched"
+    assert sample["batch_size_source"]["loss_mode"] == "sample-wise"
+    assert sample["batch_size_source"]["estimator"] == "fitted"
+    assert sample["buckets"][1]["batch_size"] > batched["buckets"][1]["batch_size"]
+    for b in sample["buckets"]:
+        br = b["oom_breakdown"]
+        assert br["peak_bytes"] == b["oom_peak_bytes"]
+        assert sum(br[c] for c in ("parameters", "gradients", "optimizer", "activations", "attention", "joint")) == br["peak_bytes"]
+    assert "activations" in text and "joint" in text and "sample-wise loss" in text
+    assert "oom_breakdown" not in batched["buckets"][0]
+    # full traces of the short bucket's shape give the same batch (tests/oom/test_fit.py: same peaks)
+    exact, _ = _run(tmp_path, "--loss-mode", "sample-wise", "--exact-trace", buckets=BUCKETS[:1])
+    assert exact["batch_size_source"]["estimator"] == "exact-trace"
+    assert exact["buckets"][0]["batch_size"] == sample["buckets"][0]["batch_size"]
+
+
+def test_bad_loss_mode_is_a_usage_error(tmp_path) -> None:
+    r = CliRunner().invoke(app, ["oomptimize", _write(tmp_path), "--model", "tiny", "--estimate", "--gpu-memory", "1GiB",
+                                 "--loss-mode", "sample-wise", "-o", str(tmp_path / "o.json")])
+    assert r.exit_code == 2 and "only transducer" in r.output
