@@ -75,8 +75,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--buckets", help="buckets.json (default: fit 30x2 on LibriSpeech)")
     ap.add_argument("--data", help="folder with librispeech.*.csv")
-    ap.add_argument("--models", default="canary-1b-flash,parakeet-tdt-0.6b:batched,parakeet-tdt-0.6b:sample-wise",
-                    help="comma-separated name[:loss_mode]")
+    ap.add_argument("--models", default=None,
+                    help="comma-separated name[:loss_mode] (default canary-1b-flash,parakeet-tdt-0.6b:batched,"
+                         "parakeet-tdt-0.6b:sample-wise; --dry-run: the tiny and tiny-rnnt counterparts)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--subset", type=int, default=3, help="buckets to measure per model")
     ap.add_argument("--tolerance", type=float, default=0.1)
@@ -87,10 +88,12 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny model, 32MiB budget")
     a = ap.parse_args()
     if a.dry_run:
-        a.models, a.device, a.gpu_memory = "tiny,tiny-rnnt:batched,tiny-rnnt:sample-wise", "cpu", a.gpu_memory or "32MiB"
+        a.models = a.models or "tiny,tiny-rnnt:batched,tiny-rnnt:sample-wise"
+        a.device, a.gpu_memory = "cpu", a.gpu_memory or "32MiB"
         a.subset = min(a.subset, 2)
         a.tolerance = max(a.tolerance, 0.5)
 
+    a.models = a.models or "canary-1b-flash,parakeet-tdt-0.6b:batched,parakeet-tdt-0.6b:sample-wise"
     import torch
 
     from manifests.buckets_file import BucketSpec, read_buckets

@@ -119,7 +119,14 @@ class Transducer(nn.Module):
     def predict(self, targets: torch.Tensor) -> torch.Tensor:
         """(B, U + 1, pred_dim): the prediction network over blank + ``targets`` (B, U)."""
         start = torch.full_like(targets[:, :1], self.blank)
-        y, _ = self.lstm(self.embed(torch.cat([start, targets], dim=1)))
+        emb = self.embed(torch.cat([start, targets], dim=1))
+        if emb.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            # oneDNN has no bf16 LSTM on CPUs without bf16 support: fp32 there (CPU dry runs
+            # and the fake-tensor estimate; B x (U+1) x 640 states, tiny next to the joint)
+            with torch.autocast("cpu", enabled=False):
+                y, _ = self.lstm(emb.float())
+            return y
+        y, _ = self.lstm(emb)
         return y
 
 
