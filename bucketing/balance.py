@@ -8,21 +8,24 @@ time, not that they come from one bucket. How one epoch is planned:
 
 1. Batches are formed per bucket exactly as the identical-bucket planner forms them (same rng),
    and each gets a predicted time (:class:`bucketing.costmodel.CostModel`, seconds).
-2. Batches (and the pieces of step 3) are ordered by cost class (log time in steps of ``tolerance / 2``), then bucket,
-   then time. Consecutive runs of ``W`` in that order are the steps: a step spans at most
-   about two neighbouring classes (max / min time within about ``1 + tolerance``) and mixes
-   buckets only where a bucket's batches in that class run out (same-bucket steps where the
-   data allows).
+2. Same-bucket steps where the data allows (:func:`same_bucket_runs`): each bucket's batches,
+   sorted by time, give as many disjoint runs of ``W`` consecutive batches as possible whose
+   max / mean time is within ``1 + tolerance``; each run is one step.
 3. With ``N`` batches and ``t = N mod W > 0``, the last step has ``W - t`` free slots: the
-   ``W - t`` heaviest batches (of at least 2 utterances) are halved inside their buckets,
-   which narrows the top of the cost range. Where too few batches can be halved, the ``t``
-   cheapest (with ``g`` more whole steps' worth when they hold fewer than ``W`` utterances)
-   are cut into ``(g + 1) W`` pieces, the pieces per batch in proportion to its time. These
-   pieces (``split_batches``) are the only batches below their bucket's size; steps per epoch
-   = ``ceil(N / W)`` (the packing bound) unless ``g > 0``. Pieces join the order of step 2.
-4. Steps whose max / mean predicted time (of the batches as laid out) exceeds
-   ``1 + tolerance`` are counted (``unbalanced_steps``); nothing is moved for them. Steps are shuffled
-   (``interleave="random"``) or kept in ascending time; ranks inside a step are shuffled.
+   ``W - t`` heaviest batches (of at least 2 utterances) outside the runs are halved inside
+   their buckets, which narrows the top of the cost range (too few outside the runs: step 2 is
+   undone, so the runs never cost a step). Where too few batches can be halved at all, the
+   ``t`` cheapest (with ``g`` more whole steps' worth when they hold fewer than ``W``
+   utterances) are cut into ``(g + 1) W`` pieces, the pieces per batch in proportion to its
+   time. These pieces (``split_batches``) are the only batches below their bucket's size;
+   steps per epoch = ``ceil(N / W)`` (the packing bound) unless ``g > 0``.
+4. The other batches and the pieces are ordered by predicted time; consecutive groups of ``W``
+   in that order are the remaining steps (the tightest consecutive groups; these are the steps
+   that mix buckets).
+5. Steps are numbered by ascending predicted time. Steps whose max / mean predicted time (of
+   the batches as laid out) exceeds ``1 + tolerance`` are counted (``unbalanced_steps``);
+   nothing is moved for them. Steps are shuffled (``interleave="random"``) or kept in
+   ascending time; ranks inside a step are shuffled.
 
 Invariants (tests check): every allocated row exactly once per epoch; every batch non-empty,
 at most its bucket's batch size, all its rows in that bucket; equal steps on every rank;
@@ -47,7 +50,8 @@ class BalancedSteps:
 
     ``seg_offsets`` refine the formed batches' CSR (tail batches cut into pieces);
     ``seg_step`` / ``seg_bucket`` give each segment's step (0 .. S-1, ascending time) and bucket;
-    ``split_batches`` counts the formed batches cut into pieces.
+    ``split_batches`` counts the formed batches cut into pieces; ``same_bucket_runs`` the steps
+    made of one bucket's whole batches by :func:`same_bucket_runs` (step 2).
     """
 
     seg_offsets: npt.NDArray[np.int64]
@@ -55,6 +59,7 @@ class BalancedSteps:
     seg_bucket: npt.NDArray[np.int32]
     num_steps: int
     split_batches: int
+    same_bucket_runs: int = 0
 
 
 def batch_cost(cost: CostModel, sizes: npt.NDArray[np.integer], offsets: npt.NDArray[np.int64],
@@ -85,21 +90,71 @@ def _pieces_per_batch(work: npt.NDArray[np.float64], sizes: npt.NDArray[np.int64
     return m
 
 
+def same_bucket_runs(bucket: npt.NDArray[np.integer], cost: npt.NDArray[np.float64], world_size: int,
+                     tolerance: float) -> npt.NDArray[np.int64]:
+    """Formed batches that make whole same-bucket steps: a ``(k, world_size)`` matrix of batch
+    indices, one row per step.
+
+    Each row is a run of ``world_size`` consecutive batches of one bucket in that bucket's
+    order by predicted time (``cost``, seconds; ties by index) whose max ÷ mean is at most
+    ``1 + tolerance``. Rows are disjoint and as many as possible per bucket: of all windows
+    that qualify, the earliest is taken, then the earliest starting after it, and so on (for
+    windows of one length this greedy is optimal). Vectorized: the greedy chain is followed by
+    pointer doubling (``log2 k`` array steps), across all buckets at once.
+    """
+    W = int(world_size)
+    N = int(bucket.shape[0])
+    if N < W:
+        return np.empty((0, W), dtype=np.int64)
+    order = np.lexsort((np.arange(N), cost, bucket))
+    c = cost[order]
+    b = np.asarray(bucket)[order]
+    cs = np.zeros(N + 1)
+    np.cumsum(c, out=cs[1:])
+    i = np.arange(N - W + 1)
+    mean = (cs[i + W] - cs[i]) / W
+    # a hair inside the tolerance, so rounding in the window sums never admits a step the
+    # plan's own max / mean check (another summation order) would count as unbalanced
+    ok = (b[i] == b[i + W - 1]) & (c[i + W - 1] <= (1.0 + tolerance) * mean * (1.0 - 1e-9))
+    starts = np.flatnonzero(ok)
+    m = int(starts.shape[0])
+    if m == 0:
+        return np.empty((0, W), dtype=np.int64)
+    # next[j]: the first qualifying window starting at or after starts[j] + W (m: none); a
+    # window never crosses buckets, so one chain over all buckets is each bucket's greedy
+    jump = np.append(np.searchsorted(starts, starts + W), m)
+    path = np.zeros(1, dtype=np.int64)
+    while path[-1] != m:  # path holds next^0 .. next^(L-1) of the first window, jump = next^L
+        path = np.concatenate([path, jump[path]])
+        jump = jump[jump]
+    first = starts[path[path < m]]
+    return order[first[:, None] + np.arange(W, dtype=np.int64)]
+
+
 def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64], cost: npt.NDArray[np.float64],
                   world_size: int, tolerance: float, overhead: float) -> BalancedSteps | None:
     """Group formed batches (``bucket``, CSR ``offsets``, predicted ``cost`` s) into steps of
-    ``world_size`` (module docstring, steps 2-4). None when the rows cannot fill whole steps
+    ``world_size`` (module docstring, steps 2-5). None when the rows cannot fill whole steps
     without merging batches (fewer utterances than steps x ranks)."""
     W = int(world_size)
     N = int(bucket.shape[0])
     sizes = np.diff(offsets)
+    runs = same_bucket_runs(bucket, cost, W, tolerance)
+    run_of = np.full(N, -1, dtype=np.int64)  # same-bucket step of a formed batch, -1: laid out by time
+    run_of[runs] = np.arange(runs.shape[0], dtype=np.int64)[:, None]
     m = np.ones(N, dtype=np.int64)  # pieces per batch
-    t = N % W
+    t = N % W  # the same for the batches outside the runs (whole steps of W)
     if t:
         # the W - t free slots of the last step go to the heaviest splittable batches (halved),
         # which narrows the top of the cost range; else the t cheapest (with g more whole
         # steps' worth when they hold too few rows) are cut into (g + 1) W pieces by their time
-        heavy = np.flatnonzero(sizes >= 2)
+        heavy = np.flatnonzero((sizes >= 2) & (run_of < 0))
+        if heavy.shape[0] < W - t and runs.shape[0]:
+            # too few to halve outside the runs: no runs, so the runs never cost a step (the
+            # steps stay ceil(N / W) wherever the layout without them reaches it)
+            run_of[:] = -1
+            runs = runs[:0]
+            heavy = np.flatnonzero(sizes >= 2)
         if heavy.shape[0] >= W - t:
             top = heavy[np.lexsort((-np.arange(heavy.shape[0]), cost[heavy]))[::-1][:W - t]]
             m[top] = 2
@@ -123,14 +178,18 @@ def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64],
     np.cumsum(piece, out=seg_offsets[1:])
     seg_cost = overhead + (cost[parent] - overhead) * piece / sizes[parent]
     seg_bucket = bucket[parent].astype(np.int32)
-    # cost classes of relative width tolerance / 2: a step spanning two neighbouring classes
-    # stays within about 1 + tolerance; inside a class, batches of one bucket stay together
-    key = np.floor(np.log(np.maximum(seg_cost, 1e-12)) / np.log1p(tolerance / 2)).astype(np.int64)
-    order = np.lexsort((np.arange(P), seg_cost, seg_bucket, key))
+    # the rest by predicted time: consecutive groups of W are the tightest steps left (the
+    # same-bucket steps are the runs above; ordering by bucket here only widened the rest)
+    R = int(runs.shape[0])
+    step = run_of[parent]  # runs are whole batches: one segment each
+    rest = np.flatnonzero(step < 0)
+    order = rest[np.lexsort((rest, seg_cost[rest]))]
     S = P // W
-    seg_step = np.empty(P, dtype=np.int64)
-    seg_step[order] = np.repeat(np.arange(S, dtype=np.int64), W)
-    return BalancedSteps(seg_offsets, seg_step, seg_bucket, S, int((m > 1).sum()))
+    step[order] = R + np.repeat(np.arange(S - R, dtype=np.int64), W)
+    # steps numbered by ascending predicted time (total over the step's W batches; ties: runs first)
+    rank = np.empty(S, dtype=np.int64)
+    rank[np.lexsort((np.arange(S), np.bincount(step, weights=seg_cost, minlength=S)))] = np.arange(S)
+    return BalancedSteps(seg_offsets, rank[step], seg_bucket, S, int((m > 1).sum()), R)
 
 
 def layout(steps: BalancedSteps, world_size: int, rng_steps: np.random.Generator | None,
