@@ -154,7 +154,8 @@ def simulator_trend(tmp: Path, budget_s: float, seeds: int) -> None:
         return
     df = pl.read_parquet(path, columns=["duration", "num_tokens"])
     buckets_for(df, tmp / "shared-buckets.json", budget_s)
-    build_plan(path, tmp / "shared-buckets.json", tmp / "shared-plan", world_size=16, seed=0, epochs=1)
+    build_plan(path, tmp / "shared-buckets.json", tmp / "shared-plan", world_size=16, seed=0, epochs=1,
+               balance=0.0)  # the README's one-bucket simulator figures
     rows: dict[int, list] = {}
     for s in range(seeds):
         for r in simulate_plan(tmp / "shared-plan", (2, 16, 128), seed=s):

@@ -43,6 +43,11 @@ from bucketing.batching import gather_segments
 from bucketing.costmodel import CostModel
 from manifests.plan_meta import StepsReport as PlanReport
 
+#: Default balance tolerance of ``plan-batches`` / :func:`dataprep.planning.build_plan` and of
+#: ``padding --world-sizes``: relative spread (max ÷ mean - 1) of predicted step times allowed
+#: in a step. 0 asks for one bucket per step instead.
+DEFAULT_BALANCE: float = 0.05
+
 
 @dataclass(frozen=True)
 class BalancedSteps:

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bucketing.allocate import assign
-from bucketing.balance import PlanReport, plan_report
+from bucketing.balance import DEFAULT_BALANCE, PlanReport, plan_report
 from bucketing.costmodel import CostModel
 from bucketing.fit import Grid
 from bucketing.plan import EpochPlan, PlanInputs, plan_epoch
@@ -45,7 +45,7 @@ def plan_in_memory(duration: npt.ArrayLike, num_tokens: npt.ArrayLike, grid: Gri
 
 
 def steps_report(duration: npt.ArrayLike, num_tokens: npt.ArrayLike, grid: Grid, batch_sizes: npt.ArrayLike,
-                 world_sizes: list[int], balance: float = 0.05, *, seed: int = 0, strict: bool = False,
+                 world_sizes: list[int], balance: float = DEFAULT_BALANCE, *, seed: int = 0, strict: bool = False,
                  carry: bool = True, cost: CostModel | None = None) -> list[dict[str, Any]]:
     """Per world size and planner (``balance`` 0 and the given tolerance): steps, ``fill``
     (mean batch ÷ mean batch at W = 1), ``bound`` (B / (W ⌈B / W⌉), B = batches at W = 1), the

@@ -3,7 +3,10 @@ with outputs checked in under ``tests/golden/pipeline/``.
 
 The fixtures were produced by the code before ``dataprep/`` was split into one package per
 stage; they pin behaviour across restructuring: the compiled manifest's values, the rejects,
-``buckets.json`` and the plan (``plan.json`` and every rank shard, byte for byte).
+``buckets.json`` and the plan (``plan.json`` and every rank shard, byte for byte). ``plan/`` is
+the demo's plan (balanced steps, the default since ``--balance 0.05`` became it);
+``plan-balance0/`` is the same ``plan-batches`` with ``--balance 0``, one bucket per step: the
+demo's plan from before balanced steps existed, byte for byte.
 Paths and hashes that depend on where the corpus was written (absolute audio paths, and the
 content hash of a manifest holding them) are normalized before comparing.
 
@@ -26,6 +29,7 @@ from dataprep.cli import app
 from dataprep.demo import demo_steps, make_demo_corpus
 
 GOLDEN = Path(__file__).parent / "golden" / "pipeline"
+PLANS = ("plan", "plan-balance0")  # the demo's plan; the same with --balance 0
 REGEN = os.environ.get("SPEECH_DATAPREP_REGEN_GOLDEN") == "1"
 NUM_UTTERANCES = 300
 runner = CliRunner()
@@ -58,33 +62,37 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
             continue
         result = runner.invoke(app, step)
         assert result.exit_code == 0, f"dataprep {' '.join(step)}\n{result.output}"
+        if step[0] == "plan-batches":  # and the same plan with one bucket per step
+            zero = [*step[:step.index("-o")], "--balance", "0", "-o", str(out / "plan-balance0")]
+            result = runner.invoke(app, zero)
+            assert result.exit_code == 0, f"dataprep {' '.join(zero)}\n{result.output}"
     return out
 
 
 def _hashes(out: Path) -> dict[str, str]:
     from manifests.io import file_sha256, manifest_hash
 
-    plan = json.loads((out / "plan" / "plan.json").read_text())
     return {manifest_hash(out / "manifest.parquet"): "<manifest-hash>",
             manifest_hash(out / "kept.parquet"): "<kept-hash>",
             file_sha256(out / "buckets.json"): "<buckets-sha256>",
-            plan["plan_hash"]: "<plan-hash>"}
+            **{json.loads((out / p / "plan.json").read_text())["plan_hash"]: "<plan-hash>" for p in PLANS}}
 
 
 def test_demo_steps_reproduce_the_golden_outputs(pipeline: Path) -> None:
     out = pipeline
     hashes = _hashes(out)
     tables = ["manifest.parquet", "compile-rejects.parquet", "kept.parquet", "rejects.parquet"]
-    jsons = ["buckets.json", "plan/plan.json"]
-    shards = sorted(p.name for p in (out / "plan").glob("rank-*.parquet"))
+    jsons = ["buckets.json", *(f"{p}/plan.json" for p in PLANS)]
+    shards = sorted(f"{p}/{s.name}" for p in PLANS for s in (out / p).glob("rank-*.parquet"))
     if REGEN:
-        (GOLDEN / "plan").mkdir(parents=True, exist_ok=True)
+        for p in PLANS:
+            (GOLDEN / p).mkdir(parents=True, exist_ok=True)
         for name in tables:
             _normalized_table(out / name, out).write_parquet(GOLDEN / name)
         for name in jsons:
             (GOLDEN / name).write_text(json.dumps(_normalized_json(out / name, hashes), indent=1, sort_keys=True))
         for name in shards:
-            shutil.copy(out / "plan" / name, GOLDEN / "plan" / name)
+            shutil.copy(out / name, GOLDEN / name)
         pytest.skip("golden files regenerated")
     for name in tables:
         got, want = _normalized_table(out / name, out), pl.read_parquet(GOLDEN / name)
@@ -92,9 +100,9 @@ def test_demo_steps_reproduce_the_golden_outputs(pipeline: Path) -> None:
         assert got.equals(want), name
     for name in jsons:
         assert _normalized_json(out / name, hashes) == json.loads((GOLDEN / name).read_text()), name
-    assert shards == sorted(p.name for p in (GOLDEN / "plan").glob("rank-*.parquet"))
+    assert shards == sorted(f"{p}/{s.name}" for p in PLANS for s in (GOLDEN / p).glob("rank-*.parquet"))
     for name in shards:
-        assert (out / "plan" / name).read_bytes() == (GOLDEN / "plan" / name).read_bytes(), name
+        assert (out / name).read_bytes() == (GOLDEN / name).read_bytes(), name
 
 
 def test_demo_stats_and_simulate_run(pipeline: Path) -> None:

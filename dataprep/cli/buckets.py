@@ -12,6 +12,7 @@ from rich.table import Table
 from bucketing.allocate import fit_spec
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import DynResConfig
+from bucketing.balance import DEFAULT_BALANCE
 from bucketing.batching import DEFAULT_AUDIO_WEIGHT
 from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, grid_from_spec
 from bucketing.padding import padding_report
@@ -110,7 +111,7 @@ def padding_cmd(
     max_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: highest frame rate (Hz).")] = 130.0,
     floor_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: a batch needing less (Hz) falls back to padding.")] = 50.0,
     world_sizes: Annotated[Optional[str], typer.Option("--world-sizes", help="Comma-separated world sizes: also report the steps plan-batches would make (fill, straggler, same-bucket share) with one bucket per step and with --balance.")] = None,
-    balance: Annotated[float, typer.Option("--balance", min=0.0, help="Balance tolerance for --world-sizes (as plan-batches --balance).")] = 0.05,
+    balance: Annotated[float, typer.Option("--balance", min=0.0, help="Balance tolerance for --world-sizes (as plan-batches --balance).")] = DEFAULT_BALANCE,
 ) -> None:
     """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D,
     2D + dynamic resolution (frame padding, clamped utterances, batches that fell back)."""

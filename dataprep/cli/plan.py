@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from bucketing.balance import DEFAULT_BALANCE
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from dataprep.cli.app import app, out, user_errors
@@ -39,7 +40,7 @@ def plan_batches_cmd(
     min_rate: Annotated[float, typer.Option(help="Dynamic resolution: lowest frame rate (Hz); below it the rate is clamped.")] = 70.0,
     max_rate: Annotated[float, typer.Option(help="Dynamic resolution: highest frame rate (Hz); above it the rate is clamped and the rest zero-padded.")] = 130.0,
     floor_rate: Annotated[float, typer.Option(help="Dynamic resolution: a batch needing a rate below this (Hz) falls back to ordinary padding.")] = 50.0,
-    balance: Annotated[float, typer.Option("--balance", help="Balanced steps: full batches of any buckets whose predicted step times agree within this relative tolerance (e.g. 0.05); 0 = one bucket per step.")] = 0.0,
+    balance: Annotated[float, typer.Option("--balance", help="Balanced steps: full batches whose predicted step times agree within this relative tolerance, one bucket's where the data allows, several buckets' otherwise; 0 = one bucket per step on every rank (identical buckets, smaller batches at fine-tuning scale).")] = DEFAULT_BALANCE,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE for --balance ({', '.join(CostModel.names())}).")] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together (divides --world-size; default all): each group of consecutive ranks draws the steps in its own order (1 = independent learners, for ADPSGD).")] = None,
 ) -> None:

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from bucketing.allocate import Assignment, assign
 from bucketing.dynres import DynResConfig, ResolutionTotals, resolution_totals, resolve, target_frames
-from bucketing.balance import PlanReport
+from bucketing.balance import DEFAULT_BALANCE, PlanReport
 from bucketing.costmodel import CostModel
 from bucketing.fit import grid_from_spec
 from bucketing.groups import regroup
@@ -161,7 +161,7 @@ def build_plan(
     interleave: str = "random",
     row_group_steps: int = 128,
     carry: bool = True,
-    balance: float = 0.0,
+    balance: float = DEFAULT_BALANCE,
     cost: CostModel | None = None,
     sync_group: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
@@ -170,9 +170,10 @@ def build_plan(
 ) -> PlanMeta:
     """Plan ``epochs`` epochs of ``manifest`` over ``world_size`` ranks into ``out_dir``.
 
-    ``balance`` > 0: balanced steps (full batches of any buckets whose predicted times under
-    ``cost`` agree within that relative tolerance, :mod:`bucketing.balance`); 0: one bucket per
-    step (today's plans, byte for byte). ``sync_group`` G (dividing ``world_size``; None = all):
+    ``balance`` > 0 (default 0.05): balanced steps (full batches whose predicted times under
+    ``cost``, in seconds, agree within that relative tolerance: one bucket's where the data
+    allows, several buckets' otherwise; :mod:`bucketing.balance`); 0: one bucket per step
+    (identical buckets on every rank, the plans made before ``--balance`` existed, byte for byte). ``sync_group`` G (dividing ``world_size``; None = all):
     ranks are synchronized only within groups of G, each group drawing the steps in its own
     order (:mod:`bucketing.groups`).
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bucketing.allocate import assign
+from bucketing.balance import DEFAULT_BALANCE
 from bucketing.costmodel import CostModel
 from bucketing.fit import grid_from_spec
 from bucketing.plan import PlanError, PlanInputs, plan_epoch
@@ -37,7 +38,7 @@ from manifests.plan_meta import PlanMeta, ReplanInfo, read_plan_meta
 
 #: Tolerance of the balanced steps a re-plan falls back to for the unseen rest of an epoch when
 #: one-bucket steps would drop some of it (tiny buckets of batch size 1).
-REST_BALANCE = 0.05
+REST_BALANCE = DEFAULT_BALANCE
 
 
 def epoch_of_step(meta: PlanMeta, step: int) -> int:

@@ -1,6 +1,7 @@
 """`dataprep plan-batches` and `dataprep simulate` as a user runs them: shards checked across
-ranks (coverage, synchronization, equal steps, capacity), byte-identical determinism across
-thread counts, resumption through the reader, one-line user errors."""
+ranks (coverage, equal steps, capacity, bucket bounds; balanced steps by default, one bucket per
+step with ``--balance 0``), byte-identical determinism across thread counts, resumption through
+the reader, one-line user errors."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bucketing.budget import budget_source, padded_budget_batch_sizes
+from bucketing.costmodel import CostModel
 from bucketing.fit import fit_buckets, grid_to_buckets
 from dataprep.cli import app
 from manifests.buckets_file import BucketSpec, read_buckets, write_buckets
@@ -61,12 +63,26 @@ def plan(inputs, tmp_path_factory) -> Path:
     return out
 
 
-def test_shards_hold_every_property_across_ranks(plan, inputs) -> None:
+@pytest.fixture(scope="module")
+def plan0(inputs, tmp_path_factory) -> Path:
+    """The same plan with one bucket per step (``--balance 0``)."""
+    out = tmp_path_factory.mktemp("plan-out") / "plan0"
+    res = _plan(inputs, out, "--balance", "0")
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.mark.parametrize("which", ["plan", "plan0"])
+def test_shards_hold_every_property_across_ranks(which, inputs, request) -> None:
+    plan = request.getfixturevalue(which)
     manifest, buckets = inputs
     meta = read_plan_json(plan)
-    ids = pl.read_parquet(manifest, columns=["id"])["id"].to_list()
+    df = pl.read_parquet(manifest, columns=["id", "duration"])
+    ids = df["id"].to_list()
     n = len(ids)
-    bs = np.array([b.batch_size for b in read_buckets(buckets).buckets])
+    spec = read_buckets(buckets).buckets
+    bs = np.array([b.batch_size for b in spec])
+    max_d = np.array([b.max_duration for b in spec])
     tables = [pq.read_table(plan / f"rank-{r:05d}.parquet") for r in range(W)]
     assert meta["inputs"]["manifest"]["content_hash"] == manifest_hash(manifest)
     assert len({t.num_rows for t in tables}) == 1 and tables[0].num_rows == meta["num_steps"]  # equal steps
@@ -74,7 +90,18 @@ def test_shards_hold_every_property_across_ranks(plan, inputs) -> None:
         assert t.column("step").to_pylist() == list(range(meta["num_steps"]))
         assert t.schema.field("epoch").type == "int32" and t.schema.field("bucket").type == "int32"
     buckets_by_rank = np.stack([t.column("bucket").to_numpy() for t in tables])
-    assert (buckets_by_rank == buckets_by_rank[0]).all()  # synchronization at every step
+    same = (buckets_by_rank == buckets_by_rank[0]).all(0)
+    if which == "plan0":
+        assert same.all() and "balance" not in meta  # --balance 0: one bucket per step on every rank
+    else:  # the default: balanced steps, counted exceptions, reported same-bucket share
+        bal = meta["balance"]
+        assert bal["tolerance"] == 0.05
+        t = CostModel().step_time(*(np.stack([tb.column(c).to_numpy() for tb in tables])
+                                    for c in ("size", "max_duration", "max_tokens")))
+        assert int((t.max(0) > 1.05 * t.mean(0)).sum()) == bal["unbalanced_steps"]
+        assert bal["same_bucket"] == pytest.approx(same.mean())
+        assert 0 < same.mean() < 1  # this corpus allows some one-bucket steps at W = 4, not all
+        assert meta["num_steps"] < read_plan_json(request.getfixturevalue("plan0"))["num_steps"]  # fuller batches
     assert meta["fallbacks"]["broken_sync_steps"] == 0
     for e in range(3):
         seen = []
@@ -82,7 +109,9 @@ def test_shards_hold_every_property_across_ranks(plan, inputs) -> None:
             sel = t.filter(t.column("epoch").to_numpy() == e)
             rows = sel.column("rows").to_pylist()
             sizes = np.array([len(r) for r in rows])
-            assert (sizes >= 1).all() and (sizes <= bs[sel.column("bucket").to_numpy()]).all()  # capacity
+            b = sel.column("bucket").to_numpy()
+            assert (sizes >= 1).all() and (sizes <= bs[b]).all()  # capacity
+            assert (df["duration"].to_numpy()[np.concatenate(rows)] <= np.repeat(max_d[b], sizes)).all()  # bounds
             assert sel.column("ids").to_pylist() == [[ids[i] for i in r] for r in rows]
             seen += [i for r in rows for i in r]
         assert sorted(seen) == list(range(n))  # coverage: exactly once per epoch, across ranks

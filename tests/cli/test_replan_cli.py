@@ -1,5 +1,6 @@
 """`dataprep plan-batches --balance` and `dataprep replan` as a user runs them: balanced shards
-(exactly once, equal steps, plan.json's balance report), --balance 0 unchanged, and re-plans
+by default (exactly once, equal steps, plan.json's balance report), --balance 0 one bucket per
+step with no balance entry, and re-plans
 W -> W2 at several steps that, with the parent's consumed batches, cover every utterance of
 every epoch exactly once."""
 
@@ -66,19 +67,29 @@ def batches(plan_dir: Path) -> pl.DataFrame:
 
 def test_balanced_plan_cli(inputs, tmp_path: Path) -> None:
     out = tmp_path / "plan"
-    text = invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "8",
-                  "--balance", "0.05", "-o", str(out))
+    text = invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "8", "-o", str(out))
     assert "same-bucket steps" in text and "straggler" in text
-    meta = read_plan_meta(out)
+    meta = read_plan_meta(out)  # balanced by default
     assert meta.balance is not None and meta.balance.tolerance == 0.05 and 0 < meta.balance.fill <= 1
+    explicit = tmp_path / "explicit"
+    invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "8", "--balance", "0.05",
+           "-o", str(explicit))
+    assert read_plan_meta(explicit).plan_hash == meta.plan_hash  # the default is --balance 0.05
+    child = tmp_path / "child"
+    invoke("replan", str(out), "--at-step", "2", "--world-size", "3", "--manifest", str(inputs[0]), "-o", str(child))
+    cm = read_plan_meta(child)
+    assert cm.balance is not None and cm.balance.tolerance == 0.05  # a re-plan keeps the parent's tolerance
     b = batches(out)
     steps = b.group_by("rank").agg(pl.col("step").sort())
     assert len({tuple(s) for s in steps["step"].to_list()}) == 1  # same steps on every rank
     rows = np.concatenate(b["rows"].to_list())
     assert np.array_equal(np.sort(rows), np.arange(1500))  # carry on, nothing left out: every row once
     zero = tmp_path / "zero"
-    invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "8", "-o", str(zero))
-    assert "balance" not in json.loads((zero / "plan.json").read_text())  # --balance 0: today's plan.json
+    invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "8", "--balance", "0",
+           "-o", str(zero))
+    assert "balance" not in json.loads((zero / "plan.json").read_text())  # --balance 0: no balance entry
+    z = batches(zero)
+    assert (z.group_by("step").agg(pl.col("bucket").n_unique())["bucket"] == 1).all()  # one bucket per step
     assert read_plan_meta(zero).num_steps > meta.num_steps
 
 
@@ -102,6 +113,7 @@ def test_replan_covers_every_utterance_once_per_epoch(inputs, tmp_path_factory, 
         cm = read_plan_meta(child)
         assert cm.replan is not None and cm.replan.at_step == k and cm.replan.parent_plan_hash == pm.plan_hash
         assert cm.world_size == w2 and cm.first_step == k
+        assert (cm.balance.tolerance if cm.balance is not None else 0.0) == float(balance)  # the parent's
         new = batches(child)
         steps = new.group_by("rank").agg(pl.col("step").sort())
         assert len(steps) == w2 and len({tuple(s) for s in steps["step"].to_list()}) == 1
@@ -143,12 +155,14 @@ def test_simulate_and_padding_report_fill_and_balance(inputs, tmp_path: Path) ->
     assert res.exit_code == 2 and "--world-sizes" in res.output
 
 
-@pytest.mark.parametrize("G", [1, 2, 4])
-def test_sync_groups_cover_each_utterance_once_and_simulate_strategies(inputs, tmp_path: Path, G: int) -> None:
+@pytest.mark.parametrize("G,balance", [(1, "0"), (2, "0"), (4, "0"), (2, "0.05"), (4, "0.05")])
+def test_sync_groups_cover_each_utterance_once_and_simulate_strategies(inputs, tmp_path: Path, G: int,
+                                                                      balance: str) -> None:
     out = tmp_path / "p"
     invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "4", "--sync-group", str(G),
-           "-o", str(out))
+           "--balance", balance, "-o", str(out))
     meta = read_plan_meta(out)
+    assert (meta.balance is not None) == (balance != "0")
     assert meta.sync_group == (G if G < 4 else None)
     assert ("sync_group" in json.loads((out / "plan.json").read_text())) == (G < 4)
     b = batches(out)
@@ -156,7 +170,10 @@ def test_sync_groups_cover_each_utterance_once_and_simulate_strategies(inputs, t
     assert np.array_equal(np.sort(rows), np.arange(1500))
     per_step = b.with_columns((pl.col("rank") // G).alias("group")).group_by(["step", "group"]).agg(
         pl.col("bucket").n_unique().alias("n"))
-    assert (per_step["n"] == 1).all()  # one bucket per step inside each group
+    if balance == "0":
+        assert (per_step["n"] == 1).all()  # one bucket per step inside each group
+    else:  # each group draws the W-rank plan's balanced steps, in its own order
+        assert meta.balance is not None and meta.balance.same_bucket < 1 and (per_step["n"] > 1).any()
     text = invoke("simulate", str(out), "--world-sizes", "2", "--strategy", "sync,adpsgd,hybrid", "--group-size", "2",
                   "--slow-rank", "1=1.5")
     for s in ("sync", "adpsgd", "hybrid", "staleness", "rank 1 x1.5"):

@@ -38,12 +38,16 @@ class Corpus:
     buckets: Path
     num_shared: int
 
-    def plan(self, world_size: int, epochs: int = 1, seed: int = 0, carry: bool = True) -> Path:
-        out = self.root / f"plan-w{world_size}-e{epochs}-s{seed}-{'carry' if carry else 'nocarry'}"
+    def plan(self, world_size: int, epochs: int = 1, seed: int = 0, carry: bool = True,
+             balance: str | None = None) -> Path:
+        """``plan-batches`` into a folder named by the options; ``balance`` None: the default
+        (balanced steps), "0": one bucket per step."""
+        out = self.root / (f"plan-w{world_size}-e{epochs}-s{seed}-{'carry' if carry else 'nocarry'}"
+                           + ("" if balance is None else f"-b{balance}"))
         if not out.exists():
             invoke("plan-batches", str(self.manifest), "--buckets", str(self.buckets), "--world-size",
                    str(world_size), "--seed", str(seed), "--epochs", str(epochs), "-o", str(out),
-                   "--carry" if carry else "--no-carry")
+                   "--carry" if carry else "--no-carry", *(() if balance is None else ("--balance", balance)))
         return out
 
 

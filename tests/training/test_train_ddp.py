@@ -10,6 +10,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from dataprep.testing import write_tone
@@ -34,17 +35,25 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x]
 
 
-@pytest.mark.parametrize("world_size,epochs", [(2, 2), (4, 1)])
-def test_ranks_step_together_and_see_each_utterance_once_per_epoch(corpus: Corpus, tmp_path: Path,
-                                                                   world_size: int, epochs: int) -> None:
-    plan = corpus.plan(world_size, epochs=epochs)
+@pytest.mark.parametrize("world_size,epochs,balance", [(2, 2, "0"), (4, 1, None)])
+def test_ranks_step_together_and_see_each_utterance_once_per_epoch(corpus: Corpus, tmp_path: Path, world_size: int,
+                                                                   epochs: int, balance: str | None) -> None:
+    plan = corpus.plan(world_size, epochs=epochs, balance=balance)
     meta = json.loads((plan / "plan.json").read_text())
     invoke(*train_args(corpus, plan, tmp_path, "--nproc", str(world_size), "--trace"))
     traces = [read_jsonl(tmp_path / f"trace-rank-{r:05d}.jsonl") for r in range(world_size)]
     steps = [[t["step"] for t in tr] for tr in traces]
     assert all(s == list(range(meta["num_steps"])) for s in steps)  # same steps on every rank
-    for rows in zip(*traces):
-        assert len({r["bucket"] for r in rows}) == 1  # one bucket per step on all ranks
+    for r, tr in enumerate(traces):  # every rank trains its own shard's batches, in order
+        shard = pq.read_table(plan / f"rank-{r:05d}.parquet", columns=["bucket", "ids"])
+        assert [t["bucket"] for t in tr] == shard.column("bucket").to_pylist()
+        assert [t["ids"] for t in tr] == shard.column("ids").to_pylist()
+    one_bucket = [len({r["bucket"] for r in rows}) == 1 for rows in zip(*traces)]
+    if balance == "0":
+        assert all(one_bucket) and "balance" not in meta  # one bucket per step on all ranks
+    else:  # the default: balanced steps; the same-bucket share the plan reports is what trained
+        assert meta["balance"]["tolerance"] == 0.05
+        assert meta["balance"]["same_bucket"] == pytest.approx(sum(one_bucket) / len(one_bucket))
     ids = read_manifest(corpus.manifest)["id"].to_list()
     for e in range(epochs):
         seen = Counter(i for tr in traces for t in tr if t["epoch"] == e for i in t["ids"])
