@@ -50,7 +50,8 @@ def compile_cmd(
     tokenizer: Annotated[list[str], typer.Option(help="Sentencepiece model, or LANG=MODEL once per language (chosen by target_lang, else lang).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Compiled manifest (Parquet).")],
     rejects: Annotated[Optional[Path], typer.Option(help="Rejected rows with their reason (Parquet). Default: <output stem>.rejects.parquet next to -o.")] = None,
-    prompt_tokens: Annotated[int, typer.Option(help="Fixed decoder prompt length added to every utterance's tokens (Canary: 9).")] = 0,
+    prompt_tokens: Annotated[int, typer.Option(help="Fixed decoder prompt length added to every utterance's tokens (a custom format; see --prompt-format).")] = 0,
+    prompt_format: Annotated[Optional[str], typer.Option(help="Count tokens as NeMo's prompt formatter does: canary2 (pieces + 10 + decodercontext), canary (pieces + 6), none (pieces).", show_default=False)] = None,
     fmt: FormatOpt = "auto",
     text_field: TextFieldOpt = "text",
     audio_root: Annotated[Optional[Path], typer.Option(help="Resolve relative audio paths against this folder (default: the source's folder).")] = None,
@@ -71,7 +72,7 @@ def compile_cmd(
     from dataprep.compile import CompileOptions, compile
     from manifests.io import default_rejects_path
 
-    opts = CompileOptions(prompt_tokens=prompt_tokens, fmt=fmt, text_field=text_field,
+    opts = CompileOptions(prompt_tokens=prompt_tokens, prompt_format=prompt_format, fmt=fmt, text_field=text_field,
                           audio_root=str(audio_root) if audio_root else None, probe=probe,  # type: ignore[arg-type]
                           probe_threads=threads, mismatch_tolerance=mismatch_tolerance, strict=strict,
                           tarred_audio=tuple(tarred_audio or ()))

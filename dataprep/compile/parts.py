@@ -162,6 +162,8 @@ def fingerprint(provenance: dict[str, Any], opts: CompileOptions, num_parts: int
     for runtime_only in ("probe_threads", "tokenizer_threads", "chunk_rows"):
         o.pop(runtime_only)
     o["tarred_audio"] = list(o["tarred_audio"])  # as its JSON reads back (a marker's copy compares equal)
+    if o.get("prompt_format") is None:  # unset: the fingerprint of runs that predate the option
+        o.pop("prompt_format", None)
     return {"tool": f"speech-dataprep {__version__}", "num_shards": num_parts, "shard_hash": PART_HASH,
             "sources": provenance["sources"], "tokenizers": provenance["tokenizers"], "options": o}
 

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
 from dataprep import __version__
 from dataprep.compile.probe import PROBE_SCHEMA, probe_headers, probe_members
+from dataprep.compile.prompts import CONTEXT_FIELD, prompt_format_tokens
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
 from manifests.io import file_sha256
@@ -54,6 +56,7 @@ class CompileOptions:
     """How sources become a manifest. Durations in seconds."""
 
     prompt_tokens: int = 0
+    prompt_format: str | None = None  # none | canary | canary2 (dataprep.compile.prompts); adds to prompt_tokens
     fmt: str = "auto"
     text_field: str = "text"
     audio_root: str | None = None
@@ -70,6 +73,15 @@ class CompileOptions:
         self.tarred_audio = tuple(str(t) for t in self.tarred_audio)
         if self.probe not in PROBE_MODES:
             raise DataprepError(f"--probe must be auto, always or never (got {self.probe!r})")
+        if self.prompt_format is not None:
+            prompt_format_tokens(self.prompt_format)
+            if self.prompt_tokens:
+                raise DataprepError("give --prompt-format or --prompt-tokens, not both")
+
+    @property
+    def fixed_prompt_tokens(self) -> int:
+        """Tokens added to every utterance's pieces (the format's, else ``prompt_tokens``)."""
+        return self.prompt_tokens if self.prompt_format is None else prompt_format_tokens(self.prompt_format)
 
 
 def expand_sources(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -156,8 +168,16 @@ def process_chunk(
     df, bad = _reject(df, pl.col("__pieces") < 0, "no_tokenizer",
                       _at(pl.concat_str([pl.lit("no tokenizer for language "), lang_for_tokens.fill_null("<none>")])))
     rejects.append(bad.drop("__pieces"))
+    if opts.prompt_format in CONTEXT_FIELD:  # e.g. canary2's decodercontext slot, from the source's other fields
+        ctx = df.select(pl.col("extra").str.json_path_match(f"$.{CONTEXT_FIELD[opts.prompt_format]}")).to_series()
+        has = ctx.is_not_null() & (ctx != "")
+        extra_pieces = np.zeros(df.height, dtype=np.int64)
+        if has.any():
+            kept_langs = df.select(lang_for_tokens).to_series().filter(has)
+            extra_pieces[has.to_numpy()] = tokenizers.count(ctx.filter(has).to_list(), kept_langs, opts.tokenizer_threads)
+        df = df.with_columns(pl.col("__pieces") + pl.Series(extra_pieces))
     df = df.with_columns(
-        (pl.col("__pieces") + opts.prompt_tokens).cast(pl.Int32).alias("num_tokens"),
+        (pl.col("__pieces") + opts.fixed_prompt_tokens).cast(pl.Int32).alias("num_tokens"),
     ).with_columns((pl.col("num_tokens") / pl.col("duration")).alias("tps")).drop("__pieces")
     return df, [r.drop("__audio_bytes", strict=False) for r in rejects if r.height]
 
@@ -258,7 +278,8 @@ def compile_provenance(
         "tool": f"speech-dataprep {__version__}",
         "sources": [{"path": str(s), "sha256": source_fingerprint(s)} for s in sources],
         "tokenizers": tokenizers.hashes,
-        "prompt_tokens": opts.prompt_tokens,
+        "prompt_tokens": opts.fixed_prompt_tokens,
+        **({"prompt_format": opts.prompt_format} if opts.prompt_format is not None else {}),
         "probe": opts.probe,
         "text_field": opts.text_field,
     }
