@@ -16,26 +16,30 @@ app.add_typer(export_app, name="export")
 
 PlanOrBuckets = Annotated[Path, typer.Argument(help="Plan directory (plan-batches) or buckets.json.")]
 ManifestOpt = Annotated[Path, typer.Option("--manifest", "-m", help="The compiled manifest the buckets / plan were made from.")]
-OutOpt = Annotated[Path, typer.Option("-o", "--output", help="Output folder.")]
+OutOpt = Annotated[Path, typer.Option("-o", "--output", help="Output folder (replaced whole, atomically).")]
+ChannelOpt = Annotated[Optional[int], typer.Option(help="Channel of multi-channel audio to train on (default: NeMo channel_selector 0; Lhotse keeps every channel as a MultiCut).", show_default=False)]
+RejectsOpt = Annotated[Optional[Path], typer.Option(help="Write rows that are in no bucket here (Parquet) instead of stopping with an error.", show_default=False)]
 
 
 @export_app.command("nemo")
 @user_errors
-def export_nemo_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_dir: OutOpt) -> None:
+def export_nemo_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_dir: OutOpt,
+                    channel: ChannelOpt = None, rejects: RejectsOpt = None) -> None:
     """bucket_duration_bins, bucket_batch_size, max_tps (bucketing.yaml) and NeMo JSONL manifests."""
     from dataprep.integrations.export import export_nemo
 
-    cfg = export_nemo(plan_or_buckets, manifest, out_dir)
+    cfg = export_nemo(plan_or_buckets, manifest, out_dir, channel=channel, rejects=rejects)
     out.print(f"{cfg['num_buckets']} buckets -> {out_dir / 'bucketing.yaml'}, manifest.jsonl, bucket-*.jsonl")
 
 
 @export_app.command("lhotse")
 @user_errors
-def export_lhotse_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_dir: OutOpt) -> None:
+def export_lhotse_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_dir: OutOpt,
+                      channel: ChannelOpt = None, rejects: RejectsOpt = None) -> None:
     """A Lhotse CutSet (cuts.jsonl.gz) and the bins / batch sizes for DynamicBucketingSampler (bins.json)."""
     from dataprep.integrations.export import export_lhotse
 
-    bins = export_lhotse(plan_or_buckets, manifest, out_dir)
+    bins = export_lhotse(plan_or_buckets, manifest, out_dir, channel=channel, rejects=rejects)
     out.print(f"{bins['num_cuts']} cuts -> {out_dir / 'cuts.jsonl.gz'}; {len(bins['duration_bins'])} bins -> {out_dir / 'bins.json'}")
 
 

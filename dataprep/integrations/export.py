@@ -8,63 +8,88 @@ NeMo (``export_nemo``), files in ``out/``:
     bucketing.yaml    ``use_bucketing``, ``num_buckets``, ``bucket_duration_bins`` (2D
                       ``[[max_duration, max_tokens], ...]``, or 1D ``[max_duration, ...]`` when
                       the buckets have no token bounds), ``bucket_batch_size``, ``max_tps``,
-                      ``bucketing_2d_strict_mode``; JSON syntax (valid YAML), merge it into the
-                      ``train_ds`` section
-    manifest.jsonl    every utterance, NeMo JSONL (audio_filepath, offset, duration, text, lang, ...)
+                      ``bucketing_2d_strict_mode``, ``channel_selector`` (when some audio has
+                      several channels); JSON syntax (valid YAML), merge it into ``train_ds``
+    manifest.jsonl    every utterance, NeMo JSONL: ``audio_filepath``, ``offset``, ``duration``,
+                      ``text``, ``lang``, ``source_lang``, ``target_lang``, ``taskname`` (where
+                      set), ``sampling_rate`` (mono whole files whose header compile read: NeMo's
+                      reader then skips the header; it takes such a row as one mono file), and
+                      every other source field (``extra``) back as a top-level key
     bucket-000.jsonl  the utterances of bucket 0, ... (one file per bucket)
 
 Lhotse (``export_lhotse``):
-    cuts.jsonl.gz     a CutSet: one MonoCut per utterance (Recording + SupervisionSegment),
-                      ``custom`` holds ``bucket`` and ``num_tokens``
+    cuts.jsonl.gz     a CutSet built by :func:`dataprep.integrations.cuts.cut_for_row`: MonoCut
+                      (or MultiCut holding every channel of multi-channel audio; ``channel``
+                      picks one), supervisions relative to the cut, ``custom`` with languages,
+                      task, the source's other fields, ``bucket`` and ``num_tokens``
     bins.json         ``duration_bins`` (max_duration per bucket, or ``[d, t]`` pairs),
                       ``bucket_batch_size``, ``max_tps``; use with
                       :func:`lhotse_constraint` + ``DynamicBucketingSampler``
 
-Outputs are byte-identical for equal inputs (sorted keys, gzip mtime 0).
+``max_tps`` is the largest tokens-per-second NeMo will measure on an exported row (its cut's
+duration, which NeMo takes from the audio header where no ``sampling_rate`` is written), so
+NeMo's TPS filter keeps every row. Rows in no bucket are an error (one line, the first id and
+how many), or with ``rejects=`` go to a rejects file (reason ``exceeds_bucket``). Exports
+stream the manifest in 65,536-row batches (memory does not grow with the corpus), are written
+into a temporary sibling folder and swapped into place (an older export there is replaced
+whole, no stale files), and are byte-identical for equal inputs (sorted keys, gzip mtime 0).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bucketing.allocate import allocate
 from bucketing.fit import grid_from_spec
+from dataprep.integrations.cuts import audio_header, cut_for_row
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
-from manifests.io import atomic_path, read_manifest, require_manifest_hash, write_json
+from manifests.io import current_umask, require_manifest_hash, write_json, write_rejects
 from manifests.plan_files import shard_name
 from manifests.plan_meta import PLAN_JSON, read_plan_meta
 
-NEMO_OPTIONAL = ("lang", "source_lang", "target_lang", "task")
+#: manifest column -> NeMo JSONL key, written where not null
+NEMO_KEYS = {"lang": "lang", "source_lang": "source_lang", "target_lang": "target_lang", "task": "taskname"}
+#: rows per streamed manifest batch
+BATCH_ROWS = 65_536
+#: files that mark a folder as an export (the only non-empty folders an export replaces)
+EXPORT_MARKERS = ("bucketing.yaml", "bins.json")
 
 
 @dataclass(frozen=True)
 class ExportInputs:
-    """Buckets and the manifest with a ``bucket`` column (-1 = in no bucket, not exported)."""
+    """Buckets, the manifest's path and each manifest row's bucket (-1 = in no bucket)."""
 
     spec: BucketSpec
-    manifest: pl.DataFrame
+    manifest_path: Path
+    bucket: npt.NDArray[np.int32]
     origin: str  # "plan" or "buckets"
 
     @property
-    def bucket(self) -> npt.NDArray[np.int64]:
-        return self.manifest["bucket"].to_numpy()
+    def manifest(self) -> pl.DataFrame:
+        """The whole manifest with a ``bucket`` column (reads it all: for tests and small corpora)."""
+        return pl.read_parquet(self.manifest_path).with_columns(pl.Series("bucket", self.bucket.astype(np.int64)))
 
 
-def _plan_buckets(plan_dir: Path, world_size: int, num_rows: int) -> npt.NDArray[np.int64]:
+def _plan_buckets(plan_dir: Path, world_size: int, num_rows: int) -> npt.NDArray[np.int32]:
     """Bucket of each manifest row in epoch 0 of a plan (-1 where the plan has none)."""
-    bucket = np.full(num_rows, -1, dtype=np.int64)
+    bucket = np.full(num_rows, -1, dtype=np.int32)
     for r in range(world_size):
         t = pq.read_table(plan_dir / shard_name(r), columns=["bucket", "rows"], filters=[("epoch", "=", 0)])
         rows = t.column("rows").combine_chunks()
@@ -74,9 +99,13 @@ def _plan_buckets(plan_dir: Path, world_size: int, num_rows: int) -> npt.NDArray
 
 
 def load_inputs(plan_or_buckets: str | os.PathLike[str], manifest: str | os.PathLike[str]) -> ExportInputs:
-    """Read a plan directory or buckets.json plus the manifest; assign each row its bucket."""
+    """Read a plan directory or buckets.json; assign each manifest row its bucket (reads only
+    the manifest's ``duration`` and ``num_tokens`` columns, for a buckets.json)."""
     src = Path(plan_or_buckets)
-    df = read_manifest(manifest)
+    manifest = Path(manifest)
+    if not manifest.is_file():
+        raise DataprepError(f"{manifest}: no such manifest")
+    num_rows = pq.ParquetFile(manifest).metadata.num_rows
     if src.is_dir() or src.name == PLAN_JSON:
         plan_dir = src if src.is_dir() else src.parent
         meta = read_plan_meta(plan_dir)
@@ -85,16 +114,19 @@ def load_inputs(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
                                 "parent plan or the buckets.json")
         require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
         spec = parse_buckets({"version": 1, "buckets": meta.buckets}, str(plan_dir / PLAN_JSON))
-        bucket = _plan_buckets(plan_dir, meta.world_size, df.height)
+        bucket = _plan_buckets(plan_dir, meta.world_size, num_rows)
         origin = "plan"
     else:
         spec = read_buckets(src)
-        alloc = allocate(df["duration"].to_numpy(), df["num_tokens"].fill_null(0).to_numpy(), grid_from_spec(spec))
-        bucket = alloc.bucket.astype(np.int64)
+        t = pq.read_table(manifest, columns=["duration", "num_tokens"])
+        tokens = t.column("num_tokens").to_numpy(zero_copy_only=False)
+        alloc = allocate(t.column("duration").to_numpy(), np.nan_to_num(tokens.astype(np.float64)).astype(np.int64),
+                         grid_from_spec(spec))
+        bucket = alloc.bucket.astype(np.int32)
         origin = "buckets"
     if any(b.batch_size is None for b in spec.buckets):
         raise ManifestError(f"{src}: every bucket needs a batch_size to export (run fit-buckets with a budget)")
-    return ExportInputs(spec, df.with_columns(pl.Series("bucket", bucket)), origin)
+    return ExportInputs(spec, manifest, bucket, origin)
 
 
 def is_2d(spec: BucketSpec) -> bool:
@@ -112,124 +144,187 @@ def duration_bins(spec: BucketSpec, max_tokens: npt.NDArray[np.int64] | None = N
     return [[float(b.max_duration), int(t)] for b, t in zip(spec.buckets, mt)]
 
 
-def _bucket_max_tokens(inputs: ExportInputs) -> npt.NDArray[np.int64]:
-    """Most tokens of an utterance per bucket (a flexible allocation may raise the last bound)."""
-    b = inputs.bucket
-    ok = b >= 0
-    out = np.zeros(len(inputs.spec.buckets), dtype=np.int64)
-    np.maximum.at(out, b[ok], inputs.manifest["num_tokens"].fill_null(0).to_numpy()[ok].astype(np.int64))
-    return out
+def iter_manifest(path: Path, bucket: npt.NDArray[np.int32]) -> Iterator[tuple[pa.Table, npt.NDArray[np.int32]]]:
+    """The manifest in batches of :data:`BATCH_ROWS` rows with their buckets (bounded memory)."""
+    start = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
+        yield pa.Table.from_batches([batch]), bucket[start:start + batch.num_rows]
+        start += batch.num_rows
 
 
-def _max_tps(df: pl.DataFrame) -> float:
-    """Largest TPS in the exported rows, rounded up (so NeMo's ``max_tps`` filter keeps all)."""
-    tps = df["tps"].drop_nulls()
-    return math.ceil(float(tps.max()) * 1000 + 1e-9) / 1000 if tps.len() else float("inf")
+def check_covered(inputs: ExportInputs, rejects: str | os.PathLike[str] | None) -> int:
+    """Rows in no bucket: a one-line error, or (``rejects`` given) written there; returns their count."""
+    missing = np.flatnonzero(inputs.bucket < 0)
+    if not missing.size:
+        return 0
+    if rejects is None:
+        first = pq.ParquetFile(inputs.manifest_path).read(columns=["id"]).column("id")[int(missing[0])].as_py()
+        raise DataprepError(f"{inputs.manifest_path}: {missing.size} row(s) are in no bucket (first: {first!r}); "
+                            "refit the buckets or pass --rejects FILE to export without them")
+    rows = pl.from_arrow(pq.read_table(inputs.manifest_path).take(pa.array(missing)))
+    assert isinstance(rows, pl.DataFrame)
+    detail = pl.format("{}: {} s, {} tokens: in no bucket", pl.col("id"), pl.col("duration"), pl.col("num_tokens"))
+    write_rejects(rows.with_columns(pl.lit("exceeds_bucket").alias("reason"), detail.alias("detail")), rejects)
+    return int(missing.size)
 
 
-def bucketing_config(inputs: ExportInputs) -> dict[str, Any]:
+@contextlib.contextmanager
+def export_dir(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary sibling folder that replaces ``out_dir`` whole when the block succeeds
+    (and is removed when it fails). Refuses to replace a non-empty folder that is not an export."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not any((out / m).exists() for m in EXPORT_MARKERS))):
+        raise DataprepError(f"{out}: exists and is not an export folder; refusing to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~current_umask())
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            os.replace(out, old / "export")
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Stats:
+    """Per-bucket most tokens and the largest TPS NeMo will measure, accumulated over batches."""
+
+    def __init__(self, num_buckets: int) -> None:
+        self.max_tokens = np.zeros(num_buckets, dtype=np.int64)
+        self.max_tps = 0.0
+        self.rows = 0
+
+    def add(self, bucket: npt.NDArray[np.int32], tokens: npt.NDArray[np.int64], tps: float) -> None:
+        np.maximum.at(self.max_tokens, bucket, tokens)
+        self.max_tps = max(self.max_tps, tps)
+        self.rows += len(bucket)
+
+    @property
+    def exported_max_tps(self) -> float:
+        """``max_tps`` for NeMo: the largest TPS, nudged up so float noise never drops that row."""
+        return float(np.nextafter(self.max_tps * (1 + 1e-12), math.inf)) if self.rows else float("inf")
+
+
+def nemo_duration(row: dict[str, Any], writes_rate: bool) -> float:
+    """The cut duration NeMo's manifest reader will give ``row``: its duration when
+    ``sampling_rate`` is written, else cut short by the audio header's length (as Lhotse's
+    ``truncate`` does)."""
+    duration = float(row["duration"])
+    if writes_rate or row["audio_path"] is None:
+        return duration
+    sr, frames, _ = audio_header(row["audio_path"])
+    return min(duration, frames / sr - float(row["offset"] or 0.0))
+
+
+def nemo_record(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """One manifest row as a NeMo JSONL object (module docstring); and whether it holds
+    ``sampling_rate``. Keys the row sets win over equally named ``extra`` fields."""
+    offset = float(row["offset"] or 0.0)
+    rec: dict[str, Any] = {"audio_filepath": row["audio_path"], "offset": offset, "duration": float(row["duration"]),
+                           "text": row["text"] if row["text"] is not None else ""}
+    for col, key in NEMO_KEYS.items():
+        if row[col] is not None:
+            rec[key] = row[col]
+    writes_rate = offset == 0.0 and bool(row["sample_rate"]) and row["channels"] == 1
+    if writes_rate:
+        rec["sampling_rate"] = int(row["sample_rate"])
+    if row["extra"]:
+        for k, v in json.loads(row["extra"]).items():
+            rec.setdefault(k, v)
+    return rec, writes_rate
+
+
+def bucketing_config(spec: BucketSpec, stats: _Stats, channel_selector: int | None) -> dict[str, Any]:
     """The NeMo ``train_ds`` bucketing options for these buckets."""
-    kept = inputs.manifest.filter(pl.col("bucket") >= 0)
-    return {
+    cfg: dict[str, Any] = {
         "use_lhotse": True,
         "use_bucketing": True,
-        "num_buckets": len(inputs.spec.buckets),
-        "bucket_duration_bins": duration_bins(inputs.spec, _bucket_max_tokens(inputs)),
-        "bucket_batch_size": [int(b.batch_size) for b in inputs.spec.buckets],  # type: ignore[arg-type]
-        "max_tps": _max_tps(kept),
+        "num_buckets": len(spec.buckets),
+        "bucket_duration_bins": duration_bins(spec, stats.max_tokens),
+        "bucket_batch_size": [int(b.batch_size) for b in spec.buckets],  # type: ignore[arg-type]
+        "max_tps": stats.exported_max_tps,
         "bucketing_2d_strict_mode": False,
         "batch_duration": None,
         "batch_size": None,
     }
-
-
-def _nemo_frame(df: pl.DataFrame) -> pl.DataFrame:
-    cols = [pl.col("audio_path").alias("audio_filepath"), pl.col("offset").fill_null(0.0), pl.col("duration"),
-            pl.col("text").fill_null("")]
-    for c in NEMO_OPTIONAL:
-        if df[c].null_count() < df.height:
-            cols.append(pl.col(c).alias("taskname") if c == "task" else pl.col(c))
-    return df.select(cols)
-
-
-def _write_jsonl(df: pl.DataFrame, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        df.write_ndjson(tmp)
-
-
-def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.PathLike[str],
-                out_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Write NeMo bucketing options and manifests (see the module docstring); return the options."""
-    inputs = load_inputs(plan_or_buckets, manifest)
-    out = Path(out_dir)
-    cfg = bucketing_config(inputs)
-    with atomic_path(out / "bucketing.yaml") as tmp:
-        tmp.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    kept = inputs.manifest.filter(pl.col("bucket") >= 0)
-    _write_jsonl(_nemo_frame(kept), out / "manifest.jsonl")
-    for b in range(len(inputs.spec.buckets)):
-        _write_jsonl(_nemo_frame(kept.filter(pl.col("bucket") == b)), out / f"bucket-{b:03d}.jsonl")
+    if channel_selector is not None:
+        cfg["channel_selector"] = channel_selector
     return cfg
 
 
-def _recording_info(paths: list[str]) -> dict[str, tuple[int, int, int]]:
-    """(sample_rate, num_samples, channels) per distinct audio file, from headers only."""
-    from dataprep.compile.probe import probe_headers
-
-    probed = probe_headers(paths, threads=8)
-    out: dict[str, tuple[int, int, int]] = {}
-    for path, dur, sr, ch, reason, detail in probed.iter_rows():
-        if reason is not None:
-            raise DataprepError(str(detail))
-        out[path] = (int(sr), int(round(dur * sr)), int(ch))
-    return out
+def _channels(row: dict[str, Any]) -> int:
+    if row["channels"] is not None and float(row["offset"] or 0.0) == 0.0:
+        return int(row["channels"])
+    return audio_header(row["audio_path"])[2] if row["audio_path"] is not None else 1
 
 
-def lhotse_cuts(inputs: ExportInputs) -> list[Any]:
-    """One lhotse ``MonoCut`` per bucketed utterance (Recording from the file header)."""
-    from lhotse import AudioSource, MonoCut, Recording, SupervisionSegment
-
-    kept = inputs.manifest.filter(pl.col("bucket") >= 0)
-    info = _recording_info(kept["audio_path"].unique(maintain_order=True).to_list())
-    recordings: dict[str, Any] = {}
-    cuts = []
-    for row in kept.iter_rows(named=True):
-        path = row["audio_path"]
-        rec = recordings.get(path)
-        if rec is None:
-            sr, n, ch = info[path]
-            rec = Recording(id=path, sources=[AudioSource(type="file", channels=list(range(ch)), source=path)],
-                            sampling_rate=sr, num_samples=n, duration=n / sr, channel_ids=list(range(ch)))
-            recordings[path] = rec
-        offset = float(row["offset"] or 0.0)
-        channel: Any = 0 if len(rec.channel_ids) == 1 else list(rec.channel_ids)
-        lang = row["target_lang"] or row["lang"]
-        sup = SupervisionSegment(id=row["id"], recording_id=rec.id, start=offset, duration=float(row["duration"]),
-                                 channel=channel, text=row["text"], language=lang)
-        cuts.append(MonoCut(id=row["id"], start=offset, duration=float(row["duration"]), channel=channel,
-                            recording=rec, supervisions=[sup],
-                            custom={"bucket": int(row["bucket"]), "num_tokens": int(row["num_tokens"] or 0)}))
-    return cuts
+def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.PathLike[str],
+                out_dir: str | os.PathLike[str], *, channel: int | None = None,
+                rejects: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Write NeMo bucketing options and manifests (see the module docstring); return the options.
+    ``channel``: NeMo's ``channel_selector`` for multi-channel audio (default 0 when there is any)."""
+    inputs = load_inputs(plan_or_buckets, manifest)
+    check_covered(inputs, rejects)
+    stats = _Stats(len(inputs.spec.buckets))
+    multi = False
+    with export_dir(out_dir) as tmp, contextlib.ExitStack() as stack:
+        main = stack.enter_context(open(tmp / "manifest.jsonl", "w", encoding="utf-8"))
+        per: list[IO[str]] = [stack.enter_context(open(tmp / f"bucket-{b:03d}.jsonl", "w", encoding="utf-8"))
+                              for b in range(len(inputs.spec.buckets))]
+        for table, bucket in iter_manifest(inputs.manifest_path, inputs.bucket):
+            keep = bucket >= 0
+            rows = table.filter(pa.array(keep)).to_pylist()
+            kept_bucket = bucket[keep]
+            tps = 0.0
+            for row, b in zip(rows, kept_bucket.tolist()):
+                rec, writes_rate = nemo_record(row)
+                line = json.dumps(rec, ensure_ascii=False) + "\n"
+                main.write(line)
+                per[b].write(line)
+                if row["num_tokens"] is not None:
+                    tps = max(tps, int(row["num_tokens"]) / nemo_duration(row, writes_rate))
+                multi = multi or (not writes_rate and _channels(row) > 1)
+            tokens = np.nan_to_num(table.column("num_tokens").to_numpy(zero_copy_only=False).astype(np.float64))[keep]
+            stats.add(kept_bucket, tokens.astype(np.int64), tps)
+        cfg = bucketing_config(inputs.spec, stats, channel if channel is not None else (0 if multi else None))
+        (tmp / "bucketing.yaml").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return cfg
 
 
 def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.PathLike[str],
-                  out_dir: str | os.PathLike[str]) -> dict[str, Any]:
+                  out_dir: str | os.PathLike[str], *, channel: int | None = None,
+                  rejects: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Write ``cuts.jsonl.gz`` and ``bins.json`` (see the module docstring); return the bins."""
     inputs = load_inputs(plan_or_buckets, manifest)
-    out = Path(out_dir)
-    cuts = lhotse_cuts(inputs)
-    with atomic_path(out / "cuts.jsonl.gz") as tmp:
-        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
-            for cut in cuts:
-                gz.write((json.dumps(cut.to_dict(), sort_keys=True, ensure_ascii=False) + "\n").encode())
-    bins = {
-        "duration_bins": duration_bins(inputs.spec, _bucket_max_tokens(inputs)),
-        "bucket_batch_size": [int(b.batch_size) for b in inputs.spec.buckets],  # type: ignore[arg-type]
-        "max_tps": _max_tps(inputs.manifest.filter(pl.col("bucket") >= 0)),
-        "num_cuts": len(cuts),
-        "token_field": "custom.num_tokens",
-    }
-    write_json(bins, out / "bins.json")
+    check_covered(inputs, rejects)
+    stats = _Stats(len(inputs.spec.buckets))
+    with export_dir(out_dir) as tmp:
+        with open(tmp / "cuts.jsonl.gz", "wb") as raw, \
+                gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
+            for table, bucket in iter_manifest(inputs.manifest_path, inputs.bucket):
+                keep = bucket >= 0
+                kept_bucket = bucket[keep]
+                tps = 0.0
+                for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
+                    cut = cut_for_row(row, channel, {"bucket": b})
+                    gz.write((json.dumps(cut.to_dict(), sort_keys=True, ensure_ascii=False) + "\n").encode())
+                    if row["num_tokens"] is not None:
+                        tps = max(tps, int(row["num_tokens"]) / cut.duration)
+                tokens = np.nan_to_num(table.column("num_tokens").to_numpy(zero_copy_only=False).astype(np.float64))[keep]
+                stats.add(kept_bucket, tokens.astype(np.int64), tps)
+        bins = {
+            "duration_bins": duration_bins(inputs.spec, stats.max_tokens),
+            "bucket_batch_size": [int(b.batch_size) for b in inputs.spec.buckets],  # type: ignore[arg-type]
+            "max_tps": stats.exported_max_tps,
+            "num_cuts": stats.rows,
+            "token_field": "custom.num_tokens",
+        }
+        write_json(bins, tmp / "bins.json")
     return bins
 
 

@@ -1,0 +1,108 @@
+"""Compiled-manifest rows -> Lhotse cuts: the one place where a row becomes a Recording and a cut.
+
+Used by :class:`dataprep.integrations.lhotse.PlanSampler` (each step's ``CutSet``) and by
+``dataprep export lhotse``. A row becomes:
+
+- a :class:`lhotse.Recording` of its audio file: sample rate, channels and length from the
+  manifest for a whole-file row whose header was probed, else from the file's header
+  (``soundfile.info``, never a decode; cached per file);
+- a ``MonoCut`` (mono audio, or ``channel=k`` picks one channel of multi-channel audio) or a
+  ``MultiCut`` holding every channel (multi-channel audio, ``channel=None``), starting at the
+  row's ``offset`` for its ``duration``;
+- one ``SupervisionSegment`` covering the cut (``start=0``: supervisions are relative to the
+  cut), with the text and ``language=lang``, as NeMo's own manifest reader makes it;
+- ``custom``: ``source_lang``, ``target_lang``, ``taskname`` (where set), every field of
+  ``extra`` (the source's other fields, e.g. ``pnc``) and ``num_tokens`` (ours, incl. prompt),
+  so NeMo's Canary prompt formats find their slots.
+
+Audio addressing lives in :func:`recording_for_row` only, so other containers (tar, Shar,
+Parquet audio) are added there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from typing import Any
+
+import pyarrow as pa
+import soundfile
+
+from manifests.errors import DataprepError
+
+#: manifest columns copied into ``cut.custom`` (manifest name -> custom key, NeMo's names)
+CUSTOM_COLUMNS = {"source_lang": "source_lang", "target_lang": "target_lang", "task": "taskname"}
+
+
+@lru_cache(maxsize=1 << 16)
+def audio_header(path: str) -> tuple[int, int, int]:
+    """(sample rate, frames, channels) of an audio file from its header; one-line error if unreadable."""
+    try:
+        info = soundfile.info(path)
+    except FileNotFoundError:
+        raise DataprepError(f"{path}: audio file not found") from None
+    except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
+        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataprepError(f"{path}: cannot read the audio header ({problem})") from None
+    return int(info.samplerate), int(info.frames), int(info.channels)
+
+
+def recording_for_row(row: Mapping[str, Any]) -> Any:
+    """The Lhotse ``Recording`` a manifest row's audio lives in."""
+    from lhotse import AudioSource, Recording
+    from lhotse.utils import compute_num_samples
+
+    path = row["audio_path"]
+    if path is None:
+        raise DataprepError(f"utterance {row['id']!r}: no audio path")
+    offset = float(row.get("offset") or 0.0)
+    sr, ch = row.get("sample_rate"), row.get("channels")
+    if offset == 0.0 and sr and ch:  # a whole file whose header compile read: no I/O
+        duration = float(row["duration"])
+        num_samples = compute_num_samples(duration, int(sr))
+    else:
+        sr, frames, ch = audio_header(path)
+        num_samples, duration = frames, frames / sr
+    channels = list(range(int(ch)))
+    return Recording(id=path, sources=[AudioSource(type="file", channels=channels, source=path)],
+                     sampling_rate=int(sr), num_samples=num_samples, duration=duration, channel_ids=channels)
+
+
+def custom_for_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """``cut.custom`` of a row: languages, task, the source's other fields, ``num_tokens``."""
+    custom: dict[str, Any] = {}
+    for col, key in CUSTOM_COLUMNS.items():
+        if row.get(col) is not None:
+            custom[key] = row[col]
+    if row.get("extra"):
+        try:
+            custom.update(json.loads(row["extra"]))
+        except json.JSONDecodeError:
+            raise DataprepError(f"utterance {row['id']!r}: extra is not a JSON object") from None
+    if row.get("num_tokens") is not None:
+        custom["num_tokens"] = int(row["num_tokens"])
+    return custom
+
+
+def cut_for_row(row: Mapping[str, Any], channel: int | None = None, custom: Mapping[str, Any] | None = None) -> Any:
+    """One manifest row as a Lhotse cut (see the module docstring); ``custom`` adds keys."""
+    from lhotse import MonoCut, MultiCut, SupervisionSegment
+
+    rec = recording_for_row(row)
+    n = len(rec.channel_ids)
+    if channel is not None and not 0 <= channel < n:
+        raise DataprepError(f"utterance {row['id']!r}: {row['audio_path']}: has {n} channel(s), --channel {channel} asked for")
+    cut_channel: Any = (0 if n == 1 else list(rec.channel_ids)) if channel is None else channel
+    offset, duration = float(row.get("offset") or 0.0), float(row["duration"])
+    sup = SupervisionSegment(id=row["id"], recording_id=rec.id, start=0.0, duration=duration, channel=cut_channel,
+                             text=row.get("text"), language=row.get("lang"))
+    cls = MultiCut if isinstance(cut_channel, list) else MonoCut
+    return cls(id=row["id"], start=offset, duration=duration, channel=cut_channel, recording=rec, supervisions=[sup],
+               custom={**custom_for_row(row), **(custom or {})})
+
+
+def cuts_for_rows(rows: pa.Table | Iterable[Mapping[str, Any]], channel: int | None = None) -> list[Any]:
+    """Cuts of manifest rows, in order (a table of manifest columns, or row dicts)."""
+    records = rows.to_pylist() if isinstance(rows, pa.Table) else rows
+    return [cut_for_row(r, channel) for r in records]

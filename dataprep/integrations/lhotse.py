@@ -1,0 +1,190 @@
+"""Lhotse: ``PlanSampler``, a ``CutSampler`` that replays one rank of a plan as ``CutSet`` s.
+
+::
+
+    sampler = PlanSampler("plan/", "kept.parquet", rank=rank, world_size=world_size)
+    dataset = K2SpeechRecognitionDataset()        # or any Lhotse-style dataset: CutSet -> batch
+    loader = PlanDataLoader(dataset, sampler)     # a DataLoader whose state_dict() is exact
+    # or, sampler in the workers: DataLoader(IterableDatasetWrapper(dataset, sampler),
+    #                                        batch_size=None, num_workers=2)
+
+Each step's ``CutSet`` holds exactly the plan's utterances for this rank, in the plan's order,
+built from the manifest rows by :func:`dataprep.integrations.cuts.cut_for_row` (segments,
+multi-channel audio and languages; ``channel=k`` selects one channel of multi-channel audio).
+Manifest rows come from a memory-mapped cache (:class:`~dataprep.integrations.rows.ManifestRows`),
+so the first batch is ready in well under a second whatever the corpus size.
+
+Resuming: ``state_dict()`` / ``load_state_dict()`` are Lhotse's (epoch, seed, world size,
+diagnostics) plus ``plan_hash`` and ``next_step``. Inside ``IterableDatasetWrapper`` with
+``num_workers=n``, worker ``w`` builds the batches at positions ``i % n == w``; the DataLoader
+hands them out in step order, so the batches do not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from lhotse import CutSet
+from lhotse.dataset.sampling.base import CutSampler, attach_dataloading_info
+from torch.utils.data import DataLoader, get_worker_info
+
+from dataprep.integrations.cuts import cut_for_row
+from dataprep.integrations.rows import ManifestRows
+from manifests.errors import DataprepError
+from manifests.io import require_manifest_hash
+from manifests.plan_files import PlanBatch, PlanShard
+from manifests.plan_meta import read_plan_meta
+
+#: the warning IterableDatasetWrapper gives for a sampler with a rank: a plan's sampler has one on purpose
+_WRAPPER_WARNING = r"We detected you're trying to use a CutSampler with rank"
+
+
+class PlanSampler(CutSampler):  # type: ignore[misc]
+    """Rank ``rank``'s batches of the plan in ``plan_dir`` as Lhotse ``CutSet`` s (module docstring).
+
+    ``world_size`` must be the plan's; ``start_step`` is the first global step yielded;
+    ``channel`` picks one channel of multi-channel audio (default: a ``MultiCut`` of all);
+    ``cache_dir`` is where the manifest row cache lives (default ``$SPEECH_DATAPREP_CACHE``).
+    """
+
+    def __init__(self, plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], rank: int,
+                 world_size: int, start_step: int = 0, channel: int | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(shuffle=False, drop_last=False, world_size=world_size, rank=rank, seed=0)
+        self.plan_dir = Path(plan_dir)
+        self.manifest = Path(manifest)
+        meta = read_plan_meta(self.plan_dir)
+        if world_size != meta.world_size:
+            raise DataprepError(f"{self.plan_dir}: world size {world_size} given, the plan is for {meta.world_size}")
+        if not 0 <= rank < world_size:
+            raise DataprepError(f"{self.plan_dir}: rank {rank} is outside world size {world_size}")
+        require_manifest_hash(self.manifest, meta.manifest.content_hash, "the plan's manifest")
+        self.plan_hash = meta.plan_hash
+        self.num_steps = meta.num_steps
+        self.channel = channel
+        self.cache_dir = cache_dir
+        self._check_step(start_step)
+        self.start_step = start_step
+        self.next_step = start_step  # the step of the next batch this sampler hands out
+        self._rows: ManifestRows | None = None
+        self._it: Iterator[PlanBatch] | None = None
+        self._pos = 0  # batches seen since the iteration started (worker split)
+
+    def _check_step(self, step: int) -> None:
+        if not 0 <= step <= self.num_steps:
+            raise DataprepError(f"{self.plan_dir}: step {step} is outside the plan's 0..{self.num_steps} steps")
+
+    # ------------------------------------------------------------------ lhotse protocol
+    def __iter__(self) -> PlanSampler:
+        if self._just_restored_state:
+            self._just_restored_state = False
+        else:
+            self.next_step = self.start_step
+        self._it = None
+        return self
+
+    def __next__(self) -> CutSet:
+        self.allow_iter_to_reset_state()
+        if self._it is None:
+            self._it = PlanShard(self.plan_dir, self.rank).iter_batches(self.next_step)
+            self._pos = 0
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        while True:
+            pb = next(self._it)  # StopIteration ends the plan
+            pos, self._pos = self._pos, self._pos + 1
+            self.next_step = pb.step + 1
+            if pos % nw == wid:
+                break
+        cuts = self.cuts_of(pb)
+        self._log_diagnostics(cuts)
+        for fn in self._transforms:
+            cuts = fn(cuts)
+        attach_dataloading_info(cuts, rank=self.rank, world_size=self.world_size)
+        return cuts
+
+    def _next_batch(self) -> CutSet:
+        return next(self)
+
+    def cuts_of(self, pb: PlanBatch) -> CutSet:
+        """The ``CutSet`` of one plan batch (its rows, in order; ``custom`` adds ``plan_step``)."""
+        if self._rows is None:
+            self._rows = ManifestRows.open(self.manifest, self.cache_dir)
+        rows = self._rows.take(pb.rows).to_pylist()
+        return CutSet.from_cuts(cut_for_row(r, self.channel, {"plan_step": pb.step}) for r in rows)
+
+    def __len__(self) -> int:
+        """Batches left from the next step to the end of the plan."""
+        return self.num_steps - self.next_step
+
+    @property
+    def remaining_duration(self) -> float | None:
+        return None
+
+    @property
+    def remaining_cuts(self) -> int | None:
+        return None
+
+    @property
+    def num_cuts(self) -> int | None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Lhotse's sampler state plus ``plan_hash`` and ``next_step``."""
+        return {**super().state_dict(), "plan_hash": self.plan_hash, "next_step": self.next_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue at ``state_dict["next_step"]`` (the next ``iter()`` does not reset it)."""
+        state = dict(state_dict)
+        plan_hash = state.pop("plan_hash", None)
+        if plan_hash != self.plan_hash:
+            raise DataprepError(f"{self.plan_dir}: sampler state is of another plan "
+                                f"({str(plan_hash)[:12]}... vs {self.plan_hash[:12]}...)")
+        step = int(state.pop("next_step"))
+        self._check_step(step)
+        super().load_state_dict(state)
+        self.next_step = step
+        self._it = None
+
+    def __getstate__(self) -> dict[str, Any]:  # to worker processes: no mapped file, no open iterator
+        state = self.__dict__.copy()
+        state["_rows"], state["_it"] = None, None
+        return state
+
+
+class PlanDataLoader(DataLoader):  # type: ignore[type-arg]
+    """A map-style ``DataLoader(dataset, sampler=plan_sampler, batch_size=None)`` whose
+    ``state_dict()`` is the step after the last batch it *returned* (the sampler itself runs
+    ahead by the workers' prefetch), so a checkpoint resumes at exactly the next batch."""
+
+    def __init__(self, dataset: Any, sampler: PlanSampler, **kwargs: Any) -> None:
+        super().__init__(dataset, sampler=sampler, batch_size=None, **kwargs)
+        self.plan_sampler = sampler
+        self._returned_step = sampler.next_step
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        step = self.plan_sampler.next_step if self.plan_sampler._just_restored_state else self.plan_sampler.start_step
+        self._returned_step = step
+        for batch in super().__iter__():
+            step += 1
+            self._returned_step = step
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's state at the step after the last batch returned to the trainer."""
+        return {**self.plan_sampler.state_dict(), "next_step": self._returned_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state["next_step"]`` on the next iteration."""
+        self.plan_sampler.load_state_dict(state)
+        self._returned_step = self.plan_sampler.next_step
+
+
+def wrapper_warning_filter() -> None:
+    """Silence ``IterableDatasetWrapper``'s warning about a sampler with a rank (a plan's sampler
+    has one on purpose: it reads that rank's shard; workers split the shard's batches)."""
+    warnings.filterwarnings("ignore", message=_WRAPPER_WARNING)

@@ -1,0 +1,77 @@
+"""NeMo: ``get_plan_dataloader``, a drop-in for NeMo's ``get_lhotse_dataloader_from_config``
+that replays a plan instead of re-bucketing online.
+
+Same signature as ``nemo.collections.common.data.lhotse.dataloader.get_lhotse_dataloader_from_config``:
+``(config, global_rank, world_size, dataset, tokenizer=None)``. The config (a dict or an
+OmegaConf ``train_ds`` section) adds two keys:
+
+    plan_dir   the plan directory (``dataprep plan-batches``; its world size is the trainer's)
+    manifest   the compiled manifest the plan was made from
+
+and this function reads these others as NeMo does: ``sample_rate`` (cuts are resampled to it,
+default 16000), ``channel_selector`` (an int: that channel of multi-channel audio),
+``num_workers``, ``pin_memory``, ``force_iterable_dataset`` (the sampler runs in the workers,
+inside Lhotse's ``IterableDatasetWrapper``), ``seed``. Bucketing, batch size, duration, token
+and TPS filters are the plan's and are ignored here. A config without ``plan_dir`` is handed
+to NeMo's own function (validation and test sets keep working unchanged).
+
+The ``dataset`` (e.g. NeMo's ``PromptedAudioToTextLhotseDataset`` for Canary) gets, per step,
+the ``CutSet`` of exactly this rank's utterances of the plan (see
+:class:`dataprep.integrations.lhotse.PlanSampler`); the returned loader's ``state_dict()`` /
+``load_state_dict()`` resume at exactly the next batch. ``tokenizer`` is not needed: token
+counts were made at compile time (``dataprep compile --prompt-format canary2``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+
+from dataprep.integrations.lhotse import PlanDataLoader, PlanSampler, wrapper_warning_filter
+from manifests.errors import DataprepError
+
+
+def _resample(cuts: Any, sampling_rate: int) -> Any:
+    """NeMo's per-cut safeguard resampling (a no-op for cuts already at ``sampling_rate``)."""
+    return cuts.resample(sampling_rate)
+
+
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+    return default if value is None else value
+
+
+def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset: torch.utils.data.Dataset,
+                        tokenizer: Any = None) -> torch.utils.data.DataLoader:
+    """A DataLoader that yields ``dataset[cuts]`` for each step of rank ``global_rank``'s plan shard
+    (see the module docstring); NeMo's own loader for a config without ``plan_dir``."""
+    if _get(config, "plan_dir") is None:
+        from nemo.collections.common.data.lhotse.dataloader import get_lhotse_dataloader_from_config
+
+        return get_lhotse_dataloader_from_config(config, global_rank=global_rank, world_size=world_size,
+                                                 dataset=dataset, tokenizer=tokenizer)
+    manifest = _get(config, "manifest")
+    if manifest is None:
+        raise DataprepError("config: plan_dir is set but manifest (the compiled manifest of the plan) is not")
+    channel = _get(config, "channel_selector")
+    if channel is not None and not isinstance(channel, int):
+        raise DataprepError(f"config: channel_selector must be a channel number with a plan (got {channel!r})")
+    sampler = PlanSampler(str(_get(config, "plan_dir")), str(manifest), rank=global_rank, world_size=world_size,
+                          channel=channel)
+    sampler.map(partial(_resample, sampling_rate=int(_get(config, "sample_rate", 16000))))
+    num_workers = int(_get(config, "num_workers", 0))
+    pin_memory = bool(_get(config, "pin_memory", False))
+    if _get(config, "force_iterable_dataset", False):
+        from lhotse.dataset import IterableDatasetWrapper
+        from lhotse.dataset.dataloading import make_worker_init_fn
+
+        wrapper_warning_filter()
+        return torch.utils.data.DataLoader(
+            IterableDatasetWrapper(dataset=dataset, sampler=sampler), batch_size=None, num_workers=num_workers,
+            pin_memory=pin_memory, persistent_workers=num_workers > 0,
+            worker_init_fn=make_worker_init_fn(rank=global_rank, world_size=world_size,
+                                               seed=int(_get(config, "seed", 0)) if str(_get(config, "seed", 0)).isdigit() else 0),
+        )
+    return PlanDataLoader(dataset, sampler, num_workers=num_workers, pin_memory=pin_memory)
