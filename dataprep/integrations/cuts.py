@@ -22,6 +22,7 @@ Parquet audio) are added there.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
@@ -64,6 +65,9 @@ def recording_for_row(row: Mapping[str, Any]) -> Any:
     else:
         sr, frames, ch = audio_header(path)
         num_samples, duration = frames, frames / sr
+    # Lhotse rounds a supervision's end to 8 decimals: a recording length rounded up the same
+    # way (far below one sample) keeps a supervision that ends with the file inside it
+    duration = math.ceil(duration * 1e8) / 1e8
     channels = list(range(int(ch)))
     return Recording(id=path, sources=[AudioSource(type="file", channels=channels, source=path)],
                      sampling_rate=int(sr), num_samples=num_samples, duration=duration, channel_ids=channels)

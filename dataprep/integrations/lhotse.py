@@ -80,9 +80,8 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ lhotse protocol
     def __iter__(self) -> PlanSampler:
-        if self._just_restored_state:
-            self._just_restored_state = False
-        else:
+        # a restored state survives iter() until the first batch (DataLoader calls iter() twice)
+        if not self._just_restored_state:
             self.next_step = self.start_step
         self._it = None
         return self

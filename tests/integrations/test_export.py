@@ -9,10 +9,13 @@ import numpy as np
 import polars as pl
 import pytest
 
-from dataprep.integrations.export import lhotse_constraint, load_inputs
+from dataprep.cli import app
+from dataprep.integrations.export import export_lhotse, export_nemo, lhotse_constraint, load_inputs
 from manifests.buckets_file import read_buckets
+from manifests.errors import DataprepError
 from manifests.io import read_manifest
-from tests.training._consumer import Corpus, invoke, shared_corpus
+from tests.integrations._rich import Rich, rich_corpus
+from tests.training._consumer import Corpus, invoke, runner, shared_corpus
 
 lhotse = pytest.importorskip("lhotse", reason="lhotse (dev extra) is needed for the round trip")
 
@@ -101,3 +104,106 @@ def test_lhotse_1d_bins_use_lhotse_constraint(corpus: Corpus, tmp_path: Path) ->
     expected = np.searchsorted(np.asarray(durations), d, side="left")
     got = [c.select_bucket(durations, example_len=x) for x in d]
     assert got == expected.tolist()
+
+
+# --------------------------------------------------------------------------- exports that lose nothing
+
+
+@pytest.fixture(scope="module")
+def rich(tmp_path_factory: pytest.TempPathFactory) -> Rich:
+    return rich_corpus(tmp_path_factory)
+
+
+def test_nemo_export_round_trips_every_field(rich: Rich, tmp_path: Path) -> None:
+    invoke("export", "nemo", str(rich.plan), "--manifest", str(rich.manifest), "-o", str(tmp_path / "nemo"))
+    lines = [json.loads(x) for x in (tmp_path / "nemo" / "manifest.jsonl").read_text().splitlines()]
+    assert all("pnc" in x and "speaker" in x and x["taskname"] == "asr" for x in lines)  # extra back at top level
+    again = tmp_path / "again.parquet"
+    invoke("compile", str(tmp_path / "nemo" / "manifest.jsonl"), "--tokenizer", str(rich.spm), "-o", str(again),
+           "--probe", "always", "--prompt-format", "canary2")
+    a, b = read_manifest(rich.manifest), read_manifest(again)
+    assert a.height == b.height == len(lines)
+    b = b.join(a.select("id"), on="id", how="semi")
+    assert b.height == a.height  # same ids (derived from the same paths and offsets)
+    a, b = a.sort("id"), b.sort("id")
+    same = ["id", "audio_path", "offset", "duration", "sample_rate", "channels", "text", "lang", "source_lang",
+            "target_lang", "task", "num_tokens", "tps"]
+    assert a.select(same).equals(b.select(same))
+    for ea, eb, sr, off, ch in zip(a["extra"], b["extra"], a["sample_rate"], a["offset"], a["channels"]):
+        eb = json.loads(eb)
+        written = eb.pop("sampling_rate", None)
+        assert json.loads(ea) == eb
+        assert written == (sr if off == 0 and ch == 1 else None)
+
+
+def test_nemo_export_max_tps_keeps_every_row_and_selects_a_channel(rich: Rich, tmp_path: Path) -> None:
+    import soundfile
+
+    cfg = export_nemo(rich.plan, rich.manifest, tmp_path / "n")
+    assert cfg["channel_selector"] == 0  # stereo audio present
+    for x in map(json.loads, (tmp_path / "n" / "manifest.jsonl").read_text().splitlines()):
+        d = x["duration"]
+        if "sampling_rate" not in x:  # NeMo reads the header and Lhotse's truncate clips to it
+            d = min(d, soundfile.info(x["audio_filepath"]).duration - x["offset"])
+        row = read_manifest(rich.manifest).filter(pl.col("audio_path") == x["audio_filepath"],
+                                                  pl.col("offset") == x["offset"])
+        assert row["num_tokens"][0] / d <= cfg["max_tps"]
+    assert export_nemo(rich.plan, rich.manifest, tmp_path / "n1", channel=1)["channel_selector"] == 1
+
+
+def test_lhotse_export_cuts_are_valid_and_lose_nothing(rich: Rich, tmp_path: Path) -> None:
+    from lhotse import CutSet, MultiCut, fix_manifests, validate
+
+    bins = export_lhotse(rich.plan, rich.manifest, tmp_path / "l")
+    cuts = CutSet.from_jsonl(tmp_path / "l" / "cuts.jsonl.gz").to_eager()
+    df = read_manifest(rich.manifest)
+    assert len(cuts) == bins["num_cuts"] == df.height
+    validate(cuts, read_data=False)
+    recordings, supervisions, _ = cuts.decompose()
+    fixed_r, fixed_s = fix_manifests(recordings, supervisions)
+    assert len(fixed_s) == len(supervisions) and all(
+        a.start == b.start and a.duration == b.duration for a, b in zip(fixed_s, supervisions))
+    by_id = {r["id"]: r for r in df.iter_rows(named=True)}
+    for cut in cuts:
+        row = by_id[cut.id]
+        assert cut.start == row["offset"] and cut.duration == row["duration"]
+        assert cut.supervisions[0].start == 0 and cut.supervisions[0].text == row["text"]
+        assert isinstance(cut, MultiCut) == (row["channels"] > 1) and cut.num_channels == row["channels"]
+        assert {k: cut.custom[k] for k in json.loads(row["extra"])} == json.loads(row["extra"])
+        assert cut.custom["source_lang"] == row["source_lang"] and cut.custom["num_tokens"] == row["num_tokens"]
+        assert cut.sampling_rate == row["sample_rate"]
+    mono = export_lhotse(rich.plan, rich.manifest, tmp_path / "m", channel=0)
+    assert mono["num_cuts"] == df.height
+    assert all(type(c).__name__ == "MonoCut" for c in CutSet.from_jsonl(tmp_path / "m" / "cuts.jsonl.gz"))
+
+
+def test_uncovered_rows_are_an_error_or_rejects(rich: Rich, tmp_path: Path) -> None:
+    df = read_manifest(rich.manifest)
+    cut_at = float(np.sort(df["duration"].to_numpy())[-3])  # the longest rows fit no bucket
+    n_out = int((df["duration"] > cut_at).sum())
+    assert n_out >= 1
+    spec = {"version": 1, "buckets": [{"index": 0, "max_duration": cut_at, "batch_size": 4}]}
+    buckets = tmp_path / "short.json"
+    buckets.write_text(json.dumps(spec))
+    res = runner.invoke(app, ["export", "nemo", str(buckets), "--manifest", str(rich.manifest), "-o", str(tmp_path / "x")])
+    assert res.exit_code == 2 and f"{n_out} row(s) are in no bucket" in res.output and not (tmp_path / "x").exists()
+    invoke("export", "lhotse", str(buckets), "--manifest", str(rich.manifest), "-o", str(tmp_path / "y"),
+           "--rejects", str(tmp_path / "rej.parquet"))
+    rej = pl.read_parquet(tmp_path / "rej.parquet")
+    assert rej.height == n_out and set(rej["reason"]) == {"exceeds_bucket"} and (rej["duration"] > cut_at).all()
+    assert json.loads((tmp_path / "y" / "bins.json").read_text())["num_cuts"] == df.height - n_out
+
+
+def test_export_replaces_the_folder_whole(rich: Rich, tmp_path: Path) -> None:
+    out = tmp_path / "e"
+    export_nemo(rich.plan, rich.manifest, out)
+    (out / "bucket-099.jsonl").write_text("stale\n")
+    export_nemo(rich.buckets, rich.manifest, out)
+    assert not (out / "bucket-099.jsonl").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    with pytest.raises(DataprepError, match="not an export folder"):
+        export_lhotse(rich.plan, rich.manifest, other)
+    assert (other / "notes.txt").read_text() == "keep me"

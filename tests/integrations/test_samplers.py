@@ -1,0 +1,187 @@
+"""PlanBatchSampler (torch) and PlanSampler (Lhotse) replay the plan exactly, resume, and build
+cuts that load the right samples (segments, stereo) on real audio."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import soundfile
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from dataprep.integrations.torch import PlanBatchSampler
+from manifests.errors import DataprepError
+from manifests.plan_files import open_shard
+from tests.integrations._rich import Rich, rich_corpus
+
+lhotse = pytest.importorskip("lhotse", reason="lhotse (dev extra) is needed")
+
+
+@pytest.fixture(scope="module")
+def rich(tmp_path_factory: pytest.TempPathFactory) -> Rich:
+    return rich_corpus(tmp_path_factory)
+
+
+@pytest.fixture()
+def cache(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+def plan_ids(plan: Path, rank: int) -> list[list[str]]:
+    return [b.ids for b in open_shard(plan, rank)]
+
+
+class ManifestAudio(Dataset[dict[str, Any]]):
+    """A map-style dataset over the compiled manifest: row i -> id and its audio (soundfile)."""
+
+    def __init__(self, manifest: Path) -> None:
+        self.rows = pq.read_table(manifest, columns=["id", "audio_path", "offset", "duration"]).to_pylist()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        r = self.rows[i]
+        sr = soundfile.info(r["audio_path"]).samplerate
+        audio, _ = soundfile.read(r["audio_path"], start=round(r["offset"] * sr),
+                                  frames=round(r["duration"] * sr), dtype="float32", always_2d=True)
+        return {"id": r["id"], "audio": torch.from_numpy(audio.mean(axis=1))}
+
+
+def ids_collate(items: list[dict[str, Any]]) -> list[str]:
+    assert all(x["audio"].numel() > 0 for x in items)
+    return [x["id"] for x in items]
+
+
+def test_plan_batch_sampler_over_a_map_style_dataset_and_resume(rich: Rich) -> None:
+    ds = ManifestAudio(rich.manifest)
+    for rank in range(2):
+        sampler = PlanBatchSampler(rich.plan, rank)
+        assert len(sampler) == len(plan_ids(rich.plan, rank))
+        got = list(DataLoader(ds, batch_sampler=sampler, collate_fn=ids_collate))
+        assert got == plan_ids(rich.plan, rank)
+    # resume: stop after k batches, save, restore into a fresh sampler
+    k = 3
+    first = PlanBatchSampler(rich.plan, 1)
+    it = iter(DataLoader(ds, batch_sampler=first, collate_fn=ids_collate))
+    head = [next(it) for _ in range(k)]
+    state = first.state_dict()
+    assert state["next_step"] == k
+    again = PlanBatchSampler(rich.plan, 1)
+    again.load_state_dict(state)
+    assert len(again) == len(plan_ids(rich.plan, 1)) - k
+    assert head + list(DataLoader(ds, batch_sampler=again, collate_fn=ids_collate)) == plan_ids(rich.plan, 1)
+    with pytest.raises(DataprepError, match="another plan"):
+        again.load_state_dict({**state, "plan_hash": "0" * 64})
+    with pytest.raises(DataprepError, match="rank 2"):
+        PlanBatchSampler(rich.plan, 2)
+
+
+def test_plan_batch_sampler_over_a_hugging_face_dataset(rich: Rich, tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets", reason="Hugging Face datasets (dev extra) is needed")
+    hf = datasets.Dataset.from_parquet(str(rich.manifest), cache_dir=str(tmp_path / "hf"))
+    hf = hf.with_format("python")
+    sampler = PlanBatchSampler(rich.plan, 0, start_step=2)
+    loader = DataLoader(hf, batch_sampler=sampler, collate_fn=lambda rows: [r["id"] for r in rows])
+    assert list(loader) == plan_ids(rich.plan, 0)[2:]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_plan_sampler_yields_the_plan(rich: Rich, cache: Path, rank: int) -> None:
+    from dataprep.integrations.lhotse import PlanSampler
+
+    sampler = PlanSampler(rich.plan, rich.manifest, rank=rank, world_size=2, cache_dir=cache)
+    assert isinstance(sampler, lhotse.dataset.sampling.base.CutSampler)
+    batches = list(sampler)
+    assert [[c.id for c in cs] for cs in batches] == plan_ids(rich.plan, rank)
+    assert all(isinstance(cs, lhotse.CutSet) for cs in batches)
+    steps = [b.step for b in open_shard(rich.plan, rank)]
+    assert [cs[0].custom["plan_step"] for cs in batches] == steps
+    assert [[c.id for c in cs] for cs in sampler] == plan_ids(rich.plan, rank)  # a new iter() starts over
+
+
+def test_plan_sampler_with_workers_and_lhotse_dataset(rich: Rich, cache: Path) -> None:
+    from lhotse.dataset import IterableDatasetWrapper, UnsupervisedWaveformDataset
+
+    from dataprep.integrations.lhotse import PlanSampler, wrapper_warning_filter
+
+    wrapper_warning_filter()
+    for workers in (0, 2):
+        sampler = PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2, cache_dir=cache, channel=0)
+        loader = DataLoader(IterableDatasetWrapper(UnsupervisedWaveformDataset(), sampler), batch_size=None,
+                            num_workers=workers)
+        got = []
+        for batch in loader:
+            assert batch["audio"].shape[0] == len(batch["cuts"])
+            got.append([c.id for c in batch["cuts"]])
+        assert got == plan_ids(rich.plan, 1), workers
+
+
+def test_plan_data_loader_resumes_exactly_with_workers(rich: Rich, cache: Path) -> None:
+    from lhotse.dataset import UnsupervisedWaveformDataset
+
+    from dataprep.integrations.lhotse import PlanDataLoader, PlanSampler
+
+    def run(state: dict[str, Any] | None, stop: int | None) -> tuple[list[list[str]], dict[str, Any]]:
+        sampler = PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2, cache_dir=cache, channel=0)
+        loader = PlanDataLoader(UnsupervisedWaveformDataset(), sampler, num_workers=2)
+        if state is not None:
+            loader.load_state_dict(state)
+        out = []
+        for batch in loader:
+            out.append([c.id for c in batch["cuts"]])
+            if stop is not None and len(out) == stop:
+                break
+        return out, loader.state_dict()
+
+    full, _ = run(None, None)
+    assert full == plan_ids(rich.plan, 0)
+    head, state = run(None, 4)
+    assert state["next_step"] == 4  # the loader ran ahead; its state is what the trainer got
+    tail, _ = run(state, None)
+    assert head + tail == full
+
+
+def test_cuts_load_the_right_samples(rich: Rich, cache: Path) -> None:
+    from dataprep.integrations.lhotse import PlanSampler
+
+    cuts = [c for cs in PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2, cache_dir=cache) for c in cs]
+    cuts += [c for cs in PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2, cache_dir=cache) for c in cs]
+    kinds = set()
+    for cut in cuts:
+        path = cut.recording.sources[0].source
+        info = soundfile.info(path)
+        start, n = round(cut.start * info.samplerate), round(cut.duration * info.samplerate)
+        ref, _ = soundfile.read(path, start=start, frames=n, dtype="float32", always_2d=True)
+        audio = cut.load_audio()
+        assert audio.shape[0] == info.channels == cut.num_channels
+        m = min(audio.shape[1], ref.shape[0])
+        assert abs(audio.shape[1] - ref.shape[0]) <= 1
+        np.testing.assert_allclose(audio[:, :m], ref[:m].T, atol=1e-4)
+        assert cut.supervisions[0].start == 0 and cut.supervisions[0].duration == cut.duration
+        assert cut.custom["source_lang"] == cut.custom["target_lang"] and cut.custom["taskname"] == "asr"
+        assert "speaker" in cut.custom and "pnc" in cut.custom
+        kinds.add((type(cut).__name__, cut.start > 0))
+    assert {("MonoCut", False), ("MonoCut", True), ("MultiCut", False), ("MultiCut", True)} <= kinds
+    # one channel of stereo audio with channel=1
+    sampler = PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2, cache_dir=cache, channel=1)
+    with pytest.raises(DataprepError, match="channel"):
+        list(sampler)  # mono files have no channel 1
+
+
+def test_plan_sampler_state_dict_resume(rich: Rich, cache: Path) -> None:
+    from dataprep.integrations.lhotse import PlanSampler
+
+    a = PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2, cache_dir=cache)
+    it = iter(a)
+    head = [[c.id for c in next(it)] for _ in range(5)]
+    state = a.state_dict()
+    b = PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2, cache_dir=cache)
+    b.load_state_dict(state)
+    assert head + [[c.id for c in cs] for cs in b] == plan_ids(rich.plan, 1)
+    with pytest.raises(DataprepError, match="world size 3"):
+        PlanSampler(rich.plan, rich.manifest, rank=0, world_size=3, cache_dir=cache)
