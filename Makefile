@@ -2,7 +2,7 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 DEMO_DIR ?= demo-out
 
-.PHONY: install install-dev demo test bench
+.PHONY: install install-dev demo test test-nemo bench
 
 # the core plus matplotlib for the demo's plots (no torch)
 install:
@@ -18,6 +18,13 @@ demo: install
 
 test: install-dev
 	$(PYTHON) -m pytest
+
+# NeMo (about 2 GB) into its own venv that sees the dev install, so torch, numpy and lhotse stay as pinned
+NEMO_VENV ?= .venv-nemo
+test-nemo: install-dev
+	$(PYTHON) -m venv --system-site-packages $(NEMO_VENV)
+	$(NEMO_VENV)/bin/python -m pip install -q 'nemo-toolkit[asr]'
+	$(NEMO_VENV)/bin/python -m pytest -m nemo tests/integrations/test_nemo.py tests/test_readme_examples.py
 
 bench: install-dev
 	for b in benchmarks/bench_*.py; do $(PYTHON) $$b || exit 1; done
