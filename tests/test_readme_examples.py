@@ -34,7 +34,7 @@ def readme_blocks() -> dict[str, str]:
     section = text[text.index(SECTION):]
     section = section[:section.find("\n## ", len(SECTION))]
     return {m.group(1): m.group(2) for m in
-            re.finditer(r"`examples/([\w.]+)`[^\n]*\n+```python\n(.*?)```", section, flags=re.S)}
+            re.finditer(r"`examples/([\w.]+)`[^\n]*\n+```python\n(.*?)```", section, flags=re.DOTALL)}
 
 
 def test_every_example_is_in_the_readme_verbatim() -> None:
@@ -58,8 +58,8 @@ def test_example_runs_and_replays_the_plan(rich: Rich, name: str) -> None:
     args = [str(rich.plan), str(rich.manifest)] + ([str(rich.spm)] if name == "nemo_canary.py" else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     res = subprocess.run([sys.executable, str(REPO / "examples" / name), *args], capture_output=True, text=True,
-                         env=env, cwd=REPO, timeout=600)
+                         check=False, env=env, cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    got = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("[")]
+    got = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("[\"")]
     plan = [b.ids for b in open_shard(rich.plan, 0)]
     assert got == (plan + plan if name == "lhotse_sampler.py" else plan)

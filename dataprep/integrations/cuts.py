@@ -96,7 +96,8 @@ def cut_for_row(row: Mapping[str, Any], channel: int | None = None, custom: Mapp
     rec = recording_for_row(row)
     n = len(rec.channel_ids)
     if channel is not None and not 0 <= channel < n:
-        raise DataprepError(f"utterance {row['id']!r}: {row['audio_path']}: has {n} channel(s), --channel {channel} asked for")
+        raise DataprepError(f"utterance {row['id']!r}: {row['audio_path']}: has {n} channel(s), "
+                            f"--channel {channel} asked for")
     cut_channel: Any = (0 if n == 1 else list(rec.channel_ids)) if channel is None else channel
     offset, duration = float(row.get("offset") or 0.0), float(row["duration"])
     sup = SupervisionSegment(id=row["id"], recording_id=rec.id, start=0.0, duration=duration, channel=cut_channel,

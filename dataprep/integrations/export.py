@@ -161,7 +161,8 @@ def check_covered(inputs: ExportInputs, rejects: str | os.PathLike[str] | None) 
         first = pq.ParquetFile(inputs.manifest_path).read(columns=["id"]).column("id")[int(missing[0])].as_py()
         raise DataprepError(f"{inputs.manifest_path}: {missing.size} row(s) are in no bucket (first: {first!r}); "
                             "refit the buckets or pass --rejects FILE to export without them")
-    rows = pl.from_arrow(pq.read_table(inputs.manifest_path).take(pa.array(missing)))
+    parts = [t.filter(pa.array(b < 0)) for t, b in iter_manifest(inputs.manifest_path, inputs.bucket) if (b < 0).any()]
+    rows = pl.from_arrow(pa.concat_tables(parts))  # only the uncovered rows are held
     assert isinstance(rows, pl.DataFrame)
     detail = pl.format("{}: {} s, {} tokens: in no bucket", pl.col("id"), pl.col("duration"), pl.col("num_tokens"))
     write_rejects(rows.with_columns(pl.lit("exceeds_bucket").alias("reason"), detail.alias("detail")), rejects)
@@ -173,7 +174,8 @@ def export_dir(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary sibling folder that replaces ``out_dir`` whole when the block succeeds
     (and is removed when it fails). Refuses to replace a non-empty folder that is not an export."""
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not any((out / m).exists() for m in EXPORT_MARKERS))):
+    is_export = out.is_dir() and (not any(out.iterdir()) or any((out / m).exists() for m in EXPORT_MARKERS))
+    if out.exists() and not is_export:
         raise DataprepError(f"{out}: exists and is not an export folder; refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -257,6 +259,11 @@ def bucketing_config(spec: BucketSpec, stats: _Stats, channel_selector: int | No
     return cfg
 
 
+def _tokens(table: pa.Table) -> npt.NDArray[np.int64]:
+    """``num_tokens`` of a manifest batch (null as 0)."""
+    return np.nan_to_num(table.column("num_tokens").to_numpy(zero_copy_only=False).astype(np.float64)).astype(np.int64)
+
+
 def _channels(row: dict[str, Any]) -> int:
     if row["channels"] is not None and float(row["offset"] or 0.0) == 0.0:
         return int(row["channels"])
@@ -289,8 +296,7 @@ def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
                 if row["num_tokens"] is not None:
                     tps = max(tps, int(row["num_tokens"]) / nemo_duration(row, writes_rate))
                 multi = multi or (not writes_rate and _channels(row) > 1)
-            tokens = np.nan_to_num(table.column("num_tokens").to_numpy(zero_copy_only=False).astype(np.float64))[keep]
-            stats.add(kept_bucket, tokens.astype(np.int64), tps)
+            stats.add(kept_bucket, _tokens(table)[keep], tps)
         cfg = bucketing_config(inputs.spec, stats, channel if channel is not None else (0 if multi else None))
         (tmp / "bucketing.yaml").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return cfg
@@ -315,8 +321,7 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
                     gz.write((json.dumps(cut.to_dict(), sort_keys=True, ensure_ascii=False) + "\n").encode())
                     if row["num_tokens"] is not None:
                         tps = max(tps, int(row["num_tokens"]) / cut.duration)
-                tokens = np.nan_to_num(table.column("num_tokens").to_numpy(zero_copy_only=False).astype(np.float64))[keep]
-                stats.add(kept_bucket, tokens.astype(np.int64), tps)
+                stats.add(kept_bucket, _tokens(table)[keep], tps)
         bins = {
             "duration_bins": duration_bins(inputs.spec, stats.max_tokens),
             "bucket_batch_size": [int(b.batch_size) for b in inputs.spec.buckets],  # type: ignore[arg-type]

@@ -113,7 +113,7 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
         """The ``CutSet`` of one plan batch (its rows, in order; ``custom`` adds ``plan_step``)."""
         if self._rows is None:
             self._rows = ManifestRows.open(self.manifest, self.cache_dir)
-        rows = self._rows.take(pb.rows).to_pylist()
+        rows = self._rows.records(pb.rows)
         return CutSet.from_cuts(cut_for_row(r, self.channel, {"plan_step": pb.step}) for r in rows)
 
     def __len__(self) -> int:

@@ -43,12 +43,20 @@ def _get(config: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def _seed(config: Any) -> int:
+    """NeMo's ``seed`` as an int (its "randomized" / "trng" mean nothing for a fixed plan: 0)."""
+    seed = _get(config, "seed", 0)
+    return int(seed) if str(seed).isdigit() else 0
+
+
 def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset: torch.utils.data.Dataset,
                         tokenizer: Any = None) -> torch.utils.data.DataLoader:
     """A DataLoader that yields ``dataset[cuts]`` for each step of rank ``global_rank``'s plan shard
     (see the module docstring); NeMo's own loader for a config without ``plan_dir``."""
     if _get(config, "plan_dir") is None:
-        from nemo.collections.common.data.lhotse.dataloader import get_lhotse_dataloader_from_config
+        from nemo.collections.common.data.lhotse.dataloader import (
+            get_lhotse_dataloader_from_config,
+        )
 
         return get_lhotse_dataloader_from_config(config, global_rank=global_rank, world_size=world_size,
                                                  dataset=dataset, tokenizer=tokenizer)
@@ -71,7 +79,6 @@ def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset:
         return torch.utils.data.DataLoader(
             IterableDatasetWrapper(dataset=dataset, sampler=sampler), batch_size=None, num_workers=num_workers,
             pin_memory=pin_memory, persistent_workers=num_workers > 0,
-            worker_init_fn=make_worker_init_fn(rank=global_rank, world_size=world_size,
-                                               seed=int(_get(config, "seed", 0)) if str(_get(config, "seed", 0)).isdigit() else 0),
+            worker_init_fn=make_worker_init_fn(rank=global_rank, world_size=world_size, seed=_seed(config)),
         )
     return PlanDataLoader(dataset, sampler, num_workers=num_workers, pin_memory=pin_memory)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -153,22 +153,8 @@ class ManifestColumns:
     @classmethod
     def open(cls, manifest: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> ManifestColumns:
         """Open (building on first use) the memory-mapped columns of a compiled manifest."""
-        digest = manifest_hash(manifest)
-        if not digest:
-            raise DataprepError(f"{manifest}: no content hash in its metadata (write it with `dataprep compile`)")
-        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        path = cache / f"{digest}.v{CACHE_VERSION}.arrow"
-        num_rows = pq.ParquetFile(manifest).metadata.num_rows
-        table = _open_cache(path, num_rows)
-        if table is None:
-            cache.mkdir(parents=True, exist_ok=True)
-            with _file_lock(path.with_name(path.name + ".lock")):
-                table = _open_cache(path, num_rows)  # another rank may have built it while we waited
-                if table is None:
-                    build_column_cache(manifest, path)
-                    table = _open_cache(path, num_rows)
-            if table is None:
-                raise DataprepError(f"{path}: the loader's column cache of {manifest} cannot be read back")
+        table = open_or_build_cache(manifest, cache_dir, f"v{CACHE_VERSION}.arrow", _open_cache, build_column_cache,
+                                    "the loader's column cache")
         return cls(table, str(manifest))
 
     def gather(self, rows: npt.NDArray[np.int64], ids: Sequence[str]) -> RowsMeta:
@@ -188,6 +174,37 @@ class ManifestColumns:
             member_offsets=self._member_offset[rows], member_sizes=self._member_size[rows],
             row_groups=self._row_group[rows], group_rows=self._group_row[rows],
         )
+
+
+def open_or_build_cache(
+    manifest: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str] | None,
+    suffix: str,
+    open_fn: Callable[[Path, int], pa.Table | None],
+    build_fn: Callable[[str | os.PathLike[str], Path], None],
+    what: str,
+) -> pa.Table:
+    """The mapped cache file ``<cache_dir>/<content hash>.<suffix>`` of a compiled manifest:
+    ``open_fn(path, num_rows)`` maps it (``None``: missing or not whole); on a miss one process
+    builds it with ``build_fn(manifest, path)`` under a file lock while the others wait, then all
+    map it. ``what`` names the cache in the one-line errors."""
+    digest = manifest_hash(manifest)
+    if not digest:
+        raise DataprepError(f"{manifest}: no content hash in its metadata (write it with `dataprep compile`)")
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = cache / f"{digest}.{suffix}"
+    num_rows = pq.ParquetFile(manifest).metadata.num_rows
+    table = open_fn(path, num_rows)
+    if table is None:
+        cache.mkdir(parents=True, exist_ok=True)
+        with _file_lock(path.with_name(path.name + ".lock")):
+            table = open_fn(path, num_rows)  # another rank may have built it while we waited
+            if table is None:
+                build_fn(manifest, path)
+                table = open_fn(path, num_rows)
+        if table is None:
+            raise DataprepError(f"{path}: {what} of {manifest} cannot be read back")
+    return table
 
 
 @contextlib.contextmanager

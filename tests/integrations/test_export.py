@@ -160,7 +160,7 @@ def test_lhotse_export_cuts_are_valid_and_lose_nothing(rich: Rich, tmp_path: Pat
     assert len(cuts) == bins["num_cuts"] == df.height
     validate(cuts, read_data=False)
     recordings, supervisions, _ = cuts.decompose()
-    fixed_r, fixed_s = fix_manifests(recordings, supervisions)
+    _, fixed_s = fix_manifests(recordings, supervisions)
     assert len(fixed_s) == len(supervisions) and all(
         a.start == b.start and a.duration == b.duration for a, b in zip(fixed_s, supervisions))
     by_id = {r["id"]: r for r in df.iter_rows(named=True)}
