@@ -24,7 +24,6 @@ Measured (2 shared cores, 10M utterances, 8 ranks; the numbers are in the report
 from __future__ import annotations
 
 import argparse
-import resource
 import shutil
 import statistics
 import subprocess
@@ -117,16 +116,15 @@ def export_memory(work: Path, rows: int) -> None:
             write_buckets(spec, b)
         for kind in ("nemo", "lhotse"):
             out = work / f"export-{kind}-{n}"
-            code = (f"from dataprep.integrations.export import export_{kind}; "
-                    f"export_{kind}({str(b)!r}, {str(m)!r}, {str(out)!r})")
-            before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            code = (f"import resource; from dataprep.integrations.export import export_{kind}; "
+                    f"export_{kind}({str(b)!r}, {str(m)!r}, {str(out)!r}); "
+                    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={"PYTHONPATH": str(REPO),
-                                                                                  "PATH": "/usr/bin:/bin"})
+            res = subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True, text=True,
+                                 env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
             took = time.perf_counter() - t
-            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            note = "" if peak > before else f" (<= {before / 1024:.0f} MiB, an earlier child's peak)"
-            print(f"export {kind} of {n:,} rows: {took:.1f} s, peak RSS {peak / 1024:.0f} MiB{note}", flush=True)
+            peak = int(res.stdout.split()[-1])
+            print(f"export {kind} of {n:,} rows: {took:.1f} s, peak RSS {peak / 1024:.0f} MiB", flush=True)
             shutil.rmtree(out, ignore_errors=True)
 
 

@@ -57,7 +57,7 @@ import pyarrow.parquet as pq
 
 from bucketing.allocate import allocate
 from bucketing.fit import grid_from_spec
-from dataprep.integrations.cuts import audio_header, cut_for_row
+from dataprep.integrations.cuts import CutSerializer, audio_header, cut_for_row
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import current_umask, require_manifest_hash, write_json, write_rejects
@@ -309,6 +309,7 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
     inputs = load_inputs(plan_or_buckets, manifest)
     check_covered(inputs, rejects)
     stats = _Stats(len(inputs.spec.buckets))
+    serializer = CutSerializer()
     with export_dir(out_dir) as tmp:
         with open(tmp / "cuts.jsonl.gz", "wb") as raw, \
                 gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
@@ -318,7 +319,7 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
                 tps = 0.0
                 for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
                     cut = cut_for_row(row, channel, {"bucket": b})
-                    gz.write((json.dumps(cut.to_dict(), sort_keys=True, ensure_ascii=False) + "\n").encode())
+                    gz.write((json.dumps(serializer.to_dict(cut), sort_keys=True, ensure_ascii=False) + "\n").encode())
                     if row["num_tokens"] is not None:
                         tps = max(tps, int(row["num_tokens"]) / cut.duration)
                 stats.add(kept_bucket, _tokens(table)[keep], tps)

@@ -207,3 +207,15 @@ def test_export_replaces_the_folder_whole(rich: Rich, tmp_path: Path) -> None:
     with pytest.raises(DataprepError, match="not an export folder"):
         export_lhotse(rich.plan, rich.manifest, other)
     assert (other / "notes.txt").read_text() == "keep me"
+
+
+def test_cut_serializer_equals_lhotse_to_dict(rich: Rich) -> None:
+    from dataprep.integrations.cuts import CutSerializer, cut_for_row
+
+    ser = CutSerializer()
+    rows = read_manifest(rich.manifest).to_dicts()
+    for channel in (None, 0):
+        for row in rows:
+            cut = cut_for_row(row, channel, {"bucket": 1})
+            assert ser.to_dict(cut) == cut.to_dict()
+            assert json.dumps(ser.to_dict(cut), sort_keys=True) == json.dumps(cut.to_dict(), sort_keys=True)
