@@ -15,8 +15,9 @@ Used by :class:`dataprep.integrations.lhotse.PlanSampler` (each step's ``CutSet`
   ``extra`` (the source's other fields, e.g. ``pnc``) and ``num_tokens`` (ours, incl. prompt),
   so NeMo's Canary prompt formats find their slots.
 
-Audio addressing lives in :func:`recording_for_row` only, so other containers (tar, Shar,
-Parquet audio) are added there.
+Audio addressing lives in :func:`recording_for_row` only: container rows (schema version 2:
+tar members, Parquet audio rows) are refused there with a one-line error until they are added
+there.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def recording_for_row(row: Mapping[str, Any]) -> Any:
     from lhotse import AudioSource, Recording
     from lhotse.utils import compute_num_samples
 
+    if row.get("container") is not None:  # schema v2: a tar member or a Parquet audio row
+        raise DataprepError(f"utterance {row['id']!r}: audio inside {row['container']} (a container): "
+                            "Lhotse cuts of container rows are not supported yet")
     path = row["audio_path"]
     if path is None:
         raise DataprepError(f"utterance {row['id']!r}: no audio path")
