@@ -24,7 +24,7 @@ NEMO_VENV ?= .venv-nemo
 test-nemo: install-dev
 	$(PYTHON) -m venv --system-site-packages $(NEMO_VENV)
 	$(NEMO_VENV)/bin/python -m pip install -q 'nemo-toolkit[asr]'
-	$(NEMO_VENV)/bin/python -m pytest -m nemo tests/integrations/test_nemo.py tests/test_readme_examples.py
+	$(NEMO_VENV)/bin/python -m pytest -m nemo
 
 bench: install-dev
 	for b in benchmarks/bench_*.py; do $(PYTHON) $$b || exit 1; done
