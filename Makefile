@@ -25,6 +25,7 @@ test-nemo: install-dev
 	$(PYTHON) -m venv --system-site-packages $(NEMO_VENV)
 	$(NEMO_VENV)/bin/python -m pip install -q 'nemo-toolkit[asr]'
 	$(NEMO_VENV)/bin/python -m pytest -m nemo
+	$(NEMO_VENV)/bin/python -m pytest tests/test_readme_examples.py  # Lightning comes with NeMo
 
 bench: install-dev
 	for b in benchmarks/bench_*.py; do $(PYTHON) $$b || exit 1; done

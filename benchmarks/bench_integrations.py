@@ -18,7 +18,12 @@ one-time manifest row cache build is printed separately):
 ``--export-rows N`` also times ``export nemo`` and ``export lhotse`` of an N-row manifest and of
 one tenth of it in child processes and prints their peak RSS: memory that does not grow with N.
 
-Measured (2 shared cores, 10M utterances, 8 ranks; the numbers are in the report of issue 11).
+Measured on 2 shared (busy) cores, NeMo 3.0.0, Lhotse 1.33.0, torch 2.13.0 CPU, 10M utterances,
+8 ranks, median of 5 fresh processes: PlanBatchSampler 70 ms, PlanSampler 202 ms, NeMo
+get_plan_dataloader 297 ms (goal <= 500 ms); row cache build 13-28 s, 1.25 GiB (once per
+manifest content). Exports, peak RSS of the exporting process (imports included) at 100K -> 1M
+rows: nemo 288 -> 342 MiB (52 s at 1M), lhotse 460 -> 486 MiB (102 s at 1M); what grows is the
+per-row bucket assignment (a few bytes per row), not the rows.
 """
 
 from __future__ import annotations
