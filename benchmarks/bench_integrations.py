@@ -23,7 +23,7 @@ Measured on 2 shared (busy) cores, NeMo 3.0.0, Lhotse 1.33.0, torch 2.13.0 CPU, 
 get_plan_dataloader 297 ms (goal <= 500 ms); row cache build 13-28 s, 1.25 GiB (once per
 manifest content). Exports, peak RSS of the exporting process (imports included) at 100K -> 1M
 rows: nemo 288 -> 342 MiB (52 s at 1M), lhotse 460 -> 486 MiB (102 s at 1M); what grows is the
-per-row bucket assignment (a few bytes per row), not the rows.
+per-row bucket assignment (about 60 bytes per row), not the rows.
 """
 
 from __future__ import annotations
