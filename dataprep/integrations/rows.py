@@ -12,7 +12,6 @@ opening takes constant time.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataprep.training.cache import open_or_build_cache
+from dataprep.training.cache import open_or_build_cache, write_ipc_file
 from manifests.errors import DataprepError
-from manifests.io import current_umask
 
 #: layout version of the row cache files
 ROWS_CACHE_VERSION = 1
@@ -107,17 +105,7 @@ def build_rows_cache(manifest: str | os.PathLike[str], path: Path) -> None:
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataprepError(f"{manifest}: not a readable Parquet file ({exc})") from None
     schema = pf.schema_arrow.remove_metadata()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-            for batch in pf.iter_batches(batch_size=ROWS_PER_BATCH):
-                writer.write_batch(batch)
-        os.chmod(tmp, 0o666 & ~current_umask())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_ipc_file(path, schema, pf.iter_batches(batch_size=ROWS_PER_BATCH))
 
 
 def _open(path: Path, num_rows: int) -> pa.Table | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -281,11 +281,18 @@ def build_column_cache(manifest: str | os.PathLike[str], path: Path) -> None:
     # atomic (temporary file + rename) but not fsynced, unlike ``manifests.io.atomic_path``: the
     # fsync of a 0.6 GB cache costs more than writing it, and a file a crash left unreadable is
     # found by ``_open_cache`` and rebuilt
+    write_ipc_file(path, table.schema, table.to_batches(max_chunksize=max(1, table.num_rows)))
+
+
+def write_ipc_file(path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> None:
+    """Write record batches as an uncompressed Arrow IPC file at ``path``: atomic (temporary
+    file + rename), not fsynced (a cache a crash left unreadable is found on open and rebuilt)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table, max_chunksize=max(1, table.num_rows))
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     finally:
