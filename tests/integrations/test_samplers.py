@@ -3,6 +3,10 @@ cuts that load the right samples (segments, stereo) on real audio."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ from manifests.plan_files import open_shard
 from tests.integrations._rich import Rich, rich_corpus
 
 lhotse = pytest.importorskip("lhotse", reason="lhotse (dev extra) is needed")
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -81,13 +86,27 @@ def test_plan_batch_sampler_over_a_map_style_dataset_and_resume(rich: Rich) -> N
         PlanBatchSampler(rich.plan, 2)
 
 
+_HF = """
+import json, sys
+import datasets
+from torch.utils.data import DataLoader
+from dataprep.integrations.torch import PlanBatchSampler
+hf = datasets.Dataset.from_parquet(sys.argv[2], cache_dir=sys.argv[3]).with_format("python")
+loader = DataLoader(hf, batch_sampler=PlanBatchSampler(sys.argv[1], 0, start_step=2),
+                    collate_fn=lambda rows: [r["id"] for r in rows])
+print(json.dumps(list(loader)))
+"""
+
+
 def test_plan_batch_sampler_over_a_hugging_face_dataset(rich: Rich, tmp_path: Path) -> None:
-    datasets = pytest.importorskip("datasets", reason="Hugging Face datasets (dev extra) is needed")
-    hf = datasets.Dataset.from_parquet(str(rich.manifest), cache_dir=str(tmp_path / "hf"))
-    hf = hf.with_format("python")
-    sampler = PlanBatchSampler(rich.plan, 0, start_step=2)
-    loader = DataLoader(hf, batch_sampler=sampler, collate_fn=lambda rows: [r["id"] for r in rows])
-    assert list(loader) == plan_ids(rich.plan, 0)[2:]
+    pytest.importorskip("datasets", reason="Hugging Face datasets (dev extra) is needed")
+    # in a child process: datasets leaves threads behind that deadlock DataLoader workers forked
+    # later in the same process (seen with tests/training/test_loader.py)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "-c", _HF, str(rich.plan), str(rich.manifest), str(tmp_path / "hf")],
+                         capture_output=True, text=True, check=False, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.splitlines()[-1]) == plan_ids(rich.plan, 0)[2:]
 
 
 @pytest.mark.parametrize("rank", [0, 1])
