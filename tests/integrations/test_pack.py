@@ -171,7 +171,7 @@ def test_nemo_tarred_loads_in_nemo(corpus: Corpus, tmp_path: Path) -> None:
     pack(corpus.manifest, out, "nemo-tarred", num_shards=2)
     manifests = ",".join(str(out / f"manifest_{i}.json") for i in range(2))
     ds = TarredAudioToCharDataset(audio_tar_filepaths=str(out / "audio__OP_0..1_CL_.tar"),
-                                  manifest_filepath=str(out / "manifest__OP_0..1_CL_.json"),
+                                  manifest_filepath=manifests.split(","),  # per-shard manifests, as a list
                                   labels=list(" abcdefghijklmnopqrstuvwxyz'"), sample_rate=16000,
                                   shard_strategy="scatter", shuffle_n=0, global_rank=0, world_size=1)
     seen = sum(1 for _ in ds)
