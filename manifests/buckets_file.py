@@ -16,14 +16,12 @@ A user may write the file by hand (e.g. from NeMo's ``bucket_duration_bins``); o
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from manifests.io import ManifestError, write_json
+from manifests.io import write_json
+from manifests.validation import Validator, load_json_file
 
 BUCKETS_VERSION = 1
 
@@ -71,57 +69,64 @@ _KNOWN = {"index", "max_duration", "max_tokens", "batch_size", "num_utterances",
           "min_duration", "duration_bin", "token_bin"}
 
 
+#: the largest batch (utterances) a buckets.json may ask for: beyond it a typo (``1e9``) would
+#: allocate tens of GiB before anything else fails
+MAX_BATCH_SIZE = 1 << 20
+#: the largest token bound (a plan shard stores it as int32)
+MAX_TOKENS = (1 << 31) - 1
+
+
+def _optional(v: Validator, raw: dict[str, Any], key: str, name: str, check: Any) -> Any:
+    return None if raw.get(key) is None else check(raw[key], f"{name}.{key}")
+
+
 def parse_buckets(obj: Any, where: str = "buckets.json") -> BucketSpec:
-    """Validate a decoded ``buckets.json`` object; raise :class:`ManifestError` naming the problem."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("buckets"), list) or not obj["buckets"]:
-        raise ManifestError(f"{where}: expected an object with a non-empty 'buckets' list")
-    version = obj.get("version", BUCKETS_VERSION)
+    """Validate a decoded ``buckets.json`` object field by field, without coercion; raise
+    :class:`ManifestError` as ``FILE: field: problem``."""
+    v = Validator(where)
+    obj = v.obj(obj, "buckets.json")
+    version = v.int_(obj.get("version", BUCKETS_VERSION), "version")
     if version != BUCKETS_VERSION:
-        raise ManifestError(f"{where}: unsupported version {version!r} (expected {BUCKETS_VERSION})")
+        raise v.fail("version", f"unsupported version {version} (this tool reads {BUCKETS_VERSION})")
+    raw_buckets = v.list_(v.key(obj, "buckets"), "buckets")
+    if not raw_buckets:
+        raise v.fail("buckets", "empty; expected at least one bucket")
     buckets = []
-    for i, raw in enumerate(obj["buckets"]):
-        if not isinstance(raw, dict) or "max_duration" not in raw:
-            raise ManifestError(f"{where}: bucket {i} has no 'max_duration'")
-        max_d = float(raw["max_duration"])
-        if not math.isfinite(max_d) or max_d <= 0:
-            raise ManifestError(f"{where}: bucket {i} has max_duration {raw['max_duration']!r}; expected > 0")
-        bs = raw.get("batch_size")
-        if bs is not None and (int(bs) != bs or int(bs) < 1):
-            raise ManifestError(f"{where}: bucket {i} has batch_size {bs!r}; expected an integer >= 1")
-        mt = raw.get("max_tokens")
+    for i, raw in enumerate(raw_buckets):
+        name = f"buckets[{i}]"
+        raw = v.obj(raw, name)
+        index = v.int_(raw.get("index", i), f"{name}.index")
+        if index != i:
+            raise v.fail(f"{name}.index", f"is {index}; bucket indices must be 0..{len(raw_buckets) - 1} in order")
         buckets.append(
             Bucket(
-                index=int(raw.get("index", i)),
-                max_duration=max_d,
-                max_tokens=None if mt is None else int(mt),
-                batch_size=None if bs is None else int(bs),
-                num_utterances=raw.get("num_utterances"),
-                hours=raw.get("hours"),
-                min_duration=raw.get("min_duration"),
-                duration_bin=raw.get("duration_bin"),
-                token_bin=raw.get("token_bin"),
-                extra={k: v for k, v in raw.items() if k not in _KNOWN},
+                index=index,
+                max_duration=v.number(v.key(raw, "max_duration", f"{name}."), f"{name}.max_duration", positive=True),
+                max_tokens=_optional(v, raw, "max_tokens", name, lambda x, n: v.int_(x, n, lo=1, hi=MAX_TOKENS)),
+                batch_size=_optional(v, raw, "batch_size", name, lambda x, n: v.int_(x, n, lo=1, hi=MAX_BATCH_SIZE)),
+                num_utterances=_optional(v, raw, "num_utterances", name, lambda x, n: v.int_(x, n, lo=0)),
+                hours=_optional(v, raw, "hours", name, lambda x, n: v.number(x, n, lo=0)),
+                min_duration=_optional(v, raw, "min_duration", name, lambda x, n: v.number(x, n, lo=0)),
+                duration_bin=_optional(v, raw, "duration_bin", name, lambda x, n: v.int_(x, n, lo=0)),
+                token_bin=_optional(v, raw, "token_bin", name, lambda x, n: v.int_(x, n, lo=0)),
+                extra={k: val for k, val in raw.items() if k not in _KNOWN},
             )
         )
-    if [b.index for b in buckets] != list(range(len(buckets))):
-        raise ManifestError(f"{where}: bucket indices must be 0..{len(buckets) - 1} in order")
+    for b in buckets:
+        if b.min_duration is not None and b.min_duration >= b.max_duration:
+            raise v.fail(f"buckets[{b.index}].min_duration",
+                         f"{b.min_duration!r} is not below max_duration {b.max_duration!r}")
     return BucketSpec(
         buckets=tuple(buckets),
-        batch_size_source=dict(obj.get("batch_size_source", {})),
-        fit=dict(obj.get("fit", {})),
+        batch_size_source=dict(v.obj(obj.get("batch_size_source", {}), "batch_size_source")),
+        fit=dict(v.obj(obj.get("fit", {}), "fit")),
         version=version,
     )
 
 
 def read_buckets(path: str | os.PathLike[str]) -> BucketSpec:
-    """Read and validate a ``buckets.json`` file."""
-    try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: no such file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
-    return parse_buckets(obj, str(path))
+    """Read and validate a ``buckets.json`` file (strict JSON: no NaN / Infinity)."""
+    return parse_buckets(load_json_file(path), str(path))
 
 
 def write_buckets(spec: BucketSpec, path: str | os.PathLike[str]) -> None:

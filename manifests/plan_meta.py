@@ -20,14 +20,13 @@ from which this plan's shards hold the batches; steps before it were the parent'
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from manifests.errors import ManifestError
+from manifests.validation import Validator, load_json_file
 
 PLAN_VERSION = 1
 PLAN_JSON = "plan.json"
@@ -45,10 +44,13 @@ class ManifestRef:
 
 @dataclass(frozen=True)
 class FileRef:
-    """A file by name and the SHA-256 of its bytes."""
+    """A file by name and the SHA-256 of its bytes; for a plan shard also its size (bytes) and
+    the SHA-256 of its Parquet footer (the last ``footer length + 8`` bytes), checked on open."""
 
     file: str
     sha256: str
+    size: int | None = None
+    footer_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class BalanceInfo(StepsReport):
     unbalanced_steps: int
 
     @classmethod
-    def from_json(cls, obj: Any, v: _Validator) -> BalanceInfo:
+    def from_json(cls, obj: Any, v: Validator) -> BalanceInfo:
         obj = v.obj(obj, "balance")
         vals: dict[str, Any] = {}
         for f in fields(cls):
@@ -114,7 +116,7 @@ class ReplanInfo:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, obj: Any, v: _Validator) -> ReplanInfo:
+    def from_json(cls, obj: Any, v: Validator) -> ReplanInfo:
         obj = v.obj(obj, "replan")
         return cls(parent_plan_hash=v.hex_(v.key(obj, "parent_plan_hash", "replan."), "replan.parent_plan_hash"),
                    parent_world_size=v.int_(v.key(obj, "parent_world_size", "replan."), "replan.parent_world_size",
@@ -182,7 +184,8 @@ class PlanMeta:
         if self.sync_group is not None and self.sync_group != self.world_size:
             body["sync_group"] = self.sync_group
         if self.shards:
-            body["shards"] = [{"file": s.file, "sha256": s.sha256} for s in self.shards]
+            body["shards"] = [{"file": s.file, "sha256": s.sha256, "size": s.size, "footer_sha256": s.footer_sha256}
+                              for s in self.shards]
             body["version"] = PLAN_VERSION
         if self.plan_hash:
             body["plan_hash"] = self.plan_hash
@@ -200,7 +203,7 @@ class PlanMeta:
     @classmethod
     def from_json(cls, obj: Any, where: str = PLAN_JSON) -> PlanMeta:
         """Validate every field; :class:`ManifestError` names the file and the field."""
-        v = _Validator(where)
+        v = _PlanValidator(where)
         obj = v.obj(obj, "plan")
         version = obj.get("version")
         if version != PLAN_VERSION:
@@ -219,7 +222,8 @@ class PlanMeta:
         interleave = v.str_(v.key(obj, "interleave"), "interleave")
         if interleave not in INTERLEAVES:
             raise ManifestError(f"{where}: interleave: {interleave!r} is not one of {', '.join(INTERLEAVES)}")
-        shards = [v.file_ref(s, f"shards[{i}]") for i, s in enumerate(v.list_(v.key(obj, "shards"), "shards"))]
+        shards = [v.file_ref(s, f"shards[{i}]", shard=True)
+                  for i, s in enumerate(v.list_(v.key(obj, "shards"), "shards"))]
         if len(shards) != world_size:
             raise ManifestError(f"{where}: shards: {len(shards)} listed for world size {world_size}")
         known = {"inputs", "buckets", "world_size", "seed", "epochs", "interleave", "allocation", "num_steps",
@@ -258,78 +262,23 @@ class PlanMeta:
         )
 
 
-class _Validator:
-    """Type checks with one-line errors ``FILE: field: problem``; never coerces."""
+class _PlanValidator(Validator):
+    """:class:`Validator` plus the plan's file references."""
 
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def fail(self, name: str, problem: str) -> ManifestError:
-        return ManifestError(f"{self.where}: {name}: {problem}")
-
-    def key(self, obj: dict[str, Any], key: str, prefix: str = "") -> Any:
-        if key not in obj:
-            raise self.fail(prefix + key, "missing")
-        return obj[key]
-
-    def obj(self, x: Any, name: str) -> dict[str, Any]:
-        if not isinstance(x, dict):
-            raise self.fail(name, f"expected an object, got {type(x).__name__}")
-        return x
-
-    def list_(self, x: Any, name: str) -> list[Any]:
-        if not isinstance(x, list):
-            raise self.fail(name, f"expected a list, got {type(x).__name__}")
-        return x
-
-    def int_(self, x: Any, name: str, lo: int | None = None) -> int:
-        if isinstance(x, bool) or not isinstance(x, int):
-            raise self.fail(name, f"expected an integer, got {x!r}")
-        if lo is not None and x < lo:
-            raise self.fail(name, f"must be >= {lo}, got {x}")
-        return x
-
-    def float_(self, x: Any, name: str, lo: float | None = None) -> float:
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-            raise self.fail(name, f"expected a finite number, got {x!r}")
-        if lo is not None and x < lo:
-            raise self.fail(name, f"must be >= {lo}, got {x}")
-        return float(x)
-
-    def str_(self, x: Any, name: str) -> str:
-        if not isinstance(x, str) or not x:
-            raise self.fail(name, f"expected a non-empty string, got {x!r}")
-        return x
-
-    def hex_(self, x: Any, name: str) -> str:
-        s = self.str_(x, name)
-        if len(s) != 64 or any(c not in "0123456789abcdef" for c in s):
-            raise self.fail(name, f"expected a SHA-256 hex digest, got {s[:80]!r}")
-        return s
-
-    def file_ref(self, x: Any, name: str) -> FileRef:
+    def file_ref(self, x: Any, name: str, shard: bool = False) -> FileRef:
         x = self.obj(x, name)
         f = self.str_(self.key(x, "file", name + "."), name + ".file")
         if "/" in f or "\\" in f or f in (".", ".."):
             raise self.fail(name + ".file", f"must be a bare file name, got {f!r}")
-        return FileRef(file=f, sha256=self.hex_(self.key(x, "sha256", name + "."), name + ".sha256"))
+        sha = self.hex_(self.key(x, "sha256", name + "."), name + ".sha256")
+        if not shard:
+            return FileRef(file=f, sha256=sha)
+        return FileRef(file=f, sha256=sha, size=self.int_(self.key(x, "size", name + "."), name + ".size", lo=12),
+                       footer_sha256=self.hex_(self.key(x, "footer_sha256", name + "."), name + ".footer_sha256"))
 
 
 def read_plan_meta(plan_dir: str | os.PathLike[str]) -> PlanMeta:
     """``plan.json`` of a plan directory, validated; :class:`ManifestError` if it is not one."""
     path = Path(plan_dir) / PLAN_JSON
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: no such file (not a plan directory; run `dataprep plan-batches`)") from None
-    except IsADirectoryError:
-        raise ManifestError(f"{path}: is a directory, not a plan.json") from None
-    try:
-        obj = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
-        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
+    obj = load_json_file(path, missing="no such file (not a plan directory; run `dataprep plan-batches`)")
     return PlanMeta.from_json(obj, str(path))
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")

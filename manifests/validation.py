@@ -1,0 +1,110 @@
+"""The one validation layer for the files the tool reads: typed checks with one-line errors.
+
+:class:`Validator` checks decoded JSON values field by field and raises
+:class:`~manifests.errors.ManifestError` as ``FILE: field: problem``. It never coerces: a
+string is not a number, ``true`` is not 1, ``2.5`` is not an integer, and ``NaN`` /
+``Infinity`` are refused already by :func:`load_json_file`. ``buckets.json``
+(:mod:`manifests.buckets_file`) and ``plan.json`` (:mod:`manifests.plan_meta`) are read through it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from manifests.errors import ManifestError
+
+
+class Validator:
+    """Type checks with one-line errors ``FILE: field: problem``; never coerces."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, name: str, problem: str) -> ManifestError:
+        return ManifestError(f"{self.where}: {name}: {problem}")
+
+    def key(self, obj: dict[str, Any], key: str, prefix: str = "") -> Any:
+        if key not in obj:
+            raise self.fail(prefix + key, "missing")
+        return obj[key]
+
+    def obj(self, x: Any, name: str) -> dict[str, Any]:
+        if not isinstance(x, dict):
+            raise self.fail(name, f"expected an object, got {type(x).__name__}")
+        return x
+
+    def list_(self, x: Any, name: str) -> list[Any]:
+        if not isinstance(x, list):
+            raise self.fail(name, f"expected a list, got {type(x).__name__}")
+        return x
+
+    def int_(self, x: Any, name: str, lo: int | None = None, hi: int | None = None) -> int:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise self.fail(name, f"expected an integer, got {_show(x)}")
+        if lo is not None and x < lo:
+            raise self.fail(name, f"must be >= {lo}, got {x}")
+        if hi is not None and x > hi:
+            raise self.fail(name, f"must be <= {hi:,}, got {x:,}")
+        return x
+
+    def number(self, x: Any, name: str, positive: bool = False, lo: float | None = None,
+               hi: float | None = None) -> float:
+        """A finite JSON number (integer or fraction, never a bool or a string)."""
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise self.fail(name, f"expected a number, got {_show(x)}")
+        v = float(x)
+        if not math.isfinite(v):
+            raise self.fail(name, f"must be finite, got {x!r}")
+        if positive and v <= 0:
+            raise self.fail(name, f"must be > 0, got {x!r}")
+        if lo is not None and v < lo:
+            raise self.fail(name, f"must be >= {lo:g}, got {x!r}")
+        if hi is not None and v > hi:
+            raise self.fail(name, f"must be <= {hi:g}, got {x!r}")
+        return v
+
+    def float_(self, x: Any, name: str, lo: float | None = None) -> float:
+        """A finite JSON number as a float (see :meth:`number`)."""
+        return self.number(x, name, lo=lo)
+
+    def str_(self, x: Any, name: str) -> str:
+        if not isinstance(x, str) or not x:
+            raise self.fail(name, f"expected a non-empty string, got {_show(x)}")
+        return x
+
+    def hex_(self, x: Any, name: str) -> str:
+        s = self.str_(x, name)
+        if len(s) != 64 or any(c not in "0123456789abcdef" for c in s):
+            raise self.fail(name, f"expected a SHA-256 hex digest, got {s[:80]!r}")
+        return s
+
+
+def _show(x: Any) -> str:
+    """A value for an error message: short, one line."""
+    text = json.dumps(x, ensure_ascii=True, default=repr) if not isinstance(x, float) else repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def load_json_file(path: str | os.PathLike[str], missing: str = "no such file") -> Any:
+    """Decode a JSON file strictly (UTF-8, no ``NaN`` / ``Infinity``); one-line errors."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError(f"{p}: {missing}") from None
+    except IsADirectoryError:
+        raise ManifestError(f"{p}: is a directory, not a JSON file") from None
+    except OSError as exc:
+        raise ManifestError(f"{p}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError, RecursionError) as exc:
+        raise ManifestError(f"{p}: not valid JSON ({str(exc).splitlines()[0][:120] if str(exc) else 'too deeply nested'})") from None
