@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -52,6 +53,49 @@ def current_umask() -> int:
 _UMASK = current_umask()
 
 
+def temp_prefix(target: Path) -> str:
+    """Name prefix of this process's temporary files and folders for ``target``:
+    ``.<name>.<pid>.`` (the pid lets the next run tell a killed writer's litter from a live one's)."""
+    return f".{target.name}.{os.getpid()}."
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # another user's process (or not a pid we can ask about): leave its files
+    return True
+
+
+def sweep_stale_temps(target: str | os.PathLike[str], suffixes: tuple[str, ...] = (".tmp", ".spool", ".old")) -> int:
+    """Remove the temporary files / folders a killed writer of ``target`` left next to it
+    (``.<name>.<pid>.*<suffix>`` whose pid is no longer running on this machine); returns how many.
+    Called before every atomic write, so litter lasts only until the next run."""
+    t = Path(target)
+    removed = 0
+    if not t.parent.is_dir():
+        return 0
+    for p in t.parent.glob(f".{glob_escape(t.name)}.*"):
+        rest = p.name[len(t.name) + 2:]
+        pid_text, _, tail = rest.partition(".")
+        if not pid_text.isdigit() or not tail.endswith(suffixes) or _pid_alive(int(pid_text)):
+            continue
+        with contextlib.suppress(OSError):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            removed += 1
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob metacharacters escaped."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it over ``path`` on success.
@@ -60,7 +104,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    sweep_stale_temps(target)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -318,33 +363,127 @@ def reasons_count(rejects: pl.DataFrame) -> dict[str, int]:
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Schema version, content hash, kind and provenance of a file we wrote."""
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        raise ManifestError(f"{path}: not a regular file")
     try:
         meta = pq.read_schema(path).metadata or {}
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise ManifestError(f"{path}: not a readable Parquet file ({exc})") from None
-    return {
-        "schema_version": int(meta.get(META_SCHEMA_VERSION, b"0")),
-        "content_hash": meta.get(META_CONTENT_HASH, b"").decode(),
-        "kind": meta.get(META_KIND, b"").decode(),
-        "provenance": json.loads(meta.get(META_PROVENANCE, b"{}")),
-    }
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such file") from None
+    except (OSError, pa.ArrowException) as exc:
+        raise ManifestError(f"{path}: not a readable Parquet file ({str(exc).strip().splitlines()[0][:160]})") from None
+    try:
+        version = int(meta.get(META_SCHEMA_VERSION, b"0").decode("ascii"))
+        provenance = json.loads(meta.get(META_PROVENANCE, b"{}"))
+        out = {"schema_version": version, "content_hash": meta.get(META_CONTENT_HASH, b"").decode("ascii"),
+               "kind": meta.get(META_KIND, b"").decode("ascii"), "provenance": provenance}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path}: speech_dataprep metadata is corrupt ({exc})") from None
+    if not isinstance(provenance, dict):
+        raise ManifestError(f"{path}: speech_dataprep.provenance: expected an object")
+    return out
 
 
-def read_manifest(path: str | os.PathLike[str], columns: list[str] | None = None) -> pl.DataFrame:
-    """Read a compiled manifest; raise :class:`ManifestError` (one line) if it is not one."""
+def read_manifest(path: str | os.PathLike[str], columns: list[str] | None = None,
+                  *, allow_rejects: bool = False) -> pl.DataFrame:
+    """Read a compiled manifest; raise :class:`ManifestError` (one line) if it is not one. A
+    rejects file is refused unless ``allow_rejects`` (its rows are what a manifest must not hold)."""
     meta = read_metadata(path)
+    if meta["kind"] == "rejects" and not allow_rejects:
+        raise ManifestError(f"{path}: is a rejects file, not a compiled manifest (its rows were rejected; "
+                            f"give the manifest written with -o)")
     if meta["kind"] not in ("manifest", "rejects"):
         raise ManifestError(f"{path}: not a compiled manifest (run `dataprep compile` first)")
     if meta["schema_version"] > SCHEMA_VERSION:
         raise ManifestError(
             f"{path}: schema version {meta['schema_version']} is newer than this tool's {SCHEMA_VERSION}"
         )
-    return pl.read_parquet(path, columns=columns)
+    try:
+        return pl.read_parquet(path, columns=columns)
+    except (OSError, pl.exceptions.PolarsError, pa.ArrowException) as exc:
+        raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
 
 
-def manifest_hash(path: str | os.PathLike[str]) -> str:
-    """The content hash recorded in a compiled manifest's metadata."""
+def recorded_hash(path: str | os.PathLike[str]) -> str:
+    """The content hash recorded in a file's metadata, unchecked (see :func:`manifest_hash`)."""
     return str(read_metadata(path)["content_hash"])
+
+
+def recompute_hash(path: str | os.PathLike[str]) -> str:
+    """Content hash of a Parquet file's rows, recomputed from the values (one row group at a
+    time: memory about one row group)."""
+    try:
+        pf = pq.ParquetFile(path)
+        hasher = ContentHasher(pf.schema_arrow.remove_metadata())
+        for i in range(pf.metadata.num_row_groups):
+            hasher.update(pf.read_row_group(i))
+    except (OSError, pa.ArrowException, ValueError, TypeError) as exc:
+        raise ManifestError(f"{path}: rows cannot be read back ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    return hasher.hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """``$SPEECH_DATAPREP_CACHE`` or ``$XDG_CACHE_HOME/speech-dataprep`` (``~/.cache`` by default)."""
+    env = os.environ.get("SPEECH_DATAPREP_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speech-dataprep"
+
+
+def file_facts(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Cheap facts that change whenever a Parquet file's bytes do: size, mtime (ns) and the
+    SHA-256 of its footer (schema, metadata, row-group offsets and statistics)."""
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as fh:
+            if st.st_size < 12:
+                raise ManifestError(f"{path}: not a Parquet file ({st.st_size} bytes)")
+            fh.seek(st.st_size - 8)
+            tail = fh.read(8)
+            footer_len = int.from_bytes(tail[:4], "little")
+            if tail[4:] != b"PAR1" or footer_len > st.st_size - 12:
+                raise ManifestError(f"{path}: not a Parquet file (no footer)")
+            fh.seek(st.st_size - 8 - footer_len)
+            footer = hashlib.sha256(fh.read(footer_len + 8)).hexdigest()
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ManifestError(f"{path}: is a directory, not a Parquet file") from None
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "footer_sha256": footer}
+
+
+_VERIFIED: dict[tuple[str, str], str] = {}  # (real path, facts) -> hash, this process
+
+
+def manifest_hash(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> str:
+    """The content hash of a file we wrote, VERIFIED: the recorded hash is trusted only when the
+    rows hash to it. The recomputation (:func:`recompute_hash`) is remembered per file facts
+    (size, mtime, footer SHA-256; :func:`file_facts`) under ``<cache>/content-hash/``, so an
+    unchanged file is checked in microseconds and a changed one is recomputed. A file whose
+    rows no longer match its recorded hash (edited with metadata kept) is refused."""
+    recorded = recorded_hash(path)
+    if not recorded:
+        raise ManifestError(f"{path}: no content hash in its metadata (write it with `dataprep compile`)")
+    facts = file_facts(path)
+    real = os.path.realpath(path)
+    key = (real, json.dumps(facts, sort_keys=True))
+    if _VERIFIED.get(key) == recorded:
+        return recorded
+    store = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    entry = store / "content-hash" / f"{hashlib.sha256(real.encode()).hexdigest()[:32]}.json"
+    with contextlib.suppress(OSError, ValueError):
+        cached = json.loads(entry.read_text(encoding="utf-8"))
+        if cached.get("facts") == facts and cached.get("content_hash") == recorded:
+            _VERIFIED[key] = recorded
+            return recorded
+    got = recompute_hash(path)
+    if got != recorded:
+        raise ManifestError(f"{path}: content_hash: the metadata records {recorded[:12]}... but the rows hash "
+                            f"to {got[:12]}... (edited after it was written? re-run the command that wrote it)")
+    _VERIFIED[key] = recorded
+    with contextlib.suppress(OSError):  # a read-only cache only costs a recomputation next time
+        write_json({"path": real, "facts": facts, "content_hash": recorded}, entry)
+    return recorded
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

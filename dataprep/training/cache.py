@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.errors import DataprepError
-from manifests.io import current_umask, manifest_hash
+from manifests.io import current_umask, default_cache_dir, manifest_hash
 
 #: manifest columns the loader reads (ids come from the plan, which holds them per batch)
 LOADER_COLUMNS = ("audio_path", "offset", "duration", "text", "lang", "num_tokens")
@@ -37,14 +37,6 @@ CACHE_COLUMNS = LOADER_COLUMNS + ADDRESS_COLUMNS
 CACHE_VERSION = 4
 #: audio file dictionaries up to this many paths are kept as Python strings per process
 SMALL_DICTIONARY = 1 << 16
-
-
-def default_cache_dir() -> Path:
-    """``$SPEECH_DATAPREP_CACHE`` or ``$XDG_CACHE_HOME/speech-dataprep`` (``~/.cache`` by default)."""
-    env = os.environ.get("SPEECH_DATAPREP_CACHE")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speech-dataprep"
 
 
 @dataclass(frozen=True)
@@ -188,9 +180,7 @@ def open_or_build_cache(
     ``open_fn(path, num_rows)`` maps it (``None``: missing or not whole); on a miss one process
     builds it with ``build_fn(manifest, path)`` under a file lock while the others wait, then all
     map it. ``what`` names the cache in the one-line errors."""
-    digest = manifest_hash(manifest)
-    if not digest:
-        raise DataprepError(f"{manifest}: no content hash in its metadata (write it with `dataprep compile`)")
+    digest = manifest_hash(manifest)  # recomputed from the rows unless the file is unchanged since verified
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = cache / f"{digest}.{suffix}"
     num_rows = pq.ParquetFile(manifest).metadata.num_rows
