@@ -51,11 +51,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.errors import ManifestError
-from manifests.io import atomic_path, current_umask, file_sha256, write_json
+from manifests.io import atomic_path, current_umask, file_facts, file_sha256, sweep_stale_temps, temp_prefix, write_json
+from manifests.outputs import require_replaceable_plan_dir
 from manifests.plan_meta import PLAN_JSON, FileRef, PlanMeta, read_plan_meta
 
 META_KIND = b"speech_dataprep.kind"
@@ -146,12 +148,12 @@ class PlanWriter:
         self.out_dir = Path(out_dir)
         self.schema = SHARD_SCHEMA_TARGET_FRAMES if target_frames else SHARD_SCHEMA
         self.version = SHARD_VERSION_TARGET_FRAMES if target_frames else SHARD_VERSION
-        if self.out_dir.exists() and not _replaceable(self.out_dir):
-            raise ManifestError(f"{self.out_dir}: exists and is not a plan directory; refusing to overwrite it")
+        require_replaceable_plan_dir(self.out_dir)
         self.world_size = int(world_size)
         self.row_group_steps = int(row_group_steps)
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.", suffix=".tmp", dir=self.out_dir.parent))
+        sweep_stale_temps(self.out_dir)
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix=temp_prefix(self.out_dir), suffix=".tmp", dir=self.out_dir.parent))
         self._stack = contextlib.ExitStack()
         self._writers: list[pq.ParquetWriter | None] = [None] * self.world_size
         self._paths: list[Path] = []
@@ -190,14 +192,14 @@ class PlanWriter:
                 self.write(rank, self.schema.empty_table())
             self._writers[rank].close()  # type: ignore[union-attr]
         self._stack.close()  # renames each temporary shard to its name inside tmp_dir
-        shards = [FileRef(shard_name(r), file_sha256(self.tmp_dir / shard_name(r))) for r in range(self.world_size)]
+        shards = [_shard_ref(self.tmp_dir / shard_name(r)) for r in range(self.world_size)]
         body = dataclasses.replace(meta, shards=shards, plan_hash="").to_json()
         plan_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
         final = dataclasses.replace(meta, shards=shards, plan_hash=plan_hash)
         write_json(final.to_json(), self.tmp_dir / PLAN_JSON)
         old: Path | None = None
         if self.out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.", suffix=".old", dir=self.out_dir.parent))
+            old = Path(tempfile.mkdtemp(prefix=temp_prefix(self.out_dir), suffix=".old", dir=self.out_dir.parent))
             os.replace(self.out_dir, old / "plan")
         os.chmod(self.tmp_dir, 0o777 & ~current_umask())  # mkdtemp makes it private; a plan is shared
         os.replace(self.tmp_dir, self.out_dir)
@@ -216,11 +218,9 @@ class PlanWriter:
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
 
-def _replaceable(path: Path) -> bool:
-    if not path.is_dir():
-        return False
-    names = {p.name for p in path.iterdir()}
-    return not names or PLAN_JSON in names
+def _shard_ref(path: Path) -> FileRef:
+    facts = file_facts(path)
+    return FileRef(path.name, file_sha256(path), size=facts["size"], footer_sha256=facts["footer_sha256"])
 
 
 # --------------------------------------------------------------------------- reading
@@ -251,26 +251,31 @@ class PlanShard:
     >>> for batch in shard.iter_batches(start_step=1200): ...  # doctest: +SKIP
     """
 
-    def __init__(self, plan_dir: str | os.PathLike[str], rank: int) -> None:
+    def __init__(self, plan_dir: str | os.PathLike[str], rank: int, meta: PlanMeta | None = None) -> None:
         self.path = Path(plan_dir) / shard_name(rank)
+        meta = meta if meta is not None else read_plan_meta(plan_dir)
+        if not 0 <= rank < meta.world_size:
+            raise ManifestError(f"{self.path}: rank {rank} is not below the plan's world size {meta.world_size}")
+        check_shard_facts(self.path, meta.shards[rank])
         try:
             self._file = pq.ParquetFile(self.path)
-        except FileNotFoundError:
-            raise ManifestError(f"{self.path}: no such file (is rank {rank} below the plan's world size?)") from None
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise ManifestError(f"{self.path}: not a readable Parquet file ({exc})") from None
-        meta = self._file.schema_arrow.metadata or {}
-        if meta.get(META_KIND) != b"plan-shard":
+        except (OSError, pa.ArrowException) as exc:
+            raise ManifestError(f"{self.path}: not a readable Parquet file ({_first_line(exc)})") from None
+        file_meta = self._file.schema_arrow.metadata or {}
+        if file_meta.get(META_KIND) != b"plan-shard":
             raise ManifestError(f"{self.path}: not a plan shard")
         try:
-            self.version = json.loads(meta.get(META_PLAN, b"{}")).get("version", SHARD_VERSION)
+            self.version = json.loads(file_meta.get(META_PLAN, b"{}")).get("version", SHARD_VERSION)
         except (ValueError, AttributeError):
             raise ManifestError(f"{self.path}: unreadable {META_PLAN.decode()} metadata") from None
         if self.version not in SHARD_VERSIONS:
             raise ManifestError(f"{self.path}: unsupported shard version {self.version!r} "
                                 f"(this tool reads {', '.join(map(str, SHARD_VERSIONS))})")
+        if self._file.schema_arrow.remove_metadata() not in (SHARD_SCHEMA, SHARD_SCHEMA_TARGET_FRAMES):
+            raise ManifestError(f"{self.path}: columns differ from a plan shard's")
         self.has_target_frames = "target_frames" in self._file.schema_arrow.names
         self.rank = rank
+        self._manifest_rows = meta.manifest.rows
         md = self._file.metadata
         step_col = md.schema.to_arrow_schema().get_field_index("step")
         self._first = np.empty(md.num_row_groups, dtype=np.int64)
@@ -298,7 +303,7 @@ class PlanShard:
         groups = self.row_groups_from(start_step)
         cols = None if columns is None else list(dict.fromkeys(["step", *columns]))
         if groups:
-            table = self._file.read_row_groups(groups, columns=cols)
+            table = self._read(lambda: self._file.read_row_groups(groups, columns=cols))
             steps = table.column("step").to_numpy()
             table = table.slice(int(np.searchsorted(steps, start_step)))
         else:
@@ -309,8 +314,9 @@ class PlanShard:
     def iter_batches(self, start_step: int = 0) -> Iterator[PlanBatch]:
         """Yield batches from ``start_step`` on, one row group read at a time."""
         for g in self.row_groups_from(start_step):
-            t = self._file.read_row_group(g, columns=["epoch", "step", "step_in_epoch", "bucket", "ids", "rows"]
-                                          + (["target_frames"] if self.has_target_frames else []))
+            t = self._read(lambda: self._file.read_row_group(
+                g, columns=["epoch", "step", "step_in_epoch", "bucket", "ids", "rows"]
+                + (["target_frames"] if self.has_target_frames else [])))
             steps = numpy_view(t.column("step"), np.int64)
             skip = int(np.searchsorted(steps, start_step))
             rows_col = single_chunk(t.column("rows"))
@@ -330,7 +336,74 @@ class PlanShard:
     def __iter__(self) -> Iterator[PlanBatch]:
         return self.iter_batches()
 
+    def _read(self, read: Any) -> pa.Table:
+        """A row-group read whose corruption is a one-line error (the footer was checked on
+        open; ``dataprep verify`` checks every byte)."""
+        try:
+            table = read()
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            raise ManifestError(f"{self.path}: corrupt row group ({_first_line(exc)}); run `dataprep verify "
+                                f"{self.path.parent}`") from None
+        if "rows" in table.column_names and "ids" in table.column_names:
+            if table.column("rows").null_count or table.column("ids").null_count or \
+                    pc.any(pc.not_equal(pc.list_value_length(table.column("rows")),
+                                        pc.list_value_length(table.column("ids")))).as_py():
+                raise ManifestError(f"{self.path}: a batch's ids and rows differ in length (corrupt shard)")
+        if "rows" in table.column_names and table.num_rows:
+            values = pc.list_flatten(table.column("rows"))
+            if len(values) and (pc.min(values).as_py() < 0 or pc.max(values).as_py() >= self._manifest_rows):
+                raise ManifestError(f"{self.path}: refers to manifest rows outside 0..{self._manifest_rows - 1} "
+                                    f"(corrupt shard)")
+        return table
+
+    def read_epoch(self, epoch: int, columns: Sequence[str]) -> pa.Table:
+        """Batches of one epoch (the given columns), checked like every read."""
+        return self._read(lambda: pq.read_table(self.path, columns=list(columns), filters=[("epoch", "=", epoch)]))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0][:200] if text else type(exc).__name__)
+
+
+def check_shard_facts(path: Path, ref: FileRef) -> None:
+    """Refuse a shard whose name, size or footer differs from what ``plan.json`` records (a
+    file copied from another plan, truncated, or rewritten): cheap, checked on every open."""
+    if ref.file != path.name:
+        raise ManifestError(f"{path.parent / PLAN_JSON}: shards: lists {ref.file!r} where {path.name!r} belongs")
+    if not path.is_file():
+        raise ManifestError(f"{path}: no such file (the plan lists it; was the plan directory copied whole?)")
+    try:
+        facts = file_facts(path)
+    except ManifestError as exc:
+        raise ManifestError(f"{exc} (plan.json records {ref.size} bytes)") from None
+    if facts["size"] != ref.size:
+        raise ManifestError(f"{path}: size {facts['size']} bytes, plan.json records {ref.size} "
+                            f"(truncated, or a shard of another plan)")
+    if facts["footer_sha256"] != ref.footer_sha256:
+        raise ManifestError(f"{path}: footer differs from the one plan.json records (a shard of another plan?)")
+
+
+def verify_plan(plan_dir: str | os.PathLike[str]) -> PlanMeta:
+    """Every check a plan can get: plan.json valid, ``plan_hash`` recomputed, every shard's
+    size, footer and full SHA-256 as recorded, and each shard readable as a plan shard."""
+    meta = read_plan_meta(plan_dir)
+    body = dataclasses.replace(meta, plan_hash="").to_json()
+    if hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest() != meta.plan_hash:
+        raise ManifestError(f"{Path(plan_dir) / PLAN_JSON}: plan_hash: differs from the hash of the file's "
+                            f"content (plan.json edited?)")
+    for rank, ref in enumerate(meta.shards):
+        path = Path(plan_dir) / shard_name(rank)
+        check_shard_facts(path, ref)
+        got = file_sha256(path)
+        if got != ref.sha256:
+            raise ManifestError(f"{path}: SHA-256 {got[:12]}... differs from plan.json's {ref.sha256[:12]}...")
+        shard = PlanShard(plan_dir, rank, meta)
+        if shard.num_steps != meta.num_steps:
+            raise ManifestError(f"{path}: holds {shard.num_steps} steps, plan.json says {meta.num_steps}")
+    return meta
+
 
 def open_shard(plan_dir: str | os.PathLike[str], rank: int) -> PlanShard:
-    """Open ``rank``'s shard of the plan in ``plan_dir``."""
+    """Open ``rank``'s shard of the plan in ``plan_dir`` (its size and footer checked against plan.json)."""
     return PlanShard(plan_dir, rank)

@@ -112,10 +112,12 @@ def _compile_ray(
     """Ray Data in memory on the driver, then the manifest and rejects written."""
     from dataprep.compile.executors import compile_ray
     from manifests.io import write_manifest, write_rejects
+    from manifests.outputs import publish_together
 
     result = compile_ray(sources, tokenizer_specs, opts, on_chunk=on_chunk)
-    content_hash = write_manifest(result.manifest, output, result.provenance)
-    write_rejects(result.rejects, rejects, result.provenance)
+    with publish_together(output, rejects) as (tmp_out, tmp_rejects):
+        content_hash = write_manifest(result.manifest, tmp_out, result.provenance)
+        write_rejects(result.rejects, tmp_rejects, result.provenance)
     return CompileSummary(rows_in=result.rows_in, rows_kept=result.manifest.height,
                           hours=float(result.manifest["duration"].sum() or 0.0) / 3600, reasons=result.reasons,
                           provenance=result.provenance, content_hash=content_hash)

@@ -72,6 +72,7 @@ from manifests.io import (
     write_parquet_stream,
     write_rejects,
 )
+from manifests.outputs import publish_together
 from manifests.schema import manifest_schema, trim_containers
 
 MARKER_VERSION = 1
@@ -477,11 +478,12 @@ def merge_parts(
             seconds += float(pc.sum(batch.column(0)).as_py() or 0.0)
     parts = [p.part for p in all_paths]
     schema = manifest_schema(any(bool(m.get("containers")) for m in markers))
-    written = write_parquet_stream(lambda: (t.select(schema.names) for t in merged_tables(parts)), output, schema,
-                                   "manifest", provenance)
-    if written.rows != kept:
-        raise DataprepError(f"{folder}: parts hold {written.rows} kept rows, markers say {kept}")
-    write_rejects(rej, rejects, provenance)
+    with publish_together(output, rejects) as (tmp_out, tmp_rejects):  # visible together or not at all
+        written = write_parquet_stream(lambda: (t.select(schema.names) for t in merged_tables(parts)), tmp_out,
+                                       schema, "manifest", provenance)
+        if written.rows != kept:
+            raise DataprepError(f"{folder}: parts hold {written.rows} kept rows, markers say {kept}")
+        write_rejects(rej, tmp_rejects, provenance)
     reasons = reasons_count(rej)
     return CompileSummary(rows_in, kept, seconds / 3600, reasons, provenance, written.content_hash,
                           num_parts=len(markers))

@@ -29,6 +29,7 @@ from dataprep.compile.validate import (
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
 from manifests.io import reasons_count, write_parquet_stream, write_rejects
+from manifests.outputs import publish_together
 from manifests.schema import FULL_POLARS_SCHEMA, FULL_REJECTS_POLARS_SCHEMA, conform, manifest_schema, trim_containers
 
 
@@ -150,9 +151,10 @@ def compile_to_files(
         drop, reject_rows = finish_spool(spool, rows_in, rejected, opts)
         dup_seconds = float(reject_rows.filter(pl.col("reason") == "duplicate_id")["duration"].sum() or 0.0)
         provenance = compile_provenance(sources, tokenizers, opts)
-        written = write_parquet_stream(lambda: spool.tables(drop), output, manifest_schema(spool.containers),
-                                       "manifest", provenance)
-    write_rejects(reject_rows.drop(ROW), rejects, provenance)
+        with publish_together(output, rejects) as (tmp_out, tmp_rejects):  # visible together or not at all
+            written = write_parquet_stream(lambda: spool.tables(drop), tmp_out, manifest_schema(spool.containers),
+                                           "manifest", provenance)
+            write_rejects(reject_rows.drop(ROW), tmp_rejects, provenance)
     reasons = reasons_count(reject_rows)
     return CompileSummary(rows_in=rows_in, rows_kept=written.rows, hours=(spool.seconds - dup_seconds) / 3600,
                           reasons=reasons, provenance=provenance, content_hash=written.content_hash)

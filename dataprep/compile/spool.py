@@ -35,6 +35,7 @@ from dataprep.compile.validate import (
 )
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
+from manifests.io import sweep_stale_temps, temp_prefix
 from manifests.schema import conform, has_containers, manifest_schema
 
 #: DuckDB's memory limit for the duplicate-id pass (it spills to the spool folder beyond it)
@@ -127,7 +128,8 @@ def spool_folder(near: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary folder next to ``near`` (same disk as the output), removed afterwards."""
     target = Path(near)
     target.parent.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".spool", dir=target.parent))
+    sweep_stale_temps(target)  # spools of killed runs
+    folder = Path(tempfile.mkdtemp(prefix=temp_prefix(target), suffix=".spool", dir=target.parent))
     try:
         yield folder
     finally:

@@ -61,8 +61,8 @@ from dataprep.integrations.cuts import CutSerializer, audio_header, cut_for_row
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import current_umask, require_manifest_hash, write_json, write_rejects
-from manifests.plan_files import shard_name
-from manifests.plan_meta import PLAN_JSON, read_plan_meta
+from manifests.plan_files import PlanShard
+from manifests.plan_meta import PLAN_JSON, PlanMeta, read_plan_meta
 
 #: manifest column -> NeMo JSONL key, written where not null
 NEMO_KEYS = {"lang": "lang", "source_lang": "source_lang", "target_lang": "target_lang", "task": "taskname"}
@@ -87,11 +87,11 @@ class ExportInputs:
         return pl.read_parquet(self.manifest_path).with_columns(pl.Series("bucket", self.bucket.astype(np.int64)))
 
 
-def _plan_buckets(plan_dir: Path, world_size: int, num_rows: int) -> npt.NDArray[np.int32]:
+def _plan_buckets(plan_dir: Path, meta: PlanMeta, num_rows: int) -> npt.NDArray[np.int32]:
     """Bucket of each manifest row in epoch 0 of a plan (-1 where the plan has none)."""
     bucket = np.full(num_rows, -1, dtype=np.int32)
-    for r in range(world_size):
-        t = pq.read_table(plan_dir / shard_name(r), columns=["bucket", "rows"], filters=[("epoch", "=", 0)])
+    for r in range(meta.world_size):
+        t = PlanShard(plan_dir, r, meta).read_epoch(0, ["bucket", "rows"])
         rows = t.column("rows").combine_chunks()
         sizes = np.diff(rows.offsets.to_numpy())
         bucket[rows.values.to_numpy()] = np.repeat(t.column("bucket").to_numpy(), sizes)
@@ -114,7 +114,7 @@ def load_inputs(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
                                 "parent plan or the buckets.json")
         require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
         spec = parse_buckets({"version": 1, "buckets": meta.buckets}, str(plan_dir / PLAN_JSON))
-        bucket = _plan_buckets(plan_dir, meta.world_size, num_rows)
+        bucket = _plan_buckets(plan_dir, meta, num_rows)
         origin = "plan"
     else:
         spec = read_buckets(src)

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from bucketing.balance import PlanReport, plan_report
 from bucketing.costmodel import CostModel
 from bucketing.simulate import SimResult, StrategyResult, simulate, simulate_strategy
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import read_manifest, require_manifest_hash
-from manifests.plan_files import shard_name
+from manifests.plan_files import PlanShard
 from manifests.plan_meta import read_plan_meta
 
 DEFAULT_WORLD_SIZES = (2, 16, 128)
@@ -29,7 +27,7 @@ def read_epoch_batches(plan_dir: str | os.PathLike[str], epoch: int = 0) -> dict
     cols = ["epoch", "step", "bucket", "size", "max_duration", "max_tokens", "rows"]
     parts = []
     for r in range(W):
-        t = pq.read_table(Path(plan_dir) / shard_name(r), columns=cols, filters=[("epoch", "=", epoch)])
+        t = PlanShard(plan_dir, r, meta).read_epoch(epoch, cols)
         parts.append(t)
     S = parts[0].num_rows
     if S == 0:

