@@ -19,7 +19,7 @@ import polars as pl
 import sentencepiece as spm
 
 from manifests.errors import DataprepError
-from manifests.io import atomic_path, file_sha256
+from manifests.io import atomic_path, file_sha256, read_metadata
 
 #: key of the model used for rows whose language has no model of its own
 DEFAULT_LANG = "*"
@@ -160,3 +160,20 @@ def train_model(
     with atomic_path(output) as tmp:
         tmp.write_bytes(buf.getvalue())
     return {"vocab_size": vocab_size, "model_type": model_type, "sentences": len(texts)}
+
+
+def require_recorded_tokenizer(tokenizers: Tokenizers, manifest: str | os.PathLike[str], allow_other: bool) -> None:
+    """Refuse tokenizers whose SHA-256 differs from the one the manifest records for the same
+    language (its ``num_tokens`` were counted with that one): the batches' token counts would not
+    be the manifest's. ``allow_other`` (``--allow-other-tokenizer``) permits it; a manifest that
+    records no tokenizer is not checked."""
+    recorded = read_metadata(manifest)["provenance"].get("tokenizers") or {}
+    if allow_other or not isinstance(recorded, dict):
+        return
+    for lang, digest in sorted(tokenizers.hashes.items()):
+        want = recorded.get(lang)
+        if want is not None and want != digest:
+            which = "" if lang == DEFAULT_LANG else f" for {lang!r}"
+            raise DataprepError(f"{manifest}: provenance.tokenizers: the manifest was compiled with tokenizer "
+                                f"{str(want)[:12]}...{which}, --tokenizer is {digest[:12]}...; pass "
+                                f"--allow-other-tokenizer to train with it anyway")

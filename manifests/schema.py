@@ -103,6 +103,8 @@ REJECT_REASONS: tuple[str, ...] = (
     "duration_mismatch",
     "segment_out_of_range",
     "no_tokenizer",
+    "implausible_duration",
+    "truncated_audio",
     "max_tps",
     "min_tps",
     "min_duration",

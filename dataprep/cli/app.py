@@ -7,6 +7,7 @@ imports them all. Commands parse options and call a library function, nothing mo
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -54,3 +55,19 @@ def user_errors(fn: F) -> F:
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
+
+
+def check_range(option: str, value: float | int | None, *, ge: float | None = None, gt: float | None = None,
+                le: float | None = None) -> None:
+    """Refuse an option value outside its range (and any NaN / infinity) with one line,
+    ``error: --option: must be ...``, exit 2 (through :func:`user_errors`). ``None`` (not given) passes."""
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DataprepError(f"{option}: must be a finite number, got {value}")
+    if ge is not None and value < ge:
+        raise DataprepError(f"{option}: must be >= {ge:g}, got {value:g}")
+    if gt is not None and value <= gt:
+        raise DataprepError(f"{option}: must be > {gt:g}, got {value:g}")
+    if le is not None and value > le:
+        raise DataprepError(f"{option}: must be <= {le:g}, got {value:g}")

@@ -18,10 +18,11 @@ from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, grid_from_
 from bucketing.padding import padding_report
 from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
-from dataprep.cli.app import app, out, user_errors
+from dataprep.cli.app import app, check_range, out, user_errors
 from manifests.buckets_file import BucketSpec, read_buckets, write_buckets
 from manifests.errors import DataprepError
 from manifests.io import manifest_hash, read_manifest, write_json
+from manifests.outputs import refuse_same_paths
 
 
 def _columns(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -67,6 +68,15 @@ def fit_buckets_cmd(
         "--no-fences", help="Plain equal occupancy: bounds at the maxima, no overflow bucket.")] = False,
 ) -> None:
     """Fit equal-occupancy duration × token buckets, size batches by a padded budget, write buckets.json."""
+    check_range("--max-duration-budget", max_duration_budget, gt=0)
+    check_range("--max-frames-budget", max_frames_budget, gt=0)
+    check_range("--max-tokens-budget", max_tokens_budget, gt=0)
+    check_range("--frame-shift", frame_shift, gt=0)
+    check_range("--min-duration", min_duration, ge=0)
+    check_range("--max-duration", max_duration, gt=0)
+    check_range("--duration-fence", duration_fence, ge=0)
+    check_range("--token-fence", token_fence, ge=0)
+    refuse_same_paths({"MANIFEST": manifest}, {"-o": output})
     d, t = _columns(manifest)
     try:
         spec, alloc = fit_spec(
@@ -115,6 +125,11 @@ def padding_cmd(
 ) -> None:
     """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D,
     2D + dynamic resolution (frame padding, clamped utterances, batches that fell back)."""
+    check_range("--budget", budget, gt=0)
+    check_range("--cumulative-budget", cumulative_budget, gt=0)
+    check_range("--window", window, ge=1)
+    check_range("--audio-weight", audio_weight, ge=0)
+    refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"--json": json_out})
     d, t = _columns(manifest)
     spec = read_buckets(buckets)
     grid = grid_from_spec(spec)

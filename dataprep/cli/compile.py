@@ -12,8 +12,9 @@ import polars as pl
 import typer
 from rich.table import Table
 
-from dataprep.cli.app import app, out, user_errors
+from dataprep.cli.app import app, check_range, out, user_errors
 from dataprep.cli.progress import progress_counter
+from dataprep.compile.validate import DEFAULT_MAX_PLAUSIBLE_DURATION
 
 SourcesArg = Annotated[list[Path], typer.Argument(help="Source manifests: NeMo JSONL, Lhotse cuts JSONL(.gz), Kaldi data dir, CSV/TSV, Parquet (Hugging Face audio Parquet too), Lhotse Shar dir, WebDataset tars; NeMo tarred manifests with --tarred-audio (brace syntax 'manifest__OP_0..7_CL_.json' accepted).", show_default=False)]
 FormatOpt = Annotated[str, typer.Option("--format", help="Source format: auto, nemo, lhotse, kaldi, csv, tsv, parquet, hf-parquet, shar, webdataset.")]
@@ -33,6 +34,11 @@ def train_tokenizer_cmd(
 ) -> None:
     """Train a sentencepiece model on the sources' transcripts (when you have none)."""
     from dataprep.tokenize import train_model
+    from manifests.outputs import refuse_same_paths
+
+    check_range("--vocab-size", vocab_size, ge=2)
+    check_range("--threads", threads, ge=1)
+    refuse_same_paths({f"SOURCE {s}": s for s in sources}, {"-o": output})
     from manifests.readers import iter_source
 
     texts: list[str] = []
@@ -58,6 +64,7 @@ def compile_cmd(
     probe: Annotated[str, typer.Option(help="auto: read audio headers only where the source has no duration; always: verify every file; never.")] = "auto",
     threads: Annotated[int, typer.Option(help="Threads for audio header reads.")] = 8,
     mismatch_tolerance: Annotated[float, typer.Option(help="Seconds a manifest duration may differ from the header with --probe always.")] = 0.05,
+    max_plausible_duration: Annotated[float, typer.Option(help="Reject rows longer than this many seconds (reason implausible_duration): a typo or a unit error, not a recording.")] = DEFAULT_MAX_PLAUSIBLE_DURATION,
     strict: Annotated[bool, typer.Option(help="Stop at the first bad row with a one-line error instead of writing it to the rejects file.")] = False,
     num_shards: Annotated[Optional[int], typer.Option(help="Split the rows by a stable hash of the id into this many shards (default: $SLURM_ARRAY_TASK_COUNT with --shard-index; 4 x --workers for a local pool).", show_default=False)] = None,
     shard_index: Annotated[Optional[int], typer.Option(help="Run only this shard (0-based; default: $SLURM_ARRAY_TASK_ID when --num-shards is given); -o is then a folder of parts for `dataprep merge`.", show_default=False)] = None,
@@ -71,12 +78,23 @@ def compile_cmd(
     """
     from dataprep.compile import CompileOptions, compile
     from manifests.io import default_rejects_path
+    from manifests.outputs import refuse_same_paths
 
+    check_range("--prompt-tokens", prompt_tokens, ge=0)
+    check_range("--mismatch-tolerance", mismatch_tolerance, ge=0)
+    check_range("--max-plausible-duration", max_plausible_duration, gt=0)
+    check_range("--threads", threads, ge=1)
+    check_range("--workers", workers, ge=1)
+    check_range("--num-shards", num_shards, ge=1)
+    check_range("--shard-index", shard_index, ge=0)
     opts = CompileOptions(prompt_tokens=prompt_tokens, prompt_format=prompt_format, fmt=fmt, text_field=text_field,
                           audio_root=str(audio_root) if audio_root else None, probe=probe,  # type: ignore[arg-type]
                           probe_threads=threads, mismatch_tolerance=mismatch_tolerance, strict=strict,
-                          tarred_audio=tuple(tarred_audio or ()))
+                          tarred_audio=tuple(tarred_audio or ()), max_plausible_duration=max_plausible_duration)
     rejects_path = rejects or default_rejects_path(output)
+    refuse_same_paths({**{f"SOURCE {s}": s for s in sources}, **{f"--tokenizer {t}": t.partition("=")[2] or t
+                                                                 for t in tokenizer}},
+                      {"-o": output, "--rejects": None if shard_index is not None else rejects_path})
     pooled = executor == "local" and shard_index is None and (workers != 1 or num_shards is not None) \
         and "SLURM_ARRAY_TASK_ID" not in os.environ  # only picks the progress bars shown
     with contextlib.ExitStack() as bars:
@@ -125,8 +143,10 @@ def merge_cmd(
     """
     from dataprep.compile import merge_parts
     from manifests.io import default_rejects_path
+    from manifests.outputs import refuse_same_paths
 
     rejects_path = rejects or default_rejects_path(output)
+    refuse_same_paths({"PARTS": parts}, {"-o": output, "--rejects": rejects_path})
     result = merge_parts(parts, output, rejects_path)
     _print_summary(result.rows_in, result.rows_kept, result.hours, result.reasons)
     out.print(f"merged {result.num_parts} shards; manifest -> {output} (content hash {result.content_hash[:16]})")

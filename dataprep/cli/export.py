@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from dataprep.cli.app import app, out, user_errors
+from manifests.outputs import refuse_same_paths
 
 export_app = typer.Typer(name="export", help="Export buckets, batch sizes and manifests for NeMo or Lhotse.",
                          no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -28,6 +29,7 @@ def export_nemo_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_d
     """bucket_duration_bins, bucket_batch_size, max_tps (bucketing.yaml) and NeMo JSONL manifests."""
     from dataprep.integrations.export import export_nemo
 
+    refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects})
     cfg = export_nemo(plan_or_buckets, manifest, out_dir, channel=channel, rejects=rejects)
     out.print(f"{cfg['num_buckets']} buckets -> {out_dir / 'bucketing.yaml'}, manifest.jsonl, bucket-*.jsonl")
 
@@ -39,6 +41,7 @@ def export_lhotse_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out
     """A Lhotse CutSet (cuts.jsonl.gz) and the bins / batch sizes for DynamicBucketingSampler (bins.json)."""
     from dataprep.integrations.export import export_lhotse
 
+    refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects})
     bins = export_lhotse(plan_or_buckets, manifest, out_dir, channel=channel, rejects=rejects)
     out.print(f"{bins['num_cuts']} cuts -> {out_dir / 'cuts.jsonl.gz'}; {len(bins['duration_bins'])} bins -> {out_dir / 'bins.json'}")
 

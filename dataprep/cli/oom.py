@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dataprep.cli.app import app, out, user_errors
+from dataprep.cli.app import app, check_range, out, user_errors
 from dataprep.cli.progress import progress_counter
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
@@ -40,6 +40,10 @@ def oomptimize_cmd(
         import torch  # noqa: F401
     except ImportError:
         raise DataprepError("oomptimize needs torch: install the torch extra (pip install 'speech-dataprep[torch]')") from None
+    check_range("--memory-fraction", memory_fraction, gt=0, le=1)
+    check_range("--tolerance", tolerance, gt=0, le=1)
+    check_range("--max-batch", max_batch, ge=1)
+    check_range("--max-tps", max_tps, gt=0)
     from oom.cache import DEFAULT_CACHE_DIR
     from oom.optimize import oomptimize as run
     from oom.optimize import parse_bytes

@@ -13,12 +13,14 @@ from rich.table import Table
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
-from dataprep.cli.app import app, out, user_errors
+from dataprep.cli.app import app, check_range, out, user_errors
 from dataprep.planning import DEFAULT_WORLD_SIZES, build_plan, replan, simulate_plan
 from dataprep.planning.replan import default_manifest
 from dataprep.planning.simulate import plan_steps_report, simulate_strategies
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
+from manifests.outputs import refuse_same_paths
+from manifests.plan_files import verify_plan
 from manifests.plan_meta import PlanMeta, read_plan_meta
 
 
@@ -49,6 +51,10 @@ def plan_batches_cmd(
         raise DataprepError(f"--interleave must be random or ascending, not {interleave!r}")
     dynres = _dynres_config(frames_per_second, min_rate, max_rate, floor_rate) if dynamic_resolution else None
     cost = _cost(coef)
+    check_range("--world-size", world_size, ge=1)
+    check_range("--epochs", epochs, ge=1)
+    check_range("--row-group-steps", row_group_steps, ge=1)
+    refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
     with progress_counter("planning (shards written)", total=epochs * world_size) as advance:
         meta = build_plan(manifest, buckets, out_dir, world_size=world_size, seed=seed, epochs=epochs,
                           strict=strict, interleave=interleave, row_group_steps=row_group_steps, carry=carry,
@@ -78,7 +84,10 @@ def replan_cmd(
 ) -> None:
     """Continue a plan at --at-step on --world-size ranks: steps before it stay consumed; the
     rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned."""
+    check_range("--at-step", at_step, ge=0)
+    check_range("--world-size", world_size, ge=1)
     man = manifest if manifest is not None else default_manifest(plan_dir, read_plan_meta(plan_dir))
+    refuse_same_paths({"PLAN": plan_dir, "--manifest": man}, {"-o": out_dir})
     meta = replan(plan_dir, man, out_dir, at_step=at_step, world_size=world_size, carry=carry, cost=_cost(coef))
     print_plan(meta, out_dir)
 
@@ -150,6 +159,7 @@ def simulate_cmd(
     exchange: Annotated[float, typer.Option("--exchange", min=0.0, help="Seconds per ADPSGD pairwise weight exchange (one per step).")] = 0.005,
 ) -> None:
     """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not."""
+    check_range("--epoch", epoch, ge=0)
     try:
         ws = [int(x) for x in world_sizes.split(",") if x.strip()]
         cost = CostModel().with_overrides(coef or [])
@@ -157,6 +167,8 @@ def simulate_cmd(
         raise DataprepError(str(exc).replace("invalid literal for int() with base 10", "--world-sizes: not an integer")) from None
     slow = _slow_ranks(slow_rank or [])
     strategies = [x.strip() for x in strategy.split(",") if x.strip()] if strategy else []
+    for w in ws:
+        check_range("--world-sizes", w, ge=1)
     results = simulate_plan(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
     out.print(f"tail-worker simulation, epoch {epoch}; cost model: {cost}")
     rep = plan_steps_report(plan_dir, cost, epoch)
@@ -199,3 +211,20 @@ def _slow_ranks(pairs: list[str]) -> dict[int, float]:
         if not slow[int(rank)] > 0:
             raise DataprepError(f"--slow-rank {pair!r}: the factor must be > 0")
     return slow
+
+
+@app.command("verify")
+@user_errors
+def verify_cmd(
+    plan_dir: Annotated[Path, typer.Argument(help="Plan directory written by plan-batches.")],
+    manifest: Annotated[Optional[Path], typer.Option("--manifest", "-m", help="Also check that this is the plan's manifest (content hash recomputed).")] = None,
+) -> None:
+    """Check a plan end to end: plan.json valid, its plan_hash, and every shard's size, footer and
+    full SHA-256 against plan.json (opening a shard checks only size and footer)."""
+    from manifests.io import require_manifest_hash
+
+    meta = verify_plan(plan_dir)
+    if manifest is not None:
+        require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
+    out.print(f"plan {plan_dir}: ok ({meta.world_size} shards, {meta.num_steps} steps, plan hash "
+              f"{meta.plan_hash[:16]}){'; manifest ok' if manifest is not None else ''}")

@@ -12,11 +12,12 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dataprep.cli.app import app, err, out, user_errors
+from dataprep.cli.app import app, check_range, err, out, user_errors
 from dataprep.report.filters import FilterResult, Thresholds, apply_filters
 from dataprep.report.stats import ManifestStats, compute_stats
-from manifests.errors import DataprepError
-from manifests.io import default_rejects_path, manifest_hash, read_manifest, write_json, write_manifest, write_rejects
+from manifests.io import (default_rejects_path, manifest_hash, read_manifest, read_metadata, write_json, write_manifest,
+                          write_rejects)
+from manifests.outputs import publish_together, refuse_same_paths
 
 _STATS_COLUMNS = ["duration", "num_tokens", "tps", "lang"]
 
@@ -81,6 +82,7 @@ def stats_command(
 ) -> None:
     """Totals, per language, quantiles of duration / tokens / TPS, TPS by duration bin and
     outlier counts (TPS > 25, duration > 40 s, < 0.5 s), as tables on stdout."""
+    refuse_same_paths({"MANIFEST": manifest}, {"--json": json_path})
     df = read_manifest(manifest, columns=_STATS_COLUMNS)
     s = compute_stats(df)
     for table in stats_tables(s):
@@ -148,11 +150,14 @@ def filter_cmd(
         max_tps=max_tps, min_tps=min_tps, min_duration=min_duration, max_duration=max_duration,
         min_tokens=min_tokens, max_tokens=max_tokens,
     )
+    for flag, value in (("--max-tps", max_tps), ("--min-tps", min_tps), ("--min-duration", min_duration),
+                        ("--max-duration", max_duration), ("--min-tokens", min_tokens), ("--max-tokens", max_tokens)):
+        check_range(flag, value, ge=0)
     rejects = rejects if rejects is not None else default_rejects_path(output)
-    if rejects.resolve() == output.resolve():
-        raise DataprepError(f"{rejects}: --rejects and -o name the same file")
+    refuse_same_paths({"MANIFEST": manifest}, {"-o": output, "--rejects": rejects})
     input_hash = manifest_hash(manifest)
     df = read_manifest(manifest)
+    recorded = read_metadata(manifest)["provenance"]
     result = apply_filters(df, thresholds)
     if not thresholds.active():
         err.print("no filter given: every row is kept")
@@ -161,13 +166,15 @@ def filter_cmd(
         "command": "filter",
         "input": manifest.name,
         "input_hash": input_hash,
+        **({"tokenizers": recorded["tokenizers"]} if "tokenizers" in recorded else {}),  # what counted num_tokens
         "thresholds": thresholds.to_json(),
         "rows_in": result.rows_in,
         "kept": result.kept.height,
         "rejected": result.rejected.height,
     }
-    write_manifest(result.kept, output, provenance=provenance)
-    write_rejects(result.rejected, rejects, provenance=provenance)
+    with publish_together(output, rejects) as (tmp_out, tmp_rejects):  # visible together or not at all
+        write_manifest(result.kept, tmp_out, provenance=provenance)
+        write_rejects(result.rejected, tmp_rejects, provenance=provenance)
 
     if result.counts:
         out.print(filter_table(result))

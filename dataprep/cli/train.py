@@ -11,7 +11,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from dataprep.cli.app import app, out, user_errors
+from dataprep.cli.app import app, check_range, out, user_errors
+from manifests.errors import DataprepError
+from manifests.outputs import refuse_same_paths
 
 ManifestOpt = Annotated[Path, typer.Option("--manifest", "-m", help="The compiled manifest the buckets / plan were made from.")]
 
@@ -39,18 +41,31 @@ def train_cmd(
     cache_dir: Annotated[Optional[Path], typer.Option(help="Where the memory-mapped manifest columns are cached.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-step lines on stdout.")] = False,
     dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution/--no-dynamic-resolution", help="For a plan made with --dynamic-resolution: featurize each utterance at the rate that gives its batch's target frames (off: 10 ms hop, ordinary padding).")] = True,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run already in --checkpoint-dir (refused without this or --resume).")] = False,
+    allow_other_tokenizer: Annotated[bool, typer.Option("--allow-other-tokenizer", help="Train with a tokenizer other than the one the manifest was compiled with.")] = False,
 ) -> None:
     """Train a reference model on the plan with DDP (gloo on CPU, nccl on GPU); one JSON line per step."""
     from dataprep.training import TrainConfig, train
 
     if device not in ("auto", "cpu", "cuda"):
-        raise typer.BadParameter("--device must be auto, cpu or cuda")
+        raise DataprepError(f"--device: must be auto, cpu or cuda, got {device!r}")
+    check_range("--steps", steps, ge=0)
+    check_range("--nproc", nproc, ge=1)
+    check_range("--lr", lr, gt=0)
+    check_range("--workers", workers, ge=0)
+    check_range("--prefetch", prefetch, ge=0)
+    check_range("--checkpoint-every", checkpoint_every, ge=0)
+    check_range("--timeout", timeout, gt=0)
+    refuse_same_paths({"PLAN": plan_dir, "--manifest": manifest, **{f"--tokenizer {t}": t.partition("=")[2] or t
+                                                                  for t in tokenizer}},
+                      {"--checkpoint-dir": checkpoint_dir})
     cfg = TrainConfig(plan_dir=str(plan_dir), manifest=str(manifest), tokenizer=list(tokenizer),
                       checkpoint_dir=str(checkpoint_dir), model=model, steps=steps, resume=resume, lr=lr, seed=seed,
                       workers=workers, prefetch=prefetch, skip_bad_audio=skip_bad_audio,
                       checkpoint_every=checkpoint_every, trace=trace, device=device, timeout_s=timeout,
                       cache_dir=str(cache_dir) if cache_dir else None, quiet=quiet,
-                      dynamic_resolution=dynamic_resolution)
+                      dynamic_resolution=dynamic_resolution, overwrite=overwrite,
+                      allow_other_tokenizer=allow_other_tokenizer)
     summary = train(cfg, nproc=nproc)
     if summary.get("rank", 0) == 0:
         out.print(f"trained to step {summary['next_step']}; checkpoint -> {checkpoint_dir / 'last.pt'}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import stat
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -37,7 +38,42 @@ PROBE_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-def _probe_one(path: str, info: HeaderReader) -> tuple[str, float | None, int | None, int | None, str | None, str | None]:
+#: frames read back from the end of each file to verify its length (``verify_length``)
+TAIL_FRAMES = 4096
+
+
+def not_regular(path: str) -> str | None:
+    """Why ``path`` cannot be audio without opening it (a FIFO would block the reader forever, a
+    directory or device is no audio file), or ``None`` for a regular file (links followed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None  # reported as missing_audio by the reader
+    except OSError as exc:
+        return f"cannot stat ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "not a regular file")
+    return f"is {kind}, not a regular audio file" if kind != "not a regular file" else kind
+
+
+def _frames_readable(path: str, frames: int) -> int:
+    """Frames actually decodable at the end of a file whose header says ``frames``: seek to the
+    last :data:`TAIL_FRAMES` and read them (a truncated file has fewer, or fails to seek)."""
+    with soundfile.SoundFile(path) as f:
+        start = max(0, frames - TAIL_FRAMES)
+        f.seek(start)
+        got = f.read(frames - start, dtype="int16", always_2d=True).shape[0]
+    return start + got
+
+
+def _probe_one(path: str, info: HeaderReader, verify_length: bool = False) -> tuple[
+        str, float | None, int | None, int | None, str | None, str | None]:
+    problem = not_regular(path)
+    if problem is not None:
+        return path, None, None, None, "unreadable_audio", f"{path}: {problem}"
     try:
         hdr = info(path)
     except FileNotFoundError:
@@ -52,6 +88,16 @@ def _probe_one(path: str, info: HeaderReader) -> tuple[str, float | None, int | 
         return path, None, rate or None, int(hdr.channels) or None, "unreadable_audio", (
             f"{path}: header reports {frames} frames at {rate} Hz"
         )
+    if verify_length:
+        try:
+            real = _frames_readable(path, frames)
+        except (soundfile.LibsndfileError, RuntimeError, OSError, ValueError) as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return path, None, rate, int(hdr.channels), "truncated_audio", (
+                f"{path}: header says {frames / rate:.3f} s but the end cannot be decoded ({msg})")
+        if real < frames:
+            return path, None, rate, int(hdr.channels), "truncated_audio", (
+                f"{path}: header says {frames / rate:.3f} s but only {real / rate:.3f} s decode (truncated file)")
     return path, frames / rate, rate, int(hdr.channels), None, None
 
 
@@ -61,24 +107,28 @@ def probe_headers(
     threads: int = 8,
     info: HeaderReader = soundfile.info,
     on_progress: Callable[[int], None] | None = None,
+    verify_length: bool = False,
 ) -> pl.DataFrame:
     """Read the header of each distinct path; one row per path, in the order given.
 
     Columns: ``audio_path``, ``file_duration`` (s), ``sample_rate`` (Hz), ``channels``,
     ``probe_reason`` / ``probe_detail`` (null when the header was read; else
     ``missing_audio`` or ``unreadable_audio`` and a one-line message naming the file).
+    ``verify_length`` (``--probe always``) also decodes the last frames the header promises
+    (reason ``truncated_audio`` when they are missing). Paths that are not regular files (a
+    FIFO, a directory, a device) are never opened (``unreadable_audio``).
     Header reads are I/O bound, so threads overlap them; results are ordered, so the
     output does not depend on the thread count.
     """
     results = []
     if threads <= 1:
         for p in paths:
-            results.append(_probe_one(p, info))
+            results.append(_probe_one(p, info, verify_length))
             if on_progress:
                 on_progress(1)
     else:
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            for res in pool.map(lambda p: _probe_one(p, info), paths, chunksize=64):
+            for res in pool.map(lambda p: _probe_one(p, info, verify_length), paths, chunksize=64):
                 results.append(res)
                 if on_progress:
                     on_progress(1)

@@ -51,6 +51,10 @@ PART_POLARS_SCHEMA = {**FULL_POLARS_SCHEMA, ROW: pl.Int64()}
 REJECTS_ROW_POLARS_SCHEMA = {**FULL_REJECTS_POLARS_SCHEMA, ROW: pl.Int64()}
 
 
+#: the default of ``--max-plausible-duration``: 6 hours (a long audiobook chapter or meeting is less)
+DEFAULT_MAX_PLAUSIBLE_DURATION = 6 * 3600.0
+
+
 @dataclass
 class CompileOptions:
     """How sources become a manifest. Durations in seconds."""
@@ -64,6 +68,7 @@ class CompileOptions:
     probe_threads: int = 8
     tokenizer_threads: int = 0  # 0 = all cores
     mismatch_tolerance: float = 0.05  # s, for --probe always on whole-file rows
+    max_plausible_duration: float = DEFAULT_MAX_PLAUSIBLE_DURATION  # s; longer rows are rejected (implausible_duration)
     chunk_rows: int = 500_000
     strict: bool = False
     #: NeMo tarred dataset: the tars (NeMo's brace syntax allowed); the sources are its manifests
@@ -160,6 +165,11 @@ def process_chunk(
     rejects.extend(probe_rejects)
     if "__audio_bytes" in df.columns:  # Hugging Face rows' audio, needed only by the probe
         df = df.drop("__audio_bytes")
+    limit = opts.max_plausible_duration
+    df, bad = _reject(df, d > limit, "implausible_duration",
+                      _at(pl.concat_str([pl.lit("duration "), d.cast(pl.String),
+                                         pl.lit(f" s exceeds --max-plausible-duration {limit:g} s")])))
+    rejects.append(bad)
 
     lang_for_tokens = pl.coalesce(pl.col("target_lang"), pl.col("lang"))
     langs = df.select(lang_for_tokens).to_series()  # a Series: no Python str per row
@@ -201,7 +211,8 @@ def _probe(
         return df, []
     infos = [pl.DataFrame(schema=PROBE_SCHEMA)]
     if paths:
-        infos.append(probe_headers(paths, threads=opts.probe_threads, on_progress=on_probe))
+        infos.append(probe_headers(paths, threads=opts.probe_threads, on_progress=on_probe,
+                                   verify_length=opts.probe == "always"))
     if members.height:
         infos.append(probe_members(members, threads=opts.probe_threads, on_progress=on_probe))
     info = pl.concat(infos)

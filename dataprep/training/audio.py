@@ -24,6 +24,7 @@ import numpy.typing as npt
 import soundfile
 
 from dataprep.training.features import SAMPLE_RATE
+from dataprep.compile.probe import not_regular
 from manifests.containers import read_range
 from manifests.errors import DataprepError
 
@@ -45,6 +46,9 @@ def load_audio(utt_id: str, path: str, offset: float, duration: float | None,
     Raises :class:`AudioError` naming the utterance and file when the file is missing,
     undecodable or too short.
     """
+    problem = not_regular(path) if data is None else None
+    if problem is not None:  # a FIFO would block this reader forever
+        raise AudioError(f"utterance {utt_id!r}: {path}: {problem}")
     source: str | IO[bytes] = path if data is None else io.BytesIO(data)
     try:
         with soundfile.SoundFile(source) as f:

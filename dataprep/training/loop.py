@@ -17,6 +17,14 @@ another world size (``dataprep replan``: the checkpoint's plan hash must be the 
 parent and its next step the re-plan step; model and optimizer state carry over). Dropout is seeded per (seed, step, rank), so a resumed
 run computes what the uninterrupted one would.
 
+Checkpoint format (``last.pt``, ``torch.save`` of a dict, read back with
+``torch.load(weights_only=True)``: tensors and plain values only, so a crafted file cannot run
+code): ``next_step`` (int, the plan step to continue at), ``model`` (the model's state dict),
+``optimizer`` (AdamW's state dict), ``plan_hash`` (the plan it was trained on; a checkpoint of
+another plan is refused) and ``config`` (this run's :class:`TrainConfig` as plain values).
+Anything else, or a file torch cannot read, is refused with one line (:func:`load_checkpoint`).
+A directory holding a run is refused without ``--resume`` (continue) or ``--overwrite``.
+
 Files in the checkpoint directory: ``last.pt``, ``log.jsonl`` (rank 0's step lines),
 ``skipped-rank-0000r.jsonl`` (utterances skipped for bad audio, with ``--skip-bad-audio``),
 ``trace-rank-0000r.jsonl`` (with ``--trace``: step, ids and a SHA-256 of each batch's tensors).
@@ -44,8 +52,15 @@ from bucketing.dynres import DynResConfig
 from dataprep.training.batches import Batch, BatchBuilder
 from dataprep.training.loader import PlanDataset, make_loader
 from manifests.errors import DataprepError
+from dataprep.tokenize import require_recorded_tokenizer
 from manifests.io import atomic_path, require_manifest_hash
+from manifests.outputs import require_free_checkpoint_dir
 from manifests.plan_meta import PlanMeta, read_plan_meta
+
+
+#: fewest feature frames a step feeds the encoder: its BatchNorm needs more than one value per
+#: channel, i.e. more than 8 frames (one after the 8x subsampling) for a batch of one utterance
+MIN_FRAMES = 16
 
 
 @dataclass
@@ -72,6 +87,8 @@ class TrainConfig:
     cache_dir: str | None = None
     quiet: bool = False
     dynamic_resolution: bool = True  # use the plan's dynamic resolution when it has one
+    overwrite: bool = False  # replace a run already in checkpoint_dir
+    allow_other_tokenizer: bool = False  # train with a tokenizer other than the manifest's
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -135,6 +152,7 @@ def _build(cfg: TrainConfig, device: torch.device,
     builder = BatchBuilder(cfg.manifest, cfg.tokenizer, n_mels=n_mels, skip_bad_audio=cfg.skip_bad_audio,
                            cache_dir=cfg.cache_dir,
                            dynamic_resolution=DynResConfig.from_json(dynres["config"]) if dynres else None)
+    require_recorded_tokenizer(builder.tokenizers, cfg.manifest, cfg.allow_other_tokenizer)
     pieces = max(m.get_piece_size() for m in builder.tokenizers.models.values())
     if pieces > vocab:
         raise DataprepError(f"tokenizer has {pieces} pieces but model {cfg.model!r} has a {vocab}-entry vocabulary")
@@ -146,20 +164,48 @@ def _build(cfg: TrainConfig, device: torch.device,
 def _resume(ckpt_path: Path, meta: PlanMeta, model: torch.nn.Module, opt: torch.optim.Optimizer,
             device: torch.device) -> int:
     """Load model and optimizer state from ``ckpt_path``; the plan step to continue at."""
-    if not ckpt_path.exists():
-        raise DataprepError(f"{ckpt_path}: no checkpoint to resume from")
-    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+    ckpt = load_checkpoint(ckpt_path, device)
     next_step = int(ckpt["next_step"])
-    if ckpt.get("plan_hash") != meta.plan_hash:
+    if ckpt["plan_hash"] != meta.plan_hash:
         rp = meta.replan
-        if rp is None or ckpt.get("plan_hash") != rp.parent_plan_hash:
-            raise DataprepError(f"{ckpt_path}: checkpoint was made with another plan")
+        if rp is None or ckpt["plan_hash"] != rp.parent_plan_hash:
+            raise DataprepError(f"{ckpt_path}: plan_hash: the checkpoint was made with another plan")
         if next_step != rp.at_step:  # a re-planned plan continues its parent exactly at at_step
             raise DataprepError(f"{ckpt_path}: checkpoint is at step {next_step} of the parent plan, but the plan "
                                 f"was re-planned at step {rp.at_step}; re-plan with --at-step {next_step}")
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["optimizer"])
+    if not next_step <= meta.num_steps:
+        raise DataprepError(f"{ckpt_path}: next_step: {next_step} is past the plan's {meta.num_steps} steps")
+    try:
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise DataprepError(f"{ckpt_path}: model: does not fit this model / optimizer "
+                            f"({str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__})") from None
     return next_step
+
+
+def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Read ``last.pt`` safely (``weights_only=True``: no code runs from the file) and check its
+    fields (see the module docstring); :class:`DataprepError` as ``FILE: field: problem``."""
+    if not path.is_file():
+        raise DataprepError(f"{path}: no checkpoint to resume from")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # noqa: BLE001  (any undecodable or unsafe file is the same user error)
+        text = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise DataprepError(f"{path}: not a readable checkpoint ({text})") from None
+    if not isinstance(ckpt, dict):
+        raise DataprepError(f"{path}: expected a checkpoint dict, got {type(ckpt).__name__}")
+    for key, kind in (("next_step", int), ("model", dict), ("optimizer", dict), ("plan_hash", str)):
+        if key not in ckpt:
+            raise DataprepError(f"{path}: {key}: missing")
+        if not isinstance(ckpt[key], kind) or isinstance(ckpt[key], bool):
+            raise DataprepError(f"{path}: {key}: expected {kind.__name__}, got {type(ckpt[key]).__name__}")
+    if ckpt["next_step"] < 0:
+        raise DataprepError(f"{path}: next_step: must be >= 0, got {ckpt['next_step']}")
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt["model"].items()):
+        raise DataprepError(f"{path}: model: expected a state dict of named tensors")
+    return ckpt
 
 
 def _optimizer_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, device: torch.device,
@@ -169,11 +215,13 @@ def _optimizer_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
 
     if batch.size:
         feats, flens = batch.features.to(device, non_blocking=True), batch.feature_lens.to(device)
+        if feats.shape[1] < MIN_FRAMES:  # a tiny clip alone in its batch: pad frames (lengths stay real)
+            feats = torch.nn.functional.pad(feats, (0, 0, 0, MIN_FRAMES - feats.shape[1]))
         toks, tlens = batch.tokens.to(device), batch.token_lens.to(device)
         loss = model_loss(ddp, feats, flens, toks, tlens)
     else:  # every utterance skipped: a zero-weight step keeps DDP's all-reduce in step
-        feats = torch.zeros(1, 16, n_mels, device=device)
-        loss = 0.0 * model_loss(ddp, feats, torch.tensor([16], device=device),
+        feats = torch.zeros(1, MIN_FRAMES, n_mels, device=device)
+        loss = 0.0 * model_loss(ddp, feats, torch.tensor([MIN_FRAMES], device=device),
                                 torch.zeros(1, 2, dtype=torch.int64, device=device),
                                 torch.tensor([2], device=device))
     opt.zero_grad(set_to_none=True)
@@ -282,8 +330,11 @@ def train(cfg: TrainConfig, nproc: int = 1) -> dict[str, Any]:
     """Run training: under torchrun (env ``RANK``/``WORLD_SIZE``) as that one rank; else spawn
     ``nproc`` local ranks and wait (at most ``cfg.timeout_s``; a hung rank is killed and reported).
     """
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if not (torchrun and cfg.overwrite and os.environ["RANK"] != "0"):  # rank 0 alone removes an old run
+        require_free_checkpoint_dir(cfg.checkpoint_dir, cfg.resume, cfg.overwrite)
     Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if torchrun:
         return run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), cfg, "env://",
                         local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     check_plan(cfg, nproc)  # fail before starting processes
@@ -330,6 +381,6 @@ def train(cfg: TrainConfig, nproc: int = 1) -> dict[str, Any]:
     if hung:
         raise DataprepError(f"training did not finish within {cfg.timeout_s:.0f} s; ranks {hung} still running (killed)")
     logs = [json.loads(x) for x in (Path(cfg.checkpoint_dir) / "log.jsonl").read_text().splitlines() if x]
-    ckpt_step = int(torch.load(Path(cfg.checkpoint_dir) / "last.pt", weights_only=False)["next_step"])
+    ckpt_step = int(load_checkpoint(Path(cfg.checkpoint_dir) / "last.pt")["next_step"])
     return {"rank": 0, "next_step": ckpt_step, "last": logs[-1] if logs else None}
 
