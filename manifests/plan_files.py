@@ -21,6 +21,8 @@ A plan directory holds ``plan.json`` and one Parquet shard per rank
 The shard's key-value metadata ``speech_dataprep.plan`` holds its ``version``: 1 without
 ``target_frames``, 2 with it. Readers take both (``PlanBatch.target_frames`` is None for 1).
 
+Pages carry CRC checksums, verified on every read; ``plan.json`` records each shard's size,
+footer SHA-256 (checked on every open) and full SHA-256 (checked by ``dataprep verify``).
 Rows are in step order and row groups hold a fixed number of steps (a group never spans
 two epochs), with min/max statistics on ``step``: a reader seeks to step ``k`` by reading
 the footer and then only the row groups from the one holding ``k``. Needs pyarrow only (no
@@ -178,6 +180,7 @@ class PlanWriter:
             writer = pq.ParquetWriter(
                 self._paths[rank], self.schema.with_metadata(meta), compression="zstd", compression_level=1,
                 use_dictionary=["epoch", "bucket"], write_statistics=["epoch", "step", "bucket"],
+                write_page_checksum=True,  # every page read is CRC-checked: a flipped bit is an error, not data
             )
             self._writers[rank] = writer
         writer.write_table(table, row_group_size=self.row_group_steps)
@@ -258,7 +261,7 @@ class PlanShard:
             raise ManifestError(f"{self.path}: rank {rank} is not below the plan's world size {meta.world_size}")
         check_shard_facts(self.path, meta.shards[rank])
         try:
-            self._file = pq.ParquetFile(self.path)
+            self._file = pq.ParquetFile(self.path, page_checksum_verification=True)
         except (OSError, pa.ArrowException) as exc:
             raise ManifestError(f"{self.path}: not a readable Parquet file ({_first_line(exc)})") from None
         file_meta = self._file.schema_arrow.metadata or {}
@@ -358,7 +361,8 @@ class PlanShard:
 
     def read_epoch(self, epoch: int, columns: Sequence[str]) -> pa.Table:
         """Batches of one epoch (the given columns), checked like every read."""
-        return self._read(lambda: pq.read_table(self.path, columns=list(columns), filters=[("epoch", "=", epoch)]))
+        return self._read(lambda: pq.read_table(self.path, columns=list(columns), filters=[("epoch", "=", epoch)],
+                                                page_checksum_verification=True))
 
 
 def _first_line(exc: BaseException) -> str:
