@@ -8,8 +8,9 @@ Writes (once, kept in --work) a compiled manifest of N synthetic rows with every
 
 - reading the recorded hash (footer only; what the tool trusted before);
 - the cheap file facts (size, mtime, footer SHA-256) that key the verification cache;
-- ``manifest_hash`` with a warm verification cache (what every check after the first costs);
-- the full recomputation from the rows (``recompute_hash``: the first check, or after a change);
+- ``manifest_hash`` with a warm verification cache (what every check costs while the file is
+  unchanged; writers record their files, so the first check after compile/filter is warm too);
+- the full recomputation from the rows (``recompute_hash``: a file changed or copied since written);
 - for scale: planning the same manifest reads only (id, duration, num_tokens).
 """
 

@@ -307,6 +307,7 @@ def write_parquet_stream(
                 writer.write_table(full.empty_table(), row_group_size=row_group_size)
         if rows != hasher.rows:
             raise AssertionError(f"{path}: the second pass gave {rows} rows, the first {hasher.rows}")
+    remember_verified(path, content_hash)
     return StreamWritten(content_hash, rows)
 
 
@@ -452,27 +453,45 @@ def file_facts(path: str | os.PathLike[str]) -> dict[str, Any]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "footer_sha256": footer}
 
 
-_VERIFIED: dict[tuple[str, str], str] = {}  # (real path, facts) -> hash, this process
+_VERIFIED: dict[str, str] = {}  # facts -> hash, this process
+
+
+def _facts_key(facts: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(dict(facts), sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _verified_entry(facts: Mapping[str, Any], cache_dir: str | os.PathLike[str] | None) -> Path:
+    store = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return store / "content-hash" / f"{_facts_key(facts)}.json"
+
+
+def remember_verified(path: str | os.PathLike[str], content_hash: str,
+                      cache_dir: str | os.PathLike[str] | None = None) -> None:
+    """Record that the file now at ``path`` (by its facts, :func:`file_facts`) holds rows hashing
+    to ``content_hash``: the writer knows it, so the first check of a file we wrote is free.
+    A rename keeps the facts; any rewrite changes them."""
+    facts = file_facts(path)
+    _VERIFIED[_facts_key(facts)] = content_hash
+    with contextlib.suppress(OSError):  # a read-only cache only costs a recomputation later
+        write_json({"facts": facts, "content_hash": content_hash}, _verified_entry(facts, cache_dir))
 
 
 def manifest_hash(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> str:
     """The content hash of a file we wrote, VERIFIED: the recorded hash is trusted only when the
-    rows hash to it. The recomputation (:func:`recompute_hash`) is remembered per file facts
-    (size, mtime, footer SHA-256; :func:`file_facts`) under ``<cache>/content-hash/``, so an
-    unchanged file is checked in microseconds and a changed one is recomputed. A file whose
-    rows no longer match its recorded hash (edited with metadata kept) is refused."""
+    rows hash to it. A verification is remembered by the file's facts (size, mtime, footer
+    SHA-256; :func:`file_facts`) under ``<cache>/content-hash/`` (writers record theirs), so an
+    unchanged file is checked in about a millisecond and a changed one is recomputed
+    (:func:`recompute_hash`). A file whose rows no longer match its recorded hash (edited with
+    its metadata kept) is refused."""
     recorded = recorded_hash(path)
     if not recorded:
         raise ManifestError(f"{path}: no content hash in its metadata (write it with `dataprep compile`)")
     facts = file_facts(path)
-    real = os.path.realpath(path)
-    key = (real, json.dumps(facts, sort_keys=True))
+    key = _facts_key(facts)
     if _VERIFIED.get(key) == recorded:
         return recorded
-    store = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    entry = store / "content-hash" / f"{hashlib.sha256(real.encode()).hexdigest()[:32]}.json"
-    with contextlib.suppress(OSError, ValueError):
-        cached = json.loads(entry.read_text(encoding="utf-8"))
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        cached = json.loads(_verified_entry(facts, cache_dir).read_text(encoding="utf-8"))
         if cached.get("facts") == facts and cached.get("content_hash") == recorded:
             _VERIFIED[key] = recorded
             return recorded
@@ -480,10 +499,8 @@ def manifest_hash(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str
     if got != recorded:
         raise ManifestError(f"{path}: content_hash: the metadata records {recorded[:12]}... but the rows hash "
                             f"to {got[:12]}... (edited after it was written? re-run the command that wrote it)")
-    _VERIFIED[key] = recorded
-    with contextlib.suppress(OSError):  # a read-only cache only costs a recomputation next time
-        write_json({"path": real, "facts": facts, "content_hash": recorded}, entry)
-    return recorded
+    remember_verified(path, got, cache_dir)
+    return got
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
