@@ -51,8 +51,8 @@ def _bucket_table(spec: BucketSpec) -> Table:
 def fit_buckets_cmd(
     manifest: Annotated[Path, typer.Argument(help="Compiled manifest (Parquet).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="buckets.json to write.")] = Path("buckets.json"),
-    num_buckets: Annotated[int, typer.Option(min=1, help="Duration bins (equal seconds of audio).")] = 30,
-    num_subbuckets: Annotated[int, typer.Option(min=1, help="Token sub-bins per duration bin; 1 = 1D.")] = 2,
+    num_buckets: Annotated[int, typer.Option(help="Duration bins (equal seconds of audio).")] = 30,
+    num_subbuckets: Annotated[int, typer.Option(help="Token sub-bins per duration bin; 1 = 1D.")] = 2,
     max_duration_budget: Annotated[Optional[float], typer.Option(help="Padded seconds of audio per batch.")] = 600.0,
     max_frames_budget: Annotated[Optional[int], typer.Option(help="Padded audio frames per batch.")] = None,
     max_tokens_budget: Annotated[Optional[int], typer.Option(help="Padded tokens per batch.")] = None,
@@ -61,13 +61,15 @@ def fit_buckets_cmd(
     min_duration: Annotated[Optional[float], typer.Option(help="Leave out rows shorter than this (s), reported.")] = None,
     max_duration: Annotated[Optional[float], typer.Option(help="Leave out rows longer than this (s), reported.")] = None,
     duration_fence: Annotated[float, typer.Option(
-        min=0.0, help="k of Q3 + k*IQR: longer rows form one overflow bucket after the bins.")] = DEFAULT_OUTLIER_FENCE,
+        help="k of Q3 + k*IQR: longer rows form one overflow bucket after the bins.")] = DEFAULT_OUTLIER_FENCE,
     token_fence: Annotated[float, typer.Option(
-        min=0.0, help="k of Q3 + k*IQR per duration bin: rows with more tokens move to a later bin.")] = DEFAULT_TOKEN_FENCE,
+        help="k of Q3 + k*IQR per duration bin: rows with more tokens move to a later bin.")] = DEFAULT_TOKEN_FENCE,
     no_fences: Annotated[bool, typer.Option(
         "--no-fences", help="Plain equal occupancy: bounds at the maxima, no overflow bucket.")] = False,
 ) -> None:
     """Fit equal-occupancy duration × token buckets, size batches by a padded budget, write buckets.json."""
+    check_range("--num-buckets", num_buckets, ge=1)
+    check_range("--num-subbuckets", num_subbuckets, ge=1)
     check_range("--max-duration-budget", max_duration_budget, gt=0)
     check_range("--max-frames-budget", max_frames_budget, gt=0)
     check_range("--max-tokens-budget", max_tokens_budget, gt=0)
@@ -114,7 +116,7 @@ def padding_cmd(
     window: Annotated[Optional[int], typer.Option(help="Batches per grouping window (1 = plain shuffle).")] = None,
     sort_by: Annotated[Optional[str], typer.Option(help="auto, both, tokens, duration or none.")] = None,
     audio_weight: Annotated[float, typer.Option(
-        min=0.0, help="Grouping cost: a point of audio padding counts as this many of token padding.")] = DEFAULT_AUDIO_WEIGHT,
+        help="Grouping cost: a point of audio padding counts as this many of token padding.")] = DEFAULT_AUDIO_WEIGHT,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch (as plan-batches does).")] = True,
     frames_per_second: Annotated[float, typer.Option(help="2D + dynamic resolution: base frame rate (Hz).")] = 100.0,
     min_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: lowest frame rate (Hz).")] = 70.0,

@@ -59,6 +59,19 @@ def not_regular(path: str) -> str | None:
     return f"is {kind}, not a regular audio file" if kind != "not a regular file" else kind
 
 
+_SHORT_CHUNK = re.compile(r"^data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.MULTILINE)
+_UNKNOWN_SIZES = {0, 0xFFFFFFFF, 0x7FFFFFFF}  # placeholders of streamed writers, not a claim
+
+
+def _short_data_chunk(path: str) -> str | None:
+    """For WAV-like files libsndfile silently shortens ``frames`` to what is there; its verbose
+    header log still says ``data : <declared> (should be <present>)``: that file is truncated."""
+    m = _SHORT_CHUNK.search(soundfile.info(path, verbose=True).extra_info or "")
+    if m and int(m.group(2)) < int(m.group(1)) and int(m.group(1)) not in _UNKNOWN_SIZES:
+        return f"its data chunk declares {int(m.group(1)):,} bytes but holds {int(m.group(2)):,}"
+    return None
+
+
 def _frames_readable(path: str, frames: int) -> int:
     """Frames actually decodable at the end of a file whose header says ``frames``: seek to the
     last :data:`TAIL_FRAMES` and read them (a truncated file has fewer, or fails to seek)."""
@@ -90,6 +103,9 @@ def _probe_one(path: str, info: HeaderReader, verify_length: bool = False) -> tu
         )
     if verify_length:
         try:
+            short = _short_data_chunk(path)
+            if short is not None:
+                return path, None, rate, int(hdr.channels), "truncated_audio", f"{path}: truncated file ({short})"
             real = _frames_readable(path, frames)
         except (soundfile.LibsndfileError, RuntimeError, OSError, ValueError) as exc:
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
