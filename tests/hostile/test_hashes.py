@@ -1,0 +1,116 @@
+"""No stale hash is trusted: a manifest edited with its metadata kept, a shard copied from
+another plan, truncated or bit-flipped; the loader's cache follows the verified hash."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from manifests.errors import ManifestError
+from manifests.io import manifest_hash, recompute_hash, recorded_hash
+from tests.hostile.conftest import refused, train_args
+from tests.training._consumer import Corpus, invoke
+
+
+def _edited_copy(corpus: Corpus, tmp_path: Path) -> Path:
+    """The manifest with one duration changed by pyarrow, its metadata (and hash) kept."""
+    t = pq.read_table(corpus.manifest)
+    d = t.column("duration").to_pylist()
+    d[0] = d[0] + 1.0
+    t = t.set_column(t.schema.get_field_index("duration"), t.schema.field("duration"), pa.array(d))
+    edited = tmp_path / "kept.parquet"
+    pq.write_table(t, edited)  # the schema metadata, hash included, travels along
+    assert recorded_hash(edited) == recorded_hash(corpus.manifest)
+    return edited
+
+
+def test_edited_manifest_is_refused_everywhere(corpus: Corpus, plan: Path, tmp_path: Path) -> None:
+    edited = _edited_copy(corpus, tmp_path)
+    why = ("content_hash", "rows hash to")
+    refused("plan-batches", edited, "--buckets", corpus.buckets, "--world-size", "1", "-o", tmp_path / "p", match=why)
+    refused("simulate", plan, "--manifest", edited, match=why)
+    refused("export", "lhotse", plan, "--manifest", edited, "-o", tmp_path / "x", match=why)
+    refused("verify", plan, "--manifest", edited, match=why)
+    refused("fit-buckets", edited, "-o", tmp_path / "b.json", match=why)
+    refused("filter", edited, "-o", tmp_path / "k2.parquet", match=why)
+    refused(*train_args(corpus, plan, tmp_path / "ck", "--steps", "1"), "--manifest", edited, match=why)
+    assert not (tmp_path / "ck" / "last.pt").exists()
+
+
+def test_loader_cache_is_keyed_by_the_verified_hash(corpus: Corpus, tmp_path: Path) -> None:
+    from dataprep.training import ManifestColumns
+
+    cache = tmp_path / "cache"
+    cols = ManifestColumns.open(corpus.manifest, cache)  # builds the cache under the real hash
+    edited = _edited_copy(corpus, tmp_path)
+    with pytest.raises(ManifestError, match="content_hash"):
+        ManifestColumns.open(edited, cache)  # a warm cache under the same recorded hash is not used
+    assert cols.num_rows == pq.ParquetFile(corpus.manifest).metadata.num_rows
+
+
+def test_hash_check_is_cached_by_file_facts_and_redone_when_they_change(corpus: Corpus, tmp_path: Path) -> None:
+    m = tmp_path / "m.parquet"
+    shutil.copy(corpus.manifest, m)
+    cache = tmp_path / "cache"
+    h = manifest_hash(m, cache)
+    assert h == recompute_hash(m) == recorded_hash(m)
+    entries = list((cache / "content-hash").iterdir())
+    assert len(entries) == 1
+    os.utime(m, ns=(1, 1))  # same bytes, new mtime: recomputed, still accepted
+    assert manifest_hash(m, cache) == h
+    # rewrite with other values under the old metadata and the old mtime: the footer differs
+    t = pq.read_table(m)
+    t = t.set_column(t.schema.get_field_index("num_tokens"), t.schema.field("num_tokens"),
+                     pc.add(t.column("num_tokens"), 1).cast(pa.int32()))
+    pq.write_table(t, m)
+    os.utime(m, ns=(1, 1))
+    with pytest.raises(ManifestError, match="content_hash"):
+        manifest_hash(m, cache)
+
+
+def test_shard_from_another_plan(corpus: Corpus, plan: Path, plan_copy: Path, tmp_path: Path) -> None:
+    other = corpus.plan(1, seed=5)
+    shutil.copy(other / "rank-00000.parquet", plan_copy / "rank-00000.parquet")
+    why = ("rank-00000.parquet", "another plan")
+    refused("simulate", plan_copy, match=why)
+    refused("export", "nemo", plan_copy, "--manifest", corpus.manifest, "-o", tmp_path / "x", match=why)
+    refused("verify", plan_copy, match=why)
+    refused(*train_args(corpus, plan_copy, tmp_path / "ck", "--steps", "1"), match=why)
+
+
+def test_truncated_and_missing_shard(corpus: Corpus, plan_copy: Path, tmp_path: Path) -> None:
+    shard = plan_copy / "rank-00000.parquet"
+    raw = shard.read_bytes()
+    shard.write_bytes(raw[:-100])
+    refused("simulate", plan_copy, match=("rank-00000.parquet", "not a Parquet file"))
+    shard.write_bytes(raw + b"\0")
+    refused("simulate", plan_copy, match="not a Parquet file")
+    shard.unlink()
+    refused("simulate", plan_copy, match=("rank-00000.parquet", "no such file"))
+    refused(*train_args(corpus, plan_copy, tmp_path / "ck"), match="no such file")
+
+
+def test_bit_flip_in_a_data_page(corpus: Corpus, plan: Path, plan_copy: Path, tmp_path: Path) -> None:
+    shard = plan_copy / "rank-00000.parquet"
+    raw = bytearray(shard.read_bytes())
+    raw[200] ^= 0x04  # inside the first column chunk; size and footer unchanged
+    shard.write_bytes(bytes(raw))
+    refused("verify", plan_copy, match=("rank-00000.parquet", "SHA-256"))
+    # readers catch it too: the pages are CRC-checked (simulate reads the damaged column) ...
+    refused("simulate", plan_copy, match=("rank-00000.parquet", "corrupt row group"))
+    # ... and export, reading only intact columns (bucket, rows), gives exactly the intact plan's export
+    invoke("export", "nemo", str(plan_copy), "--manifest", str(corpus.manifest), "-o", str(tmp_path / "x"))
+    invoke("export", "nemo", str(plan), "--manifest", str(corpus.manifest), "-o", str(tmp_path / "y"))
+    for f in (tmp_path / "y").iterdir():
+        assert (tmp_path / "x" / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def test_verify_accepts_an_intact_plan(corpus: Corpus, plan: Path) -> None:
+    out = invoke("verify", str(plan), "--manifest", str(corpus.manifest))
+    assert "ok" in out and "manifest ok" in out

@@ -1,0 +1,140 @@
+"""Nothing overwritten or lost: outputs equal to inputs or to each other, plan directories
+holding other files, checkpoint directories holding a run, pairs published together, litter
+of killed runs removed by the next run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from manifests.io import write_json
+from manifests.outputs import publish_together
+from tests.hostile.conftest import refused
+from tests.training._consumer import Corpus, invoke
+
+
+def test_compile_output_equal_to_rejects_or_to_a_source(corpus: Corpus, tmp_path: Path) -> None:
+    x = tmp_path / "x.parquet"
+    refused("compile", corpus.source, "--tokenizer", corpus.spm, "-o", x, "--rejects", x,
+            match=("-o and --rejects name the same file",))
+    assert not x.exists()
+    src = tmp_path / "src.jsonl"
+    src.write_bytes(corpus.source.read_bytes())
+    refused("compile", src, "--tokenizer", corpus.spm, "-o", src, match="is also the input")
+    refused("compile", src, "--tokenizer", corpus.spm, "-o", tmp_path / "m.parquet", "--rejects", src,
+            match="is also the input")
+    refused("compile", src, "--tokenizer", corpus.spm, "-o", corpus.spm, match="is also the input --tokenizer")
+    assert src.read_bytes() == corpus.source.read_bytes()
+
+
+def test_same_file_through_a_symlink(corpus: Corpus, tmp_path: Path) -> None:
+    m = tmp_path / "m.parquet"
+    m.write_bytes(corpus.manifest.read_bytes())
+    link = tmp_path / "link.parquet"
+    link.symlink_to(m)
+    refused("filter", m, "-o", link, match="is also the input")
+    refused("filter", m, "-o", tmp_path / "k.parquet", "--rejects", m, match="is also the input")
+    assert m.read_bytes() == corpus.manifest.read_bytes()
+
+
+def test_filter_fit_and_stats_outputs(corpus: Corpus, tmp_path: Path) -> None:
+    m = tmp_path / "m.parquet"
+    m.write_bytes(corpus.manifest.read_bytes())
+    refused("filter", m, "-o", tmp_path / "k.parquet", "--rejects", tmp_path / "k.parquet", match="same file")
+    refused("fit-buckets", m, "-o", m, match="is also the input")
+    refused("stats", m, "--json", m, match="is also the input")
+    refused("padding", m, "--buckets", corpus.buckets, "--json", corpus.buckets, match="is also the input")
+    assert m.read_bytes() == corpus.manifest.read_bytes()
+
+
+def test_plan_dir_with_other_files_is_never_deleted(corpus: Corpus, plan: Path, tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    invoke("plan-batches", str(corpus.manifest), "--buckets", str(corpus.buckets), "--world-size", "1", "-o", str(out))
+    (out / "notes.txt").write_text("mine")
+    refused("plan-batches", corpus.manifest, "--buckets", corpus.buckets, "--world-size", "1", "-o", out,
+            match=("not a plan directory", "notes.txt"))
+    assert (out / "notes.txt").read_text() == "mine" and (out / "plan.json").exists()
+    f = tmp_path / "file"
+    f.write_text("keep")
+    refused("plan-batches", corpus.manifest, "--buckets", corpus.buckets, "--world-size", "1", "-o", f,
+            match="not a plan directory")
+    refused("plan-batches", corpus.manifest, "--buckets", corpus.buckets, "--world-size", "1", "-o",
+            corpus.manifest, match="is also the input")
+    assert f.read_text() == "keep"
+
+
+def test_plan_dir_holding_only_a_plan_is_replaced(corpus: Corpus, tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    for seed in ("0", "1"):
+        invoke("plan-batches", str(corpus.manifest), "--buckets", str(corpus.buckets), "--world-size", "2",
+               "--seed", seed, "-o", str(out))
+    assert json.loads((out / "plan.json").read_text())["seed"] == 1
+    invoke("plan-batches", str(corpus.manifest), "--buckets", str(corpus.buckets), "--world-size", "1", "-o", str(out))
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json", "rank-00000.parquet"]  # rank 1 of the old plan gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]  # no temporary folders left
+
+
+def test_export_output_equal_to_an_input(corpus: Corpus, plan: Path) -> None:
+    refused("export", "nemo", plan, "--manifest", corpus.manifest, "-o", plan, match="is also the input")
+
+
+def test_publish_together_on_an_error_changes_nothing(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text("old a")
+    b.write_text("old b")
+    with pytest.raises(RuntimeError), publish_together(a, b) as (ta, tb):
+        ta.write_text("new a")
+        tb.write_text("new b")
+        raise RuntimeError("boom")
+    assert (a.read_text(), b.read_text()) == ("old a", "old b")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_a_kill_between_the_renames_never_pairs_new_and_old(tmp_path: Path) -> None:
+    """The writer process is killed (os._exit, no cleanup) right after the companion's rename."""
+    m, r = tmp_path / "m.parquet", tmp_path / "m.rejects.parquet"
+    m.write_text("old manifest")
+    r.write_text("old rejects")
+    code = f"""
+import os
+import manifests.io as mio
+from manifests.outputs import publish_together
+real = os.replace
+def replace_then_die(src, dst):
+    real(src, dst)
+    if str(dst).endswith("rejects.parquet"):
+        os._exit(9)
+mio.os.replace = replace_then_die
+with publish_together({str(m)!r}, {str(r)!r}) as (tm, tr):
+    tm.write_text("new manifest")
+    tr.write_text("new rejects")
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], timeout=60)
+    assert res.returncode == 9
+    assert r.read_text() == "new rejects"
+    assert not m.exists()  # the old manifest is gone: it can never be read with the new rejects
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".m.parquet.")  # the killed writer's temp...
+    write_json({"x": 1}, tmp_path / "m.parquet")  # ...removed by the next write of that output
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_litter_of_killed_runs_is_swept_by_the_next_compile(corpus: Corpus, tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    pid = int(dead.stdout)
+    out = tmp_path / "m.parquet"
+    (tmp_path / f".m.parquet.{pid}.abc123.tmp").write_bytes(b"half a manifest")
+    spool = tmp_path / f".m.parquet.{pid}.xyz.spool"
+    spool.mkdir()
+    (spool / "accepted.parquet").write_bytes(b"spooled rows")
+    (tmp_path / f".m.rejects.parquet.{pid}.q.tmp").write_bytes(b"half the rejects")
+    live = tmp_path / f".m.parquet.{os.getpid()}.live.tmp"  # a writer still running: left alone
+    live.write_bytes(b"in progress")
+    invoke("compile", str(corpus.source), "--tokenizer", str(corpus.spm), "--probe", "never", "-o", str(out))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "m.parquet", "m.rejects.parquet"])
