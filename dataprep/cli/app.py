@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import functools
 import math
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -37,11 +39,29 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second TERM kills at once
+    sys.exit(128 + signum)
+
+
+def _exit_on_sigterm() -> Any:
+    """While a command runs, SIGTERM (a scheduler's kill, ``timeout``) exits through Python's
+    normal unwinding (status 143), so every ``finally`` runs: temporary files and spool folders
+    are removed and child ranks stopped (SIGKILL cannot be caught: the next run sweeps its
+    litter). Returns the previous handler (``None`` off the main thread, where none is set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    return signal.SIG_DFL if previous is None else previous  # None: a handler not set from Python
+
+
 def user_errors(fn: F) -> F:
-    """Turn :class:`DataprepError` (and missing files) into ``error: ...`` and exit 2."""
+    """Turn :class:`DataprepError` (and missing files) into ``error: ...`` and exit 2; SIGTERM
+    into a clean exit (status 143) that removes temporary files."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        previous = _exit_on_sigterm()
         try:
             return fn(*args, **kwargs)
         except DataprepError as exc:
@@ -53,6 +73,9 @@ def user_errors(fn: F) -> F:
         except KeyboardInterrupt:
             err.print("interrupted")
             sys.exit(130)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
     return wrapper  # type: ignore[return-value]
 
@@ -71,3 +94,4 @@ def check_range(option: str, value: float | int | None, *, ge: float | None = No
         raise DataprepError(f"{option}: must be > {gt:g}, got {value:g}")
     if le is not None and value > le:
         raise DataprepError(f"{option}: must be <= {le:g}, got {value:g}")
+
