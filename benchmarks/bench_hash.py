@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_report import timed  # noqa: E402  (median of repeats)
 from dataprep.testing import WORDS  # noqa: E402
 from manifests.io import file_facts, manifest_hash, recompute_hash, recorded_hash, write_parquet_stream  # noqa: E402
 from manifests.schema import MANIFEST_SCHEMA  # noqa: E402
@@ -68,15 +68,6 @@ def build(path: Path, rows: int) -> None:
     print(f"wrote {rows:,} rows, {path.stat().st_size / 2**30:.2f} GiB, in {time.perf_counter() - t:.0f} s")
 
 
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
@@ -89,16 +80,16 @@ def main() -> None:
     cache = args.work / "cache"
     shutil.rmtree(cache, ignore_errors=True)
     r = args.repeats
-    t_recorded = median_time(lambda: recorded_hash(path), r)
-    t_facts = median_time(lambda: file_facts(path), r)
-    t_full = median_time(lambda: recompute_hash(path), r)
+    t_recorded = timed(lambda: recorded_hash(path), r)
+    t_facts = timed(lambda: file_facts(path), r)
+    t_full = timed(lambda: recompute_hash(path), r)
     manifest_hash(path, cache)  # the first check: recompute + remember
     import manifests.io as mio
     def warm() -> None:
         mio._VERIFIED.clear()  # a fresh process: only the on-disk cache is warm
         manifest_hash(path, cache)
-    t_warm = median_time(warm, r)
-    t_plan_read = median_time(lambda: pq.read_table(path, columns=["id", "duration", "num_tokens"]), r)
+    t_warm = timed(warm, r)
+    t_plan_read = timed(lambda: pq.read_table(path, columns=["id", "duration", "num_tokens"]), r)
     print(f"rows {args.rows:,}  file {path.stat().st_size / 2**30:.2f} GiB  (medians of {r})")
     print(f"recorded hash (footer only)          {t_recorded * 1e3:10.2f} ms")
     print(f"file facts (size, mtime, footer)     {t_facts * 1e3:10.2f} ms")

@@ -45,11 +45,7 @@ class Validator:
     def int_(self, x: Any, name: str, lo: int | None = None, hi: int | None = None) -> int:
         if isinstance(x, bool) or not isinstance(x, int):
             raise self.fail(name, f"expected an integer, got {_show(x)}")
-        if lo is not None and x < lo:
-            raise self.fail(name, f"must be >= {lo}, got {x}")
-        if hi is not None and x > hi:
-            raise self.fail(name, f"must be <= {hi:,}, got {x:,}")
-        return x
+        return self._within(x, name, lo, hi)
 
     def number(self, x: Any, name: str, positive: bool = False, lo: float | None = None,
                hi: float | None = None) -> float:
@@ -61,10 +57,13 @@ class Validator:
             raise self.fail(name, f"must be finite, got {x!r}")
         if positive and v <= 0:
             raise self.fail(name, f"must be > 0, got {x!r}")
+        return self._within(v, name, lo, hi)
+
+    def _within(self, v: Any, name: str, lo: float | None, hi: float | None) -> Any:
         if lo is not None and v < lo:
-            raise self.fail(name, f"must be >= {lo:g}, got {x!r}")
+            raise self.fail(name, f"must be >= {lo:g}, got {v:g}")
         if hi is not None and v > hi:
-            raise self.fail(name, f"must be <= {hi:g}, got {x!r}")
+            raise self.fail(name, f"must be <= {hi:,}, got {v:,}")
         return v
 
     def float_(self, x: Any, name: str, lo: float | None = None) -> float:
