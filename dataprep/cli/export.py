@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dataprep.cli.app import app, out, user_errors
+from dataprep.cli.app import app, check_range, out, user_errors
 from manifests.outputs import refuse_same_paths
 
 export_app = typer.Typer(name="export", help="Export buckets, batch sizes and manifests for NeMo or Lhotse.",
@@ -62,6 +62,9 @@ def pack_cmd(
     from dataprep.integrations.pack import pack
     from manifests.units import parse_bytes
 
+    check_range("--num-shards", num_shards, ge=1)
+    check_range("--shard-index", shard_index, ge=0)
+    refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
     result = pack(manifest, out_dir, layout, shard_size=parse_bytes(shard_size), num_shards=num_shards,
                   shard_index=shard_index, buckets=buckets)
     out.print(f"{layout}: {len(result.written)} shards written, {len(result.skipped)} already done, "
