@@ -184,9 +184,17 @@ def test_target_frames_shards_are_version_2_and_old_shards_still_read(plan, tmp_
 
 
 def test_an_unknown_shard_version_is_refused_in_one_line(tmp_path) -> None:
+    from manifests.io import file_facts, file_sha256
+
+    _write_plan(tmp_path, epochs=1, steps=4)
     t = SHARD_SCHEMA.empty_table().replace_schema_metadata(
         {b"speech_dataprep.kind": b"plan-shard", b"speech_dataprep.plan": b'{"version": 9, "rank": 0}'})
-    pq.write_table(t, tmp_path / "rank-00000.parquet")
+    shard = tmp_path / "rank-00000.parquet"
+    pq.write_table(t, shard)
+    obj = json.loads((tmp_path / "plan.json").read_text())  # recorded as if a newer planner wrote it
+    obj["shards"][0].update(sha256=file_sha256(shard), size=file_facts(shard)["size"],
+                            footer_sha256=file_facts(shard)["footer_sha256"])
+    (tmp_path / "plan.json").write_text(json.dumps(obj))
     with pytest.raises(ManifestError, match=r"unsupported shard version 9 \(this tool reads 1, 2\)") as exc:
         open_shard(tmp_path, 0)
     assert "\n" not in str(exc.value)
