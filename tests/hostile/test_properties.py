@@ -160,7 +160,7 @@ def checkpoint_bytes(trained: Path) -> bytes:
     return (trained / "last.pt").read_bytes()
 
 
-@settings(max_examples=120, suppress_health_check=FIXTURES)
+@settings(max_examples=80, suppress_health_check=FIXTURES)
 @given(how=damage)
 def test_checkpoint_with_random_bytes(checkpoint_bytes: bytes, tmp_path_factory, how: tuple) -> None:
     import torch
