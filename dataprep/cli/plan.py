@@ -84,8 +84,7 @@ def replan_cmd(
 ) -> None:
     """Continue a plan at --at-step on --world-size ranks: steps before it stay consumed; the
     rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned."""
-    check_range("--at-step", at_step, ge=0)
-    check_range("--world-size", world_size, ge=1)
+    check_range("--world-size", world_size, ge=1)  # --at-step is checked against the plan by replan()
     man = manifest if manifest is not None else default_manifest(plan_dir, read_plan_meta(plan_dir))
     refuse_same_paths({"PLAN": plan_dir, "--manifest": man}, {"-o": out_dir})
     meta = replan(plan_dir, man, out_dir, at_step=at_step, world_size=world_size, carry=carry, cost=_cost(coef))
