@@ -216,14 +216,16 @@ def _slow_ranks(pairs: list[str]) -> dict[int, float]:
 @user_errors
 def verify_cmd(
     plan_dir: Annotated[Path, typer.Argument(help="Plan directory written by plan-batches.")],
-    manifest: Annotated[Optional[Path], typer.Option("--manifest", "-m", help="Also check that this is the plan's manifest (content hash recomputed).")] = None,
+    manifest: Annotated[Optional[Path], typer.Option("--manifest", "-m", help="Also check that this is the plan's manifest (content hash recomputed from every row).")] = None,
 ) -> None:
     """Check a plan end to end: plan.json valid, its plan_hash, and every shard's size, footer and
     full SHA-256 against plan.json (opening a shard checks only size and footer)."""
-    from manifests.io import require_manifest_hash
+    from manifests.io import recompute_hash, require_manifest_hash
 
     meta = verify_plan(plan_dir)
     if manifest is not None:
         require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
+        if recompute_hash(manifest) != meta.manifest.content_hash:  # every byte, not the cached facts
+            raise DataprepError(f"{manifest}: content_hash: its rows do not hash to the plan's manifest hash")
     out.print(f"plan {plan_dir}: ok ({meta.world_size} shards, {meta.num_steps} steps, plan hash "
               f"{meta.plan_hash[:16]}){'; manifest ok' if manifest is not None else ''}")

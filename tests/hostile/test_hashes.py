@@ -114,3 +114,19 @@ def test_bit_flip_in_a_data_page(corpus: Corpus, plan: Path, plan_copy: Path, tm
 def test_verify_accepts_an_intact_plan(corpus: Corpus, plan: Path) -> None:
     out = invoke("verify", str(plan), "--manifest", str(corpus.manifest))
     assert "ok" in out and "manifest ok" in out
+
+
+def test_verify_recomputes_even_when_the_cheap_facts_match(corpus: Corpus, plan: Path, tmp_path: Path) -> None:
+    """A byte changed in place with size, footer and mtime kept fools the cached check (by
+    design: it is cheap); `verify --manifest` reads every row."""
+    m = tmp_path / "kept.parquet"
+    shutil.copy2(corpus.manifest, m)
+    manifest_hash(m)  # verified and cached under its facts
+    st = m.stat()
+    raw = bytearray(m.read_bytes())
+    raw[len(raw) // 3] ^= 0x01  # inside a data page; the footer is untouched
+    m.write_bytes(bytes(raw))
+    os.utime(m, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert manifest_hash(m) == recorded_hash(m)  # the cheap check cannot see it
+    line = refused("verify", plan, "--manifest", m)
+    assert "content_hash" in line or "cannot be read" in line, line
