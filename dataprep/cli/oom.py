@@ -41,7 +41,7 @@ def oomptimize_cmd(
     except ImportError:
         raise DataprepError("oomptimize needs torch: install the torch extra (pip install 'speech-dataprep[torch]')") from None
     check_range("--memory-fraction", memory_fraction, gt=0, le=1)
-    check_range("--tolerance", tolerance, gt=0, le=1)
+    check_range("--tolerance", tolerance, ge=0, le=1)
     check_range("--max-batch", max_batch, ge=1)
     check_range("--max-tps", max_tps, gt=0)
     from oom.cache import DEFAULT_CACHE_DIR
