@@ -16,6 +16,7 @@ from GPU timings (the OOM search records step times per bucket).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 
@@ -63,4 +64,6 @@ class CostModel:
                 changes[name] = float(value)
             except ValueError:
                 raise ValueError(f"cost coefficient {pair!r}: {value!r} is not a number") from None
+            if not math.isfinite(changes[name]) or changes[name] < 0:
+                raise ValueError(f"cost coefficient {pair!r}: must be a finite number >= 0")
         return replace(self, **changes)

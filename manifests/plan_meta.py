@@ -273,6 +273,9 @@ class _PlanValidator(Validator):
         sha = self.hex_(self.key(x, "sha256", name + "."), name + ".sha256")
         if not shard:
             return FileRef(file=f, sha256=sha)
+        if "size" not in x and "footer_sha256" not in x:
+            raise self.fail(name, "records no size and footer hash: the plan was written by an older "
+                                  "speech-dataprep; plan it again with `dataprep plan-batches`")
         return FileRef(file=f, sha256=sha, size=self.int_(self.key(x, "size", name + "."), name + ".size", lo=12),
                        footer_sha256=self.hex_(self.key(x, "footer_sha256", name + "."), name + ".footer_sha256"))
 

@@ -123,11 +123,12 @@ def padding_cmd(
     max_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: highest frame rate (Hz).")] = 130.0,
     floor_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: a batch needing less (Hz) falls back to padding.")] = 50.0,
     world_sizes: Annotated[Optional[str], typer.Option("--world-sizes", help="Comma-separated world sizes: also report the steps plan-batches would make (fill, straggler, same-bucket share) with one bucket per step and with --balance.")] = None,
-    balance: Annotated[float, typer.Option("--balance", min=0.0, help="Balance tolerance for --world-sizes (as plan-batches --balance).")] = DEFAULT_BALANCE,
+    balance: Annotated[float, typer.Option("--balance", help="Balance tolerance for --world-sizes (as plan-batches --balance).")] = DEFAULT_BALANCE,
 ) -> None:
     """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D,
     2D + dynamic resolution (frame padding, clamped utterances, batches that fell back)."""
     check_range("--budget", budget, gt=0)
+    check_range("--balance", balance, ge=0)
     check_range("--cumulative-budget", cumulative_budget, gt=0)
     check_range("--window", window, ge=1)
     check_range("--audio-weight", audio_weight, ge=0)

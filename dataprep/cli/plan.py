@@ -155,10 +155,12 @@ def simulate_cmd(
     strategy: Annotated[Optional[str], typer.Option("--strategy", help="Also simulate training strategies on the plan: sync, adpsgd, hybrid, or a comma-separated list.")] = None,
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="Ranks per synchronous group for hybrid (default: the plan's --sync-group, else 8).")] = None,
     slow_rank: Annotated[Optional[list[str]], typer.Option("--slow-rank", help="RANK=FACTOR: that rank's batches take FACTOR times longer (e.g. 3=1.5).")] = None,
-    exchange: Annotated[float, typer.Option("--exchange", min=0.0, help="Seconds per ADPSGD pairwise weight exchange (one per step).")] = 0.005,
+    exchange: Annotated[float, typer.Option("--exchange", help="Seconds per ADPSGD pairwise weight exchange (one per step).")] = 0.005,
 ) -> None:
     """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not."""
     check_range("--epoch", epoch, ge=0)
+    check_range("--exchange", exchange, ge=0)
+    check_range("--group-size", group_size, ge=1)
     try:
         ws = [int(x) for x in world_sizes.split(",") if x.strip()]
         cost = CostModel().with_overrides(coef or [])

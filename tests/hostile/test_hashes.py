@@ -3,6 +3,8 @@ another plan, truncated or bit-flipped; the loader's cache follows the verified 
 
 from __future__ import annotations
 
+import json
+
 import os
 import shutil
 from pathlib import Path
@@ -130,3 +132,11 @@ def test_verify_recomputes_even_when_the_cheap_facts_match(corpus: Corpus, plan:
     assert manifest_hash(m) == recorded_hash(m)  # the cheap check cannot see it
     line = refused("verify", plan, "--manifest", m)
     assert "content_hash" in line or "cannot be read" in line, line
+
+
+def test_plan_from_an_older_version_says_to_plan_again(plan_copy: Path) -> None:
+    meta = json.loads((plan_copy / "plan.json").read_text())
+    for s in meta["shards"]:  # what plans written before shard sizes and footers were recorded hold
+        del s["size"], s["footer_sha256"]
+    (plan_copy / "plan.json").write_text(json.dumps(meta))
+    refused("verify", plan_copy, match=("shards[0]", "older speech-dataprep", "plan-batches"))

@@ -77,6 +77,11 @@ def test_padding_and_simulate_options(corpus: Corpus, plan: Path) -> None:
     refused("padding", corpus.manifest, "--buckets", corpus.buckets, "--window", "0", match="--window")
     refused("simulate", plan, "--world-sizes", "2,0", match="--world-sizes")
     refused("simulate", plan, "--epoch", "-1", match="--epoch")
+    refused("padding", corpus.manifest, "--buckets", corpus.buckets, "--balance", "-1", match="--balance")
+    refused("simulate", plan, "--exchange", "nan", match="--exchange")
+    refused("simulate", plan, "--strategy", "hybrid", "--group-size", "0", match="--group-size")
+    refused("plan-batches", corpus.manifest, "--buckets", corpus.buckets, "--world-size", "1", "-o", plan.parent / "p9",
+            "--coef", "overhead=nan", match="overhead=nan")
 
 
 def test_rejects_default_shown_by_help_is_the_real_one(corpus: Corpus, tmp_path: Path) -> None:
