@@ -129,3 +129,34 @@ def synthetic_manifest(
         "duration": dur, "text": texts, "lang": "en", "num_tokens": tokens, "tps": tokens / dur,
         "origin": [f"gen.jsonl:{i + 1}" for i in range(n)],
     })
+
+
+def write_plan_inputs(
+    folder: str | os.PathLike[str],
+    num_utterances: int,
+    *,
+    seed: int,
+    num_buckets: int,
+    num_subbuckets: int = 2,
+    budget: float = 120.0,
+    ids: Sequence[str] | None = None,
+) -> tuple[Path, Path]:
+    """``kept.parquet`` (log-normal durations in s, 2-4 tokens/s + 9 prompt tokens) and a
+    fitted ``buckets.json`` (padded-budget batch sizes for ``budget`` s) in ``folder``:
+    the two inputs of ``plan-batches``, without audio. Returns their paths."""
+    from bucketing.budget import budget_source, padded_budget_batch_sizes
+    from bucketing.fit import fit_buckets, grid_to_buckets
+    from manifests.buckets_file import BucketSpec, write_buckets
+    from manifests.io import write_manifest
+
+    folder = Path(folder)
+    rng = np.random.default_rng(seed)
+    d = rng.lognormal(1.6, 0.6, num_utterances)
+    tok = (d * rng.uniform(2, 4, num_utterances)).astype(np.int64) + 9
+    names = list(ids) if ids is not None else [f"u{i:05d}" for i in range(num_utterances)]
+    write_manifest(pl.DataFrame({"id": names, "duration": d, "num_tokens": tok}), folder / "kept.parquet")
+    fit = fit_buckets(d, tok, num_buckets, num_subbuckets)
+    bs = padded_budget_batch_sizes(fit.grid.max_duration, max_duration_budget=budget)
+    write_buckets(BucketSpec(grid_to_buckets(fit.grid, bs), budget_source(max_duration_budget=budget)),
+                  folder / "buckets.json")
+    return folder / "kept.parquet", folder / "buckets.json"

@@ -43,8 +43,9 @@ PAD_ID = 0
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Sizes of a reference encoder-decoder model (``TransducerConfig`` shares the encoder fields)."""
+class EncoderConfig:
+    """Sizes of the FastConformer encoder every reference model shares (mel bins, layers,
+    width, heads, feed-forward multiple, conv kernel, subsampling channels)."""
 
     name: str
     n_mels: int = 128
@@ -54,6 +55,12 @@ class ModelConfig:
     enc_ff_mult: int = 4
     conv_kernel: int = 9
     subsampling_channels: int = 256
+
+
+@dataclass(frozen=True)
+class ModelConfig(EncoderConfig):
+    """Sizes of a reference encoder-decoder model: the encoder plus a transformer decoder."""
+
     dec_layers: int = 24
     dec_dim: int = 1024
     dec_heads: int = 8

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from oom.lattice import TransducerNLL, _is_fake
-from oom.models import ConformerBlock, ConvSubsampling, _padding_mask, subsampled_length
+from oom.models import ConformerBlock, ConvSubsampling, EncoderConfig, _padding_mask, subsampled_length
 
 LOSS_MODES = ("batched", "sample-wise")
 #: Samples per chunk of the sample-wise loss.
@@ -39,17 +39,9 @@ SAMPLE_CHUNK = 1
 
 
 @dataclass(frozen=True)
-class TransducerConfig:
-    """Sizes of a reference transducer (field names shared with the encoder of ``ModelConfig``)."""
+class TransducerConfig(EncoderConfig):
+    """Sizes of a reference transducer: the encoder plus an LSTM predictor and a joint."""
 
-    name: str
-    n_mels: int = 128
-    enc_layers: int = 24
-    enc_dim: int = 1024
-    enc_heads: int = 8
-    enc_ff_mult: int = 4
-    conv_kernel: int = 9
-    subsampling_channels: int = 256
     pred_dim: int = 640
     pred_layers: int = 2
     joint_dim: int = 640

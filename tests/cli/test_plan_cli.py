@@ -17,12 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from bucketing.budget import budget_source, padded_budget_batch_sizes
 from bucketing.costmodel import CostModel
-from bucketing.fit import fit_buckets, grid_to_buckets
 from dataprep.cli import app
-from manifests.buckets_file import BucketSpec, read_buckets, write_buckets
-from manifests.io import manifest_hash, write_manifest
+from dataprep.testing import write_plan_inputs
+from manifests.buckets_file import read_buckets
+from manifests.io import manifest_hash
 from manifests.plan_files import open_shard, read_plan_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,18 +31,9 @@ W = 4
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> tuple[Path, Path]:
-    tmp = tmp_path_factory.mktemp("plan-in")
-    rng = np.random.default_rng(11)
     n = 3000
-    d = rng.lognormal(1.6, 0.6, n)
-    tok = (d * rng.uniform(2, 4, n)).astype(np.int64) + 9
-    df = pl.DataFrame({"id": [f"spk{i % 37}-utt{i:05d}" for i in range(n)], "duration": d, "num_tokens": tok})
-    write_manifest(df, tmp / "kept.parquet")
-    fit = fit_buckets(d, tok, 6, 2)
-    bs = padded_budget_batch_sizes(fit.grid.max_duration, max_duration_budget=120.0)
-    write_buckets(BucketSpec(grid_to_buckets(fit.grid, bs), budget_source(max_duration_budget=120.0)),
-                  tmp / "buckets.json")
-    return tmp / "kept.parquet", tmp / "buckets.json"
+    return write_plan_inputs(tmp_path_factory.mktemp("plan-in"), n, seed=11, num_buckets=6,
+                             ids=[f"spk{i % 37}-utt{i:05d}" for i in range(n)])
 
 
 def _plan(inputs, out: Path, *extra: str):

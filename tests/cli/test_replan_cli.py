@@ -16,11 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from bucketing.budget import budget_source, padded_budget_batch_sizes
-from bucketing.fit import fit_buckets, grid_to_buckets
 from dataprep.cli import app
-from manifests.buckets_file import BucketSpec, write_buckets
-from manifests.io import write_manifest
+from dataprep.testing import write_plan_inputs
 from manifests.plan_files import shard_name
 from manifests.plan_meta import read_plan_meta
 
@@ -30,18 +27,7 @@ EPOCHS = 2
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> tuple[Path, Path]:
-    tmp = tmp_path_factory.mktemp("replan-in")
-    rng = np.random.default_rng(3)
-    n = 1500
-    d = rng.lognormal(1.6, 0.6, n)
-    tok = (d * rng.uniform(2, 4, n)).astype(np.int64) + 9
-    write_manifest(pl.DataFrame({"id": [f"u{i:05d}" for i in range(n)], "duration": d, "num_tokens": tok}),
-                   tmp / "kept.parquet")
-    fit = fit_buckets(d, tok, 5, 2)
-    bs = padded_budget_batch_sizes(fit.grid.max_duration, max_duration_budget=120.0)
-    write_buckets(BucketSpec(grid_to_buckets(fit.grid, bs), budget_source(max_duration_budget=120.0)),
-                  tmp / "buckets.json")
-    return tmp / "kept.parquet", tmp / "buckets.json"
+    return write_plan_inputs(tmp_path_factory.mktemp("replan-in"), 1500, seed=3, num_buckets=5)
 
 
 def invoke(*args: str) -> str:
