@@ -2,7 +2,7 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 DEMO_DIR ?= demo-out
 
-.PHONY: install install-dev demo test test-nemo bench
+.PHONY: install install-dev demo test test-nemo bench bench-smoke
 
 # the core plus matplotlib for the demo's plots (no torch)
 install:
@@ -29,3 +29,7 @@ test-nemo: install-dev
 
 bench: install-dev
 	for b in benchmarks/bench_*.py; do $(PYTHON) $$b || exit 1; done
+
+# every benchmark at a toy size (the quick ones also run in `make test`)
+bench-smoke: install-dev
+	$(PYTHON) -m pytest -m "slow or not slow" tests/test_benchmarks.py
