@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from manifests.buckets_file import BucketSpec
+from manifests.buckets_file import Bucket, BucketSpec
 from manifests.errors import DataprepError
 from manifests.units import parse_bytes
 from oom.cache import DEFAULT_CACHE_DIR, ProbeCache, budget_probe
@@ -88,22 +88,8 @@ def oomptimize(
     :mod:`oom.fit` unless ``exact_trace`` (two full traces per bucket shape). ``explain``
     adds ``oom_breakdown`` (bytes by class at the peak, from the fitted laws) to each bucket.
     """
-    from oom.transducer import LOSS_MODES
-
-    if loss_mode not in LOSS_MODES:
-        raise DataprepError(f"--loss-mode {loss_mode!r}: expected one of {', '.join(LOSS_MODES)}")
-    if loss_mode != "batched" and not is_transducer(model):
-        raise DataprepError(f"--loss-mode {loss_mode}: only transducer models have a sample-wise loss ({model} has none)")
-    if not 0.0 < memory_fraction <= 1.0:
-        raise DataprepError(f"--memory-fraction {memory_fraction}: expected 0 < fraction <= 1")
-    if estimate or not device.startswith("cuda"):
-        if gpu_memory is None:
-            raise DataprepError("--gpu-memory is required with --estimate or a CPU device (e.g. --gpu-memory 80GiB)")
-        gpu = {"name": f"estimate:{gpu_memory}" if estimate else "cpu", "total_memory": int(gpu_memory)}
-    else:
-        gpu = device_info(device)
-        if gpu_memory is not None:
-            gpu["total_memory"] = min(int(gpu_memory), gpu["total_memory"])
+    _check_options(model, loss_mode, memory_fraction)
+    gpu = _device(estimate, device, gpu_memory)
     total = int(gpu["total_memory"])
     margin_bytes = parse_bytes(margin, total)
     budget = int(memory_fraction * total) - margin_bytes
@@ -145,25 +131,8 @@ def oomptimize(
     sizes, results = search_buckets(
         keys, probe_for, tolerance=tolerance, max_batch=max_batch, start=start_batch, on_done=on_done
     )
-    buckets = []
-    for b, shape, size, res in zip(spec.buckets, shapes, sizes, results):
-        if size < 1:
-            raise DataprepError(
-                f"bucket {b.index} ({b.max_duration:g} s, {shape.tokens} tokens): even a batch of 1 "
-                f"exceeds the budget of {budget} bytes for {model}"
-            )
-        fitting = sorted((pb, r.peak_bytes, r.step_seconds) for pb, r in res.probes if r.fits)
-        at = [f for f in fitting if f[0] <= size]
-        chosen = at[-1] if at else (size, None, None)
-        extra = {
-            **b.extra,
-            "oom_peak_bytes": chosen[1],
-            "oom_step_seconds": chosen[2],
-            "oom_probes": [list(f) for f in fitting],
-        }
-        if explain:
-            extra["oom_breakdown"] = explain_bucket(model, shape, int(size), loss_mode)
-        buckets.append(dataclasses.replace(b, batch_size=int(size), extra=extra))
+    buckets = [_sized_bucket(b, shape, int(size), res, budget, model, loss_mode if explain else None)
+               for b, shape, size, res in zip(spec.buckets, shapes, sizes, results)]
     source = {
         "rule": "oom-estimate" if estimate else "oom-measured",
         "model": model,
@@ -189,3 +158,45 @@ def oomptimize(
         "date": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
     }
     return dataclasses.replace(spec, buckets=tuple(buckets), batch_size_source=source)
+
+
+def _check_options(model: str, loss_mode: str, memory_fraction: float) -> None:
+    from oom.transducer import LOSS_MODES
+
+    if loss_mode not in LOSS_MODES:
+        raise DataprepError(f"--loss-mode {loss_mode!r}: expected one of {', '.join(LOSS_MODES)}")
+    if loss_mode != "batched" and not is_transducer(model):
+        raise DataprepError(f"--loss-mode {loss_mode}: only transducer models have a sample-wise loss ({model} has none)")
+    if not 0.0 < memory_fraction <= 1.0:
+        raise DataprepError(f"--memory-fraction {memory_fraction}: expected 0 < fraction <= 1")
+
+
+def _device(estimate: bool, device: str, gpu_memory: int | None) -> dict[str, Any]:
+    """Name and total memory (bytes) of what the batches are sized for."""
+    if estimate or not device.startswith("cuda"):
+        if gpu_memory is None:
+            raise DataprepError("--gpu-memory is required with --estimate or a CPU device (e.g. --gpu-memory 80GiB)")
+        return {"name": f"estimate:{gpu_memory}" if estimate else "cpu", "total_memory": int(gpu_memory)}
+    gpu = device_info(device)
+    if gpu_memory is not None:
+        gpu["total_memory"] = min(int(gpu_memory), gpu["total_memory"])
+    return gpu
+
+
+def _sized_bucket(b: Bucket, shape: Shape, size: int, res: SearchResult, budget: int, model: str,
+                  explain_mode: str | None) -> Bucket:
+    """``b`` with its batch size and the probes that fit (``oom_breakdown`` too when
+    ``explain_mode`` is the loss mode to explain)."""
+    if size < 1:
+        raise DataprepError(
+            f"bucket {b.index} ({b.max_duration:g} s, {shape.tokens} tokens): even a batch of 1 "
+            f"exceeds the budget of {budget} bytes for {model}"
+        )
+    fitting = sorted((pb, r.peak_bytes, r.step_seconds) for pb, r in res.probes if r.fits)
+    at = [f for f in fitting if f[0] <= size]
+    chosen = at[-1] if at else (size, None, None)
+    extra = {**b.extra, "oom_peak_bytes": chosen[1], "oom_step_seconds": chosen[2],
+             "oom_probes": [list(f) for f in fitting]}
+    if explain_mode is not None:
+        extra["oom_breakdown"] = explain_bucket(model, shape, size, explain_mode)
+    return dataclasses.replace(b, batch_size=size, extra=extra)

@@ -95,3 +95,13 @@ def check_range(option: str, value: float | int | None, *, ge: float | None = No
     if le is not None and value > le:
         raise DataprepError(f"{option}: must be <= {le:g}, got {value:g}")
 
+
+def parse_world_sizes(option: str, text: str) -> list[int]:
+    """``"8,32,128"`` -> ``[8, 32, 128]``; one line for anything else (every size >= 1)."""
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DataprepError(f"{option}: expected integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise DataprepError(f"{option}: expected integers >= 1, got {text!r}")
+    return sizes

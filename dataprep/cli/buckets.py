@@ -3,35 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
-import numpy as np
 import typer
 from rich.table import Table
 
 from bucketing.allocate import fit_spec
-from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import DynResConfig
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.batching import DEFAULT_AUDIO_WEIGHT
-from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, grid_from_spec
-from bucketing.padding import padding_report
-from bucketing.plan import PlanError
-from bucketing.steps_report import steps_report
-from dataprep.cli.app import app, check_range, out, user_errors
-from manifests.buckets_file import BucketSpec, read_buckets, write_buckets
+from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE
+from dataprep.cli.app import app, check_range, out, parse_world_sizes, user_errors
+from dataprep.report.padding import duration_and_tokens, manifest_padding_report
+from manifests.buckets_file import BucketSpec, write_buckets
 from manifests.errors import DataprepError
-from manifests.io import manifest_hash, read_manifest, write_json
+from manifests.io import manifest_hash, write_json
 from manifests.outputs import refuse_same_paths
-
-
-def _columns(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    df = read_manifest(path, columns=["duration", "num_tokens"])
-    if df["num_tokens"].null_count():
-        raise DataprepError(f"{path}: {df['num_tokens'].null_count()} rows have no num_tokens (compile with a tokenizer)")
-    if df["duration"].null_count():
-        raise DataprepError(f"{path}: {df['duration'].null_count()} rows have no duration")
-    return df["duration"].to_numpy(), df["num_tokens"].to_numpy().astype(np.int64)
 
 
 def _bucket_table(spec: BucketSpec) -> Table:
@@ -79,7 +66,7 @@ def fit_buckets_cmd(
     check_range("--duration-fence", duration_fence, ge=0)
     check_range("--token-fence", token_fence, ge=0)
     refuse_same_paths({"MANIFEST": manifest}, {"-o": output})
-    d, t = _columns(manifest)
+    d, t = duration_and_tokens(manifest)
     try:
         spec, alloc = fit_spec(
             d, t, num_buckets=num_buckets, num_subbuckets=num_subbuckets, min_duration=min_duration,
@@ -133,39 +120,30 @@ def padding_cmd(
     check_range("--window", window, ge=1)
     check_range("--audio-weight", audio_weight, ge=0)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"--json": json_out})
-    d, t = _columns(manifest)
-    spec = read_buckets(buckets)
-    grid = grid_from_spec(spec)
-    if budget is None:
-        budget = float(spec.batch_size_source.get("max_duration", 600.0))
-    sizes = [b.batch_size for b in spec.buckets]
-    if any(s is None for s in sizes):
-        bs = padded_budget_batch_sizes(grid.max_duration, max_duration_budget=budget)
-    else:
-        bs = np.asarray(sizes, dtype=np.int64)
     try:
         dynres = DynResConfig(frames_per_second=frames_per_second, min_rate=min_rate, max_rate=max_rate,
                               floor_rate=floor_rate)
     except ValueError as exc:
         raise DataprepError(str(exc)) from None
-    try:
-        report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
-                                strict=strict, seed=seed, window=window, sort_by=sort_by,
-                                audio_weight=audio_weight, carry=carry, dynamic_resolution=dynres)
-    except ValueError as exc:
-        raise DataprepError(f"{manifest}: {exc}") from None
-    if world_sizes:
-        try:
-            ws = [int(x) for x in world_sizes.split(",") if x.strip()]
-        except ValueError:
-            raise DataprepError(f"--world-sizes: expected integers, got {world_sizes!r}") from None
-        if not ws or min(ws) < 1:
-            raise DataprepError(f"--world-sizes: expected integers >= 1, got {world_sizes!r}")
-        try:
-            report["steps"] = steps_report(d, t, grid, bs, ws, balance, seed=seed, strict=strict, carry=carry)
-        except PlanError as exc:
-            raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
-    report["manifest_hash"] = manifest_hash(manifest)
+    ws = parse_world_sizes("--world-sizes", world_sizes) if world_sizes else []
+    report = manifest_padding_report(manifest, buckets, budget=budget, cumulative_budget=cumulative_budget,
+                                     strict=strict, seed=seed, window=window, sort_by=sort_by,
+                                     audio_weight=audio_weight, carry=carry, dynamic_resolution=dynres,
+                                     world_sizes=ws, balance=balance)
+    _print_padding(report, dynres)
+    if json_out is not None:
+        write_json(report, json_out)
+        out.print(f"wrote {json_out}")
+    if plots is not None:
+        from dataprep.report.plots import write_padding_plots
+
+        for p in write_padding_plots(report, plots):
+            out.print(f"wrote {p}")
+
+
+def _print_padding(report: dict[str, Any], dynres: DynResConfig) -> None:
+    """The padding report's tables: schemes, 2D buckets, steps per world size."""
+    budget = report["budget"]
     table = Table(title=f"padding, {budget:g} s padded audio per batch")
     for col in ("scheme", "audio padding", "token padding", "mean batch", "batches", "rows left out"):
         table.add_column(col, justify="right")
@@ -174,8 +152,8 @@ def padding_cmd(
                       f"{s['mean_batch_size']:.1f}", f"{s['num_batches']:,}", f"{s['excluded']:,}")
     out.print(table)
     dr = report["schemes"]["2d-dynamic-resolution"]
-    out.print(f"2D + dynamic resolution ({frames_per_second:g} Hz base, {min_rate:g}-{max_rate:g} Hz, floor "
-              f"{floor_rate:g} Hz): frame padding {dr['frame_padding']:.2%} (vs {dr['frame_padding_base']:.2%} at the "
+    out.print(f"2D + dynamic resolution ({dynres.frames_per_second:g} Hz base, {dynres.min_rate:g}-"
+              f"{dynres.max_rate:g} Hz, floor {dynres.floor_rate:g} Hz): frame padding {dr['frame_padding']:.2%} (vs {dr['frame_padding_base']:.2%} at the "
               f"base rate), {dr['clamped_share']:.2%} of utterances clamped, {dr['fallback_share']:.2%} of batches "
               f"fell back, {dr['off_rate_share']:.2%} of frames more than 10% off the base rate")
     pb = Table(title="2D buckets (dyn res = 2D + dynamic resolution)")
@@ -200,11 +178,3 @@ def padding_cmd(
                        f"{r['balance_mean']:.3f}", f"{r['balance_over_1_10']:.1%}", f"{r['padding_audio']:.2%}",
                        f"{r['padding_tokens']:.2%}")
         out.print(st)
-    if json_out is not None:
-        write_json(report, json_out)
-        out.print(f"wrote {json_out}")
-    if plots is not None:
-        from dataprep.report.plots import write_padding_plots as write_plots
-
-        for p in write_plots(report, plots):
-            out.print(f"wrote {p}")

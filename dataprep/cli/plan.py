@@ -13,7 +13,7 @@ from rich.table import Table
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
-from dataprep.cli.app import app, check_range, out, user_errors
+from dataprep.cli.app import app, check_range, out, parse_world_sizes, user_errors
 from dataprep.planning import DEFAULT_WORLD_SIZES, build_plan, replan, simulate_plan
 from dataprep.planning.replan import default_manifest
 from dataprep.planning.simulate import plan_steps_report, simulate_strategies
@@ -161,15 +161,13 @@ def simulate_cmd(
     check_range("--epoch", epoch, ge=0)
     check_range("--exchange", exchange, ge=0)
     check_range("--group-size", group_size, ge=1)
+    ws = parse_world_sizes("--world-sizes", world_sizes)
     try:
-        ws = [int(x) for x in world_sizes.split(",") if x.strip()]
         cost = CostModel().with_overrides(coef or [])
     except ValueError as exc:
-        raise DataprepError(str(exc).replace("invalid literal for int() with base 10", "--world-sizes: not an integer")) from None
+        raise DataprepError(str(exc)) from None
     slow = _slow_ranks(slow_rank or [])
     strategies = [x.strip() for x in strategy.split(",") if x.strip()] if strategy else []
-    for w in ws:
-        check_range("--world-sizes", w, ge=1)
     results = simulate_plan(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
     out.print(f"tail-worker simulation, epoch {epoch}; cost model: {cost}")
     rep = plan_steps_report(plan_dir, cost, epoch)
