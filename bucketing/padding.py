@@ -182,18 +182,8 @@ def padding_report(
     schemes["2d"] = {**measure(batches2, d, t).to_json(), "excluded": alloc.num_dropped}
     pb = per_bucket(batches2, d, t, grid.num_buckets)
     if dynamic_resolution is not None:
-        db = d[batches2.rows]
-        res = resolve(db, batches2.offsets, None, dynamic_resolution)
-        by_bucket = resolution_totals(db, batches2.offsets, res, dynamic_resolution, batches2.bucket, grid.num_buckets)
-        whole = sum(by_bucket[1:], by_bucket[0]).to_json() if by_bucket else {}
-        schemes["2d-dynamic-resolution"] = {
-            **schemes["2d"], "audio_padding": whole.get("frame_padding", 0.0),
-            **{k: whole.get(k, 0.0) for k in ("frame_padding", "frame_padding_base", "clamped_share",
-                                                "fallback_share", "off_rate_share")},
-            "config": dynamic_resolution.to_json()}
-        dyn = [t.to_json() for t in by_bucket]
-        for k in ("frame_padding", "clamped_share", "fallback_share", "off_rate_share"):
-            pb[f"dynres_{k}"] = np.asarray([x[k] for x in dyn], dtype=np.float64)
+        schemes["2d-dynamic-resolution"] = _dynamic_resolution_scheme(
+            schemes["2d"], batches2, d, dynamic_resolution, grid.num_buckets, pb)
     return {
         "num_rows": int(d.shape[0]),
         "budget": budget,
@@ -216,3 +206,21 @@ def padding_report(
             for i in range(grid.num_buckets)
         ],
     }
+
+
+def _dynamic_resolution_scheme(scheme_2d: dict[str, Any], batches: Batches, d: npt.NDArray[np.float64],
+                               config: DynResConfig, num_buckets: int,
+                               pb: dict[str, npt.NDArray[Any]]) -> dict[str, Any]:
+    """Scheme 5: the 2D batches featurized at their own rates; adds the per-bucket
+    ``dynres_*`` arrays to ``pb``."""
+    db = d[batches.rows]
+    res = resolve(db, batches.offsets, None, config)
+    by_bucket = resolution_totals(db, batches.offsets, res, config, batches.bucket, num_buckets)
+    whole = sum(by_bucket[1:], by_bucket[0]).to_json() if by_bucket else {}
+    dyn = [x.to_json() for x in by_bucket]
+    for k in ("frame_padding", "clamped_share", "fallback_share", "off_rate_share"):
+        pb[f"dynres_{k}"] = np.asarray([x[k] for x in dyn], dtype=np.float64)
+    return {**scheme_2d, "audio_padding": whole.get("frame_padding", 0.0),
+            **{k: whole.get(k, 0.0) for k in ("frame_padding", "frame_padding_base", "clamped_share",
+                                                "fallback_share", "off_rate_share")},
+            "config": config.to_json()}

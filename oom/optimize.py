@@ -133,30 +133,8 @@ def oomptimize(
     )
     buckets = [_sized_bucket(b, shape, int(size), res, budget, model, loss_mode if explain else None)
                for b, shape, size, res in zip(spec.buckets, shapes, sizes, results)]
-    source = {
-        "rule": "oom-estimate" if estimate else "oom-measured",
-        "model": model,
-        "model_config": _model_context(model),
-        "gpu": gpu["name"],
-        "gpu_memory_bytes": total,
-        "device": None if estimate else device,
-        "torch": torch.__version__,
-        "memory_fraction": memory_fraction,
-        "margin_bytes": margin_bytes,
-        "margin": margin,
-        "budget_bytes": budget,
-        "tolerance": tolerance,
-        "max_tps": max_tps,
-        "frames_per_second": FRAMES_PER_SECOND,
-        # plan-batches --dynamic-resolution featurizes every utterance of a batch to the batch's
-        # target frames = its longest at frames_per_second: the shape probed here (worst case unchanged)
-        "dynamic_resolution": "sized by target frames (the longest utterance at frames_per_second)",
-        "precision": "bf16-autocast",
-        "loss_mode": loss_mode if is_transducer(model) else None,
-        "estimator": method,
-        "optimizer": "AdamW",
-        "date": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
-    }
+    source = _provenance(model, estimate, device, gpu, memory_fraction, margin, margin_bytes, budget, tolerance,
+                         max_tps, loss_mode, method)
     return dataclasses.replace(spec, buckets=tuple(buckets), batch_size_source=source)
 
 
@@ -200,3 +178,33 @@ def _sized_bucket(b: Bucket, shape: Shape, size: int, res: SearchResult, budget:
     if explain_mode is not None:
         extra["oom_breakdown"] = explain_bucket(model, shape, size, explain_mode)
     return dataclasses.replace(b, batch_size=size, extra=extra)
+
+def _provenance(model: str, estimate: bool, device: str, gpu: dict[str, Any], memory_fraction: float, margin: str,
+                margin_bytes: int, budget: int, tolerance: float, max_tps: float, loss_mode: str,
+                method: str | None) -> dict[str, Any]:
+    """``batch_size_source``: how the sizes were found (model, device, budget in bytes, ...)."""
+    total = int(gpu["total_memory"])
+    return {
+        "rule": "oom-estimate" if estimate else "oom-measured",
+        "model": model,
+        "model_config": _model_context(model),
+        "gpu": gpu["name"],
+        "gpu_memory_bytes": total,
+        "device": None if estimate else device,
+        "torch": torch.__version__,
+        "memory_fraction": memory_fraction,
+        "margin_bytes": margin_bytes,
+        "margin": margin,
+        "budget_bytes": budget,
+        "tolerance": tolerance,
+        "max_tps": max_tps,
+        "frames_per_second": FRAMES_PER_SECOND,
+        # plan-batches --dynamic-resolution featurizes every utterance of a batch to the batch's
+        # target frames = its longest at frames_per_second: the shape probed here (worst case unchanged)
+        "dynamic_resolution": "sized by target frames (the longest utterance at frames_per_second)",
+        "precision": "bf16-autocast",
+        "loss_mode": loss_mode if is_transducer(model) else None,
+        "estimator": method,
+        "optimizer": "AdamW",
+        "date": _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
+    }
