@@ -102,6 +102,9 @@ def make_loader(dataset: PlanDataset, num_workers: int = 0, prefetch_depth: int 
     worker processes, or (``num_workers=0``) in one background thread ``prefetch_depth`` ahead.
     A worker that delivers nothing for ``timeout_s`` seconds is an error, not a hang."""
     if num_workers > 0:
+        # forkserver, not fork: a worker forked from a process whose thread pools (Polars, Arrow,
+        # OpenMP) hold locks can deadlock; the dataset is pickled to each worker instead
         return DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity,
-                          prefetch_factor=max(1, prefetch_depth), timeout=timeout_s)
+                          prefetch_factor=max(1, prefetch_depth), timeout=timeout_s,
+                          multiprocessing_context="forkserver", persistent_workers=False)
     return prefetch(dataset, prefetch_depth)
