@@ -490,17 +490,54 @@ def manifest_hash(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str
     key = _facts_key(facts)
     if _VERIFIED.get(key) == recorded:
         return recorded
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        cached = json.loads(_verified_entry(facts, cache_dir).read_text(encoding="utf-8"))
-        if cached.get("facts") == facts and cached.get("content_hash") == recorded:
+    entry = _verified_entry(facts, cache_dir)
+    if _cached_verification(entry, facts, recorded):
+        _VERIFIED[key] = recorded
+        return recorded
+    # ranks of one machine opening the same copied manifest: one recomputes, the others wait
+    # for its verification instead of hashing every row again
+    with file_lock(entry.parent.with_name("content-hash-locks") / f"{entry.stem}.lock"):
+        if _cached_verification(entry, facts, recorded):
             _VERIFIED[key] = recorded
             return recorded
-    got = recompute_hash(path)
-    if got != recorded:
-        raise ManifestError(f"{path}: content_hash: the metadata records {recorded[:12]}... but the rows hash "
-                            f"to {got[:12]}... (edited after it was written? re-run the command that wrote it)")
-    remember_verified(path, got, cache_dir)
+        got = recompute_hash(path)
+        if got != recorded:
+            raise ManifestError(f"{path}: content_hash: the metadata records {recorded[:12]}... but the rows hash "
+                                f"to {got[:12]}... (edited after it was written? re-run the command that wrote it)")
+        remember_verified(path, got, cache_dir)
     return got
+
+
+def _cached_verification(entry: Path, facts: Mapping[str, Any], recorded: str) -> bool:
+    """``entry`` says these facts were verified to hash to ``recorded``."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        cached = json.loads(entry.read_text(encoding="utf-8"))
+        return bool(cached.get("facts") == facts and cached.get("content_hash") == recorded)
+    return False
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Exclusive advisory lock on ``path`` (POSIX ``flock``), created with its folder. Where
+    there is no lock (not POSIX, a read-only folder) it does nothing: the callers publish
+    atomically anyway, so a lost lock only costs duplicated work."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a+b")
+    except OSError:
+        yield
+        return
+    with fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

@@ -9,10 +9,9 @@ A batch's metadata (:class:`RowsMeta`) is numpy takes from that mapping; Python 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -25,7 +24,7 @@ import pyarrow.parquet as pq
 
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.errors import DataprepError
-from manifests.io import current_umask, default_cache_dir, manifest_hash
+from manifests.io import current_umask, default_cache_dir, file_lock, manifest_hash
 
 #: manifest columns the loader reads (ids come from the plan, which holds them per batch)
 LOADER_COLUMNS = ("audio_path", "offset", "duration", "text", "lang", "num_tokens")
@@ -187,7 +186,7 @@ def open_or_build_cache(
     table = open_fn(path, num_rows)
     if table is None:
         cache.mkdir(parents=True, exist_ok=True)
-        with _file_lock(path.with_name(path.name + ".lock")):
+        with file_lock(path.with_name(path.name + ".lock")):
             table = open_fn(path, num_rows)  # another rank may have built it while we waited
             if table is None:
                 build_fn(manifest, path)
@@ -195,22 +194,6 @@ def open_or_build_cache(
         if table is None:
             raise DataprepError(f"{path}: {what} of {manifest} cannot be read back")
     return table
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Exclusive advisory lock on ``path`` (POSIX ``flock``; no lock where there is none)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX: concurrent builders still publish atomically
-        yield
-        return
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def _encoded(col: pa.ChunkedArray) -> pa.DictionaryArray:

@@ -16,6 +16,7 @@ from manifests.io import (
     HASH_BLOCK_ROWS,
     ContentHasher,
     atomic_path,
+    manifest_hash,
     read_manifest,
     read_metadata,
     rebatch,
@@ -222,3 +223,37 @@ def test_conform_of_an_empty_frame_has_no_rows() -> None:
 
     out = conform(pl.DataFrame())
     assert out.height == 0 and tuple(out.columns) == MANIFEST_COLUMNS
+
+
+_RANK = """
+import sys, time
+import manifests.io as io
+real = io.recompute_hash
+def counted(path):
+    with open(sys.argv[3], "a") as log:
+        log.write("recompute\\n")
+    time.sleep(1.0)  # hold the lock long enough for the other rank to arrive
+    return real(path)
+io.recompute_hash = counted
+print(io.manifest_hash(sys.argv[1], cache_dir=sys.argv[2]))
+"""
+
+
+def test_ranks_verifying_one_copied_manifest_hash_it_once(tmp_path) -> None:
+    """Several ranks opening a manifest copied onto their machine (so never verified there):
+    one recomputes the rows' hash, the others wait for its verification under the lock."""
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path / "written.parquet"
+    write_manifest(pl.DataFrame({"id": [f"u{i}" for i in range(2000)], "duration": np.linspace(1, 9, 2000)}), src)
+    copy = tmp_path / "copied.parquet"
+    shutil.copy(src, copy)  # new mtime: no verification is on record for it
+    log = tmp_path / "recomputed.log"
+    ranks = [subprocess.Popen([sys.executable, "-c", _RANK, str(copy), str(tmp_path / "cache"), str(log)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    hashes = {p.communicate(timeout=120)[0].strip() for p in ranks}
+    assert all(p.returncode == 0 for p in ranks)
+    assert hashes == {manifest_hash(src)}
+    assert log.read_text().splitlines() == ["recompute"]
