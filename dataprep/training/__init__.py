@@ -8,8 +8,9 @@
 - :mod:`~dataprep.training.loader`: :class:`PlanDataset`, prefetch, :func:`make_loader`
 - :mod:`~dataprep.training.loop`: :class:`TrainConfig`, :func:`train`, :func:`run_rank`, checkpoints
 
-``torchrun --nproc-per-node N -m dataprep.training PLAN --manifest ...`` runs one rank per
-process (the options of ``dataprep train``). Importing this package imports torch.
+``torchrun --nproc-per-node N -m dataprep.cli train PLAN --manifest ...`` runs one rank per
+process. Importing this package imports torch; :class:`TrainConfig` lives in the torch-free
+:mod:`dataprep.training_config`.
 """
 
 from dataprep.training.audio import AudioError, load_audio
@@ -24,7 +25,8 @@ from dataprep.training.cache import (
 from dataprep.training.dynres import DynResFeatures, collate_dynamic_resolution, time_mask_widths
 from dataprep.training.features import HOP, SAMPLE_RATE, LogMel, mel_filterbank
 from dataprep.training.loader import PlanDataset, make_loader, prefetch
-from dataprep.training.loop import TrainConfig, batch_digest, check_plan, run_rank, train
+from dataprep.training.loop import batch_digest, check_plan, run_rank, train
+from dataprep.training_config import TrainConfig
 
 __all__ = [
     "HOP",

@@ -6,7 +6,7 @@ every rank the same number of steps. Backend: gloo on CPU, nccl on GPU.
 
 Launch: ``dataprep train ... --nproc N`` spawns N local processes (127.0.0.1, a free port);
 under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` set) each process runs one
-rank: ``torchrun --nproc-per-node N -m dataprep.training plan/ --manifest ...``. Either way the
+rank: ``torchrun --nproc-per-node N -m dataprep.cli train plan/ --manifest ...``. Either way the
 process count must equal the plan's world size.
 
 Per step, rank 0 prints one JSON line: step, epoch, bucket, loss (mean over ranks), audio and
@@ -39,7 +39,7 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -51,9 +51,11 @@ import torch.multiprocessing as mp
 from bucketing.dynres import DynResConfig
 from dataprep.training.batches import Batch, BatchBuilder
 from dataprep.training.loader import PlanDataset, make_loader
+from dataprep.training_config import TrainConfig
 from manifests.errors import DataprepError
 from dataprep.tokenize import require_recorded_tokenizer
 from manifests.io import atomic_path, require_manifest_hash
+from manifests.options import check_int
 from manifests.outputs import require_free_checkpoint_dir
 from manifests.plan_meta import PlanMeta, read_plan_meta
 
@@ -61,35 +63,6 @@ from manifests.plan_meta import PlanMeta, read_plan_meta
 #: fewest feature frames a step feeds the encoder: its BatchNorm needs more than one value per
 #: channel, i.e. more than 8 frames (one after the 8x subsampling) for a batch of one utterance
 MIN_FRAMES = 16
-
-
-@dataclass
-class TrainConfig:
-    """What ``dataprep train`` does. ``steps``: train up to (not including) this global plan
-    step (None = the whole plan)."""
-
-    plan_dir: str
-    manifest: str
-    tokenizer: list[str]
-    checkpoint_dir: str
-    model: str = "tiny"
-    steps: int | None = None
-    resume: bool = False
-    lr: float = 1e-3
-    seed: int = 0
-    workers: int = 0
-    prefetch: int = 2
-    skip_bad_audio: bool = False
-    checkpoint_every: int = 0  # steps; 0 = only at the end
-    trace: bool = False
-    device: str = "auto"  # auto | cpu | cuda
-    timeout_s: float = 600.0
-    cache_dir: str | None = None
-    quiet: bool = False
-    dynamic_resolution: bool = True  # use the plan's dynamic resolution when it has one
-    overwrite: bool = False  # replace a run already in checkpoint_dir
-    allow_other_tokenizer: bool = False  # train with a tokenizer other than the manifest's
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _rank_file(cfg: TrainConfig, kind: str, rank: int) -> Path:
@@ -330,6 +303,9 @@ def train(cfg: TrainConfig, nproc: int = 1) -> dict[str, Any]:
     """Run training: under torchrun (env ``RANK``/``WORLD_SIZE``) as that one rank; else spawn
     ``nproc`` local ranks and wait (at most ``cfg.timeout_s``; a hung rank is killed and reported).
     """
+    if not isinstance(cfg, TrainConfig):
+        raise DataprepError(f"train: cfg must be a TrainConfig, got {type(cfg).__name__}")
+    check_int("nproc", nproc, ge=1)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if not (torchrun and cfg.overwrite and os.environ["RANK"] != "0"):  # rank 0 alone removes an old run
         require_free_checkpoint_dir(cfg.checkpoint_dir, cfg.resume, cfg.overwrite)
