@@ -174,11 +174,6 @@ def fingerprint_id(fp: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()
 
 
-def read_marker(path: Path) -> dict[str, Any]:
-    """A completion marker (one-line error when it is not one of ours)."""
-    return _read_marker(path)
-
-
 def _read_marker(path: Path) -> dict[str, Any]:
     try:
         marker = json.loads(path.read_text(encoding="utf-8"))
