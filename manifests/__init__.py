@@ -4,10 +4,11 @@ Imports nothing else of this project and never torch: any trainer can depend on 
 """
 
 from manifests.buckets_file import Bucket, BucketSpec, read_buckets, write_buckets
-from manifests.errors import DataprepError, ManifestError
+from manifests.errors import DataprepError, ManifestError, OptionError
 from manifests.io import (
     ContentHasher,
     atomic_path,
+    default_cache_dir,
     file_sha256,
     manifest_hash,
     read_manifest,
@@ -31,9 +32,11 @@ __all__ = [
     "MANIFEST_COLUMNS",
     "MANIFEST_SCHEMA",
     "ManifestError",
+    "OptionError",
     "REJECT_REASONS",
     "SCHEMA_VERSION",
     "atomic_path",
+    "default_cache_dir",
     "file_sha256",
     "manifest_hash",
     "open_shard",

@@ -172,3 +172,23 @@ def test_entry_points_import_no_cli_but_their_own() -> None:
     for mod, deps in graph.items():
         if mod.endswith("__main__") and not mod.startswith("dataprep.cli"):
             assert not any(d.startswith("dataprep.cli") for d in deps), mod
+
+
+@pytest.mark.parametrize("init", sorted(p for pkg in PACKAGES for p in Path(pkg.__path__[0]).rglob("__init__.py")),
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_every_package_lists_its_public_names(init: Path) -> None:
+    """``__all__`` in every package's ``__init__``; each name is defined there or is a submodule."""
+    tree = ast.parse(init.read_text())
+    listed = [n for node in tree.body if isinstance(node, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+              for n in ast.literal_eval(node.value)]
+    assert listed, f"{init} has no __all__"
+    defined = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+               for a in node.names}
+    defined |= {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                if isinstance(t, ast.Name)}
+    defined |= {node.target.id for node in tree.body if isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)}
+    defined |= {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    for name in listed:
+        assert name in defined or (init.parent / f"{name}.py").exists() or (init.parent / name).is_dir(), (init, name)
