@@ -72,7 +72,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
         raise DataprepError(f"replan: options must be PlanOptions, got {type(options).__name__}")
     if options.dynamic_resolution is not None:
         raise OptionError("dynamic_resolution", "re-planning a --dynamic-resolution plan is not supported yet")
-    check_int("at_step", at_step, ge=0, le=None)
+    check_int("at_step", at_step, le=None)  # its range is the plan's, checked below
     world_size, carry, cost, row_group_steps = options.world_size, options.carry, options.cost, options.row_group_steps
     meta = read_plan_meta(plan_dir)
     if not meta.first_step <= at_step < meta.num_steps:
