@@ -132,9 +132,9 @@ def filter_cmd(
     Rows in = kept + rejected, always; kept rows keep the input order."""
     thresholds = build_options(Thresholds, None, max_tps=max_tps, min_tps=min_tps, min_duration=min_duration,
                                max_duration=max_duration, min_tokens=min_tokens, max_tokens=max_tokens)
+    result = filter_manifest(manifest, output, thresholds, rejects)
     if not thresholds.active():
         err.print("no filter given: every row is kept")
-    result = filter_manifest(manifest, output, thresholds, rejects)
     if result.counts:
         out.print(filter_table(result))
     n = max(result.rows_in, 1)
