@@ -255,9 +255,6 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
         model, ddp, opt, builder, n_mels = _build(cfg, device, meta)
         ckpt_path = Path(cfg.checkpoint_dir) / "last.pt"
         start = _resume(ckpt_path, meta, model, opt, device) if cfg.resume else 0
-        if start < meta.first_step:
-            raise DataprepError(f"{cfg.plan_dir}: the plan was re-planned at step {meta.first_step}; start it with "
-                                "--resume from the parent plan's checkpoint")
         stop = min(meta.num_steps, cfg.steps if cfg.steps is not None else meta.num_steps)
         trace = _read_lines(_rank_file(cfg, "trace", rank), start) if cfg.trace else []
         skipped = _read_lines(_rank_file(cfg, "skipped", rank), start)
