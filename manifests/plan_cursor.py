@@ -159,10 +159,15 @@ class PlanCursor:
         """Where the next batch starts: ``{"plan_hash", "rank", "next_step"}``."""
         return {"plan_hash": self.plan_hash, "rank": self.rank, "next_step": self.next_step}
 
+    def state_validator(self, where: str = "sampler state") -> Validator:
+        """The validation layer's checks (no coercion) failing as one-line :class:`PlanStateError` s
+        named ``PLAN_DIR: where: field``, for adapters that check their own state keys."""
+        return _Check(f"{self.plan_dir}: {where}", PlanStateError)
+
     def check_state(self, state: Any, others: Collection[str] = (), where: str = "sampler state") -> int:
         """The ``next_step`` of ``state`` after validating it (nothing changes); ``others`` are
         keys of the caller's own state allowed besides the cursor's (checked by the caller)."""
-        v = _Check(f"{self.plan_dir}: {where}", PlanStateError)
+        v = self.state_validator(where)
         if not isinstance(state, Mapping):
             raise PlanStateError(f"{self.plan_dir}: {where}: expected a dict, got {type(state).__name__}")
         unknown = sorted(repr(k) for k in state if k not in STATE_KEYS and k not in others)

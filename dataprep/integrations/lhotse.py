@@ -131,11 +131,20 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
         """Continue at ``state_dict["next_step"]`` (the next ``iter()`` does not reset it); a
         malformed state or one of another plan is a :class:`~manifests.plan_cursor.PlanStateError`."""
         step = self.cursor.check_state(state_dict, others=_LHOTSE_KEYS)
-        lhotse_state = {k: v for k, v in state_dict.items() if k not in ("plan_hash", "next_step")}
+        v = self.cursor.state_validator()
+        for key, mine in (("world_size", self.world_size), ("seed", self.seed)):
+            if v.int_(v.key(state_dict, key), key) != mine:
+                raise v.fail(key, f"{state_dict[key]} in the state, this sampler has {mine}")
+        for key in ("drop_last", "shuffle"):
+            if state_dict.get(key) is not False:
+                raise v.fail(key, f"expected false (a plan's batches are fixed), got {state_dict.get(key)!r}")
+        v.int_(v.key(state_dict, "epoch"), "epoch", lo=0)
+        v.obj(v.key(state_dict, "diagnostics"), "diagnostics")
+        lhotse_state = {k: val for k, val in state_dict.items() if k not in ("plan_hash", "next_step")}
         try:
             super().load_state_dict(lhotse_state)
         except (AssertionError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise PlanStateError(f"{self.plan_dir}: sampler state: Lhotse's part does not fit this sampler "
+            raise PlanStateError(f"{self.plan_dir}: sampler state: Lhotse's diagnostics do not fit this sampler "
                                  f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
         self.cursor.seek(step)
         self._it = None
