@@ -58,6 +58,26 @@ def dataloader_worker() -> tuple[int, int]:
     return (int(info.id), int(info.num_workers)) if info is not None else (0, 1)
 
 
+def resume_world_size(meta: PlanMeta, plan_hash: str, step: int, v: Validator) -> int:
+    """The world size of the plan a state at ``step`` made on plan ``plan_hash`` was of, if it
+    resumes plan ``meta``: ``meta`` itself, or its re-plan parent at exactly ``replan.at_step``
+    (the parent's batches before it were consumed). Anything else fails through ``v``."""
+    if plan_hash == meta.plan_hash:
+        return meta.world_size
+    parent = meta.replan
+    if parent is None or plan_hash != parent.parent_plan_hash:
+        raise v.fail("plan_hash", f"{plan_hash[:12]}... is another plan's (this plan is {meta.plan_hash[:12]}...)")
+    if step != parent.at_step:
+        raise v.fail("next_step", f"{step} of the parent plan, but the plan was re-planned at step "
+                                  f"{parent.at_step}; re-plan with --at-step {step}")
+    return parent.parent_world_size
+
+
+def argument_validator(where: str) -> Validator:
+    """The validation layer's checks (no coercion) failing as one-line :class:`DataprepError` s."""
+    return _Check(where)
+
+
 class PlanCursor:
     """Rank ``rank``'s batches of the plan in ``plan_dir`` from ``start_step`` (default: the
     plan's first step) up to ``stop_step`` (default: its end); see the module docstring.
@@ -70,7 +90,7 @@ class PlanCursor:
                  stop_step: int | None = None, world_size: int | None = None) -> None:
         self.plan_dir = Path(plan_dir)
         self.meta: PlanMeta = read_plan_meta(self.plan_dir)
-        check = _Check(str(self.plan_dir))
+        check = argument_validator(str(self.plan_dir))
         if world_size is not None and check.int_(world_size, "world_size", lo=1) != self.meta.world_size:
             raise DataprepError(f"{self.plan_dir}: world size {world_size} given, the plan is for "
                                 f"{self.meta.world_size} (re-plan it: `dataprep replan`)")
@@ -176,16 +196,7 @@ class PlanCursor:
         state = dict(state)
         plan_hash = v.hex_(v.key(state, "plan_hash"), "plan_hash")
         step = v.int_(v.key(state, "next_step"), "next_step", lo=0)
-        parent = self.meta.replan
-        if plan_hash == self.plan_hash:
-            world_size = self.world_size
-        elif parent is not None and plan_hash == parent.parent_plan_hash:
-            if step != parent.at_step:
-                raise v.fail("next_step", f"{step} of the parent plan, but the plan was re-planned at step "
-                                          f"{parent.at_step}; re-plan with --at-step {step}")
-            world_size = parent.parent_world_size
-        else:
-            raise v.fail("plan_hash", f"{plan_hash[:12]}... is another plan's (this plan is {self.plan_hash[:12]}...)")
+        world_size = resume_world_size(self.meta, plan_hash, step, v)
         v.int_(v.key(state, "rank"), "rank", lo=0, hi=world_size - 1)
         if not self.first_step <= step <= self.stop_step:
             raise v.fail("next_step", f"{step} is outside the plan's steps {self.first_step}..{self.stop_step}")
