@@ -145,7 +145,7 @@ def main() -> None:
 
 _FRESH = """
 import sys, time
-from dataprep.training.cache import ManifestColumns
+from manifests.column_cache import ManifestColumns
 from manifests.plan_files import PlanShard
 t = time.perf_counter()
 pb = next(PlanShard(sys.argv[2], 0).iter_batches())

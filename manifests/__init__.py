@@ -19,6 +19,7 @@ from manifests.io import (
     write_parquet_stream,
     write_rejects,
 )
+from manifests.plan_cursor import PlanCursor, PlanStateError
 from manifests.plan_files import PlanBatch, PlanShard, open_shard, read_plan_json
 from manifests.schema import MANIFEST_COLUMNS, MANIFEST_SCHEMA, REJECT_REASONS, SCHEMA_VERSION
 
@@ -26,7 +27,9 @@ __all__ = [
     "Bucket",
     "ContentHasher",
     "PlanBatch",
+    "PlanCursor",
     "PlanShard",
+    "PlanStateError",
     "BucketSpec",
     "DataprepError",
     "MANIFEST_COLUMNS",

@@ -1,6 +1,6 @@
 """The training stage: a torch loader over a plan and a thin DDP loop that consumes it.
 
-- :mod:`~dataprep.training.cache`: the memory-mapped manifest column cache
+- :mod:`manifests.column_cache`: the memory-mapped manifest column cache (torch-free; re-exported here)
 - :mod:`~dataprep.training.audio`: one utterance's audio segment, mono 16 kHz
 - :mod:`~dataprep.training.features`: log-mel features in pure torch
 - :mod:`~dataprep.training.dynres`: dynamic-resolution features and the collate helper
@@ -15,7 +15,7 @@ process. Importing this package imports torch; :class:`TrainConfig` lives in the
 
 from dataprep.training.audio import AudioError, load_audio
 from dataprep.training.batches import Batch, BatchBuilder, pad_stack
-from dataprep.training.cache import (
+from manifests.column_cache import (
     LOADER_COLUMNS,
     ManifestColumns,
     RowsMeta,

@@ -3,7 +3,7 @@
 The utterances' audio segments are read (:mod:`dataprep.training.audio`), turned into log-mel
 frames (:mod:`dataprep.training.features`, 10 ms hop) and padded; the texts are tokenized with
 sentencepiece as ``[bos] + pieces + [eos]`` and padded with 0. Manifest fields come from the
-memory-mapped column cache (:mod:`dataprep.training.cache`).
+memory-mapped column cache (:mod:`manifests.column_cache`).
 
 Dynamic resolution: for a plan made with ``--dynamic-resolution`` (its batches carry
 ``target_frames``) a builder given the plan's :class:`~bucketing.dynres.DynResConfig`
@@ -31,7 +31,7 @@ import torch
 from bucketing.dynres import DynResConfig
 from dataprep.tokenize import Tokenizers
 from dataprep.training.audio import AudioError, ContainerReader, load_audio
-from dataprep.training.cache import ManifestColumns, RowsMeta
+from manifests.column_cache import ManifestColumns, RowsMeta
 from dataprep.training.dynres import collate_dynamic_resolution
 from dataprep.training.features import LogMel
 from manifests.errors import DataprepError

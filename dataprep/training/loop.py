@@ -57,6 +57,7 @@ from dataprep.tokenize import require_recorded_tokenizer
 from manifests.io import atomic_path, require_manifest_hash
 from manifests.options import check_int
 from manifests.outputs import require_free_checkpoint_dir
+from manifests.plan_cursor import argument_validator, resume_world_size
 from manifests.plan_meta import PlanMeta, read_plan_meta
 
 
@@ -138,14 +139,8 @@ def _resume(ckpt_path: Path, meta: PlanMeta, model: torch.nn.Module, opt: torch.
             device: torch.device) -> int:
     """Load model and optimizer state from ``ckpt_path``; the plan step to continue at."""
     ckpt = load_checkpoint(ckpt_path, device)
-    next_step = int(ckpt["next_step"])
-    if ckpt["plan_hash"] != meta.plan_hash:
-        rp = meta.replan
-        if rp is None or ckpt["plan_hash"] != rp.parent_plan_hash:
-            raise DataprepError(f"{ckpt_path}: plan_hash: the checkpoint was made with another plan")
-        if next_step != rp.at_step:  # a re-planned plan continues its parent exactly at at_step
-            raise DataprepError(f"{ckpt_path}: checkpoint is at step {next_step} of the parent plan, but the plan "
-                                f"was re-planned at step {rp.at_step}; re-plan with --at-step {next_step}")
+    next_step = ckpt["next_step"]
+    resume_world_size(meta, ckpt["plan_hash"], next_step, argument_validator(str(ckpt_path)))
     if not next_step <= meta.num_steps:
         raise DataprepError(f"{ckpt_path}: next_step: {next_step} is past the plan's {meta.num_steps} steps")
     try:
@@ -228,9 +223,6 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
         model, ddp, opt, builder, n_mels = _build(cfg, device, meta)
         ckpt_path = Path(cfg.checkpoint_dir) / "last.pt"
         start = _resume(ckpt_path, meta, model, opt, device) if cfg.resume else 0
-        if start < meta.first_step:
-            raise DataprepError(f"{cfg.plan_dir}: the plan was re-planned at step {meta.first_step}; start it with "
-                                "--resume from the parent plan's checkpoint")
         stop = min(meta.num_steps, cfg.steps if cfg.steps is not None else meta.num_steps)
         trace = _read_lines(_rank_file(cfg, "trace", rank), start) if cfg.trace else []
         skipped = _read_lines(_rank_file(cfg, "skipped", rank), start)
