@@ -37,6 +37,7 @@ from dataprep.compile.validate import (
 )
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
+from manifests.parted_run import check_split
 from manifests.io import reasons_count
 from manifests.schema import conform
 
@@ -70,8 +71,7 @@ def run_parts(
 
     ``workers`` = 1 runs them in this process. Tokenizer threads are split between workers.
     """
-    if workers < 1:
-        raise DataprepError(f"--workers {workers}: need at least 1")
+    check_split(num_parts, workers=workers)
     cpus = os.cpu_count() or 1
     if opts.tokenizer_threads == 0:
         opts = replace(opts, tokenizer_threads=max(1, cpus // workers))
