@@ -2,12 +2,14 @@
 
 Layouts (``N`` parts, part ``i`` = one container; the file names are each format's own):
 
-- ``nemo-tarred``: ``audio_<i>.tar`` + ``manifest_<i>.json`` (NeMo tarred manifest lines:
-  ``audio_filepath`` = member name, ``duration``, ``text``, ``lang`` ..., ``shard_id`` = i,
-  ``source_id`` = the compiled manifest's id);
+- ``nemo-tarred``: ``audio_<i>.tar`` + ``manifest_<i>.json`` (NeMo tarred manifest lines, the
+  export's :func:`manifests.records.nemo_line` of the row as its member holds it:
+  ``audio_filepath`` = member name, ``offset`` 0, ``duration``, ``text``, ``lang`` ..., the
+  source's other fields; plus ``shard_id`` = i and ``source_id`` = the compiled manifest's id);
   NeMo's ``tarred_audio_filepaths: audio__OP_0..N-1_CL_.tar``, ``shard_manifests: true``.
 - ``shar``: ``recording.<i:06d>.tar`` (``<cut id>.<ext>`` + ``<cut id>.json``) +
-  ``cuts.<i:06d>.jsonl.gz`` (``custom.source_id``): ``CutSet.from_shar(in_dir=...)``.
+  ``cuts.<i:06d>.jsonl.gz`` (the export's :func:`manifests.records.cut_dict`, ``custom.source_id``
+  added): ``CutSet.from_shar(in_dir=...)``.
 - ``webdataset``: ``shard-<i:06d>.tar`` with ``<key>.<ext>`` + ``<key>.json`` (``text``,
   ``duration``, ``lang`` ..., ``source_id`` = the compiled manifest's id).
 
@@ -42,6 +44,7 @@ import soundfile
 
 from dataprep import __version__
 from manifests.audio import AudioReader, load_audio
+from manifests.records import cut_dict, nemo_line, recording_dict
 from manifests.errors import DataprepError
 from manifests.io import atomic_path, file_sha256, manifest_hash, read_manifest
 from manifests.parted_run import PartedRun, check_split
@@ -176,25 +179,16 @@ def _write_container(rows: list[dict[str, Any]], layout: str, out: Path, i: int,
             seconds = frames / rate
             duration = min(float(row["duration"]), seconds)
             _add(tf, f"{stem}.{ext}", data)
+            packed = {**row, "audio_path": f"{stem}.{ext}", "offset": 0.0, "duration": duration,
+                      "sample_rate": rate, "channels": channels}  # the row as its member now holds it
             if layout == "nemo-tarred":
-                line = {"audio_filepath": f"{stem}.{ext}", "duration": duration, "text": row["text"],
-                        **_labels(row), "shard_id": i, "source_id": row["id"]}
-                if row.get("task") is not None:
-                    line["taskname"] = row["task"]
-                lines.append(json.dumps(line, ensure_ascii=False))
+                line, _ = nemo_line(packed)
+                lines.append(json.dumps({**line, "shard_id": i, "source_id": row["id"]}, ensure_ascii=False))
             elif layout == "shar":
-                recording = {"id": stem, "sources": [{"type": "shar", "channels": list(range(channels)),
-                                                      "source": ""}],
-                             "sampling_rate": rate, "num_samples": frames, "duration": seconds,
-                             "channel_ids": list(range(channels))}
+                recording = recording_dict(stem, source_type="shar", source="", sampling_rate=rate,
+                                           num_samples=frames, duration=seconds, channels=channels)
                 _add(tf, f"{stem}.json", json.dumps(recording).encode())
-                sup = {"id": stem, "recording_id": stem, "start": 0, "duration": duration, "channel": 0,
-                       "text": row["text"]}
-                if row.get("lang") is not None:
-                    sup["language"] = row["lang"]
-                cut = {"id": stem, "start": 0, "duration": duration, "channel": 0 if channels == 1
-                       else list(range(channels)), "supervisions": [sup], "recording": recording,
-                       "custom": {"source_id": row["id"]}, "type": "MonoCut" if channels == 1 else "MultiCut"}
+                cut = cut_dict(packed, recording, custom={"source_id": row["id"]}, cut_id=stem)
                 lines.append(json.dumps(cut, ensure_ascii=False))
             else:
                 meta = {"source_id": row["id"], "text": row["text"], "duration": duration, **_labels(row)}
