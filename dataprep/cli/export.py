@@ -1,5 +1,5 @@
 """Commands: ``export nemo`` and ``export lhotse`` (buckets, batch sizes and manifests for
-NeMo or Lhotse training), and ``pack`` (audio into NeMo tarred / Lhotse Shar / WebDataset shards)."""
+NeMo or Lhotse training), and ``pack`` (audio into NeMo tarred / Lhotse Shar / WebDataset containers)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ from manifests.schema import conform
 
 
 def default_parts(workers: int) -> int:
-    """Shards for a local pool: 4 per worker, so stragglers are a small share of the run."""
+    """Parts for a local pool: 4 per worker, so stragglers are a small share of the run."""
     return max(1, 4 * workers)
 
 

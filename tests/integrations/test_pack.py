@@ -179,3 +179,34 @@ def test_nemo_tarred_loads_in_nemo(corpus: Corpus, tmp_path: Path) -> None:
     assert seen == lines == read_manifest(corpus.manifest).height
     first = json.loads((out / "manifest_0.json").read_text().splitlines()[0])
     assert first["shard_id"] == 0
+
+
+def test_packed_records_keep_every_field_the_export_writes(tmp_path_factory: pytest.TempPathFactory,
+                                                           tmp_path: Path) -> None:
+    """Pack writes its NeMo lines and Lhotse cuts with the export's writers (manifests.records): the
+    languages, task, num_tokens and the source's other fields (pnc, speaker, ...) are all kept."""
+    import gzip
+
+    from manifests.records import custom_for_row, nemo_line
+    from tests.integrations._rich import rich_corpus
+
+    rich = rich_corpus(tmp_path_factory)
+    by_id = {r["id"]: r for r in read_manifest(rich.manifest).iter_rows(named=True)}
+    pack(rich.manifest, tmp_path / "nemo", "nemo-tarred", num_parts=2)
+    lines = [json.loads(x) for p in sorted((tmp_path / "nemo").glob("manifest_*.json"))
+             for x in p.read_text().splitlines()]
+    assert sorted(x["source_id"] for x in lines) == sorted(by_id)
+    for line in lines:
+        want, _ = nemo_line(by_id[line["source_id"]])
+        for k in ("audio_filepath", "offset", "duration", "sampling_rate"):
+            want.pop(k, None)
+        assert want.items() <= line.items() and "pnc" in line and "speaker" in line, line
+        assert line["offset"] == 0.0
+    pack(rich.manifest, tmp_path / "shar", "shar", num_parts=2)
+    cuts = [json.loads(x) for p in sorted((tmp_path / "shar").glob("cuts.*.jsonl.gz"))
+            for x in gzip.decompress(p.read_bytes()).decode().splitlines()]
+    assert sorted(c["custom"]["source_id"] for c in cuts) == sorted(by_id)
+    for cut in cuts:
+        row = by_id[cut["custom"]["source_id"]]
+        assert custom_for_row(row).items() <= cut["custom"].items() and "num_tokens" in cut["custom"]
+        assert cut["supervisions"][0]["text"] == row["text"]
