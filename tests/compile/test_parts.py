@@ -214,6 +214,27 @@ def test_rerun_skips_finished_shards_and_refuses_a_changed_fingerprint(corpus, s
     assert res.exit_code == 2 and "num_shards changed" in res.output
 
 
+def test_old_flags_are_hidden_aliases_and_old_markers_resume(corpus, spm_model, tmp_path) -> None:
+    """``--num-shards`` / ``--shard-index`` still run (hidden from --help); a marker written before
+    the rename (keys ``shard_index`` / ``num_shards``) counts as done; both names at once are refused."""
+    parts = tmp_path / "parts"
+    args = _compile_args(corpus, spm_model)
+    assert "part 0 of 2 done" in _ok(*args, "--num-shards", "2", "--shard-index", "0", "-o", str(parts))
+    marker = PartPaths.of(parts, 0, 2).marker
+    m = json.loads(marker.read_text())
+    m["shard_index"], m["num_shards"] = m.pop("part_index"), m.pop("num_parts")  # as the old code wrote it
+    marker.write_text(json.dumps(m))
+    assert "already done, skipped" in _ok(*args, "--num-parts", "2", "--part-index", "0", "-o", str(parts))
+    _ok(*args, "--num-parts", "2", "--part-index", "1", "-o", str(parts))
+    _ok("merge", str(parts), "-o", str(tmp_path / "m.parquet"))
+    res = _invoke(*args, "--num-parts", "2", "--num-shards", "2", "--part-index", "1", "-o", str(parts))
+    assert res.exit_code == 2 and "--num-shards is the old name of --num-parts" in res.output
+    res = _invoke(*args, "--num-parts", "2", "--part-index", "2", "-o", str(parts))
+    assert res.exit_code == 2 and "--part-index 2 is not in [0, 2)" in res.output
+    text = _ok("compile", "--help")
+    assert "--num-parts" in text and "--part-index" in text and "--num-shards" not in text and "--shard-index" not in text
+
+
 def test_merge_refuses_missing_shards_and_mixed_runs(corpus, spm_model, tmp_path) -> None:
     parts = tmp_path / "parts"
     for i in (0, 2):

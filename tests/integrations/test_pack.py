@@ -210,3 +210,22 @@ def test_packed_records_keep_every_field_the_export_writes(tmp_path_factory: pyt
         row = by_id[cut["custom"]["source_id"]]
         assert custom_for_row(row).items() <= cut["custom"].items() and "num_tokens" in cut["custom"]
         assert cut["supervisions"][0]["text"] == row["text"]
+
+
+def test_old_pack_flags_are_hidden_aliases_and_old_markers_are_read(corpus: Corpus, tmp_path: Path) -> None:
+    out = tmp_path / "wds"
+    text = invoke("pack", str(corpus.manifest), "-o", str(out), "--num-shards", "2", "--shard-index", "0",
+                  "--shard-size", "1MB")
+    assert "1 containers written" in text and sorted(p.name for p in out.glob("*.tar")) == ["shard-000000.tar"]
+    # the marker as the pack before the rename named and wrote it
+    new = marker_folder(out) / "part-00000-of-00002.done.json"
+    m = json.loads(new.read_text())
+    m["shard_index"], m["num_shards"] = m.pop("part_index"), m.pop("num_parts")
+    (marker_folder(out) / "shard-00000-of-00002.done.json").write_text(json.dumps(m))
+    new.unlink()
+    done = pack(corpus.manifest, out, "webdataset", num_parts=2)
+    assert done.skipped == [0] and done.written == [1]
+    help_text = invoke("pack", "--help")
+    assert "--num-parts" in help_text and "--container-size" in help_text and "--shard-size" not in help_text
+    res = runner.invoke(app, ["pack", str(corpus.manifest), "-o", str(out), "--num-parts", "2", "--num-shards", "2"])
+    assert res.exit_code == 2 and "--num-shards is the old name of --num-parts" in res.output
