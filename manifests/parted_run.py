@@ -34,21 +34,21 @@ _PREFIXES = ("part", "shard")
 
 def check_split(num_parts: int | None = None, part_index: int | None = None, *, workers: int | None = None,
                 max_parts: int | None = None, max_what: str = "") -> None:
-    """Refuse (one line naming the flag) ``--workers`` < 1, ``--num-parts`` < 1 (or above
-    ``max_parts``, e.g. the number of rows: ``max_what`` names it) and ``--part-index`` outside
+    """Refuse (one line naming the flag, worded as the CLI's range checks) ``--workers`` < 1,
+    ``--num-parts`` < 1 (or above ``max_parts``, e.g. the number of rows: ``max_what`` names it) and ``--part-index`` outside
     ``[0, num_parts)``. ``None`` = not given; bools and floats are refused, never coerced."""
     for flag, value in (("--workers", workers), ("--num-parts", num_parts), ("--part-index", part_index)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise DataprepError(f"{flag} {value!r}: need an integer")
+            raise DataprepError(f"{flag}: must be an integer, got {value!r}")
     if workers is not None and workers < 1:
-        raise DataprepError(f"--workers {workers}: need at least 1")
+        raise DataprepError(f"--workers: must be >= 1, got {workers}")
     if num_parts is not None and num_parts < 1:
-        raise DataprepError(f"--num-parts {num_parts}: need at least 1")
+        raise DataprepError(f"--num-parts: must be >= 1, got {num_parts}")
     if num_parts is not None and max_parts is not None and num_parts > max_parts:
-        raise DataprepError(f"--num-parts {num_parts}: need between 1 and {max_what or 'the maximum'} ({max_parts})")
+        raise DataprepError(f"--num-parts: must be <= {max_what or 'the maximum'} ({max_parts}), got {num_parts}")
     if part_index is not None:
         if part_index < 0:
-            raise DataprepError(f"--part-index {part_index}: need at least 0")
+            raise DataprepError(f"--part-index: must be >= 0, got {part_index}")
         if num_parts is not None and part_index >= num_parts:
             raise DataprepError(f"--part-index {part_index} is not in [0, {num_parts}) (--num-parts {num_parts})")
 

@@ -32,8 +32,6 @@ tool version or number of parts) is refused with a one-line error.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import time

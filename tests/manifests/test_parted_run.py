@@ -98,17 +98,17 @@ def test_a_marker_that_is_not_ours_is_one_line(tmp_path: Path, text: str) -> Non
 def test_split_checks_name_the_flag() -> None:
     check_split(4, 3, workers=2)
     check_split(None, None)
-    for args, kw, msg in [((0, None), {}, "--num-parts 0: need at least 1"),
+    for args, kw, msg in [((0, None), {}, "--num-parts: must be >= 1, got 0"),
                           ((4, 4), {}, r"--part-index 4 is not in \[0, 4\)"),
-                          ((None, -1), {}, "--part-index -1: need at least 0"),
-                          ((None, None), {"workers": 0}, "--workers 0: need at least 1"),
+                          ((None, -1), {}, "--part-index: must be >= 0, got -1"),
+                          ((None, None), {"workers": 0}, "--workers: must be >= 1, got 0"),
                           ((7, None), {"max_parts": 5, "max_what": "the number of rows"},
-                           r"--num-parts 7: need between 1 and the number of rows \(5\)"),
-                          ((2.0, None), {}, "--num-parts 2.0: need an integer"),
-                          ((True, None), {}, "--num-parts True: need an integer")]:
+                           r"--num-parts: must be <= the number of rows \(5\), got 7"),
+                          ((2.0, None), {}, "--num-parts: must be an integer, got 2.0"),
+                          ((True, None), {}, "--num-parts: must be an integer, got True")]:
         with pytest.raises(DataprepError, match=msg):
             check_split(*args, **kw)
-    with pytest.raises(DataprepError, match="--num-parts 0"):
+    with pytest.raises(DataprepError, match="--num-parts: must be >= 1, got 0"):
         PartedRun(".", FP, 0)
     with pytest.raises(DataprepError, match=r"--part-index 2 is not in \[0, 2\)"):
         PartedRun(".", FP, 2).marker_path(2)
