@@ -84,10 +84,14 @@ def cut_dict_for_row(row: Mapping[str, Any], channel: int | None = None,
 
 def cut_for_row(row: Mapping[str, Any], channel: int | None = None, custom: Mapping[str, Any] | None = None) -> Any:
     """One manifest row as a Lhotse cut (see the module docstring); ``custom`` adds keys."""
-    from lhotse import MonoCut, MultiCut
+    from lhotse import AudioSource, MonoCut, MultiCut, Recording, SupervisionSegment
 
     d = cut_dict_for_row(row, channel, custom)
-    return (MultiCut if d.pop("type") == "MultiCut" else MonoCut).from_dict(d)
+    r = d["recording"]
+    rec = Recording(**{**r, "sources": [AudioSource(**s) for s in r["sources"]]})
+    cls = MultiCut if d["type"] == "MultiCut" else MonoCut
+    return cls(id=d["id"], start=d["start"], duration=d["duration"], channel=d["channel"], recording=rec,
+               supervisions=[SupervisionSegment(**s) for s in d["supervisions"]], custom=d["custom"])
 
 
 def cuts_for_rows(rows: pa.Table | Iterable[Mapping[str, Any]], channel: int | None = None) -> list[Any]:
