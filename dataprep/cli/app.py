@@ -125,6 +125,15 @@ def check_range(option: str, value: float | int | None, *, ge: float | None = No
         raise DataprepError(str(exc)) from None
 
 
+def alias(option: str, value: Any, old: str, old_value: Any) -> Any:
+    """The value of ``option`` given under it or under its hidden old name ``old`` (one line if both)."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise DataprepError(f"{old} is the old name of {option}: give one of them")
+    return old_value
+
+
 def parse_world_sizes(option: str, text: str) -> list[int]:
     """``"8,32,128"`` -> ``[8, 32, 128]``; one line for anything else (every size >= 1)."""
     try:

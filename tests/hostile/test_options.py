@@ -18,6 +18,8 @@ from tests.training._consumer import Corpus
     ("--max-plausible-duration", "inf", "finite"),
     ("--threads", "0", "must be >= 1"),
     ("--workers", "0", "must be >= 1"),
+    ("--num-parts", "0", "must be >= 1"),
+    ("--part-index", "-1", "must be >= 0"),
 ])
 def test_compile_options(corpus: Corpus, tmp_path: Path, option: str, value: str, problem: str) -> None:
     out = tmp_path / "m.parquet"
