@@ -17,6 +17,7 @@ import soundfile
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from dataprep.planning.options import PlanOptions
 from dataprep.integrations.torch import PlanBatchSampler
 from manifests.errors import DataprepError
 from manifests.plan_files import open_shard
@@ -213,7 +214,7 @@ def test_samplers_over_a_replanned_plan_yield_len_batches(rich: Rich, cache: Pat
     from dataprep.planning.replan import replan
 
     at = len(plan_ids(rich.plan, 0)) // 2
-    meta = replan(rich.plan, rich.manifest, tmp_path / "re", at_step=at, world_size=3)
+    meta = replan(rich.plan, rich.manifest, tmp_path / "re", PlanOptions(world_size=3), at_step=at)
     for rank in range(3):
         torch_sampler = PlanBatchSampler(tmp_path / "re", rank)
         n = len(torch_sampler)

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dataprep.planning.build import build_plan
+from dataprep.planning.options import PlanOptions
 from dataprep.planning.replan import replan
 from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError
@@ -29,10 +30,10 @@ class Plans:
     def __init__(self, root: Path) -> None:
         manifest, buckets = write_plan_inputs(root, 600, seed=3, num_buckets=4)
         self.plan = root / "plan"
-        self.meta = build_plan(manifest, buckets, self.plan, world_size=W, epochs=2, row_group_steps=4)
+        self.meta = build_plan(manifest, buckets, self.plan, PlanOptions(world_size=W, epochs=2, row_group_steps=4))
         self.at = self.meta.steps_per_epoch[0] // 2
         self.replanned = root / "replanned"
-        self.rmeta = replan(self.plan, manifest, self.replanned, at_step=self.at, world_size=W2, row_group_steps=4)
+        self.rmeta = replan(self.plan, manifest, self.replanned, PlanOptions(world_size=W2, row_group_steps=4), at_step=self.at)
 
 
 @pytest.fixture(scope="module")
