@@ -106,8 +106,9 @@ def test_demo_steps_reproduce_the_golden_outputs(pipeline: Path) -> None:
 
 
 def _step_seconds(size: int, max_duration: float, max_tokens: int) -> float:
-    """The default cost model (bucketing/costmodel.py's formula) written out: 0.02 s per step plus, per utterance,
-    5e-6 s per frame, 6e-10 s per frame^2, 2e-5 s per token, 5e-8 s per token^2 (10 ms frames)."""
+    """The default cost model (bucketing/costmodel.py's formula) written out: 0.02 s per step
+    plus, per utterance, 5e-6 s per frame, 6e-10 s per frame^2, 2e-5 s per token, 5e-8 s per
+    token^2 (10 ms frames)."""
     f = max_duration / 0.01
     return 0.02 + size * (5e-6 * f + 6e-10 * f * f + 2e-5 * max_tokens + 5e-8 * max_tokens * max_tokens)
 
