@@ -184,6 +184,14 @@ class _Placement:
         self.sizes[b].append(sizes)
 
 
+def require_one_step(bucket_of_row: npt.ArrayLike, world_size: int) -> None:
+    """:class:`PlanError` unless the allocated rows (bucket >= 0) give each of ``world_size``
+    ranks at least one utterance: a check callers can make before any planning work."""
+    n_alloc = int((np.asarray(bucket_of_row) >= 0).sum())
+    if n_alloc < world_size:
+        raise PlanError(f"{n_alloc} utterances cannot fill one step of {world_size} ranks")
+
+
 def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
                interleave: Interleave = "random", balance: float = 0.0, cost: CostModel | None = None,
                **grouping: object) -> EpochPlan:
@@ -202,9 +210,7 @@ def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
     B = int(batch_sizes.shape[0])
     if (batch_sizes < 1).any():
         raise PlanError("every bucket needs a batch size >= 1")
-    n_alloc = int((bucket_of_row >= 0).sum())
-    if n_alloc < W:
-        raise PlanError(f"{n_alloc} utterances cannot fill one step of {W} ranks")
+    require_one_step(bucket_of_row, W)
     if balance < 0:
         raise PlanError(f"balance tolerance must be >= 0, got {balance}")
     if interleave not in ("random", "ascending"):

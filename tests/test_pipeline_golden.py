@@ -105,7 +105,53 @@ def test_demo_steps_reproduce_the_golden_outputs(pipeline: Path) -> None:
         assert (out / name).read_bytes() == (GOLDEN / name).read_bytes(), name
 
 
+def _step_seconds(size: int, max_duration: float, max_tokens: int) -> float:
+    """The default cost model (bucketing/costmodel.py's formula) written out: 0.02 s per step
+    plus, per utterance, 5e-6 s per frame, 6e-10 s per frame^2, 2e-5 s per token, 5e-8 s per
+    token^2 (10 ms frames)."""
+    f = max_duration / 0.01
+    return 0.02 + size * (5e-6 * f + 6e-10 * f * f + 2e-5 * max_tokens + 5e-8 * max_tokens * max_tokens)
+
+
+def _busy_matches(seconds: str, idle: str, world: int, busy: float) -> bool:
+    """Printed epoch seconds (0.1 s) and idle share (0.1 %) agree with ``busy`` rank-seconds:
+    epoch = busy / (world * (1 - idle)), within the printed precision."""
+    i = float(idle.rstrip("%")) / 100
+    want = busy / (world * (1 - i))
+    return abs(float(seconds) - want) <= 0.05 + want * 0.0006 / (1 - i) + 1e-9
+
+
 def test_demo_stats_and_simulate_run(pipeline: Path) -> None:
     stats = json.loads((pipeline / "stats.json").read_text())
     assert stats["totals"]["utterances"] == pl.read_parquet(pipeline / "manifest.parquet").height
     assert (pipeline / "padding.json").exists()
+    # simulate's figures at the plan's own world size, recomputed from the shards' row lists and
+    # the manifest: epoch 0's steps, each step as long as its slowest rank's batch
+    kept = pl.read_parquet(pipeline / "kept.parquet", columns=["duration", "num_tokens"])
+    dur, tok = kept["duration"].to_list(), kept["num_tokens"].to_list()
+    shards = sorted((pipeline / "plan").glob("rank-*.parquet"))
+    world = len(shards)
+    per_rank = [[_step_seconds(len(rows), max(dur[i] for i in rows), max(tok[i] for i in rows))
+                 for rows in pl.read_parquet(s).filter(pl.col("epoch") == 0).sort("step")["rows"].to_list()]
+                for s in shards]
+    steps = len(per_rank[0])
+    assert all(len(r) == steps for r in per_rank) and steps > 0
+    epoch_s = sum(max(r[k] for r in per_rank) for k in range(steps))
+    busy = sum(map(sum, per_rank))
+    idle = 1 - busy / (world * epoch_s)
+    res = runner.invoke(app, ["simulate", str(pipeline / "plan"), "--world-sizes", "2"])
+    assert res.exit_code == 0, res.output
+    assert f"plan's steps (world size {world}): {steps} steps" in res.stdout
+    rows = {int(c[0]): c for c in (ln.split() for ln in res.stdout.splitlines()) if c and c[0].isdigit()}
+    assert sorted(rows) == [2, world]
+    ws, steps_sync, steps_unsync, idle_sync, idle_unsync, s_sync, s_unsync, speedup = rows[world][:8]
+    assert int(steps_sync) == steps and idle_sync == f"{idle:.1%}"
+    assert abs(float(s_sync) - epoch_s) <= 0.05 + 1e-9, (s_sync, epoch_s)
+    # unsynchronized: the same batches dealt to free ranks; the same busy time, whole steps
+    assert int(steps_unsync) == -(-steps * world // world)
+    assert _busy_matches(s_unsync, idle_unsync, world, busy)
+    t_unsync = busy / (world * (1 - float(idle_unsync.rstrip("%")) / 100))
+    assert abs(float(speedup.rstrip("%")) - 100 * (1 - epoch_s / t_unsync)) < 0.2, (speedup, epoch_s, t_unsync)
+    # at 2 ranks the same batches are dealt out unsynchronized: the same busy time, whole steps
+    _, _, st_u, _, i_u, _, t_u, _ = rows[2][:8]
+    assert int(st_u) == -(-steps * world // 2) and _busy_matches(t_u, i_u, 2, busy)

@@ -27,7 +27,7 @@ from bucketing.balance import PlanReport
 from bucketing.costmodel import CostModel
 from bucketing.fit import grid_from_spec
 from bucketing.groups import regroup
-from bucketing.plan import EpochPlan, PlanError, PlanInputs, plan_epoch
+from bucketing.plan import EpochPlan, PlanError, PlanInputs, plan_epoch, require_one_step
 from bucketing.steps_report import epoch_report
 from dataprep.planning.options import PlanOptions
 from manifests.buckets_file import BucketSpec, read_buckets
@@ -194,6 +194,10 @@ def build_plan(
     inputs = PlanInputs(assigned.bucket, bs, cols.duration, cols.num_tokens, grid.max_duration,
                         assigned.max_tokens.astype(np.float64))
     clock("allocate")
+    try:  # before one shard writer per rank is opened (seconds at a huge --world-size)
+        require_one_step(assigned.bucket, world_size)
+    except PlanError as exc:
+        raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
     totals = EpochTotals(len(spec.buckets))
     dynres = _DynResTotals(dynamic_resolution, len(spec.buckets)) if dynamic_resolution is not None else None
     total = epochs * world_size

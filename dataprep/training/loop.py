@@ -21,8 +21,9 @@ Checkpoint format (``last.pt``, ``torch.save`` of a dict, read back with
 ``torch.load(weights_only=True)``: tensors and plain values only, so a crafted file cannot run
 code): ``next_step`` (int, the plan step to continue at), ``model`` (the model's state dict),
 ``optimizer`` (AdamW's state dict), ``plan_hash`` (the plan it was trained on; a checkpoint of
-another plan is refused) and ``config`` (this run's :class:`TrainConfig` as plain values).
-Anything else, or a file torch cannot read, is refused with one line (:func:`load_checkpoint`).
+another plan is refused), ``config`` (this run's :class:`TrainConfig` as plain values) and
+``content_sha256`` (:mod:`dataprep.training.checkpoint`: a hash of all the others, recomputed on
+every load). Anything else, a damaged file or one torch cannot read, is refused with one line.
 A directory holding a run is refused without ``--resume`` (continue) or ``--overwrite``.
 
 Files in the checkpoint directory: ``last.pt``, ``log.jsonl`` (rank 0's step lines),
@@ -50,6 +51,7 @@ import torch.multiprocessing as mp
 
 from bucketing.dynres import DynResConfig
 from dataprep.training.batches import Batch, BatchBuilder
+from dataprep.training.checkpoint import load_checkpoint, save_checkpoint
 from dataprep.training.loader import PlanDataset, make_loader
 from dataprep.training_config import TrainConfig
 from manifests.errors import DataprepError
@@ -152,30 +154,6 @@ def _resume(ckpt_path: Path, meta: PlanMeta, model: torch.nn.Module, opt: torch.
     return next_step
 
 
-def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Read ``last.pt`` safely (``weights_only=True``: no code runs from the file) and check its
-    fields (see the module docstring); :class:`DataprepError` as ``FILE: field: problem``."""
-    if not path.is_file():
-        raise DataprepError(f"{path}: no checkpoint to resume from")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as exc:  # noqa: BLE001  (any undecodable or unsafe file is the same user error)
-        text = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        raise DataprepError(f"{path}: not a readable checkpoint ({text})") from None
-    if not isinstance(ckpt, dict):
-        raise DataprepError(f"{path}: expected a checkpoint dict, got {type(ckpt).__name__}")
-    for key, kind in (("next_step", int), ("model", dict), ("optimizer", dict), ("plan_hash", str)):
-        if key not in ckpt:
-            raise DataprepError(f"{path}: {key}: missing")
-        if not isinstance(ckpt[key], kind) or isinstance(ckpt[key], bool):
-            raise DataprepError(f"{path}: {key}: expected {kind.__name__}, got {type(ckpt[key]).__name__}")
-    if ckpt["next_step"] < 0:
-        raise DataprepError(f"{path}: next_step: must be >= 0, got {ckpt['next_step']}")
-    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt["model"].items()):
-        raise DataprepError(f"{path}: model: expected a state dict of named tensors")
-    return ckpt
-
-
 def _optimizer_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, device: torch.device,
                     n_mels: int) -> torch.Tensor:
     """Forward, backward and one optimizer step on ``batch``; the loss."""
@@ -233,8 +211,9 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
         def save(next_step: int) -> None:
             if rank == 0:
                 with atomic_path(ckpt_path) as tmp:
-                    torch.save({"next_step": next_step, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                                "plan_hash": meta.plan_hash, "config": asdict(cfg)}, tmp)
+                    save_checkpoint(tmp, {"next_step": next_step, "model": model.state_dict(),
+                                          "optimizer": opt.state_dict(), "plan_hash": meta.plan_hash,
+                                          "config": asdict(cfg)})
                 _write_lines(Path(cfg.checkpoint_dir) / "log.jsonl", log)
             if cfg.trace:
                 _write_lines(_rank_file(cfg, "trace", rank), trace)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,9 @@ import torch
 
 from dataprep.testing import WORDS, write_nemo_manifest, write_tone
 from dataprep.tokenize import train_model
+from dataprep.training.checkpoint import HASH_FIELD, load_checkpoint, save_checkpoint
 from manifests.buckets_file import Bucket, BucketSpec, write_buckets
+from manifests.errors import DataprepError
 from tests.hostile.conftest import refused, train_args
 from tests.training._consumer import Corpus, invoke
 
@@ -43,26 +47,96 @@ def test_crafted_checkpoint_runs_no_code(corpus: Corpus, plan: Path, trained: Pa
     assert not marker.exists()
 
 
+def _sealed(p: Path, fields: dict) -> None:
+    """Write ``fields`` as this tool does (with their content hash): the field checks behind it run."""
+    save_checkpoint(p, {k: v for k, v in fields.items() if k != HASH_FIELD})
+
+
 @pytest.mark.parametrize("damage,problem", [
     (lambda p, real: p.write_bytes(b"\x80\x04garbage" * 50), "not a readable checkpoint"),
     (lambda p, real: p.write_bytes(p.read_bytes()[:300]), "not a readable checkpoint"),
     (lambda p, real: p.write_bytes(b""), "not a readable checkpoint"),
     (lambda p, real: torch.save([1, 2, 3], p), "expected a checkpoint dict"),
-    (lambda p, real: torch.save({k: v for k, v in real.items() if k != "next_step"}, p), "next_step: missing"),
-    (lambda p, real: torch.save({**real, "next_step": "2"}, p), "next_step: expected int"),
-    (lambda p, real: torch.save({**real, "next_step": True}, p), "next_step: expected int"),
-    (lambda p, real: torch.save({**real, "next_step": -1}, p), "next_step: must be >= 0"),
-    (lambda p, real: torch.save({**real, "next_step": 10**6}, p), "past the plan's"),
-    (lambda p, real: torch.save({**real, "plan_hash": "0" * 64}, p), "another plan"),
-    (lambda p, real: torch.save({**real, "model": {"w": 3}}, p), "model: expected a state dict"),
-    (lambda p, real: torch.save({**real, "model": {"w": torch.zeros(2)}}, p), "does not fit"),
+    # edited without its hash (by hand, or by an older version of the tool)
+    (lambda p, real: torch.save({k: v for k, v in real.items() if k != HASH_FIELD}, p), "content_sha256: missing"),
+    (lambda p, real: torch.save({**real, "next_step": 1}, p), "do not match the stored hash"),
+    (lambda p, real: torch.save({**real, "model": {k: v + 1 for k, v in real["model"].items()}}, p),
+     "do not match the stored hash"),
+    (lambda p, real: torch.save({**real, HASH_FIELD: "0" * 64}, p), "do not match the stored hash"),
+    (lambda p, real: torch.save({**real, "extra": torch.float32}, p), "not a checkpoint this tool wrote"),
+    # sealed with a valid hash: the field checks still refuse
+    (lambda p, real: _sealed(p, {k: v for k, v in real.items() if k != "next_step"}), "next_step: missing"),
+    (lambda p, real: _sealed(p, {**real, "next_step": "2"}), "next_step: expected int"),
+    (lambda p, real: _sealed(p, {**real, "next_step": True}), "next_step: expected int"),
+    (lambda p, real: _sealed(p, {**real, "next_step": -1}), "next_step: must be >= 0"),
+    (lambda p, real: _sealed(p, {**real, "next_step": 10**6}), "past the plan's"),
+    (lambda p, real: _sealed(p, {**real, "plan_hash": "0" * 64}), "another plan"),
+    (lambda p, real: _sealed(p, {**real, "model": {"w": 3}}), "model: expected a state dict"),
+    (lambda p, real: _sealed(p, {**real, "model": {"w": torch.zeros(2)}}), "does not fit"),
     (lambda p, real: p.unlink(), "no checkpoint to resume from"),
 ])
 def test_damaged_checkpoint(corpus: Corpus, plan: Path, trained: Path, tmp_path: Path, damage, problem: str) -> None:
     ck = _ckpt_copy(trained, tmp_path)
     real = torch.load(ck / "last.pt", weights_only=True)
     damage(ck / "last.pt", real)
-    refused(*train_args(corpus, plan, ck, "--resume"), match=problem)
+    refused(*train_args(corpus, plan, ck, "--resume"), match=("last.pt", problem))
+
+
+def _tensor_data_spans(path: Path) -> list[tuple[str, int, int]]:
+    """(member, start, end) byte offsets in ``path`` of each tensor's raw data (torch.save writes
+    a zip whose ``data/N`` members are stored uncompressed)."""
+    raw = path.read_bytes()
+    spans = []
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            if "/data/" in info.filename and info.file_size:
+                assert info.compress_type == zipfile.ZIP_STORED
+                name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+                start = info.header_offset + 30 + name_len + extra_len
+                spans.append((info.filename, start, start + info.file_size))
+    return spans
+
+
+def test_every_byte_flipped_inside_a_tensor_is_refused(tmp_path: Path) -> None:
+    """A small checkpoint (model, AdamW state, fields) written as the loop writes it: each byte of
+    every tensor's data flipped in turn loads nowhere; :func:`load_checkpoint` says which file."""
+    model = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 5)).sum().backward()
+    opt.step()
+    good = tmp_path / "good.pt"
+    save_checkpoint(good, {"next_step": 3, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                           "plan_hash": "ab" * 32, "config": {"lr": 1e-3, "seed": 0}})
+    assert load_checkpoint(good)["next_step"] == 3
+    raw = good.read_bytes()
+    spans = _tensor_data_spans(good)
+    positions = [i for _, a, b in spans for i in range(a, b)]
+    assert len(spans) >= 8 and len(positions) >= 300  # weights, biases, exp_avg, exp_avg_sq, steps
+    bad = tmp_path / "last.pt"
+    for i in positions:
+        flipped = bytearray(raw)
+        flipped[i] ^= 0xFF
+        bad.write_bytes(flipped)
+        with pytest.raises(DataprepError) as exc:
+            load_checkpoint(bad)
+        assert str(exc.value).startswith(f"{bad}: ") and "\n" not in str(exc.value), (i, str(exc.value))
+
+
+def test_flipped_bytes_in_a_trained_checkpoint_make_resume_refuse(corpus: Corpus, plan: Path, trained: Path,
+                                                                   tmp_path: Path) -> None:
+    """``dataprep train --resume`` on the real run's ``last.pt`` with a byte flipped inside a tensor
+    refuses with one line; 64 more positions spread over all the tensors' data go through
+    :func:`load_checkpoint` (what ``--resume`` calls; the small checkpoint above gets every byte)."""
+    ck = _ckpt_copy(trained, tmp_path)
+    raw = (ck / "last.pt").read_bytes()
+    positions = [i for _, a, b in _tensor_data_spans(ck / "last.pt") for i in range(a, b)]
+    i = positions[len(positions) // 2]
+    (ck / "last.pt").write_bytes(raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1:])
+    refused(*train_args(corpus, plan, ck, "--resume"), match=("last.pt", "do not match the stored hash"))
+    for i in [positions[0], positions[-1], *positions[:: max(1, len(positions) // 62)]]:
+        (ck / "last.pt").write_bytes(raw[:i] + bytes([raw[i] ^ 0x80]) + raw[i + 1:])
+        with pytest.raises(DataprepError, match="last.pt: content_sha256: "):
+            load_checkpoint(ck / "last.pt")
 
 
 def test_checkpoint_dir_holding_a_run(corpus: Corpus, plan: Path, trained: Path, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from lhotse import CutSet  # noqa: E402
 
 from manifests.io import read_manifest  # noqa: E402
 from manifests.plan_files import open_shard  # noqa: E402
+from tests.integrations._nemo import canary_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +32,8 @@ def rich(tmp_path_factory: pytest.TempPathFactory) -> Rich:
 
 @pytest.fixture(scope="module")
 def tokenizer(rich: Rich, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from nemo.collections.common.tokenizers.canary_tokenizer import CanaryTokenizer
-    from nemo.collections.common.tokenizers.sentencepiece_tokenizer import SentencePieceTokenizer
-
-    langs = sorted({x for c in ("source_lang", "target_lang", "lang") for x in read_manifest(rich.manifest)[c].drop_nulls()})
-    special = ["<|startofcontext|>", "<|emo:undefined|>", "<|transcribe|>", "<|translate|>", "<|itn|>", "<|noitn|>",
-               "<|timestamp|>", "<|notimestamp|>", "<|diarize|>", "<|nodiarize|>", *[f"<|{x}|>" for x in langs]]
-    spl = CanaryTokenizer.build_special_tokenizer(special, tmp_path_factory.mktemp("spl"))
-    return CanaryTokenizer({"spl_tokens": spl, **{x: SentencePieceTokenizer(str(rich.spm)) for x in langs}})
+    langs = {x for c in ("source_lang", "target_lang", "lang") for x in read_manifest(rich.manifest)[c].drop_nulls()}
+    return canary_tokenizer(rich.spm, langs, tmp_path_factory.mktemp("spl"))
 
 
 def plan_ids(plan: Path, rank: int) -> list[list[str]]:
