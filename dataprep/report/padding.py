@@ -18,7 +18,7 @@ from bucketing.fit import grid_from_spec
 from bucketing.padding import padding_report
 from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
-from manifests.buckets_file import read_buckets
+from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError
 from manifests.io import manifest_hash, read_manifest
 
@@ -55,7 +55,39 @@ def manifest_padding_report(
     ``budget`` (padded seconds per batch) defaults to the one buckets.json was sized with;
     buckets without a batch size are sized by it."""
     d, t = duration_and_tokens(manifest)
-    spec = read_buckets(buckets)
+    try:
+        report = spec_padding_report(d, t, read_buckets(buckets), budget=budget, cumulative_budget=cumulative_budget,
+                                     strict=strict, seed=seed, window=window, sort_by=sort_by,
+                                     audio_weight=audio_weight, carry=carry, dynamic_resolution=dynamic_resolution,
+                                     world_sizes=world_sizes, balance=balance)
+    except PlanError as exc:
+        raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
+    except ValueError as exc:
+        raise DataprepError(f"{manifest}: {exc}") from None
+    report["manifest_hash"] = manifest_hash(manifest)
+    return report
+
+
+def spec_padding_report(
+    d: npt.NDArray[np.float64],
+    t: npt.NDArray[np.int64],
+    spec: BucketSpec,
+    *,
+    budget: float | None = None,
+    cumulative_budget: float | None = None,
+    strict: bool = False,
+    seed: int = 0,
+    window: int | None = None,
+    sort_by: str | None = None,
+    audio_weight: float | None = None,
+    carry: bool = True,
+    dynamic_resolution: DynResConfig | None = None,
+    world_sizes: Sequence[int] = (),
+    balance: float = 0.0,
+) -> dict[str, Any]:
+    """:func:`manifest_padding_report` of rows already read (durations s, tokens) and a
+    parsed buckets file. Raises :class:`bucketing.plan.PlanError` when the rows cannot be
+    planned, ValueError for a bad option."""
     grid = grid_from_spec(spec)
     if budget is None:
         budget = float(spec.batch_size_source.get("max_duration", 600.0))
@@ -64,16 +96,10 @@ def manifest_padding_report(
         bs = padded_budget_batch_sizes(grid.max_duration, max_duration_budget=budget)
     else:
         bs = np.asarray(sizes, dtype=np.int64)
-    try:
-        report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
-                                strict=strict, seed=seed, window=window, sort_by=sort_by,
-                                audio_weight=audio_weight, carry=carry, dynamic_resolution=dynamic_resolution)
-        if world_sizes:
-            report["steps"] = steps_report(d, t, grid, bs, list(world_sizes), balance, seed=seed, strict=strict,
-                                           carry=carry)
-    except PlanError as exc:
-        raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
-    except ValueError as exc:
-        raise DataprepError(f"{manifest}: {exc}") from None
-    report["manifest_hash"] = manifest_hash(manifest)
+    report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
+                            strict=strict, seed=seed, window=window, sort_by=sort_by,
+                            audio_weight=audio_weight, carry=carry, dynamic_resolution=dynamic_resolution)
+    if world_sizes:
+        report["steps"] = steps_report(d, t, grid, bs, list(world_sizes), balance, seed=seed, strict=strict,
+                                       carry=carry)
     return report
