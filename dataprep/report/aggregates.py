@@ -146,7 +146,8 @@ def tps_cut_table(tps: npt.NDArray[np.float64], duration: npt.NDArray[np.float64
         return []
     top = float(t.max())
     step = max(TPS_STEP, math.ceil(top / TPS_POSITIONS / TPS_STEP) * TPS_STEP)
-    xs = np.arange(1, int(math.ceil(top / step)) + 2) * step
+    first = max(1, int(math.floor(float(t.min()) / step)))  # below the smallest TPS nothing is kept
+    xs = np.arange(first, int(math.ceil(top / step)) + 2) * step
     k = np.searchsorted(xs, t, side="left")  # xs[k-1] < tps <= xs[k]: kept from X = xs[k] on
     kept = np.cumsum(np.bincount(k, minlength=xs.shape[0])[: xs.shape[0]])
     hours = np.cumsum(np.bincount(k, weights=d, minlength=xs.shape[0])[: xs.shape[0]]) / 3600.0
