@@ -25,24 +25,25 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from bucketing.allocate import assign
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from bucketing.plan import PlanError
 from dataprep.planning.simulate import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
-from dataprep.report.padding import spec_padding_report
-from dataprep.report.stats import ManifestStats, compute_stats
+from dataprep.report.padding import batch_sizes_for, spec_padding_report
+from dataprep.report.stats import QUANTILES, ManifestStats, compute_stats
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
-from manifests.io import file_sha256, manifest_hash, read_manifest, read_metadata
+from manifests.io import file_sha256, manifest_hash, read_manifest, read_metadata, require_manifest_hash
 from manifests.plan_meta import PlanMeta, read_plan_meta
 
 #: bins of each 1D histogram (duration, tokens, TPS), plus one overflow bin
 HIST_BINS = 80
 #: bins per axis of the duration x tokens histogram
 GRID_BINS = 60
-#: quantile that sets a histogram's upper edge (rows above it land in the overflow bin)
-HIST_TOP = 0.999
+#: quantile (percent) that sets a histogram's upper edge (rows above it land in the overflow bin)
+HIST_TOP = 99.9
 #: step of the ``--max-tps`` slider (tokens/s) and its most positions
 TPS_STEP = 0.5
 TPS_POSITIONS = 240
@@ -51,6 +52,9 @@ MAX_GROUPS = 60
 #: examples kept per reject reason, and characters kept of each field
 REJECT_EXAMPLES = 3
 EXAMPLE_CHARS = 160
+#: rows the padding per scheme is measured on (a uniform sample beyond it; 1M rows keep the
+#: schemes' padding within a few hundredths of a percent of the full figure and take ~4 s)
+SCHEME_SAMPLE_ROWS = 1_000_000
 #: steps drawn in the steps chart; longer epochs are shown as windows of consecutive steps
 MAX_STEP_POINTS = 1500
 #: epochs whose per-corpus shares are computed
@@ -72,15 +76,15 @@ class Histogram:
     bins: list[dict[str, float]]
 
     @classmethod
-    def of(cls, column: str, values: npt.NDArray[Any], hours_of: npt.NDArray[np.float64], integer: bool = False,
-           bins: int = HIST_BINS) -> Histogram:
+    def of(cls, column: str, values: npt.NDArray[Any], hours_of: npt.NDArray[np.float64], top: float | None,
+           integer: bool = False, bins: int = HIST_BINS) -> Histogram:
+        """Bins of equal width over ``[0, top]`` (``top``: the :data:`HIST_TOP` quantile)."""
         v = np.asarray(values, dtype=np.float64)
         ok = np.isfinite(v)
-        v, w = v[ok], hours_of[ok]
-        if v.size == 0:
+        if top is None or not ok.any():
             return cls(column, [])
-        top = max(float(np.quantile(v, HIST_TOP)), 1e-9)
-        width = top / bins
+        v, w = v[ok], hours_of[ok]
+        width = max(top, 1e-9) / bins
         if integer:
             width = max(1.0, math.ceil(width))
         idx = np.minimum((np.maximum(v, 0.0) / width).astype(np.int64), bins)
@@ -111,19 +115,32 @@ def _numeric_columns(manifest: str | os.PathLike[str]) -> pl.DataFrame:
     return df
 
 
-def corpus_groups(manifest: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Utterances, hours and tokens per (corpus, lang, task), largest first; a streaming
-    group-by, so the string columns are never held whole. More than :data:`MAX_GROUPS`
-    groups: the smallest are summed into one ``(other: N groups)`` row."""
-    names = pl.scan_parquet(manifest).collect_schema().names()
-    key = [CORPUS_EXPR.alias("corpus"),
-           *[(pl.col(c).cast(pl.String) if c in names else pl.lit(None, pl.String)).fill_null("-").alias(c)
-             for c in ("lang", "task")]]
-    g = (pl.scan_parquet(manifest).group_by(key)
-         .agg(pl.len().alias("utterances"), (pl.col("duration").fill_nan(None).sum() / 3600).alias("hours"),
-              pl.col("num_tokens").cast(pl.Int64).sum().alias("tokens"))
-         .sort(["hours", "corpus", "lang", "task"], descending=[True, False, False, False])
-         .collect(engine="streaming"))
+@dataclass(frozen=True)
+class Corpora:
+    """Each row's corpus (its ``origin`` without the trailing ``:line`` or ``:member``) as an
+    index into ``names``, and the (corpus, lang, task) groups: utterances, hours, tokens."""
+
+    names: list[str]
+    codes: npt.NDArray[np.int64]
+    groups: list[dict[str, Any]]
+
+
+def corpora(manifest: str | os.PathLike[str]) -> Corpora:
+    """One streaming pass over the manifest's strings (categorical codes kept, never the
+    strings themselves), then the groups, largest first. More than :data:`MAX_GROUPS` groups:
+    the smallest are summed into one ``(other: N groups)`` row."""
+    names_in = pl.scan_parquet(manifest).collect_schema().names()
+    cat = [CORPUS_EXPR.cast(pl.Categorical).alias("corpus"),
+           *[(pl.col(c).cast(pl.String) if c in names_in else pl.lit(None, pl.String)).fill_null("-")
+             .cast(pl.Categorical).alias(c) for c in ("lang", "task")]]
+    df = (pl.scan_parquet(manifest)
+          .select(*cat, pl.col("duration").cast(pl.Float64).fill_nan(None), pl.col("num_tokens").cast(pl.Int64))
+          .collect(engine="streaming"))
+    g = (df.group_by("corpus", "lang", "task")
+         .agg(pl.len().alias("utterances"), (pl.col("duration").sum() / 3600).alias("hours"),
+              pl.col("num_tokens").sum().alias("tokens"))
+         .with_columns(pl.col("corpus", "lang", "task").cast(pl.String))
+         .sort(["hours", "corpus", "lang", "task"], descending=[True, False, False, False]))
     rows = g.to_dicts()
     if len(rows) > MAX_GROUPS:
         rest = rows[MAX_GROUPS - 1:]
@@ -132,8 +149,14 @@ def corpus_groups(manifest: str | os.PathLike[str]) -> list[dict[str, Any]]:
                                           "hours": sum(r["hours"] or 0.0 for r in rest),
                                           "tokens": sum(r["tokens"] or 0 for r in rest)}]
     total_h = sum(r["hours"] or 0.0 for r in rows) or 1.0
-    return [{**r, "hours": _r(r["hours"] or 0.0, 4), "tokens": int(r["tokens"] or 0),
-             "share": _r((r["hours"] or 0.0) / total_h, 4)} for r in rows]
+    groups = [{**r, "hours": _r(r["hours"] or 0.0, 4), "tokens": int(r["tokens"] or 0),
+               "share": _r((r["hours"] or 0.0) / total_h, 4)} for r in rows]
+    pairs = (df.select(pl.col("corpus").cast(pl.String).alias("name"), pl.col("corpus").to_physical().alias("code"))
+             .unique().sort("name"))
+    phys = df["corpus"].to_physical().to_numpy().astype(np.int64)
+    lut = np.zeros(int(pairs["code"].max()) + 1, dtype=np.int64)
+    lut[pairs["code"].to_numpy()] = np.arange(pairs.height)
+    return Corpora(pairs["name"].to_list(), lut[phys], groups)
 
 
 def tps_cut_table(tps: npt.NDArray[np.float64], duration: npt.NDArray[np.float64]) -> list[dict[str, float]]:
@@ -155,16 +178,16 @@ def tps_cut_table(tps: npt.NDArray[np.float64], duration: npt.NDArray[np.float64
              "hours_share": _r(h / h_all) if h_all else 0.0} for x, kk, h in zip(xs, kept, hours)]
 
 
-def grid_histogram(duration: npt.NDArray[np.float64], tokens: npt.NDArray[np.float64],
+def grid_histogram(duration: npt.NDArray[np.float64], tokens: npt.NDArray[np.float64], d_top: float, t_top: float,
                    spec: BucketSpec | None, bins: int = GRID_BINS) -> dict[str, Any]:
     """Rows per cell of a ``bins`` x ``bins`` duration x tokens grid (non-empty cells only),
-    its extent, and the bucket boxes to draw over it (clipped to the extent)."""
+    its extent (``d_top`` s, ``t_top`` tokens: the rows beyond land in the last cells), and the
+    bucket boxes to draw over it (clipped to the extent)."""
     ok = np.isfinite(duration) & np.isfinite(tokens)
     d, t = duration[ok], tokens[ok]
     if d.size == 0:
         return {"cells": [], "boxes": [], "max_duration": 0.0, "max_tokens": 0.0}
-    d_top = max(float(np.quantile(d, HIST_TOP)), 1e-9)
-    t_top = max(float(np.quantile(t, HIST_TOP)), 1.0)
+    d_top, t_top = max(d_top, 1e-9), max(t_top, 1.0)
     dw, tw = d_top / bins, t_top / bins
     i = np.minimum((np.maximum(d, 0) / dw).astype(np.int64), bins - 1)
     j = np.minimum((np.maximum(t, 0) / tw).astype(np.int64), bins - 1)
@@ -189,24 +212,29 @@ def grid_histogram(duration: npt.NDArray[np.float64], tokens: npt.NDArray[np.flo
 
 
 def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None = None) -> tuple[
-        CorpusAggregates, npt.NDArray[np.float64], npt.NDArray[np.int64]]:
-    """Section 1 of the report, and the durations (s) and tokens it read (the bucket section
-    reuses them). ``spec`` draws the bucket grid over the 2D histogram."""
+        CorpusAggregates, npt.NDArray[np.float64], npt.NDArray[np.int64], Corpora]:
+    """Section 1 of the report, and what the other sections reuse of it: the durations (s)
+    and tokens it read, and each row's corpus. ``spec`` draws the bucket grid over the 2D
+    histogram."""
     df = _numeric_columns(manifest)
     d = df["duration"].cast(pl.Float64).to_numpy()
     t_raw = df["num_tokens"].cast(pl.Float64).to_numpy()
     tps = df["tps"].cast(pl.Float64).to_numpy()
     hours_of = np.nan_to_num(d)
-    stats = compute_stats(df)
-    histograms = [Histogram.of("duration", d, hours_of), Histogram.of("num_tokens", t_raw, hours_of, integer=True),
-                  Histogram.of("tps", tps, hours_of)]
-    totals = {"utterances": df.height, "hours": _r(float(np.nansum(d)) / 3600.0, 4),
+    stats = compute_stats(df, quantiles=(*QUANTILES[:-1], HIST_TOP, QUANTILES[-1]))
+    del df
+    top = {c: stats.quantiles[c][f"p{HIST_TOP:g}"] for c in ("duration", "num_tokens", "tps")}
+    histograms = [Histogram.of("duration", d, hours_of, top["duration"]),
+                  Histogram.of("num_tokens", t_raw, hours_of, top["num_tokens"], integer=True),
+                  Histogram.of("tps", tps, hours_of, top["tps"])]
+    totals = {"utterances": d.shape[0], "hours": _r(float(hours_of.sum()) / 3600.0, 4),
               "tokens": int(np.nansum(t_raw))}
+    corp = corpora(manifest)
     agg = CorpusAggregates(
         manifest=Path(manifest).name, content_hash=manifest_hash(manifest), totals=totals,
-        groups=corpus_groups(manifest), histograms=histograms, tps_cut=tps_cut_table(tps, d),
-        grid2d=grid_histogram(d, t_raw, spec), stats=stats)
-    return agg, d, np.nan_to_num(t_raw).astype(np.int64)
+        groups=corp.groups, histograms=histograms, tps_cut=tps_cut_table(tps, d),
+        grid2d=grid_histogram(d, t_raw, top["duration"] or 0.0, top["num_tokens"] or 0.0, spec), stats=stats)
+    return agg, d, np.nan_to_num(t_raw).astype(np.int64), corp
 
 
 @dataclass(frozen=True)
@@ -249,6 +277,9 @@ class BucketAggregates:
     buckets: list[dict[str, Any]]
     schemes: list[dict[str, Any]]
     breakdown: list[dict[str, Any]]
+    #: rows the padding was measured on, of ``rows``
+    measured_rows: int
+    rows: int
 
 
 def batch_size_origin(source: dict[str, Any]) -> str:
@@ -259,11 +290,25 @@ def batch_size_origin(source: dict[str, Any]) -> str:
 
 
 def bucket_aggregates(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], spec: BucketSpec,
-                      name: str) -> BucketAggregates:
-    """Padding per scheme (fixed, 1D, 2D, dynamic resolution) and per bucket for rows
-    ``d`` (s), ``t`` (tokens) under ``spec``."""
+                      name: str, sample: int = SCHEME_SAMPLE_ROWS) -> BucketAggregates:
+    """Padding per scheme (fixed, 1D, 2D, dynamic resolution) and per bucket for rows ``d``
+    (s), ``t`` (tokens) under ``spec``. Beyond ``sample`` rows the padding is measured on a
+    uniform sample of that many (a seeded draw: padding is a ratio per batch, and a bucket's
+    batches look alike at any corpus size); rows and hours per bucket are always exact (every
+    row allocated as the padding report does)."""
+    n = d.shape[0]
+    pick = (np.sort(np.random.default_rng(0).choice(n, sample, replace=False)) if n > sample
+            else slice(None))
     try:
-        rep = spec_padding_report(d, t, spec, dynamic_resolution=DynResConfig())
+        rep = spec_padding_report(d[pick], t[pick], spec, dynamic_resolution=DynResConfig())
+        if n > sample:
+            _, bs = batch_sizes_for(spec)
+            bucket = assign(d, t, grid_from_spec(spec), bs).bucket
+            ok = bucket >= 0
+            exact_n = np.bincount(bucket[ok], minlength=len(spec.buckets))
+            exact_h = np.bincount(bucket[ok], weights=d[ok], minlength=len(spec.buckets)) / 3600.0
+            rep["per_bucket"] = [{**pb, "num_rows": int(exact_n[i]), "hours": float(exact_h[i])}
+                                 for i, pb in enumerate(rep["per_bucket"])]
     except PlanError as exc:
         raise DataprepError(f"{name}: cannot plan: {exc}") from None
     except ValueError as exc:
@@ -287,7 +332,7 @@ def bucket_aggregates(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], spec
     schemes = [{"scheme": k, "audio_padding": v["audio_padding"], "token_padding": v["token_padding"],
                 "batches": v["num_batches"], "mean_batch": v["mean_batch_size"], "excluded": v.get("excluded", 0)}
                for k, v in rep["schemes"].items()]
-    return BucketAggregates(name, dict(spec.batch_size_source), rows, schemes, breakdown)
+    return BucketAggregates(name, dict(spec.batch_size_source), rows, schemes, breakdown, min(n, sample), n)
 
 
 @dataclass(frozen=True)
@@ -330,49 +375,37 @@ def _step_rows(bucket: npt.NDArray[Any], size: npt.NDArray[Any], max_d: npt.NDAr
     return rows, w
 
 
-def corpus_codes(manifest: str | os.PathLike[str]) -> tuple[list[str], npt.NDArray[np.int32]]:
-    """Corpus names (sorted) and each row's index into them; two streaming passes over
-    ``origin`` (the names, then the codes), so the strings are never held whole. A
-    single-corpus manifest gives no codes."""
-    scan = pl.scan_parquet(manifest).select(CORPUS_EXPR.alias("c"))
-    names = scan.unique().sort("c").collect(engine="streaming")["c"].to_list()
-    if len(names) < 2:
-        return names, np.zeros(0, dtype=np.int32)
-    codes = scan.select(pl.col("c").replace_strict(names, list(range(len(names))), return_dtype=pl.Int32))
-    return names, codes.collect(engine="streaming").to_series().to_numpy()
-
-
-def corpus_shares(plan_dir: str | os.PathLike[str], meta: PlanMeta, manifest: str | os.PathLike[str],
-                  d: npt.NDArray[np.float64]) -> list[dict[str, Any]]:
+def corpus_shares(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpora, d: npt.NDArray[np.float64],
+                  first: dict[str, Any]) -> list[dict[str, Any]]:
     """Per epoch (the first :data:`MAX_SHARE_EPOCHS`) and corpus: the share of the epoch's
-    utterances and hours; empty for a single-corpus manifest. Rows are planned rows."""
-    names, code = corpus_codes(manifest)
+    planned utterances and hours; empty for a single-corpus manifest. ``first``: epoch 0's
+    :func:`read_epoch_batches`, read already."""
+    names, code = corp.names, corp.codes
     if len(names) < 2:
         return []
-    shown = names if len(names) <= MAX_GROUPS else None
     out = []
     for e in range(min(meta.epochs, MAX_SHARE_EPOCHS)):
-        rows = np.concatenate([np.asarray(c.values.to_numpy(), dtype=np.int64)
-                               for c in read_epoch_batches(plan_dir, e)["rows"]])
+        batches = first if e == 0 else read_epoch_batches(plan_dir, e)
+        rows = np.concatenate([np.asarray(c.values.to_numpy(), dtype=np.int64) for c in batches["rows"]])
         n = np.bincount(code[rows], minlength=len(names))
         h = np.bincount(code[rows], weights=np.nan_to_num(d[rows]), minlength=len(names))
         order = np.argsort(-h, kind="stable")
-        keep = order if shown is not None else order[:MAX_GROUPS - 1]
-        for c in keep:
+        folded = len(names) > MAX_GROUPS
+        for c in (order[:MAX_GROUPS - 1] if folded else order):
             if n[c]:
                 out.append({"epoch": e, "corpus": names[c], "share": _r(n[c] / n.sum()),
                             "hours_share": _r(h[c] / h.sum()) if h.sum() else 0.0})
-        if shown is None:
+        if folded:
             rest = order[MAX_GROUPS - 1:]
             out.append({"epoch": e, "corpus": f"(other: {len(rest)} corpora)", "share": _r(n[rest].sum() / n.sum()),
                         "hours_share": _r(h[rest].sum() / h.sum()) if h.sum() else 0.0})
     return out
 
 
-def plan_aggregates(plan_dir: str | os.PathLike[str], meta: PlanMeta, manifest: str | os.PathLike[str],
-                    d: npt.NDArray[np.float64], world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
-                    cost: CostModel | None = None) -> PlanAggregates:
-    """Section 3 for a plan of ``manifest`` (whose durations ``d`` were read already)."""
+def plan_aggregates(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpora, d: npt.NDArray[np.float64],
+                    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES, cost: CostModel | None = None) -> PlanAggregates:
+    """Section 3 for a plan of the manifest whose durations ``d`` (s) and corpora were read
+    already; epoch 0's batches are read once and shared by every figure."""
     cost = cost or CostModel()
     m = read_epoch_batches(plan_dir, 0)
     times = cost.step_time(m["size"], m["max_duration"], m["max_tokens"])
@@ -381,15 +414,15 @@ def plan_aggregates(plan_dir: str | os.PathLike[str], meta: PlanMeta, manifest: 
     ranks = [{"rank": r, "batches": int(m["size"].shape[0]), "utterances": int(m["size"][:, r].sum()),
               "padded_hours": _r(float((m["size"][:, r] * m["max_duration"][:, r]).sum()) / 3600.0, 4),
               "predicted_s": _r(float(times[:, r].sum()), 3)} for r in range(W)]
-    rep = plan_steps_report(plan_dir, cost).to_json()
-    sims = [s.to_json() for s in simulate_plan(plan_dir, world_sizes, cost)]
+    rep = plan_steps_report(plan_dir, cost, batches=m).to_json()
+    sims = [s.to_json() for s in simulate_plan(plan_dir, world_sizes, cost, batches=m)]
     summary = {"world_size": W, "epochs": meta.epochs, "steps": meta.num_steps,
                "steps_per_epoch": meta.steps_per_epoch, "seed": meta.seed, "interleave": meta.interleave,
                "balance_tolerance": meta.balance.tolerance if meta.balance else 0.0,
                "padding_audio": meta.padding.get("audio"), "padding_tokens": meta.padding.get("tokens"),
                "dropped_rows": meta.fallbacks.get("dropped_rows", 0), "moved_rows": meta.fallbacks.get("moved_rows", 0),
                "plan_hash": meta.plan_hash, "epoch0": rep}
-    return PlanAggregates(summary, steps, window, ranks, corpus_shares(plan_dir, meta, manifest, d),
+    return PlanAggregates(summary, steps, window, ranks, corpus_shares(plan_dir, meta, corp, d, m),
                           [{k: (_r(v, 6) if isinstance(v, float) else v) for k, v in s.items()} for s in sims])
 
 
@@ -427,13 +460,13 @@ def collect_report(
     elif meta is not None:
         spec = parse_buckets({"buckets": meta.buckets}, f"{plan}/plan.json")
         spec_name = f"{meta.buckets_file.file} (from the plan)"
-    corpus, d, t = corpus_aggregates(manifest, spec)
-    if meta is not None and corpus.content_hash != meta.manifest.content_hash:
-        raise ManifestError(f"{manifest}: content hash {corpus.content_hash[:12]}... differs from the plan's "
-                            f"manifest ({meta.manifest.file}, {meta.manifest.content_hash[:12]}...)")
+    if meta is not None:
+        require_manifest_hash(manifest, meta.manifest.content_hash, f"the plan's manifest ({meta.manifest.file})")
+    rejected = [rejects_aggregates(p) for p in rejects]
+    corpus, d, t, corp = corpus_aggregates(manifest, spec)
     return ReportData(
         corpus=corpus,
-        rejects=[rejects_aggregates(p) for p in rejects],
+        rejects=rejected,
         buckets=bucket_aggregates(d, t, spec, spec_name or "") if spec is not None else None,
-        plan=plan_aggregates(plan, meta, manifest, d, world_sizes) if meta is not None and plan is not None else None,
+        plan=plan_aggregates(plan, meta, corp, d, world_sizes) if meta is not None and plan is not None else None,
     )

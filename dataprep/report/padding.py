@@ -34,38 +34,32 @@ def duration_and_tokens(path: str | os.PathLike[str]) -> tuple[npt.NDArray[np.fl
 
 
 def manifest_padding_report(
-    manifest: str | os.PathLike[str],
-    buckets: str | os.PathLike[str],
-    *,
-    budget: float | None = None,
-    cumulative_budget: float | None = None,
-    strict: bool = False,
-    seed: int = 0,
-    window: int | None = None,
-    sort_by: str | None = None,
-    audio_weight: float | None = None,
-    carry: bool = True,
-    dynamic_resolution: DynResConfig | None = None,
-    world_sizes: Sequence[int] = (),
-    balance: float = 0.0,
+    manifest: str | os.PathLike[str], buckets: str | os.PathLike[str], **options: Any
 ) -> dict[str, Any]:
     """The JSON-ready padding report (see :func:`bucketing.padding.padding_report`), plus
     ``steps`` per world size when ``world_sizes`` are given and the manifest's hash.
-
-    ``budget`` (padded seconds per batch) defaults to the one buckets.json was sized with;
-    buckets without a batch size are sized by it."""
+    ``options``: the keyword options of :func:`spec_padding_report`."""
     d, t = duration_and_tokens(manifest)
     try:
-        report = spec_padding_report(d, t, read_buckets(buckets), budget=budget, cumulative_budget=cumulative_budget,
-                                     strict=strict, seed=seed, window=window, sort_by=sort_by,
-                                     audio_weight=audio_weight, carry=carry, dynamic_resolution=dynamic_resolution,
-                                     world_sizes=world_sizes, balance=balance)
+        report = spec_padding_report(d, t, read_buckets(buckets), **options)
     except PlanError as exc:
         raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
     except ValueError as exc:
         raise DataprepError(f"{manifest}: {exc}") from None
     report["manifest_hash"] = manifest_hash(manifest)
     return report
+
+
+def batch_sizes_for(spec: BucketSpec, budget: float | None = None) -> tuple[float, npt.NDArray[np.int64]]:
+    """``(budget, batch sizes)``: the padded seconds per batch (default: the one buckets.json
+    was sized with, else 600) and the buckets' batch sizes, all sized by that budget when any
+    bucket has none."""
+    if budget is None:
+        budget = float(spec.batch_size_source.get("max_duration", 600.0))
+    sizes = [b.batch_size for b in spec.buckets]
+    if any(s is None for s in sizes):
+        return budget, padded_budget_batch_sizes(grid_from_spec(spec).max_duration, max_duration_budget=budget)
+    return budget, np.asarray(sizes, dtype=np.int64)
 
 
 def spec_padding_report(
@@ -85,17 +79,13 @@ def spec_padding_report(
     world_sizes: Sequence[int] = (),
     balance: float = 0.0,
 ) -> dict[str, Any]:
-    """:func:`manifest_padding_report` of rows already read (durations s, tokens) and a
-    parsed buckets file. Raises :class:`bucketing.plan.PlanError` when the rows cannot be
-    planned, ValueError for a bad option."""
+    """The padding report of rows already read (durations s, tokens) under a parsed buckets
+    file, plus ``steps`` per world size when ``world_sizes`` are given.
+
+    ``budget`` and the batch sizes: :func:`batch_sizes_for`. Raises
+    :class:`bucketing.plan.PlanError` when the rows cannot be planned, ValueError for a bad option."""
     grid = grid_from_spec(spec)
-    if budget is None:
-        budget = float(spec.batch_size_source.get("max_duration", 600.0))
-    sizes = [b.batch_size for b in spec.buckets]
-    if any(s is None for s in sizes):
-        bs = padded_budget_batch_sizes(grid.max_duration, max_duration_budget=budget)
-    else:
-        bs = np.asarray(sizes, dtype=np.int64)
+    budget, bs = batch_sizes_for(spec, budget)
     report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
                             strict=strict, seed=seed, window=window, sort_by=sort_by,
                             audio_weight=audio_weight, carry=carry, dynamic_resolution=dynamic_resolution)

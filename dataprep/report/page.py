@@ -292,11 +292,14 @@ def buckets_section(page: Page, b: BucketAggregates, c: CorpusAggregates) -> Non
         tooltip=["scheme:N", "kind:N", alt.Tooltip("padding:Q", format=".2%"), "batches:Q",
                  alt.Tooltip("mean_batch:Q", format=".1f"), "excluded:Q"],
     ).properties(width=WIDE - 250, height=220), "Padding per batching scheme")
+    sampled = (f" Measured on a uniform sample of {b.measured_rows:,} of the {b.rows:,} rows (batches, rows "
+               "excluded and the per-bucket padding too; rows and hours per bucket are exact)."
+               if b.measured_rows < b.rows else "")
     page.table("Padding per scheme", [("scheme", "scheme"), ("audio_padding", "audio padding"),
                                       ("token_padding", "token padding"), ("batches", "batches"),
                                       ("mean_batch", "mean batch"), ("excluded", "rows excluded")], b.schemes,
                "fixed-Ls: one bucket padded to L seconds; 1d-*: duration buckets; 2d: these buckets; "
-               "2d-dynamic-resolution: the same batches featurized at their own rates (frame padding left).",
+               "2d-dynamic-resolution: the same batches featurized at their own rates (frame padding left)." + sampled,
                percent=("audio_padding", "token_padding"))
     page.close_section()
 

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dataprep.planning.build import build_plan
-from dataprep.report.aggregates import (MAX_GROUPS, Histogram, collect_report, corpus_groups, grid_histogram,
-                                        rejects_aggregates, tps_cut_table)
+from dataprep.report.aggregates import (MAX_GROUPS, Histogram, bucket_aggregates, collect_report, corpora,
+                                        grid_histogram, rejects_aggregates, tps_cut_table)
 from dataprep.report.filters import Thresholds, apply_filters
 from dataprep.testing import write_plan_inputs
 from manifests.buckets_file import read_buckets
@@ -96,9 +96,9 @@ def test_tps_cut_counts_are_exact_at_every_position(tps: list[float]) -> None:
 def test_histograms_and_grid_are_bounded_whatever_the_rows() -> None:
     rng = np.random.default_rng(1)
     d = rng.lognormal(1.5, 0.7, 200_000)
-    h = Histogram.of("duration", d, d)
+    h = Histogram.of("duration", d, d, float(np.percentile(d, 99.9)))
     assert len(h.bins) <= 81 and sum(b["n"] for b in h.bins) == d.shape[0]
-    g = grid_histogram(d, d * 3, None)
+    g = grid_histogram(d, d * 3, 10.0, 30.0, None)
     assert len(g["cells"]) <= 60 * 60 and sum(c["n"] for c in g["cells"]) == d.shape[0]
 
 
@@ -107,7 +107,10 @@ def test_many_corpora_fold_into_one_other_row(tmp_path: Path) -> None:
     df = pl.DataFrame({"id": [f"u{i}" for i in range(n)], "duration": np.full(n, 2.0), "num_tokens": np.full(n, 9),
                        "tps": np.full(n, 4.5), "origin": [f"/c/{i % 100}.tar:m{i}" for i in range(n)]})
     write_manifest(df, tmp_path / "m.parquet")
-    groups = corpus_groups(tmp_path / "m.parquet")
+    corp = corpora(tmp_path / "m.parquet")
+    assert len(corp.names) == 100 and corp.codes.max() == 99
+    assert [corp.names[c] for c in corp.codes[:3]] == ["/c/0.tar", "/c/1.tar", "/c/2.tar"]
+    groups = corp.groups
     assert len(groups) == MAX_GROUPS
     assert groups[-1]["corpus"].startswith("(other: 41 groups)")
     assert sum(g["utterances"] for g in groups) == n
@@ -116,7 +119,7 @@ def test_many_corpora_fold_into_one_other_row(tmp_path: Path) -> None:
 def test_a_plan_of_another_manifest_or_buckets_file_is_refused(inputs: dict[str, Path], tmp_path: Path) -> None:
     other = tmp_path / "other.parquet"
     write_manifest(pl.read_parquet(inputs["kept"]).head(100), other)
-    with pytest.raises(ManifestError, match="differs from the plan's manifest"):
+    with pytest.raises(ManifestError, match="differs from the plan.s manifest"):
         collect_report(other, plan=inputs["plan"])
     edited = tmp_path / "buckets.json"
     edited.write_text(inputs["buckets"].read_text().replace('"version": 1', '"version":1'))
@@ -132,3 +135,16 @@ def test_without_buckets_the_plan_shows_its_own(inputs: dict[str, Path]) -> None
     r = collect_report(inputs["kept"], plan=inputs["plan"], world_sizes=[2])
     assert r.buckets is not None and "(from the plan)" in r.buckets.file
     assert len(r.buckets.buckets) == len(read_buckets(inputs["buckets"]).buckets)
+
+
+def test_padding_on_a_sample_keeps_rows_and_hours_per_bucket_exact(inputs: dict[str, Path]) -> None:
+    df = pl.read_parquet(inputs["kept"])
+    d, t = df["duration"].to_numpy(), df["num_tokens"].to_numpy().astype(np.int64)
+    spec = read_buckets(inputs["buckets"])
+    full = bucket_aggregates(d, t, spec, "b")
+    part = bucket_aggregates(d, t, spec, "b", sample=1500)
+    assert (full.measured_rows, part.measured_rows, part.rows) == (df.height, 1500, df.height)
+    assert [b["utterances"] for b in part.buckets] == [b["utterances"] for b in full.buckets]
+    assert [b["hours"] for b in part.buckets] == pytest.approx([b["hours"] for b in full.buckets], abs=1e-4)
+    for a, b in zip(full.schemes, part.schemes):
+        assert a["scheme"] == b["scheme"] and abs(a["audio_padding"] - b["audio_padding"]) < 0.05
