@@ -63,6 +63,11 @@ MAX_SHARE_EPOCHS = 20
 CORPUS_EXPR = pl.col("origin").fill_null("(unknown)").str.replace(r":[^:/]*$", "")
 
 
+def _zero_nan(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """``x`` with NaN as 0 (``x`` itself, not a copy, when it holds none: the usual case)."""
+    return np.nan_to_num(x) if np.isnan(x).any() else x
+
+
 def _r(x: float, digits: int = 6) -> float:
     """A float rounded for the page (no NaN / inf: those become 0)."""
     return round(float(x), digits) if math.isfinite(x) else 0.0
@@ -83,7 +88,9 @@ class Histogram:
         ok = np.isfinite(v)
         if top is None or not ok.any():
             return cls(column, [])
-        v, w = v[ok], hours_of[ok]
+        w = hours_of
+        if not ok.all():
+            v, w = v[ok], hours_of[ok]
         width = max(top, 1e-9) / bins
         if integer:
             width = max(1.0, math.ceil(width))
@@ -121,24 +128,26 @@ class Corpora:
     index into ``names``, and the (corpus, lang, task) groups: utterances, hours, tokens."""
 
     names: list[str]
-    codes: npt.NDArray[np.int64]
+    codes: npt.NDArray[np.int32]
     groups: list[dict[str, Any]]
 
 
-def corpora(manifest: str | os.PathLike[str]) -> Corpora:
-    """One streaming pass over the manifest's strings (categorical codes kept, never the
-    strings themselves), then the groups, largest first. More than :data:`MAX_GROUPS` groups:
-    the smallest are summed into one ``(other: N groups)`` row."""
+def corpora(manifest: str | os.PathLike[str], duration: npt.NDArray[np.float64],
+            num_tokens: npt.NDArray[np.float64]) -> Corpora:
+    """One streaming pass over the manifest's strings, keeping only their categorical codes,
+    then the groups of rows with these durations (s) and token counts, largest first. More
+    than :data:`MAX_GROUPS` groups: the smallest are summed into one ``(other: N groups)`` row."""
     names_in = pl.scan_parquet(manifest).collect_schema().names()
-    cat = [CORPUS_EXPR.cast(pl.Categorical).alias("corpus"),
-           *[(pl.col(c).cast(pl.String) if c in names_in else pl.lit(None, pl.String)).fill_null("-")
-             .cast(pl.Categorical).alias(c) for c in ("lang", "task")]]
     df = (pl.scan_parquet(manifest)
-          .select(*cat, pl.col("duration").cast(pl.Float64).fill_nan(None), pl.col("num_tokens").cast(pl.Int64))
+          .select(CORPUS_EXPR.cast(pl.Categorical).alias("corpus"),
+                  *[(pl.col(c).cast(pl.String) if c in names_in else pl.lit(None, pl.String)).fill_null("-")
+                    .cast(pl.Categorical).alias(c) for c in ("lang", "task")])
           .collect(engine="streaming"))
-    g = (df.group_by("corpus", "lang", "task")
+    g = (df.with_columns(pl.Series("duration", duration).fill_nan(None),
+                         pl.Series("num_tokens", num_tokens).fill_nan(None))
+         .group_by("corpus", "lang", "task")
          .agg(pl.len().alias("utterances"), (pl.col("duration").sum() / 3600).alias("hours"),
-              pl.col("num_tokens").sum().alias("tokens"))
+              pl.col("num_tokens").sum().cast(pl.Int64).alias("tokens"))
          .with_columns(pl.col("corpus", "lang", "task").cast(pl.String))
          .sort(["hours", "corpus", "lang", "task"], descending=[True, False, False, False]))
     rows = g.to_dicts()
@@ -153,17 +162,16 @@ def corpora(manifest: str | os.PathLike[str]) -> Corpora:
                "share": _r((r["hours"] or 0.0) / total_h, 4)} for r in rows]
     pairs = (df.select(pl.col("corpus").cast(pl.String).alias("name"), pl.col("corpus").to_physical().alias("code"))
              .unique().sort("name"))
-    phys = df["corpus"].to_physical().to_numpy().astype(np.int64)
-    lut = np.zeros(int(pairs["code"].max()) + 1, dtype=np.int64)
-    lut[pairs["code"].to_numpy()] = np.arange(pairs.height)
-    return Corpora(pairs["name"].to_list(), lut[phys], groups)
+    lut = np.zeros(int(pairs["code"].max()) + 1, dtype=np.int32)
+    lut[pairs["code"].to_numpy()] = np.arange(pairs.height, dtype=np.int32)
+    return Corpora(pairs["name"].to_list(), lut[df["corpus"].to_physical().to_numpy()], groups)
 
 
 def tps_cut_table(tps: npt.NDArray[np.float64], duration: npt.NDArray[np.float64]) -> list[dict[str, float]]:
     """What ``filter --max-tps X`` keeps (``tps <= X``; null / NaN TPS never kept), for X on a
     grid of :data:`TPS_STEP` tokens/s up to the largest TPS (at most :data:`TPS_POSITIONS`)."""
     ok = np.isfinite(tps)
-    t, d = tps[ok], np.nan_to_num(duration[ok])
+    t, d = tps[ok], _zero_nan(duration[ok])
     n_all, h_all = tps.shape[0], float(np.nansum(duration)) / 3600.0
     if t.size == 0:
         return []
@@ -220,7 +228,7 @@ def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None 
     d = df["duration"].cast(pl.Float64).to_numpy()
     t_raw = df["num_tokens"].cast(pl.Float64).to_numpy()
     tps = df["tps"].cast(pl.Float64).to_numpy()
-    hours_of = np.nan_to_num(d)
+    hours_of = _zero_nan(d)
     stats = compute_stats(df, quantiles=(*QUANTILES[:-1], HIST_TOP, QUANTILES[-1]))
     del df
     top = {c: stats.quantiles[c][f"p{HIST_TOP:g}"] for c in ("duration", "num_tokens", "tps")}
@@ -229,12 +237,12 @@ def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None 
                   Histogram.of("tps", tps, hours_of, top["tps"])]
     totals = {"utterances": d.shape[0], "hours": _r(float(hours_of.sum()) / 3600.0, 4),
               "tokens": int(np.nansum(t_raw))}
-    corp = corpora(manifest)
+    corp = corpora(manifest, d, t_raw)
     agg = CorpusAggregates(
         manifest=Path(manifest).name, content_hash=manifest_hash(manifest), totals=totals,
         groups=corp.groups, histograms=histograms, tps_cut=tps_cut_table(tps, d),
         grid2d=grid_histogram(d, t_raw, top["duration"] or 0.0, top["num_tokens"] or 0.0, spec), stats=stats)
-    return agg, d, np.nan_to_num(t_raw).astype(np.int64), corp
+    return agg, d, _zero_nan(t_raw).astype(np.int64), corp
 
 
 @dataclass(frozen=True)
@@ -383,12 +391,13 @@ def corpus_shares(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpor
     names, code = corp.names, corp.codes
     if len(names) < 2:
         return []
+    d_ok = _zero_nan(d)
     out = []
     for e in range(min(meta.epochs, MAX_SHARE_EPOCHS)):
         batches = first if e == 0 else read_epoch_batches(plan_dir, e)
         rows = np.concatenate([np.asarray(c.values.to_numpy(), dtype=np.int64) for c in batches["rows"]])
         n = np.bincount(code[rows], minlength=len(names))
-        h = np.bincount(code[rows], weights=np.nan_to_num(d[rows]), minlength=len(names))
+        h = np.bincount(code[rows], weights=d_ok[rows], minlength=len(names))
         order = np.argsort(-h, kind="stable")
         folded = len(names) > MAX_GROUPS
         for c in (order[:MAX_GROUPS - 1] if folded else order):
