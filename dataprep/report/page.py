@@ -334,9 +334,10 @@ def plan_section(page: Page, p: PlanAggregates) -> None:
             alt.Tooltip("time_mean:Q", title="mean rank time (s)", format=".3f"),
             alt.Tooltip("balance:Q", title="balance", format=".3f")]
     x = alt.X("step:Q", title="step of epoch 0")
-    times = base.transform_fold(["time_max", "time_mean"], as_=["figure", "seconds"]).mark_line(
+    times = base.transform_fold(["time_max", "time_mean"], as_=["figure", "seconds"]).transform_calculate(
+        rank="datum.figure == 'time_max' ? 'slowest rank' : 'mean rank'").mark_line(
         interpolate="step-after").encode(x=x, y=alt.Y("seconds:Q", title="predicted time (s)"),
-                                         color=alt.Color("figure:N", title=None))
+                                         color=alt.Color("rank:N", title=None))
     hover = base.mark_point(opacity=0, size=30).encode(x=x, y="time_max:Q", tooltip=tips)
     batch = base.mark_bar().encode(x=x, y=alt.Y("batch:Q", title="mean batch"),
                                    color=alt.Color("bucket:Q", title="bucket (rank 0)",
