@@ -201,7 +201,8 @@ def tps_cut_chart(page: Page, alt: Any, c: CorpusAggregates) -> None:
                  alt.Tooltip("hours_share:Q", format=".2%", title="hours kept (share)")],
     ).transform_filter(alt.datum.max_tps == cut)
     label = base.mark_text(align="right", fontSize=13, fontWeight="bold").encode(
-        x=alt.value(WIDE - 160), y=alt.value(200), text=alt.Text("label:N")).transform_filter(alt.datum.max_tps == cut).transform_calculate(
+        x=alt.value(WIDE - 160), y=alt.value(200), text=alt.Text("label:N"),
+    ).transform_filter(alt.datum.max_tps == cut).transform_calculate(
         label="'keeps ' + format(datum.kept, ',') + ' utterances (' + format(datum.share, '.2%') + '), '"
               " + format(datum.kept_hours, ',.1f') + ' h'")
     rule = alt.Chart(_data(alt, [{"x": 0}])).mark_rule(color="#111", strokeDash=[4, 3]).encode(
