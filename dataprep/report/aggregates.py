@@ -55,8 +55,9 @@ EXAMPLE_CHARS = 160
 #: rows the padding per scheme is measured on (a uniform sample beyond it; 1M rows keep the
 #: schemes' padding within a few hundredths of a percent of the full figure and take ~4 s)
 SCHEME_SAMPLE_ROWS = 1_000_000
-#: steps drawn in the steps chart; longer epochs are shown as windows of consecutive steps
-MAX_STEP_POINTS = 1500
+#: steps drawn in the steps chart (about one per pixel); longer epochs are shown as windows of
+#: consecutive steps
+MAX_STEP_POINTS = 600
 #: epochs whose per-corpus shares are computed
 MAX_SHARE_EPOCHS = 20
 #: the corpus of a row: its ``origin`` without the trailing ``:line`` (or ``:member``)

@@ -148,3 +148,21 @@ def test_padding_on_a_sample_keeps_rows_and_hours_per_bucket_exact(inputs: dict[
     assert [b["hours"] for b in part.buckets] == pytest.approx([b["hours"] for b in full.buckets], abs=1e-4)
     for a, b in zip(full.schemes, part.schemes):
         assert a["scheme"] == b["scheme"] and abs(a["audio_padding"] - b["audio_padding"]) < 0.05
+
+
+def test_long_epochs_are_drawn_as_windows_of_steps() -> None:
+    from dataprep.report.aggregates import MAX_STEP_POINTS, _step_rows
+
+    rng = np.random.default_rng(2)
+    S, W = 2 * MAX_STEP_POINTS + 7, 4
+    bucket = rng.integers(0, 5, (S, W))
+    size = rng.integers(1, 50, (S, W))
+    max_d = rng.uniform(1, 20, (S, W))
+    times = rng.uniform(0.1, 1.0, (S, W))
+    rows, w = _step_rows(bucket, size, max_d, times)
+    assert w == 3 and len(rows) <= MAX_STEP_POINTS
+    assert [r["step"] for r in rows] == list(range(0, S, 3))
+    assert rows[1]["time_max"] == pytest.approx(times[3:6].max(), abs=1e-4)
+    assert rows[-1]["batch"] == pytest.approx(size[S - 1:].mean(), abs=0.01)
+    one, w1 = _step_rows(bucket[:10], size[:10], max_d[:10], times[:10])
+    assert w1 == 1 and [r["buckets"] for r in one] == [len(set(b)) for b in bucket[:10]]
