@@ -4,9 +4,9 @@ DEMO_DIR ?= demo-out
 
 .PHONY: install install-dev demo test test-nemo bench bench-smoke
 
-# the core plus matplotlib for the demo's plots (no torch)
+# the core plus matplotlib for the demo's plots and altair for its HTML report (no torch)
 install:
-	$(PIP) install -q -e '.[plots]'
+	$(PIP) install -q -e '.[plots,report]'
 
 # torch 2.13.0 is the CPU build; an unpinned torch pulls a multi-GB CUDA build.
 install-dev:

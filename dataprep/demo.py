@@ -3,7 +3,8 @@
 Needs nothing outside the package: writes a few thousand utterances of real FLAC audio
 (soundfile), a NeMo JSONL manifest (some rows without durations, some as segments of longer
 recordings, a handful of deliberately bad rows), then runs each ``dataprep`` command as a
-user would type it, printing the command first.
+user would type it, printing the command first; the last writes ``report.html`` (needs the
+``report`` extra).
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def demo_steps(out: Path) -> list[list[str]]:
         ["plan-batches", f"{o}/kept.parquet", "--buckets", f"{o}/buckets.json", "--world-size", "4",
          "--seed", "0", "--epochs", "2", "-o", f"{o}/plan"],
         ["simulate", f"{o}/plan"],
+        ["report", f"{o}/kept.parquet", "--rejects", f"{o}/compile-rejects.parquet", "--rejects",
+         f"{o}/rejects.parquet", "--buckets", f"{o}/buckets.json", "--plan", f"{o}/plan", "-o", f"{o}/report.html"],
     ]
 
 
@@ -99,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         if rc != 0:
             print(f"# step failed with exit status {rc}", file=sys.stderr)
             return rc
-    print(json.dumps({"demo": str(out), "ok": True}))
+    print(f"\n# open {out / 'report.html'} in a browser: the corpus, its buckets and its plan on one page")
+    print(json.dumps({"demo": str(out), "report": str(out / "report.html"), "ok": True}))
     return 0
 
 

@@ -21,6 +21,7 @@ QUICK = {
                          "--skip-cli"],
     "bench_containers.py": ["--utterances", "60", "--repeats", "1", "--work", "{tmp}"],
     "bench_dynres.py": ["--seeds", "1", "--max-rates", "130"],
+    "bench_html_report.py": ["--rows", "5000", "--world-size", "4", "--repeats", "1", "--work", "{tmp}"],
 }
 SLOW = {
     "bench_probe.py": ["--files", "50", "--repeats", "1", "--dir", "{tmp}"],

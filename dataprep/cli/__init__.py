@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataprep.cli import buckets  # noqa: F401  (fit-buckets, padding)
 from dataprep.cli import compile  # noqa: F401  (train-tokenizer, compile, merge)
 from dataprep.cli import export  # noqa: F401  (export nemo|lhotse)
+from dataprep.cli import html_report  # noqa: F401  (report)
 from dataprep.cli import oom  # noqa: F401  (oomptimize)
 from dataprep.cli import plan  # noqa: F401  (plan-batches, simulate)
 from dataprep.cli import report  # noqa: F401  (stats, filter)

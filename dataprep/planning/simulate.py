@@ -45,18 +45,20 @@ def simulate_plan(
     manifest: str | os.PathLike[str] | None = None,
     epoch: int = 0,
     seed: int = 0,
+    batches: dict[str, np.ndarray] | None = None,
 ) -> list[SimResult]:
     """Tail-worker simulation of one epoch of a plan: at the plan's world size with its own
     step layout, and at each of ``world_sizes`` by re-dealing the same batches (one bucket
     per step when synchronized, random buckets per rank when not).
 
     With ``manifest`` (which must be the plan's, by content hash), batch lengths are
-    recomputed from it instead of read from the shards.
+    recomputed from it instead of read from the shards. ``batches``: that epoch's
+    :func:`read_epoch_batches`, when the caller has read them already.
     """
     cost = cost or CostModel()
     meta = read_plan_meta(plan_dir)
     W = meta.world_size
-    m = read_epoch_batches(plan_dir, epoch)
+    m = batches if batches is not None else read_epoch_batches(plan_dir, epoch)
     max_d, max_t = m["max_duration"], m["max_tokens"]
     if manifest is not None:
         require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
@@ -80,11 +82,13 @@ def simulate_plan(
     return results
 
 
-def plan_steps_report(plan_dir: str | os.PathLike[str], cost: CostModel | None = None, epoch: int = 0) -> PlanReport:
+def plan_steps_report(plan_dir: str | os.PathLike[str], cost: CostModel | None = None, epoch: int = 0,
+                      batches: dict[str, np.ndarray] | None = None) -> PlanReport:
     """Fill, straggler, same-bucket share and padded-audio balance of one epoch of a written
-    plan, at its own world size and step layout (:func:`bucketing.balance.plan_report`)."""
+    plan, at its own world size and step layout (:func:`bucketing.balance.plan_report`);
+    ``batches`` as in :func:`simulate_plan`."""
     meta = read_plan_meta(plan_dir)
-    m = read_epoch_batches(plan_dir, epoch)
+    m = batches if batches is not None else read_epoch_batches(plan_dir, epoch)
     bs = np.asarray([b.get("batch_size") or 1 for b in meta.buckets], dtype=np.int64)
     return plan_report(m["bucket"], m["size"], m["max_duration"], m["max_tokens"], bs, cost)
 

@@ -1,7 +1,8 @@
 """What a compiled manifest holds and what to drop from it: statistics (``stats``), named
 filters with a count per filter (``filters``), the plots of both reports (``plots``), bucket
-fitting (``buckets``: manifest -> buckets.json) and the padding report (``padding``); the
-entries of their commands in ``files`` and ``buckets``."""
+fitting (``buckets``: manifest -> buckets.json), the padding report (``padding``) and the HTML
+report of a manifest, its rejects, buckets and plan (``aggregates``: the small tables; ``page``:
+the self-contained page); the entries of their commands in ``files`` and ``buckets``."""
 
 from dataprep.report.buckets import FitOptions, FitResult, fit_buckets_file
 from dataprep.report.files import filter_manifest, stats_report

@@ -18,7 +18,7 @@ from bucketing.fit import grid_from_spec
 from bucketing.padding import padding_report
 from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
-from manifests.buckets_file import read_buckets
+from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError
 from manifests.io import manifest_hash, read_manifest
 
@@ -34,8 +34,38 @@ def duration_and_tokens(path: str | os.PathLike[str]) -> tuple[npt.NDArray[np.fl
 
 
 def manifest_padding_report(
-    manifest: str | os.PathLike[str],
-    buckets: str | os.PathLike[str],
+    manifest: str | os.PathLike[str], buckets: str | os.PathLike[str], **options: Any
+) -> dict[str, Any]:
+    """The JSON-ready padding report (see :func:`bucketing.padding.padding_report`), plus
+    ``steps`` per world size when ``world_sizes`` are given and the manifest's hash.
+    ``options``: the keyword options of :func:`spec_padding_report`."""
+    d, t = duration_and_tokens(manifest)
+    try:
+        report = spec_padding_report(d, t, read_buckets(buckets), **options)
+    except PlanError as exc:
+        raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
+    except ValueError as exc:
+        raise DataprepError(f"{manifest}: {exc}") from None
+    report["manifest_hash"] = manifest_hash(manifest)
+    return report
+
+
+def batch_sizes_for(spec: BucketSpec, budget: float | None = None) -> tuple[float, npt.NDArray[np.int64]]:
+    """``(budget, batch sizes)``: the padded seconds per batch (default: the one buckets.json
+    was sized with, else 600) and the buckets' batch sizes, all sized by that budget when any
+    bucket has none."""
+    if budget is None:
+        budget = float(spec.batch_size_source.get("max_duration", 600.0))
+    sizes = [b.batch_size for b in spec.buckets]
+    if any(s is None for s in sizes):
+        return budget, padded_budget_batch_sizes(grid_from_spec(spec).max_duration, max_duration_budget=budget)
+    return budget, np.asarray(sizes, dtype=np.int64)
+
+
+def spec_padding_report(
+    d: npt.NDArray[np.float64],
+    t: npt.NDArray[np.int64],
+    spec: BucketSpec,
     *,
     budget: float | None = None,
     cumulative_budget: float | None = None,
@@ -49,31 +79,17 @@ def manifest_padding_report(
     world_sizes: Sequence[int] = (),
     balance: float = 0.0,
 ) -> dict[str, Any]:
-    """The JSON-ready padding report (see :func:`bucketing.padding.padding_report`), plus
-    ``steps`` per world size when ``world_sizes`` are given and the manifest's hash.
+    """The padding report of rows already read (durations s, tokens) under a parsed buckets
+    file, plus ``steps`` per world size when ``world_sizes`` are given.
 
-    ``budget`` (padded seconds per batch) defaults to the one buckets.json was sized with;
-    buckets without a batch size are sized by it."""
-    d, t = duration_and_tokens(manifest)
-    spec = read_buckets(buckets)
+    ``budget`` and the batch sizes: :func:`batch_sizes_for`. Raises
+    :class:`bucketing.plan.PlanError` when the rows cannot be planned, ValueError for a bad option."""
     grid = grid_from_spec(spec)
-    if budget is None:
-        budget = float(spec.batch_size_source.get("max_duration", 600.0))
-    sizes = [b.batch_size for b in spec.buckets]
-    if any(s is None for s in sizes):
-        bs = padded_budget_batch_sizes(grid.max_duration, max_duration_budget=budget)
-    else:
-        bs = np.asarray(sizes, dtype=np.int64)
-    try:
-        report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
-                                strict=strict, seed=seed, window=window, sort_by=sort_by,
-                                audio_weight=audio_weight, carry=carry, dynamic_resolution=dynamic_resolution)
-        if world_sizes:
-            report["steps"] = steps_report(d, t, grid, bs, list(world_sizes), balance, seed=seed, strict=strict,
-                                           carry=carry)
-    except PlanError as exc:
-        raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
-    except ValueError as exc:
-        raise DataprepError(f"{manifest}: {exc}") from None
-    report["manifest_hash"] = manifest_hash(manifest)
+    budget, bs = batch_sizes_for(spec, budget)
+    report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
+                            strict=strict, seed=seed, window=window, sort_by=sort_by,
+                            audio_weight=audio_weight, carry=carry, dynamic_resolution=dynamic_resolution)
+    if world_sizes:
+        report["steps"] = steps_report(d, t, grid, bs, list(world_sizes), balance, seed=seed, strict=strict,
+                                       carry=carry)
     return report

@@ -157,7 +157,7 @@ def compute_stats(
     df: pl.DataFrame,
     edges: Sequence[float] = DURATION_BIN_EDGES,
     thresholds: Sequence[tuple[str, str, float]] = DEFAULT_THRESHOLDS,
-    quantiles: Sequence[int] = QUANTILES,
+    quantiles: Sequence[float] = QUANTILES,
 ) -> ManifestStats:
     """Statistics of a compiled manifest frame.
 
@@ -187,7 +187,7 @@ def compute_stats(
     )
 
 
-def _quantiles(clean: pl.DataFrame, quantiles: Sequence[int]) -> dict[str, dict[str, float | None]]:
+def _quantiles(clean: pl.DataFrame, quantiles: Sequence[float]) -> dict[str, dict[str, float | None]]:
     """Per column, numpy's linear-interpolation percentiles (one partition pass per column)."""
     quant: dict[str, dict[str, float | None]] = {}
     for c in _QUANTILE_COLUMNS:

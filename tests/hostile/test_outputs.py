@@ -163,3 +163,24 @@ def test_sigterm_mid_compile_leaves_no_temporary_files(corpus: Corpus, tmp_path:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 143, proc.stderr.read() if proc.stderr else ""
     assert list(out.parent.iterdir()) == []
+
+
+def test_report_never_replaces_an_input_or_a_file_it_did_not_write(corpus: Corpus, plan: Path,
+                                                                   tmp_path: Path) -> None:
+    pytest.importorskip("altair", reason="the report extra (altair) is not installed")
+    m = tmp_path / "m.parquet"
+    m.write_bytes(corpus.manifest.read_bytes())
+    link = tmp_path / "link.html"
+    link.symlink_to(m)
+    refused("report", m, "-o", m, match="is also the input MANIFEST")
+    refused("report", m, "-o", link, match="is also the input MANIFEST")
+    refused("report", m, "--buckets", corpus.buckets, "-o", corpus.buckets, match="is also the input --buckets")
+    notes = tmp_path / "notes.html"
+    notes.write_text("<p>mine</p>")
+    refused("report", m, "-o", notes, match="not a report this tool wrote")
+    refused("report", m, "-o", tmp_path, match="not a report this tool wrote")
+    refused("report", corpus.manifest, "--plan", plan, "-o", plan / "r.html", match="inside the plan directory")
+    refused("report", m, "--rejects", m, "-o", tmp_path / "r.html", match="not a rejects file")
+    refused("report", m, "--world-sizes", "2,x", "-o", tmp_path / "r.html", match="--world-sizes")
+    assert m.read_bytes() == corpus.manifest.read_bytes() and notes.read_text() == "<p>mine</p>"
+    assert not (plan / "r.html").exists() and not (tmp_path / "r.html").exists()

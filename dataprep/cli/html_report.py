@@ -1,0 +1,50 @@
+"""Command: ``report`` — one self-contained, interactive HTML page of a manifest, its rejects,
+its buckets and its plan (:mod:`dataprep.report.aggregates`, :mod:`dataprep.report.page`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dataprep.cli.app import app, err, out, parse_world_sizes, user_errors
+from dataprep.planning.simulate import DEFAULT_WORLD_SIZES
+from dataprep.report.aggregates import collect_report
+from dataprep.report.page import write_page
+from manifests.errors import DataprepError
+from manifests.outputs import refuse_same_paths
+
+
+@app.command("report")
+@user_errors
+def report_cmd(
+    manifest: Annotated[Path, typer.Argument(help="Compiled manifest (Parquet), e.g. the kept rows of `filter`.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML page to write (replaced only if this "
+                                                                "command wrote it).")],
+    rejects: Annotated[
+        Optional[list[Path]],
+        typer.Option("--rejects", help="Rejects file(s) of compile or filter (repeat the option for several)."),
+    ] = None,
+    buckets: Annotated[
+        Optional[Path], typer.Option("--buckets", help="buckets.json (default with --plan: the plan's buckets).")
+    ] = None,
+    plan: Annotated[Optional[Path], typer.Option("--plan", help="Plan directory of this manifest.")] = None,
+    world_sizes: Annotated[
+        str, typer.Option("--world-sizes", help="World sizes simulated for the plan section, comma-separated.")
+    ] = ",".join(map(str, DEFAULT_WORLD_SIZES)),
+) -> None:
+    """Write one HTML file (scripts and data inline: opens without a network, a few MB at most
+    whatever the corpus) with the corpus (totals per corpus / language / task, distributions,
+    a --max-tps slider, rejects by reason), the buckets (duration x tokens with the grid, batch
+    sizes and their source, padding per scheme) and the plan (steps, balance, ranks, simulate)."""
+    sizes = parse_world_sizes("--world-sizes", world_sizes)
+    inputs = {"MANIFEST": manifest, "--buckets": buckets, "--plan": plan,
+              **{f"--rejects {p}": p for p in rejects or []}}
+    refuse_same_paths(inputs, {"-o": output})
+    if plan is not None and output.resolve().parent == plan.resolve():
+        raise DataprepError(f"{output}: -o: is inside the plan directory {plan}; write the report elsewhere")
+    data = collect_report(manifest, rejects=rejects or [], buckets=buckets, plan=plan, world_sizes=sizes)
+    size = write_page(data, output)
+    out.print(f"{output} ({size / 1e6:.2f} MB)")
+    err.print(f"wrote {output}")

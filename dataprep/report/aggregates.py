@@ -1,0 +1,482 @@
+"""The small tables ``dataprep report`` draws: aggregates of a manifest, its rejects, its
+buckets and its plan, never its rows.
+
+Every table here is bounded by its bins, buckets, steps, ranks or groups, not by the corpus:
+the page stays a few MB whatever the row count. Columns are read once (duration, tokens, TPS
+as arrays; strings only inside a streaming group-by), then binned with NumPy. Figures reuse
+the library's own: :func:`dataprep.report.stats.compute_stats` (quantiles, TPS by duration),
+:func:`dataprep.report.padding.spec_padding_report` (padding per scheme and per bucket),
+:func:`dataprep.planning.simulate.simulate_plan` / :func:`~dataprep.planning.simulate.plan_steps_report`
+(simulated world sizes, fill and straggler) and :class:`bucketing.costmodel.CostModel` (step times).
+
+Units: durations and hours in seconds / hours, TPS in tokens per second, shares in 0..1.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from bucketing.allocate import assign
+from bucketing.costmodel import CostModel
+from bucketing.dynres import DynResConfig
+from bucketing.fit import grid_from_spec
+from bucketing.plan import PlanError
+from dataprep.planning.simulate import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
+from dataprep.report.padding import batch_sizes_for, spec_padding_report
+from dataprep.report.stats import QUANTILES, ManifestStats, compute_stats
+from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
+from manifests.errors import DataprepError, ManifestError
+from manifests.io import file_sha256, manifest_hash, read_manifest, read_metadata, require_manifest_hash
+from manifests.plan_meta import PlanMeta, read_plan_meta
+
+#: bins of each 1D histogram (duration, tokens, TPS), plus one overflow bin
+HIST_BINS = 80
+#: bins per axis of the duration x tokens histogram
+GRID_BINS = 60
+#: quantile (percent) that sets a histogram's upper edge (rows above it land in the overflow bin)
+HIST_TOP = 99.9
+#: step of the ``--max-tps`` slider (tokens/s) and its most positions
+TPS_STEP = 0.5
+TPS_POSITIONS = 240
+#: rows of a group table shown (the rest summed in one "other" row)
+MAX_GROUPS = 60
+#: examples kept per reject reason, and characters kept of each field
+REJECT_EXAMPLES = 3
+EXAMPLE_CHARS = 160
+#: rows the padding per scheme is measured on (a uniform sample beyond it; 1M rows keep the
+#: schemes' padding within a few hundredths of a percent of the full figure and take ~4 s)
+SCHEME_SAMPLE_ROWS = 1_000_000
+#: steps drawn in the steps chart (about one per pixel); longer epochs are shown as windows of
+#: consecutive steps
+MAX_STEP_POINTS = 600
+#: epochs whose per-corpus shares are computed
+MAX_SHARE_EPOCHS = 20
+#: the corpus of a row: its ``origin`` without the trailing ``:line`` (or ``:member``)
+CORPUS_EXPR = pl.col("origin").fill_null("(unknown)").str.replace(r":[^:/]*$", "")
+
+
+def _zero_nan(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """``x`` with NaN as 0 (``x`` itself, not a copy, when it holds none: the usual case)."""
+    return np.nan_to_num(x) if np.isnan(x).any() else x
+
+
+def _r(x: float, digits: int = 6) -> float:
+    """A float rounded for the page (no NaN / inf: those become 0)."""
+    return round(float(x), digits) if math.isfinite(x) else 0.0
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Counts and hours per bin ``[lo, hi)``; the last bin (``overflow``) holds rows >= its lo."""
+
+    column: str
+    bins: list[dict[str, float]]
+
+    @classmethod
+    def of(cls, column: str, values: npt.NDArray[Any], hours_of: npt.NDArray[np.float64], top: float | None,
+           integer: bool = False, bins: int = HIST_BINS) -> Histogram:
+        """Bins of equal width over ``[0, top]`` (``top``: the :data:`HIST_TOP` quantile)."""
+        v = np.asarray(values, dtype=np.float64)
+        ok = np.isfinite(v)
+        if top is None or not ok.any():
+            return cls(column, [])
+        w = hours_of
+        if not ok.all():
+            v, w = v[ok], hours_of[ok]
+        width = max(top, 1e-9) / bins
+        if integer:
+            width = max(1.0, math.ceil(width))
+        idx = np.minimum((np.maximum(v, 0.0) / width).astype(np.int64), bins)
+        n = np.bincount(idx, minlength=bins + 1)
+        h = np.bincount(idx, weights=w, minlength=bins + 1) / 3600.0
+        return cls(column, [{"lo": _r(i * width), "hi": _r((i + 1) * width), "n": int(n[i]), "hours": _r(h[i], 4),
+                             "overflow": i == bins} for i in range(bins + 1) if n[i]])
+
+
+@dataclass(frozen=True)
+class CorpusAggregates:
+    """Section 1: totals, groups, distributions, the TPS cutoff and the 2D histogram."""
+
+    manifest: str
+    content_hash: str
+    totals: dict[str, float]
+    groups: list[dict[str, Any]]
+    histograms: list[Histogram]
+    tps_cut: list[dict[str, float]]
+    grid2d: dict[str, Any]
+    stats: ManifestStats
+
+
+def _numeric_columns(manifest: str | os.PathLike[str]) -> pl.DataFrame:
+    df = read_manifest(manifest, columns=["duration", "num_tokens", "tps"])
+    if df.height == 0:
+        raise ManifestError(f"{manifest}: the manifest has no rows")
+    return df
+
+
+@dataclass(frozen=True)
+class Corpora:
+    """Each row's corpus (its ``origin`` without the trailing ``:line`` or ``:member``) as an
+    index into ``names``, and the (corpus, lang, task) groups: utterances, hours, tokens."""
+
+    names: list[str]
+    codes: npt.NDArray[np.int32]
+    groups: list[dict[str, Any]]
+
+
+def corpora(manifest: str | os.PathLike[str], duration: npt.NDArray[np.float64],
+            num_tokens: npt.NDArray[np.float64]) -> Corpora:
+    """One streaming pass over the manifest's strings, keeping only their categorical codes,
+    then the groups of rows with these durations (s) and token counts, largest first. More
+    than :data:`MAX_GROUPS` groups: the smallest are summed into one ``(other: N groups)`` row."""
+    names_in = pl.scan_parquet(manifest).collect_schema().names()
+    df = (pl.scan_parquet(manifest)
+          .select(CORPUS_EXPR.cast(pl.Categorical).alias("corpus"),
+                  *[(pl.col(c).cast(pl.String) if c in names_in else pl.lit(None, pl.String)).fill_null("-")
+                    .cast(pl.Categorical).alias(c) for c in ("lang", "task")])
+          .collect(engine="streaming"))
+    g = (df.with_columns(pl.Series("duration", duration).fill_nan(None),
+                         pl.Series("num_tokens", num_tokens).fill_nan(None))
+         .group_by("corpus", "lang", "task")
+         .agg(pl.len().alias("utterances"), (pl.col("duration").sum() / 3600).alias("hours"),
+              pl.col("num_tokens").sum().cast(pl.Int64).alias("tokens"))
+         .with_columns(pl.col("corpus", "lang", "task").cast(pl.String))
+         .sort(["hours", "corpus", "lang", "task"], descending=[True, False, False, False]))
+    rows = g.to_dicts()
+    if len(rows) > MAX_GROUPS:
+        rest = rows[MAX_GROUPS - 1:]
+        rows = rows[:MAX_GROUPS - 1] + [{"corpus": f"(other: {len(rest)} groups)", "lang": "-", "task": "-",
+                                          "utterances": sum(r["utterances"] for r in rest),
+                                          "hours": sum(r["hours"] or 0.0 for r in rest),
+                                          "tokens": sum(r["tokens"] or 0 for r in rest)}]
+    total_h = sum(r["hours"] or 0.0 for r in rows) or 1.0
+    groups = [{**r, "hours": _r(r["hours"] or 0.0, 4), "tokens": int(r["tokens"] or 0),
+               "share": _r((r["hours"] or 0.0) / total_h, 4)} for r in rows]
+    pairs = (df.select(pl.col("corpus").cast(pl.String).alias("name"), pl.col("corpus").to_physical().alias("code"))
+             .unique().sort("name"))
+    lut = np.zeros(int(pairs["code"].max()) + 1, dtype=np.int32)
+    lut[pairs["code"].to_numpy()] = np.arange(pairs.height, dtype=np.int32)
+    return Corpora(pairs["name"].to_list(), lut[df["corpus"].to_physical().to_numpy()], groups)
+
+
+def tps_cut_table(tps: npt.NDArray[np.float64], duration: npt.NDArray[np.float64]) -> list[dict[str, float]]:
+    """What ``filter --max-tps X`` keeps (``tps <= X``; null / NaN TPS never kept), for X on a
+    grid of :data:`TPS_STEP` tokens/s up to the largest TPS (at most :data:`TPS_POSITIONS`)."""
+    ok = np.isfinite(tps)
+    t, d = tps[ok], _zero_nan(duration[ok])
+    n_all, h_all = tps.shape[0], float(np.nansum(duration)) / 3600.0
+    if t.size == 0:
+        return []
+    top = float(t.max())
+    step = max(TPS_STEP, math.ceil(top / TPS_POSITIONS / TPS_STEP) * TPS_STEP)
+    first = max(1, int(math.floor(float(t.min()) / step)))  # below the smallest TPS nothing is kept
+    xs = np.arange(first, int(math.ceil(top / step)) + 2) * step
+    k = np.searchsorted(xs, t, side="left")  # xs[k-1] < tps <= xs[k]: kept from X = xs[k] on
+    kept = np.cumsum(np.bincount(k, minlength=xs.shape[0])[: xs.shape[0]])
+    hours = np.cumsum(np.bincount(k, weights=d, minlength=xs.shape[0])[: xs.shape[0]]) / 3600.0
+    return [{"max_tps": _r(x, 3), "kept": int(kk), "kept_hours": _r(h, 4), "share": _r(kk / n_all),
+             "hours_share": _r(h / h_all) if h_all else 0.0} for x, kk, h in zip(xs, kept, hours)]
+
+
+def grid_histogram(duration: npt.NDArray[np.float64], tokens: npt.NDArray[np.float64], d_top: float, t_top: float,
+                   spec: BucketSpec | None, bins: int = GRID_BINS) -> dict[str, Any]:
+    """Rows per cell of a ``bins`` x ``bins`` duration x tokens grid (non-empty cells only),
+    its extent (``d_top`` s, ``t_top`` tokens: the rows beyond land in the last cells), and the
+    bucket boxes to draw over it (clipped to the extent)."""
+    ok = np.isfinite(duration) & np.isfinite(tokens)
+    d, t = duration[ok], tokens[ok]
+    if d.size == 0:
+        return {"cells": [], "boxes": [], "max_duration": 0.0, "max_tokens": 0.0}
+    d_top, t_top = max(d_top, 1e-9), max(t_top, 1.0)
+    dw, tw = d_top / bins, t_top / bins
+    i = np.minimum((np.maximum(d, 0) / dw).astype(np.int64), bins - 1)
+    j = np.minimum((np.maximum(t, 0) / tw).astype(np.int64), bins - 1)
+    n = np.bincount(i * bins + j, minlength=bins * bins)
+    cells = [{"d0": _r(c // bins * dw, 4), "d1": _r((c // bins + 1) * dw, 4), "t0": _r(c % bins * tw, 3),
+              "t1": _r((c % bins + 1) * tw, 3), "n": int(n[c])} for c in np.flatnonzero(n)]
+    boxes = []
+    if spec is not None:
+        grid = grid_from_spec(spec)
+        prev_t = 0.0
+        for k, b in enumerate(spec.buckets):
+            lo_d = grid.min_duration[k]
+            lo_d = 0.0 if not np.isfinite(lo_d) else float(lo_d)
+            if grid.token_bin[k] == 0:
+                prev_t = 0.0
+            hi_t = t_top if b.max_tokens is None else float(b.max_tokens)
+            if lo_d < d_top:
+                boxes.append({"bucket": k, "d0": _r(lo_d, 4), "d1": _r(min(b.max_duration, d_top), 4),
+                              "t0": _r(min(prev_t, t_top), 3), "t1": _r(min(hi_t, t_top), 3)})
+            prev_t = hi_t
+    return {"cells": cells, "boxes": boxes, "max_duration": _r(d_top, 4), "max_tokens": _r(t_top, 3)}
+
+
+def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None = None) -> tuple[
+        CorpusAggregates, npt.NDArray[np.float64], npt.NDArray[np.int64], Corpora]:
+    """Section 1 of the report, and what the other sections reuse of it: the durations (s)
+    and tokens it read, and each row's corpus. ``spec`` draws the bucket grid over the 2D
+    histogram."""
+    df = _numeric_columns(manifest)
+    d = df["duration"].cast(pl.Float64).to_numpy()
+    t_raw = df["num_tokens"].cast(pl.Float64).to_numpy()
+    tps = df["tps"].cast(pl.Float64).to_numpy()
+    hours_of = _zero_nan(d)
+    stats = compute_stats(df, quantiles=(*QUANTILES[:-1], HIST_TOP, QUANTILES[-1]))
+    del df
+    top = {c: stats.quantiles[c][f"p{HIST_TOP:g}"] for c in ("duration", "num_tokens", "tps")}
+    histograms = [Histogram.of("duration", d, hours_of, top["duration"]),
+                  Histogram.of("num_tokens", t_raw, hours_of, top["num_tokens"], integer=True),
+                  Histogram.of("tps", tps, hours_of, top["tps"])]
+    totals = {"utterances": d.shape[0], "hours": _r(float(hours_of.sum()) / 3600.0, 4),
+              "tokens": int(np.nansum(t_raw))}
+    corp = corpora(manifest, d, t_raw)
+    agg = CorpusAggregates(
+        manifest=Path(manifest).name, content_hash=manifest_hash(manifest), totals=totals,
+        groups=corp.groups, histograms=histograms, tps_cut=tps_cut_table(tps, d),
+        grid2d=grid_histogram(d, t_raw, top["duration"] or 0.0, top["num_tokens"] or 0.0, spec), stats=stats)
+    return agg, d, _zero_nan(t_raw).astype(np.int64), corp
+
+
+@dataclass(frozen=True)
+class RejectsAggregates:
+    """Rejected rows per reason (count, hours) with a few examples each, for one rejects file."""
+
+    file: str
+    rows: int
+    reasons: list[dict[str, Any]]
+
+
+def rejects_aggregates(path: str | os.PathLike[str]) -> RejectsAggregates:
+    """Per reason: rows, hours (rows without a duration count 0) and the first
+    :data:`REJECT_EXAMPLES` examples (id, origin, detail), most frequent reason first."""
+    meta = read_metadata(path)
+    if meta["kind"] != "rejects":
+        raise ManifestError(f"{path}: --rejects: not a rejects file (kind {meta['kind'] or 'unknown'!r}); give the "
+                            "file written by --rejects of compile or filter")
+    cut = EXAMPLE_CHARS
+    g = (pl.scan_parquet(path)
+         .group_by(pl.col("reason").fill_null("(none)"))
+         .agg(pl.len().alias("rows"), (pl.col("duration").fill_nan(None).sum() / 3600).alias("hours"),
+              *[pl.col(c).cast(pl.String).fill_null("").str.slice(0, cut).head(REJECT_EXAMPLES).alias(c)
+                for c in ("id", "origin", "detail")])
+         .sort(["rows", "reason"], descending=[True, False])
+         .collect(engine="streaming"))
+    reasons = [{"reason": r["reason"], "rows": int(r["rows"]), "hours": _r(r["hours"] or 0.0, 4),
+                "examples": [{"id": i, "origin": o, "detail": x} for i, o, x in zip(r["id"], r["origin"], r["detail"])]}
+               for r in g.to_dicts()]
+    return RejectsAggregates(Path(path).name, sum(r["rows"] for r in reasons), reasons)
+
+
+@dataclass(frozen=True)
+class BucketAggregates:
+    """Section 2: per-bucket table (bounds, rows, hours, batch size and its source, padding,
+    OOM breakdown when recorded) and the padding of every scheme."""
+
+    file: str
+    source: dict[str, Any]
+    buckets: list[dict[str, Any]]
+    schemes: list[dict[str, Any]]
+    breakdown: list[dict[str, Any]]
+    #: rows the padding was measured on, of ``rows``
+    measured_rows: int
+    rows: int
+
+
+def batch_size_origin(source: dict[str, Any]) -> str:
+    """Where a buckets.json's batch sizes came from: budget, estimate or device probe."""
+    rule = str(source.get("rule", ""))
+    return {"padded-budget": "budget", "oom-estimate": "estimate", "oom-measured": "device probe"}.get(
+        rule, rule or "unknown")
+
+
+def bucket_aggregates(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], spec: BucketSpec,
+                      name: str, sample: int = SCHEME_SAMPLE_ROWS) -> BucketAggregates:
+    """Padding per scheme (fixed, 1D, 2D, dynamic resolution) and per bucket for rows ``d``
+    (s), ``t`` (tokens) under ``spec``. Beyond ``sample`` rows the padding is measured on a
+    uniform sample of that many (a seeded draw: padding is a ratio per batch, and a bucket's
+    batches look alike at any corpus size); rows and hours per bucket are always exact (every
+    row allocated as the padding report does)."""
+    n = d.shape[0]
+    pick = (np.sort(np.random.default_rng(0).choice(n, sample, replace=False)) if n > sample
+            else slice(None))
+    try:
+        rep = spec_padding_report(d[pick], t[pick], spec, dynamic_resolution=DynResConfig())
+        if n > sample:
+            _, bs = batch_sizes_for(spec)
+            bucket = assign(d, t, grid_from_spec(spec), bs).bucket
+            ok = bucket >= 0
+            exact_n = np.bincount(bucket[ok], minlength=len(spec.buckets))
+            exact_h = np.bincount(bucket[ok], weights=d[ok], minlength=len(spec.buckets)) / 3600.0
+            rep["per_bucket"] = [{**pb, "num_rows": int(exact_n[i]), "hours": float(exact_h[i])}
+                                 for i, pb in enumerate(rep["per_bucket"])]
+    except PlanError as exc:
+        raise DataprepError(f"{name}: cannot plan: {exc}") from None
+    except ValueError as exc:
+        raise DataprepError(f"{name}: {exc}") from None
+    origin = batch_size_origin(spec.batch_size_source)
+    grid = grid_from_spec(spec)
+    rows, breakdown = [], []
+    for b, pb in zip(spec.buckets, rep["per_bucket"]):
+        lo = grid.min_duration[b.index]
+        rows.append({"bucket": b.index, "min_duration": _r(lo, 3) if np.isfinite(lo) else 0.0,
+                     "max_duration": _r(b.max_duration, 3), "max_tokens": b.max_tokens,
+                     "utterances": pb["num_rows"], "hours": _r(pb["hours"], 4),
+                     "batch_size": b.batch_size if b.batch_size is not None else pb["batch_size"],
+                     "source": origin if b.batch_size is not None else "budget (default)",
+                     "peak_gib": _r(b.extra["oom_peak_bytes"] / 2**30, 2) if b.extra.get("oom_peak_bytes") else None,
+                     "audio_padding": pb["audio_padding"], "token_padding": pb["token_padding"],
+                     "batches": pb["num_batches"]})
+        for cls, v in (b.extra.get("oom_breakdown") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                breakdown.append({"bucket": b.index, "class": str(cls), "gib": _r(v / 2**30, 3)})
+    schemes = [{"scheme": k, "audio_padding": v["audio_padding"], "token_padding": v["token_padding"],
+                "batches": v["num_batches"], "mean_batch": v["mean_batch_size"], "excluded": v.get("excluded", 0)}
+               for k, v in rep["schemes"].items()]
+    return BucketAggregates(name, dict(spec.batch_size_source), rows, schemes, breakdown, min(n, sample), n)
+
+
+@dataclass(frozen=True)
+class PlanAggregates:
+    """Section 3: summary figures, one epoch's steps and ranks, corpus shares, simulations."""
+
+    summary: dict[str, Any]
+    steps: list[dict[str, Any]]
+    step_window: int
+    ranks: list[dict[str, Any]]
+    shares: list[dict[str, Any]]
+    simulate: list[dict[str, Any]]
+
+
+def _step_rows(bucket: npt.NDArray[Any], size: npt.NDArray[Any], max_d: npt.NDArray[Any],
+               times: npt.NDArray[np.float64]) -> tuple[list[dict[str, Any]], int]:
+    """Per step (or window of steps when the epoch has more than :data:`MAX_STEP_POINTS`):
+    rank 0's bucket, buckets at the step, mean batch size, predicted step time (max over
+    ranks) and mean rank time, and balance (max / mean padded audio seconds)."""
+    S = bucket.shape[0]
+    padded = size * max_d
+    with np.errstate(invalid="ignore", divide="ignore"):
+        balance = np.where(padded.mean(axis=1) > 0, padded.max(axis=1) / padded.mean(axis=1), 1.0)
+    distinct = (np.diff(np.sort(bucket, axis=1), axis=1) != 0).sum(axis=1) + 1
+    per = {"bucket": bucket[:, 0].astype(np.float64), "buckets": distinct.astype(np.float64),
+           "batch": size.mean(axis=1), "time_max": times.max(axis=1), "time_mean": times.mean(axis=1),
+           "balance": balance}
+    w = max(1, math.ceil(S / MAX_STEP_POINTS))
+    if w > 1:  # windows: the mean of each figure, the max of the step time
+        n = math.ceil(S / w)
+        starts = np.arange(n) * w
+        per = {k: (np.maximum.reduceat(v, starts) if k in ("time_max", "buckets", "balance")
+                   else np.add.reduceat(v, starts) / np.diff(np.append(starts, S))) for k, v in per.items()}
+    else:
+        starts = np.arange(S)
+    rows = [{"step": int(s), "bucket": int(round(per["bucket"][i])), "buckets": int(per["buckets"][i]),
+             "batch": _r(per["batch"][i], 2), "time_max": _r(per["time_max"][i], 4),
+             "time_mean": _r(per["time_mean"][i], 4), "balance": _r(per["balance"][i], 4)}
+            for i, s in enumerate(starts)]
+    return rows, w
+
+
+def corpus_shares(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpora, d: npt.NDArray[np.float64],
+                  first: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per epoch (the first :data:`MAX_SHARE_EPOCHS`) and corpus: the share of the epoch's
+    planned utterances and hours; empty for a single-corpus manifest. ``first``: epoch 0's
+    :func:`read_epoch_batches`, read already."""
+    names, code = corp.names, corp.codes
+    if len(names) < 2:
+        return []
+    d_ok = _zero_nan(d)
+    out = []
+    for e in range(min(meta.epochs, MAX_SHARE_EPOCHS)):
+        batches = first if e == 0 else read_epoch_batches(plan_dir, e)
+        rows = np.concatenate([np.asarray(c.values.to_numpy(), dtype=np.int64) for c in batches["rows"]])
+        n = np.bincount(code[rows], minlength=len(names))
+        h = np.bincount(code[rows], weights=d_ok[rows], minlength=len(names))
+        order = np.argsort(-h, kind="stable")
+        folded = len(names) > MAX_GROUPS
+        for c in (order[:MAX_GROUPS - 1] if folded else order):
+            if n[c]:
+                out.append({"epoch": e, "corpus": names[c], "share": _r(n[c] / n.sum()),
+                            "hours_share": _r(h[c] / h.sum()) if h.sum() else 0.0})
+        if folded:
+            rest = order[MAX_GROUPS - 1:]
+            out.append({"epoch": e, "corpus": f"(other: {len(rest)} corpora)", "share": _r(n[rest].sum() / n.sum()),
+                        "hours_share": _r(h[rest].sum() / h.sum()) if h.sum() else 0.0})
+    return out
+
+
+def plan_aggregates(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpora, d: npt.NDArray[np.float64],
+                    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES, cost: CostModel | None = None) -> PlanAggregates:
+    """Section 3 for a plan of the manifest whose durations ``d`` (s) and corpora were read
+    already; epoch 0's batches are read once and shared by every figure."""
+    cost = cost or CostModel()
+    m = read_epoch_batches(plan_dir, 0)
+    times = cost.step_time(m["size"], m["max_duration"], m["max_tokens"])
+    steps, window = _step_rows(m["bucket"], m["size"], m["max_duration"], times)
+    W = meta.world_size
+    ranks = [{"rank": r, "batches": int(m["size"].shape[0]), "utterances": int(m["size"][:, r].sum()),
+              "padded_hours": _r(float((m["size"][:, r] * m["max_duration"][:, r]).sum()) / 3600.0, 4),
+              "predicted_s": _r(float(times[:, r].sum()), 3)} for r in range(W)]
+    rep = plan_steps_report(plan_dir, cost, batches=m).to_json()
+    sims = [s.to_json() for s in simulate_plan(plan_dir, world_sizes, cost, batches=m)]
+    summary = {"world_size": W, "epochs": meta.epochs, "steps": meta.num_steps,
+               "steps_per_epoch": meta.steps_per_epoch, "seed": meta.seed, "interleave": meta.interleave,
+               "balance_tolerance": meta.balance.tolerance if meta.balance else 0.0,
+               "padding_audio": meta.padding.get("audio"), "padding_tokens": meta.padding.get("tokens"),
+               "dropped_rows": meta.fallbacks.get("dropped_rows", 0), "moved_rows": meta.fallbacks.get("moved_rows", 0),
+               "plan_hash": meta.plan_hash, "epoch0": rep}
+    return PlanAggregates(summary, steps, window, ranks, corpus_shares(plan_dir, meta, corp, d, m),
+                          [{k: (_r(v, 6) if isinstance(v, float) else v) for k, v in s.items()} for s in sims])
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """Everything the page shows; each part ``None`` when its input was not given."""
+
+    corpus: CorpusAggregates
+    rejects: list[RejectsAggregates]
+    buckets: BucketAggregates | None
+    plan: PlanAggregates | None
+
+
+def collect_report(
+    manifest: str | os.PathLike[str],
+    *,
+    rejects: Sequence[str | os.PathLike[str]] = (),
+    buckets: str | os.PathLike[str] | None = None,
+    plan: str | os.PathLike[str] | None = None,
+    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+) -> ReportData:
+    """The aggregates of a manifest and, when given, its rejects, buckets and plan.
+
+    A plan must be of this manifest (content hash) and, when ``buckets`` is given too, of
+    that buckets file (SHA-256); without ``buckets`` the plan's own buckets are shown."""
+    if any(w < 1 for w in world_sizes):
+        raise DataprepError(f"world sizes must be >= 1, got {list(world_sizes)}")
+    meta = read_plan_meta(plan) if plan is not None else None
+    spec, spec_name = None, None
+    if buckets is not None:
+        spec, spec_name = read_buckets(buckets), Path(buckets).name
+        if meta is not None and file_sha256(buckets) != meta.buckets_file.sha256:
+            raise ManifestError(f"{buckets}: --buckets: is not the buckets file the plan was made with "
+                                f"({meta.buckets_file.file}, sha256 {meta.buckets_file.sha256[:12]}...)")
+    elif meta is not None:
+        spec = parse_buckets({"buckets": meta.buckets}, f"{plan}/plan.json")
+        spec_name = f"{meta.buckets_file.file} (from the plan)"
+    if meta is not None:
+        require_manifest_hash(manifest, meta.manifest.content_hash, f"the plan's manifest ({meta.manifest.file})")
+    rejected = [rejects_aggregates(p) for p in rejects]
+    corpus, d, t, corp = corpus_aggregates(manifest, spec)
+    return ReportData(
+        corpus=corpus,
+        rejects=rejected,
+        buckets=bucket_aggregates(d, t, spec, spec_name or "") if spec is not None else None,
+        plan=plan_aggregates(plan, meta, corp, d, world_sizes) if meta is not None and plan is not None else None,
+    )

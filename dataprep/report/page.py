@@ -1,0 +1,490 @@
+"""The HTML page of ``dataprep report``: one self-contained file (no network when opened).
+
+Charts are Vega-Lite specs built with Altair and drawn in the browser by Vega, whose
+JavaScript (vega, vega-lite, vega-embed: about 0.9 MB) comes inline from vl-convert's bundle;
+the data are the small tables of :mod:`dataprep.report.aggregates`, inline too. Tables are
+plain HTML (a few lines of script sort them); sections are ``<details>`` (collapsible, all
+opened for printing); a print stylesheet lays the page out for PDF. Equal inputs give equal
+bytes (no timestamps). Altair and vl-convert are the ``report`` extra, imported lazily.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dataprep.report.aggregates import (BucketAggregates, CorpusAggregates, PlanAggregates, RejectsAggregates,
+                                       ReportData, batch_size_origin)
+from manifests.errors import DataprepError
+from manifests.io import atomic_path
+
+#: the marker of a page this tool wrote (an existing -o without it is not replaced)
+GENERATOR = "speech-dataprep report"
+#: width of a full-width chart, CSS pixels
+WIDE = 900
+
+
+def _libs() -> Any:
+    """``altair``, or a one-line error naming the extra to install."""
+    try:
+        import altair as alt
+        import vl_convert  # noqa: F401
+    except ImportError:
+        raise DataprepError("dataprep report needs altair and vl-convert-python, which are not installed: install "
+                            "the report extra (pip install 'speech-dataprep[report]')") from None
+    return alt
+
+
+@functools.lru_cache(maxsize=1)
+def vega_bundle() -> str:
+    """vega + vega-lite + vega-embed as one script (vl-convert's bundle, built once per process:
+    a few seconds), for the Vega-Lite version Altair writes."""
+    alt = _libs()
+    import vl_convert as vlc
+
+    want = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+    js = vlc.javascript_bundle(vl_version=want) if want in vlc.get_vegalite_versions() else vlc.javascript_bundle()
+    return js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
+
+
+@dataclass
+class Page:
+    """The page being assembled: HTML fragments per section and the chart specs by element id."""
+
+    parts: list[str] = field(default_factory=list)
+    specs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def chart(self, chart: Any, title: str, note: str = "") -> None:
+        cid = f"chart-{len(self.specs)}"
+        self.specs[cid] = chart.to_dict()
+        self.parts.append(f'<figure class="fig" data-kind="chart"><figcaption>{_e(title)}</figcaption>'
+                          f'<div class="chart" id="{cid}"></div>{_note(note)}</figure>')
+
+    def table(self, title: str, columns: Sequence[tuple[str, str]], rows: Iterable[dict[str, Any]],
+              note: str = "", percent: Sequence[str] = ()) -> None:
+        """A sortable table; ``columns`` are (key, header); numbers right-aligned, the keys in
+        ``percent`` (shares 0..1) shown as percentages."""
+        head = "".join(f'<th scope="col">{_e(h)}</th>' for _, h in columns)
+        body = "".join("<tr>" + "".join(_td(r.get(k), k in percent) for k, _ in columns) + "</tr>" for r in rows)
+        self.parts.append(f'<figure class="fig" data-kind="table"><figcaption>{_e(title)}</figcaption>'
+                          f'<div class="scroll"><table class="sortable"><thead><tr>{head}</tr></thead>'
+                          f'<tbody>{body}</tbody></table></div>{_note(note)}</figure>')
+
+    def figures(self, items: Sequence[tuple[str, Any]]) -> None:
+        """A row of headline figures (label, value)."""
+        cells = "".join(f'<div class="kpi"><div class="v">{_e(_fmt(v))}</div><div class="k">{_e(k)}</div></div>'
+                        for k, v in items)
+        self.parts.append(f'<div class="kpis">{cells}</div>')
+
+    def open_section(self, sid: str, title: str, intro: str) -> None:
+        self.parts.append(f'<details open class="section" id="{sid}"><summary><h2>{_e(title)}</h2></summary>'
+                          f'<p class="intro">{_e(intro)}</p>')
+
+    def close_section(self) -> None:
+        self.parts.append("</details>")
+
+
+def _e(s: Any) -> str:
+    return html.escape(str(s), quote=True)
+
+
+def _note(note: str) -> str:
+    return f'<p class="note">{_e(note)}</p>' if note else ""
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "-"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    return str(v)
+
+
+def _td(v: Any, percent: bool = False) -> str:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f'<td class="n" data-v="{v}">{_e(_pct(v) if percent else _fmt(v))}</td>'
+    return f"<td>{_e(_fmt(v))}</td>"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def _data(alt: Any, rows: list[dict[str, Any]]) -> Any:
+    return alt.Data(values=rows)
+
+
+# --- section 1: corpus ---------------------------------------------------------------------
+
+def corpus_section(page: Page, c: CorpusAggregates, rejects: list[RejectsAggregates]) -> None:
+    alt = _libs()
+    page.open_section("corpus", "Corpus",
+                      f"{c.manifest} (content hash {c.content_hash[:12]}...): what the manifest holds, "
+                      "its distributions, what a TPS cutoff would keep, and what was rejected.")
+    page.figures([("utterances", c.totals["utterances"]), ("hours", c.totals["hours"]),
+                  ("tokens", c.totals["tokens"]), ("corpora / lang / task groups", len(c.groups)),
+                  ("rejected rows", sum(r.rows for r in rejects) if rejects else None)])
+    page.table("Per corpus, language and task (largest first)",
+               [("corpus", "corpus (source)"), ("lang", "lang"), ("task", "task"), ("utterances", "utterances"),
+                ("hours", "hours"), ("tokens", "tokens"), ("share", "share of hours")], c.groups,
+               percent=("share",))
+    groups = [{**g, "group": f"{g['corpus'].rsplit('/', 1)[-1]} · {g['lang']} · {g['task']}"} for g in c.groups]
+    page.chart(alt.Chart(_data(alt, groups)).mark_bar().encode(
+        x=alt.X("hours:Q", title="hours"), y=alt.Y("group:N", sort="-x", title=None),
+        color=alt.Color("lang:N", title="lang"),
+        tooltip=["corpus:N", "lang:N", "task:N", alt.Tooltip("utterances:Q", format=","),
+                 alt.Tooltip("hours:Q", format=",.2f"), alt.Tooltip("tokens:Q", format=",")],
+    ).properties(width=WIDE - 300, height=max(60, min(18 * len(groups), 600))), "Hours per group")
+
+    units = {"duration": "duration (s)", "num_tokens": "tokens (incl. prompt)", "tps": "tokens per second"}
+    hists = []
+    for h in c.histograms:
+        hists.append(alt.Chart(_data(alt, h.bins)).mark_bar(color="#3b75af").encode(
+            x=alt.X("lo:Q", title=units[h.column]), x2="hi:Q", y=alt.Y("n:Q", title="utterances"), y2=alt.datum(0),
+            tooltip=[alt.Tooltip("lo:Q", title="from"), alt.Tooltip("hi:Q", title="to"),
+                     alt.Tooltip("n:Q", title="utterances", format=","), alt.Tooltip("hours:Q", format=",.3f"),
+                     alt.Tooltip("overflow:N", title="overflow bin")],
+        ).properties(width=270, height=180, title=units[h.column]))
+    page.chart(alt.hconcat(*hists), "Distributions",
+               "The last bar of each histogram gathers everything above the 99.9th percentile.")
+    q = c.stats.quantiles
+    levels = list(next(iter(q.values())).keys()) if q else []
+    page.table("Quantiles", [("column", "column")] + [(lv, lv) for lv in levels],
+               [{"column": units.get(col, col), **{lv: (None if v is None else round(v, 3)) for lv, v in qs.items()}}
+                for col, qs in q.items()])
+    page.table("TPS by duration", [("bin", "duration (s)"), ("count", "utterances"), ("hours", "hours"),
+                                   ("p10", "TPS p10"), ("p50", "TPS median"), ("p90", "TPS p90")],
+               [{"bin": b.label, "count": b.count, "hours": round(b.hours, 4), "p10": _round(b.tps_p10),
+                 "p50": _round(b.tps_median), "p90": _round(b.tps_p90)} for b in c.stats.tps_by_duration])
+    if c.tps_cut:
+        tps_cut_chart(page, alt, c)
+    if rejects:
+        rejects_part(page, alt, rejects)
+    page.close_section()
+
+
+def _round(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def tps_cut_chart(page: Page, alt: Any, c: CorpusAggregates) -> None:
+    """What ``filter --max-tps X`` keeps, with X on a slider (a Vega-Lite parameter)."""
+    xs = [r["max_tps"] for r in c.tps_cut]
+    start = min(xs, key=lambda x: abs(x - 25.0))
+    step = round(xs[1] - xs[0], 6) if len(xs) > 1 else 0.5
+    cut = alt.param(name="max_tps", value=start,
+                    bind=alt.binding_range(min=xs[0], max=xs[-1], step=step, name="filter --max-tps "))
+    base = alt.Chart(_data(alt, c.tps_cut))
+    lines = base.transform_fold(["share", "hours_share"], as_=["of", "kept"]).transform_calculate(
+        what="datum.of == 'share' ? 'utterances' : 'hours'").mark_line().encode(
+        x=alt.X("max_tps:Q", title="--max-tps (tokens/s)"),
+        y=alt.Y("kept:Q", title="kept", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("what:N", title="share of", legend=alt.Legend(orient="right"),
+                        scale=alt.Scale(domain=["utterances", "hours"], range=["#3b75af", "#e4572e"])))
+    points = base.mark_point(size=80, filled=True, color="#111").encode(
+        x="max_tps:Q", y="share:Q",
+        tooltip=[alt.Tooltip("max_tps:Q", title="--max-tps"), alt.Tooltip("kept:Q", format=","),
+                 alt.Tooltip("share:Q", format=".2%", title="utterances kept"),
+                 alt.Tooltip("kept_hours:Q", format=",.2f", title="hours kept"),
+                 alt.Tooltip("hours_share:Q", format=".2%", title="hours kept (share)")],
+    ).transform_filter(alt.datum.max_tps == cut)
+    label = base.mark_text(align="right", fontSize=13, fontWeight="bold").encode(
+        x=alt.value(WIDE - 160), y=alt.value(200), text=alt.Text("label:N"),
+    ).transform_filter(alt.datum.max_tps == cut).transform_calculate(
+        label="'keeps ' + format(datum.kept, ',') + ' utterances (' + format(datum.share, '.2%') + '), '"
+              " + format(datum.kept_hours, ',.1f') + ' h'")
+    rule = alt.Chart(_data(alt, [{"x": 0}])).mark_rule(color="#111", strokeDash=[4, 3]).encode(
+        x=alt.X("v:Q")).transform_calculate(v=cut.name)
+    tps = next(h for h in c.histograms if h.column == "tps")
+    hist = alt.Chart(_data(alt, tps.bins)).mark_bar().encode(
+        x=alt.X("lo:Q", title="tokens per second"), x2="hi:Q", y=alt.Y("n:Q", title="utterances"), y2=alt.datum(0),
+        color=alt.condition(alt.datum.hi <= cut, alt.value("#3b75af"), alt.value("#e4572e")),
+        tooltip=[alt.Tooltip("lo:Q", title="from"), alt.Tooltip("hi:Q", title="to"),
+                 alt.Tooltip("n:Q", format=",", title="utterances")])
+    chart = alt.vconcat(
+        alt.layer(lines, rule, points, label).properties(width=WIDE - 150, height=220),
+        alt.layer(hist, rule).properties(width=WIDE - 150, height=140),
+    ).add_params(cut)
+    page.chart(chart, "TPS cutoff: what `filter --max-tps X` keeps",
+               "Move the slider below the chart; red bars would be rejected (TPS > X). Kept = tps <= X, exactly "
+               "as the filter counts (rows without a TPS are never kept).")
+
+
+def rejects_part(page: Page, alt: Any, rejects: list[RejectsAggregates]) -> None:
+    rows = [{"file": r.file, **x} for r in rejects for x in r.reasons]
+    page.chart(alt.Chart(_data(alt, rows)).mark_bar().encode(
+        x=alt.X("rows:Q", title="rejected rows"), y=alt.Y("reason:N", sort="-x", title=None),
+        color=alt.Color("file:N", title="rejects file"),
+        tooltip=["file:N", "reason:N", alt.Tooltip("rows:Q", format=","), alt.Tooltip("hours:Q", format=",.3f")],
+    ).properties(width=WIDE - 350, height=max(40, 22 * len(rows))), "Rejected rows by reason")
+    ex = [{"file": r["file"], "reason": r["reason"], "rows": r["rows"], "hours": r["hours"],
+           "id": e["id"], "origin": e["origin"], "detail": e["detail"]} for r in rows for e in r["examples"]]
+    page.table("Rejects: examples (the first rows of each reason)",
+               [("file", "file"), ("reason", "reason"), ("rows", "rows"), ("id", "id"), ("origin", "origin"),
+                ("detail", "detail")], ex)
+
+
+# --- section 2: buckets --------------------------------------------------------------------
+
+def buckets_section(page: Page, b: BucketAggregates, c: CorpusAggregates) -> None:
+    alt = _libs()
+    page.open_section("buckets", "Buckets",
+                      f"{b.file}: {len(b.buckets)} buckets; batch sizes from {_source_text(b.source)}.")
+    g = c.grid2d
+    heat = alt.Chart(_data(alt, g["cells"])).mark_rect().encode(
+        x=alt.X("d0:Q", title="duration (s)", scale=alt.Scale(domain=[0, g["max_duration"]], nice=False)),
+        x2="d1:Q",
+        y=alt.Y("t0:Q", title="tokens (incl. prompt)", scale=alt.Scale(domain=[0, g["max_tokens"]], nice=False)),
+        y2="t1:Q",
+        color=alt.Color("n:Q", title="utterances", scale=alt.Scale(type="log", scheme="blues")),
+        tooltip=[alt.Tooltip("d0:Q", title="duration from"), alt.Tooltip("d1:Q", title="to"),
+                 alt.Tooltip("t0:Q", title="tokens from"), alt.Tooltip("t1:Q", title="to"),
+                 alt.Tooltip("n:Q", format=",", title="utterances")])
+    layers = [heat]
+    if g["boxes"]:
+        info = {x["bucket"]: x for x in b.buckets}
+        boxes = [{**x, "batch_size": info[x["bucket"]]["batch_size"], "utterances": info[x["bucket"]]["utterances"]}
+                 for x in g["boxes"]]
+        layers.append(alt.Chart(_data(alt, boxes)).mark_rect(fillOpacity=0, stroke="#d62728", strokeWidth=1).encode(
+            x="d0:Q", x2="d1:Q", y="t0:Q", y2="t1:Q",
+            tooltip=[alt.Tooltip("bucket:Q"), alt.Tooltip("d0:Q", title="duration from"),
+                     alt.Tooltip("d1:Q", title="duration to"), alt.Tooltip("t1:Q", title="max tokens"),
+                     alt.Tooltip("batch_size:Q", title="batch size"), alt.Tooltip("utterances:Q", format=",")]))
+    page.chart(alt.layer(*layers).properties(width=WIDE - 150, height=420),
+               "Duration x tokens, with the bucket grid",
+               "Cells: utterances (log colour). Red boxes: the buckets (hover for bounds and batch size). "
+               "Axes stop at the 99.9th percentile.")
+    page.chart(alt.Chart(_data(alt, b.buckets)).mark_bar().encode(
+        x=alt.X("bucket:O", title="bucket", axis=alt.Axis(labelOverlap=True)),
+        y=alt.Y("batch_size:Q", title="batch size (utterances)"), color=alt.Color("source:N", title="source"),
+        tooltip=["bucket:Q", "min_duration:Q", "max_duration:Q", "max_tokens:Q", "batch_size:Q", "source:N",
+                 alt.Tooltip("utterances:Q", format=","), alt.Tooltip("audio_padding:Q", format=".2%"),
+                 alt.Tooltip("token_padding:Q", format=".2%")],
+    ).properties(width=WIDE - 150, height=200), "Batch size per bucket")
+    page.table("Per bucket", [("bucket", "bucket"), ("min_duration", "> duration (s)"),
+                              ("max_duration", "<= duration (s)"), ("max_tokens", "<= tokens"),
+                              ("utterances", "utterances"), ("hours", "hours"), ("batch_size", "batch size"),
+                              ("source", "batch size from"), ("peak_gib", "peak (GiB)"),
+                              ("audio_padding", "audio padding"), ("token_padding", "token padding"),
+                              ("batches", "batches")], b.buckets,
+               "Padding: 1 - real / (batch size x longest in batch), over the 2D scheme's batches.",
+               percent=("audio_padding", "token_padding"))
+    if b.breakdown:
+        page.chart(alt.Chart(_data(alt, b.breakdown)).mark_bar().encode(
+            x=alt.X("bucket:O"), y=alt.Y("gib:Q", title="GiB at the peak"), color=alt.Color("class:N"),
+            tooltip=["bucket:Q", "class:N", alt.Tooltip("gib:Q", format=".3f")],
+        ).properties(width=WIDE - 150, height=220), "OOM breakdown per bucket (oomptimize --explain)")
+    schemes = [{**s, "kind": k, "padding": s[f"{k}_padding"]} for s in b.schemes for k in ("audio", "token")]
+    page.chart(alt.Chart(_data(alt, schemes)).mark_bar().encode(
+        x=alt.X("scheme:N", title=None, sort=None), xOffset="kind:N",
+        y=alt.Y("padding:Q", title="padding", axis=alt.Axis(format="%")), color=alt.Color("kind:N", title=None),
+        tooltip=["scheme:N", "kind:N", alt.Tooltip("padding:Q", format=".2%"), "batches:Q",
+                 alt.Tooltip("mean_batch:Q", format=".1f"), "excluded:Q"],
+    ).properties(width=WIDE - 250, height=220), "Padding per batching scheme")
+    sampled = (f" Measured on a uniform sample of {b.measured_rows:,} of the {b.rows:,} rows (batches, rows "
+               "excluded and the per-bucket padding too; rows and hours per bucket are exact)."
+               if b.measured_rows < b.rows else "")
+    page.table("Padding per scheme", [("scheme", "scheme"), ("audio_padding", "audio padding"),
+                                      ("token_padding", "token padding"), ("batches", "batches"),
+                                      ("mean_batch", "mean batch"), ("excluded", "rows excluded")], b.schemes,
+               "fixed-Ls: one bucket padded to L seconds; 1d-*: duration buckets; 2d: these buckets; "
+               "2d-dynamic-resolution: the same batches featurized at their own rates (frame padding left)." + sampled,
+               percent=("audio_padding", "token_padding"))
+    page.close_section()
+
+
+def _source_text(src: dict[str, Any]) -> str:
+    what = batch_size_origin(src)
+    extra = {"budget": f" (padded budget {src.get('max_duration', '?')} s per batch)",
+             "estimate": f" ({src.get('model', '?')} on {src.get('gpu', '?')})",
+             "device probe": f" ({src.get('model', '?')} on {src.get('gpu', '?')})"}.get(what, "")
+    return what + extra
+
+
+# --- section 3: plan -----------------------------------------------------------------------
+
+def plan_section(page: Page, p: PlanAggregates) -> None:
+    alt = _libs()
+    s = p.summary
+    e0 = s["epoch0"]
+    page.open_section("plan", "Plan",
+                      f"World size {s['world_size']}, {s['epochs']} epoch(s), {s['steps']:,} steps, seed {s['seed']}, "
+                      f"balance tolerance {s['balance_tolerance']:g} (plan hash {s['plan_hash'][:12]}...). "
+                      "Step times are predicted by the cost model (seconds; relative figures).")
+    page.figures([("steps / epoch 0", e0["steps"]), ("fill", _pct(e0["fill"])), ("straggler", _pct(e0["straggler"])),
+                  ("idle", _pct(e0["idle"])), ("same-bucket steps", _pct(e0["same_bucket"])),
+                  ("balance (max/mean)", round(e0["balance_mean"], 3)), ("audio padding", _pct(s["padding_audio"])),
+                  ("token padding", _pct(s["padding_tokens"])), ("dropped rows", s["dropped_rows"])])
+    unit = "step" if p.step_window == 1 else f"window of {p.step_window} steps"
+    base = alt.Chart(_data(alt, p.steps))
+    tips = [alt.Tooltip("step:Q", title="first step" if p.step_window > 1 else "step"), "bucket:Q",
+            alt.Tooltip("buckets:Q", title="buckets at the step"), alt.Tooltip("batch:Q", title="mean batch"),
+            alt.Tooltip("time_max:Q", title="step time (s)", format=".3f"),
+            alt.Tooltip("time_mean:Q", title="mean rank time (s)", format=".3f"),
+            alt.Tooltip("balance:Q", title="balance", format=".3f")]
+    x = alt.X("step:Q", title="step of epoch 0")
+    times = base.transform_fold(["time_max", "time_mean"], as_=["figure", "seconds"]).transform_calculate(
+        rank="datum.figure == 'time_max' ? 'slowest rank' : 'mean rank'").mark_line(
+        interpolate="step-after").encode(x=x, y=alt.Y("seconds:Q", title="predicted time (s)"),
+                                         color=alt.Color("rank:N", title=None))
+    hover = base.mark_point(opacity=0, size=30).encode(x=x, y="time_max:Q", tooltip=tips)
+    batch = base.mark_bar().encode(x=x, y=alt.Y("batch:Q", title="mean batch"),
+                                   color=alt.Color("bucket:Q", title="bucket (rank 0)",
+                                                   scale=alt.Scale(scheme="viridis")), tooltip=tips)
+    bal = base.mark_line(color="#e4572e", interpolate="step-after").encode(
+        x=x, y=alt.Y("balance:Q", title="balance (max/mean)", scale=alt.Scale(zero=False)), tooltip=tips)
+    page.chart(alt.vconcat(alt.layer(times, hover).properties(width=WIDE - 150, height=180),
+                           batch.properties(width=WIDE - 150, height=120),
+                           bal.properties(width=WIDE - 150, height=100)).resolve_scale(color="independent"),
+               "Steps over epoch 0",
+               f"One point per {unit}: step time = slowest rank; balance = max / mean padded audio seconds "
+               "(batch size x longest utterance) over the ranks.")
+    page.chart(alt.Chart(_data(alt, p.ranks)).mark_bar().encode(
+        x=alt.X("rank:O", axis=alt.Axis(labelOverlap=True)), y=alt.Y("predicted_s:Q", title="predicted busy time (s)"),
+        tooltip=["rank:Q", "batches:Q", alt.Tooltip("utterances:Q", format=","),
+                 alt.Tooltip("padded_hours:Q", format=",.3f"), alt.Tooltip("predicted_s:Q", format=",.2f")],
+    ).properties(width=WIDE - 150, height=160), "Per rank, epoch 0")
+    page.table("Per rank totals, epoch 0", [("rank", "rank"), ("batches", "batches"), ("utterances", "utterances"),
+                                            ("padded_hours", "padded hours"), ("predicted_s", "predicted busy (s)")],
+               p.ranks)
+    if p.shares:
+        page.chart(alt.Chart(_data(alt, p.shares)).mark_bar().encode(
+            x=alt.X("epoch:O"), y=alt.Y("hours_share:Q", title="share of hours", axis=alt.Axis(format="%")),
+            color=alt.Color("corpus:N"),
+            tooltip=["epoch:Q", "corpus:N", alt.Tooltip("share:Q", format=".2%", title="share of utterances"),
+                     alt.Tooltip("hours_share:Q", format=".2%", title="share of hours")],
+        ).properties(width=WIDE - 350, height=200), "Per-corpus shares per epoch")
+    sims = [{**x, "mode": m, "idle": x[f"idle_{m}"]} for x in p.simulate for m in ("sync", "unsync")]
+    page.chart(alt.Chart(_data(alt, sims)).mark_bar().encode(
+        x=alt.X("world_size:O", title="world size"), xOffset="mode:N",
+        y=alt.Y("idle:Q", title="idle share of rank time", axis=alt.Axis(format="%")), color=alt.Color("mode:N"),
+        tooltip=["world_size:Q", "mode:N", alt.Tooltip("idle:Q", format=".2%"),
+                 alt.Tooltip("speedup:Q", format=".2%", title="sync saves"), "representative:N"],
+    ).properties(width=WIDE - 400, height=200), "simulate: synchronized vs unsynchronized at several world sizes")
+    page.table("simulate", [("world_size", "world size"), ("steps_sync", "steps (sync)"),
+                            ("time_sync", "epoch s (sync)"), ("time_unsync", "epoch s (unsync)"),
+                            ("idle_sync", "idle (sync)"), ("idle_unsync", "idle (unsync)"),
+                            ("speedup", "sync saves"), ("representative", "representative")], p.simulate,
+               "The first row is the plan's own world size and step layout; the others re-deal the same batches. "
+               "Not representative: fewer batches per bucket than ranks.",
+               percent=("idle_sync", "idle_unsync", "speedup"))
+    page.close_section()
+
+
+# --- the page ------------------------------------------------------------------------------
+
+_CSS = """
+:root{--fg:#1d2430;--mut:#5b6573;--line:#d9dee5;--bg:#fff;--acc:#3b75af}
+*{box-sizing:border-box}body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);
+background:var(--bg);margin:0 auto;max-width:1000px;padding:16px 24px 48px}
+h1{font-size:22px;margin:8px 0 4px}h2{display:inline;font-size:18px;margin:0}
+header p{margin:2px 0;color:var(--mut)}nav{margin:10px 0 4px}nav a{margin-right:14px;color:var(--acc)}
+details.section{border-top:2px solid var(--line);padding:8px 0 4px;margin-top:14px}
+summary{cursor:pointer;padding:4px 0}.intro{color:var(--mut);margin:4px 0 8px}
+.fig{margin:14px 0;break-inside:avoid;page-break-inside:avoid}figcaption{font-weight:600;margin-bottom:6px}
+.note{color:var(--mut);font-size:12.5px;margin:4px 0}
+.kpis{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0}.kpi{border:1px solid var(--line);border-radius:6px;
+padding:6px 12px;min-width:110px}.kpi .v{font-size:18px;font-weight:600}.kpi .k{color:var(--mut);font-size:12px}
+.scroll{max-height:420px;overflow:auto;border:1px solid var(--line);border-radius:4px}
+table{border-collapse:collapse;width:100%;font-size:12.5px}th,td{padding:3px 8px;border-bottom:1px solid var(--line);
+text-align:left;vertical-align:top}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{position:sticky;top:0;background:#f4f6f9;cursor:pointer;user-select:none;white-space:nowrap}
+th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
+td{word-break:break-word}td.n{white-space:nowrap}.vega-bindings{margin:6px 0 0 40px}.vega-bind-name{font-weight:600}
+.chart{overflow-x:auto}
+@media print{@page{size:A4;margin:12mm}body{max-width:none;padding:0;font-size:11px}nav{display:none}
+.scroll{max-height:none;overflow:visible;border:0}th{position:static}summary{list-style:none}
+.vega-bindings{display:none}details.section{break-before:page}details.section:first-of-type{break-before:auto}
+.chart{overflow:visible}.chart svg{max-width:100%;height:auto}}
+"""
+
+_JS = r"""
+(function(){
+  var state = window.__report = {ready:false, errors:[], charts:0};
+  window.addEventListener('error', function(e){ state.errors.push(String(e.message || e)); });
+  var specs = JSON.parse(document.getElementById('report-specs').textContent);
+  var jobs = Object.keys(specs).map(function(id){
+    return vegaEmbed('#' + id, specs[id], {renderer:'svg', actions:false})
+      .then(function(){ state.charts += 1; })
+      .catch(function(e){ state.errors.push(id + ': ' + e); });
+  });
+  Promise.all(jobs).then(function(){ state.ready = true; state.ms = performance.now();
+    document.body.setAttribute('data-ready', '1'); });
+  function key(td){ var v = td.getAttribute('data-v'); return v === null ? td.textContent : parseFloat(v); }
+  document.querySelectorAll('table.sortable').forEach(function(table){
+    table.querySelectorAll('th').forEach(function(th, col){
+      th.addEventListener('click', function(){
+        var asc = th.getAttribute('aria-sort') !== 'ascending';
+        table.querySelectorAll('th').forEach(function(o){ o.removeAttribute('aria-sort'); });
+        th.setAttribute('aria-sort', asc ? 'ascending' : 'descending');
+        var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+        rows.sort(function(a, b){
+          var x = key(a.cells[col]), y = key(b.cells[col]);
+          var c = (typeof x === 'number' && typeof y === 'number') ? x - y : String(x).localeCompare(String(y));
+          return asc ? c : -c; });
+        rows.forEach(function(r){ body.appendChild(r); });
+      });
+    });
+  });
+  window.addEventListener('beforeprint', function(){
+    document.querySelectorAll('details').forEach(function(d){ d.open = true; }); });
+})();
+"""
+
+
+def render_page(data: ReportData, title: str = "speech-dataprep report") -> str:
+    """The whole page as a string."""
+    page = Page()
+    corpus_section(page, data.corpus, data.rejects)
+    if data.buckets is not None:
+        buckets_section(page, data.buckets, data.corpus)
+    if data.plan is not None:
+        plan_section(page, data.plan)
+    nav = [("corpus", "Corpus")] + ([("buckets", "Buckets")] if data.buckets else []) + \
+        ([("plan", "Plan")] if data.plan else [])
+    inputs = [f"manifest {data.corpus.manifest}"] + [f"rejects {r.file}" for r in data.rejects] + \
+        ([f"buckets {data.buckets.file}"] if data.buckets else [])
+    specs = json.dumps(page.specs, separators=(",", ":"), sort_keys=True, ensure_ascii=False).replace("<", "\\u003c")
+    return "".join([
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">',
+        f'<meta name="generator" content="{GENERATOR}">',
+        '<meta name="viewport" content="width=device-width,initial-scale=1">',
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+        f"<header><h1>{_e(title)}</h1><p>{_e(' · '.join(inputs))}</p></header>",
+        "<nav>" + "".join(f'<a href="#{i}">{_e(t)}</a>' for i, t in nav) + "</nav>",
+        *page.parts,
+        f'<script type="application/json" id="report-specs">{specs}</script>',
+        f"<script>{vega_bundle()}</script><script>{_JS}</script></body></html>\n",
+    ])
+
+
+def is_report(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a page this tool wrote (its generator marker in the first 4 KiB)."""
+    try:
+        with open(path, "rb") as fh:
+            return f'<meta name="generator" content="{GENERATOR}">'.encode() in fh.read(4096)
+    except OSError:
+        return False
+
+
+def write_page(data: ReportData, output: str | os.PathLike[str]) -> int:
+    """Write the page atomically; an existing file is replaced only when this tool wrote it.
+    Returns the page's size in bytes."""
+    if os.path.lexists(output) and (os.path.isdir(output) or not is_report(output)):
+        raise DataprepError(f"{output}: -o: exists and is not a report this tool wrote; refusing to replace it")
+    text = render_page(data).encode("utf-8")
+    with atomic_path(output) as tmp:
+        tmp.write_bytes(text)
+    return len(text)
