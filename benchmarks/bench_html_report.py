@@ -38,6 +38,7 @@ sys.path.insert(0, str(HERE))
 from bench_plan import buckets_for, synthetic  # noqa: E402
 
 from dataprep.planning import build_plan  # noqa: E402
+from dataprep.planning.options import PlanOptions  # noqa: E402
 from manifests.io import write_manifest  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -80,7 +81,7 @@ def make_inputs(tmp: Path, rows: int, world: int) -> tuple[Path, Path, Path]:
     buckets_for(df, buckets, 600.0)
     del df
     t1 = time.perf_counter()
-    build_plan(manifest, buckets, tmp / "plan", world_size=world)
+    build_plan(manifest, buckets, tmp / "plan", PlanOptions(world_size=world))
     print(f"inputs: {rows:,} rows, buckets and a W={world} plan in {t1 - t0:.1f} + {time.perf_counter() - t1:.1f} s",
           flush=True)
     return manifest, buckets, tmp / "plan"

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from dataprep.cli import app
 from dataprep.planning.build import build_plan
+from dataprep.planning.options import PlanOptions
 from dataprep.testing import write_plan_inputs
 
 pytest.importorskip("altair", reason="the report extra (altair) is not installed")
@@ -22,7 +23,7 @@ runner = CliRunner()
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("report-cli")
     kept, buckets = write_plan_inputs(folder, 2000, seed=5, num_buckets=6)
-    build_plan(kept, buckets, folder / "plan", world_size=2)
+    build_plan(kept, buckets, folder / "plan", PlanOptions(world_size=2))
     return {"kept": kept, "buckets": buckets, "plan": folder / "plan"}
 
 

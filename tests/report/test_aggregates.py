@@ -12,6 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dataprep.planning.build import build_plan
+
+from dataprep.planning.options import PlanOptions
 from dataprep.report.aggregates import (MAX_GROUPS, Histogram, bucket_aggregates, collect_report, corpora,
                                         grid_histogram, rejects_aggregates, tps_cut_table)
 from dataprep.report.filters import Thresholds, apply_filters
@@ -36,7 +38,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         pl.Series("origin", [f"/data/{'a' if i % 3 else 'b'}/train.jsonl:{i + 1}" for i in range(n)]),
     ).with_columns(pl.when(pl.int_range(pl.len()) == 7).then(float("nan")).otherwise(pl.col("tps")).alias("tps"))
     write_manifest(df, kept)
-    build_plan(kept, buckets, folder / "plan", world_size=4, epochs=2)
+    build_plan(kept, buckets, folder / "plan", PlanOptions(world_size=4, epochs=2))
     rej = df.head(40).with_columns(pl.Series("reason", ["max_tps"] * 25 + ["empty_text"] * 15),
                                    pl.lit("why").alias("detail"))
     write_rejects(rej, folder / "rejects.parquet")
