@@ -176,17 +176,25 @@ def plan_end_line(sampler: PlanSampler) -> str:
 
 
 class EndOfPlanGuard:
-    """Mixin of the plan's DataLoaders: a second pass after the plan's last step (or a pass
-    that would start at its end) raises :class:`PlanEnded` instead of yielding nothing."""
+    """Mixin of the plan's DataLoaders: ``iter()`` once the plan's last step was returned (after a
+    full pass, or a state restored at the end) raises :class:`PlanEnded` at once, before any
+    batch: a trainer that knows the loader's length (0 then) would otherwise start empty epochs
+    without ever asking for a batch."""
 
     plan_sampler: PlanSampler
-    _exhausted: bool = False
+    _returned_step: int
 
-    def _guarded(self, batches: Iterator[Any], starts_at_end: bool) -> Iterator[Any]:
-        if self._exhausted or starts_at_end:
+    def _check_not_past_end(self) -> None:
+        if self._returned_step >= self.plan_sampler.cursor.stop_step:
             raise PlanEnded(plan_end_line(self.plan_sampler))
-        yield from batches
-        self._exhausted = True
+
+    def _counted(self, batches: Iterator[Any], step: int) -> Iterator[Any]:
+        """``batches``, keeping ``_returned_step`` = the step after the last batch returned."""
+        self._returned_step = step
+        for batch in batches:
+            step += 1
+            self._returned_step = step
+            yield batch
 
 
 class PlanDataLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
@@ -201,16 +209,10 @@ class PlanDataLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
         self._returned_step = sampler.next_step
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._check_not_past_end()
         sampler = self.plan_sampler
         step = sampler.next_step if sampler._just_restored_state else sampler.start_step
-        return self._guarded(self._steps(step), starts_at_end=step >= sampler.cursor.stop_step)
-
-    def _steps(self, step: int) -> Iterator[Any]:
-        self._returned_step = step
-        for batch in super().__iter__():
-            step += 1
-            self._returned_step = step
-            yield batch
+        return self._counted(super().__iter__(), step)
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's state at the step after the last batch returned to the trainer."""
@@ -220,7 +222,6 @@ class PlanDataLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
         """Resume at ``state["next_step"]`` on the next iteration."""
         self.plan_sampler.load_state_dict(state)
         self._returned_step = self.plan_sampler.next_step
-        self._exhausted = False
 
 
 class PlanIterableLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
@@ -233,11 +234,13 @@ class PlanIterableLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
         wrapper_warning_filter()
         super().__init__(IterableDatasetWrapper(dataset=dataset, sampler=sampler), batch_size=None, **kwargs)
         self.plan_sampler = sampler
+        self._returned_step = sampler.next_step
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._check_not_past_end()
         sampler = self.plan_sampler
         step = sampler.next_step if sampler._just_restored_state else sampler.start_step
-        return self._guarded(super().__iter__(), starts_at_end=step >= sampler.cursor.stop_step)
+        return self._counted(super().__iter__(), step)
 
 
 def wrapper_warning_filter() -> None:

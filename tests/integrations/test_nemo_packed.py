@@ -1,10 +1,15 @@
 """NeMo (Canary) over packed copies of the rich corpus (NeMo tarred and Lhotse Shar): the plan's
 batches through ``get_plan_dataloader`` and NeMo's canary2 dataset, NeMo's prompt formatter on
-every packed cut, and NeMo's own tarred reader on our export. Marked ``nemo``."""
+every packed cut, NeMo's own tarred reader on our export, and a tiny Canary model trained by
+Lightning on a plan of each pack (3 steps; and NeMo's ``max_epochs: -1`` run to the plan's end,
+where it stops with one line). Marked ``nemo``."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +17,7 @@ import pytest
 
 from tests.integrations._rich import Rich, rich_corpus
 
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.nemo
 nemo = pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
 
@@ -78,7 +84,7 @@ def test_get_plan_dataloader_over_the_pack_yields_the_plan(packed: tuple[str, Pa
             assert batch.prompted_transcript_lens.tolist() == [tokens[i] for i in ids]
         assert got == [b.ids for b in open_shard(plan, rank)]
         with pytest.raises(PlanEnded):  # max_epochs: -1 asks for another epoch
-            next(iter(loader))
+            iter(loader)
 
 
 def test_nemo_reads_the_tarred_export(packed: tuple[str, Path, Path], tmp_path: Path) -> None:
@@ -98,3 +104,43 @@ def test_nemo_reads_the_tarred_export(packed: tuple[str, Path, Path], tmp_path: 
     assert sorted(c.supervisions[0].text for c in cuts) == sorted(df["text"])
     assert {c.custom["pnc"] for c in cuts} == {"yes", "no"}
     assert all(c.load_audio().shape[-1] > 0 for c in cuts)
+
+
+def _train(plan: Path, manifest: Path, rich: Rich, work: Path, max_steps: int) -> subprocess.CompletedProcess[str]:
+    work.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "tests.integrations._canary_train", str(plan), str(manifest),
+                           str(rich.spm), str(work), str(max_steps)], capture_output=True, text=True, timeout=600,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_a_tiny_canary_trains_three_steps_on_the_plan_of_the_pack(packed: tuple[str, Path, Path], rich: Rich,
+                                                                   tmp_path: Path) -> None:
+    """NeMo's own model (``EncDecMultiTaskModel``, canary2), Lightning and ``get_plan_dataloader``:
+    the ids of each step are the plan's."""
+    _, manifest, _ = packed
+    plan = tmp_path / "plan1"
+    invoke("plan-batches", str(manifest), "--buckets", str(rich.buckets), "--world-size", "1", "--seed", "0",
+           "-o", str(plan))
+    run = _train(plan, manifest, rich, tmp_path / "run", 3)
+    assert run.returncode == 0, run.stderr[-3000:]
+    steps = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
+    assert [s["ids"] for s in steps] == [b.ids for b in open_shard(plan, 0)][:3]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+
+
+def test_a_canary_run_past_the_plan_ends_with_one_line(packed: tuple[str, Path, Path], rich: Rich,
+                                                        tmp_path: Path) -> None:
+    """NeMo's usual ``max_epochs: -1`` without ``max_steps``: every step of the plan, then one line."""
+    layout, manifest, _ = packed
+    if layout != "shar":
+        pytest.skip("once is enough (the guard is the loader's, not the layout's)")
+    plan = tmp_path / "plan1"
+    invoke("plan-batches", str(manifest), "--buckets", str(rich.buckets), "--world-size", "1", "--seed", "0",
+           "-o", str(plan))
+    run = _train(plan, manifest, rich, tmp_path / "run", -1)
+    n = json.loads((plan / "plan.json").read_text())["num_steps"]
+    assert run.returncode == 1
+    assert len([x for x in run.stdout.splitlines() if x.startswith("{")]) == n
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and f"set trainer.max_steps to {n}" in last
+    assert "Traceback" not in run.stderr

@@ -214,8 +214,9 @@ def test_a_loader_asked_past_the_plan_stops_with_one_line(rich: Rich) -> None:
 
     loader = PlanDataLoader(Identity(), PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2))
     assert len(list(loader)) == len(list(open_shard(rich.plan, 0)))
+    assert len(loader) == 0  # what a trainer sees: it would run empty epochs
     with pytest.raises(PlanEnded) as info:
-        next(iter(loader))
+        iter(loader)  # raised by iter() itself, before any batch is asked for
     line = str(info.value)
     assert "\n" not in line and "set trainer.max_steps to 12" in line
     # resumed at the end: the first epoch already stops
@@ -223,4 +224,4 @@ def test_a_loader_asked_past_the_plan_stops_with_one_line(rich: Rich) -> None:
     again = PlanDataLoader(Identity(), PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2))
     again.load_state_dict(state)
     with pytest.raises(PlanEnded):
-        next(iter(again))
+        iter(again)
