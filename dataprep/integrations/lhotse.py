@@ -184,9 +184,12 @@ class EndOfPlanGuard:
     plan_sampler: PlanSampler
     _returned_step: int
 
-    def _check_not_past_end(self) -> None:
+    def __iter__(self) -> Iterator[Any]:
         if self._returned_step >= self.plan_sampler.cursor.stop_step:
             raise PlanEnded(plan_end_line(self.plan_sampler))
+        sampler = self.plan_sampler
+        step = sampler.next_step if sampler._just_restored_state else sampler.start_step
+        return self._counted(super().__iter__(), step)  # type: ignore[misc]
 
     def _counted(self, batches: Iterator[Any], step: int) -> Iterator[Any]:
         """``batches``, keeping ``_returned_step`` = the step after the last batch returned."""
@@ -207,12 +210,6 @@ class PlanDataLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
         super().__init__(dataset, sampler=sampler, batch_size=None, **kwargs)
         self.plan_sampler = sampler
         self._returned_step = sampler.next_step
-
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        self._check_not_past_end()
-        sampler = self.plan_sampler
-        step = sampler.next_step if sampler._just_restored_state else sampler.start_step
-        return self._counted(super().__iter__(), step)
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's state at the step after the last batch returned to the trainer."""
@@ -235,12 +232,6 @@ class PlanIterableLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
         super().__init__(IterableDatasetWrapper(dataset=dataset, sampler=sampler), batch_size=None, **kwargs)
         self.plan_sampler = sampler
         self._returned_step = sampler.next_step
-
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        self._check_not_past_end()
-        sampler = self.plan_sampler
-        step = sampler.next_step if sampler._just_restored_state else sampler.start_step
-        return self._counted(super().__iter__(), step)
 
 
 def wrapper_warning_filter() -> None:
