@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import soundfile
 
-from manifests.audio import AudioReader
+from manifests.audio import process_reader
 from manifests.errors import DataprepError
 from manifests.records import CONTAINER_ADDRESS, CONTAINER_SOURCE, cut_dict, recording_dict
 
@@ -49,16 +49,13 @@ def audio_header(path: str) -> tuple[int, int, int]:
     return int(info.samplerate), int(info.frames), int(info.channels)
 
 
-_MEMBERS = AudioReader(max_open=16)
-
-
 @lru_cache(maxsize=1 << 16)
 def member_header(name: str, container: str, member_offset: int | None, member_size: int | None,
                   row_group: int | None, group_row: int | None) -> tuple[int, int, int]:
     """(sample rate, frames, channels) of the audio held at a container address (one ranged read)."""
     import io
 
-    data = _MEMBERS.held(name, container, member_offset, member_size, row_group, group_row)
+    data = process_reader().held(name, container, member_offset, member_size, row_group, group_row)
     try:
         info = soundfile.info(io.BytesIO(data))
     except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:

@@ -4,7 +4,7 @@
 of its data) or of a Hugging Face Parquet row (row group, row); nothing is read when the cut is
 built. ``Recording.load_audio`` (in a DataLoader worker, after the sampler's ``CutSet`` was
 pickled there) fetches exactly that member with one ``pread`` (or that row from its row group)
-through :class:`manifests.audio.AudioReader`, one per process, and decodes it in memory as Lhotse
+through :func:`manifests.audio.process_reader` (one per process) and decodes it in memory as Lhotse
 decodes a file: no extraction to disk, no scan of the tar, no shell command.
 
 ``to_dict()`` writes the source Lhotse and NeMo open without our code
@@ -15,25 +15,13 @@ its byte range); a Parquet row cannot be written so (one-line error naming ``dat
 from __future__ import annotations
 
 import io
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from lhotse.audio.source import AudioSource
 
-from manifests.audio import AudioReader
+from manifests.audio import process_reader
 from manifests.records import CONTAINER_SOURCE, container_source_dict
-
-_READER: tuple[int, AudioReader] | None = None
-
-
-def reader() -> AudioReader:
-    """This process's :class:`AudioReader` (a forked worker opens its own descriptors)."""
-    global _READER
-    if _READER is None or _READER[0] != os.getpid():
-        _READER = (os.getpid(), AudioReader())
-    return _READER[1]
-
 
 @dataclass
 class ContainerSource(AudioSource):  # type: ignore[misc]
@@ -48,7 +36,7 @@ class ContainerSource(AudioSource):  # type: ignore[misc]
 
     def data(self) -> bytes:
         """The bytes of the whole audio file the row lives in (one ranged read)."""
-        held = reader().held(str(self.source), self.container, self.member_offset, self.member_size,
+        held = process_reader().held(str(self.source), self.container, self.member_offset, self.member_size,
                              self.row_group, self.group_row)
         assert held is not None  # a container is always set
         return held

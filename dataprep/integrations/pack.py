@@ -27,7 +27,7 @@ folder for a field, so nothing else may sit in it).
 Lossless: every field of a row goes with it (:mod:`manifests.records`, the export's writers):
 text, ``lang``, ``source_lang``, ``target_lang``, task, every ``extra`` field (``pnc``,
 ``decodercontext``, ...), the row's id as ``source_id`` (member names are file-name-safe and may
-differ); compiling the packed copy gives the same fields and the same ``num_tokens`` under the
+differ; a repack keeps the first pack's ``source_id``); compiling the packed copy gives the same fields and the same ``num_tokens`` under the
 same tokenizer and prompt format.
 
 Safe: an output folder that holds a file the manifest reads (an audio file, a container, the
@@ -208,10 +208,16 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.addfile(info, io.BytesIO(data))
 
 
+def source_id(row: dict[str, Any]) -> Any:
+    """The id a packed member records: the row's ``source_id`` when it came from a pack already (the
+    first id is kept through repacks), else its id."""
+    return extra_fields(row).get("source_id", row["id"])
+
+
 def _wds_meta(row: dict[str, Any], duration: float) -> dict[str, Any]:
     """A WebDataset ``.json`` member: ``source_id``, ``text``, ``duration``, languages, ``task``, and
     every ``extra`` field (the WebDataset reader takes unknown keys back into ``extra``)."""
-    meta: dict[str, Any] = {**extra_fields(row), "source_id": row["id"], "text": row["text"], "duration": duration}
+    meta: dict[str, Any] = {**extra_fields(row), "source_id": source_id(row), "text": row["text"], "duration": duration}
     for k in ("lang", "source_lang", "target_lang", "task"):
         if row.get(k) is not None:
             meta[k] = row[k]
@@ -240,12 +246,12 @@ def _write_container(rows: list[dict[str, Any]], layout: str, out: Path, i: int,
                       "sample_rate": rate, "channels": channels}  # the row as its member now holds it
             if layout == "nemo-tarred":
                 line, _ = nemo_line(packed)
-                lines.append(json.dumps({**line, "shard_id": i, "source_id": row["id"]}, ensure_ascii=False))
+                lines.append(json.dumps({**line, "shard_id": i, "source_id": source_id(row)}, ensure_ascii=False))
             elif layout == "shar":
                 recording = recording_dict(stem, source_type="shar", source="", sampling_rate=rate,
                                            num_samples=frames, duration=seconds, channels=channels)
                 _add(tf, f"{stem}.json", json.dumps(recording).encode())
-                cut = cut_dict(packed, recording, custom={"source_id": row["id"]}, cut_id=stem)
+                cut = cut_dict(packed, recording, custom={"source_id": source_id(row)}, cut_id=stem)
                 lines.append(json.dumps(cut, ensure_ascii=False))
             else:
                 _add(tf, f"{stem}.json", json.dumps(_wds_meta(row, duration), ensure_ascii=False).encode())

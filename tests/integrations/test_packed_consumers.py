@@ -83,6 +83,20 @@ def test_every_field_survives_pack_and_compile(packed: tuple[str, Path, Path], r
     assert sum("decodercontext" in json.loads(r["extra"]) for r in got.values()) > 0
 
 
+def test_a_repack_keeps_every_field_and_the_first_source_id(packed: tuple[str, Path, Path], rich: Rich,
+                                                            tmp_path: Path) -> None:
+    layout, manifest, _ = packed
+    if layout != "shar":
+        pytest.skip("one layout is enough: the writers are shared")
+    pack(manifest, tmp_path / "again", "webdataset", num_parts=1)
+    again = by_source(compile_packed(rich, tmp_path / "again", "webdataset", 1, tmp_path / "again.parquet"))
+    first = by_source(manifest)
+    assert again.keys() == first.keys() == set(read_manifest(rich.manifest)["id"])
+    for sid, row in first.items():
+        assert {f: again[sid][f] for f in FIELDS} == {f: row[f] for f in FIELDS}
+        assert json.loads(again[sid]["extra"]) == json.loads(row["extra"])
+
+
 def test_plan_sampler_replays_the_packed_copy_with_the_loose_samples(packed: tuple[str, Path, Path],
                                                                       rich: Rich) -> None:
     _, manifest, plan = packed
