@@ -15,9 +15,13 @@ Measured on one core (the process is pinned to --core; one thread everywhere), m
 
 - (a) our loader (``BatchBuilder.read_audio``) over the loose files, following the plan's batches;
 - (b) the same over the packed tar shards: one ``pread`` per member, decoded from memory;
-- (c) Lhotse: ``CutSet.from_shar`` iterated in order with ``cut.load_audio()`` (its best case).
+- (c) Lhotse: ``CutSet.from_shar`` iterated in order with ``cut.load_audio()`` (its best case);
+- (d) ``PlanSampler`` over the packed tar shards following the plan's batches, each cut's audio
+  loaded by Lhotse (``cut.load_audio()``: the member's byte range read lazily, decoded from memory);
+- (e) ``get_plan_dataloader`` (NeMo's drop-in, one process) over the NeMo-tarred copy, a dataset
+  that loads each batch's audio with Lhotse.
 
-Goal: (b) >= 0.8 x (c). Also member header probing in tars (``probe_members``, one thread):
+Goals: (b) >= 0.8 x (c), (d) >= 0.8 x (c). Also member header probing in tars (``probe_members``, one thread):
 files/s (goal >= 2,000), next to loose-file header probing (``probe_headers``).
 """
 
@@ -88,7 +92,8 @@ def build(work: Path, n: int) -> dict[str, Path]:
     paths = {k: work / v for k, v in {
         "source": "source.jsonl", "spm": "spm.model", "loose": "loose.parquet", "buckets": "buckets.json",
         "plan": "plan", "wds": "wds", "packed": "packed.parquet", "pbuckets": "packed-buckets.json",
-        "pplan": "packed-plan", "shar": "shar"}.items()}
+        "pplan": "packed-plan", "shar": "shar", "nemo": "nemo-tarred", "nemo_m": "nemo-tarred.parquet",
+        "nemo_plan": "nemo-tarred-plan"}.items()}
     if not paths["source"].exists():
         rng = np.random.default_rng(0)
         recs = _shared_recordings()
@@ -130,6 +135,14 @@ def build(work: Path, n: int) -> dict[str, Path]:
            "--seed", "0", "--epochs", "1", "-o", str(paths["pplan"]))
     if not (paths["shar"] / "cuts.000000.jsonl.gz").exists():
         dp("pack", str(paths["loose"]), "-o", str(paths["shar"]), "--layout", "shar", "--container-size", "32MB")
+    if not paths["nemo_m"].exists():
+        dp("pack", str(paths["loose"]), "-o", str(paths["nemo"]), "--layout", "nemo-tarred", "--container-size", "32MB",
+           "--buckets", str(paths["buckets"]))
+        k = len(list(paths["nemo"].glob("audio_*.tar"))) - 1
+        dp("compile", f"{paths['nemo']}/manifest__OP_0..{k}_CL_.json", "--tarred-audio",
+           f"{paths['nemo']}/audio__OP_0..{k}_CL_.tar", "--tokenizer", str(paths["spm"]), "-o", str(paths["nemo_m"]))
+        dp("plan-batches", str(paths["nemo_m"]), "--buckets", str(paths["buckets"]), "--world-size", "1",
+           "--seed", "0", "--epochs", "1", "-o", str(paths["nemo_plan"]))
     return paths
 
 
@@ -158,6 +171,38 @@ def lhotse_shar(folder: Path) -> tuple[int, float]:
     for cut in CutSet.from_shar(in_dir=folder):
         cut.load_audio()
         n += 1
+    return n, time.perf_counter() - t
+
+
+def plan_sampler(manifest: Path, plan: Path, cache: Path) -> tuple[int, float]:
+    """(utterances, seconds): ``PlanSampler``'s cut sets of rank 0's plan, every cut's audio loaded."""
+    from dataprep.integrations.lhotse import PlanSampler
+
+    sampler = PlanSampler(plan, manifest, rank=0, world_size=1, cache_dir=cache)
+    t = time.perf_counter()
+    n = 0
+    for cuts in sampler:
+        for cut in cuts:
+            cut.load_audio()
+            n += 1
+    return n, time.perf_counter() - t
+
+
+class _LoadAudio:
+    """A dataset of a plan's cut sets: each cut's samples (what a NeMo dataset does first)."""
+
+    def __getitem__(self, cuts: object) -> list[np.ndarray]:
+        return [c.load_audio() for c in cuts]  # type: ignore[attr-defined]
+
+
+def plan_dataloader(manifest: Path, plan: Path) -> tuple[int, float]:
+    """(utterances, seconds): ``get_plan_dataloader`` over a plan, one process."""
+    from dataprep.integrations.nemo import get_plan_dataloader
+
+    config = {"plan_dir": str(plan), "manifest": str(manifest), "sample_rate": 16000, "num_workers": 0}
+    loader = get_plan_dataloader(config, global_rank=0, world_size=1, dataset=_LoadAudio())  # type: ignore[arg-type]
+    t = time.perf_counter()
+    n = sum(len(b) for b in loader)
     return n, time.perf_counter() - t
 
 
@@ -213,6 +258,8 @@ def main() -> None:
         "(a) ours, loose files, plan batches": lambda: ours(paths["loose"], paths["plan"], cache),
         "(b) ours, tar shards, plan batches": lambda: ours(paths["packed"], paths["pplan"], cache),
         "(c) Lhotse Shar, sequential": lambda: lhotse_shar(paths["shar"]),
+        "(d) PlanSampler + Lhotse load_audio, tar shards": lambda: plan_sampler(paths["packed"], paths["pplan"], cache),
+        "(e) get_plan_dataloader, NeMo-tarred copy": lambda: plan_dataloader(paths["nemo_m"], paths["nemo_plan"]),
         "member header probe (tar)": lambda: probe_tar_members(tars),
         "loose header probe": lambda: probe_loose(paths["loose"]),
     }
@@ -234,6 +281,8 @@ def main() -> None:
         print(f"| {name} | {rate:,.0f} {unit} |")
     ratio = rates["(b) ours, tar shards, plan batches"] / rates["(c) Lhotse Shar, sequential"]
     print(f"| (b) / (c) | {ratio:.2f} (goal >= 0.8) |")
+    d_ratio = rates["(d) PlanSampler + Lhotse load_audio, tar shards"] / rates["(c) Lhotse Shar, sequential"]
+    print(f"| (d) / (c) | {d_ratio:.2f} (goal >= 0.8) |")
     print(f"| (b) / (a) | {rates['(b) ours, tar shards, plan batches'] / rates['(a) ours, loose files, plan batches']:.2f} |")
 
 

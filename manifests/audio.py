@@ -11,7 +11,9 @@ The one reader of audio for the loader, pack and every other consumer:
 - :func:`load_audio`: samples of ``offset`` s for ``duration`` s (seek + read, never the whole
   file), from the path or from bytes held in memory, decoded by soundfile exactly as the loose
   file is: mixed to mono (``channel="mix"``), one channel (``channel=k``) or every channel
-  (``channel="all"``, shape frames x channels), resampled with soxr when ``sample_rate`` is given.
+  (``channel="all"``, shape frames x channels), resampled with soxr when ``sample_rate`` is given;
+- :func:`process_reader`: this process's :class:`AudioReader` (a forked DataLoader worker opens
+  its own), for readers that hold no reader of their own (Lhotse sources of container rows).
 
 Every failure is an :class:`AudioError` of one line naming the utterance and the file.
 """
@@ -242,3 +244,14 @@ class AudioReader:
             self._fds.clear()
             self._parquet.clear()
             self._groups.clear()
+
+
+_PROCESS_READER: tuple[int, AudioReader] | None = None
+
+
+def process_reader() -> AudioReader:
+    """This process's :class:`AudioReader`, made on first use (again in a forked child)."""
+    global _PROCESS_READER
+    if _PROCESS_READER is None or _PROCESS_READER[0] != os.getpid():
+        _PROCESS_READER = (os.getpid(), AudioReader())
+    return _PROCESS_READER[1]

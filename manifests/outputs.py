@@ -2,6 +2,8 @@
 
 - :func:`refuse_same_paths`: an output may not be one of the command's inputs nor another of
   its outputs (compared after resolving links, and by inode where both exist).
+- :func:`refuse_folder_over_inputs`: an output folder may not hold (at any depth) a file the
+  command reads, nor be an input's folder, compared after resolving links (of folders and files).
 - :func:`require_replaceable_plan_dir`: a plan directory is replaced only when it is empty or
   holds nothing but a previous plan's files (``plan.json``, ``rank-NNNNN.parquet``).
 - :func:`require_free_checkpoint_dir`: a checkpoint directory that holds a run is refused
@@ -17,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from manifests.errors import ManifestError
@@ -51,6 +53,21 @@ def refuse_same_paths(inputs: Mapping[str, PathLike | None], outputs: Mapping[st
         for bname, b in outs[k + 1:]:
             if _same(a, b):
                 raise ManifestError(f"{a}: {aname} and {bname} name the same file; give them different paths")
+
+
+def refuse_folder_over_inputs(folder: PathLike, option: str, inputs: Iterable[PathLike]) -> None:
+    """Raise when the output ``folder`` (``option`` names it) is an input's folder or holds an
+    input at any depth: ``inputs`` are files the command reads (audio, containers, manifests),
+    each compared by its real path (links followed) and by its link's own folder. One line
+    naming the first input found; the inputs are untouched."""
+    out = os.path.realpath(folder)
+    prefix = out.rstrip(os.sep) + os.sep
+    for p in inputs:
+        for where in {os.path.realpath(p), os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(p)) or "."),
+                                                        os.path.basename(p))}:
+            if where == out or where.startswith(prefix):
+                raise ManifestError(f"{folder}: {option}: holds {p}, which this command reads; "
+                                    "refusing to write where the inputs live (choose a new folder)")
 
 
 def require_replaceable_plan_dir(path: PathLike) -> None:

@@ -18,6 +18,7 @@ manifest columns.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,10 +28,21 @@ from manifests.errors import DataprepError
 NEMO_KEYS = {"lang": "lang", "source_lang": "source_lang", "target_lang": "target_lang", "task": "taskname"}
 #: manifest columns copied into ``cut.custom`` (manifest name -> custom key, NeMo's names)
 CUSTOM_COLUMNS = {"source_lang": "source_lang", "target_lang": "target_lang", "task": "taskname"}
+#: the source type of a row held in a container, inside our process (read lazily by
+#: :class:`dataprep.integrations.lhotse_source.ContainerSource`); never written to a file
+CONTAINER_SOURCE = "container"
+#: the address fields a ``container`` source carries besides ``source`` (= ``<container>:<member>``)
+CONTAINER_ADDRESS = ("container", "member_offset", "member_size", "row_group", "group_row")
 
 
-def _extra(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The row's ``extra`` JSON object ({} when null); one line when it is not an object."""
+#: ``extra`` keys a writer sets itself from the row as it is written, never copied: a NeMo tarred
+#: line's ``shard_id``, ``sampling_rate`` (true only of a whole mono file)
+LAYOUT_KEYS = ("shard_id", "sampling_rate")
+
+
+def extra_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row's ``extra`` JSON object ({} when null) less :data:`LAYOUT_KEYS`; one line when it
+    is not an object."""
     if not row.get("extra"):
         return {}
     try:
@@ -39,7 +51,8 @@ def _extra(row: Mapping[str, Any]) -> dict[str, Any]:
         value = None
     if not isinstance(value, dict):
         raise DataprepError(f"utterance {row['id']!r}: extra is not a JSON object")
-    return value
+    return {k: v for k, v in value.items() if k not in LAYOUT_KEYS}
+
 
 
 def nemo_line(row: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -54,7 +67,7 @@ def nemo_line(row: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     writes_rate = offset == 0.0 and bool(row.get("sample_rate")) and row.get("channels") == 1
     if writes_rate:
         rec["sampling_rate"] = int(row["sample_rate"])
-    for k, v in _extra(row).items():
+    for k, v in extra_fields(row).items():
         rec.setdefault(k, v)
     return rec, writes_rate
 
@@ -65,19 +78,41 @@ def custom_for_row(row: Mapping[str, Any]) -> dict[str, Any]:
     for col, key in CUSTOM_COLUMNS.items():
         if row.get(col) is not None:
             custom[key] = row[col]
-    custom.update(_extra(row))
+    custom.update(extra_fields(row))
     if row.get("num_tokens") is not None:
         custom["num_tokens"] = int(row["num_tokens"])
     return custom
 
 
 def recording_dict(rec_id: str, *, source_type: str, source: str, sampling_rate: int, num_samples: int,
-                   duration: float, channels: int) -> dict[str, Any]:
-    """A Lhotse ``Recording.to_dict()``: one audio source holding ``channels`` channels."""
+                   duration: float, channels: int, address: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A Lhotse ``Recording.to_dict()``: one audio source holding ``channels`` channels
+    (``address``: the :data:`CONTAINER_ADDRESS` fields of a ``container`` source)."""
     ids = list(range(int(channels)))
-    return {"id": rec_id, "sources": [{"type": source_type, "channels": ids, "source": source}],
-            "sampling_rate": int(sampling_rate), "num_samples": int(num_samples), "duration": float(duration),
-            "channel_ids": list(ids)}
+    src: dict[str, Any] = {"type": source_type, "channels": ids, "source": source, **(address or {})}
+    return {"id": rec_id, "sources": [src], "sampling_rate": int(sampling_rate), "num_samples": int(num_samples),
+            "duration": float(duration), "channel_ids": list(ids)}
+
+
+def container_source_dict(name: str, container: str, member_offset: int | None, member_size: int | None,
+                          channels: list[int]) -> dict[str, Any]:
+    """The source of a tar member as Lhotse and NeMo open it without our code: a ``command``
+    source printing the member's byte range (``tail -c +N`` seeks, ``head -c`` stops: only the
+    member's bytes are read; paths shell-quoted). A Parquet row has no such form: one-line error."""
+    if member_offset is None or member_offset < 0 or member_size is None or member_size < 0:
+        raise DataprepError(f"{name}: a Parquet audio row has no source Lhotse or NeMo can open; write the "
+                            "audio into tars first: dataprep pack MANIFEST -o DIR --layout shar (or nemo-tarred)")
+    command = f"tail -c +{int(member_offset) + 1} {shlex.quote(container)} | head -c {int(member_size)}"
+    return {"type": "command", "channels": list(channels), "source": command}
+
+
+def openable_recording(recording: Mapping[str, Any]) -> dict[str, Any]:
+    """``recording`` with every in-process ``container`` source replaced by
+    :func:`container_source_dict` (what an export writes)."""
+    sources = [container_source_dict(s["source"], s["container"], s.get("member_offset"), s.get("member_size"),
+                                     s["channels"]) if s["type"] == CONTAINER_SOURCE else dict(s)
+               for s in recording["sources"]]
+    return {**recording, "sources": sources}
 
 
 def cut_dict(row: Mapping[str, Any], recording: Mapping[str, Any], channel: int | None = None,

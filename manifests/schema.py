@@ -116,6 +116,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "missing_member",
     "truncated_member",
     "unlisted_member",
+    "audio_changed",
 )
 
 REJECTS_POLARS_SCHEMA: dict[str, pl.DataType] = {

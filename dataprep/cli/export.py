@@ -72,4 +72,8 @@ def pack_cmd(
                   part_index=alias("--part-index", part_index, "--shard-index", shard_index), buckets=buckets)
     out.print(f"{layout}: {len(result.written)} containers written, {len(result.skipped)} already done, "
               f"of {result.num_parts} -> {out_dir}/")
+    if result.rejected:
+        from dataprep.integrations.pack import rejects_path
+
+        out.print(f"{result.rejected} row(s) not packed (audio changed since compile) -> {rejects_path(out_dir)}")
     out.print(f"compile it with: {result.compile_hint}")

@@ -7,6 +7,7 @@ __all__ = [
     "cuts",
     "export",
     "lhotse",
+    "lhotse_source",
     "nemo",
     "pack",
     "rows",

@@ -12,9 +12,13 @@ writer of a Lhotse cut, shared with ``dataprep pack``); here only the recording 
   row's ``offset`` for its ``duration``, one supervision covering it, ``custom`` with the
   languages, task, the source's other fields and ``num_tokens``.
 
-Audio addressing lives in :func:`recording_dict_for_row` only: container rows (schema version 2:
-tar members, Parquet audio rows) are refused there with a one-line error until they are added
-there.
+Audio addressing lives in :func:`recording_dict_for_row` only. A row held in a container (schema
+version 2: a tar member, a Parquet audio row) gets a ``container`` source carrying its address
+(:class:`dataprep.integrations.lhotse_source.ContainerSource` in a live cut: the member's byte
+range or the Parquet row is read when the audio is loaded, in the DataLoader worker); its header
+is read from the member's bytes only when the manifest lacks the rate or channels or the row is a
+segment (cached per member). Exports write such sources as
+:func:`manifests.records.openable_recording` does.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from typing import Any
 import pyarrow as pa
 import soundfile
 
+from manifests.audio import process_reader
 from manifests.errors import DataprepError
-from manifests.records import cut_dict, recording_dict
+from manifests.records import CONTAINER_ADDRESS, CONTAINER_SOURCE, cut_dict, recording_dict
 
 
 @lru_cache(maxsize=1 << 16)
@@ -44,13 +49,32 @@ def audio_header(path: str) -> tuple[int, int, int]:
     return int(info.samplerate), int(info.frames), int(info.channels)
 
 
+@lru_cache(maxsize=1 << 16)
+def member_header(name: str, container: str, member_offset: int | None, member_size: int | None,
+                  row_group: int | None, group_row: int | None) -> tuple[int, int, int]:
+    """(sample rate, frames, channels) of the audio held at a container address (one ranged read)."""
+    import io
+
+    data = process_reader().held(name, container, member_offset, member_size, row_group, group_row)
+    try:
+        info = soundfile.info(io.BytesIO(data))
+    except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
+        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataprepError(f"{name}: cannot read the audio header ({problem})") from None
+    return int(info.samplerate), int(info.frames), int(info.channels)
+
+
+def row_header(row: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(sample rate, frames, channels) of the whole file (or member) a row's audio lives in."""
+    if row.get("container") is not None:
+        return member_header(row["audio_path"], *(row.get(k) for k in CONTAINER_ADDRESS))
+    return audio_header(row["audio_path"])
+
+
 def recording_dict_for_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """The ``Recording.to_dict()`` of the file a manifest row's audio lives in."""
     from lhotse.utils import compute_num_samples
 
-    if row.get("container") is not None:  # schema v2: a tar member or a Parquet audio row
-        raise DataprepError(f"utterance {row['id']!r}: audio inside {row['container']} (a container): "
-                            "Lhotse cuts of container rows are not supported yet")
     path = row["audio_path"]
     if path is None:
         raise DataprepError(f"utterance {row['id']!r}: no audio path")
@@ -60,20 +84,25 @@ def recording_dict_for_row(row: Mapping[str, Any]) -> dict[str, Any]:
         duration = float(row["duration"])
         num_samples = compute_num_samples(duration, int(sr))
     else:
-        sr, frames, ch = audio_header(path)
+        sr, frames, ch = row_header(row)
         num_samples, duration = frames, frames / sr
     # Lhotse rounds a supervision's end to 8 decimals: a recording length rounded up the same
     # way (far below one sample) keeps a supervision that ends with the file inside it
     duration = math.ceil(duration * 1e8) / 1e8
-    return recording_dict(path, source_type="file", source=path, sampling_rate=int(sr), num_samples=num_samples,
-                          duration=duration, channels=int(ch))
+    held = row.get("container") is not None  # schema v2: a tar member or a Parquet audio row
+    return recording_dict(path, source_type=CONTAINER_SOURCE if held else "file", source=path,
+                          sampling_rate=int(sr), num_samples=num_samples, duration=duration, channels=int(ch),
+                          address={k: row.get(k) for k in CONTAINER_ADDRESS} if held else None)
 
 
 def recording_for_row(row: Mapping[str, Any]) -> Any:
     """The Lhotse ``Recording`` a manifest row's audio lives in."""
     from lhotse import Recording
 
-    return Recording.from_dict(recording_dict_for_row(row))
+    from dataprep.integrations.lhotse_source import source_from_dict
+
+    r = recording_dict_for_row(row)
+    return Recording(**{**r, "sources": [source_from_dict(s) for s in r["sources"]]})
 
 
 def cut_dict_for_row(row: Mapping[str, Any], channel: int | None = None,
@@ -84,11 +113,13 @@ def cut_dict_for_row(row: Mapping[str, Any], channel: int | None = None,
 
 def cut_for_row(row: Mapping[str, Any], channel: int | None = None, custom: Mapping[str, Any] | None = None) -> Any:
     """One manifest row as a Lhotse cut (see the module docstring); ``custom`` adds keys."""
-    from lhotse import AudioSource, MonoCut, MultiCut, Recording, SupervisionSegment
+    from lhotse import MonoCut, MultiCut, Recording, SupervisionSegment
+
+    from dataprep.integrations.lhotse_source import source_from_dict
 
     d = cut_dict_for_row(row, channel, custom)
     r = d["recording"]
-    rec = Recording(**{**r, "sources": [AudioSource(**s) for s in r["sources"]]})
+    rec = Recording(**{**r, "sources": [source_from_dict(s) for s in r["sources"]]})
     cls = MultiCut if d["type"] == "MultiCut" else MonoCut
     return cls(id=d["id"], start=d["start"], duration=d["duration"], channel=d["channel"], recording=rec,
                supervisions=[SupervisionSegment(**s) for s in d["supervisions"]], custom=d["custom"])

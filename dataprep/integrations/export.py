@@ -17,6 +17,15 @@ NeMo (``export_nemo``), files in ``out/``:
                       every other source field (``extra``) back as a top-level key
     bucket-000.jsonl  the utterances of bucket 0, ... (one file per bucket)
 
+    A manifest of a NeMo tarred dataset (every row a member of a tar named as NeMo requires,
+    ``.../audio<...>_<k><...>.tar``, all in one naming pattern; e.g. ``dataprep pack --layout
+    nemo-tarred``) is exported as NeMo reads tarred audio instead: ``manifest_<k>.json`` per
+    tar (``audio_filepath`` = the member name, ``shard_id`` = k) and, in ``bucketing.yaml``,
+    ``is_tarred``, ``manifest_filepath`` and ``tarred_audio_filepaths`` as NeMo brace patterns,
+    ``shard_manifests`` and ``skip_missing_manifest_entries`` (a tar may hold members no row
+    names: rows filtered out, other files). Rows in Parquet files, tars NeMo cannot name, or
+    loose files mixed with tar members are refused with the ``dataprep pack`` command to run.
+
 Lhotse (``export_lhotse``):
     cuts.jsonl.gz     a CutSet of :func:`manifests.records.cut_dict` (the cuts Lhotse loads): MonoCut
                       (or MultiCut holding every channel of multi-channel audio; ``channel``
@@ -42,6 +51,7 @@ import gzip
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -53,17 +63,18 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bucketing.allocate import allocate
 from bucketing.fit import grid_from_spec
-from dataprep.integrations.cuts import audio_header, cut_dict_for_row
+from dataprep.integrations.cuts import cut_dict_for_row, row_header
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import current_umask, require_manifest_hash, write_json, write_rejects
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PLAN_JSON, PlanMeta, read_plan_meta
-from manifests.records import nemo_line
+from manifests.records import nemo_line, openable_recording
 
 #: manifest column -> NeMo JSONL key, written where not null
 #: rows per streamed manifest batch
@@ -219,7 +230,7 @@ def nemo_duration(row: dict[str, Any], writes_rate: bool) -> float:
     duration = float(row["duration"])
     if writes_rate or row["audio_path"] is None:
         return duration
-    sr, frames, _ = audio_header(row["audio_path"])
+    sr, frames, _ = row_header(row)
     return min(duration, frames / sr - float(row["offset"] or 0.0))
 
 
@@ -249,7 +260,54 @@ def _tokens(table: pa.Table) -> npt.NDArray[np.int64]:
 def _channels(row: dict[str, Any]) -> int:
     if row["channels"] is not None and float(row["offset"] or 0.0) == 0.0:
         return int(row["channels"])
-    return audio_header(row["audio_path"])[2] if row["audio_path"] is not None else 1
+    return row_header(row)[2] if row["audio_path"] is not None else 1
+
+
+#: the tar names NeMo's tarred reader takes a shard id from (its own pattern)
+NEMO_TAR = re.compile(r"^(.*/audio[^/]*_)(\d+)([^/]*\.tar)$")
+
+
+def _pack_hint(manifest: Path) -> str:
+    return f"dataprep pack {manifest} -o DIR --layout nemo-tarred, compile DIR and export that"
+
+
+def nemo_tar_shards(manifest: Path) -> tuple[dict[str, int], str] | None:
+    """For a manifest held in NeMo-named tars: each tar's shard id and NeMo's brace pattern of
+    them (``audio__OP_0..3_CL_.tar``); ``None`` for loose files. One line naming ``dataprep pack``
+    for rows NeMo cannot read as a tarred dataset."""
+    names = pq.ParquetFile(manifest).schema_arrow.names
+    if "container" not in names:
+        return None
+    t = pq.read_table(manifest, columns=["container", "member_offset"])
+    held = pc.is_valid(t.column("container"))
+    n_held = pc.sum(held).as_py() or 0
+    if n_held == 0:
+        return None
+    if n_held < t.num_rows:
+        raise DataprepError(f"{manifest}: {t.num_rows - n_held} loose file(s) and {n_held} row(s) inside containers: "
+                            f"NeMo reads one kind per dataset; run: {_pack_hint(manifest)}")
+    if t.column("member_offset").null_count:
+        raise DataprepError(f"{manifest}: rows held in Parquet files: NeMo reads tarred audio only; "
+                            f"run: {_pack_hint(manifest)}")
+    tars = sorted(set(t.column("container").to_pylist()))
+    parts = [NEMO_TAR.match(x) for x in tars]
+    bad = next((x for x, m in zip(tars, parts) if m is None), None)
+    if bad is not None:
+        raise DataprepError(f"{bad}: NeMo takes a shard id only from tars named audio..._<k>...tar; "
+                            f"run: {_pack_hint(manifest)}")
+    shapes = {(m.group(1), m.group(3), len(m.group(2)) if m.group(2).startswith("0") and len(m.group(2)) > 1 else 0)
+              for m in parts if m is not None}
+    if len(shapes) != 1:
+        raise DataprepError(f"{manifest}: its tars follow {len(shapes)} naming patterns ({tars[0]}, ...), NeMo "
+                            f"needs one; run: {_pack_hint(manifest)}")
+    head, tail, width = shapes.pop()
+    ids = {x: int(m.group(2)) for x, m in zip(tars, parts) if m is not None}
+    if len(set(ids.values())) != len(ids):
+        raise DataprepError(f"{manifest}: two tars give the same shard id; run: {_pack_hint(manifest)}")
+    k = sorted(ids.values())
+    body = (f"{k[0]:0{width}d}..{k[-1]:0{width}d}" if k == list(range(k[0], k[-1] + 1))
+            else ",".join(f"{v:0{width}d}" for v in k))
+    return ids, f"{head}_OP_{body}_CL_{tail}"
 
 
 def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.PathLike[str],
@@ -258,7 +316,10 @@ def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
     """Write NeMo bucketing options and manifests (see the module docstring); return the options.
     ``channel``: NeMo's ``channel_selector`` for multi-channel audio (default 0 when there is any)."""
     inputs = load_inputs(plan_or_buckets, manifest)
+    tarred = nemo_tar_shards(inputs.manifest_path)
     check_covered(inputs, rejects)
+    if tarred is not None:
+        return _export_nemo_tarred(inputs, out_dir, tarred, channel)
     stats = _Stats(len(inputs.spec.buckets))
     multi = False
     with export_dir(out_dir) as tmp, contextlib.ExitStack() as stack:
@@ -284,6 +345,40 @@ def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
     return cfg
 
 
+def _export_nemo_tarred(inputs: ExportInputs, out_dir: str | os.PathLike[str], tarred: tuple[dict[str, int], str],
+                        channel: int | None) -> dict[str, Any]:
+    """:func:`export_nemo` of rows held in NeMo-named tars (the module docstring)."""
+    ids, tar_pattern = tarred
+    stats = _Stats(len(inputs.spec.buckets))
+    multi = False
+    with export_dir(out_dir) as tmp, contextlib.ExitStack() as stack:
+        files: dict[int, IO[str]] = {}
+        for table, bucket in iter_manifest(inputs.manifest_path, inputs.bucket):
+            keep = bucket >= 0
+            tps = 0.0
+            for row in table.filter(pa.array(keep)).to_pylist():
+                shard = ids[row["container"]]
+                member = row["audio_path"][len(row["container"]) + 1:]  # audio_path = <container>:<member>
+                rec, writes_rate = nemo_line({**row, "audio_path": member})
+                rec["shard_id"] = shard
+                if shard not in files:
+                    files[shard] = stack.enter_context(open(tmp / f"manifest_{shard}.json", "w", encoding="utf-8"))
+                files[shard].write(json.dumps(rec, ensure_ascii=False) + "\n")
+                if row["num_tokens"] is not None:
+                    tps = max(tps, int(row["num_tokens"]) / nemo_duration(row, writes_rate))
+                multi = multi or (not writes_rate and _channels(row) > 1)
+            stats.add(bucket[keep], _tokens(table)[keep], tps)
+        for shard in sorted(set(ids.values()) - set(files)):  # NeMo wants a manifest per tar, even empty
+            (tmp / f"manifest_{shard}.json").write_text("", encoding="utf-8")
+        cfg = bucketing_config(inputs.spec, stats, channel if channel is not None else (0 if multi else None))
+        body = tar_pattern[tar_pattern.index("_OP_"):tar_pattern.index("_CL_") + 4]
+        cfg.update(is_tarred=True, shard_manifests=True, skip_missing_manifest_entries=True,
+                   tarred_audio_filepaths=tar_pattern,
+                   manifest_filepath=str(Path(out_dir).resolve() / f"manifest_{body}.json"))
+        (tmp / "bucketing.yaml").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return cfg
+
+
 def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.PathLike[str],
                   out_dir: str | os.PathLike[str], *, channel: int | None = None,
                   rejects: str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -300,6 +395,7 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
                 tps = 0.0
                 for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
                     cut = cut_dict_for_row(row, channel, {"bucket": b})
+                    cut["recording"] = openable_recording(cut["recording"])
                     gz.write((json.dumps(cut, sort_keys=True, ensure_ascii=False) + "\n").encode())
                     if row["num_tokens"] is not None:
                         tps = max(tps, int(row["num_tokens"]) / cut["duration"])

@@ -14,6 +14,13 @@ multi-channel audio and languages; ``channel=k`` selects one channel of multi-ch
 Manifest rows come from a memory-mapped cache (:class:`~dataprep.integrations.rows.ManifestRows`),
 so the first batch is ready in well under a second whatever the corpus size.
 
+End of the plan: a :class:`PlanDataLoader` (and :func:`dataprep.integrations.nemo.get_plan_dataloader`)
+iterated again after it yielded the plan's last step (a trainer asking for more steps than the
+plan holds: NeMo's ``max_epochs: -1``, Lightning's ``max_steps`` past ``plan.json``'s
+``num_steps``) stops the process with one line (:class:`PlanEnded`, exit status 1), never an
+endless run of empty or repeated epochs. Set ``trainer.max_steps`` to ``num_steps`` of
+``plan.json`` (less the step a re-plan starts at, for a re-planned plan).
+
 Resuming: ``state_dict()`` / ``load_state_dict()`` are Lhotse's (epoch, seed, world size,
 diagnostics) plus ``plan_hash`` and ``next_step``. Inside ``IterableDatasetWrapper`` with
 ``num_workers=n``, worker ``w`` builds the batches at positions ``i % n == w``; the DataLoader
@@ -155,24 +162,54 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
         return state
 
 
-class PlanDataLoader(DataLoader):  # type: ignore[type-arg]
+class PlanEnded(SystemExit):
+    """A trainer asked for batches past the end of its plan: the process stops with this one line
+    (a ``SystemExit``: Lightning tears down and re-raises it, Python prints the line, exit status 1)."""
+
+
+def plan_end_line(sampler: PlanSampler) -> str:
+    """The line :class:`PlanEnded` stops with: the steps trained and the ``max_steps`` to set."""
+    c = sampler.cursor
+    return (f"error: {c.plan_dir}: the plan ends at step {c.stop_step} and rank {c.rank} has had every batch "
+            f"(steps {c.first_step}..{c.stop_step - 1}); the trainer asked for more: set trainer.max_steps to "
+            f"{c.stop_step - c.first_step} (plan.json num_steps {c.meta.num_steps}) instead of max_epochs: -1")
+
+
+class EndOfPlanGuard:
+    """Mixin of the plan's DataLoaders: ``iter()`` once the plan's last step was returned (after a
+    full pass, or a state restored at the end) raises :class:`PlanEnded` at once, before any
+    batch: a trainer that knows the loader's length (0 then) would otherwise start empty epochs
+    without ever asking for a batch."""
+
+    plan_sampler: PlanSampler
+    _returned_step: int
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._returned_step >= self.plan_sampler.cursor.stop_step:
+            raise PlanEnded(plan_end_line(self.plan_sampler))
+        sampler = self.plan_sampler
+        step = sampler.next_step if sampler._just_restored_state else sampler.start_step
+        return self._counted(super().__iter__(), step)  # type: ignore[misc]
+
+    def _counted(self, batches: Iterator[Any], step: int) -> Iterator[Any]:
+        """``batches``, keeping ``_returned_step`` = the step after the last batch returned."""
+        self._returned_step = step
+        for batch in batches:
+            step += 1
+            self._returned_step = step
+            yield batch
+
+
+class PlanDataLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
     """A map-style ``DataLoader(dataset, sampler=plan_sampler, batch_size=None)`` whose
     ``state_dict()`` is the step after the last batch it *returned* (the sampler itself runs
-    ahead by the workers' prefetch), so a checkpoint resumes at exactly the next batch."""
+    ahead by the workers' prefetch), so a checkpoint resumes at exactly the next batch. Iterated
+    again past the plan's end: :class:`PlanEnded` (module docstring)."""
 
     def __init__(self, dataset: Any, sampler: PlanSampler, **kwargs: Any) -> None:
         super().__init__(dataset, sampler=sampler, batch_size=None, **kwargs)
         self.plan_sampler = sampler
         self._returned_step = sampler.next_step
-
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        sampler = self.plan_sampler
-        step = sampler.next_step if sampler._just_restored_state else sampler.start_step
-        self._returned_step = step
-        for batch in super().__iter__():
-            step += 1
-            self._returned_step = step
-            yield batch
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's state at the step after the last batch returned to the trainer."""
@@ -182,6 +219,19 @@ class PlanDataLoader(DataLoader):  # type: ignore[type-arg]
         """Resume at ``state["next_step"]`` on the next iteration."""
         self.plan_sampler.load_state_dict(state)
         self._returned_step = self.plan_sampler.next_step
+
+
+class PlanIterableLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
+    """A ``DataLoader`` over ``IterableDatasetWrapper(dataset, plan_sampler)`` (the sampler in the
+    workers) that stops with :class:`PlanEnded` when iterated again past the plan's end."""
+
+    def __init__(self, dataset: Any, sampler: PlanSampler, **kwargs: Any) -> None:
+        from lhotse.dataset import IterableDatasetWrapper
+
+        wrapper_warning_filter()
+        super().__init__(IterableDatasetWrapper(dataset=dataset, sampler=sampler), batch_size=None, **kwargs)
+        self.plan_sampler = sampler
+        self._returned_step = sampler.next_step
 
 
 def wrapper_warning_filter() -> None:

@@ -18,7 +18,9 @@ to NeMo's own function (validation and test sets keep working unchanged).
 The ``dataset`` (e.g. NeMo's ``PromptedAudioToTextLhotseDataset`` for Canary) gets, per step,
 the ``CutSet`` of exactly this rank's utterances of the plan (see
 :class:`dataprep.integrations.lhotse.PlanSampler`); the returned loader's ``state_dict()`` /
-``load_state_dict()`` resume at exactly the next batch. ``tokenizer`` is not needed: token
+``load_state_dict()`` resume at exactly the next batch; iterated again after the plan's last step
+(``max_epochs: -1``, or ``max_steps`` past ``plan.json``'s ``num_steps``) it stops the run with one
+line (:class:`dataprep.integrations.lhotse.PlanEnded`). ``tokenizer`` is not needed: token
 counts were made at compile time (``dataprep compile --prompt-format canary2``).
 """
 
@@ -29,7 +31,7 @@ from typing import Any
 
 import torch
 
-from dataprep.integrations.lhotse import PlanDataLoader, PlanSampler, wrapper_warning_filter
+from dataprep.integrations.lhotse import PlanDataLoader, PlanIterableLoader, PlanSampler
 from manifests.errors import DataprepError
 
 
@@ -72,13 +74,10 @@ def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset:
     num_workers = int(_get(config, "num_workers", 0))
     pin_memory = bool(_get(config, "pin_memory", False))
     if _get(config, "force_iterable_dataset", False):
-        from lhotse.dataset import IterableDatasetWrapper
         from lhotse.dataset.dataloading import make_worker_init_fn
 
-        wrapper_warning_filter()
-        return torch.utils.data.DataLoader(
-            IterableDatasetWrapper(dataset=dataset, sampler=sampler), batch_size=None, num_workers=num_workers,
-            pin_memory=pin_memory, persistent_workers=num_workers > 0,
+        return PlanIterableLoader(
+            dataset, sampler, num_workers=num_workers, pin_memory=pin_memory, persistent_workers=num_workers > 0,
             worker_init_fn=make_worker_init_fn(rank=global_rank, world_size=world_size, seed=_seed(config)),
         )
     return PlanDataLoader(dataset, sampler, num_workers=num_workers, pin_memory=pin_memory)

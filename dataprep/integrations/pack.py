@@ -23,6 +23,20 @@ completion marker of :class:`manifests.parted_run.PartedRun`, as the parts of a 
 so a run can be split over machines (``part_index``) and resumed: finished parts are skipped. The
 markers live beside the output folder, in ``.<name>.pack/`` (Lhotse takes every file of a Shar
 folder for a field, so nothing else may sit in it).
+
+Lossless: every field of a row goes with it (:mod:`manifests.records`, the export's writers):
+text, ``lang``, ``source_lang``, ``target_lang``, task, every ``extra`` field (``pnc``,
+``decodercontext``, ...), the row's id as ``source_id`` (member names are file-name-safe and may
+differ; a repack keeps the first pack's ``source_id``); compiling the packed copy gives the same fields and the same ``num_tokens`` under the
+same tokenizer and prompt format.
+
+Safe: an output folder that holds a file the manifest reads (an audio file, a container, the
+manifest, ``buckets.json``) or is one's folder is refused before anything is written
+(:func:`manifests.outputs.refuse_folder_over_inputs`, links followed). Each source is checked
+against the manifest as it is packed: a file or member that no longer reads, is shorter than the
+row, or has another sample rate or channel count than compile saw goes to
+``<out>.rejects.parquet`` (beside the folder) with reason ``audio_changed``, never into a
+container.
 """
 
 from __future__ import annotations
@@ -43,11 +57,12 @@ import polars as pl
 import soundfile
 
 from dataprep import __version__
-from manifests.audio import AudioReader, load_audio
-from manifests.records import cut_dict, nemo_line, recording_dict
+from manifests.audio import AudioError, AudioReader, load_audio
 from manifests.errors import DataprepError
-from manifests.io import atomic_path, file_sha256, manifest_hash, read_manifest
+from manifests.io import atomic_path, file_sha256, manifest_hash, read_manifest, write_rejects
+from manifests.outputs import refuse_folder_over_inputs
 from manifests.parted_run import PartedRun, check_split
+from manifests.records import cut_dict, extra_fields, nemo_line, recording_dict
 
 LAYOUTS: tuple[str, ...] = ("nemo-tarred", "shar", "webdataset")
 #: seconds a whole-file row may differ from its header before it is cut as a segment
@@ -66,6 +81,7 @@ class PackSummary:
     skipped: list[int]
     rows: int
     compile_hint: str
+    rejected: int = 0
 
 
 def container_files(out: Path, layout: str, i: int) -> tuple[Path, Path]:
@@ -135,14 +151,42 @@ def _estimated_bytes(df: pl.DataFrame) -> np.ndarray:
     return np.maximum(out, 1)
 
 
+class AudioChanged(DataprepError):
+    """A row's audio no longer matches the manifest (reason ``audio_changed``)."""
+
+
+def rejects_path(out: Path) -> Path:
+    """Where a pack into ``out`` lists the rows it could not pack: ``<out>.rejects.parquet`` beside it."""
+    return out.parent / f"{out.name}.rejects.parquet"
+
+
+def _check_unchanged(row: dict[str, Any], info: Any) -> None:
+    """Raise :class:`AudioChanged` when a source's header disagrees with the manifest: shorter than
+    the row's end (beyond the decoder's tolerance), another sample rate or channel count."""
+    offset, duration = float(row["offset"] or 0.0), float(row["duration"])
+    seconds = info.frames / info.samplerate
+    where = f"{row['origin']}: {row['audio_path']}"
+    if row.get("sample_rate") and int(row["sample_rate"]) != info.samplerate:
+        raise AudioChanged(f"{where}: {info.samplerate} Hz now, {row['sample_rate']} Hz when compiled")
+    if row.get("channels") and int(row["channels"]) != info.channels:
+        raise AudioChanged(f"{where}: {info.channels} channel(s) now, {row['channels']} when compiled")
+    if seconds < offset + duration - WHOLE_FILE_TOLERANCE:
+        raise AudioChanged(f"{where}: {seconds:.3f} s long now, the manifest reads {offset:.3f} s + {duration:.3f} s")
+
+
 def _member_audio(row: dict[str, Any], source: AudioReader) -> tuple[bytes, str, int, int, int]:
     """(bytes, extension, sample rate, frames, channels) of a row as it goes into a container:
-    the source bytes when the row is the whole file, else its segment as FLAC (same bit depth)."""
-    data = source.file_bytes(row)
+    the source bytes when the row is the whole file, else its segment as FLAC (same bit depth).
+    :class:`AudioChanged` when the source no longer reads or no longer matches the manifest."""
+    try:
+        data = source.file_bytes(row)
+    except AudioError as exc:
+        raise AudioChanged(f"{row['origin']}: {exc}") from None
     try:
         info = soundfile.info(io.BytesIO(data))
     except (OSError, RuntimeError, ValueError, soundfile.LibsndfileError) as exc:
-        raise DataprepError(f"{row['origin']}: {row['audio_path']}: cannot read audio to pack ({exc})") from None
+        raise AudioChanged(f"{row['origin']}: {row['audio_path']}: cannot read audio to pack ({exc})") from None
+    _check_unchanged(row, info)
     offset, duration = float(row["offset"] or 0.0), float(row["duration"])
     file_seconds = info.frames / info.samplerate
     ext = _FORMAT_EXT.get(info.format)
@@ -164,17 +208,36 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.addfile(info, io.BytesIO(data))
 
 
-def _labels(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row[k] for k in ("lang", "source_lang", "target_lang") if row.get(k) is not None}
+def source_id(row: dict[str, Any]) -> Any:
+    """The id a packed member records: the row's ``source_id`` when it came from a pack already (the
+    first id is kept through repacks), else its id."""
+    return extra_fields(row).get("source_id", row["id"])
 
 
-def _write_container(rows: list[dict[str, Any]], layout: str, out: Path, i: int, source: AudioReader) -> list[Path]:
-    """Write part ``i``'s container (tar, then its manifest), each atomically; returns the files."""
+def _wds_meta(row: dict[str, Any], duration: float) -> dict[str, Any]:
+    """A WebDataset ``.json`` member: ``source_id``, ``text``, ``duration``, languages, ``task``, and
+    every ``extra`` field (the WebDataset reader takes unknown keys back into ``extra``)."""
+    meta: dict[str, Any] = {**extra_fields(row), "source_id": source_id(row), "text": row["text"], "duration": duration}
+    for k in ("lang", "source_lang", "target_lang", "task"):
+        if row.get(k) is not None:
+            meta[k] = row[k]
+    return meta
+
+
+def _write_container(rows: list[dict[str, Any]], layout: str, out: Path, i: int,
+                     source: AudioReader) -> tuple[list[Path], list[tuple[dict[str, Any], str]]]:
+    """Write part ``i``'s container (tar, then its manifest), each atomically; returns the files and
+    the rows left out (row, detail): their audio changed since compile."""
     tar_path, manifest_path = container_files(out, layout, i)
     lines: list[str] = []
+    changed: list[tuple[dict[str, Any], str]] = []
     with atomic_path(tar_path) as tmp, tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tf:
         for row in rows:
-            data, ext, rate, frames, channels = _member_audio(row, source)
+            try:
+                data, ext, rate, frames, channels = _member_audio(row, source)
+            except AudioChanged as exc:
+                changed.append((row, str(exc)))
+                continue
             stem = row["__member"]
             seconds = frames / rate
             duration = min(float(row["duration"]), seconds)
@@ -183,20 +246,17 @@ def _write_container(rows: list[dict[str, Any]], layout: str, out: Path, i: int,
                       "sample_rate": rate, "channels": channels}  # the row as its member now holds it
             if layout == "nemo-tarred":
                 line, _ = nemo_line(packed)
-                lines.append(json.dumps({**line, "shard_id": i, "source_id": row["id"]}, ensure_ascii=False))
+                lines.append(json.dumps({**line, "shard_id": i, "source_id": source_id(row)}, ensure_ascii=False))
             elif layout == "shar":
                 recording = recording_dict(stem, source_type="shar", source="", sampling_rate=rate,
                                            num_samples=frames, duration=seconds, channels=channels)
                 _add(tf, f"{stem}.json", json.dumps(recording).encode())
-                cut = cut_dict(packed, recording, custom={"source_id": row["id"]}, cut_id=stem)
+                cut = cut_dict(packed, recording, custom={"source_id": source_id(row)}, cut_id=stem)
                 lines.append(json.dumps(cut, ensure_ascii=False))
             else:
-                meta = {"source_id": row["id"], "text": row["text"], "duration": duration, **_labels(row)}
-                if row.get("task") is not None:
-                    meta["task"] = row["task"]
-                _add(tf, f"{stem}.json", json.dumps(meta, ensure_ascii=False).encode())
+                _add(tf, f"{stem}.json", json.dumps(_wds_meta(row, duration), ensure_ascii=False).encode())
     if layout == "webdataset":
-        return [tar_path]
+        return [tar_path], changed
     body = ("\n".join(lines) + "\n" if lines else "").encode()
     with atomic_path(manifest_path) as tmp:
         if layout == "shar":
@@ -204,7 +264,7 @@ def _write_container(rows: list[dict[str, Any]], layout: str, out: Path, i: int,
                 gz.write(body)
         else:
             tmp.write_bytes(body)
-    return [tar_path, manifest_path]
+    return [tar_path, manifest_path], changed
 
 
 def pack(
@@ -233,8 +293,10 @@ def pack(
     df = read_manifest(manifest)
     if not df.height:
         raise DataprepError(f"{manifest}: no rows to pack")
+    refuse_folder_over_inputs(out, "-o", _inputs(df, manifest, buckets))
     order = _order(df, buckets)
-    df = df[order].with_columns(_member_names(df["id"][order], order).alias("__member"))
+    df = df[order].with_columns(_member_names(df["id"][order], order).alias("__member"),
+                                pl.Series("__row", order, dtype=pl.Int64))
     sizes = _estimated_bytes(df)
     total = int(sizes.sum())
     n = num_parts if num_parts is not None else max(1, math.ceil(total / container_size))
@@ -254,18 +316,57 @@ def pack(
     source = AudioReader()
     try:
         for i in todo:
-            if run.is_done(i, sorted(set(container_files(out, layout, i)))):
+            part_rejects = run.folder / f"rejects-{i:05d}.parquet"
+            if run.is_done(i, sorted({*container_files(out, layout, i), part_rejects})):
                 skipped.append(i)
                 continue
             run.forget(i)
-            rows = df.filter(pl.lit(part == i)).to_dicts()
-            paths = _write_container(rows, layout, out, i, source)
-            run.mark_done(i, paths, rows=len(rows), ids_first_last=[rows[0]["id"], rows[-1]["id"]])
+            part_df = df.filter(pl.lit(part == i))
+            rows = part_df.to_dicts()
+            paths, changed = _write_container(rows, layout, out, i, source)
+            run.folder.mkdir(parents=True, exist_ok=True)
+            _write_part_rejects(part_df, changed, part_rejects)
+            run.mark_done(i, [*paths, part_rejects], rows=len(rows) - len(changed), rejected=len(changed),
+                          ids_first_last=[rows[0]["id"], rows[-1]["id"]])
             written.append(i)
             if on_part:
                 on_part(1)
     finally:
         source.close()
-    return PackSummary(layout, n, written, skipped, int(sum(int((part == i).sum()) for i in todo)),
-                       compile_hint(out, layout, n))
+    rejected = _gather_rejects(run, out)
+    return PackSummary(layout, n, written, skipped, int(sum(int((part == i).sum()) for i in todo)) - rejected,
+                       compile_hint(out, layout, n), rejected)
+
+
+def _inputs(df: pl.DataFrame, manifest: str | os.PathLike[str], buckets: str | os.PathLike[str] | None) -> list[str]:
+    """Every file a pack reads: the manifest, ``buckets.json``, each container and loose audio file (once)."""
+    files = [str(manifest), *([str(buckets)] if buckets is not None else [])]
+    if "container" in df.columns:
+        files += df["container"].drop_nulls().unique().to_list()
+        loose = df.filter(pl.col("container").is_null())["audio_path"]
+    else:
+        loose = df["audio_path"]
+    return files + loose.drop_nulls().unique().to_list()
+
+
+def _write_part_rejects(part_df: pl.DataFrame, changed: list[tuple[dict[str, Any], str]], path: Path) -> None:
+    """The rows of one part whose audio changed (reason ``audio_changed``), as a rejects file."""
+    detail = {r["__row"]: d for r, d in changed}
+    frame = part_df.filter(pl.col("__row").is_in(list(detail))).with_columns(
+        pl.lit("audio_changed").alias("reason"),
+        pl.col("__row").replace_strict(detail, default=None, return_dtype=pl.String).alias("detail"))
+    write_rejects(frame.drop("__member", "__row"), path)
+
+
+def _gather_rejects(run: PartedRun, out: Path) -> int:
+    """Once every part is done: their rejects in one ``<out>.rejects.parquet``; returns the rows in it
+    (0 while parts remain)."""
+    parts = [run.folder / f"rejects-{i:05d}.parquet" for i in range(run.num_parts)]
+    if any(run.marker(i) is None for i in range(run.num_parts)) or not all(p.exists() for p in parts):
+        return 0
+    frames = [pl.read_parquet(p) for p in parts]
+    merged = pl.concat([f for f in frames if f.height], how="diagonal_relaxed") if any(f.height for f in frames) \
+        else frames[0]
+    write_rejects(merged, rejects_path(out))
+    return merged.height
 

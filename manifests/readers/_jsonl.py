@@ -272,9 +272,14 @@ _LHOTSE_SELECT = """
          ELSE json_array_length(o, '$.recording.channel_ids') END AS VARCHAR) AS channels,
     list_sort(list_transform(json_extract(o, '$.supervisions[*]'), lambda s: struct_pack(
         st := TRY_CAST(json_extract_string(s, '$.start') AS DOUBLE),
-        tx := json_extract_string(s, '$.text'), lg := json_extract_string(s, '$.language')))) AS sups
+        tx := json_extract_string(s, '$.text'), lg := json_extract_string(s, '$.language')))) AS sups,
+    json_extract_string(o, '$.custom.source_lang') AS source_lang, json_type(o, '$.custom.source_lang') AS source_lang__t,
+    json_extract_string(o, '$.custom.target_lang') AS target_lang, json_type(o, '$.custom.target_lang') AS target_lang__t,
+    json_extract_string(o, '$.custom.taskname') AS task, json_type(o, '$.custom.taskname') AS task__t
 """
-_LHOTSE_MAPPED = ["id", "start", "duration", "channel", "recording", "supervisions", "type"]
+_LHOTSE_MAPPED = ["id", "start", "duration", "channel", "recording", "supervisions", "type", "custom"]
+#: keys of ``custom`` read into columns (NeMo's names) or recomputed by compile (``num_tokens``)
+_LHOTSE_CUSTOM_MAPPED = ["source_lang", "target_lang", "taskname", "num_tokens"]
 
 
 def iter_lhotse(path: Path, *, audio_root: str | Path | None, chunk_rows: int,
@@ -283,14 +288,21 @@ def iter_lhotse(path: Path, *, audio_root: str | Path | None, chunk_rows: int,
     (``source_types``: the Shar reader also accepts ``shar``, audio stored in the shard's tar).
 
     text = the supervisions' texts joined by a space in start order; lang = the first
-    (by start) supervision's language; offset = cut ``start``; channels from ``channel``.
+    (by start) supervision's language; offset = cut ``start``; channels from ``channel``;
+    ``source_lang`` / ``target_lang`` / task from ``custom`` (NeMo's names: ``taskname``). ``extra``
+    = the cut's other top-level keys and the rest of ``custom`` (flattened, ``num_tokens`` left out:
+    compile counts it again), so ``dataprep pack --layout shar`` round-trips every field.
     """
     labels = {"id": "id", "audio": "recording.sources[0].source", "offset": "start", "duration": "duration",
               "sample_rate": "recording.sampling_rate", "channels": "channel", "text": "supervisions[].text",
-              "lang": "language", "source_lang": "source_lang", "target_lang": "target_lang", "task": "task"}
+              "lang": "language", "source_lang": "custom.source_lang", "target_lang": "custom.target_lang",
+              "task": "custom.taskname"}
     patch = _sql_str(json.dumps({k: None for k in _LHOTSE_MAPPED}))
-    select = (_LHOTSE_SELECT + ", CASE WHEN o IS NOT NULL THEN "
-              + _SORTED_OBJECT.format(rest=f"json_merge_patch(o, {patch})") + " END AS extra")
+    cpatch = _sql_str(json.dumps({k: None for k in _LHOTSE_CUSTOM_MAPPED}))
+    custom = (f"CASE WHEN json_type(o, '$.custom') = 'OBJECT' THEN json_merge_patch(json_extract(o, '$.custom'), "
+              f"{cpatch}) ELSE '{{}}' END")
+    rest = f"json_merge_patch(json_merge_patch(o, {patch}), {custom})"
+    select = (_LHOTSE_SELECT + ", CASE WHEN o IS NOT NULL THEN " + _SORTED_OBJECT.format(rest=rest) + " END AS extra")
     base = base_dir_for(path, audio_root)
     con = duckdb.connect()
     try:

@@ -184,3 +184,31 @@ def test_report_never_replaces_an_input_or_a_file_it_did_not_write(corpus: Corpu
     refused("report", m, "--world-sizes", "2,x", "-o", tmp_path / "r.html", match="--world-sizes")
     assert m.read_bytes() == corpus.manifest.read_bytes() and notes.read_text() == "<p>mine</p>"
     assert not (plan / "r.html").exists() and not (tmp_path / "r.html").exists()
+
+
+def test_pack_into_an_input_folder_or_a_link_to_it_is_refused(corpus: Corpus, tmp_path: Path) -> None:
+    """``pack`` refuses an output folder holding a file the manifest reads, through a linked
+    folder and through a linked audio file too; nothing is written, the audio is unchanged."""
+    from manifests.io import read_manifest
+
+    audio = Path(read_manifest(corpus.manifest)["audio_path"][0]).parent
+    before = {p.name: p.stat().st_mtime_ns for p in audio.iterdir()}
+    link = tmp_path / "linked"
+    link.symlink_to(audio)
+    for out in (audio, link, audio.parent):
+        refused("pack", corpus.manifest, "-o", out, "--layout", "webdataset", match="refusing to write where the inputs live")
+    # a manifest whose audio_path is a link (elsewhere) to a file inside the output folder
+    import polars as pl
+
+    from manifests.io import write_manifest
+
+    df = read_manifest(corpus.manifest)
+    first = Path(df["audio_path"][0])
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / first.name).symlink_to(first)
+    linked = tmp_path / "linked.parquet"
+    write_manifest(df.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(pl.lit(str(outside / first.name)))
+                                   .otherwise(pl.col("audio_path")).alias("audio_path")), linked)
+    refused("pack", linked, "-o", audio, "--layout", "shar", match="refusing to write where the inputs live")
+    assert {p.name: p.stat().st_mtime_ns for p in audio.iterdir()} == before
