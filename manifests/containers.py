@@ -25,25 +25,72 @@ AUDIO_EXTENSIONS: tuple[str, ...] = ("flac", "wav", "mp3", "opus", "ogg", "sph",
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """NeMo's sharded paths: ``_OP_``/``_CL_`` stand for ``{``/``}``; ``{0..7}`` is a range
-    (zero-padded like its bounds when they are), ``{a,b}`` a list; several braces multiply."""
-    pattern = pattern.replace("_OP_", "{").replace("_CL_", "}")
+#: Most paths one brace pattern may name (a typo such as ``{0..999999999}``, not a corpus).
+MAX_BRACE_PATHS = 2**20
+
+
+def _first_brace(pattern: str) -> tuple[str, list[str] | tuple[int, int, int], str] | None:
+    """(head, items or (lo, hi, zero-pad width) of a range, tail) of the first brace; None if none."""
     start = pattern.find("{")
     if start < 0:
-        return [pattern]
+        return None
     end = pattern.find("}", start)
     if end < 0:
         raise DataprepError(f"{pattern}: unbalanced brace")
     body, head, tail = pattern[start + 1:end], pattern[:start], pattern[end + 1:]
     m = _RANGE.match(body)
     if m:
-        lo, hi = int(m.group(1)), int(m.group(2))
         width = len(m.group(1)) if m.group(1).startswith("0") and len(m.group(1)) > 1 else 0
+        return head, (int(m.group(1)), int(m.group(2)), width), tail
+    return head, body.split(","), tail
+
+
+def _brace_count(pattern: str) -> int:
+    """How many paths ``pattern`` names, counted without expanding it (items are counted as
+    plain text: a brace inside a list item is not multiplied)."""
+    n = 1
+    while (parts := _first_brace(pattern)) is not None:
+        _, items, pattern = parts
+        n *= abs(items[1] - items[0]) + 1 if isinstance(items, tuple) else len(items)
+        if n > MAX_BRACE_PATHS:
+            break
+    return n
+
+
+def _check_brace_count(pattern: str) -> None:
+    """Refuse, before anything is allocated, a pattern naming more paths than :data:`MAX_BRACE_PATHS`
+    or than the entries of the folder its first brace lies in (the files that exist)."""
+    count = _brace_count(pattern)
+    if count > MAX_BRACE_PATHS:
+        raise DataprepError(f"{pattern}: names more than {MAX_BRACE_PATHS} paths (a typo in a brace range?)")
+    folder = os.path.dirname(pattern[:pattern.find("{")]) or "."
+    if count > 1 and os.path.isdir(folder):
+        with os.scandir(folder) as it:
+            entries = sum(1 for _ in zip(range(count), it))
+        if count > entries:
+            raise DataprepError(f"{pattern}: names {count} paths but {folder} holds only {entries} entries "
+                                "(a typo in a brace range?)")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """NeMo's sharded paths: ``_OP_``/``_CL_`` stand for ``{``/``}``; ``{0..7}`` is a range
+    (zero-padded like its bounds when they are), ``{a,b}`` a list; several braces multiply.
+    A pattern naming more paths than :data:`MAX_BRACE_PATHS`, or than the entries of the folder
+    of its first brace, is refused (:class:`DataprepError`) before it is expanded."""
+    pattern = pattern.replace("_OP_", "{").replace("_CL_", "}")
+    _check_brace_count(pattern)
+    return _expand(pattern)
+
+
+def _expand(pattern: str) -> list[str]:
+    parts = _first_brace(pattern)
+    if parts is None:
+        return [pattern]
+    head, items, tail = parts
+    if isinstance(items, tuple):
+        lo, hi, width = items
         items = [str(i).zfill(width) for i in (range(lo, hi + 1) if lo <= hi else range(lo, hi - 1, -1))]
-    else:
-        items = body.split(",")
-    return [e for item in items for e in expand_braces(head + item + tail)]
+    return [e for item in items for e in _expand(head + item + tail)]
 
 
 def expand_paths(patterns: Sequence[str]) -> list[str]:
