@@ -103,7 +103,12 @@ class TarIndex:
     """Members of one tar: name -> (offset of the data, size), in tar order.
 
     ``truncated``: names whose data runs past the end of the file (a cut-off tar);
-    ``problem``: a one-line reason the tar could not be read to its end (``None`` if it was).
+    ``problem``: a one-line reason the tar could not be read to its end, or has no
+    end-of-archive block where its members end (cut at a member boundary or inside a header:
+    members after the cut are lost); ``None`` if it was read to a proper end.
+    ``others``: entries that are neither regular files nor folders (symlinks, hard links,
+    devices), as (position, name, kind); ``positions``: each regular member's position among
+    all non-folder entries (to merge the two lists in tar order).
     """
 
     path: str
@@ -112,6 +117,8 @@ class TarIndex:
     sizes: list[int] = field(default_factory=list)
     truncated: set[str] = field(default_factory=set)
     problem: str | None = None
+    others: list[tuple[int, str, str]] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
 
     def lookup(self) -> dict[str, int]:
         """Member name -> position in :attr:`names` (the first of repeated names)."""
@@ -120,15 +127,38 @@ class TarIndex:
             out.setdefault(n, i)
         return out
 
+    def duplicates(self) -> set[str]:
+        """Names held by more than one regular member."""
+        seen: set[str] = set()
+        return {n for n in self.names if n in seen or seen.add(n)}  # type: ignore[func-returns-value]
+
+
+def _kind(info: tarfile.TarInfo) -> str:
+    return ("symlink" if info.issym() else "hard link" if info.islnk() else "device" if info.isdev()
+            else "fifo" if info.isfifo() else "special entry")
+
+
+def _end_problem(path: str | os.PathLike[str], offset: int, members: int) -> str | None:
+    """Why the tar has no end-of-archive block (a 512-byte block of zeros) at ``offset``; None if it has."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        block = fh.read(512)
+    if len(block) == 512 and block.count(0) == 512:
+        return None
+    what = "ends" if not block else "has an unreadable header"
+    return f"{what} at byte {offset} after {members} members without an end-of-archive block (cut or damaged)"
+
 
 def index_tar(path: str | os.PathLike[str]) -> TarIndex:
     """The regular-file members of a tar and where their data lies, from the headers only.
 
     A member whose data runs past the end of the file is listed and flagged ``truncated``;
-    a header that cannot be parsed stops the listing with ``problem`` set.
+    a header that cannot be parsed, or a missing end-of-archive block, stops the listing with
+    ``problem`` set; links and other non-file entries go to ``others``.
     """
     idx = TarIndex(str(path))
     size = os.path.getsize(path)
+    pos = 0
     try:
         with tarfile.open(path, mode="r:") as tf:
             while True:
@@ -138,17 +168,25 @@ def index_tar(path: str | os.PathLike[str]) -> TarIndex:
                     idx.problem = f"unreadable tar header after {len(idx.names)} members ({exc})"
                     break
                 if info is None:
+                    idx.problem = _end_problem(path, tf.offset, pos)
                     break
+                if info.isdir():
+                    continue
                 if not info.isreg():
+                    idx.others.append((pos, info.name, _kind(info)))
+                    pos += 1
                     continue
                 idx.names.append(info.name)
                 idx.offsets.append(info.offset_data)
                 idx.sizes.append(info.size)
+                idx.positions.append(pos)
+                pos += 1
                 if info.offset_data + info.size > size:
                     idx.truncated.add(info.name)
     except (tarfile.ReadError, OSError, EOFError) as exc:
-        if not idx.names:
-            idx.problem = f"not a readable tar ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        idx.problem = idx.problem or (f"not a readable tar ({msg})" if not idx.names
+                                      else f"unreadable after {len(idx.names)} members ({msg})")
     return idx
 
 
