@@ -58,7 +58,9 @@ def _raw_from_columns(df: pl.DataFrame, mapping: dict[str, str], types: dict[str
                      else pl.lit(None, pl.String).alias(field))
         exprs.append(pl.when(pl.col(col).is_not_null()).then(pl.lit(types[col])).alias(f"{field}__t"))
     rest = sorted(c for c in df.columns if c not in mapping.values() and c not in ("origin", "reason", "detail"))
-    extra = pl.struct(rest).struct.json_encode() if rest else pl.lit(None, pl.String)
+    # bytes have no JSON form: an unmapped binary column is kept in ``extra`` as base64 text
+    fields = [pl.col(c).bin.encode("base64") if df.schema[c] == pl.Binary else pl.col(c) for c in rest]
+    extra = pl.struct(fields).struct.json_encode() if rest else pl.lit(None, pl.String)
     keep = [c for c in ("origin", "reason", "detail") if c in df.columns]
     return df.select(*keep, *exprs, extra.alias("extra"))
 
