@@ -11,10 +11,10 @@ from rich.table import Table
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.batching import DEFAULT_AUDIO_WEIGHT
 from bucketing.dynres import DynResConfig
-from dataprep.cli.app import app, build_options, check_range, defaults_of, out, parse_world_sizes, user_errors
+from dataprep.cli.app import (app, build_options, check_range, defaults_of, dynres_config, out, parse_world_sizes,
+                              user_errors)
 from dataprep.report import FitOptions, fit_buckets_file, manifest_padding_report
 from manifests.buckets_file import BucketSpec
-from manifests.errors import DataprepError
 from manifests.io import write_json
 from manifests.outputs import refuse_same_paths
 
@@ -105,11 +105,7 @@ def padding_cmd(
     check_range("--window", window, ge=1)
     check_range("--audio-weight", audio_weight, ge=0)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"--json": json_out})
-    try:
-        dynres = DynResConfig(frames_per_second=frames_per_second, min_rate=min_rate, max_rate=max_rate,
-                              floor_rate=floor_rate)
-    except ValueError as exc:
-        raise DataprepError(str(exc)) from None
+    dynres = dynres_config(frames_per_second, min_rate, max_rate, floor_rate)
     ws = parse_world_sizes("--world-sizes", world_sizes) if world_sizes else []
     report = manifest_padding_report(manifest, buckets, budget=budget, cumulative_budget=cumulative_budget,
                                      strict=strict, seed=seed, window=window, sort_by=sort_by,

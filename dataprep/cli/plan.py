@@ -11,8 +11,8 @@ import typer
 from rich.table import Table
 
 from bucketing.costmodel import CostModel
-from bucketing.dynres import DynResConfig
-from dataprep.cli.app import app, build_options, check_range, defaults_of, option_flags, out, parse_world_sizes, user_errors
+from dataprep.cli.app import (app, build_options, check_range, defaults_of, dynres_config, option_flags, out,
+                              parse_world_sizes, user_errors)
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, replan, simulate_plan
 from dataprep.planning.replan import default_manifest
 from dataprep.planning.simulate import plan_steps_report, simulate_strategies
@@ -52,7 +52,7 @@ def plan_batches_cmd(
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together (divides --world-size; default all): each group of consecutive ranks draws the steps in its own order (1 = independent learners, for ADPSGD).")] = None,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
-    dynres = _dynres_config(frames_per_second, min_rate, max_rate, floor_rate) if dynamic_resolution else None
+    dynres = dynres_config(frames_per_second, min_rate, max_rate, floor_rate) if dynamic_resolution else None
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
                             cost=_cost(coef), sync_group=sync_group, dynamic_resolution=dynres)
@@ -60,15 +60,6 @@ def plan_batches_cmd(
     with progress_counter("planning (shards written)", total=epochs * world_size) as advance, option_flags(PLAN_FLAGS):
         meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1))
     print_plan(meta, out_dir)
-
-
-def _dynres_config(frames_per_second: float, min_rate: float, max_rate: float, floor_rate: float) -> DynResConfig:
-    try:
-        with option_flags():  # a field's own check names its flag (--max-rate: must be a finite number ...)
-            return DynResConfig(frames_per_second=frames_per_second, min_rate=min_rate, max_rate=max_rate,
-                                floor_rate=floor_rate)
-    except ValueError as exc:
-        raise DataprepError(str(exc)) from None
 
 
 @app.command("replan")
