@@ -233,3 +233,11 @@ def test_any_world_size(corpus: Corpus, tmp_path_factory: pytest.TempPathFactory
     if 1 <= w <= rows:
         return  # planned for real elsewhere (a plan of w ranks is correct or one line, test_plan_cli)
     refused("plan-batches", corpus.manifest, "-b", corpus.buckets, "-w", w, "-o", out, match="--world-size")
+
+
+@pytest.mark.parametrize("args,match", [(["--window", "100000000000"], "--window: must be <="),
+                                        (["--window", "18"], "--window: must be <= the number of rows"),
+                                        (["--world-sizes", "1000000000"], "--world-sizes: must be <="),
+                                        (["--world-sizes", "2,18"], "--world-sizes: must be <= the number of rows")])
+def test_padding_sizes_bounded_by_the_manifest(corpus: Corpus, args: list[str], match: str) -> None:
+    refused("padding", corpus.manifest, "--buckets", corpus.buckets, *args, match=match)
