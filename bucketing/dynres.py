@@ -28,6 +28,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from manifests.options import check_int, check_number
+
+#: Highest audio sample rate (Hz) a dynamic-resolution config takes.
+MAX_SAMPLE_RATE = 384_000
+
 #: a rate differing from the base by more than this share counts as "off the base rate"
 OFF_RATE_TOLERANCE = 0.10
 _EPS = 1e-6
@@ -44,13 +49,14 @@ class DynResConfig:
     sample_rate: int = 16000
 
     def __post_init__(self) -> None:
+        check_int("sample_rate", self.sample_rate, ge=1, le=MAX_SAMPLE_RATE)
+        for name in ("frames_per_second", "min_rate", "max_rate", "floor_rate"):  # finite, at most a frame per sample
+            check_number(name, getattr(self, name), gt=0, le=self.sample_rate)
         if not (0 < self.floor_rate <= self.min_rate <= self.max_rate) or self.frames_per_second <= 0:
             raise ValueError(
                 f"dynamic resolution needs 0 < floor rate <= min rate <= max rate and a positive base rate "
                 f"(got floor {self.floor_rate:g}, min {self.min_rate:g}, max {self.max_rate:g}, "
                 f"base {self.frames_per_second:g} Hz)")
-        if self.sample_rate <= 0:
-            raise ValueError(f"sample rate must be positive, got {self.sample_rate}")
 
     @property
     def base_hop(self) -> float:

@@ -20,6 +20,8 @@ import sentencepiece as spm
 
 from manifests.errors import DataprepError
 from manifests.io import atomic_path, file_sha256, read_metadata
+from manifests.options import check_choice, check_int, check_number
+from manifests.outputs import refuse_directory_outputs
 
 #: key of the model used for rows whose language has no model of its own
 DEFAULT_LANG = "*"
@@ -123,6 +125,10 @@ def count_pieces(model: spm.SentencePieceProcessor, texts: list[str], threads: i
     return np.fromiter(map(len, ids), dtype=np.int64, count=len(texts))
 
 
+#: sentencepiece model types :func:`train_model` trains
+MODEL_TYPES = ("unigram", "bpe", "char", "word")
+
+
 def train_model(
     texts: Iterable[str],
     output: str | os.PathLike[str],
@@ -137,7 +143,15 @@ def train_model(
     """Train a sentencepiece model on ``texts`` and write it atomically to ``output``.
 
     Deterministic for equal input (sentencepiece shuffles with a fixed seed when sampling).
+    ``model_type``: one of :data:`MODEL_TYPES`.
     """
+    check_choice("model_type", model_type, MODEL_TYPES)
+    check_int("vocab_size", vocab_size, ge=2)
+    check_int("threads", threads, ge=1, le=1024)
+    check_number("character_coverage", character_coverage, gt=0, le=1)
+    check_int("input_sentence_size", input_sentence_size, ge=1, le=None)
+    check_int("seed_sentencepiece_size", seed_sentencepiece_size, ge=1, le=None)
+    refuse_directory_outputs({"-o": output})
     buf = io.BytesIO()
     texts = [t for t in texts if t]
     if not texts:

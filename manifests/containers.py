@@ -25,25 +25,72 @@ AUDIO_EXTENSIONS: tuple[str, ...] = ("flac", "wav", "mp3", "opus", "ogg", "sph",
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """NeMo's sharded paths: ``_OP_``/``_CL_`` stand for ``{``/``}``; ``{0..7}`` is a range
-    (zero-padded like its bounds when they are), ``{a,b}`` a list; several braces multiply."""
-    pattern = pattern.replace("_OP_", "{").replace("_CL_", "}")
+#: Most paths one brace pattern may name (a typo such as ``{0..999999999}``, not a corpus).
+MAX_BRACE_PATHS = 2**20
+
+
+def _first_brace(pattern: str) -> tuple[str, list[str] | tuple[int, int, int], str] | None:
+    """(head, items or (lo, hi, zero-pad width) of a range, tail) of the first brace; None if none."""
     start = pattern.find("{")
     if start < 0:
-        return [pattern]
+        return None
     end = pattern.find("}", start)
     if end < 0:
         raise DataprepError(f"{pattern}: unbalanced brace")
     body, head, tail = pattern[start + 1:end], pattern[:start], pattern[end + 1:]
     m = _RANGE.match(body)
     if m:
-        lo, hi = int(m.group(1)), int(m.group(2))
         width = len(m.group(1)) if m.group(1).startswith("0") and len(m.group(1)) > 1 else 0
+        return head, (int(m.group(1)), int(m.group(2)), width), tail
+    return head, body.split(","), tail
+
+
+def _brace_count(pattern: str) -> int:
+    """How many paths ``pattern`` names, counted without expanding it (items are counted as
+    plain text: a brace inside a list item is not multiplied)."""
+    n = 1
+    while (parts := _first_brace(pattern)) is not None:
+        _, items, pattern = parts
+        n *= abs(items[1] - items[0]) + 1 if isinstance(items, tuple) else len(items)
+        if n > MAX_BRACE_PATHS:
+            break
+    return n
+
+
+def _check_brace_count(pattern: str) -> None:
+    """Refuse, before anything is allocated, a pattern naming more paths than :data:`MAX_BRACE_PATHS`
+    or than the entries of the folder its first brace lies in (the files that exist)."""
+    count = _brace_count(pattern)
+    if count > MAX_BRACE_PATHS:
+        raise DataprepError(f"{pattern}: names more than {MAX_BRACE_PATHS} paths (a typo in a brace range?)")
+    folder = os.path.dirname(pattern[:pattern.find("{")]) or "."
+    if count > 1 and os.path.isdir(folder):
+        with os.scandir(folder) as it:
+            entries = sum(1 for _ in zip(range(count), it))
+        if count > entries:
+            raise DataprepError(f"{pattern}: names {count} paths but {folder} holds only {entries} entries "
+                                "(a typo in a brace range?)")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """NeMo's sharded paths: ``_OP_``/``_CL_`` stand for ``{``/``}``; ``{0..7}`` is a range
+    (zero-padded like its bounds when they are), ``{a,b}`` a list; several braces multiply.
+    A pattern naming more paths than :data:`MAX_BRACE_PATHS`, or than the entries of the folder
+    of its first brace, is refused (:class:`DataprepError`) before it is expanded."""
+    pattern = pattern.replace("_OP_", "{").replace("_CL_", "}")
+    _check_brace_count(pattern)
+    return _expand(pattern)
+
+
+def _expand(pattern: str) -> list[str]:
+    parts = _first_brace(pattern)
+    if parts is None:
+        return [pattern]
+    head, items, tail = parts
+    if isinstance(items, tuple):
+        lo, hi, width = items
         items = [str(i).zfill(width) for i in (range(lo, hi + 1) if lo <= hi else range(lo, hi - 1, -1))]
-    else:
-        items = body.split(",")
-    return [e for item in items for e in expand_braces(head + item + tail)]
+    return [e for item in items for e in _expand(head + item + tail)]
 
 
 def expand_paths(patterns: Sequence[str]) -> list[str]:
@@ -56,7 +103,12 @@ class TarIndex:
     """Members of one tar: name -> (offset of the data, size), in tar order.
 
     ``truncated``: names whose data runs past the end of the file (a cut-off tar);
-    ``problem``: a one-line reason the tar could not be read to its end (``None`` if it was).
+    ``problem``: a one-line reason the tar could not be read to its end, or has no
+    end-of-archive block where its members end (cut at a member boundary or inside a header:
+    members after the cut are lost); ``None`` if it was read to a proper end.
+    ``others``: entries that are neither regular files nor folders (symlinks, hard links,
+    devices), as (position, name, kind); ``positions``: each regular member's position among
+    all non-folder entries (to merge the two lists in tar order).
     """
 
     path: str
@@ -65,6 +117,8 @@ class TarIndex:
     sizes: list[int] = field(default_factory=list)
     truncated: set[str] = field(default_factory=set)
     problem: str | None = None
+    others: list[tuple[int, str, str]] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
 
     def lookup(self) -> dict[str, int]:
         """Member name -> position in :attr:`names` (the first of repeated names)."""
@@ -73,15 +127,38 @@ class TarIndex:
             out.setdefault(n, i)
         return out
 
+    def duplicates(self) -> set[str]:
+        """Names held by more than one regular member."""
+        seen: set[str] = set()
+        return {n for n in self.names if n in seen or seen.add(n)}  # type: ignore[func-returns-value]
+
+
+def _kind(info: tarfile.TarInfo) -> str:
+    return ("symlink" if info.issym() else "hard link" if info.islnk() else "device" if info.isdev()
+            else "fifo" if info.isfifo() else "special entry")
+
+
+def _end_problem(path: str | os.PathLike[str], offset: int, members: int) -> str | None:
+    """Why the tar has no end-of-archive block (a 512-byte block of zeros) at ``offset``; None if it has."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        block = fh.read(512)
+    if len(block) == 512 and block.count(0) == 512:
+        return None
+    what = "ends" if not block else "has an unreadable header"
+    return f"{what} at byte {offset} after {members} members without an end-of-archive block (cut or damaged)"
+
 
 def index_tar(path: str | os.PathLike[str]) -> TarIndex:
     """The regular-file members of a tar and where their data lies, from the headers only.
 
     A member whose data runs past the end of the file is listed and flagged ``truncated``;
-    a header that cannot be parsed stops the listing with ``problem`` set.
+    a header that cannot be parsed, or a missing end-of-archive block, stops the listing with
+    ``problem`` set; links and other non-file entries go to ``others``.
     """
     idx = TarIndex(str(path))
     size = os.path.getsize(path)
+    pos = 0
     try:
         with tarfile.open(path, mode="r:") as tf:
             while True:
@@ -91,17 +168,25 @@ def index_tar(path: str | os.PathLike[str]) -> TarIndex:
                     idx.problem = f"unreadable tar header after {len(idx.names)} members ({exc})"
                     break
                 if info is None:
+                    idx.problem = _end_problem(path, tf.offset, pos)
                     break
+                if info.isdir():
+                    continue
                 if not info.isreg():
+                    idx.others.append((pos, info.name, _kind(info)))
+                    pos += 1
                     continue
                 idx.names.append(info.name)
                 idx.offsets.append(info.offset_data)
                 idx.sizes.append(info.size)
+                idx.positions.append(pos)
+                pos += 1
                 if info.offset_data + info.size > size:
                     idx.truncated.add(info.name)
     except (tarfile.ReadError, OSError, EOFError) as exc:
-        if not idx.names:
-            idx.problem = f"not a readable tar ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        idx.problem = idx.problem or (f"not a readable tar ({msg})" if not idx.names
+                                      else f"unreadable after {len(idx.names)} members ({msg})")
     return idx
 
 

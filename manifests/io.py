@@ -103,6 +103,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     On an exception the temporary file is removed and ``path`` is left untouched.
     """
     target = Path(path)
+    if target.is_dir():  # os.replace would fail at the very end, after the work
+        raise ManifestError(f"{target}: is an existing directory; give a file path")
     target.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale_temps(target)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), suffix=".tmp", dir=target.parent)

@@ -18,13 +18,17 @@ from manifests.errors import OptionError
 MAX_COUNT = 2**20
 
 
+def _num(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"  # 1048576, not 1.04858e+06
+
+
 def _range(field: str, value: float, ge: float | None, gt: float | None, le: float | None) -> None:
     if ge is not None and value < ge:
-        raise OptionError(field, f"must be >= {ge:g}, got {value:g}")
+        raise OptionError(field, f"must be >= {_num(ge)}, got {_num(value)}")
     if gt is not None and value <= gt:
-        raise OptionError(field, f"must be > {gt:g}, got {value:g}")
+        raise OptionError(field, f"must be > {_num(gt)}, got {_num(value)}")
     if le is not None and value > le:
-        raise OptionError(field, f"must be <= {le:g}, got {value:g}")
+        raise OptionError(field, f"must be <= {_num(le)}, got {_num(value)}")
 
 
 def check_int(field: str, value: Any, *, ge: int | None = None, le: int | None = MAX_COUNT,

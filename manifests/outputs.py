@@ -70,6 +70,14 @@ def refuse_folder_over_inputs(folder: PathLike, option: str, inputs: Iterable[Pa
                                     "refusing to write where the inputs live (choose a new folder)")
 
 
+def refuse_directory_outputs(outputs: Mapping[str, PathLike | None]) -> None:
+    """Refuse, before any work, a file output (``-o model.spm``, ``-o kept.parquet``) that is an
+    existing directory: one line naming the option, never a traceback at the final rename."""
+    for name, p in outputs.items():
+        if p is not None and Path(p).is_dir():
+            raise ManifestError(f"{p}: {name}: is an existing directory; give a file path")
+
+
 def require_replaceable_plan_dir(path: PathLike) -> None:
     """Refuse to write a plan over ``path`` unless it is missing, an empty directory, or a
     directory holding only a previous plan's files (``plan.json`` and ``rank-NNNNN.parquet``)."""

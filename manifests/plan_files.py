@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -60,7 +59,7 @@ from manifests.arrow_views import numpy_view, single_chunk
 from manifests.errors import ManifestError
 from manifests.io import atomic_path, current_umask, file_facts, file_sha256, sweep_stale_temps, temp_prefix, write_json
 from manifests.outputs import require_replaceable_plan_dir
-from manifests.plan_meta import PLAN_JSON, FileRef, PlanMeta, read_plan_meta
+from manifests.plan_meta import PLAN_JSON, FileRef, PlanMeta, plan_hash_of, read_plan_meta
 
 META_KIND = b"speech_dataprep.kind"
 META_PLAN = b"speech_dataprep.plan"  # JSON: version, rank, world_size
@@ -196,8 +195,7 @@ class PlanWriter:
             self._writers[rank].close()  # type: ignore[union-attr]
         self._stack.close()  # renames each temporary shard to its name inside tmp_dir
         shards = [_shard_ref(self.tmp_dir / shard_name(r)) for r in range(self.world_size)]
-        body = dataclasses.replace(meta, shards=shards, plan_hash="").to_json()
-        plan_hash = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        plan_hash = plan_hash_of(dataclasses.replace(meta, shards=shards, plan_hash="").to_json())
         final = dataclasses.replace(meta, shards=shards, plan_hash=plan_hash)
         write_json(final.to_json(), self.tmp_dir / PLAN_JSON)
         old: Path | None = None
@@ -391,11 +389,7 @@ def check_shard_facts(path: Path, ref: FileRef) -> None:
 def verify_plan(plan_dir: str | os.PathLike[str]) -> PlanMeta:
     """Every check a plan can get: plan.json valid, ``plan_hash`` recomputed, every shard's
     size, footer and full SHA-256 as recorded, and each shard readable as a plan shard."""
-    meta = read_plan_meta(plan_dir)
-    body = dataclasses.replace(meta, plan_hash="").to_json()
-    if hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest() != meta.plan_hash:
-        raise ManifestError(f"{Path(plan_dir) / PLAN_JSON}: plan_hash: differs from the hash of the file's "
-                            f"content (plan.json edited?)")
+    meta = read_plan_meta(plan_dir)  # plan_hash recomputed there
     for rank, ref in enumerate(meta.shards):
         path = Path(plan_dir) / shard_name(rank)
         check_shard_facts(path, ref)
@@ -403,8 +397,9 @@ def verify_plan(plan_dir: str | os.PathLike[str]) -> PlanMeta:
         if got != ref.sha256:
             raise ManifestError(f"{path}: SHA-256 {got[:12]}... differs from plan.json's {ref.sha256[:12]}...")
         shard = PlanShard(plan_dir, rank, meta)
-        if shard.num_steps != meta.num_steps:
-            raise ManifestError(f"{path}: holds {shard.num_steps} steps, plan.json says {meta.num_steps}")
+        if shard.num_steps != meta.num_steps - meta.first_step:  # a re-planned plan holds first_step..
+            raise ManifestError(f"{path}: holds {shard.num_steps} steps, plan.json says "
+                                f"{meta.num_steps - meta.first_step} (steps {meta.first_step}..{meta.num_steps - 1})")
     return meta
 
 

@@ -20,6 +20,8 @@ from which this plan's shards hold the batches; steps before it were the parent'
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -280,8 +282,19 @@ class _PlanValidator(Validator):
                        footer_sha256=self.hex_(self.key(x, "footer_sha256", name + "."), name + ".footer_sha256"))
 
 
+def plan_hash_of(body: dict[str, Any]) -> str:
+    """``plan_hash``: SHA-256 of ``plan.json``'s fields but ``plan_hash`` itself (keys sorted)."""
+    rest = {k: v for k, v in body.items() if k != "plan_hash"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
 def read_plan_meta(plan_dir: str | os.PathLike[str]) -> PlanMeta:
-    """``plan.json`` of a plan directory, validated; :class:`ManifestError` if it is not one."""
+    """``plan.json`` of a plan directory, validated field by field and against its ``plan_hash``
+    (recomputed from the fields read: an edited ``plan.json`` is refused by every reader);
+    :class:`ManifestError` if it is not a plan."""
     path = Path(plan_dir) / PLAN_JSON
     obj = load_json_file(path, missing="no such file (not a plan directory; run `dataprep plan-batches`)")
-    return PlanMeta.from_json(obj, str(path))
+    meta = PlanMeta.from_json(obj, str(path))
+    if plan_hash_of(obj) != meta.plan_hash:
+        raise ManifestError(f"{path}: plan_hash: differs from the hash of the file's content (plan.json edited?)")
+    return meta

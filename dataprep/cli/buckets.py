@@ -11,10 +11,10 @@ from rich.table import Table
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.batching import DEFAULT_AUDIO_WEIGHT
 from bucketing.dynres import DynResConfig
-from dataprep.cli.app import app, build_options, check_range, defaults_of, out, parse_world_sizes, user_errors
+from dataprep.cli.app import (app, build_options, defaults_of, dynres_config, option_flags, out,
+                              parse_world_sizes, user_errors)
 from dataprep.report import FitOptions, fit_buckets_file, manifest_padding_report
 from manifests.buckets_file import BucketSpec
-from manifests.errors import DataprepError
 from manifests.io import write_json
 from manifests.outputs import refuse_same_paths
 
@@ -99,22 +99,14 @@ def padding_cmd(
 ) -> None:
     """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D,
     2D + dynamic resolution (frame padding, clamped utterances, batches that fell back)."""
-    check_range("--budget", budget, gt=0)
-    check_range("--balance", balance, ge=0)
-    check_range("--cumulative-budget", cumulative_budget, gt=0)
-    check_range("--window", window, ge=1)
-    check_range("--audio-weight", audio_weight, ge=0)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"--json": json_out})
-    try:
-        dynres = DynResConfig(frames_per_second=frames_per_second, min_rate=min_rate, max_rate=max_rate,
-                              floor_rate=floor_rate)
-    except ValueError as exc:
-        raise DataprepError(str(exc)) from None
+    dynres = dynres_config(frames_per_second, min_rate, max_rate, floor_rate)
     ws = parse_world_sizes("--world-sizes", world_sizes) if world_sizes else []
-    report = manifest_padding_report(manifest, buckets, budget=budget, cumulative_budget=cumulative_budget,
-                                     strict=strict, seed=seed, window=window, sort_by=sort_by,
-                                     audio_weight=audio_weight, carry=carry, dynamic_resolution=dynres,
-                                     world_sizes=ws, balance=balance)
+    with option_flags():  # the library checks every value; errors name the flag
+        report = manifest_padding_report(manifest, buckets, budget=budget, cumulative_budget=cumulative_budget,
+                                         strict=strict, seed=seed, window=window, sort_by=sort_by,
+                                         audio_weight=audio_weight, carry=carry, dynamic_resolution=dynres,
+                                         world_sizes=ws, balance=balance)
     _print_padding(report, dynres)
     if json_out is not None:
         write_json(report, json_out)

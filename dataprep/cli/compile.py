@@ -12,7 +12,7 @@ import polars as pl
 import typer
 from rich.table import Table
 
-from dataprep.cli.app import alias, app, check_range, out, user_errors
+from dataprep.cli.app import alias, app, check_range, option_flags, out, user_errors
 from dataprep.cli.progress import progress_counter
 from dataprep.compile.validate import DEFAULT_MAX_PLAUSIBLE_DURATION
 
@@ -27,7 +27,7 @@ def train_tokenizer_cmd(
     sources: SourcesArg,
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the sentencepiece model.")],
     vocab_size: Annotated[int, typer.Option(help="Number of pieces.")] = 1024,
-    model_type: Annotated[str, typer.Option(help="unigram or bpe.")] = "unigram",
+    model_type: Annotated[str, typer.Option(help="unigram, bpe, char or word.")] = "unigram",
     fmt: FormatOpt = "auto",
     text_field: TextFieldOpt = "text",
     threads: Annotated[int, typer.Option(help="Trainer threads.")] = 2,
@@ -45,7 +45,8 @@ def train_tokenizer_cmd(
     for src in sources:
         for chunk in iter_source(src, fmt, text_field=text_field):
             texts.extend(chunk.filter(pl.col("reason").is_null())["text"].drop_nulls().to_list())
-    info = train_model(texts, output, vocab_size=vocab_size, model_type=model_type, threads=threads)
+    with option_flags():
+        info = train_model(texts, output, vocab_size=vocab_size, model_type=model_type, threads=threads)
     out.print(f"trained {model_type} sentencepiece model, {vocab_size} pieces, on {info['sentences']:,} transcripts -> {output}")
 
 

@@ -25,6 +25,7 @@ from dataprep.compile.validate import PROBE_MODES, CompileOptions, ProbeMode, pr
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
 from manifests.io import default_rejects_path
+from manifests.outputs import refuse_directory_outputs
 
 __all__ = [
     "EXECUTORS",
@@ -90,6 +91,7 @@ def compile(  # noqa: A001 - the stage's name
             raise DataprepError("--part-index runs one part here; it does not combine with --executor ray")
         n, i = part
         return run_part(sources, tokenizer_specs, opts, n, i, output, on_chunk=on_chunk, on_probe=on_probe)
+    refuse_directory_outputs({"-o": output, "--rejects": rejects_path})  # files here (a part's -o is a folder)
     if executor == "ray":
         return _compile_ray(sources, tokenizer_specs, opts, output, rejects_path, on_chunk)
     if workers != 1 or num_parts is not None:

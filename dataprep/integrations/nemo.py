@@ -26,13 +26,16 @@ counts were made at compile time (``dataprep compile --prompt-format canary2``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 import torch
 
 from dataprep.integrations.lhotse import PlanDataLoader, PlanIterableLoader, PlanSampler
-from manifests.errors import DataprepError
+from manifests.errors import DataprepError, OptionError
+from manifests.options import check_bool, check_int
 
 
 def _resample(cuts: Any, sampling_rate: int) -> Any:
@@ -45,10 +48,28 @@ def _get(config: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+#: NeMo's string seeds: they mean nothing for a fixed plan (0)
+_NEMO_SEED_WORDS = ("randomized", "trng")
+
+
 def _seed(config: Any) -> int:
-    """NeMo's ``seed`` as an int (its "randomized" / "trng" mean nothing for a fixed plan: 0)."""
+    """NeMo's ``seed``: an int as given, "randomized" / "trng" -> 0; anything else is refused
+    (a digit string is not coerced)."""
     seed = _get(config, "seed", 0)
-    return int(seed) if str(seed).isdigit() else 0
+    if seed in _NEMO_SEED_WORDS:
+        return 0
+    with _config_errors():
+        check_int("seed", seed, ge=0, le=2**32 - 1)
+    return seed  # type: ignore[no-any-return]
+
+
+@contextmanager
+def _config_errors() -> Iterator[None]:
+    """An :class:`OptionError` of a config value as ``config: KEY: problem`` (a DataprepError)."""
+    try:
+        yield
+    except OptionError as exc:
+        raise OptionError(f"config: {exc.field}", exc.problem) from None
 
 
 def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset: torch.utils.data.Dataset,
@@ -66,18 +87,24 @@ def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset:
     if manifest is None:
         raise DataprepError("config: plan_dir is set but manifest (the compiled manifest of the plan) is not")
     channel = _get(config, "channel_selector")
-    if channel is not None and not isinstance(channel, int):
+    if channel is not None and (isinstance(channel, bool) or not isinstance(channel, int)):
         raise DataprepError(f"config: channel_selector must be a channel number with a plan (got {channel!r})")
+    sample_rate, num_workers = _get(config, "sample_rate", 16000), _get(config, "num_workers", 0)
+    pin_memory, iterable = _get(config, "pin_memory", False), _get(config, "force_iterable_dataset", False)
+    with _config_errors():  # checked as given: never coerced
+        check_int("sample_rate", sample_rate, ge=1, le=384_000)
+        check_int("num_workers", num_workers, ge=0, le=1024)
+        check_bool("pin_memory", pin_memory)
+        check_bool("force_iterable_dataset", iterable)
+    seed = _seed(config)
     sampler = PlanSampler(str(_get(config, "plan_dir")), str(manifest), rank=global_rank, world_size=world_size,
                           channel=channel)
-    sampler.map(partial(_resample, sampling_rate=int(_get(config, "sample_rate", 16000))))
-    num_workers = int(_get(config, "num_workers", 0))
-    pin_memory = bool(_get(config, "pin_memory", False))
-    if _get(config, "force_iterable_dataset", False):
+    sampler.map(partial(_resample, sampling_rate=sample_rate))
+    if iterable:
         from lhotse.dataset.dataloading import make_worker_init_fn
 
         return PlanIterableLoader(
             dataset, sampler, num_workers=num_workers, pin_memory=pin_memory, persistent_workers=num_workers > 0,
-            worker_init_fn=make_worker_init_fn(rank=global_rank, world_size=world_size, seed=_seed(config)),
+            worker_init_fn=make_worker_init_fn(rank=global_rank, world_size=world_size, seed=seed),
         )
     return PlanDataLoader(dataset, sampler, num_workers=num_workers, pin_memory=pin_memory)

@@ -187,6 +187,7 @@ def build_plan(
     bs = batch_sizes_of(spec, str(buckets))
     grid = grid_from_spec(spec)
     cols = ManifestColumns.read(manifest)
+    options.check_rows(cols.duration.shape[0])  # before any per-rank allocation
     clock("read")
     # balanced steps need no bucket to fill whole steps, so tails are always carried
     assigned = assign(cols.duration, cols.num_tokens, grid, bs, strict=strict, carry=carry,

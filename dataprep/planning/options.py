@@ -61,3 +61,10 @@ class PlanOptions:
     def group(self) -> int:
         """Ranks per synchronized group (``world_size`` when ``sync_group`` is None)."""
         return self.world_size if self.sync_group is None else self.sync_group
+
+    def check_rows(self, rows: int) -> None:
+        """Refuse a world size no step of a manifest of ``rows`` rows can fill (one batch per
+        rank): called before anything is allocated per rank (shard files, per-rank arrays)."""
+        if self.world_size > rows:
+            raise OptionError("world_size", f"must be <= the number of rows ({rows}) of the manifest, "
+                                            f"got {self.world_size}")

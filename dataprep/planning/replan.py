@@ -85,6 +85,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     bs = batch_sizes_of(spec, f"{plan_dir}/plan.json")
     grid = grid_from_spec(spec)
     cols = ManifestColumns.read(manifest)
+    options.check_rows(cols.duration.shape[0])  # before any per-rank allocation
     tol = meta.balance.tolerance if meta.balance is not None else 0.0
     strict = bool(meta.allocation.get("strict", False))
     assigned = assign(cols.duration, cols.num_tokens, grid, bs, strict=strict, carry=carry,

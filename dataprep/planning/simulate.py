@@ -12,12 +12,23 @@ import numpy as np
 from bucketing.balance import PlanReport, plan_report
 from bucketing.costmodel import CostModel
 from bucketing.simulate import SimResult, StrategyResult, simulate, simulate_strategy
-from manifests.errors import DataprepError, ManifestError
+from manifests.errors import DataprepError, ManifestError, OptionError
 from manifests.io import read_manifest, require_manifest_hash
+from manifests.options import MAX_COUNT, check_int, check_number
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import read_plan_meta
 
 DEFAULT_WORLD_SIZES = (2, 16, 128)
+#: Largest ``slow`` factor and ``exchange`` time (seconds) a simulation takes: beyond them the
+#: figures are meaningless (and products overflow to infinity).
+MAX_SLOW_FACTOR = 1e6
+MAX_EXCHANGE_S = 1e6
+
+
+def _check_epoch(epoch: object, epochs: int) -> None:
+    check_int("epoch", epoch, ge=0)
+    if epoch >= epochs:  # type: ignore[operator]
+        raise OptionError("epoch", f"the plan has epochs 0..{epochs - 1}, got {epoch}")
 
 
 def read_epoch_batches(plan_dir: str | os.PathLike[str], epoch: int = 0) -> dict[str, np.ndarray]:
@@ -55,8 +66,14 @@ def simulate_plan(
     recomputed from it instead of read from the shards. ``batches``: that epoch's
     :func:`read_epoch_batches`, when the caller has read them already.
     """
+    for w in world_sizes:  # before anything is read or allocated (an array per world size)
+        check_int("world_sizes", w, ge=1, le=MAX_COUNT)
+    check_int("seed", seed, ge=0, le=2**63 - 1)
+    if cost is not None and not isinstance(cost, CostModel):
+        raise OptionError("cost", f"must be a CostModel, got {type(cost).__name__}")
     cost = cost or CostModel()
     meta = read_plan_meta(plan_dir)
+    _check_epoch(epoch, meta.epochs)
     W = meta.world_size
     m = batches if batches is not None else read_epoch_batches(plan_dir, epoch)
     max_d, max_t = m["max_duration"], m["max_tokens"]
@@ -75,8 +92,6 @@ def simulate_plan(
     times = cost.step_time(m["size"], max_d, max_t)
     results = []
     for w in dict.fromkeys([W, *world_sizes]):
-        if w < 1:
-            raise DataprepError(f"world size must be >= 1, got {w}")
         results.append(simulate(m["bucket"].ravel(), times.ravel(), w, seed=seed,
                                 sync_matrix=times if w == W else None, overhead=cost.overhead))
     return results
@@ -104,10 +119,22 @@ def simulate_strategies(
 ) -> list[StrategyResult]:
     """One epoch of a plan under each of ``strategies`` (sync | adpsgd | hybrid,
     :func:`bucketing.simulate.simulate_strategy`); ``group_size`` for hybrid defaults to the
-    plan's ``sync_group`` (else 8 when it divides the world size, else all ranks)."""
+    plan's ``sync_group`` (else 8 when it divides the world size, else all ranks). ``slow``:
+    ``{rank: factor}``, a rank of the plan and a finite factor in (0, :data:`MAX_SLOW_FACTOR`];
+    ``exchange``: seconds in [0, :data:`MAX_EXCHANGE_S`]."""
+    if cost is not None and not isinstance(cost, CostModel):
+        raise OptionError("cost", f"must be a CostModel, got {type(cost).__name__}")
     cost = cost or CostModel()
+    check_int("group_size", group_size, ge=1, optional=True)
+    check_number("exchange", exchange, ge=0, le=MAX_EXCHANGE_S)
+    if slow is not None and not isinstance(slow, dict):
+        raise OptionError("slow", f"must be a dict of rank -> factor, got {type(slow).__name__}")
     meta = read_plan_meta(plan_dir)
     W = meta.world_size
+    _check_epoch(epoch, meta.epochs)
+    for rank, factor in (slow or {}).items():
+        check_int("slow", rank, ge=0, le=W - 1)
+        check_number("slow", factor, gt=0, le=MAX_SLOW_FACTOR)
     if group_size is None:
         group_size = meta.sync_group or (8 if W % 8 == 0 and W > 8 else W)
     m = read_epoch_batches(plan_dir, epoch)

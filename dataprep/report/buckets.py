@@ -16,7 +16,7 @@ from manifests.buckets_file import BucketSpec, write_buckets
 from manifests.errors import DataprepError
 from manifests.io import manifest_hash
 from manifests.options import check_bool, check_int, check_number
-from manifests.outputs import refuse_same_paths
+from manifests.outputs import refuse_directory_outputs, refuse_same_paths
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ def fit_buckets_file(manifest: str | os.PathLike[str], output: str | os.PathLike
     if not isinstance(options, FitOptions):
         raise DataprepError(f"fit_buckets_file: options must be FitOptions, got {type(options).__name__}")
     refuse_same_paths({"MANIFEST": manifest}, {"-o": output})
+    refuse_directory_outputs({"-o": output})
     d, t = duration_and_tokens(manifest)
     o = options
     try:

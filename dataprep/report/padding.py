@@ -19,8 +19,9 @@ from bucketing.padding import padding_report
 from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
 from manifests.buckets_file import BucketSpec, read_buckets
-from manifests.errors import DataprepError
+from manifests.errors import DataprepError, OptionError
 from manifests.io import manifest_hash, read_manifest
+from manifests.options import check_bool, check_int, check_number
 
 
 def duration_and_tokens(path: str | os.PathLike[str]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
@@ -82,8 +83,25 @@ def spec_padding_report(
     """The padding report of rows already read (durations s, tokens) under a parsed buckets
     file, plus ``steps`` per world size when ``world_sizes`` are given.
 
-    ``budget`` and the batch sizes: :func:`batch_sizes_for`. Raises
-    :class:`bucketing.plan.PlanError` when the rows cannot be planned, ValueError for a bad option."""
+    ``budget`` and the batch sizes: :func:`batch_sizes_for`. Every value is checked here (finite,
+    in range, never coerced); ``window`` and each world size are bounded by the rows, before
+    anything is allocated per window or per rank. Raises :class:`bucketing.plan.PlanError` when
+    the rows cannot be planned."""
+    check_number("budget", budget, gt=0, optional=True)
+    check_number("cumulative_budget", cumulative_budget, gt=0, optional=True)
+    check_number("audio_weight", audio_weight, ge=0, optional=True)
+    check_number("balance", balance, ge=0)
+    check_bool("strict", strict)
+    check_bool("carry", carry)
+    check_int("seed", seed, ge=0, le=2**63 - 1)
+    check_int("window", window, ge=1, optional=True)
+    for w in world_sizes:
+        check_int("world_sizes", w, ge=1)
+    rows = int(d.shape[0])
+    if window is not None and window > max(rows, 1):
+        raise OptionError("window", f"must be <= the number of rows ({rows}) of the manifest, got {window}")
+    if world_sizes and max(world_sizes) > rows:
+        raise OptionError("world_sizes", f"must be <= the number of rows ({rows}) of the manifest, got {max(world_sizes)}")
     grid = grid_from_spec(spec)
     budget, bs = batch_sizes_for(spec, budget)
     report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,

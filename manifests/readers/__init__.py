@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,8 +89,8 @@ def _sniff_json(path: Path, max_lines: int = 100) -> str | None:
                     return "nemo"
                 if "recording" in obj or "supervisions" in obj or obj.get("type") in _LHOTSE_TYPES:
                     return "lhotse"
-    except (OSError, EOFError, gzip.BadGzipFile):
-        return None
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error):
+        return None  # the reader says what is wrong with the file
     return None
 
 

@@ -55,6 +55,7 @@ def _index_frame(idx: TarIndex, shard: int | None = None) -> pl.DataFrame:
     base = names.str.split("/").list.last()
     return pl.DataFrame({
         "member": names,
+        "base": base,
         "stem": base.str.replace(r"\.[^.]*$", ""),
         "ext": base.str.extract(r"\.([^.]*)$").str.to_lowercase(),
         "member_offset": pl.Series(idx.offsets, dtype=pl.Int64),
@@ -94,14 +95,42 @@ def _unlisted(idx: TarIndex, used: set[str], audio_only: bool) -> pl.DataFrame:
     return conform(out, FULL_REJECTS_POLARS_SCHEMA)
 
 
-def _attach_members(df: pl.DataFrame, members: pl.DataFrame, key: str, tar_of: pl.Expr) -> pl.DataFrame:
-    """Join the reader rows ``df`` (with ``__shard`` and ``key``) to tar members (``shard``, ``stem``),
-    set the container columns, and reject rows whose member is absent or truncated."""
+def _container_rejects(idx: TarIndex) -> pl.DataFrame:
+    """Reject rows for what no member row can carry: the cut-off tail of a tar without its
+    end-of-archive block (one ``truncated_container`` row: members after the cut are unknown)
+    and every entry that is not a regular file (``not_a_file``, one row each)."""
+    tar = _abs(idx.path)
+    rows: dict[str, list[object]] = {"id": [], "audio_path": [], "origin": [], "reason": [], "detail": []}
+
+    def add(name: str, origin: str, reason: str, detail: str) -> None:
+        for k, v in zip(rows, (name, f"{tar}:{name}" if name else None, origin, reason, f"{origin}: {detail}")):
+            rows[k].append(v)
+
+    if idx.problem is not None:
+        add("", idx.path, "truncated_container", f"{idx.problem}; members after it are lost")
+    for _, name, kind in idx.others:
+        add(name, f"{idx.path}:{name}", "not_a_file", f"a {kind}, not a file: its bytes are not in the tar")
+    if not rows["id"]:
+        return pl.DataFrame(schema=FULL_REJECTS_POLARS_SCHEMA)
+    out = pl.DataFrame(rows, schema={k: pl.String for k in rows}).with_columns(
+        pl.when(pl.col("id") != "").then(pl.col("id")).otherwise(pl.lit(Path(idx.path).name)).alias("id"),
+        pl.lit(tar).alias("container"))
+    return conform(out, FULL_REJECTS_POLARS_SCHEMA)
+
+
+def _attach_members(df: pl.DataFrame, members: pl.DataFrame, key: str, tar_of: pl.Expr, match: str) -> pl.DataFrame:
+    """Join the reader rows ``df`` (with ``__shard`` and ``key``) to tar members (``shard`` and the
+    column ``match``: ``base`` name or ``stem``), set the container columns, and reject rows whose
+    member is absent, held by several members (``duplicate_member``) or truncated."""
     df = df.with_row_index("__i").join(
-        members.rename({"stem": key, "shard": "__shard"}), on=["__shard", key], how="left", maintain_order="left"
-    ).unique("__i", keep="first", maintain_order=True).drop("__i")
+        members.rename({"shard": "__shard"}), left_on=["__shard", key], right_on=["__shard", match],
+        how="left", maintain_order="left"
+    ).with_columns(pl.len().over("__i").alias("__matches")).unique("__i", keep="first", maintain_order=True).drop("__i")
     df = _set_problem(df, pl.col("member").is_null(), "missing_member",
                       pl.format("{} has no member for '{}'", tar_of, pl.col(key)))
+    df = _set_problem(df, pl.col("__matches") > 1, "duplicate_member",
+                      pl.format("{} has {} members for '{}': which is its audio cannot be told", tar_of,
+                                pl.col("__matches"), pl.col(key)))
     df = _set_problem(df, pl.col("truncated"), "truncated_member",
                       pl.format("{}:{}: member data runs past the end of the tar (truncated)", tar_of, pl.col("member")))
     has = pl.col("member").is_not_null()
@@ -133,12 +162,13 @@ class _Tars:
         return pl.concat([empty, *frames]) if frames else empty
 
     def unlisted(self, audio_only: bool) -> Iterator[pl.DataFrame]:
+        """Per tar: its unlisted members, its cut-off tail and its non-file entries, as rejects."""
         for s in range(len(self.tars)):
             idx = self.get(s)
             if idx is not None:
-                frame = _unlisted(idx, self.used[s], audio_only)
-                if frame.height:
-                    yield frame
+                for frame in (_unlisted(idx, self.used[s], audio_only), _container_rejects(idx)):
+                    if frame.height:
+                        yield frame
 
 
 def _with_shard_paths(df: pl.DataFrame, tars: Sequence[str]) -> pl.DataFrame:
@@ -164,8 +194,10 @@ def iter_nemo_tarred(
 
     A line's shard is its ``shard_id``; without one, the index of its manifest when there
     are as many manifests as tars (NeMo's sharded manifests), else 0 for a single tar. Its
-    member is the one of that tar whose file name without extension equals the line's
-    ``audio_filepath``'s (NeMo's ``file_id``). Unlisted audio members end as rejects.
+    member is the one of that tar whose file name, extension included, equals the file name of
+    the line's ``audio_filepath`` (never a member of the same stem: ``a.flac`` is not ``a.wav``'s
+    audio); a name held by several members is a ``duplicate_member``. Unlisted audio members,
+    a tar's cut-off tail and its non-file entries end as rejects.
     """
     if not tars:
         raise DataprepError("--tarred-audio: no tar files given")
@@ -178,13 +210,12 @@ def iter_nemo_tarred(
         for frame in iter_nemo(mpath, text_field=text_field, audio_root=None, chunk_rows=chunk_rows):
             sid = frame["extra"].str.json_path_match("$.shard_id").cast(pl.Int64, strict=False)
             df = frame.with_columns(sid.fill_null(default).alias("__shard") if default is not None else sid.alias("__shard"),
-                                    pl.col("audio_path").str.split("/").list.last().str.replace(r"\.[^.]*$", "")
-                                    .alias("__stem"))
+                                    pl.col("audio_path").str.split("/").list.last().alias("__base"))
             df = _with_shard_paths(df, tars)
             df = _shard_problems(df, tars)
             shards = df.filter(pl.col("reason").is_null())["__shard"].unique().drop_nulls().to_list()
             members = store.members(sorted(int(s) for s in shards))
-            df = _attach_members(df, members.drop("ext"), "__stem", pl.col("__tar"))
+            df = _attach_members(df, members.drop("ext", "stem"), "__base", pl.col("__tar"), "base")
             for s, names in df.filter(pl.col("member").is_not_null()).group_by("__shard").agg("member").iter_rows():
                 store.used[int(s)].update(names)
             yield conform(df, FULL_REJECTS_POLARS_SCHEMA)
@@ -198,14 +229,16 @@ def iter_shar(folder: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
     if not cuts:
         raise DataprepError(f"{folder}: no cuts.NNNNNN.jsonl(.gz) files (not a Lhotse Shar directory)")
     tars = [str(folder / f"recording.{p.name.split('.')[1]}.tar") for p in cuts]
-    store = _Tars(tars)
+    # recording tars without their cuts file: every audio member of them ends as unlisted_member
+    orphans = sorted(str(p) for p in folder.glob("recording.*.tar") if str(p) not in tars)
+    store = _Tars(tars + orphans)
     for si, cut_file in enumerate(cuts):
         for frame in iter_lhotse(cut_file, audio_root=None, chunk_rows=chunk_rows, source_types=("file", "shar")):
             df = _with_shard_paths(frame.with_columns(pl.lit(si, pl.Int64).alias("__shard")), tars)
             df = _shard_problems(df, tars)
             members = store.members([si]) if os.path.isfile(tars[si]) else store.members([])
-            members = members.filter(pl.col("ext").is_in(list(AUDIO_EXTENSIONS))).drop("ext")
-            df = _attach_members(df, members, "id", pl.col("__tar"))
+            members = members.filter(pl.col("ext").is_in(list(AUDIO_EXTENSIONS))).drop("ext", "base")
+            df = _attach_members(df, members, "id", pl.col("__tar"), "stem")
             store.used.setdefault(si, set()).update(df["member"].drop_nulls().to_list())
             yield conform(df, FULL_REJECTS_POLARS_SCHEMA)
     yield from store.unlisted(audio_only=True)
@@ -231,25 +264,70 @@ def _json_type(v: object) -> str | None:
     return "ARRAY" if isinstance(v, list) else "OBJECT"
 
 
-def iter_webdataset(path: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
-    """A WebDataset tar: members grouped by key (the name up to the first dot of its file name),
-    one row per key: audio = the key's first member with an audio extension, text from ``.txt``
-    or the ``text`` of ``.json`` (whose ``duration``, ``lang``, ... are read too; other keys go to
-    ``extra``). ``origin`` = ``tar:<audio member>`` (or the key's first member)."""
-    idx = index_tar(path)
-    if idx.problem and not idx.names:
-        raise DataprepError(f"{path}: {idx.problem}")
-    tar_abs = _abs(path)
+def _wds_keys(idx: TarIndex) -> tuple[dict[str, dict[str, int]], dict[str, tuple[str, str]]]:
+    """Group a WebDataset tar's entries by key, in tar order: key -> {extension: member index}
+    (the first member of each extension), and key -> (reason, problem) for keys that cannot be
+    read as one sample: members not next to each other (``duplicate_key``: the key repeated
+    later), a member name or an audio extension given twice (``duplicate_member``), a member
+    that is not a file (``not_a_file``)."""
+    entries = sorted([(p, i, idx.names[i], None) for i, p in enumerate(idx.positions)]
+                     + [(p, -1, name, kind) for p, name, kind in idx.others])
     groups: dict[str, dict[str, int]] = {}
-    for i, name in enumerate(idx.names):
+    problems: dict[str, tuple[str, str]] = {}
+    seen: dict[str, set[str]] = {}
+    last = None
+    for _, i, name, kind in entries:
         m = _WDS_KEY.match(name)
         key, ext = (m.group(1), m.group(2).lower()) if m else (name, "")
-        groups.setdefault(key, {}).setdefault(ext, i)
+        names = seen.setdefault(key, set())
+        if key in groups and key != last:
+            problems.setdefault(key, ("duplicate_key", f"key '{key}' appears again later in the tar ({name}): "
+                                                       "which members belong to which sample cannot be told"))
+        elif name in names:
+            problems.setdefault(key, ("duplicate_member", f"member '{name}' appears twice in the tar"))
+        elif kind is not None:
+            problems.setdefault(key, ("not_a_file", f"member '{name}' is a {kind}, not a file"))
+        names.add(name)
+        exts = groups.setdefault(key, {})
+        last = key
+        if kind is None:
+            exts.setdefault(ext, i)
+    for key, exts in groups.items():
+        audio = [e for e in exts if e.rsplit(".", 1)[-1] in AUDIO_EXTENSIONS]
+        if len(audio) > 1:
+            problems.setdefault(key, ("duplicate_member", f"key '{key}' has {len(audio)} audio members "
+                                                          f"({', '.join(sorted(audio))}): which is its audio cannot be told"))
+    return groups, problems
+
+
+def iter_webdataset(path: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
+    """A WebDataset tar: members grouped by key (the name up to the first dot of its file name),
+    one row per key: audio = the key's member with an audio extension, text from ``.txt``
+    or the ``text`` of ``.json`` (whose ``duration``, ``lang``, ... are read too; other keys go to
+    ``extra``). ``origin`` = ``tar:<audio member>`` (or the key's first member).
+
+    Every member is accounted for: a key that is not one clean sample is rejected whole
+    (:func:`_wds_keys`); a tar cut short (no end-of-archive block) rejects its last key
+    (``truncated_container``: its later members may be lost) and adds one ``truncated_container``
+    row for the tar (keys after the cut are unknown)."""
+    idx = index_tar(path)
+    if idx.problem and not idx.names and not idx.others:
+        raise DataprepError(f"{path}: {idx.problem}")
+    tar_abs = _abs(path)
+    groups, problems = _wds_keys(idx)
+    if idx.problem is not None and groups:
+        last = next(reversed(groups))
+        problems.setdefault(last, ("truncated_container", f"the last key before the tar's cut ({idx.problem}): "
+                                                          "its later members may be lost"))
     fd = os.open(path, os.O_RDONLY)
     try:
         rows: list[dict[str, object]] = []
         for key, exts in groups.items():
-            rows.append(_wds_row(fd, idx, str(path), tar_abs, key, exts))
+            row = _wds_row(fd, idx, str(path), tar_abs, key, exts)
+            if key in problems and not (problems[key][0] == "truncated_container" and row.get("reason")):
+                reason, detail = problems[key]
+                row["reason"], row["detail"] = reason, f"{row['origin']}: {detail}"
+            rows.append(row)
             if len(rows) >= chunk_rows:
                 yield _wds_frame(rows, path)
                 rows = []
@@ -257,13 +335,15 @@ def iter_webdataset(path: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
             yield _wds_frame(rows, path)
     finally:
         os.close(fd)
+    if idx.problem is not None:
+        yield _container_rejects(TarIndex(idx.path, problem=idx.problem))
 
 
 def _wds_row(fd: int, idx: TarIndex, tar: str, tar_abs: str, key: str, exts: dict[str, int]) -> dict[str, object]:
     """The raw row (value + type columns, reason) of one WebDataset key."""
     audio = next((exts[e] for e in exts if e.rsplit(".", 1)[-1] in AUDIO_EXTENSIONS), None)
-    first = audio if audio is not None else min(exts.values())
-    origin = f"{tar}:{idx.names[first]}"
+    first = audio if audio is not None else min(exts.values(), default=None)
+    origin = f"{tar}:{idx.names[first] if first is not None else key}"  # a key of links only: its name
     row: dict[str, object] = {"origin": origin, "id": key, "id__t": "VARCHAR"}
     problem: tuple[str, str] | None = None
     extra: dict[str, object] = {}

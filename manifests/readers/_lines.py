@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
+
+from manifests.errors import ManifestError
 
 BLOCK_BYTES = 16 << 20
 _BOM = b"\xef\xbb\xbf"
@@ -158,7 +161,13 @@ def iter_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[by
     first = True
     with open_binary(path) as fh:
         while True:
-            block = fh.read(block_bytes)
+            try:
+                block = fh.read(block_bytes)
+            except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+                # a cut or damaged gzip stream: one line, never a silent end (nor click's "Aborted.")
+                where = f" after line {lineno - 1}" if lineno > 1 else ""
+                raise ManifestError(f"{path}: truncated or corrupt gzip stream{where} ({exc}): the source is "
+                                    "refused (re-copy or re-compress it)") from None
             data = carry + block if carry else block
             if first and data:
                 if len(data) < 3 and block:

@@ -26,7 +26,12 @@ _ALIASES = {"task": ("task", "taskname")}
 
 
 def column_map(columns: Sequence[str], text_field: str, where: str) -> dict[str, str]:
-    """Our field -> the source column holding it; raise when there is no text column."""
+    """Our field -> the source column holding it; raise when there is no text column or a
+    column name is given twice (which of them holds the field cannot be told)."""
+    seen: set[str] = set()
+    twice = next((c for c in columns if c in seen or seen.add(c)), None)  # type: ignore[func-returns-value]
+    if twice is not None:
+        raise DataprepError(f"{where}: column '{twice}' appears twice in the header")
     if text_field not in columns:
         raise DataprepError(f"{where}: no '{text_field}' column (columns: {', '.join(columns)})")
     mapping = {"text": text_field}
@@ -48,11 +53,14 @@ def _raw_from_columns(df: pl.DataFrame, mapping: dict[str, str], types: dict[str
     """Value/type columns for mapped fields; unmapped columns as a sorted-key JSON ``extra``."""
     exprs = []
     for field, col in mapping.items():
-        exprs.append(pl.col(col).cast(pl.String, strict=False).alias(field) if types[col] != "ARRAY"
+        # lists and bytes are no field's value (the type column makes them a malformed_line)
+        exprs.append(pl.col(col).cast(pl.String, strict=False).alias(field) if types[col] not in ("ARRAY", "BINARY")
                      else pl.lit(None, pl.String).alias(field))
         exprs.append(pl.when(pl.col(col).is_not_null()).then(pl.lit(types[col])).alias(f"{field}__t"))
     rest = sorted(c for c in df.columns if c not in mapping.values() and c not in ("origin", "reason", "detail"))
-    extra = pl.struct(rest).struct.json_encode() if rest else pl.lit(None, pl.String)
+    # bytes have no JSON form: an unmapped binary column is kept in ``extra`` as base64 text
+    fields = [pl.col(c).bin.encode("base64") if df.schema[c] == pl.Binary else pl.col(c) for c in rest]
+    extra = pl.struct(fields).struct.json_encode() if rest else pl.lit(None, pl.String)
     keep = [c for c in ("origin", "reason", "detail") if c in df.columns]
     return df.select(*keep, *exprs, extra.alias("extra"))
 

@@ -94,7 +94,7 @@ def test_webdataset_keys_and_bad_keys(tmp_path: Path, tones: list[Path]) -> None
     df = _rows(iter_source(tar))
     got = dict(zip(df["id"], df["reason"]))
     assert got == {"k0": None, "k1": None, "k2": "missing_field", "k3": "missing_audio", "dir/k4": "malformed_line",
-                   "k5": None, "k6": "truncated_member"}
+                   "k5": None, "k6": "truncated_member", "shard-000000.tar": "truncated_container"}
     ok = df.filter(pl.col("reason").is_null()).sort("id")
     assert ok["text"].to_list() == ["zero", "one", "five"]
     assert ok.filter(pl.col("id") == "k5")["duration"].item() == 1.5

@@ -22,7 +22,7 @@ from manifests.plan_files import (
     read_plan_json,
     shard_table,
 )
-from manifests.plan_meta import FileRef, ManifestRef, PlanMeta
+from manifests.plan_meta import FileRef, ManifestRef, PlanMeta, plan_hash_of
 
 W = 3
 
@@ -194,6 +194,7 @@ def test_an_unknown_shard_version_is_refused_in_one_line(tmp_path) -> None:
     obj = json.loads((tmp_path / "plan.json").read_text())  # recorded as if a newer planner wrote it
     obj["shards"][0].update(sha256=file_sha256(shard), size=file_facts(shard)["size"],
                             footer_sha256=file_facts(shard)["footer_sha256"])
+    obj["plan_hash"] = plan_hash_of(obj)
     (tmp_path / "plan.json").write_text(json.dumps(obj))
     with pytest.raises(ManifestError, match=r"unsupported shard version 9 \(this tool reads 1, 2\)") as exc:
         open_shard(tmp_path, 0)
