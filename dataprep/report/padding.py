@@ -45,6 +45,8 @@ def manifest_padding_report(
         report = spec_padding_report(d, t, read_buckets(buckets), **options)
     except PlanError as exc:
         raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
+    except OptionError:
+        raise  # names the option (the CLI shows its flag)
     except ValueError as exc:
         raise DataprepError(f"{manifest}: {exc}") from None
     report["manifest_hash"] = manifest_hash(manifest)
