@@ -107,3 +107,24 @@ def load_json_file(path: str | os.PathLike[str], missing: str = "no such file") 
         return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError, RecursionError) as exc:
         raise ManifestError(f"{p}: not valid JSON ({str(exc).splitlines()[0][:120] if str(exc) else 'too deeply nested'})") from None
+
+
+def load_yaml_file(path: str | os.PathLike[str], missing: str = "no such file") -> Any:
+    """Decode a YAML file with the safe loader (plain data only: no tags that build objects,
+    ``NaN`` / ``.inf`` refused by the :class:`Validator` checks that follow); one-line errors."""
+    import yaml
+
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError(f"{p}: {missing}") from None
+    except IsADirectoryError:
+        raise ManifestError(f"{p}: is a directory, not a YAML file") from None
+    except OSError as exc:
+        raise ManifestError(f"{p}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return yaml.safe_load(raw.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
+        first = str(exc).splitlines()[0][:120] if str(exc) else "too deeply nested"
+        raise ManifestError(f"{p}: not valid YAML ({first})") from None

@@ -171,7 +171,8 @@ def process_chunk(
                                          pl.lit(f" s exceeds --max-plausible-duration {limit:g} s")])))
     rejects.append(bad)
 
-    lang_for_tokens = pl.coalesce(pl.col("target_lang"), pl.col("lang"))
+    # NeMo's choice (canary2's prompt language slot): the row's ``lang`` first, then ``target_lang``
+    lang_for_tokens = pl.coalesce(pl.col("lang"), pl.col("target_lang"))
     langs = df.select(lang_for_tokens).to_series()  # a Series: no Python str per row
     pieces = tokenizers.count(df["text"].to_list(), langs, opts.tokenizer_threads)
     df = df.with_columns(pl.Series("__pieces", pieces))
