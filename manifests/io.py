@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,9 @@ from manifests.schema import (
     SCHEMA_VERSION,
     CONTAINER_POLARS_SCHEMA,
     conform,
+    CORPUS_COLUMN,
     has_containers,
+    has_corpus,
     manifest_schema,
     rejects_schema,
     schema_version,
@@ -334,9 +336,9 @@ def write_manifest(
     columns (schema version 2) when any row has a ``container``. For a manifest too large for
     memory, stream it with :func:`write_parquet_stream` (same bytes).
     """
-    c = has_containers(df)
-    schema = {**POLARS_SCHEMA, **(CONTAINER_POLARS_SCHEMA if c else {})}
-    return _write_parquet(conform(df, schema), path, manifest_schema(c), "manifest", provenance, row_group_size)
+    c, k = has_containers(df), has_corpus(df)
+    schema = {**POLARS_SCHEMA, **(CONTAINER_POLARS_SCHEMA if c else {}), **({CORPUS_COLUMN: pl.String()} if k else {})}
+    return _write_parquet(conform(df, schema), path, manifest_schema(c, k), "manifest", provenance, row_group_size)
 
 
 def write_rejects(
@@ -345,9 +347,10 @@ def write_rejects(
 ) -> str:
     """Write a rejects file (manifest columns + ``reason`` + ``detail``, plus the container
     columns when any row has a ``container``) atomically."""
-    c = has_containers(df)
-    schema = {**REJECTS_POLARS_SCHEMA, **(CONTAINER_POLARS_SCHEMA if c else {})}
-    return _write_parquet(conform(df, schema), path, rejects_schema(c), "rejects", provenance, row_group_size)
+    c, k = has_containers(df), has_corpus(df)
+    schema = {**REJECTS_POLARS_SCHEMA, **(CONTAINER_POLARS_SCHEMA if c else {}),
+              **({CORPUS_COLUMN: pl.String()} if k else {})}
+    return _write_parquet(conform(df, schema), path, rejects_schema(c, k), "rejects", provenance, row_group_size)
 
 
 def default_rejects_path(output: str | os.PathLike[str]) -> Path:
@@ -386,9 +389,10 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def read_manifest(path: str | os.PathLike[str], columns: list[str] | None = None,
-                  *, allow_rejects: bool = False) -> pl.DataFrame:
+                  *, allow_rejects: bool = False, optional: Sequence[str] = ()) -> pl.DataFrame:
     """Read a compiled manifest; raise :class:`ManifestError` (one line) if it is not one. A
-    rejects file is refused unless ``allow_rejects`` (its rows are what a manifest must not hold)."""
+    rejects file is refused unless ``allow_rejects`` (its rows are what a manifest must not hold).
+    ``optional``: columns added to ``columns`` when the file has them (e.g. ``corpus``)."""
     meta = read_metadata(path)
     if meta["kind"] == "rejects" and not allow_rejects:
         raise ManifestError(f"{path}: is a rejects file, not a compiled manifest (its rows were rejected; "
@@ -399,6 +403,9 @@ def read_manifest(path: str | os.PathLike[str], columns: list[str] | None = None
         raise ManifestError(
             f"{path}: schema version {meta['schema_version']} is newer than this tool's {SCHEMA_VERSION}"
         )
+    if columns is not None and optional:
+        names = pq.read_schema(path).names
+        columns = [*columns, *(c for c in optional if c in names and c not in columns)]
     try:
         return pl.read_parquet(path, columns=columns)
     except (OSError, pl.exceptions.PolarsError, pa.ArrowException) as exc:

@@ -290,7 +290,8 @@ def test_detect_format_errors(tmp_path: Path) -> None:
         detect_format(tmp_path)
     with pytest.raises(DataprepError, match="unknown source format"):
         list(iter_source(tmp_path / "x.txt", "yaml"))
-    assert set(SOURCE_FORMATS) == {"nemo", "lhotse", "kaldi", "csv", "tsv", "parquet", "shar", "webdataset", "hf-parquet"}
+    assert set(SOURCE_FORMATS) == {"nemo", "lhotse", "kaldi", "csv", "tsv", "parquet", "shar", "webdataset", "hf-parquet",
+                                   "input_cfg", "lhotse-recipe"}
 
 
 # --- ../shared/data -------------------------------------------------------------------------
