@@ -403,8 +403,9 @@ def verify_plan(plan_dir: str | os.PathLike[str]) -> PlanMeta:
         if got != ref.sha256:
             raise ManifestError(f"{path}: SHA-256 {got[:12]}... differs from plan.json's {ref.sha256[:12]}...")
         shard = PlanShard(plan_dir, rank, meta)
-        if shard.num_steps != meta.num_steps:
-            raise ManifestError(f"{path}: holds {shard.num_steps} steps, plan.json says {meta.num_steps}")
+        if shard.num_steps != meta.num_steps - meta.first_step:  # a re-plan holds steps from its at_step
+            raise ManifestError(f"{path}: holds {shard.num_steps} steps, plan.json says "
+                                f"{meta.num_steps - meta.first_step}")
     return meta
 
 
