@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import polars as pl
 
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import DynResConfig
@@ -55,6 +56,15 @@ def manifest_padding_report(
     ``budget`` (padded seconds per batch) defaults to the one buckets.json was sized with;
     buckets without a batch size are sized by it."""
     d, t = duration_and_tokens(manifest)
+    corpus = read_manifest(manifest, columns=[], optional=["corpus"])
+    names: list[str] = []
+    codes = None
+    if "corpus" in corpus.columns:  # many corpora: the 2D scheme per corpus too
+        names = corpus["corpus"].drop_nulls().unique(maintain_order=True).to_list()
+        codes = corpus["corpus"].replace_strict(names, list(range(len(names))), default=len(names),
+                                                return_dtype=pl.Int64).to_numpy()
+        if (codes == len(names)).any():
+            names.append("(none)")
     spec = read_buckets(buckets)
     grid = grid_from_spec(spec)
     if budget is None:
@@ -67,7 +77,8 @@ def manifest_padding_report(
     try:
         report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
                                 strict=strict, seed=seed, window=window, sort_by=sort_by,
-                                audio_weight=audio_weight, carry=carry, dynamic_resolution=dynamic_resolution)
+                                audio_weight=audio_weight, carry=carry, dynamic_resolution=dynamic_resolution,
+                                corpus_of_row=codes, corpora=names)
         if world_sizes:
             report["steps"] = steps_report(d, t, grid, bs, list(world_sizes), balance, seed=seed, strict=strict,
                                            carry=carry)

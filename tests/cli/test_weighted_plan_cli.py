@@ -137,3 +137,13 @@ def test_check_quotas_finds_a_wrong_count(compiled: tuple[Path, Path], tmp_path:
     (tmp_path / "p" / "plan.json").write_text(json.dumps(doc))
     with pytest.raises(DataprepError, match="epoch 0: corpus 'mls_fr' has 3 utterances, its quota is 4"):
         check_quotas(tmp_path / "p", manifest)
+
+
+def test_padding_reports_each_corpus(compiled: tuple[Path, Path], tmp_path: Path) -> None:
+    manifest, buckets = compiled
+    out = _ok("padding", str(manifest), "--buckets", str(buckets), "--json", str(tmp_path / "p.json"))
+    assert "2D scheme per corpus" in out
+    per = {c["corpus"]: c for c in json.loads((tmp_path / "p.json").read_text())["per_corpus"]}
+    df = read_manifest(manifest)
+    assert {k: v["utterances"] for k, v in per.items()} == dict(df.group_by("corpus").len().iter_rows())
+    assert all(0 <= v["padding_audio"] < 1 for v in per.values())
