@@ -277,6 +277,20 @@ _LHOTSE_SELECT = """
 _LHOTSE_MAPPED = ["id", "start", "duration", "channel", "recording", "supervisions", "type"]
 
 
+def _with_extra(select: str, mapped: list[str]) -> str:
+    """``select`` plus ``extra``: the object's keys not in ``mapped``, sorted, as JSON."""
+    patch = _sql_str(json.dumps({k: None for k in mapped}))
+    return (select + ", CASE WHEN o IS NOT NULL THEN "
+            + SORTED_OBJECT_SQL.format(rest=f"json_merge_patch(o, {patch})") + " END AS extra")
+
+
+def _parsed(con: duckdb.DuckDBPyConnection, chunk: pl.DataFrame, select: str, path: Path) -> pl.DataFrame:
+    """A chunk of lines with ``select``'s fields and the parse errors' ``reason`` / ``detail``."""
+    parsed = _query(con, chunk, select)
+    df = chunk.select("lineno", "line", "utf8_error").join(parsed, on="lineno", how="left", maintain_order="left")
+    return df.join(_parse_errors(df, str(path)), on="lineno", how="left", maintain_order="left")
+
+
 def iter_lhotse(path: Path, *, audio_root: str | Path | None, chunk_rows: int,
                 source_types: tuple[str, ...] = ("file",)) -> Iterator[pl.DataFrame]:
     """Lhotse cuts JSONL(.gz): one row per cut, inline ``recording`` with a ``file`` source
@@ -288,16 +302,12 @@ def iter_lhotse(path: Path, *, audio_root: str | Path | None, chunk_rows: int,
     labels = {"id": "id", "audio": "recording.sources[0].source", "offset": "start", "duration": "duration",
               "sample_rate": "recording.sampling_rate", "channels": "channel", "text": "supervisions[].text",
               "lang": "language", "source_lang": "source_lang", "target_lang": "target_lang", "task": "task"}
-    patch = _sql_str(json.dumps({k: None for k in _LHOTSE_MAPPED}))
-    select = (_LHOTSE_SELECT + ", CASE WHEN o IS NOT NULL THEN "
-              + SORTED_OBJECT_SQL.format(rest=f"json_merge_patch(o, {patch})") + " END AS extra")
+    select = _with_extra(_LHOTSE_SELECT, _LHOTSE_MAPPED)
     base = base_dir_for(path, audio_root)
     con = duckdb.connect()
     try:
         for chunk in iter_lines(path, chunk_rows):
-            parsed = _query(con, chunk, select)
-            df = chunk.select("lineno", "line", "utf8_error").join(parsed, on="lineno", how="left", maintain_order="left")
-            df = df.join(_parse_errors(df, str(path)), on="lineno", how="left", maintain_order="left")
+            df = _parsed(con, chunk, select, path)
             texts = pl.col("sups").list.eval(pl.element().struct.field("tx")).list.drop_nulls()
             df = df.with_columns(
                 pl.format("{}:{}", pl.lit(str(path)), pl.col("lineno")).alias("origin"),
@@ -371,17 +381,13 @@ def iter_lhotse_recipe(supervisions: Path, recordings: Path, *, audio_root: str 
               "duration": "duration", "sample_rate": "recordings[recording_id].sampling_rate",
               "channels": "channel", "text": "text", "lang": "language", "source_lang": "source_lang",
               "target_lang": "target_lang", "task": "task"}
-    patch = _sql_str(json.dumps({k: None for k in _SUPERVISION_MAPPED}))
-    select = (_SUPERVISION_SELECT + ", CASE WHEN o IS NOT NULL THEN "
-              + SORTED_OBJECT_SQL.format(rest=f"json_merge_patch(o, {patch})") + " END AS extra")
+    select = _with_extra(_SUPERVISION_SELECT, _SUPERVISION_MAPPED)
     base = base_dir_for(recordings, audio_root)
     con = duckdb.connect()
     try:
         recs = _recordings(recordings, con)
         for chunk in iter_lines(supervisions, chunk_rows):
-            parsed = _query(con, chunk, select)
-            df = chunk.select("lineno", "line", "utf8_error").join(parsed, on="lineno", how="left", maintain_order="left")
-            df = df.join(_parse_errors(df, str(supervisions)), on="lineno", how="left", maintain_order="left")
+            df = _parsed(con, chunk, select, supervisions)
             df = df.join(recs, left_on="recording_id", right_on="rec_id", how="left", maintain_order="left")
             origin = pl.format("{}:{}", pl.lit(str(supervisions)), pl.col("lineno"))
             no_rec = pl.col("ok").fill_null(False) & pl.col("rec_audio").is_null() & pl.col("rec_source_type").is_null()
