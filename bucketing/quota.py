@@ -158,14 +158,17 @@ class QuotaSampler:
     """
 
     def __init__(self, corpus_of_row: npt.ArrayLike, quota: npt.ArrayLike, seed: int) -> None:
-        codes = np.asarray(corpus_of_row, dtype=np.int64)
+        codes = np.asarray(corpus_of_row)
         self.quota = np.asarray(quota, dtype=np.int64)
         C = self.quota.shape[0]
         if (self.quota < 0).any():
             raise QuotaError("quotas must be >= 0")
-        eligible = np.flatnonzero(codes >= 0)
+        # rows as int32 while they fit (half the memory of the epoch's multiset), else int64
+        row_type = np.int32 if codes.shape[0] < 2**31 else np.int64
+        eligible = np.flatnonzero(codes >= 0).astype(row_type)
         order = eligible[np.argsort(codes[eligible], kind="stable")]
         self.sizes = np.bincount(codes[eligible], minlength=C).astype(np.int64)
+        del eligible
         if self.sizes.shape[0] > C:
             raise QuotaError(f"row corpus index {self.sizes.shape[0] - 1} has no quota")
         empty = np.flatnonzero((self.sizes == 0) & (self.quota > 0))
@@ -178,22 +181,23 @@ class QuotaSampler:
         self.seed = int(seed)
         self._streams = [_Stream(int(n)) for n in self.sizes]
         self._next = 0
-        self._full_rows = np.repeat(self.members, np.repeat(self.full, self.sizes))
 
     @property
     def repeats(self) -> list[tuple[int, int]]:
         """(fewest, most) times a row of each corpus is taken per epoch."""
         return [(int(f), int(f) + (1 if r else 0)) for f, r in zip(self.full, self.rest)]
 
-    def epoch(self, e: int) -> npt.NDArray[np.int64]:
-        """Manifest rows of epoch ``e`` (the next epoch), a multiset of ``sum(quota)`` rows:
-        the full copies in row order, then each corpus's drawn rows in stream order."""
+    def epoch(self, e: int) -> npt.NDArray[np.integer]:
+        """Manifest rows of epoch ``e`` (the next epoch), a multiset of ``sum(quota)`` rows
+        (int32 below 2**31 manifest rows): the full copies in row order, then each corpus's
+        drawn rows in stream order."""
         if e != self._next:
             raise ValueError(f"epochs must be drawn in order: expected {self._next}, got {e}")
         self._next += 1
         drawn = [self.members[self.starts[c] + s.take(int(self.rest[c]), (self.seed, 0x5EED, c))]
                  for c, s in enumerate(self._streams)]
-        return np.concatenate([self._full_rows, *drawn])
+        full = np.repeat(self.members, np.repeat(self.full, self.sizes)) if self.full.any() else self.members[:0]
+        return np.concatenate([full, *drawn])
 
     def replay(self, e: int) -> None:
         """Advance the streams to just before epoch ``e`` (a re-plan starting there)."""

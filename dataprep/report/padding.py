@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import polars as pl
 
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import DynResConfig
@@ -21,7 +20,7 @@ from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
 from manifests.buckets_file import read_buckets
 from manifests.errors import DataprepError
-from manifests.io import manifest_hash, read_manifest
+from manifests.io import manifest_hash, read_corpus_codes, read_manifest
 
 
 def duration_and_tokens(path: str | os.PathLike[str]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
@@ -56,15 +55,8 @@ def manifest_padding_report(
     ``budget`` (padded seconds per batch) defaults to the one buckets.json was sized with;
     buckets without a batch size are sized by it."""
     d, t = duration_and_tokens(manifest)
-    corpus = read_manifest(manifest, columns=[], optional=["corpus"])
-    names: list[str] = []
-    codes = None
-    if "corpus" in corpus.columns:  # many corpora: the 2D scheme per corpus too
-        names = corpus["corpus"].drop_nulls().unique(maintain_order=True).to_list()
-        codes = corpus["corpus"].replace_strict(names, list(range(len(names))), default=len(names),
-                                                return_dtype=pl.Int64).to_numpy()
-        if (codes == len(names)).any():
-            names.append("(none)")
+    got = read_corpus_codes(manifest)  # many corpora: the 2D scheme per corpus too
+    codes, names = got if got is not None else (None, [])
     spec = read_buckets(buckets)
     grid = grid_from_spec(spec)
     if budget is None:
