@@ -214,7 +214,7 @@ def tag_rows(frame: pl.DataFrame, leaf: Leaf) -> pl.DataFrame:
     ``lang_field``, and its tags filling missing fields (module docstring); vectorized."""
     cols: list[pl.Expr] = [pl.lit(leaf.corpus, pl.String).alias("corpus")]
     if leaf.lang_field != "lang":
-        own = pl.col("extra").str.json_path_match(f"$.{json.dumps(leaf.lang_field)}")
+        own = pl.col("extra").str.json_path_match(f"$[{json.dumps(leaf.lang_field)}]")
         cols.append(pl.coalesce(own, pl.col("lang")).alias("lang"))
     df = frame.with_columns(cols)
     filled = {}

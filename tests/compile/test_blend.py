@@ -122,3 +122,18 @@ def test_blend_must_be_the_only_source(corpora: Path, tmp_path: Path) -> None:
     res = runner.invoke(app, ["compile", str(corpora / "input_cfg.yaml"), str(corpora / "ls_en.json"),
                               "--tokenizer", str(corpora / "spm.model"), "-o", str(tmp_path / "m.parquet")])
     assert res.exit_code == 2 and "must be the only source" in res.output and res.output.count("\n") == 1
+
+
+def test_lang_field_and_tags_fill_rows(tmp_path: Path) -> None:
+    from manifests.readers import Leaf, iter_leaf
+    from manifests.readers._blend import tag_rows
+
+    src = write_nemo_manifest(tmp_path / "x.json", [
+        {"audio_filepath": "a.wav", "duration": 1.0, "text": "t", "language": "de", "pnc": "no"},
+        {"audio_filepath": "b.wav", "duration": 1.0, "text": "t", "lang": "it"},
+    ])
+    leaf = Leaf("x", "nemo", (str(src),), lang_field="language", tags={"pnc": "yes", "taskname": "ast", "z": [1]})
+    df = pl.concat([tag_rows(f, leaf) for f in iter_leaf(leaf)])
+    assert df["lang"].to_list() == ["de", "it"] and df["task"].to_list() == ["ast", "ast"]
+    assert [json.loads(e) for e in df["extra"]] == [{"language": "de", "pnc": "no", "z": [1]}, {"pnc": "yes", "z": [1]}]
+    assert df["corpus"].to_list() == ["x", "x"]
