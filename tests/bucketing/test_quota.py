@@ -114,3 +114,28 @@ def test_under_sampled_corpus_gets_a_different_subset_each_epoch() -> None:
 def test_corpus_without_rows_is_an_error() -> None:
     with pytest.raises(QuotaError, match="no rows"):
         QuotaSampler(np.array([0, 0, -1]), [2, 5], seed=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31), st.integers(1, 4), st.floats(0.0, 0.1), st.sampled_from(["random", "ascending"]))
+def test_planner_batches_a_weighted_epoch_exactly_as_its_multiset(seed: int, world: int, balance: float,
+                                                                  interleave: str) -> None:
+    from bucketing.plan import PlanInputs, plan_epoch
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(40, 200))
+    d = rng.uniform(0.5, 8.0, n)
+    t = (d * rng.uniform(2, 5, n)).astype(np.int64) + 3
+    bucket = np.minimum((d // 2.5).astype(np.int32), 2)
+    bucket[rng.integers(0, n, 3)] = -1  # rows in no bucket are never planned
+    codes = rng.integers(0, 3, n)
+    codes[bucket < 0] = -1
+    sampler = QuotaSampler(codes, rng.integers(5, 150, 3), seed)
+    rows = sampler.epoch(0)
+    inputs = PlanInputs(bucket, np.array([6, 4, 3]), d, t, np.array([2.5, 5.0, 8.0]), None, rows=rows)
+    ep = plan_epoch(inputs, world, seed, 0, interleave=interleave, balance=balance)  # type: ignore[arg-type]
+    got = np.bincount(np.concatenate([ep.rows, ep.dropped]), minlength=n)
+    assert np.array_equal(got, np.bincount(rows, minlength=n))  # each row exactly as often as drawn
+    assert ep.real_seconds == pytest.approx(float(d[ep.rows].sum()))
+    sizes = ep.sizes()
+    assert (sizes > 0).all() and (sizes <= np.array([6, 4, 3])[ep.bucket_of_batch()]).all()
