@@ -204,6 +204,8 @@ def weighted_vs_unweighted(df: pl.DataFrame, tmp: Path, args: argparse.Namespace
     print(f"weighted ({args.corpora} corpora, temperature {args.temperature:g}, {meta['epoch_quota']} utterances, "
           f"{under} corpora under-sampled): median wall {wwall:.2f} s, peak RSS {wrss:.2f} GiB; "
           f"weighted / unweighted: time {wwall / wall:.2f}x, memory {wrss / rss:.2f}x (goal <= 1.2x)")
+    phases = {k: statistics.median(r["timings"][k] for r in results) for k in results[0]["timings"]}
+    print("  weighted phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 
 
 def main() -> None:
