@@ -399,7 +399,10 @@ def _multiset_by_bucket(bucket_of_row: npt.NDArray[np.integer], multiset: npt.ND
     counts = np.bincount(b, minlength=num_buckets).astype(np.int64)
     order = np.argsort(_small_int(b, num_buckets - 1), kind="stable")
     del b
-    rows = multiset[order].astype(np.int64, copy=False)
+    grouped = multiset[order]  # the multiset's own (small) dtype, then int64 with order freed
+    del order
+    rows = grouped.astype(np.int64, copy=False)
+    del grouped
     first = np.zeros(num_buckets, dtype=np.int64)
     np.cumsum(counts[:-1], out=first[1:])
     return rows, counts, first

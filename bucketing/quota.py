@@ -165,12 +165,18 @@ class QuotaSampler:
             raise QuotaError("quotas must be >= 0")
         # rows as int32 while they fit (half the memory of the epoch's multiset), else int64
         row_type = np.int32 if codes.shape[0] < 2**31 else np.int64
-        eligible = np.flatnonzero(codes >= 0).astype(row_type)
-        order = eligible[np.argsort(codes[eligible], kind="stable")]
-        self.sizes = np.bincount(codes[eligible], minlength=C).astype(np.int64)
-        del eligible
-        if self.sizes.shape[0] > C:
-            raise QuotaError(f"row corpus index {self.sizes.shape[0] - 1} has no quota")
+        if C <= 256:  # one pass per corpus: no N-sized int64 temporaries
+            parts = [np.flatnonzero(codes == c).astype(row_type) for c in range(C)]
+            order = np.concatenate(parts) if parts else np.empty(0, row_type)
+            self.sizes = np.asarray([p.shape[0] for p in parts], dtype=np.int64)
+            del parts
+        else:
+            eligible = np.flatnonzero(codes >= 0).astype(row_type)
+            order = eligible[np.argsort(codes[eligible], kind="stable")]
+            self.sizes = np.bincount(codes[eligible], minlength=C).astype(np.int64)
+            del eligible
+        if int(self.sizes.sum()) != int((codes >= 0).sum()):
+            raise QuotaError(f"a row's corpus index is >= the {C} quotas")
         empty = np.flatnonzero((self.sizes == 0) & (self.quota > 0))
         if empty.shape[0]:
             raise QuotaError(f"corpus #{int(empty[0])} has a quota of {int(self.quota[empty[0]])} but no rows to plan")
