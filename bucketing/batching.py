@@ -328,9 +328,11 @@ def form_batches(
         t_all = np.asarray(num_tokens)
         primary = d_all
         # shares are of the allocated rows' totals
-        if multiset is not None:  # as many times as the rows are batched
-            total_d = max(float(d_all[rows].sum()), 1e-300)
-            total_t = max(float(t_all[rows].sum(dtype=np.float64)), 1e-300)
+        if multiset is not None:  # as many times as the rows are batched (gathered in slices: no N-sized copy)
+            step = 1 << 20
+            total_d = max(sum(float(d_all[rows[i:i + step]].sum()) for i in range(0, rows.shape[0], step)), 1e-300)
+            total_t = max(sum(float(t_all[rows[i:i + step]].sum(dtype=np.float64))
+                              for i in range(0, rows.shape[0], step)), 1e-300)
         else:
             where = True if rows.shape[0] == len(bucket_of_row) else np.asarray(bucket_of_row) >= 0
             total_d = max(float(d_all.sum(where=where)), 1e-300)

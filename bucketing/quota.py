@@ -124,21 +124,21 @@ class _Stream:
     """One corpus's endless sequence of permutations of its rows (positions into its members)."""
 
     n: int
-    perm: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, np.int64))
+    perm: npt.NDArray[np.int32] = field(default_factory=lambda: np.empty(0, np.int32))
     pos: int = 0
     cycle: int = -1
 
-    def take(self, r: int, rng_key: Sequence[int]) -> npt.NDArray[np.int64]:
+    def take(self, r: int, rng_key: Sequence[int]) -> npt.NDArray[np.int32]:
         """The next ``r`` (< n) positions; a new permutation puts this epoch's rows last."""
         if r == 0:
-            return np.empty(0, np.int64)
+            return np.empty(0, np.int32)
         if self.pos + r <= self.perm.shape[0]:
             out = self.perm[self.pos:self.pos + r]
             self.pos += r
             return out
         tail = self.perm[self.pos:]
         self.cycle += 1
-        nxt = np.random.default_rng([*rng_key, self.cycle]).permutation(self.n).astype(np.int64)
+        nxt = np.random.default_rng([*rng_key, self.cycle]).permutation(self.n).astype(np.int32)  # kept: 4 B a row
         if tail.shape[0]:
             taken = np.zeros(self.n, dtype=bool)
             taken[tail] = True
@@ -202,8 +202,9 @@ class QuotaSampler:
         self._next += 1
         drawn = [self.members[self.starts[c] + s.take(int(self.rest[c]), (self.seed, 0x5EED, c))]
                  for c, s in enumerate(self._streams)]
-        full = np.repeat(self.members, np.repeat(self.full, self.sizes)) if self.full.any() else self.members[:0]
-        return np.concatenate([full, *drawn])
+        full = [np.repeat(self.members[self.starts[c]:self.starts[c + 1]], int(f))
+                for c, f in enumerate(self.full) if f]  # per corpus: no N-sized repeat counts
+        return np.concatenate([*full, *drawn]) if full or drawn else self.members[:0]
 
     def replay(self, e: int) -> None:
         """Advance the streams to just before epoch ``e`` (a re-plan starting there)."""
