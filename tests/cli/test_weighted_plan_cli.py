@@ -147,3 +147,10 @@ def test_padding_reports_each_corpus(compiled: tuple[Path, Path], tmp_path: Path
     df = read_manifest(manifest)
     assert {k: v["utterances"] for k, v in per.items()} == dict(df.group_by("corpus").len().iter_rows())
     assert all(0 <= v["padding_audio"] < 1 for v in per.values())
+
+
+def test_exports_keep_the_corpus(compiled: tuple[Path, Path], tmp_path: Path) -> None:
+    manifest, buckets = compiled
+    _ok("export", "nemo", str(buckets), "--manifest", str(manifest), "-o", str(tmp_path / "nemo"))
+    lines = [json.loads(x) for x in (tmp_path / "nemo" / "manifest.jsonl").read_text().splitlines()]
+    assert sorted({x["corpus"] for x in lines}) == ["librispeech", "mls_fr", "shar"]
