@@ -4,6 +4,12 @@ tail-worker simulator on the shared corpora.
     python benchmarks/bench_plan.py                 # 10M rows, W=128, 1 epoch, 3 runs
     python benchmarks/bench_plan.py --rows 1000000 --runs 1 --skip-lhotse
     python benchmarks/bench_plan.py --runs 1 --balance 0.05 --skip-lhotse --skip-simulator   # balanced steps
+    python benchmarks/bench_plan.py --corpora 50 --skip-lhotse --skip-simulator   # weighted vs unweighted
+
+``--corpora C`` splits the rows into C corpora of Zipf-like sizes (a ``corpus`` column and, as
+``compile input_cfg.yaml`` records it, a blend weighted by hours with ``--temperature`` 0.3)
+and plans both the weighted manifest and the same rows without corpora: time and peak RSS of
+the weighted plan as a ratio of the unweighted one (the issue's goal: <= 1.2x).
 
 Prints medians. The synthetic manifest resamples real (duration, characters per second)
 pairs of ../shared/data (LibriSpeech train-clean-100 + Common Voice id/ps) with 5% lognormal
@@ -66,6 +72,20 @@ def synthetic(n: int, seed: int = 0) -> pl.DataFrame:
     tokens = (np.round(d * cps / CHARS_PER_TOKEN) + PROMPT).astype(np.int32)
     return pl.DataFrame({"duration": d, "num_tokens": tokens}).with_columns(
         pl.format("utt-{}", pl.int_range(n, dtype=pl.Int64)).alias("id"))
+
+
+def with_corpora(df: pl.DataFrame, corpora: int, temperature: float, seed: int = 0) -> tuple[pl.DataFrame, dict]:
+    """``df`` with a ``corpus`` column (Zipf-like corpus sizes, rows shuffled across corpora)
+    and the provenance of a blend weighted by each corpus's hours at ``temperature``."""
+    rng = np.random.default_rng(seed)
+    share = 1.0 / np.arange(1, corpora + 1) ** 1.1
+    code = rng.choice(corpora, size=df.height, p=share / share.sum())
+    names = [f"corpus{c:03d}" for c in range(corpora)]
+    hours = np.bincount(code, weights=df["duration"].to_numpy(), minlength=corpora) / 3600
+    tree = {"temperature": temperature,
+            "children": [{"weight": float(max(h, 1e-3)), "corpus": n} for n, h in zip(names, hours)]}
+    out = df.with_columns(pl.Series("corpus", np.asarray(names, dtype=object)[code], dtype=pl.String))
+    return out, {"blend": {"path": "input_cfg.yaml", "tree": tree, "corpora": []}}
 
 
 def buckets_for(df: pl.DataFrame, path: Path, budget_s: float) -> None:
@@ -170,6 +190,24 @@ def simulator_trend(tmp: Path, budget_s: float, seeds: int) -> None:
               f"{statistics.median(r.idle_unsync for r in rs):>12.1%} {statistics.median(r.speedup for r in rs):>8.1%}")
 
 
+def weighted_vs_unweighted(df: pl.DataFrame, tmp: Path, args: argparse.Namespace, wall: float, rss: float) -> None:
+    """Plan the same rows as ``--corpora`` weighted corpora; print time and memory ratios."""
+    wdf, provenance = with_corpora(df, args.corpora, args.temperature)
+    write_manifest(wdf, tmp / "weighted.parquet", provenance)
+    del wdf
+    results = [run_plan(tmp / "weighted.parquet", tmp / "buckets.json", tmp / "wplan", args.world_size, args.balance)
+               for _ in range(args.runs)]
+    wwall = statistics.median(r["wall"] for r in results)
+    wrss = statistics.median(r["rss_gib"] for r in results)
+    meta = json.loads((tmp / "wplan" / "plan.json").read_text())["weights"]
+    under = sum(1 for c in meta["corpora"] if c["quota"] < c["rows"])
+    print(f"weighted ({args.corpora} corpora, temperature {args.temperature:g}, {meta['epoch_quota']} utterances, "
+          f"{under} corpora under-sampled): median wall {wwall:.2f} s, peak RSS {wrss:.2f} GiB; "
+          f"weighted / unweighted: time {wwall / wall:.2f}x, memory {wrss / rss:.2f}x (goal <= 1.2x)")
+    phases = {k: statistics.median(r["timings"][k] for r in results) for k in results[0]["timings"]}
+    print("  weighted phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=10_000_000)
@@ -180,6 +218,8 @@ def main() -> None:
     ap.add_argument("--skip-lhotse", action="store_true")
     ap.add_argument("--balance", type=float, default=0.0, help="plan-batches --balance (0: one bucket per step)")
     ap.add_argument("--skip-simulator", action="store_true")
+    ap.add_argument("--corpora", type=int, default=0, help="also plan C weighted corpora; report the ratio")
+    ap.add_argument("--temperature", type=float, default=0.3, help="re-weighting temperature with --corpora")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
@@ -206,6 +246,8 @@ def main() -> None:
               + "  [form_batches = bucketing.batching, allocate = bucketing.allocate]")
         ours = args.rows / wall
         print(f"ours: {ours:,.0f} cuts/s planned (all {args.world_size} ranks, end to end)")
+        if args.corpora:
+            weighted_vs_unweighted(df, tmp, args, wall, rss)
         del df
         if not args.skip_lhotse:
             d = synthetic(args.lhotse_rows, seed=1)["duration"].to_numpy()

@@ -274,6 +274,7 @@ def form_batches(
     sort_by: str = DEFAULT_SORT_BY,
     groups: int | None = None,
     audio_weight: float = DEFAULT_AUDIO_WEIGHT,
+    rows: npt.NDArray[np.integer] | None = None,
 ) -> Batches:
     """Group each bucket's rows into batches of its batch size.
 
@@ -303,13 +304,20 @@ def form_batches(
     num_tokens: tokens per row (incl. prompt), the default sort key.
     duration: seconds per row, the key for ``sort_by="duration"``.
     audio_weight: see above (>= 0).
+    rows: the rows to batch as a multiset (a row listed k times is batched k times: a
+    weighted epoch, :mod:`bucketing.quota`); None: every allocated row once.
 
-    Invariant: every allocated row is in exactly one batch; no batch exceeds its bucket's
-    batch size; only a bucket's last batch may be smaller.
+    Invariant: every allocated row (every entry of ``rows``) is in exactly one batch; no batch
+    exceeds its bucket's batch size; only a bucket's last batch may be smaller.
     """
     sort_by = _resolve_sort(sort_by, num_tokens, duration)
     batch_sizes = np.asarray(batch_sizes, dtype=np.int64)
-    rows, counts, first = _rows_by_bucket(np.asarray(bucket_of_row), int(batch_sizes.shape[0]))
+    multiset = rows
+    if multiset is None:
+        rows, counts, first = _rows_by_bucket(np.asarray(bucket_of_row), int(batch_sizes.shape[0]))
+    else:
+        rows, counts, first = _multiset_by_bucket(np.asarray(bucket_of_row), np.asarray(multiset),
+                                                  int(batch_sizes.shape[0]))
     if rows.shape[0] == 0:
         return Batches(bucket=np.zeros(0, np.int32), offsets=np.zeros(1, np.int64), rows=np.zeros(0, np.int64))
     primary = {"both": duration, "duration": duration, "tokens": num_tokens, "none": None}[sort_by]
@@ -320,10 +328,16 @@ def form_batches(
         t_all = np.asarray(num_tokens)
         primary = d_all
         # shares are of the allocated rows' totals
-        where = True if rows.shape[0] == len(bucket_of_row) else np.asarray(bucket_of_row) >= 0
-        total_d = max(float(d_all.sum(where=where)), 1e-300)
-        total_t = max(float(t_all.sum(dtype=np.float64, where=where)), 1e-300)
-        del where
+        if multiset is not None:  # as many times as the rows are batched (gathered in slices: no N-sized copy)
+            step = 1 << 20
+            total_d = max(sum(float(d_all[rows[i:i + step]].sum()) for i in range(0, rows.shape[0], step)), 1e-300)
+            total_t = max(sum(float(t_all[rows[i:i + step]].sum(dtype=np.float64))
+                              for i in range(0, rows.shape[0], step)), 1e-300)
+        else:
+            where = True if rows.shape[0] == len(bucket_of_row) else np.asarray(bucket_of_row) >= 0
+            total_d = max(float(d_all.sum(where=where)), 1e-300)
+            total_t = max(float(t_all.sum(dtype=np.float64, where=where)), 1e-300)
+            del where
     for k in np.flatnonzero(counts):  # loop over buckets; windows and batches vectorized
         lo, cnt, size = int(first[k]), int(counts[k]), int(batch_sizes[k])
         idx = rows[lo:lo + cnt]  # ascending: gathers from it stream through memory
@@ -370,6 +384,27 @@ def _rows_by_bucket(bucket_of_row: npt.NDArray[np.integer],
     rows = np.argsort(_small_int(b0, num_buckets - 1), kind="stable").astype(np.int64, copy=False)
     if sel is not None:
         rows = sel[rows]
+    first = np.zeros(num_buckets, dtype=np.int64)
+    np.cumsum(counts[:-1], out=first[1:])
+    return rows, counts, first
+
+
+def _multiset_by_bucket(bucket_of_row: npt.NDArray[np.integer], multiset: npt.NDArray[np.integer],
+                        num_buckets: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """:func:`_rows_by_bucket` for a multiset of rows: its allocated entries grouped by bucket
+    (in the multiset's order inside), entries per bucket, first index of each bucket."""
+    b = bucket_of_row[multiset]
+    keep = b >= 0
+    if not keep.all():
+        multiset, b = multiset[keep], b[keep]
+    del keep
+    counts = np.bincount(b, minlength=num_buckets).astype(np.int64)
+    order = np.argsort(_small_int(b, num_buckets - 1), kind="stable")
+    del b
+    grouped = multiset[order]  # the multiset's own (small) dtype, then int64 with order freed
+    del order
+    rows = grouped.astype(np.int64, copy=False)
+    del grouped
     first = np.zeros(num_buckets, dtype=np.int64)
     np.cumsum(counts[:-1], out=first[1:])
     return rows, counts, first

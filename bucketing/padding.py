@@ -22,6 +22,8 @@ Schemes (same budget of padded seconds per batch):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +118,31 @@ def per_bucket(
         }
 
 
+def group_padding(rows: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], max_duration: npt.ArrayLike,
+                  max_tokens: npt.ArrayLike, duration: npt.ArrayLike, num_tokens: npt.ArrayLike,
+                  group_of_row: npt.NDArray[np.integer], num_groups: int) -> npt.NDArray[np.float64]:
+    """Per group of rows (e.g. corpus) over batches given as ``rows`` (concatenated) and
+    ``sizes`` with each batch's maxima: ``[utterances, real s, padded s, real tokens, padded
+    tokens]`` (shape ``(5, num_groups)``); a row pads to its batch's longest."""
+    g = np.asarray(group_of_row)[rows]
+    out = np.zeros((5, num_groups), dtype=np.float64)
+    out[0] = np.bincount(g, minlength=num_groups)
+    out[1] = np.bincount(g, weights=np.asarray(duration, np.float64)[rows], minlength=num_groups)
+    out[2] = np.bincount(g, weights=np.repeat(np.asarray(max_duration, np.float64), sizes), minlength=num_groups)
+    out[3] = np.bincount(g, weights=np.asarray(num_tokens, np.float64)[rows], minlength=num_groups)
+    out[4] = np.bincount(g, weights=np.repeat(np.asarray(max_tokens, np.float64), sizes), minlength=num_groups)
+    return out
+
+
+def group_json(names: list[str], totals: npt.NDArray[np.float64], epochs: int = 1) -> list[dict[str, Any]]:
+    """:func:`group_padding` totals as JSON rows: utterances and hours (per epoch), padding."""
+    return [{"corpus": n, "utterances": int(round(totals[0, i] / epochs)),
+             "hours": round(float(totals[1, i]) / epochs / 3600, 6),
+             "padding_audio": round(_ratio(float(totals[1, i]), float(totals[2, i])), 6),
+             "padding_tokens": round(_ratio(float(totals[3, i]), float(totals[4, i])), 6)}
+            for i, n in enumerate(names)]
+
+
 def padding_report(
     duration: npt.ArrayLike,
     num_tokens: npt.ArrayLike,
@@ -132,6 +159,8 @@ def padding_report(
     audio_weight: float | None = None,
     carry: bool = True,
     dynamic_resolution: DynResConfig | None = DynResConfig(),
+    corpus_of_row: npt.ArrayLike | None = None,
+    corpora: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Compare the schemes on one manifest (see the module docstring).
 
@@ -140,7 +169,8 @@ def padding_report(
     ``window`` / ``sort_by`` / ``audio_weight``: in-bucket grouping passed to ``form_batches``
     (None = its default). ``carry``: bucket tails fill the next bucket that holds them
     (:func:`bucketing.allocate.carry_tails`) in the bucketed schemes 3 and 4, as the planner does.
-    ``dynamic_resolution``: the rates of scheme 5 (None leaves it out).
+    ``dynamic_resolution``: the rates of scheme 5 (None leaves it out). ``corpus_of_row``
+    (index into ``corpora`` per row): also the 2D scheme's utterances, hours and padding per corpus.
     Returns JSON-ready figures; ``per_bucket`` holds the 2D scheme's buckets (with the
     ``dynres_*`` figures of scheme 5).
     """
@@ -184,7 +214,14 @@ def padding_report(
     if dynamic_resolution is not None:
         schemes["2d-dynamic-resolution"] = _dynamic_resolution_scheme(
             schemes["2d"], batches2, d, dynamic_resolution, grid.num_buckets, pb)
+    extra: dict[str, Any] = {}
+    if corpus_of_row is not None:
+        sizes = batches2.sizes()
+        totals = group_padding(batches2.rows, sizes, batch_maxima(batches2, d), batch_maxima(batches2, t), d, t,
+                               np.asarray(corpus_of_row), len(corpora))
+        extra["per_corpus"] = group_json(list(corpora), totals)
     return {
+        **extra,
         "num_rows": int(d.shape[0]),
         "budget": budget,
         "cumulative_budget": cumulative_budget or budget,

@@ -31,8 +31,9 @@ within the tolerance; the other full batches share steps across buckets by predi
 at most W - 1 batches are halved to fill the last step; ``step_bucket`` is then -1 at mixed
 steps and ``batch_bucket`` holds each batch's bucket.
 
-Invariants (tests check each): every allocated row appears exactly once per epoch unless
-listed in ``dropped``; every batch is non-empty and at most its bucket's batch size; all
+Invariants (tests check each): every allocated row appears exactly once per epoch (a weighted
+epoch, ``PlanInputs.rows``: exactly as often as that multiset lists it) unless listed in
+``dropped``; every batch is non-empty and at most its bucket's batch size; all
 ranks have the same number of steps and draw from the same bucket at every step; equal
 inputs give equal arrays.
 """
@@ -140,6 +141,9 @@ class PlanInputs:
     num_tokens: npt.NDArray[np.integer]
     max_duration: npt.NDArray[np.floating] | None = None
     max_tokens: npt.NDArray[np.floating] | None = None
+    #: a weighted epoch's rows as a multiset (a row listed k times is planned k times,
+    #: :mod:`bucketing.quota`); None: every allocated row once
+    rows: npt.NDArray[np.integer] | None = None
 
 
 def containment(max_duration: npt.NDArray[np.floating] | None, max_tokens: npt.NDArray[np.floating] | None,
@@ -210,14 +214,14 @@ def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
     B = int(batch_sizes.shape[0])
     if (batch_sizes < 1).any():
         raise PlanError("every bucket needs a batch size >= 1")
-    require_one_step(bucket_of_row, W)
+    require_one_step(bucket_of_row if inputs.rows is None else bucket_of_row[inputs.rows], W)
     if balance < 0:
         raise PlanError(f"balance tolerance must be >= 0, got {balance}")
     if interleave not in ("random", "ascending"):
         raise PlanError(f"unknown interleave {interleave!r} (expected 'random' or 'ascending')")
     contains = containment(inputs.max_duration, inputs.max_tokens, B)
     batches = form_batches(bucket_of_row, batch_sizes, np.random.default_rng([seed, epoch, 0]),
-                           num_tokens=inputs.num_tokens, duration=inputs.durations, **grouping)
+                           num_tokens=inputs.num_tokens, duration=inputs.durations, rows=inputs.rows, **grouping)
     if balance > 0:
         balanced = _plan_balanced(inputs, batches, W, seed, epoch, interleave, balance, cost or CostModel())
         if balanced is not None:

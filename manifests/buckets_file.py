@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from manifests.io import write_json
+from manifests.nemo_buckets import is_nemo_buckets_path, read_nemo_options
 from manifests.validation import Validator, load_json_file
 
 BUCKETS_VERSION = 1
@@ -125,7 +126,10 @@ def parse_buckets(obj: Any, where: str = "buckets.json") -> BucketSpec:
 
 
 def read_buckets(path: str | os.PathLike[str]) -> BucketSpec:
-    """Read and validate a ``buckets.json`` file (strict JSON: no NaN / Infinity)."""
+    """Read and validate a ``buckets.json`` file (strict JSON: no NaN / Infinity), or NeMo's
+    bucketing YAML (``.yaml`` / ``.yml``: :mod:`manifests.nemo_buckets`)."""
+    if is_nemo_buckets_path(path):
+        return parse_buckets(read_nemo_options(path), str(path))
     return parse_buckets(load_json_file(path), str(path))
 
 

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,9 @@ from manifests.schema import (
     SCHEMA_VERSION,
     CONTAINER_POLARS_SCHEMA,
     conform,
+    CORPUS_COLUMN,
     has_containers,
+    has_corpus,
     manifest_schema,
     rejects_schema,
     schema_version,
@@ -336,9 +338,9 @@ def write_manifest(
     columns (schema version 2) when any row has a ``container``. For a manifest too large for
     memory, stream it with :func:`write_parquet_stream` (same bytes).
     """
-    c = has_containers(df)
-    schema = {**POLARS_SCHEMA, **(CONTAINER_POLARS_SCHEMA if c else {})}
-    return _write_parquet(conform(df, schema), path, manifest_schema(c), "manifest", provenance, row_group_size)
+    c, k = has_containers(df), has_corpus(df)
+    schema = {**POLARS_SCHEMA, **(CONTAINER_POLARS_SCHEMA if c else {}), **({CORPUS_COLUMN: pl.String()} if k else {})}
+    return _write_parquet(conform(df, schema), path, manifest_schema(c, k), "manifest", provenance, row_group_size)
 
 
 def write_rejects(
@@ -347,9 +349,10 @@ def write_rejects(
 ) -> str:
     """Write a rejects file (manifest columns + ``reason`` + ``detail``, plus the container
     columns when any row has a ``container``) atomically."""
-    c = has_containers(df)
-    schema = {**REJECTS_POLARS_SCHEMA, **(CONTAINER_POLARS_SCHEMA if c else {})}
-    return _write_parquet(conform(df, schema), path, rejects_schema(c), "rejects", provenance, row_group_size)
+    c, k = has_containers(df), has_corpus(df)
+    schema = {**REJECTS_POLARS_SCHEMA, **(CONTAINER_POLARS_SCHEMA if c else {}),
+              **({CORPUS_COLUMN: pl.String()} if k else {})}
+    return _write_parquet(conform(df, schema), path, rejects_schema(c, k), "rejects", provenance, row_group_size)
 
 
 def default_rejects_path(output: str | os.PathLike[str]) -> Path:
@@ -388,9 +391,23 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def read_manifest(path: str | os.PathLike[str], columns: list[str] | None = None,
-                  *, allow_rejects: bool = False) -> pl.DataFrame:
+                  *, allow_rejects: bool = False, optional: Sequence[str] = ()) -> pl.DataFrame:
     """Read a compiled manifest; raise :class:`ManifestError` (one line) if it is not one. A
-    rejects file is refused unless ``allow_rejects`` (its rows are what a manifest must not hold)."""
+    rejects file is refused unless ``allow_rejects`` (its rows are what a manifest must not hold).
+    ``optional``: columns added to ``columns`` when the file has them (e.g. ``corpus``)."""
+    check_manifest_file(path, allow_rejects=allow_rejects)
+    if columns is not None and optional:
+        names = pq.read_schema(path).names
+        columns = [*columns, *(c for c in optional if c in names and c not in columns)]
+    try:
+        return pl.read_parquet(path, columns=columns)
+    except (OSError, pl.exceptions.PolarsError, pa.ArrowException) as exc:
+        raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
+
+
+def check_manifest_file(path: str | os.PathLike[str], *, allow_rejects: bool = False) -> dict[str, Any]:
+    """The metadata of a compiled manifest (:func:`read_metadata`), or a one-line error if the
+    file is not one (a rejects file unless ``allow_rejects``, or a newer schema version)."""
     meta = read_metadata(path)
     if meta["kind"] == "rejects" and not allow_rejects:
         raise ManifestError(f"{path}: is a rejects file, not a compiled manifest (its rows were rejected; "
@@ -401,10 +418,7 @@ def read_manifest(path: str | os.PathLike[str], columns: list[str] | None = None
         raise ManifestError(
             f"{path}: schema version {meta['schema_version']} is newer than this tool's {SCHEMA_VERSION}"
         )
-    try:
-        return pl.read_parquet(path, columns=columns)
-    except (OSError, pl.exceptions.PolarsError, pa.ArrowException) as exc:
-        raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
+    return meta
 
 
 def recorded_hash(path: str | os.PathLike[str]) -> str:
@@ -562,3 +576,34 @@ def require_manifest_hash(path: str | os.PathLike[str], expected: str, what: str
     got = manifest_hash(path)
     if got != expected:
         raise ManifestError(f"{path}: content hash {got[:12]}... differs from {what} ({expected[:12]}...)")
+
+
+def read_corpus_codes(path: str | os.PathLike[str], names: Sequence[str] | None = None
+                      ) -> tuple[npt.NDArray[np.int32], list[str]] | None:
+    """The ``corpus`` column of a manifest as codes (int32, 4 bytes a row: read dictionary-
+    encoded, never as strings) and the names they index; None when the manifest has no corpus.
+
+    ``names`` given: codes index them, -1 for a corpus not among them; else the corpora in
+    order of first appearance. A row without a corpus is a one-line error.
+    """
+    check_manifest_file(path)
+    if CORPUS_COLUMN not in pq.read_schema(path).names:
+        return None
+    known = list(names) if names is not None else []
+    index = {n: i for i, n in enumerate(known)}
+    parts = []
+    file = pq.ParquetFile(path, read_dictionary=[CORPUS_COLUMN], pre_buffer=False, buffer_size=1 << 20)
+    for batch in file.iter_batches(batch_size=1 << 20, columns=[CORPUS_COLUMN], use_threads=False):
+        chunk = batch.column(0)
+        if chunk.null_count:
+            raise ManifestError(f"{path}: corpus: a row has no corpus")
+        values = chunk.dictionary.to_pylist()
+        if names is None:
+            for v in values:
+                if v not in index:
+                    index[v] = len(known)
+                    known.append(v)
+        lut = np.asarray([index.get(v, -1) for v in values] or [-1], dtype=np.int32)
+        parts.append(lut[chunk.indices.to_numpy(zero_copy_only=False)])
+    codes = np.concatenate(parts) if parts else np.empty(0, np.int32)
+    return codes, known

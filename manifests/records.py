@@ -5,8 +5,9 @@ Used by ``dataprep export`` (:mod:`dataprep.integrations.export`), the Lhotse cu
 so every writer keeps the same fields. Pure: no I/O, no Lhotse import; a row is a dict of
 manifest columns.
 
-- :func:`nemo_line`: ``audio_filepath``, ``offset``, ``duration``, ``text`` (``""`` when null),
-  ``lang`` / ``source_lang`` / ``target_lang`` / ``taskname`` where set, ``sampling_rate`` for a
+- :func:`nemo_line`: ``audio_filepath``, ``offset`` (segments only: an explicit offset, even 0,
+  is a segment to NeMo and to compile), ``duration``, ``text`` (``""`` when null), ``lang`` /
+  ``source_lang`` / ``target_lang`` / ``taskname`` / ``corpus`` where set, ``sampling_rate`` for a
   whole mono file whose rate is known (NeMo then trusts ``duration`` without a header read), then
   every ``extra`` field the row does not already set.
 - :func:`cut_dict`: the dict Lhotse's ``cut.to_dict()`` gives for a ``MonoCut`` (one channel) or a
@@ -25,9 +26,10 @@ from typing import Any
 from manifests.errors import DataprepError
 
 #: manifest columns written to a NeMo line (manifest name -> NeMo key)
-NEMO_KEYS = {"lang": "lang", "source_lang": "source_lang", "target_lang": "target_lang", "task": "taskname"}
+NEMO_KEYS = {"lang": "lang", "source_lang": "source_lang", "target_lang": "target_lang", "task": "taskname",
+             "corpus": "corpus"}
 #: manifest columns copied into ``cut.custom`` (manifest name -> custom key, NeMo's names)
-CUSTOM_COLUMNS = {"source_lang": "source_lang", "target_lang": "target_lang", "task": "taskname"}
+CUSTOM_COLUMNS = {"source_lang": "source_lang", "target_lang": "target_lang", "task": "taskname", "corpus": "corpus"}
 #: the source type of a row held in a container, inside our process (read lazily by
 #: :class:`dataprep.integrations.lhotse_source.ContainerSource`); never written to a file
 CONTAINER_SOURCE = "container"
@@ -61,6 +63,8 @@ def nemo_line(row: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     offset = float(row["offset"] or 0.0)
     rec: dict[str, Any] = {"audio_filepath": row["audio_path"], "offset": offset, "duration": float(row["duration"]),
                            "text": row["text"] if row["text"] is not None else ""}
+    if offset == 0.0 and not str(row.get("id", "")).endswith("#0.000"):
+        del rec["offset"]  # a whole file: an explicit offset (even 0) makes NeMo (and compile) read a segment
     for col, key in NEMO_KEYS.items():
         if row.get(col) is not None:
             rec[key] = row[col]

@@ -9,6 +9,10 @@ inside tar shards (container path, byte offset and size of the member's data) or
 (file, row group, row in the group). They are written only by manifests that hold such rows: a
 manifest of loose files keeps exactly the version-1 columns (and content hash) and is marked
 version 1, so files written before version 2 and after it read alike.
+
+Schema version 3 adds ``corpus`` (last column): the name of the corpus a row came from, in a
+manifest compiled from many corpora (NeMo ``input_cfg``); written only when a row has one, so
+a one-corpus manifest keeps its version-1 (or 2) bytes and content hash.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import polars as pl
 import pyarrow as pa
 
 #: the newest manifest schema version this tool reads and writes
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: the version of a manifest with container columns and no ``corpus``
+SCHEMA_VERSION_CONTAINERS = 2
 #: the version of a manifest without container columns
 SCHEMA_VERSION_LOOSE = 1
 
@@ -69,6 +75,11 @@ CONTAINER_POLARS_SCHEMA: dict[str, pl.DataType] = {
 }
 #: the manifest schema with the container columns (version 2)
 CONTAINER_MANIFEST_SCHEMA = pa.schema([*MANIFEST_SCHEMA, *CONTAINER_FIELDS])
+#: the corpus a row came from (schema version 3; many-corpora manifests only)
+CORPUS_FIELD = pa.field("corpus", pa.string())
+CORPUS_COLUMN = "corpus"
+#: every column a manifest may hold, in order (containers, then corpus)
+FULL_MANIFEST_SCHEMA = pa.schema([*CONTAINER_MANIFEST_SCHEMA, CORPUS_FIELD])
 
 #: Polars dtypes of the manifest columns, in schema order.
 POLARS_SCHEMA: dict[str, pl.DataType] = {
@@ -130,35 +141,51 @@ REJECTS_SCHEMA = pa.schema(
 )
 
 #: manifest / rejects columns plus the container columns: what compile carries internally
-FULL_POLARS_SCHEMA: dict[str, pl.DataType] = {**POLARS_SCHEMA, **CONTAINER_POLARS_SCHEMA}
-FULL_REJECTS_POLARS_SCHEMA: dict[str, pl.DataType] = {**REJECTS_POLARS_SCHEMA, **CONTAINER_POLARS_SCHEMA}
+FULL_POLARS_SCHEMA: dict[str, pl.DataType] = {**POLARS_SCHEMA, **CONTAINER_POLARS_SCHEMA, CORPUS_COLUMN: pl.String()}
+FULL_REJECTS_POLARS_SCHEMA: dict[str, pl.DataType] = {**REJECTS_POLARS_SCHEMA, **CONTAINER_POLARS_SCHEMA,
+                                                      CORPUS_COLUMN: pl.String()}
 CONTAINER_REJECTS_SCHEMA = pa.schema([*REJECTS_SCHEMA, *CONTAINER_FIELDS])
+FULL_REJECTS_SCHEMA = pa.schema([*CONTAINER_REJECTS_SCHEMA, CORPUS_FIELD])
+
+
+def _any_value(df: pl.DataFrame | pa.Table, column: str) -> bool:
+    names = df.column_names if isinstance(df, pa.Table) else df.columns
+    if column not in names:
+        return False
+    if isinstance(df, pa.Table):
+        col = df.column(column)
+        return bool(len(col) - col.null_count)
+    return bool(df.height - df[column].null_count())
 
 
 def has_containers(df: pl.DataFrame | pa.Table) -> bool:
     """Whether any row of ``df`` is addressed inside a container (a non-null ``container``)."""
-    names = df.column_names if isinstance(df, pa.Table) else df.columns
-    if "container" not in names:
-        return False
-    if isinstance(df, pa.Table):
-        col = df.column("container")
-        return bool(len(col) - col.null_count)
-    return bool(df.height - df["container"].null_count())
+    return _any_value(df, "container")
 
 
-def manifest_schema(containers: bool) -> pa.Schema:
-    """The Arrow schema of a manifest with (version 2) or without (version 1) container rows."""
-    return CONTAINER_MANIFEST_SCHEMA if containers else MANIFEST_SCHEMA
+def has_corpus(df: pl.DataFrame | pa.Table) -> bool:
+    """Whether any row of ``df`` names its corpus (a non-null ``corpus``)."""
+    return _any_value(df, CORPUS_COLUMN)
 
 
-def rejects_schema(containers: bool) -> pa.Schema:
-    """The Arrow schema of a rejects file with or without the container columns."""
-    return CONTAINER_REJECTS_SCHEMA if containers else REJECTS_SCHEMA
+def manifest_schema(containers: bool, corpus: bool = False) -> pa.Schema:
+    """The Arrow schema of a manifest with or without container rows and ``corpus``."""
+    base = CONTAINER_MANIFEST_SCHEMA if containers else MANIFEST_SCHEMA
+    return pa.schema([*base, CORPUS_FIELD]) if corpus else base
+
+
+def rejects_schema(containers: bool, corpus: bool = False) -> pa.Schema:
+    """The Arrow schema of a rejects file with or without the container columns and ``corpus``."""
+    base = CONTAINER_REJECTS_SCHEMA if containers else REJECTS_SCHEMA
+    return pa.schema([*base, CORPUS_FIELD]) if corpus else base
 
 
 def schema_version(schema: pa.Schema) -> int:
-    """The version a file of ``schema`` is marked with: 2 with container columns, else 1."""
-    return SCHEMA_VERSION if "container" in schema.names else SCHEMA_VERSION_LOOSE
+    """The version a file of ``schema`` is marked with: 3 with ``corpus``, 2 with container
+    columns, else 1."""
+    if CORPUS_COLUMN in schema.names:
+        return SCHEMA_VERSION
+    return SCHEMA_VERSION_CONTAINERS if "container" in schema.names else SCHEMA_VERSION_LOOSE
 
 
 def empty_rejects() -> pl.DataFrame:
@@ -179,7 +206,10 @@ def conform(df: pl.DataFrame, schema: dict[str, pl.DataType] = POLARS_SCHEMA) ->
 
 
 def trim_containers(df: pl.DataFrame) -> pl.DataFrame:
-    """``df`` without its container columns when no row has a container (a version-1 frame)."""
+    """``df`` without its container columns when no row has a container, and without
+    ``corpus`` when no row has one (the optional columns of versions 2 and 3)."""
+    if not has_corpus(df) and CORPUS_COLUMN in df.columns:
+        df = df.drop(CORPUS_COLUMN)
     if has_containers(df):
         return df
     return df.drop([c for c in CONTAINER_COLUMNS if c in df.columns])

@@ -92,18 +92,36 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def load_json_file(path: str | os.PathLike[str], missing: str = "no such file") -> Any:
-    """Decode a JSON file strictly (UTF-8, no ``NaN`` / ``Infinity``); one-line errors."""
-    p = Path(path)
+def _read_bytes(p: Path, missing: str, kind: str) -> bytes:
     try:
-        raw = p.read_bytes()
+        return p.read_bytes()
     except FileNotFoundError:
         raise ManifestError(f"{p}: {missing}") from None
     except IsADirectoryError:
-        raise ManifestError(f"{p}: is a directory, not a JSON file") from None
+        raise ManifestError(f"{p}: is a directory, not a {kind} file") from None
     except OSError as exc:
         raise ManifestError(f"{p}: cannot be read ({exc.strerror or exc})") from None
+
+
+def load_json_file(path: str | os.PathLike[str], missing: str = "no such file") -> Any:
+    """Decode a JSON file strictly (UTF-8, no ``NaN`` / ``Infinity``); one-line errors."""
+    p = Path(path)
+    raw = _read_bytes(p, missing, "JSON")
     try:
         return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError, RecursionError) as exc:
         raise ManifestError(f"{p}: not valid JSON ({str(exc).splitlines()[0][:120] if str(exc) else 'too deeply nested'})") from None
+
+
+def load_yaml_file(path: str | os.PathLike[str], missing: str = "no such file") -> Any:
+    """Decode a YAML file with the safe loader (plain data only: no tags that build objects,
+    ``NaN`` / ``.inf`` refused by the :class:`Validator` checks that follow); one-line errors."""
+    import yaml
+
+    p = Path(path)
+    raw = _read_bytes(p, missing, "YAML")
+    try:
+        return yaml.safe_load(raw.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
+        first = str(exc).splitlines()[0][:120] if str(exc) else "too deeply nested"
+        raise ManifestError(f"{p}: not valid YAML ({first})") from None

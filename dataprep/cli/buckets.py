@@ -143,6 +143,14 @@ def _print_padding(report: dict[str, Any], dynres: DynResConfig) -> None:
                    f"{100 * b['token_padding']:.1f}%", f"{100 * b['dynres_frame_padding']:.2f}%",
                    f"{100 * b['dynres_clamped_share']:.1f}%", f"{100 * b['dynres_fallback_share']:.1f}%")
     out.print(pb)
+    if "per_corpus" in report:
+        pc = Table(title="2D scheme per corpus")
+        for col in ("corpus", "utterances", "hours", "audio pad", "token pad"):
+            pc.add_column(col, justify="left" if col == "corpus" else "right")
+        for c in report["per_corpus"]:
+            pc.add_row(c["corpus"], f"{c['utterances']:,}", f"{c['hours']:.3f}", f"{100 * c['padding_audio']:.1f}%",
+                       f"{100 * c['padding_tokens']:.1f}%")
+        out.print(pc)
     if "steps" in report:
         st = Table(title="steps per epoch at each world size (fill = mean batch / mean batch at W=1; bound = "
                          "B / (W ceil(B/W)); straggler = mean max/mean predicted rank time - 1)")

@@ -54,7 +54,7 @@ def train_tokenizer_cmd(
 @user_errors
 def compile_cmd(
     sources: SourcesArg,
-    tokenizer: Annotated[list[str], typer.Option(help="Sentencepiece model, or LANG=MODEL once per language (chosen by target_lang, else lang).")],
+    tokenizer: Annotated[list[str], typer.Option(help="Sentencepiece model, or LANG=MODEL once per language (chosen by lang, else target_lang, as NeMo does).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Compiled manifest (Parquet).")],
     rejects: Annotated[Optional[Path], typer.Option(help="Rejected rows with their reason (Parquet). Default: <output stem>.rejects.parquet next to -o.")] = None,
     prompt_tokens: Annotated[int, typer.Option(help="Fixed decoder prompt length added to every utterance's tokens (a custom format; see --prompt-format).")] = 0,

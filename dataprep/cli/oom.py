@@ -11,6 +11,7 @@ from dataprep.cli.app import app, build_options, defaults_of, option_flags, out,
 from dataprep.cli.progress import progress_counter
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
+from manifests.nemo_buckets import write_nemo_buckets
 from manifests.io import default_cache_dir
 from manifests.units import parse_bytes
 from oom.options import OomOptions
@@ -40,10 +41,13 @@ def oomptimize_cmd(
     loss_mode: Annotated[str, typer.Option("--loss-mode", help="Transducers: batched (whole joint) or sample-wise (joint + loss + gradient per sample).")] = _D.loss_mode,
     exact_trace: Annotated[bool, typer.Option("--exact-trace", help="With --estimate: full traces per bucket instead of the fitted estimate (slow).")] = _D.exact_trace,
     explain: Annotated[bool, typer.Option("--explain", help="Per bucket, the memory at the peak by class (parameters, gradients, optimizer, activations, attention, joint).")] = _D.explain,
+    out_format: Annotated[str, typer.Option("--format", help="json: buckets.json; nemo: NeMo's bucketing YAML (bucket_duration_bins, bucket_batch_size) for NeMo's own sampler.")] = "json",
 ) -> None:
     """Set each bucket's batch size to the largest one whose full training step (forward,
     loss, backward, AdamW step, bf16 autocast) fits in memory, and record how in
     batch_size_source."""
+    if out_format not in ("json", "nemo"):
+        raise DataprepError(f"--format must be json or nemo (got {out_format!r})")
     cdir = None if no_cache else str(cache_dir or default_cache_dir() / "oom")
     options = build_options(OomOptions, OOM_FLAGS, model=model, estimate=estimate, device=device,
                             gpu_memory=parse_bytes(gpu_memory) if gpu_memory is not None else None,
@@ -64,7 +68,10 @@ def oomptimize_cmd(
 
         with option_flags(OOM_FLAGS):
             sized = run(spec, options, on_done=done)
-    write_buckets(sized, output)
+    if out_format == "nemo":
+        write_nemo_buckets(sized.to_json()["buckets"], output)
+    else:
+        write_buckets(sized, output)
     src = sized.batch_size_source
     mode = f", {src['loss_mode']} loss" if src.get("loss_mode") else ""
     how = f", {src['estimator']} estimate" if src.get("estimator") else ""

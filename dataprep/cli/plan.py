@@ -50,12 +50,24 @@ def plan_batches_cmd(
     balance: Annotated[float, typer.Option("--balance", help="Balanced steps: full batches whose predicted step times agree within this relative tolerance, one bucket's where the data allows, several buckets' otherwise; 0 = one bucket per step on every rank (identical buckets, smaller batches at fine-tuning scale).")] = _PLAN.balance,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE for --balance ({', '.join(CostModel.names())}).")] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together (divides --world-size; default all): each group of consecutive ranks draws the steps in its own order (1 = independent learners, for ADPSGD).")] = None,
+    weights: Annotated[Optional[list[str]], typer.Option("--weights", help="CORPUS=WEIGHT, once per corpus of the manifest's corpus column: a weighted plan (replaces the blend the manifest records).")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="Re-weighting temperature T (weights become w^T / sum w^T at every level, as NeMo's reweight_temperature); replaces the blend's.")] = None,
+    epoch_utterances: Annotated[Optional[int], typer.Option("--epoch-utterances", help="Weighted plans: utterances per epoch (default: the manifest's rows in a bucket).")] = None,
+    epoch_hours: Annotated[Optional[float], typer.Option("--epoch-hours", help="Weighted plans: about this many hours per epoch.")] = None,
 ) -> None:
-    """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
+    """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
+
+    A manifest of many corpora (compiled from an input_cfg with weights, or --weights) gets a
+    weighted plan: each epoch holds exactly round(p_c x N) utterances of corpus c."""
+    from dataprep.planning.weights import parse_weights
+
     dynres = dynres_config(frames_per_second, min_rate, max_rate, floor_rate) if dynamic_resolution else None
+    with option_flags(PLAN_FLAGS):
+        pairs = parse_weights(weights)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
-                            cost=_cost(coef), sync_group=sync_group, dynamic_resolution=dynres)
+                            cost=_cost(coef), sync_group=sync_group, dynamic_resolution=dynres, weights=pairs,
+                            temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
     with progress_counter("planning (shards written)", total=epochs * world_size) as advance, option_flags(PLAN_FLAGS):
         meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1))
@@ -90,6 +102,21 @@ def _cost(coef: list[str] | None) -> CostModel:
         raise DataprepError(str(exc)) from None
 
 
+def corpus_table(weighted: dict) -> Table:
+    """Per corpus of a weighted plan: probability, quota, repeats, hours and padding per epoch."""
+    t = weighted.get("temperature")
+    table = Table(title=f"per corpus (per epoch of {weighted['epoch_quota']:,} utterances"
+                        f"{'' if t is None else f', temperature {t:g}'}; weights from the {weighted['source']})")
+    for col in ("corpus", "rows", "p", "quota", "times per row", "hours", "padding audio", "padding tokens"):
+        table.add_column(col, justify="left" if col == "corpus" else "right")
+    for c in weighted["corpora"]:
+        lo, hi = c["repeats"]
+        table.add_row(c["corpus"], f"{c['rows']:,}", f"{c['probability']:.4f}", f"{c['quota']:,}",
+                      str(lo) if lo == hi else f"{lo}-{hi}", f"{c['hours_per_epoch']:.3f}",
+                      f"{c['padding_audio']:.2%}", f"{c['padding_tokens']:.2%}")
+    return table
+
+
 def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
     """The plan summary a user reads after plan-batches."""
     spe = meta.steps_per_epoch
@@ -111,6 +138,9 @@ def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
     out.print(table)
     pad = meta.padding
     out.print(f"predicted padding: audio {pad['audio']:.2%}, tokens {pad['tokens']:.2%}")
+    weighted = meta.extra.get("weights")
+    if weighted:
+        out.print(corpus_table(weighted))
     dr = meta.extra.get("dynamic_resolution")
     if dr:
         c = dr["config"]
@@ -217,5 +247,10 @@ def verify_cmd(
         require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
         if recompute_hash(manifest) != meta.manifest.content_hash:  # every byte, not the cached facts
             raise DataprepError(f"{manifest}: content_hash: its rows do not hash to the plan's manifest hash")
+    quota = ""
+    if manifest is not None and "weights" in meta.extra:
+        from dataprep.planning.weights import check_quotas
+
+        quota = f"; every corpus's quota in {check_quotas(plan_dir, manifest)} whole epoch(s)"
     out.print(f"plan {plan_dir}: ok ({meta.world_size} shards, {meta.num_steps} steps, plan hash "
-              f"{meta.plan_hash[:16]}){'; manifest ok' if manifest is not None else ''}")
+              f"{meta.plan_hash[:16]}){'; manifest ok' if manifest is not None else ''}{quota}")

@@ -49,13 +49,22 @@ def stats_tables(s: ManifestStats) -> list[Table]:
     for b in s.tps_by_duration:
         bins.add_row(b.label, f"{b.count:,}", _f(b.hours), _f(b.tps_p10), _f(b.tps_median), _f(b.tps_p90))
 
+    tables = []
+    if s.corpora:
+        corp = Table(title="Per corpus", title_justify="left")
+        for name in ("corpus", "utterances", "hours", "tokens"):
+            corp.add_column(name, justify="left" if name == "corpus" else "right")
+        for c in s.corpora:
+            corp.add_row(c.corpus, f"{c.utterances:,}", _f(c.hours), f"{c.tokens:,}")
+        tables.append(corp)
+
     th = Table(title="Outliers at common thresholds", title_justify="left")
     th.add_column("condition")
     th.add_column("utterances", justify="right")
     th.add_column("share", justify="right")
     for t in s.thresholds:
         th.add_row(t.name, f"{t.count:,}", f"{100 * t.fraction:.2f}%")
-    return [totals, langs, quant, bins, th]
+    return [totals, langs, *tables, quant, bins, th]
 
 
 @app.command("stats")

@@ -29,12 +29,12 @@ from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
 from manifests.io import file_sha256
 from manifests.containers import expand_paths
-from manifests.readers import iter_nemo_tarred, iter_source
+from manifests.readers import is_blend_path, iter_nemo_tarred, iter_source, read_blend, recipe_sources
 from manifests.schema import (
-    CONTAINER_MANIFEST_SCHEMA,
-    CONTAINER_REJECTS_SCHEMA,
+    FULL_MANIFEST_SCHEMA,
     FULL_POLARS_SCHEMA,
     FULL_REJECTS_POLARS_SCHEMA,
+    FULL_REJECTS_SCHEMA,
 )
 
 ProbeMode = Literal["auto", "always", "never"]
@@ -44,8 +44,8 @@ PROBE_MODES: tuple[str, ...] = ("auto", "always", "never")
 ROW = "__row"
 #: accepted rows with their global input row (spool files and parts), container columns included
 #: (null for loose files; dropped from the outputs when no row has a container)
-PART_SCHEMA = pa.schema([*CONTAINER_MANIFEST_SCHEMA, pa.field(ROW, pa.int64(), nullable=False)])
-PART_REJECTS_SCHEMA = pa.schema([*CONTAINER_REJECTS_SCHEMA, pa.field(ROW, pa.int64(), nullable=False)])
+PART_SCHEMA = pa.schema([*FULL_MANIFEST_SCHEMA, pa.field(ROW, pa.int64(), nullable=False)])
+PART_REJECTS_SCHEMA = pa.schema([*FULL_REJECTS_SCHEMA, pa.field(ROW, pa.int64(), nullable=False)])
 #: polars schemas of the same (accepted rows + ROW, rejected rows + ROW)
 PART_POLARS_SCHEMA = {**FULL_POLARS_SCHEMA, ROW: pl.Int64()}
 REJECTS_ROW_POLARS_SCHEMA = {**FULL_REJECTS_POLARS_SCHEMA, ROW: pl.Int64()}
@@ -91,7 +91,13 @@ class CompileOptions:
 
 def expand_sources(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
     """Sources with NeMo's brace syntax expanded (``manifest__OP_0..7_CL_.json``, ``m_{0..7}.json``);
-    a path that exists as written is kept as is."""
+    a path that exists as written is kept as is. A Lhotse recordings manifest given with its
+    supervisions manifest is read with it (one source)."""
+    return recipe_sources(source_files(sources))
+
+
+def source_files(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """Every source file named, NeMo's brace syntax expanded (what provenance fingerprints)."""
     out: list[str] = []
     for s in sources:
         out.extend([str(s)] if Path(s).exists() else expand_paths([str(s)]))
@@ -171,7 +177,8 @@ def process_chunk(
                                          pl.lit(f" s exceeds --max-plausible-duration {limit:g} s")])))
     rejects.append(bad)
 
-    lang_for_tokens = pl.coalesce(pl.col("target_lang"), pl.col("lang"))
+    # NeMo's choice (canary2's prompt language slot): the row's ``lang`` first, then ``target_lang``
+    lang_for_tokens = pl.coalesce(pl.col("lang"), pl.col("target_lang"))
     langs = df.select(lang_for_tokens).to_series()  # a Series: no Python str per row
     pieces = tokenizers.count(df["text"].to_list(), langs, opts.tokenizer_threads)
     df = df.with_columns(pl.Series("__pieces", pieces))
@@ -258,6 +265,7 @@ def iter_rows(sources: Sequence[str | os.PathLike[str]], opts: CompileOptions) -
     """Reader chunks of every source in order, numbered with a global input row index."""
     start = 0
     sources = expand_sources(sources)
+    check_sources(sources, opts)
     if opts.tarred_audio:
         frames = iter_nemo_tarred(sources, expand_paths(opts.tarred_audio), text_field=opts.text_field,
                                   chunk_rows=opts.chunk_rows)
@@ -275,12 +283,35 @@ def iter_rows(sources: Sequence[str | os.PathLike[str]], opts: CompileOptions) -
             start += chunk.height
 
 
+def check_sources(sources: Sequence[str | os.PathLike[str]], opts: CompileOptions) -> None:
+    """An ``input_cfg`` blend is the only source of a compile (it names its corpora itself)."""
+    blends = [s for s in sources if is_blend_path(s)]
+    if blends and (len(sources) > 1 or opts.tarred_audio):
+        raise DataprepError(f"{blends[0]}: an input_cfg blend must be the only source (list the other corpora in it)")
+
+
+def blend_provenance(path: str | os.PathLike[str]) -> dict[str, object]:
+    """What a manifest records of its ``input_cfg`` blend: the file, the weight tree (weights,
+    temperatures, corpus names) and each corpus's type, tags and files with their SHA-256."""
+    blend = read_blend(path)
+    corpora = []
+    for leaf in blend.leaves:
+        files = expand_paths([*leaf.paths, *leaf.tars])
+        corpora.append({"corpus": leaf.corpus, "type": leaf.type, "tags": leaf.tags,
+                        "files": [{"path": f, "sha256": source_fingerprint(f) if Path(f).exists() else None}
+                                  for f in files]})
+    return {"path": str(path), "tree": blend.tree(), "corpora": corpora}
+
+
 def compile_provenance(
     sources: Sequence[str | os.PathLike[str]], tokenizers: Tokenizers, opts: CompileOptions
 ) -> dict[str, object]:
     """What a compiled manifest records about its inputs (Parquet metadata)."""
-    sources = expand_sources(sources)
+    sources = source_files(sources)
     extra: dict[str, object] = {}
+    blends = [s for s in sources if is_blend_path(s)]
+    if blends:
+        extra["blend"] = blend_provenance(blends[0])
     if opts.tarred_audio:
         extra["tarred_audio"] = [{"path": t, "sha256": source_fingerprint(t) if Path(t).exists() else None}
                                  for t in expand_paths(opts.tarred_audio)]

@@ -10,7 +10,7 @@ NeMo (``export_nemo``), files in ``out/``:
                       the buckets have no token bounds), ``bucket_batch_size``, ``max_tps``,
                       ``bucketing_2d_strict_mode``, ``channel_selector`` (when some audio has
                       several channels); JSON syntax (valid YAML), merge it into ``train_ds``
-    manifest.jsonl    every utterance, NeMo JSONL (:func:`manifests.records.nemo_line`): ``audio_filepath``, ``offset``, ``duration``,
+    manifest.jsonl    every utterance, NeMo JSONL (:func:`manifests.records.nemo_line`): ``audio_filepath``, ``offset`` (segments only), ``duration``,
                       ``text``, ``lang``, ``source_lang``, ``target_lang``, ``taskname`` (where
                       set), ``sampling_rate`` (mono whole files whose header compile read: NeMo's
                       reader then skips the header; it takes such a row as one mono file), and

@@ -30,6 +30,7 @@ from bucketing.groups import regroup
 from bucketing.plan import EpochPlan, PlanError, PlanInputs, plan_epoch, require_one_step
 from bucketing.steps_report import epoch_report
 from dataprep.planning.options import PlanOptions
+from dataprep.planning.weights import weighted_epochs
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import file_sha256, manifest_hash, read_manifest
@@ -174,6 +175,10 @@ def build_plan(
     allocate, plan, write). ``dynamic_resolution``: record each batch's target frames (the
     longest utterance at ``frames_per_second``) in a ``target_frames`` shard column and the
     predicted figures in ``plan.json``; None (default) writes today's plan, byte for byte.
+
+    A manifest of many corpora with a weighted blend (or ``options.weights``) gets a weighted
+    plan (:mod:`dataprep.planning.weights`): each epoch holds exactly each corpus's quota
+    instead of every row once, recorded in ``plan.json`` under ``weights``.
     """
     if not isinstance(options, PlanOptions):
         raise DataprepError(f"build_plan: options must be PlanOptions, got {type(options).__name__}")
@@ -194,6 +199,7 @@ def build_plan(
                       world_size=None if balance > 0 else world_size)
     inputs = PlanInputs(assigned.bucket, bs, cols.duration, cols.num_tokens, grid.max_duration,
                         assigned.max_tokens.astype(np.float64))
+    weighted = weighted_epochs(manifest, assigned.bucket, cols.duration, options)
     clock("allocate")
     try:  # before one shard writer per rank is opened (seconds at a huge --world-size)
         require_one_step(assigned.bucket, world_size)
@@ -205,11 +211,15 @@ def build_plan(
     with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
                     target_frames=dynamic_resolution is not None) as writer:
         for e in range(epochs):
+            epoch_inputs = inputs if weighted is None else weighted.epoch_inputs(inputs, e)
             try:
-                ep = regroup(plan_epoch(inputs, world_size, seed, e, interleave=interleave,  # type: ignore[arg-type]
+                ep = regroup(plan_epoch(epoch_inputs, world_size, seed, e, interleave=interleave,  # type: ignore[arg-type]
                                         balance=balance, cost=cost), group, seed)
             except PlanError as exc:
                 raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
+            del epoch_inputs  # a weighted epoch's rows: freed before the shards are written
+            if weighted is not None:
+                weighted.add(ep, cols.duration, cols.num_tokens)
             clock("plan")
             first_step = totals.num_steps
             write_epoch(writer, ep, cols.ids, first_step, lambda r: on_progress(e * world_size + r + 1, total)
@@ -229,6 +239,8 @@ def build_plan(
                           balance=totals.balance_info(balance), sync_group=group)
         if dynres is not None:
             meta = dataclasses.replace(meta, extra={**meta.extra, "dynamic_resolution": dynres.to_json()})
+        if weighted is not None:
+            meta = dataclasses.replace(meta, extra={**meta.extra, "weights": weighted.to_json()})
         meta = writer.finish(meta)
     clock("write")
     return meta

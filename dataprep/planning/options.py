@@ -3,13 +3,14 @@ which files to read and write, checked once, here, whatever the caller (CLI or P
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from manifests.errors import OptionError
-from manifests.options import MAX_COUNT, check_bool, check_choice, check_int, check_number
+from manifests.options import MAX_COUNT, check_bool, check_choice, check_int, check_number, check_str
 
 INTERLEAVES = ("random", "ascending")
 
@@ -26,6 +27,10 @@ class PlanOptions:
     bucket per step). ``cost``: the step-time model for ``balance`` (None: defaults).
     ``sync_group``: ranks synchronized together (divides ``world_size``; None = all).
     ``dynamic_resolution``: record per batch its target frames (None: off).
+    Weighted plans (many corpora, :mod:`dataprep.planning.weights`): ``weights`` corpus ->
+    weight (> 0; replaces the blend the manifest records), ``temperature`` (>= 0; replaces every
+    level's), the epoch size ``epoch_utterances`` (>= 1) or about ``epoch_hours`` (> 0) of audio
+    (default: the rows in a bucket).
     """
 
     world_size: int
@@ -39,6 +44,10 @@ class PlanOptions:
     cost: CostModel | None = None
     sync_group: int | None = None
     dynamic_resolution: DynResConfig | None = None
+    weights: Mapping[str, float] | None = None
+    temperature: float | None = None
+    epoch_utterances: int | None = None
+    epoch_hours: float | None = None
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, ge=1)
@@ -54,6 +63,17 @@ class PlanOptions:
         check_int("sync_group", self.sync_group, ge=1, le=MAX_COUNT, optional=True)
         if self.sync_group is not None and self.world_size % self.sync_group:
             raise OptionError("sync_group", f"must divide the world size {self.world_size}, got {self.sync_group}")
+        if self.weights is not None:
+            if not isinstance(self.weights, Mapping) or not self.weights:
+                raise OptionError("weights", f"must map each corpus to a weight, got {self.weights!r}")
+            for name, w in self.weights.items():
+                check_str("weights", name)
+                check_number("weights", w, gt=0)
+        check_number("temperature", self.temperature, ge=0, optional=True)
+        check_int("epoch_utterances", self.epoch_utterances, ge=1, le=None, optional=True)
+        check_number("epoch_hours", self.epoch_hours, gt=0, optional=True)
+        if self.epoch_utterances is not None and self.epoch_hours is not None:
+            raise OptionError("epoch_hours", "give --epoch-utterances or --epoch-hours, not both")
         if self.dynamic_resolution is not None and not isinstance(self.dynamic_resolution, DynResConfig):
             raise OptionError("dynamic_resolution", f"must be a DynResConfig, got {type(self.dynamic_resolution).__name__}")
 

@@ -11,6 +11,7 @@ the parent's checkpoint at step K on it (``dataprep train --resume``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from dataprep.planning.build import (
 )
 from manifests.buckets_file import parse_buckets
 from dataprep.planning.options import PlanOptions
+from dataprep.planning.weights import WeightedEpochs, weighted_epochs
 from manifests.errors import DataprepError, OptionError
 from manifests.io import require_manifest_hash
 from manifests.options import check_int
@@ -97,6 +99,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     # the unseen rows in the buckets the allocation gives them (the parent's fallbacks, e.g. rows
     # borrowed by a bucket of batch size 1, are re-decided for the new world size)
     rest_bucket[rows] = np.where(assigned.bucket[rows] >= 0, assigned.bucket[rows], buckets)
+    weighted = _weighted(meta, manifest, assigned.bucket, cols.duration, options, e0)
     consumed = at_step - meta.first_step_of_epoch[e0]
     totals = EpochTotals(len(spec.buckets))
     with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps) as writer:
@@ -104,6 +107,10 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
         for e in range(e0, meta.epochs):
             b = rest_bucket if e == e0 else assigned.bucket
             inputs = PlanInputs(b, bs, cols.duration, cols.num_tokens, grid.max_duration, max_tokens)
+            if weighted is not None and e == e0:  # the unseen multiset: a row may repeat
+                inputs = dataclasses.replace(inputs, rows=rows)
+            elif weighted is not None:
+                inputs = weighted.epoch_inputs(inputs, e)
             try:
                 ep = plan_epoch(inputs, world_size, meta.seed, e, interleave=meta.interleave,  # type: ignore[arg-type]
                                 balance=tol, cost=cost)
@@ -116,6 +123,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             except PlanError as exc:
                 raise DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {world_size} "
                                     f"ranks: {exc}; re-plan at another step") from None
+            if weighted is not None:
+                weighted.add(ep, cols.duration, cols.num_tokens)
             write_epoch(writer, ep, cols.ids, first, lambda r: None)
             totals.add(ep, first, bs, cost)
             first += ep.num_steps
@@ -129,8 +138,25 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             per_bucket=totals.per_bucket(meta.epochs - e0, world_size), padding=totals.padding(),
             fallbacks=totals.fallback_summary(), balance=totals.balance_info(tol),
             replan=ReplanInfo(meta.plan_hash, meta.world_size, at_step),
+            extra={"weights": weighted.to_json()} if weighted is not None else {},
         )
         return writer.finish(new)
+
+
+def _weighted(meta: PlanMeta, manifest: str | os.PathLike[str], bucket: npt.NDArray[np.int32],
+              duration: npt.NDArray[np.float64], options: PlanOptions, e0: int) -> WeightedEpochs | None:
+    """A weighted parent's corpora, quotas and row draws, advanced past epoch ``e0`` (whose
+    rest is the unseen multiset): later epochs draw exactly the rows the parent drew."""
+    recorded = meta.extra.get("weights")
+    if not isinstance(recorded, dict):
+        return None
+    parent = dataclasses.replace(options, weights=None, temperature=recorded.get("temperature"),
+                                 epoch_utterances=recorded.get("epoch_size"), epoch_hours=None, seed=meta.seed)
+    weighted = weighted_epochs(manifest, bucket, duration, parent, tree=recorded.get("tree"))
+    if weighted is None or [int(c["quota"]) for c in recorded.get("corpora", [])] != weighted.quota.tolist():
+        raise DataprepError("plan.json: weights: the recorded quotas differ from the manifest's (another manifest?)")
+    weighted.sampler.replay(e0 + 1)
+    return weighted
 
 
 def default_manifest(plan_dir: str | os.PathLike[str], meta: PlanMeta) -> Path:

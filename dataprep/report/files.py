@@ -56,12 +56,15 @@ def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[
     folder (needs matplotlib). Returns the figures and the files written."""
     manifest = Path(manifest)
     refuse_same_paths({"MANIFEST": manifest}, {"--json": json_path})
-    df = read_manifest(manifest, columns=STATS_COLUMNS)
+    df = read_manifest(manifest, columns=STATS_COLUMNS, optional=["corpus"])
     stats = compute_stats(df)
     written: list[Path] = []
     if json_path is not None:
         doc = stats.to_json()
         doc["manifest"] = {"path": manifest.name, "content_hash": manifest_hash(manifest)}
+        blend = read_metadata(manifest)["provenance"].get("blend")
+        if isinstance(blend, dict):  # many corpora: the weights and temperatures they were blended with
+            doc["blend"] = blend.get("tree")
         write_json(doc, json_path)
         written.append(Path(json_path))
     if plots is not None:

@@ -20,7 +20,7 @@ from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError, OptionError
-from manifests.io import manifest_hash, read_manifest
+from manifests.io import manifest_hash, read_corpus_codes, read_manifest
 from manifests.options import check_bool, check_int, check_number
 
 
@@ -41,8 +41,10 @@ def manifest_padding_report(
     ``steps`` per world size when ``world_sizes`` are given and the manifest's hash.
     ``options``: the keyword options of :func:`spec_padding_report`."""
     d, t = duration_and_tokens(manifest)
+    got = read_corpus_codes(manifest)  # many corpora: the 2D scheme per corpus too
+    codes, names = got if got is not None else (None, [])
     try:
-        report = spec_padding_report(d, t, read_buckets(buckets), **options)
+        report = spec_padding_report(d, t, read_buckets(buckets), corpus_of_row=codes, corpora=names, **options)
     except PlanError as exc:
         raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
     except OptionError:
@@ -81,6 +83,8 @@ def spec_padding_report(
     dynamic_resolution: DynResConfig | None = None,
     world_sizes: Sequence[int] = (),
     balance: float = 0.0,
+    corpus_of_row: npt.NDArray[Any] | None = None,
+    corpora: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The padding report of rows already read (durations s, tokens) under a parsed buckets
     file, plus ``steps`` per world size when ``world_sizes`` are given.
@@ -108,7 +112,8 @@ def spec_padding_report(
     budget, bs = batch_sizes_for(spec, budget)
     report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
                             strict=strict, seed=seed, window=window, sort_by=sort_by,
-                            audio_weight=audio_weight, carry=carry, dynamic_resolution=dynamic_resolution)
+                            audio_weight=audio_weight, carry=carry, dynamic_resolution=dynamic_resolution,
+                            corpus_of_row=corpus_of_row, corpora=corpora)
     if world_sizes:
         report["steps"] = steps_report(d, t, grid, bs, list(world_sizes), balance, seed=seed, strict=strict,
                                        carry=carry)

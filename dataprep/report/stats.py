@@ -49,6 +49,16 @@ class LanguageStats:
 
 
 @dataclass(frozen=True)
+class CorpusStats:
+    """One corpus of a many-corpora manifest: utterances, hours, tokens (incl. prompt)."""
+
+    corpus: str
+    utterances: int
+    hours: float
+    tokens: int
+
+
+@dataclass(frozen=True)
 class DurationBinStats:
     """TPS inside one duration bin ``lo <= duration < hi`` (seconds)."""
 
@@ -89,6 +99,7 @@ class ManifestStats:
     tps_by_duration: tuple[DurationBinStats, ...]
     thresholds: tuple[ThresholdCount, ...]
     extra: dict[str, Any] = field(default_factory=dict)
+    corpora: tuple[CorpusStats, ...] = ()  # empty unless the manifest has a ``corpus`` column
 
     def to_json(self, decimals: int = JSON_DECIMALS) -> dict[str, Any]:
         """A JSON-ready dict with floats rounded to ``decimals`` places (deterministic)."""
@@ -120,6 +131,8 @@ class ManifestStats:
                 for b in self.tps_by_duration
             ],
             "thresholds": {t.name: {"count": t.count, "fraction": r(t.fraction)} for t in self.thresholds},
+            **({"corpora": [{"corpus": c.corpus, "utterances": c.utterances, "hours": r(c.hours), "tokens": c.tokens}
+                            for c in self.corpora]} if self.corpora else {}),
             **self.extra,
         }
 
@@ -184,7 +197,17 @@ def compute_stats(
         quantiles=_quantiles(clean, quantiles),
         tps_by_duration=_tps_by_duration(clean, edges),
         thresholds=_threshold_counts(clean, thresholds),
+        corpora=corpus_stats(df) if "corpus" in df.columns else (),
     )
+
+
+def corpus_stats(df: pl.DataFrame) -> tuple[CorpusStats, ...]:
+    """Per corpus (``corpus`` column), in order of first appearance: utterances, hours, tokens."""
+    rows = (df.group_by(pl.col("corpus").fill_null(_NO_LANG), maintain_order=True)
+            .agg(pl.len().alias("n"), pl.col("duration").sum().alias("s"), pl.col("num_tokens").cast(pl.Int64).sum()
+                 .alias("t")).to_dicts())
+    return tuple(CorpusStats(str(r["corpus"]), int(r["n"]), float(r["s"] or 0.0) / 3600.0, int(r["t"] or 0))
+                 for r in rows)
 
 
 def _quantiles(clean: pl.DataFrame, quantiles: Sequence[float]) -> dict[str, dict[str, float | None]]:

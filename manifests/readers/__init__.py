@@ -40,7 +40,9 @@ from pathlib import Path
 import polars as pl
 
 from manifests.errors import DataprepError
-from manifests.readers._jsonl import iter_lhotse, iter_nemo
+from manifests.containers import expand_paths
+from manifests.readers._blend import Blend, Leaf, check_exists, is_blend_path, iter_blend, read_blend
+from manifests.readers._jsonl import iter_lhotse, iter_lhotse_recipe, iter_nemo
 from manifests.readers._kaldi import iter_kaldi
 from manifests.readers._lines import open_binary
 from manifests.readers._containers import (
@@ -52,9 +54,11 @@ from manifests.readers._containers import (
 )
 from manifests.readers._tabular import iter_delimited, iter_parquet
 
-SOURCE_FORMATS = ("nemo", "lhotse", "kaldi", "csv", "tsv", "parquet", "shar", "webdataset", "hf-parquet")
+SOURCE_FORMATS = ("nemo", "lhotse", "kaldi", "csv", "tsv", "parquet", "shar", "webdataset", "hf-parquet", "input_cfg",
+                  "lhotse-recipe")
 
-__all__ = ["SOURCE_FORMATS", "detect_format", "iter_nemo_tarred", "iter_source"]
+__all__ = ["SOURCE_FORMATS", "Blend", "Leaf", "detect_format", "is_blend_path", "iter_leaf", "iter_nemo_tarred",
+           "iter_source", "read_blend", "recipe_sources"]
 
 
 def _is_shar(p: Path) -> bool:
@@ -72,8 +76,37 @@ def _parquet_kind(p: Path) -> str:
 _LHOTSE_TYPES = ("MonoCut", "MultiCut", "MixedCut", "PaddingCut")
 
 
+def _partner(path: Path) -> Path:
+    """The recordings manifest of a supervisions manifest (or the reverse), by Lhotse's naming
+    (``librispeech_supervisions_dev-clean.jsonl.gz`` / ``librispeech_recordings_dev-clean.jsonl.gz``)."""
+    name = path.name
+    if "supervisions" in name:
+        return path.with_name(name.replace("supervisions", "recordings"))
+    return path.with_name(name.replace("recordings", "supervisions"))
+
+
+def _recipe_files(folder: Path) -> list[Path]:
+    """The supervisions manifests of a recipe's output folder that have their recordings beside them."""
+    return sorted(p for p in folder.glob("*supervisions*.jsonl*") if _partner(p).exists())
+
+
+def recipe_sources(sources: list[str]) -> list[str]:
+    """``sources`` less each Lhotse recordings manifest given together with its supervisions
+    manifest (read as one source, :func:`iter_source` finds the recordings by name)."""
+    given = {str(Path(s).resolve()) for s in sources}
+    out = []
+    for s in sources:
+        p = Path(s)
+        if ("recordings" in p.name and p.is_file() and str(_partner(p).resolve()) in given
+                and _sniff_json(p) == "lhotse-recordings"):
+            continue
+        out.append(s)
+    return out
+
+
 def _sniff_json(path: Path, max_lines: int = 100) -> str | None:
-    """'nemo' / 'lhotse' from the first JSON object lines of a (gzipped) JSONL file."""
+    """'nemo' / 'lhotse' / 'lhotse-recipe' (supervisions) / 'lhotse-recordings' from the first
+    JSON object lines of a (gzipped) JSONL file."""
     try:
         with open_binary(path) as fh:
             for i, raw in enumerate(fh):
@@ -87,6 +120,10 @@ def _sniff_json(path: Path, max_lines: int = 100) -> str | None:
                     continue
                 if "audio_filepath" in obj:
                     return "nemo"
+                if "recording_id" in obj and "start" in obj and "recording" not in obj:
+                    return "lhotse-recipe"
+                if "sources" in obj and "sampling_rate" in obj:
+                    return "lhotse-recordings"
                 if "recording" in obj or "supervisions" in obj or obj.get("type") in _LHOTSE_TYPES:
                     return "lhotse"
     except (OSError, EOFError, gzip.BadGzipFile, zlib.error):
@@ -105,13 +142,18 @@ def detect_format(path: str | Path) -> str:
             return "kaldi"
         if _is_shar(p):
             return "shar"
-        raise DataprepError(f"{p}: a directory but not a Kaldi data dir (no wav.scp) nor Lhotse Shar (no cuts.*.jsonl.gz)")
+        if _recipe_files(p):
+            return "lhotse-recipe"
+        raise DataprepError(f"{p}: a directory but not a Kaldi data dir (no wav.scp), Lhotse Shar (no cuts.*.jsonl.gz) "
+                            "nor a Lhotse recipe's output (no *supervisions*.jsonl.gz)")
     if not p.exists():
         raise DataprepError(f"{p}: no such file")
     suffixes = [s.lower() for s in p.suffixes]
     last = suffixes[-2] if suffixes[-1:] == [".gz"] and len(suffixes) > 1 else (suffixes[-1] if suffixes else "")
     if last in (".parquet", ".pq"):
         return _parquet_kind(p)
+    if is_blend_path(p):
+        return "input_cfg"
     if last == ".tar":
         return "webdataset"
     if last == ".csv":
@@ -119,6 +161,9 @@ def detect_format(path: str | Path) -> str:
     if last == ".tsv":
         return "tsv"
     sniffed = _sniff_json(p)
+    if sniffed == "lhotse-recordings":
+        raise DataprepError(f"{p}: a Lhotse recordings manifest: give it with its supervisions manifest "
+                            f"({_partner(p).name}), or their folder")
     if sniffed is not None:
         return sniffed
     raise DataprepError(
@@ -150,7 +195,15 @@ def iter_source(
         raise DataprepError(f"unknown source format {fmt!r} (expected one of {', '.join(SOURCE_FORMATS)})")
     if not p.exists():
         raise DataprepError(f"{p}: no such file or directory")
-    if fmt == "kaldi":
+    if fmt == "lhotse-recipe":
+        sups = _recipe_files(p) if p.is_dir() else [p]
+        frames = (f for sup in sups for f in iter_lhotse_recipe(sup, _partner(sup), audio_root=audio_root,
+                                                                 chunk_rows=chunk_rows))
+    elif fmt == "input_cfg":
+        blend = read_blend(p)
+        check_exists(blend)
+        frames = iter_blend(blend, lambda leaf: iter_leaf(leaf, chunk_rows=chunk_rows))
+    elif fmt == "kaldi":
         if not p.is_dir():
             raise DataprepError(f"{p}: a Kaldi source must be a data directory")
         frames = iter_kaldi(p, audio_root=audio_root, chunk_rows=chunk_rows)
@@ -176,3 +229,17 @@ def iter_source(
     for frame in frames:
         if frame.height:
             yield frame
+
+
+def iter_leaf(leaf: Leaf, *, chunk_rows: int = 500_000) -> Iterator[pl.DataFrame]:
+    """One corpus of an ``input_cfg`` blend read with its reader (NeMo brace paths expanded)."""
+    if leaf.type == "nemo_tarred":
+        yield from iter_nemo_tarred(expand_paths(list(leaf.paths)), expand_paths(list(leaf.tars)),
+                                    text_field=leaf.text_field, chunk_rows=chunk_rows)
+        return
+    if leaf.type == "lhotse_shar":
+        yield from iter_source(leaf.paths[0], "shar", chunk_rows=chunk_rows)
+        return
+    fmt = "nemo" if leaf.type == "nemo" else "lhotse"
+    for path in expand_paths(list(leaf.paths)):
+        yield from iter_source(path, fmt, text_field=leaf.text_field, chunk_rows=chunk_rows)

@@ -23,7 +23,7 @@ from manifests.readers._lines import LineBlock, iter_line_blocks, iter_lines
 from manifests.readers._normalize import base_dir_for, finish
 
 #: The remaining top-level keys, as a JSON object with sorted keys (null when none).
-_SORTED_OBJECT = (
+SORTED_OBJECT_SQL = (
     "CASE WHEN {rest} IS NULL OR {rest} = '{{}}' THEN NULL ELSE '{{' || array_to_string(list_transform("
     "list_sort(list_zip(json_keys({rest}), json_extract({rest}, '$.*'))), "
     "lambda x: to_json(x[1]) || ':' || x[2]::VARCHAR), ',') || '}}' END"
@@ -89,7 +89,7 @@ def _fields_select(fields: dict[str, str], remove: list[str]) -> str:
         f"json_type(o, {paths}) AS ty",
     ]
     patch = _sql_str(json.dumps({k: None for k in remove}))
-    parts.append("CASE WHEN o IS NOT NULL THEN " + _SORTED_OBJECT.format(rest=f"json_merge_patch(o, {patch})") + " END AS extra")
+    parts.append("CASE WHEN o IS NOT NULL THEN " + SORTED_OBJECT_SQL.format(rest=f"json_merge_patch(o, {patch})") + " END AS extra")
     return ", ".join(parts)
 
 
@@ -282,6 +282,20 @@ _LHOTSE_MAPPED = ["id", "start", "duration", "channel", "recording", "supervisio
 _LHOTSE_CUSTOM_MAPPED = ["source_lang", "target_lang", "taskname", "num_tokens"]
 
 
+def _with_extra(select: str, mapped: list[str]) -> str:
+    """``select`` plus ``extra``: the object's keys not in ``mapped``, sorted, as JSON."""
+    patch = _sql_str(json.dumps({k: None for k in mapped}))
+    return (select + ", CASE WHEN o IS NOT NULL THEN "
+            + SORTED_OBJECT_SQL.format(rest=f"json_merge_patch(o, {patch})") + " END AS extra")
+
+
+def _parsed(con: duckdb.DuckDBPyConnection, chunk: pl.DataFrame, select: str, path: Path) -> pl.DataFrame:
+    """A chunk of lines with ``select``'s fields and the parse errors' ``reason`` / ``detail``."""
+    parsed = _query(con, chunk, select)
+    df = chunk.select("lineno", "line", "utf8_error").join(parsed, on="lineno", how="left", maintain_order="left")
+    return df.join(_parse_errors(df, str(path)), on="lineno", how="left", maintain_order="left")
+
+
 def iter_lhotse(path: Path, *, audio_root: str | Path | None, chunk_rows: int,
                 source_types: tuple[str, ...] = ("file",)) -> Iterator[pl.DataFrame]:
     """Lhotse cuts JSONL(.gz): one row per cut, inline ``recording`` with a ``file`` source
@@ -302,14 +316,12 @@ def iter_lhotse(path: Path, *, audio_root: str | Path | None, chunk_rows: int,
     custom = (f"CASE WHEN json_type(o, '$.custom') = 'OBJECT' THEN json_merge_patch(json_extract(o, '$.custom'), "
               f"{cpatch}) ELSE '{{}}' END")
     rest = f"json_merge_patch(json_merge_patch(o, {patch}), {custom})"
-    select = (_LHOTSE_SELECT + ", CASE WHEN o IS NOT NULL THEN " + _SORTED_OBJECT.format(rest=rest) + " END AS extra")
+    select = (_LHOTSE_SELECT + ", CASE WHEN o IS NOT NULL THEN " + SORTED_OBJECT_SQL.format(rest=rest) + " END AS extra")
     base = base_dir_for(path, audio_root)
     con = duckdb.connect()
     try:
         for chunk in iter_lines(path, chunk_rows):
-            parsed = _query(con, chunk, select)
-            df = chunk.select("lineno", "line", "utf8_error").join(parsed, on="lineno", how="left", maintain_order="left")
-            df = df.join(_parse_errors(df, str(path)), on="lineno", how="left", maintain_order="left")
+            df = _parsed(con, chunk, select, path)
             texts = pl.col("sups").list.eval(pl.element().struct.field("tx")).list.drop_nulls()
             df = df.with_columns(
                 pl.format("{}:{}", pl.lit(str(path)), pl.col("lineno")).alias("origin"),
@@ -331,6 +343,83 @@ def iter_lhotse(path: Path, *, audio_root: str | Path | None, chunk_rows: int,
                     pl.format("{}: recording source type '{}' is not supported (only {})",
                               pl.col("origin"), pl.col("source_type"),
                               pl.lit(", ".join(f"'{t}'" for t in source_types))))
+                .alias("detail"),
+            )
+            yield finish(df, base_dir=base, labels=labels, require_audio=True)
+    finally:
+        con.close()
+
+
+_RECORDING_SELECT = """
+    json_extract_string(o, '$.id') AS rec_id,
+    json_extract_string(o, '$.sources[0].source') AS rec_audio,
+    json_extract_string(o, '$.sources[0].type') AS rec_source_type,
+    json_extract_string(o, '$.sampling_rate') AS rec_rate, json_type(o, '$.sampling_rate') AS rec_rate__t,
+    CAST(coalesce(json_array_length(o, '$.channel_ids'), 1) AS VARCHAR) AS rec_channels
+"""
+_SUPERVISION_SELECT = """
+    json_extract_string(o, '$.id') AS id, json_type(o, '$.id') AS id__t,
+    json_extract_string(o, '$.recording_id') AS recording_id,
+    json_extract_string(o, '$.start') AS offset, json_type(o, '$.start') AS offset__t,
+    json_extract_string(o, '$.duration') AS duration, json_type(o, '$.duration') AS duration__t,
+    json_extract_string(o, '$.text') AS text, json_type(o, '$.text') AS text__t,
+    json_extract_string(o, '$.language') AS lang, json_type(o, '$.language') AS lang__t,
+    CAST(CASE json_type(o, '$.channel') WHEN 'ARRAY' THEN json_array_length(o, '$.channel') ELSE 1 END AS VARCHAR)
+        AS channels
+"""
+_SUPERVISION_MAPPED = ["id", "recording_id", "start", "duration", "text", "language", "channel"]
+
+
+def _recordings(path: Path, con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """A recordings manifest as a lookup (read whole, as Kaldi's lookup files): one row per
+    recording id (the first wins); lines that do not parse are left out (their supervisions
+    are rejected naming the recording)."""
+    frames = [_query(con, chunk, _RECORDING_SELECT).filter(pl.col("ok") & (pl.col("jt") == "OBJECT"))
+              for chunk in iter_lines(path, 1 << 20)]
+    if not frames:
+        return pl.DataFrame(schema={"rec_id": pl.String, "rec_audio": pl.String, "rec_source_type": pl.String,
+                                    "rec_rate": pl.String, "rec_rate__t": pl.String, "rec_channels": pl.String})
+    recs = pl.concat(frames).drop("lineno", "ok", "jt")
+    return recs.filter(pl.col("rec_id").is_not_null()).unique("rec_id", keep="first", maintain_order=True)
+
+
+def iter_lhotse_recipe(supervisions: Path, recordings: Path, *, audio_root: str | Path | None,
+                       chunk_rows: int) -> Iterator[pl.DataFrame]:
+    """A Lhotse recipe's ``supervisions.jsonl(.gz)`` with its ``recordings.jsonl(.gz)`` (what
+    ``lhotse prepare`` writes): one row per supervision, cut from its recording (``audio_path``
+    = the recording's file source, ``offset`` = the supervision's ``start``). A supervision
+    whose recording is absent, or has no file source, is a ``missing_field`` /
+    ``malformed_line`` reject; ``speaker``, ``gender``, ``custom``... go to ``extra``.
+    """
+    labels = {"id": "id", "audio": "recordings[recording_id].sources[0].source", "offset": "start",
+              "duration": "duration", "sample_rate": "recordings[recording_id].sampling_rate",
+              "channels": "channel", "text": "text", "lang": "language", "source_lang": "source_lang",
+              "target_lang": "target_lang", "task": "task"}
+    select = _with_extra(_SUPERVISION_SELECT, _SUPERVISION_MAPPED)
+    base = base_dir_for(recordings, audio_root)
+    con = duckdb.connect()
+    try:
+        recs = _recordings(recordings, con)
+        for chunk in iter_lines(supervisions, chunk_rows):
+            df = _parsed(con, chunk, select, supervisions)
+            df = df.join(recs, left_on="recording_id", right_on="rec_id", how="left", maintain_order="left")
+            origin = pl.format("{}:{}", pl.lit(str(supervisions)), pl.col("lineno"))
+            no_rec = pl.col("ok").fill_null(False) & pl.col("rec_audio").is_null() & pl.col("rec_source_type").is_null()
+            bad_source = pl.col("rec_source_type").is_not_null() & (pl.col("rec_source_type") != "file")
+            df = df.with_columns(
+                origin.alias("origin"),
+                pl.col("rec_audio").alias("audio"),
+                pl.when(pl.col("rec_audio").is_not_null()).then(pl.lit("VARCHAR")).alias("audio__t"),
+                pl.col("rec_rate").alias("sample_rate"), pl.col("rec_rate__t").alias("sample_rate__t"),
+                pl.when(pl.col("channels").is_not_null()).then(pl.lit("BIGINT")).alias("channels__t"),
+                pl.when(pl.col("reason").is_not_null()).then(pl.col("reason"))
+                .when(bad_source).then(pl.lit("malformed_line"))
+                .when(no_rec).then(pl.lit("missing_field")).alias("reason"),
+                pl.when(pl.col("reason").is_not_null()).then(pl.col("detail"))
+                .when(bad_source).then(pl.format("{}: recording {} has source type '{}' (only 'file' is read)",
+                                                 origin, pl.col("recording_id"), pl.col("rec_source_type")))
+                .when(no_rec).then(pl.format("{}: recording '{}' is not in {}", origin,
+                                             pl.col("recording_id").fill_null("<none>"), pl.lit(str(recordings))))
                 .alias("detail"),
             )
             yield finish(df, base_dir=base, labels=labels, require_audio=True)

@@ -122,7 +122,9 @@ def finish(
     )
     need_id = out["id"].is_null() & out["audio_raw"].is_not_null()
     if need_id.any():
-        with_offset = need_id & (out["offset"] != 0.0)
+        # as NeMo: a row with an explicit offset (even 0) is a segment, distinct from its whole file
+        explicit = ~out.select(absent["offset"].alias("a"))["a"]
+        with_offset = need_id & explicit
         suffix = pl.Series("s", [None] * out.height, dtype=pl.String)
         if with_offset.any():
             suffix = pl.when(pl.lit(with_offset)).then(pl.lit("#") + pl.lit(_fmt3(out["offset"])))

@@ -71,3 +71,22 @@ def test_options_out_of_range_name_the_flag(tmp_path) -> None:
                                      "200MiB", "-o", str(tmp_path / "o.json"), flag, value])
         assert r.exit_code == 2 and f"error: {flag}: " in r.output and problem in r.output, r.output
     assert not (tmp_path / "o.json").exists()
+
+
+def test_format_nemo_writes_the_bucketing_yaml_nemo_reads(tmp_path) -> None:
+    import yaml
+
+    from manifests.buckets_file import read_buckets
+
+    sized, _ = _run(tmp_path)
+    out = tmp_path / "bucketing.yaml"
+    r = CliRunner().invoke(app, ["oomptimize", _write(tmp_path), "--model", "tiny-rnnt", "--estimate", "--gpu-memory",
+                                 "200MiB", "--tolerance", "0", "--no-cache", "--format", "nemo", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    cfg = yaml.safe_load(out.read_text())
+    assert cfg["bucket_duration_bins"] == [[2.0, 18], [8.0, 66]]
+    assert cfg["bucket_batch_size"] == [b["batch_size"] for b in sized["buckets"]]
+    assert [b.batch_size for b in read_buckets(out).buckets] == cfg["bucket_batch_size"]
+    r = CliRunner().invoke(app, ["oomptimize", _write(tmp_path), "--model", "tiny", "--estimate", "--gpu-memory",
+                                 "1GiB", "--format", "csv", "-o", str(out)])
+    assert r.exit_code == 2 and "--format must be json or nemo" in r.output

@@ -160,3 +160,34 @@ def test_tokenizer_not_a_model(corpus: Corpus, tmp_path: Path) -> None:
     refused("compile", corpus.source, "--tokenizer", tmp_path, "-o", tmp_path / "m.parquet",
             match="tokenizer model not found")
     assert not (tmp_path / "m.parquet").exists()
+
+
+@pytest.mark.parametrize("text,field,problem", [
+    ("bucket_duration_bins: [[1.0, 10], [2.0, '20']]\nbucket_batch_size: [4, 2]\n",
+     "bucket_duration_bins[1][1]", "expected a number"),
+    ("bucket_duration_bins: [1.0, 2.0]\nbucket_batch_size: [4, true]\n", "bucket_batch_size[1]", "expected an integer"),
+    ("bucket_duration_bins: [2.0, 1.0]\nbucket_batch_size: [4, 2]\n", "max_duration", "non-decreasing"),
+    ("bucket_duration_bins: !!python/object/apply:os.system ['true']\n", "not valid YAML", ""),
+    ("- 1\n- 2\n", "(file)", "expected an object"),
+])
+def test_nemo_bucketing_yaml_field(corpus: Corpus, tmp_path: Path, text: str, field: str, problem: str) -> None:
+    b = tmp_path / "bucketing.yaml"
+    b.write_text(text, encoding="utf-8")
+    refused("plan-batches", corpus.manifest, "--buckets", b, "--world-size", "1", "-o", tmp_path / "p",
+            match=(field, problem))
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("cfg,problem", [
+    ("- {type: nemo, manifest_filepath: a.json, weight: .nan}\n", "must be finite"),
+    ("- {type: nemo, manifest_filepath: [[a.json, 2.0]]}\n", "write each as its own dataset"),
+    ("- {type: nemo, manifest_filepath: 's3://b/a.json'}\n", "remote paths are not read"),
+    ("- {type: nemo, manifest_filepath: missing.json}\n", "no such file or directory"),
+    ("input_cfg: 3\n", "input_cfg: expected a list"),
+    ("- {type: group, input_cfg: []}\n", "input_cfg[0].input_cfg: empty"),
+])
+def test_input_cfg_blend(corpus: Corpus, tmp_path: Path, cfg: str, problem: str) -> None:
+    path = tmp_path / "input_cfg.yaml"
+    path.write_text(cfg, encoding="utf-8")
+    refused("compile", path, "--tokenizer", corpus.spm, "-o", tmp_path / "m.parquet", match=(str(path), problem))
+    assert not (tmp_path / "m.parquet").exists()

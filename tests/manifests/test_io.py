@@ -47,7 +47,7 @@ def test_roundtrip_schema_and_metadata(tmp_path) -> None:
 def test_container_columns_only_when_a_row_is_in_a_container(tmp_path) -> None:
     """A loose-file manifest stays version 1 (same bytes and hash, empty container columns or
     none); one row in a container makes it version 2 with the addressing columns."""
-    from manifests.schema import CONTAINER_COLUMNS, SCHEMA_VERSION
+    from manifests.schema import CONTAINER_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_CONTAINERS
 
     loose = _frame()
     h1 = write_manifest(loose, tmp_path / "a.parquet")
@@ -59,8 +59,14 @@ def test_container_columns_only_when_a_row_is_in_a_container(tmp_path) -> None:
     h3 = write_manifest(boxed, tmp_path / "c.parquet")
     df = read_manifest(tmp_path / "c.parquet")
     assert tuple(df.columns) == MANIFEST_COLUMNS + CONTAINER_COLUMNS and h3 != h1
-    assert read_metadata(tmp_path / "c.parquet")["schema_version"] == SCHEMA_VERSION == 2
+    assert read_metadata(tmp_path / "c.parquet")["schema_version"] == SCHEMA_VERSION_CONTAINERS == 2
     assert df["member_offset"].to_list() == [512] * 5 and df["row_group"].null_count() == 5
+    # a corpus column (many corpora) is version 3, last; a null one is not written at all
+    h4 = write_manifest(loose.with_columns(pl.lit(None, pl.String).alias("corpus")), tmp_path / "d.parquet")
+    assert h4 == h1
+    write_manifest(boxed.with_columns(pl.lit("ls").alias("corpus")), tmp_path / "e.parquet")
+    assert tuple(read_manifest(tmp_path / "e.parquet").columns) == MANIFEST_COLUMNS + CONTAINER_COLUMNS + ("corpus",)
+    assert read_metadata(tmp_path / "e.parquet")["schema_version"] == SCHEMA_VERSION == 3
 
 
 def test_hash_depends_on_data_only(tmp_path) -> None:

@@ -72,7 +72,17 @@ def test_id_derivation_matches_python_formatting(tmp_path: Path) -> None:
     offsets = [0.0, 1.0005, 0.0625, 7.25, 1234.56789, 1e-4]
     src = write_jsonl(tmp_path / "m.jsonl", [{"audio_filepath": "x.wav", "offset": o, "text": "t"} for o in offsets])
     got = read_all(src)["id"].to_list()
-    assert got == ["x.wav" if o == 0 else f"x.wav#{o:.3f}" for o in offsets]
+    assert got == [f"x.wav#{o:.3f}" for o in offsets]
+
+
+def test_explicit_offset_zero_is_a_segment_of_its_own(tmp_path: Path) -> None:
+    """As NeMo: a line with an explicit offset (0 included) is a segment, distinct from the whole
+    file's line; a line without one (or with a null one) is the whole file."""
+    rows = [{"audio_filepath": "x.wav", "text": "whole"}, {"audio_filepath": "x.wav", "offset": 0, "duration": 1.5,
+                                                           "text": "segment"},
+            {"audio_filepath": "y.wav", "offset": None, "text": "whole too"}]
+    src = write_jsonl(tmp_path / "m.jsonl", rows)
+    assert read_all(src)["id"].to_list() == ["x.wav", "x.wav#0.000", "y.wav"]
 
 
 def test_audio_root_and_relative_paths(tmp_path: Path) -> None:
@@ -290,7 +300,8 @@ def test_detect_format_errors(tmp_path: Path) -> None:
         detect_format(tmp_path)
     with pytest.raises(DataprepError, match="unknown source format"):
         list(iter_source(tmp_path / "x.txt", "yaml"))
-    assert set(SOURCE_FORMATS) == {"nemo", "lhotse", "kaldi", "csv", "tsv", "parquet", "shar", "webdataset", "hf-parquet"}
+    assert set(SOURCE_FORMATS) == {"nemo", "lhotse", "kaldi", "csv", "tsv", "parquet", "shar", "webdataset", "hf-parquet",
+                                   "input_cfg", "lhotse-recipe"}
 
 
 # --- ../shared/data -------------------------------------------------------------------------

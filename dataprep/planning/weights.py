@@ -1,0 +1,199 @@
+"""Weighted plans over many corpora: the planner's hook.
+
+A manifest compiled from an ``input_cfg`` blend has a ``corpus`` column and records the blend
+tree (weights, temperatures) in its metadata; ``--weights CORPUS=W ... --temperature T``
+override it. :func:`weighted_epochs` turns them into a :class:`WeightedEpochs`: NeMo's
+probabilities, each corpus's exact quota per epoch and the sampler that picks its rows
+(:mod:`bucketing.quota`). The planner then plans each epoch over that epoch's multiset of rows
+instead of every row once (:meth:`WeightedEpochs.epoch_inputs` sets ``PlanInputs.rows``; a row
+taken twice is batched twice). Without weights nothing here runs and plans stay byte for byte
+the unweighted ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bucketing.padding import group_json, group_padding
+from bucketing.plan import EpochPlan, PlanInputs
+from bucketing.quota import (
+    QuotaError,
+    QuotaSampler,
+    blend_probabilities,
+    epoch_size_for_hours,
+    flat_tree,
+    is_weighted,
+    quotas,
+)
+from dataprep.planning.options import PlanOptions
+from manifests.errors import DataprepError, OptionError
+from manifests.io import read_corpus_codes, read_metadata
+
+
+def parse_weights(pairs: list[str] | None) -> dict[str, float] | None:
+    """``CORPUS=W`` strings (the CLI's ``--weights``) as a mapping; one-line errors."""
+    if not pairs:
+        return None
+    out: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, value = pair.rpartition("=")
+        try:
+            w = float(value)
+        except ValueError:
+            w = math.nan
+        if not sep or not name or not math.isfinite(w) or w <= 0:
+            raise OptionError("weights", f"{pair!r}: expected CORPUS=WEIGHT with a weight > 0, e.g. librispeech=960")
+        if name in out:
+            raise OptionError("weights", f"corpus {name!r} given twice")
+        out[name] = w
+    return out
+
+
+def _weights_given(options: PlanOptions) -> bool:
+    return any(x is not None for x in (options.weights, options.temperature, options.epoch_utterances,
+                                       options.epoch_hours))
+
+
+@dataclass
+class WeightedEpochs:
+    """A weighted plan's corpora, quotas and row sampler (module docstring)."""
+
+    names: list[str]
+    probabilities: npt.NDArray[np.float64]
+    quota: npt.NDArray[np.int64]
+    rows: npt.NDArray[np.int64]  # plannable rows per corpus
+    corpus_of_row: npt.NDArray[np.integer]  # corpus index per manifest row (int16 below 32768 corpora)
+    sampler: QuotaSampler
+    source: str
+    tree: dict[str, Any]
+    temperature: float | None
+    epoch_size: int
+    _totals: npt.NDArray[np.float64] = field(init=False)  # bucketing.padding.group_padding, summed
+    _epochs: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._totals = np.zeros((5, len(self.names)), dtype=np.float64)
+
+    def epoch_inputs(self, inputs: PlanInputs, epoch: int) -> PlanInputs:
+        """The planner's inputs for ``epoch``: ``inputs`` with the epoch's multiset of rows."""
+        return dataclasses.replace(inputs, rows=self.sampler.epoch(epoch))
+
+    def add(self, ep: EpochPlan, duration: npt.NDArray[np.float64], tokens: npt.NDArray[np.int64]) -> None:
+        """Count a planned epoch (manifest rows) per corpus: real and padded seconds and tokens."""
+        self._totals += group_padding(ep.rows, ep.sizes(), ep.max_duration, ep.max_tokens, duration, tokens,
+                                      self.corpus_of_row, len(self.names))
+        self._epochs += 1
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``plan.json`` records under ``weights``: the blend, temperature, epoch size and
+        per corpus its rows, probability, quota, repeats and (per epoch) hours and padding."""
+        per = group_json(self.names, self._totals, max(self._epochs, 1))
+        corpora = []
+        for c, name in enumerate(self.names):
+            fewest, most = self.sampler.repeats[c]
+            corpora.append({"corpus": name, "rows": int(self.rows[c]),
+                            "probability": round(float(self.probabilities[c]), 9), "quota": int(self.quota[c]),
+                            "repeats": [fewest, most], "hours_per_epoch": per[c]["hours"],
+                            "padding_audio": per[c]["padding_audio"], "padding_tokens": per[c]["padding_tokens"]})
+        return {"source": self.source, "tree": self.tree, "temperature": self.temperature,
+                "epoch_size": self.epoch_size, "epoch_quota": int(self.quota.sum()), "corpora": corpora}
+
+
+def _blend_tree(manifest: str | os.PathLike[str]) -> dict[str, Any] | None:
+    blend = read_metadata(manifest)["provenance"].get("blend")
+    return blend.get("tree") if isinstance(blend, dict) else None
+
+
+def weighted_epochs(manifest: str | os.PathLike[str], bucket_of_row: npt.NDArray[np.integer],
+                    duration: npt.NDArray[np.float64], opts: PlanOptions,
+                    tree: Mapping[str, Any] | None = None) -> WeightedEpochs | None:
+    """The weighting of a plan of ``manifest`` (None: unweighted, every row once per epoch).
+
+    Weights come from ``opts.weights``, else ``tree`` (a re-plan passes its parent's), else the
+    blend the manifest records. Only rows in a bucket (``bucket_of_row >= 0``) are drawn.
+    """
+    if opts.weights is not None:
+        source, tree = "options", flat_tree(opts.weights, opts.temperature)
+    elif tree is not None:
+        source = "plan"
+    else:
+        source, tree = "manifest", _blend_tree(manifest)
+        if tree is None or not is_weighted(tree):
+            if _weights_given(opts):
+                raise DataprepError(f"{manifest}: records no weighted blend; give --weights CORPUS=W ... "
+                                    "(the corpora of its corpus column)")
+            return None
+    try:
+        probs = blend_probabilities(tree, opts.temperature if source != "options" else None)
+    except QuotaError as exc:
+        raise DataprepError(f"{manifest}: weights: {exc}") from None
+    names = list(probs)
+    got = read_corpus_codes(manifest, names)
+    if got is None:
+        raise DataprepError(f"{manifest}: has no corpus column (compile an input_cfg blend to weigh corpora)")
+    codes = got[0] if len(names) >= 2**15 else got[0].astype(np.int16)  # 2 bytes a row for < 32768 corpora
+    if (codes < 0).any():
+        unknown = read_corpus_codes(manifest)[1]  # type: ignore[index]
+        missing = [n for n in unknown if n not in probs]
+        raise DataprepError(f"{manifest}: corpus {missing[0]!r} has no weight ({', '.join(names)} have)")
+    plannable = np.where(np.asarray(bucket_of_row) >= 0, codes, codes.dtype.type(-1))
+    rows = np.bincount(plannable[plannable >= 0], minlength=len(names)).astype(np.int64)
+    p = np.asarray([probs[n] for n in names], dtype=np.float64)
+    if opts.epoch_utterances is not None:
+        n = opts.epoch_utterances
+    elif opts.epoch_hours is not None:
+        mean = np.bincount(plannable[plannable >= 0], weights=duration[plannable >= 0], minlength=len(names))
+        n = epoch_size_for_hours(p, mean / np.maximum(rows, 1), opts.epoch_hours)
+    else:
+        n = int(rows.sum())
+    q = quotas(p, n)
+    try:
+        sampler = QuotaSampler(plannable, q, opts.seed)
+    except QuotaError:
+        empty = [names[c] for c in np.flatnonzero((rows == 0) & (q > 0))]
+        raise DataprepError(f"{manifest}: corpus {empty[0]!r} has a quota but no row in a bucket") from None
+    return WeightedEpochs(names, p, q, rows, codes, sampler, source, dict(tree), opts.temperature, n)
+
+
+def check_quotas(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str]) -> int:
+    """Check that every whole epoch of a weighted plan holds exactly each corpus's recorded
+    quota (by the manifest's ``corpus`` column); returns the epochs checked (a re-plan's first,
+    partial epoch is not). One rank's rows in memory at a time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from manifests.plan_files import PlanShard
+    from manifests.plan_meta import read_plan_meta
+
+    meta = read_plan_meta(plan_dir)
+    recorded = meta.extra.get("weights")
+    if not isinstance(recorded, dict):
+        raise DataprepError(f"{plan_dir}: not a weighted plan")
+    names = [c["corpus"] for c in recorded["corpora"]]
+    want = np.asarray([c["quota"] for c in recorded["corpora"]], dtype=np.int64)
+    got_codes = read_corpus_codes(manifest, names)
+    if got_codes is None:
+        raise DataprepError(f"{manifest}: has no corpus column, the plan's manifest has")
+    codes = got_codes[0]
+    whole = [e for e, start in enumerate(meta.first_step_of_epoch) if start >= meta.first_step]
+    got = np.zeros((meta.epochs, len(names)), dtype=np.int64)
+    for r in range(meta.world_size):
+        t = PlanShard(plan_dir, r).read(meta.first_step, columns=["epoch", "rows"])
+        for e in whole:
+            sel = t.filter(pc.equal(t.column("epoch"), pa.scalar(e, pa.int32())))
+            rows = pc.list_flatten(sel.column("rows")).to_numpy()
+            got[e] += np.bincount(codes[rows], minlength=len(names))[:len(names)]
+    for e in whole:
+        if not np.array_equal(got[e], want):
+            c = int(np.flatnonzero(got[e] != want)[0])
+            raise DataprepError(f"{plan_dir}: epoch {e}: corpus {names[c]!r} has {int(got[e][c])} utterances, "
+                                f"its quota is {int(want[c])}")
+    return len(whole)

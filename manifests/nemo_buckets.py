@@ -1,0 +1,125 @@
+"""NeMo's bucketing options as a bucket file: read them as buckets, write buckets as them.
+
+NeMo (Lhotse dataloader) keeps buckets in its ``train_ds`` options, the YAML that
+``estimate_duration_bins(_2d).py``, NeMo's OOMptimizer and our ``export nemo`` print::
+
+    bucket_duration_bins: [[3.9, 30], [3.9, 52], [7.1, 61], ...]   # 2D: [max s, max tokens]
+    bucket_duration_bins: [3.9, 7.1, 12.0]                          # or 1D: max s
+    bucket_batch_size: [352, 301, 210, ...]                         # optional, one per bin
+    max_tps: 18.5                                                   # optional
+
+The keys may sit at the top of the file or under ``train_ds`` / ``model.train_ds``. Bins are
+inclusive upper bounds in bucket order, as in ``buckets.json``; a token bound of 2**31 - 1
+or more (what we write for an unbounded bucket) reads as unbounded. ``max_tps`` and the
+origin are kept in the ``fit`` record. :func:`nemo_to_buckets_json` turns the options into a
+``buckets.json`` object, which :func:`manifests.buckets_file.read_buckets` then validates as
+any other (this module does not import that one).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from collections.abc import Mapping, Sequence
+
+from manifests.io import atomic_path
+from manifests.validation import Validator, load_yaml_file
+
+#: a token bound at or above this reads as unbounded (what a bucket without max_tokens exports as)
+UNBOUNDED_TOKENS = (1 << 31) - 1
+#: suffixes of a NeMo options file (anything else is read as buckets.json)
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def is_nemo_buckets_path(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a NeMo YAML options file (by suffix)."""
+    return Path(path).suffix.lower() in YAML_SUFFIXES
+
+
+def _options(v: Validator, obj: Any) -> dict[str, Any]:
+    """The mapping holding ``bucket_duration_bins`` (top level, ``train_ds``, ``model.train_ds``)."""
+    obj = v.obj(obj, "(file)")
+    for path in ((), ("train_ds",), ("model", "train_ds")):
+        node: Any = obj
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and "bucket_duration_bins" in node:
+            return node
+    raise v.fail("bucket_duration_bins", "missing (looked at the top level, train_ds and model.train_ds)")
+
+
+def nemo_to_buckets_json(obj: Any, where: str = "bucketing.yaml") -> dict[str, Any]:
+    """A ``buckets.json`` object from decoded NeMo bucketing options; field-by-field checks,
+    no coercion, one-line ``FILE: field: problem`` errors."""
+    v = Validator(where)
+    opts = _options(v, obj)
+    bins = v.list_(opts["bucket_duration_bins"], "bucket_duration_bins")
+    if not bins:
+        raise v.fail("bucket_duration_bins", "empty; expected at least one bin")
+    two_d = isinstance(bins[0], list)
+    buckets: list[dict[str, Any]] = []
+    for i, b in enumerate(bins):
+        name = f"bucket_duration_bins[{i}]"
+        if two_d:
+            pair = v.list_(b, name)
+            if len(pair) != 2:
+                raise v.fail(name, f"expected [max_duration, max_tokens], got {len(pair)} values")
+            d = v.number(pair[0], f"{name}[0]", positive=True)
+            t = v.number(pair[1], f"{name}[1]", lo=1)
+            if t != int(t):
+                raise v.fail(f"{name}[1]", f"expected a whole number of tokens, got {pair[1]!r}")
+            buckets.append({"index": i, "max_duration": d, **({} if t >= UNBOUNDED_TOKENS else {"max_tokens": int(t)})})
+        else:
+            if isinstance(b, list):
+                raise v.fail(name, "a pair in a 1D list (every bin must be [s, tokens] or every bin a number)")
+            buckets.append({"index": i, "max_duration": v.number(b, name, positive=True)})
+    source: dict[str, Any] = {}
+    if opts.get("bucket_batch_size") is not None:
+        raw = v.list_(opts["bucket_batch_size"], "bucket_batch_size")
+        if len(raw) != len(buckets):
+            raise v.fail("bucket_batch_size", f"{len(raw)} sizes for {len(buckets)} bins")
+        for i, (bucket, size) in enumerate(zip(buckets, raw)):
+            bucket["batch_size"] = v.int_(size, f"bucket_batch_size[{i}]", lo=1)
+        source = {"rule": "nemo bucket_batch_size", "file": Path(where).name}
+    if opts.get("num_buckets") is not None and v.int_(opts["num_buckets"], "num_buckets") != len(buckets):
+        raise v.fail("num_buckets", f"is {opts['num_buckets']} but bucket_duration_bins has {len(buckets)} bins")
+    fit: dict[str, Any] = {"source": "nemo bucket_duration_bins", "file": Path(where).name}
+    max_tps = opts.get("max_tps")
+    if isinstance(max_tps, list):
+        fit["max_tps"] = [v.number(x, f"max_tps[{i}]", positive=True) for i, x in enumerate(max_tps)]
+    elif max_tps is not None:
+        fit["max_tps"] = v.number(max_tps, "max_tps", positive=True)
+    return {"version": 1, "buckets": buckets, "batch_size_source": source, "fit": fit}
+
+
+def read_nemo_options(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A NeMo bucketing YAML file as a ``buckets.json`` object (validate it with ``parse_buckets``)."""
+    return nemo_to_buckets_json(load_yaml_file(path), str(path))
+
+
+def nemo_bucket_options(buckets: Sequence[Mapping[str, Any]], max_tps: float | None = None) -> dict[str, Any]:
+    """NeMo's bucketing options for ``buckets`` (``buckets.json``'s list): 2D bins when any
+    bucket bounds tokens, else 1D; ``bucket_batch_size`` when every bucket has a size."""
+    if any(b.get("max_tokens") is not None for b in buckets):
+        bins: list[Any] = [[float(b["max_duration"]), int(b.get("max_tokens") or UNBOUNDED_TOKENS)] for b in buckets]
+    else:
+        bins = [float(b["max_duration"]) for b in buckets]
+    out: dict[str, Any] = {"use_bucketing": True, "num_buckets": len(buckets), "bucket_duration_bins": bins}
+    if all(b.get("batch_size") is not None for b in buckets):
+        out["bucket_batch_size"] = [int(b["batch_size"]) for b in buckets]
+    if max_tps is not None:
+        out["max_tps"] = float(max_tps)
+    return out
+
+
+def write_nemo_buckets(buckets: Sequence[Mapping[str, Any]], path: str | os.PathLike[str],
+                       max_tps: float | None = None) -> None:
+    """Write ``buckets`` (``buckets.json``'s list) as NeMo bucketing YAML atomically (each bin one line)."""
+    import yaml
+
+    text = yaml.safe_dump(nemo_bucket_options(buckets, max_tps), default_flow_style=None, sort_keys=False,
+                          width=1 << 30)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
