@@ -2,11 +2,16 @@
 utterance of a batch to the batch's target length, with clamps and a per-batch fallback.
 
 Instead of padding each utterance to the longest of its batch, each is featurized at its own
-frame rate so that all come out at the batch's *target frames* ``F``:
+frame rate so that all come out at the batch's *target frames* ``F``
+(:attr:`DynResConfig.target_frames`):
 
-- ``F = 1 + floor(T * base + 1e-6)`` frames for a batch whose longest utterance lasts ``T``
-  seconds at the base rate ``base`` (``frames_per_second``, 100 Hz = a 10 ms hop): the longest
-  utterance at the base rate, the same worst case :mod:`oom.step` sizes batches by.
+- a constant ``F`` (the described policy, 800-1600 frames): every batch has the same length,
+  so a batch whose longest utterance lasts ``T`` seconds runs at ``(F - 1) / T`` Hz: long
+  utterances cost fewer frames, short ones gain temporal detail, and memory per batch is flat
+  (:func:`bucket_frames` is the shape oomptimize sizes a bucket at);
+- ``"longest"``: ``F = 1 + floor(T * base + 1e-6)`` frames, the batch's longest utterance at
+  the base rate ``base`` (``frames_per_second``, 100 Hz = a 10 ms hop): no batch gets
+  shorter, only the frame padding vanishes (the same worst case :mod:`oom.step` sizes by).
 - Utterance ``i`` (``d_i`` seconds) needs the rate ``r_i = (F - 1) / d_i`` Hz (``F`` centered
   frames span ``F - 1`` hops; the hop is ``sample_rate / r_i`` samples, fractional): exactly
   ``F`` frames. ``r_i >= base`` (up to rounding) whenever ``F`` is the longest at the base rate.
@@ -30,20 +35,27 @@ import numpy.typing as npt
 
 #: a rate differing from the base by more than this share counts as "off the base rate"
 OFF_RATE_TOLERANCE = 0.10
+#: ``target_frames`` of the policy that takes each batch's longest utterance at the base rate
+LONGEST = "longest"
 _EPS = 1e-6
 
 
 @dataclass(frozen=True)
 class DynResConfig:
-    """Rates in frames per second (Hz); ``sample_rate`` in samples per second."""
+    """Rates in frames per second (Hz); ``sample_rate`` in samples per second;
+    ``target_frames``: frames per batch, a constant int >= 2 or :data:`LONGEST`."""
 
     frames_per_second: float = 100.0
     min_rate: float = 70.0
     max_rate: float = 130.0
     floor_rate: float = 50.0
     sample_rate: int = 16000
+    target_frames: int | str = LONGEST
 
     def __post_init__(self) -> None:
+        t = self.target_frames
+        if t != LONGEST and (isinstance(t, bool) or not isinstance(t, int) or t < 2):
+            raise ValueError(f"target frames must be an integer >= 2 or {LONGEST!r}, got {t!r}")
         if not (0 < self.floor_rate <= self.min_rate <= self.max_rate) or self.frames_per_second <= 0:
             raise ValueError(
                 f"dynamic resolution needs 0 < floor rate <= min rate <= max rate and a positive base rate "
@@ -57,8 +69,21 @@ class DynResConfig:
         """Samples per frame at the base rate (160 for 100 Hz at 16 kHz)."""
         return self.sample_rate / self.frames_per_second
 
+    @property
+    def constant(self) -> bool:
+        """True for a constant target (every batch the same length)."""
+        return self.target_frames != LONGEST
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def shape_policy(self) -> dict[str, Any]:
+        """What decides a batch's frames, as recorded with batch sizes (``buckets.json``) and
+        compared by the plan: the longest at the base rate depends on that rate only; a
+        constant target on every rate too (the clamps and the floor change the length)."""
+        if not self.constant:
+            return {"target_frames": LONGEST, "frames_per_second": self.frames_per_second}
+        return {k: v for k, v in self.to_json().items() if k != "sample_rate"}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> DynResConfig:
@@ -76,6 +101,32 @@ def frames_at_rate(duration: npt.ArrayLike, rate: npt.ArrayLike) -> npt.NDArray[
 def target_frames(max_duration: npt.ArrayLike, frames_per_second: float = 100.0) -> npt.NDArray[np.int64]:
     """Target frames per batch: its longest utterance (``max_duration`` s) at the base rate."""
     return frames_at_rate(max_duration, frames_per_second)
+
+
+def batch_targets(max_duration: npt.ArrayLike, config: DynResConfig) -> npt.NDArray[np.int64]:
+    """Target frames per batch (``max_duration``: each batch's longest, seconds) under the
+    config's policy: the constant, or :func:`target_frames`."""
+    t = np.asarray(max_duration, dtype=np.float64)
+    if config.constant:
+        return np.full(t.shape, int(config.target_frames), dtype=np.int64)
+    return target_frames(t, config.frames_per_second)
+
+
+def bucket_frames(max_duration: npt.ArrayLike, config: DynResConfig | None = None) -> npt.NDArray[np.int64]:
+    """Frames of the longest batch tensor a bucket of utterances up to ``max_duration`` seconds
+    can make (the shape to size its batch at). None or :data:`LONGEST`: the longest at the base
+    rate (:func:`target_frames`, as :mod:`oom.step` computes it). A constant ``F``: ``F`` while
+    the longest utterance's rate ``(F - 1) / T`` stays >= ``min_rate``; above, its frames at
+    ``min_rate`` (clamped), or at the base rate below ``floor_rate`` (fallback). The length of
+    a batch grows with its longest utterance, so the bucket's bound is the worst case."""
+    T = np.maximum(np.asarray(max_duration, dtype=np.float64), 1e-9)
+    if config is None or not config.constant:
+        return target_frames(T, 100.0 if config is None else config.frames_per_second)
+    F = int(config.target_frames)
+    need = (F - 1) / T
+    rate = np.where(need < config.floor_rate, config.frames_per_second,
+                    np.clip(need, config.min_rate, config.max_rate))
+    return np.maximum(F, frames_at_rate(T, rate))
 
 
 @dataclass(frozen=True)
@@ -116,15 +167,15 @@ def resolve(duration: npt.ArrayLike, offsets: npt.ArrayLike, target: npt.ArrayLi
     """Rates, frames, clamps and fallbacks for batches in CSR layout.
 
     ``duration``: seconds of each utterance, batch after batch (``duration[offsets[b]:offsets[b+1]]``
-    is batch ``b``); ``target``: frames per batch (default: :func:`target_frames` of each batch's
-    longest). See the module docstring for the rules.
+    is batch ``b``); ``target``: frames per batch (default: :func:`batch_targets` of each
+    batch's longest under ``config``). See the module docstring for the rules.
     """
     d = np.maximum(np.asarray(duration, dtype=np.float64), 1e-9)
     off = np.asarray(offsets, dtype=np.int64)
     if off.ndim != 1 or off.shape[0] < 1 or off[0] != 0 or off[-1] != d.shape[0] or (np.diff(off) < 0).any():
         raise ValueError("offsets must rise from 0 to the number of utterances")
     if target is None:
-        target = target_frames(_segment_reduce(np.maximum, d, off, 0.0), config.frames_per_second)
+        target = batch_targets(_segment_reduce(np.maximum, d, off, 0.0), config)
     F = np.asarray(target, dtype=np.int64)
     if F.shape != (off.shape[0] - 1,) or (F < 1).any():
         raise ValueError("target frames: one value >= 1 per batch")
@@ -161,7 +212,8 @@ class ResolutionTotals:
     def to_json(self) -> dict[str, Any]:
         """``frame_padding`` (dynamic resolution), ``frame_padding_base`` (ordinary padding
         at the base rate), ``clamped_share`` (of utterances), ``fallback_share`` (of batches),
-        ``off_rate_share`` (of real frames), plus the counts."""
+        ``off_rate_share`` (of real frames), ``mean_batch`` (utterances per batch), plus the
+        counts (``padded_frames``: the encoder's input frames, a compute proxy)."""
         def ratio(a: int, b: int) -> float:
             return round(a / b, 6) if b else 0.0
 
@@ -171,6 +223,7 @@ class ResolutionTotals:
                 "clamped_share": ratio(self.clamped, self.utterances),
                 "fallback_share": ratio(self.fallback_batches, self.batches),
                 "off_rate_share": ratio(self.off_rate_frames, self.real_frames),
+                "mean_batch": ratio(self.utterances, self.batches),
                 **{k: getattr(self, k) for k in self.__dataclass_fields__}}
 
 

@@ -9,7 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketing.dynres import (
+    LONGEST,
     DynResConfig,
+    batch_targets,
+    bucket_frames,
     ResolutionTotals,
     frames_at_rate,
     resolution_totals,
@@ -136,3 +139,67 @@ def test_vectorized_equals_batch_by_batch_and_totals_add_up(batches: list[list[f
     j = whole.to_json()
     assert 0.0 <= j["clamped_share"] <= 1 and 0.0 <= j["fallback_share"] <= 1 and 0.0 <= j["off_rate_share"] <= 1
     assert whole.padded_frames >= whole.real_frames
+
+
+def test_a_constant_target_shortens_long_batches_and_lengthens_short_ones() -> None:
+    cfg = DynResConfig(target_frames=1000)
+    # 12 s -> 83.25 Hz: 1000 frames instead of 1201; 8 s -> 124.9 Hz: 1000 instead of 801;
+    # 5 s would need 199.8 Hz: clamped to 130 Hz -> 651 frames, zero-padded to 1000
+    res = resolve([12.0, 11.0, 8.0, 5.0], [0, 2, 4], config=cfg)
+    assert res.target.tolist() == [1000, 1000] and res.length.tolist() == [1000, 1000]
+    assert res.frames.tolist() == [1000, 1000, 1000, 651]
+    assert res.clamped.tolist() == [False, False, False, True]
+    np.testing.assert_allclose(res.rate[:3], [999 / 12, 999 / 11, 999 / 8])
+    # 16 s needs 62.4 Hz: clamped up to 70 Hz (1121 frames, the batch grows);
+    # 25 s needs 40 Hz < 50 Hz: the batch falls back to 100 Hz and ordinary padding
+    res = resolve([16.0, 25.0, 20.0], [0, 1, 3], config=cfg)
+    assert res.frames.tolist() == [1121, 2501, 2001] and res.length.tolist() == [1121, 2501]
+    assert res.fallback.tolist() == [False, True] and res.clamped.tolist() == [True, False, False]
+    assert batch_targets([3.0, 30.0], cfg).tolist() == [1000, 1000]
+    assert batch_targets([3.0], CFG).tolist() == [301]
+
+
+def test_bucket_frames_is_the_shape_of_each_policy() -> None:
+    cfg = DynResConfig(target_frames=1000)
+    # up to 14.27 s: F; 14.27-19.98 s: clamped at 70 Hz; beyond: fallback at 100 Hz
+    assert bucket_frames([2.0, 10.0, 14.0, 16.0, 25.0], cfg).tolist() == [1000, 1000, 1000, 1121, 2501]
+    assert bucket_frames([2.0, 10.0]).tolist() == [201, 1001]
+    assert bucket_frames([2.0, 10.0], DynResConfig()).tolist() == [201, 1001]
+    assert CFG.shape_policy() == {"target_frames": LONGEST, "frames_per_second": 100.0}
+    assert cfg.shape_policy()["target_frames"] == 1000 and "min_rate" in cfg.shape_policy()
+    for bad in (1, True, 1000.0, "1000", "short"):
+        with pytest.raises(ValueError, match="target frames"):
+            DynResConfig(target_frames=bad)  # type: ignore[arg-type]
+    assert DynResConfig.from_json(cfg.to_json()) == cfg
+
+
+@settings(max_examples=200)
+@given(batches=batches_st, F=st.integers(800, 1600), data=st.data())
+def test_with_a_constant_target_every_utterance_has_f_frames_except_the_counted(
+        batches: list[list[float]], F: int, data: st.DataObject) -> None:
+    cfg = DynResConfig(target_frames=F)
+    d, off = _csr(batches)
+    res = resolve(d, off, config=cfg)
+    b = np.repeat(np.arange(len(batches)), np.diff(off))
+    fb = res.fallback[b]
+    exact = res.frames == F
+    # exactly F frames, except clamped or fallback utterances, which are all counted
+    assert (exact | res.clamped | fb).all()
+    assert not (res.clamped & fb).any()
+    t = resolution_totals(d, off, res, cfg)[0]
+    assert t.clamped == int(res.clamped.sum()) and t.fallback_batches == int(res.fallback.sum())
+    assert t.padded_frames == int((np.diff(off) * res.length).sum())
+    # the rate of the batch is (F - 1) / T for its longest utterance when not clamped
+    for i in np.flatnonzero(np.diff(off) > 0):
+        sl = slice(off[i], off[i + 1])
+        T = d[sl].max()
+        need = (F - 1) / T
+        if need < cfg.floor_rate:
+            assert res.fallback[i] and (res.rate[sl] == cfg.frames_per_second).all()
+        elif cfg.min_rate <= need <= cfg.max_rate:
+            assert res.length[i] == F and np.isclose(res.rate[sl][d[sl].argmax()], need)
+        # the bucket shape oomptimize sizes (any bucket bound >= T) holds the batch
+        bound = T + data.draw(st.floats(0.0, 5.0))
+        assert res.length[i] <= bucket_frames([bound], cfg)[0]
+    # fallback exactly where the longest needs less than the floor; clamps land on a bound
+    assert np.isin(res.rate[res.clamped], [cfg.min_rate, cfg.max_rate]).all()
