@@ -27,7 +27,7 @@ feature extraction lives in :mod:`dataprep.training.dynres`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -266,3 +266,40 @@ def time_mask_widths(width: int, rate: npt.ArrayLike, frames_per_second: float =
     if width < 0:
         raise ValueError(f"time-mask width must be >= 0 frames, got {width}")
     return np.rint(width * np.asarray(rate, dtype=np.float64) / frames_per_second).astype(np.int64)
+
+
+#: the constant targets the reports compare with 2D bucketing (the described range)
+COMPARED_TARGETS: tuple[int, ...] = (800, 1000, 1200, 1600)
+
+
+def policy_totals(duration: npt.ArrayLike, offsets: npt.ArrayLike, config: DynResConfig = DynResConfig(),
+                  targets: tuple[int, ...] = COMPARED_TARGETS) -> dict[str, ResolutionTotals]:
+    """The same batches (CSR, as :func:`resolve`) under :data:`LONGEST` and each constant of
+    ``targets`` (the config's rates otherwise): :class:`ResolutionTotals` keyed ``"longest"``,
+    ``"800"``, ... (2D bucketing's figures are the ``base_*`` ones of any of them)."""
+    out = {}
+    for t in (LONGEST, *targets):
+        cfg = replace(config, target_frames=t)
+        out[str(t)] = resolution_totals(duration, offsets, resolve(duration, offsets, None, cfg), cfg)[0]
+    return out
+
+
+def comparison_rows(totals: dict[str, ResolutionTotals]) -> list[dict[str, Any]]:
+    """One row per policy, 2D bucketing first: ``policy``, ``encoder_frames`` (batch size x
+    batch length, summed: the compute proxy), ``vs_2d`` (their ratio to 2D's), ``frame_padding``,
+    ``mean_batch``, ``off_rate_share`` (frames > 10% off the base rate), ``clamped_share``,
+    ``fallback_share``. Batch sizes are the same for all (sizes made for a policy change
+    ``mean_batch``: see ``oomptimize --dynamic-resolution``)."""
+    if not totals:
+        return []
+    any_t = next(iter(totals.values())).to_json()
+    base = any_t["base_padded_frames"]
+    rows = [{"policy": "2d", "encoder_frames": base, "vs_2d": 1.0, "frame_padding": any_t["frame_padding_base"],
+             "mean_batch": any_t["mean_batch"], "off_rate_share": 0.0, "clamped_share": 0.0, "fallback_share": 0.0}]
+    for name, t in totals.items():
+        j = t.to_json()
+        rows.append({"policy": name if name == LONGEST else f"F={name}", "encoder_frames": j["padded_frames"],
+                     "vs_2d": round(j["padded_frames"] / base, 6) if base else 0.0,
+                     **{k: j[k] for k in ("frame_padding", "mean_batch", "off_rate_share", "clamped_share",
+                                          "fallback_share")}})
+    return rows

@@ -156,6 +156,7 @@ def _print_padding(report: dict[str, Any], dynres: DynResConfig) -> None:
               f"{dynres.max_rate:g} Hz, floor {dynres.floor_rate:g} Hz): frame padding {dr['frame_padding']:.2%} (vs {dr['frame_padding_base']:.2%} at the "
               f"base rate), {dr['clamped_share']:.2%} of utterances clamped, {dr['fallback_share']:.2%} of batches "
               f"fell back, {dr['off_rate_share']:.2%} of frames more than 10% off the base rate")
+    print_policy_comparison(dr.get("compare", []))
     pb = Table(title="2D buckets (dyn res = 2D + dynamic resolution)")
     for col in ("#", "max dur (s)", "max tok", "batch", "utterances", "batches", "audio pad", "token pad",
                 "dyn pad", "clamped", "fell back"):
@@ -178,3 +179,19 @@ def _print_padding(report: dict[str, Any], dynres: DynResConfig) -> None:
                        f"{r['balance_mean']:.3f}", f"{r['balance_over_1_10']:.1%}", f"{r['padding_audio']:.2%}",
                        f"{r['padding_tokens']:.2%}")
         out.print(st)
+
+
+def print_policy_comparison(rows: list[dict[str, Any]]) -> None:
+    """The same batches under 2D bucketing and dynamic resolution at each target
+    (:func:`bucketing.dynres.comparison_rows`)."""
+    if not rows:
+        return
+    t = Table(title="2D vs dynamic resolution, same batches (encoder frames = batch size x frames, per epoch)")
+    for col in ("policy", "encoder frames", "vs 2D", "frame padding", "mean batch", "off rate >10%", "clamped",
+                "fell back"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["policy"], f"{r['encoder_frames']:,}", f"{r['vs_2d']:.3f}", f"{r['frame_padding']:.2%}",
+                  f"{r['mean_batch']:.1f}", f"{r['off_rate_share']:.1%}", f"{r['clamped_share']:.1%}",
+                  f"{r['fallback_share']:.1%}")
+    out.print(t)

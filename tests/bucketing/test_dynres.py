@@ -13,6 +13,8 @@ from bucketing.dynres import (
     DynResConfig,
     batch_targets,
     bucket_frames,
+    comparison_rows,
+    policy_totals,
     ResolutionTotals,
     frames_at_rate,
     resolution_totals,
@@ -203,3 +205,16 @@ def test_with_a_constant_target_every_utterance_has_f_frames_except_the_counted(
         assert res.length[i] <= bucket_frames([bound], cfg)[0]
     # fallback exactly where the longest needs less than the floor; clamps land on a bound
     assert np.isin(res.rate[res.clamped], [cfg.min_rate, cfg.max_rate]).all()
+
+
+def test_the_policy_comparison_adds_up_over_the_same_batches() -> None:
+    d, off = _csr([[12.0, 11.5, 11.0], [3.0, 2.9], [20.0, 19.0]])
+    rows = comparison_rows(policy_totals(d, off))
+    assert [r["policy"] for r in rows] == ["2d", "longest", "F=800", "F=1000", "F=1200", "F=1600"]
+    two, longest, f1000 = rows[0], rows[1], rows[3]
+    assert two["encoder_frames"] == 3 * 1201 + 2 * 301 + 2 * 2001
+    assert longest["encoder_frames"] == two["encoder_frames"] and longest["frame_padding"] < two["frame_padding"]
+    # F=1000: 12 s -> 1000 frames (83 Hz); 3 s -> 1000 at 130 Hz clamped (391 real); 20 s -> 49.95 Hz < floor: 2001
+    assert f1000["encoder_frames"] == 3 * 1000 + 2 * 1000 + 2 * 2001
+    assert f1000["fallback_share"] == round(1 / 3, 6) and f1000["mean_batch"] == two["mean_batch"] == round(7 / 3, 6)
+    assert 0 < f1000["off_rate_share"] <= 1
