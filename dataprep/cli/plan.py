@@ -12,7 +12,8 @@ from rich.table import Table
 
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.costmodel import CostModel
-from bucketing.dynres import DynResConfig
+from bucketing.dynres import LONGEST, DynResConfig
+from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli.app import app, check_range, out, parse_world_sizes, user_errors
 from dataprep.planning import DEFAULT_WORLD_SIZES, build_plan, replan, simulate_plan
 from dataprep.planning.replan import default_manifest
@@ -37,7 +38,8 @@ def plan_batches_cmd(
     interleave: Annotated[str, typer.Option("--interleave", help="Step order across buckets: random (default) or ascending (short first).")] = "random",
     row_group_steps: Annotated[int, typer.Option("--row-group-steps", help="Steps per Parquet row group (seek unit).")] = 128,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch.")] = True,
-    dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Record per batch its target frames (the longest at --frames-per-second); loaders featurize each utterance at the rate that gives that length.")] = False,
+    dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Record per batch its target frames (--target-frames); loaders featurize each utterance at the rate that gives that length.")] = False,
+    target_frames: Annotated[str, typer.Option("--target-frames", help="Dynamic resolution: frames per batch, a constant F (800-1600 typical: long batches get fewer frames, short ones more) or 'longest' (each batch's longest at --frames-per-second).")] = "longest",
     frames_per_second: Annotated[float, typer.Option(help="Dynamic resolution: base frame rate (Hz) of the features.")] = 100.0,
     min_rate: Annotated[float, typer.Option(help="Dynamic resolution: lowest frame rate (Hz); below it the rate is clamped.")] = 70.0,
     max_rate: Annotated[float, typer.Option(help="Dynamic resolution: highest frame rate (Hz); above it the rate is clamped and the rest zero-padded.")] = 130.0,
@@ -49,7 +51,8 @@ def plan_batches_cmd(
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
     if interleave not in ("random", "ascending"):
         raise DataprepError(f"--interleave must be random or ascending, not {interleave!r}")
-    dynres = _dynres_config(frames_per_second, min_rate, max_rate, floor_rate) if dynamic_resolution else None
+    dynres = (_dynres_config(frames_per_second, min_rate, max_rate, floor_rate, target_frames)
+              if dynamic_resolution else None)
     cost = _cost(coef)
     check_range("--world-size", world_size, ge=1)
     check_range("--epochs", epochs, ge=1)
@@ -63,10 +66,15 @@ def plan_batches_cmd(
     print_plan(meta, out_dir)
 
 
-def _dynres_config(frames_per_second: float, min_rate: float, max_rate: float, floor_rate: float) -> DynResConfig:
+def _dynres_config(frames_per_second: float, min_rate: float, max_rate: float, floor_rate: float,
+                   target_frames: str = LONGEST) -> DynResConfig:
+    """The ``--dynamic-resolution`` options (shared with oomptimize); errors name the flags."""
+    if target_frames != LONGEST and not target_frames.isdigit():
+        raise DataprepError(f"--target-frames must be an integer >= 2 or {LONGEST!r}, got {target_frames!r}")
     try:
         return DynResConfig(frames_per_second=frames_per_second, min_rate=min_rate, max_rate=max_rate,
-                            floor_rate=floor_rate)
+                            floor_rate=floor_rate,
+                            target_frames=target_frames if target_frames == LONGEST else int(target_frames))
     except ValueError as exc:
         raise DataprepError(str(exc)) from None
 
@@ -123,10 +131,12 @@ def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
     if dr:
         c = dr["config"]
         out.print(f"dynamic resolution ({c['frames_per_second']:g} Hz base, {c['min_rate']:g}-{c['max_rate']:g} Hz, "
-                  f"floor {c['floor_rate']:g} Hz): frame padding {dr['frame_padding']:.2%} "
+                  f"floor {c['floor_rate']:g} Hz, target {c.get('target_frames', LONGEST)}): frame padding {dr['frame_padding']:.2%} "
                   f"(vs {dr['frame_padding_base']:.2%} at the base rate), {dr['clamped_share']:.2%} of utterances "
                   f"clamped, {dr['fallback_share']:.2%} of batches fell back, {dr['off_rate_share']:.2%} of frames "
-                  f"more than 10% off the base rate")
+                  f"more than 10% off the base rate; {dr['padded_frames']} encoder frames per plan "
+                  f"(vs {dr['base_padded_frames']} with ordinary padding), mean batch {dr.get('mean_batch', 0.0):.1f}")
+        print_policy_comparison([{**r, "encoder_frames": r["encoder_frames"] // meta.epochs} for r in dr.get("compare", [])])
     fb = meta.fallbacks
     left_out = sum(len(v) for v in meta.allocation["left_out"].values())
     out.print(f"fallbacks: {fb['moved_rows']} rows moved to a containing bucket, {fb['dropped_rows']} dropped, "
