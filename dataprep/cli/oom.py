@@ -32,6 +32,12 @@ def oomptimize_cmd(
     loss_mode: Annotated[str, typer.Option("--loss-mode", help="Transducers: batched (whole joint) or sample-wise (joint + loss + gradient per sample).")] = "batched",
     exact_trace: Annotated[bool, typer.Option("--exact-trace", help="With --estimate: full traces per bucket instead of the fitted estimate (slow).")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="Per bucket, the memory at the peak by class (parameters, gradients, optimizer, activations, attention, joint).")] = False,
+    dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Size each bucket at its dynamic-resolution shape (--target-frames; as plan-batches --dynamic-resolution with the same options).")] = False,
+    target_frames: Annotated[str, typer.Option("--target-frames", help="Dynamic resolution: frames per batch, a constant F or 'longest'.")] = "longest",
+    frames_per_second: Annotated[float, typer.Option(help="Dynamic resolution: base frame rate (Hz).")] = 100.0,
+    min_rate: Annotated[float, typer.Option(help="Dynamic resolution: lowest frame rate (Hz).")] = 70.0,
+    max_rate: Annotated[float, typer.Option(help="Dynamic resolution: highest frame rate (Hz).")] = 130.0,
+    floor_rate: Annotated[float, typer.Option(help="Dynamic resolution: below this rate (Hz) a batch falls back to padding.")] = 50.0,
 ) -> None:
     """Set each bucket's batch size to the largest one whose full training step (forward,
     loss, backward, AdamW step, bf16 autocast) fits in memory, and record how in
@@ -49,6 +55,13 @@ def oomptimize_cmd(
     from oom.optimize import parse_bytes
 
     spec = read_buckets(buckets)
+    frames, policy = None, None
+    if dynamic_resolution:
+        from bucketing.dynres import bucket_frames
+        from dataprep.cli.plan import dynres_config
+
+        dyn = dynres_config(frames_per_second, min_rate, max_rate, floor_rate, target_frames)
+        frames, policy = bucket_frames([b.max_duration for b in spec.buckets], dyn).tolist(), dyn.shape_policy()
     mem = parse_bytes(gpu_memory) if gpu_memory is not None else None
     cdir = None if no_cache else str(cache_dir or DEFAULT_CACHE_DIR)
     with progress_counter("oomptimize", total=len(spec.buckets)) as advance:
@@ -59,19 +72,20 @@ def oomptimize_cmd(
         sized = run(
             spec, model, estimate=estimate, device=device, gpu_memory=mem, memory_fraction=memory_fraction,
             margin=margin, tolerance=tolerance, max_batch=max_batch, max_tps=max_tps, cache_dir=cdir, on_done=done,
-            loss_mode=loss_mode, exact_trace=exact_trace, explain=explain,
+            loss_mode=loss_mode, exact_trace=exact_trace, explain=explain, frames=frames, shape_policy=policy,
         )
     write_buckets(sized, output)
     src = sized.batch_size_source
     mode = f", {src['loss_mode']} loss" if src.get("loss_mode") else ""
     how = f", {src['estimator']} estimate" if src.get("estimator") else ""
     out.print(f"{src['rule']}: {model} on {src['gpu']}{mode}{how}, budget {src['budget_bytes'] / 2**30:.2f} GiB")
-    out.print("bucket  max_duration  max_tokens  batch_size  peak_GiB  step_s")
+    out.print("bucket  max_duration  max_tokens  frames  batch_size  peak_GiB  step_s")
     for b in sized.buckets:
         peak = b.extra.get("oom_peak_bytes")
         secs = b.extra.get("oom_step_seconds")
         out.print(
-            f"{b.index:6d}  {b.max_duration:12.3f}  {b.max_tokens!s:>10}  {b.batch_size:10d}  "
+            f"{b.index:6d}  {b.max_duration:12.3f}  {b.max_tokens!s:>10}  {b.extra['oom_shape']['frames']:6d}  "
+            f"{b.batch_size:10d}  "
             f"{(peak or 0) / 2**30:8.2f}  {'' if secs is None else f'{secs:.3f}':>6}"
         )
     if explain:

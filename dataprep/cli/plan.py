@@ -51,7 +51,7 @@ def plan_batches_cmd(
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
     if interleave not in ("random", "ascending"):
         raise DataprepError(f"--interleave must be random or ascending, not {interleave!r}")
-    dynres = (_dynres_config(frames_per_second, min_rate, max_rate, floor_rate, target_frames)
+    dynres = (dynres_config(frames_per_second, min_rate, max_rate, floor_rate, target_frames)
               if dynamic_resolution else None)
     cost = _cost(coef)
     check_range("--world-size", world_size, ge=1)
@@ -66,7 +66,7 @@ def plan_batches_cmd(
     print_plan(meta, out_dir)
 
 
-def _dynres_config(frames_per_second: float, min_rate: float, max_rate: float, floor_rate: float,
+def dynres_config(frames_per_second: float, min_rate: float, max_rate: float, floor_rate: float,
                    target_frames: str = LONGEST) -> DynResConfig:
     """The ``--dynamic-resolution`` options (shared with oomptimize); errors name the flags."""
     if target_frames != LONGEST and not target_frames.isdigit():
