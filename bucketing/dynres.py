@@ -5,10 +5,12 @@ Instead of padding each utterance to the longest of its batch, each is featurize
 frame rate so that all come out at the batch's *target frames* ``F``
 (:attr:`DynResConfig.target_frames`):
 
-- a constant ``F`` (the described policy, 800-1600 frames): every batch has the same length,
-  so a batch whose longest utterance lasts ``T`` seconds runs at ``(F - 1) / T`` Hz: long
-  utterances cost fewer frames, short ones gain temporal detail, and memory per batch is flat
-  (:func:`bucket_frames` is the shape oomptimize sizes a bucket at);
+- a constant ``F`` (the described policy, 800-1600 frames): a batch whose longest utterance
+  lasts ``T`` seconds runs at ``(F - 1) / T`` Hz and has ``F`` frames: long utterances cost
+  fewer frames, short ones gain temporal detail, memory per batch is flat; where that rate is
+  clamped the batch has its longest's frames at the bound (fewer than ``F`` for short
+  batches, more for long ones), and below the floor it falls back (:func:`bucket_frames` is
+  the shape oomptimize sizes a bucket at);
 - ``"longest"``: ``F = 1 + floor(T * base + 1e-6)`` frames, the batch's longest utterance at
   the base rate ``base`` (``frames_per_second``, 100 Hz = a 10 ms hop): no batch gets
   shorter, only the frame padding vanishes (the same worst case :mod:`oom.step` sizes by).
@@ -16,8 +18,9 @@ frame rate so that all come out at the batch's *target frames* ``F``
   frames span ``F - 1`` hops; the hop is ``sample_rate / r_i`` samples, fractional): exactly
   ``F`` frames. ``r_i >= base`` (up to rounding) whenever ``F`` is the longest at the base rate.
 - Rates are clamped to ``[min_rate, max_rate]`` Hz. Where the clamp binds the utterance has
-  ``1 + floor(d_i * rate + 1e-6)`` frames: fewer than ``F`` at ``max_rate`` (the remainder is
-  zero-padded, as today), more at ``min_rate`` (the batch then grows to its longest).
+  ``1 + floor(d_i * rate + 1e-6)`` frames: fewer than ``F`` at ``max_rate`` (zero-padded to
+  the batch's length, which is its longest utterance's frames), more at ``min_rate`` (the
+  batch then grows to its longest).
 - A batch in which some utterance needs less than ``floor_rate`` Hz falls back to ordinary
   padding: every utterance at the base rate.
 
@@ -116,8 +119,9 @@ def bucket_frames(max_duration: npt.ArrayLike, config: DynResConfig | None = Non
     """Frames of the longest batch tensor a bucket of utterances up to ``max_duration`` seconds
     can make (the shape to size its batch at). None or :data:`LONGEST`: the longest at the base
     rate (:func:`target_frames`, as :mod:`oom.step` computes it). A constant ``F``: ``F`` while
-    the longest utterance's rate ``(F - 1) / T`` stays >= ``min_rate``; above, its frames at
-    ``min_rate`` (clamped), or at the base rate below ``floor_rate`` (fallback). The length of
+    the longest utterance's rate ``(F - 1) / T`` lies in ``[min_rate, max_rate]``; otherwise its
+    frames at the clamped rate (fewer than ``F`` for short buckets, more for long ones), or at the
+    base rate below ``floor_rate`` (fallback). The length of
     a batch grows with its longest utterance, so the bucket's bound is the worst case."""
     T = np.maximum(np.asarray(max_duration, dtype=np.float64), 1e-9)
     if config is None or not config.constant:
@@ -126,14 +130,14 @@ def bucket_frames(max_duration: npt.ArrayLike, config: DynResConfig | None = Non
     need = (F - 1) / T
     rate = np.where(need < config.floor_rate, config.frames_per_second,
                     np.clip(need, config.min_rate, config.max_rate))
-    return np.maximum(F, frames_at_rate(T, rate))
+    return np.where((need >= config.min_rate) & (need <= config.max_rate), F, frames_at_rate(T, rate))
 
 
 @dataclass(frozen=True)
 class Resolution:
     """Per utterance (rows order): ``rate`` (Hz), ``frames``, ``clamped``; per batch:
-    ``target`` frames, ``length`` (frames of the batch tensor: max of target and frames in
-    batch), ``fallback`` (every utterance at the base rate)."""
+    ``target`` frames, ``length`` (frames of the batch tensor: its longest utterance's, i.e.
+    the target unless that utterance is clamped or the batch fell back), ``fallback`` (every utterance at the base rate)."""
 
     rate: npt.NDArray[np.float64]
     frames: npt.NDArray[np.int64]
@@ -187,7 +191,7 @@ def resolve(duration: npt.ArrayLike, offsets: npt.ArrayLike, target: npt.ArrayLi
     clamped = ~fb & (clipped != need)
     rate = np.where(fb, config.frames_per_second, clipped)
     frames = np.where(fb | clamped, frames_at_rate(d, rate), F[b])
-    length = np.maximum(F, _segment_reduce(np.maximum, frames, off, 0))
+    length = np.where(np.diff(off) > 0, _segment_reduce(np.maximum, frames, off, 0), F)  # empty: the target
     return Resolution(rate=rate, frames=frames, clamped=clamped, target=F, length=length, fallback=fallback)
 
 

@@ -83,7 +83,7 @@ def collate_dynamic_resolution(
     for w, r, f in zip(ws, rate, frames):
         hop = config.sample_rate / float(r)
         feats.append(mel(w) if hop == HOP and f == mel.num_frames(w.shape[0]) else mel.at_hop(w, hop, int(f)))
-    length = 0 if not feats else int(frames.max()) if evaluation else max(target, int(frames.max()))
+    length = 0 if not feats else int(frames.max())  # the longest utterance's frames (bucketing.dynres.resolve)
     out = torch.zeros(len(feats), length, mel.n_mels, dtype=torch.float32)
     for i, x in enumerate(feats):
         out[i, : x.shape[0]] = x

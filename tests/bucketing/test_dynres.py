@@ -163,8 +163,9 @@ def test_a_constant_target_shortens_long_batches_and_lengthens_short_ones() -> N
 
 def test_bucket_frames_is_the_shape_of_each_policy() -> None:
     cfg = DynResConfig(target_frames=1000)
-    # up to 14.27 s: F; 14.27-19.98 s: clamped at 70 Hz; beyond: fallback at 100 Hz
-    assert bucket_frames([2.0, 10.0, 14.0, 16.0, 25.0], cfg).tolist() == [1000, 1000, 1000, 1121, 2501]
+    # 7.68-14.27 s: F; 14.27-19.98 s: clamped at 70 Hz; beyond: fallback at 100 Hz
+    # 2 s needs 499.5 Hz: clamped to 130 Hz -> 261 frames (short buckets get larger batches)
+    assert bucket_frames([2.0, 10.0, 14.0, 16.0, 25.0], cfg).tolist() == [261, 1000, 1000, 1121, 2501]
     assert bucket_frames([2.0, 10.0]).tolist() == [201, 1001]
     assert bucket_frames([2.0, 10.0], DynResConfig()).tolist() == [201, 1001]
     assert CFG.shape_policy() == {"target_frames": LONGEST, "frames_per_second": 100.0}
@@ -200,6 +201,8 @@ def test_with_a_constant_target_every_utterance_has_f_frames_except_the_counted(
             assert res.fallback[i] and (res.rate[sl] == cfg.frames_per_second).all()
         elif cfg.min_rate <= need <= cfg.max_rate:
             assert res.length[i] == F and np.isclose(res.rate[sl][d[sl].argmax()], need)
+        else:  # the longest is clamped: the batch is as long as its frames at the bound
+            assert res.length[i] == frames_at_rate(T, np.clip(need, cfg.min_rate, cfg.max_rate))
         # the bucket shape oomptimize sizes (any bucket bound >= T) holds the batch
         bound = T + data.draw(st.floats(0.0, 5.0))
         assert res.length[i] <= bucket_frames([bound], cfg)[0]
@@ -214,7 +217,7 @@ def test_the_policy_comparison_adds_up_over_the_same_batches() -> None:
     two, longest, f1000 = rows[0], rows[1], rows[3]
     assert two["encoder_frames"] == 3 * 1201 + 2 * 301 + 2 * 2001
     assert longest["encoder_frames"] == two["encoder_frames"] and longest["frame_padding"] < two["frame_padding"]
-    # F=1000: 12 s -> 1000 frames (83 Hz); 3 s -> 1000 at 130 Hz clamped (391 real); 20 s -> 49.95 Hz < floor: 2001
-    assert f1000["encoder_frames"] == 3 * 1000 + 2 * 1000 + 2 * 2001
+    # F=1000: 12 s -> 1000 frames (83 Hz); 3 s -> 130 Hz clamped: a 391-frame batch; 20 s -> 49.95 Hz < floor: 2001
+    assert f1000["encoder_frames"] == 3 * 1000 + 2 * 391 + 2 * 2001
     assert f1000["fallback_share"] == round(1 / 3, 6) and f1000["mean_batch"] == two["mean_batch"] == round(7 / 3, 6)
     assert 0 < f1000["off_rate_share"] <= 1

@@ -129,4 +129,7 @@ def test_eval_and_batches_without_a_target_are_nemos(corpus_plan: tuple[Corpus, 
     ours.train(True)
     ours.use_batch(batch)
     got, got_len = ours(input_signal=batch["audio"], length=batch["audio_lens"])
-    assert got.shape[-1] >= F and ours.last_rates is not None and ours.target_frames is None  # used once
+    n = batch["audio_lens"].numpy()
+    res = resolve(n / 16000, np.array([0, len(n)]), [F], DynResConfig(target_frames=F))
+    assert got.shape[-1] == int(res.length[0]) and got_len.tolist() == res.frames.tolist()
+    assert ours.last_rates is not None and ours.target_frames is None  # used once
