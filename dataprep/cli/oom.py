@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from dataprep.cli.app import app, check_range, out, user_errors
+from dataprep.cli.plan import FloorRateOpt, FramesPerSecondOpt, MaxRateOpt, MinRateOpt, TargetFramesOpt, dynres_config
 from dataprep.cli.progress import progress_counter
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
@@ -33,11 +34,11 @@ def oomptimize_cmd(
     exact_trace: Annotated[bool, typer.Option("--exact-trace", help="With --estimate: full traces per bucket instead of the fitted estimate (slow).")] = False,
     explain: Annotated[bool, typer.Option("--explain", help="Per bucket, the memory at the peak by class (parameters, gradients, optimizer, activations, attention, joint).")] = False,
     dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Size each bucket at its dynamic-resolution shape (--target-frames; as plan-batches --dynamic-resolution with the same options).")] = False,
-    target_frames: Annotated[str, typer.Option("--target-frames", help="Dynamic resolution: frames per batch, a constant F or 'longest'.")] = "longest",
-    frames_per_second: Annotated[float, typer.Option(help="Dynamic resolution: base frame rate (Hz).")] = 100.0,
-    min_rate: Annotated[float, typer.Option(help="Dynamic resolution: lowest frame rate (Hz).")] = 70.0,
-    max_rate: Annotated[float, typer.Option(help="Dynamic resolution: highest frame rate (Hz).")] = 130.0,
-    floor_rate: Annotated[float, typer.Option(help="Dynamic resolution: below this rate (Hz) a batch falls back to padding.")] = 50.0,
+    target_frames: TargetFramesOpt = "longest",
+    frames_per_second: FramesPerSecondOpt = 100.0,
+    min_rate: MinRateOpt = 70.0,
+    max_rate: MaxRateOpt = 130.0,
+    floor_rate: FloorRateOpt = 50.0,
 ) -> None:
     """Set each bucket's batch size to the largest one whose full training step (forward,
     loss, backward, AdamW step, bf16 autocast) fits in memory, and record how in
@@ -58,7 +59,6 @@ def oomptimize_cmd(
     frames, policy = None, None
     if dynamic_resolution:
         from bucketing.dynres import bucket_frames
-        from dataprep.cli.plan import dynres_config
 
         dyn = dynres_config(frames_per_second, min_rate, max_rate, floor_rate, target_frames)
         frames, policy = bucket_frames([b.max_duration for b in spec.buckets], dyn).tolist(), dyn.shape_policy()

@@ -25,6 +25,14 @@ from manifests.plan_files import verify_plan
 from manifests.plan_meta import PlanMeta, read_plan_meta
 
 
+# the dynamic-resolution options, shared by plan-batches and oomptimize (dynres_config)
+TargetFramesOpt = Annotated[str, typer.Option("--target-frames", help="Dynamic resolution: frames per batch, a constant F (800-1600 typical: long batches get fewer frames, short ones more) or 'longest' (each batch's longest at --frames-per-second).")]
+FramesPerSecondOpt = Annotated[float, typer.Option(help="Dynamic resolution: base frame rate (Hz) of the features.")]
+MinRateOpt = Annotated[float, typer.Option(help="Dynamic resolution: lowest frame rate (Hz); below it the rate is clamped.")]
+MaxRateOpt = Annotated[float, typer.Option(help="Dynamic resolution: highest frame rate (Hz); above it the rate is clamped and the rest zero-padded.")]
+FloorRateOpt = Annotated[float, typer.Option(help="Dynamic resolution: a batch needing a rate below this (Hz) falls back to ordinary padding.")]
+
+
 @app.command("plan-batches")
 @user_errors
 def plan_batches_cmd(
@@ -39,11 +47,11 @@ def plan_batches_cmd(
     row_group_steps: Annotated[int, typer.Option("--row-group-steps", help="Steps per Parquet row group (seek unit).")] = 128,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch.")] = True,
     dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Record per batch its target frames (--target-frames); loaders featurize each utterance at the rate that gives that length.")] = False,
-    target_frames: Annotated[str, typer.Option("--target-frames", help="Dynamic resolution: frames per batch, a constant F (800-1600 typical: long batches get fewer frames, short ones more) or 'longest' (each batch's longest at --frames-per-second).")] = "longest",
-    frames_per_second: Annotated[float, typer.Option(help="Dynamic resolution: base frame rate (Hz) of the features.")] = 100.0,
-    min_rate: Annotated[float, typer.Option(help="Dynamic resolution: lowest frame rate (Hz); below it the rate is clamped.")] = 70.0,
-    max_rate: Annotated[float, typer.Option(help="Dynamic resolution: highest frame rate (Hz); above it the rate is clamped and the rest zero-padded.")] = 130.0,
-    floor_rate: Annotated[float, typer.Option(help="Dynamic resolution: a batch needing a rate below this (Hz) falls back to ordinary padding.")] = 50.0,
+    target_frames: TargetFramesOpt = LONGEST,
+    frames_per_second: FramesPerSecondOpt = 100.0,
+    min_rate: MinRateOpt = 70.0,
+    max_rate: MaxRateOpt = 130.0,
+    floor_rate: FloorRateOpt = 50.0,
     balance: Annotated[float, typer.Option("--balance", help="Balanced steps: full batches whose predicted step times agree within this relative tolerance, one bucket's where the data allows, several buckets' otherwise; 0 = one bucket per step on every rank (identical buckets, smaller batches at fine-tuning scale).")] = DEFAULT_BALANCE,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE for --balance ({', '.join(CostModel.names())}).")] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together (divides --world-size; default all): each group of consecutive ranks draws the steps in its own order (1 = independent learners, for ADPSGD).")] = None,
