@@ -120,7 +120,7 @@ def build(work: Path, n: int) -> dict[str, Path]:
         dp("plan-batches", str(paths["loose"]), "--buckets", str(paths["buckets"]), "--world-size", "1",
            "--seed", "0", "--epochs", "1", "-o", str(paths["plan"]))
     if not paths["packed"].exists():
-        dp("pack", str(paths["loose"]), "-o", str(paths["wds"]), "--layout", "webdataset", "--shard-size", "32MB",
+        dp("pack", str(paths["loose"]), "-o", str(paths["wds"]), "--layout", "webdataset", "--container-size", "32MB",
            "--buckets", str(paths["buckets"]))
         dp("compile", *sorted(str(p) for p in paths["wds"].glob("shard-*.tar")), "--tokenizer", str(paths["spm"]),
            "-o", str(paths["packed"]))
@@ -129,7 +129,7 @@ def build(work: Path, n: int) -> dict[str, Path]:
         dp("plan-batches", str(paths["packed"]), "--buckets", str(paths["pbuckets"]), "--world-size", "1",
            "--seed", "0", "--epochs", "1", "-o", str(paths["pplan"]))
     if not (paths["shar"] / "cuts.000000.jsonl.gz").exists():
-        dp("pack", str(paths["loose"]), "-o", str(paths["shar"]), "--layout", "shar", "--shard-size", "32MB")
+        dp("pack", str(paths["loose"]), "-o", str(paths["shar"]), "--layout", "shar", "--container-size", "32MB")
     return paths
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bucketing.allocate import fit_spec
 from dataprep.training import BatchBuilder, ManifestColumns
 from manifests.plan_files import PlanShard
-from dataprep.planning import build_plan
+from dataprep.planning import PlanOptions, build_plan
 from dataprep.testing import WORDS, write_tone
 from dataprep.tokenize import train_model
 from manifests.buckets_file import write_buckets
@@ -69,7 +69,7 @@ def build(work: Path, n: int, world_size: int) -> tuple[Path, Path, Path]:
         spec, _ = fit_spec(m["duration"].to_numpy(), m["num_tokens"].to_numpy(), num_buckets=30, num_subbuckets=2,
                            max_duration_budget=600.0)
         write_buckets(spec, buckets)
-        meta = build_plan(manifest, buckets, plan, world_size=world_size, seed=0, epochs=1)
+        meta = build_plan(manifest, buckets, plan, PlanOptions(world_size=world_size, seed=0, epochs=1))
         print(f"planned {meta.num_steps:,} steps x {world_size} ranks with the real planner in "
               f"{time.perf_counter() - t:.1f} s", flush=True)
     return manifest, plan, spm
@@ -145,7 +145,7 @@ def main() -> None:
 
 _FRESH = """
 import sys, time
-from dataprep.training.cache import ManifestColumns
+from manifests.column_cache import ManifestColumns
 from manifests.plan_files import PlanShard
 t = time.perf_counter()
 pb = next(PlanShard(sys.argv[2], 0).iter_batches())

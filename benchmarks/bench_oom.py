@@ -54,12 +54,13 @@ def estimate_timing(spec, model: str, exact_buckets: int) -> dict[str, float]:
     from manifests.buckets_file import BucketSpec
     from oom import estimate, fit
     from oom.optimize import oomptimize
+    from oom.options import OomOptions
     from oom.step import Shape
 
     fit.fitted_model.cache_clear()
     estimate.optimizer_profile.cache_clear()
     t0, c0 = time.perf_counter(), time.process_time()
-    sized = oomptimize(spec, model, estimate=True, gpu_memory=GPU, cache_dir=None)
+    sized = oomptimize(spec, OomOptions(model, estimate=True, gpu_memory=GPU))
     after, after_cpu = time.perf_counter() - t0, time.process_time() - c0
     fm = fit.fitted_model(model, "batched")
     per, per_cpu, errs = [], [], []
@@ -68,7 +69,7 @@ def estimate_timing(spec, model: str, exact_buckets: int) -> dict[str, float]:
         one = BucketSpec(buckets=(dataclasses.replace(spec.buckets[i], index=0, batch_size=None),))
         estimate.shape_estimator.cache_clear()
         t0, c0 = time.perf_counter(), time.process_time()
-        oomptimize(one, model, estimate=True, gpu_memory=GPU, cache_dir=None, exact_trace=True)
+        oomptimize(one, OomOptions(model, estimate=True, gpu_memory=GPU, exact_trace=True))
         per.append(time.perf_counter() - t0)
         per_cpu.append(time.process_time() - c0)
         shape = Shape.of_bucket(b.max_duration, b.max_tokens)
@@ -82,7 +83,7 @@ def estimate_timing(spec, model: str, exact_buckets: int) -> dict[str, float]:
 
 def transducer_table(model: str = "parakeet-tdt-0.6b") -> None:
     from oom.fit import fitted_model
-    from oom.optimize import parse_bytes
+    from manifests.units import parse_bytes
     from oom.search import ProbeResult, find_max_batch
     from oom.step import Shape
 
@@ -105,12 +106,13 @@ def transducer_table(model: str = "parakeet-tdt-0.6b") -> None:
 
 def headline(corpora: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
     from oom.optimize import oomptimize
+    from oom.options import OomOptions
 
     print("\ncanary-1b-flash, 80 GiB estimated (2D 30x2) vs the 1D 360 s cumulative rule")
     print("corpus                     scheme          mean_batch  padded_s/step  audio_pad")
     for name, (d, t) in corpora.items():
         spec = _spec(d, t)
-        sized = oomptimize(spec, "canary-1b-flash", estimate=True, gpu_memory=GPU, cache_dir=None)
+        sized = oomptimize(spec, OomOptions("canary-1b-flash", estimate=True, gpu_memory=GPU))
         sizes = np.array([b.batch_size for b in sized.buckets])
         rep = padding_report(d, t, grid_from_spec(spec), sizes, cumulative_budget=CUMULATIVE_RULE_S, fixed_lengths=())
         rows = {}

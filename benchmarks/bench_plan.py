@@ -78,7 +78,7 @@ def buckets_for(df: pl.DataFrame, path: Path, budget_s: float) -> None:
 CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
-from dataprep.planning import build_plan
+from dataprep.planning import PlanOptions, build_plan
 from bucketing import batching, plan
 t1 = time.perf_counter()
 fb = {"s": 0.0}
@@ -87,8 +87,9 @@ def timed(*a, **k):
     t = time.perf_counter(); r = _form(*a, **k); fb["s"] += time.perf_counter() - t; return r
 plan.form_batches = timed
 timings = {"import": t1 - t0}
-meta = build_plan(sys.argv[1], sys.argv[2], sys.argv[3], world_size=int(sys.argv[4]), seed=0, epochs=1, timings=timings,
-                  balance=float(sys.argv[5]))
+meta = build_plan(sys.argv[1], sys.argv[2], sys.argv[3],
+                  PlanOptions(world_size=int(sys.argv[4]), seed=0, epochs=1, balance=float(sys.argv[5])),
+                  timings=timings)
 timings["plan"] -= fb["s"]
 timings["form_batches"] = fb["s"]
 wall = time.perf_counter() - t0
@@ -146,7 +147,7 @@ def shared_manifest(tmp: Path) -> Path | None:
 
 
 def simulator_trend(tmp: Path, budget_s: float, seeds: int) -> None:
-    from dataprep.planning import build_plan, simulate_plan
+    from dataprep.planning import PlanOptions, build_plan, simulate_plan
 
     path = shared_manifest(tmp)
     if path is None:
@@ -154,8 +155,8 @@ def simulator_trend(tmp: Path, budget_s: float, seeds: int) -> None:
         return
     df = pl.read_parquet(path, columns=["duration", "num_tokens"])
     buckets_for(df, tmp / "shared-buckets.json", budget_s)
-    build_plan(path, tmp / "shared-buckets.json", tmp / "shared-plan", world_size=16, seed=0, epochs=1,
-               balance=0.0)  # the README's one-bucket simulator figures
+    build_plan(path, tmp / "shared-buckets.json", tmp / "shared-plan",
+               PlanOptions(world_size=16, seed=0, epochs=1, balance=0.0))  # the README's one-bucket simulator figures
     rows: dict[int, list] = {}
     for s in range(seeds):
         for r in simulate_plan(tmp / "shared-plan", (2, 16, 128), seed=s):

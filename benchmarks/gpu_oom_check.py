@@ -99,7 +99,9 @@ def main() -> int:
     from manifests.buckets_file import BucketSpec, read_buckets
     from oom.fit import fitted_model
     from oom.isolate import device_info
-    from oom.optimize import oomptimize, parse_bytes
+    from manifests.units import parse_bytes
+    from oom.optimize import oomptimize
+    from oom.options import OomOptions
     from oom.step import Shape
 
     t_start = time.perf_counter()
@@ -124,14 +126,14 @@ def main() -> int:
             for b in chosen:
                 one = BucketSpec(buckets=(dataclasses.replace(b, index=0, batch_size=None),))
                 t0 = time.perf_counter()
-                est = oomptimize(one, model, estimate=True, loss_mode=mode, **common).buckets[0]
+                est = oomptimize(one, OomOptions(model, estimate=True, loss_mode=mode, **common)).buckets[0]
                 t_est = time.perf_counter() - t0
                 if time.perf_counter() - t_start > a.time_limit:
                     print(f"time limit reached; {entry} bucket {b.index} and later not measured", flush=True)
                     break
                 t0 = time.perf_counter()
-                meas = oomptimize(one, model, device=a.device, start_batch=max(est.batch_size, 1), loss_mode=mode,
-                                  **{**common, "gpu_memory": total if not a.device.startswith("cuda") else a.gpu_memory and total}).buckets[0]
+                meas = oomptimize(one, OomOptions(model, device=a.device, start_batch=max(est.batch_size, 1), loss_mode=mode,
+                                  **{**common, "gpu_memory": total if not a.device.startswith("cuda") else a.gpu_memory and total})).buckets[0]
                 t_meas = time.perf_counter() - t0
                 shape = Shape.of_bucket(b.max_duration, b.max_tokens)
                 est_at_meas = fitted_model(model, mode).peak(meas.batch_size, shape)

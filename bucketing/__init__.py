@@ -1,3 +1,19 @@
 """Equal-occupancy bucket fitting (1D/2D), allocation, batch forming, the batch planner and
 the simulators (padding, step-time cost, tail worker). Pure functions over arrays and
 frames: no paths, no torch, nothing of ``dataprep/`` or ``oom/``."""
+
+# the public modules (imported on use: this package's __init__ loads nothing)
+__all__ = [
+    "allocate",
+    "balance",
+    "batching",
+    "budget",
+    "costmodel",
+    "dynres",
+    "fit",
+    "groups",
+    "padding",
+    "plan",
+    "simulate",
+    "steps_report",
+]

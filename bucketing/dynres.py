@@ -36,17 +36,27 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from manifests.errors import OptionError
+from manifests.options import check_int, check_number
+
 #: a rate differing from the base by more than this share counts as "off the base rate"
 OFF_RATE_TOLERANCE = 0.10
 #: ``target_frames`` of the policy that takes each batch's longest utterance at the base rate
 LONGEST = "longest"
 _EPS = 1e-6
+#: the constant targets accepted: the described policy's range (frames per batch)
+TARGET_FRAMES_RANGE = (800, 1600)
+#: highest sample rate accepted (Hz)
+MAX_SAMPLE_RATE = 192_000
 
 
 @dataclass(frozen=True)
 class DynResConfig:
-    """Rates in frames per second (Hz); ``sample_rate`` in samples per second;
-    ``target_frames``: frames per batch, a constant int >= 2 or :data:`LONGEST`."""
+    """Rates in frames per second (Hz); ``sample_rate`` in samples per second (1..192000);
+    ``target_frames``: frames per batch, a constant int in :data:`TARGET_FRAMES_RANGE` or
+    :data:`LONGEST`. Checked here (:class:`~manifests.errors.OptionError` naming the field):
+    finite rates with ``0 < floor_rate <= min_rate <= max_rate <= sample_rate`` and
+    ``0 < frames_per_second <= sample_rate``."""
 
     frames_per_second: float = 100.0
     min_rate: float = 70.0
@@ -56,16 +66,18 @@ class DynResConfig:
     target_frames: int | str = LONGEST
 
     def __post_init__(self) -> None:
-        t = self.target_frames
-        if t != LONGEST and (isinstance(t, bool) or not isinstance(t, int) or t < 2):
-            raise ValueError(f"target frames must be an integer >= 2 or {LONGEST!r}, got {t!r}")
-        if not (0 < self.floor_rate <= self.min_rate <= self.max_rate) or self.frames_per_second <= 0:
-            raise ValueError(
-                f"dynamic resolution needs 0 < floor rate <= min rate <= max rate and a positive base rate "
-                f"(got floor {self.floor_rate:g}, min {self.min_rate:g}, max {self.max_rate:g}, "
-                f"base {self.frames_per_second:g} Hz)")
-        if self.sample_rate <= 0:
-            raise ValueError(f"sample rate must be positive, got {self.sample_rate}")
+        check_int("sample_rate", self.sample_rate, ge=1, le=MAX_SAMPLE_RATE)
+        # a rate above the sample rate would ask for a hop below one sample
+        check_number("frames_per_second", self.frames_per_second, gt=0, le=self.sample_rate)
+        check_number("floor_rate", self.floor_rate, gt=0, le=self.sample_rate)
+        check_number("min_rate", self.min_rate, ge=self.floor_rate, le=self.sample_rate)
+        check_number("max_rate", self.max_rate, ge=self.min_rate, le=self.sample_rate)
+        if self.target_frames != LONGEST:
+            t = self.target_frames
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise OptionError("target_frames", f"must be an integer ({TARGET_FRAMES_RANGE[0]}..."
+                                  f"{TARGET_FRAMES_RANGE[1]}) or {LONGEST!r}, got {t!r}")
+            check_int("target_frames", t, ge=TARGET_FRAMES_RANGE[0], le=TARGET_FRAMES_RANGE[1])
 
     @property
     def base_hop(self) -> float:

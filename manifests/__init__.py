@@ -4,10 +4,11 @@ Imports nothing else of this project and never torch: any trainer can depend on 
 """
 
 from manifests.buckets_file import Bucket, BucketSpec, read_buckets, write_buckets
-from manifests.errors import DataprepError, ManifestError
+from manifests.errors import DataprepError, ManifestError, OptionError
 from manifests.io import (
     ContentHasher,
     atomic_path,
+    default_cache_dir,
     file_sha256,
     manifest_hash,
     read_manifest,
@@ -18,6 +19,7 @@ from manifests.io import (
     write_parquet_stream,
     write_rejects,
 )
+from manifests.plan_cursor import PlanCursor, PlanStateError
 from manifests.plan_files import PlanBatch, PlanShard, open_shard, read_plan_json
 from manifests.schema import MANIFEST_COLUMNS, MANIFEST_SCHEMA, REJECT_REASONS, SCHEMA_VERSION
 
@@ -25,15 +27,19 @@ __all__ = [
     "Bucket",
     "ContentHasher",
     "PlanBatch",
+    "PlanCursor",
     "PlanShard",
+    "PlanStateError",
     "BucketSpec",
     "DataprepError",
     "MANIFEST_COLUMNS",
     "MANIFEST_SCHEMA",
     "ManifestError",
+    "OptionError",
     "REJECT_REASONS",
     "SCHEMA_VERSION",
     "atomic_path",
+    "default_cache_dir",
     "file_sha256",
     "manifest_hash",
     "open_shard",

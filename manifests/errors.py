@@ -8,3 +8,13 @@ class DataprepError(Exception):
 
 class ManifestError(DataprepError, ValueError):
     """A manifest, plan or buckets file that cannot be used."""
+
+
+class OptionError(DataprepError, ValueError):
+    """An option (a field of an options object: ``PlanOptions``, ``TrainConfig``,
+    ``OomOptions``, ...) out of its range. ``field`` names it; the CLI shows the flag instead
+    (``--world-size: must be >= 1, got 0``)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field, self.problem = field, problem
+        super().__init__(f"{field}: {problem}")

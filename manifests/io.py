@@ -453,7 +453,7 @@ def file_facts(path: str | os.PathLike[str]) -> dict[str, Any]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "footer_sha256": footer}
 
 
-_VERIFIED: dict[str, str] = {}  # facts -> hash, this process
+_VERIFIED: dict[str, str] = {}  # facts -> hash, this process, for the default cache directory only
 
 
 def _facts_key(facts: Mapping[str, Any]) -> str:
@@ -469,9 +469,11 @@ def remember_verified(path: str | os.PathLike[str], content_hash: str,
                       cache_dir: str | os.PathLike[str] | None = None) -> None:
     """Record that the file now at ``path`` (by its facts, :func:`file_facts`) holds rows hashing
     to ``content_hash``: the writer knows it, so the first check of a file we wrote is free.
-    A rename keeps the facts; any rewrite changes them."""
+    A rename keeps the facts; any rewrite changes them. Written under ``cache_dir`` only
+    (None: :func:`default_cache_dir`, resolved now, and this process's memory)."""
     facts = file_facts(path)
-    _VERIFIED[_facts_key(facts)] = content_hash
+    if cache_dir is None:
+        _VERIFIED[_facts_key(facts)] = content_hash
     with contextlib.suppress(OSError):  # a read-only cache only costs a recomputation later
         write_json({"facts": facts, "content_hash": content_hash}, _verified_entry(facts, cache_dir))
 
@@ -479,26 +481,29 @@ def remember_verified(path: str | os.PathLike[str], content_hash: str,
 def manifest_hash(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> str:
     """The content hash of a file we wrote, VERIFIED: the recorded hash is trusted only when the
     rows hash to it. A verification is remembered by the file's facts (size, mtime, footer
-    SHA-256; :func:`file_facts`) under ``<cache>/content-hash/`` (writers record theirs), so an
-    unchanged file is checked in about a millisecond and a changed one is recomputed
+    SHA-256; :func:`file_facts`) under ``<cache_dir>/content-hash/`` (writers record theirs), so
+    an unchanged file is checked in about a millisecond and a changed one is recomputed
     (:func:`recompute_hash`). A file whose rows no longer match its recorded hash (edited with
-    its metadata kept) is refused."""
+    its metadata kept) is refused. ``cache_dir`` None: :func:`default_cache_dir` (resolved at
+    each call) plus an in-process memo; a given ``cache_dir`` is the only place read or
+    written (no memo shared with other directories)."""
     recorded = recorded_hash(path)
     if not recorded:
         raise ManifestError(f"{path}: no content hash in its metadata (write it with `dataprep compile`)")
     facts = file_facts(path)
     key = _facts_key(facts)
-    if _VERIFIED.get(key) == recorded:
+    memo = _VERIFIED if cache_dir is None else {}
+    if memo.get(key) == recorded:
         return recorded
     entry = _verified_entry(facts, cache_dir)
     if _cached_verification(entry, facts, recorded):
-        _VERIFIED[key] = recorded
+        memo[key] = recorded
         return recorded
     # ranks of one machine opening the same copied manifest: one recomputes, the others wait
     # for its verification instead of hashing every row again
     with file_lock(entry.parent.with_name("content-hash-locks") / f"{entry.stem}.lock"):
         if _cached_verification(entry, facts, recorded):
-            _VERIFIED[key] = recorded
+            memo[key] = recorded
             return recorded
         got = recompute_hash(path)
         if got != recorded:

@@ -160,11 +160,6 @@ def schema_version(schema: pa.Schema) -> int:
     return SCHEMA_VERSION if "container" in schema.names else SCHEMA_VERSION_LOOSE
 
 
-def empty_manifest() -> pl.DataFrame:
-    """A manifest frame with no rows and the full schema."""
-    return pl.DataFrame(schema=POLARS_SCHEMA)
-
-
 def empty_rejects() -> pl.DataFrame:
     """A rejects frame with no rows and the full schema."""
     return pl.DataFrame(schema=REJECTS_POLARS_SCHEMA)

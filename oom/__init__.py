@@ -1,2 +1,18 @@
 """Per-bucket batch-size search (the OOMptimizer): real CUDA bisection, a device-free
 estimate, and the reference encoder-decoder models it measures. Needs the ``torch`` extra."""
+
+# the public modules (imported on use, so that the torch-free oom.options loads without torch)
+__all__ = [
+    "cache",
+    "encoder",
+    "estimate",
+    "fit",
+    "isolate",
+    "lattice",
+    "models",
+    "optimize",
+    "options",
+    "search",
+    "step",
+    "transducer",
+]

@@ -3,8 +3,9 @@
 Key: (model config, GPU or estimate target, torch version, memory fraction, bucket shape in
 frames and tokens). Value: per batch size, the raw outcome (oom, peak bytes, step
 seconds). Whether a probe *fits* is decided from the outcome and the budget at lookup
-time, so a different ``--margin`` reuses the same measurements. One JSON file per key under
-``~/.cache/speech-dataprep/oom`` (or ``--cache-dir``), written atomically.
+time, so a different ``--margin`` reuses the same measurements. One JSON file per key under the
+directory the caller passes (the CLI: ``<cache>/oom`` of :func:`manifests.io.default_cache_dir`,
+or ``--cache-dir``), written atomically.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from typing import Any
 
 from manifests.io import write_json
 from oom.search import Probe, ProbeResult
-
-DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speech-dataprep" / "oom"
 
 Measure = Callable[[int], ProbeResult]  # raw outcome: ``fits`` = not OOM
 

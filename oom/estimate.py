@@ -246,7 +246,7 @@ class Trace:
     grad_ids: frozenset[int]
 
 
-def _trace_forward_backward(
+def trace_forward_backward(
     model_name: str,
     shape: Shape,
     batch_size: int,
@@ -292,7 +292,7 @@ def _trace_with(
     return trace
 
 
-def _canonical(events: list[int]) -> list[int]:
+def canonical(events: list[int]) -> list[int]:
     """Sort each run of consecutive frees: their order within the run (which can follow
     memory addresses) does not change any live total seen at an allocation."""
     out: list[int] = []
@@ -331,10 +331,10 @@ class ShapeEstimator:
         t0 = time.perf_counter()
         self.round_to = max(1, round_to)
         # Batch 2 and 3, not 1: with a batch of one, some reshapes are views instead of copies.
-        t2 = _trace_forward_backward(model_name, shape, 2, self.round_to, autocast_dtype, loss_mode)
-        t3 = _trace_forward_backward(model_name, shape, 3, self.round_to, autocast_dtype, loss_mode)
+        t2 = trace_forward_backward(model_name, shape, 2, self.round_to, autocast_dtype, loss_mode)
+        t3 = trace_forward_backward(model_name, shape, 3, self.round_to, autocast_dtype, loss_mode)
         s2, s3 = t2.sizes, t3.sizes
-        e2, e3 = _canonical(t2.events), _canonical(t3.events)
+        e2, e3 = canonical(t2.events), canonical(t3.events)
         if e2 != e3 or len(s2) != len(s3):
             raise RuntimeError(
                 f"{model_name}: the step allocates differently at batch 2 and 3; "
@@ -369,9 +369,3 @@ class ShapeEstimator:
 def shape_estimator(model_name: str, shape: Shape, loss_mode: str = "batched") -> ShapeEstimator:
     """:class:`ShapeEstimator` of ``model_name`` for ``shape``, built once per process."""
     return ShapeEstimator(model_name, shape, loss_mode=loss_mode)
-
-
-def estimate_peak(model_name: str, shape: Shape, batch_size: int, loss_mode: str = "batched") -> int:
-    """Estimated peak bytes of one bf16-autocast AdamW training step by full traces of
-    ``shape`` (see :class:`ShapeEstimator`; :mod:`oom.fit` is the fast path)."""
-    return shape_estimator(model_name, shape, loss_mode).peak(batch_size)

@@ -33,10 +33,11 @@ import torch
 from oom.estimate import (
     CUDA_ROUNDING,
     OptimizerProfile,
+    ShapeEstimator,
     Trace,
-    _canonical,
-    _trace_forward_backward,
+    canonical,
     optimizer_profile,
+    trace_forward_backward,
 )
 from oom.models import is_transducer
 from oom.step import Shape
@@ -122,7 +123,7 @@ class FittedModel:
         self.model_name, self.loss_mode = model_name, loss_mode
         self.round_to = max(1, round_to)
         self.autocast_dtype = autocast_dtype
-        trace = _trace_forward_backward(model_name, TAG_SHAPE, TAG_BATCH, self.round_to, autocast_dtype, loss_mode)
+        trace = trace_forward_backward(model_name, TAG_SHAPE, TAG_BATCH, self.round_to, autocast_dtype, loss_mode)
         laws = [size_law(s) for s in trace.sizes]
         bad = [(i, s) for i, (s, law) in enumerate(zip(trace.sizes, laws)) if law is None]
         if bad:
@@ -132,7 +133,7 @@ class FittedModel:
         self.monomials, self.which = np.unique(exps, axis=0, return_inverse=True)
         self.which = self.which.reshape(-1)
         self.exps = exps
-        ev = np.asarray(_canonical(trace.events), dtype=np.int64)
+        ev = np.asarray(canonical(trace.events), dtype=np.int64)
         self.alloc = ev >= 0
         self.ids = np.where(self.alloc, ev, ~ev)
         self.classes = self._classify(trace, exps)
@@ -194,8 +195,6 @@ class FittedModel:
 
     def check_against(self, trace_shape: Shape, batch_size: int) -> float:
         """Relative difference of the fitted peak vs a full untagged trace at one shape."""
-        from oom.estimate import ShapeEstimator
-
         exact = ShapeEstimator(self.model_name, trace_shape, self.round_to, self.autocast_dtype, self.loss_mode)
         ref = exact.peak(batch_size)
         return abs(self.peak(batch_size, trace_shape) - ref) / ref

@@ -27,7 +27,7 @@ import torch
 NEG_INF = float("-inf")
 
 
-def _is_fake(t: torch.Tensor) -> bool:
+def is_fake(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake
 
     return bool(is_fake(t))
@@ -122,7 +122,7 @@ class TransducerNLL(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.durations = durations
         ctx.has_duration = duration is not None
-        ctx.fake = _is_fake(blank)
+        ctx.fake = is_fake(blank)
         ins = (blank, label) + ((duration,) if duration is not None else ())
         ctx.save_for_backward(*ins, frame_lens, target_lens)
         if ctx.fake:

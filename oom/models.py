@@ -35,26 +35,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from manifests.errors import DataprepError
+from oom.encoder import (
+    Attention,
+    ConformerBlock,
+    ConvSubsampling,
+    EncoderConfig,
+    FeedForward,
+    padding_mask,
+    subsampled_length,
+)
+from oom.transducer import TRANSDUCER_CONFIGS, Transducer, transducer_loss
 
 #: Feature frames per second of audio (10 ms hop).
 FRAMES_PER_SECOND = 100
 #: Target id ignored by the loss (padding).
 PAD_ID = 0
-
-
-@dataclass(frozen=True)
-class EncoderConfig:
-    """Sizes of the FastConformer encoder every reference model shares (mel bins, layers,
-    width, heads, feed-forward multiple, conv kernel, subsampling channels)."""
-
-    name: str
-    n_mels: int = 128
-    enc_layers: int = 24
-    enc_dim: int = 1024
-    enc_heads: int = 8
-    enc_ff_mult: int = 4
-    conv_kernel: int = 9
-    subsampling_channels: int = 256
 
 
 @dataclass(frozen=True)
@@ -66,7 +61,6 @@ class ModelConfig(EncoderConfig):
     dec_heads: int = 8
     dec_ff_mult: int = 4
     vocab_size: int = 16384
-    dropout: float = 0.1
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,19 +84,6 @@ CONFIGS: dict[str, ModelConfig] = {
 }
 
 
-def subsampled_length(frames: torch.Tensor | int) -> Any:
-    """Encoder frames after the 8x subsampling (three conv 3x3, stride 2, padding 1)."""
-    n = frames
-    for _ in range(3):
-        n = (n - 1) // 2 + 1
-    return n
-
-
-def _padding_mask(lens: torch.Tensor, length: int) -> torch.Tensor:
-    """(B, length) bool, True where a position is real (not padding)."""
-    return torch.arange(length, device=lens.device)[None, :] < lens[:, None]
-
-
 def _sinusoid(length: int, dim: int, device: torch.device) -> torch.Tensor:
     pos = torch.arange(length, device=device, dtype=torch.float32)[:, None]
     inv = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
@@ -110,110 +91,6 @@ def _sinusoid(length: int, dim: int, device: torch.device) -> torch.Tensor:
     pe[:, 0::2] = torch.sin(pos * inv)
     pe[:, 1::2] = torch.cos(pos * inv)
     return pe
-
-
-class ConvSubsampling(nn.Module):
-    """8x time (and frequency) reduction, NeMo ``dw_striding`` style."""
-
-    def __init__(self, n_mels: int, channels: int, out_dim: int) -> None:
-        super().__init__()
-        self.conv = nn.Sequential(
-            nn.Conv2d(1, channels, 3, stride=2, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(channels, channels, 3, stride=2, padding=1, groups=channels),
-            nn.Conv2d(channels, channels, 1),
-            nn.ReLU(),
-            nn.Conv2d(channels, channels, 3, stride=2, padding=1, groups=channels),
-            nn.Conv2d(channels, channels, 1),
-            nn.ReLU(),
-        )
-        self.out = nn.Linear(channels * subsampled_length(n_mels), out_dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conv(x.unsqueeze(1))  # (B, C, T/8, F/8)
-        b, c, t, f = x.shape
-        return self.out(x.transpose(1, 2).reshape(b, t, c * f))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, mult: int, dropout: float, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.lin1 = nn.Linear(dim, dim * mult)
-        self.lin2 = nn.Linear(dim * mult, dim)
-        self.drop = nn.Dropout(dropout)
-        self.act = act
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.lin2(self.drop(self.act(self.lin1(self.norm(x))))))
-
-
-class Attention(nn.Module):
-    """Multi-head attention through ``scaled_dot_product_attention`` (self or cross)."""
-
-    def __init__(self, dim: int, heads: int, dropout: float, kv_dim: int | None = None) -> None:
-        super().__init__()
-        self.heads = heads
-        self.q = nn.Linear(dim, dim)
-        self.kv = nn.Linear(kv_dim or dim, 2 * dim)
-        self.o = nn.Linear(dim, dim)
-        self.dropout = dropout
-
-    def forward(
-        self, x: torch.Tensor, mem: torch.Tensor, key_mask: torch.Tensor | None, causal: bool = False
-    ) -> torch.Tensor:
-        b, t, d = x.shape
-        h = self.heads
-        q = self.q(x).view(b, t, h, d // h).transpose(1, 2)
-        k, v = self.kv(mem).view(b, mem.shape[1], 2, h, d // h).permute(2, 0, 3, 1, 4)
-        mask = None
-        if key_mask is not None:
-            mask = key_mask[:, None, None, :]  # (B, 1, 1, S), True = attend
-            if causal:
-                mask = mask & torch.ones(t, mem.shape[1], dtype=torch.bool, device=x.device).tril()
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-            is_causal=causal and mask is None,
-        )
-        return self.o(y.transpose(1, 2).reshape(b, t, d))
-
-
-class ConvModule(nn.Module):
-    def __init__(self, dim: int, kernel: int, dropout: float) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.pw1 = nn.Conv1d(dim, 2 * dim, 1)
-        self.dw = nn.Conv1d(dim, dim, kernel, padding=kernel // 2, groups=dim)
-        self.bn = nn.BatchNorm1d(dim)
-        self.pw2 = nn.Conv1d(dim, dim, 1)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        y = self.norm(x).masked_fill(~mask[..., None], 0.0).transpose(1, 2)
-        y = F.glu(self.pw1(y), dim=1)
-        y = self.pw2(F.silu(self.bn(self.dw(y))))
-        return self.drop(y.transpose(1, 2))
-
-
-class ConformerBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        d = cfg.enc_dim
-        self.ff1 = FeedForward(d, cfg.enc_ff_mult, cfg.dropout, F.silu)
-        self.att_norm = nn.LayerNorm(d)
-        self.att = Attention(d, cfg.enc_heads, cfg.dropout)
-        self.conv = ConvModule(d, cfg.conv_kernel, cfg.dropout)
-        self.ff2 = FeedForward(d, cfg.enc_ff_mult, cfg.dropout, F.silu)
-        self.norm = nn.LayerNorm(d)
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + 0.5 * self.ff1(x)
-        y = self.att_norm(x)
-        x = x + self.drop(self.att(y, y, mask))
-        x = x + self.conv(x, mask)
-        x = x + 0.5 * self.ff2(x)
-        return self.norm(x)
 
 
 class DecoderBlock(nn.Module):
@@ -263,13 +140,13 @@ class EncDec(nn.Module):
         token_lens: torch.Tensor,
     ) -> torch.Tensor:
         x = self.pre(features)
-        enc_mask = _padding_mask(subsampled_length(feature_lens), x.shape[1])
+        enc_mask = padding_mask(subsampled_length(feature_lens), x.shape[1])
         for block in self.encoder:
             x = block(x, enc_mask)
         mem = self.bridge(x)
         u = tokens_in.shape[1]
         y = self.embed(tokens_in) * math.sqrt(self.config.dec_dim) + _sinusoid(u, self.config.dec_dim, tokens_in.device)
-        dec_mask = _padding_mask(token_lens, u)
+        dec_mask = padding_mask(token_lens, u)
         for block in self.decoder:
             y = block(y, dec_mask, mem, enc_mask)
         return self.head(self.dec_norm(y))
@@ -280,7 +157,7 @@ def sequence_loss(logits: torch.Tensor, targets: torch.Tensor, target_lens: torc
 
     ``logits`` (B, U, V); ``targets`` (B, U) ids; ``target_lens`` (B,) tokens.
     """
-    mask = _padding_mask(target_lens, targets.shape[1])
+    mask = padding_mask(target_lens, targets.shape[1])
     targets = targets.masked_fill(~mask, -100)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
 
@@ -298,8 +175,6 @@ def loss(
     ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``. Transducers (``oom.transducer``):
     the transducer loss in ``loss_mode`` (``batched`` or ``sample-wise``); ``loss_mode`` is
     ignored by encoder-decoders, whose loss has no joint."""
-    from oom.transducer import Transducer, transducer_loss
-
     if isinstance(model, Transducer):
         return transducer_loss(model, features, feature_lens, tokens, token_lens, loss_mode)
     logits = model(features, feature_lens, tokens[:, :-1], token_lens - 1)
@@ -309,22 +184,16 @@ def loss(
 def model_config(name: str) -> Any:
     """The built-in configuration called ``name`` (``ModelConfig`` or ``TransducerConfig``),
     or None for a user factory."""
-    from oom.transducer import TRANSDUCER_CONFIGS
-
     return CONFIGS.get(name) or TRANSDUCER_CONFIGS.get(name)
 
 
 def is_transducer(name: str) -> bool:
     """True for the built-in transducers (their loss has a ``loss_mode``)."""
-    from oom.transducer import TRANSDUCER_CONFIGS
-
     return name in TRANSDUCER_CONFIGS
 
 
 def known_models() -> list[str]:
     """Names of the built-in models."""
-    from oom.transducer import TRANSDUCER_CONFIGS
-
     return sorted([*CONFIGS, *TRANSDUCER_CONFIGS])
 
 
@@ -353,8 +222,6 @@ def build_model(name: str) -> nn.Module:
     if cfg is not None:
         return EncDec(cfg)
     if is_transducer(name):
-        from oom.transducer import TRANSDUCER_CONFIGS, Transducer
-
         return Transducer(TRANSDUCER_CONFIGS[name])
     model = load_factory(name)()
     if not isinstance(model, nn.Module):

@@ -14,19 +14,21 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from bucketing.dynres import LONGEST, bucket_frames
 from manifests.buckets_file import Bucket, BucketSpec
-from manifests.errors import DataprepError
+from manifests.errors import DataprepError, OptionError
 from manifests.units import parse_bytes
-from oom.cache import DEFAULT_CACHE_DIR, ProbeCache, budget_probe
+from oom.cache import ProbeCache, budget_probe
 from oom.estimate import shape_estimator
 from oom.fit import FitError, fitted_model
 from oom.isolate import device_info, run_isolated
 from oom.models import FRAMES_PER_SECOND, is_transducer, model_config
+from oom.options import OomOptions
 from oom.search import ProbeResult, SearchResult, search_buckets
 from oom.step import Shape
 
@@ -56,47 +58,40 @@ def explain_bucket(model: str, shape: Shape, batch_size: int, loss_mode: str = "
 
 def oomptimize(
     spec: BucketSpec,
-    model: str,
+    options: OomOptions,
     *,
-    estimate: bool = False,
-    device: str = "cuda",
-    gpu_memory: int | None = None,
-    memory_fraction: float = 0.9,
-    margin: str = "5%",
-    tolerance: float = 0.05,
-    max_batch: int = 4096,
-    max_tps: float = 20.0,
-    cache_dir: str | None = str(DEFAULT_CACHE_DIR),
-    retries: int = 2,
-    start_batch: int = 1,
     on_done: Callable[[int, SearchResult], None] | None = None,
-    loss_mode: str = "batched",
-    exact_trace: bool = False,
-    explain: bool = False,
-    frames: Sequence[int] | None = None,
-    shape_policy: dict[str, Any] | None = None,
 ) -> BucketSpec:
     """Return ``spec`` with every bucket's ``batch_size`` set to the largest batch whose
     training step fits the budget, with provenance in ``batch_size_source`` and per-bucket
     ``oom_peak_bytes`` / ``oom_step_seconds`` / ``oom_probes`` ([batch, peak bytes, step
     seconds] of every probe that fit: data for a step-time cost model).
 
-    ``estimate=True`` needs ``gpu_memory`` (bytes) and no device. Otherwise the probes run
-    ``device`` (``cuda``, ``cuda:1``, or ``cpu`` for dry runs, which needs ``gpu_memory``).
-    ``start_batch`` is where the largest bucket's search starts (e.g. from an estimate).
+    ``options`` (:class:`OomOptions`, checked there): ``estimate=True`` needs ``gpu_memory``
+    (bytes) and no device. Otherwise the probes run ``device`` (``cuda``, ``cuda:1``, or
+    ``cpu`` for dry runs, which needs ``gpu_memory``). ``start_batch`` is where the largest
+    bucket's search starts (e.g. from an estimate).
 
     ``loss_mode`` (``batched`` | ``sample-wise``) applies to transducers (measured and
     estimated); it is recorded in ``batch_size_source``. The estimate is the fitted one of
     :mod:`oom.fit` unless ``exact_trace`` (two full traces per bucket shape). ``explain``
     adds ``oom_breakdown`` (bytes by class at the peak, from the fitted laws) to each bucket.
 
-    ``frames``: the feature frames of each bucket's largest batch tensor (dynamic resolution:
-    ``bucketing.dynres.bucket_frames``; default: its longest utterance at 100 Hz), and
-    ``shape_policy`` what they are for (``DynResConfig.shape_policy()``), written to
-    ``batch_size_source.shape_policy`` (plans refuse sizes made for another); each bucket
+    ``dynamic_resolution`` (a :class:`~bucketing.dynres.DynResConfig`): each bucket is sized at
+    the frames of its largest dynamic-resolution batch tensor (:func:`~bucketing.dynres.bucket_frames`;
+    None: its longest utterance at 100 Hz); the config's ``shape_policy()`` is written to
+    ``batch_size_source.shape_policy`` (plans refuse sizes made for another) and each bucket
     records the shape it was sized at in ``oom_shape``.
+    ``on_done(bucket index, result)`` is called as each bucket is sized.
     """
-    _check_options(model, loss_mode, memory_fraction)
+    if not isinstance(options, OomOptions):
+        raise DataprepError(f"oomptimize: options must be OomOptions, got {type(options).__name__}")
+    o = options
+    model, estimate, device, gpu_memory, memory_fraction = o.model, o.estimate, o.device, o.gpu_memory, o.memory_fraction
+    margin, tolerance, max_batch, max_tps, cache_dir = o.margin, o.tolerance, o.max_batch, o.max_tps, o.cache_dir
+    retries, start_batch, loss_mode, exact_trace, explain = o.retries, o.start_batch, o.loss_mode, o.exact_trace, o.explain
+    if loss_mode != "batched" and not is_transducer(model):
+        raise OptionError("loss_mode", f"only transducer models have a sample-wise loss ({model} has none)")
     gpu = _device(estimate, device, gpu_memory)
     total = int(gpu["total_memory"])
     margin_bytes = parse_bytes(margin, total)
@@ -105,11 +100,11 @@ def oomptimize(
         raise DataprepError(f"memory budget {budget} bytes: fraction {memory_fraction} of {total} minus margin {margin_bytes}")
 
     shapes = [Shape.of_bucket(b.max_duration, b.max_tokens, max_tps) for b in spec.buckets]
-    if frames is not None:
-        if len(frames) != len(shapes) or any(isinstance(f, bool) or int(f) < 1 for f in frames):
-            raise DataprepError(f"frames: one count >= 1 per bucket ({len(shapes)}), got {list(frames)[:4]}...")
+    policy: dict[str, Any] = {"target_frames": LONGEST, "frames_per_second": FRAMES_PER_SECOND}
+    if o.dynamic_resolution is not None:
+        frames = bucket_frames([b.max_duration for b in spec.buckets], o.dynamic_resolution).tolist()
         shapes = [dataclasses.replace(s, frames=int(f)) for s, f in zip(shapes, frames)]
-    policy = shape_policy or {"target_frames": "longest", "frames_per_second": FRAMES_PER_SECOND}
+        policy = o.dynamic_resolution.shape_policy()
     base_ctx = {
         "model": _model_context(model),
         "gpu": gpu["name"],
@@ -151,22 +146,10 @@ def oomptimize(
     return dataclasses.replace(spec, buckets=tuple(buckets), batch_size_source=source)
 
 
-def _check_options(model: str, loss_mode: str, memory_fraction: float) -> None:
-    from oom.transducer import LOSS_MODES
-
-    if loss_mode not in LOSS_MODES:
-        raise DataprepError(f"--loss-mode {loss_mode!r}: expected one of {', '.join(LOSS_MODES)}")
-    if loss_mode != "batched" and not is_transducer(model):
-        raise DataprepError(f"--loss-mode {loss_mode}: only transducer models have a sample-wise loss ({model} has none)")
-    if not 0.0 < memory_fraction <= 1.0:
-        raise DataprepError(f"--memory-fraction {memory_fraction}: expected 0 < fraction <= 1")
-
-
 def _device(estimate: bool, device: str, gpu_memory: int | None) -> dict[str, Any]:
     """Name and total memory (bytes) of what the batches are sized for."""
-    if estimate or not device.startswith("cuda"):
-        if gpu_memory is None:
-            raise DataprepError("--gpu-memory is required with --estimate or a CPU device (e.g. --gpu-memory 80GiB)")
+    if estimate or not device.startswith("cuda"):  # OomOptions requires gpu_memory here
+        assert gpu_memory is not None
         return {"name": f"estimate:{gpu_memory}" if estimate else "cpu", "total_memory": int(gpu_memory)}
     gpu = device_info(device)
     if gpu_memory is not None:
@@ -215,7 +198,7 @@ def _provenance(model: str, estimate: bool, device: str, gpu: dict[str, Any], me
         "frames_per_second": FRAMES_PER_SECOND,
         # the batch shape each size is for: plan-batches --dynamic-resolution refuses another one
         "dynamic_resolution": ("sized by target frames (the longest utterance at frames_per_second)"
-                               if shape_policy.get("target_frames") == "longest"
+                               if shape_policy.get("target_frames") == LONGEST
                                else f"sized by target frames ({shape_policy.get('target_frames')} per batch, or "
                                     "what the clamp or the floor gives: oom_shape)"),
         "shape_policy": shape_policy,

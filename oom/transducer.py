@@ -2,7 +2,7 @@
 
 Layout after NeMo's FastConformer transducer configs
 (``examples/asr/conf/fastconformer/fast-conformer_transducer_bpe.yaml``, XL / XXL sizes of
-the Parakeet model cards): the FastConformer encoder of :mod:`oom.models` (8x ``dw_striding``
+the Parakeet model cards): the FastConformer encoder of :mod:`oom.encoder` (8x ``dw_striding``
 subsampling, 256 channels, d_model 1024, 8 heads, FF x4, conv kernel 9), an LSTM
 prediction network (embedding of vocabulary + blank, ``pred_dim`` 640, 2 layers) and a joint
 (``enc -> 640``, ``pred -> 640``, ReLU, ``640 -> V + 1 (+ D durations for TDT)``). The
@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from oom.lattice import TransducerNLL, _is_fake
-from oom.models import ConformerBlock, ConvSubsampling, EncoderConfig, _padding_mask, subsampled_length
+from oom.encoder import ConformerBlock, ConvSubsampling, EncoderConfig, padding_mask, subsampled_length
+from oom.lattice import TransducerNLL, is_fake
+from oom.options import LOSS_MODES
 
-LOSS_MODES = ("batched", "sample-wise")
 #: Samples per chunk of the sample-wise loss.
 SAMPLE_CHUNK = 1
 
@@ -47,7 +47,6 @@ class TransducerConfig(EncoderConfig):
     joint_dim: int = 640
     vocab_size: int = 1024  # BPE tokens, without blank
     durations: tuple[int, ...] = ()  # TDT: (0, 1, 2, 3, 4); empty: RNN-T
-    dropout: float = 0.1
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "durations": list(self.durations), "kind": "tdt" if self.durations else "rnnt"}
@@ -90,7 +89,7 @@ class Transducer(nn.Module):
         super().__init__()
         self.config = cfg
         self.pre = ConvSubsampling(cfg.n_mels, cfg.subsampling_channels, cfg.enc_dim)
-        self.encoder = nn.ModuleList(ConformerBlock(cfg) for _ in range(cfg.enc_layers))  # type: ignore[arg-type]
+        self.encoder = nn.ModuleList(ConformerBlock(cfg) for _ in range(cfg.enc_layers))
         self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.pred_dim)
         self.lstm = nn.LSTM(cfg.pred_dim, cfg.pred_dim, cfg.pred_layers, batch_first=True)
         self.joint = Joint(cfg)
@@ -103,7 +102,7 @@ class Transducer(nn.Module):
         """(B, T', enc_dim) encoder output and (B,) lengths in encoder frames."""
         x = self.pre(features)
         lens = subsampled_length(feature_lens)
-        mask = _padding_mask(lens, x.shape[1])
+        mask = padding_mask(lens, x.shape[1])
         for block in self.encoder:
             x = block(x, mask)
         return x, lens
@@ -169,7 +168,7 @@ def _sample_wise(
     grad_g = torch.zeros_like(g)
     total = torch.zeros((), dtype=torch.float32, device=f.device)
     starts = range(0, b, SAMPLE_CHUNK)
-    if _is_fake(f):
+    if is_fake(f):
         starts = starts[:2]
     params = [p for p in model.joint.out.parameters() if p.requires_grad]
     fd, gd = f.detach(), g.detach()

@@ -1,12 +1,12 @@
-"""The README's "Using a plan in your trainer" examples: each code block is an ``examples/`` file
-(verbatim), and each file runs on a real-audio corpus and prints exactly the plan's batches."""
+"""The trainer examples of ``docs/trainers.md``: each block marked ``<!-- doc-test: file examples/NAME -->``
+is that ``examples/`` file verbatim (``tests/test_docs_examples.py`` checks every page's markers),
+and each file runs on a real-audio corpus and prints exactly the plan's batches."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +16,10 @@ import pytest
 from manifests.plan_files import open_shard
 from tests.integrations._rich import Rich, rich_corpus
 
+from tests.test_docs_examples import page_blocks
+
 REPO = Path(__file__).resolve().parents[1]
-SECTION = "## Using a plan in your trainer"
+PAGE = REPO / "docs" / "trainers.md"
 #: example -> the modules it needs (skipped, with the reason, where one is absent)
 EXAMPLES = {
     "pytorch_sampler.py": ("torch",),
@@ -28,17 +30,13 @@ EXAMPLES = {
 }
 
 
-def readme_blocks() -> dict[str, str]:
-    """``examples/NAME`` -> the code block following its mention in the README's section."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text[text.index(SECTION):]
-    section = section[:section.find("\n## ", len(SECTION))]
-    return {m.group(1): m.group(2) for m in
-            re.finditer(r"`examples/([\w.]+)`[^\n]*\n+```python\n(.*?)```", section, flags=re.DOTALL)}
+def example_blocks() -> dict[str, str]:
+    """``NAME`` -> the code block of ``docs/trainers.md`` marked as ``examples/NAME``."""
+    return {b.mark.removeprefix("file examples/"): b.code for b in page_blocks(PAGE) if b.kind == "file" and b.mark}
 
 
-def test_every_example_is_in_the_readme_verbatim() -> None:
-    blocks = readme_blocks()
+def test_every_example_is_in_the_docs_verbatim() -> None:
+    blocks = example_blocks()
     assert set(blocks) == set(EXAMPLES) == {p.name for p in (REPO / "examples").glob("*.py")}
     for name, code in blocks.items():
         assert code == (REPO / "examples" / name).read_text(encoding="utf-8"), name

@@ -6,18 +6,21 @@ imports them all. Commands parse options and call a library function, nothing mo
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
-import math
+import types
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 
-from manifests.errors import DataprepError
+from manifests.errors import DataprepError, OptionError
+from manifests.options import check_number
 
 app = typer.Typer(
     name="dataprep",
@@ -37,6 +40,7 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
+O = TypeVar("O")
 
 
 def _terminated(signum: int, frame: Any) -> None:
@@ -80,20 +84,54 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def flag_of(field: str, flags: Mapping[str, str] | None = None) -> str:
+    """The command-line flag of an options field: ``flags[field]``, else ``--field-name``."""
+    return (flags or {}).get(field) or "--" + field.replace("_", "-")
+
+
+@contextlib.contextmanager
+def option_flags(flags: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Inside, an :class:`OptionError` (a library options check) comes out naming the flag
+    (``flags``: field -> flag where the flag is not ``--field-name``), e.g.
+    ``error: --world-size: must be >= 1, got 0``."""
+    try:
+        yield
+    except OptionError as exc:
+        raise DataprepError(f"{flag_of(exc.field, flags)}: {exc.problem}") from None
+
+
+def build_options(cls: Callable[..., O], flags: Mapping[str, str] | None = None, /, **values: Any) -> O:
+    """``cls(**values)``, an options object that checks its own ranges, its errors naming the
+    flag (:func:`option_flags`)."""
+    with option_flags(flags):
+        return cls(**values)
+
+
+def defaults_of(cls: type) -> Any:
+    """The dataclass ``cls``'s defaults by field name (``defaults_of(TrainConfig).lr``): the CLI
+    shows and uses these, so a default lives once, in the options object."""
+    values = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    return types.SimpleNamespace(**values)
+
+
 def check_range(option: str, value: float | int | None, *, ge: float | None = None, gt: float | None = None,
                 le: float | None = None) -> None:
-    """Refuse an option value outside its range (and any NaN / infinity) with one line,
-    ``error: --option: must be ...``, exit 2 (through :func:`user_errors`). ``None`` (not given) passes."""
-    if value is None:
-        return
-    if isinstance(value, float) and not math.isfinite(value):
-        raise DataprepError(f"{option}: must be a finite number, got {value}")
-    if ge is not None and value < ge:
-        raise DataprepError(f"{option}: must be >= {ge:g}, got {value:g}")
-    if gt is not None and value <= gt:
-        raise DataprepError(f"{option}: must be > {gt:g}, got {value:g}")
-    if le is not None and value > le:
-        raise DataprepError(f"{option}: must be <= {le:g}, got {value:g}")
+    """Refuse a flag no options object holds when outside its range (and any NaN / infinity)
+    with one line, ``error: --option: must be ...``, exit 2 (through :func:`user_errors`); the
+    checks of :mod:`manifests.options`. ``None`` (not given) passes."""
+    try:
+        check_number(option, value, ge=ge, gt=gt, le=le, optional=True)
+    except OptionError as exc:
+        raise DataprepError(str(exc)) from None
+
+
+def alias(option: str, value: Any, old: str, old_value: Any) -> Any:
+    """The value of ``option`` given under it or under its hidden old name ``old`` (one line if both)."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise DataprepError(f"{old} is the old name of {option}: give one of them")
+    return old_value
 
 
 def parse_world_sizes(option: str, text: str) -> list[int]:

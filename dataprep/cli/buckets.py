@@ -8,16 +8,22 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from bucketing.allocate import fit_spec
-from bucketing.dynres import DynResConfig
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.batching import DEFAULT_AUDIO_WEIGHT
-from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE
-from dataprep.cli.app import app, check_range, out, parse_world_sizes, user_errors
-from dataprep.report.padding import duration_and_tokens, manifest_padding_report
-from manifests.buckets_file import BucketSpec, write_buckets
-from manifests.errors import DataprepError
-from manifests.io import manifest_hash, write_json
+from bucketing.dynres import DynResConfig
+from dataprep.cli.app import app, build_options, check_range, defaults_of, out, parse_world_sizes, user_errors
+from dataprep.cli.dynres import (
+    DYNRES_DEFAULTS,
+    FloorRateOpt,
+    FramesPerSecondOpt,
+    MaxRateOpt,
+    MinRateOpt,
+    TargetFramesOpt,
+    dynres_config,
+)
+from dataprep.report import FitOptions, fit_buckets_file, manifest_padding_report
+from manifests.buckets_file import BucketSpec
+from manifests.io import write_json
 from manifests.outputs import refuse_same_paths
 
 
@@ -33,56 +39,43 @@ def _bucket_table(spec: BucketSpec) -> Table:
     return table
 
 
+_FIT = defaults_of(FitOptions)
+
+
 @app.command("fit-buckets")
 @user_errors
 def fit_buckets_cmd(
     manifest: Annotated[Path, typer.Argument(help="Compiled manifest (Parquet).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="buckets.json to write.")] = Path("buckets.json"),
-    num_buckets: Annotated[int, typer.Option(help="Duration bins (equal seconds of audio).")] = 30,
-    num_subbuckets: Annotated[int, typer.Option(help="Token sub-bins per duration bin; 1 = 1D.")] = 2,
-    max_duration_budget: Annotated[Optional[float], typer.Option(help="Padded seconds of audio per batch.")] = 600.0,
-    max_frames_budget: Annotated[Optional[int], typer.Option(help="Padded audio frames per batch.")] = None,
-    max_tokens_budget: Annotated[Optional[int], typer.Option(help="Padded tokens per batch.")] = None,
-    frame_shift: Annotated[float, typer.Option(help="Seconds per frame for --max-frames-budget.")] = 0.01,
-    strict: Annotated[bool, typer.Option("--strict", help="NeMo strict 2D: drop rows over their bin's tokens.")] = False,
-    min_duration: Annotated[Optional[float], typer.Option(help="Leave out rows shorter than this (s), reported.")] = None,
-    max_duration: Annotated[Optional[float], typer.Option(help="Leave out rows longer than this (s), reported.")] = None,
+    num_buckets: Annotated[int, typer.Option(help="Duration bins (equal seconds of audio).")] = _FIT.num_buckets,
+    num_subbuckets: Annotated[int, typer.Option(help="Token sub-bins per duration bin; 1 = 1D.")] = _FIT.num_subbuckets,
+    max_duration_budget: Annotated[Optional[float], typer.Option(help="Padded seconds of audio per batch.")] = _FIT.max_duration_budget,
+    max_frames_budget: Annotated[Optional[int], typer.Option(help="Padded audio frames per batch.")] = _FIT.max_frames_budget,
+    max_tokens_budget: Annotated[Optional[int], typer.Option(help="Padded tokens per batch.")] = _FIT.max_tokens_budget,
+    frame_shift: Annotated[float, typer.Option(help="Seconds per frame for --max-frames-budget.")] = _FIT.frame_shift,
+    strict: Annotated[bool, typer.Option("--strict", help="NeMo strict 2D: drop rows over their bin's tokens.")] = _FIT.strict,
+    min_duration: Annotated[Optional[float], typer.Option(help="Leave out rows shorter than this (s), reported.")] = _FIT.min_duration,
+    max_duration: Annotated[Optional[float], typer.Option(help="Leave out rows longer than this (s), reported.")] = _FIT.max_duration,
     duration_fence: Annotated[float, typer.Option(
-        help="k of Q3 + k*IQR: longer rows form one overflow bucket after the bins.")] = DEFAULT_OUTLIER_FENCE,
+        help="k of Q3 + k*IQR: longer rows form one overflow bucket after the bins.")] = _FIT.duration_fence,
     token_fence: Annotated[float, typer.Option(
-        help="k of Q3 + k*IQR per duration bin: rows with more tokens move to a later bin.")] = DEFAULT_TOKEN_FENCE,
+        help="k of Q3 + k*IQR per duration bin: rows with more tokens move to a later bin.")] = _FIT.token_fence,
     no_fences: Annotated[bool, typer.Option(
-        "--no-fences", help="Plain equal occupancy: bounds at the maxima, no overflow bucket.")] = False,
+        "--no-fences", help="Plain equal occupancy: bounds at the maxima, no overflow bucket.")] = not _FIT.fences,
 ) -> None:
     """Fit equal-occupancy duration × token buckets, size batches by a padded budget, write buckets.json."""
-    check_range("--num-buckets", num_buckets, ge=1)
-    check_range("--num-subbuckets", num_subbuckets, ge=1)
-    check_range("--max-duration-budget", max_duration_budget, gt=0)
-    check_range("--max-frames-budget", max_frames_budget, gt=0)
-    check_range("--max-tokens-budget", max_tokens_budget, gt=0)
-    check_range("--frame-shift", frame_shift, gt=0)
-    check_range("--min-duration", min_duration, ge=0)
-    check_range("--max-duration", max_duration, gt=0)
-    check_range("--duration-fence", duration_fence, ge=0)
-    check_range("--token-fence", token_fence, ge=0)
-    refuse_same_paths({"MANIFEST": manifest}, {"-o": output})
-    d, t = duration_and_tokens(manifest)
-    try:
-        spec, alloc = fit_spec(
-            d, t, num_buckets=num_buckets, num_subbuckets=num_subbuckets, min_duration=min_duration,
-            max_duration=max_duration, strict=strict, max_duration_budget=max_duration_budget,
-            max_frames_budget=max_frames_budget, max_tokens_budget=max_tokens_budget,
-            frame_shift=frame_shift, manifest_hash=manifest_hash(manifest),
-            outlier_fence=None if no_fences else duration_fence, token_fence=None if no_fences else token_fence,
-        )
-    except ValueError as exc:
-        raise DataprepError(f"{manifest}: {exc}") from None
-    write_buckets(spec, output)
+    options = build_options(FitOptions, None, num_buckets=num_buckets, num_subbuckets=num_subbuckets,
+                            max_duration_budget=max_duration_budget, max_frames_budget=max_frames_budget,
+                            max_tokens_budget=max_tokens_budget, frame_shift=frame_shift, strict=strict,
+                            min_duration=min_duration, max_duration=max_duration, duration_fence=duration_fence,
+                            token_fence=token_fence, fences=not no_fences)
+    res = fit_buckets_file(manifest, output, options)
+    spec, d = res.spec, res.duration
     out.print(_bucket_table(spec))
-    for reason, rows in sorted(alloc.dropped.items()):
+    for reason, rows in sorted(res.allocation.dropped.items()):
         out.print(f"left out: {rows.shape[0]:,} rows ({d[rows].sum() / 3600:.2f} h), reason {reason}")
-    if alloc.moved:
-        out.print(f"moved to a longer-duration bin for their tokens: {alloc.moved:,} rows "
+    if res.allocation.moved:
+        out.print(f"moved to a longer-duration bin for their tokens: {res.allocation.moved:,} rows "
                   f"(token outliers; they train there, none dropped)")
     for note in spec.fit.get("notes", []):
         out.print(f"note: {note}")
@@ -105,10 +98,11 @@ def padding_cmd(
     audio_weight: Annotated[float, typer.Option(
         help="Grouping cost: a point of audio padding counts as this many of token padding.")] = DEFAULT_AUDIO_WEIGHT,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch (as plan-batches does).")] = True,
-    frames_per_second: Annotated[float, typer.Option(help="2D + dynamic resolution: base frame rate (Hz).")] = 100.0,
-    min_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: lowest frame rate (Hz).")] = 70.0,
-    max_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: highest frame rate (Hz).")] = 130.0,
-    floor_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: a batch needing less (Hz) falls back to padding.")] = 50.0,
+    target_frames: TargetFramesOpt = DYNRES_DEFAULTS.target_frames,
+    frames_per_second: FramesPerSecondOpt = DYNRES_DEFAULTS.frames_per_second,
+    min_rate: MinRateOpt = DYNRES_DEFAULTS.min_rate,
+    max_rate: MaxRateOpt = DYNRES_DEFAULTS.max_rate,
+    floor_rate: FloorRateOpt = DYNRES_DEFAULTS.floor_rate,
     world_sizes: Annotated[Optional[str], typer.Option("--world-sizes", help="Comma-separated world sizes: also report the steps plan-batches would make (fill, straggler, same-bucket share) with one bucket per step and with --balance.")] = None,
     balance: Annotated[float, typer.Option("--balance", help="Balance tolerance for --world-sizes (as plan-batches --balance).")] = DEFAULT_BALANCE,
 ) -> None:
@@ -120,11 +114,7 @@ def padding_cmd(
     check_range("--window", window, ge=1)
     check_range("--audio-weight", audio_weight, ge=0)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"--json": json_out})
-    try:
-        dynres = DynResConfig(frames_per_second=frames_per_second, min_rate=min_rate, max_rate=max_rate,
-                              floor_rate=floor_rate)
-    except ValueError as exc:
-        raise DataprepError(str(exc)) from None
+    dynres = dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
     ws = parse_world_sizes("--world-sizes", world_sizes) if world_sizes else []
     report = manifest_padding_report(manifest, buckets, budget=budget, cumulative_budget=cumulative_budget,
                                      strict=strict, seed=seed, window=window, sort_by=sort_by,
@@ -152,8 +142,8 @@ def _print_padding(report: dict[str, Any], dynres: DynResConfig) -> None:
                       f"{s['mean_batch_size']:.1f}", f"{s['num_batches']:,}", f"{s['excluded']:,}")
     out.print(table)
     dr = report["schemes"]["2d-dynamic-resolution"]
-    out.print(f"2D + dynamic resolution ({dynres.frames_per_second:g} Hz base, {dynres.min_rate:g}-"
-              f"{dynres.max_rate:g} Hz, floor {dynres.floor_rate:g} Hz): frame padding {dr['frame_padding']:.2%} (vs {dr['frame_padding_base']:.2%} at the "
+    out.print(f"2D + dynamic resolution (target {dynres.target_frames}, {dynres.frames_per_second:g} Hz base, "
+              f"{dynres.min_rate:g}-{dynres.max_rate:g} Hz, floor {dynres.floor_rate:g} Hz): frame padding {dr['frame_padding']:.2%} (vs {dr['frame_padding_base']:.2%} at the "
               f"base rate), {dr['clamped_share']:.2%} of utterances clamped, {dr['fallback_share']:.2%} of batches "
               f"fell back, {dr['off_rate_share']:.2%} of frames more than 10% off the base rate")
     print_policy_comparison(dr.get("compare", []))

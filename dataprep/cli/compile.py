@@ -12,7 +12,7 @@ import polars as pl
 import typer
 from rich.table import Table
 
-from dataprep.cli.app import app, check_range, out, user_errors
+from dataprep.cli.app import alias, app, check_range, out, user_errors
 from dataprep.cli.progress import progress_counter
 from dataprep.compile.validate import DEFAULT_MAX_PLAUSIBLE_DURATION
 
@@ -66,10 +66,12 @@ def compile_cmd(
     mismatch_tolerance: Annotated[float, typer.Option(help="Seconds a manifest duration may differ from the header with --probe always.")] = 0.05,
     max_plausible_duration: Annotated[float, typer.Option(help="Reject rows longer than this many seconds (reason implausible_duration): a typo or a unit error, not a recording.")] = DEFAULT_MAX_PLAUSIBLE_DURATION,
     strict: Annotated[bool, typer.Option(help="Stop at the first bad row with a one-line error instead of writing it to the rejects file.")] = False,
-    num_shards: Annotated[Optional[int], typer.Option(help="Split the rows by a stable hash of the id into this many shards (default: $SLURM_ARRAY_TASK_COUNT with --shard-index; 4 x --workers for a local pool).", show_default=False)] = None,
-    shard_index: Annotated[Optional[int], typer.Option(help="Run only this shard (0-based; default: $SLURM_ARRAY_TASK_ID when --num-shards is given); -o is then a folder of parts for `dataprep merge`.", show_default=False)] = None,
+    num_parts: Annotated[Optional[int], typer.Option("--num-parts", help="Split the rows by a stable hash of the id into this many parts (default: $SLURM_ARRAY_TASK_COUNT with --part-index; 4 x --workers for a local pool).", show_default=False)] = None,
+    part_index: Annotated[Optional[int], typer.Option("--part-index", help="Run only this part (0-based; default: $SLURM_ARRAY_TASK_ID when --num-parts is given); -o is then a folder of parts for `dataprep merge`.", show_default=False)] = None,
+    num_shards: Annotated[Optional[int], typer.Option("--num-shards", hidden=True, help="Old name of --num-parts.", show_default=False)] = None,
+    shard_index: Annotated[Optional[int], typer.Option("--shard-index", hidden=True, help="Old name of --part-index.", show_default=False)] = None,
     executor: Annotated[str, typer.Option(help="local: this machine (--workers processes); ray: Ray Data map_batches (the `ray` extra).")] = "local",
-    workers: Annotated[int, typer.Option(help="Local worker processes, each running whole shards (threads inside for header reads).")] = 1,
+    workers: Annotated[int, typer.Option(help="Local worker processes, each running whole parts (threads inside for header reads).")] = 1,
     tarred_audio: Annotated[Optional[list[str]], typer.Option("--tarred-audio", help="NeMo tarred dataset: its audio tars (NeMo's brace syntax 'audio__OP_0..7_CL_.tar' or a list); the sources are then its manifests (matched by shard_id and file name, as NeMo does).", show_default=False)] = None,
 ) -> None:
     """Compile sources into one Parquet manifest: durations, token counts (incl. prompt), TPS.
@@ -84,9 +86,8 @@ def compile_cmd(
     check_range("--mismatch-tolerance", mismatch_tolerance, ge=0)
     check_range("--max-plausible-duration", max_plausible_duration, gt=0)
     check_range("--threads", threads, ge=1)
-    check_range("--workers", workers, ge=1)
-    check_range("--num-shards", num_shards, ge=1)
-    check_range("--shard-index", shard_index, ge=0)
+    num_parts = alias("--num-parts", num_parts, "--num-shards", num_shards)
+    part_index = alias("--part-index", part_index, "--shard-index", shard_index)
     opts = CompileOptions(prompt_tokens=prompt_tokens, prompt_format=prompt_format, fmt=fmt, text_field=text_field,
                           audio_root=str(audio_root) if audio_root else None, probe=probe,  # type: ignore[arg-type]
                           probe_threads=threads, mismatch_tolerance=mismatch_tolerance, strict=strict,
@@ -94,24 +95,24 @@ def compile_cmd(
     rejects_path = rejects or default_rejects_path(output)
     refuse_same_paths({**{f"SOURCE {s}": s for s in sources}, **{f"--tokenizer {t}": t.partition("=")[2] or t
                                                                  for t in tokenizer}},
-                      {"-o": output, "--rejects": None if shard_index is not None else rejects_path})
-    pooled = executor == "local" and shard_index is None and (workers != 1 or num_shards is not None) \
+                      {"-o": output, "--rejects": None if part_index is not None else rejects_path})
+    pooled = executor == "local" and part_index is None and (workers != 1 or num_parts is not None) \
         and "SLURM_ARRAY_TASK_ID" not in os.environ  # only picks the progress bars shown
     with contextlib.ExitStack() as bars:
         on_chunk = on_probe = on_part = None
         if pooled:
-            on_part_done = bars.enter_context(progress_counter("shards", total=num_shards or 4 * workers))
+            on_part_done = bars.enter_context(progress_counter("parts", total=num_parts or 4 * workers))
             on_part = lambda r: on_part_done(1)  # noqa: E731
         else:
             on_chunk = bars.enter_context(progress_counter("reading rows"))
             if executor != "ray":
                 on_probe = bars.enter_context(progress_counter("probing audio headers"))
         result = compile(sources, tokenizer, output, rejects_path, opts, executor=executor, workers=workers,
-                         num_parts=num_shards, part_index=shard_index, on_chunk=on_chunk, on_probe=on_probe,
+                         num_parts=num_parts, part_index=part_index, on_chunk=on_chunk, on_probe=on_probe,
                          on_part=on_part)
     if result.part_index is not None:
         state = "already done, skipped" if result.skipped else "done"
-        out.print(f"shard {result.part_index} of {result.num_parts} {state}: {result.rows_in:,} rows in, "
+        out.print(f"part {result.part_index} of {result.num_parts} {state}: {result.rows_in:,} rows in, "
                   f"{result.rows_kept:,} kept, {result.rows_rejected:,} rejected -> {output}/")
         return
     _print_summary(result.rows_in, result.rows_kept, result.hours, result.reasons)
@@ -133,13 +134,13 @@ def _print_summary(rows_in: int, rows_kept: int, hours: float, reasons: dict[str
 @app.command("merge")
 @user_errors
 def merge_cmd(
-    parts: Annotated[Path, typer.Argument(help="Folder of shard parts written by `compile --num-shards N --shard-index I -o FOLDER`.", show_default=False)],
+    parts: Annotated[Path, typer.Argument(help="Folder of parts written by `compile --num-parts N --part-index I -o FOLDER`.", show_default=False)],
     output: Annotated[Path, typer.Option("-o", "--output", help="Compiled manifest (Parquet).")],
     rejects: Annotated[Optional[Path], typer.Option(help="Rejected rows with their reason (Parquet). Default: <output stem>.rejects.parquet next to -o.")] = None,
 ) -> None:
-    """Merge a complete set of shard parts into the manifest a single-machine compile writes (byte-identical).
+    """Merge a complete set of parts into the manifest a single-machine compile writes (byte-identical).
 
-    Refuses a set with missing shards (named) or parts from different runs.
+    Refuses a set with missing parts (named) or parts from different runs.
     """
     from dataprep.compile import merge_parts
     from manifests.io import default_rejects_path
@@ -149,5 +150,5 @@ def merge_cmd(
     refuse_same_paths({"PARTS": parts}, {"-o": output, "--rejects": rejects_path})
     result = merge_parts(parts, output, rejects_path)
     _print_summary(result.rows_in, result.rows_kept, result.hours, result.reasons)
-    out.print(f"merged {result.num_parts} shards; manifest -> {output} (content hash {result.content_hash[:16]})")
+    out.print(f"merged {result.num_parts} parts; manifest -> {output} (content hash {result.content_hash[:16]})")
     out.print(f"rejects  -> {rejects_path}")

@@ -1,5 +1,5 @@
 """Commands: ``export nemo`` and ``export lhotse`` (buckets, batch sizes and manifests for
-NeMo or Lhotse training), and ``pack`` (audio into NeMo tarred / Lhotse Shar / WebDataset shards)."""
+NeMo or Lhotse training), and ``pack`` (audio into NeMo tarred / Lhotse Shar / WebDataset containers)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dataprep.cli.app import app, check_range, out, user_errors
+from dataprep.cli.app import alias, app, out, user_errors
 from manifests.outputs import refuse_same_paths
 
 export_app = typer.Typer(name="export", help="Export buckets, batch sizes and manifests for NeMo or Lhotse.",
@@ -52,21 +52,24 @@ def pack_cmd(
     manifest: Annotated[Path, typer.Argument(help="Compiled manifest whose audio to pack.", show_default=False)],
     out_dir: OutOpt,
     layout: Annotated[str, typer.Option(help="nemo-tarred, shar or webdataset.")] = "webdataset",
-    shard_size: Annotated[str, typer.Option(help="About this many bytes per shard (e.g. 1GiB, 500MB).")] = "1GiB",
-    num_shards: Annotated[Optional[int], typer.Option(help="Exactly this many shards (overrides --shard-size).", show_default=False)] = None,
-    shard_index: Annotated[Optional[int], typer.Option(help="Write only this shard (0-based; one task of an array); default: every shard not yet done.", show_default=False)] = None,
+    container_size: Annotated[Optional[str], typer.Option("--container-size", help="About this many bytes per container (e.g. 1GiB, 500MB). Default: 1GiB.", show_default=False)] = None,
+    num_parts: Annotated[Optional[int], typer.Option("--num-parts", help="Exactly this many parts, one container each (overrides --container-size).", show_default=False)] = None,
+    part_index: Annotated[Optional[int], typer.Option("--part-index", help="Write only this part (0-based; one task of an array); default: every part not yet done.", show_default=False)] = None,
+    shard_size: Annotated[Optional[str], typer.Option("--shard-size", hidden=True, help="Old name of --container-size.", show_default=False)] = None,
+    num_shards: Annotated[Optional[int], typer.Option("--num-shards", hidden=True, help="Old name of --num-parts.", show_default=False)] = None,
+    shard_index: Annotated[Optional[int], typer.Option("--shard-index", hidden=True, help="Old name of --part-index.", show_default=False)] = None,
     buckets: Annotated[Optional[Path], typer.Option(help="buckets.json: members ordered by bucket first (else by duration and tokens).", show_default=False)] = None,
 ) -> None:
-    """Write the manifest's audio into tar shards NeMo, Lhotse or WebDataset read, with each layout's
-    manifest (compile-ready). Atomic per shard; finished shards are skipped (resumable)."""
+    """Write the manifest's audio into tar containers NeMo, Lhotse or WebDataset read, with each layout's
+    manifest (compile-ready). Atomic per container; finished ones are skipped (resumable)."""
     from dataprep.integrations.pack import pack
     from manifests.units import parse_bytes
 
-    check_range("--num-shards", num_shards, ge=1)
-    check_range("--shard-index", shard_index, ge=0)
+    size = alias("--container-size", container_size, "--shard-size", shard_size) or "1GiB"
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
-    result = pack(manifest, out_dir, layout, shard_size=parse_bytes(shard_size), num_shards=num_shards,
-                  shard_index=shard_index, buckets=buckets)
-    out.print(f"{layout}: {len(result.written)} shards written, {len(result.skipped)} already done, "
-              f"of {result.num_shards} -> {out_dir}/")
+    result = pack(manifest, out_dir, layout, container_size=parse_bytes(size),
+                  num_parts=alias("--num-parts", num_parts, "--num-shards", num_shards),
+                  part_index=alias("--part-index", part_index, "--shard-index", shard_index), buckets=buckets)
+    out.print(f"{layout}: {len(result.written)} containers written, {len(result.skipped)} already done, "
+              f"of {result.num_parts} -> {out_dir}/")
     out.print(f"compile it with: {result.compile_hint}")

@@ -7,11 +7,27 @@ from typing import Annotated, Any
 
 import typer
 
-from dataprep.cli.app import app, check_range, out, user_errors
-from dataprep.cli.plan import FloorRateOpt, FramesPerSecondOpt, MaxRateOpt, MinRateOpt, TargetFramesOpt, dynres_config
+from dataprep.cli.app import app, build_options, defaults_of, option_flags, out, user_errors
+from dataprep.cli.dynres import (
+    DYNRES_DEFAULTS,
+    FloorRateOpt,
+    FramesPerSecondOpt,
+    MaxRateOpt,
+    MinRateOpt,
+    TargetFramesOpt,
+    dynres_config,
+)
 from dataprep.cli.progress import progress_counter
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
+from manifests.io import default_cache_dir
+from manifests.units import parse_bytes
+from oom.options import OomOptions
+
+
+#: OomOptions field -> flag where the flag is not ``--field-name``
+OOM_FLAGS: dict[str, str] = {}
+_D = defaults_of(OomOptions)
 
 
 @app.command("oomptimize")
@@ -20,60 +36,51 @@ def oomptimize_cmd(
     buckets: Annotated[Path, typer.Argument(help="buckets.json to size (bounds: max_duration s, max_tokens).")],
     model: Annotated[str, typer.Option("--model", help="canary-1b, canary-1b-flash, canary-180m-flash, parakeet-rnnt-0.6b, parakeet-tdt-0.6b, parakeet-tdt-1.1b, small, tiny, or pkg.module:factory.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the sized buckets.json (may be the input).")],
-    estimate: Annotated[bool, typer.Option("--estimate", help="Estimate peak memory without a GPU (needs --gpu-memory).")] = False,
-    device: Annotated[str, typer.Option("--device", help="Device the probes run on (cuda, cuda:1; cpu = dry run).")] = "cuda",
+    estimate: Annotated[bool, typer.Option("--estimate", help="Estimate peak memory without a GPU (needs --gpu-memory).")] = _D.estimate,
+    device: Annotated[str, typer.Option("--device", help="Device the probes run on (cuda, cuda:1; cpu = dry run).")] = _D.device,
     gpu_memory: Annotated[str | None, typer.Option("--gpu-memory", help="Device memory, e.g. 80GiB (caps a real GPU's).")] = None,
-    memory_fraction: Annotated[float, typer.Option("--memory-fraction", help="Share of device memory a step may use.")] = 0.9,
-    margin: Annotated[str, typer.Option("--margin", help="Headroom below the fraction against memory creep (size or % of memory).")] = "5%",
-    tolerance: Annotated[float, typer.Option("--tolerance", help="Stop bisecting when the gap is below this share of the batch.")] = 0.05,
-    max_batch: Annotated[int, typer.Option("--max-batch", help="Largest batch size tried.")] = 4096,
-    max_tps: Annotated[float, typer.Option("--max-tps", help="Tokens per second assumed for buckets without max_tokens.")] = 20.0,
-    cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="Probe cache (default ~/.cache/speech-dataprep/oom).")] = None,
+    memory_fraction: Annotated[float, typer.Option("--memory-fraction", help="Share of device memory a step may use.")] = _D.memory_fraction,
+    margin: Annotated[str, typer.Option("--margin", help="Headroom below the fraction against memory creep (size or % of memory).")] = _D.margin,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="Stop bisecting when the gap is below this share of the batch.")] = _D.tolerance,
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Largest batch size tried.")] = _D.max_batch,
+    max_tps: Annotated[float, typer.Option("--max-tps", help="Tokens per second assumed for buckets without max_tokens.")] = _D.max_tps,
+    cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="Probe cache (default <cache>/oom: $SPEECH_DATAPREP_CACHE, else $XDG_CACHE_HOME/speech-dataprep, else ~/.cache/speech-dataprep).")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Probe everything again; do not read or write the cache.")] = False,
-    loss_mode: Annotated[str, typer.Option("--loss-mode", help="Transducers: batched (whole joint) or sample-wise (joint + loss + gradient per sample).")] = "batched",
-    exact_trace: Annotated[bool, typer.Option("--exact-trace", help="With --estimate: full traces per bucket instead of the fitted estimate (slow).")] = False,
-    explain: Annotated[bool, typer.Option("--explain", help="Per bucket, the memory at the peak by class (parameters, gradients, optimizer, activations, attention, joint).")] = False,
+    loss_mode: Annotated[str, typer.Option("--loss-mode", help="Transducers: batched (whole joint) or sample-wise (joint + loss + gradient per sample).")] = _D.loss_mode,
+    exact_trace: Annotated[bool, typer.Option("--exact-trace", help="With --estimate: full traces per bucket instead of the fitted estimate (slow).")] = _D.exact_trace,
+    explain: Annotated[bool, typer.Option("--explain", help="Per bucket, the memory at the peak by class (parameters, gradients, optimizer, activations, attention, joint).")] = _D.explain,
     dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Size each bucket at its dynamic-resolution shape (--target-frames; as plan-batches --dynamic-resolution with the same options).")] = False,
-    target_frames: TargetFramesOpt = "longest",
-    frames_per_second: FramesPerSecondOpt = 100.0,
-    min_rate: MinRateOpt = 70.0,
-    max_rate: MaxRateOpt = 130.0,
-    floor_rate: FloorRateOpt = 50.0,
+    target_frames: TargetFramesOpt = DYNRES_DEFAULTS.target_frames,
+    frames_per_second: FramesPerSecondOpt = DYNRES_DEFAULTS.frames_per_second,
+    min_rate: MinRateOpt = DYNRES_DEFAULTS.min_rate,
+    max_rate: MaxRateOpt = DYNRES_DEFAULTS.max_rate,
+    floor_rate: FloorRateOpt = DYNRES_DEFAULTS.floor_rate,
 ) -> None:
     """Set each bucket's batch size to the largest one whose full training step (forward,
     loss, backward, AdamW step, bf16 autocast) fits in memory, and record how in
     batch_size_source."""
+    cdir = None if no_cache else str(cache_dir or default_cache_dir() / "oom")
+    options = build_options(OomOptions, OOM_FLAGS, model=model, estimate=estimate, device=device,
+                            gpu_memory=parse_bytes(gpu_memory) if gpu_memory is not None else None,
+                            memory_fraction=memory_fraction, margin=margin, tolerance=tolerance, max_batch=max_batch,
+                            max_tps=max_tps, cache_dir=cdir, loss_mode=loss_mode, exact_trace=exact_trace,
+                            explain=explain, dynamic_resolution=(
+                                dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
+                                if dynamic_resolution else None))
     try:
         import torch  # noqa: F401
     except ImportError:
         raise DataprepError("oomptimize needs torch: install the torch extra (pip install 'speech-dataprep[torch]')") from None
-    check_range("--memory-fraction", memory_fraction, gt=0, le=1)
-    check_range("--tolerance", tolerance, ge=0, le=1)
-    check_range("--max-batch", max_batch, ge=1)
-    check_range("--max-tps", max_tps, gt=0)
-    from oom.cache import DEFAULT_CACHE_DIR
     from oom.optimize import oomptimize as run
-    from oom.optimize import parse_bytes
 
     spec = read_buckets(buckets)
-    frames, policy = None, None
-    if dynamic_resolution:
-        from bucketing.dynres import bucket_frames
-
-        dyn = dynres_config(frames_per_second, min_rate, max_rate, floor_rate, target_frames)
-        frames, policy = bucket_frames([b.max_duration for b in spec.buckets], dyn).tolist(), dyn.shape_policy()
-    mem = parse_bytes(gpu_memory) if gpu_memory is not None else None
-    cdir = None if no_cache else str(cache_dir or DEFAULT_CACHE_DIR)
     with progress_counter("oomptimize", total=len(spec.buckets)) as advance:
 
         def done(i: int, res: Any) -> None:
             advance(1, f"bucket {i}: batch {res.batch_size}")
 
-        sized = run(
-            spec, model, estimate=estimate, device=device, gpu_memory=mem, memory_fraction=memory_fraction,
-            margin=margin, tolerance=tolerance, max_batch=max_batch, max_tps=max_tps, cache_dir=cdir, on_done=done,
-            loss_mode=loss_mode, exact_trace=exact_trace, explain=explain, frames=frames, shape_policy=policy,
-        )
+        with option_flags(OOM_FLAGS):
+            sized = run(spec, options, on_done=done)
     write_buckets(sized, output)
     src = sized.batch_size_source
     mode = f", {src['loss_mode']} loss" if src.get("loss_mode") else ""

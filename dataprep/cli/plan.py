@@ -10,12 +10,20 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from bucketing.balance import DEFAULT_BALANCE
 from bucketing.costmodel import CostModel
-from bucketing.dynres import LONGEST, DynResConfig
+from bucketing.dynres import LONGEST
+from dataprep.cli.app import app, build_options, check_range, defaults_of, option_flags, out, parse_world_sizes, user_errors
 from dataprep.cli.buckets import print_policy_comparison
-from dataprep.cli.app import app, check_range, out, parse_world_sizes, user_errors
-from dataprep.planning import DEFAULT_WORLD_SIZES, build_plan, replan, simulate_plan
+from dataprep.cli.dynres import (
+    DYNRES_DEFAULTS,
+    FloorRateOpt,
+    FramesPerSecondOpt,
+    MaxRateOpt,
+    MinRateOpt,
+    TargetFramesOpt,
+    dynres_config,
+)
+from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, replan, simulate_plan
 from dataprep.planning.replan import default_manifest
 from dataprep.planning.simulate import plan_steps_report, simulate_strategies
 from dataprep.cli.progress import progress_counter
@@ -24,13 +32,9 @@ from manifests.outputs import refuse_same_paths
 from manifests.plan_files import verify_plan
 from manifests.plan_meta import PlanMeta, read_plan_meta
 
-
-# the dynamic-resolution options, shared by plan-batches and oomptimize (dynres_config)
-TargetFramesOpt = Annotated[str, typer.Option("--target-frames", help="Dynamic resolution: frames per batch, a constant F (800-1600 typical: long batches get fewer frames, short ones more) or 'longest' (each batch's longest at --frames-per-second).")]
-FramesPerSecondOpt = Annotated[float, typer.Option(help="Dynamic resolution: base frame rate (Hz) of the features.")]
-MinRateOpt = Annotated[float, typer.Option(help="Dynamic resolution: lowest frame rate (Hz); below it the rate is clamped.")]
-MaxRateOpt = Annotated[float, typer.Option(help="Dynamic resolution: highest frame rate (Hz); above it the rate is clamped and the rest zero-padded.")]
-FloorRateOpt = Annotated[float, typer.Option(help="Dynamic resolution: a batch needing a rate below this (Hz) falls back to ordinary padding.")]
+#: PlanOptions field -> flag where the flag is not ``--field-name``
+PLAN_FLAGS = {"at_step": "--at-step", "cost": "--coef"}
+_PLAN = defaults_of(PlanOptions)
 
 
 @app.command("plan-batches")
@@ -40,51 +44,32 @@ def plan_batches_cmd(
     buckets: Annotated[Path, typer.Option("--buckets", "-b", help="buckets.json with a batch_size per bucket.")],
     world_size: Annotated[int, typer.Option("--world-size", "-w", help="Number of ranks (GPUs).")],
     out_dir: Annotated[Path, typer.Option("-o", "--output", help="Plan directory to write (replaced if it holds a plan).")],
-    seed: Annotated[int, typer.Option("--seed", help="Seed; with the epoch number it fixes every order.")] = 0,
-    epochs: Annotated[int, typer.Option("--epochs", "-e", help="Epochs to plan.")] = 1,
-    strict: Annotated[bool, typer.Option("--strict", help="Strict 2D allocation: drop rows over their bin's tokens.")] = False,
-    interleave: Annotated[str, typer.Option("--interleave", help="Step order across buckets: random (default) or ascending (short first).")] = "random",
-    row_group_steps: Annotated[int, typer.Option("--row-group-steps", help="Steps per Parquet row group (seek unit).")] = 128,
-    carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch.")] = True,
+    seed: Annotated[int, typer.Option("--seed", help="Seed; with the epoch number it fixes every order.")] = _PLAN.seed,
+    epochs: Annotated[int, typer.Option("--epochs", "-e", help="Epochs to plan.")] = _PLAN.epochs,
+    strict: Annotated[bool, typer.Option("--strict", help="Strict 2D allocation: drop rows over their bin's tokens.")] = _PLAN.strict,
+    interleave: Annotated[str, typer.Option("--interleave", help="Step order across buckets: random (default) or ascending (short first).")] = _PLAN.interleave,
+    row_group_steps: Annotated[int, typer.Option("--row-group-steps", help="Steps per Parquet row group (seek unit).")] = _PLAN.row_group_steps,
+    carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch.")] = _PLAN.carry,
     dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Record per batch its target frames (--target-frames); loaders featurize each utterance at the rate that gives that length.")] = False,
-    target_frames: TargetFramesOpt = LONGEST,
-    frames_per_second: FramesPerSecondOpt = 100.0,
-    min_rate: MinRateOpt = 70.0,
-    max_rate: MaxRateOpt = 130.0,
-    floor_rate: FloorRateOpt = 50.0,
-    balance: Annotated[float, typer.Option("--balance", help="Balanced steps: full batches whose predicted step times agree within this relative tolerance, one bucket's where the data allows, several buckets' otherwise; 0 = one bucket per step on every rank (identical buckets, smaller batches at fine-tuning scale).")] = DEFAULT_BALANCE,
+    target_frames: TargetFramesOpt = DYNRES_DEFAULTS.target_frames,
+    frames_per_second: FramesPerSecondOpt = DYNRES_DEFAULTS.frames_per_second,
+    min_rate: MinRateOpt = DYNRES_DEFAULTS.min_rate,
+    max_rate: MaxRateOpt = DYNRES_DEFAULTS.max_rate,
+    floor_rate: FloorRateOpt = DYNRES_DEFAULTS.floor_rate,
+    balance: Annotated[float, typer.Option("--balance", help="Balanced steps: full batches whose predicted step times agree within this relative tolerance, one bucket's where the data allows, several buckets' otherwise; 0 = one bucket per step on every rank (identical buckets, smaller batches at fine-tuning scale).")] = _PLAN.balance,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE for --balance ({', '.join(CostModel.names())}).")] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together (divides --world-size; default all): each group of consecutive ranks draws the steps in its own order (1 = independent learners, for ADPSGD).")] = None,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
-    if interleave not in ("random", "ascending"):
-        raise DataprepError(f"--interleave must be random or ascending, not {interleave!r}")
-    dynres = (dynres_config(frames_per_second, min_rate, max_rate, floor_rate, target_frames)
+    dynres = (dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
               if dynamic_resolution else None)
-    cost = _cost(coef)
-    check_range("--world-size", world_size, ge=1)
-    check_range("--epochs", epochs, ge=1)
-    check_range("--row-group-steps", row_group_steps, ge=1)
+    options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
+                            interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
+                            cost=_cost(coef), sync_group=sync_group, dynamic_resolution=dynres)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
     with progress_counter("planning (shards written)", total=epochs * world_size) as advance:
-        meta = build_plan(manifest, buckets, out_dir, world_size=world_size, seed=seed, epochs=epochs,
-                          strict=strict, interleave=interleave, row_group_steps=row_group_steps, carry=carry,
-                          balance=balance, cost=cost, sync_group=sync_group,
-                          on_progress=lambda done, total: advance(1), dynamic_resolution=dynres)
+        meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1))
     print_plan(meta, out_dir)
-
-
-def dynres_config(frames_per_second: float, min_rate: float, max_rate: float, floor_rate: float,
-                   target_frames: str = LONGEST) -> DynResConfig:
-    """The ``--dynamic-resolution`` options (shared with oomptimize); errors name the flags."""
-    if target_frames != LONGEST and not target_frames.isdigit():
-        raise DataprepError(f"--target-frames must be an integer >= 2 or {LONGEST!r}, got {target_frames!r}")
-    try:
-        return DynResConfig(frames_per_second=frames_per_second, min_rate=min_rate, max_rate=max_rate,
-                            floor_rate=floor_rate,
-                            target_frames=target_frames if target_frames == LONGEST else int(target_frames))
-    except ValueError as exc:
-        raise DataprepError(str(exc)) from None
 
 
 @app.command("replan")
@@ -95,15 +80,16 @@ def replan_cmd(
     world_size: Annotated[int, typer.Option("--world-size", "-w", help="Number of ranks from that step on.")],
     out_dir: Annotated[Path, typer.Option("-o", "--output", help="New plan directory (replaced if it holds a plan).")],
     manifest: Annotated[Optional[Path], typer.Option("--manifest", help="The plan's manifest (default: its recorded file name next to the plan directory).")] = None,
-    carry: Annotated[bool, typer.Option("--carry/--no-carry", help="Carry bucket tails in the later epochs (as plan-batches).")] = True,
+    carry: Annotated[bool, typer.Option("--carry/--no-carry", help="Carry bucket tails in the later epochs (as plan-batches).")] = _PLAN.carry,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help="Cost coefficient NAME=VALUE for a balanced plan.")] = None,
 ) -> None:
     """Continue a plan at --at-step on --world-size ranks: steps before it stay consumed; the
     rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned."""
-    check_range("--world-size", world_size, ge=1)  # --at-step is checked against the plan by replan()
+    options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, carry=carry, cost=_cost(coef))
     man = manifest if manifest is not None else default_manifest(plan_dir, read_plan_meta(plan_dir))
     refuse_same_paths({"PLAN": plan_dir, "--manifest": man}, {"-o": out_dir})
-    meta = replan(plan_dir, man, out_dir, at_step=at_step, world_size=world_size, carry=carry, cost=_cost(coef))
+    with option_flags(PLAN_FLAGS):  # --at-step is checked against the plan by replan()
+        meta = replan(plan_dir, man, out_dir, options, at_step=at_step)
     print_plan(meta, out_dir)
 
 

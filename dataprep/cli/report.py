@@ -1,7 +1,7 @@
 """Commands: ``stats`` (tables, ``--json``, ``--plots``) and ``filter`` (kept + rejects).
 
-Thin layer: parse options, call :mod:`dataprep.report.stats` / :mod:`dataprep.report.filters` /
-:mod:`dataprep.report.plots`, print rich tables on stdout, write files atomically.
+Thin layer: parse options, call :func:`dataprep.report.stats_report` /
+:func:`dataprep.report.filter_manifest`, print rich tables on stdout.
 """
 
 from __future__ import annotations
@@ -12,14 +12,9 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from dataprep.cli.app import app, check_range, err, out, user_errors
-from dataprep.report.filters import FilterResult, Thresholds, apply_filters
-from dataprep.report.stats import ManifestStats, compute_stats
-from manifests.io import (default_rejects_path, manifest_hash, read_manifest, read_metadata, write_json, write_manifest,
-                          write_rejects)
-from manifests.outputs import publish_together, refuse_same_paths
-
-_STATS_COLUMNS = ["duration", "num_tokens", "tps", "lang"]
+from dataprep.cli.app import app, build_options, err, out, user_errors
+from dataprep.report import FilterResult, ManifestStats, Thresholds, filter_manifest, stats_report
+from manifests.io import default_rejects_path
 
 
 def _f(x: float | None, digits: int = 2) -> str:
@@ -82,22 +77,11 @@ def stats_command(
 ) -> None:
     """Totals, per language, quantiles of duration / tokens / TPS, TPS by duration bin and
     outlier counts (TPS > 25, duration > 40 s, < 0.5 s), as tables on stdout."""
-    refuse_same_paths({"MANIFEST": manifest}, {"--json": json_path})
-    df = read_manifest(manifest, columns=_STATS_COLUMNS)
-    s = compute_stats(df)
-    for table in stats_tables(s):
+    stats, written = stats_report(manifest, json_path, plots)
+    for table in stats_tables(stats):
         out.print(table)
-    if json_path is not None:
-        doc = s.to_json()
-        doc["manifest"] = {"path": manifest.name, "content_hash": manifest_hash(manifest)}
-        write_json(doc, json_path)
-        err.print(f"wrote {json_path}")
-    if plots is not None:
-        from dataprep.report.plots import write_plots  # lazy: matplotlib is an extra
-
-        for p in write_plots(df, plots):
-            err.print(f"wrote {p}")
-
+    for path in written:
+        err.print(f"wrote {path}")
 
 def filter_table(r: FilterResult) -> Table:
     """Per-filter counts: rows failing each filter, and rows rejected with it as the reason."""
@@ -146,36 +130,11 @@ def filter_cmd(
     """Drop outliers by TPS, duration and token count. Only the filters given are applied;
     every removed row goes to the rejects file with the first filter it fails as `reason`.
     Rows in = kept + rejected, always; kept rows keep the input order."""
-    thresholds = Thresholds(
-        max_tps=max_tps, min_tps=min_tps, min_duration=min_duration, max_duration=max_duration,
-        min_tokens=min_tokens, max_tokens=max_tokens,
-    )
-    for flag, value in (("--max-tps", max_tps), ("--min-tps", min_tps), ("--min-duration", min_duration),
-                        ("--max-duration", max_duration), ("--min-tokens", min_tokens), ("--max-tokens", max_tokens)):
-        check_range(flag, value, ge=0)
-    rejects = rejects if rejects is not None else default_rejects_path(output)
-    refuse_same_paths({"MANIFEST": manifest}, {"-o": output, "--rejects": rejects})
-    input_hash = manifest_hash(manifest)
-    df = read_manifest(manifest)
-    recorded = read_metadata(manifest)["provenance"]
-    result = apply_filters(df, thresholds)
+    thresholds = build_options(Thresholds, None, max_tps=max_tps, min_tps=min_tps, min_duration=min_duration,
+                               max_duration=max_duration, min_tokens=min_tokens, max_tokens=max_tokens)
+    result = filter_manifest(manifest, output, thresholds, rejects)
     if not thresholds.active():
         err.print("no filter given: every row is kept")
-
-    provenance = {
-        "command": "filter",
-        "input": manifest.name,
-        "input_hash": input_hash,
-        **({"tokenizers": recorded["tokenizers"]} if "tokenizers" in recorded else {}),  # what counted num_tokens
-        "thresholds": thresholds.to_json(),
-        "rows_in": result.rows_in,
-        "kept": result.kept.height,
-        "rejected": result.rejected.height,
-    }
-    with publish_together(output, rejects) as (tmp_out, tmp_rejects):  # visible together or not at all
-        write_manifest(result.kept, tmp_out, provenance=provenance)
-        write_rejects(result.rejected, tmp_rejects, provenance=provenance)
-
     if result.counts:
         out.print(filter_table(result))
     n = max(result.rows_in, 1)
@@ -183,4 +142,4 @@ def filter_cmd(
         f"rows in {result.rows_in:,} | kept {result.kept.height:,} ({100 * result.kept.height / n:.2f}%) | "
         f"rejected {result.rejected.height:,} ({100 * result.rejected.height / n:.2f}%)"
     )
-    err.print(f"wrote {output} and {rejects}")
+    err.print(f"wrote {output} and {rejects if rejects is not None else default_rejects_path(output)}")

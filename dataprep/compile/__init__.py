@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from dataprep.compile.parts import merge_parts, resolve_part, run_part
+from manifests.parted_run import check_split
 from dataprep.compile.probe import probe_headers
 from dataprep.compile.single import CompileResult, CompileSummary, compile_sources, compile_to_files
 from dataprep.compile.validate import PROBE_MODES, CompileOptions, ProbeMode, process_chunk
@@ -48,10 +49,7 @@ Progress = Callable[[int], None]
 def _check(executor: str, workers: int, num_parts: int | None, part_index: int | None) -> None:
     if executor not in EXECUTORS:
         raise DataprepError(f"--executor must be local or ray (got {executor!r})")
-    if workers < 1:
-        raise DataprepError(f"--workers {workers}: need at least 1")
-    if num_parts is not None and num_parts < 1:
-        raise DataprepError(f"--num-shards {num_parts}: need at least 1")
+    check_split(num_parts, part_index, workers=workers)
 
 
 def compile(  # noqa: A001 - the stage's name
@@ -89,7 +87,7 @@ def compile(  # noqa: A001 - the stage's name
     part = resolve_part(num_parts, part_index, os.environ if env is None else env)
     if part is not None:
         if executor != "local":
-            raise DataprepError("--shard-index runs one shard here; it does not combine with --executor ray")
+            raise DataprepError("--part-index runs one part here; it does not combine with --executor ray")
         n, i = part
         return run_part(sources, tokenizer_specs, opts, n, i, output, on_chunk=on_chunk, on_probe=on_probe)
     if executor == "ray":

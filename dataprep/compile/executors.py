@@ -37,12 +37,13 @@ from dataprep.compile.validate import (
 )
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
+from manifests.parted_run import check_split
 from manifests.io import reasons_count
 from manifests.schema import conform
 
 
 def default_parts(workers: int) -> int:
-    """Shards for a local pool: 4 per worker, so stragglers are a small share of the run."""
+    """Parts for a local pool: 4 per worker, so stragglers are a small share of the run."""
     return max(1, 4 * workers)
 
 
@@ -70,8 +71,7 @@ def run_parts(
 
     ``workers`` = 1 runs them in this process. Tokenizer threads are split between workers.
     """
-    if workers < 1:
-        raise DataprepError(f"--workers {workers}: need at least 1")
+    check_split(num_parts, workers=workers)
     cpus = os.cpu_count() or 1
     if opts.tokenizer_threads == 0:
         opts = replace(opts, tokenizer_threads=max(1, cpus // workers))

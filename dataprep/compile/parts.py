@@ -1,38 +1,37 @@
 """Parted compile: per-file work split by a stable hash of the id into parts, resumable, merged exactly.
 
-("Part", not "shard": a shard is one rank's file of a batch plan. The CLI's ``--num-shards`` /
-``--shard-index`` and the completion markers' ``num_shards`` / ``shard_index`` keys keep their
-names, on-disk format and user-facing flags being unchanged.)
+("Part", not "shard": a shard is one rank's file of a batch plan. The CLI's flags are
+``--num-parts`` / ``--part-index``; ``--num-shards`` / ``--shard-index`` stay as hidden aliases.
+The fingerprint's ``num_shards`` / ``shard_hash`` keys keep their names, so a fingerprint stays
+what it was; markers are :class:`manifests.parted_run.PartedRun`'s, which reads old ones too.)
 
-Each shard reads every source (reading is cheap next to header reads and tokenizing), keeps
+Each part reads every source (reading is cheap next to header reads and tokenizing), keeps
 the rows whose id hashes to it, runs :func:`dataprep.compile.validate.process_chunk` on them and
-rejects duplicate ids locally: all copies of an id fall in one shard, so "the first in
-global input order wins" holds per shard. Parts keep the global input row ``__row``; the
+rejects duplicate ids locally: all copies of an id fall in one part, so "the first in
+global input order wins" holds per part. Parts keep the global input row ``__row``; the
 merge streams them in its order (a k-way merge, :func:`merged_tables`) and writes the manifest
-byte-identical to a single-machine compile. Each shard and the merge run in bounded memory
+byte-identical to a single-machine compile. Each part and the merge run in bounded memory
 (accepted rows spooled to disk, see :class:`dataprep.compile.spool.AcceptedSpool`).
 
-Shard of a row: ``fmix64(fnv1a64(utf8(id))) mod num_parts`` (FNV-1a 64-bit over the id's
+Part of a row: ``fmix64(fnv1a64(utf8(id))) mod num_parts`` (FNV-1a 64-bit over the id's
 UTF-8 bytes, then MurmurHash3's 64-bit finalizer to mix the low bits), computed with numpy
 over the Arrow string buffers: stable across Python, polars and machines. A row without an
 id (a malformed line, already a reject) goes to ``__row mod num_parts``.
 
-Files in a parts folder, for shard ``i`` of ``n``::
+Files in a parts folder, for part ``i`` of ``n``::
 
     part-0000i-of-0000n.parquet          accepted rows (manifest columns + __row)
     part-0000i-of-0000n.rejects.parquet  rejected rows (rejects columns + __row)
     part-0000i-of-0000n.done.json        completion marker: fingerprint, counts, part hashes
 
-Parts are written atomically and the marker last, so a killed shard leaves no marker and
-the re-run redoes it; a finished shard (marker + parts with their recorded hashes) is skipped.
+Parts are written atomically and the marker last, so a killed part leaves no marker and
+the re-run redoes it; a finished part (marker + parts with their recorded hashes) is skipped.
 A folder holding markers of a different fingerprint (other inputs, tokenizer, options,
-tool version or number of shards) is refused with a one-line error.
+tool version or number of parts) is refused with a one-line error.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import time
@@ -66,20 +65,18 @@ from manifests.io import (
     reasons_count,
     ROW_GROUP_ROWS,
     atomic_path,
-    file_sha256,
     rebatch,
-    write_json,
     write_parquet_stream,
     write_rejects,
 )
 from manifests.outputs import publish_together
+from manifests.parted_run import PartedRun, check_split, part_name
 from manifests.schema import manifest_schema, trim_containers
 
-MARKER_VERSION = 1
-#: the shard hash, recorded in every fingerprint so a change of scheme is never mixed
+#: the part hash, recorded in every fingerprint so a change of scheme is never mixed
 PART_HASH = "fmix64(fnv1a64(utf8(id))) mod n"
 #: testing hook: seconds to sleep inside a part's atomic write (before the rename)
-WRITE_DELAY_ENV = "DATAPREP_SHARD_WRITE_DELAY"
+WRITE_DELAY_ENV = "DATAPREP_PART_WRITE_DELAY"
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -127,21 +124,16 @@ def fmix64(h: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
 
 
 def part_of(ids: pl.Series, rows: pl.Series, num_parts: int) -> npt.NDArray[np.int64]:
-    """Shard index of each row: by the stable hash of ``ids``; by ``rows`` where the id is null."""
+    """Part index of each row: by the stable hash of ``ids``; by ``rows`` where the id is null."""
     h = fmix64(fnv1a64(ids.cast(pl.String).to_arrow()))
-    shard = (h % np.uint64(num_parts)).astype(np.int64)
+    part = (h % np.uint64(num_parts)).astype(np.int64)
     null = ids.is_null().to_numpy()
     if null.any():
-        shard[null] = rows.to_numpy()[null] % num_parts
-    return shard
+        part[null] = rows.to_numpy()[null] % num_parts
+    return part
 
 
 # --------------------------------------------------------------------------- fingerprints and names
-
-def part_name(part_index: int, num_parts: int) -> str:
-    """``part-00003-of-00064`` (the stem shared by a shard's part, rejects and marker)."""
-    return f"part-{part_index:05d}-of-{num_parts:05d}"
-
 
 @dataclass(frozen=True)
 class PartPaths:
@@ -157,8 +149,8 @@ class PartPaths:
 
 
 def fingerprint(provenance: dict[str, Any], opts: CompileOptions, num_parts: int) -> dict[str, Any]:
-    """Everything that changes a shard's output: inputs' and tokenizers' hashes, tool version,
-    number of shards, the shard hash and the output-changing options."""
+    """Everything that changes a part's output: inputs' and tokenizers' hashes, tool version,
+    number of parts, the part hash and the output-changing options."""
     o = asdict(opts)
     for runtime_only in ("probe_threads", "tokenizer_threads", "chunk_rows"):
         o.pop(runtime_only)
@@ -167,62 +159,6 @@ def fingerprint(provenance: dict[str, Any], opts: CompileOptions, num_parts: int
         o.pop("prompt_format", None)
     return {"tool": f"speech-dataprep {__version__}", "num_shards": num_parts, "shard_hash": PART_HASH,
             "sources": provenance["sources"], "tokenizers": provenance["tokenizers"], "options": o}
-
-
-def fingerprint_id(fp: dict[str, Any]) -> str:
-    """SHA-256 of the fingerprint's canonical JSON."""
-    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()
-
-
-def read_marker(path: Path) -> dict[str, Any]:
-    """A completion marker (one-line error when it is not one of ours)."""
-    return _read_marker(path)
-
-
-def _read_marker(path: Path) -> dict[str, Any]:
-    try:
-        marker = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(marker, dict) or marker.get("version") != MARKER_VERSION:
-            raise ValueError("unknown marker version")
-        return marker
-    except (OSError, ValueError) as exc:
-        raise DataprepError(f"{path}: not a shard completion marker ({exc})") from None
-
-
-def _markers(folder: Path, pattern: str = "part-*-of-*.done.json") -> list[Path]:
-    return sorted(folder.glob(pattern)) if folder.is_dir() else []
-
-
-def _differs(a: dict[str, Any], b: dict[str, Any]) -> str:
-    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    return ", ".join(keys) or "fingerprint"
-
-
-def check_folder(folder: Path, fp: dict[str, Any], pattern: str = "part-*-of-*.done.json") -> None:
-    """Refuse a folder holding a marker (``pattern``) of another fingerprint (one line naming what changed)."""
-    fid = fingerprint_id(fp)
-    for path in _markers(folder, pattern):
-        marker = _read_marker(path)
-        if marker.get("fingerprint_id") != fid:
-            raise DataprepError(
-                f"{path}: written by a different run ({_differs(marker.get('fingerprint', {}), fp)} changed); "
-                "use a new output folder or delete this one"
-            )
-
-
-def marker_done(marker_path: Path, fid: str, files: Sequence[Path]) -> bool:
-    """Whether ``marker_path`` records fingerprint ``fid`` and ``files`` with their current SHA-256."""
-    if not marker_path.exists():
-        return False
-    marker = _read_marker(marker_path)
-    recorded = marker.get("files", {})
-    return marker.get("fingerprint_id") == fid and all(
-        p.exists() and file_sha256(p) == recorded.get(p.name) for p in files
-    )
-
-
-def _is_done(paths: PartPaths, fid: str) -> bool:
-    return marker_done(paths.marker, fid, (paths.part, paths.rejects))
 
 
 def _write_part(tables: Iterable[pa.Table], path: Path, schema: pa.Schema, kind: str) -> int:
@@ -241,7 +177,7 @@ def _write_part(tables: Iterable[pa.Table], path: Path, schema: pa.Schema, kind:
 
 
 def _remove_stale_tmp(paths: PartPaths) -> None:
-    """Temporary files and spool folders a killed run of this shard left (``atomic_path`` names
+    """Temporary files and spool folders a killed run of this part left (``atomic_path`` names
     them ``.<name>.*.tmp``, the spool ``.<name>.*.spool``)."""
     for p in (paths.part, paths.rejects, paths.marker):
         for tmp in p.parent.glob(f".{p.name}.*.tmp"):
@@ -253,12 +189,14 @@ def _remove_stale_tmp(paths: PartPaths) -> None:
 def resolve_part(
     num_parts: int | None, part_index: int | None, env: Mapping[str, str]
 ) -> tuple[int, int] | None:
-    """(num_parts, part_index) of a one-shard run, or None for a run of all shards here.
+    """(num_parts, part_index) of a one-part run, or None for a run of all parts here.
 
-    ``--shard-index`` without ``--num-shards`` takes ``$SLURM_ARRAY_TASK_COUNT``; ``--num-shards``
-    without ``--shard-index`` takes ``$SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN`` inside a
-    Slurm array job (so ``--array=1-64`` works too), else means "all shards here".
+    ``--part-index`` without ``--num-parts`` takes ``$SLURM_ARRAY_TASK_COUNT``; ``--num-parts``
+    without ``--part-index`` takes ``$SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN`` inside a
+    Slurm array job (so ``--array=1-64`` works too), else means "all parts here".
     """
+    check_split(num_parts, part_index)
+
     def _int(name: str) -> int:
         try:
             return int(env[name])
@@ -271,10 +209,9 @@ def resolve_part(
         part_index = _int("SLURM_ARRAY_TASK_ID") - (_int("SLURM_ARRAY_TASK_MIN") if "SLURM_ARRAY_TASK_MIN" in env else 0)
     if num_parts is None:
         if "SLURM_ARRAY_TASK_COUNT" not in env:
-            raise DataprepError("--shard-index needs --num-shards (or $SLURM_ARRAY_TASK_COUNT)")
+            raise DataprepError("--part-index needs --num-parts (or $SLURM_ARRAY_TASK_COUNT)")
         num_parts = _int("SLURM_ARRAY_TASK_COUNT")
-    if num_parts < 1 or not 0 <= part_index < num_parts:
-        raise DataprepError(f"shard index {part_index} is not in [0, {num_parts}) (--num-shards {num_parts})")
+    check_split(num_parts, part_index)
     return num_parts, part_index
 
 
@@ -291,30 +228,29 @@ def run_part(
     on_chunk: Callable[[int], None] | None = None,
     on_probe: Callable[[int], None] | None = None,
 ) -> CompileSummary:
-    """Compile the rows of shard ``part_index`` of ``num_parts`` into ``folder``; skip it if done.
+    """Compile the rows of part ``part_index`` of ``num_parts`` into ``folder``; skip it if done.
 
-    Invariant: the shard's rows in = its kept + rejected rows (checked).
+    Invariant: the part's rows in = its kept + rejected rows (checked).
     """
-    if num_parts < 1 or not 0 <= part_index < num_parts:
-        raise DataprepError(f"--shard-index {part_index} is not in [0, {num_parts}) (--num-shards {num_parts})")
+    check_split(num_parts, part_index)
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise DataprepError(f"{folder}: exists and is not a folder (a sharded compile writes parts into a folder)")
+        raise DataprepError(f"{folder}: exists and is not a folder (a parted compile writes parts into a folder)")
     for src in expand_sources(sources):
         if not Path(src).exists():
             raise DataprepError(f"{src}: no such file or directory")
     tokenizers = Tokenizers.from_specs(tokenizer_specs)
     provenance = compile_provenance(sources, tokenizers, opts)
-    fp = fingerprint(provenance, opts, num_parts)
-    fid = fingerprint_id(fp)
-    check_folder(folder, fp)
+    run = PartedRun(folder, fingerprint(provenance, opts, num_parts), num_parts)
+    run.check_folder()
     paths = PartPaths.of(folder, part_index, num_parts)
-    if _is_done(paths, fid):
-        m = _read_marker(paths.marker)
+    if run.is_done(part_index, (paths.part, paths.rejects)):
+        m = run.marker(part_index)
+        assert m is not None
         return _part_summary(m["rows_in"], m["rows_kept"], provenance, num_parts, part_index, skipped=True)
     folder.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(paths)
-    paths.marker.unlink(missing_ok=True)
+    run.forget(part_index)
 
     def mine() -> Iterator[tuple[pl.DataFrame, int]]:
         for chunk in iter_rows(sources, opts):
@@ -326,22 +262,11 @@ def run_part(
             rows_in, rejected = spool_chunks(mine(), spool, tokenizers, opts, on_chunk=on_chunk, on_probe=on_probe)
         finally:
             spool.close()
-        drop, rejects = finish_spool(spool, rows_in, rejected, opts, what=f"shard {part_index}")
+        drop, rejects = finish_spool(spool, rows_in, rejected, opts, what=f"part {part_index}")
         kept = _write_part(spool.tables(drop, keep_row=True), paths.part, PART_SCHEMA, "manifest_part")
     _write_part([rejects.to_arrow()], paths.rejects, PART_REJECTS_SCHEMA, "rejects_part")
-    write_json({
-        "version": MARKER_VERSION,
-        "shard_index": part_index,
-        "num_shards": num_parts,
-        "fingerprint_id": fid,
-        "fingerprint": fp,
-        "provenance": provenance,
-        "rows_in": rows_in,
-        "rows_kept": kept,
-        "rows_rejected": rejects.height,
-        "containers": spool.containers,
-        "files": {p.name: file_sha256(p) for p in (paths.part, paths.rejects)},
-    }, paths.marker)
+    run.mark_done(part_index, (paths.part, paths.rejects), provenance=provenance, rows_in=rows_in, rows_kept=kept,
+                  rows_rejected=rejects.height, containers=spool.containers)
     return _part_summary(rows_in, kept, provenance, num_parts, part_index, skipped=False)
 
 
@@ -366,37 +291,11 @@ class MergeResult:
 
 
 def _complete_parts(folder: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], list[PartPaths]]:
-    """Markers (by shard index) and paths of a complete, consistent set of parts.
-
-    Refuses (one line) a folder without markers, a missing shard (named), mixed fingerprints
-    and a part whose bytes differ from its marker's record.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise DataprepError(f"{folder}: no such folder of shard parts")
-    markers = [_read_marker(p) | {"__path": p} for p in _markers(folder)]
-    if not markers:
-        raise DataprepError(f"{folder}: no completed shards (no part-*-of-*.done.json)")
-    first = markers[0]
-    for m in markers[1:]:
-        if m["fingerprint_id"] != first["fingerprint_id"]:
-            raise DataprepError(f"{folder}: parts from different runs ({m['__path'].name} vs {first['__path'].name}: "
-                                f"{_differs(m['fingerprint'], first['fingerprint'])} differ)")
-    n = int(first["num_shards"])
-    have = {int(m["shard_index"]) for m in markers}
-    missing = [i for i in range(n) if i not in have]
-    if missing:
-        shown = ", ".join(map(str, missing[:20])) + (", ..." if len(missing) > 20 else "")
-        raise DataprepError(f"{folder}: {len(missing)} of {n} shards not done: {shown}")
-    markers = sorted(markers, key=lambda m: int(m["shard_index"]))
-    all_paths = []
-    for m in markers:
-        paths = PartPaths.of(folder, int(m["shard_index"]), n)
-        for p in (paths.part, paths.rejects):
-            if not p.exists() or file_sha256(p) != m["files"].get(p.name):
-                raise DataprepError(f"{p}: missing or changed since its shard finished; re-run that shard")
-        all_paths.append(paths)
-    return markers, all_paths
+    """Markers (by part index) and paths of a complete, consistent set of parts
+    (:meth:`PartedRun.complete`: refuses missing parts, mixed runs and changed files)."""
+    markers = PartedRun.complete(folder, what="compile parts")
+    n = markers[0]["num_parts"]
+    return markers, [PartPaths.of(folder, m["part_index"], n) for m in markers]
 
 
 def load_parts(folder: str | os.PathLike[str]) -> MergeResult:

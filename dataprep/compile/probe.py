@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import stat
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import polars as pl
 import soundfile
 
+from manifests.audio import not_regular
 from manifests.containers import RangeFile
 
 #: ``info(path)`` returns an object with ``frames``, ``samplerate`` and ``channels``.
@@ -40,23 +40,6 @@ PROBE_SCHEMA: dict[str, pl.DataType] = {
 
 #: frames read back from the end of each file to verify its length (``verify_length``)
 TAIL_FRAMES = 4096
-
-
-def not_regular(path: str) -> str | None:
-    """Why ``path`` cannot be audio without opening it (a FIFO would block the reader forever, a
-    directory or device is no audio file), or ``None`` for a regular file (links followed)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return None  # reported as missing_audio by the reader
-    except OSError as exc:
-        return f"cannot stat ({exc.strerror or exc})"
-    if stat.S_ISREG(mode):
-        return None
-    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else
-            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
-            "not a regular file")
-    return f"is {kind}, not a regular audio file" if kind != "not a regular file" else kind
 
 
 _SHORT_CHUNK = re.compile(r"^data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.MULTILINE)

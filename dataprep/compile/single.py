@@ -109,7 +109,7 @@ def assemble(
     """(manifest, rejects) from processed chunks: duplicate ids rejected (first in input order
     wins), both sorted by the global input row. ``keep_row`` keeps the ``__row`` column.
 
-    Rows of one id must all be in ``accepted`` (a shard by id holds every copy of its ids).
+    Rows of one id must all be in ``accepted`` (a part by id holds every copy of its ids).
     """
     row_schema = {ROW: pl.Int64()}
     template = pl.DataFrame(schema={**FULL_REJECTS_POLARS_SCHEMA, **row_schema})

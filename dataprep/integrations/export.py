@@ -10,7 +10,7 @@ NeMo (``export_nemo``), files in ``out/``:
                       the buckets have no token bounds), ``bucket_batch_size``, ``max_tps``,
                       ``bucketing_2d_strict_mode``, ``channel_selector`` (when some audio has
                       several channels); JSON syntax (valid YAML), merge it into ``train_ds``
-    manifest.jsonl    every utterance, NeMo JSONL: ``audio_filepath``, ``offset``, ``duration``,
+    manifest.jsonl    every utterance, NeMo JSONL (:func:`manifests.records.nemo_line`): ``audio_filepath``, ``offset``, ``duration``,
                       ``text``, ``lang``, ``source_lang``, ``target_lang``, ``taskname`` (where
                       set), ``sampling_rate`` (mono whole files whose header compile read: NeMo's
                       reader then skips the header; it takes such a row as one mono file), and
@@ -18,7 +18,7 @@ NeMo (``export_nemo``), files in ``out/``:
     bucket-000.jsonl  the utterances of bucket 0, ... (one file per bucket)
 
 Lhotse (``export_lhotse``):
-    cuts.jsonl.gz     a CutSet built by :func:`dataprep.integrations.cuts.cut_for_row`: MonoCut
+    cuts.jsonl.gz     a CutSet of :func:`manifests.records.cut_dict` (the cuts Lhotse loads): MonoCut
                       (or MultiCut holding every channel of multi-channel audio; ``channel``
                       picks one), supervisions relative to the cut, ``custom`` with languages,
                       task, the source's other fields, ``bucket`` and ``num_tokens``
@@ -57,15 +57,15 @@ import pyarrow.parquet as pq
 
 from bucketing.allocate import allocate
 from bucketing.fit import grid_from_spec
-from dataprep.integrations.cuts import CutSerializer, audio_header, cut_for_row
+from dataprep.integrations.cuts import audio_header, cut_dict_for_row
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import current_umask, require_manifest_hash, write_json, write_rejects
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PLAN_JSON, PlanMeta, read_plan_meta
+from manifests.records import nemo_line
 
 #: manifest column -> NeMo JSONL key, written where not null
-NEMO_KEYS = {"lang": "lang", "source_lang": "source_lang", "target_lang": "target_lang", "task": "taskname"}
 #: rows per streamed manifest batch
 BATCH_ROWS = 65_536
 #: files that mark a folder as an export (the only non-empty folders an export replaces)
@@ -223,24 +223,6 @@ def nemo_duration(row: dict[str, Any], writes_rate: bool) -> float:
     return min(duration, frames / sr - float(row["offset"] or 0.0))
 
 
-def nemo_record(row: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """One manifest row as a NeMo JSONL object (module docstring); and whether it holds
-    ``sampling_rate``. Keys the row sets win over equally named ``extra`` fields."""
-    offset = float(row["offset"] or 0.0)
-    rec: dict[str, Any] = {"audio_filepath": row["audio_path"], "offset": offset, "duration": float(row["duration"]),
-                           "text": row["text"] if row["text"] is not None else ""}
-    for col, key in NEMO_KEYS.items():
-        if row[col] is not None:
-            rec[key] = row[col]
-    writes_rate = offset == 0.0 and bool(row["sample_rate"]) and row["channels"] == 1
-    if writes_rate:
-        rec["sampling_rate"] = int(row["sample_rate"])
-    if row["extra"]:
-        for k, v in json.loads(row["extra"]).items():
-            rec.setdefault(k, v)
-    return rec, writes_rate
-
-
 def bucketing_config(spec: BucketSpec, stats: _Stats, channel_selector: int | None) -> dict[str, Any]:
     """The NeMo ``train_ds`` bucketing options for these buckets."""
     cfg: dict[str, Any] = {
@@ -289,7 +271,7 @@ def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
             kept_bucket = bucket[keep]
             tps = 0.0
             for row, b in zip(rows, kept_bucket.tolist()):
-                rec, writes_rate = nemo_record(row)
+                rec, writes_rate = nemo_line(row)
                 line = json.dumps(rec, ensure_ascii=False) + "\n"
                 main.write(line)
                 per[b].write(line)
@@ -309,7 +291,6 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
     inputs = load_inputs(plan_or_buckets, manifest)
     check_covered(inputs, rejects)
     stats = _Stats(len(inputs.spec.buckets))
-    serializer = CutSerializer()
     with export_dir(out_dir) as tmp:
         with open(tmp / "cuts.jsonl.gz", "wb") as raw, \
                 gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
@@ -318,10 +299,10 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
                 kept_bucket = bucket[keep]
                 tps = 0.0
                 for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
-                    cut = cut_for_row(row, channel, {"bucket": b})
-                    gz.write((json.dumps(serializer.to_dict(cut), sort_keys=True, ensure_ascii=False) + "\n").encode())
+                    cut = cut_dict_for_row(row, channel, {"bucket": b})
+                    gz.write((json.dumps(cut, sort_keys=True, ensure_ascii=False) + "\n").encode())
                     if row["num_tokens"] is not None:
-                        tps = max(tps, int(row["num_tokens"]) / cut.duration)
+                        tps = max(tps, int(row["num_tokens"]) / cut["duration"])
                 stats.add(kept_bucket, _tokens(table)[keep], tps)
         bins = {
             "duration_bins": duration_bins(inputs.spec, stats.max_tokens),

@@ -30,75 +30,66 @@ from typing import Any
 
 from lhotse import CutSet
 from lhotse.dataset.sampling.base import CutSampler, attach_dataloading_info
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 
 from dataprep.integrations.cuts import cut_for_row
 from dataprep.integrations.rows import ManifestRows
-from manifests.errors import DataprepError
 from manifests.io import require_manifest_hash
-from manifests.plan_files import PlanBatch, PlanShard
-from manifests.plan_meta import read_plan_meta
+from manifests.plan_cursor import PlanCursor, PlanStateError
+from manifests.plan_files import PlanBatch
 
 #: the warning IterableDatasetWrapper gives for a sampler with a rank: a plan's sampler has one on purpose
 _WRAPPER_WARNING = r"We detected you're trying to use a CutSampler with rank"
+#: the keys of Lhotse's own sampler state (``CutSampler.state_dict``) besides the cursor's
+_LHOTSE_KEYS = ("epoch", "drop_last", "world_size", "seed", "shuffle", "diagnostics")
 
 
 class PlanSampler(CutSampler):  # type: ignore[misc]
     """Rank ``rank``'s batches of the plan in ``plan_dir`` as Lhotse ``CutSet`` s (module docstring).
 
-    ``world_size`` must be the plan's; ``start_step`` is the first global step yielded;
-    ``channel`` picks one channel of multi-channel audio (default: a ``MultiCut`` of all);
-    ``cache_dir`` is where the manifest row cache lives (default ``$SPEECH_DATAPREP_CACHE``).
+    ``world_size`` must be the plan's; ``start_step`` is the first global step yielded (default:
+    the plan's first); ``channel`` picks one channel of multi-channel audio (default: a
+    ``MultiCut`` of all); ``cache_dir`` is where the manifest row cache lives (default
+    ``$SPEECH_DATAPREP_CACHE``). Rank, steps, state checks and the worker split are the
+    :class:`~manifests.plan_cursor.PlanCursor` 's.
     """
 
     def __init__(self, plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], rank: int,
-                 world_size: int, start_step: int = 0, channel: int | None = None,
+                 world_size: int, start_step: int | None = None, channel: int | None = None,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
+        self.cursor = PlanCursor(plan_dir, rank, start_step, world_size=world_size)
         super().__init__(shuffle=False, drop_last=False, world_size=world_size, rank=rank, seed=0)
-        self.plan_dir = Path(plan_dir)
+        self.plan_dir = self.cursor.plan_dir
         self.manifest = Path(manifest)
-        meta = read_plan_meta(self.plan_dir)
-        if world_size != meta.world_size:
-            raise DataprepError(f"{self.plan_dir}: world size {world_size} given, the plan is for {meta.world_size}")
-        if not 0 <= rank < world_size:
-            raise DataprepError(f"{self.plan_dir}: rank {rank} is outside world size {world_size}")
-        require_manifest_hash(self.manifest, meta.manifest.content_hash, "the plan's manifest")
-        self.plan_hash = meta.plan_hash
-        self.num_steps = meta.num_steps
+        require_manifest_hash(self.manifest, self.cursor.meta.manifest.content_hash, "the plan's manifest")
         self.channel = channel
         self.cache_dir = cache_dir
-        self._check_step(start_step)
-        self.start_step = start_step
-        self.next_step = start_step  # the step of the next batch this sampler hands out
         self._rows: ManifestRows | None = None
         self._it: Iterator[PlanBatch] | None = None
-        self._pos = 0  # batches seen since the iteration started (worker split)
 
-    def _check_step(self, step: int) -> None:
-        if not 0 <= step <= self.num_steps:
-            raise DataprepError(f"{self.plan_dir}: step {step} is outside the plan's 0..{self.num_steps} steps")
+    @property
+    def start_step(self) -> int:
+        """The step an iteration starts at unless a state was just restored."""
+        return self.cursor.start_step
+
+    @property
+    def next_step(self) -> int:
+        """The step after the last batch this sampler (or this worker's copy) handed out."""
+        return self.cursor.next_step
 
     # ------------------------------------------------------------------ lhotse protocol
     def __iter__(self) -> PlanSampler:
         # a restored state survives iter() until the first batch (DataLoader calls iter() twice)
         if not self._just_restored_state:
-            self.next_step = self.start_step
+            self.cursor.rewind()
         self._it = None
         return self
 
     def __next__(self) -> CutSet:
         self.allow_iter_to_reset_state()
         if self._it is None:
-            self._it = PlanShard(self.plan_dir, self.rank).iter_batches(self.next_step)
-            self._pos = 0
-        info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        while True:
-            pb = next(self._it)  # StopIteration ends the plan
-            pos, self._pos = self._pos, self._pos + 1
-            self.next_step = pb.step + 1
-            if pos % nw == wid:
-                break
+            self._it = self.cursor.iter_batches()  # this DataLoader worker's share
+        pb = next(self._it)  # StopIteration ends the plan
         cuts = self.cuts_of(pb)
         self._log_diagnostics(cuts)
         for fn in self._transforms:
@@ -120,7 +111,7 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
 
     def __len__(self) -> int:
         """Batches left from the next step to the end of the plan."""
-        return self.num_steps - self.next_step
+        return len(self.cursor)
 
     @property
     def remaining_duration(self) -> float | None:
@@ -136,19 +127,28 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
 
     def state_dict(self) -> dict[str, Any]:
         """Lhotse's sampler state plus ``plan_hash`` and ``next_step``."""
-        return {**super().state_dict(), "plan_hash": self.plan_hash, "next_step": self.next_step}
+        return {**super().state_dict(), **self.cursor.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue at ``state_dict["next_step"]`` (the next ``iter()`` does not reset it)."""
-        state = dict(state_dict)
-        plan_hash = state.pop("plan_hash", None)
-        if plan_hash != self.plan_hash:
-            raise DataprepError(f"{self.plan_dir}: sampler state is of another plan "
-                                f"({str(plan_hash)[:12]}... vs {self.plan_hash[:12]}...)")
-        step = int(state.pop("next_step"))
-        self._check_step(step)
-        super().load_state_dict(state)
-        self.next_step = step
+        """Continue at ``state_dict["next_step"]`` (the next ``iter()`` does not reset it); a
+        malformed state or one of another plan is a :class:`~manifests.plan_cursor.PlanStateError`."""
+        step = self.cursor.check_state(state_dict, others=_LHOTSE_KEYS)
+        v = self.cursor.state_validator()
+        for key, mine in (("world_size", self.world_size), ("seed", self.seed)):
+            if v.int_(v.key(state_dict, key), key) != mine:
+                raise v.fail(key, f"{state_dict[key]} in the state, this sampler has {mine}")
+        for key in ("drop_last", "shuffle"):
+            if state_dict.get(key) is not False:
+                raise v.fail(key, f"expected false (a plan's batches are fixed), got {state_dict.get(key)!r}")
+        v.int_(v.key(state_dict, "epoch"), "epoch", lo=0)
+        v.obj(v.key(state_dict, "diagnostics"), "diagnostics")
+        lhotse_state = {k: val for k, val in state_dict.items() if k not in ("plan_hash", "next_step")}
+        try:
+            super().load_state_dict(lhotse_state)
+        except (AssertionError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PlanStateError(f"{self.plan_dir}: sampler state: Lhotse's diagnostics do not fit this sampler "
+                                 f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+        self.cursor.seek(step)
         self._it = None
 
     def __getstate__(self) -> dict[str, Any]:  # to worker processes: no mapped file, no open iterator
@@ -168,7 +168,8 @@ class PlanDataLoader(DataLoader):  # type: ignore[type-arg]
         self._returned_step = sampler.next_step
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        step = self.plan_sampler.next_step if self.plan_sampler._just_restored_state else self.plan_sampler.start_step
+        sampler = self.plan_sampler
+        step = sampler.next_step if sampler._just_restored_state else sampler.start_step
         self._returned_step = step
         for batch in super().__iter__():
             step += 1

@@ -1,13 +1,15 @@
 """``dataprep pack``: a compiled manifest's audio written into containers NeMo, Lhotse or WebDataset read.
 
-Layouts (``N`` shards, shard ``i``):
+Layouts (``N`` parts, part ``i`` = one container; the file names are each format's own):
 
-- ``nemo-tarred``: ``audio_<i>.tar`` + ``manifest_<i>.json`` (NeMo tarred manifest lines:
-  ``audio_filepath`` = member name, ``duration``, ``text``, ``lang`` ..., ``shard_id`` = i,
-  ``source_id`` = the compiled manifest's id);
+- ``nemo-tarred``: ``audio_<i>.tar`` + ``manifest_<i>.json`` (NeMo tarred manifest lines, the
+  export's :func:`manifests.records.nemo_line` of the row as its member holds it:
+  ``audio_filepath`` = member name, ``offset`` 0, ``duration``, ``text``, ``lang`` ..., the
+  source's other fields; plus ``shard_id`` = i and ``source_id`` = the compiled manifest's id);
   NeMo's ``tarred_audio_filepaths: audio__OP_0..N-1_CL_.tar``, ``shard_manifests: true``.
 - ``shar``: ``recording.<i:06d>.tar`` (``<cut id>.<ext>`` + ``<cut id>.json``) +
-  ``cuts.<i:06d>.jsonl.gz`` (``custom.source_id``): ``CutSet.from_shar(in_dir=...)``.
+  ``cuts.<i:06d>.jsonl.gz`` (the export's :func:`manifests.records.cut_dict`, ``custom.source_id``
+  added): ``CutSet.from_shar(in_dir=...)``.
 - ``webdataset``: ``shard-<i:06d>.tar`` with ``<key>.<ext>`` + ``<key>.json`` (``text``,
   ``duration``, ``lang`` ..., ``source_id`` = the compiled manifest's id).
 
@@ -15,10 +17,10 @@ Every layout's own manifest is compile-ready (``dataprep compile`` reads it back
 container addressing). Members keep their original bytes when a row is a whole file (or a
 whole member); a segment (``offset`` > 0 or shorter than its file) is cut and written as FLAC.
 Rows are ordered by bucket (``buckets.json`` when given), then duration and tokens, and cut
-into shards of about ``shard_size`` bytes: the rows of a batch sit together in few, nearby
-byte ranges. Each shard is written atomically (tar, its manifest, then a completion marker
-with the fingerprint and the files' SHA-256, like the parts of a sharded compile), so a run
-can be split over machines (``shard_index``) and resumed: finished shards are skipped. The
+into containers of about ``container_size`` bytes: the rows of a batch sit together in few,
+nearby byte ranges. Each part (one container) is written atomically (tar, its manifest, then a
+completion marker of :class:`manifests.parted_run.PartedRun`, as the parts of a parted compile),
+so a run can be split over machines (``part_index``) and resumed: finished parts are skipped. The
 markers live beside the output folder, in ``.<name>.pack/`` (Lhotse takes every file of a Shar
 folder for a field, so nothing else may sit in it).
 """
@@ -38,48 +40,36 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import pyarrow.parquet as pq
 import soundfile
 
 from dataprep import __version__
-from dataprep.compile.parts import (
-    MARKER_VERSION,
-    check_folder,
-    fingerprint_id,
-    marker_done,
-)
-from manifests.containers import read_range
+from manifests.audio import AudioReader, load_audio
+from manifests.records import cut_dict, nemo_line, recording_dict
 from manifests.errors import DataprepError
-from manifests.io import (
-    atomic_path,
-    file_sha256,
-    manifest_hash,
-    read_manifest,
-    write_json,
-)
+from manifests.io import atomic_path, file_sha256, manifest_hash, read_manifest
+from manifests.parted_run import PartedRun, check_split
 
 LAYOUTS: tuple[str, ...] = ("nemo-tarred", "shar", "webdataset")
 #: seconds a whole-file row may differ from its header before it is cut as a segment
 WHOLE_FILE_TOLERANCE = 0.05
-_MARKERS = "shard-*-of-*.done.json"
 _FORMAT_EXT = {"FLAC": "flac", "WAV": "wav", "WAVEX": "wav", "MP3": "mp3", "OGG": "ogg", "AIFF": "aiff",
                "NIST": "sph"}
 
 
 @dataclass
 class PackSummary:
-    """What a pack run did: shards written and skipped (already done), rows and bytes packed."""
+    """What a pack run did: parts (one container each) written and skipped (already done), rows packed."""
 
     layout: str
-    num_shards: int
+    num_parts: int
     written: list[int]
     skipped: list[int]
     rows: int
     compile_hint: str
 
 
-def shard_files(out: Path, layout: str, i: int) -> tuple[Path, Path]:
-    """(tar, layout manifest) of shard ``i``; the WebDataset manifest is inside the tar (returns it twice)."""
+def container_files(out: Path, layout: str, i: int) -> tuple[Path, Path]:
+    """(tar, layout manifest) of part ``i``; the WebDataset manifest is inside the tar (returns it twice)."""
     if layout == "nemo-tarred":
         return out / f"audio_{i}.tar", out / f"manifest_{i}.json"
     if layout == "shar":
@@ -128,7 +118,7 @@ def _order(df: pl.DataFrame, buckets: str | os.PathLike[str] | None) -> np.ndarr
 
 
 def _estimated_bytes(df: pl.DataFrame) -> np.ndarray:
-    """Bytes each row will take in a shard (file or member size; 16-bit PCM for segments)."""
+    """Bytes each row will take in a container (file or member size; 16-bit PCM for segments)."""
     pcm = (df["duration"] * df["sample_rate"].fill_null(16000) * 2 * df["channels"].fill_null(1)).to_numpy()
     out = pcm.astype(np.int64)
     size = df["member_size"].to_numpy() if "member_size" in df.columns else np.full(df.height, -1)
@@ -145,40 +135,11 @@ def _estimated_bytes(df: pl.DataFrame) -> np.ndarray:
     return np.maximum(out, 1)
 
 
-class _Source:
-    """Bytes of a manifest row's audio: a loose file, a tar member or a Parquet row."""
-
-    def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
-        self._groups: dict[tuple[str, int], Any] = {}
-
-    def bytes_of(self, row: dict[str, Any]) -> bytes:
-        c = row.get("container")
-        if c is None:
-            with open(row["audio_path"], "rb") as fh:
-                return fh.read()
-        if row.get("member_offset") is not None:
-            fd = self._fds.get(c)
-            if fd is None:
-                fd = self._fds[c] = os.open(c, os.O_RDONLY)
-            return read_range(fd, int(row["member_offset"]), int(row["member_size"]))
-        key = (c, int(row["row_group"]))
-        if key not in self._groups:
-            self._groups = {key: pq.ParquetFile(c).read_row_group(key[1], columns=["audio"]).column("audio")
-                            .combine_chunks().field("bytes")}
-        return self._groups[key][int(row["group_row"])].as_py()  # type: ignore[no-any-return]
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-
-def _member_audio(row: dict[str, Any], source: _Source) -> tuple[bytes, str, int, int, int]:
-    """(bytes, extension, sample rate, frames, channels) of a row as it goes into a shard:
-    the source bytes when the row is the whole file, else its segment as FLAC."""
+def _member_audio(row: dict[str, Any], source: AudioReader) -> tuple[bytes, str, int, int, int]:
+    """(bytes, extension, sample rate, frames, channels) of a row as it goes into a container:
+    the source bytes when the row is the whole file, else its segment as FLAC (same bit depth)."""
+    data = source.file_bytes(row)
     try:
-        data = source.bytes_of(row)
         info = soundfile.info(io.BytesIO(data))
     except (OSError, RuntimeError, ValueError, soundfile.LibsndfileError) as exc:
         raise DataprepError(f"{row['origin']}: {row['audio_path']}: cannot read audio to pack ({exc})") from None
@@ -187,14 +148,12 @@ def _member_audio(row: dict[str, Any], source: _Source) -> tuple[bytes, str, int
     ext = _FORMAT_EXT.get(info.format)
     if offset == 0 and abs(file_seconds - duration) <= WHOLE_FILE_TOLERANCE and ext is not None:
         return data, ext, info.samplerate, info.frames, info.channels
-    with soundfile.SoundFile(io.BytesIO(data)) as f:
-        f.seek(int(round(offset * f.samplerate)))
-        samples = f.read(int(round(duration * f.samplerate)), dtype="int16" if f.subtype != "PCM_24" else "int32",
-                         always_2d=True)
-        rate, channels, subtype = f.samplerate, f.channels, "PCM_24" if f.subtype == "PCM_24" else "PCM_16"
+    wide = info.subtype == "PCM_24"
+    samples = load_audio(row["id"], row["audio_path"], offset, duration, data=data, channel="all",
+                         dtype="int32" if wide else "int16")
     buf = io.BytesIO()
-    soundfile.write(buf, samples, rate, format="FLAC", subtype=subtype)
-    return buf.getvalue(), "flac", rate, samples.shape[0], channels
+    soundfile.write(buf, samples, info.samplerate, format="FLAC", subtype="PCM_24" if wide else "PCM_16")
+    return buf.getvalue(), "flac", info.samplerate, samples.shape[0], info.channels
 
 
 def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -209,9 +168,9 @@ def _labels(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in ("lang", "source_lang", "target_lang") if row.get(k) is not None}
 
 
-def _write_shard(rows: list[dict[str, Any]], layout: str, out: Path, i: int, source: _Source) -> list[Path]:
-    """Write shard ``i`` (tar, then its manifest), each atomically; returns the files."""
-    tar_path, manifest_path = shard_files(out, layout, i)
+def _write_container(rows: list[dict[str, Any]], layout: str, out: Path, i: int, source: AudioReader) -> list[Path]:
+    """Write part ``i``'s container (tar, then its manifest), each atomically; returns the files."""
+    tar_path, manifest_path = container_files(out, layout, i)
     lines: list[str] = []
     with atomic_path(tar_path) as tmp, tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tf:
         for row in rows:
@@ -220,25 +179,16 @@ def _write_shard(rows: list[dict[str, Any]], layout: str, out: Path, i: int, sou
             seconds = frames / rate
             duration = min(float(row["duration"]), seconds)
             _add(tf, f"{stem}.{ext}", data)
+            packed = {**row, "audio_path": f"{stem}.{ext}", "offset": 0.0, "duration": duration,
+                      "sample_rate": rate, "channels": channels}  # the row as its member now holds it
             if layout == "nemo-tarred":
-                line = {"audio_filepath": f"{stem}.{ext}", "duration": duration, "text": row["text"],
-                        **_labels(row), "shard_id": i, "source_id": row["id"]}
-                if row.get("task") is not None:
-                    line["taskname"] = row["task"]
-                lines.append(json.dumps(line, ensure_ascii=False))
+                line, _ = nemo_line(packed)
+                lines.append(json.dumps({**line, "shard_id": i, "source_id": row["id"]}, ensure_ascii=False))
             elif layout == "shar":
-                recording = {"id": stem, "sources": [{"type": "shar", "channels": list(range(channels)),
-                                                      "source": ""}],
-                             "sampling_rate": rate, "num_samples": frames, "duration": seconds,
-                             "channel_ids": list(range(channels))}
+                recording = recording_dict(stem, source_type="shar", source="", sampling_rate=rate,
+                                           num_samples=frames, duration=seconds, channels=channels)
                 _add(tf, f"{stem}.json", json.dumps(recording).encode())
-                sup = {"id": stem, "recording_id": stem, "start": 0, "duration": duration, "channel": 0,
-                       "text": row["text"]}
-                if row.get("lang") is not None:
-                    sup["language"] = row["lang"]
-                cut = {"id": stem, "start": 0, "duration": duration, "channel": 0 if channels == 1
-                       else list(range(channels)), "supervisions": [sup], "recording": recording,
-                       "custom": {"source_id": row["id"]}, "type": "MonoCut" if channels == 1 else "MultiCut"}
+                cut = cut_dict(packed, recording, custom={"source_id": row["id"]}, cut_id=stem)
                 lines.append(json.dumps(cut, ensure_ascii=False))
             else:
                 meta = {"source_id": row["id"], "text": row["text"], "duration": duration, **_labels(row)}
@@ -262,20 +212,21 @@ def pack(
     output: str | os.PathLike[str],
     layout: str,
     *,
-    shard_size: int = 1 << 30,
-    num_shards: int | None = None,
-    shard_index: int | None = None,
+    container_size: int = 1 << 30,
+    num_parts: int | None = None,
+    part_index: int | None = None,
     buckets: str | os.PathLike[str] | None = None,
-    on_shard: Callable[[int], None] | None = None,
+    on_part: Callable[[int], None] | None = None,
 ) -> PackSummary:
-    """Pack ``manifest``'s audio into ``output`` in ``layout``: ``num_shards`` shards (default:
-    total bytes / ``shard_size``, rounded up), only shard ``shard_index`` when given. Finished
-    shards (marker with this fingerprint, files unchanged) are skipped; a folder packed with
-    another fingerprint is refused."""
+    """Pack ``manifest``'s audio into ``output`` in ``layout``: ``num_parts`` parts of one container
+    each (default: total bytes / ``container_size``, rounded up), only part ``part_index`` when
+    given. Finished parts (marker with this fingerprint, files unchanged) are skipped; a folder
+    packed with another fingerprint is refused."""
     if layout not in LAYOUTS:
         raise DataprepError(f"--layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
-    if shard_size < 1:
-        raise DataprepError(f"--shard-size {shard_size}: need at least 1 byte")
+    if isinstance(container_size, bool) or not isinstance(container_size, int) or container_size < 1:
+        raise DataprepError(f"--container-size {container_size!r}: need at least 1 byte")
+    check_split(num_parts, part_index)
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise DataprepError(f"{out}: exists and is not a folder")
@@ -286,43 +237,35 @@ def pack(
     df = df[order].with_columns(_member_names(df["id"][order], order).alias("__member"))
     sizes = _estimated_bytes(df)
     total = int(sizes.sum())
-    n = num_shards if num_shards is not None else max(1, math.ceil(total / shard_size))
-    if n < 1 or n > df.height:
-        raise DataprepError(f"--num-shards {n}: need between 1 and the number of rows ({df.height})")
-    if shard_index is not None and not 0 <= shard_index < n:
-        raise DataprepError(f"--shard-index {shard_index} is not in [0, {n})")
+    n = num_parts if num_parts is not None else max(1, math.ceil(total / container_size))
+    check_split(n, part_index, max_parts=df.height, max_what="the number of rows")
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    shard = np.minimum((starts * n) // max(total, 1), n - 1).astype(np.int64)
-    if len(np.unique(shard)) != n:  # a few huge rows left a shard empty: equal row counts instead
-        shard = np.minimum(np.arange(df.height) * n // df.height, n - 1)
+    part = np.minimum((starts * n) // max(total, 1), n - 1).astype(np.int64)
+    if len(np.unique(part)) != n:  # a few huge rows left a container empty: equal row counts instead
+        part = np.minimum(np.arange(df.height) * n // df.height, n - 1)
     fp = {"tool": f"speech-dataprep {__version__}", "manifest_hash": manifest_hash(manifest), "layout": layout,
           "num_shards": n, "order": "bucket, duration, num_tokens, row",
           "buckets_sha256": file_sha256(buckets) if buckets is not None else None}
-    fid = fingerprint_id(fp)
-    markers = marker_folder(out)
-    check_folder(markers, fp, _MARKERS)
+    run = PartedRun(marker_folder(out), fp, n, files_folder=out)
+    run.check_folder()
     out.mkdir(parents=True, exist_ok=True)
-    todo = [shard_index] if shard_index is not None else list(range(n))
+    todo = [part_index] if part_index is not None else list(range(n))
     written, skipped = [], []
-    source = _Source()
+    source = AudioReader()
     try:
         for i in todo:
-            marker = markers / f"shard-{i:05d}-of-{n:05d}.done.json"
-            files = sorted(set(shard_files(out, layout, i)))
-            if marker_done(marker, fid, files):
+            if run.is_done(i, sorted(set(container_files(out, layout, i)))):
                 skipped.append(i)
                 continue
-            marker.unlink(missing_ok=True)
-            rows = df.filter(pl.lit(shard == i)).to_dicts()
-            paths = _write_shard(rows, layout, out, i, source)
-            write_json({"version": MARKER_VERSION, "shard_index": i, "num_shards": n, "fingerprint_id": fid,
-                        "fingerprint": fp, "rows": len(rows), "ids_first_last": [rows[0]["id"], rows[-1]["id"]],
-                        "files": {p.name: file_sha256(p) for p in paths}}, marker)
+            run.forget(i)
+            rows = df.filter(pl.lit(part == i)).to_dicts()
+            paths = _write_container(rows, layout, out, i, source)
+            run.mark_done(i, paths, rows=len(rows), ids_first_last=[rows[0]["id"], rows[-1]["id"]])
             written.append(i)
-            if on_shard:
-                on_shard(1)
+            if on_part:
+                on_part(1)
     finally:
         source.close()
-    return PackSummary(layout, n, written, skipped, int(sum(int((shard == i).sum()) for i in todo)),
+    return PackSummary(layout, n, written, skipped, int(sum(int((part == i).sum()) for i in todo)),
                        compile_hint(out, layout, n))
 

@@ -1,6 +1,6 @@
 """Every column of a compiled manifest, memory-mapped, for consumers that build whole records.
 
-The training loader maps only the columns it needs (:class:`dataprep.training.cache.ManifestColumns`);
+The training loader maps only the columns it needs (:class:`manifests.column_cache.ManifestColumns`);
 samplers that hand trainers Lhotse cuts need all of them (languages, task, ``extra``,
 sample rate, channels). :class:`ManifestRows` converts the manifest once into an uncompressed
 Arrow IPC file (``<cache dir>/<content hash>.rows.v1.arrow``, built in 65,536-row record
@@ -20,7 +20,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataprep.training.cache import open_or_build_cache, write_ipc_file
+from manifests.column_cache import open_or_build_cache, write_ipc_file
 from manifests.errors import DataprepError
 
 #: layout version of the row cache files

@@ -23,54 +23,39 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from torch.utils.data import Sampler
 
-from manifests.errors import DataprepError
-from manifests.plan_files import PlanShard
-from manifests.plan_meta import read_plan_meta
+from manifests.plan_cursor import PlanCursor
 
 
 class PlanBatchSampler(Sampler[list[int]]):
     """Rank ``rank``'s batches of the plan in ``plan_dir`` as lists of manifest row numbers,
-    from global step ``start_step`` on (see the module docstring)."""
+    from global step ``start_step`` (default: the plan's first) on; a thin adapter over
+    :class:`~manifests.plan_cursor.PlanCursor` (rank, steps and state checks are the cursor's)."""
 
-    def __init__(self, plan_dir: str | os.PathLike[str], rank: int, start_step: int = 0) -> None:
-        self.plan_dir = Path(plan_dir)
-        meta = read_plan_meta(self.plan_dir)
-        if not 0 <= rank < meta.world_size:
-            raise DataprepError(f"{self.plan_dir}: rank {rank} is outside the plan's world size {meta.world_size}")
-        self.rank = rank
-        self.plan_hash = meta.plan_hash
-        self.num_steps = meta.num_steps
-        self._check_step(start_step)
-        self.next_step = start_step  # the step the next batch handed out will be
+    def __init__(self, plan_dir: str | os.PathLike[str], rank: int, start_step: int | None = None) -> None:
+        self.cursor = PlanCursor(plan_dir, rank, start_step)
+        self.plan_dir, self.rank = self.cursor.plan_dir, self.cursor.rank
 
-    def _check_step(self, step: int) -> None:
-        if not 0 <= step <= self.num_steps:
-            raise DataprepError(f"{self.plan_dir}: step {step} is outside the plan's 0..{self.num_steps} steps")
+    @property
+    def next_step(self) -> int:
+        """The step the next batch handed out will be."""
+        return self.cursor.next_step
 
     def __iter__(self) -> Iterator[list[int]]:
-        start = self.next_step
-        for pb in PlanShard(self.plan_dir, self.rank).iter_batches(start):
-            self.next_step = pb.step + 1
+        for pb in self.cursor.iter_batches((0, 1)):
             yield pb.rows.tolist()
 
     def __len__(self) -> int:
         """Batches left from the current step to the end of the plan."""
-        return self.num_steps - self.next_step
+        return len(self.cursor)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the next batch starts: ``{"plan_hash", "rank", "next_step"}``."""
-        return {"plan_hash": self.plan_hash, "rank": self.rank, "next_step": self.next_step}
+        return self.cursor.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at ``state["next_step"]``; refuses the state of another plan."""
-        if state.get("plan_hash") != self.plan_hash:
-            raise DataprepError(f"{self.plan_dir}: sampler state is of another plan "
-                                f"({str(state.get('plan_hash'))[:12]}... vs {self.plan_hash[:12]}...)")
-        step = int(state["next_step"])
-        self._check_step(step)
-        self.next_step = step
+        """Continue at ``state["next_step"]``; refuses a state of another plan or a malformed one."""
+        self.cursor.load_state_dict(state)

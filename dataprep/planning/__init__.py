@@ -7,6 +7,7 @@ I/O around the pure core in :mod:`bucketing.plan` and :mod:`bucketing.simulate`;
 """
 
 from dataprep.planning.build import batch_sizes_of, build_plan
+from dataprep.planning.options import PlanOptions
 from dataprep.planning.replan import replan
 from dataprep.planning.simulate import (
     DEFAULT_WORLD_SIZES,
@@ -14,4 +15,4 @@ from dataprep.planning.simulate import (
     simulate_plan,
 )
 
-__all__ = ["DEFAULT_WORLD_SIZES", "batch_sizes_of", "build_plan", "read_epoch_batches", "replan", "simulate_plan"]
+__all__ = ["DEFAULT_WORLD_SIZES", "PlanOptions", "batch_sizes_of", "build_plan", "read_epoch_batches", "replan", "simulate_plan"]

@@ -31,12 +31,13 @@ from bucketing.dynres import (
     resolution_totals,
     resolve,
 )
-from bucketing.balance import DEFAULT_BALANCE, PlanReport
+from bucketing.balance import PlanReport
 from bucketing.costmodel import CostModel
 from bucketing.fit import grid_from_spec
 from bucketing.groups import regroup
 from bucketing.plan import EpochPlan, PlanError, PlanInputs, plan_epoch
 from bucketing.steps_report import epoch_report
+from dataprep.planning.options import PlanOptions
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import file_sha256, manifest_hash, read_manifest
@@ -94,7 +95,7 @@ class ManifestColumns:
 
 
 @dataclass
-class _Totals:
+class EpochTotals:
     """What the epochs add up to, for ``plan.json``."""
 
     num_buckets: int
@@ -180,29 +181,20 @@ def build_plan(
     manifest: str | os.PathLike[str],
     buckets: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
+    options: PlanOptions,
     *,
-    world_size: int,
-    seed: int = 0,
-    epochs: int = 1,
-    strict: bool = False,
-    interleave: str = "random",
-    row_group_steps: int = 128,
-    carry: bool = True,
-    balance: float = DEFAULT_BALANCE,
-    cost: CostModel | None = None,
-    sync_group: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     timings: dict[str, float] | None = None,
-    dynamic_resolution: DynResConfig | None = None,
 ) -> PlanMeta:
-    """Plan ``epochs`` epochs of ``manifest`` over ``world_size`` ranks into ``out_dir``.
+    """Plan ``options.epochs`` epochs of ``manifest`` over ``options.world_size`` ranks into
+    ``out_dir`` (the options, checked by :class:`PlanOptions`, say how).
 
     ``balance`` > 0 (default 0.05): balanced steps (full batches whose predicted times under
     ``cost``, in seconds, agree within that relative tolerance: one bucket's where the data
     allows, several buckets' otherwise; :mod:`bucketing.balance`); 0: one bucket per step
-    (identical buckets on every rank, the plans made before ``--balance`` existed, byte for byte). ``sync_group`` G (dividing ``world_size``; None = all):
-    ranks are synchronized only within groups of G, each group drawing the steps in its own
-    order (:mod:`bucketing.groups`).
+    (identical buckets on every rank, the plans made before ``--balance`` existed, byte for
+    byte). ``sync_group`` G (dividing ``world_size``; None = all): ranks are synchronized only
+    within groups of G, each group drawing the steps in its own order (:mod:`bucketing.groups`).
 
     Returns the plan's metadata (the content of ``plan.json``). ``on_progress(done, total)``
     counts shard writes; ``timings`` (if given) receives wall seconds per phase (read,
@@ -212,14 +204,14 @@ def build_plan(
     sizes must be for that shape (:func:`check_shape_policy`). None (default) writes today's
     plan, byte for byte.
     """
+    if not isinstance(options, PlanOptions):
+        raise DataprepError(f"build_plan: options must be PlanOptions, got {type(options).__name__}")
     clock = _Clock(timings)
-    if world_size < 1 or epochs < 1:
-        raise DataprepError(f"world size and epochs must be >= 1 (got {world_size}, {epochs})")
-    if not balance >= 0:
-        raise DataprepError(f"--balance must be >= 0 (a relative tolerance, e.g. 0.05), got {balance}")
-    group = world_size if sync_group is None else sync_group
-    if group < 1 or world_size % group:
-        raise DataprepError(f"--sync-group {group} must be >= 1 and divide the world size {world_size}")
+    world_size, seed, epochs, strict, carry = (options.world_size, options.seed, options.epochs, options.strict,
+                                               options.carry)
+    interleave, balance, cost, group = options.interleave, options.balance, options.cost, options.group
+    dynamic_resolution = options.dynamic_resolution
+    row_group_steps = options.row_group_steps
     spec = read_buckets(buckets)
     bs = batch_sizes_of(spec, str(buckets))
     check_shape_policy(spec, dynamic_resolution, str(buckets))
@@ -232,7 +224,7 @@ def build_plan(
     inputs = PlanInputs(assigned.bucket, bs, cols.duration, cols.num_tokens, grid.max_duration,
                         assigned.max_tokens.astype(np.float64))
     clock("allocate")
-    totals = _Totals(len(spec.buckets))
+    totals = EpochTotals(len(spec.buckets))
     dynres = _DynResTotals(dynamic_resolution, len(spec.buckets)) if dynamic_resolution is not None else None
     total = epochs * world_size
     with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
@@ -245,7 +237,7 @@ def build_plan(
                 raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
             clock("plan")
             first_step = totals.num_steps
-            _write_epoch(writer, ep, cols.ids, first_step, lambda r: on_progress(e * world_size + r + 1, total)
+            write_epoch(writer, ep, cols.ids, first_step, lambda r: on_progress(e * world_size + r + 1, total)
                          if on_progress else None, dynamic_resolution)
             totals.add(ep, first_step, bs, cost)
             if dynres is not None:
@@ -268,7 +260,7 @@ def build_plan(
 
 
 def _plan_meta(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str], spec: BucketSpec,
-               cols: ManifestColumns, assigned: Assignment, totals: _Totals, *, strict: bool, world_size: int,
+               cols: ManifestColumns, assigned: Assignment, totals: EpochTotals, *, strict: bool, world_size: int,
                seed: int, epochs: int, interleave: str, balance: BalanceInfo | None = None,
                sync_group: int | None = None) -> PlanMeta:
     alloc = assigned.allocation
@@ -354,7 +346,7 @@ def _write_threads() -> int:
     return max(1, min(4, cores))
 
 
-def _write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: int,
+def write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: int,
                  tick: Callable[[int], object], dynamic_resolution: DynResConfig | None = None) -> None:
     S = ep.num_steps
     targets = None if dynamic_resolution is None else batch_targets(ep.max_duration, dynamic_resolution)

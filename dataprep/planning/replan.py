@@ -21,18 +21,19 @@ import pyarrow.compute as pc
 
 from bucketing.allocate import assign
 from bucketing.balance import DEFAULT_BALANCE
-from bucketing.costmodel import CostModel
 from bucketing.fit import grid_from_spec
 from bucketing.plan import PlanError, PlanInputs, plan_epoch
 from dataprep.planning.build import (
+    EpochTotals,
     ManifestColumns,
-    _Totals,
-    _write_epoch,
     batch_sizes_of,
+    write_epoch,
 )
 from manifests.buckets_file import parse_buckets
-from manifests.errors import DataprepError
+from dataprep.planning.options import PlanOptions
+from manifests.errors import DataprepError, OptionError
 from manifests.io import require_manifest_hash
+from manifests.options import check_int
 from manifests.plan_files import PlanShard, PlanWriter
 from manifests.plan_meta import PlanMeta, ReplanInfo, read_plan_meta
 
@@ -61,14 +62,19 @@ def unseen_rows(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int,
             np.concatenate(buckets).astype(np.int32) if buckets else np.empty(0, np.int32))
 
 
-def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
-           at_step: int, world_size: int, carry: bool = True, cost: CostModel | None = None,
-           row_group_steps: int = 128) -> PlanMeta:
-    """Re-plan ``plan_dir`` from ``at_step`` on for ``world_size`` ranks into ``out_dir``
-    (module docstring). ``manifest`` must be the parent's (by content hash)."""
+def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], out_dir: str | os.PathLike[str],
+           options: PlanOptions, *, at_step: int) -> PlanMeta:
+    """Re-plan ``plan_dir`` from ``at_step`` on for ``options.world_size`` ranks into ``out_dir``
+    (module docstring). ``manifest`` must be the parent's (by content hash). Of ``options``
+    only ``world_size``, ``carry``, ``cost`` and ``row_group_steps`` apply: seed, epochs,
+    interleave, strictness and balance are the parent plan's."""
+    if not isinstance(options, PlanOptions):
+        raise DataprepError(f"replan: options must be PlanOptions, got {type(options).__name__}")
+    if options.dynamic_resolution is not None:
+        raise OptionError("dynamic_resolution", "re-planning a --dynamic-resolution plan is not supported yet")
+    check_int("at_step", at_step, le=None)  # its range is the plan's, checked below
+    world_size, carry, cost, row_group_steps = options.world_size, options.carry, options.cost, options.row_group_steps
     meta = read_plan_meta(plan_dir)
-    if world_size < 1:
-        raise DataprepError(f"world size must be >= 1, got {world_size}")
     if not meta.first_step <= at_step < meta.num_steps:
         raise DataprepError(f"--at-step {at_step}: the plan holds steps {meta.first_step}..{meta.num_steps - 1}")
     if "dynamic_resolution" in meta.extra:
@@ -91,7 +97,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     # borrowed by a bucket of batch size 1, are re-decided for the new world size)
     rest_bucket[rows] = np.where(assigned.bucket[rows] >= 0, assigned.bucket[rows], buckets)
     consumed = at_step - meta.first_step_of_epoch[e0]
-    totals = _Totals(len(spec.buckets))
+    totals = EpochTotals(len(spec.buckets))
     with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps) as writer:
         first = at_step
         for e in range(e0, meta.epochs):
@@ -109,7 +115,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             except PlanError as exc:
                 raise DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {world_size} "
                                     f"ranks: {exc}; re-plan at another step") from None
-            _write_epoch(writer, ep, cols.ids, first, lambda r: None)
+            write_epoch(writer, ep, cols.ids, first, lambda r: None)
             totals.add(ep, first, bs, cost)
             first += ep.num_steps
         spe = meta.steps_per_epoch[:e0] + [consumed + totals.steps_per_epoch[0]] + totals.steps_per_epoch[1:]

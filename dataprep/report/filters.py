@@ -19,13 +19,13 @@ input order; rejected rows too.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import polars as pl
 
-from manifests.errors import DataprepError
+from manifests.errors import DataprepError, OptionError
+from manifests.options import check_int, check_number
 
 #: (filter name, column, comparison that FAILS a row), in reason-priority order.
 FILTERS: tuple[tuple[str, str, str], ...] = (
@@ -55,15 +55,14 @@ class Thresholds:
 
     def __post_init__(self) -> None:
         for name in FILTER_NAMES:
-            v = getattr(self, name)
-            if v is not None and (not math.isfinite(v) or v < 0):
-                raise DataprepError(f"--{name.replace('_', '-')} {v}: expected a finite number >= 0")
+            if name.endswith("_tokens"):
+                check_int(name, getattr(self, name), ge=0, le=None, optional=True)
+            else:
+                check_number(name, getattr(self, name), ge=0, optional=True)
         for lo, hi in (("min_tps", "max_tps"), ("min_duration", "max_duration"), ("min_tokens", "max_tokens")):
             a, b = getattr(self, lo), getattr(self, hi)
             if a is not None and b is not None and a > b:
-                raise DataprepError(
-                    f"--{lo.replace('_', '-')} {a:g} is above --{hi.replace('_', '-')} {b:g}: every row would be rejected"
-                )
+                raise OptionError(lo, f"{a:g} is above the maximum {b:g}: every row would be rejected")
 
     def active(self) -> list[tuple[str, str, str, float]]:
         """``(name, column, failing op, value)`` of the filters that are set, in priority order."""

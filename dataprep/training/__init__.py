@@ -1,6 +1,6 @@
 """The training stage: a torch loader over a plan and a thin DDP loop that consumes it.
 
-- :mod:`~dataprep.training.cache`: the memory-mapped manifest column cache
+- :mod:`manifests.column_cache`: the memory-mapped manifest column cache (torch-free; re-exported here)
 - :mod:`~dataprep.training.audio`: one utterance's audio segment, mono 16 kHz
 - :mod:`~dataprep.training.features`: log-mel features in pure torch
 - :mod:`~dataprep.training.dynres`: dynamic-resolution features and the collate helper
@@ -8,13 +8,14 @@
 - :mod:`~dataprep.training.loader`: :class:`PlanDataset`, prefetch, :func:`make_loader`
 - :mod:`~dataprep.training.loop`: :class:`TrainConfig`, :func:`train`, :func:`run_rank`, checkpoints
 
-``torchrun --nproc-per-node N -m dataprep.training PLAN --manifest ...`` runs one rank per
-process (the options of ``dataprep train``). Importing this package imports torch.
+``torchrun --nproc-per-node N -m dataprep.cli train PLAN --manifest ...`` runs one rank per
+process. Importing this package imports torch; :class:`TrainConfig` lives in the torch-free
+:mod:`dataprep.training_config`.
 """
 
 from dataprep.training.audio import AudioError, load_audio
 from dataprep.training.batches import Batch, BatchBuilder, pad_stack
-from dataprep.training.cache import (
+from manifests.column_cache import (
     LOADER_COLUMNS,
     ManifestColumns,
     RowsMeta,
@@ -24,7 +25,8 @@ from dataprep.training.cache import (
 from dataprep.training.dynres import DynResFeatures, collate_dynamic_resolution, time_mask_widths
 from dataprep.training.features import HOP, SAMPLE_RATE, LogMel, mel_filterbank
 from dataprep.training.loader import PlanDataset, make_loader, prefetch
-from dataprep.training.loop import TrainConfig, batch_digest, check_plan, run_rank, train
+from dataprep.training.loop import batch_digest, check_plan, run_rank, train
+from dataprep.training_config import TrainConfig
 
 __all__ = [
     "HOP",

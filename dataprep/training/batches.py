@@ -3,7 +3,7 @@
 The utterances' audio segments are read (:mod:`dataprep.training.audio`), turned into log-mel
 frames (:mod:`dataprep.training.features`, 10 ms hop) and padded; the texts are tokenized with
 sentencepiece as ``[bos] + pieces + [eos]`` and padded with 0. Manifest fields come from the
-memory-mapped column cache (:mod:`dataprep.training.cache`).
+memory-mapped column cache (:mod:`manifests.column_cache`).
 
 Dynamic resolution: for a plan made with ``--dynamic-resolution`` (its batches carry
 ``target_frames``) a builder given the plan's :class:`~bucketing.dynres.DynResConfig`
@@ -30,8 +30,8 @@ import torch
 
 from bucketing.dynres import DynResConfig
 from dataprep.tokenize import Tokenizers
-from dataprep.training.audio import AudioError, ContainerReader, load_audio
-from dataprep.training.cache import ManifestColumns, RowsMeta
+from dataprep.training.audio import AudioError, AudioReader, load_audio
+from manifests.column_cache import ManifestColumns, RowsMeta
 from dataprep.training.dynres import collate_dynamic_resolution
 from dataprep.training.features import LogMel
 from manifests.errors import DataprepError
@@ -106,17 +106,17 @@ class BatchBuilder:
         self._mel: LogMel | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0  # a pool copied into a forked worker has no threads: make a new one
-        self._containers: ContainerReader | None = None
+        self._containers: AudioReader | None = None
         self._containers_pid = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cols": None, "_toks": None, "_mel": None, "_pool": None, "_containers": None}
 
     @property
-    def containers(self) -> ContainerReader:
+    def containers(self) -> AudioReader:
         """This process's reader of audio inside containers (descriptors are not shared across forks)."""
         if self._containers is None or self._containers_pid != os.getpid():
-            self._containers = ContainerReader()
+            self._containers = AudioReader()
             self._containers_pid = os.getpid()
         return self._containers
 
@@ -151,11 +151,7 @@ class BatchBuilder:
               ) -> npt.NDArray[np.float32] | AudioError:
         utt, path, offset, duration, container, m_offset, m_size, group, row = args
         try:
-            data = None
-            if container is not None and m_offset >= 0:
-                data = self.containers.member(utt, container, m_offset, m_size)
-            elif container is not None and group >= 0:
-                data = self.containers.parquet_row(utt, container, group, row)
+            data = self.containers.held(utt, container, m_offset, m_size, group, row)
             return load_audio(utt, path, offset, duration, data=data)
         except AudioError as exc:
             if self.skip_bad_audio:

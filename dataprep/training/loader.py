@@ -17,41 +17,39 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset
 
 from dataprep.training.batches import Batch, BatchBuilder
-from manifests.plan_files import PlanBatch, PlanShard
+from manifests.plan_cursor import PlanCursor
+from manifests.plan_files import PlanBatch
 
 T = TypeVar("T")
 
 
 class PlanDataset(IterableDataset[Batch]):
     """Rank ``rank``'s batches of the plan in ``plan_dir``, from global step ``start_step``
-    up to (not including) ``stop_step``. Yields :class:`Batch`; use ``batch_size=None``
-    with a DataLoader (see :func:`make_loader`)."""
+    (default: the plan's first) up to (not including) ``stop_step`` (default: its end). Yields
+    :class:`Batch`; use ``batch_size=None`` with a DataLoader (see :func:`make_loader`). Steps,
+    rank and the worker split are the :class:`~manifests.plan_cursor.PlanCursor` 's."""
 
     def __init__(self, plan_dir: str | os.PathLike[str], rank: int, builder: BatchBuilder,
-                 start_step: int = 0, stop_step: int | None = None) -> None:
+                 start_step: int | None = None, stop_step: int | None = None) -> None:
         super().__init__()
-        self.plan_dir = str(plan_dir)
-        self.rank = rank
+        self.cursor = PlanCursor(plan_dir, rank, start_step, stop_step)
         self.builder = builder
-        self.start_step = start_step
-        self.stop_step = stop_step
+
+    def __len__(self) -> int:
+        """Batches one iteration yields (all workers together)."""
+        return len(self.cursor)
 
     def plan_batches(self) -> Iterator[PlanBatch]:
-        """The shard's batches in the step range (metadata only)."""
-        for pb in PlanShard(self.plan_dir, self.rank).iter_batches(self.start_step):
-            if self.stop_step is not None and pb.step >= self.stop_step:
-                return
-            yield pb
+        """The shard's batches in the step range (metadata only), this worker's share."""
+        self.cursor.rewind()
+        return self.cursor.iter_batches()
 
     def __iter__(self) -> Iterator[Batch]:
-        info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        for i, pb in enumerate(self.plan_batches()):
-            if i % nw == wid:
-                yield self.builder.build(pb)
+        for pb in self.plan_batches():
+            yield self.builder.build(pb)
 
 
 def _identity(x: T) -> T:

@@ -6,7 +6,7 @@ every rank the same number of steps. Backend: gloo on CPU, nccl on GPU.
 
 Launch: ``dataprep train ... --nproc N`` spawns N local processes (127.0.0.1, a free port);
 under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` set) each process runs one
-rank: ``torchrun --nproc-per-node N -m dataprep.training plan/ --manifest ...``. Either way the
+rank: ``torchrun --nproc-per-node N -m dataprep.cli train plan/ --manifest ...``. Either way the
 process count must equal the plan's world size.
 
 Per step, rank 0 prints one JSON line: step, epoch, bucket, loss (mean over ranks), audio and
@@ -39,7 +39,7 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -51,45 +51,19 @@ import torch.multiprocessing as mp
 from bucketing.dynres import DynResConfig
 from dataprep.training.batches import Batch, BatchBuilder
 from dataprep.training.loader import PlanDataset, make_loader
+from dataprep.training_config import TrainConfig
 from manifests.errors import DataprepError
 from dataprep.tokenize import require_recorded_tokenizer
 from manifests.io import atomic_path, require_manifest_hash
+from manifests.options import check_int
 from manifests.outputs import require_free_checkpoint_dir
+from manifests.plan_cursor import argument_validator, resume_world_size
 from manifests.plan_meta import PlanMeta, read_plan_meta
 
 
 #: fewest feature frames a step feeds the encoder: its BatchNorm needs more than one value per
 #: channel, i.e. more than 8 frames (one after the 8x subsampling) for a batch of one utterance
 MIN_FRAMES = 16
-
-
-@dataclass
-class TrainConfig:
-    """What ``dataprep train`` does. ``steps``: train up to (not including) this global plan
-    step (None = the whole plan)."""
-
-    plan_dir: str
-    manifest: str
-    tokenizer: list[str]
-    checkpoint_dir: str
-    model: str = "tiny"
-    steps: int | None = None
-    resume: bool = False
-    lr: float = 1e-3
-    seed: int = 0
-    workers: int = 0
-    prefetch: int = 2
-    skip_bad_audio: bool = False
-    checkpoint_every: int = 0  # steps; 0 = only at the end
-    trace: bool = False
-    device: str = "auto"  # auto | cpu | cuda
-    timeout_s: float = 600.0
-    cache_dir: str | None = None
-    quiet: bool = False
-    dynamic_resolution: bool = True  # use the plan's dynamic resolution when it has one
-    overwrite: bool = False  # replace a run already in checkpoint_dir
-    allow_other_tokenizer: bool = False  # train with a tokenizer other than the manifest's
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _rank_file(cfg: TrainConfig, kind: str, rank: int) -> Path:
@@ -165,14 +139,8 @@ def _resume(ckpt_path: Path, meta: PlanMeta, model: torch.nn.Module, opt: torch.
             device: torch.device) -> int:
     """Load model and optimizer state from ``ckpt_path``; the plan step to continue at."""
     ckpt = load_checkpoint(ckpt_path, device)
-    next_step = int(ckpt["next_step"])
-    if ckpt["plan_hash"] != meta.plan_hash:
-        rp = meta.replan
-        if rp is None or ckpt["plan_hash"] != rp.parent_plan_hash:
-            raise DataprepError(f"{ckpt_path}: plan_hash: the checkpoint was made with another plan")
-        if next_step != rp.at_step:  # a re-planned plan continues its parent exactly at at_step
-            raise DataprepError(f"{ckpt_path}: checkpoint is at step {next_step} of the parent plan, but the plan "
-                                f"was re-planned at step {rp.at_step}; re-plan with --at-step {next_step}")
+    next_step = ckpt["next_step"]
+    resume_world_size(meta, ckpt["plan_hash"], next_step, argument_validator(str(ckpt_path)))
     if not next_step <= meta.num_steps:
         raise DataprepError(f"{ckpt_path}: next_step: {next_step} is past the plan's {meta.num_steps} steps")
     try:
@@ -255,9 +223,6 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
         model, ddp, opt, builder, n_mels = _build(cfg, device, meta)
         ckpt_path = Path(cfg.checkpoint_dir) / "last.pt"
         start = _resume(ckpt_path, meta, model, opt, device) if cfg.resume else 0
-        if start < meta.first_step:
-            raise DataprepError(f"{cfg.plan_dir}: the plan was re-planned at step {meta.first_step}; start it with "
-                                "--resume from the parent plan's checkpoint")
         stop = min(meta.num_steps, cfg.steps if cfg.steps is not None else meta.num_steps)
         trace = _read_lines(_rank_file(cfg, "trace", rank), start) if cfg.trace else []
         skipped = _read_lines(_rank_file(cfg, "skipped", rank), start)
@@ -330,6 +295,9 @@ def train(cfg: TrainConfig, nproc: int = 1) -> dict[str, Any]:
     """Run training: under torchrun (env ``RANK``/``WORLD_SIZE``) as that one rank; else spawn
     ``nproc`` local ranks and wait (at most ``cfg.timeout_s``; a hung rank is killed and reported).
     """
+    if not isinstance(cfg, TrainConfig):
+        raise DataprepError(f"train: cfg must be a TrainConfig, got {type(cfg).__name__}")
+    check_int("nproc", nproc, ge=1)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if not (torchrun and cfg.overwrite and os.environ["RANK"] != "0"):  # rank 0 alone removes an old run
         require_free_checkpoint_dir(cfg.checkpoint_dir, cfg.resume, cfg.overwrite)

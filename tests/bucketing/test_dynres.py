@@ -3,6 +3,8 @@ their totals and the SpecAugment width helper; hand-computed cases plus properti
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -22,6 +24,7 @@ from bucketing.dynres import (
     target_frames,
     time_mask_widths,
 )
+from manifests.errors import OptionError
 
 CFG = DynResConfig()
 
@@ -68,10 +71,19 @@ def test_the_min_clamp_lengthens_the_batch() -> None:
 
 
 def test_config_errors_are_one_line() -> None:
-    with pytest.raises(ValueError, match="floor rate <= min rate <= max rate"):
+    with pytest.raises(OptionError, match="max_rate: must be >= 140"):
         DynResConfig(min_rate=140)
-    with pytest.raises(ValueError, match="floor rate"):
+    with pytest.raises(OptionError, match="min_rate: must be >= 80"):
         DynResConfig(floor_rate=80)
+    bad_fields = [("frames_per_second", math.inf), ("frames_per_second", math.nan), ("frames_per_second", 0),
+                  ("min_rate", math.nan), ("max_rate", math.inf), ("floor_rate", -1.0), ("floor_rate", True),
+                  ("max_rate", "130"), ("max_rate", 20000.0), ("sample_rate", 16000.0), ("sample_rate", 0),
+                  ("sample_rate", True), ("target_frames", 799), ("target_frames", 1601), ("target_frames", 1000.0),
+                  ("target_frames", True), ("target_frames", "1000"), ("target_frames", math.inf)]
+    for field, value in bad_fields:
+        with pytest.raises(OptionError) as err:
+            DynResConfig(**{field: value})
+        assert err.value.field == field, (field, value)
     with pytest.raises(ValueError, match="offsets"):
         resolve([1.0, 2.0], [0, 1])
     assert DynResConfig.from_json({**CFG.to_json(), "new_key": 1}) == CFG
@@ -171,7 +183,7 @@ def test_bucket_frames_is_the_shape_of_each_policy() -> None:
     assert CFG.shape_policy() == {"target_frames": LONGEST, "frames_per_second": 100.0}
     assert cfg.shape_policy()["target_frames"] == 1000 and "min_rate" in cfg.shape_policy()
     for bad in (1, True, 1000.0, "1000", "short"):
-        with pytest.raises(ValueError, match="target frames"):
+        with pytest.raises(OptionError, match="target_frames"):
             DynResConfig(target_frames=bad)  # type: ignore[arg-type]
     assert DynResConfig.from_json(cfg.to_json()) == cfg
 

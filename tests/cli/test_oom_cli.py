@@ -50,3 +50,24 @@ def test_bad_loss_mode_is_a_usage_error(tmp_path) -> None:
     r = CliRunner().invoke(app, ["oomptimize", _write(tmp_path), "--model", "tiny", "--estimate", "--gpu-memory", "1GiB",
                                  "--loss-mode", "sample-wise", "-o", str(tmp_path / "o.json")])
     assert r.exit_code == 2 and "only transducer" in r.output
+
+
+def test_probe_cache_follows_the_cache_directory(tmp_path, monkeypatch) -> None:
+    """Without --cache-dir the probes are cached under $SPEECH_DATAPREP_CACHE/oom, read when
+    the command runs (not when the module was imported)."""
+    monkeypatch.setenv("SPEECH_DATAPREP_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "sized.json"
+    r = CliRunner().invoke(app, ["oomptimize", _write(tmp_path), "--model", "tiny", "--estimate", "--gpu-memory",
+                                 "200MiB", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert len(list((tmp_path / "cache" / "oom").glob("*.json"))) == len(BUCKETS)
+
+
+def test_options_out_of_range_name_the_flag(tmp_path) -> None:
+    for flag, value, problem in [("--max-batch", "0", "must be >= 1"), ("--memory-fraction", "1.5", "must be <= 1"),
+                                 ("--tolerance", "nan", "finite"), ("--margin", "lots", "not a memory size"),
+                                 ("--loss-mode", "fused", "must be batched or sample-wise")]:
+        r = CliRunner().invoke(app, ["oomptimize", _write(tmp_path), "--model", "tiny", "--estimate", "--gpu-memory",
+                                     "200MiB", "-o", str(tmp_path / "o.json"), flag, value])
+        assert r.exit_code == 2 and f"error: {flag}: " in r.output and problem in r.output, r.output
+    assert not (tmp_path / "o.json").exists()

@@ -82,7 +82,7 @@ def test_balanced_plan_cli(inputs, tmp_path: Path) -> None:
 def test_bad_balance_is_one_line(inputs, tmp_path: Path) -> None:
     res = runner.invoke(app, ["plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "2",
                               "--balance", "-1", "-o", str(tmp_path / "p")])
-    assert res.exit_code == 2 and "--balance must be >= 0" in res.output
+    assert res.exit_code == 2 and "--balance: must be >= 0" in res.output
 
 
 @pytest.mark.parametrize("balance", ["0", "0.05"])

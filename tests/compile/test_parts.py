@@ -154,7 +154,7 @@ def test_resolve_shard_from_flags_and_slurm() -> None:
     assert resolve_part(8, 2, {}) == (8, 2)
     assert resolve_part(None, 2, {"SLURM_ARRAY_TASK_COUNT": "16"}) == (16, 2)
     assert resolve_part(64, None, {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "1"}) == (64, 4)
-    with pytest.raises(DataprepError, match="needs --num-shards"):
+    with pytest.raises(DataprepError, match="needs --num-parts"):
         resolve_part(None, 2, {})
     with pytest.raises(DataprepError, match=r"not in \[0, 4\)"):
         resolve_part(4, 4, {})
@@ -165,8 +165,8 @@ def test_resolve_shard_from_flags_and_slurm() -> None:
 def test_sharded_compile_then_merge_is_byte_identical(corpus, spm_model, single, tmp_path) -> None:
     parts = tmp_path / "parts"
     for i in range(4):
-        text = _ok(*_compile_args(corpus, spm_model), "--num-shards", "4", "--shard-index", str(i), "-o", str(parts))
-        assert f"shard {i} of 4 done" in text
+        text = _ok(*_compile_args(corpus, spm_model), "--num-parts", "4", "--part-index", str(i), "-o", str(parts))
+        assert f"part {i} of 4 done" in text
     names = sorted(p.name for p in parts.iterdir())
     assert names == sorted(f"part-{i:05d}-of-00004.{s}" for i in range(4)
                            for s in ("parquet", "rejects.parquet", "done.json"))
@@ -179,7 +179,7 @@ def test_sharded_compile_then_merge_is_byte_identical(corpus, spm_model, single,
         assert (part_of(part["id"], part["__row"], 4) == i).all()
     out, rej = tmp_path / "merged.parquet", tmp_path / "merged.rejects.parquet"
     text = _ok("merge", str(parts), "-o", str(out))
-    assert "merged 4 shards" in text
+    assert "merged 4 parts" in text
     ref_out, ref_rej = single
     assert out.read_bytes() == ref_out.read_bytes()
     assert rej.read_bytes() == ref_rej.read_bytes()
@@ -194,37 +194,58 @@ def test_sharded_compile_then_merge_is_byte_identical(corpus, spm_model, single,
 
 def test_rerun_skips_finished_shards_and_refuses_a_changed_fingerprint(corpus, spm_model, tmp_path) -> None:
     parts = tmp_path / "parts"
-    args = [*_compile_args(corpus, spm_model), "--num-shards", "3", "-o", str(parts)]
+    args = [*_compile_args(corpus, spm_model), "--num-parts", "3", "-o", str(parts)]
     # shard index from a Slurm array running --array=1-3
     _ok(*args, env={"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "1"})
     marker = PartPaths.of(parts, 1, 3).marker
     before = marker.stat().st_mtime_ns
-    assert "already done, skipped" in _ok(*args, "--shard-index", "1")
+    assert "already done, skipped" in _ok(*args, "--part-index", "1")
     assert marker.stat().st_mtime_ns == before
     # a deleted part is redone even with its marker present
     PartPaths.of(parts, 1, 3).part.unlink()
-    assert "shard 1 of 3 done" in _ok(*args, "--shard-index", "1")
+    assert "part 1 of 3 done" in _ok(*args, "--part-index", "1")
 
-    res = _invoke(*_compile_args(corpus, spm_model)[:-1], "5", "--num-shards", "3", "--shard-index", "0",
+    res = _invoke(*_compile_args(corpus, spm_model)[:-1], "5", "--num-parts", "3", "--part-index", "0",
                   "-o", str(parts))  # --prompt-tokens 5
     assert res.exit_code == 2
     assert "written by a different run (options changed)" in res.output
     assert len(res.output.strip().splitlines()) == 1
-    res = _invoke(*_compile_args(corpus, spm_model), "--num-shards", "4", "--shard-index", "0", "-o", str(parts))
+    res = _invoke(*_compile_args(corpus, spm_model), "--num-parts", "4", "--part-index", "0", "-o", str(parts))
     assert res.exit_code == 2 and "num_shards changed" in res.output
+
+
+def test_old_flags_are_hidden_aliases_and_old_markers_resume(corpus, spm_model, tmp_path) -> None:
+    """``--num-shards`` / ``--shard-index`` still run (hidden from --help); a marker written before
+    the rename (keys ``shard_index`` / ``num_shards``) counts as done; both names at once are refused."""
+    parts = tmp_path / "parts"
+    args = _compile_args(corpus, spm_model)
+    assert "part 0 of 2 done" in _ok(*args, "--num-shards", "2", "--shard-index", "0", "-o", str(parts))
+    marker = PartPaths.of(parts, 0, 2).marker
+    m = json.loads(marker.read_text())
+    m["shard_index"], m["num_shards"] = m.pop("part_index"), m.pop("num_parts")  # as the old code wrote it
+    marker.write_text(json.dumps(m))
+    assert "already done, skipped" in _ok(*args, "--num-parts", "2", "--part-index", "0", "-o", str(parts))
+    _ok(*args, "--num-parts", "2", "--part-index", "1", "-o", str(parts))
+    _ok("merge", str(parts), "-o", str(tmp_path / "m.parquet"))
+    res = _invoke(*args, "--num-parts", "2", "--num-shards", "2", "--part-index", "1", "-o", str(parts))
+    assert res.exit_code == 2 and "--num-shards is the old name of --num-parts" in res.output
+    res = _invoke(*args, "--num-parts", "2", "--part-index", "2", "-o", str(parts))
+    assert res.exit_code == 2 and "--part-index 2 is not in [0, 2)" in res.output
+    text = _ok("compile", "--help")
+    assert "--num-parts" in text and "--part-index" in text and "--num-shards" not in text and "--shard-index" not in text
 
 
 def test_merge_refuses_missing_shards_and_mixed_runs(corpus, spm_model, tmp_path) -> None:
     parts = tmp_path / "parts"
     for i in (0, 2):
-        _ok(*_compile_args(corpus, spm_model), "--num-shards", "4", "--shard-index", str(i), "-o", str(parts))
+        _ok(*_compile_args(corpus, spm_model), "--num-parts", "4", "--part-index", str(i), "-o", str(parts))
     res = _invoke("merge", str(parts), "-o", str(tmp_path / "m.parquet"))
     assert res.exit_code == 2
-    assert "2 of 4 shards not done: 1, 3" in res.output
+    assert "2 of 4 parts not done: 1, 3" in res.output
     assert not (tmp_path / "m.parquet").exists()
     # a marker copied in from another run (other tokenizer options) makes a mixed set
     other = tmp_path / "other"
-    _ok(*_compile_args(corpus, spm_model)[:-1], "7", "--num-shards", "4", "--shard-index", "1", "-o", str(other))
+    _ok(*_compile_args(corpus, spm_model)[:-1], "7", "--num-parts", "4", "--part-index", "1", "-o", str(other))
     for p in other.iterdir():
         (parts / p.name).write_bytes(p.read_bytes())
     res = _invoke("merge", str(parts), "-o", str(tmp_path / "m.parquet"))
@@ -235,7 +256,7 @@ def test_merge_refuses_missing_shards_and_mixed_runs(corpus, spm_model, tmp_path
 
 def test_local_process_pool_gives_the_same_bytes(corpus, spm_model, single, tmp_path) -> None:
     out = tmp_path / "pool.parquet"
-    _ok(*_compile_args(corpus, spm_model), "--workers", "2", "--num-shards", "5", "-o", str(out))
+    _ok(*_compile_args(corpus, spm_model), "--workers", "2", "--num-parts", "5", "-o", str(out))
     assert out.read_bytes() == single[0].read_bytes()
     assert out.with_name("pool.rejects.parquet").read_bytes() == single[1].read_bytes()
     assert not (tmp_path / "pool.parquet.parts").exists()  # parts removed after the merge
@@ -260,10 +281,10 @@ def test_merge_equals_compile_for_any_duplicates_and_shard_count(ids, num_shards
 
 def test_kill_9_mid_write_leaves_no_partial_part_and_the_rerun_completes(corpus, spm_model, single, tmp_path) -> None:
     parts = tmp_path / "parts"
-    args = [sys.executable, "-m", "dataprep.cli", *_compile_args(corpus, spm_model), "--num-shards", "2"]
-    _ok(*args[3:], "--shard-index", "1", "-o", str(parts))
+    args = [sys.executable, "-m", "dataprep.cli", *_compile_args(corpus, spm_model), "--num-parts", "2"]
+    _ok(*args[3:], "--part-index", "1", "-o", str(parts))
     env = {**os.environ, WRITE_DELAY_ENV: "30"}
-    proc = subprocess.Popen([*args, "--shard-index", "0", "-o", str(parts)], env=env, cwd=REPO,
+    proc = subprocess.Popen([*args, "--part-index", "0", "-o", str(parts)], env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30
@@ -278,8 +299,8 @@ def test_kill_9_mid_write_leaves_no_partial_part_and_the_rerun_completes(corpus,
     paths = PartPaths.of(parts, 0, 2)
     assert not paths.part.exists() and not paths.marker.exists()
     res = _invoke("merge", str(parts), "-o", str(tmp_path / "m.parquet"))
-    assert res.exit_code == 2 and "1 of 2 shards not done: 0" in res.output
-    assert "shard 0 of 2 done" in _ok(*args[3:], "--shard-index", "0", "-o", str(parts))
+    assert res.exit_code == 2 and "1 of 2 parts not done: 0" in res.output
+    assert "part 0 of 2 done" in _ok(*args[3:], "--part-index", "0", "-o", str(parts))
     assert not list(parts.glob(".*.tmp"))  # the killed run's temporary file is cleaned up
     _ok("merge", str(parts), "-o", str(tmp_path / "m.parquet"))
     assert (tmp_path / "m.parquet").read_bytes() == single[0].read_bytes()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -209,13 +211,43 @@ def test_export_replaces_the_folder_whole(rich: Rich, tmp_path: Path) -> None:
     assert (other / "notes.txt").read_text() == "keep me"
 
 
-def test_cut_serializer_equals_lhotse_to_dict(rich: Rich) -> None:
-    from dataprep.integrations.cuts import CutSerializer, cut_for_row
+def _lhotse_cut(row: dict, channel: int | None, custom: dict) -> Any:
+    """The cut built with Lhotse's own classes (an independent reference for the cut dicts)."""
+    from lhotse import AudioSource, MonoCut, MultiCut, Recording, SupervisionSegment
+    from lhotse.utils import compute_num_samples
 
-    ser = CutSerializer()
+    import soundfile
+
+    if float(row["offset"] or 0) == 0 and row["sample_rate"] and row["channels"]:
+        sr, ch, dur = int(row["sample_rate"]), int(row["channels"]), float(row["duration"])
+        n = compute_num_samples(dur, sr)
+    else:
+        info = soundfile.info(row["audio_path"])
+        sr, ch, n, dur = info.samplerate, info.channels, info.frames, info.frames / info.samplerate
+    ids = list(range(ch))
+    rec = Recording(id=row["audio_path"], sources=[AudioSource(type="file", channels=ids, source=row["audio_path"])],
+                    sampling_rate=sr, num_samples=n, duration=math.ceil(dur * 1e8) / 1e8, channel_ids=ids)
+    c = (0 if ch == 1 else ids) if channel is None else channel
+    sup = SupervisionSegment(id=row["id"], recording_id=rec.id, start=0.0, duration=row["duration"], channel=c,
+                             text=row["text"], language=row["lang"])
+    want = {k: row[k] for k in ("source_lang", "target_lang") if row[k] is not None}
+    want |= {"taskname": row["task"]} if row["task"] is not None else {}
+    want |= json.loads(row["extra"]) if row["extra"] else {}
+    want |= {"num_tokens": row["num_tokens"]} if row["num_tokens"] is not None else {}
+    return (MultiCut if isinstance(c, list) else MonoCut)(
+        id=row["id"], start=float(row["offset"] or 0), duration=row["duration"], channel=c, recording=rec,
+        supervisions=[sup], custom={**want, **custom})
+
+
+def test_cut_dicts_equal_lhotse_to_dict(rich: Rich) -> None:
+    """The one cut writer (manifests.records.cut_dict) gives Lhotse's own ``to_dict`` on every kind
+    of row, and the cut the samplers get is that dict loaded by Lhotse."""
+    from dataprep.integrations.cuts import cut_dict_for_row, cut_for_row
+
     rows = read_manifest(rich.manifest).to_dicts()
     for channel in (None, 0):
         for row in rows:
-            cut = cut_for_row(row, channel, {"bucket": 1})
-            assert ser.to_dict(cut) == cut.to_dict()
-            assert json.dumps(ser.to_dict(cut), sort_keys=True) == json.dumps(cut.to_dict(), sort_keys=True)
+            want = _lhotse_cut(row, channel, {"bucket": 1}).to_dict()
+            got = cut_dict_for_row(row, channel, {"bucket": 1})
+            assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+            assert cut_for_row(row, channel, {"bucket": 1}).to_dict() == want

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from dataprep.cli import app
 from dataprep.integrations.pack import marker_folder, pack
-from dataprep.training.audio import ContainerReader, load_audio
+from dataprep.training.audio import AudioReader, load_audio
 from manifests.errors import DataprepError
 from manifests.io import read_manifest, read_metadata
 from tests.training._consumer import Corpus, shared_corpus
@@ -49,7 +49,7 @@ def packed(request: pytest.FixtureRequest, corpus: Corpus, tmp_path_factory: pyt
     layout = request.param
     root = tmp_path_factory.mktemp(f"packed-{layout}")
     out = root / "packed"
-    invoke("pack", str(corpus.manifest), "-o", str(out), "--layout", layout, "--num-shards", "3",
+    invoke("pack", str(corpus.manifest), "-o", str(out), "--layout", layout, "--num-parts", "3",
            "--buckets", str(corpus.buckets))
     manifest = root / "manifest.parquet"
     invoke("compile", *_sources(out, layout, 3), "--tokenizer", str(corpus.spm), "--probe", "always",
@@ -96,7 +96,7 @@ def test_container_audio_equals_the_loose_file(packed: tuple[str, Path], corpus:
     assert sorted(got["source_id"].to_list()) == sorted(src["id"].to_list())
     got = src.select("id").join(got, left_on="id", right_on="source_id", how="left", maintain_order="left",
                                 suffix="_packed")
-    reader = ContainerReader()
+    reader = AudioReader()
     try:
         for a, b in zip(src.iter_rows(named=True), got.iter_rows(named=True)):
             loose = load_audio(a["id"], a["audio_path"], a["offset"], a["duration"])
@@ -126,7 +126,7 @@ def test_train_two_steps_over_a_plan_of_the_packed_copy(packed: tuple[str, Path]
 def test_shar_loads_in_lhotse(corpus: Corpus, tmp_path: Path) -> None:
     lhotse = pytest.importorskip("lhotse")
     out = tmp_path / "shar"
-    pack(corpus.manifest, out, "shar", num_shards=2)
+    pack(corpus.manifest, out, "shar", num_parts=2)
     src = read_manifest(corpus.manifest)
     cuts = list(lhotse.CutSet.from_shar(in_dir=out))
     assert len(cuts) == src.height
@@ -140,15 +140,15 @@ def test_shar_loads_in_lhotse(corpus: Corpus, tmp_path: Path) -> None:
 
 def test_resumable_atomic_shards_and_refusals(corpus: Corpus, tmp_path: Path) -> None:
     out = tmp_path / "wds"
-    first = pack(corpus.manifest, out, "webdataset", num_shards=3, shard_index=1)
+    first = pack(corpus.manifest, out, "webdataset", num_parts=3, part_index=1)
     assert first.written == [1] and sorted(p.name for p in out.glob("*.tar")) == ["shard-000001.tar"]
-    rest = pack(corpus.manifest, out, "webdataset", num_shards=3)
+    rest = pack(corpus.manifest, out, "webdataset", num_parts=3)
     assert rest.written == [0, 2] and rest.skipped == [1]
-    again = pack(corpus.manifest, out, "webdataset", num_shards=3)
+    again = pack(corpus.manifest, out, "webdataset", num_parts=3)
     assert again.written == [] and again.skipped == [0, 1, 2]
     # a changed shard is redone; nothing temporary is left behind
     (out / "shard-000002.tar").write_bytes(b"damaged")
-    assert pack(corpus.manifest, out, "webdataset", num_shards=3).written == [2]
+    assert pack(corpus.manifest, out, "webdataset", num_parts=3).written == [2]
     assert not list(out.glob(".*")) and len(list(marker_folder(out).glob("*.done.json"))) == 3
     keys = 0
     for t in out.glob("*.tar"):
@@ -156,7 +156,7 @@ def test_resumable_atomic_shards_and_refusals(corpus: Corpus, tmp_path: Path) ->
             keys += len({m.split(".")[0] for m in tf.getnames()})
     assert keys == read_manifest(corpus.manifest).height
     with pytest.raises(DataprepError, match="written by a different run"):
-        pack(corpus.manifest, out, "webdataset", num_shards=2)
+        pack(corpus.manifest, out, "webdataset", num_parts=2)
     with pytest.raises(DataprepError, match="--layout"):
         pack(corpus.manifest, tmp_path / "x", "zip")
 
@@ -168,7 +168,7 @@ def test_nemo_tarred_loads_in_nemo(corpus: Corpus, tmp_path: Path) -> None:
     from nemo.collections.asr.data.audio_to_text import TarredAudioToCharDataset
 
     out = tmp_path / "nemo"
-    pack(corpus.manifest, out, "nemo-tarred", num_shards=2)
+    pack(corpus.manifest, out, "nemo-tarred", num_parts=2)
     manifests = ",".join(str(out / f"manifest_{i}.json") for i in range(2))
     ds = TarredAudioToCharDataset(audio_tar_filepaths=str(out / "audio__OP_0..1_CL_.tar"),
                                   manifest_filepath=manifests.split(","),  # per-shard manifests, as a list
@@ -179,3 +179,53 @@ def test_nemo_tarred_loads_in_nemo(corpus: Corpus, tmp_path: Path) -> None:
     assert seen == lines == read_manifest(corpus.manifest).height
     first = json.loads((out / "manifest_0.json").read_text().splitlines()[0])
     assert first["shard_id"] == 0
+
+
+def test_packed_records_keep_every_field_the_export_writes(tmp_path_factory: pytest.TempPathFactory,
+                                                           tmp_path: Path) -> None:
+    """Pack writes its NeMo lines and Lhotse cuts with the export's writers (manifests.records): the
+    languages, task, num_tokens and the source's other fields (pnc, speaker, ...) are all kept."""
+    import gzip
+
+    from manifests.records import custom_for_row, nemo_line
+    from tests.integrations._rich import rich_corpus
+
+    rich = rich_corpus(tmp_path_factory)
+    by_id = {r["id"]: r for r in read_manifest(rich.manifest).iter_rows(named=True)}
+    pack(rich.manifest, tmp_path / "nemo", "nemo-tarred", num_parts=2)
+    lines = [json.loads(x) for p in sorted((tmp_path / "nemo").glob("manifest_*.json"))
+             for x in p.read_text().splitlines()]
+    assert sorted(x["source_id"] for x in lines) == sorted(by_id)
+    for line in lines:
+        want, _ = nemo_line(by_id[line["source_id"]])
+        for k in ("audio_filepath", "offset", "duration", "sampling_rate"):
+            want.pop(k, None)
+        assert want.items() <= line.items() and "pnc" in line and "speaker" in line, line
+        assert line["offset"] == 0.0
+    pack(rich.manifest, tmp_path / "shar", "shar", num_parts=2)
+    cuts = [json.loads(x) for p in sorted((tmp_path / "shar").glob("cuts.*.jsonl.gz"))
+            for x in gzip.decompress(p.read_bytes()).decode().splitlines()]
+    assert sorted(c["custom"]["source_id"] for c in cuts) == sorted(by_id)
+    for cut in cuts:
+        row = by_id[cut["custom"]["source_id"]]
+        assert custom_for_row(row).items() <= cut["custom"].items() and "num_tokens" in cut["custom"]
+        assert cut["supervisions"][0]["text"] == row["text"]
+
+
+def test_old_pack_flags_are_hidden_aliases_and_old_markers_are_read(corpus: Corpus, tmp_path: Path) -> None:
+    out = tmp_path / "wds"
+    text = invoke("pack", str(corpus.manifest), "-o", str(out), "--num-shards", "2", "--shard-index", "0",
+                  "--shard-size", "1MB")
+    assert "1 containers written" in text and sorted(p.name for p in out.glob("*.tar")) == ["shard-000000.tar"]
+    # the marker as the pack before the rename named and wrote it
+    new = marker_folder(out) / "part-00000-of-00002.done.json"
+    m = json.loads(new.read_text())
+    m["shard_index"], m["num_shards"] = m.pop("part_index"), m.pop("num_parts")
+    (marker_folder(out) / "shard-00000-of-00002.done.json").write_text(json.dumps(m))
+    new.unlink()
+    done = pack(corpus.manifest, out, "webdataset", num_parts=2)
+    assert done.skipped == [0] and done.written == [1]
+    help_text = invoke("pack", "--help")
+    assert "--num-parts" in help_text and "--container-size" in help_text and "--shard-size" not in help_text
+    res = runner.invoke(app, ["pack", str(corpus.manifest), "-o", str(out), "--num-parts", "2", "--num-shards", "2"])
+    assert res.exit_code == 2 and "--num-shards is the old name of --num-parts" in res.output

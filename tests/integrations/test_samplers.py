@@ -17,6 +17,7 @@ import soundfile
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from dataprep.planning.options import PlanOptions
 from dataprep.integrations.torch import PlanBatchSampler
 from manifests.errors import DataprepError
 from manifests.plan_files import open_shard
@@ -204,3 +205,65 @@ def test_plan_sampler_state_dict_resume(rich: Rich, cache: Path) -> None:
     assert head + [[c.id for c in cs] for cs in b] == plan_ids(rich.plan, 1)
     with pytest.raises(DataprepError, match="world size 3"):
         PlanSampler(rich.plan, rich.manifest, rank=0, world_size=3, cache_dir=cache)
+
+
+def test_samplers_over_a_replanned_plan_yield_len_batches(rich: Rich, cache: Path, tmp_path: Path) -> None:
+    """A re-planned plan starts at its at_step: len() is the batches yielded (it once counted
+    the parent's consumed steps too), and a start before at_step is refused."""
+    from dataprep.integrations.lhotse import PlanSampler
+    from dataprep.planning.replan import replan
+
+    at = len(plan_ids(rich.plan, 0)) // 2
+    meta = replan(rich.plan, rich.manifest, tmp_path / "re", PlanOptions(world_size=3), at_step=at)
+    for rank in range(3):
+        torch_sampler = PlanBatchSampler(tmp_path / "re", rank)
+        n = len(torch_sampler)
+        assert n == meta.num_steps - at == len(list(torch_sampler))
+        lhotse_sampler = PlanSampler(tmp_path / "re", rich.manifest, rank=rank, world_size=3, cache_dir=cache)
+        assert len(lhotse_sampler) == n == len(list(lhotse_sampler))
+    with pytest.raises(DataprepError, match=f"re-planned at step {at}"):
+        PlanBatchSampler(tmp_path / "re", 0, start_step=0)
+
+
+@pytest.mark.parametrize("bad", [{"next_step": "3"}, {"next_step": 3.0}, {"rank": "1"}, {"rank": 0.5},
+                                 {"next_step": True}, {"plan_hash": None}, {"extra": 1}])
+def test_sampler_states_are_not_coerced(rich: Rich, cache: Path, bad: dict[str, Any]) -> None:
+    from dataprep.integrations.lhotse import PlanSampler
+    from manifests.plan_cursor import PlanStateError
+
+    torch_sampler = PlanBatchSampler(rich.plan, 0)
+    with pytest.raises(PlanStateError):
+        torch_sampler.load_state_dict({**torch_sampler.state_dict(), **bad})
+    assert torch_sampler.next_step == 0
+    lhotse_sampler = PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2, cache_dir=cache)
+    with pytest.raises(PlanStateError):
+        lhotse_sampler.load_state_dict({**lhotse_sampler.state_dict(), **bad})
+
+
+@pytest.mark.parametrize(("bad", "problem"), [
+    ({"world_size": 3}, "world_size: 3 in the state"), ({"world_size": 2.0}, "world_size: expected an integer"),
+    ({"seed": "x"}, "seed: expected an integer"), ({"diagnostics": 5}, "diagnostics: expected an object"),
+    ({"diagnostics": {"x": 1}}, "diagnostics do not fit"), ({"drop_last": None}, "drop_last: expected false"),
+    ({"epoch": -1}, "epoch: must be >= 0"),
+])
+def test_lhotse_part_of_a_bad_state_is_a_one_line_error(rich: Rich, cache: Path, bad: dict[str, Any],
+                                                        problem: str) -> None:
+    from dataprep.integrations.lhotse import PlanSampler
+    from manifests.plan_cursor import PlanStateError
+
+    sampler = PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2, cache_dir=cache)
+    state = sampler.state_dict()
+    with pytest.raises(PlanStateError, match=problem) as exc:
+        sampler.load_state_dict({**state, **bad, "next_step": 2})
+    assert "\n" not in str(exc.value) and sampler.next_step == 0
+    state.pop("diagnostics")
+    with pytest.raises(PlanStateError, match="diagnostics: missing"):
+        sampler.load_state_dict(state)
+
+
+def test_importing_the_lhotse_sampler_loads_no_training_stage() -> None:
+    code = ("import sys; import dataprep.integrations.lhotse, dataprep.integrations.torch; "
+            "print(sorted(m for m in sys.modules if m.startswith('dataprep.training')))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, timeout=300)
+    assert res.stdout.strip() == "[]"

@@ -257,3 +257,39 @@ def test_ranks_verifying_one_copied_manifest_hash_it_once(tmp_path) -> None:
     assert all(p.returncode == 0 for p in ranks)
     assert hashes == {manifest_hash(src)}
     assert log.read_text().splitlines() == ["recompute"]
+
+
+def test_cache_dir_is_resolved_at_each_call(tmp_path, monkeypatch) -> None:
+    from manifests.io import default_cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SPEECH_DATAPREP_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "speech-dataprep"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "speech-dataprep"
+    monkeypatch.setenv("SPEECH_DATAPREP_CACHE", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine"
+
+
+def test_manifest_hash_with_a_cache_dir_writes_only_there(tmp_path, monkeypatch) -> None:
+    """A caller's cache directory is the only place a verification goes: nothing under the
+    default cache, nothing in the process memo (which answers only for the default)."""
+    import shutil
+
+    import manifests.io as mio
+
+    monkeypatch.setenv("SPEECH_DATAPREP_CACHE", str(tmp_path / "default"))
+    src = tmp_path / "written.parquet"
+    write_manifest(pl.DataFrame({"id": ["a", "b"], "duration": [1.0, 2.0]}), src)
+    shutil.rmtree(tmp_path / "default")  # the writer's own record
+    copy = tmp_path / "copied.parquet"
+    shutil.copy(src, copy)
+    memo = dict(mio._VERIFIED)
+    mine = tmp_path / "mine"
+    assert manifest_hash(copy, mine) == mio.recorded_hash(copy)
+    assert not (tmp_path / "default").exists()
+    assert mio._VERIFIED == memo
+    assert len(list((mine / "content-hash").iterdir())) == 1
+    manifest_hash(copy)  # the default: its own directory and the memo
+    assert len(list((tmp_path / "default" / "content-hash").iterdir())) == 1

@@ -5,10 +5,11 @@ import dataclasses
 import pytest
 
 from manifests.buckets_file import Bucket, BucketSpec
-from manifests.errors import DataprepError
+from manifests.errors import DataprepError, OptionError
 from oom.estimate import ShapeEstimator
 from oom.fit import CLASSES, TAGS, FittedModel, fitted_model, size_law, symbol_values
 from oom.optimize import oomptimize
+from oom.options import OomOptions
 from oom.step import Shape
 
 
@@ -57,23 +58,23 @@ def _spec(*durations: float) -> BucketSpec:
 def test_oomptimize_transducer_modes_fitted_equals_exact_and_explain(tmp_path) -> None:
     spec = _spec(2.0, 8.0)
     common = {"estimate": True, "gpu_memory": 200 * 2**20, "tolerance": 0.0, "cache_dir": str(tmp_path)}
-    sized = {m: oomptimize(spec, "tiny-rnnt", loss_mode=m, explain=True, **common) for m in ("batched", "sample-wise")}
+    sized = {m: oomptimize(spec, OomOptions("tiny-rnnt", loss_mode=m, explain=True, **common)) for m in ("batched", "sample-wise")}
     for mode, s in sized.items():
         assert s.batch_size_source["loss_mode"] == mode and s.batch_size_source["estimator"] == "fitted"
         for bk in s.buckets:
             assert bk.extra["oom_breakdown"]["peak_bytes"] == bk.extra["oom_peak_bytes"] <= s.batch_size_source["budget_bytes"]
     long_b, long_s = sized["batched"].buckets[1], sized["sample-wise"].buckets[1]
     assert long_s.batch_size > 1.5 * long_b.batch_size  # the joint no longer rules the long bucket
-    exact = oomptimize(spec, "tiny-rnnt", loss_mode="sample-wise", exact_trace=True, **common)
+    exact = oomptimize(spec, OomOptions("tiny-rnnt", loss_mode="sample-wise", exact_trace=True, **common))
     assert exact.batch_size_source["estimator"] == "exact-trace"
     assert [b.batch_size for b in exact.buckets] == [b.batch_size for b in sized["sample-wise"].buckets]
 
 
 def test_loss_mode_is_for_transducers_only() -> None:
     with pytest.raises(DataprepError, match="only transducer"):
-        oomptimize(_spec(1.0), "tiny", loss_mode="sample-wise", estimate=True, gpu_memory=2**30, cache_dir=None)
-    with pytest.raises(DataprepError, match="expected one of"):
-        oomptimize(_spec(1.0), "tiny-rnnt", loss_mode="fused", estimate=True, gpu_memory=2**30, cache_dir=None)
+        oomptimize(_spec(1.0), OomOptions("tiny", loss_mode="sample-wise", estimate=True, gpu_memory=2**30))
+    with pytest.raises(OptionError, match="loss_mode: must be batched or sample-wise"):
+        OomOptions("tiny-rnnt", loss_mode="fused", estimate=True, gpu_memory=2**30)
 
 
 def test_fitted_model_is_deterministic() -> None:

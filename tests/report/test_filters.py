@@ -131,9 +131,9 @@ def test_no_filter_keeps_everything_and_bad_bounds_are_user_errors() -> None:
     df = pl.DataFrame({"id": ["a"], "duration": [1.0], "num_tokens": [3], "tps": [3.0]})
     r = apply_filters(df, Thresholds())
     assert r.kept.equals(df) and r.rejected.height == 0 and r.counts == ()
-    with pytest.raises(DataprepError, match="--min-tps 30 is above --max-tps 25"):
+    with pytest.raises(DataprepError, match="min_tps: 30 is above the maximum 25"):
         Thresholds(min_tps=30, max_tps=25)
-    with pytest.raises(DataprepError, match="--max-duration -1"):
+    with pytest.raises(DataprepError, match="max_duration: must be >= 0"):
         Thresholds(max_duration=-1)
     with pytest.raises(DataprepError, match="num_tokens"):
         apply_filters(df.drop("num_tokens"), Thresholds(max_tokens=5))
@@ -204,7 +204,7 @@ def test_cli_filter_explicit_rejects_path_and_no_filters(generated_manifest: Pat
 def test_cli_filter_user_errors(generated_manifest: Path, tmp_path: Path) -> None:
     out = str(tmp_path / "k.parquet")
     for args, msg in (
-        (["--min-tps", "30", "--max-tps", "25"], "--min-tps 30 is above --max-tps 25"),
+        (["--min-tps", "30", "--max-tps", "25"], "--min-tps: 30 is above the maximum 25"),
         (["--rejects", out], "same file"),
     ):
         res = runner.invoke(app, ["filter", str(generated_manifest), "-o", out, *args])
