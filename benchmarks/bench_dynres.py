@@ -37,11 +37,12 @@ import torch  # noqa: E402
 
 from bench_buckets import CORPORA, load  # noqa: E402
 from bucketing.allocate import fit_spec  # noqa: E402
-from bucketing.dynres import DynResConfig, bucket_frames, resolve  # noqa: E402
+from bucketing.dynres import DynResConfig, resolve  # noqa: E402
 from bucketing.fit import grid_from_spec  # noqa: E402
 from bucketing.padding import padding_report  # noqa: E402
 from dataprep.training.features import FeatureConfig, LogMel  # noqa: E402
 from oom.optimize import oomptimize  # noqa: E402
+from oom.options import OomOptions  # noqa: E402
 
 LABELS = {"librispeech.train-clean-100.csv": "LibriSpeech 100 h", "commonvoice.id_ps.csv": "Common Voice id+ps"}
 GPU = 80 * 2**30
@@ -50,9 +51,7 @@ MODEL = "canary-1b"
 
 def sizes_for(spec, cfg: DynResConfig | None) -> np.ndarray:  # type: ignore[no-untyped-def]
     """canary-1b estimate at 80 GiB, each bucket at its shape under ``cfg`` (None: 2D)."""
-    frames = bucket_frames([b.max_duration for b in spec.buckets], cfg).tolist()
-    policy = None if cfg is None else cfg.shape_policy()
-    sized = oomptimize(spec, MODEL, estimate=True, gpu_memory=GPU, cache_dir=None, frames=frames, shape_policy=policy)
+    sized = oomptimize(spec, OomOptions(MODEL, estimate=True, gpu_memory=GPU, dynamic_resolution=cfg))
     return np.array([b.batch_size for b in sized.buckets], dtype=np.int64)
 
 
