@@ -169,6 +169,19 @@ class FeatureConfig:
         return cls.nemo(**{"window_size": 0.025, "window_stride": 0.01, "features": 128, "n_fft": 512,
                            "normalize": "per_feature", "dither": 1e-5, "pad_to": 0, "pad_value": 0.0, **overrides})
 
+    @classmethod
+    def named(cls, name: str, **overrides: Any) -> FeatureConfig:
+        """A front end by name (``TrainConfig.features``, ``dataprep train --features``):
+        ``ours`` (:meth:`ours`), ``nemo`` (:meth:`nemo`), ``canary-1b`` (:meth:`canary_1b`), with
+        ``overrides`` (e.g. ``features=``: the model's mel count)."""
+        if name == "ours":
+            return cls(**overrides)
+        if name == "nemo":
+            return cls.nemo(**overrides)
+        if name == "canary-1b":
+            return cls.canary_1b(**overrides)
+        raise ValueError(f"features: must be ours, nemo or canary-1b, got {name!r}")
+
     @property
     def frames_per_second(self) -> float:
         return self.sample_rate / self.n_window_stride
