@@ -75,7 +75,7 @@ class DynResConfig:
         if self.target_frames != LONGEST:
             t = self.target_frames
             if isinstance(t, bool) or not isinstance(t, int):
-                raise OptionError("target_frames", f"must be an integer ({TARGET_FRAMES_RANGE[0]}..."
+                raise OptionError("target_frames", f"must be an integer ({TARGET_FRAMES_RANGE[0]}.."
                                   f"{TARGET_FRAMES_RANGE[1]}) or {LONGEST!r}, got {t!r}")
             check_int("target_frames", t, ge=TARGET_FRAMES_RANGE[0], le=TARGET_FRAMES_RANGE[1])
 

@@ -12,15 +12,7 @@ from bucketing.balance import DEFAULT_BALANCE
 from bucketing.batching import DEFAULT_AUDIO_WEIGHT
 from bucketing.dynres import DynResConfig
 from dataprep.cli.app import app, build_options, check_range, defaults_of, out, parse_world_sizes, user_errors
-from dataprep.cli.dynres import (
-    DYNRES_DEFAULTS,
-    FloorRateOpt,
-    FramesPerSecondOpt,
-    MaxRateOpt,
-    MinRateOpt,
-    TargetFramesOpt,
-    dynres_config,
-)
+from dataprep.cli import dynres as dyn
 from dataprep.report import FitOptions, fit_buckets_file, manifest_padding_report
 from manifests.buckets_file import BucketSpec
 from manifests.io import write_json
@@ -98,11 +90,11 @@ def padding_cmd(
     audio_weight: Annotated[float, typer.Option(
         help="Grouping cost: a point of audio padding counts as this many of token padding.")] = DEFAULT_AUDIO_WEIGHT,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch (as plan-batches does).")] = True,
-    target_frames: TargetFramesOpt = DYNRES_DEFAULTS.target_frames,
-    frames_per_second: FramesPerSecondOpt = DYNRES_DEFAULTS.frames_per_second,
-    min_rate: MinRateOpt = DYNRES_DEFAULTS.min_rate,
-    max_rate: MaxRateOpt = DYNRES_DEFAULTS.max_rate,
-    floor_rate: FloorRateOpt = DYNRES_DEFAULTS.floor_rate,
+    target_frames: dyn.TargetFramesOpt = dyn.DYNRES_DEFAULTS.target_frames,
+    frames_per_second: dyn.FramesPerSecondOpt = dyn.DYNRES_DEFAULTS.frames_per_second,
+    min_rate: dyn.MinRateOpt = dyn.DYNRES_DEFAULTS.min_rate,
+    max_rate: dyn.MaxRateOpt = dyn.DYNRES_DEFAULTS.max_rate,
+    floor_rate: dyn.FloorRateOpt = dyn.DYNRES_DEFAULTS.floor_rate,
     world_sizes: Annotated[Optional[str], typer.Option("--world-sizes", help="Comma-separated world sizes: also report the steps plan-batches would make (fill, straggler, same-bucket share) with one bucket per step and with --balance.")] = None,
     balance: Annotated[float, typer.Option("--balance", help="Balance tolerance for --world-sizes (as plan-batches --balance).")] = DEFAULT_BALANCE,
 ) -> None:
@@ -114,7 +106,7 @@ def padding_cmd(
     check_range("--window", window, ge=1)
     check_range("--audio-weight", audio_weight, ge=0)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"--json": json_out})
-    dynres = dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
+    dynres = dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
     ws = parse_world_sizes("--world-sizes", world_sizes) if world_sizes else []
     report = manifest_padding_report(manifest, buckets, budget=budget, cumulative_budget=cumulative_budget,
                                      strict=strict, seed=seed, window=window, sort_by=sort_by,

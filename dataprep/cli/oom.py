@@ -8,15 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from dataprep.cli.app import app, build_options, defaults_of, option_flags, out, user_errors
-from dataprep.cli.dynres import (
-    DYNRES_DEFAULTS,
-    FloorRateOpt,
-    FramesPerSecondOpt,
-    MaxRateOpt,
-    MinRateOpt,
-    TargetFramesOpt,
-    dynres_config,
-)
+from dataprep.cli import dynres as dyn
 from dataprep.cli.progress import progress_counter
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
@@ -50,11 +42,11 @@ def oomptimize_cmd(
     exact_trace: Annotated[bool, typer.Option("--exact-trace", help="With --estimate: full traces per bucket instead of the fitted estimate (slow).")] = _D.exact_trace,
     explain: Annotated[bool, typer.Option("--explain", help="Per bucket, the memory at the peak by class (parameters, gradients, optimizer, activations, attention, joint).")] = _D.explain,
     dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Size each bucket at its dynamic-resolution shape (--target-frames; as plan-batches --dynamic-resolution with the same options).")] = False,
-    target_frames: TargetFramesOpt = DYNRES_DEFAULTS.target_frames,
-    frames_per_second: FramesPerSecondOpt = DYNRES_DEFAULTS.frames_per_second,
-    min_rate: MinRateOpt = DYNRES_DEFAULTS.min_rate,
-    max_rate: MaxRateOpt = DYNRES_DEFAULTS.max_rate,
-    floor_rate: FloorRateOpt = DYNRES_DEFAULTS.floor_rate,
+    target_frames: dyn.TargetFramesOpt = dyn.DYNRES_DEFAULTS.target_frames,
+    frames_per_second: dyn.FramesPerSecondOpt = dyn.DYNRES_DEFAULTS.frames_per_second,
+    min_rate: dyn.MinRateOpt = dyn.DYNRES_DEFAULTS.min_rate,
+    max_rate: dyn.MaxRateOpt = dyn.DYNRES_DEFAULTS.max_rate,
+    floor_rate: dyn.FloorRateOpt = dyn.DYNRES_DEFAULTS.floor_rate,
 ) -> None:
     """Set each bucket's batch size to the largest one whose full training step (forward,
     loss, backward, AdamW step, bf16 autocast) fits in memory, and record how in
@@ -65,7 +57,7 @@ def oomptimize_cmd(
                             memory_fraction=memory_fraction, margin=margin, tolerance=tolerance, max_batch=max_batch,
                             max_tps=max_tps, cache_dir=cdir, loss_mode=loss_mode, exact_trace=exact_trace,
                             explain=explain, dynamic_resolution=(
-                                dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
+                                dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
                                 if dynamic_resolution else None))
     try:
         import torch  # noqa: F401

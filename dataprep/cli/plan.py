@@ -14,15 +14,7 @@ from bucketing.costmodel import CostModel
 from bucketing.dynres import LONGEST
 from dataprep.cli.app import app, build_options, check_range, defaults_of, option_flags, out, parse_world_sizes, user_errors
 from dataprep.cli.buckets import print_policy_comparison
-from dataprep.cli.dynres import (
-    DYNRES_DEFAULTS,
-    FloorRateOpt,
-    FramesPerSecondOpt,
-    MaxRateOpt,
-    MinRateOpt,
-    TargetFramesOpt,
-    dynres_config,
-)
+from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, replan, simulate_plan
 from dataprep.planning.replan import default_manifest
 from dataprep.planning.simulate import plan_steps_report, simulate_strategies
@@ -51,17 +43,17 @@ def plan_batches_cmd(
     row_group_steps: Annotated[int, typer.Option("--row-group-steps", help="Steps per Parquet row group (seek unit).")] = _PLAN.row_group_steps,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch.")] = _PLAN.carry,
     dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Record per batch its target frames (--target-frames); loaders featurize each utterance at the rate that gives that length.")] = False,
-    target_frames: TargetFramesOpt = DYNRES_DEFAULTS.target_frames,
-    frames_per_second: FramesPerSecondOpt = DYNRES_DEFAULTS.frames_per_second,
-    min_rate: MinRateOpt = DYNRES_DEFAULTS.min_rate,
-    max_rate: MaxRateOpt = DYNRES_DEFAULTS.max_rate,
-    floor_rate: FloorRateOpt = DYNRES_DEFAULTS.floor_rate,
+    target_frames: dyn.TargetFramesOpt = dyn.DYNRES_DEFAULTS.target_frames,
+    frames_per_second: dyn.FramesPerSecondOpt = dyn.DYNRES_DEFAULTS.frames_per_second,
+    min_rate: dyn.MinRateOpt = dyn.DYNRES_DEFAULTS.min_rate,
+    max_rate: dyn.MaxRateOpt = dyn.DYNRES_DEFAULTS.max_rate,
+    floor_rate: dyn.FloorRateOpt = dyn.DYNRES_DEFAULTS.floor_rate,
     balance: Annotated[float, typer.Option("--balance", help="Balanced steps: full batches whose predicted step times agree within this relative tolerance, one bucket's where the data allows, several buckets' otherwise; 0 = one bucket per step on every rank (identical buckets, smaller batches at fine-tuning scale).")] = _PLAN.balance,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE for --balance ({', '.join(CostModel.names())}).")] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together (divides --world-size; default all): each group of consecutive ranks draws the steps in its own order (1 = independent learners, for ADPSGD).")] = None,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
-    dynres = (dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
+    dynres = (dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
               if dynamic_resolution else None)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
