@@ -34,7 +34,10 @@ from dataprep.integrations.nemo import get_plan_dataloader  # noqa: E402
 from dataprep.integrations.nemo_features import DynamicResolutionCallback, DynamicResolutionPreprocessor  # noqa: E402
 from manifests.plan_files import open_shard  # noqa: E402
 
-F = 150  # frames per batch: 1.5 s at 100 Hz; the corpus holds 0.3-2.5 s clips (clamps at both ends)
+# frames per batch (the lowest target accepted); the corpus holds 0.3-2.5 s clips (clamped at 130 Hz) and an
+# 11 s recording, which needs 799 / 11 = 72.6 Hz: below a 75 Hz floor, so its batch falls back
+F = 800
+DYN = {"min_rate": 75.0, "floor_rate": 75.0}
 PRE = {"sample_rate": 16000, "window_size": 0.025, "window_stride": 0.01, "features": 32, "n_fft": 512,
        "normalize": "per_feature", "dither": 0.0, "pad_to": 0}
 
@@ -52,7 +55,7 @@ class TinyASR(pl.LightningModule):
 
     def __init__(self) -> None:
         super().__init__()
-        self.preprocessor = DynamicResolutionPreprocessor(**PRE)
+        self.preprocessor = DynamicResolutionPreprocessor(**PRE, **DYN)
         self.spec_augmentation = SpectrogramAugmentation(freq_masks=1, time_masks=2, freq_width=4, time_width=10)
         self.encoder = ConformerEncoder(feat_in=32, n_layers=1, d_model=32, n_heads=2, subsampling_factor=4,
                                         subsampling_conv_channels=8, ff_expansion_factor=2)
@@ -77,10 +80,10 @@ def corpus_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Corpus, Path]
     sized = corpus.root / "sized.json"
     invoke("oomptimize", str(corpus.buckets), "--model", "tiny", "--estimate", "--gpu-memory", "40MiB",
            "--max-batch", "4", "--cache-dir", str(corpus.root / "cache"), "-o", str(sized),
-           "--dynamic-resolution", "--target-frames", str(F))
+           "--dynamic-resolution", "--target-frames", str(F), "--min-rate", "75", "--floor-rate", "75")
     plan = corpus.root / "plan"
     invoke("plan-batches", str(corpus.manifest), "--buckets", str(sized), "-w", "1", "-o", str(plan),
-           "--dynamic-resolution", "--target-frames", str(F))
+           "--dynamic-resolution", "--target-frames", str(F), "--min-rate", "75", "--floor-rate", "75")
     return corpus, plan
 
 
@@ -96,13 +99,13 @@ def test_a_tiny_nemo_model_trains_two_steps_at_dynamic_resolution(corpus_plan: t
     trainer.fit(model, train_dataloaders=loader)
     steps = len(list(open_shard(plan, 0)))
     assert trainer.global_step == steps == len(model.seen) >= 2
-    cfg = DynResConfig(target_frames=F)
+    cfg = DynResConfig(target_frames=F, **DYN)
     kinds = set()
     for (target, frames, longest, width), batch in zip(model.seen, loader):
         assert target == F
         n = batch["audio_lens"].numpy()
         res = resolve(n / 16000, np.array([0, len(n)]), [F], cfg)
-        if res.fallback[0]:  # the 11 s recording needs < 50 Hz: NeMo's features, NeMo's widths
+        if res.fallback[0]:  # the 11 s recording needs < 75 Hz: NeMo's features, NeMo's widths
             kinds.add("fallback")
             assert longest == int(n.max()) // 160 and frames == 1 + int(n.max()) // 160 and width == 10
             continue
@@ -119,7 +122,7 @@ def test_eval_and_batches_without_a_target_are_nemos(corpus_plan: tuple[Corpus, 
     config = {"plan_dir": str(plan), "manifest": str(corpus.manifest), "channel_selector": 0}
     batch = next(b for b in get_plan_dataloader(config, global_rank=0, world_size=1, dataset=AudioOnly())
                  if int(b["audio_lens"].max()) < 2.9 * 16000)  # one at dynamic resolution (no fallback)
-    ours, nemo = DynamicResolutionPreprocessor(**PRE), AudioToMelSpectrogramPreprocessor(**PRE)
+    ours, nemo = DynamicResolutionPreprocessor(**PRE, **DYN), AudioToMelSpectrogramPreprocessor(**PRE)
     want, want_len = nemo(input_signal=batch["audio"], length=batch["audio_lens"])
     for training, target in ((False, F), (True, None)):
         ours.train(training)
@@ -130,6 +133,6 @@ def test_eval_and_batches_without_a_target_are_nemos(corpus_plan: tuple[Corpus, 
     ours.use_batch(batch)
     got, got_len = ours(input_signal=batch["audio"], length=batch["audio_lens"])
     n = batch["audio_lens"].numpy()
-    res = resolve(n / 16000, np.array([0, len(n)]), [F], DynResConfig(target_frames=F))
+    res = resolve(n / 16000, np.array([0, len(n)]), [F], DynResConfig(target_frames=F, **DYN))
     assert got.shape[-1] == int(res.length[0]) and got_len.tolist() == res.frames.tolist()
     assert ours.last_rates is not None and ours.target_frames is None  # used once
