@@ -1,21 +1,24 @@
-"""Dynamic-resolution benchmark: frame padding with dynamic resolution vs today's audio padding.
+"""Dynamic-resolution benchmark: a constant frame budget per batch (F) against 2D bucketing,
+each with batch sizes made for its own shape, and feature throughput at a fractional hop.
 
-    python benchmarks/bench_dynres.py [--data ../shared/data] [--seeds 3] [--max-rates 130,120,150]
+    python benchmarks/bench_dynres.py [--data ../shared/data] [--targets 800,1000,1200,1600] [--seeds 1]
 
 On LibriSpeech train-clean-100 and Common Voice id/ps (../shared/data), tokens as in
-bench_buckets.py (a 1024-piece sentencepiece model on their transcripts + 9 prompt tokens),
-30x2 buckets fitted by `fit_spec` with a padded budget of 600 s per batch, batches formed as
-`dataprep padding` and the planner form them (carried tails, default grouping). For each
-corpus and each max rate (min 70 Hz, floor 50 Hz, base 100 Hz):
+bench_buckets.py, 30x2 buckets fitted by `fit_spec`. Batch sizes: the canary-1b estimate at
+80 GiB (`oomptimize --estimate`), for 2D at each bucket's longest utterance at 100 Hz, for
+dynamic resolution at each bucket's real shape (`bucket_frames`: F, or what the 70 Hz clamp or
+the 50 Hz floor gives). Batches are formed as `dataprep padding` and the planner form them;
+per policy:
 
-- `2d audio`: today's audio padding (1 - real s / (batch size x longest s));
-- `2d frames`: the same in frames at the base rate (what the encoder sees);
-- `dynres frames`: frame padding left with dynamic resolution (clamped utterances only);
-- `clamped`: share of utterances whose rate hit the clamp; `fell back`: share of batches;
-- `off >10%`: share of real frames at a rate more than 10% off the base rate (the price:
-  features the model sees at another resolution than at evaluation).
+- `encoder frames`: batch size x batch length (frames), summed over the epoch, relative to 2D
+  (the compute proxy; goal at F = 1000 on LibriSpeech: <= 0.80);
+- `mean batch`: utterances per batch relative to 2D (goal >= 1.25);
+- `frame padding`; `off >10%`: share of real frames at a rate more than 10% off 100 Hz;
+  `clamped` (utterances) and `fell back` (batches).
 
-Figures are medians over --seeds batch-forming seeds. Goal (issue 16): dynres frames <= 0.5%.
+Then feature extraction (Canary-1B front end, dither off, CPU): audio seconds per second at a
+fractional hop (each utterance of a 12 s batch at F = 1000 frames) against NeMo's fixed hop
+on the same batch, median of --repeats (goal >= 0.9).
 """
 
 from __future__ import annotations
@@ -23,55 +26,105 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
-from bench_buckets import BUDGET, CORPORA, load  # noqa: E402
+from bench_buckets import CORPORA, load  # noqa: E402
 from bucketing.allocate import fit_spec  # noqa: E402
-from bucketing.dynres import DynResConfig  # noqa: E402
+from bucketing.dynres import DynResConfig, resolve  # noqa: E402
 from bucketing.fit import grid_from_spec  # noqa: E402
 from bucketing.padding import padding_report  # noqa: E402
+from dataprep.training.features import FeatureConfig, LogMel  # noqa: E402
+from oom.optimize import oomptimize  # noqa: E402
+from oom.options import OomOptions  # noqa: E402
 
 LABELS = {"librispeech.train-clean-100.csv": "LibriSpeech 100 h", "commonvoice.id_ps.csv": "Common Voice id+ps"}
+GPU = 80 * 2**30
+MODEL = "canary-1b"
 
 
-def measure(d: np.ndarray, t: np.ndarray, cfg: DynResConfig, seeds: int) -> dict[str, float]:
-    """Medians over seeds of the 2D and 2D + dynamic-resolution figures (ratios)."""
-    spec, _ = fit_spec(d, t, num_buckets=30, num_subbuckets=2, max_duration_budget=BUDGET)
+def sizes_for(spec, cfg: DynResConfig | None) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """canary-1b estimate at 80 GiB, each bucket at its shape under ``cfg`` (None: 2D)."""
+    sized = oomptimize(spec, OomOptions(MODEL, estimate=True, gpu_memory=GPU, dynamic_resolution=cfg))
+    return np.array([b.batch_size for b in sized.buckets], dtype=np.int64)
+
+
+def measure(d: np.ndarray, t: np.ndarray, targets: list[int], seeds: int) -> list[dict[str, float | str]]:
+    """One row per policy (2D first), medians over batch-forming seeds."""
+    spec, _ = fit_spec(d, t, num_buckets=30, num_subbuckets=2, max_duration_budget=600.0)
     grid = grid_from_spec(spec)
-    sizes = np.array([b.batch_size for b in spec.buckets])
-    runs = []
-    for s in range(seeds):
-        rep = padding_report(d, t, grid, sizes, budget=BUDGET, seed=s, fixed_lengths=(), dynamic_resolution=cfg)
-        two, dyn = rep["schemes"]["2d"], rep["schemes"]["2d-dynamic-resolution"]
-        runs.append({"2d audio": two["audio_padding"], "2d frames": dyn["frame_padding_base"],
-                     "dynres frames": dyn["frame_padding"], "clamped": dyn["clamped_share"],
-                     "fell back": dyn["fallback_share"], "off >10%": dyn["off_rate_share"],
-                     "worst bucket": max(b["dynres_frame_padding"] for b in rep["per_bucket"])})
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    rows: list[dict[str, float | str]] = []
+    policies: list[tuple[str, DynResConfig | None]] = [("2d", None)] + [(f"F={f}", DynResConfig(target_frames=f))
+                                                                        for f in targets]
+    for name, cfg in policies:
+        sizes = sizes_for(spec, cfg)
+        runs = []
+        for s in range(seeds):
+            rep = padding_report(d, t, grid, sizes, seed=s, fixed_lengths=(),
+                                 dynamic_resolution=cfg or DynResConfig())
+            dyn = rep["schemes"]["2d-dynamic-resolution"]
+            row = next(r for r in dyn["compare"] if r["policy"] == ("2d" if cfg is None else name))
+            runs.append({k: float(row[k]) for k in ("encoder_frames", "mean_batch", "frame_padding", "off_rate_share",
+                                                     "clamped_share", "fallback_share")})
+        rows.append({"policy": name, **{k: statistics.median(r[k] for r in runs) for k in runs[0]}})
+    return rows
+
+
+def throughput(repeats: int, seconds: float = 12.0, batch: int = 16, target: int = 1000) -> tuple[float, float]:
+    """Audio seconds per wall second: (fixed hop, fractional hop), Canary-1B front end."""
+    torch.manual_seed(0)
+    mel = LogMel(FeatureConfig.canary_1b(dither=0.0))
+    n = torch.randint(int(0.8 * seconds * 16000), int(seconds * 16000) + 1, (batch,))
+    n[0] = int(seconds * 16000)
+    x = torch.randn(batch, int(n.max())) * 0.1
+    res = resolve(n.numpy() / 16000, np.array([0, batch]), np.array([target]), DynResConfig(target_frames=target))
+    hops, frames = torch.from_numpy(res.hop()), torch.from_numpy(res.frames)
+    audio = float(n.sum()) / 16000
+
+    def rate(fn) -> float:  # type: ignore[no-untyped-def]
+        fn()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return audio / statistics.median(times)
+
+    return rate(lambda: mel(x, n)), rate(lambda: mel.at_hops(x, n, hops, frames))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--max-rates", default="130,120,150", help="Max rates (Hz) to compare; the first is the default.")
+    ap.add_argument("--targets", default="800,1000,1200,1600", help="Constant targets F (frames per batch).")
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
+    targets = [int(x) for x in args.targets.split(",")]
+    torch.set_num_threads(1)
     corpora = load(args.data)
-    cols = ["2d audio", "2d frames", "dynres frames", "clamped", "fell back", "off >10%", "worst bucket"]
-    print(f"30x2 buckets, {BUDGET:g} s padded per batch, base 100 Hz, min 70 Hz, floor 50 Hz; "
-          f"medians over {args.seeds} seeds")
-    print(f"| corpus | rows | max rate (Hz) | {' | '.join(cols)} |")
-    print("|---|---:|---:|" + "---:|" * len(cols))
+    print(f"30x2 buckets; sizes: {MODEL} estimate at 80 GiB for each policy's shape; base 100 Hz, 70-130 Hz, "
+          f"floor 50 Hz; medians over {args.seeds} seed(s)")
+    cols = ["encoder frames vs 2D", "mean batch", "vs 2D", "frame padding", "off >10%", "clamped", "fell back"]
+    print(f"| corpus | policy | {' | '.join(cols)} |")
+    print("|---|---|" + "---:|" * len(cols))
     for name in CORPORA:
         d, t = corpora[name]
-        for mr in (float(x) for x in args.max_rates.split(",")):
-            m = measure(d, t, DynResConfig(max_rate=mr), args.seeds)
-            print(f"| {LABELS[name]} | {d.shape[0]:,} | {mr:g} | " + " | ".join(f"{100 * m[c]:.2f}%" for c in cols) + " |")
+        rows = measure(d, t, targets, args.seeds)
+        base = rows[0]
+        for r in rows:
+            print(f"| {LABELS[name]} | {r['policy']} | {r['encoder_frames'] / base['encoder_frames']:.3f} | "
+                  f"{r['mean_batch']:.1f} | {r['mean_batch'] / base['mean_batch']:.2f}x | {r['frame_padding']:.2%} | "
+                  f"{r['off_rate_share']:.1%} | {r['clamped_share']:.1%} | {r['fallback_share']:.1%} |")
+    fixed, frac = throughput(args.repeats)
+    print(f"features (Canary-1B front end, CPU, 1 thread, 16 x <=12 s): fixed hop {fixed:,.0f} audio s/s, "
+          f"fractional hop (F = 1000) {frac:,.0f} audio s/s: {frac / fixed:.2f}x")
 
 
 if __name__ == "__main__":

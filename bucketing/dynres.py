@@ -2,17 +2,25 @@
 utterance of a batch to the batch's target length, with clamps and a per-batch fallback.
 
 Instead of padding each utterance to the longest of its batch, each is featurized at its own
-frame rate so that all come out at the batch's *target frames* ``F``:
+frame rate so that all come out at the batch's *target frames* ``F``
+(:attr:`DynResConfig.target_frames`):
 
-- ``F = 1 + floor(T * base + 1e-6)`` frames for a batch whose longest utterance lasts ``T``
-  seconds at the base rate ``base`` (``frames_per_second``, 100 Hz = a 10 ms hop): the longest
-  utterance at the base rate, the same worst case :mod:`oom.step` sizes batches by.
+- a constant ``F`` (the described policy, 800-1600 frames): a batch whose longest utterance
+  lasts ``T`` seconds runs at ``(F - 1) / T`` Hz and has ``F`` frames: long utterances cost
+  fewer frames, short ones gain temporal detail, memory per batch is flat; where that rate is
+  clamped the batch has its longest's frames at the bound (fewer than ``F`` for short
+  batches, more for long ones), and below the floor it falls back (:func:`bucket_frames` is
+  the shape oomptimize sizes a bucket at);
+- ``"longest"``: ``F = 1 + floor(T * base + 1e-6)`` frames, the batch's longest utterance at
+  the base rate ``base`` (``frames_per_second``, 100 Hz = a 10 ms hop): no batch gets
+  shorter, only the frame padding vanishes (the same worst case :mod:`oom.step` sizes by).
 - Utterance ``i`` (``d_i`` seconds) needs the rate ``r_i = (F - 1) / d_i`` Hz (``F`` centered
   frames span ``F - 1`` hops; the hop is ``sample_rate / r_i`` samples, fractional): exactly
   ``F`` frames. ``r_i >= base`` (up to rounding) whenever ``F`` is the longest at the base rate.
 - Rates are clamped to ``[min_rate, max_rate]`` Hz. Where the clamp binds the utterance has
-  ``1 + floor(d_i * rate + 1e-6)`` frames: fewer than ``F`` at ``max_rate`` (the remainder is
-  zero-padded, as today), more at ``min_rate`` (the batch then grows to its longest).
+  ``1 + floor(d_i * rate + 1e-6)`` frames: fewer than ``F`` at ``max_rate`` (zero-padded to
+  the batch's length, which is its longest utterance's frames), more at ``min_rate`` (the
+  batch then grows to its longest).
 - A batch in which some utterance needs less than ``floor_rate`` Hz falls back to ordinary
   padding: every utterance at the base rate.
 
@@ -22,49 +30,75 @@ feature extraction lives in :mod:`dataprep.training.dynres`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from manifests.errors import OptionError
 from manifests.options import check_int, check_number
-
-#: Highest audio sample rate (Hz) a dynamic-resolution config takes.
-MAX_SAMPLE_RATE = 384_000
 
 #: a rate differing from the base by more than this share counts as "off the base rate"
 OFF_RATE_TOLERANCE = 0.10
+#: ``target_frames`` of the policy that takes each batch's longest utterance at the base rate
+LONGEST = "longest"
 _EPS = 1e-6
+#: the constant targets accepted: the described policy's range (frames per batch)
+TARGET_FRAMES_RANGE = (800, 1600)
+#: highest sample rate accepted (Hz)
+MAX_SAMPLE_RATE = 192_000
 
 
 @dataclass(frozen=True)
 class DynResConfig:
-    """Rates in frames per second (Hz); ``sample_rate`` in samples per second."""
+    """Rates in frames per second (Hz); ``sample_rate`` in samples per second (1..192000);
+    ``target_frames``: frames per batch, a constant int in :data:`TARGET_FRAMES_RANGE` or
+    :data:`LONGEST`. Checked here (:class:`~manifests.errors.OptionError` naming the field):
+    finite rates with ``0 < floor_rate <= min_rate <= max_rate <= sample_rate`` and
+    ``0 < frames_per_second <= sample_rate``."""
 
     frames_per_second: float = 100.0
     min_rate: float = 70.0
     max_rate: float = 130.0
     floor_rate: float = 50.0
     sample_rate: int = 16000
+    target_frames: int | str = LONGEST
 
     def __post_init__(self) -> None:
         check_int("sample_rate", self.sample_rate, ge=1, le=MAX_SAMPLE_RATE)
-        for name in ("frames_per_second", "min_rate", "max_rate", "floor_rate"):  # finite, at most a frame per sample
-            check_number(name, getattr(self, name), gt=0, le=self.sample_rate)
-        if not (0 < self.floor_rate <= self.min_rate <= self.max_rate) or self.frames_per_second <= 0:
-            raise ValueError(
-                f"dynamic resolution needs 0 < floor rate <= min rate <= max rate and a positive base rate "
-                f"(got floor {self.floor_rate:g}, min {self.min_rate:g}, max {self.max_rate:g}, "
-                f"base {self.frames_per_second:g} Hz)")
+        # a rate above the sample rate would ask for a hop below one sample
+        check_number("frames_per_second", self.frames_per_second, gt=0, le=self.sample_rate)
+        check_number("floor_rate", self.floor_rate, gt=0, le=self.sample_rate)
+        check_number("min_rate", self.min_rate, ge=self.floor_rate, le=self.sample_rate)
+        check_number("max_rate", self.max_rate, ge=self.min_rate, le=self.sample_rate)
+        if self.target_frames != LONGEST:
+            t = self.target_frames
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise OptionError("target_frames", f"must be an integer ({TARGET_FRAMES_RANGE[0]}.."
+                                  f"{TARGET_FRAMES_RANGE[1]}) or {LONGEST!r}, got {t!r}")
+            check_int("target_frames", t, ge=TARGET_FRAMES_RANGE[0], le=TARGET_FRAMES_RANGE[1])
 
     @property
     def base_hop(self) -> float:
         """Samples per frame at the base rate (160 for 100 Hz at 16 kHz)."""
         return self.sample_rate / self.frames_per_second
 
+    @property
+    def constant(self) -> bool:
+        """True for a constant target (every batch the same length)."""
+        return self.target_frames != LONGEST
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def shape_policy(self) -> dict[str, Any]:
+        """What decides a batch's frames, as recorded with batch sizes (``buckets.json``) and
+        compared by the plan: the longest at the base rate depends on that rate only; a
+        constant target on every rate too (the clamps and the floor change the length)."""
+        if not self.constant:
+            return {"target_frames": LONGEST, "frames_per_second": self.frames_per_second}
+        return {k: v for k, v in self.to_json().items() if k != "sample_rate"}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> DynResConfig:
@@ -84,11 +118,38 @@ def target_frames(max_duration: npt.ArrayLike, frames_per_second: float = 100.0)
     return frames_at_rate(max_duration, frames_per_second)
 
 
+def batch_targets(max_duration: npt.ArrayLike, config: DynResConfig) -> npt.NDArray[np.int64]:
+    """Target frames per batch (``max_duration``: each batch's longest, seconds) under the
+    config's policy: the constant, or :func:`target_frames`."""
+    t = np.asarray(max_duration, dtype=np.float64)
+    if config.constant:
+        return np.full(t.shape, int(config.target_frames), dtype=np.int64)
+    return target_frames(t, config.frames_per_second)
+
+
+def bucket_frames(max_duration: npt.ArrayLike, config: DynResConfig | None = None) -> npt.NDArray[np.int64]:
+    """Frames of the longest batch tensor a bucket of utterances up to ``max_duration`` seconds
+    can make (the shape to size its batch at). None or :data:`LONGEST`: the longest at the base
+    rate (:func:`target_frames`, as :mod:`oom.step` computes it). A constant ``F``: ``F`` while
+    the longest utterance's rate ``(F - 1) / T`` lies in ``[min_rate, max_rate]``; otherwise its
+    frames at the clamped rate (fewer than ``F`` for short buckets, more for long ones), or at the
+    base rate below ``floor_rate`` (fallback). The length of
+    a batch grows with its longest utterance, so the bucket's bound is the worst case."""
+    T = np.maximum(np.asarray(max_duration, dtype=np.float64), 1e-9)
+    if config is None or not config.constant:
+        return target_frames(T, 100.0 if config is None else config.frames_per_second)
+    F = int(config.target_frames)
+    need = (F - 1) / T
+    rate = np.where(need < config.floor_rate, config.frames_per_second,
+                    np.clip(need, config.min_rate, config.max_rate))
+    return np.where((need >= config.min_rate) & (need <= config.max_rate), F, frames_at_rate(T, rate))
+
+
 @dataclass(frozen=True)
 class Resolution:
     """Per utterance (rows order): ``rate`` (Hz), ``frames``, ``clamped``; per batch:
-    ``target`` frames, ``length`` (frames of the batch tensor: max of target and frames in
-    batch), ``fallback`` (every utterance at the base rate)."""
+    ``target`` frames, ``length`` (frames of the batch tensor: its longest utterance's, i.e.
+    the target unless that utterance is clamped or the batch fell back), ``fallback`` (every utterance at the base rate)."""
 
     rate: npt.NDArray[np.float64]
     frames: npt.NDArray[np.int64]
@@ -122,15 +183,15 @@ def resolve(duration: npt.ArrayLike, offsets: npt.ArrayLike, target: npt.ArrayLi
     """Rates, frames, clamps and fallbacks for batches in CSR layout.
 
     ``duration``: seconds of each utterance, batch after batch (``duration[offsets[b]:offsets[b+1]]``
-    is batch ``b``); ``target``: frames per batch (default: :func:`target_frames` of each batch's
-    longest). See the module docstring for the rules.
+    is batch ``b``); ``target``: frames per batch (default: :func:`batch_targets` of each
+    batch's longest under ``config``). See the module docstring for the rules.
     """
     d = np.maximum(np.asarray(duration, dtype=np.float64), 1e-9)
     off = np.asarray(offsets, dtype=np.int64)
     if off.ndim != 1 or off.shape[0] < 1 or off[0] != 0 or off[-1] != d.shape[0] or (np.diff(off) < 0).any():
         raise ValueError("offsets must rise from 0 to the number of utterances")
     if target is None:
-        target = target_frames(_segment_reduce(np.maximum, d, off, 0.0), config.frames_per_second)
+        target = batch_targets(_segment_reduce(np.maximum, d, off, 0.0), config)
     F = np.asarray(target, dtype=np.int64)
     if F.shape != (off.shape[0] - 1,) or (F < 1).any():
         raise ValueError("target frames: one value >= 1 per batch")
@@ -142,7 +203,7 @@ def resolve(duration: npt.ArrayLike, offsets: npt.ArrayLike, target: npt.ArrayLi
     clamped = ~fb & (clipped != need)
     rate = np.where(fb, config.frames_per_second, clipped)
     frames = np.where(fb | clamped, frames_at_rate(d, rate), F[b])
-    length = np.maximum(F, _segment_reduce(np.maximum, frames, off, 0))
+    length = np.where(np.diff(off) > 0, _segment_reduce(np.maximum, frames, off, 0), F)  # empty: the target
     return Resolution(rate=rate, frames=frames, clamped=clamped, target=F, length=length, fallback=fallback)
 
 
@@ -167,7 +228,8 @@ class ResolutionTotals:
     def to_json(self) -> dict[str, Any]:
         """``frame_padding`` (dynamic resolution), ``frame_padding_base`` (ordinary padding
         at the base rate), ``clamped_share`` (of utterances), ``fallback_share`` (of batches),
-        ``off_rate_share`` (of real frames), plus the counts."""
+        ``off_rate_share`` (of real frames), ``mean_batch`` (utterances per batch), plus the
+        counts (``padded_frames``: the encoder's input frames, a compute proxy)."""
         def ratio(a: int, b: int) -> float:
             return round(a / b, 6) if b else 0.0
 
@@ -177,6 +239,7 @@ class ResolutionTotals:
                 "clamped_share": ratio(self.clamped, self.utterances),
                 "fallback_share": ratio(self.fallback_batches, self.batches),
                 "off_rate_share": ratio(self.off_rate_frames, self.real_frames),
+                "mean_batch": ratio(self.utterances, self.batches),
                 **{k: getattr(self, k) for k in self.__dataclass_fields__}}
 
 
@@ -219,3 +282,40 @@ def time_mask_widths(width: int, rate: npt.ArrayLike, frames_per_second: float =
     if width < 0:
         raise ValueError(f"time-mask width must be >= 0 frames, got {width}")
     return np.rint(width * np.asarray(rate, dtype=np.float64) / frames_per_second).astype(np.int64)
+
+
+#: the constant targets the reports compare with 2D bucketing (the described range)
+COMPARED_TARGETS: tuple[int, ...] = (800, 1000, 1200, 1600)
+
+
+def policy_totals(duration: npt.ArrayLike, offsets: npt.ArrayLike, config: DynResConfig = DynResConfig(),
+                  targets: tuple[int, ...] = COMPARED_TARGETS) -> dict[str, ResolutionTotals]:
+    """The same batches (CSR, as :func:`resolve`) under :data:`LONGEST` and each constant of
+    ``targets`` (the config's rates otherwise): :class:`ResolutionTotals` keyed ``"longest"``,
+    ``"800"``, ... (2D bucketing's figures are the ``base_*`` ones of any of them)."""
+    out = {}
+    for t in (LONGEST, *targets):
+        cfg = replace(config, target_frames=t)
+        out[str(t)] = resolution_totals(duration, offsets, resolve(duration, offsets, None, cfg), cfg)[0]
+    return out
+
+
+def comparison_rows(totals: dict[str, ResolutionTotals]) -> list[dict[str, Any]]:
+    """One row per policy, 2D bucketing first: ``policy``, ``encoder_frames`` (batch size x
+    batch length, summed: the compute proxy), ``vs_2d`` (their ratio to 2D's), ``frame_padding``,
+    ``mean_batch``, ``off_rate_share`` (frames > 10% off the base rate), ``clamped_share``,
+    ``fallback_share``. Batch sizes are the same for all (sizes made for a policy change
+    ``mean_batch``: see ``oomptimize --dynamic-resolution``)."""
+    if not totals:
+        return []
+    any_t = next(iter(totals.values())).to_json()
+    base = any_t["base_padded_frames"]
+    rows = [{"policy": "2d", "encoder_frames": base, "vs_2d": 1.0, "frame_padding": any_t["frame_padding_base"],
+             "mean_batch": any_t["mean_batch"], "off_rate_share": 0.0, "clamped_share": 0.0, "fallback_share": 0.0}]
+    for name, t in totals.items():
+        j = t.to_json()
+        rows.append({"policy": name if name == LONGEST else f"F={name}", "encoder_frames": j["padded_frames"],
+                     "vs_2d": round(j["padded_frames"] / base, 6) if base else 0.0,
+                     **{k: j[k] for k in ("frame_padding", "mean_batch", "off_rate_share", "clamped_share",
+                                          "fallback_share")}})
+    return rows

@@ -23,8 +23,7 @@ Schemes (same budget of padded seconds per batch):
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -33,7 +32,14 @@ import numpy.typing as npt
 from bucketing.allocate import allocate, assign, carry_tails
 from bucketing.batching import Batches, form_batches, form_batches_cumulative
 from bucketing.budget import padded_budget_batch_sizes
-from bucketing.dynres import DynResConfig, resolution_totals, resolve
+from bucketing.dynres import (
+    COMPARED_TARGETS,
+    DynResConfig,
+    comparison_rows,
+    policy_totals,
+    resolution_totals,
+    resolve,
+)
 from bucketing.fit import Grid, fit_buckets
 
 
@@ -260,4 +266,19 @@ def _dynamic_resolution_scheme(scheme_2d: dict[str, Any], batches: Batches, d: n
     return {**scheme_2d, "audio_padding": whole.get("frame_padding", 0.0),
             **{k: whole.get(k, 0.0) for k in ("frame_padding", "frame_padding_base", "clamped_share",
                                                 "fallback_share", "off_rate_share")},
-            "config": config.to_json()}
+            "config": config.to_json(), "compare": comparison_rows(policy_totals(db, batches.offsets, config)),
+            "rate_vs_duration": _rates(db, res.rate, config)}
+
+
+def _rates(d: npt.NDArray[np.float64], rate: npt.NDArray[np.float64], config: DynResConfig,
+           n: int = 2000) -> dict[str, Any]:
+    """For the rate-vs-duration plot: up to ``n`` evenly spaced (duration s, rate Hz) pairs of
+    the utterances, and per constant target the rate of a batch's longest utterance on a
+    duration grid (``grid`` s, ``curves[F]`` Hz)."""
+    idx = np.linspace(0, d.shape[0] - 1, min(n, d.shape[0])).astype(np.int64) if d.shape[0] else np.zeros(0, np.int64)
+    grid = np.linspace(0.5, max(float(d.max()) if d.shape[0] else 1.0, 1.0), 200)
+    one = np.arange(grid.shape[0] + 1, dtype=np.int64)  # one utterance per batch
+    curves = {str(t): np.round(resolve(grid, one, None, replace(config, target_frames=t)).rate, 3).tolist()
+              for t in COMPARED_TARGETS}
+    return {"duration": np.round(d[idx], 3).tolist(), "rate": np.round(rate[idx], 3).tolist(),
+            "grid": np.round(grid, 3).tolist(), "curves": curves}

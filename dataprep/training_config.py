@@ -15,6 +15,8 @@ from manifests.errors import OptionError
 from manifests.options import check_bool, check_choice, check_int, check_number, check_str
 
 DEVICES = ("auto", "cpu", "cuda")
+#: the log-mel front ends of our loop (:meth:`dataprep.training.features.FeatureConfig.named`)
+FEATURE_SETS = ("ours", "nemo", "canary-1b")
 #: torch.manual_seed's range
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
@@ -38,7 +40,9 @@ class TrainConfig:
     ``prefetch``: batches prepared ahead (>= 0). ``checkpoint_every``: steps between saves
     (>= 0; 0 = only at the end). ``device``: auto, cpu or cuda. ``timeout_s``: seconds before a
     hung collective / rank is reported (> 0). ``cache_dir``: memory-mapped manifest columns
-    (None: the tool's cache directory).
+    (None: the tool's cache directory). ``features``: the log-mel front end, one of
+    :data:`FEATURE_SETS` (``nemo``: NeMo's preprocessor defaults, ``canary-1b``: Canary-1B's
+    config), with the model's mel count.
     """
 
     plan_dir: str
@@ -60,6 +64,7 @@ class TrainConfig:
     cache_dir: str | None = None
     quiet: bool = False
     dynamic_resolution: bool = True  # use the plan's dynamic resolution when it has one
+    features: str = "ours"  # ours | nemo | canary-1b (FeatureConfig.named, the model's mel count)
     overwrite: bool = False  # replace a run already in checkpoint_dir
     allow_other_tokenizer: bool = False  # train with a tokenizer other than the manifest's
     extra: dict[str, Any] = field(default_factory=dict)
@@ -81,6 +86,7 @@ class TrainConfig:
         check_int("prefetch", self.prefetch, ge=0)
         check_int("checkpoint_every", self.checkpoint_every, ge=0, le=None)
         check_choice("device", self.device, DEVICES)
+        check_choice("features", self.features, FEATURE_SETS)
         check_number("timeout_s", self.timeout_s, gt=0)
         for name in ("resume", "skip_bad_audio", "trace", "quiet", "dynamic_resolution", "overwrite",
                      "allow_other_tokenizer"):

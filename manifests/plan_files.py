@@ -16,7 +16,8 @@ A plan directory holds ``plan.json`` and one Parquet shard per rank
     rows           list<int64>   row numbers in the compiled manifest
     target_frames  int32    (shard version 2 only: plans made with ``--dynamic-resolution``)
                             frames every utterance of the batch is featurized to: the
-                            longest at the base rate (:mod:`bucketing.dynres`)
+                            plan's constant ``--target-frames F`` or the longest at the
+                            base rate (:mod:`bucketing.dynres`)
 
 The shard's key-value metadata ``speech_dataprep.plan`` holds its ``version``: 1 without
 ``target_frames``, 2 with it. Readers take both (``PlanBatch.target_frames`` is None for 1).

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from bucketing.dynres import LONGEST, bucket_frames
 from manifests.buckets_file import Bucket, BucketSpec
 from manifests.errors import DataprepError, OptionError
 from manifests.units import parse_bytes
@@ -75,6 +76,12 @@ def oomptimize(
     estimated); it is recorded in ``batch_size_source``. The estimate is the fitted one of
     :mod:`oom.fit` unless ``exact_trace`` (two full traces per bucket shape). ``explain``
     adds ``oom_breakdown`` (bytes by class at the peak, from the fitted laws) to each bucket.
+
+    ``dynamic_resolution`` (a :class:`~bucketing.dynres.DynResConfig`): each bucket is sized at
+    the frames of its largest dynamic-resolution batch tensor (:func:`~bucketing.dynres.bucket_frames`;
+    None: its longest utterance at 100 Hz); the config's ``shape_policy()`` is written to
+    ``batch_size_source.shape_policy`` (plans refuse sizes made for another) and each bucket
+    records the shape it was sized at in ``oom_shape``.
     ``on_done(bucket index, result)`` is called as each bucket is sized.
     """
     if not isinstance(options, OomOptions):
@@ -93,6 +100,11 @@ def oomptimize(
         raise DataprepError(f"memory budget {budget} bytes: fraction {memory_fraction} of {total} minus margin {margin_bytes}")
 
     shapes = [Shape.of_bucket(b.max_duration, b.max_tokens, max_tps) for b in spec.buckets]
+    policy: dict[str, Any] = {"target_frames": LONGEST, "frames_per_second": FRAMES_PER_SECOND}
+    if o.dynamic_resolution is not None:
+        frames = bucket_frames([b.max_duration for b in spec.buckets], o.dynamic_resolution).tolist()
+        shapes = [dataclasses.replace(s, frames=int(f)) for s, f in zip(shapes, frames)]
+        policy = o.dynamic_resolution.shape_policy()
     base_ctx = {
         "model": _model_context(model),
         "gpu": gpu["name"],
@@ -130,7 +142,7 @@ def oomptimize(
     buckets = [_sized_bucket(b, shape, int(size), res, budget, model, loss_mode if explain else None)
                for b, shape, size, res in zip(spec.buckets, shapes, sizes, results)]
     source = _provenance(model, estimate, device, gpu, memory_fraction, margin, margin_bytes, budget, tolerance,
-                         max_tps, loss_mode, method)
+                         max_tps, loss_mode, method, policy)
     return dataclasses.replace(spec, buckets=tuple(buckets), batch_size_source=source)
 
 
@@ -157,7 +169,8 @@ def _sized_bucket(b: Bucket, shape: Shape, size: int, res: SearchResult, budget:
     fitting = sorted((pb, r.peak_bytes, r.step_seconds) for pb, r in res.probes if r.fits)
     at = [f for f in fitting if f[0] <= size]
     chosen = at[-1] if at else (size, None, None)
-    extra = {**b.extra, "oom_peak_bytes": chosen[1], "oom_step_seconds": chosen[2],
+    extra = {**b.extra, "oom_shape": {"frames": shape.frames, "tokens": shape.tokens},
+             "oom_peak_bytes": chosen[1], "oom_step_seconds": chosen[2],
              "oom_probes": [list(f) for f in fitting]}
     if explain_mode is not None:
         extra["oom_breakdown"] = explain_bucket(model, shape, size, explain_mode)
@@ -165,7 +178,7 @@ def _sized_bucket(b: Bucket, shape: Shape, size: int, res: SearchResult, budget:
 
 def _provenance(model: str, estimate: bool, device: str, gpu: dict[str, Any], memory_fraction: float, margin: str,
                 margin_bytes: int, budget: int, tolerance: float, max_tps: float, loss_mode: str,
-                method: str | None) -> dict[str, Any]:
+                method: str | None, shape_policy: dict[str, Any]) -> dict[str, Any]:
     """``batch_size_source``: how the sizes were found (model, device, budget in bytes, ...)."""
     total = int(gpu["total_memory"])
     return {
@@ -183,9 +196,12 @@ def _provenance(model: str, estimate: bool, device: str, gpu: dict[str, Any], me
         "tolerance": tolerance,
         "max_tps": max_tps,
         "frames_per_second": FRAMES_PER_SECOND,
-        # plan-batches --dynamic-resolution featurizes every utterance of a batch to the batch's
-        # target frames = its longest at frames_per_second: the shape probed here (worst case unchanged)
-        "dynamic_resolution": "sized by target frames (the longest utterance at frames_per_second)",
+        # the batch shape each size is for: plan-batches --dynamic-resolution refuses another one
+        "dynamic_resolution": ("sized by target frames (the longest utterance at frames_per_second)"
+                               if shape_policy.get("target_frames") == LONGEST
+                               else f"sized by target frames ({shape_policy.get('target_frames')} per batch, or "
+                                    "what the clamp or the floor gives: oom_shape)"),
+        "shape_policy": shape_policy,
         "precision": "bf16-autocast",
         "loss_mode": loss_mode if is_transducer(model) else None,
         "estimator": method,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from bucketing.dynres import DynResConfig
 from manifests.errors import DataprepError, OptionError
 from manifests.options import check_bool, check_choice, check_int, check_number, check_str
 from manifests.units import parse_bytes
@@ -30,7 +31,9 @@ class OomOptions:
     written). ``retries``: re-runs of a failed isolated probe (>= 0). ``start_batch``: where
     the largest bucket's search starts (>= 1). ``loss_mode``: transducers' ``batched`` or
     ``sample-wise`` loss. ``exact_trace``: full traces per bucket instead of the fitted
-    estimate. ``explain``: per bucket, the bytes by class at the peak.
+    estimate. ``explain``: per bucket, the bytes by class at the peak. ``dynamic_resolution``:
+    size each bucket at its dynamic-resolution shape (:func:`bucketing.dynres.bucket_frames`;
+    None: the longest utterance at 100 Hz).
     """
 
     model: str
@@ -48,6 +51,7 @@ class OomOptions:
     loss_mode: str = "batched"
     exact_trace: bool = False
     explain: bool = False
+    dynamic_resolution: DynResConfig | None = None
 
     def __post_init__(self) -> None:
         check_str("model", self.model)
@@ -70,5 +74,8 @@ class OomOptions:
         check_choice("loss_mode", self.loss_mode, LOSS_MODES)
         check_bool("exact_trace", self.exact_trace)
         check_bool("explain", self.explain)
+        if self.dynamic_resolution is not None and not isinstance(self.dynamic_resolution, DynResConfig):
+            raise OptionError("dynamic_resolution",
+                              f"must be a DynResConfig, got {type(self.dynamic_resolution).__name__}")
         if (self.estimate or not self.device.startswith("cuda")) and self.gpu_memory is None:
             raise OptionError("gpu_memory", "required with --estimate or a CPU device (e.g. --gpu-memory 80GiB)")

@@ -144,15 +144,3 @@ def parse_world_sizes(option: str, text: str) -> list[int]:
         raise DataprepError(f"{option}: expected integers >= 1, got {text!r}")
     return sizes
 
-
-def dynres_config(frames_per_second: float, min_rate: float, max_rate: float, floor_rate: float) -> Any:
-    """The ``--frames-per-second`` / ``--min-rate`` / ``--max-rate`` / ``--floor-rate`` flags as a
-    :class:`~bucketing.dynres.DynResConfig` (which checks them), one line naming the flag if not."""
-    from bucketing.dynres import DynResConfig
-
-    try:
-        with option_flags():
-            return DynResConfig(frames_per_second=frames_per_second, min_rate=min_rate, max_rate=max_rate,
-                                floor_rate=floor_rate)
-    except ValueError as exc:
-        raise DataprepError(str(exc)) from None

@@ -11,7 +11,8 @@ from rich.table import Table
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.batching import DEFAULT_AUDIO_WEIGHT
 from bucketing.dynres import DynResConfig
-from dataprep.cli.app import (app, build_options, defaults_of, dynres_config, option_flags, out,
+from dataprep.cli import dynres as dyn
+from dataprep.cli.app import (app, build_options, check_range, defaults_of, option_flags, out,
                               parse_world_sizes, user_errors)
 from dataprep.report import FitOptions, fit_buckets_file, manifest_padding_report
 from manifests.buckets_file import BucketSpec
@@ -90,17 +91,18 @@ def padding_cmd(
     audio_weight: Annotated[float, typer.Option(
         help="Grouping cost: a point of audio padding counts as this many of token padding.")] = DEFAULT_AUDIO_WEIGHT,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch (as plan-batches does).")] = True,
-    frames_per_second: Annotated[float, typer.Option(help="2D + dynamic resolution: base frame rate (Hz).")] = 100.0,
-    min_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: lowest frame rate (Hz).")] = 70.0,
-    max_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: highest frame rate (Hz).")] = 130.0,
-    floor_rate: Annotated[float, typer.Option(help="2D + dynamic resolution: a batch needing less (Hz) falls back to padding.")] = 50.0,
+    target_frames: dyn.TargetFramesOpt = dyn.DYNRES_DEFAULTS.target_frames,
+    frames_per_second: dyn.FramesPerSecondOpt = dyn.DYNRES_DEFAULTS.frames_per_second,
+    min_rate: dyn.MinRateOpt = dyn.DYNRES_DEFAULTS.min_rate,
+    max_rate: dyn.MaxRateOpt = dyn.DYNRES_DEFAULTS.max_rate,
+    floor_rate: dyn.FloorRateOpt = dyn.DYNRES_DEFAULTS.floor_rate,
     world_sizes: Annotated[Optional[str], typer.Option("--world-sizes", help="Comma-separated world sizes: also report the steps plan-batches would make (fill, straggler, same-bucket share) with one bucket per step and with --balance.")] = None,
     balance: Annotated[float, typer.Option("--balance", help="Balance tolerance for --world-sizes (as plan-batches --balance).")] = DEFAULT_BALANCE,
 ) -> None:
     """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D,
     2D + dynamic resolution (frame padding, clamped utterances, batches that fell back)."""
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"--json": json_out})
-    dynres = dynres_config(frames_per_second, min_rate, max_rate, floor_rate)
+    dynres = dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
     ws = parse_world_sizes("--world-sizes", world_sizes) if world_sizes else []
     with option_flags():  # the library checks every value; errors name the flag
         report = manifest_padding_report(manifest, buckets, budget=budget, cumulative_budget=cumulative_budget,
@@ -129,10 +131,11 @@ def _print_padding(report: dict[str, Any], dynres: DynResConfig) -> None:
                       f"{s['mean_batch_size']:.1f}", f"{s['num_batches']:,}", f"{s['excluded']:,}")
     out.print(table)
     dr = report["schemes"]["2d-dynamic-resolution"]
-    out.print(f"2D + dynamic resolution ({dynres.frames_per_second:g} Hz base, {dynres.min_rate:g}-"
-              f"{dynres.max_rate:g} Hz, floor {dynres.floor_rate:g} Hz): frame padding {dr['frame_padding']:.2%} (vs {dr['frame_padding_base']:.2%} at the "
+    out.print(f"2D + dynamic resolution (target {dynres.target_frames}, {dynres.frames_per_second:g} Hz base, "
+              f"{dynres.min_rate:g}-{dynres.max_rate:g} Hz, floor {dynres.floor_rate:g} Hz): frame padding {dr['frame_padding']:.2%} (vs {dr['frame_padding_base']:.2%} at the "
               f"base rate), {dr['clamped_share']:.2%} of utterances clamped, {dr['fallback_share']:.2%} of batches "
               f"fell back, {dr['off_rate_share']:.2%} of frames more than 10% off the base rate")
+    print_policy_comparison(dr.get("compare", []))
     pb = Table(title="2D buckets (dyn res = 2D + dynamic resolution)")
     for col in ("#", "max dur (s)", "max tok", "batch", "utterances", "batches", "audio pad", "token pad",
                 "dyn pad", "clamped", "fell back"):
@@ -163,3 +166,19 @@ def _print_padding(report: dict[str, Any], dynres: DynResConfig) -> None:
                        f"{r['balance_mean']:.3f}", f"{r['balance_over_1_10']:.1%}", f"{r['padding_audio']:.2%}",
                        f"{r['padding_tokens']:.2%}")
         out.print(st)
+
+
+def print_policy_comparison(rows: list[dict[str, Any]]) -> None:
+    """The same batches under 2D bucketing and dynamic resolution at each target
+    (:func:`bucketing.dynres.comparison_rows`)."""
+    if not rows:
+        return
+    t = Table(title="2D vs dynamic resolution, same batches (encoder frames = batch size x frames, per epoch)")
+    for col in ("policy", "encoder frames", "vs 2D", "frame padding", "mean batch", "off rate >10%", "clamped",
+                "fell back"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["policy"], f"{r['encoder_frames']:,}", f"{r['vs_2d']:.3f}", f"{r['frame_padding']:.2%}",
+                  f"{r['mean_batch']:.1f}", f"{r['off_rate_share']:.1%}", f"{r['clamped_share']:.1%}",
+                  f"{r['fallback_share']:.1%}")
+    out.print(t)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from dataprep.cli.app import app, build_options, defaults_of, option_flags, out, user_errors
+from dataprep.cli import dynres as dyn
 from dataprep.cli.progress import progress_counter
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
@@ -42,6 +43,12 @@ def oomptimize_cmd(
     exact_trace: Annotated[bool, typer.Option("--exact-trace", help="With --estimate: full traces per bucket instead of the fitted estimate (slow).")] = _D.exact_trace,
     explain: Annotated[bool, typer.Option("--explain", help="Per bucket, the memory at the peak by class (parameters, gradients, optimizer, activations, attention, joint).")] = _D.explain,
     out_format: Annotated[str, typer.Option("--format", help="json: buckets.json; nemo: NeMo's bucketing YAML (bucket_duration_bins, bucket_batch_size) for NeMo's own sampler.")] = "json",
+    dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Size each bucket at its dynamic-resolution shape (--target-frames; as plan-batches --dynamic-resolution with the same options).")] = False,
+    target_frames: dyn.TargetFramesOpt = dyn.DYNRES_DEFAULTS.target_frames,
+    frames_per_second: dyn.FramesPerSecondOpt = dyn.DYNRES_DEFAULTS.frames_per_second,
+    min_rate: dyn.MinRateOpt = dyn.DYNRES_DEFAULTS.min_rate,
+    max_rate: dyn.MaxRateOpt = dyn.DYNRES_DEFAULTS.max_rate,
+    floor_rate: dyn.FloorRateOpt = dyn.DYNRES_DEFAULTS.floor_rate,
 ) -> None:
     """Set each bucket's batch size to the largest one whose full training step (forward,
     loss, backward, AdamW step, bf16 autocast) fits in memory, and record how in
@@ -53,7 +60,9 @@ def oomptimize_cmd(
                             gpu_memory=parse_bytes(gpu_memory) if gpu_memory is not None else None,
                             memory_fraction=memory_fraction, margin=margin, tolerance=tolerance, max_batch=max_batch,
                             max_tps=max_tps, cache_dir=cdir, loss_mode=loss_mode, exact_trace=exact_trace,
-                            explain=explain)
+                            explain=explain, dynamic_resolution=(
+                                dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
+                                if dynamic_resolution else None))
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -76,12 +85,13 @@ def oomptimize_cmd(
     mode = f", {src['loss_mode']} loss" if src.get("loss_mode") else ""
     how = f", {src['estimator']} estimate" if src.get("estimator") else ""
     out.print(f"{src['rule']}: {model} on {src['gpu']}{mode}{how}, budget {src['budget_bytes'] / 2**30:.2f} GiB")
-    out.print("bucket  max_duration  max_tokens  batch_size  peak_GiB  step_s")
+    out.print("bucket  max_duration  max_tokens  frames  batch_size  peak_GiB  step_s")
     for b in sized.buckets:
         peak = b.extra.get("oom_peak_bytes")
         secs = b.extra.get("oom_step_seconds")
         out.print(
-            f"{b.index:6d}  {b.max_duration:12.3f}  {b.max_tokens!s:>10}  {b.batch_size:10d}  "
+            f"{b.index:6d}  {b.max_duration:12.3f}  {b.max_tokens!s:>10}  {b.extra['oom_shape']['frames']:6d}  "
+            f"{b.batch_size:10d}  "
             f"{(peak or 0) / 2**30:8.2f}  {'' if secs is None else f'{secs:.3f}':>6}"
         )
     if explain:

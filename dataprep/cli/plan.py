@@ -11,8 +11,10 @@ import typer
 from rich.table import Table
 
 from bucketing.costmodel import CostModel
-from dataprep.cli.app import (app, build_options, check_range, defaults_of, dynres_config, option_flags, out,
-                              parse_world_sizes, user_errors)
+from bucketing.dynres import LONGEST
+from dataprep.cli.app import app, build_options, check_range, defaults_of, option_flags, out, parse_world_sizes, user_errors
+from dataprep.cli.buckets import print_policy_comparison
+from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, replan, simulate_plan
 from dataprep.planning.replan import default_manifest
 from dataprep.planning.simulate import plan_steps_report, simulate_strategies
@@ -42,11 +44,12 @@ def plan_batches_cmd(
     interleave: Annotated[str, typer.Option("--interleave", help="Step order across buckets: random (default) or ascending (short first).")] = _PLAN.interleave,
     row_group_steps: Annotated[int, typer.Option("--row-group-steps", help="Steps per Parquet row group (seek unit).")] = _PLAN.row_group_steps,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="A bucket's leftover rows fill the next bucket that holds them instead of a small last batch.")] = _PLAN.carry,
-    dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Record per batch its target frames (the longest at --frames-per-second); loaders featurize each utterance at the rate that gives that length.")] = False,
-    frames_per_second: Annotated[float, typer.Option(help="Dynamic resolution: base frame rate (Hz) of the features.")] = 100.0,
-    min_rate: Annotated[float, typer.Option(help="Dynamic resolution: lowest frame rate (Hz); below it the rate is clamped.")] = 70.0,
-    max_rate: Annotated[float, typer.Option(help="Dynamic resolution: highest frame rate (Hz); above it the rate is clamped and the rest zero-padded.")] = 130.0,
-    floor_rate: Annotated[float, typer.Option(help="Dynamic resolution: a batch needing a rate below this (Hz) falls back to ordinary padding.")] = 50.0,
+    dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Record per batch its target frames (--target-frames); loaders featurize each utterance at the rate that gives that length.")] = False,
+    target_frames: dyn.TargetFramesOpt = dyn.DYNRES_DEFAULTS.target_frames,
+    frames_per_second: dyn.FramesPerSecondOpt = dyn.DYNRES_DEFAULTS.frames_per_second,
+    min_rate: dyn.MinRateOpt = dyn.DYNRES_DEFAULTS.min_rate,
+    max_rate: dyn.MaxRateOpt = dyn.DYNRES_DEFAULTS.max_rate,
+    floor_rate: dyn.FloorRateOpt = dyn.DYNRES_DEFAULTS.floor_rate,
     balance: Annotated[float, typer.Option("--balance", help="Balanced steps: full batches whose predicted step times agree within this relative tolerance, one bucket's where the data allows, several buckets' otherwise; 0 = one bucket per step on every rank (identical buckets, smaller batches at fine-tuning scale).")] = _PLAN.balance,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE for --balance ({', '.join(CostModel.names())}).")] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together (divides --world-size; default all): each group of consecutive ranks draws the steps in its own order (1 = independent learners, for ADPSGD).")] = None,
@@ -55,15 +58,9 @@ def plan_batches_cmd(
     epoch_utterances: Annotated[Optional[int], typer.Option("--epoch-utterances", help="Weighted plans: utterances per epoch (default: the manifest's rows in a bucket).")] = None,
     epoch_hours: Annotated[Optional[float], typer.Option("--epoch-hours", help="Weighted plans: about this many hours per epoch.")] = None,
 ) -> None:
-    """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
-
-    A manifest of many corpora (compiled from an input_cfg with weights, or --weights) gets a
-    weighted plan: each epoch holds exactly round(p_c x N) utterances of corpus c."""
-    from dataprep.planning.weights import parse_weights
-
-    dynres = dynres_config(frames_per_second, min_rate, max_rate, floor_rate) if dynamic_resolution else None
-    with option_flags(PLAN_FLAGS):
-        pairs = parse_weights(weights)
+    """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
+    dynres = (dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
+              if dynamic_resolution else None)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
                             cost=_cost(coef), sync_group=sync_group, dynamic_resolution=dynres, weights=pairs,
@@ -145,10 +142,12 @@ def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
     if dr:
         c = dr["config"]
         out.print(f"dynamic resolution ({c['frames_per_second']:g} Hz base, {c['min_rate']:g}-{c['max_rate']:g} Hz, "
-                  f"floor {c['floor_rate']:g} Hz): frame padding {dr['frame_padding']:.2%} "
+                  f"floor {c['floor_rate']:g} Hz, target {c.get('target_frames', LONGEST)}): frame padding {dr['frame_padding']:.2%} "
                   f"(vs {dr['frame_padding_base']:.2%} at the base rate), {dr['clamped_share']:.2%} of utterances "
                   f"clamped, {dr['fallback_share']:.2%} of batches fell back, {dr['off_rate_share']:.2%} of frames "
-                  f"more than 10% off the base rate")
+                  f"more than 10% off the base rate; {dr['padded_frames']} encoder frames per plan "
+                  f"(vs {dr['base_padded_frames']} with ordinary padding), mean batch {dr.get('mean_batch', 0.0):.1f}")
+        print_policy_comparison([{**r, "encoder_frames": r["encoder_frames"] // meta.epochs} for r in dr.get("compare", [])])
     fb = meta.fallbacks
     left_out = sum(len(v) for v in meta.allocation["left_out"].values())
     out.print(f"fallbacks: {fb['moved_rows']} rows moved to a containing bucket, {fb['dropped_rows']} dropped, "

@@ -45,6 +45,7 @@ def train_cmd(
     cache_dir: Annotated[Optional[Path], typer.Option(help="Where the memory-mapped manifest columns are cached (default: the tool's cache directory).")] = _D.cache_dir,
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-step lines on stdout.")] = _D.quiet,
     dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution/--no-dynamic-resolution", help="For a plan made with --dynamic-resolution: featurize each utterance at the rate that gives its batch's target frames (off: 10 ms hop, ordinary padding).")] = _D.dynamic_resolution,
+    features: Annotated[str, typer.Option("--features", help="Log-mel front end: ours, nemo (NeMo's AudioToMelSpectrogramPreprocessor defaults) or canary-1b (Canary-1B's preprocessor config); the model's mel count.")] = _D.features,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run already in --checkpoint-dir (refused without this or --resume).")] = _D.overwrite,
     allow_other_tokenizer: Annotated[bool, typer.Option("--allow-other-tokenizer", help="Train with a tokenizer other than the one the manifest was compiled with.")] = _D.allow_other_tokenizer,
 ) -> None:
@@ -54,7 +55,7 @@ def train_cmd(
                         workers=workers, prefetch=prefetch, skip_bad_audio=skip_bad_audio,
                         checkpoint_every=checkpoint_every, trace=trace, device=device, timeout_s=timeout,
                         cache_dir=cache_dir, quiet=quiet, dynamic_resolution=dynamic_resolution,
-                        overwrite=overwrite, allow_other_tokenizer=allow_other_tokenizer)
+                        features=features, overwrite=overwrite, allow_other_tokenizer=allow_other_tokenizer)
     refuse_same_paths({"PLAN": plan_dir, "--manifest": manifest, **{f"--tokenizer {t}": t.partition("=")[2] or t
                                                                   for t in tokenizer}},
                       {"--checkpoint-dir": checkpoint_dir})

@@ -108,11 +108,13 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
         return next(self)
 
     def cuts_of(self, pb: PlanBatch) -> CutSet:
-        """The ``CutSet`` of one plan batch (its rows, in order; ``custom`` adds ``plan_step``)."""
+        """The ``CutSet`` of one plan batch (its rows, in order; ``custom`` adds ``plan_step``,
+        and ``plan_target_frames`` for a dynamic-resolution plan)."""
         if self._rows is None:
             self._rows = ManifestRows.open(self.manifest, self.cache_dir)
         rows = self._rows.records(pb.rows)
-        return CutSet.from_cuts(cut_for_row(r, self.channel, {"plan_step": pb.step}) for r in rows)
+        custom = {"plan_step": pb.step, **({} if pb.target_frames is None else {"plan_target_frames": pb.target_frames})}
+        return CutSet.from_cuts(cut_for_row(r, self.channel, custom) for r in rows)
 
     def __len__(self) -> int:
         """Batches left from the next step to the end of the plan."""

@@ -14,6 +14,9 @@ default 16000), ``channel_selector`` (an int: that channel of multi-channel audi
 inside Lhotse's ``IterableDatasetWrapper``), ``seed``. Bucketing, batch size, duration, token
 and TPS filters are the plan's and are ignored here. A config without ``plan_dir`` is handed
 to NeMo's own function (validation and test sets keep working unchanged).
+For a plan made with ``plan-batches --dynamic-resolution`` each batch the ``dataset`` returns
+also carries the plan batch's ``target_frames`` (an attribute, or a key of a dict batch), which
+:class:`dataprep.integrations.nemo_features.DynamicResolutionPreprocessor` featurizes at.
 
 The ``dataset`` (e.g. NeMo's ``PromptedAudioToTextLhotseDataset`` for Canary) gets, per step,
 the ``CutSet`` of exactly this rank's utterances of the plan (see
@@ -36,6 +39,7 @@ import torch
 from dataprep.integrations.lhotse import PlanDataLoader, PlanIterableLoader, PlanSampler
 from manifests.errors import DataprepError, OptionError
 from manifests.options import check_bool, check_int
+from manifests.plan_meta import read_plan_meta
 
 
 def _resample(cuts: Any, sampling_rate: int) -> Any:
@@ -99,6 +103,8 @@ def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset:
     seed = _seed(config)
     sampler = PlanSampler(str(_get(config, "plan_dir")), str(manifest), rank=global_rank, world_size=world_size,
                           channel=channel)
+    if "dynamic_resolution" in read_plan_meta(str(_get(config, "plan_dir"))).extra:
+        dataset = WithTargetFrames(dataset)
     sampler.map(partial(_resample, sampling_rate=sample_rate))
     if iterable:
         from lhotse.dataset.dataloading import make_worker_init_fn
@@ -108,3 +114,26 @@ def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset:
             worker_init_fn=make_worker_init_fn(rank=global_rank, world_size=world_size, seed=seed),
         )
     return PlanDataLoader(dataset, sampler, num_workers=num_workers, pin_memory=pin_memory)
+
+
+class WithTargetFrames(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """``dataset[cuts]`` with the plan batch's ``target_frames`` (the cuts' ``plan_target_frames``)
+    put on the batch: a key of a dict batch, an attribute of any other."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, cuts: Any) -> Any:
+        batch = self.dataset[cuts]
+        target = next(iter(cuts)).custom.get("plan_target_frames") if len(cuts) else None
+        if target is None:
+            return batch
+        if isinstance(batch, dict):
+            batch["target_frames"] = int(target)
+            return batch
+        try:
+            batch.target_frames = int(target)
+        except (AttributeError, TypeError):
+            raise DataprepError(f"config: the dataset's batches ({type(batch).__name__}) cannot carry target_frames; "
+                                "return a dict or an object with attributes") from None
+        return batch

@@ -22,7 +22,15 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from bucketing.allocate import Assignment, assign
-from bucketing.dynres import DynResConfig, ResolutionTotals, resolution_totals, resolve, target_frames
+from bucketing.dynres import (
+    DynResConfig,
+    ResolutionTotals,
+    batch_targets,
+    comparison_rows,
+    policy_totals,
+    resolution_totals,
+    resolve,
+)
 from bucketing.balance import PlanReport
 from bucketing.costmodel import CostModel
 from bucketing.fit import grid_from_spec
@@ -47,6 +55,25 @@ def batch_sizes_of(spec: BucketSpec, where: str = "buckets.json") -> npt.NDArray
             "run `dataprep fit-buckets` with a budget or `dataprep oomptimize`"
         )
     return np.asarray([b.batch_size for b in spec.buckets], dtype=np.int64)
+
+
+def check_shape_policy(spec: BucketSpec, dynamic_resolution: DynResConfig | None, where: str = "buckets.json") -> None:
+    """Refuse batch sizes made for another batch shape: ``batch_size_source.shape_policy``
+    (written by ``oomptimize``; absent = the longest utterance at the base rate, as every
+    other sizing) must be the plan's (:meth:`DynResConfig.shape_policy`; no dynamic resolution
+    = the longest)."""
+    longest = DynResConfig().shape_policy()
+    sized = (spec.batch_size_source or {}).get("shape_policy") or longest
+    want = longest if dynamic_resolution is None else dynamic_resolution.shape_policy()
+    if sized.get("target_frames") != want["target_frames"] or (want["target_frames"] != longest["target_frames"]
+                                                               and sized != want):
+        def name(p: dict[str, Any]) -> str:
+            t = p.get("target_frames")
+            return "the longest utterance at the base rate" if t == longest["target_frames"] else \
+                f"dynamic resolution at {t} frames ({p.get('min_rate')}-{p.get('max_rate')} Hz, floor {p.get('floor_rate')} Hz)"
+
+        raise ManifestError(f"{where}: batch_size_source: batch sizes are for {name(sized)}, the plan asks for "
+                            f"{name(want)}; run `dataprep oomptimize` with the plan's --dynamic-resolution options")
 
 
 @dataclass(frozen=True)
@@ -173,8 +200,10 @@ def build_plan(
     Returns the plan's metadata (the content of ``plan.json``). ``on_progress(done, total)``
     counts shard writes; ``timings`` (if given) receives wall seconds per phase (read,
     allocate, plan, write). ``dynamic_resolution``: record each batch's target frames (the
-    longest utterance at ``frames_per_second``) in a ``target_frames`` shard column and the
-    predicted figures in ``plan.json``; None (default) writes today's plan, byte for byte.
+    config's constant, or its longest utterance at ``frames_per_second``) in a
+    ``target_frames`` shard column and the predicted figures in ``plan.json``; the buckets'
+    sizes must be for that shape (:func:`check_shape_policy`). None (default) writes today's
+    plan, byte for byte.
 
     A manifest of many corpora with a weighted blend (or ``options.weights``) gets a weighted
     plan (:mod:`dataprep.planning.weights`): each epoch holds exactly each corpus's quota
@@ -190,6 +219,7 @@ def build_plan(
     row_group_steps = options.row_group_steps
     spec = read_buckets(buckets)
     bs = batch_sizes_of(spec, str(buckets))
+    check_shape_policy(spec, dynamic_resolution, str(buckets))
     grid = grid_from_spec(spec)
     cols = ManifestColumns.read(manifest)
     options.check_rows(cols.duration.shape[0])  # before any per-rank allocation
@@ -284,12 +314,14 @@ class _DynResTotals:
     num_buckets: int
     per_bucket: list[ResolutionTotals] = field(init=False)
 
+    compare: dict[str, ResolutionTotals] = field(default_factory=dict)  # the same batches, other policies
+
     def __post_init__(self) -> None:
         self.per_bucket = [ResolutionTotals() for _ in range(self.num_buckets)]
 
     def add(self, ep: EpochPlan, duration: npt.NDArray[np.float64]) -> None:
         """Add one epoch, one rank at a time (memory: a rank's rows, not the epoch's)."""
-        target = target_frames(ep.max_duration, self.config.frames_per_second)
+        target = batch_targets(ep.max_duration, self.config)
         for r in range(ep.world_size):
             lo, hi = ep.rank_slice(r)
             off = ep.offsets[lo:hi + 1]
@@ -298,11 +330,14 @@ class _DynResTotals:
             res = resolve(d, off, target[lo:hi], self.config)
             got = resolution_totals(d, off, res, self.config, ep.bucket_of_batch()[lo:hi], self.num_buckets)
             self.per_bucket = [a + b for a, b in zip(self.per_bucket, got)]
+            for k, t in policy_totals(d, off, self.config).items():
+                self.compare[k] = self.compare.get(k, ResolutionTotals()) + t
 
     def to_json(self) -> dict[str, Any]:
         whole = sum(self.per_bucket, ResolutionTotals())
         return {"config": self.config.to_json(), **whole.to_json(),
-                "per_bucket": [{"bucket": b, **t.to_json()} for b, t in enumerate(self.per_bucket)]}
+                "per_bucket": [{"bucket": b, **t.to_json()} for b, t in enumerate(self.per_bucket)],
+                "compare": comparison_rows(self.compare)}
 
 
 class _Clock:
@@ -331,8 +366,7 @@ def _write_threads() -> int:
 def write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: int,
                  tick: Callable[[int], object], dynamic_resolution: DynResConfig | None = None) -> None:
     S = ep.num_steps
-    targets = (None if dynamic_resolution is None
-               else target_frames(ep.max_duration, dynamic_resolution.frames_per_second))
+    targets = None if dynamic_resolution is None else batch_targets(ep.max_duration, dynamic_resolution)
 
     def one(r: int) -> None:
         lo, hi = ep.rank_slice(r)

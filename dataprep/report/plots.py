@@ -146,14 +146,17 @@ def write_plots(
     return paths
 
 
-PADDING_PLOT_FILES: tuple[str, ...] = ("grid.png", "schemes.png")
+PADDING_PLOT_FILES: tuple[str, ...] = ("grid.png", "schemes.png", "rates.png")
 
 
 def write_padding_plots(report: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[Path]:
     """Pictures of a padding report (``dataprep padding --plots DIR``).
 
     ``grid.png``: utterances, hours, audio and token padding per bucket as heatmaps over
-    duration bin × token sub-bin; ``schemes.png``: audio and token padding (%) per scheme.
+    duration bin × token sub-bin; ``schemes.png``: audio and token padding (%) per scheme;
+    ``rates.png`` (with dynamic resolution): frame rate against duration, a sample of the
+    utterances at the report's target and the rate of a batch's longest utterance at each
+    constant target F (clamped to the rates, the base rate below the floor).
     """
     Figure, canvas = _matplotlib()
     out = Path(out_dir)
@@ -186,4 +189,19 @@ def write_padding_plots(report: dict[str, Any], out_dir: str | os.PathLike[str])
     ax.set_ylabel("padding (%)")
     ax.legend()
     _save(fig, canvas, out / "schemes.png")
-    return [out / name for name in PADDING_PLOT_FILES]
+    written = [out / "grid.png", out / "schemes.png"]
+    rv = report["schemes"].get("2d-dynamic-resolution", {}).get("rate_vs_duration")
+    if rv:
+        fig = Figure(figsize=(8, 4.5), layout="constrained")
+        ax = fig.subplots()
+        ax.scatter(rv["duration"], rv["rate"], s=3, alpha=0.4, color="grey",
+                   label=f"utterances (target {report['schemes']['2d-dynamic-resolution']['config']['target_frames']})")
+        for t, rates in rv["curves"].items():
+            ax.plot(rv["grid"], rates, label=f"F = {t}: longest of a batch")
+        ax.set_xlabel("duration (s)")
+        ax.set_ylabel("frame rate (Hz)")
+        ax.set_title("Dynamic resolution: frame rate vs duration")
+        ax.legend(fontsize=8)
+        _save(fig, canvas, out / "rates.png")
+        written.append(out / "rates.png")
+    return written

@@ -33,7 +33,7 @@ from dataprep.tokenize import Tokenizers
 from dataprep.training.audio import AudioError, AudioReader, load_audio
 from manifests.column_cache import ManifestColumns, RowsMeta
 from dataprep.training.dynres import collate_dynamic_resolution
-from dataprep.training.features import LogMel
+from dataprep.training.features import FeatureConfig, LogMel
 from manifests.errors import DataprepError
 from manifests.plan_files import PlanBatch
 
@@ -87,15 +87,17 @@ class BatchBuilder:
 
     ``dynamic_resolution``: the plan's rates (``plan.json``'s ``dynamic_resolution.config``);
     used for batches that carry ``target_frames`` unless ``evaluation`` (eval loaders keep the
-    fixed 10 ms hop)."""
+    fixed 10 ms hop). ``features``: the log-mel front end (default :meth:`FeatureConfig.ours`,
+    80 mels)."""
 
-    def __init__(self, manifest: str | os.PathLike[str], tokenizer: Sequence[str], *, n_mels: int = 80,
+    def __init__(self, manifest: str | os.PathLike[str], tokenizer: Sequence[str], *,
+                 features: FeatureConfig | None = None,
                  skip_bad_audio: bool = False, cache_dir: str | os.PathLike[str] | None = None,
                  io_threads: int = 4, dynamic_resolution: DynResConfig | None = None,
                  evaluation: bool = False) -> None:
         self.manifest = str(manifest)
         self.tokenizer = list(tokenizer)
-        self.n_mels = n_mels
+        self.features = features or FeatureConfig.ours()
         self.skip_bad_audio = skip_bad_audio
         self.cache_dir = cache_dir
         self.io_threads = io_threads
@@ -172,7 +174,7 @@ class BatchBuilder:
         """The tensor batch of one plan batch."""
         meta = self.columns.gather(pb.rows, pb.ids)
         if self._mel is None:
-            self._mel = LogMel(self.n_mels)
+            self._mel = LogMel(self.features)
         if self.io_threads > 1 and (self._pool is None or self._pool_pid != os.getpid()):
             self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="dataprep-audio")
             self._pool_pid = os.getpid()
@@ -183,7 +185,7 @@ class BatchBuilder:
         rates = None
         if self.dynamic_resolution is not None and not self.evaluation and pb.target_frames is not None and keep:
             dyn = collate_dynamic_resolution([waves[i] for i in keep], pb.target_frames,  # type: ignore[misc]
-                                             config=self.dynamic_resolution, mel=self._mel)
+                                             config=self.dynamic_resolution, features=self._mel)
             features, feature_lens, rates = dyn.features, dyn.feature_lens, dyn.rates
         else:
             feats = [self._mel(torch.from_numpy(waves[i])) for i in keep]  # type: ignore[arg-type]
@@ -191,7 +193,7 @@ class BatchBuilder:
         toks = self.tokenize([meta.texts[i] for i in keep], [meta.langs[i] for i in keep],
                              [meta.ids[i] for i in keep])
         if not keep:
-            features = torch.zeros(0, 0, self.n_mels)
+            features = torch.zeros(0, 0, self.features.features)
         tokens, token_lens = pad_stack([torch.tensor(t, dtype=torch.int64) for t in toks], torch.int64)
         return Batch(pb.epoch, pb.step, pb.bucket, [meta.ids[i] for i in keep], features, feature_lens,
                      tokens, token_lens, skipped, rates)

@@ -23,7 +23,7 @@ import numpy.typing as npt
 import torch
 
 from bucketing.dynres import DynResConfig, resolve, target_frames, time_mask_widths
-from dataprep.training.features import HOP, SAMPLE_RATE, LogMel
+from dataprep.training.features import FeatureConfig, LogMel
 
 __all__ = ["DynResConfig", "DynResFeatures", "collate_dynamic_resolution", "time_mask_widths"]
 
@@ -51,7 +51,7 @@ def collate_dynamic_resolution(
     target: int | None = None,
     *,
     config: DynResConfig | None = None,
-    mel: LogMel | None = None,
+    features: FeatureConfig | LogMel | None = None,
     evaluation: bool = False,
 ) -> DynResFeatures:
     """Log-mel features of ``waves`` (mono, ``config.sample_rate`` Hz, one per utterance) at
@@ -59,13 +59,22 @@ def collate_dynamic_resolution(
 
     ``target``: the batch's target frames (a plan's ``target_frames``); None = the longest wave
     at the base rate. ``config``: the rates (default :class:`DynResConfig`: 100 Hz base,
-    70-130 Hz, floor 50 Hz). ``evaluation``: ordinary padding at the base rate (eval loaders
-    must not change the frame rate). ``mel``: a :class:`LogMel` to reuse (80 mels by default).
+    70-130 Hz, floor 50 Hz); its base rate and sample rate must be the front end's.
+    ``features``: the front end (a :class:`FeatureConfig`, or a :class:`LogMel` to reuse;
+    default :meth:`FeatureConfig.ours`). ``evaluation``: ordinary padding at the base rate
+    (eval loaders must not change the frame rate).
+
+    Valid frames: an utterance at its dynamic rate has ``resolve``'s frames (exactly ``target``
+    unless clamped); at the base rate (``evaluation``, or a batch that fell back) it is the front
+    end's own forward with its own count (:meth:`FeatureConfig.num_frames`: ``1 + n // hop``
+    for ours, ``n // hop`` for NeMo's).
     """
     config = config or DynResConfig()
-    if config.sample_rate != SAMPLE_RATE:
-        raise ValueError(f"features are computed at {SAMPLE_RATE} Hz audio, the config says {config.sample_rate}")
-    mel = mel or LogMel()
+    mel = features if isinstance(features, LogMel) else LogMel(features or FeatureConfig.ours())
+    fc = mel.config
+    if config.sample_rate != fc.sample_rate or abs(config.frames_per_second - fc.frames_per_second) > 1e-9:
+        raise ValueError(f"dynamic resolution at {config.sample_rate} Hz audio, {config.frames_per_second:g} frames/s; "
+                         f"the features are at {fc.sample_rate} Hz, {fc.frames_per_second:g} frames/s")
     ws = [w if isinstance(w, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(w)) for w in waves]
     n = np.array([w.shape[0] for w in ws], dtype=np.int64)
     dur = n / config.sample_rate  # seconds, from the decoded samples
@@ -73,17 +82,18 @@ def collate_dynamic_resolution(
     if target is None:
         target = int(target_frames(dur.max() if n.shape[0] else 0.0, config.frames_per_second))
     if evaluation:
-        rate = np.full(n.shape[0], config.frames_per_second)
-        frames = 1 + np.floor(dur * rate + 1e-6).astype(np.int64)
-        clamped, fallback = np.zeros(n.shape[0], dtype=bool), True
+        rate, clamped, fallback = np.full(n.shape[0], config.frames_per_second), np.zeros(n.shape[0], dtype=bool), True
     else:
         res = resolve(dur, off, np.array([target]), config)
-        rate, frames, clamped, fallback = res.rate, res.frames, res.clamped, bool(res.fallback[0])
-    feats = []
-    for w, r, f in zip(ws, rate, frames):
-        hop = config.sample_rate / float(r)
-        feats.append(mel(w) if hop == HOP and f == mel.num_frames(w.shape[0]) else mel.at_hop(w, hop, int(f)))
-    length = 0 if not feats else int(frames.max()) if evaluation else max(target, int(frames.max()))
+        rate, clamped, fallback = res.rate, res.clamped, bool(res.fallback[0])
+    if fallback:  # the front end as it is, its own valid-frame count
+        feats = [mel(w) for w in ws]
+        frames = np.array([x.shape[0] for x in feats], dtype=np.int64)
+    else:
+        frames = res.frames
+        feats = [mel(w) if float(r) == fc.frames_per_second and f == mel.num_frames(w.shape[0])
+                 else mel.at_hop(w, config.sample_rate / float(r), int(f)) for w, r, f in zip(ws, rate, frames)]
+    length = 0 if not feats else int(frames.max())  # the longest utterance's frames (bucketing.dynres.resolve)
     out = torch.zeros(len(feats), length, mel.n_mels, dtype=torch.float32)
     for i, x in enumerate(feats):
         out[i, : x.shape[0]] = x

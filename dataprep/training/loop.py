@@ -52,6 +52,7 @@ import torch.multiprocessing as mp
 from bucketing.dynres import DynResConfig
 from dataprep.training.batches import Batch, BatchBuilder
 from dataprep.training.checkpoint import load_checkpoint, save_checkpoint
+from dataprep.training.features import FeatureConfig
 from dataprep.training.loader import PlanDataset, make_loader
 from dataprep.training_config import TrainConfig
 from manifests.errors import DataprepError
@@ -125,7 +126,8 @@ def _build(cfg: TrainConfig, device: torch.device,
     model = build_model(cfg.model).to(device)
     n_mels, vocab = model_input_spec(model)
     dynres = meta.extra.get("dynamic_resolution") if cfg.dynamic_resolution else None
-    builder = BatchBuilder(cfg.manifest, cfg.tokenizer, n_mels=n_mels, skip_bad_audio=cfg.skip_bad_audio,
+    builder = BatchBuilder(cfg.manifest, cfg.tokenizer, features=FeatureConfig.named(cfg.features, features=n_mels),
+                           skip_bad_audio=cfg.skip_bad_audio,
                            cache_dir=cfg.cache_dir,
                            dynamic_resolution=DynResConfig.from_json(dynres["config"]) if dynres else None)
     require_recorded_tokenizer(builder.tokenizers, cfg.manifest, cfg.allow_other_tokenizer)

@@ -3,13 +3,20 @@ their totals and the SpecAugment width helper; hand-computed cases plus properti
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketing.dynres import (
+    LONGEST,
     DynResConfig,
+    batch_targets,
+    bucket_frames,
+    comparison_rows,
+    policy_totals,
     ResolutionTotals,
     frames_at_rate,
     resolution_totals,
@@ -17,6 +24,7 @@ from bucketing.dynres import (
     target_frames,
     time_mask_widths,
 )
+from manifests.errors import OptionError
 
 CFG = DynResConfig()
 
@@ -63,10 +71,19 @@ def test_the_min_clamp_lengthens_the_batch() -> None:
 
 
 def test_config_errors_are_one_line() -> None:
-    with pytest.raises(ValueError, match="floor rate <= min rate <= max rate"):
+    with pytest.raises(OptionError, match="max_rate: must be >= 140"):
         DynResConfig(min_rate=140)
-    with pytest.raises(ValueError, match="floor rate"):
+    with pytest.raises(OptionError, match="min_rate: must be >= 80"):
         DynResConfig(floor_rate=80)
+    bad_fields = [("frames_per_second", math.inf), ("frames_per_second", math.nan), ("frames_per_second", 0),
+                  ("min_rate", math.nan), ("max_rate", math.inf), ("floor_rate", -1.0), ("floor_rate", True),
+                  ("max_rate", "130"), ("max_rate", 20000.0), ("sample_rate", 16000.0), ("sample_rate", 0),
+                  ("sample_rate", True), ("target_frames", 799), ("target_frames", 1601), ("target_frames", 1000.0),
+                  ("target_frames", True), ("target_frames", "1000"), ("target_frames", math.inf)]
+    for field, value in bad_fields:
+        with pytest.raises(OptionError) as err:
+            DynResConfig(**{field: value})
+        assert err.value.field == field, (field, value)
     with pytest.raises(ValueError, match="offsets"):
         resolve([1.0, 2.0], [0, 1])
     assert DynResConfig.from_json({**CFG.to_json(), "new_key": 1}) == CFG
@@ -136,3 +153,83 @@ def test_vectorized_equals_batch_by_batch_and_totals_add_up(batches: list[list[f
     j = whole.to_json()
     assert 0.0 <= j["clamped_share"] <= 1 and 0.0 <= j["fallback_share"] <= 1 and 0.0 <= j["off_rate_share"] <= 1
     assert whole.padded_frames >= whole.real_frames
+
+
+def test_a_constant_target_shortens_long_batches_and_lengthens_short_ones() -> None:
+    cfg = DynResConfig(target_frames=1000)
+    # 12 s -> 83.25 Hz: 1000 frames instead of 1201; 8 s -> 124.9 Hz: 1000 instead of 801;
+    # 5 s would need 199.8 Hz: clamped to 130 Hz -> 651 frames, zero-padded to 1000
+    res = resolve([12.0, 11.0, 8.0, 5.0], [0, 2, 4], config=cfg)
+    assert res.target.tolist() == [1000, 1000] and res.length.tolist() == [1000, 1000]
+    assert res.frames.tolist() == [1000, 1000, 1000, 651]
+    assert res.clamped.tolist() == [False, False, False, True]
+    np.testing.assert_allclose(res.rate[:3], [999 / 12, 999 / 11, 999 / 8])
+    # 16 s needs 62.4 Hz: clamped up to 70 Hz (1121 frames, the batch grows);
+    # 25 s needs 40 Hz < 50 Hz: the batch falls back to 100 Hz and ordinary padding
+    res = resolve([16.0, 25.0, 20.0], [0, 1, 3], config=cfg)
+    assert res.frames.tolist() == [1121, 2501, 2001] and res.length.tolist() == [1121, 2501]
+    assert res.fallback.tolist() == [False, True] and res.clamped.tolist() == [True, False, False]
+    assert batch_targets([3.0, 30.0], cfg).tolist() == [1000, 1000]
+    assert batch_targets([3.0], CFG).tolist() == [301]
+
+
+def test_bucket_frames_is_the_shape_of_each_policy() -> None:
+    cfg = DynResConfig(target_frames=1000)
+    # 7.68-14.27 s: F; 14.27-19.98 s: clamped at 70 Hz; beyond: fallback at 100 Hz
+    # 2 s needs 499.5 Hz: clamped to 130 Hz -> 261 frames (short buckets get larger batches)
+    assert bucket_frames([2.0, 10.0, 14.0, 16.0, 25.0], cfg).tolist() == [261, 1000, 1000, 1121, 2501]
+    assert bucket_frames([2.0, 10.0]).tolist() == [201, 1001]
+    assert bucket_frames([2.0, 10.0], DynResConfig()).tolist() == [201, 1001]
+    assert CFG.shape_policy() == {"target_frames": LONGEST, "frames_per_second": 100.0}
+    assert cfg.shape_policy()["target_frames"] == 1000 and "min_rate" in cfg.shape_policy()
+    for bad in (1, True, 1000.0, "1000", "short"):
+        with pytest.raises(OptionError, match="target_frames"):
+            DynResConfig(target_frames=bad)  # type: ignore[arg-type]
+    assert DynResConfig.from_json(cfg.to_json()) == cfg
+
+
+@settings(max_examples=200)
+@given(batches=batches_st, F=st.integers(800, 1600), data=st.data())
+def test_with_a_constant_target_every_utterance_has_f_frames_except_the_counted(
+        batches: list[list[float]], F: int, data: st.DataObject) -> None:
+    cfg = DynResConfig(target_frames=F)
+    d, off = _csr(batches)
+    res = resolve(d, off, config=cfg)
+    b = np.repeat(np.arange(len(batches)), np.diff(off))
+    fb = res.fallback[b]
+    exact = res.frames == F
+    # exactly F frames, except clamped or fallback utterances, which are all counted
+    assert (exact | res.clamped | fb).all()
+    assert not (res.clamped & fb).any()
+    t = resolution_totals(d, off, res, cfg)[0]
+    assert t.clamped == int(res.clamped.sum()) and t.fallback_batches == int(res.fallback.sum())
+    assert t.padded_frames == int((np.diff(off) * res.length).sum())
+    # the rate of the batch is (F - 1) / T for its longest utterance when not clamped
+    for i in np.flatnonzero(np.diff(off) > 0):
+        sl = slice(off[i], off[i + 1])
+        T = d[sl].max()
+        need = (F - 1) / T
+        if need < cfg.floor_rate:
+            assert res.fallback[i] and (res.rate[sl] == cfg.frames_per_second).all()
+        elif cfg.min_rate <= need <= cfg.max_rate:
+            assert res.length[i] == F and np.isclose(res.rate[sl][d[sl].argmax()], need)
+        else:  # the longest is clamped: the batch is as long as its frames at the bound
+            assert res.length[i] == frames_at_rate(T, np.clip(need, cfg.min_rate, cfg.max_rate))
+        # the bucket shape oomptimize sizes (any bucket bound >= T) holds the batch
+        bound = T + data.draw(st.floats(0.0, 5.0))
+        assert res.length[i] <= bucket_frames([bound], cfg)[0]
+    # fallback exactly where the longest needs less than the floor; clamps land on a bound
+    assert np.isin(res.rate[res.clamped], [cfg.min_rate, cfg.max_rate]).all()
+
+
+def test_the_policy_comparison_adds_up_over_the_same_batches() -> None:
+    d, off = _csr([[12.0, 11.5, 11.0], [3.0, 2.9], [20.0, 19.0]])
+    rows = comparison_rows(policy_totals(d, off))
+    assert [r["policy"] for r in rows] == ["2d", "longest", "F=800", "F=1000", "F=1200", "F=1600"]
+    two, longest, f1000 = rows[0], rows[1], rows[3]
+    assert two["encoder_frames"] == 3 * 1201 + 2 * 301 + 2 * 2001
+    assert longest["encoder_frames"] == two["encoder_frames"] and longest["frame_padding"] < two["frame_padding"]
+    # F=1000: 12 s -> 1000 frames (83 Hz); 3 s -> 130 Hz clamped: a 391-frame batch; 20 s -> 49.95 Hz < floor: 2001
+    assert f1000["encoder_frames"] == 3 * 1000 + 2 * 391 + 2 * 2001
+    assert f1000["fallback_share"] == round(1 / 3, 6) and f1000["mean_batch"] == two["mean_batch"] == round(7 / 3, 6)
+    assert 0 < f1000["off_rate_share"] <= 1

@@ -69,7 +69,7 @@ def test_strict_and_user_errors(tmp_path: Path) -> None:
     r = runner.invoke(app, ["padding", str(m), "--buckets", str(tmp_path / "missing.json")])
     assert r.exit_code == 2 and "no such file" in r.output
     r = runner.invoke(app, ["padding", str(m), "--buckets", str(hand), "--min-rate", "140"])
-    assert r.exit_code == 2 and "min rate <= max rate" in r.output and len(r.output.strip().splitlines()) == 1
+    assert r.exit_code == 2 and "--max-rate: must be >= 140" in r.output and len(r.output.strip().splitlines()) == 1
     r = runner.invoke(app, ["fit-buckets", str(m), "--min-duration", "1000", "-o", str(tmp_path / "b.json")])
     assert r.exit_code == 2 and "no rows left" in r.output
 

@@ -178,7 +178,7 @@ def test_cli_defaults_are_the_options_objects() -> None:
     renamed = {"timeout": "timeout_s"}
     for cmd, cls in [(train_cmd, TrainConfig), (plan_batches_cmd, PlanOptions), (oomptimize_cmd, OomOptions)]:
         fields = {f.name: f.default for f in dataclasses.fields(cls)}
-        if cls is PlanOptions:
+        if cls in (PlanOptions, OomOptions):
             del fields["dynamic_resolution"]  # a DynResConfig built from the --dynamic-resolution flag and rates
         shared = 0
         for name, p in inspect.signature(cmd).parameters.items():
@@ -187,3 +187,11 @@ def test_cli_defaults_are_the_options_objects() -> None:
                 assert p.default == fields[field], (cls.__name__, name)
                 shared += 1
         assert shared >= 5
+    # the dynamic-resolution flags (plan-batches, oomptimize, padding) default to DynResConfig's
+    from bucketing.dynres import DynResConfig
+    from dataprep.cli.buckets import padding_cmd
+
+    dyn = {f.name: f.default for f in dataclasses.fields(DynResConfig) if f.name != "sample_rate"}
+    for cmd in (plan_batches_cmd, oomptimize_cmd, padding_cmd):
+        params = inspect.signature(cmd).parameters
+        assert {k: params[k].default for k in dyn} == dyn, cmd.__name__

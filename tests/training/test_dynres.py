@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from bucketing.dynres import DynResConfig
 from dataprep.testing import write_tone
 from dataprep.training import BatchBuilder, collate_dynamic_resolution, load_audio
-from dataprep.training.features import N_FFT, SAMPLE_RATE, WIN, LogMel, mel_filterbank
+from dataprep.training.features import N_FFT, SAMPLE_RATE, WIN, FeatureConfig, LogMel, mel_filterbank
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import read_plan_meta
 from tests.training._consumer import Corpus, invoke, shared_corpus
@@ -133,3 +133,52 @@ def test_the_loader_featurizes_a_dynamic_resolution_plan_at_the_target(corpus: C
     # the plan's prediction is what the loader does (decoded lengths differ from the
     # manifest's by a few samples at most)
     assert abs((1 - real / padded) - meta.extra["dynamic_resolution"]["frame_padding"]) < 0.01
+
+
+def test_nemo_features_keep_their_valid_frame_count_and_take_the_fractional_hop(tmp_path: Path) -> None:
+    """With NeMo's front end (``samples // hop`` valid frames, per-feature normalization,
+    pre-emphasis), the fallback and evaluation batches are NeMo's forward exactly; a dynamic
+    batch has the target frames at its own hop, through the same pipeline."""
+    nemo = LogMel(FeatureConfig.nemo(dither=0.0, features=40))
+    waves = [_wave(tmp_path, 2.0, 6), _wave(tmp_path, 1.7, 7)]
+    ev = collate_dynamic_resolution(waves, 201, features=nemo, evaluation=True)
+    assert ev.feature_lens.tolist() == [w.shape[0] // 160 for w in waves] == [200, 170]
+    for i, w in enumerate(waves):
+        feats, lens = nemo(torch.from_numpy(w)[None], torch.tensor([w.shape[0]]))
+        assert torch.equal(ev.features[i, : int(lens[0])], feats[0, :, : int(lens[0])].T)
+    dyn = collate_dynamic_resolution(waves, 1000, features=nemo.config)  # 2 s: 499.5 Hz, clamped at 130
+    assert dyn.feature_lens.tolist() == [261, 222] and dyn.clamped.all() and dyn.features.shape[2] == 40
+    fits = collate_dynamic_resolution(waves, 201, features=nemo)  # 2 s in 201 frames: 100 Hz; 1.7 s: 117.6 Hz
+    assert fits.feature_lens.tolist() == [201, 201] and not fits.clamped.any()
+    np.testing.assert_allclose(fits.features[1], nemo.at_hop(torch.from_numpy(waves[1]), 16000 / float(fits.rates[1]),
+                                                            201), atol=1e-6)
+    with pytest.raises(ValueError, match="frames/s"):
+        collate_dynamic_resolution(waves, features=FeatureConfig.nemo(window_stride=0.02))
+
+
+def test_the_batch_builder_takes_a_feature_config(corpus: Corpus, tmp_path: Path) -> None:
+    plan = tmp_path / "plan"
+    invoke("plan-batches", str(corpus.manifest), "--buckets", str(corpus.buckets), "--world-size", "1", "-o", str(plan))
+    cfg = FeatureConfig.canary_1b(dither=0.0, features=24)
+    b = BatchBuilder(corpus.manifest, [str(corpus.spm)], cache_dir=tmp_path / "cache", features=cfg)
+    pb = next(iter(PlanShard(plan, 0)))
+    got = b.build(pb)
+    mel = LogMel(cfg)
+    waves = b.read_audio(b.columns.gather(pb.rows, pb.ids))
+    assert got.features.shape[2] == 24
+    assert got.feature_lens.tolist() == [w.shape[0] // 160 for w in waves]  # NeMo's count, not 1 + n // hop
+    for i, w in enumerate(waves):
+        assert torch.equal(got.features[i, : int(got.feature_lens[i])], mel(torch.from_numpy(w)))
+
+
+def test_the_train_config_names_the_front_end() -> None:
+    from dataprep.training_config import FEATURE_SETS, TrainConfig
+    from manifests.errors import OptionError
+
+    base = {"plan_dir": "p", "manifest": "m.parquet", "tokenizer": ["t.model"], "checkpoint_dir": "c"}
+    assert TrainConfig(**base).features == "ours"
+    assert [FeatureConfig.named(n, features=16).features for n in FEATURE_SETS] == [16, 16, 16]
+    assert FeatureConfig.named("canary-1b") == FeatureConfig.canary_1b()
+    for bad in ("NeMo", "", None, 1):
+        with pytest.raises(OptionError, match="features"):
+            TrainConfig(**base, features=bad)  # type: ignore[arg-type]

@@ -110,3 +110,19 @@ def test_bad_audio_at_training_time(tmp_path: Path) -> None:
     assert sorted(s["id"] for s in skipped) == sorted([gone_id, bad_id])
     assert {s["audio_path"] for s in skipped} == {str(gone), str(bad)}
     write_tone(gone, 1.0)  # keep the fixture's files whole for anyone after us
+
+
+def test_train_features_flag_picks_the_front_end(corpus: Corpus, tmp_path: Path) -> None:
+    """``--features nemo`` trains 2 steps on NeMo's front end (other tensors than ours, same
+    batches); an unknown name is one line naming the flag."""
+    plan = corpus.plan(2)
+    traces = {}
+    for name in ("ours", "nemo"):
+        invoke(*train_args(corpus, plan, tmp_path / name, "--nproc", "2", "--trace", "--steps", "2",
+                           "--features", name))
+        traces[name] = read_jsonl(tmp_path / name / "trace-rank-00000.jsonl")
+        assert [t["step"] for t in traces[name]] == [0, 1]
+    assert [t["ids"] for t in traces["ours"]] == [t["ids"] for t in traces["nemo"]]
+    assert traces["ours"] != traces["nemo"]
+    res = runner.invoke(app, train_args(corpus, plan, tmp_path / "bad", "--nproc", "2", "--features", "kaldi"))
+    assert res.exit_code == 2 and res.output.startswith("error: --features: must be ours, nemo or canary-1b")

@@ -1,0 +1,138 @@
+"""Dynamic resolution in NeMo training: ``get_plan_dataloader`` puts each batch's
+``target_frames`` on the batch, ``DynamicResolutionCallback`` hands it to
+``DynamicResolutionPreprocessor``, and a tiny NeMo Conformer trains 2 steps under a real
+Lightning ``Trainer`` on a plan made with ``plan-batches --dynamic-resolution --target-frames``.
+In eval mode, or without ``target_frames``, the preprocessor is NeMo's, unchanged.
+
+Marked ``nemo``; skipped where ``nemo_toolkit`` is not installed (``make test-nemo``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.training._consumer import Corpus, build_corpus, invoke
+
+pytestmark = pytest.mark.nemo
+pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
+
+import lightning.pytorch as pl  # noqa: E402
+from lhotse.dataset.collation import collate_audio  # noqa: E402
+from nemo.collections.asr.modules import (  # noqa: E402
+    AudioToMelSpectrogramPreprocessor,
+    ConformerEncoder,
+    SpectrogramAugmentation,
+)
+
+from bucketing.dynres import DynResConfig, resolve  # noqa: E402
+from dataprep.integrations.nemo import get_plan_dataloader  # noqa: E402
+from dataprep.integrations.nemo_features import DynamicResolutionCallback, DynamicResolutionPreprocessor  # noqa: E402
+from manifests.plan_files import open_shard  # noqa: E402
+
+# frames per batch (the lowest target accepted); the corpus holds 0.3-2.5 s clips (clamped at 130 Hz) and an
+# 11 s recording, which needs 799 / 11 = 72.6 Hz: below a 75 Hz floor, so its batch falls back
+F = 800
+DYN = {"min_rate": 75.0, "floor_rate": 75.0}
+PRE = {"sample_rate": 16000, "window_size": 0.025, "window_stride": 0.01, "features": 32, "n_fft": 512,
+       "normalize": "per_feature", "dither": 0.0, "pad_to": 0}
+
+
+class AudioOnly(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """A Lhotse-style dataset: CutSet -> dict batch of 16 kHz audio (NeMo's key names)."""
+
+    def __getitem__(self, cuts: Any) -> dict[str, Any]:
+        audio, lens = collate_audio(cuts)
+        return {"audio": audio, "audio_lens": lens}
+
+
+class TinyASR(pl.LightningModule):
+    """Preprocessor -> SpecAugment -> 1-layer Conformer -> a frame-level loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.preprocessor = DynamicResolutionPreprocessor(**PRE, **DYN)
+        self.spec_augmentation = SpectrogramAugmentation(freq_masks=1, time_masks=2, freq_width=4, time_width=10)
+        self.encoder = ConformerEncoder(feat_in=32, n_layers=1, d_model=32, n_heads=2, subsampling_factor=4,
+                                        subsampling_conv_channels=8, ff_expansion_factor=2)
+        self.seen: list[tuple[int, int, int, int]] = []  # (target, feature frames, max length, time width)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        feats, lens = self.preprocessor(input_signal=batch["audio"], length=batch["audio_lens"])
+        width = self.spec_augmentation.spec_augment.time_width
+        self.seen.append((batch["target_frames"], feats.shape[-1], int(lens.max()), width))
+        feats = self.spec_augmentation(input_spec=feats, length=lens)
+        enc, enc_lens = self.encoder(audio_signal=feats, length=lens)
+        mask = torch.arange(enc.shape[-1])[None, :] < enc_lens[:, None]
+        return (enc.square().mean(dim=1) * mask).sum() / mask.sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+@pytest.fixture(scope="module")
+def corpus_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Corpus, Path]:
+    corpus = build_corpus(tmp_path_factory.mktemp("nemo-dynres"), num_tones=12, shared_limit=0)
+    sized = corpus.root / "sized.json"
+    invoke("oomptimize", str(corpus.buckets), "--model", "tiny", "--estimate", "--gpu-memory", "40MiB",
+           "--max-batch", "4", "--cache-dir", str(corpus.root / "cache"), "-o", str(sized),
+           "--dynamic-resolution", "--target-frames", str(F), "--min-rate", "75", "--floor-rate", "75")
+    plan = corpus.root / "plan"
+    invoke("plan-batches", str(corpus.manifest), "--buckets", str(sized), "-w", "1", "-o", str(plan),
+           "--dynamic-resolution", "--target-frames", str(F), "--min-rate", "75", "--floor-rate", "75")
+    return corpus, plan
+
+
+def test_a_tiny_nemo_model_trains_two_steps_at_dynamic_resolution(corpus_plan: tuple[Corpus, Path]) -> None:
+    corpus, plan = corpus_plan
+    config = {"plan_dir": str(plan), "manifest": str(corpus.manifest), "channel_selector": 0, "sample_rate": 16000}
+    loader = get_plan_dataloader(config, global_rank=0, world_size=1, dataset=AudioOnly())
+    assert [b.target_frames for b in open_shard(plan, 0)][:2] == [F, F]
+    model = TinyASR()
+    before = [p.detach().clone() for p in model.encoder.parameters()]
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", callbacks=[DynamicResolutionCallback()], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, train_dataloaders=loader)
+    steps = len(list(open_shard(plan, 0)))
+    assert trainer.global_step == steps == len(model.seen) >= 2
+    cfg = DynResConfig(target_frames=F, **DYN)
+    kinds = set()
+    for (target, frames, longest, width), batch in zip(model.seen, loader):
+        assert target == F
+        n = batch["audio_lens"].numpy()
+        res = resolve(n / 16000, np.array([0, len(n)]), [F], cfg)
+        if res.fallback[0]:  # the 11 s recording needs < 75 Hz: NeMo's features, NeMo's widths
+            kinds.add("fallback")
+            assert longest == int(n.max()) // 160 and frames == 1 + int(n.max()) // 160 and width == 10
+            continue
+        kinds.add("dynamic")
+        assert frames == int(res.length[0]) and longest == int(res.frames.max())  # F, or what the clamp gives
+        # the time mask covers the same seconds: 10 frames at 100 Hz scaled to the batch's rate
+        assert width == round(10 * float(res.rate[np.argmax(n)]) / 100)
+    assert kinds == {"fallback", "dynamic"}
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.encoder.parameters()))
+
+
+def test_eval_and_batches_without_a_target_are_nemos(corpus_plan: tuple[Corpus, Path]) -> None:
+    corpus, plan = corpus_plan
+    config = {"plan_dir": str(plan), "manifest": str(corpus.manifest), "channel_selector": 0}
+    batch = next(b for b in get_plan_dataloader(config, global_rank=0, world_size=1, dataset=AudioOnly())
+                 if int(b["audio_lens"].max()) < 2.9 * 16000)  # one at dynamic resolution (no fallback)
+    ours, nemo = DynamicResolutionPreprocessor(**PRE, **DYN), AudioToMelSpectrogramPreprocessor(**PRE)
+    want, want_len = nemo(input_signal=batch["audio"], length=batch["audio_lens"])
+    for training, target in ((False, F), (True, None)):
+        ours.train(training)
+        ours.target_frames = target
+        got, got_len = ours(input_signal=batch["audio"], length=batch["audio_lens"])
+        assert torch.equal(got, want) and torch.equal(got_len, want_len)
+    ours.train(True)
+    ours.use_batch(batch)
+    got, got_len = ours(input_signal=batch["audio"], length=batch["audio_lens"])
+    n = batch["audio_lens"].numpy()
+    res = resolve(n / 16000, np.array([0, len(n)]), [F], DynResConfig(target_frames=F, **DYN))
+    assert got.shape[-1] == int(res.length[0]) and got_len.tolist() == res.frames.tolist()
+    assert ours.last_rates is not None and ours.target_frames is None  # used once
