@@ -58,9 +58,16 @@ def plan_batches_cmd(
     epoch_utterances: Annotated[Optional[int], typer.Option("--epoch-utterances", help="Weighted plans: utterances per epoch (default: the manifest's rows in a bucket).")] = None,
     epoch_hours: Annotated[Optional[float], typer.Option("--epoch-hours", help="Weighted plans: about this many hours per epoch.")] = None,
 ) -> None:
-    """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
+    """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
+
+    A manifest of many corpora (compiled from an input_cfg with weights, or --weights) gets a
+    weighted plan: each epoch holds exactly round(p_c x N) utterances of corpus c."""
+    from dataprep.planning.weights import parse_weights
+
     dynres = (dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
               if dynamic_resolution else None)
+    with option_flags(PLAN_FLAGS):
+        pairs = parse_weights(weights)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
                             cost=_cost(coef), sync_group=sync_group, dynamic_resolution=dynres, weights=pairs,
