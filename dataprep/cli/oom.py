@@ -56,13 +56,13 @@ def oomptimize_cmd(
     if out_format not in ("json", "nemo"):
         raise DataprepError(f"--format must be json or nemo (got {out_format!r})")
     cdir = None if no_cache else str(cache_dir or default_cache_dir() / "oom")
+    # the rate flags are checked even without --dynamic-resolution: a bad value is never ignored
+    dynres = dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
     options = build_options(OomOptions, OOM_FLAGS, model=model, estimate=estimate, device=device,
                             gpu_memory=parse_bytes(gpu_memory) if gpu_memory is not None else None,
                             memory_fraction=memory_fraction, margin=margin, tolerance=tolerance, max_batch=max_batch,
                             max_tps=max_tps, cache_dir=cdir, loss_mode=loss_mode, exact_trace=exact_trace,
-                            explain=explain, dynamic_resolution=(
-                                dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
-                                if dynamic_resolution else None))
+                            explain=explain, dynamic_resolution=dynres if dynamic_resolution else None)
     try:
         import torch  # noqa: F401
     except ImportError:

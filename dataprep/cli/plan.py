@@ -64,8 +64,9 @@ def plan_batches_cmd(
     weighted plan: each epoch holds exactly round(p_c x N) utterances of corpus c."""
     from dataprep.planning.weights import parse_weights
 
-    dynres = (dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
-              if dynamic_resolution else None)
+    # the rate flags are checked even without --dynamic-resolution: a bad value is never ignored
+    dynres = dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
+    dynres = dynres if dynamic_resolution else None
     with option_flags(PLAN_FLAGS):
         pairs = parse_weights(weights)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
