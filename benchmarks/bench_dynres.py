@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench_buckets import CORPORA, load  # noqa: E402
+from bench_plan import SHARED  # noqa: E402
 from bucketing.allocate import fit_spec  # noqa: E402
 from bucketing.dynres import DynResConfig, resolve  # noqa: E402
 from bucketing.fit import grid_from_spec  # noqa: E402
@@ -101,7 +102,7 @@ def throughput(repeats: int, seconds: float = 12.0, batch: int = 16, target: int
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
+    ap.add_argument("--data", type=Path, default=SHARED)  # ../shared/data or $SPEECH_DATAPREP_SHARED_DATA
     ap.add_argument("--targets", default="800,1000,1200,1600", help="Constant targets F (frames per batch).")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=7)

@@ -20,7 +20,7 @@ from manifests.errors import DataprepError
 from manifests.readers import SOURCE_FORMATS, detect_format, iter_source
 from manifests.schema import REJECTS_POLARS_SCHEMA
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+from tests.conftest import SHARED_DATA as SHARED
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} absent (shared corpus metadata)")
 
 
