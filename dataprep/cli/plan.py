@@ -78,10 +78,13 @@ def replan_cmd(
     manifest: Annotated[Optional[Path], typer.Option("--manifest", help="The plan's manifest (default: its recorded file name next to the plan directory).")] = None,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="Carry bucket tails in the later epochs (as plan-batches).")] = _PLAN.carry,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help="Cost coefficient NAME=VALUE for a balanced plan.")] = None,
+    sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together in the re-plan (divides --world-size; default the plan's).")] = None,
 ) -> None:
     """Continue a plan at --at-step on --world-size ranks: steps before it stay consumed; the
-    rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned."""
-    options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, carry=carry, cost=_cost(coef))
+    rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned
+    (keeping the plan's sync groups and dynamic resolution)."""
+    options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, carry=carry, cost=_cost(coef),
+                            sync_group=sync_group)
     man = manifest if manifest is not None else default_manifest(plan_dir, read_plan_meta(plan_dir))
     refuse_same_paths({"PLAN": plan_dir, "--manifest": man}, {"-o": out_dir})
     with option_flags(PLAN_FLAGS):  # --at-step is checked against the plan by replan()

@@ -195,7 +195,7 @@ def build_plan(
                         assigned.max_tokens.astype(np.float64))
     clock("allocate")
     totals = EpochTotals(len(spec.buckets))
-    dynres = _DynResTotals(dynamic_resolution, len(spec.buckets)) if dynamic_resolution is not None else None
+    dynres = DynResTotals(dynamic_resolution, len(spec.buckets)) if dynamic_resolution is not None else None
     total = epochs * world_size
     with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
                     target_frames=dynamic_resolution is not None) as writer:
@@ -260,7 +260,7 @@ def _plan_meta(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str]
 
 
 @dataclass
-class _DynResTotals:
+class DynResTotals:
     """Predicted dynamic-resolution figures over the epochs, overall and per bucket."""
 
     config: DynResConfig
