@@ -389,6 +389,35 @@ def read_manifest(path: str | os.PathLike[str], columns: list[str] | None = None
                   *, allow_rejects: bool = False) -> pl.DataFrame:
     """Read a compiled manifest; raise :class:`ManifestError` (one line) if it is not one. A
     rejects file is refused unless ``allow_rejects`` (its rows are what a manifest must not hold)."""
+    check_manifest_file(path, allow_rejects=allow_rejects)
+    try:
+        return pl.read_parquet(path, columns=columns)
+    except (OSError, pl.exceptions.PolarsError, pa.ArrowException) as exc:
+        raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
+
+
+def iter_manifest(path: str | os.PathLike[str], columns: list[str], rows: int) -> Iterator[pa.Table]:
+    """A compiled manifest's ``columns`` in consecutive tables of exactly ``rows`` rows (the last
+    shorter), checked as :func:`read_manifest` checks it; memory: one table, not the file."""
+    check_manifest_file(path)
+    try:
+        pf = pq.ParquetFile(path)
+        yield from rebatch(pf.iter_batches(batch_size=rows, columns=columns), rows)
+    except (OSError, pa.ArrowException) as exc:
+        raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
+
+
+def manifest_num_rows(path: str | os.PathLike[str]) -> int:
+    """Rows of a compiled manifest, from its Parquet footer (checked as :func:`read_manifest`)."""
+    check_manifest_file(path)
+    try:
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    except (OSError, pa.ArrowException) as exc:
+        raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
+
+
+def check_manifest_file(path: str | os.PathLike[str], *, allow_rejects: bool = False) -> None:
+    """A one-line :class:`ManifestError` unless ``path`` is a compiled manifest this tool reads."""
     meta = read_metadata(path)
     if meta["kind"] == "rejects" and not allow_rejects:
         raise ManifestError(f"{path}: is a rejects file, not a compiled manifest (its rows were rejected; "
@@ -399,10 +428,6 @@ def read_manifest(path: str | os.PathLike[str], columns: list[str] | None = None
         raise ManifestError(
             f"{path}: schema version {meta['schema_version']} is newer than this tool's {SCHEMA_VERSION}"
         )
-    try:
-        return pl.read_parquet(path, columns=columns)
-    except (OSError, pl.exceptions.PolarsError, pa.ArrowException) as exc:
-        raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
 
 
 def recorded_hash(path: str | os.PathLike[str]) -> str:

@@ -18,6 +18,7 @@ from dataprep.planning.replan import default_manifest
 from dataprep.planning.simulate import plan_steps_report, simulate_strategies
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
+from manifests.units import parse_bytes
 from manifests.outputs import refuse_same_paths
 from manifests.plan_files import verify_plan
 from manifests.plan_meta import PlanMeta, read_plan_meta
@@ -48,12 +49,14 @@ def plan_batches_cmd(
     balance: Annotated[float, typer.Option("--balance", help="Balanced steps: full batches whose predicted step times agree within this relative tolerance, one bucket's where the data allows, several buckets' otherwise; 0 = one bucket per step on every rank (identical buckets, smaller batches at fine-tuning scale).")] = _PLAN.balance,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE for --balance ({', '.join(CostModel.names())}).")] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together (divides --world-size; default all): each group of consecutive ranks draws the steps in its own order (1 = independent learners, for ADPSGD).")] = None,
+    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the planner may hold, e.g. 4GiB (default: half the machine's). A larger corpus is planned out of core (the same plan; memory bounded by its largest bucket; spill files next to -o).", show_default=False)] = None,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank."""
     dynres = _dynres_config(frames_per_second, min_rate, max_rate, floor_rate) if dynamic_resolution else None
+    limit = None if memory_limit is None else _memory_limit(memory_limit)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
-                            cost=_cost(coef), sync_group=sync_group, dynamic_resolution=dynres)
+                            cost=_cost(coef), sync_group=sync_group, dynamic_resolution=dynres, memory_limit=limit)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
     with progress_counter("planning (shards written)", total=epochs * world_size) as advance:
         meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1))
@@ -90,6 +93,13 @@ def replan_cmd(
     with option_flags(PLAN_FLAGS):  # --at-step is checked against the plan by replan()
         meta = replan(plan_dir, man, out_dir, options, at_step=at_step)
     print_plan(meta, out_dir)
+
+
+def _memory_limit(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except DataprepError as exc:
+        raise DataprepError(f"--memory-limit: {exc}") from None
 
 
 def _cost(coef: list[str] | None) -> CostModel:

@@ -26,6 +26,9 @@ class PlanOptions:
     bucket per step). ``cost``: the step-time model for ``balance`` (None: defaults).
     ``sync_group``: ranks synchronized together (divides ``world_size``; None = all).
     ``dynamic_resolution``: record per batch its target frames (None: off).
+    ``memory_limit``: bytes the planner may hold (>= 1; None: half the machine's memory); a
+    corpus whose in-memory plan would need more is planned out of core
+    (:mod:`dataprep.planning.out_of_core`), in memory bounded by its largest bucket.
     """
 
     world_size: int
@@ -39,6 +42,7 @@ class PlanOptions:
     cost: CostModel | None = None
     sync_group: int | None = None
     dynamic_resolution: DynResConfig | None = None
+    memory_limit: int | None = None
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, ge=1)
@@ -56,6 +60,7 @@ class PlanOptions:
             raise OptionError("sync_group", f"must divide the world size {self.world_size}, got {self.sync_group}")
         if self.dynamic_resolution is not None and not isinstance(self.dynamic_resolution, DynResConfig):
             raise OptionError("dynamic_resolution", f"must be a DynResConfig, got {type(self.dynamic_resolution).__name__}")
+        check_int("memory_limit", self.memory_limit, ge=1, le=2**62, optional=True)
 
     @property
     def group(self) -> int:
