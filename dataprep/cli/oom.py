@@ -10,6 +10,8 @@ import typer
 from dataprep.cli.app import app, build_options, defaults_of, option_flags, out, user_errors
 from dataprep.cli.progress import progress_counter
 from manifests.buckets_file import read_buckets, write_buckets
+from bucketing.budget import cost_equal_spec
+from bucketing.costmodel import CostModel
 from manifests.errors import DataprepError
 from manifests.io import default_cache_dir
 from manifests.units import parse_bytes
@@ -40,6 +42,7 @@ def oomptimize_cmd(
     loss_mode: Annotated[str, typer.Option("--loss-mode", help="Transducers: batched (whole joint) or sample-wise (joint + loss + gradient per sample).")] = _D.loss_mode,
     exact_trace: Annotated[bool, typer.Option("--exact-trace", help="With --estimate: full traces per bucket instead of the fitted estimate (slow).")] = _D.exact_trace,
     explain: Annotated[bool, typer.Option("--explain", help="Per bucket, the memory at the peak by class (parameters, gradients, optimizer, activations, attention, joint).")] = _D.explain,
+    cost_equal: Annotated[bool, typer.Option("--cost-equal", help="Then size every bucket for the same step time (measured on a device, else the cost model), never above its memory size: full batches of any buckets balance.")] = False,
 ) -> None:
     """Set each bucket's batch size to the largest one whose full training step (forward,
     loss, backward, AdamW step, bf16 autocast) fits in memory, and record how in
@@ -64,6 +67,8 @@ def oomptimize_cmd(
 
         with option_flags(OOM_FLAGS):
             sized = run(spec, options, on_done=done)
+    if cost_equal:
+        sized = cost_equal_spec(sized, CostModel())
     write_buckets(sized, output)
     src = sized.batch_size_source
     mode = f", {src['loss_mode']} loss" if src.get("loss_mode") else ""

@@ -54,8 +54,9 @@ BUCKET_BYTES_PER_ROW = 160
 BATCH_BYTES = 200
 #: Bytes of memory per row that planning in memory takes (columns, ids, the epoch's arrays).
 IN_MEMORY_BYTES_PER_ROW = 100
-#: Rows of a shard written at once (rounded to whole row groups).
-PART_ROWS = 1 << 20
+#: Rows of a shard written at once (rounded to whole row groups): each part maps the position
+#: and id files only while it gathers, touching at most a few pages per row.
+PART_ROWS = 1 << 16
 
 
 def default_memory_limit() -> int:
@@ -87,6 +88,11 @@ class _Files:
     def read(self, name: str, dtype: type) -> npt.NDArray[np.generic]:
         path = self.root / name
         return np.fromfile(path, dtype=dtype) if path.exists() else np.empty(0, dtype=dtype)
+
+    def read_range(self, name: str, dtype: type, start: int, stop: int) -> npt.NDArray[np.generic]:
+        """Items ``start:stop`` of a column, read into memory (no mapping stays resident)."""
+        size = np.dtype(dtype).itemsize
+        return np.fromfile(self.root / name, dtype=dtype, count=stop - start, offset=start * size)
 
     def map(self, name: str, dtype: type) -> npt.NDArray[np.generic]:
         path = self.root / name
@@ -257,7 +263,6 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
         del rows, d, t, p
     files.close()
     cut = cut_batches(counts, bs, rng)
-    pd, pt = files.map("pos.d", np.float64), files.map("pos.t", np.int64)
     # per batch (cut order): longest, most tokens, sums; a bucket at a time
     n_cut = cut.starts.shape[0]
     mx_d, sm_d = np.empty(n_cut), np.empty(n_cut)
@@ -269,12 +274,11 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     for k in np.flatnonzero(counts):
         a, b = int(first[k]), int(first[k + 1])
         loc = cut.starts[lo_b[k]:hi_b[k]] - a
-        dk, tk = np.asarray(pd[a:b]), np.asarray(pt[a:b])
+        dk, tk = files.read_range("pos.d", np.float64, a, b), files.read_range("pos.t", np.int64, a, b)
         mx_d[lo_b[k]:hi_b[k]] = np.maximum.reduceat(dk, loc)
         sm_d[lo_b[k]:hi_b[k]] = np.add.reduceat(dk, loc)
         mx_t[lo_b[k]:hi_b[k]] = np.maximum.reduceat(tk, loc)
         sm_t[lo_b[k]:hi_b[k]] = np.add.reduceat(tk, loc)
-    del pd, pt
     perm = cut.perm
     sizes, start = cut.sizes[perm], cut.starts[perm]
     mx_d, mx_t, sm_d, sm_t = mx_d[perm], mx_t[perm], sm_d[perm], sm_t[perm]
@@ -294,13 +298,11 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     s_mx_d, s_mx_t, s_sm_d, s_sm_t = mx_d[parent], mx_t[parent], sm_d[parent], sm_t[parent]
     pieces = np.flatnonzero(seg_size != sizes[parent])
     if pieces.shape[0]:
-        pd, pt = files.map("pos.d", np.float64), files.map("pos.t", np.int64)
         for i in pieces:  # the few batches cut into pieces (at most one step's worth)
             a, b = int(seg_start[i]), int(seg_start[i] + seg_size[i])
-            dk, tk = np.asarray(pd[a:b]), np.asarray(pt[a:b])
+            dk, tk = files.read_range("pos.d", np.float64, a, b), files.read_range("pos.t", np.int64, a, b)
             s_mx_d[i], s_mx_t[i] = dk.max(), tk.max()
             s_sm_d[i], s_sm_t[i] = np.add.reduceat(dk, [0])[0], tk.sum()
-        del pd, pt
     # rank-major batches
     f_start, f_size = seg_start[order], seg_size[order]
     f_bucket = steps.seg_bucket[order]
