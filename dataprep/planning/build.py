@@ -183,6 +183,11 @@ def build_plan(
     allocate, plan, write). ``dynamic_resolution``: record each batch's target frames (the
     longest utterance at ``frames_per_second``) in a ``target_frames`` shard column and the
     predicted figures in ``plan.json``; None (default) writes today's plan, byte for byte.
+
+    A manifest whose in-memory plan would need more than ``options.memory_limit`` bytes
+    (:data:`~dataprep.planning.out_of_core.IN_MEMORY_BYTES_PER_ROW` per row) is planned out of
+    core (:mod:`dataprep.planning.out_of_core`): the same bytes, memory bounded by the largest
+    bucket; balanced plans without dynamic resolution only (else a one-line error).
     """
     if not isinstance(options, PlanOptions):
         raise DataprepError(f"build_plan: options must be PlanOptions, got {type(options).__name__}")
