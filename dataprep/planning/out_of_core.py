@@ -191,16 +191,18 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     if base == 0:
         raise ManifestError(f"{manifest}: the manifest has no rows")
     out.total_d, out.total_t = max(out.total_d, 1e-300), max(out.total_t, 1e-300)
-    _check_bucket_fits(manifest, out.counts, memory_limit)
+    _check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
     if carry and not strict:
         _carry(out, grid, batch_sizes)
-    _check_bucket_fits(manifest, out.counts, memory_limit)
+    _check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
     return out
 
 
-def _check_bucket_fits(manifest: str | os.PathLike[str], counts: npt.NDArray[np.int64], memory_limit: int) -> None:
+def _check_bucket_fits(manifest: str | os.PathLike[str], counts: npt.NDArray[np.int64], bs: npt.NDArray[np.int64],
+                       memory_limit: int) -> None:
+    """A one-line error unless the largest bucket and the epoch's batches fit ``memory_limit``."""
     k = int(np.argmax(counts))
-    need = int(counts[k]) * BUCKET_BYTES_PER_ROW + (int(counts.sum()) // 8 + 1) * BATCH_BYTES
+    need = int(counts[k]) * BUCKET_BYTES_PER_ROW + int((-(-counts // bs)).sum() + 1) * BATCH_BYTES
     if need > memory_limit:
         raise DataprepError(f"{manifest}: --memory-limit: bucket {k} holds {int(counts[k])} rows and needs about "
                             f"{need / 2**30:.2f} GiB to plan, more than the limit {memory_limit / 2**30:.2f} GiB; "
