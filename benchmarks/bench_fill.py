@@ -4,6 +4,8 @@ side by side at the same world size, the same buckets and batch sizes, the same 
 
     python benchmarks/bench_fill.py                       # LibriSpeech 100 h, Common Voice id+ps, 10M synthetic
     python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 32
+    python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 0 --worlds 8,32 --cost-equal
+        # also with cost-equal batch sizes (fit-buckets --cost-equal), rows marked "cost-equal"
 
 Corpora: ../shared/data CSVs; tokens = sentencepiece (1024 pieces, trained on both corpora's
 transcripts) + a 9-token prompt; 30x2 buckets (``fit_buckets`` defaults), padded-budget batch
@@ -37,7 +39,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_plan import CORPORA, PROMPT, SHARED, synthetic  # noqa: E402
 from bucketing.balance import plan_report  # noqa: E402
-from bucketing.budget import padded_budget_batch_sizes  # noqa: E402
+from bucketing.budget import cost_equal_batch_sizes, padded_budget_batch_sizes  # noqa: E402
 from bucketing.costmodel import CostModel  # noqa: E402
 from bucketing.fit import fit_buckets  # noqa: E402
 from bucketing.steps_report import steps_report  # noqa: E402
@@ -122,6 +124,7 @@ def main() -> None:
     ap.add_argument("--synthetic-rows", type=int, default=10_000_000)
     ap.add_argument("--synthetic-worlds", default="128,1024")
     ap.add_argument("--lhotse-max-world", type=int, default=128, help="skip Lhotse above this W (0 = never)")
+    ap.add_argument("--cost-equal", action="store_true", help="also plan with cost-equal batch sizes")
     args = ap.parse_args()
     cost = CostModel()
     corpora = shared_corpora() if all((SHARED / n).exists() for n in CORPORA) else []
@@ -137,24 +140,33 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c, worlds, with_lhotse in jobs:
         fit = fit_buckets(c.duration, c.tokens, 30, 2)
-        bs = padded_budget_batch_sizes(fit.grid.max_duration, max_duration_budget=args.budget)
-        mean1 = None
-        for W in worlds:
+        caps = padded_budget_batch_sizes(fit.grid.max_duration, max_duration_budget=args.budget)
+        for sizing in (("budget", "cost-equal") if args.cost_equal else ("budget",)):
+            bs = caps if sizing == "budget" else cost_equal_batch_sizes(fit.grid.max_duration, fit.grid.max_tokens,
+                                                                        caps, cost)[0]
+            label = c.name if sizing == "budget" else f"{c.name} cost-equal"
+            run_corpus(c, label, fit, bs, worlds, with_lhotse and sizing == "budget", args, cost)
+
+
+def run_corpus(c: Corpus, label: str, fit, bs: np.ndarray, worlds: list[int], with_lhotse: bool, args,
+               cost: CostModel) -> None:
+    mean1 = None
+    for W in worlds:
+        t0 = time.perf_counter()
+        rows = steps_report(c.duration, c.tokens, fit.grid, bs, [1, W] if mean1 is None else [W], args.balance,
+                            cost=cost)
+        mean1 = rows[0]["mean_batch"] / rows[0]["fill"]
+        for r in rows:
+            if r["world_size"] == W:
+                print(row(f"{label} --balance {r['balance']:g}", r) + f" {time.perf_counter() - t0:.1f} s",
+                      flush=True)
+        if with_lhotse and 0 < W <= args.lhotse_max_world:
             t0 = time.perf_counter()
-            rows = steps_report(c.duration, c.tokens, fit.grid, bs, [1, W] if mean1 is None else [W], args.balance,
-                                cost=cost)
-            mean1 = rows[0]["mean_batch"] / rows[0]["fill"]
-            for r in rows:
-                if r["world_size"] == W:
-                    print(row(f"{c.name} --balance {r['balance']:g}", r) + f" {time.perf_counter() - t0:.1f} s",
-                          flush=True)
-            if with_lhotse and 0 < W <= args.lhotse_max_world:
-                t0 = time.perf_counter()
-                rep, pad, dropped, _ = lhotse_steps(c, fit.grid, bs, W, cost)
-                bound = rows[-1]["bound"]
-                r = {"world_size": W, **rep.to_json(), "fill": rep.mean_batch / mean1, "bound": bound,
-                     "padding_audio": pad[0], "padding_tokens": pad[1], "dropped": dropped}
-                print(row(f"{c.name} Lhotse sync_buckets", r) + f" {time.perf_counter() - t0:.0f} s", flush=True)
+            rep, pad, dropped, _ = lhotse_steps(c, fit.grid, bs, W, cost)
+            bound = rows[-1]["bound"]
+            r = {"world_size": W, **rep.to_json(), "fill": rep.mean_batch / mean1, "bound": bound,
+                 "padding_audio": pad[0], "padding_tokens": pad[1], "dropped": dropped}
+            print(row(f"{c.name} Lhotse sync_buckets", r) + f" {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

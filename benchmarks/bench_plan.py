@@ -5,11 +5,19 @@ tail-worker simulator on the shared corpora.
     python benchmarks/bench_plan.py --rows 1000000 --runs 1 --skip-lhotse
     python benchmarks/bench_plan.py --runs 1 --balance 0.05 --skip-lhotse --skip-simulator   # balanced steps
     python benchmarks/bench_plan.py --corpora 50 --skip-lhotse --skip-simulator   # weighted vs unweighted
+    python benchmarks/bench_plan.py --rows 100000000 --runs 1 --balance 0.05 --memory-limit 2GiB \
+        --skip-lhotse --skip-simulator          # out of core (spill files next to the plan)
+    python benchmarks/bench_plan.py --rows 1000000000 --runs 1 --balance 0.05 --memory-limit 4GiB \
+        --skip-lhotse --skip-simulator --dir /big/disk   # a billion: ~150 GB of disk in --dir
 
 ``--corpora C`` splits the rows into C corpora of Zipf-like sizes (a ``corpus`` column and, as
 ``compile input_cfg.yaml`` records it, a blend weighted by hours with ``--temperature`` 0.3)
 and plans both the weighted manifest and the same rows without corpora: time and peak RSS of
 the weighted plan as a ratio of the unweighted one (the issue's goal: <= 1.2x).
+
+The manifest is generated and written in blocks of 5M rows (memory: a block), the buckets
+fitted on the first block; ``--memory-limit`` is passed to the planner (a corpus whose
+in-memory plan would need more is planned out of core).
 
 Prints medians. The synthetic manifest resamples real (duration, characters per second)
 pairs of ../shared/data (LibriSpeech train-clean-100 + Common Voice id/ps) with 5% lognormal
@@ -42,7 +50,9 @@ sys.path.insert(0, str(REPO))
 from bucketing.budget import budget_source, padded_budget_batch_sizes  # noqa: E402
 from bucketing.fit import fit_buckets, grid_to_buckets  # noqa: E402
 from manifests.buckets_file import BucketSpec, write_buckets  # noqa: E402
-from manifests.io import write_manifest  # noqa: E402
+from manifests.io import write_manifest, write_parquet_stream  # noqa: E402
+from manifests.schema import POLARS_SCHEMA, conform, manifest_schema  # noqa: E402
+from manifests.units import parse_bytes  # noqa: E402
 
 CORPORA = ("librispeech.train-clean-100.csv", "commonvoice.id_ps.csv")
 PROMPT = 9
@@ -88,6 +98,31 @@ def with_corpora(df: pl.DataFrame, corpora: int, temperature: float, seed: int =
     return out, {"blend": {"path": "input_cfg.yaml", "tree": tree, "corpora": []}}
 
 
+GEN_BLOCK = 5_000_000
+
+
+def synthetic_blocks(n: int, seed: int = 0):
+    """:func:`synthetic` rows in blocks of :data:`GEN_BLOCK` (block ``i`` drawn with seed ``(seed, i)``)."""
+    for i, a in enumerate(range(0, n, GEN_BLOCK)):
+        df = synthetic(min(GEN_BLOCK, n - a), seed=seed * 100003 + i)
+        yield df.with_columns(pl.format("utt-{}", pl.int_range(a, a + df.height, dtype=pl.Int64)).alias("id"))
+
+
+def write_synthetic(n: int, path: Path, buckets: Path, budget_s: float) -> float:
+    """Stream ``n`` synthetic rows into a manifest, fit buckets on the first block; hours."""
+    hours = [0.0]
+
+    def tables():
+        hours[0] = 0.0
+        for df in synthetic_blocks(n):
+            hours[0] += float(df["duration"].sum()) / 3600
+            yield conform(df, POLARS_SCHEMA).to_arrow()
+
+    write_parquet_stream(tables, path, manifest_schema(False), "manifest")
+    buckets_for(next(synthetic_blocks(min(n, GEN_BLOCK))), buckets, budget_s)
+    return hours[0]
+
+
 def buckets_for(df: pl.DataFrame, path: Path, budget_s: float) -> None:
     fit = fit_buckets(df["duration"].to_numpy(), df["num_tokens"].to_numpy(), 30, 2)
     bs = padded_budget_batch_sizes(fit.grid.max_duration, max_duration_budget=budget_s)
@@ -107,8 +142,10 @@ def timed(*a, **k):
     t = time.perf_counter(); r = _form(*a, **k); fb["s"] += time.perf_counter() - t; return r
 plan.form_batches = timed
 timings = {"import": t1 - t0}
+limit = int(sys.argv[6]) if len(sys.argv) > 6 and sys.argv[6] != "0" else None
 meta = build_plan(sys.argv[1], sys.argv[2], sys.argv[3],
-                  PlanOptions(world_size=int(sys.argv[4]), seed=0, epochs=1, balance=float(sys.argv[5])),
+                  PlanOptions(world_size=int(sys.argv[4]), seed=0, epochs=1, balance=float(sys.argv[5]),
+                              memory_limit=limit),
                   timings=timings)
 timings["plan"] -= fb["s"]
 timings["form_batches"] = fb["s"]
@@ -123,10 +160,13 @@ print(json.dumps({"wall": wall, "timings": timings, "rss_gib": hwm,
 """
 
 
-def run_plan(manifest: Path, buckets: Path, out: Path, world: int, balance: float = 0.0) -> dict:
+def run_plan(manifest: Path, buckets: Path, out: Path, world: int, balance: float = 0.0, memory_limit: int = 0) -> dict:
     env = dict(os.environ, POLARS_MAX_THREADS="2", OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
     res = subprocess.run(["taskset", "-c", "0,1", sys.executable, "-c", CHILD, str(manifest), str(buckets),
-                          str(out), str(world), str(balance)], capture_output=True, text=True, env=env, check=True)
+                          str(out), str(world), str(balance), str(memory_limit)], capture_output=True, text=True,
+                         env=env)
+    if res.returncode:
+        sys.exit(f"plan failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
     out = json.loads(res.stdout.strip().splitlines()[-1])
     print(f"  run: wall {out['wall']:.2f} s, peak RSS {out['rss_gib']:.2f} GiB", flush=True)
     return out
@@ -220,18 +260,19 @@ def main() -> None:
     ap.add_argument("--skip-simulator", action="store_true")
     ap.add_argument("--corpora", type=int, default=0, help="also plan C weighted corpora; report the ratio")
     ap.add_argument("--temperature", type=float, default=0.3, help="re-weighting temperature with --corpora")
+    ap.add_argument("--memory-limit", default="0", help="plan-batches --memory-limit (e.g. 2GiB; 0: the default)")
+    ap.add_argument("--dir", default=None, help="work directory (manifest, spill files, plan); default a temp dir")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as td:
+    limit = parse_bytes(args.memory_limit)
+    with tempfile.TemporaryDirectory(dir=args.dir) as td:
         tmp = Path(td)
         t0 = time.perf_counter()
-        df = synthetic(args.rows)
-        write_manifest(df, tmp / "m.parquet")
-        buckets_for(df, tmp / "buckets.json", args.budget)
-        print(f"synthetic manifest: {args.rows} rows, {df['duration'].sum() / 3600:.0f} h "
+        hours = write_synthetic(args.rows, tmp / "m.parquet", tmp / "buckets.json", args.budget)
+        print(f"synthetic manifest: {args.rows} rows, {hours:.0f} h "
               f"(source: {'shared corpora' if real_pairs() else 'lognormal fits'}), built in "
               f"{time.perf_counter() - t0:.1f} s")
-        results = [run_plan(tmp / "m.parquet", tmp / "buckets.json", tmp / "plan", args.world_size, args.balance)
-                   for _ in range(args.runs)]
+        results = [run_plan(tmp / "m.parquet", tmp / "buckets.json", tmp / "plan", args.world_size, args.balance,
+                            limit) for _ in range(args.runs)]
         wall = statistics.median(r["wall"] for r in results)
         rss = statistics.median(r["rss_gib"] for r in results)
         size = sum(p.stat().st_size for p in (tmp / "plan").iterdir())
@@ -245,10 +286,15 @@ def main() -> None:
         print("  phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
               + "  [form_batches = bucketing.batching, allocate = bucketing.allocate]")
         ours = args.rows / wall
-        print(f"ours: {ours:,.0f} cuts/s planned (all {args.world_size} ranks, end to end)")
+        print(f"ours: {ours:,.0f} cuts/s planned (all {args.world_size} ranks, end to end), "
+              f"{wall / args.rows * 1e6:.2f} us/utterance")
+        print(f"TABLE rows={args.rows} memory_limit={args.memory_limit} wall_s={wall:.1f} "
+              f"us_per_utt={wall / args.rows * 1e6:.2f} peak_rss_gib={rss:.2f} out_bytes_per_utt={size / args.rows:.1f} "
+              f"load1={os.getloadavg()[0]:.1f}")
         if args.corpora:
+            df = pl.read_parquet(tmp / "m.parquet")
             weighted_vs_unweighted(df, tmp, args, wall, rss)
-        del df
+            del df
         if not args.skip_lhotse:
             d = synthetic(args.lhotse_rows, seed=1)["duration"].to_numpy()
             theirs = lhotse_cuts_per_s(d, 8, args.budget)

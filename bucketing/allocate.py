@@ -288,24 +288,41 @@ def carry_tails(
     incoming: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(nb)]
     for k in range(nb - 1):  # a loop over buckets; the rows inside are arrays
         members = np.concatenate([order[starts[k]:starts[k + 1]], *incoming[k]]).astype(np.int64)
-        tail = int(members.shape[0] % bs[k])
-        if tail == 0 or tail > max_tail_fraction * bs[k]:
-            continue
-        key = t[members] if dbin[k + 1] == dbin[k] else d[members]
-        pick = _largest(members, key, tail)
-        target = np.full(tail, -1, dtype=np.int64)
-        last = nb if across_bins else int(np.searchsorted(dbin, dbin[k], side="right"))
-        for j in range(k + 1, last):  # first later bucket holding the tokens; all hold the duration
-            free = (target < 0) & (t[pick] <= mt[j])
-            target[free] = j
-            if (target >= 0).all():
-                break
+        pick, target = tail_moves(members, t[members], d[members], k, bs, mt, dbin, across_bins, max_tail_fraction)
         for j in np.unique(target[target >= 0]):
-            rows = pick[target == j]
+            rows = members[pick[target == j]]
             incoming[int(j)].append(rows)
             b[rows] = j
     carried = int((b != np.asarray(bucket)).sum())  # a row may be carried on more than once
     return b, carried
+
+
+def tail_moves(members: npt.NDArray[np.int64], t: npt.NDArray[np.integer], d: npt.NDArray[np.floating], k: int,
+               bs: npt.NDArray[np.int64], mt: npt.NDArray[np.int64], dbin: npt.NDArray[Any], across_bins: bool = False,
+               max_tail_fraction: float = 0.5) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """One step of :func:`carry_tails`: bucket ``k``'s ``members`` (row numbers, ``t`` / ``d``
+    theirs) -> (positions into ``members`` of the tail rows, the bucket each moves to, -1: stays).
+    Reads one bucket only (what an out-of-core planner holds)."""
+    nb = bs.shape[0]
+    tail = int(members.shape[0] % bs[k])
+    if k >= nb - 1 or tail == 0 or tail > max_tail_fraction * bs[k]:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    key = t if dbin[k + 1] == dbin[k] else d
+    pick = _rank_in(members, _largest(members, key, tail))  # positions, in _largest's order
+    target = np.full(tail, -1, dtype=np.int64)
+    last = nb if across_bins else int(np.searchsorted(dbin, dbin[k], side="right"))
+    for j in range(k + 1, last):  # first later bucket holding the tokens; all hold the duration
+        free = (target < 0) & (t[pick] <= mt[j])
+        target[free] = j
+        if (target >= 0).all():
+            break
+    return pick, target
+
+
+def _rank_in(order: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Index of each of ``values`` in ``order`` (all present, distinct)."""
+    srt = np.argsort(order, kind="stable")
+    return srt[np.searchsorted(order[srt], values)]
 
 
 @dataclass(frozen=True)

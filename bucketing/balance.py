@@ -202,6 +202,14 @@ def layout(steps: BalancedSteps, world_size: int, rng_steps: np.random.Generator
     """Rank-major layout of balanced steps: (CSR offsets, index into the formed rows, bucket per
     batch). ``rng_steps`` shuffles the steps (None keeps ascending time); ``rng_ranks`` deals
     each step's batches to ranks."""
+    order = layout_order(steps, world_size, rng_steps, rng_ranks)
+    offsets, gather = gather_segments(steps.seg_offsets, order)
+    return offsets, gather, steps.seg_bucket[order]
+
+
+def layout_order(steps: BalancedSteps, world_size: int, rng_steps: np.random.Generator | None,
+                 rng_ranks: np.random.Generator) -> npt.NDArray[np.int64]:
+    """The segment of each rank-major batch of :func:`layout` (per batch only)."""
     W, S = int(world_size), steps.num_steps
     n = S * W
     pos = rng_steps.permutation(S) if rng_steps is not None else np.arange(S)  # step -> position
@@ -210,8 +218,7 @@ def layout(steps: BalancedSteps, world_size: int, rng_steps: np.random.Generator
     rank[within] = np.tile(np.arange(W, dtype=np.int64), S)
     order = np.empty(n, dtype=np.int64)
     order[rank * S + pos[steps.seg_step]] = np.arange(n, dtype=np.int64)
-    offsets, gather = gather_segments(steps.seg_offsets, order)
-    return offsets, gather, steps.seg_bucket[order]
+    return order
 
 
 def plan_report(bucket: npt.NDArray[np.integer], size: npt.NDArray[np.integer], max_duration: npt.NDArray[np.floating],

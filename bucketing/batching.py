@@ -312,52 +312,113 @@ def form_batches(
     """
     sort_by = _resolve_sort(sort_by, num_tokens, duration)
     batch_sizes = np.asarray(batch_sizes, dtype=np.int64)
+    bucket_of_row = np.asarray(bucket_of_row)
     multiset = rows
     if multiset is None:
-        rows, counts, first = _rows_by_bucket(np.asarray(bucket_of_row), int(batch_sizes.shape[0]))
+        rows, counts, first = _rows_by_bucket(bucket_of_row, int(batch_sizes.shape[0]))
     else:
-        rows, counts, first = _multiset_by_bucket(np.asarray(bucket_of_row), np.asarray(multiset),
-                                                  int(batch_sizes.shape[0]))
+        rows, counts, first = _multiset_by_bucket(bucket_of_row, np.asarray(multiset), int(batch_sizes.shape[0]))
     if rows.shape[0] == 0:
         return Batches(bucket=np.zeros(0, np.int32), offsets=np.zeros(1, np.int64), rows=np.zeros(0, np.int64))
-    primary = {"both": duration, "duration": duration, "tokens": num_tokens, "none": None}[sort_by]
-    grouped = window > 1 and primary is not None
-    both = grouped and sort_by == "both"
-    if both:
-        d_all = np.asarray(duration, dtype=np.float64)
-        t_all = np.asarray(num_tokens)
-        primary = d_all
-        # shares are of the allocated rows' totals
-        if multiset is not None:  # as many times as the rows are batched (gathered in slices: no N-sized copy)
-            step = 1 << 20
-            total_d = max(sum(float(d_all[rows[i:i + step]].sum()) for i in range(0, rows.shape[0], step)), 1e-300)
-            total_t = max(sum(float(t_all[rows[i:i + step]].sum(dtype=np.float64))
-                              for i in range(0, rows.shape[0], step)), 1e-300)
-        else:
-            where = True if rows.shape[0] == len(bucket_of_row) else np.asarray(bucket_of_row) >= 0
-            total_d = max(float(d_all.sum(where=where)), 1e-300)
-            total_t = max(float(t_all.sum(dtype=np.float64, where=where)), 1e-300)
-            del where
+    grouping = BucketGrouping(sort_by, window, groups, audio_weight)
+    if grouping.both:  # shares are of the batched rows' totals (a multiset's: as often as batched)
+        grouping = grouping.with_totals(*(allocated_totals(duration, num_tokens, bucket_of_row) if multiset is None
+                                          else _multiset_totals(duration, num_tokens, rows)))
+    d_all = None if duration is None else np.asarray(duration, dtype=np.float64)
+    t_all = None if num_tokens is None else np.asarray(num_tokens)
     for k in np.flatnonzero(counts):  # loop over buckets; windows and batches vectorized
-        lo, cnt, size = int(first[k]), int(counts[k]), int(batch_sizes[k])
+        lo, cnt = int(first[k]), int(counts[k])
         idx = rows[lo:lo + cnt]  # ascending: gathers from it stream through memory
-        p = rng.permutation(cnt)
-        if grouped:
-            # windows are runs of window * batch_size shuffled rows: sort each by the key,
-            # ties in shuffled order (random)
-            vals = np.asarray(primary)[idx][p]
-            key, kbits = _quantize(vals)
-            o = _sort_in_windows(key, kbits, size * window)
-            del key
-            p = p[o]
-            if both:
-                perm, _ = _group_2d(vals[o], np.asarray(t_all[idx][p], dtype=np.int64), size,
-                                    int(window), groups, float(audio_weight), total_d, total_t,
-                                    peel=size < cnt <= size * window)
-                if perm is not None:
-                    p = p[perm]
+        p = grouping.order(cnt, int(batch_sizes[k]), rng, None if d_all is None else d_all[idx],
+                           None if t_all is None else t_all[idx])
         rows[lo:lo + cnt] = idx[p]
-    return _cut(rows, counts, first, batch_sizes, rng if grouped else None)
+    cut = cut_batches(counts, batch_sizes, rng if grouping.grouped(d_all is not None, t_all is not None) else None)
+    offsets, src = gather_segments(cut.pre_offsets(), cut.perm)
+    return Batches(bucket=cut.bucket, offsets=offsets, rows=rows[src])
+
+
+#: Rows per block of :func:`allocated_totals` (the sums are per block, then added in order, so
+#: a reader that streams a manifest in blocks of this many rows gets the same totals, bit for bit).
+TOTALS_BLOCK = 1 << 20
+
+
+def block_totals(d: npt.NDArray[np.float64], t: npt.NDArray[Any], allocated: npt.NDArray[np.bool_]) -> tuple[float, float]:
+    """(seconds, tokens) of the allocated rows of one block of at most :data:`TOTALS_BLOCK` rows."""
+    where: Any = True if allocated.all() else allocated
+    return float(d.sum(where=where)), float(t.sum(dtype=np.float64, where=where))
+
+
+def allocated_totals(duration: npt.ArrayLike, num_tokens: npt.ArrayLike,
+                     bucket_of_row: npt.NDArray[np.integer]) -> tuple[float, float]:
+    """Real seconds and tokens of the allocated rows (bucket >= 0), summed per block of
+    :data:`TOTALS_BLOCK` rows in row order, then across blocks (each at least 1e-300)."""
+    d = np.asarray(duration, dtype=np.float64)
+    t = np.asarray(num_tokens)
+    sd = st = 0.0
+    for a in range(0, d.shape[0], TOTALS_BLOCK):
+        x, y = block_totals(d[a:a + TOTALS_BLOCK], t[a:a + TOTALS_BLOCK], bucket_of_row[a:a + TOTALS_BLOCK] >= 0)
+        sd, st = sd + x, st + y
+    return max(sd, 1e-300), max(st, 1e-300)
+
+
+def _multiset_totals(duration: npt.ArrayLike, num_tokens: npt.ArrayLike,
+                     rows: npt.NDArray[np.int64]) -> tuple[float, float]:
+    """Real seconds and tokens of a multiset's ``rows`` (each as often as listed), gathered in
+    slices of 2**20 (no N-sized copy), each at least 1e-300."""
+    d_all, t_all = np.asarray(duration, dtype=np.float64), np.asarray(num_tokens)
+    step = 1 << 20
+    total_d = sum(float(d_all[rows[i:i + step]].sum()) for i in range(0, rows.shape[0], step))
+    total_t = sum(float(t_all[rows[i:i + step]].sum(dtype=np.float64)) for i in range(0, rows.shape[0], step))
+    return max(total_d, 1e-300), max(total_t, 1e-300)
+
+
+@dataclass(frozen=True)
+class BucketGrouping:
+    """How one bucket's rows are ordered into batches (see :func:`form_batches`): the resolved
+    sort key, window, groups and audio weight, with the epoch's real totals (``both`` only)."""
+
+    sort_by: str
+    window: int = DEFAULT_WINDOW
+    groups: int | None = None
+    audio_weight: float = DEFAULT_AUDIO_WEIGHT
+    total_d: float = 1.0
+    total_t: float = 1.0
+
+    @property
+    def both(self) -> bool:
+        return self.window > 1 and self.sort_by == "both"
+
+    def with_totals(self, total_d: float, total_t: float) -> BucketGrouping:
+        return BucketGrouping(self.sort_by, self.window, self.groups, self.audio_weight, total_d, total_t)
+
+    def grouped(self, has_duration: bool, has_tokens: bool) -> bool:
+        """Rows are sorted in windows (the key exists)."""
+        key = {"both": has_duration, "duration": has_duration, "tokens": has_tokens, "none": False}[self.sort_by]
+        return self.window > 1 and key
+
+    def order(self, cnt: int, size: int, rng: np.random.Generator, d: npt.NDArray[np.float64] | None,
+              t: npt.NDArray[Any] | None) -> npt.NDArray[np.int64]:
+        """Positions of one bucket's ``cnt`` rows (ascending row order in, ``d`` / ``t`` theirs)
+        in batch order: a shuffle by ``rng``, then sorted in windows (and grouped in 2D)."""
+        p = rng.permutation(cnt)
+        if not self.grouped(d is not None, t is not None):
+            return p
+        primary = {"both": d, "duration": d, "tokens": t}[self.sort_by]
+        # windows are runs of window * batch_size shuffled rows: sort each by the key,
+        # ties in shuffled order (random)
+        vals = np.asarray(primary)[p]
+        key, kbits = _quantize(vals)
+        o = _sort_in_windows(key, kbits, size * self.window)
+        del key
+        p = p[o]
+        if self.both:
+            assert t is not None
+            perm, _ = _group_2d(vals[o], np.asarray(t[p], dtype=np.int64), size, int(self.window), self.groups,
+                                float(self.audio_weight), self.total_d, self.total_t,
+                                peel=size < cnt <= size * self.window)
+            if perm is not None:
+                p = p[perm]
+        return p
 
 
 def _resolve_sort(sort_by: str, num_tokens: npt.NDArray[Any] | None, duration: npt.NDArray[Any] | None) -> str:
@@ -410,23 +471,39 @@ def _multiset_by_bucket(bucket_of_row: npt.NDArray[np.integer], multiset: npt.ND
     return rows, counts, first
 
 
-def _cut(rows: npt.NDArray[np.int64], counts: npt.NDArray[np.int64], first: npt.NDArray[np.int64],
-         batch_sizes: npt.NDArray[np.int64], rng: np.random.Generator | None) -> Batches:
-    """Cut each bucket's ordered rows into batches of its size; with ``rng``, draw the full
-    batches of a bucket in random order (a short batch stays last)."""
-    n = int(rows.shape[0])
+@dataclass(frozen=True)
+class Cut:
+    """Batches cut from buckets' ordered rows (laid out bucket after bucket): batch ``i`` of the
+    draw order is batch ``perm[i]`` of the cut order, whose rows start at ``starts[perm[i]]``."""
+
+    starts: npt.NDArray[np.int64]  # cut order: first position of each batch
+    sizes: npt.NDArray[np.int64]  # cut order
+    perm: npt.NDArray[np.int64]  # draw order -> cut order
+    bucket: npt.NDArray[np.int32]  # draw order
+
+    def pre_offsets(self) -> npt.NDArray[np.int64]:
+        """CSR offsets of the cut order."""
+        return np.append(self.starts, self.starts[-1] + self.sizes[-1] if self.sizes.shape[0] else 0).astype(np.int64)
+
+
+def cut_batches(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np.int64],
+                rng: np.random.Generator | None) -> Cut:
+    """Cut each bucket's ordered rows (``counts`` per bucket, bucket after bucket) into batches
+    of its size; with ``rng``, draw the full batches of a bucket in random order (a short batch
+    stays last). Per batch only: what a planner that keeps rows on disk needs."""
+    first = np.zeros(counts.shape[0], dtype=np.int64)
+    np.cumsum(counts[:-1], out=first[1:])
     starts = np.concatenate([np.arange(0, int(c), int(s)) + f
                              for c, s, f in zip(counts, batch_sizes, first)]).astype(np.int64)
-    offsets = np.append(starts, n).astype(np.int64)
+    n = int(counts.sum())
+    sizes = np.diff(np.append(starts, n)).astype(np.int64)
     bb = np.repeat(np.arange(batch_sizes.shape[0], dtype=np.int64), -(-counts // batch_sizes))
+    perm = np.arange(bb.shape[0], dtype=np.int64)
     if rng is not None and bb.shape[0] > 1:
-        short = np.diff(offsets) < batch_sizes[bb]
+        short = sizes < batch_sizes[bb]
         bkey = np.where(short, 2.0, rng.random(bb.shape[0]))
         perm = np.lexsort((bkey, bb))
-        offsets, src = gather_segments(offsets, perm)
-        rows = rows[src]
-        bb = bb[perm]
-    return Batches(bucket=bb.astype(np.int32), offsets=offsets, rows=rows)
+    return Cut(starts, sizes, perm, bb[perm].astype(np.int32))
 
 
 def form_batches_cumulative(

@@ -64,3 +64,52 @@ def budget_source(
     if max_tokens_budget is not None:
         src["max_tokens"] = int(max_tokens_budget)
     return src
+
+
+def cost_equal_batch_sizes(max_duration: npt.ArrayLike, max_tokens: npt.ArrayLike | None,
+                           caps: npt.ArrayLike, cost: Any, step_seconds: npt.ArrayLike | None = None
+                           ) -> tuple[npt.NDArray[np.int64], float]:
+    """Batch sizes whose predicted step times (s) are equal across buckets, never above ``caps``.
+
+    A bucket's batch at its bounds (``max_duration`` s, ``max_tokens``) costs ``overhead + B u``
+    (``cost``: a :class:`bucketing.costmodel.CostModel`; ``u`` seconds per utterance). With
+    ``step_seconds`` (the probe's measured time of each bucket at its cap), ``u`` comes from it
+    instead. The target is the least time of any bucket at its cap (the one every bucket can
+    reach); each bucket takes the size (1 .. cap) whose time is nearest it. Returns (sizes,
+    target seconds). Invariant: ``1 <= size <= cap``; a bucket whose cap fits the target is
+    within ``u / 2`` of it.
+    """
+    cap = np.maximum(np.asarray(caps, dtype=np.int64), 1)
+    md = np.asarray(max_duration, dtype=np.float64)
+    mt = np.zeros_like(md) if max_tokens is None else np.asarray(max_tokens, dtype=np.float64)
+    at_cap = (cost.step_time(cap, md, mt) if step_seconds is None
+              else np.asarray(step_seconds, dtype=np.float64))
+    overhead = float(cost.overhead) if step_seconds is None else 0.0
+    per_utt = np.maximum((at_cap - overhead) / cap, 1e-12)
+    target = float(at_cap.min())
+    x = (target - overhead) / per_utt
+    lo = np.clip(np.floor(x + _EPS), 1, cap).astype(np.int64)
+    hi = np.minimum(lo + 1, cap)
+    pick_hi = np.abs(overhead + hi * per_utt - target) < np.abs(overhead + lo * per_utt - target)
+    return np.where(pick_hi, hi, lo), target
+
+
+def cost_equal_spec(spec: Any, cost: Any) -> Any:
+    """``spec`` (a :class:`manifests.buckets_file.BucketSpec` with batch sizes: the memory caps)
+    with :func:`cost_equal_batch_sizes`; measured ``oom_step_seconds`` are used when every bucket
+    has one. ``batch_size_source`` records ``cost_equal`` (target s, measured or model)."""
+    from dataclasses import replace
+
+    caps = [b.batch_size for b in spec.buckets]
+    if any(c is None for c in caps):
+        raise ValueError("cost-equal sizes need a batch size (the memory cap) in every bucket")
+    secs = [b.extra.get("oom_step_seconds") for b in spec.buckets]
+    measured = all(isinstance(s, (int, float)) and s > 0 for s in secs)
+    md = [b.max_duration for b in spec.buckets]
+    mt = [b.max_tokens if b.max_tokens is not None else 0 for b in spec.buckets]
+    sizes, target = cost_equal_batch_sizes(md, mt, caps, cost, secs if measured else None)
+    buckets = tuple(replace(b, batch_size=int(s), extra={**b.extra, "memory_batch_size": int(c)})
+                    for b, s, c in zip(spec.buckets, sizes, caps))
+    src = {**spec.batch_size_source,
+           "cost_equal": {"target_step_s": round(target, 6), "times": "measured" if measured else "cost model"}}
+    return replace(spec, buckets=buckets, batch_size_source=src)

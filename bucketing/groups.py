@@ -33,16 +33,26 @@ def group_permutations(num_groups: int, num_steps: int, seed: int, epoch: int) -
                      for q in range(num_groups)]).astype(np.int64)
 
 
+def group_order(world_size: int, num_steps: int, group_size: int, seed: int,
+                epoch: int) -> npt.NDArray[np.int64] | None:
+    """Rank-major batch of the plan at each rank-major batch of the regrouped plan (None:
+    ``group_size == world_size``, nothing moves)."""
+    W, S, G = int(world_size), int(num_steps), int(group_size)
+    check_group_size(W, G)
+    if G == W:
+        return None
+    perm = group_permutations(W // G, S, seed, epoch)
+    rank = np.arange(W, dtype=np.int64)
+    return (rank[:, None] * S + perm[rank // G]).ravel()  # rank-major: (r, s) <- (r, perm[r // G, s])
+
+
 def regroup(ep: EpochPlan, group_size: int, seed: int) -> EpochPlan:
     """``ep`` with each sync group's steps in its own order (module docstring); ``ep`` itself
     when ``group_size == world_size``."""
-    W, S, G = ep.world_size, ep.num_steps, int(group_size)
-    check_group_size(W, G)
-    if G == W:
+    order = group_order(ep.world_size, ep.num_steps, group_size, seed, ep.epoch)
+    if order is None:
         return ep
-    perm = group_permutations(W // G, S, seed, ep.epoch)
-    rank = np.arange(W, dtype=np.int64)
-    order = (rank[:, None] * S + perm[rank // G]).ravel()  # rank-major: (r, s) <- (r, perm[r // G, s])
+    W, S = ep.world_size, ep.num_steps
     offsets, gather = gather_segments(ep.offsets, order)
     bucket = ep.bucket_of_batch()[order]
     by_step = bucket.reshape(W, S)

@@ -368,7 +368,7 @@ def _epoch_plan(epoch: int, W: int, seq: npt.NDArray[np.int64], offsets: npt.NDA
     starts = offsets[:-1]
     dr = np.asarray(inputs.durations, dtype=np.float64)[rows]
     max_d = np.maximum.reduceat(dr, starts) if S else np.empty(0)
-    real_seconds = float(dr.sum())
+    real_seconds = float(np.add.reduceat(dr, starts).sum()) if S else 0.0  # batch sums, then over batches
     del dr
     tr = np.asarray(inputs.num_tokens, dtype=np.int64)[rows]
     max_t = np.maximum.reduceat(tr, starts) if S else np.empty(0, np.int64)

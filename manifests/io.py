@@ -405,6 +405,26 @@ def read_manifest(path: str | os.PathLike[str], columns: list[str] | None = None
         raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
 
 
+def iter_manifest(path: str | os.PathLike[str], columns: list[str], rows: int) -> Iterator[pa.Table]:
+    """A compiled manifest's ``columns`` in consecutive tables of exactly ``rows`` rows (the last
+    shorter), checked as :func:`read_manifest` checks it; memory: one table, not the file."""
+    check_manifest_file(path)
+    try:
+        pf = pq.ParquetFile(path)
+        yield from rebatch(pf.iter_batches(batch_size=rows, columns=columns), rows)
+    except (OSError, pa.ArrowException) as exc:
+        raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
+
+
+def manifest_num_rows(path: str | os.PathLike[str]) -> int:
+    """Rows of a compiled manifest, from its Parquet footer (checked as :func:`read_manifest`)."""
+    check_manifest_file(path)
+    try:
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    except (OSError, pa.ArrowException) as exc:
+        raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
+
+
 def check_manifest_file(path: str | os.PathLike[str], *, allow_rejects: bool = False) -> dict[str, Any]:
     """The metadata of a compiled manifest (:func:`read_metadata`), or a one-line error if the
     file is not one (a rejects file unless ``allow_rejects``, or a newer schema version)."""

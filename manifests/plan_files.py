@@ -100,8 +100,10 @@ def shard_table(
     max_duration: npt.NDArray[np.floating],
     max_tokens: npt.NDArray[np.integer],
     target_frames: npt.NDArray[np.integer] | None = None,
+    step_in_epoch: int = 0,
 ) -> pa.Table:
-    """One epoch of one rank as a shard table (batch ``i`` = step ``first_step + i``).
+    """One epoch of one rank as a shard table (batch ``i`` = step ``first_step + i``, the
+    epoch's step ``step_in_epoch + i``: a part of an epoch written in several tables).
 
     ``rows[offsets[i]:offsets[i+1]]`` are batch ``i``'s manifest rows (``offsets`` may be a
     slice of a larger CSR); ``ids`` holds the ids of ``rows[offsets[0]:offsets[-1]]`` in that
@@ -116,12 +118,12 @@ def shard_table(
     off = pa.array((offsets - base).astype(np.int32))
     list_ids = pa.ListArray.from_arrays(off, ids)
     list_rows = pa.ListArray.from_arrays(off, pa.array(np.asarray(rows, dtype=np.int64)[base:end]))
-    steps = np.arange(n, dtype=np.int64)
+    steps = np.arange(step_in_epoch, step_in_epoch + n, dtype=np.int64)
     extra = [] if target_frames is None else [pa.array(np.asarray(target_frames, dtype=np.int32))]
     return pa.Table.from_arrays(
         [
             pa.array(np.full(n, epoch, dtype=np.int32)),
-            pa.array(steps + first_step),
+            pa.array(steps + (first_step - step_in_epoch)),
             pa.array(steps),
             pa.array(np.asarray(bucket, dtype=np.int32)),
             pa.array(np.diff(offsets).astype(np.int32)),

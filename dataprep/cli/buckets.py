@@ -55,13 +55,15 @@ def fit_buckets_cmd(
         help="k of Q3 + k*IQR per duration bin: rows with more tokens move to a later bin.")] = _FIT.token_fence,
     no_fences: Annotated[bool, typer.Option(
         "--no-fences", help="Plain equal occupancy: bounds at the maxima, no overflow bucket.")] = not _FIT.fences,
+    cost_equal: Annotated[bool, typer.Option(
+        "--cost-equal", help="Size every bucket's batch for the same predicted step time (never above the budget's size), so full batches of any buckets balance (plan-batches --balance).")] = _FIT.cost_equal,
 ) -> None:
     """Fit equal-occupancy duration × token buckets, size batches by a padded budget, write buckets.json."""
     options = build_options(FitOptions, None, num_buckets=num_buckets, num_subbuckets=num_subbuckets,
                             max_duration_budget=max_duration_budget, max_frames_budget=max_frames_budget,
                             max_tokens_budget=max_tokens_budget, frame_shift=frame_shift, strict=strict,
                             min_duration=min_duration, max_duration=max_duration, duration_fence=duration_fence,
-                            token_fence=token_fence, fences=not no_fences)
+                            token_fence=token_fence, fences=not no_fences, cost_equal=cost_equal)
     res = fit_buckets_file(manifest, output, options)
     spec, d = res.spec, res.duration
     out.print(_bucket_table(spec))

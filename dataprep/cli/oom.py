@@ -11,6 +11,8 @@ from dataprep.cli.app import app, build_options, defaults_of, option_flags, out,
 from dataprep.cli import dynres as dyn
 from dataprep.cli.progress import progress_counter
 from manifests.buckets_file import read_buckets, write_buckets
+from bucketing.budget import cost_equal_spec
+from bucketing.costmodel import CostModel
 from manifests.errors import DataprepError
 from manifests.nemo_buckets import write_nemo_buckets
 from manifests.io import default_cache_dir
@@ -49,6 +51,7 @@ def oomptimize_cmd(
     min_rate: dyn.MinRateOpt = dyn.DYNRES_DEFAULTS.min_rate,
     max_rate: dyn.MaxRateOpt = dyn.DYNRES_DEFAULTS.max_rate,
     floor_rate: dyn.FloorRateOpt = dyn.DYNRES_DEFAULTS.floor_rate,
+    cost_equal: Annotated[bool, typer.Option("--cost-equal", help="Then size every bucket for the same step time (measured on a device, else the cost model), never above its memory size: full batches of any buckets balance.")] = False,
 ) -> None:
     """Set each bucket's batch size to the largest one whose full training step (forward,
     loss, backward, AdamW step, bf16 autocast) fits in memory, and record how in
@@ -77,6 +80,8 @@ def oomptimize_cmd(
 
         with option_flags(OOM_FLAGS):
             sized = run(spec, options, on_done=done)
+    if cost_equal:
+        sized = cost_equal_spec(sized, CostModel())
     if out_format == "nemo":
         write_nemo_buckets(sized.to_json()["buckets"], output)
     else:

@@ -20,6 +20,7 @@ from dataprep.planning.replan import default_manifest
 from dataprep.planning.simulate import plan_steps_report, simulate_strategies
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
+from manifests.units import parse_bytes
 from manifests.outputs import refuse_same_paths
 from manifests.plan_files import verify_plan
 from manifests.plan_meta import PlanMeta, read_plan_meta
@@ -57,6 +58,7 @@ def plan_batches_cmd(
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="Re-weighting temperature T (weights become w^T / sum w^T at every level, as NeMo's reweight_temperature); replaces the blend's.")] = None,
     epoch_utterances: Annotated[Optional[int], typer.Option("--epoch-utterances", help="Weighted plans: utterances per epoch (default: the manifest's rows in a bucket).")] = None,
     epoch_hours: Annotated[Optional[float], typer.Option("--epoch-hours", help="Weighted plans: about this many hours per epoch.")] = None,
+    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the planner may hold, e.g. 4GiB (default: half the machine's). A larger corpus is planned out of core (the same plan; memory bounded by its largest bucket; spill files next to -o).", show_default=False)] = None,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
 
@@ -69,10 +71,12 @@ def plan_batches_cmd(
     dynres = dynres if dynamic_resolution else None
     with option_flags(PLAN_FLAGS):
         pairs = parse_weights(weights)
+    limit = None if memory_limit is None else _memory_limit(memory_limit)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
                             cost=_cost(coef), sync_group=sync_group, dynamic_resolution=dynres, weights=pairs,
-                            temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours)
+                            temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
+                            memory_limit=limit)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
     with progress_counter("planning (shards written)", total=epochs * world_size) as advance, option_flags(PLAN_FLAGS):
         meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1))
@@ -89,15 +93,25 @@ def replan_cmd(
     manifest: Annotated[Optional[Path], typer.Option("--manifest", help="The plan's manifest (default: its recorded file name next to the plan directory).")] = None,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="Carry bucket tails in the later epochs (as plan-batches).")] = _PLAN.carry,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help="Cost coefficient NAME=VALUE for a balanced plan.")] = None,
+    sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together in the re-plan (divides --world-size; default the plan's).")] = None,
 ) -> None:
     """Continue a plan at --at-step on --world-size ranks: steps before it stay consumed; the
-    rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned."""
-    options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, carry=carry, cost=_cost(coef))
+    rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned
+    (keeping the plan's sync groups and dynamic resolution)."""
+    options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, carry=carry, cost=_cost(coef),
+                            sync_group=sync_group)
     man = manifest if manifest is not None else default_manifest(plan_dir, read_plan_meta(plan_dir))
     refuse_same_paths({"PLAN": plan_dir, "--manifest": man}, {"-o": out_dir})
     with option_flags(PLAN_FLAGS):  # --at-step is checked against the plan by replan()
         meta = replan(plan_dir, man, out_dir, options, at_step=at_step)
     print_plan(meta, out_dir)
+
+
+def _memory_limit(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except DataprepError as exc:
+        raise DataprepError(f"--memory-limit: {exc}") from None
 
 
 def _cost(coef: list[str] | None) -> CostModel:

@@ -38,10 +38,19 @@ from bucketing.groups import regroup
 from bucketing.plan import EpochPlan, PlanError, PlanInputs, plan_epoch, require_one_step
 from bucketing.steps_report import epoch_report
 from dataprep.planning.options import PlanOptions
-from dataprep.planning.weights import weighted_epochs
+from dataprep.planning.weights import wants_weights, weighted_epochs
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError, ManifestError
-from manifests.io import file_sha256, manifest_hash, read_manifest
+from dataprep.planning.out_of_core import (
+    IN_MEMORY_BYTES_PER_ROW,
+    default_memory_limit,
+    plan_epoch_spilled,
+    remove_spill,
+    spill_dir,
+    spill_manifest,
+    write_epoch_spilled,
+)
+from manifests.io import file_sha256, manifest_hash, manifest_num_rows, read_manifest
 from manifests.plan_files import PlanWriter, shard_table
 from manifests.plan_meta import BalanceInfo, FileRef, ManifestRef, PlanMeta
 
@@ -208,6 +217,11 @@ def build_plan(
     A manifest of many corpora with a weighted blend (or ``options.weights``) gets a weighted
     plan (:mod:`dataprep.planning.weights`): each epoch holds exactly each corpus's quota
     instead of every row once, recorded in ``plan.json`` under ``weights``.
+
+    A manifest whose in-memory plan would need more than ``options.memory_limit`` bytes
+    (:data:`~dataprep.planning.out_of_core.IN_MEMORY_BYTES_PER_ROW` per row) is planned out of
+    core (:mod:`dataprep.planning.out_of_core`): the same bytes, memory bounded by the largest
+    bucket; balanced, unweighted plans without dynamic resolution only (else a one-line error).
     """
     if not isinstance(options, PlanOptions):
         raise DataprepError(f"build_plan: options must be PlanOptions, got {type(options).__name__}")
@@ -221,6 +235,9 @@ def build_plan(
     bs = batch_sizes_of(spec, str(buckets))
     check_shape_policy(spec, dynamic_resolution, str(buckets))
     grid = grid_from_spec(spec)
+    limit = options.memory_limit if options.memory_limit is not None else default_memory_limit()
+    if manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW > limit:
+        return _build_out_of_core(manifest, buckets, out_dir, options, spec, limit, on_progress, clock)
     cols = ManifestColumns.read(manifest)
     options.check_rows(cols.duration.shape[0])  # before any per-rank allocation
     clock("read")
@@ -236,7 +253,7 @@ def build_plan(
     except PlanError as exc:
         raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
     totals = EpochTotals(len(spec.buckets))
-    dynres = _DynResTotals(dynamic_resolution, len(spec.buckets)) if dynamic_resolution is not None else None
+    dynres = DynResTotals(dynamic_resolution, len(spec.buckets)) if dynamic_resolution is not None else None
     total = epochs * world_size
     with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
                     target_frames=dynamic_resolution is not None) as writer:
@@ -264,7 +281,7 @@ def build_plan(
                 f"rows allocated, {totals.fallback_summary()['dropped_rows']} dropped for {world_size} ranks); "
                 "use fewer ranks or buckets with larger batch sizes"
             )
-        meta = _plan_meta(manifest, buckets, spec, cols, assigned, totals, strict=strict,
+        meta = _plan_meta(manifest, buckets, spec, cols.duration.shape[0], _allocation_entry(assigned, strict), totals,
                           world_size=world_size, seed=seed, epochs=epochs, interleave=interleave,
                           balance=totals.balance_info(balance), sync_group=group)
         if dynres is not None:
@@ -276,25 +293,75 @@ def build_plan(
     return meta
 
 
+def _allocation_entry(assigned: Assignment, strict: bool) -> dict[str, Any]:
+    """``plan.json``'s ``allocation``."""
+    alloc = assigned.allocation
+    return {
+        "strict": strict,
+        "allocated_rows": int((alloc.bucket >= 0).sum()),
+        "left_out": {k: v.tolist() for k, v in sorted(alloc.dropped.items())},
+        "moved_to_longer_bin": alloc.moved,
+        "carried_tails": assigned.carried,
+        "carry": assigned.carry,
+        "raised_max_tokens_rows": alloc.raised,
+    }
+
+
+def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str],
+                       out_dir: str | os.PathLike[str], options: PlanOptions, spec: BucketSpec, limit: int,
+                       on_progress: Callable[[int, int], None] | None, clock: _Clock) -> PlanMeta:
+    """:func:`build_plan` for a corpus whose in-memory plan would exceed ``limit`` bytes
+    (:mod:`dataprep.planning.out_of_core`): the same plan, memory bounded by the largest bucket."""
+    W, epochs = options.world_size, options.epochs
+    if options.balance <= 0 or options.dynamic_resolution is not None or wants_weights(manifest, options):
+        raise DataprepError(
+            f"{manifest}: --memory-limit: planning {manifest_num_rows(manifest)} rows in memory needs about "
+            f"{manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW / 2**30:.2f} GiB, more than the limit "
+            f"{limit / 2**30:.2f} GiB, and out-of-core planning needs --balance > 0 without --dynamic-resolution "
+            "or a weighted blend")
+    bs = batch_sizes_of(spec, str(buckets))
+    grid = grid_from_spec(spec)
+    root = spill_dir(out_dir)
+    try:
+        corpus = spill_manifest(manifest, grid, bs, root, strict=options.strict, carry=options.carry,
+                                memory_limit=limit)
+        clock("read")
+        totals = EpochTotals(len(spec.buckets))
+        cost = options.cost or CostModel()
+        with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps) as writer:
+            for e in range(epochs):
+                try:
+                    lay = plan_epoch_spilled(corpus, bs, W, options.seed, e, interleave=options.interleave,
+                                             tolerance=options.balance, cost=cost, group=options.group)
+                except DataprepError as exc:
+                    raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
+                clock("plan")
+                first_step = totals.num_steps
+                write_epoch_spilled(writer, lay, corpus, first_step, options.row_group_steps,
+                                    lambda r: on_progress(e * W + r + 1, epochs * W) if on_progress else None)
+                totals.add(lay.ep, first_step, bs, options.cost)
+                clock("write")
+            meta = _plan_meta(manifest, buckets, spec, corpus.num_rows,
+                              corpus.allocation_entry(options.strict, options.carry and not options.strict), totals,
+                              world_size=W, seed=options.seed, epochs=epochs, interleave=options.interleave,
+                              balance=totals.balance_info(options.balance), sync_group=options.group)
+            meta = writer.finish(meta)
+    finally:
+        remove_spill(root)
+    clock("write")
+    return meta
+
+
 def _plan_meta(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str], spec: BucketSpec,
-               cols: ManifestColumns, assigned: Assignment, totals: EpochTotals, *, strict: bool, world_size: int,
+               num_rows: int, allocation: dict[str, Any], totals: EpochTotals, *, world_size: int,
                seed: int, epochs: int, interleave: str, balance: BalanceInfo | None = None,
                sync_group: int | None = None) -> PlanMeta:
-    alloc = assigned.allocation
     return PlanMeta(
-        manifest=ManifestRef(Path(manifest).name, manifest_hash(manifest), int(cols.duration.shape[0])),
+        manifest=ManifestRef(Path(manifest).name, manifest_hash(manifest), int(num_rows)),
         buckets_file=FileRef(Path(buckets).name, file_sha256(buckets)),
         buckets=spec.to_json()["buckets"],
         world_size=world_size, seed=seed, epochs=epochs, interleave=interleave,
-        allocation={
-            "strict": strict,
-            "allocated_rows": int((alloc.bucket >= 0).sum()),
-            "left_out": {k: v.tolist() for k, v in sorted(alloc.dropped.items())},
-            "moved_to_longer_bin": alloc.moved,
-            "carried_tails": assigned.carried,
-            "carry": assigned.carry,
-            "raised_max_tokens_rows": alloc.raised,
-        },
+        allocation=allocation,
         num_steps=totals.num_steps,
         steps_per_epoch=totals.steps_per_epoch,
         per_epoch=totals.per_epoch,
@@ -307,7 +374,7 @@ def _plan_meta(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str]
 
 
 @dataclass
-class _DynResTotals:
+class DynResTotals:
     """Predicted dynamic-resolution figures over the epochs, overall and per bucket."""
 
     config: DynResConfig

@@ -31,6 +31,9 @@ class PlanOptions:
     weight (> 0; replaces the blend the manifest records), ``temperature`` (>= 0; replaces every
     level's), the epoch size ``epoch_utterances`` (>= 1) or about ``epoch_hours`` (> 0) of audio
     (default: the rows in a bucket).
+    ``memory_limit``: bytes the planner may hold (>= 1; None: half the machine's memory); a
+    corpus whose in-memory plan would need more is planned out of core
+    (:mod:`dataprep.planning.out_of_core`), in memory bounded by its largest bucket.
     """
 
     world_size: int
@@ -48,6 +51,7 @@ class PlanOptions:
     temperature: float | None = None
     epoch_utterances: int | None = None
     epoch_hours: float | None = None
+    memory_limit: int | None = None
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, ge=1)
@@ -76,6 +80,7 @@ class PlanOptions:
             raise OptionError("epoch_hours", "give --epoch-utterances or --epoch-hours, not both")
         if self.dynamic_resolution is not None and not isinstance(self.dynamic_resolution, DynResConfig):
             raise OptionError("dynamic_resolution", f"must be a DynResConfig, got {type(self.dynamic_resolution).__name__}")
+        check_int("memory_limit", self.memory_limit, ge=1, le=2**62, optional=True)
 
     @property
     def group(self) -> int:

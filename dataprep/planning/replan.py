@@ -7,6 +7,11 @@ that epoch, in the buckets they had) and every later epoch are planned for W2 ra
 plan keeps the parent's global step numbers: its shards hold steps K .. num_steps - 1 and
 ``plan.json`` records ``replan`` (parent plan hash, parent world size, K), so a trainer resumes
 the parent's checkpoint at step K on it (``dataprep train --resume``).
+
+A parent with sync groups keeps them (each group draws the re-planned steps in its own order,
+:func:`bucketing.groups.regroup`; ``options.sync_group`` overrides the parent's size, which must
+divide the new world size); a dynamic-resolution parent keeps its rates (every re-planned batch
+records its target frames, ``plan.json`` the predicted figures of the re-planned part).
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ import pyarrow.compute as pc
 
 from bucketing.allocate import assign
 from bucketing.balance import DEFAULT_BALANCE
+from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
+from bucketing.groups import regroup
 from bucketing.plan import PlanError, PlanInputs, plan_epoch
 from dataprep.planning.build import (
     EpochTotals,
     ManifestColumns,
+    DynResTotals,
     batch_sizes_of,
     write_epoch,
 )
@@ -68,20 +76,18 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
            options: PlanOptions, *, at_step: int) -> PlanMeta:
     """Re-plan ``plan_dir`` from ``at_step`` on for ``options.world_size`` ranks into ``out_dir``
     (module docstring). ``manifest`` must be the parent's (by content hash). Of ``options``
-    only ``world_size``, ``carry``, ``cost`` and ``row_group_steps`` apply: seed, epochs,
-    interleave, strictness and balance are the parent plan's."""
+    only ``world_size``, ``carry``, ``cost``, ``row_group_steps`` and ``sync_group`` apply: seed,
+    epochs, interleave, strictness, balance and dynamic resolution are the parent plan's
+    (``options.dynamic_resolution``, if given, must equal the parent's)."""
     if not isinstance(options, PlanOptions):
         raise DataprepError(f"replan: options must be PlanOptions, got {type(options).__name__}")
-    if options.dynamic_resolution is not None:
-        raise OptionError("dynamic_resolution", "re-planning a --dynamic-resolution plan is not supported yet")
     check_int("at_step", at_step, le=None)  # its range is the plan's, checked below
     world_size, carry, cost, row_group_steps = options.world_size, options.carry, options.cost, options.row_group_steps
     meta = read_plan_meta(plan_dir)
     if not meta.first_step <= at_step < meta.num_steps:
         raise DataprepError(f"--at-step {at_step}: the plan holds steps {meta.first_step}..{meta.num_steps - 1}")
-    if "dynamic_resolution" in meta.extra:
-        raise DataprepError(f"{plan_dir}: re-planning a --dynamic-resolution plan is not supported yet; "
-                            "plan-batches the rest anew")
+    group = _sync_group(meta, options)
+    dynres_config = _dynres_config(plan_dir, meta, options)
     require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
     spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
     bs = batch_sizes_of(spec, f"{plan_dir}/plan.json")
@@ -102,7 +108,9 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     weighted = _weighted(meta, manifest, assigned.bucket, cols.duration, options, e0)
     consumed = at_step - meta.first_step_of_epoch[e0]
     totals = EpochTotals(len(spec.buckets))
-    with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps) as writer:
+    dynres = DynResTotals(dynres_config, len(spec.buckets)) if dynres_config is not None else None
+    with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
+                    target_frames=dynres_config is not None) as writer:
         first = at_step
         for e in range(e0, meta.epochs):
             b = rest_bucket if e == e0 else assigned.bucket
@@ -123,10 +131,13 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             except PlanError as exc:
                 raise DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {world_size} "
                                     f"ranks: {exc}; re-plan at another step") from None
+            ep = regroup(ep, group, meta.seed)
             if weighted is not None:
                 weighted.add(ep, cols.duration, cols.num_tokens)
-            write_epoch(writer, ep, cols.ids, first, lambda r: None)
+            write_epoch(writer, ep, cols.ids, first, lambda r: None, dynres_config)
             totals.add(ep, first, bs, cost)
+            if dynres is not None:
+                dynres.add(ep, cols.duration)
             first += ep.num_steps
         spe = meta.steps_per_epoch[:e0] + [consumed + totals.steps_per_epoch[0]] + totals.steps_per_epoch[1:]
         per_epoch = meta.per_epoch[:e0] + totals.per_epoch
@@ -138,7 +149,9 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             per_bucket=totals.per_bucket(meta.epochs - e0, world_size), padding=totals.padding(),
             fallbacks=totals.fallback_summary(), balance=totals.balance_info(tol),
             replan=ReplanInfo(meta.plan_hash, meta.world_size, at_step),
-            extra={"weights": weighted.to_json()} if weighted is not None else {},
+            sync_group=group if group != world_size else None,
+            extra={**({"weights": weighted.to_json()} if weighted is not None else {}),
+                   **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {})},
         )
         return writer.finish(new)
 
@@ -157,6 +170,35 @@ def _weighted(meta: PlanMeta, manifest: str | os.PathLike[str], bucket: npt.NDAr
         raise DataprepError("plan.json: weights: the recorded quotas differ from the manifest's (another manifest?)")
     weighted.sampler.replay(e0 + 1)
     return weighted
+
+
+def _sync_group(meta: PlanMeta, options: PlanOptions) -> int:
+    """Ranks per sync group of the re-plan: ``options.sync_group``, else the parent's (which
+    must divide the new world size), else all ranks."""
+    if options.sync_group is not None:
+        return options.sync_group  # PlanOptions checked that it divides the world size
+    if meta.sync_group is None or meta.sync_group == meta.world_size:
+        return options.world_size
+    if options.world_size % meta.sync_group:
+        raise OptionError("sync_group", f"the plan's sync groups of {meta.sync_group} ranks do not divide the new "
+                          f"world size {options.world_size}; give the re-plan's group size")
+    return meta.sync_group
+
+
+def _dynres_config(plan_dir: str | os.PathLike[str], meta: PlanMeta, options: PlanOptions) -> DynResConfig | None:
+    """The parent's dynamic-resolution rates (None: the parent has none); ``options``' must agree."""
+    entry = meta.extra.get("dynamic_resolution")
+    if entry is None:
+        if options.dynamic_resolution is not None:
+            raise OptionError("dynamic_resolution", "the plan has no dynamic resolution; a re-plan keeps the parent's")
+        return None
+    try:
+        config = DynResConfig.from_json(entry["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataprepError(f"{plan_dir}/plan.json: dynamic_resolution: config: {exc}") from None
+    if options.dynamic_resolution is not None and options.dynamic_resolution != config:
+        raise OptionError("dynamic_resolution", "differs from the plan's; a re-plan keeps the parent's rates")
+    return config
 
 
 def default_manifest(plan_dir: str | os.PathLike[str], meta: PlanMeta) -> Path:

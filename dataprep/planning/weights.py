@@ -62,6 +62,15 @@ def _weights_given(options: PlanOptions) -> bool:
                                        options.epoch_hours))
 
 
+def wants_weights(manifest: str | os.PathLike[str], opts: PlanOptions) -> bool:
+    """Whether a plan of ``manifest`` with ``opts`` is weighted (weight options given, or a
+    weighted blend recorded); reads only the manifest's metadata."""
+    if _weights_given(opts):
+        return True
+    tree = _blend_tree(manifest)
+    return tree is not None and is_weighted(tree)
+
+
 @dataclass
 class WeightedEpochs:
     """A weighted plan's corpora, quotas and row sampler (module docstring)."""

@@ -10,6 +10,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bucketing.allocate import Allocation, fit_spec
+from bucketing.budget import cost_equal_spec
+from bucketing.costmodel import CostModel
 from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE
 from dataprep.report.padding import duration_and_tokens
 from manifests.buckets_file import BucketSpec, write_buckets
@@ -27,7 +29,9 @@ class FitOptions:
     ``frame_shift`` s) or ``max_tokens_budget`` (each > 0; None: not used). ``strict``: NeMo
     strict 2D. ``min_duration`` / ``max_duration`` (s): rows outside are left out, reported.
     ``duration_fence`` / ``token_fence``: k of Q3 + k*IQR (>= 0) unless ``fences`` is False
-    (plain equal occupancy)."""
+    (plain equal occupancy). ``cost_equal``: then resize every bucket's batch so its predicted
+    step time (:class:`bucketing.costmodel.CostModel`) is the same, never above the budget's
+    size (:func:`bucketing.budget.cost_equal_spec`): full batches of any buckets balance."""
 
     num_buckets: int = 30
     num_subbuckets: int = 2
@@ -41,6 +45,7 @@ class FitOptions:
     duration_fence: float = DEFAULT_OUTLIER_FENCE
     token_fence: float = DEFAULT_TOKEN_FENCE
     fences: bool = True
+    cost_equal: bool = False
 
     def __post_init__(self) -> None:
         check_int("num_buckets", self.num_buckets, ge=1)
@@ -55,6 +60,7 @@ class FitOptions:
         check_number("duration_fence", self.duration_fence, ge=0)
         check_number("token_fence", self.token_fence, ge=0)
         check_bool("fences", self.fences)
+        check_bool("cost_equal", self.cost_equal)
 
 
 @dataclass(frozen=True)
@@ -87,5 +93,7 @@ def fit_buckets_file(manifest: str | os.PathLike[str], output: str | os.PathLike
         )
     except ValueError as exc:
         raise DataprepError(f"{manifest}: {exc}") from None
+    if o.cost_equal:
+        spec = cost_equal_spec(spec, CostModel())
     write_buckets(spec, output)
     return FitResult(spec, alloc, d)

@@ -19,9 +19,10 @@ from bucketing.balance import (
     plan_report,
     same_bucket_runs,
 )
-from bucketing.budget import padded_budget_batch_sizes
+from bucketing.budget import cost_equal_batch_sizes, cost_equal_spec, padded_budget_batch_sizes
 from bucketing.costmodel import CostModel
 from bucketing.plan import EpochPlan, PlanInputs, plan_epoch
+from manifests.buckets_file import Bucket, BucketSpec
 from tests.bucketing.test_plan import _inputs
 
 
@@ -223,3 +224,41 @@ def test_each_bucket_gives_its_whole_steps_where_its_batches_agree() -> None:
     assert np.array_equal(np.bincount(same, minlength=4), np.ones(4, dtype=np.int64))
     in_same = np.tile(p.step_bucket, W) >= 0  # rank-major batches of the same-bucket steps
     assert (p.sizes()[in_same] == bs[p.bucket_of_batch()[in_same]]).all()  # full batches
+
+
+# --- cost-equal batch sizes (bucketing.budget.cost_equal_batch_sizes) ---------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 40.0), st.integers(5, 400), st.integers(1, 2000)), min_size=1, max_size=40),
+       st.sampled_from([CostModel(), CostModel(per_frame2=0.0, per_token=0.0, per_token2=0.0), CostModel(overhead=0.3)]))
+def test_cost_equal_sizes_never_exceed_the_memory_sizes(buckets, cost) -> None:
+    md = np.array([b[0] for b in buckets])
+    mt = np.array([b[1] for b in buckets])
+    caps = np.array([b[2] for b in buckets])
+    sizes, target = cost_equal_batch_sizes(md, mt, caps, cost)
+    assert (sizes >= 1).all() and (sizes <= caps).all()
+    t = cost.step_time(sizes, md, mt)
+    u = cost.step_time(np.ones_like(sizes), md, mt) - cost.overhead
+    assert target == pytest.approx(float(cost.step_time(caps, md, mt).min()))
+    # every bucket whose one utterance fits the target is within half an utterance of it
+    fits = cost.overhead + u <= target
+    assert (np.abs(t - target)[fits] <= u[fits] / 2 + 1e-9).all()
+    assert (sizes[~fits] == 1).all()  # one utterance already over the target: the least batch
+
+
+def test_cost_equal_spec_uses_measured_step_times() -> None:
+    caps = padded_budget_batch_sizes(np.array([2.0, 10.0, 30.0]), max_duration_budget=600)
+    spec = BucketSpec(tuple(Bucket(index=i, max_duration=d, max_tokens=t, batch_size=int(c),
+                                   extra={"oom_step_seconds": s})
+                            for i, (d, t, c, s) in enumerate(zip((2.0, 10.0, 30.0), (30, 100, 300), caps,
+                                                                 (0.40, 0.50, 0.80)))),
+                      {"rule": "oom"})
+    out = cost_equal_spec(spec, CostModel())
+    sizes = [b.batch_size for b in out.buckets]
+    assert sizes[0] == caps[0] and all(s <= c for s, c in zip(sizes, caps))
+    assert [b.extra["memory_batch_size"] for b in out.buckets] == caps.tolist()
+    per_utt = np.array([0.40, 0.50, 0.80]) / caps
+    assert np.allclose(per_utt * sizes, 0.40, rtol=0.05)  # equal measured time, not the model's
+    assert out.batch_size_source["cost_equal"]["times"] == "measured"
+    assert out.batch_size_source["rule"] == "oom"

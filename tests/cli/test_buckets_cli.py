@@ -111,3 +111,26 @@ def test_real_corpora(tmp_path: Path, shared_spm_path: Path, name: str) -> None:
     # issue 16: dynamic resolution leaves <= 0.5% frame padding (bench_dynres.py: 0.03% / 0.19%)
     dyn = rep["2d-dynamic-resolution"]
     assert dyn["frame_padding"] <= 0.005 and dyn["fallback_share"] == 0.0 and dyn["off_rate_share"] < 0.05
+
+
+def test_fit_buckets_cost_equal_sizes_balance_and_fit_the_budget(tmp_path: Path) -> None:
+    from bucketing.costmodel import CostModel
+
+    m = _manifest(tmp_path / "kept.parquet", n=4000, seed=2)
+    for out, extra in (("budget.json", []), ("equal.json", ["--cost-equal"])):
+        r = runner.invoke(app, ["fit-buckets", str(m), "--num-buckets", "8", "-o", str(tmp_path / out), *extra])
+        assert r.exit_code == 0, r.output
+    budget, equal = read_buckets(tmp_path / "budget.json"), read_buckets(tmp_path / "equal.json")
+    caps = np.array([b.batch_size for b in budget.buckets])
+    sizes = np.array([b.batch_size for b in equal.buckets])
+    assert (sizes >= 1).all() and (sizes <= caps).all()  # never above the memory (budget) size
+    assert [b.extra["memory_batch_size"] for b in equal.buckets] == caps.tolist()
+    cost = CostModel()
+    md = np.array([b.max_duration for b in equal.buckets])
+    mt = np.array([b.max_tokens for b in equal.buckets])
+    t_budget, t_equal = cost.step_time(caps, md, mt), cost.step_time(sizes, md, mt)
+    spread = lambda t: t.max() / t.mean()  # noqa: E731
+    assert spread(t_equal) < spread(t_budget) and spread(t_equal) < 1.05
+    src = equal.batch_size_source
+    assert src["rule"] == "padded-budget" and src["cost_equal"]["times"] == "cost model"
+    assert src["cost_equal"]["target_step_s"] == pytest.approx(t_budget.min(), rel=1e-5)

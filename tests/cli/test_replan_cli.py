@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from bucketing.dynres import target_frames
 from dataprep.cli import app
 from dataprep.testing import write_plan_inputs
 from manifests.plan_files import shard_name
@@ -186,6 +187,69 @@ def test_balanced_plan_with_dynamic_resolution(inputs, tmp_path: Path) -> None:
     got = {r["bucket"]: r["utterances"] for r in per_bucket if r["utterances"]}
     assert got == dict(zip(sizes["bucket"].to_list(), sizes["n"].to_list()))
     assert "balance" in meta
-    res = runner.invoke(app, ["replan", str(out), "--at-step", "1", "--world-size", "2", "--manifest", str(inputs[0]),
-                              "-o", str(tmp_path / "c")])
-    assert res.exit_code == 2 and "dynamic-resolution" in res.output
+
+
+def _covers_once(parent: Path, child: Path, k: int) -> None:
+    """The parent's steps < k and the child's steps hold every row exactly once per epoch."""
+    old, new = batches(parent), batches(child)
+    for e in range(EPOCHS):
+        consumed = old.filter((pl.col("epoch") == e) & (pl.col("step") < k))["rows"].to_list()
+        later = new.filter(pl.col("epoch") == e)["rows"].to_list()
+        seen = Counter(int(x) for part in consumed + later for x in part)
+        assert set(seen.values()) == {1} and set(seen) == set(range(1500)), (k, e)
+
+
+@pytest.mark.parametrize("balance", ["0", "0.05"])
+@pytest.mark.parametrize("w2,g2,want", [(2, None, 2), (6, None, 2), (8, "4", 4), (3, "1", 1)])
+def test_replan_keeps_sync_groups(inputs, tmp_path_factory, balance: str, w2: int, g2: str | None, want: int) -> None:
+    parent = tmp_path_factory.mktemp("sg") / "p"
+    invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "4", "--sync-group", "2",
+           "--epochs", str(EPOCHS), "--balance", balance, "-o", str(parent))
+    pm = read_plan_meta(parent)
+    for k in sorted({1, pm.steps_per_epoch[0] - 1, pm.num_steps - 2}):
+        child = tmp_path_factory.mktemp("sgc") / f"k{k}"
+        invoke("replan", str(parent), "--at-step", str(k), "--world-size", str(w2), "-o", str(child),
+               "--manifest", str(inputs[0]), *(["--sync-group", g2] if g2 else []))
+        cm = read_plan_meta(child)
+        assert cm.sync_group == (want if want < w2 else None)
+        _covers_once(parent, child, k)
+        b = batches(child)
+        steps = b.group_by("rank").agg(pl.col("step").sort())
+        assert len({tuple(s) for s in steps["step"].to_list()}) == 1  # equal steps on every rank
+        if balance == "0":  # one bucket per step inside each group
+            per = b.with_columns((pl.col("rank") // want).alias("g")).group_by(["step", "g"]).agg(
+                pl.col("bucket").n_unique().alias("n"))
+            assert (per["n"] == 1).all()
+            if want < w2 and cm.num_steps - k >= 8:  # groups draw their steps in their own orders
+                by_group = b.filter(pl.col("rank") % want == 0).sort("step").group_by("rank").agg(pl.col("bucket"))
+                assert len({tuple(x) for x in by_group["bucket"].to_list()}) > 1
+
+
+def test_replan_sync_group_must_divide_the_new_world_size(inputs, tmp_path: Path) -> None:
+    parent = tmp_path / "p"
+    invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "4", "--sync-group", "2",
+           "-o", str(parent))
+    res = runner.invoke(app, ["replan", str(parent), "--at-step", "1", "--world-size", "3", "--manifest",
+                              str(inputs[0]), "-o", str(tmp_path / "c")])
+    assert res.exit_code == 2 and "--sync-group" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("balance", ["0", "0.05"])
+def test_replan_keeps_dynamic_resolution(inputs, tmp_path_factory, balance: str) -> None:
+    parent = tmp_path_factory.mktemp("dr") / "p"
+    invoke("plan-batches", str(inputs[0]), "--buckets", str(inputs[1]), "--world-size", "4", "--balance", balance,
+           "--epochs", str(EPOCHS), "--dynamic-resolution", "--max-rate", "120", "-o", str(parent))
+    pm = read_plan_meta(parent)
+    for k, w2 in ((1, 2), (pm.steps_per_epoch[0] + 1, 3)):
+        child = tmp_path_factory.mktemp("drc") / f"k{k}"
+        invoke("replan", str(parent), "--at-step", str(k), "--world-size", str(w2), "-o", str(child),
+               "--manifest", str(inputs[0]))
+        _covers_once(parent, child, k)
+        dr = json.loads((child / "plan.json").read_text())["dynamic_resolution"]
+        assert dr["config"] == pm.extra["dynamic_resolution"]["config"] and dr["config"]["max_rate"] == 120.0
+        t = pl.concat([pl.from_arrow(pq.read_table(child / shard_name(r), columns=["max_duration", "target_frames"]))
+                       for r in range(w2)])
+        want = target_frames(t["max_duration"].to_numpy(), 100.0)
+        assert np.array_equal(t["target_frames"].to_numpy(), want)  # every batch: its longest at the base rate
+        assert sum(r["utterances"] for r in dr["per_bucket"]) == sum(
+            len(x) for x in batches(child)["rows"].to_list())
