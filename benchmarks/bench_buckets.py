@@ -44,10 +44,11 @@ CORPORA = ("librispeech.train-clean-100.csv", "commonvoice.id_ps.csv")
 BUDGET = 600.0
 
 
-def load(data: Path, seed: int = 1234) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def load(data: Path, seed: int = 1234, rows: int | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(durations in s, tokens) per corpus; ``rows``: only each corpus's first rows (a toy run)."""
     import sentencepiece as spm
 
-    frames = {n: pl.read_csv(data / n, infer_schema_length=0).with_columns(pl.col("duration").cast(pl.Float64))
+    frames = {n: pl.read_csv(data / n, infer_schema_length=0, n_rows=rows).with_columns(pl.col("duration").cast(pl.Float64))
               for n in CORPORA}
     texts = [x for df in frames.values() for x in df["text"].drop_nulls().to_list()]
     buf = io.BytesIO()

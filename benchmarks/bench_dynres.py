@@ -50,13 +50,14 @@ GPU = 80 * 2**30
 MODEL = "canary-1b"
 
 
-def sizes_for(spec, cfg: DynResConfig | None) -> np.ndarray:  # type: ignore[no-untyped-def]
-    """canary-1b estimate at 80 GiB, each bucket at its shape under ``cfg`` (None: 2D)."""
-    sized = oomptimize(spec, OomOptions(MODEL, estimate=True, gpu_memory=GPU, dynamic_resolution=cfg))
+def sizes_for(spec, cfg: DynResConfig | None, model: str = MODEL) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """``model``'s estimate at 80 GiB, each bucket at its shape under ``cfg`` (None: 2D)."""
+    sized = oomptimize(spec, OomOptions(model, estimate=True, gpu_memory=GPU, dynamic_resolution=cfg))
     return np.array([b.batch_size for b in sized.buckets], dtype=np.int64)
 
 
-def measure(d: np.ndarray, t: np.ndarray, targets: list[int], seeds: int) -> list[dict[str, float | str]]:
+def measure(d: np.ndarray, t: np.ndarray, targets: list[int], seeds: int,
+            model: str = MODEL) -> list[dict[str, float | str]]:
     """One row per policy (2D first), medians over batch-forming seeds."""
     spec, _ = fit_spec(d, t, num_buckets=30, num_subbuckets=2, max_duration_budget=600.0)
     grid = grid_from_spec(spec)
@@ -64,7 +65,7 @@ def measure(d: np.ndarray, t: np.ndarray, targets: list[int], seeds: int) -> lis
     policies: list[tuple[str, DynResConfig | None]] = [("2d", None)] + [(f"F={f}", DynResConfig(target_frames=f))
                                                                         for f in targets]
     for name, cfg in policies:
-        sizes = sizes_for(spec, cfg)
+        sizes = sizes_for(spec, cfg, model)
         runs = []
         for s in range(seeds):
             rep = padding_report(d, t, grid, sizes, seed=s, fixed_lengths=(),
@@ -106,18 +107,20 @@ def main() -> None:
     ap.add_argument("--targets", default="800,1000,1200,1600", help="Constant targets F (frames per batch).")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--model", default=MODEL, help="The model whose memory estimate sizes the batches.")
+    ap.add_argument("--rows", type=int, default=None, help="Only each corpus's first rows (a toy run).")
     args = ap.parse_args()
     targets = [int(x) for x in args.targets.split(",")]
     torch.set_num_threads(1)
-    corpora = load(args.data)
-    print(f"30x2 buckets; sizes: {MODEL} estimate at 80 GiB for each policy's shape; base 100 Hz, 70-130 Hz, "
+    corpora = load(args.data, rows=args.rows)
+    print(f"30x2 buckets; sizes: {args.model} estimate at 80 GiB for each policy's shape; base 100 Hz, 70-130 Hz, "
           f"floor 50 Hz; medians over {args.seeds} seed(s)")
     cols = ["encoder frames vs 2D", "mean batch", "vs 2D", "frame padding", "off >10%", "clamped", "fell back"]
     print(f"| corpus | policy | {' | '.join(cols)} |")
     print("|---|---|" + "---:|" * len(cols))
     for name in CORPORA:
         d, t = corpora[name]
-        rows = measure(d, t, targets, args.seeds)
+        rows = measure(d, t, targets, args.seeds, args.model)
         base = rows[0]
         for r in rows:
             print(f"| {LABELS[name]} | {r['policy']} | {r['encoder_frames'] / base['encoder_frames']:.3f} | "

@@ -20,7 +20,7 @@ QUICK = {
     "bench_compile.py": ["--rows", "5000", "--repeats", "1", "--probe-files", "50", "--tokenize-texts", "2000",
                          "--skip-cli"],
     "bench_containers.py": ["--utterances", "60", "--repeats", "1", "--work", "{tmp}"],
-    "bench_dynres.py": ["--seeds", "1", "--targets", "1000", "--repeats", "1"],
+    "bench_dynres.py": ["--seeds", "1", "--targets", "1000", "--repeats", "1", "--model", "tiny", "--rows", "4000"],
     "bench_html_report.py": ["--rows", "5000", "--world-size", "4", "--repeats", "1", "--work", "{tmp}"],
 }
 SLOW = {
