@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from manifests.errors import OptionError
-from manifests.options import check_int, check_number
+from manifests.options import check_int, check_number, check_sample_rate
 
 #: a rate differing from the base by more than this share counts as "off the base rate"
 OFF_RATE_TOLERANCE = 0.10
@@ -46,13 +46,12 @@ LONGEST = "longest"
 _EPS = 1e-6
 #: the constant targets accepted: the described policy's range (frames per batch)
 TARGET_FRAMES_RANGE = (800, 1600)
-#: highest sample rate accepted (Hz)
-MAX_SAMPLE_RATE = 192_000
 
 
 @dataclass(frozen=True)
 class DynResConfig:
-    """Rates in frames per second (Hz); ``sample_rate`` in samples per second (1..192000);
+    """Rates in frames per second (Hz); ``sample_rate`` in samples per second (at most
+    :data:`~manifests.options.MAX_SAMPLE_RATE`);
     ``target_frames``: frames per batch, a constant int in :data:`TARGET_FRAMES_RANGE` or
     :data:`LONGEST`. Checked here (:class:`~manifests.errors.OptionError` naming the field):
     finite rates with ``0 < floor_rate <= min_rate <= max_rate <= sample_rate`` and
@@ -66,7 +65,7 @@ class DynResConfig:
     target_frames: int | str = LONGEST
 
     def __post_init__(self) -> None:
-        check_int("sample_rate", self.sample_rate, ge=1, le=MAX_SAMPLE_RATE)
+        check_sample_rate("sample_rate", self.sample_rate)
         # a rate above the sample rate would ask for a hop below one sample
         check_number("frames_per_second", self.frames_per_second, gt=0, le=self.sample_rate)
         check_number("floor_rate", self.floor_rate, gt=0, le=self.sample_rate)

@@ -16,6 +16,8 @@ from manifests.errors import OptionError
 
 #: Upper bound on counts such as world sizes, epochs and batch sizes (a typo, not a cluster).
 MAX_COUNT = 2**20
+#: Highest audio sample rate accepted anywhere (Hz): DXD studio audio; above is a typo.
+MAX_SAMPLE_RATE = 384_000
 
 
 def _num(x: float) -> str:
@@ -65,6 +67,11 @@ def check_choice(field: str, value: Any, choices: Collection[str]) -> None:
         names = list(choices)
         alts = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
         raise OptionError(field, f"must be {alts}, got {value!r}")
+
+
+def check_sample_rate(field: str, value: Any) -> None:
+    """``value`` is an ``int`` sample rate in ``[1, MAX_SAMPLE_RATE]`` Hz."""
+    check_int(field, value, ge=1, le=MAX_SAMPLE_RATE)
 
 
 def check_str(field: str, value: Any, *, optional: bool = False) -> None:

@@ -21,6 +21,7 @@ from rich.console import Console
 
 from manifests.errors import DataprepError, OptionError
 from manifests.options import check_number
+from manifests.units import parse_bytes
 
 app = typer.Typer(
     name="dataprep",
@@ -144,3 +145,10 @@ def parse_world_sizes(option: str, text: str) -> list[int]:
         raise DataprepError(f"{option}: expected integers >= 1, got {text!r}")
     return sizes
 
+
+def parse_memory_limit(text: str) -> int:
+    """``--memory-limit``'s value (``4GiB``, ``512MB``, bytes) in bytes, or a one-line error."""
+    try:
+        return parse_bytes(text)
+    except DataprepError as exc:
+        raise DataprepError(f"--memory-limit: {exc}") from None

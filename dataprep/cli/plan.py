@@ -12,7 +12,7 @@ from rich.table import Table
 
 from bucketing.costmodel import CostModel
 from bucketing.dynres import LONGEST
-from dataprep.cli.app import app, build_options, check_range, defaults_of, option_flags, out, parse_world_sizes, user_errors
+from dataprep.cli.app import app, build_options, parse_memory_limit, check_range, defaults_of, option_flags, out, parse_world_sizes, user_errors
 from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, replan, simulate_plan
@@ -20,7 +20,6 @@ from dataprep.planning.replan import default_manifest
 from dataprep.planning.simulate import plan_steps_report, simulate_strategies
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
-from manifests.units import parse_bytes
 from manifests.outputs import refuse_same_paths
 from manifests.plan_files import verify_plan
 from manifests.plan_meta import PlanMeta, read_plan_meta
@@ -71,7 +70,7 @@ def plan_batches_cmd(
     dynres = dynres if dynamic_resolution else None
     with option_flags(PLAN_FLAGS):
         pairs = parse_weights(weights)
-    limit = None if memory_limit is None else _memory_limit(memory_limit)
+    limit = None if memory_limit is None else parse_memory_limit(memory_limit)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
                             cost=_cost(coef), sync_group=sync_group, dynamic_resolution=dynres, weights=pairs,
@@ -105,13 +104,6 @@ def replan_cmd(
     with option_flags(PLAN_FLAGS):  # --at-step is checked against the plan by replan()
         meta = replan(plan_dir, man, out_dir, options, at_step=at_step)
     print_plan(meta, out_dir)
-
-
-def _memory_limit(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except DataprepError as exc:
-        raise DataprepError(f"--memory-limit: {exc}") from None
 
 
 def _cost(coef: list[str] | None) -> CostModel:

@@ -38,7 +38,7 @@ import torch
 
 from dataprep.integrations.lhotse import PlanDataLoader, PlanIterableLoader, PlanSampler
 from manifests.errors import DataprepError, OptionError
-from manifests.options import check_bool, check_int
+from manifests.options import check_bool, check_int, check_sample_rate
 from manifests.plan_meta import read_plan_meta
 
 
@@ -96,7 +96,7 @@ def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset:
     sample_rate, num_workers = _get(config, "sample_rate", 16000), _get(config, "num_workers", 0)
     pin_memory, iterable = _get(config, "pin_memory", False), _get(config, "force_iterable_dataset", False)
     with _config_errors():  # checked as given: never coerced
-        check_int("sample_rate", sample_rate, ge=1, le=384_000)
+        check_sample_rate("sample_rate", sample_rate)
         check_int("num_workers", num_workers, ge=0, le=1024)
         check_bool("pin_memory", pin_memory)
         check_bool("force_iterable_dataset", iterable)

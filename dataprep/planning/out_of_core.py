@@ -29,7 +29,6 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +45,7 @@ from bucketing.plan import EpochPlan
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import iter_manifest
 from manifests.plan_files import PlanWriter, shard_table
+from manifests.spill import SpillFiles, default_memory_limit
 
 #: Bytes of memory per row of the bucket being ordered (row, duration, tokens, the shuffle,
 #: keys, the window grids, the gathered copies), measured with benchmarks/bench_plan.py.
@@ -57,48 +57,6 @@ IN_MEMORY_BYTES_PER_ROW = 100
 #: Rows of a shard written at once (rounded to whole row groups): each part maps the position
 #: and id files only while it gathers, touching at most a few pages per row.
 PART_ROWS = 1 << 16
-
-
-def default_memory_limit() -> int:
-    """Half of the machine's physical memory (bytes)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 2
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
-
-
-class _Files:
-    """Append-only raw binary columns (one file per name) under ``root``."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._open: dict[str, BinaryIO] = {}
-
-    def append(self, name: str, values: npt.NDArray[np.generic]) -> None:
-        f = self._open.get(name)
-        if f is None:
-            f = self._open[name] = open(self.root / name, "wb")
-        np.ascontiguousarray(values).tofile(f)
-
-    def close(self) -> None:
-        for f in self._open.values():
-            f.close()
-        self._open.clear()
-
-    def read(self, name: str, dtype: type) -> npt.NDArray[np.generic]:
-        path = self.root / name
-        return np.fromfile(path, dtype=dtype) if path.exists() else np.empty(0, dtype=dtype)
-
-    def read_range(self, name: str, dtype: type, start: int, stop: int) -> npt.NDArray[np.generic]:
-        """Items ``start:stop`` of a column, read into memory (no mapping stays resident)."""
-        size = np.dtype(dtype).itemsize
-        return np.fromfile(self.root / name, dtype=dtype, count=stop - start, offset=start * size)
-
-    def map(self, name: str, dtype: type) -> npt.NDArray[np.generic]:
-        path = self.root / name
-        if not path.exists() or path.stat().st_size == 0:
-            return np.empty(0, dtype=dtype)
-        return np.memmap(path, dtype=dtype, mode="r")
 
 
 @dataclass
@@ -118,8 +76,8 @@ class SpilledCorpus:
     total_t: float = 0.0
 
     @property
-    def files(self) -> _Files:
-        return _Files(self.root)
+    def files(self) -> SpillFiles:
+        return SpillFiles(self.root)
 
     def allocation_entry(self, strict: bool, carry: bool) -> dict[str, object]:
         """``plan.json``'s ``allocation`` (as :func:`dataprep.planning.build._plan_meta` writes it)."""
@@ -135,8 +93,8 @@ class SpilledCorpus:
 
     def ids(self, rows: npt.NDArray[np.int64]) -> pa.Array:
         """The manifest ids of ``rows`` (any order, repeats allowed), as a string array."""
-        off = _Files(self.root).map("ids.off", np.int64)
-        data = _Files(self.root).map("ids.data", np.uint8)
+        off = SpillFiles(self.root).map("ids.off", np.int64)
+        data = SpillFiles(self.root).map("ids.data", np.uint8)
         a, b = off[rows], off[rows + 1]
         lens = b - a
         new_off = np.zeros(rows.shape[0] + 1, dtype=np.int64)
@@ -153,7 +111,7 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     A one-line error when one bucket cannot be planned within ``memory_limit`` bytes."""
     B = grid.num_buckets
     out = SpilledCorpus(root, counts=np.zeros(B, np.int64), max_tokens=grid.max_tokens.astype(np.int64).copy())
-    files = _Files(root)
+    files = SpillFiles(root)
     id_bytes = 0
     files.append("ids.off", np.zeros(1, np.int64))
     base = 0
@@ -212,7 +170,7 @@ def _check_bucket_fits(manifest: str | os.PathLike[str], counts: npt.NDArray[np.
 def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
     """Carry bucket tails as :func:`bucketing.allocate.carry_tails` does, one bucket in memory."""
     B = grid.num_buckets
-    files = _Files(out.root)
+    files = SpillFiles(out.root)
     incoming: list[list[tuple[npt.NDArray[np.int64], ...]]] = [[] for _ in range(B)]
     for k in range(B):
         own = [files.read(f"b{k}.rows", np.int64), files.read(f"b{k}.d", np.float64), files.read(f"b{k}.t", np.int64)]
@@ -248,7 +206,7 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
                        interleave: str, tolerance: float, cost: CostModel, group: int) -> EpochLayout:
     """Step 3 of the module docstring: :func:`bucketing.plan.plan_epoch` (balanced) then
     :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays."""
-    files = _Files(corpus.root)
+    files = SpillFiles(corpus.root)
     for name in ("pos.rows", "pos.d", "pos.t"):
         (corpus.root / name).unlink(missing_ok=True)
     rng = np.random.default_rng([seed, epoch, 0])
@@ -343,7 +301,7 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
             off = np.zeros(hi - lo + 1, dtype=np.int64)
             np.cumsum(size, out=off[1:])
             idx = np.repeat(layout.start[lo:hi] - off[:-1], size) + np.arange(int(off[-1]), dtype=np.int64)
-            pos_rows = _Files(corpus.root).map("pos.rows", np.int64)
+            pos_rows = SpillFiles(corpus.root).map("pos.rows", np.int64)
             rows = np.asarray(pos_rows[idx])
             del pos_rows
             table = shard_table(epoch=ep.epoch, first_step=first_step + c, bucket=bucket[lo:hi], offsets=off,

@@ -29,6 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from manifests.errors import OptionError
+from manifests.options import check_choice, check_int, check_number, check_sample_rate
+
 SAMPLE_RATE = 16000
 HOP = 160  # samples (10 ms at 16 kHz)
 WIN = 400  # samples (25 ms at 16 kHz)
@@ -104,19 +107,26 @@ class FeatureConfig:
     valid_frames: str = "plus_one"
 
     def __post_init__(self) -> None:
-        if not (0 < self.n_window_size <= self.n_fft and 0 < self.n_window_stride) or self.sample_rate <= 0:
-            raise ValueError(f"features: need 0 < window ({self.n_window_size}) <= n_fft ({self.n_fft}), a positive "
-                             f"hop ({self.n_window_stride}) and sample rate ({self.sample_rate})")
-        checks = {"window": (self.window, tuple(_WINDOWS)), "normalize": (self.normalize, (None, "per_feature", "all_features")),
-                  "log_zero_guard_type": (self.log_zero_guard_type, ("add", "clamp")),
-                  "edge_padding": (self.edge_padding, ("reflect", "constant")),
-                  "valid_frames": (self.valid_frames, ("plus_one", "floor"))}
-        for name, (value, allowed) in checks.items():
-            if value not in allowed:
-                raise ValueError(f"features: {name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
-        if self.features < 1 or self.dither < 0 or self.pad_to < 0:
-            raise ValueError(f"features: need >= 1 mel bands, dither >= 0, pad_to >= 0 (got {self.features}, "
-                             f"{self.dither}, {self.pad_to})")
+        """Every field checked where the config is built (:class:`OptionError` naming it)."""
+        check_sample_rate("features.sample_rate", self.sample_rate)
+        check_int("features.n_window_size", self.n_window_size, ge=1)
+        check_int("features.n_window_stride", self.n_window_stride, ge=1)
+        check_int("features.n_fft", self.n_fft, ge=self.n_window_size)
+        check_int("features.features", self.features, ge=1, le=4096)
+        check_choice("features.window", self.window, tuple(_WINDOWS))
+        check_number("features.lowfreq", self.lowfreq, ge=0, le=self.sample_rate / 2)
+        check_number("features.highfreq", self.highfreq, gt=self.lowfreq, le=self.sample_rate / 2, optional=True)
+        check_number("features.preemph", self.preemph, ge=0, le=1, optional=True)
+        check_number("features.dither", self.dither, ge=0)
+        if self.normalize is not None:
+            check_choice("features.normalize", self.normalize, ("per_feature", "all_features"))
+        check_choice("features.log_zero_guard_type", self.log_zero_guard_type, ("add", "clamp"))
+        check_number("features.log_zero_guard_value", self.log_zero_guard_value, gt=0)
+        check_number("features.mag_power", self.mag_power, gt=0)
+        check_int("features.pad_to", self.pad_to, ge=0)
+        check_number("features.pad_value", self.pad_value)
+        check_choice("features.edge_padding", self.edge_padding, ("reflect", "constant"))
+        check_choice("features.valid_frames", self.valid_frames, ("plus_one", "floor"))
 
     @classmethod
     def ours(cls, n_mels: int = 80) -> FeatureConfig:
@@ -138,14 +148,14 @@ class FeatureConfig:
                  "stft_exact_pad": False, "stft_conv": False, "use_torchaudio": False}
         for k, default in fixed.items():
             if k in o and o.pop(k) != default:
-                raise ValueError(f"features: NeMo's {k} is supported at its default {default!r} only")
+                raise OptionError(f"features.{k}", f"NeMo's {k} is supported at its default {default!r} only")
         o.pop("_target_", None)
         o.pop("rng", None)
         o.pop("nb_max_freq", None)
         sr = int(o.pop("sample_rate", SAMPLE_RATE))
         for secs, samples, default in (("window_size", "n_window_size", 0.02), ("window_stride", "n_window_stride", 0.01)):
             if o.get(secs) and o.get(samples):
-                raise ValueError(f"features: give {secs} or {samples}, not both")
+                raise OptionError(f"features.{secs}", f"give {secs} or {samples}, not both")
             s = o.pop(secs, None)
             n = o.pop(samples, None)
             o[samples] = int(n) if n else int((s if s else default) * sr)  # NeMo: int(seconds * rate)
@@ -157,7 +167,7 @@ class FeatureConfig:
             o["normalize"] = None  # NeMo: every other value disables normalization
         unknown = set(o) - {f.name for f in fields(cls)} - {"edge_padding", "valid_frames"}
         if unknown:
-            raise ValueError(f"features: unknown NeMo preprocessor argument(s): {', '.join(sorted(unknown))}")
+            raise OptionError("features", f"unknown NeMo preprocessor argument(s): {', '.join(sorted(unknown))}")
         base = {"preemph": 0.97, "dither": 1e-5, "normalize": "per_feature", "features": 64, "pad_to": 16,
                 "edge_padding": "constant", "valid_frames": "floor"}
         return cls(sample_rate=sr, **{**base, **o})
@@ -180,7 +190,7 @@ class FeatureConfig:
             return cls.nemo(**overrides)
         if name == "canary-1b":
             return cls.canary_1b(**overrides)
-        raise ValueError(f"features: must be ours, nemo or canary-1b, got {name!r}")
+        raise OptionError("features", f"must be ours, nemo or canary-1b, got {name!r}")
 
     @property
     def frames_per_second(self) -> float:
