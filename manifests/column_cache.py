@@ -1,20 +1,26 @@
 """The memory-mapped manifest column cache: the loader's manifest columns, built once per manifest.
 
 Manifest metadata is not re-read per run: the columns the loader needs are converted once
-into an uncompressed Arrow IPC file keyed by the manifest's content hash and memory-mapped,
-so the time to the first batch does not grow with the corpus (see ``benchmarks/bench_loader.py``).
+into an uncompressed Arrow IPC stream keyed by the manifest's content hash, written block by
+block (memory bounded by a block, not the corpus) and memory-mapped, so the time to the first
+batch does not grow with the corpus (see ``benchmarks/bench_loader.py`` and
+``benchmarks/bench_stream_checks.py``).
 A batch's metadata (:class:`RowsMeta`) is numpy takes from that mapping; Python strings
 (audio paths, texts) are made only when the batch's audio is read and its text tokenized.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +30,7 @@ import pyarrow.parquet as pq
 
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.errors import DataprepError
-from manifests.io import current_umask, default_cache_dir, file_lock, manifest_hash
+from manifests.io import current_umask, default_cache_dir, file_lock, iter_manifest, manifest_hash, manifest_num_rows
 
 #: manifest columns the loader reads (ids come from the plan, which holds them per batch)
 LOADER_COLUMNS = ("audio_path", "offset", "duration", "text", "lang", "num_tokens")
@@ -32,10 +38,24 @@ LOADER_COLUMNS = ("audio_path", "offset", "duration", "text", "lang", "num_token
 ADDRESS_COLUMNS = ("container", "member_offset", "member_size", "row_group", "group_row")
 #: every column of a cache file, in order
 CACHE_COLUMNS = LOADER_COLUMNS + ADDRESS_COLUMNS
-#: layout version of the manifest column cache files
-CACHE_VERSION = 4
+#: layout version of the manifest column cache files (5: an IPC stream of blocks, per-batch dictionaries)
+CACHE_VERSION = 5
+#: rows per record batch of the cache: the build holds one block of manifest rows (~100 MB at
+#: 1<<18 rows of ~150-character texts and paths); a gather does one numpy take per batch it touches
+CACHE_BATCH_ROWS = 1 << 18
+#: schema metadata key of the cache's facts (version, manifest content hash, rows)
+CACHE_META = "dataprep.column_cache"
+_STRINGS = pa.dictionary(pa.int32(), pa.string())
+#: the cache's columns and types (:class:`ManifestColumns` documents them)
+CACHE_SCHEMA = pa.schema([
+    ("audio_path", _STRINGS), ("offset", pa.float64()), ("duration", pa.float64()), ("text", pa.large_string()),
+    ("lang", _STRINGS), ("num_tokens", pa.int32()), ("container", _STRINGS), ("member_offset", pa.int64()),
+    ("member_size", pa.int64()), ("row_group", pa.int32()), ("group_row", pa.int64()),
+])
 #: audio file dictionaries up to this many paths are kept as Python strings per process
 SMALL_DICTIONARY = 1 << 16
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -82,7 +102,7 @@ class RowsMeta:
     @cached_property
     def texts(self) -> list[str]:
         """Transcript of each row (a null text reads as ``""``)."""
-        return self.columns.text.take(pa.array(self.rows)).to_pylist()  # type: ignore[no-any-return]
+        return self.columns.texts(self.rows)
 
     @cached_property
     def langs(self) -> list[str | None]:
@@ -94,42 +114,64 @@ class RowsMeta:
 class ManifestColumns:
     """The loader's manifest columns, memory-mapped from an Arrow IPC cache file.
 
-    The cache (``<cache_dir>/<content hash>.v4.arrow``) holds one record batch with no nulls:
-    ``offset``, ``duration`` (float64, s), ``num_tokens`` (int32), ``text`` (large_string),
-    ``audio_path``, ``lang`` and ``container`` dictionary-encoded (int32 codes; ``""`` = no
-    language / no container), ``member_offset``, ``member_size``, ``row_group``, ``group_row``
-    (-1 where the row is not in a container). It is
-    built once per manifest content (a few seconds at 10M rows: only these columns are read,
-    paths straight from the Parquet dictionary pages) and shared by every rank and run; one
-    process builds it under a file lock while the others wait, and the file appears atomically.
-    Opening maps it (no read): constant time whatever the corpus size.
+    The cache (``<cache_dir>/<content hash>.v5.arrow``) is an Arrow IPC *stream* of record
+    batches of :data:`CACHE_BATCH_ROWS` rows (the last shorter) with no nulls: ``offset``,
+    ``duration`` (float64, s), ``num_tokens`` (int32), ``text`` (large_string), ``audio_path``,
+    ``lang`` and ``container`` dictionary-encoded per record batch (int32 codes into that
+    batch's dictionary; ``""`` = no language / no container), ``member_offset``,
+    ``member_size``, ``row_group``, ``group_row`` (-1 where the row is not in a container).
+    It is built once per manifest content by streaming the manifest block by block (memory: a
+    block, whatever the corpus size) and shared by every rank and run; one process builds it
+    under a file lock while the others wait, and the file appears atomically. Opening maps it
+    and walks the stream's message headers (no column is read or copied): resident memory
+    grows only with the pages a gather touches.
+
+    Row ``r`` lives in record batch ``b = searchsorted(starts, r, "right") - 1``. Codes are
+    made global by adding the batch's dictionary offset: :attr:`audio_files` and
+    :attr:`containers` / :attr:`langs` are the batches' dictionaries one after the other (a
+    file used in several batches appears once per batch).
     """
 
     def __init__(self, table: pa.Table, source: str) -> None:
         self.source = source
         self.num_rows = table.num_rows
-        cols = {name: single_chunk(table.column(name)) for name in LOADER_COLUMNS}
-        self._offset = numpy_view(cols["offset"], np.float64)
-        self._duration = numpy_view(cols["duration"], np.float64)
-        self._num_tokens = numpy_view(cols["num_tokens"], np.int32)
-        self._audio = numpy_view(cols["audio_path"].indices, np.int32)
-        self._lang = numpy_view(cols["lang"].indices, np.int32)
-        #: distinct audio files (mapped strings); ``RowsMeta.audio_codes`` index it
-        self.audio_files: pa.Array = cols["audio_path"].dictionary
-        #: transcripts (mapped strings), one per manifest row
-        self.text: pa.Array = cols["text"]
-        #: distinct languages (``None`` = none given); ``RowsMeta.lang_codes`` index it
-        self.langs: list[str | None] = [x or None for x in cols["lang"].dictionary.to_pylist()]
+        batches = table.to_batches()  # zero-copy views of the mapped record batches
+        self._starts = np.cumsum([0] + [b.num_rows for b in batches]).astype(np.int64)
+
+        def views(name: str, dtype: type[np.generic]) -> list[npt.NDArray[Any]]:
+            return [numpy_view(b.column(name), dtype) for b in batches]
+
+        def codes(name: str) -> tuple[list[npt.NDArray[np.int32]], list[pa.Array], npt.NDArray[np.int64]]:
+            cols = [b.column(name) for b in batches]
+            dicts = [c.dictionary for c in cols]
+            return ([numpy_view(c.indices, np.int32) for c in cols], dicts,
+                    np.cumsum([0] + [len(d) for d in dicts]).astype(np.int64))
+
+        self._offset = views("offset", np.float64)
+        self._duration = views("duration", np.float64)
+        self._num_tokens = views("num_tokens", np.int32)
+        self._member_offset = views("member_offset", np.int64)
+        self._member_size = views("member_size", np.int64)
+        self._row_group = views("row_group", np.int32)
+        self._group_row = views("group_row", np.int64)
+        self._audio, audio_dicts, self._audio_starts = codes("audio_path")
+        self._lang, lang_dicts, self._lang_starts = codes("lang")
+        self._container, container_dicts, self._container_starts = codes("container")
+        self._texts: list[pa.Array] = [b.column("text") for b in batches]
+        #: the record batches' audio file dictionaries, in order (mapped strings); ``RowsMeta.audio_codes`` index it
+        self.audio_files: pa.ChunkedArray = pa.chunked_array(audio_dicts, pa.string())
+        self._audio_dicts = audio_dicts
+        #: the record batches' language dictionaries (``None`` = none given); ``RowsMeta.lang_codes`` index it
+        self.langs: list[str | None] = [x or None for d in lang_dicts for x in d.to_pylist()]
+        #: the record batches' container dictionaries (``""`` stands for none)
+        self.containers: list[str] = [x for d in container_dicts for x in d.to_pylist()]
+        self._no_container = np.asarray([x == "" for x in self.containers] or [False], dtype=bool)
         self._file_names: list[str] | None = None
-        self._container = numpy_view(single_chunk(table.column("container")).indices, np.int32)
-        #: distinct containers (``""`` stands for none)
-        self.containers: list[str] = single_chunk(table.column("container")).dictionary.to_pylist()
-        empty = self.containers.index("") if "" in self.containers else -2
-        self._member_offset = numpy_view(single_chunk(table.column("member_offset")), np.int64)
-        self._member_size = numpy_view(single_chunk(table.column("member_size")), np.int64)
-        self._row_group = numpy_view(single_chunk(table.column("row_group")), np.int32)
-        self._group_row = numpy_view(single_chunk(table.column("group_row")), np.int64)
-        self._no_container = empty
+
+    @property
+    def text(self) -> pa.ChunkedArray:
+        """Transcripts (mapped strings), one per manifest row."""
+        return pa.chunked_array(self._texts, pa.large_string())
 
     def audio_names(self, codes: npt.NDArray[np.int32]) -> list[str]:
         """Paths of ``audio_codes``. A small dictionary (many utterances per file) becomes Python
@@ -139,7 +181,11 @@ class ManifestColumns:
                 self._file_names = self.audio_files.to_pylist()
             names = self._file_names
             return [names[c] for c in codes.tolist()]
-        return self.audio_files.take(pa.array(codes)).to_pylist()  # type: ignore[no-any-return]
+        return _take_strings(self._audio_dicts, self._audio_starts, np.asarray(codes, np.int64))
+
+    def texts(self, rows: npt.NDArray[np.int64]) -> list[str]:
+        """Transcripts of manifest ``rows`` (row numbers, checked by :meth:`gather`), in that order."""
+        return _take_strings(self._texts, self._starts, rows)
 
     @classmethod
     def open(cls, manifest: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> ManifestColumns:
@@ -150,21 +196,76 @@ class ManifestColumns:
 
     def gather(self, rows: npt.NDArray[np.int64], ids: Sequence[str]) -> RowsMeta:
         """Fields of manifest ``rows`` (row numbers) in the given order; ``ids`` are the plan's
-        ids of those rows. Numpy takes only: no Python string is made here."""
+        ids of those rows. Numpy takes only (one per record batch the rows fall in): no Python
+        string is made here."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(ids) != rows.shape[0]:
             raise DataprepError(f"{self.source}: {len(ids)} ids for {rows.shape[0]} rows")
         if rows.size and (rows.min() < 0 or rows.max() >= self.num_rows):
             raise DataprepError(f"{self.source}: plan refers to row {int(rows.max())} but the manifest has "
                                 f"{self.num_rows} rows (plan made from another manifest?)")
+        groups = _locate(self._starts, rows)
+        n = rows.shape[0]
+        container = _take(self._container, groups, n, np.int64, self._container_starts)
         return RowsMeta(
-            ids=list(ids), rows=rows, offsets=self._offset[rows], durations=self._duration[rows],
-            num_tokens=self._num_tokens[rows].astype(np.int64), audio_codes=self._audio[rows],
-            lang_codes=self._lang[rows], columns=self,
-            container_codes=np.where(self._container[rows] == self._no_container, -1, self._container[rows]).astype(np.int32),
-            member_offsets=self._member_offset[rows], member_sizes=self._member_size[rows],
-            row_groups=self._row_group[rows], group_rows=self._group_row[rows],
+            ids=list(ids), rows=rows, offsets=_take(self._offset, groups, n, np.float64),
+            durations=_take(self._duration, groups, n, np.float64),
+            num_tokens=_take(self._num_tokens, groups, n, np.int64),
+            audio_codes=_take(self._audio, groups, n, np.int64, self._audio_starts).astype(np.int32),
+            lang_codes=_take(self._lang, groups, n, np.int64, self._lang_starts).astype(np.int32),
+            columns=self,
+            container_codes=np.where(self._no_container[container], -1, container).astype(np.int32),
+            member_offsets=_take(self._member_offset, groups, n, np.int64),
+            member_sizes=_take(self._member_size, groups, n, np.int64),
+            row_groups=_take(self._row_group, groups, n, np.int32),
+            group_rows=_take(self._group_row, groups, n, np.int64),
         )
+
+
+#: (record batch, positions in the request, rows inside the batch) of the rows of one batch
+_Group = tuple[int, npt.NDArray[np.intp], npt.NDArray[np.int64]]
+
+
+def _locate(starts: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]) -> list[_Group]:
+    """Split ``rows`` (global numbers, ``0 <= row < starts[-1]``) by the record batch holding
+    them; ``starts``: first row of each batch then the total. One group per batch touched."""
+    batch = np.searchsorted(starts, rows, side="right") - 1
+    if rows.size == 0:
+        return []
+    if batch[0] == batch[-1] and (batch == batch[0]).all():  # the common case: one batch
+        b = int(batch[0])
+        return [(b, np.arange(rows.size), rows - starts[b])]
+    order = np.argsort(batch, kind="stable")
+    cuts = np.flatnonzero(np.diff(batch[order])) + 1
+    out = []
+    for pos in np.split(order, cuts):
+        b = int(batch[pos[0]])
+        out.append((b, pos, rows[pos] - starts[b]))
+    return out
+
+
+def _take(views: list[npt.NDArray[Any]], groups: list[_Group], n: int, dtype: type[np.generic],
+          add: npt.NDArray[np.int64] | None = None) -> npt.NDArray[Any]:
+    """``views[b][local]`` for every group, placed at its positions; ``add[b]`` added per batch
+    (a batch's dictionary offset, making its codes global)."""
+    out = np.empty(n, dtype=dtype)
+    for b, pos, local in groups:
+        out[pos] = views[b][local] if add is None else views[b][local] + add[b]
+    return out
+
+
+def _take_strings(chunks: list[pa.Array], starts: npt.NDArray[np.int64], idx: npt.NDArray[np.int64]) -> list[str]:
+    """Python strings of global positions ``idx`` over string arrays laid end to end (``starts``:
+    first position of each, then the total); takes per array, no array is concatenated."""
+    groups = _locate(starts, idx)
+    if len(groups) == 1:  # one batch: already in request order
+        b, _, local = groups[0]
+        return chunks[b].take(pa.array(local)).to_pylist()  # type: ignore[no-any-return]
+    out: list[str] = [""] * int(idx.shape[0])
+    for b, pos, local in groups:
+        for p, v in zip(pos.tolist(), chunks[b].take(pa.array(local)).to_pylist()):
+            out[p] = v
+    return out
 
 
 def open_or_build_cache(
@@ -202,7 +303,7 @@ def _encoded(col: pa.ChunkedArray) -> pa.DictionaryArray:
         col = pc.dictionary_encode(col)
     col = pa.chunked_array(col.chunks, col.type) if col.num_chunks else pa.chunked_array([], col.type)
     arr = pa.Table.from_arrays([col], ["c"]).unify_dictionaries().column(0).combine_chunks()
-    values, codes = arr.dictionary, arr.indices.cast(pa.int32())
+    values, codes = arr.dictionary.cast(pa.string()), arr.indices.cast(pa.int32())
     if arr.null_count:  # rows without a value (no lang given): point them at ""
         empty = pc.index(values, "").as_py()
         if empty < 0:
@@ -212,58 +313,76 @@ def _encoded(col: pa.ChunkedArray) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(codes, values)
 
 
-def build_column_cache(manifest: str | os.PathLike[str], path: Path) -> None:
-    """Write the loader's column cache of ``manifest`` to ``path`` (atomically).
+def build_column_cache(manifest: str | os.PathLike[str], path: Path, *, batch_rows: int = CACHE_BATCH_ROWS) -> None:
+    """Write the loader's column cache of ``manifest`` to ``path`` (atomically; ``path``'s name
+    starts with the manifest's content hash, recorded in the file and checked on open).
 
-    Reads only :data:`LOADER_COLUMNS` (and the container columns of a version-2 manifest);
-    audio paths and languages come dictionary-encoded from the Parquet dictionary pages where
-    the writer made them (no hashing of 10M strings).
+    Streams the manifest ``batch_rows`` rows at a time (:func:`manifests.io.iter_manifest`,
+    only :data:`LOADER_COLUMNS` and the container columns of a version-2 manifest): memory is a
+    block, not the corpus. Each block becomes one record batch whose string columns are
+    dictionary-encoded with their own dictionary (the IPC stream carries a replacement per batch).
+    A cache of an older layout version for the same manifest is removed once this one is written.
     """
     try:
         names = pq.read_schema(manifest).names
-        address = [c for c in ADDRESS_COLUMNS if c in names]
-        t = pq.read_table(manifest, columns=list(LOADER_COLUMNS) + address,
-                          read_dictionary=["audio_path", "lang"] + (["container"] if "container" in address else []))
-    except (OSError, pa.ArrowInvalid, KeyError) as exc:
+    except (OSError, pa.ArrowInvalid) as exc:
         raise DataprepError(f"{manifest}: cannot read the loader's columns ({exc})") from None
-    n = t.num_rows
-    text = pc.fill_null(t.column("text").cast(pa.large_string()), "")
-
-    def number(name: str, typ: pa.DataType) -> pa.Array:
-        if name not in address:
-            return pa.array(np.full(n, -1), typ)
-        return pc.fill_null(t.column(name).cast(typ), -1).combine_chunks()
-
-    container = t.column("container") if "container" in address else pa.chunked_array([pa.nulls(n, pa.string())])
-    table = pa.Table.from_arrays(
-        [
-            _encoded(t.column("audio_path")),
-            pc.fill_null(t.column("offset"), 0.0).combine_chunks(),
-            pc.fill_null(t.column("duration"), 0.0).combine_chunks(),
-            text.combine_chunks(),
-            _encoded(t.column("lang")),
-            pc.fill_null(t.column("num_tokens").cast(pa.int32()), 0).combine_chunks(),
-            _encoded(container),
-            number("member_offset", pa.int64()),
-            number("member_size", pa.int64()),
-            number("row_group", pa.int32()),
-            number("group_row", pa.int64()),
-        ],
-        names=list(CACHE_COLUMNS),
-    )
+    address = [c for c in ADDRESS_COLUMNS if c in names]
+    blocks = iter_manifest(manifest, list(LOADER_COLUMNS) + address, batch_rows)
+    schema = CACHE_SCHEMA.with_metadata({CACHE_META: json.dumps(
+        {"version": CACHE_VERSION, "content_hash": _hash_of(path), "rows": manifest_num_rows(manifest)},
+        sort_keys=True)})
     # atomic (temporary file + rename) but not fsynced, unlike ``manifests.io.atomic_path``: the
     # fsync of a 0.6 GB cache costs more than writing it, and a file a crash left unreadable is
     # found by ``_open_cache`` and rebuilt
-    write_ipc_file(path, table.schema, table.to_batches(max_chunksize=max(1, table.num_rows)))
+    write_ipc_file(path, schema, (_cache_batch(t, address) for t in blocks), stream=True)
+    for old in range(1, CACHE_VERSION):
+        with contextlib.suppress(OSError):
+            path.with_name(f"{_hash_of(path)}.v{old}.arrow").unlink()
 
 
-def write_ipc_file(path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> None:
-    """Write record batches as an uncompressed Arrow IPC file at ``path``: atomic (temporary
-    file + rename), not fsynced (a cache a crash left unreadable is found on open and rebuilt)."""
+def _cache_batch(t: pa.Table, address: list[str]) -> pa.RecordBatch:
+    """One record batch of the cache from a block of manifest rows (nulls filled, strings
+    dictionary-encoded with the block's own dictionary)."""
+    n = t.num_rows
+
+    def number(name: str, typ: pa.DataType, fill: float) -> pa.Array:
+        if name not in t.column_names:
+            return pa.array(np.full(n, fill), typ)
+        return pc.fill_null(t.column(name).cast(typ), fill).combine_chunks()
+
+    container = t.column("container") if "container" in address else pa.chunked_array([pa.nulls(n, pa.string())])
+    return pa.RecordBatch.from_arrays(
+        [
+            _encoded(t.column("audio_path")),
+            number("offset", pa.float64(), 0.0),
+            number("duration", pa.float64(), 0.0),
+            pc.fill_null(t.column("text").cast(pa.large_string()), "").combine_chunks(),
+            _encoded(t.column("lang")),
+            number("num_tokens", pa.int32(), 0),
+            _encoded(container),
+            number("member_offset", pa.int64(), -1),
+            number("member_size", pa.int64(), -1),
+            number("row_group", pa.int32(), -1),
+            number("group_row", pa.int64(), -1),
+        ],
+        schema=CACHE_SCHEMA,
+    )
+
+
+def _hash_of(path: Path) -> str:
+    """The manifest content hash a cache file's name starts with."""
+    return path.name.split(".", 1)[0]
+
+
+def write_ipc_file(path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBatch], *, stream: bool = False) -> None:
+    """Write record batches as an uncompressed Arrow IPC file (``stream``: the IPC stream format,
+    which allows a new dictionary per batch) at ``path``: atomic (temporary file + rename), not
+    fsynced (a cache a crash left unreadable is found on open and rebuilt)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        with pa.OSFile(tmp, "wb") as sink, (pa.ipc.new_stream if stream else pa.ipc.new_file)(sink, schema) as writer:
             for batch in batches:
                 writer.write_batch(batch)
         os.chmod(tmp, 0o666 & ~current_umask())
@@ -272,15 +391,55 @@ def write_ipc_file(path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBat
         if os.path.exists(tmp):
             os.unlink(tmp)
 
-def _open_cache(path: Path, num_rows: int) -> pa.Table | None:
-    """The mapped cache table, or ``None`` when the file is missing or not a whole cache."""
+
+class _Invalid(Exception):
+    """A cache file that is present but not a whole, current cache of the manifest."""
+
+
+def _read_cache(path: Path, num_rows: int) -> pa.Table:
+    """The mapped cache table, every stored fact checked against what it must be: format
+    version, the manifest hash its name gives, row count, schema, each batch's buffers and
+    null counts (metadata only: no value is read). Raises ``FileNotFoundError`` or :class:`_Invalid`."""
     try:
         with pa.memory_map(str(path), "r") as source:
-            table = pa.ipc.open_file(source).read_all()
+            reader = pa.ipc.open_stream(source)
+            batches = list(reader)  # zero-copy: slices of the mapping
+            schema = reader.schema
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise _Invalid(f"not a whole Arrow IPC stream ({str(exc).strip().splitlines()[0][:120] if str(exc) else exc})") from None
+    try:
+        facts = json.loads((schema.metadata or {}).get(CACHE_META.encode(), b"{}"))
+    except ValueError:
+        facts = {}
+    if not isinstance(facts, dict) or facts.get("version") != CACHE_VERSION:
+        got = facts.get("version") if isinstance(facts, dict) else None
+        raise _Invalid(f"layout version {got!r}, this tool writes {CACHE_VERSION}")
+    if facts.get("content_hash") != _hash_of(path):
+        raise _Invalid("made from another manifest (its recorded content hash differs from its name)")
+    if schema.remove_metadata() != CACHE_SCHEMA:
+        raise _Invalid("columns differ from the cache's")
+    total = sum(b.num_rows for b in batches)
+    if facts.get("rows") != num_rows or total != num_rows:
+        raise _Invalid(f"holds {total} rows, the manifest has {num_rows}")
+    for b in batches:
+        try:
+            b.validate()
+        except pa.ArrowInvalid as exc:
+            raise _Invalid(f"a record batch does not hold together ({str(exc)[:120]})") from None
+        if any(c.null_count for c in b.columns):
+            raise _Invalid("a column has nulls")
+    return pa.Table.from_batches(batches, schema)
+
+
+def _open_cache(path: Path, num_rows: int) -> pa.Table | None:
+    """The mapped cache table, or ``None`` when the file is missing or is not a whole, current
+    cache of this manifest (then logged with the reason, and rebuilt by the caller)."""
+    try:
+        return _read_cache(path, num_rows)
     except FileNotFoundError:
         return None
-    except (OSError, pa.ArrowInvalid):
+    except _Invalid as exc:
+        log.warning("%s: the loader's column cache is refused (%s); rebuilding it", path, exc)
         return None
-    if table.num_rows != num_rows or table.schema.names != list(CACHE_COLUMNS):
-        return None
-    return table

@@ -1,0 +1,154 @@
+"""The loader's column cache (v5): streamed build, mapped read, refusal of what it must not trust."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from manifests.column_cache import (
+    CACHE_META,
+    CACHE_SCHEMA,
+    CACHE_VERSION,
+    ManifestColumns,
+    build_column_cache,
+    write_ipc_file,
+)
+from manifests.io import manifest_hash, read_manifest, write_manifest
+
+ROWS = 90
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pl.DataFrame]:
+    """90 rows: files shared by a few rows, null langs, offsets, texts and a container column."""
+    rng = np.random.default_rng(7)
+    n = ROWS
+    in_tar = rng.random(n) < 0.4
+    df = pl.DataFrame({
+        "id": [f"u{i:03d}" for i in range(n)],
+        "audio_path": [f"/a/{rng.integers(0, 25)}.flac" for _ in range(n)],
+        "offset": [None if rng.random() < 0.5 else float(rng.integers(0, 50)) for _ in range(n)],
+        "duration": rng.uniform(0.5, 20, n).round(2),
+        "text": [None if rng.random() < 0.1 else f"words {i} é" for i in range(n)],
+        "lang": [None if rng.random() < 0.3 else ["en", "de", "fr"][rng.integers(0, 3)] for _ in range(n)],
+        "num_tokens": rng.integers(1, 90, n).astype(np.int32),
+        "container": [f"/t/{rng.integers(0, 3)}.tar" if t else None for t in in_tar],
+        "member_offset": [int(rng.integers(0, 1 << 40)) if t else None for t in in_tar],
+        "member_size": [int(rng.integers(1, 1 << 20)) if t else None for t in in_tar],
+    }).with_columns((pl.col("num_tokens") / pl.col("duration")).alias("tps"))
+    path = tmp_path_factory.mktemp("cc") / "m.parquet"
+    write_manifest(df, path)
+    return path, read_manifest(path)
+
+
+def _cache_path(manifest: Path, cache: Path) -> Path:
+    return cache / f"{manifest_hash(manifest)}.v{CACHE_VERSION}.arrow"
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch_rows=st.integers(min_value=1, max_value=ROWS + 5),
+       picks=st.lists(st.integers(min_value=0, max_value=ROWS - 1), max_size=40))
+def test_round_trip_over_any_record_batch_size(manifest: tuple[Path, pl.DataFrame], tmp_path_factory:
+                                               pytest.TempPathFactory, batch_rows: int, picks: list[int]) -> None:
+    path, df = manifest
+    cache = tmp_path_factory.mktemp("c")
+    cache_file = _cache_path(path, cache)
+    build_column_cache(path, cache_file, batch_rows=batch_rows)  # one dictionary per record batch
+    cols = ManifestColumns.open(path, cache)
+    assert cols.num_rows == ROWS
+    rows = np.array(picks, dtype=np.int64)
+    m = cols.gather(rows, [str(r) for r in picks])
+    assert m.audio_paths == df["audio_path"].gather(rows).to_list()
+    assert m.texts == df["text"].fill_null("").gather(rows).to_list()
+    assert m.langs == df["lang"].gather(rows).to_list()
+    assert m.container_paths == df["container"].gather(rows).to_list()
+    np.testing.assert_array_equal(m.offsets, df["offset"].fill_null(0.0).to_numpy()[rows])
+    np.testing.assert_array_equal(m.durations, df["duration"].to_numpy()[rows])
+    np.testing.assert_array_equal(m.num_tokens, df["num_tokens"].to_numpy()[rows])
+    np.testing.assert_array_equal(m.member_offsets, df["member_offset"].fill_null(-1).to_numpy()[rows])
+    np.testing.assert_array_equal(m.member_sizes, df["member_size"].fill_null(-1).to_numpy()[rows])
+    np.testing.assert_array_equal(m.row_groups, np.full(len(picks), -1))
+    assert m.num_tokens.dtype == np.int64 and m.member_offsets.dtype == np.int64
+    assert len(cols.text) == ROWS and cache_file.stat().st_mtime_ns  # mapped, not rebuilt
+
+
+def _rewrite(cache_file: Path, **facts: object) -> None:
+    """Rewrite a cache file whole with other recorded facts (as another tool version would)."""
+    with pa.memory_map(str(cache_file)) as src:
+        reader = pa.ipc.open_stream(src)
+        batches = list(reader)
+        meta = json.loads(reader.schema.metadata[CACHE_META.encode()])
+    meta.update(facts)
+    tmp = cache_file.with_name("x.arrow")
+    write_ipc_file(tmp, CACHE_SCHEMA.with_metadata({CACHE_META: json.dumps(meta)}), batches, stream=True)
+    tmp.replace(cache_file)
+
+
+@pytest.mark.parametrize(("facts", "why"), [
+    ({"version": CACHE_VERSION - 1}, "layout version 4"),
+    ({"content_hash": "0" * 64}, "another manifest"),
+    ({"rows": ROWS + 1}, "the manifest has"),
+])
+def test_a_cache_whose_facts_differ_is_refused_and_rebuilt(manifest: tuple[Path, pl.DataFrame], tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture,
+                                                           facts: dict[str, object], why: str) -> None:
+    path, df = manifest
+    ManifestColumns.open(path, tmp_path)
+    cache_file = _cache_path(path, tmp_path)
+    _rewrite(cache_file, **facts)
+    with caplog.at_level(logging.WARNING, logger="manifests.column_cache"):
+        cols = ManifestColumns.open(path, tmp_path)
+    assert why in caplog.text and "rebuilding" in caplog.text
+    assert cols.gather(np.array([5]), ["x"]).audio_paths == [df["audio_path"][5]]
+    assert json.loads(pa.ipc.open_stream(pa.memory_map(str(cache_file))).schema.metadata[CACHE_META.encode()]) == {
+        "version": CACHE_VERSION, "content_hash": manifest_hash(path), "rows": ROWS}
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.97])
+def test_a_truncated_cache_is_rebuilt_with_the_reason(manifest: tuple[Path, pl.DataFrame], tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture, cut: float) -> None:
+    path, df = manifest
+    cache_file = _cache_path(path, tmp_path)
+    tmp_path.mkdir(exist_ok=True)
+    build_column_cache(path, cache_file, batch_rows=16)
+    data = cache_file.read_bytes()
+    cache_file.write_bytes(data[: int(len(data) * cut)])  # as a copy cut short could leave it
+    with caplog.at_level(logging.WARNING, logger="manifests.column_cache"):
+        cols = ManifestColumns.open(path, tmp_path)
+    assert "refused" in caplog.text
+    assert cols.gather(np.array([ROWS - 1, 0]), ["a", "b"]).texts == df["text"].fill_null("").gather([ROWS - 1, 0]).to_list()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="manifests.column_cache"):
+        assert ManifestColumns.open(path, tmp_path).num_rows == ROWS
+    assert caplog.text == ""  # rebuilt whole: mapped as it is
+
+
+def test_the_build_is_atomic_and_replaces_older_versions(manifest: tuple[Path, pl.DataFrame], tmp_path: Path) -> None:
+    path, _ = manifest
+    old = tmp_path / f"{manifest_hash(path)}.v4.arrow"
+    old.write_bytes(b"an old layout")
+    stale = tmp_path / f".{_cache_path(path, tmp_path).name}.123.tmp"
+    cols = ManifestColumns.open(path, tmp_path)
+    assert cols.num_rows == ROWS and not old.exists()
+    names = sorted(p.name for p in tmp_path.iterdir() if p != stale)
+    assert names == [_cache_path(path, tmp_path).name, _cache_path(path, tmp_path).name + ".lock"]
+    # a build that fails half way leaves no file behind: the next open builds it whole
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    target = _cache_path(path, bad)
+
+    def failing() -> object:
+        yield next(iter(pa.ipc.open_stream(pa.memory_map(str(_cache_path(path, tmp_path))))))
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        write_ipc_file(target, CACHE_SCHEMA, failing(), stream=True)  # type: ignore[arg-type]
+    assert list(bad.iterdir()) == []
