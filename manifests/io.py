@@ -448,16 +448,39 @@ def recorded_hash(path: str | os.PathLike[str]) -> str:
 
 
 def recompute_hash(path: str | os.PathLike[str]) -> str:
-    """Content hash of a Parquet file's rows, recomputed from the values (one row group at a
-    time: memory about one row group)."""
+    """Content hash of a Parquet file's rows, recomputed from the values, streamed one hash
+    block (:data:`HASH_BLOCK_ROWS` rows) at a time: memory about one block of rows plus a
+    column page being decoded, not a row group and never the file."""
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
         hasher = ContentHasher(pf.schema_arrow.remove_metadata())
-        for i in range(pf.metadata.num_row_groups):
-            hasher.update(pf.read_row_group(i))
+        for batch in pf.iter_batches(batch_size=HASH_BLOCK_ROWS, use_threads=False):
+            hasher.update(batch)
     except (OSError, pa.ArrowException, ValueError, TypeError) as exc:
         raise ManifestError(f"{path}: rows cannot be read back ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     return hasher.hexdigest()
+
+
+def verify_manifest_rows(path: str | os.PathLike[str], expected: str, what: str) -> None:
+    """Refuse ``path`` unless every row, read block by block (:func:`recompute_hash`; cached
+    facts are not trusted), hashes both to the hash its metadata records and to ``expected``
+    (``what`` names the owner of that expectation, e.g. "the plan's manifest"). Memory: one
+    block of rows. A file that passes is remembered as verified (:func:`remember_verified`)."""
+    check_manifest_file(path)
+    recorded = recorded_hash(path)
+    if not recorded:
+        raise ManifestError(f"{path}: no content hash in its metadata (write it with `dataprep compile`)")
+    got = recompute_hash(path)
+    if got != recorded:
+        raise ManifestError(_rows_differ(path, recorded, got))
+    if got != expected:
+        raise ManifestError(f"{path}: content hash {got[:12]}... differs from {what} ({expected[:12]}...)")
+    remember_verified(path, got)
+
+
+def _rows_differ(path: str | os.PathLike[str], recorded: str, got: str) -> str:
+    return (f"{path}: content_hash: the metadata records {recorded[:12]}... but the rows hash "
+            f"to {got[:12]}... (edited after it was written? re-run the command that wrote it)")
 
 
 def default_cache_dir() -> Path:
@@ -544,8 +567,7 @@ def manifest_hash(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str
             return recorded
         got = recompute_hash(path)
         if got != recorded:
-            raise ManifestError(f"{path}: content_hash: the metadata records {recorded[:12]}... but the rows hash "
-                                f"to {got[:12]}... (edited after it was written? re-run the command that wrote it)")
+            raise ManifestError(_rows_differ(path, recorded, got))
         remember_verified(path, got, cache_dir)
     return got
 
@@ -607,24 +629,64 @@ def read_corpus_codes(path: str | os.PathLike[str], names: Sequence[str] | None 
     ``names`` given: codes index them, -1 for a corpus not among them; else the corpora in
     order of first appearance. A row without a corpus is a one-line error.
     """
+    known = list(names) if names is not None else []
+    parts = _corpus_code_parts(path, known, grow=names is None)
+    if parts is None:
+        return None
+    got = list(parts)
+    codes = np.concatenate(got) if got else np.empty(0, np.int32)
+    return codes, known
+
+
+def iter_corpus_codes(path: str | os.PathLike[str], names: Sequence[str], rows: int
+                      ) -> Iterator[npt.NDArray[np.int32]] | None:
+    """The codes of :func:`read_corpus_codes` (indexing ``names``, -1 for another corpus) in
+    consecutive blocks of ``rows`` rows (the last shorter): memory about one block, whatever the
+    manifest's size. None when the manifest has no corpus."""
+    parts = _corpus_code_parts(path, list(names), grow=False)
+    if parts is None:
+        return None
+
+    def blocks(parts: Iterator[npt.NDArray[np.int32]]) -> Iterator[npt.NDArray[np.int32]]:
+        pending: list[npt.NDArray[np.int32]] = []
+        have = 0
+        for part in parts:
+            while part.size:
+                take = min(rows - have, part.size)
+                pending.append(part[:take])
+                have += take
+                part = part[take:]
+                if have == rows:
+                    yield np.concatenate(pending)
+                    pending, have = [], 0
+        if have:
+            yield np.concatenate(pending)
+
+    return blocks(parts)
+
+
+def _corpus_code_parts(path: str | os.PathLike[str], known: list[str], *, grow: bool
+                       ) -> Iterator[npt.NDArray[np.int32]] | None:
+    """Corpus codes of consecutive Parquet batches (indexing ``known``, -1 for another corpus;
+    ``grow``: a new corpus is appended to ``known`` instead); None without a corpus column."""
     check_manifest_file(path)
     if CORPUS_COLUMN not in pq.read_schema(path).names:
         return None
-    known = list(names) if names is not None else []
     index = {n: i for i, n in enumerate(known)}
-    parts = []
-    file = pq.ParquetFile(path, read_dictionary=[CORPUS_COLUMN], pre_buffer=False, buffer_size=1 << 20)
-    for batch in file.iter_batches(batch_size=1 << 20, columns=[CORPUS_COLUMN], use_threads=False):
-        chunk = batch.column(0)
-        if chunk.null_count:
-            raise ManifestError(f"{path}: corpus: a row has no corpus")
-        values = chunk.dictionary.to_pylist()
-        if names is None:
-            for v in values:
-                if v not in index:
-                    index[v] = len(known)
-                    known.append(v)
-        lut = np.asarray([index.get(v, -1) for v in values] or [-1], dtype=np.int32)
-        parts.append(lut[chunk.indices.to_numpy(zero_copy_only=False)])
-    codes = np.concatenate(parts) if parts else np.empty(0, np.int32)
-    return codes, known
+
+    def parts() -> Iterator[npt.NDArray[np.int32]]:
+        file = pq.ParquetFile(path, read_dictionary=[CORPUS_COLUMN], pre_buffer=False, buffer_size=1 << 20)
+        for batch in file.iter_batches(batch_size=1 << 20, columns=[CORPUS_COLUMN], use_threads=False):
+            chunk = batch.column(0)
+            if chunk.null_count:
+                raise ManifestError(f"{path}: corpus: a row has no corpus")
+            values = chunk.dictionary.to_pylist()
+            if grow:
+                for v in values:
+                    if v not in index:
+                        index[v] = len(known)
+                        known.append(v)
+            lut = np.asarray([index.get(v, -1) for v in values] or [-1], dtype=np.int32)
+            yield lut[chunk.indices.to_numpy(zero_copy_only=False)]
+
+    return parts()

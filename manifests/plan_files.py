@@ -315,6 +315,16 @@ class PlanShard:
             table = empty if cols is None else empty.select(cols)
         return table if columns is None else table.select(list(columns))
 
+    def iter_tables(self, start_step: int = 0, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+        """The batches of :meth:`read`, one row group at a time (memory: one row group of
+        ``columns``, whatever the shard's size); each table checked like every read."""
+        cols = None if columns is None else list(dict.fromkeys(["step", *columns]))
+        for g in self.row_groups_from(start_step):
+            table = self._read(lambda: self._file.read_row_group(g, columns=cols))
+            steps = numpy_view(table.column("step"), np.int64)
+            table = table.slice(int(np.searchsorted(steps, start_step)))
+            yield table if columns is None else table.select(list(columns))
+
     def iter_batches(self, start_step: int = 0) -> Iterator[PlanBatch]:
         """Yield batches from ``start_step`` on, one row group read at a time."""
         for g in self.row_groups_from(start_step):

@@ -35,7 +35,8 @@ from bucketing.quota import (
 )
 from dataprep.planning.options import PlanOptions
 from manifests.errors import DataprepError, OptionError
-from manifests.io import read_corpus_codes, read_metadata
+from manifests.arrow_views import numpy_view, single_chunk
+from manifests.io import iter_corpus_codes, read_corpus_codes, read_metadata
 
 
 def parse_weights(pairs: list[str] | None) -> dict[str, float] | None:
@@ -172,13 +173,18 @@ def weighted_epochs(manifest: str | os.PathLike[str], bucket_of_row: npt.NDArray
     return WeightedEpochs(names, p, q, rows, codes, sampler, source, dict(tree), opts.temperature, n)
 
 
-def check_quotas(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str]) -> int:
+#: manifest rows whose corpus codes ``check_quotas`` holds at once (int32: 256 MiB); a bigger
+#: manifest costs one more pass over the plan's ``epoch`` / ``rows`` columns per block
+QUOTA_BLOCK_ROWS = 1 << 26
+
+
+def check_quotas(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str],
+                 block_rows: int = QUOTA_BLOCK_ROWS) -> int:
     """Check that every whole epoch of a weighted plan holds exactly each corpus's recorded
     quota (by the manifest's ``corpus`` column); returns the epochs checked (a re-plan's first,
-    partial epoch is not). One rank's rows in memory at a time."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+    partial epoch is not). Memory bounded whatever the corpus: the corpus codes of
+    ``block_rows`` manifest rows at a time, and one row group of one shard (each block reads
+    the shards' ``epoch`` and ``rows`` once more)."""
     from manifests.plan_files import PlanShard
     from manifests.plan_meta import read_plan_meta
 
@@ -188,21 +194,33 @@ def check_quotas(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[s
         raise DataprepError(f"{plan_dir}: not a weighted plan")
     names = [c["corpus"] for c in recorded["corpora"]]
     want = np.asarray([c["quota"] for c in recorded["corpora"]], dtype=np.int64)
-    got_codes = read_corpus_codes(manifest, names)
-    if got_codes is None:
+    blocks = iter_corpus_codes(manifest, names, block_rows)
+    if blocks is None:
         raise DataprepError(f"{manifest}: has no corpus column, the plan's manifest has")
-    codes = got_codes[0]
-    whole = [e for e, start in enumerate(meta.first_step_of_epoch) if start >= meta.first_step]
-    got = np.zeros((meta.epochs, len(names)), dtype=np.int64)
-    for r in range(meta.world_size):
-        t = PlanShard(plan_dir, r).read(meta.first_step, columns=["epoch", "rows"])
-        for e in whole:
-            sel = t.filter(pc.equal(t.column("epoch"), pa.scalar(e, pa.int32())))
-            rows = pc.list_flatten(sel.column("rows")).to_numpy()
-            got[e] += np.bincount(codes[rows], minlength=len(names))[:len(names)]
-    for e in whole:
-        if not np.array_equal(got[e], want):
-            c = int(np.flatnonzero(got[e] != want)[0])
-            raise DataprepError(f"{plan_dir}: epoch {e}: corpus {names[c]!r} has {int(got[e][c])} utterances, "
-                                f"its quota is {int(want[c])}")
-    return len(whole)
+    whole = np.asarray([start >= meta.first_step for start in meta.first_step_of_epoch], dtype=bool)
+    c = len(names)
+    got = np.zeros(meta.epochs * (c + 1), dtype=np.int64)  # per epoch: each corpus, then "another"
+    start = 0
+    for codes in blocks:
+        stop = start + codes.shape[0]
+        for r in range(meta.world_size):
+            for t in PlanShard(plan_dir, r, meta).iter_tables(meta.first_step, columns=["epoch", "rows"]):
+                rows_col = single_chunk(t.column("rows"))
+                offs = numpy_view(rows_col.offsets, np.int32)
+                rows = numpy_view(rows_col.values, np.int64)[offs[0]:offs[-1]]
+                epoch = np.repeat(numpy_view(t.column("epoch"), np.int32), np.diff(offs))
+                sel = (rows >= start) & (rows < stop) & whole[epoch]
+                code = codes[rows[sel] - start]
+                got += np.bincount(epoch[sel].astype(np.int64) * (c + 1) + np.where(code < 0, c, code),
+                                   minlength=got.size)
+        start = stop
+    got = got.reshape(meta.epochs, c + 1)
+    for e in np.flatnonzero(whole).tolist():
+        if got[e, c]:
+            raise DataprepError(f"{plan_dir}: epoch {e}: {int(got[e, c])} utterances of a corpus the plan's "
+                                f"weights do not list (plan made from another manifest?)")
+        if not np.array_equal(got[e, :c], want):
+            k = int(np.flatnonzero(got[e, :c] != want)[0])
+            raise DataprepError(f"{plan_dir}: epoch {e}: corpus {names[k]!r} has {int(got[e, k])} utterances, "
+                                f"its quota is {int(want[k])}")
+    return int(whole.sum())

@@ -142,12 +142,15 @@ def test_check_quotas_finds_a_wrong_count(compiled: tuple[Path, Path], tmp_path:
     manifest, buckets = compiled
     _ok("plan-batches", str(manifest), "--buckets", str(buckets), "-w", "1", "--epochs", "2", "-o", str(tmp_path / "p"))
     assert check_quotas(tmp_path / "p", manifest) == 2
+    for block in (1, 5, 11):  # the corpus codes in blocks: one pass over the plan per block
+        assert check_quotas(tmp_path / "p", manifest, block_rows=block) == 2
     doc = json.loads((tmp_path / "p" / "plan.json").read_text())
     doc["weights"]["corpora"][1]["quota"] += 1
     doc["plan_hash"] = plan_hash_of(doc)  # an edit the hash check alone would not see: the quotas must
     (tmp_path / "p" / "plan.json").write_text(json.dumps(doc))
-    with pytest.raises(DataprepError, match="epoch 0: corpus 'mls_fr' has 3 utterances, its quota is 4"):
-        check_quotas(tmp_path / "p", manifest)
+    for block in (None, 3):
+        with pytest.raises(DataprepError, match="epoch 0: corpus 'mls_fr' has 3 utterances, its quota is 4"):
+            check_quotas(tmp_path / "p", manifest, *([block] if block else []))
 
 
 def test_padding_reports_each_corpus(compiled: tuple[Path, Path], tmp_path: Path) -> None:

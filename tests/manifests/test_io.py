@@ -365,3 +365,36 @@ def test_content_hash_recomputed_from_its_documented_definition(tmp_path) -> Non
         "s": pa.array([None if i % 17 == 0 else f"r{i}" * (i % 3) for i in range(big)], pa.large_string()),
     })
     assert _documented_hash(table) == table_hash(table)
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(min_value=1, max_value=40), n=st.integers(min_value=1, max_value=30))
+def test_corpus_codes_in_blocks_equal_the_whole_column(tmp_path_factory, rows: int, n: int) -> None:
+    from manifests.io import iter_corpus_codes, read_corpus_codes
+
+    path = tmp_path_factory.mktemp("cc") / "m.parquet"
+    corpora = ["ls", "cv", "mls"]
+    write_manifest(pl.DataFrame({"id": [f"u{i}" for i in range(n)], "audio_path": ["/a.wav"] * n,
+                                 "duration": [1.0] * n, "text": ["x"] * n, "num_tokens": [3] * n,
+                                 "corpus": [corpora[(i * i) % 3] for i in range(n)]}), path)
+    whole, _ = read_corpus_codes(path, ["cv", "ls"])
+    blocks = list(iter_corpus_codes(path, ["cv", "ls"], rows))
+    assert all(b.size == rows for b in blocks[:-1]) and all(0 < b.size <= rows for b in blocks)
+    np.testing.assert_array_equal(np.concatenate(blocks) if blocks else np.empty(0, np.int32), whole)
+    assert (whole == -1).sum() == sum(corpora[(i * i) % 3] == "mls" for i in range(n))
+
+
+def test_verify_manifest_rows_recomputes_and_names_the_expectation(tmp_path) -> None:
+    from manifests.errors import ManifestError
+    from manifests.io import verify_manifest_rows
+
+    path = tmp_path / "m.parquet"
+    h = write_manifest(pl.DataFrame({"id": ["a", "b"], "audio_path": ["/a.wav"] * 2, "duration": [1.0, 2.0],
+                                     "text": ["x", "y"], "num_tokens": [3, 4]}), path)
+    verify_manifest_rows(path, h, "the plan's manifest")
+    with pytest.raises(ManifestError, match="differs from the plan's manifest"):
+        verify_manifest_rows(path, "0" * 64, "the plan's manifest")
+    t = pq.read_table(path)
+    pq.write_table(t.set_column(0, "id", pa.array(["a", "c"])), path)  # metadata (hash) kept, rows edited
+    with pytest.raises(ManifestError, match="rows hash to"):
+        verify_manifest_rows(path, h, "the plan's manifest")

@@ -93,6 +93,9 @@ def test_resuming_at_any_step_equals_uninterrupted(plan, rank, k) -> None:
     assert shard.read(start_step=k, columns=["rows"]).column_names == ["rows"]
     ids = [b.ids for b in shard.iter_batches(start_step=k)]
     assert ids == [[f"utt-{i:05d}" for i in x[3]] for x in expected[rank][k:]]
+    parts = list(shard.iter_tables(start_step=k, columns=["epoch", "rows"]))  # one row group each
+    assert all(t.num_rows <= 8 and t.column_names == ["epoch", "rows"] for t in parts)
+    assert pa.concat_tables(parts).equals(shard.read(start_step=k, columns=["epoch", "rows"])) if parts else k >= 80
 
 
 def test_seek_reads_no_earlier_row_group(tmp_path) -> None:
