@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +28,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from manifests.arrow_views import numpy_view, single_chunk
 from manifests.errors import DataprepError
 from manifests.io import current_umask, default_cache_dir, file_lock, iter_manifest, manifest_hash, manifest_num_rows
 
@@ -56,6 +55,7 @@ CACHE_SCHEMA = pa.schema([
 SMALL_DICTIONARY = 1 << 16
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -132,19 +132,19 @@ class ManifestColumns:
     file used in several batches appears once per batch).
     """
 
-    def __init__(self, table: pa.Table, source: str) -> None:
+    def __init__(self, table: pa.Table, source: str, mapped: pa.Buffer) -> None:
         self.source = source
         self.num_rows = table.num_rows
         batches = table.to_batches()  # zero-copy views of the mapped record batches
         self._starts = np.cumsum([0] + [b.num_rows for b in batches]).astype(np.int64)
 
-        def views(name: str, dtype: type[np.generic]) -> list[npt.NDArray[Any]]:
-            return [numpy_view(b.column(name), dtype) for b in batches]
+        def views(name: str, dtype: type[np.generic]) -> _Spread:
+            return _Spread(mapped, [b.column(name) for b in batches], dtype)
 
-        def codes(name: str) -> tuple[list[npt.NDArray[np.int32]], list[pa.Array], npt.NDArray[np.int64]]:
+        def codes(name: str) -> tuple[_Spread, list[pa.Array], npt.NDArray[np.int64]]:
             cols = [b.column(name) for b in batches]
             dicts = [c.dictionary for c in cols]
-            return ([numpy_view(c.indices, np.int32) for c in cols], dicts,
+            return (_Spread(mapped, [c.indices for c in cols], np.int32), dicts,
                     np.cumsum([0] + [len(d) for d in dicts]).astype(np.int64))
 
         self._offset = views("offset", np.float64)
@@ -190,9 +190,9 @@ class ManifestColumns:
     @classmethod
     def open(cls, manifest: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> ManifestColumns:
         """Open (building on first use) the memory-mapped columns of a compiled manifest."""
-        table = open_or_build_cache(manifest, cache_dir, f"v{CACHE_VERSION}.arrow", _open_cache, build_column_cache,
-                                    "the loader's column cache")
-        return cls(table, str(manifest))
+        return open_or_build_cache(manifest, cache_dir, f"v{CACHE_VERSION}.arrow",
+                                   lambda path, rows: _open_cache(path, rows, str(manifest)), build_column_cache,
+                                   "the loader's column cache")
 
     def gather(self, rows: npt.NDArray[np.int64], ids: Sequence[str]) -> RowsMeta:
         """Fields of manifest ``rows`` (row numbers) in the given order; ``ids`` are the plan's
@@ -204,22 +204,44 @@ class ManifestColumns:
         if rows.size and (rows.min() < 0 or rows.max() >= self.num_rows):
             raise DataprepError(f"{self.source}: plan refers to row {int(rows.max())} but the manifest has "
                                 f"{self.num_rows} rows (plan made from another manifest?)")
-        groups = _locate(self._starts, rows)
-        n = rows.shape[0]
-        container = _take(self._container, groups, n, np.int64, self._container_starts)
+        batch = np.searchsorted(self._starts, rows, side="right") - 1
+        local = rows - self._starts[batch]
+        container = self._container.take(batch, local) + self._container_starts[batch]
         return RowsMeta(
-            ids=list(ids), rows=rows, offsets=_take(self._offset, groups, n, np.float64),
-            durations=_take(self._duration, groups, n, np.float64),
-            num_tokens=_take(self._num_tokens, groups, n, np.int64),
-            audio_codes=_take(self._audio, groups, n, np.int64, self._audio_starts).astype(np.int32),
-            lang_codes=_take(self._lang, groups, n, np.int64, self._lang_starts).astype(np.int32),
+            ids=list(ids), rows=rows, offsets=self._offset.take(batch, local),
+            durations=self._duration.take(batch, local),
+            num_tokens=self._num_tokens.take(batch, local).astype(np.int64),
+            audio_codes=(self._audio.take(batch, local) + self._audio_starts[batch]).astype(np.int32),
+            lang_codes=(self._lang.take(batch, local) + self._lang_starts[batch]).astype(np.int32),
             columns=self,
             container_codes=np.where(self._no_container[container], -1, container).astype(np.int32),
-            member_offsets=_take(self._member_offset, groups, n, np.int64),
-            member_sizes=_take(self._member_size, groups, n, np.int64),
-            row_groups=_take(self._row_group, groups, n, np.int32),
-            group_rows=_take(self._group_row, groups, n, np.int64),
+            member_offsets=self._member_offset.take(batch, local),
+            member_sizes=self._member_size.take(batch, local),
+            row_groups=self._row_group.take(batch, local),
+            group_rows=self._group_row.take(batch, local),
         )
+
+
+class _Spread:
+    """One fixed-width column spread over the record batches of a mapped file, read with ONE
+    numpy take whatever the batches: the whole file is viewed as ``dtype`` and each batch's
+    values start at element ``base[b]`` of that view (IPC buffers are 8-byte aligned)."""
+
+    def __init__(self, mapped: pa.Buffer, arrays: list[pa.Array], dtype: type[np.generic]) -> None:
+        width = np.dtype(dtype).itemsize
+        self.values = np.frombuffer(mapped, dtype=dtype, count=mapped.size // width)
+        base = []
+        for arr in arrays:
+            buf = arr.buffers()[1]
+            at = (buf.address - mapped.address) if buf is not None else 0
+            if arr.null_count or at % width or at < 0 or at + (arr.offset + len(arr)) * width > mapped.size:
+                raise _Invalid("a column is not a null-free aligned buffer inside the mapped file")
+            base.append(at // width + arr.offset)
+        self.base = np.asarray(base or [0], dtype=np.int64)
+
+    def take(self, batch: npt.NDArray[np.intp], local: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+        """Values of rows ``local`` of record batches ``batch`` (one pair per row)."""
+        return self.values[self.base[batch] + local]
 
 
 #: (record batch, positions in the request, rows inside the batch) of the rows of one batch
@@ -244,16 +266,6 @@ def _locate(starts: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]) -> list[
     return out
 
 
-def _take(views: list[npt.NDArray[Any]], groups: list[_Group], n: int, dtype: type[np.generic],
-          add: npt.NDArray[np.int64] | None = None) -> npt.NDArray[Any]:
-    """``views[b][local]`` for every group, placed at its positions; ``add[b]`` added per batch
-    (a batch's dictionary offset, making its codes global)."""
-    out = np.empty(n, dtype=dtype)
-    for b, pos, local in groups:
-        out[pos] = views[b][local] if add is None else views[b][local] + add[b]
-    return out
-
-
 def _take_strings(chunks: list[pa.Array], starts: npt.NDArray[np.int64], idx: npt.NDArray[np.int64]) -> list[str]:
     """Python strings of global positions ``idx`` over string arrays laid end to end (``starts``:
     first position of each, then the total); takes per array, no array is concatenated."""
@@ -272,10 +284,10 @@ def open_or_build_cache(
     manifest: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str] | None,
     suffix: str,
-    open_fn: Callable[[Path, int], pa.Table | None],
+    open_fn: Callable[[Path, int], T | None],
     build_fn: Callable[[str | os.PathLike[str], Path], None],
     what: str,
-) -> pa.Table:
+) -> T:
     """The mapped cache file ``<cache_dir>/<content hash>.<suffix>`` of a compiled manifest:
     ``open_fn(path, num_rows)`` maps it (``None``: missing or not whole); on a miss one process
     builds it with ``build_fn(manifest, path)`` under a file lock while the others wait, then all
@@ -396,13 +408,15 @@ class _Invalid(Exception):
     """A cache file that is present but not a whole, current cache of the manifest."""
 
 
-def _read_cache(path: Path, num_rows: int) -> pa.Table:
-    """The mapped cache table, every stored fact checked against what it must be: format
-    version, the manifest hash its name gives, row count, schema, each batch's buffers and
-    null counts (metadata only: no value is read). Raises ``FileNotFoundError`` or :class:`_Invalid`."""
+def _read_cache(path: Path, num_rows: int, manifest: str) -> ManifestColumns:
+    """The mapped cache, every stored fact checked against what it must be: format version,
+    the manifest hash its name gives, row count, schema, each batch's buffers, null counts and
+    place in the mapping (metadata only: no value is read). Raises ``FileNotFoundError`` or
+    :class:`_Invalid`."""
     try:
         with pa.memory_map(str(path), "r") as source:
-            reader = pa.ipc.open_stream(source)
+            mapped = source.read_buffer()
+            reader = pa.ipc.open_stream(mapped)
             batches = list(reader)  # zero-copy: slices of the mapping
             schema = reader.schema
     except FileNotFoundError:
@@ -430,14 +444,14 @@ def _read_cache(path: Path, num_rows: int) -> pa.Table:
             raise _Invalid(f"a record batch does not hold together ({str(exc)[:120]})") from None
         if any(c.null_count for c in b.columns):
             raise _Invalid("a column has nulls")
-    return pa.Table.from_batches(batches, schema)
+    return ManifestColumns(pa.Table.from_batches(batches, schema), manifest, mapped)
 
 
-def _open_cache(path: Path, num_rows: int) -> pa.Table | None:
+def _open_cache(path: Path, num_rows: int, manifest: str) -> ManifestColumns | None:
     """The mapped cache table, or ``None`` when the file is missing or is not a whole, current
     cache of this manifest (then logged with the reason, and rebuilt by the caller)."""
     try:
-        return _read_cache(path, num_rows)
+        return _read_cache(path, num_rows, manifest)
     except FileNotFoundError:
         return None
     except _Invalid as exc:
