@@ -39,9 +39,11 @@ ADDRESS_COLUMNS = ("container", "member_offset", "member_size", "row_group", "gr
 CACHE_COLUMNS = LOADER_COLUMNS + ADDRESS_COLUMNS
 #: layout version of the manifest column cache files (5: an IPC stream of blocks, per-batch dictionaries)
 CACHE_VERSION = 5
-#: rows per record batch of the cache: the build holds one block of manifest rows (~100 MB at
-#: 1<<18 rows of ~150-character texts and paths); a gather does one numpy take per batch it touches
-CACHE_BATCH_ROWS = 1 << 18
+#: rows per record batch of the cache: the build holds one block of manifest rows plus the
+#: Parquet reader's row group (peak RSS growth 176 MiB at 1<<16 rows, 348 MiB at 1<<18, on
+#: 1M rows of ~150-character texts: ``benchmarks/bench_stream_checks.py``); opening costs a
+#: few microseconds per batch, a gather the same whatever the batches
+CACHE_BATCH_ROWS = 1 << 16
 #: schema metadata key of the cache's facts (version, manifest content hash, rows)
 CACHE_META = "dataprep.column_cache"
 _STRINGS = pa.dictionary(pa.int32(), pa.string())
@@ -158,9 +160,10 @@ class ManifestColumns:
         self._lang, lang_dicts, self._lang_starts = codes("lang")
         self._container, container_dicts, self._container_starts = codes("container")
         self._texts: list[pa.Array] = [b.column("text") for b in batches]
+        self._text = _SpreadStrings(mapped, self._texts)
         #: the record batches' audio file dictionaries, in order (mapped strings); ``RowsMeta.audio_codes`` index it
         self.audio_files: pa.ChunkedArray = pa.chunked_array(audio_dicts, pa.string())
-        self._audio_dicts = audio_dicts
+        self._audio_names = _SpreadStrings(mapped, audio_dicts)
         #: the record batches' language dictionaries (``None`` = none given); ``RowsMeta.lang_codes`` index it
         self.langs: list[str | None] = [x or None for d in lang_dicts for x in d.to_pylist()]
         #: the record batches' container dictionaries (``""`` stands for none)
@@ -181,11 +184,11 @@ class ManifestColumns:
                 self._file_names = self.audio_files.to_pylist()
             names = self._file_names
             return [names[c] for c in codes.tolist()]
-        return _take_strings(self._audio_dicts, self._audio_starts, np.asarray(codes, np.int64))
+        return self._audio_names.get(np.asarray(codes, np.int64))
 
     def texts(self, rows: npt.NDArray[np.int64]) -> list[str]:
         """Transcripts of manifest ``rows`` (row numbers, checked by :meth:`gather`), in that order."""
-        return _take_strings(self._texts, self._starts, rows)
+        return self._text.get(np.asarray(rows, np.int64))
 
     @classmethod
     def open(cls, manifest: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> ManifestColumns:
@@ -227,14 +230,18 @@ class _Spread:
     numpy take whatever the batches: the whole file is viewed as ``dtype`` and each batch's
     values start at element ``base[b]`` of that view (IPC buffers are 8-byte aligned)."""
 
-    def __init__(self, mapped: pa.Buffer, arrays: list[pa.Array], dtype: type[np.generic]) -> None:
+    def __init__(self, mapped: pa.Buffer, arrays: list[pa.Array], dtype: type[np.generic], *, buffer: int = 1,
+                 extra: int = 0) -> None:
+        """``buffer``: which of each array's buffers holds the values (1: values, or offsets of
+        a string array); ``extra``: values past the array's length it must hold (1 for offsets)."""
         width = np.dtype(dtype).itemsize
         self.values = np.frombuffer(mapped, dtype=dtype, count=mapped.size // width)
         base = []
         for arr in arrays:
-            buf = arr.buffers()[1]
+            buf = arr.buffers()[buffer]
             at = (buf.address - mapped.address) if buf is not None else 0
-            if arr.null_count or at % width or at < 0 or at + (arr.offset + len(arr)) * width > mapped.size:
+            end = at + (arr.offset + len(arr) + extra) * width
+            if arr.null_count or at % width or at < 0 or end > mapped.size or (buf is not None and end > at + buf.size):
                 raise _Invalid("a column is not a null-free aligned buffer inside the mapped file")
             base.append(at // width + arr.offset)
         self.base = np.asarray(base or [0], dtype=np.int64)
@@ -244,40 +251,38 @@ class _Spread:
         return self.values[self.base[batch] + local]
 
 
-#: (record batch, positions in the request, rows inside the batch) of the rows of one batch
-_Group = tuple[int, npt.NDArray[np.intp], npt.NDArray[np.int64]]
+class _SpreadStrings:
+    """String arrays laid end to end (positions ``starts[b]..starts[b+1]`` in array ``b``) inside
+    a mapped file: the strings at any positions are made with one numpy take of their offsets
+    and one slice of the mapping each, whatever the arrays they fall in."""
 
+    def __init__(self, mapped: pa.Buffer, arrays: list[pa.Array]) -> None:
+        self.mapped = memoryview(mapped)
+        self.starts = np.cumsum([0] + [len(a) for a in arrays]).astype(np.int64)
+        large = [pa.types.is_large_string(a.type) for a in arrays]
+        dtype = np.int64 if all(large) else np.int32
+        if any(large) and not all(large):
+            raise _Invalid("string columns of two offset widths")
+        self.offsets = _Spread(mapped, arrays, dtype, buffer=1, extra=1)
+        data = [a.buffers()[2] for a in arrays]
+        self.data = np.asarray([(d.address - mapped.address) if d is not None and d.size else 0 for d in data] or [0],
+                               dtype=np.int64)
+        for a, d, at in zip(arrays, data, self.data.tolist()):
+            if a.null_count or at < 0 or (d is not None and at + d.size > mapped.size):
+                raise _Invalid("a string column is not null-free inside the mapped file")
 
-def _locate(starts: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]) -> list[_Group]:
-    """Split ``rows`` (global numbers, ``0 <= row < starts[-1]``) by the record batch holding
-    them; ``starts``: first row of each batch then the total. One group per batch touched."""
-    batch = np.searchsorted(starts, rows, side="right") - 1
-    if rows.size == 0:
-        return []
-    if batch[0] == batch[-1] and (batch == batch[0]).all():  # the common case: one batch
-        b = int(batch[0])
-        return [(b, np.arange(rows.size), rows - starts[b])]
-    order = np.argsort(batch, kind="stable")
-    cuts = np.flatnonzero(np.diff(batch[order])) + 1
-    out = []
-    for pos in np.split(order, cuts):
-        b = int(batch[pos[0]])
-        out.append((b, pos, rows[pos] - starts[b]))
-    return out
+    def __len__(self) -> int:
+        return int(self.starts[-1])
 
-
-def _take_strings(chunks: list[pa.Array], starts: npt.NDArray[np.int64], idx: npt.NDArray[np.int64]) -> list[str]:
-    """Python strings of global positions ``idx`` over string arrays laid end to end (``starts``:
-    first position of each, then the total); takes per array, no array is concatenated."""
-    groups = _locate(starts, idx)
-    if len(groups) == 1:  # one batch: already in request order
-        b, _, local = groups[0]
-        return chunks[b].take(pa.array(local)).to_pylist()  # type: ignore[no-any-return]
-    out: list[str] = [""] * int(idx.shape[0])
-    for b, pos, local in groups:
-        for p, v in zip(pos.tolist(), chunks[b].take(pa.array(local)).to_pylist()):
-            out[p] = v
-    return out
+    def get(self, idx: npt.NDArray[np.int64]) -> list[str]:
+        """The strings at positions ``idx`` (``0 <= idx < len(self)``), in that order."""
+        batch = np.searchsorted(self.starts, idx, side="right") - 1
+        local = idx - self.starts[batch]
+        data = self.data[batch]
+        start = (data + self.offsets.take(batch, local)).tolist()
+        stop = (data + self.offsets.take(batch, local + 1)).tolist()
+        mv = self.mapped
+        return [str(mv[a:z], "utf-8") for a, z in zip(start, stop)]
 
 
 def open_or_build_cache(
