@@ -126,7 +126,9 @@ class ManifestColumns:
     block, whatever the corpus size) and shared by every rank and run; one process builds it
     under a file lock while the others wait, and the file appears atomically. Opening maps it
     and walks the stream's message headers (no column is read or copied): resident memory
-    grows only with the pages a gather touches.
+    grows only with the pages a gather touches. What opening checks is listed in
+    :func:`_read_cache`; the values themselves are not re-read (a cache is only ever
+    published whole, by rename).
 
     Row ``r`` lives in record batch ``b = searchsorted(starts, r, "right") - 1``. Codes are
     made global by adding the batch's dictionary offset: :attr:`audio_files` and
@@ -199,8 +201,8 @@ class ManifestColumns:
 
     def gather(self, rows: npt.NDArray[np.int64], ids: Sequence[str]) -> RowsMeta:
         """Fields of manifest ``rows`` (row numbers) in the given order; ``ids`` are the plan's
-        ids of those rows. Numpy takes only (one per record batch the rows fall in): no Python
-        string is made here."""
+        ids of those rows. One numpy take per column whatever the record batches the rows fall
+        in (:class:`_Spread`): no Python string is made here."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(ids) != rows.shape[0]:
             raise DataprepError(f"{self.source}: {len(ids)} ids for {rows.shape[0]} rows")
