@@ -42,6 +42,8 @@ from manifests.spill import SpillFiles, sorted_runs
 BLOCK_BYTES_PER_ROW = 160
 #: Bytes per value held by a range of the sort (the values, the mask, the sort).
 SORT_BYTES_PER_ROW = 24
+#: Fewest values per range of the sort, whatever the limit (each range is one pass).
+MIN_SORT_ROWS = 256
 
 
 @dataclass
@@ -85,7 +87,7 @@ def streamed_fit_spec(manifest: str | os.PathLike[str], root: Path, memory_limit
     check_fences(outlier_fence, token_fence)
     if scan.n_in == 0:
         raise ValueError(NO_ROWS)
-    sort_rows = max(memory_limit // SORT_BYTES_PER_ROW - block, 1)
+    sort_rows = max(memory_limit // SORT_BYTES_PER_ROW - block, MIN_SORT_ROWS)
     n_bulk, overflow_from = _sorted_pass(files, scan.n_in, sort_rows, outlier_fence)
     files.close()
     dbounds, notes = duration_bounds(files.map("dv", np.float64), files.map("dcum", np.float64), num_buckets,
