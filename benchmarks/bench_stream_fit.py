@@ -9,7 +9,8 @@ pairs of ../shared/data resampled with 5% jitter; tokens = chars / 3.5 + a 9-tok
 written in blocks. Each fit runs in a fresh subprocess (2 cores) as ``fit_buckets_file`` with
 the default fences: in memory (``memory_limit`` large) and streamed (``--memory-limit``, 512 MiB
 by default, lowered below the in-memory fit's need when that is smaller; spill files next to
-the output). Peak RSS is the child's VmHWM. Prints medians,
+the output). Wall and CPU time (user + system: what a busy machine distorts least) include
+the import; peak RSS is the child's VmHWM. Prints medians,
 and "identical" when both write the same buckets.json bytes.
 """
 
@@ -35,13 +36,14 @@ from manifests.schema import POLARS_SCHEMA, conform, manifest_schema  # noqa: E4
 from manifests.units import parse_bytes  # noqa: E402
 
 CHILD = r"""
-import json, sys, time
+import json, resource, sys, time
 t0 = time.perf_counter()
 from dataprep.report import FitOptions, fit_buckets_file
 res = fit_buckets_file(sys.argv[1], sys.argv[2], FitOptions(memory_limit=int(sys.argv[3])))
 wall = time.perf_counter() - t0
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 2**20
-print(json.dumps({"wall": wall, "rss_gib": hwm, "streamed": res.streamed}))
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss_gib": hwm, "streamed": res.streamed}))
 """
 
 
@@ -86,8 +88,9 @@ def main() -> None:
                 sys.exit(f"{name}: the fit chose {'streamed' if runs[0]['streamed'] else 'in memory'}; "
                          f"give a smaller --memory-limit")
             wall = statistics.median(r["wall"] for r in runs)
+            cpu = statistics.median(r["cpu"] for r in runs)
             rss = statistics.median(r["rss_gib"] for r in runs)
-            print(f"{name:>10}: {wall:6.2f} s  peak RSS {rss:5.2f} GiB  "
+            print(f"{name:>10}: {wall:6.2f} s wall  {cpu:6.2f} s CPU  peak RSS {rss:5.2f} GiB  "
                   f"({1e9 * wall / max(a.rows, 1):.0f} ns/row)", flush=True)
             outputs[name] = (work / f"{name[:2]}.json").read_bytes()
         same = outputs["in memory"] == outputs["streamed"]

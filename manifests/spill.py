@@ -97,7 +97,10 @@ def _runs(files: SpillFiles, name: str, count: int, max_rows: int, lo: int, hi: 
     block = max(min(max_rows, 1 << 20), 1 << 10)
     if n <= max_rows:
         parts = [b[(b >= lo) & (b < hi)] for b in _bits_blocks(files, name, count, block)]
-        yield np.sort(np.concatenate(parts)).view(np.float64)
+        run = np.concatenate(parts)
+        del parts
+        run.sort()
+        yield run.view(np.float64)
         return
     shift = max(0, (hi - lo - 1).bit_length() - _CELL_BITS)
     cells = ((hi - lo - 1) >> shift) + 1

@@ -33,6 +33,7 @@ SLOW = {
     "bench_strategies.py": ["--worlds", "8", "--synthetic-rows", "5000"],
     "bench_buckets.py": ["--rows", "20000", "--repeats", "1"],
     "bench_oom.py": ["--models", "tiny", "--skip-headline", "--exact-buckets", "1"],
+    "bench_stream_fit.py": ["--rows", "20000", "--runs", "1", "--dir", "{tmp}"],
 }
 NEEDS_SHARED_DATA = {"bench_dynres.py", "bench_fill.py", "bench_strategies.py", "bench_buckets.py"}
 
