@@ -50,7 +50,8 @@ from manifests.errors import ManifestError
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-#: Above this many (duration bin, token value) cells the token histogram is replaced by a sort.
+#: Above this many (duration bin, token value) cells the token histogram keeps only the
+#: cells that occur (``np.unique``; the same sums).
 _MAX_HIST_CELLS = 1 << 26
 
 #: Default duration fence of the overflow bin: Q3 + k × IQR with k = 3 (Tukey's "far out").

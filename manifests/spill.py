@@ -72,7 +72,7 @@ def sorted_runs(files: SpillFiles, name: str, count: int, max_rows: int) -> Iter
     Values are ranged by their bit patterns (ordered as the values): a range of at most
     ``max_rows`` values is read in one pass and sorted; a larger one is split by a histogram
     pass over 2**16 sub-ranges, recursively, down to single values (a run of one value needs
-    no sort). Memory: about ``max_rows`` values plus one block; passes over the file: one per
+    no sort). Memory: ``max_rows`` values (8 bytes each) plus one block; passes over the file: one per
     range, so ``count / max_rows`` at least. Every run sorts equal values together, so a
     running sum over the runs equals ``np.cumsum(np.sort(values))``."""
     max_rows = max(int(max_rows), 1)
@@ -96,9 +96,12 @@ def _runs(files: SpillFiles, name: str, count: int, max_rows: int, lo: int, hi: 
         return
     block = max(min(max_rows, 1 << 20), 1 << 10)
     if n <= max_rows:
-        parts = [b[(b >= lo) & (b < hi)] for b in _bits_blocks(files, name, count, block)]
-        run = np.concatenate(parts)
-        del parts
+        run = np.empty(n, dtype=np.int64)  # filled in place, sorted in place: 8 bytes a value
+        at = 0
+        for b in _bits_blocks(files, name, count, block):
+            sel = b[(b >= lo) & (b < hi)]
+            run[at:at + sel.shape[0]] = sel
+            at += sel.shape[0]
         run.sort()
         yield run.view(np.float64)
         return

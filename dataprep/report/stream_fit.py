@@ -40,8 +40,9 @@ from manifests.spill import SpillFiles, sorted_runs
 
 #: Bytes of working memory per row of a block (Arrow columns, NumPy copies, masks, allocation).
 BLOCK_BYTES_PER_ROW = 160
-#: Bytes per value held by a range of the sort (the values, the mask, the sort).
-SORT_BYTES_PER_ROW = 24
+#: Bytes per value held by a range of the sort (8: the values, filled and sorted in place;
+#: the rest a margin for what else is alive).
+SORT_BYTES_PER_ROW = 16
 #: Fewest values per range of the sort, whatever the limit (each range is one pass).
 MIN_SORT_ROWS = 256
 
@@ -88,7 +89,7 @@ def streamed_fit_spec(manifest: str | os.PathLike[str], root: Path, memory_limit
     if scan.n_in == 0:
         raise ValueError(NO_ROWS)
     sort_rows = max(memory_limit // SORT_BYTES_PER_ROW - block, MIN_SORT_ROWS)
-    n_bulk, overflow_from = _sorted_pass(files, scan.n_in, sort_rows, outlier_fence)
+    n_bulk, overflow_from = _sorted_pass(files, scan.n_in, sort_rows, block, outlier_fence)
     files.close()
     dbounds, notes = duration_bounds(files.map("dv", np.float64), files.map("dcum", np.float64), num_buckets,
                                      scan.n_in - n_bulk, overflow_from, scan.d_max, outlier_fence)
@@ -166,7 +167,7 @@ def _scan(manifest: str | os.PathLike[str], files: SpillFiles, block: int, min_d
     return s
 
 
-def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, outlier_fence: float | None
+def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, block: int, outlier_fence: float | None
                  ) -> tuple[int, float | None]:
     """Pass 2: (rows within the fence, the fence or None) as ``_overflow_split`` gives them,
     and the spill of each distinct duration within the fence (``dv``) with the running sum
@@ -178,28 +179,34 @@ def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, outlier_fence: fl
     prefix = np.zeros(1, dtype=np.float64)
     pending: tuple[float, float] | None = None  # the last distinct value seen, its run may go on
     n_bulk = n_in
-    for x in sorted_runs(files, "d", n_in, sort_rows):
-        if q1 is None and pos <= p1 < pos + x.shape[0]:
-            q1 = x[p1 - pos]
-        if q3 is None and pos <= p3 < pos + x.shape[0]:
-            q3 = x[p3 - pos]
-            if fence is None:
-                fence = math.inf if q3 <= q1 else float(q3 + outlier_fence * (q3 - q1))
-        keep = x.shape[0] if fence is None else int(np.searchsorted(x, fence, side="right"))
-        if keep:
-            xs = x[:keep]
-            cum = np.cumsum(np.concatenate([prefix, xs]))[1:]
-            if pending is not None and pending[0] != xs[0]:
-                files.append("dv", np.asarray([pending[0]]))
-                files.append("dcum", np.asarray([pending[1]]))
-            last = np.flatnonzero(xs[1:] != xs[:-1])
-            files.append("dv", xs[last])
-            files.append("dcum", cum[last])
-            pending = (float(xs[-1]), float(cum[-1]))
-            prefix = cum[-1:]
-        pos += x.shape[0]
-        if keep < x.shape[0]:
-            n_bulk = pos - x.shape[0] + keep
+    done = False
+    for run in sorted_runs(files, "d", n_in, sort_rows):
+        for a in range(0, run.shape[0], block):  # a block at a time: temporaries stay small
+            x = run[a:a + block]
+            if q1 is None and pos <= p1 < pos + x.shape[0]:
+                q1 = x[p1 - pos]
+            if q3 is None and pos <= p3 < pos + x.shape[0]:
+                q3 = x[p3 - pos]
+                if fence is None:
+                    fence = math.inf if q3 <= q1 else float(q3 + outlier_fence * (q3 - q1))
+            keep = x.shape[0] if fence is None else int(np.searchsorted(x, fence, side="right"))
+            if keep:
+                xs = x[:keep]
+                cum = np.cumsum(np.concatenate([prefix, xs]))[1:]
+                if pending is not None and pending[0] != xs[0]:
+                    files.append("dv", np.asarray([pending[0]]))
+                    files.append("dcum", np.asarray([pending[1]]))
+                last = np.flatnonzero(xs[1:] != xs[:-1])
+                files.append("dv", xs[last])
+                files.append("dcum", cum[last])
+                pending = (float(xs[-1]), float(cum[-1]))
+                prefix = cum[-1:]
+            pos += x.shape[0]
+            if keep < x.shape[0]:
+                n_bulk = pos - x.shape[0] + keep
+                done = True
+                break
+        if done:
             break
     if pending is not None:
         files.append("dv", np.asarray([pending[0]]))
