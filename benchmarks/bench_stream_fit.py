@@ -6,9 +6,9 @@
 
 The manifest is bench_plan.py's synthetic corpus (real (duration, characters per second)
 pairs of ../shared/data resampled with 5% jitter; tokens = chars / 3.5 + a 9-token prompt),
-written in blocks. Each fit runs in a fresh subprocess (2 cores) as ``fit_buckets_file`` with
-the default fences: in memory (``memory_limit`` large) and streamed (``--memory-limit``, 512 MiB
-by default, lowered below the in-memory fit's need when that is smaller; spill files next to
+written in blocks. Each fit runs in a fresh subprocess (2 cores) with the default options: in
+memory (``bucketing.allocate.fit_spec`` on the whole columns) and streamed as ``fit-buckets``
+fits (``fit_buckets_file`` with ``--memory-limit``, 512 MiB by default; spill files next to
 the output). Wall and CPU time (user + system: what a busy machine distorts least) include
 the import; peak RSS is the child's VmHWM. Prints medians,
 and "identical" when both write the same buckets.json bytes.
@@ -30,7 +30,6 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_plan import synthetic_blocks  # noqa: E402
-from dataprep.report.buckets import IN_MEMORY_BYTES_PER_ROW  # noqa: E402
 from manifests.io import write_parquet_stream  # noqa: E402
 from manifests.schema import POLARS_SCHEMA, conform, manifest_schema  # noqa: E402
 from manifests.units import parse_bytes  # noqa: E402
@@ -38,12 +37,21 @@ from manifests.units import parse_bytes  # noqa: E402
 CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
-from dataprep.report import FitOptions, fit_buckets_file
-res = fit_buckets_file(sys.argv[1], sys.argv[2], FitOptions(memory_limit=int(sys.argv[3])))
+limit = int(sys.argv[3])
+if limit:  # fit-buckets: streamed
+    from dataprep.report import FitOptions, fit_buckets_file
+    fit_buckets_file(sys.argv[1], sys.argv[2], FitOptions(memory_limit=limit))
+else:  # the in-memory fit on the whole columns, the same options
+    from bucketing.allocate import fit_spec
+    from dataprep.report.padding import duration_and_tokens
+    from manifests.buckets_file import write_buckets
+    from manifests.io import manifest_hash
+    d, t = duration_and_tokens(sys.argv[1])
+    write_buckets(fit_spec(d, t, manifest_hash=manifest_hash(sys.argv[1]))[0], sys.argv[2])
 wall = time.perf_counter() - t0
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 2**20
 ru = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss_gib": hwm, "streamed": res.streamed}))
+print(json.dumps({"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss_gib": hwm}))
 """
 
 
@@ -73,8 +81,7 @@ def main() -> None:
     ap.add_argument("--memory-limit", default="512MiB", help="The streamed fit's limit.")
     ap.add_argument("--dir", type=Path, default=None, help="Where the manifest and spill files go.")
     a = ap.parse_args()
-    # below the in-memory fit's need, so that the fit streams (a toy run gets a tiny limit)
-    limit = min(parse_bytes(a.memory_limit), max(a.rows * IN_MEMORY_BYTES_PER_ROW // 2, 1))
+    limit = parse_bytes(a.memory_limit)
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         work = Path(tmp)
         manifest = work / "m.parquet"
@@ -82,11 +89,8 @@ def main() -> None:
         print(f"{a.rows:,} rows, {manifest.stat().st_size / 2**20:.0f} MiB manifest; streamed limit "
               f"{limit / 2**20:.0f} MiB", flush=True)
         outputs = {}
-        for name, lim in (("in memory", 1 << 62), ("streamed", limit)):
+        for name, lim in (("in memory", 0), ("streamed", limit)):
             runs = [run_fit(manifest, work / f"{name[:2]}.json", lim) for _ in range(a.runs)]
-            if runs[0]["streamed"] != (name == "streamed"):
-                sys.exit(f"{name}: the fit chose {'streamed' if runs[0]['streamed'] else 'in memory'}; "
-                         f"give a smaller --memory-limit")
             wall = statistics.median(r["wall"] for r in runs)
             cpu = statistics.median(r["cpu"] for r in runs)
             rss = statistics.median(r["rss_gib"] for r in runs)

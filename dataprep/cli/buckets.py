@@ -57,7 +57,7 @@ def fit_buckets_cmd(
         "--no-fences", help="Plain equal occupancy: bounds at the maxima, no overflow bucket.")] = not _FIT.fences,
     cost_equal: Annotated[bool, typer.Option(
         "--cost-equal", help="Size every bucket's batch for the same predicted step time (never above the budget's size), so full batches of any buckets balance (plan-batches --balance).")] = _FIT.cost_equal,
-    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the fit may hold, e.g. 4GiB (default: half the machine's). A larger manifest is fitted streamed (the same buckets.json; spill files next to -o).", show_default=False)] = None,
+    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the fit may hold, e.g. 4GiB (default: half the machine's). The manifest is streamed in blocks and its durations sorted in ranges of this size (the same buckets.json at any limit; spill files next to -o, 16 bytes per utterance).", show_default=False)] = None,
 ) -> None:
     """Fit equal-occupancy duration × token buckets, size batches by a padded budget, write buckets.json."""
     options = build_options(FitOptions, None, num_buckets=num_buckets, num_subbuckets=num_subbuckets,

@@ -17,7 +17,7 @@ from bucketing.allocate import fit_spec
 from dataprep.cli import app
 from dataprep.report.stream_fit import streamed_fit_spec
 from manifests.buckets_file import write_buckets
-from manifests.io import write_manifest
+from manifests.io import manifest_hash, write_manifest
 from manifests.spill import SpillFiles, sorted_runs
 
 runner = CliRunner()
@@ -98,6 +98,8 @@ def test_sorted_runs_sort(tmp_path: Path, values: list[float], max_rows: int) ->
 
 
 def test_cli_tiny_memory_limit_same_bytes(tmp_path: Path) -> None:
+    """fit-buckets under the default limit and under 64 KiB (sorted ranges of 256 durations)
+    writes the in-memory fit's bytes and prints the same lines."""
     d, t = _corpus(5, 4000, 0)
     m = tmp_path / "m.parquet"
     write_manifest(_frame(d, t), m)
@@ -107,6 +109,10 @@ def test_cli_tiny_memory_limit_same_bytes(tmp_path: Path) -> None:
     assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     assert a.output == b.output.replace("b.json", "a.json")  # the same table and left-out lines
+    assert "reason max_duration" in a.output and "reason min_duration" in a.output
+    want, _ = fit_spec(d, t, num_buckets=10, min_duration=1.0, max_duration=40.0, manifest_hash=manifest_hash(m))
+    write_buckets(want, tmp_path / "mem.json")
+    assert (tmp_path / "mem.json").read_bytes() == (tmp_path / "a.json").read_bytes()
     assert not [p for p in tmp_path.iterdir() if ".spill-" in p.name]  # spill files removed
 
 
