@@ -20,6 +20,7 @@ Prints the mean and standard deviation over seeds of the token padding.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -65,7 +66,8 @@ def shuffle_buffer(rows: np.ndarray, rng: np.random.Generator, size: int) -> np.
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    ap.add_argument("--data", type=Path,
+                    default=Path(os.environ.get("SPEECH_DATAPREP_SHARED_DATA", REPO.parent / "shared" / "data")))
     ap.add_argument("--rows", type=int, default=None, help="Only each corpus's first rows (a toy run).")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--buffer", type=int, default=10_000)
