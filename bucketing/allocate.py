@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bucketing.budget import budget_source, padded_budget_batch_sizes
-from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, Grid, fit_buckets, grid_to_buckets
+from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, FitResult, Grid, fit_buckets, grid_to_buckets
 from manifests.buckets_file import BucketSpec
 
 
@@ -211,27 +211,40 @@ def fit_spec(
     fit = fit_buckets(d, num_tokens, num_buckets, num_subbuckets, min_duration, max_duration,
                       outlier_fence=outlier_fence, token_fence=token_fence)
     alloc = allocate(d, num_tokens, fit.grid, strict=strict)
+    ok = alloc.bucket >= 0
+    counts = np.bincount(alloc.bucket[ok], minlength=fit.grid.num_buckets)
+    secs = np.bincount(alloc.bucket[ok], weights=d[ok], minlength=fit.grid.num_buckets)
+    dropped = {k: int(v.shape[0]) for k, v in alloc.dropped.items()}
+    spec = fitted_spec(fit, alloc.max_tokens, counts, secs, dropped, alloc.moved, strict=strict,
+                       max_duration_budget=max_duration_budget, max_frames_budget=max_frames_budget,
+                       max_tokens_budget=max_tokens_budget, frame_shift=frame_shift, manifest_hash=manifest_hash)
+    return spec, alloc
+
+
+def fitted_spec(fit: FitResult, max_tokens: npt.NDArray[np.int64] | None, counts: npt.NDArray[np.int64],
+                seconds: npt.NDArray[np.float64], dropped: dict[str, int], moved: int, *, strict: bool,
+                max_duration_budget: float | None, max_frames_budget: int | None, max_tokens_budget: int | None,
+                frame_shift: float, manifest_hash: str | None) -> BucketSpec:
+    """``buckets.json``'s content from a fit and what its allocation gave: the token bounds
+    after any raise, rows and seconds per bucket (seconds summed in row order), rows left out
+    per reason and rows moved to a longer bin (as :func:`fit_spec` computes them in memory)."""
     grid = fit.grid
-    if alloc.max_tokens is not None:
-        grid = Grid(grid.max_duration, alloc.max_tokens, grid.min_duration, grid.duration_bin, grid.token_bin)
+    if max_tokens is not None:
+        grid = Grid(grid.max_duration, max_tokens, grid.min_duration, grid.duration_bin, grid.token_bin)
     budgets = dict(max_duration_budget=max_duration_budget, max_frames_budget=max_frames_budget,
                    max_tokens_budget=max_tokens_budget)
     sizes = padded_budget_batch_sizes(grid.max_duration, grid.max_tokens, frame_shift=frame_shift, **budgets)
-    ok = alloc.bucket >= 0
-    counts = np.bincount(alloc.bucket[ok], minlength=grid.num_buckets)
-    secs = np.bincount(alloc.bucket[ok], weights=d[ok], minlength=grid.num_buckets)
     report = fit.report()
     report["allocation"] = "strict" if strict else "flexible"
-    report["dropped"] = {k: int(v.shape[0]) for k, v in sorted(alloc.dropped.items())}
-    report["moved"] = alloc.moved
+    report["dropped"] = {k: int(v) for k, v in sorted(dropped.items())}
+    report["moved"] = int(moved)
     if manifest_hash is not None:
         report["manifest_hash"] = manifest_hash
-    spec = BucketSpec(
-        buckets=grid_to_buckets(grid, sizes, counts, secs),
+    return BucketSpec(
+        buckets=grid_to_buckets(grid, sizes, counts, seconds),
         batch_size_source=budget_source(frame_shift=frame_shift, **budgets),
         fit=report,
     )
-    return spec, alloc
 
 
 def _largest(rows: npt.NDArray[np.int64], key: npt.NDArray[Any], count: int) -> npt.NDArray[np.int64]:

@@ -50,7 +50,8 @@ from manifests.errors import ManifestError
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-#: Above this many (duration bin, token value) cells the token histogram is replaced by a sort.
+#: Above this many (duration bin, token value) cells the token histogram keeps only the
+#: cells that occur (``np.unique``; the same sums).
 _MAX_HIST_CELLS = 1 << 26
 
 #: Default duration fence of the overflow bin: Q3 + k × IQR with k = 3 (Tukey's "far out").
@@ -156,14 +157,6 @@ class FitResult:
         }
 
 
-def _duration_bins(d_sorted: F64, num_bins: int) -> F64:
-    """Inclusive upper bounds of equal-seconds duration bins from sorted durations."""
-    last_of_run = np.flatnonzero(np.append(d_sorted[1:] != d_sorted[:-1], True))
-    cum = np.cumsum(d_sorted)[last_of_run]
-    cuts = equal_occupancy_cuts(cum, num_bins)
-    return d_sorted[last_of_run[cuts]]
-
-
 def _fence(values: npt.NDArray[Any], cum_count: I64, k: float | None) -> float:
     """Q3 + k × IQR of a sorted distinct ``values`` with cumulative row counts; inf if off.
 
@@ -200,44 +193,56 @@ def _bin_bounds(values: npt.NDArray[Any], cum_weight: F64, cum_count: I64, num_s
     return bounds
 
 
-def _token_subbins(dbin: I64, tokens: I64, weight: F64, num_dbins: int, num_sub: int,
-                   fence: float | None = None, overflow: bool = False) -> list[I64]:
+@dataclass(frozen=True)
+class TokenCells:
+    """The (duration bin, token count) cells that hold rows: ``key = bin * span + tokens - tmin``
+    (ascending, distinct), the seconds of each (summed in row order, so a cell's sum does not
+    depend on how the rows were read) and its rows. ``hold``: the largest token count of the
+    rows up to the last equal-occupancy bin (None: no token fence). What the token sub-bins are
+    fitted from, in memory (:func:`token_cells`) or block by block
+    (:mod:`dataprep.report.stream_fit`)."""
+
+    key: I64
+    seconds: F64
+    rows: I64
+    tmin: int
+    span: int
+    hold: int | None = None
+
+
+def token_cells(dbin: I64, tokens: I64, weight: F64, num_dbins: int, tmin: int, span: int
+                ) -> tuple[I64, F64, I64]:
+    """(key, seconds, rows) of the cells of :class:`TokenCells` (``tokens >= tmin``,
+    ``tokens - tmin < span``): a dense histogram when it is small, else distinct keys."""
+    key = dbin * span + (tokens - tmin)
+    if num_dbins * span <= _MAX_HIST_CELLS:
+        w = np.bincount(key, weights=weight, minlength=num_dbins * span)
+        c = np.bincount(key, minlength=num_dbins * span)
+        present = np.flatnonzero(c)
+        return present.astype(np.int64), w[present], c[present].astype(np.int64)
+    uniq, inv = np.unique(key, return_inverse=True)
+    return uniq.astype(np.int64), np.bincount(inv, weights=weight), np.bincount(inv).astype(np.int64)
+
+
+def _token_subbins(cells: TokenCells, num_dbins: int, num_sub: int, fence: float | None = None,
+                   overflow: bool = False) -> list[I64]:
     """Per duration bin, inclusive upper token bounds of equal-seconds sub-bins.
 
     ``fence``: k of the outlier fence, applied to the top bound of every bin before the last
-    equal-occupancy bin, whose top bound then holds every token count of the rows up to it.
-    ``overflow``: the last bin is the overflow bin, one bucket: its rows are few by
-    definition, and a duration sort batches them best.
+    equal-occupancy bin, whose top bound then holds every token count of the rows up to it
+    (``cells.hold``). ``overflow``: the last bin is the overflow bin, one bucket: its rows are
+    few by definition, and a duration sort batches them best.
     """
-    tmin = int(tokens.min())
-    tmax = int(tokens.max())
-    span = tmax - tmin + 1
-    out: list[I64] = []
     last = num_dbins - 2 if overflow else num_dbins - 1  # last equal-occupancy bin
-    hold = None
-    if fence is not None:  # the largest token count of the rows up to the last bin
-        hold = tmax if last == num_dbins - 1 else int(tokens[dbin <= last].max())
-
-    def opts(j: int) -> tuple[int, float | None, int | None]:
-        return (0 if j > last else num_sub), (fence if j < last else None), (hold if j == last else None)
-
-    if num_dbins * span <= _MAX_HIST_CELLS:
-        key = dbin * span + (tokens - tmin)
-        w = np.bincount(key, weights=weight, minlength=num_dbins * span).reshape(num_dbins, span)
-        c = np.bincount(key, minlength=num_dbins * span).reshape(num_dbins, span)
-        for j in range(num_dbins):  # loop over bins, not utterances
-            present = np.flatnonzero(c[j])
-            out.append(_bin_bounds(present + tmin, np.cumsum(w[j, present]), np.cumsum(c[j, present]),
-                                   *opts(j)))
-        return out
-    order = np.lexsort((tokens, dbin))
-    d_s, t_s, w_s = dbin[order], tokens[order], weight[order]
-    starts = np.searchsorted(d_s, np.arange(num_dbins + 1))
-    for j in range(num_dbins):
-        t = t_s[starts[j]:starts[j + 1]]
-        ww = w_s[starts[j]:starts[j + 1]]
-        last = np.flatnonzero(np.append(t[1:] != t[:-1], True))
-        out.append(_bin_bounds(t[last], np.cumsum(ww)[last], last + 1, *opts(j)))
+    hold = cells.hold if fence is not None else None
+    starts = np.searchsorted(cells.key, np.arange(num_dbins + 1, dtype=np.int64) * cells.span)
+    out: list[I64] = []
+    for j in range(num_dbins):  # loop over bins, not utterances
+        lo, hi = starts[j], starts[j + 1]
+        present = cells.key[lo:hi] - j * cells.span + cells.tmin
+        out.append(_bin_bounds(present, np.cumsum(cells.seconds[lo:hi]), np.cumsum(cells.rows[lo:hi]),
+                               0 if j > last else num_sub, fence if j < last else None,
+                               hold if j == last else None))
     return out
 
 
@@ -301,31 +306,72 @@ def fit_buckets(
     Vectorized: one sort of the durations plus a weighted histogram of (bin, tokens).
     """
     d, t = _checked_columns(duration, num_tokens, num_buckets, num_subbuckets)
-    if (outlier_fence is not None and outlier_fence < 0) or (token_fence is not None and token_fence < 0):
-        raise ValueError("outlier fences must be >= 0 (or None for no fence)")
+    check_fences(outlier_fence, token_fence)
     below = d < min_duration if min_duration is not None else np.zeros(d.shape[0], dtype=bool)
     above = d > max_duration if max_duration is not None else np.zeros(d.shape[0], dtype=bool)
     keep = ~(below | above)
     d_in, t_in = (d, t) if keep.all() else (d[keep], t[keep])
     if d_in.shape[0] == 0:
-        raise ValueError("no rows left to fit (check --min-duration / --max-duration)")
-    notes: list[str] = []
+        raise ValueError(NO_ROWS)
     d_sorted = np.sort(d_in)
     n_in = d_sorted.shape[0]
     n_bulk, overflow_from = _overflow_split(d_sorted, outlier_fence)
-    dbounds = _duration_bins(d_sorted[:n_bulk], num_buckets)
+    last = np.flatnonzero(np.append(d_sorted[1:n_bulk] != d_sorted[:n_bulk - 1], True))
+    cum = np.cumsum(d_sorted[:n_bulk])[last]
+    dbounds, notes = duration_bounds(d_sorted[:n_bulk][last], cum, num_buckets, n_in - n_bulk, overflow_from,
+                                     float(d_sorted[-1]), outlier_fence)
+    dbin = np.searchsorted(dbounds, d_in, side="left").astype(np.int64)
+    nd = int(dbounds.shape[0])
+    tmin, tmax = int(t_in.min()), int(t_in.max())
+    key, w, c = token_cells(dbin, t_in, d_in, nd, tmin, tmax - tmin + 1)
+    hold = None
+    if token_fence is not None and num_subbuckets > 1:  # the largest token count up to the last bin
+        hold = tmax if overflow_from is None else int(t_in[dbin <= nd - 2].max())
+    cells = TokenCells(key, w, c, tmin, tmax - tmin + 1, hold)
+    caps = (int(below.sum()), int(above.sum()), float(d[below].sum() / 3600.0), float(d[above].sum() / 3600.0))
+    return finish_fit(dbounds, notes, cells, int(d.shape[0]), caps, num_buckets, num_subbuckets, min_duration,
+                      outlier_fence, token_fence, n_in - n_bulk, overflow_from)
+
+
+#: The error when the caps leave no row.
+NO_ROWS = "no rows left to fit (check --min-duration / --max-duration)"
+
+
+def check_fences(outlier_fence: float | None, token_fence: float | None) -> None:
+    """Fences are >= 0 or None (ValueError)."""
+    if (outlier_fence is not None and outlier_fence < 0) or (token_fence is not None and token_fence < 0):
+        raise ValueError("outlier fences must be >= 0 (or None for no fence)")
+
+
+def duration_bounds(values: F64, cum: F64, num_buckets: int, overflow_rows: int, overflow_from: float | None,
+                    d_max: float, outlier_fence: float | None) -> tuple[F64, list[str]]:
+    """Duration-bin bounds (s) and the notes about them, from the distinct durations within the
+    fence (``values``, ascending; an array or a memory map) and ``cum``, the running sum of
+    the sorted durations at the last row of each (``np.cumsum`` over the sorted rows, so the
+    same floats however the rows were read). The overflow bin, when there is one, ends at
+    ``d_max``."""
+    dbounds = np.asarray(values[equal_occupancy_cuts(cum, num_buckets)], dtype=np.float64)
+    notes: list[str] = []
     if dbounds.shape[0] < num_buckets:
         notes.append(f"{dbounds.shape[0]} duration bins fitted of {num_buckets} asked: "
                      f"too few distinct durations or one duration holds more than a bin's share")
-    bulk_max = float(dbounds[-1])
     if overflow_from is not None:
-        dbounds = np.append(dbounds, d_sorted[-1])
-        notes.append(f"{n_in - n_bulk} rows longer than {overflow_from:.3f} s (Q3 + {outlier_fence:g} * IQR "
+        dbounds = np.append(dbounds, d_max)
+        notes.append(f"{overflow_rows} rows longer than {overflow_from:.3f} s (Q3 + {outlier_fence:g} * IQR "
                      f"of durations) fitted as an overflow duration bin after the {num_buckets} asked")
-    dbin = np.searchsorted(dbounds, d_in, side="left").astype(np.int64)
+    return dbounds, notes
+
+
+def finish_fit(dbounds: F64, notes: list[str], cells: TokenCells, num_rows: int,
+               caps: tuple[int, int, float, float], num_buckets: int, num_subbuckets: int,
+               min_duration: float | None, outlier_fence: float | None, token_fence: float | None,
+               overflow_rows: int, overflow_from: float | None) -> FitResult:
+    """The grid and its :class:`FitResult` from the duration bounds and the token cells;
+    ``caps``: rows below / above the caps and their hours."""
     nd = int(dbounds.shape[0])
+    bulk_max = float(dbounds[-2] if overflow_from is not None else dbounds[-1])
     # 1D bucketing is by duration alone: its token bounds stay the maxima of its bins
-    sub = _token_subbins(dbin, t_in, d_in, nd, num_subbuckets, token_fence if num_subbuckets > 1 else None,
+    sub = _token_subbins(cells, nd, num_subbuckets, token_fence if num_subbuckets > 1 else None,
                          overflow_from is not None)
     short = [j for j, s in enumerate(sub) if s.shape[0] < num_subbuckets and dbounds[j] <= bulk_max]
     if short:
@@ -344,16 +390,16 @@ def fit_buckets(
     )
     return FitResult(
         grid=grid,
-        num_rows=int(d.shape[0]),
-        below_min=int(below.sum()),
-        above_max=int(above.sum()),
-        below_min_hours=float(d[below].sum() / 3600.0),
-        above_max_hours=float(d[above].sum() / 3600.0),
+        num_rows=num_rows,
+        below_min=caps[0],
+        above_max=caps[1],
+        below_min_hours=caps[2],
+        above_max_hours=caps[3],
         requested=(int(num_buckets), int(num_subbuckets)),
         notes=notes,
         outlier_fence=None if outlier_fence is None else float(outlier_fence),
         token_fence=None if token_fence is None or num_subbuckets == 1 else float(token_fence),
-        overflow_rows=int(n_in - n_bulk),
+        overflow_rows=overflow_rows,
         overflow_from=overflow_from,
     )
 

@@ -34,8 +34,11 @@ SLOW = {
     "bench_buckets.py": ["--rows", "20000", "--repeats", "1"],
     "bench_oom.py": ["--models", "tiny", "--skip-headline", "--exact-buckets", "1"],
     "bench_stream_checks.py": ["--rows", "5000", "--repeats", "1", "--work", "{tmp}"],
+    "bench_stream_fit.py": ["--rows", "20000", "--runs", "1", "--dir", "{tmp}"],
+    "bench_padding_baseline.py": ["--rows", "2000", "--seeds", "2", "--buffer", "500"],
 }
-NEEDS_SHARED_DATA = {"bench_dynres.py", "bench_fill.py", "bench_strategies.py", "bench_buckets.py"}
+NEEDS_SHARED_DATA = {"bench_dynres.py", "bench_fill.py", "bench_strategies.py", "bench_buckets.py",
+                     "bench_padding_baseline.py"}
 
 
 def test_every_benchmark_is_listed() -> None:

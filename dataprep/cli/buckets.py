@@ -13,7 +13,7 @@ from bucketing.batching import DEFAULT_AUDIO_WEIGHT
 from bucketing.dynres import DynResConfig
 from dataprep.cli import dynres as dyn
 from dataprep.cli.app import (app, build_options, check_range, defaults_of, option_flags, out,
-                              parse_world_sizes, user_errors)
+                              parse_memory_limit, parse_world_sizes, user_errors)
 from dataprep.report import FitOptions, fit_buckets_file, manifest_padding_report
 from manifests.buckets_file import BucketSpec
 from manifests.io import write_json
@@ -57,20 +57,22 @@ def fit_buckets_cmd(
         "--no-fences", help="Plain equal occupancy: bounds at the maxima, no overflow bucket.")] = not _FIT.fences,
     cost_equal: Annotated[bool, typer.Option(
         "--cost-equal", help="Size every bucket's batch for the same predicted step time (never above the budget's size), so full batches of any buckets balance (plan-batches --balance).")] = _FIT.cost_equal,
+    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the fit may hold, e.g. 4GiB (default: half the machine's). The manifest is streamed in blocks and its durations sorted in ranges of this size (the same buckets.json at any limit; spill files next to -o, 16 bytes per utterance).", show_default=False)] = None,
 ) -> None:
     """Fit equal-occupancy duration × token buckets, size batches by a padded budget, write buckets.json."""
     options = build_options(FitOptions, None, num_buckets=num_buckets, num_subbuckets=num_subbuckets,
                             max_duration_budget=max_duration_budget, max_frames_budget=max_frames_budget,
                             max_tokens_budget=max_tokens_budget, frame_shift=frame_shift, strict=strict,
                             min_duration=min_duration, max_duration=max_duration, duration_fence=duration_fence,
-                            token_fence=token_fence, fences=not no_fences, cost_equal=cost_equal)
+                            token_fence=token_fence, fences=not no_fences, cost_equal=cost_equal,
+                            memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit))
     res = fit_buckets_file(manifest, output, options)
-    spec, d = res.spec, res.duration
+    spec = res.spec
     out.print(_bucket_table(spec))
-    for reason, rows in sorted(res.allocation.dropped.items()):
-        out.print(f"left out: {rows.shape[0]:,} rows ({d[rows].sum() / 3600:.2f} h), reason {reason}")
-    if res.allocation.moved:
-        out.print(f"moved to a longer-duration bin for their tokens: {res.allocation.moved:,} rows "
+    for reason, (rows, secs) in sorted(res.dropped.items()):
+        out.print(f"left out: {rows:,} rows ({secs / 3600:.2f} h), reason {reason}")
+    if res.moved:
+        out.print(f"moved to a longer-duration bin for their tokens: {res.moved:,} rows "
                   f"(token outliers; they train there, none dropped)")
     for note in spec.fit.get("notes", []):
         out.print(f"note: {note}")

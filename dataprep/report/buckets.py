@@ -1,24 +1,25 @@
 """manifest -> ``buckets.json`` (``dataprep fit-buckets``): :class:`FitOptions`, checked once
-here, and :func:`fit_buckets_file`, the I/O around :func:`bucketing.allocate.fit_spec`."""
+here, and :func:`fit_buckets_file`, which fits as :func:`bucketing.allocate.fit_spec` does,
+streamed in bounded memory (:mod:`dataprep.report.stream_fit`)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
-
-from bucketing.allocate import Allocation, fit_spec
 from bucketing.budget import cost_equal_spec
 from bucketing.costmodel import CostModel
 from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE
-from dataprep.report.padding import duration_and_tokens
+from dataprep.report.stream_fit import streamed_fit_spec
 from manifests.buckets_file import BucketSpec, write_buckets
 from manifests.errors import DataprepError
 from manifests.io import manifest_hash
 from manifests.options import check_bool, check_int, check_number
 from manifests.outputs import refuse_directory_outputs, refuse_same_paths
+from manifests.spill import default_memory_limit
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,10 @@ class FitOptions:
     ``duration_fence`` / ``token_fence``: k of Q3 + k*IQR (>= 0) unless ``fences`` is False
     (plain equal occupancy). ``cost_equal``: then resize every bucket's batch so its predicted
     step time (:class:`bucketing.costmodel.CostModel`) is the same, never above the budget's
-    size (:func:`bucketing.budget.cost_equal_spec`): full batches of any buckets balance."""
+    size (:func:`bucketing.budget.cost_equal_spec`): full batches of any buckets balance.
+    ``memory_limit``: bytes the fit may hold (>= 1; None: half the machine's memory): the
+    fit streams the manifest (:mod:`dataprep.report.stream_fit`), whatever its size, in
+    blocks and sorted ranges sized by it; the same bytes at any limit."""
 
     num_buckets: int = 30
     num_subbuckets: int = 2
@@ -46,6 +50,7 @@ class FitOptions:
     token_fence: float = DEFAULT_TOKEN_FENCE
     fences: bool = True
     cost_equal: bool = False
+    memory_limit: int | None = None
 
     def __post_init__(self) -> None:
         check_int("num_buckets", self.num_buckets, ge=1)
@@ -61,39 +66,49 @@ class FitOptions:
         check_number("token_fence", self.token_fence, ge=0)
         check_bool("fences", self.fences)
         check_bool("cost_equal", self.cost_equal)
+        check_int("memory_limit", self.memory_limit, ge=1, le=2**62, optional=True)
 
 
 @dataclass(frozen=True)
 class FitResult:
-    """What :func:`fit_buckets_file` wrote (``spec``), where every row went (``allocation``)
-    and the manifest's durations (s) the report of left-out rows sums."""
+    """What :func:`fit_buckets_file` wrote (``spec``), the rows left out per reason with
+    their seconds, and the rows moved to a longer bin for their tokens."""
 
     spec: BucketSpec
-    allocation: Allocation
-    duration: npt.NDArray[np.float64]
+    dropped: dict[str, tuple[int, float]] = field(default_factory=dict)  # reason -> (rows, seconds)
+    moved: int = 0
 
 
 def fit_buckets_file(manifest: str | os.PathLike[str], output: str | os.PathLike[str],
                      options: FitOptions = FitOptions()) -> FitResult:
     """Fit equal-occupancy duration x token buckets on ``manifest``, size batches by the padded
-    budget and write ``buckets.json`` to ``output`` (atomically, never over the manifest)."""
+    budget and write ``buckets.json`` to ``output`` (atomically, never over the manifest).
+    Streamed (:mod:`dataprep.report.stream_fit`) in ``options.memory_limit``: the bytes of
+    :func:`bucketing.allocate.fit_spec` on the whole columns; spill files next to ``output``."""
     if not isinstance(options, FitOptions):
         raise DataprepError(f"fit_buckets_file: options must be FitOptions, got {type(options).__name__}")
     refuse_same_paths({"MANIFEST": manifest}, {"-o": output})
     refuse_directory_outputs({"-o": output})
-    d, t = duration_and_tokens(manifest)
     o = options
+    limit = o.memory_limit if o.memory_limit is not None else default_memory_limit()
+    content_hash = manifest_hash(manifest)  # a missing or unreadable manifest: one line, nothing created
+    parent = Path(output).resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f".{Path(output).name}.spill-", dir=parent))
     try:
-        spec, alloc = fit_spec(
-            d, t, num_buckets=o.num_buckets, num_subbuckets=o.num_subbuckets, min_duration=o.min_duration,
-            max_duration=o.max_duration, strict=o.strict, max_duration_budget=o.max_duration_budget,
-            max_frames_budget=o.max_frames_budget, max_tokens_budget=o.max_tokens_budget,
-            frame_shift=o.frame_shift, manifest_hash=manifest_hash(manifest),
-            outlier_fence=o.duration_fence if o.fences else None, token_fence=o.token_fence if o.fences else None,
-        )
+        spec, sa = streamed_fit_spec(
+            manifest, root, limit, num_buckets=o.num_buckets, num_subbuckets=o.num_subbuckets,
+            min_duration=o.min_duration, max_duration=o.max_duration, strict=o.strict,
+            max_duration_budget=o.max_duration_budget, max_frames_budget=o.max_frames_budget,
+            max_tokens_budget=o.max_tokens_budget, frame_shift=o.frame_shift, manifest_hash=content_hash,
+            outlier_fence=o.duration_fence if o.fences else None, token_fence=o.token_fence if o.fences else None)
+    except DataprepError:
+        raise
     except ValueError as exc:
         raise DataprepError(f"{manifest}: {exc}") from None
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     if o.cost_equal:
         spec = cost_equal_spec(spec, CostModel())
     write_buckets(spec, output)
-    return FitResult(spec, alloc, d)
+    return FitResult(spec, {k: (v, sa.dropped_seconds[k]) for k, v in sa.dropped.items()}, sa.moved)

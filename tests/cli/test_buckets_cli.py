@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dataprep.cli import app
-from manifests.buckets_file import read_buckets
+from bucketing.allocate import fit_spec
+from manifests.buckets_file import read_buckets, write_buckets
 from manifests.io import manifest_hash, write_manifest
 from tests.conftest import manifest_from_csv
 
@@ -82,6 +83,12 @@ def test_real_corpora(tmp_path: Path, shared_spm_path: Path, name: str) -> None:
     write_manifest(df, m)
     r = runner.invoke(app, ["fit-buckets", str(m), "-o", str(tmp_path / "b.json")])
     assert r.exit_code == 0, r.output
+    # streamed, even in ranges of a few thousand durations: the in-memory fit's bytes
+    r = runner.invoke(app, ["fit-buckets", str(m), "-o", str(tmp_path / "s.json"), "--memory-limit", "256KiB"])
+    assert r.exit_code == 0 and (tmp_path / "s.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    write_buckets(fit_spec(df["duration"].to_numpy(), df["num_tokens"].to_numpy(), manifest_hash=manifest_hash(m))[0],
+                  tmp_path / "mem.json")
+    assert (tmp_path / "mem.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     spec = read_buckets(tmp_path / "b.json")
     hours = np.array([b.hours for b in spec.buckets])
     dbins = np.array([b.duration_bin for b in spec.buckets])

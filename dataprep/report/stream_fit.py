@@ -1,0 +1,269 @@
+"""``fit-buckets`` in memory bounded by a budget, not by the corpus: the same ``buckets.json``
+bytes as the in-memory fit (:func:`bucketing.allocate.fit_spec`), exactly (no sample).
+
+Passes (blocks of the manifest, then of raw spill files under ``root``):
+
+1. the manifest, block by block (:func:`manifests.io.iter_manifest`): checks, rows outside
+   the caps counted (their durations spilled, summed at the end as NumPy sums them), the
+   durations and tokens of the other rows spilled;
+2. the durations in ascending order (:func:`manifests.spill.sorted_runs`, an external sort
+   in ranges of at most the budget's rows): the quartiles and the fence are order
+   statistics read as they pass; the running sum of the sorted durations (``np.cumsum``,
+   continued from run to run, so the same floats) is kept at the last row of each distinct
+   duration within the fence, spilled; the equal-occupancy cuts then search that file
+   memory-mapped (:func:`bucketing.fit.duration_bounds`);
+3. the token cells (duration bin, token count): seconds summed in row order with
+   ``np.add.at``, as ``np.bincount`` sums them, so the same floats;
+4. the allocation, block by block (it is per row), with seconds per bucket summed in row order.
+
+Memory: one block, the ranges of the sort, the cells and the per-bucket totals. Disk: 16
+bytes per row (durations, tokens) plus 16 per distinct duration.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow.compute as pc
+
+from bucketing.allocate import allocate, fitted_spec
+from bucketing.fit import NO_ROWS, Grid, TokenCells, check_fences, duration_bounds, finish_fit
+from manifests.buckets_file import BucketSpec
+from manifests.errors import DataprepError
+from manifests.io import iter_manifest
+from manifests.spill import SpillFiles, sorted_runs
+
+#: Bytes of working memory per row of a block (Arrow columns, NumPy copies, masks, allocation).
+BLOCK_BYTES_PER_ROW = 160
+#: Bytes per value held by a range of the sort (8: the values, filled and sorted in place;
+#: the rest a margin for what else is alive).
+SORT_BYTES_PER_ROW = 16
+#: Fewest values per range of the sort, whatever the limit (each range is one pass).
+MIN_SORT_ROWS = 256
+
+
+@dataclass
+class StreamedAllocation:
+    """What the allocation gave, summed over blocks: rows and seconds per bucket (seconds in
+    row order), rows and seconds left out per reason, rows moved, token bounds after any raise."""
+
+    counts: npt.NDArray[np.int64]
+    seconds: npt.NDArray[np.float64]
+    max_tokens: npt.NDArray[np.int64]
+    dropped: dict[str, int] = field(default_factory=dict)
+    dropped_seconds: dict[str, float] = field(default_factory=dict)
+    moved: int = 0
+
+    def drop(self, reason: str, rows: int, seconds: float) -> None:
+        if rows:
+            self.dropped[reason] = self.dropped.get(reason, 0) + rows
+            self.dropped_seconds[reason] = self.dropped_seconds.get(reason, 0.0) + seconds
+
+
+def block_rows(memory_limit: int) -> int:
+    """Rows per block of the manifest and of the spill files for ``memory_limit`` bytes."""
+    return int(min(max(memory_limit // (4 * BLOCK_BYTES_PER_ROW), 1 << 10), 1 << 20))
+
+
+def streamed_fit_spec(manifest: str | os.PathLike[str], root: Path, memory_limit: int, *, num_buckets: int,
+                      num_subbuckets: int, min_duration: float | None, max_duration: float | None, strict: bool,
+                      max_duration_budget: float | None, max_frames_budget: int | None,
+                      max_tokens_budget: int | None, frame_shift: float, manifest_hash: str | None,
+                      outlier_fence: float | None, token_fence: float | None
+                      ) -> tuple[BucketSpec, StreamedAllocation]:
+    """:func:`bucketing.allocate.fit_spec` of the manifest's rows, streamed (module docstring);
+    spill files go under ``root`` (the caller removes it). Raises :class:`ValueError` with
+    fit_spec's messages, :class:`DataprepError` for missing values."""
+    if num_buckets < 1 or num_subbuckets < 1:
+        raise ValueError("num_buckets and num_subbuckets must be >= 1")
+    block = block_rows(memory_limit)
+    files = SpillFiles(root)
+    scan = _scan(manifest, files, block, min_duration, max_duration)
+    files.close()
+    check_fences(outlier_fence, token_fence)
+    if scan.n_in == 0:
+        raise ValueError(NO_ROWS)
+    sort_rows = max(memory_limit // SORT_BYTES_PER_ROW - block, MIN_SORT_ROWS)
+    n_bulk, overflow_from = _sorted_pass(files, scan.n_in, sort_rows, block, outlier_fence)
+    files.close()
+    dbounds, notes = duration_bounds(files.map("dv", np.float64), files.map("dcum", np.float64), num_buckets,
+                                     scan.n_in - n_bulk, overflow_from, scan.d_max, outlier_fence)
+    cells = _token_cells(files, scan, dbounds, block, token_fence is not None and num_subbuckets > 1,
+                         overflow_from is not None)
+    caps = (scan.below, scan.above, float(files.map("below", np.float64).sum() / 3600.0),
+            float(files.map("above", np.float64).sum() / 3600.0))
+    fit = finish_fit(dbounds, notes, cells, scan.num_rows, caps, num_buckets, num_subbuckets, min_duration,
+                     outlier_fence, token_fence, scan.n_in - n_bulk, overflow_from)
+    alloc = _allocate(files, scan, fit.grid, strict, block)
+    if min_duration is not None:
+        alloc.drop("min_duration", scan.below, scan.below_seconds)
+    alloc.drop("exceeds_bucket" if strict else "max_duration", scan.above, scan.above_seconds)
+    spec = fitted_spec(fit, alloc.max_tokens, alloc.counts, alloc.seconds, alloc.dropped, alloc.moved,
+                       strict=strict, max_duration_budget=max_duration_budget, max_frames_budget=max_frames_budget,
+                       max_tokens_budget=max_tokens_budget, frame_shift=frame_shift, manifest_hash=manifest_hash)
+    return spec, alloc
+
+
+@dataclass
+class _Scan:
+    num_rows: int = 0
+    n_in: int = 0  # rows within the caps (spilled as d, t)
+    below: int = 0
+    above: int = 0
+    below_seconds: float = 0.0
+    above_seconds: float = 0.0
+    d_max: float = -math.inf
+    t_min: int = 0
+    t_max: int = 0
+
+
+def _scan(manifest: str | os.PathLike[str], files: SpillFiles, block: int, min_duration: float | None,
+          max_duration: float | None) -> _Scan:
+    """Pass 1: checks (the in-memory fit's messages and order), caps, the spill of d and t."""
+    s = _Scan()
+    null_t = null_d = 0
+    bad = False
+    t_min, t_max = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    for table in iter_manifest(manifest, ["duration", "num_tokens"], block):
+        s.num_rows += table.num_rows
+        nt, nd = table.column("num_tokens").null_count, table.column("duration").null_count
+        null_t, null_d = null_t + nt, null_d + nd
+        if null_t or null_d or bad:
+            continue  # an error follows: count the rest, spill nothing
+        d = table.column("duration").to_numpy().astype(np.float64, copy=False)
+        t = pc.cast(table.column("num_tokens"), "int64").to_numpy()
+        if not np.isfinite(d).all() or (d <= 0).any():
+            bad = True
+            continue
+        below = d < min_duration if min_duration is not None else None
+        above = d > max_duration if max_duration is not None else None
+        keep = None
+        for mask, col, attr in ((below, "below", "below"), (above, "above", "above")):
+            if mask is not None and mask.any():
+                files.append(col, d[mask])
+                setattr(s, attr, getattr(s, attr) + int(mask.sum()))
+                setattr(s, f"{attr}_seconds", getattr(s, f"{attr}_seconds") + float(d[mask].sum()))
+                keep = ~mask if keep is None else keep & ~mask
+        if keep is not None:
+            d, t = d[keep], t[keep]
+        if d.shape[0]:
+            files.append("d", d)
+            files.append("t", t)
+            s.n_in += d.shape[0]
+            s.d_max = max(s.d_max, float(d.max()))
+            t_min, t_max = min(t_min, int(t.min())), max(t_max, int(t.max()))
+    if null_t:
+        raise DataprepError(f"{manifest}: {null_t} rows have no num_tokens (compile with a tokenizer)")
+    if null_d:
+        raise DataprepError(f"{manifest}: {null_d} rows have no duration")
+    if bad:
+        raise ValueError("durations must be finite and > 0")
+    s.t_min, s.t_max = (t_min, t_max) if s.n_in else (0, 0)
+    return s
+
+
+def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, block: int, outlier_fence: float | None
+                 ) -> tuple[int, float | None]:
+    """Pass 2: (rows within the fence, the fence or None) as ``_overflow_split`` gives them,
+    and the spill of each distinct duration within the fence (``dv``) with the running sum
+    of the sorted durations at its last row (``dcum``)."""
+    p1, p3 = int(np.ceil(0.25 * n_in)) - 1, int(np.ceil(0.75 * n_in)) - 1
+    q1 = q3 = None
+    fence = math.inf if outlier_fence is None else None  # None: not known yet
+    pos = 0
+    prefix = np.zeros(1, dtype=np.float64)
+    pending: tuple[float, float] | None = None  # the last distinct value seen, its run may go on
+    n_bulk = n_in
+    done = False
+    for run in sorted_runs(files, "d", n_in, sort_rows):
+        for a in range(0, run.shape[0], block):  # a block at a time: temporaries stay small
+            x = run[a:a + block]
+            if q1 is None and pos <= p1 < pos + x.shape[0]:
+                q1 = x[p1 - pos]
+            if q3 is None and pos <= p3 < pos + x.shape[0]:
+                q3 = x[p3 - pos]
+                if fence is None:
+                    fence = math.inf if q3 <= q1 else float(q3 + outlier_fence * (q3 - q1))
+            keep = x.shape[0] if fence is None else int(np.searchsorted(x, fence, side="right"))
+            if keep:
+                xs = x[:keep]
+                cum = np.cumsum(np.concatenate([prefix, xs]))[1:]
+                if pending is not None and pending[0] != xs[0]:
+                    files.append("dv", np.asarray([pending[0]]))
+                    files.append("dcum", np.asarray([pending[1]]))
+                last = np.flatnonzero(xs[1:] != xs[:-1])
+                files.append("dv", xs[last])
+                files.append("dcum", cum[last])
+                pending = (float(xs[-1]), float(cum[-1]))
+                prefix = cum[-1:]
+            pos += x.shape[0]
+            if keep < x.shape[0]:
+                n_bulk = pos - x.shape[0] + keep
+                done = True
+                break
+        if done:
+            break
+    if pending is not None:
+        files.append("dv", np.asarray([pending[0]]))
+        files.append("dcum", np.asarray([pending[1]]))
+    if n_bulk < n_in:
+        return n_bulk, float(fence)  # type: ignore[arg-type]
+    return n_in, None
+
+
+def _token_cells(files: SpillFiles, s: _Scan, dbounds: npt.NDArray[np.float64], block: int, fenced: bool,
+                 overflow: bool) -> TokenCells:
+    """Pass 3: the (duration bin, token count) cells, seconds summed in row order."""
+    nd = int(dbounds.shape[0])
+    span = s.t_max - s.t_min + 1
+    dense = nd * span <= max(block, 1 << 16)  # dense cells no larger than a block
+    keys = np.arange(nd * span, dtype=np.int64) if dense else np.empty(0, np.int64)
+    w = np.zeros(keys.shape[0], dtype=np.float64)
+    c = np.zeros(keys.shape[0], dtype=np.int64)
+    hold = -1
+    for a in range(0, s.n_in, block):
+        d = files.read_range("d", np.float64, a, min(a + block, s.n_in))
+        t = files.read_range("t", np.int64, a, min(a + block, s.n_in))
+        dbin = np.searchsorted(dbounds, d, side="left").astype(np.int64)
+        if fenced and overflow:
+            up = t[dbin <= nd - 2]
+            hold = max(hold, int(up.max())) if up.shape[0] else hold
+        key = dbin * span + (t - s.t_min)
+        if not dense:
+            new = np.setdiff1d(np.unique(key), keys, assume_unique=True)
+            if new.shape[0]:
+                merged = np.union1d(keys, new)
+                at = np.searchsorted(merged, keys)
+                w2, c2 = np.zeros(merged.shape[0]), np.zeros(merged.shape[0], np.int64)
+                w2[at], c2[at] = w, c
+                keys, w, c = merged, w2, c2
+            key = np.searchsorted(keys, key)
+        np.add.at(w, key, d)  # sequential in row order, as np.bincount's weights
+        c += np.bincount(key, minlength=keys.shape[0])
+    present = np.flatnonzero(c)
+    h = None if not fenced else (s.t_max if not overflow else hold)
+    return TokenCells(keys[present], w[present], c[present], s.t_min, span, h)
+
+
+def _allocate(files: SpillFiles, s: _Scan, grid: Grid, strict: bool, block: int) -> StreamedAllocation:
+    """Pass 4: the allocation of the rows within the caps, block by block (it is per row)."""
+    nb = grid.num_buckets
+    out = StreamedAllocation(np.zeros(nb, np.int64), np.zeros(nb, np.float64), grid.max_tokens.astype(np.int64))
+    for a in range(0, s.n_in, block):
+        d = files.read_range("d", np.float64, a, min(a + block, s.n_in))
+        t = files.read_range("t", np.int64, a, min(a + block, s.n_in))
+        al = allocate(d, t, grid, strict=strict)
+        ok = al.bucket >= 0
+        out.counts += np.bincount(al.bucket[ok], minlength=nb)
+        np.add.at(out.seconds, al.bucket[ok], d[ok])  # in row order, as np.bincount's weights
+        for reason, rows in al.dropped.items():
+            out.drop(reason, int(rows.shape[0]), float(d[rows].sum()))
+        out.moved += al.moved
+        if al.max_tokens is not None:
+            out.max_tokens = np.maximum(out.max_tokens, al.max_tokens)
+    return out

@@ -1,0 +1,140 @@
+"""The streamed fit (``fit-buckets`` in bounded memory) writes the in-memory fit's bytes."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from bucketing.allocate import fit_spec
+from dataprep.cli import app
+from dataprep.report.stream_fit import streamed_fit_spec
+from manifests.buckets_file import write_buckets
+from manifests.io import manifest_hash, write_manifest
+from manifests.spill import SpillFiles, sorted_runs
+
+runner = CliRunner()
+
+
+def _frame(d: np.ndarray, t: np.ndarray | list) -> pl.DataFrame:
+    n = len(d)
+    return pl.DataFrame({"id": [f"u{i}" for i in range(n)], "duration": d, "num_tokens": t, "text": ["x"] * n})
+
+
+def _corpus(seed: int, n: int, kind: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if kind == 0:  # continuous durations, far-out clips
+        d = rng.gamma(4, 2.5, n) + 0.05
+        d[rng.integers(0, n, max(n // 200, 1))] *= 10
+    elif kind == 1:  # rounded: many ties
+        d = np.round(rng.gamma(4, 2.5, n) + 0.5, 1)
+    elif kind == 2:  # a few values, one holding most rows
+        d = rng.choice([1.0, 2.5, 3.0, 3.0, 3.0, 3.0, 7.25], n)
+    else:  # lognormal, full precision
+        d = rng.lognormal(2.0, 0.6, n)
+    span = [3, 40, 5000, 300000][int(rng.integers(0, 4))]
+    t = np.minimum((d * rng.uniform(1, 6, n)).astype(np.int64), span) + rng.integers(0, 3, n) + 1
+    return d, t
+
+
+OPTIONS = st.fixed_dictionaries({
+    "num_buckets": st.integers(1, 12),
+    "num_subbuckets": st.integers(1, 4),
+    "min_duration": st.sampled_from([None, 1.5]),
+    "max_duration": st.sampled_from([None, 25.0]),
+    "strict": st.booleans(),
+    "outlier_fence": st.sampled_from([None, 0.0, 1.5, 3.0]),
+    "token_fence": st.sampled_from([None, 0.5, 2.0]),
+})
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 1200), kind=st.integers(0, 3), opts=OPTIONS,
+       limit=st.sampled_from([1, 1 << 30]))
+def test_streamed_equals_in_memory(tmp_path: Path, seed: int, n: int, kind: int, opts: dict, limit: int) -> None:
+    """Random corpora, options and memory limits (1 byte: sorted ranges of 256 values, split
+    down to single values where one holds more)."""
+    d, t = _corpus(seed, n, kind)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as work:
+        w = Path(work)
+        m = w / "m.parquet"
+        write_manifest(_frame(d, t), m)
+        kw = dict(max_duration_budget=600.0, max_frames_budget=None, max_tokens_budget=None, frame_shift=0.01,
+                  manifest_hash="h", **opts)
+        try:
+            want, alloc = fit_spec(d, t, **kw)
+        except ValueError as exc:  # e.g. the caps leave nothing: the same message streamed
+            with pytest.raises(ValueError, match=re.escape(str(exc))):
+                streamed_fit_spec(m, w, limit, **kw)
+            return
+        got, sa = streamed_fit_spec(m, w, limit, **kw)
+        write_buckets(want, w / "a.json")
+        write_buckets(got, w / "b.json")
+        assert (w / "a.json").read_bytes() == (w / "b.json").read_bytes()
+        assert sa.dropped == {k: v.shape[0] for k, v in alloc.dropped.items()}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(st.floats(0, 1e6, allow_nan=False, allow_subnormal=True), max_size=300),
+       max_rows=st.integers(1, 400))
+def test_sorted_runs_sort(tmp_path: Path, values: list[float], max_rows: int) -> None:
+    """Runs of at most max_rows values that concatenate to np.sort (zeros and subnormals too)."""
+    x = np.asarray(values, dtype=np.float64)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as work:
+        files = SpillFiles(Path(work))
+        files.append("x", x)
+        files.close()
+        runs = list(sorted_runs(files, "x", x.shape[0], max_rows))
+        assert all(0 < r.shape[0] <= max_rows for r in runs)
+        got = np.concatenate(runs) if runs else np.empty(0)
+        assert np.array_equal(got, np.sort(x))
+
+
+def test_cli_tiny_memory_limit_same_bytes(tmp_path: Path) -> None:
+    """fit-buckets under the default limit and under 64 KiB (sorted ranges of 256 durations)
+    writes the in-memory fit's bytes and prints the same lines."""
+    d, t = _corpus(5, 4000, 0)
+    m = tmp_path / "m.parquet"
+    write_manifest(_frame(d, t), m)
+    args = ["fit-buckets", str(m), "--num-buckets", "10", "--max-duration", "40", "--min-duration", "1"]
+    a = runner.invoke(app, [*args, "-o", str(tmp_path / "a.json")])
+    b = runner.invoke(app, [*args, "-o", str(tmp_path / "b.json"), "--memory-limit", "64KiB"])
+    assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert a.output == b.output.replace("b.json", "a.json")  # the same table and left-out lines
+    assert "reason max_duration" in a.output and "reason min_duration" in a.output
+    want, _ = fit_spec(d, t, num_buckets=10, min_duration=1.0, max_duration=40.0, manifest_hash=manifest_hash(m))
+    write_buckets(want, tmp_path / "mem.json")
+    assert (tmp_path / "mem.json").read_bytes() == (tmp_path / "a.json").read_bytes()
+    assert not [p for p in tmp_path.iterdir() if ".spill-" in p.name]  # spill files removed
+
+
+@pytest.mark.parametrize("case", ["no_tokens", "bad_duration", "memory_limit", "no_rows"])
+def test_cli_errors_one_line(tmp_path: Path, case: str) -> None:
+    d, t = _corpus(1, 3000, 1)
+    args: list[str] = []
+    if case == "no_tokens":
+        t = [None if i % 7 == 0 else int(x) for i, x in enumerate(t)]
+        want = "429 rows have no num_tokens"
+    elif case == "bad_duration":
+        d[2500] = -1.0
+        want = "durations must be finite and > 0"
+    elif case == "memory_limit":
+        want = "--memory-limit"
+    else:
+        args = ["--min-duration", "1000"]
+        want = "no rows left to fit"
+    m = tmp_path / "m.parquet"
+    write_manifest(_frame(d, t), m)
+    limit = "lots" if case == "memory_limit" else "16KiB"
+    r = runner.invoke(app, ["fit-buckets", str(m), "-o", str(tmp_path / "b.json"), "--memory-limit", limit, *args])
+    assert r.exit_code == 2, r.output
+    assert want in r.output and len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+    assert not (tmp_path / "b.json").exists()
