@@ -61,6 +61,7 @@ def shared_corpora() -> list[Corpus]:
     frames = {n: pl.read_csv(SHARED / n, columns=["duration", "text"]).drop_nulls() for n in CORPORA}
     texts = [t for df in frames.values() for t in df["text"].to_list()]
     buf = io.BytesIO()
+    spm.set_random_generator_seed(1234)  # the sampled sentences, hence the tokens, fixed across runs
     spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=buf, vocab_size=1024,
                                    input_sentence_size=20000, shuffle_input_sentence=True, num_threads=2,
                                    minloglevel=2)

@@ -220,12 +220,16 @@ def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
     if interleave not in ("random", "ascending"):
         raise PlanError(f"unknown interleave {interleave!r} (expected 'random' or 'ascending')")
     contains = containment(inputs.max_duration, inputs.max_tokens, B)
-    batches = form_batches(bucket_of_row, batch_sizes, np.random.default_rng([seed, epoch, 0]),
-                           num_tokens=inputs.num_tokens, duration=inputs.durations, rows=inputs.rows, **grouping)
+    def formed(world: int | None) -> Batches:
+        return form_batches(bucket_of_row, batch_sizes, np.random.default_rng([seed, epoch, 0]),
+                            num_tokens=inputs.num_tokens, duration=inputs.durations, rows=inputs.rows,
+                            world_size=world, **grouping)
+
     if balance > 0:
-        balanced = _plan_balanced(inputs, batches, W, seed, epoch, interleave, balance, cost or CostModel())
+        balanced = _plan_balanced(inputs, formed(W), W, seed, epoch, interleave, balance, cost or CostModel())
         if balanced is not None:
             return balanced
+    batches = formed(None)
     counts = np.bincount(batches.bucket, minlength=B)
     first_batch = np.zeros(B + 1, dtype=np.int64)
     np.cumsum(counts, out=first_batch[1:])
