@@ -137,8 +137,10 @@ def same_bucket_runs(bucket: npt.NDArray[np.integer], cost: npt.NDArray[np.float
 
 
 def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64], cost: npt.NDArray[np.float64],
-                  world_size: int, tolerance: float, overhead: float) -> BalancedSteps | None:
-    """Group formed batches (``bucket``, CSR ``offsets``, predicted ``cost`` s) into steps of
+                  world_size: int, tolerance: float, overhead: float, *,
+                  padded: npt.NDArray[np.float64] | None = None) -> BalancedSteps | None:
+    """Group formed batches (``bucket``, CSR ``offsets``, predicted ``cost`` s; ``padded``:
+    padded audio seconds, batch size x longest, balanced too when given) into steps of
     ``world_size`` (module docstring, steps 2-5). None when the rows cannot fill whole steps
     without merging batches (fewer utterances than steps x ranks)."""
     W = int(world_size)
@@ -188,13 +190,145 @@ def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64],
     R = int(runs.shape[0])
     step = run_of[parent]  # runs are whole batches: one segment each
     rest = np.flatnonzero(step < 0)
-    order = rest[np.lexsort((rest, seg_cost[rest]))]
+    seg_pad = None if padded is None else np.asarray(padded, dtype=np.float64)[parent] * piece / sizes[parent]
+    key = seg_cost[rest] if seg_pad is None else _pair_key(seg_cost[rest], seg_pad[rest])
+    order = rest[np.lexsort((rest, key))]
     S = P // W
-    step[order] = R + np.repeat(np.arange(S - R, dtype=np.int64), W)
+    if S > R:
+        mat = disperse_tail(order, S - R, W, seg_cost, seg_pad, tolerance)
+        mat = repair_steps(mat, seg_cost, seg_pad, tolerance)
+        step[mat.reshape(-1)] = R + np.repeat(np.arange(S - R, dtype=np.int64), W)
     # steps numbered by ascending predicted time (total over the step's W batches; ties: runs first)
     rank = np.empty(S, dtype=np.int64)
     rank[np.lexsort((np.arange(S), np.bincount(step, weights=seg_cost, minlength=S)))] = np.arange(S)
     return BalancedSteps(seg_offsets, rank[step], seg_bucket, S, int((m > 1).sum()), R)
+
+
+def _pair_key(cost: npt.NDArray[np.float64], padded: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """One order for two measures: the sum of each one's log relative to its median (batches
+    close in it are close in both where the two agree, e.g. batches of one bucket)."""
+    if cost.shape[0] == 0:
+        return cost
+    return (np.log(np.maximum(cost, 1e-12) / max(float(np.median(cost)), 1e-12))
+            + np.log(np.maximum(padded, 1e-12) / max(float(np.median(padded)), 1e-12)))
+
+
+def _spread(v: npt.NDArray[np.float64], tolerance: float) -> npt.NDArray[np.float64]:
+    """Penalty of steps whose max / mean is ``v``: ``v - 1``, plus 4x what exceeds the tolerance."""
+    return (v - 1.0) + 4.0 * np.maximum(v - 1.0 - tolerance, 0.0)
+
+
+def _penalty(mat: npt.NDArray[np.int64], measures: list[npt.NDArray[np.float64]], tolerance: float) -> npt.NDArray[np.float64]:
+    """Per step (row of ``mat``): the sum over ``measures`` of :func:`_spread` of max / mean."""
+    out = np.zeros(mat.shape[0])
+    for m in measures:
+        v = m[mat]
+        out += _spread(v.max(1) / np.maximum(v.mean(1), 1e-12), tolerance)
+    return out
+
+
+def disperse_tail(order: npt.NDArray[np.int64], S: int, W: int, cost: npt.NDArray[np.float64],
+                  padded: npt.NDArray[np.float64] | None, tolerance: float) -> npt.NDArray[np.int64]:
+    """Steps (``S`` x ``W`` batch indices, ascending level) from batches in ascending order.
+
+    Consecutive groups of ``W`` are tight where batches are dense, but the sparse low tail
+    (batches far below the rest: few, spread over a wide range) makes its steps wide, and a
+    low batch costs a step's max / mean little when it is alone among higher ones: with
+    ``T`` tail batches, the lowest ``T`` are dealt one by one to the steps from the highest
+    level down (cycling), and the others fill the rest of each step consecutively. ``T`` is
+    the one of 0, W/8, W/4, ..., doubling up to half the batches, whose steps have the least
+    total :func:`_spread` penalty (cost, and padded when given). Vectorized per candidate.
+    """
+    n = S * W
+    measures = [np.asarray(cost, dtype=np.float64)] + ([] if padded is None else [np.asarray(padded, dtype=np.float64)])
+    best, best_pen = order.reshape(S, W), None
+    cands = [0] + sorted({max(1, (W << k) // 8) for k in range(64) if (W << k) // 8 <= n // 2})
+    for T in cands:
+        if T == 0:
+            mat = order.reshape(S, W)
+        else:
+            k = np.full(S, T // S, dtype=np.int64)
+            k[S - 1 - np.arange(T % S)] += 1  # the highest steps take one more
+            room = W - k
+            if (room < 1).any():
+                break
+            # tail t (ascending) goes to step S-1 - (t mod S); bulk fills the rest in order
+            tail_step = S - 1 - (np.arange(T) % S)
+            bulk_step = np.repeat(np.arange(S, dtype=np.int64), room)
+            step_of = np.concatenate([tail_step, bulk_step])
+            mat = order[np.argsort(step_of, kind="stable")].reshape(S, W)
+        pen = float(_penalty(mat, measures, tolerance).sum())
+        if best_pen is None or pen < best_pen - 1e-12:
+            best, best_pen = mat, pen
+    return best
+
+
+def repair_steps(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padded: npt.NDArray[np.float64] | None,
+                 tolerance: float, reach: int = 8, max_rounds: int | None = None) -> npt.NDArray[np.int64]:
+    """Even out steps by swapping batches between steps of nearby level.
+
+    ``mat``: (steps, W) batch indices, steps in ascending order of level; ``cost`` (s) and
+    ``padded`` (s, or None) per batch. A step's penalty is :func:`_spread` of max / mean
+    ``cost`` plus that of ``padded``. Repeatedly the worst step not known to be stuck takes the
+    swap of one of its batches with one of a step at most ``reach`` places away that lowers
+    the two steps' penalty most; a step with no such swap is stuck until a swap changes it.
+    Each swap lowers the total penalty, so it ends (at most ``max_rounds`` swaps, default
+    4 x steps). Loops over swaps; each is a (W, 2 reach W) array comparison.
+    """
+    mat = mat.copy()
+    S, W = mat.shape
+    if S < 2 or W < 2:
+        return mat
+    measures = [np.asarray(cost, dtype=np.float64)] + ([] if padded is None else [np.asarray(padded, dtype=np.float64)])
+
+    pen = _penalty(mat, measures, tolerance)
+    stuck = np.zeros(S, dtype=bool)
+    rounds = 4 * S if max_rounds is None else int(max_rounds)
+    for _ in range(rounds):
+        live = np.where(stuck, -np.inf, pen)
+        a = int(np.argmax(live))
+        if live[a] <= 1e-12:
+            break
+        lo, hi = max(0, a - reach), min(S, a + reach + 1)
+        others = np.array([b for b in range(lo, hi) if b != a], dtype=np.int64)
+        if others.shape[0] == 0:
+            stuck[a] = True
+            continue
+        A = mat[a]  # (W,)
+        Bm = mat[others]  # (k, W)
+        delta = -pen[a] - pen[others][:, None, None] + np.zeros((1, W, W))  # (k, W_a, W_b)
+        for m in measures:
+            va, vb = m[A], m[Bm]  # (W,), (k, W)
+            # step a with its batch i replaced by batch j of step b, and b with j replaced by i
+            sa = va.sum() - va[None, :, None] + vb[:, None, :]
+            sb = vb.sum(1)[:, None, None] - vb[:, None, :] + va[None, :, None]
+            a_top = _max_without(va[None, :])[0]  # (W,): max of a without i
+            b_top = _max_without(vb)  # (k, W): max of b without j
+            ma = np.maximum(a_top[None, :, None], vb[:, None, :])
+            mb = np.maximum(b_top[:, None, :], va[None, :, None])
+            delta = delta + _spread(ma * W / np.maximum(sa, 1e-12), tolerance)
+            delta = delta + _spread(mb * W / np.maximum(sb, 1e-12), tolerance)
+        k, i, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
+        if delta[k, i, j] >= -1e-9:
+            stuck[a] = True
+            continue
+        b = int(others[k])
+        mat[a, i], mat[b, j] = mat[b, j], mat[a, i]
+        pen[[a, b]] = _penalty(mat[[a, b]], measures, tolerance)
+        stuck[[a, b]] = False
+    return mat
+
+
+def _max_without(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Per row of ``v`` (n, W), W >= 2: the max of the row without each entry."""
+    top = np.argmax(v, axis=1)
+    first = v[np.arange(v.shape[0]), top]
+    rest = v.copy()
+    rest[np.arange(v.shape[0]), top] = -np.inf
+    second = rest.max(1)
+    out = np.repeat(first[:, None], v.shape[1], axis=1)
+    out[np.arange(v.shape[0]), top] = second
+    return out
 
 
 def layout(steps: BalancedSteps, world_size: int, rng_steps: np.random.Generator | None,

@@ -582,8 +582,9 @@ def even_batch_counts(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np
 
     Each bucket needs ``ceil(count / batch_size)`` batches (B in all); the last step's
     ``W - B mod W`` free slots each go to one more batch of the bucket whose batches would then
-    stay the fullest (``count / (batches * batch_size)``, ties: lower bucket), a bucket at most
-    ``count`` batches; where fewer rows than slots remain, slots stay free. Vectorized over
+    stay the fullest (its smallest batch's ``(count // batches) / batch_size``, then the mean
+    ``count / (batches * batch_size)``, then the lower bucket), a bucket at most ``count``
+    batches; where fewer rows than slots remain, slots stay free. Vectorized over
     (bucket, extra batch) candidates; batches per bucket never fall below the minimum, so the
     steps per epoch are ``ceil(B / W)`` whenever the slots are filled.
     """
@@ -597,11 +598,12 @@ def even_batch_counts(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np
     j = np.arange(1, free + 1, dtype=np.int64)  # the j-th extra batch of a bucket
     n_after = nb[:, None] + j[None, :]
     ok = (n_after <= c[:, None]) & (c[:, None] > 0)
-    fill = np.where(ok, c[:, None] / (n_after * bs[:, None]), -1.0)
-    flat = fill.ravel()
+    least = np.where(ok, (c[:, None] // np.maximum(n_after, 1)) / bs[:, None], -1.0)  # smallest batch's fill
+    mean = np.where(ok, c[:, None] / (n_after * bs[:, None]), -1.0)
+    flat, flat_mean = least.ravel(), mean.ravel()
     idx = np.arange(flat.shape[0])
-    pick = np.lexsort((idx, -flat))[:free]  # fill decreases with j: the top picks are prefixes per bucket
-    pick = pick[flat[pick] >= 0]
+    pick = np.lexsort((idx, -flat_mean, -flat))[:free]  # both fall with j: the top picks are prefixes per bucket
+    pick = pick[flat[pick] > 0]
     return nb + np.bincount(pick // free, minlength=nb.shape[0])
 
 

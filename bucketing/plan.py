@@ -245,8 +245,11 @@ def _plan_balanced(inputs: PlanInputs, batches: Batches, W: int, seed: int, epoc
                    tolerance: float, cost: CostModel) -> EpochPlan | None:
     """Balanced steps over the formed batches (:mod:`bucketing.balance`); None when the rows
     cannot fill whole steps that way (the caller falls back to identical-bucket steps)."""
-    times = batch_cost(cost, batches.sizes(), batches.offsets, batches.rows, inputs.durations, inputs.num_tokens)
-    steps = balance_steps(batches.bucket, batches.offsets, times, W, tolerance, cost.overhead)
+    sizes = batches.sizes()
+    times = batch_cost(cost, sizes, batches.offsets, batches.rows, inputs.durations, inputs.num_tokens)
+    longest = np.maximum.reduceat(np.asarray(inputs.durations, dtype=np.float64)[batches.rows], batches.offsets[:-1]) \
+        if sizes.shape[0] else np.empty(0)
+    steps = balance_steps(batches.bucket, batches.offsets, times, W, tolerance, cost.overhead, padded=sizes * longest)
     if steps is None:
         return None
     rng_steps = np.random.default_rng([seed, epoch, 1]) if interleave == "random" else None

@@ -246,7 +246,7 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     off = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
     np.cumsum(sizes, out=off[1:])
     times = cost.step_time(sizes, mx_d, mx_t)
-    steps = balance_steps(cut.bucket, off, times, W, tolerance, cost.overhead)
+    steps = balance_steps(cut.bucket, off, times, W, tolerance, cost.overhead, padded=sizes * mx_d)
     if steps is None:
         raise DataprepError(f"the rows cannot fill whole balanced steps of {W} ranks out of core "
                             "(fewer utterances than steps x ranks); plan with a larger --memory-limit")
