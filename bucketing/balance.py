@@ -51,6 +51,16 @@ DEFAULT_BALANCE: float = 0.05
 #: out (the straggler goal, 2%, is tighter than the padded one, 5%; measured with
 #: benchmarks/bench_fill.py: 2 lowers the straggler at W = 32 by ~0.3 points, 4 gains nothing more).
 COST_WEIGHT: float = 2.0
+#: Epochs of at most this many batches (the few-step epochs of small corpora at large W) get
+#: the full swap search: every batch of the worst step against every other step.
+SMALL_EPOCH: int = 4096
+#: Penalty of a step whose max / mean exceeds 1 + 2 x tolerance (1.10: the share of such steps
+#: is a goal of its own), on top of the linear terms (bench_fill: 0.3 takes Common Voice W = 8
+#: from 24% of steps over 1.10 to 4-8%; 1 gains nothing more).
+STEP_JUMP: float = 0.3
+#: Weight of log cost against log padded seconds in the order that pairs batches (3: the padded
+#: goal met on LibriSpeech at W = 32 with the straggler at 2.9%; 1: 4.3%; cost alone: padded 1.05+).
+KEY_COST_WEIGHT: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -209,17 +219,19 @@ def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64],
 
 
 def _pair_key(cost: npt.NDArray[np.float64], padded: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """One order for two measures: the sum of each one's log relative to its median (batches
-    close in it are close in both where the two agree, e.g. batches of one bucket)."""
+    """One order for two measures: each one's log relative to its median, cost weighted
+    :data:`KEY_COST_WEIGHT` (batches close in it are close in both where the two agree, e.g.
+    batches of one bucket)."""
     if cost.shape[0] == 0:
         return cost
-    return (np.log(np.maximum(cost, 1e-12) / max(float(np.median(cost)), 1e-12))
+    return (KEY_COST_WEIGHT * np.log(np.maximum(cost, 1e-12) / max(float(np.median(cost)), 1e-12))
             + np.log(np.maximum(padded, 1e-12) / max(float(np.median(padded)), 1e-12)))
 
 
 def _spread(v: npt.NDArray[np.float64], tolerance: float) -> npt.NDArray[np.float64]:
-    """Penalty of steps whose max / mean is ``v``: ``v - 1``, plus 4x what exceeds the tolerance."""
-    return (v - 1.0) + 4.0 * np.maximum(v - 1.0 - tolerance, 0.0)
+    """Penalty of steps whose max / mean is ``v``: ``v - 1``, plus 4x what exceeds the
+    tolerance, plus :data:`STEP_JUMP` above twice the tolerance."""
+    return (v - 1.0) + 4.0 * np.maximum(v - 1.0 - tolerance, 0.0) + STEP_JUMP * (v > 1.0 + 2 * tolerance)
 
 
 def _penalty(mat: npt.NDArray[np.int64], measures: list[npt.NDArray[np.float64]], tolerance: float) -> npt.NDArray[np.float64]:
@@ -292,6 +304,9 @@ def repair_steps(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padd
 
     pen = _penalty(mat, measures, tolerance)
     stuck = np.zeros(S, dtype=bool)
+    small = S * W <= SMALL_EPOCH or W <= 4  # few batches: every batch of the worst step, every step
+    if small:
+        reach = S
     rounds = 4 * S if max_rounds is None else int(max_rounds)
     good = (COST_WEIGHT + len(measures) - 1) * tolerance / 2  # every measure within half the tolerance
     for _ in range(rounds):
@@ -307,8 +322,8 @@ def repair_steps(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padd
         A = mat[a]  # (W,)
         Bm = mat[others]  # (k, W)
         # the batches of a worth moving: the two highest and two lowest of each measure
-        cand = np.unique(np.concatenate([np.argsort(m[A], kind="stable")[[0, 1, -2, -1] if W > 3 else slice(None)]
-                                         for m in measures]))
+        cand = (np.arange(W) if small else
+                np.unique(np.concatenate([np.argsort(m[A], kind="stable")[[0, 1, -2, -1]] for m in measures])))
         delta = -pen[a] - pen[others][:, None, None] + np.zeros((1, cand.shape[0], W))  # (k, cand, W_b)
         for m in measures:
             va, vb = m[A], m[Bm]  # (W,), (k, W)
