@@ -25,11 +25,12 @@ How one epoch is planned
    curriculum) with the bucket's own step order kept; ``interleave="ascending"`` orders
    steps by bucket index (short first) instead.
 
-With ``balance > 0`` the steps are *balanced* instead (:mod:`bucketing.balance`): each bucket
-first gives as many whole steps of its own full batches as it can whose predicted times agree
-within the tolerance; the other full batches share steps across buckets by predicted time, and
-at most W - 1 batches are halved to fill the last step; ``step_bucket`` is then -1 at mixed
-steps and ``batch_bucket`` holds each batch's bucket.
+With ``balance > 0`` the steps are *balanced* instead (:mod:`bucketing.balance`): batches are
+near-equal per bucket and as many as fill whole steps; each bucket first gives as many whole
+steps of its own batches as it can whose predicted times agree within the tolerance; the other
+batches share steps across buckets by predicted time and padded seconds (halving at most W - 1
+batches only where the rows cannot fill the last step otherwise); ``step_bucket`` is then -1
+at mixed steps and ``batch_bucket`` holds each batch's bucket.
 
 Invariants (tests check each): every allocated row appears exactly once per epoch (a weighted
 epoch, ``PlanInputs.rows``: exactly as often as that multiset lists it) unless listed in
