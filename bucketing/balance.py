@@ -25,9 +25,10 @@ time, not that they come from one bucket. How one epoch is planned:
    ``(g + 1) W`` pieces, the pieces per batch in proportion to its time (``split_batches``).
    Steps per epoch = ``ceil(N / W)`` (the packing bound) unless ``g > 0``.
 4. The other batches and the pieces are ordered by predicted time and padded seconds
-   together (:func:`_pair_key`); :func:`disperse_tail` makes steps of consecutive groups of
+   together (:func:`_pair_key`), and by time alone; :func:`disperse_tail` makes steps of consecutive groups of
    ``W`` in that order, except that the sparse low tail may be dealt one batch per step
-   (a low batch among higher ones costs a step little); :func:`repair_steps` then swaps
+   (a low batch among higher ones costs a step little); of the two orders' steps the ones of
+   least penalty (:func:`_penalty`) are kept, and :func:`repair_steps` then swaps
    batches between steps of nearby level while that lowers the steps' spread of time and
    padded seconds. These are the steps that mix buckets.
 5. Steps are numbered by ascending predicted time. Steps whose max / mean predicted time (of
@@ -59,9 +60,13 @@ DEFAULT_BALANCE: float = 0.05
 #: out (the straggler goal, 2%, is tighter than the padded one, 5%; measured with
 #: benchmarks/bench_fill.py: 2 lowers the straggler at W = 32 by ~0.3 points, 4 gains nothing more).
 COST_WEIGHT: float = 2.0
+#: The cost spread's tolerance, as a share of the balance tolerance (the straggler goal, 2%, is
+#: tighter than the padded one, 5%; bench_fill: 0.5 meets every goal at LibriSpeech W = 8 with
+#: either sizing and cuts the straggler at W = 32 from 2.9-3.0% to 2.2-2.5%).
+COST_TOL: float = 0.5
 #: Epochs of at most this many batches (the few-step epochs of small corpora at large W) get
 #: the full swap search: every batch of the worst step against every other step.
-SMALL_EPOCH: int = 4096
+SMALL_EPOCH: int = 1024
 #: Penalty of a step whose max / mean exceeds 1 + 2 x tolerance (1.10: the share of such steps
 #: is a goal of its own), on top of the linear terms (bench_fill: 0.3 takes Common Voice W = 8
 #: from 24% of steps over 1.10 to 4-8%; 1 gains nothing more).
@@ -213,12 +218,14 @@ def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64],
     step = run_of[parent]  # runs are whole batches: one segment each
     rest = np.flatnonzero(step < 0)
     seg_pad = None if padded is None else np.asarray(padded, dtype=np.float64)[parent] * piece / sizes[parent]
-    key = seg_cost[rest] if seg_pad is None else _pair_key(seg_cost[rest], seg_pad[rest])
-    order = rest[np.lexsort((rest, key))]
+    keys = [seg_cost[rest]] if seg_pad is None else [_pair_key(seg_cost[rest], seg_pad[rest]), seg_cost[rest]]
     S = P // W
     if S > R:
-        mat = disperse_tail(order, S - R, W, seg_cost, seg_pad, tolerance)
-        mat = repair_steps(mat, seg_cost, seg_pad, tolerance)
+        # steps from each order (pairing both measures; time alone), the one of least penalty
+        measures = [seg_cost] if seg_pad is None else [seg_cost, seg_pad]
+        cands = [disperse_tail(rest[np.lexsort((rest, key))], S - R, W, seg_cost, seg_pad, tolerance) for key in keys]
+        pens = [float(_penalty(m, measures, tolerance).sum()) for m in cands]
+        mat = repair_steps(cands[int(np.argmin(pens))], seg_cost, seg_pad, tolerance)
         step[mat.reshape(-1)] = R + np.repeat(np.arange(S - R, dtype=np.int64), W)
     # steps numbered by ascending predicted time (total over the step's W batches; ties: runs first)
     rank = np.empty(S, dtype=np.int64)
@@ -243,13 +250,13 @@ def _spread(v: npt.NDArray[np.float64], tolerance: float) -> npt.NDArray[np.floa
 
 
 def _penalty(mat: npt.NDArray[np.int64], measures: list[npt.NDArray[np.float64]], tolerance: float) -> npt.NDArray[np.float64]:
-    """Per step (row of ``mat``): the sum over ``measures`` (cost first, weighted
-    :data:`COST_WEIGHT`) of :func:`_spread` of max / mean."""
+    """Per step (row of ``mat``): the sum over ``measures`` of :func:`_spread` of max / mean
+    (cost first: weighted :data:`COST_WEIGHT`, at :data:`COST_TOL` of the tolerance)."""
     out = np.zeros(mat.shape[0])
     for i, m in enumerate(measures):
         v = m[mat]
-        w = COST_WEIGHT if i == 0 else 1.0
-        out += w * _spread(v.max(1) / np.maximum(v.mean(1), 1e-12), tolerance)
+        w, tol = (COST_WEIGHT, COST_TOL * tolerance) if i == 0 else (1.0, tolerance)
+        out += w * _spread(v.max(1) / np.maximum(v.mean(1), 1e-12), tol)
     return out
 
 
@@ -343,9 +350,9 @@ def repair_steps(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padd
             b_top = _max_without(vb)  # (k, W): max of b without j
             ma = np.maximum(a_top[None, :, None], vb[:, None, :])
             mb = np.maximum(b_top[:, None, :], vi[None, :, None])
-            w = COST_WEIGHT if m is measures[0] else 1.0
-            delta = delta + w * _spread(ma * W / np.maximum(sa, 1e-12), tolerance)
-            delta = delta + w * _spread(mb * W / np.maximum(sb, 1e-12), tolerance)
+            w, tol = (COST_WEIGHT, COST_TOL * tolerance) if m is measures[0] else (1.0, tolerance)
+            delta = delta + w * _spread(ma * W / np.maximum(sa, 1e-12), tol)
+            delta = delta + w * _spread(mb * W / np.maximum(sb, 1e-12), tol)
         k, c, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
         if delta[k, c, j] >= -1e-9:
             stuck[a] = True
