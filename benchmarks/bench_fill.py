@@ -6,8 +6,8 @@ side by side at the same world size, the same buckets and batch sizes, the same 
     python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 32
     python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 0 --worlds 8,32 --cost-equal
         # also with cost-equal batch sizes (fit-buckets --cost-equal), rows marked "cost-equal"
-    python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 0 --worlds 8,32 --cost-equal --goals --baseline main
-        # each balanced row's goals met / unmet, then the same rows planned by main's code
+    python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 0 --worlds 8,32 --cost-equal --goals \\
+        --baseline main   # each balanced row's goals met / unmet, then the same rows planned by main's code
 
 Corpora: ../shared/data CSVs; tokens = sentencepiece (1024 pieces, trained on both corpora's
 transcripts) + a 9-token prompt; 30x2 buckets (``fit_buckets`` defaults), padded-budget batch

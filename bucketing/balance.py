@@ -249,7 +249,8 @@ def _spread(v: npt.NDArray[np.float64], tolerance: float) -> npt.NDArray[np.floa
     return (v - 1.0) + 4.0 * np.maximum(v - 1.0 - tolerance, 0.0) + STEP_JUMP * (v > 1.0 + 2 * tolerance)
 
 
-def _penalty(mat: npt.NDArray[np.int64], measures: list[npt.NDArray[np.float64]], tolerance: float) -> npt.NDArray[np.float64]:
+def _penalty(mat: npt.NDArray[np.int64], measures: list[npt.NDArray[np.float64]],
+             tolerance: float) -> npt.NDArray[np.float64]:
     """Per step (row of ``mat``): the sum over ``measures`` of :func:`_spread` of max / mean
     (cost first: weighted :data:`COST_WEIGHT`, at :data:`COST_TOL` of the tolerance)."""
     out = np.zeros(mat.shape[0])
