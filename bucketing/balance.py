@@ -1,4 +1,4 @@
-"""Balanced steps: fill every step with full batches whose predicted times agree.
+"""Balanced steps: fill every step with near-full batches whose predicted times agree.
 
 Pure core (arrays in, an :class:`bucketing.plan.EpochPlan` out), used by
 :func:`bucketing.plan.plan_epoch` when ``balance > 0``; :func:`plan_report` measures any plan.
@@ -6,26 +6,35 @@ Pure core (arrays in, an :class:`bucketing.plan.EpochPlan` out), used by
 What synchronization must guarantee is that the ``W`` batches of a step take about the same
 time, not that they come from one bucket. How one epoch is planned:
 
-1. Batches are formed per bucket exactly as the identical-bucket planner forms them (same rng),
-   and each gets a predicted time (:class:`bucketing.costmodel.CostModel`, seconds).
+1. Batches are formed per bucket with the identical-bucket planner's rng and grouping, but
+   near-equal (:func:`bucketing.batching.even_batch_counts`): a bucket's rows are cut into
+   batches whose sizes differ by at most one (never above its batch size) instead of full
+   batches and one short remainder, and the last step's free slots go to one more batch of
+   the buckets whose batches stay fullest; the batch count is then a multiple of ``W``
+   wherever the rows allow. Each batch gets a predicted time
+   (:class:`bucketing.costmodel.CostModel`, seconds) and, from the planners, its padded
+   seconds (batch size x longest).
 2. Same-bucket steps where the data allows (:func:`same_bucket_runs`): each bucket's batches,
    sorted by time, give as many disjoint runs of ``W`` consecutive batches as possible whose
    max / mean time is within ``1 + tolerance``; each run is one step.
-3. With ``N`` batches and ``t = N mod W > 0``, the last step has ``W - t`` free slots: the
-   ``W - t`` heaviest batches (of at least 2 utterances) outside the runs are halved inside
-   their buckets, which narrows the top of the cost range (too few outside the runs: step 2 is
-   undone, so the runs never cost a step). Where too few batches can be halved at all, the
-   ``t`` cheapest (with ``g`` more whole steps' worth when they hold fewer than ``W``
-   utterances) are cut into ``(g + 1) W`` pieces, the pieces per batch in proportion to its
-   time. These pieces (``split_batches``) are the only batches below their bucket's size;
-   steps per epoch = ``ceil(N / W)`` (the packing bound) unless ``g > 0``.
-4. The other batches and the pieces are ordered by predicted time; consecutive groups of ``W``
-   in that order are the remaining steps (the tightest consecutive groups; these are the steps
-   that mix buckets).
+3. Where free slots remain (``t = N mod W > 0``: a bucket has fewer rows than batches
+   wanted), the ``W - t`` heaviest batches (of at least 2 utterances) outside the runs are
+   halved inside their buckets (too few outside the runs: step 2 is undone, so the runs never
+   cost a step). Where too few batches can be halved at all, the ``t`` cheapest (with ``g``
+   more whole steps' worth when they hold fewer than ``W`` utterances) are cut into
+   ``(g + 1) W`` pieces, the pieces per batch in proportion to its time (``split_batches``).
+   Steps per epoch = ``ceil(N / W)`` (the packing bound) unless ``g > 0``.
+4. The other batches and the pieces are ordered by predicted time and padded seconds
+   together (:func:`_pair_key`), and by time alone; :func:`disperse_tail` makes steps of consecutive groups of
+   ``W`` in that order, except that the sparse low tail may be dealt one batch per step
+   (a low batch among higher ones costs a step little); of the two orders' steps the ones of
+   least penalty (:func:`_penalty`) are kept, and :func:`repair_steps` then swaps
+   batches between steps of nearby level while that lowers the steps' spread of time and
+   padded seconds. These are the steps that mix buckets.
 5. Steps are numbered by ascending predicted time. Steps whose max / mean predicted time (of
-   the batches as laid out) exceeds ``1 + tolerance`` are counted (``unbalanced_steps``);
-   nothing is moved for them. Steps are shuffled (``interleave="random"``) or kept in
-   ascending time; ranks inside a step are shuffled.
+   the batches as laid out) exceeds ``1 + tolerance`` are counted (``unbalanced_steps``).
+   Steps are shuffled (``interleave="random"``) or kept in ascending time; ranks inside a
+   step are shuffled.
 
 Invariants (tests check): every allocated row exactly once per epoch; every batch non-empty,
 at most its bucket's batch size, all its rows in that bucket; equal steps on every rank;
@@ -47,6 +56,24 @@ from manifests.plan_meta import StepsReport as PlanReport
 #: ``padding --world-sizes``: relative spread (max ÷ mean - 1) of predicted step times allowed
 #: in a step. 0 asks for one bucket per step instead.
 DEFAULT_BALANCE: float = 0.05
+#: Weight of the predicted-time spread against the padded-seconds spread when steps are evened
+#: out (the straggler goal, 2%, is tighter than the padded one, 5%; measured with
+#: benchmarks/bench_fill.py: 2 lowers the straggler at W = 32 by ~0.3 points, 4 gains nothing more).
+COST_WEIGHT: float = 2.0
+#: The cost spread's tolerance, as a share of the balance tolerance (the straggler goal, 2%, is
+#: tighter than the padded one, 5%; bench_fill: 0.5 meets every goal at LibriSpeech W = 8 with
+#: either sizing and cuts the straggler at W = 32 from 2.9-3.0% to 2.2-2.5%).
+COST_TOL: float = 0.5
+#: Epochs of at most this many batches (the few-step epochs of small corpora at large W) get
+#: the full swap search: every batch of the worst step against every other step.
+SMALL_EPOCH: int = 1024
+#: Penalty of a step whose max / mean exceeds 1 + 2 x tolerance (1.10: the share of such steps
+#: is a goal of its own), on top of the linear terms (bench_fill: 0.3 takes Common Voice W = 8
+#: from 24% of steps over 1.10 to 4-8%; 1 gains nothing more).
+STEP_JUMP: float = 0.3
+#: Weight of log cost against log padded seconds in the order that pairs batches (3: the padded
+#: goal met on LibriSpeech at W = 32 with the straggler at 2.9%; 1: 4.3%; cost alone: padded 1.05+).
+KEY_COST_WEIGHT: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -137,8 +164,10 @@ def same_bucket_runs(bucket: npt.NDArray[np.integer], cost: npt.NDArray[np.float
 
 
 def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64], cost: npt.NDArray[np.float64],
-                  world_size: int, tolerance: float, overhead: float) -> BalancedSteps | None:
-    """Group formed batches (``bucket``, CSR ``offsets``, predicted ``cost`` s) into steps of
+                  world_size: int, tolerance: float, overhead: float, *,
+                  padded: npt.NDArray[np.float64] | None = None) -> BalancedSteps | None:
+    """Group formed batches (``bucket``, CSR ``offsets``, predicted ``cost`` s; ``padded``:
+    padded audio seconds, batch size x longest, balanced too when given) into steps of
     ``world_size`` (module docstring, steps 2-5). None when the rows cannot fill whole steps
     without merging batches (fewer utterances than steps x ranks)."""
     W = int(world_size)
@@ -188,13 +217,164 @@ def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64],
     R = int(runs.shape[0])
     step = run_of[parent]  # runs are whole batches: one segment each
     rest = np.flatnonzero(step < 0)
-    order = rest[np.lexsort((rest, seg_cost[rest]))]
+    seg_pad = None if padded is None else np.asarray(padded, dtype=np.float64)[parent] * piece / sizes[parent]
+    keys = [seg_cost[rest]] if seg_pad is None else [_pair_key(seg_cost[rest], seg_pad[rest]), seg_cost[rest]]
     S = P // W
-    step[order] = R + np.repeat(np.arange(S - R, dtype=np.int64), W)
+    if S > R:
+        # steps from each order (pairing both measures; time alone), the one of least penalty
+        measures = [seg_cost] if seg_pad is None else [seg_cost, seg_pad]
+        cands = [disperse_tail(rest[np.lexsort((rest, key))], S - R, W, seg_cost, seg_pad, tolerance) for key in keys]
+        pens = [float(_penalty(m, measures, tolerance).sum()) for m in cands]
+        mat = repair_steps(cands[int(np.argmin(pens))], seg_cost, seg_pad, tolerance)
+        step[mat.reshape(-1)] = R + np.repeat(np.arange(S - R, dtype=np.int64), W)
     # steps numbered by ascending predicted time (total over the step's W batches; ties: runs first)
     rank = np.empty(S, dtype=np.int64)
     rank[np.lexsort((np.arange(S), np.bincount(step, weights=seg_cost, minlength=S)))] = np.arange(S)
     return BalancedSteps(seg_offsets, rank[step], seg_bucket, S, int((m > 1).sum()), R)
+
+
+def _pair_key(cost: npt.NDArray[np.float64], padded: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """One order for two measures: each one's log relative to its median, cost weighted
+    :data:`KEY_COST_WEIGHT` (batches close in it are close in both where the two agree, e.g.
+    batches of one bucket)."""
+    if cost.shape[0] == 0:
+        return cost
+    return (KEY_COST_WEIGHT * np.log(np.maximum(cost, 1e-12) / max(float(np.median(cost)), 1e-12))
+            + np.log(np.maximum(padded, 1e-12) / max(float(np.median(padded)), 1e-12)))
+
+
+def _spread(v: npt.NDArray[np.float64], tolerance: float) -> npt.NDArray[np.float64]:
+    """Penalty of steps whose max / mean is ``v``: ``v - 1``, plus 4x what exceeds the
+    tolerance, plus :data:`STEP_JUMP` above twice the tolerance."""
+    return (v - 1.0) + 4.0 * np.maximum(v - 1.0 - tolerance, 0.0) + STEP_JUMP * (v > 1.0 + 2 * tolerance)
+
+
+def _penalty(mat: npt.NDArray[np.int64], measures: list[npt.NDArray[np.float64]],
+             tolerance: float) -> npt.NDArray[np.float64]:
+    """Per step (row of ``mat``): the sum over ``measures`` of :func:`_spread` of max / mean
+    (cost first: weighted :data:`COST_WEIGHT`, at :data:`COST_TOL` of the tolerance)."""
+    out = np.zeros(mat.shape[0])
+    for i, m in enumerate(measures):
+        v = m[mat]
+        w, tol = (COST_WEIGHT, COST_TOL * tolerance) if i == 0 else (1.0, tolerance)
+        out += w * _spread(v.max(1) / np.maximum(v.mean(1), 1e-12), tol)
+    return out
+
+
+def disperse_tail(order: npt.NDArray[np.int64], S: int, W: int, cost: npt.NDArray[np.float64],
+                  padded: npt.NDArray[np.float64] | None, tolerance: float) -> npt.NDArray[np.int64]:
+    """Steps (``S`` x ``W`` batch indices, ascending level) from batches in ascending order.
+
+    Consecutive groups of ``W`` are tight where batches are dense, but the sparse low tail
+    (batches far below the rest: few, spread over a wide range) makes its steps wide, and a
+    low batch costs a step's max / mean little when it is alone among higher ones: with
+    ``T`` tail batches, the lowest ``T`` are dealt one by one to the steps from the highest
+    level down (cycling), and the others fill the rest of each step consecutively. ``T`` is
+    the one of 0, W/8, W/4, ..., doubling up to half the batches, whose steps have the least
+    total :func:`_spread` penalty (cost, and padded when given). Vectorized per candidate.
+    """
+    n = S * W
+    measures = [np.asarray(cost, dtype=np.float64)] + ([] if padded is None else [np.asarray(padded, dtype=np.float64)])
+    best, best_pen = order.reshape(S, W), None
+    cands = [0] + sorted({max(1, (W << k) // 8) for k in range(64) if (W << k) // 8 <= n // 2})
+    for T in cands:
+        if T == 0:
+            mat = order.reshape(S, W)
+        else:
+            k = np.full(S, T // S, dtype=np.int64)
+            k[S - 1 - np.arange(T % S)] += 1  # the highest steps take one more
+            room = W - k
+            if (room < 1).any():
+                break
+            # tail t (ascending) goes to step S-1 - (t mod S); bulk fills the rest in order
+            tail_step = S - 1 - (np.arange(T) % S)
+            bulk_step = np.repeat(np.arange(S, dtype=np.int64), room)
+            step_of = np.concatenate([tail_step, bulk_step])
+            mat = order[np.argsort(step_of, kind="stable")].reshape(S, W)
+        pen = float(_penalty(mat, measures, tolerance).sum())
+        if best_pen is None or pen < best_pen - 1e-12:
+            best, best_pen = mat, pen
+    return best
+
+
+def repair_steps(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padded: npt.NDArray[np.float64] | None,
+                 tolerance: float, reach: int = 8, max_rounds: int | None = None) -> npt.NDArray[np.int64]:
+    """Even out steps by swapping batches between steps of nearby level.
+
+    ``mat``: (steps, W) batch indices, steps in ascending order of level; ``cost`` (s) and
+    ``padded`` (s, or None) per batch. A step's penalty (:func:`_penalty`) is
+    :data:`COST_WEIGHT` x :func:`_spread` of max / mean ``cost`` plus that of ``padded``.
+    Repeatedly the worst step not known to be stuck, while its penalty is above what every
+    measure at half the tolerance gives, takes the swap of one of its batches with one of a
+    step at most ``reach`` places away that lowers the two steps' penalty most; a step with no
+    such swap is stuck until a swap changes it. Each swap lowers the total penalty, so it ends
+    (at most ``max_rounds`` swaps, default 4 x steps). Only the two highest and two lowest
+    batches of each measure in the worst step are tried. Loops over swaps; each is a
+    (2 reach, 8, W) array comparison.
+    """
+    mat = mat.copy()
+    S, W = mat.shape
+    if S < 2 or W < 2:
+        return mat
+    measures = [np.asarray(cost, dtype=np.float64)] + ([] if padded is None else [np.asarray(padded, dtype=np.float64)])
+
+    pen = _penalty(mat, measures, tolerance)
+    stuck = np.zeros(S, dtype=bool)
+    small = S * W <= SMALL_EPOCH or W <= 4  # few batches: every batch of the worst step, every step
+    if small:
+        reach = S
+    rounds = 4 * S if max_rounds is None else int(max_rounds)
+    good = (COST_WEIGHT + len(measures) - 1) * tolerance / 2  # every measure within half the tolerance
+    for _ in range(rounds):
+        live = np.where(stuck, -np.inf, pen)
+        a = int(np.argmax(live))
+        if live[a] <= good:
+            break
+        lo, hi = max(0, a - reach), min(S, a + reach + 1)
+        others = np.array([b for b in range(lo, hi) if b != a], dtype=np.int64)
+        if others.shape[0] == 0:
+            stuck[a] = True
+            continue
+        A = mat[a]  # (W,)
+        Bm = mat[others]  # (k, W)
+        # the batches of a worth moving: the two highest and two lowest of each measure
+        cand = (np.arange(W) if small else
+                np.unique(np.concatenate([np.argsort(m[A], kind="stable")[[0, 1, -2, -1]] for m in measures])))
+        delta = -pen[a] - pen[others][:, None, None] + np.zeros((1, cand.shape[0], W))  # (k, cand, W_b)
+        for m in measures:
+            va, vb = m[A], m[Bm]  # (W,), (k, W)
+            vi = va[cand]
+            # step a with its batch i replaced by batch j of step b, and b with j replaced by i
+            sa = va.sum() - vi[None, :, None] + vb[:, None, :]
+            sb = vb.sum(1)[:, None, None] - vb[:, None, :] + vi[None, :, None]
+            a_top = _max_without(va[None, :])[0][cand]  # max of a without i
+            b_top = _max_without(vb)  # (k, W): max of b without j
+            ma = np.maximum(a_top[None, :, None], vb[:, None, :])
+            mb = np.maximum(b_top[:, None, :], vi[None, :, None])
+            w, tol = (COST_WEIGHT, COST_TOL * tolerance) if m is measures[0] else (1.0, tolerance)
+            delta = delta + w * _spread(ma * W / np.maximum(sa, 1e-12), tol)
+            delta = delta + w * _spread(mb * W / np.maximum(sb, 1e-12), tol)
+        k, c, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
+        if delta[k, c, j] >= -1e-9:
+            stuck[a] = True
+            continue
+        b, i = int(others[k]), int(cand[c])
+        mat[a, i], mat[b, j] = mat[b, j], mat[a, i]
+        pen[[a, b]] = _penalty(mat[[a, b]], measures, tolerance)
+        stuck[[a, b]] = False
+    return mat
+
+
+def _max_without(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Per row of ``v`` (n, W), W >= 2: the max of the row without each entry."""
+    top = np.argmax(v, axis=1)
+    first = v[np.arange(v.shape[0]), top]
+    rest = v.copy()
+    rest[np.arange(v.shape[0]), top] = -np.inf
+    second = rest.max(1)
+    out = np.repeat(first[:, None], v.shape[1], axis=1)
+    out[np.arange(v.shape[0]), top] = second
+    return out
 
 
 def layout(steps: BalancedSteps, world_size: int, rng_steps: np.random.Generator | None,

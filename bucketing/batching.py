@@ -275,6 +275,7 @@ def form_batches(
     groups: int | None = None,
     audio_weight: float = DEFAULT_AUDIO_WEIGHT,
     rows: npt.NDArray[np.integer] | None = None,
+    world_size: int | None = None,
 ) -> Batches:
     """Group each bucket's rows into batches of its batch size.
 
@@ -306,9 +307,12 @@ def form_batches(
     audio_weight: see above (>= 0).
     rows: the rows to batch as a multiset (a row listed k times is batched k times: a
     weighted epoch, :mod:`bucketing.quota`); None: every allocated row once.
+    world_size: balanced steps: near-equal batches per bucket that fill whole steps of this
+    many ranks (:func:`cut_batches`); None: full batches and one short last batch.
 
     Invariant: every allocated row (every entry of ``rows``) is in exactly one batch; no batch
-    exceeds its bucket's batch size; only a bucket's last batch may be smaller.
+    exceeds its bucket's batch size; only a bucket's last batch may be smaller (``world_size``:
+    a bucket's batch sizes differ by at most one).
     """
     sort_by = _resolve_sort(sort_by, num_tokens, duration)
     batch_sizes = np.asarray(batch_sizes, dtype=np.int64)
@@ -326,13 +330,15 @@ def form_batches(
                                           else _multiset_totals(duration, num_tokens, rows)))
     d_all = None if duration is None else np.asarray(duration, dtype=np.float64)
     t_all = None if num_tokens is None else np.asarray(num_tokens)
+    nb = None if world_size is None else even_batch_counts(counts, batch_sizes, world_size)
     for k in np.flatnonzero(counts):  # loop over buckets; windows and batches vectorized
         lo, cnt = int(first[k]), int(counts[k])
         idx = rows[lo:lo + cnt]  # ascending: gathers from it stream through memory
         p = grouping.order(cnt, int(batch_sizes[k]), rng, None if d_all is None else d_all[idx],
-                           None if t_all is None else t_all[idx])
+                           None if t_all is None else t_all[idx], batches=None if nb is None else int(nb[k]))
         rows[lo:lo + cnt] = idx[p]
-    cut = cut_batches(counts, batch_sizes, rng if grouping.grouped(d_all is not None, t_all is not None) else None)
+    cut = cut_batches(counts, batch_sizes, rng if grouping.grouped(d_all is not None, t_all is not None) else None,
+                      batch_counts=nb)
     offsets, src = gather_segments(cut.pre_offsets(), cut.perm)
     return Batches(bucket=cut.bucket, offsets=offsets, rows=rows[src])
 
@@ -397,12 +403,38 @@ class BucketGrouping:
         return self.window > 1 and key
 
     def order(self, cnt: int, size: int, rng: np.random.Generator, d: npt.NDArray[np.float64] | None,
-              t: npt.NDArray[Any] | None) -> npt.NDArray[np.int64]:
+              t: npt.NDArray[Any] | None, *, batches: int | None = None) -> npt.NDArray[np.int64]:
         """Positions of one bucket's ``cnt`` rows (ascending row order in, ``d`` / ``t`` theirs)
-        in batch order: a shuffle by ``rng``, then sorted in windows (and grouped in 2D)."""
+        in batch order: a shuffle by ``rng``, then sorted in windows (and grouped in 2D).
+
+        ``batches``: the rows will be cut into that many near-equal batches (``r = cnt mod
+        batches`` of ``q + 1 = cnt // batches + 1`` rows first, then ``q``; :func:`cut_batches`).
+        They are grouped as batches of ``q + 1`` (the last one short), then evened out by
+        :func:`_even_out`.
+        Where the last batch would be empty (``batches - r > q``), the ``r`` batches of ``q + 1``
+        and the others are grouped apart."""
         p = rng.permutation(cnt)
         if not self.grouped(d is not None, t is not None):
             return p
+        if batches is None:
+            return self._arrange(p, size, d, t, cnt)
+        q, r = divmod(cnt, batches)
+        if r == 0:
+            return self._arrange(p, q, d, t, cnt)
+        if batches - r <= q:
+            if self.both and d is not None and t is not None:  # the grouping's prices of length
+                du, tu = self.audio_weight * np.asarray(d) / self.total_d, np.asarray(t) / self.total_t
+            else:
+                du, tu = np.asarray(d if d is not None else t), np.zeros(cnt)
+            return _even_out(self._arrange(p, q + 1, d, t, cnt), du, tu, batches, q, r)
+        head = r * (q + 1)
+        return np.concatenate([self._arrange(p[:head], q + 1, d, t, head),
+                               self._arrange(p[head:], q, d, t, cnt - head)])
+
+    def _arrange(self, p: npt.NDArray[np.int64], size: int, d: npt.NDArray[np.float64] | None,
+                 t: npt.NDArray[Any] | None, cnt: int) -> npt.NDArray[np.int64]:
+        """``p`` (``cnt`` shuffled positions) sorted in windows of ``size * window`` and grouped
+        in 2D."""
         primary = {"both": d, "duration": d, "tokens": t}[self.sort_by]
         # windows are runs of window * batch_size shuffled rows: sort each by the key,
         # ties in shuffled order (random)
@@ -419,6 +451,33 @@ class BucketGrouping:
             if perm is not None:
                 p = p[perm]
         return p
+
+
+def _even_out(p: npt.NDArray[np.int64], d: npt.NDArray[Any], t: npt.NDArray[Any], batches: int, q: int,
+              r: int) -> npt.NDArray[np.int64]:
+    """Even a grouped order ``p`` of ``batches - 1`` blocks of ``q + 1`` positions and a short
+    last block (``q + 1 - (batches - r)`` rows, ``0 < batches - r <= q``) into ``r`` batches of
+    ``q + 1`` then ``batches - r`` of ``q``: ``batches - r - 1`` blocks each give the short
+    block one row. ``d`` / ``t``: each row's length in two units whose sum prices padding (the
+    grouping's audio-weighted shares). Each block offers the row that grows the short block's
+    box (longest of each unit) least, the longest such row when several fit (the donor gets
+    tighter); the blocks whose offer grows it least give. Returns positions into ``p``'s rows
+    (like ``p``), batch after batch."""
+    cnt = p.shape[0]
+    pos = np.arange(cnt, dtype=np.int64)
+    blk = pos // (q + 1)
+    dd, tt = np.asarray(d, dtype=np.float64)[p], np.asarray(t, dtype=np.float64)[p]
+    last = blk == batches - 1
+    grow = np.maximum(dd - dd[last].max(), 0.0) + np.maximum(tt - tt[last].max(), 0.0)
+    offer = np.lexsort((-(dd + tt), grow, blk))  # per block: least growth, then longest
+    offer = offer[np.arange(batches - 1, dtype=np.int64) * (q + 1)]  # the first row of each full block
+    donors = offer[np.lexsort((np.arange(batches - 1), -(dd + tt)[offer], grow[offer]))[:batches - r - 1]]
+    moved = np.zeros(cnt, dtype=bool)
+    moved[donors] = True
+    gives = np.zeros(batches, dtype=bool)
+    gives[blk[donors]] = True
+    keep = ~gives[blk] & ~last
+    return p[np.concatenate([pos[keep], pos[gives[blk] & ~moved], pos[last], pos[moved]])]
 
 
 def _resolve_sort(sort_by: str, num_tokens: npt.NDArray[Any] | None, duration: npt.NDArray[Any] | None) -> str:
@@ -487,23 +546,65 @@ class Cut:
 
 
 def cut_batches(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np.int64],
-                rng: np.random.Generator | None) -> Cut:
+                rng: np.random.Generator | None, *, batch_counts: npt.NDArray[np.int64] | None = None) -> Cut:
     """Cut each bucket's ordered rows (``counts`` per bucket, bucket after bucket) into batches
     of its size; with ``rng``, draw the full batches of a bucket in random order (a short batch
-    stays last). Per batch only: what a planner that keeps rows on disk needs."""
+    stays last). Per batch only: what a planner that keeps rows on disk needs.
+
+    ``batch_counts`` (balanced steps, :func:`even_batch_counts`): each bucket's rows are cut
+    into that many near-equal batches instead (``count mod batches`` of one row more first;
+    sizes differ by at most one), all drawn in random order."""
     first = np.zeros(counts.shape[0], dtype=np.int64)
     np.cumsum(counts[:-1], out=first[1:])
-    starts = np.concatenate([np.arange(0, int(c), int(s)) + f
-                             for c, s, f in zip(counts, batch_sizes, first)]).astype(np.int64)
+    if batch_counts is None:
+        starts = np.concatenate([np.arange(0, int(c), int(s)) + f
+                                 for c, s, f in zip(counts, batch_sizes, first)]).astype(np.int64)
+        bb = np.repeat(np.arange(batch_sizes.shape[0], dtype=np.int64), -(-counts // batch_sizes))
+    else:
+        nb = np.asarray(batch_counts, dtype=np.int64)
+        bb = np.repeat(np.arange(batch_sizes.shape[0], dtype=np.int64), nb)
+        k = np.arange(bb.shape[0], dtype=np.int64) - np.repeat(np.cumsum(nb) - nb, nb)  # index inside its bucket
+        q, r = np.divmod(counts[bb], np.maximum(nb[bb], 1))
+        starts = first[bb] + k * q + np.minimum(k, r)  # the first r batches hold one more row
     n = int(counts.sum())
     sizes = np.diff(np.append(starts, n)).astype(np.int64)
-    bb = np.repeat(np.arange(batch_sizes.shape[0], dtype=np.int64), -(-counts // batch_sizes))
     perm = np.arange(bb.shape[0], dtype=np.int64)
     if rng is not None and bb.shape[0] > 1:
-        short = sizes < batch_sizes[bb]
+        short = sizes < batch_sizes[bb] if batch_counts is None else np.zeros(bb.shape[0], dtype=bool)
         bkey = np.where(short, 2.0, rng.random(bb.shape[0]))
         perm = np.lexsort((bkey, bb))
     return Cut(starts, sizes, perm, bb[perm].astype(np.int32))
+
+
+def even_batch_counts(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np.int64],
+                      world_size: int) -> npt.NDArray[np.int64]:
+    """Batches per bucket for near-equal batches that fill whole steps of ``world_size``.
+
+    Each bucket needs ``ceil(count / batch_size)`` batches (B in all); the last step's
+    ``W - B mod W`` free slots each go to one more batch of the bucket whose batches would then
+    stay the fullest (its smallest batch's ``(count // batches) / batch_size``, then the mean
+    ``count / (batches * batch_size)``, then the lower bucket), a bucket at most ``count``
+    batches; where fewer rows than slots remain, slots stay free. Vectorized over
+    (bucket, extra batch) candidates; batches per bucket never fall below the minimum, so the
+    steps per epoch are ``ceil(B / W)`` whenever the slots are filled.
+    """
+    c = np.asarray(counts, dtype=np.int64)
+    bs = np.asarray(batch_sizes, dtype=np.int64)
+    nb = -(-c // bs)
+    W = int(world_size)
+    free = (-int(nb.sum())) % W
+    if free == 0:
+        return nb
+    j = np.arange(1, free + 1, dtype=np.int64)  # the j-th extra batch of a bucket
+    n_after = nb[:, None] + j[None, :]
+    ok = (n_after <= c[:, None]) & (c[:, None] > 0)
+    least = np.where(ok, (c[:, None] // np.maximum(n_after, 1)) / bs[:, None], -1.0)  # smallest batch's fill
+    mean = np.where(ok, c[:, None] / (n_after * bs[:, None]), -1.0)
+    flat, flat_mean = least.ravel(), mean.ravel()
+    idx = np.arange(flat.shape[0])
+    pick = np.lexsort((idx, -flat_mean, -flat))[:free]  # both fall with j: the top picks are prefixes per bucket
+    pick = pick[flat[pick] > 0]
+    return nb + np.bincount(pick // free, minlength=nb.shape[0])
 
 
 def form_batches_cumulative(

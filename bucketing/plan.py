@@ -25,11 +25,12 @@ How one epoch is planned
    curriculum) with the bucket's own step order kept; ``interleave="ascending"`` orders
    steps by bucket index (short first) instead.
 
-With ``balance > 0`` the steps are *balanced* instead (:mod:`bucketing.balance`): each bucket
-first gives as many whole steps of its own full batches as it can whose predicted times agree
-within the tolerance; the other full batches share steps across buckets by predicted time, and
-at most W - 1 batches are halved to fill the last step; ``step_bucket`` is then -1 at mixed
-steps and ``batch_bucket`` holds each batch's bucket.
+With ``balance > 0`` the steps are *balanced* instead (:mod:`bucketing.balance`): batches are
+near-equal per bucket and as many as fill whole steps; each bucket first gives as many whole
+steps of its own batches as it can whose predicted times agree within the tolerance; the other
+batches share steps across buckets by predicted time and padded seconds (halving at most W - 1
+batches only where the rows cannot fill the last step otherwise); ``step_bucket`` is then -1
+at mixed steps and ``batch_bucket`` holds each batch's bucket.
 
 Invariants (tests check each): every allocated row appears exactly once per epoch (a weighted
 epoch, ``PlanInputs.rows``: exactly as often as that multiset lists it) unless listed in
@@ -220,12 +221,16 @@ def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
     if interleave not in ("random", "ascending"):
         raise PlanError(f"unknown interleave {interleave!r} (expected 'random' or 'ascending')")
     contains = containment(inputs.max_duration, inputs.max_tokens, B)
-    batches = form_batches(bucket_of_row, batch_sizes, np.random.default_rng([seed, epoch, 0]),
-                           num_tokens=inputs.num_tokens, duration=inputs.durations, rows=inputs.rows, **grouping)
+    def formed(world: int | None) -> Batches:
+        return form_batches(bucket_of_row, batch_sizes, np.random.default_rng([seed, epoch, 0]),
+                            num_tokens=inputs.num_tokens, duration=inputs.durations, rows=inputs.rows,
+                            world_size=world, **grouping)
+
     if balance > 0:
-        balanced = _plan_balanced(inputs, batches, W, seed, epoch, interleave, balance, cost or CostModel())
+        balanced = _plan_balanced(inputs, formed(W), W, seed, epoch, interleave, balance, cost or CostModel())
         if balanced is not None:
             return balanced
+    batches = formed(None)
     counts = np.bincount(batches.bucket, minlength=B)
     first_batch = np.zeros(B + 1, dtype=np.int64)
     np.cumsum(counts, out=first_batch[1:])
@@ -241,8 +246,11 @@ def _plan_balanced(inputs: PlanInputs, batches: Batches, W: int, seed: int, epoc
                    tolerance: float, cost: CostModel) -> EpochPlan | None:
     """Balanced steps over the formed batches (:mod:`bucketing.balance`); None when the rows
     cannot fill whole steps that way (the caller falls back to identical-bucket steps)."""
-    times = batch_cost(cost, batches.sizes(), batches.offsets, batches.rows, inputs.durations, inputs.num_tokens)
-    steps = balance_steps(batches.bucket, batches.offsets, times, W, tolerance, cost.overhead)
+    sizes = batches.sizes()
+    times = batch_cost(cost, sizes, batches.offsets, batches.rows, inputs.durations, inputs.num_tokens)
+    longest = np.maximum.reduceat(np.asarray(inputs.durations, dtype=np.float64)[batches.rows], batches.offsets[:-1]) \
+        if sizes.shape[0] else np.empty(0)
+    steps = balance_steps(batches.bucket, batches.offsets, times, W, tolerance, cost.overhead, padded=sizes * longest)
     if steps is None:
         return None
     rng_steps = np.random.default_rng([seed, epoch, 1]) if interleave == "random" else None

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from bucketing.allocate import allocate, tail_moves
 from bucketing.balance import balance_steps, layout_order
-from bucketing.batching import TOTALS_BLOCK, BucketGrouping, block_totals, cut_batches
+from bucketing.batching import TOTALS_BLOCK, BucketGrouping, block_totals, cut_batches, even_batch_counts
 from bucketing.costmodel import CostModel
 from bucketing.fit import Grid
 from bucketing.groups import group_order
@@ -214,15 +214,16 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     counts = corpus.counts
     if int(counts.sum()) < W:
         raise DataprepError(f"{int(counts.sum())} utterances cannot fill one step of {W} ranks")
+    nb = even_batch_counts(counts, bs, W)  # near-equal batches filling whole steps (as plan_epoch)
     for k in np.flatnonzero(counts):
         rows, d, t = files.read(f"b{k}.rows", np.int64), files.read(f"b{k}.d", np.float64), files.read(f"b{k}.t", np.int64)
-        p = grouping.order(int(counts[k]), int(bs[k]), rng, d, t)
+        p = grouping.order(int(counts[k]), int(bs[k]), rng, d, t, batches=int(nb[k]))
         files.append("pos.rows", rows[p])
         files.append("pos.d", d[p])
         files.append("pos.t", t[p])
         del rows, d, t, p
     files.close()
-    cut = cut_batches(counts, bs, rng)
+    cut = cut_batches(counts, bs, rng, batch_counts=nb)
     # per batch (cut order): longest, most tokens, sums; a bucket at a time
     n_cut = cut.starts.shape[0]
     mx_d, sm_d = np.empty(n_cut), np.empty(n_cut)
@@ -245,7 +246,7 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     off = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
     np.cumsum(sizes, out=off[1:])
     times = cost.step_time(sizes, mx_d, mx_t)
-    steps = balance_steps(cut.bucket, off, times, W, tolerance, cost.overhead)
+    steps = balance_steps(cut.bucket, off, times, W, tolerance, cost.overhead, padded=sizes * mx_d)
     if steps is None:
         raise DataprepError(f"the rows cannot fill whole balanced steps of {W} ranks out of core "
                             "(fewer utterances than steps x ranks); plan with a larger --memory-limit")

@@ -19,6 +19,7 @@ from bucketing.balance import (
     plan_report,
     same_bucket_runs,
 )
+from bucketing.batching import even_batch_counts, form_batches
 from bucketing.budget import cost_equal_batch_sizes, cost_equal_spec, padded_budget_batch_sizes
 from bucketing.costmodel import CostModel
 from bucketing.plan import EpochPlan, PlanInputs, plan_epoch
@@ -209,9 +210,9 @@ def test_balance_steps_cover_every_row_once_in_equal_steps(seed, n, nb, world, t
 
 
 def test_each_bucket_gives_its_whole_steps_where_its_batches_agree() -> None:
-    """Four buckets of 11 equal full batches at W = 8 (the fine-tuning case: a bucket holds
-    more than W batches but not a multiple): each gives one same-bucket step, the other 12
-    batches share the rest, steps = ceil(44 / 8)."""
+    """Four buckets of 11 batches' rows at W = 8 (the fine-tuning case: a bucket holds more
+    than W batches but not a multiple): each gives one same-bucket step, the other batches
+    share the rest, steps = ceil(44 / 8)."""
     W, per, bs = 8, 11, np.array([40, 20, 10, 5])
     dur = np.array([2.0, 4.0, 8.0, 16.0])
     bucket = np.repeat(np.arange(4, dtype=np.int32), per * bs)
@@ -222,8 +223,16 @@ def test_each_bucket_gives_its_whole_steps_where_its_batches_agree() -> None:
     assert p.num_steps == math.ceil(4 * per / W)
     same = p.step_bucket[p.step_bucket >= 0]
     assert np.array_equal(np.bincount(same, minlength=4), np.ones(4, dtype=np.int64))
-    in_same = np.tile(p.step_bucket, W) >= 0  # rank-major batches of the same-bucket steps
-    assert (p.sizes()[in_same] == bs[p.bucket_of_batch()[in_same]]).all()  # full batches
+    # the last step's 4 free slots went to more batches of the buckets (near-equal batches,
+    # e.g. 36 or 37 of 40 rows) instead of 4 halved batches
+    sizes, b = p.sizes(), p.bucket_of_batch()
+    n = np.bincount(b, minlength=4)
+    assert n.sum() == 48 and (n >= per).all() and p.split_batches == 0
+    assert np.array_equal(np.bincount(b, weights=sizes), per * bs)
+    lo, hi = np.full(4, 1 << 30), np.zeros(4, dtype=np.int64)
+    np.minimum.at(lo, b, sizes)
+    np.maximum.at(hi, b, sizes)
+    assert (hi - lo <= 1).all() and (hi == -(-per * bs // n)).all()
 
 
 # --- cost-equal batch sizes (bucketing.budget.cost_equal_batch_sizes) ---------------------------
@@ -262,3 +271,35 @@ def test_cost_equal_spec_uses_measured_step_times() -> None:
     assert np.allclose(per_utt * sizes, 0.40, rtol=0.05)  # equal measured time, not the model's
     assert out.batch_size_source["cost_equal"]["times"] == "measured"
     assert out.batch_size_source["rule"] == "oom"
+
+
+# --- near-equal batches of balanced plans (bucketing.batching.even_batch_counts) ------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 2000), nb=st.integers(1, 6), world=st.integers(1, 40),
+       max_bs=st.integers(1, 60), sort_by=st.sampled_from(["both", "tokens", "none"]))
+def test_near_equal_batches_cover_every_row_and_fill_whole_steps(seed, n, nb, world, max_bs, sort_by) -> None:
+    rng = np.random.default_rng(seed)
+    bucket = rng.integers(-1, nb, n)
+    bs = rng.integers(1, max_bs + 1, nb)
+    d, t = rng.uniform(0.5, 20, n), rng.integers(1, 200, n)
+    x = form_batches(bucket, bs, np.random.default_rng(seed), t, duration=d, sort_by=sort_by, world_size=world)
+    assert np.array_equal(np.sort(x.rows), np.flatnonzero(bucket >= 0))  # every row once
+    sizes = x.sizes()
+    assert (sizes >= 1).all() and (sizes <= bs[x.bucket]).all()
+    assert (bucket[x.rows] == np.repeat(x.bucket, sizes)).all()  # rows stay in their bucket
+    cnt = np.bincount(bucket[bucket >= 0], minlength=nb)
+    per = np.bincount(x.bucket, minlength=nb)
+    need = -(-cnt // bs)
+    assert np.array_equal(per, even_batch_counts(cnt, bs, world)) and (per >= need).all() and (per <= cnt).all()
+    lo, hi = np.full(nb, 1 << 30), np.zeros(nb, dtype=np.int64)
+    np.minimum.at(lo, x.bucket, sizes)
+    np.maximum.at(hi, x.bucket, sizes)
+    has = per > 0
+    assert (hi[has] - lo[has] <= 1).all()  # near-equal inside a bucket
+    free = (-int(need.sum())) % world
+    if int((cnt - need).sum()) >= free:
+        assert per.sum() % world == 0  # the last step's free slots are all taken
+    else:
+        assert np.array_equal(per, cnt)  # as many batches as rows: nothing left to give
