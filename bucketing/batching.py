@@ -7,6 +7,7 @@ writes it), so both form batches the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -152,13 +153,15 @@ def _sort_in_windows(key: npt.NDArray[Any], kbits: int, span: int) -> npt.NDArra
 _DURATION_BITS = 16
 
 
-def _quantize(values: npt.NDArray[Any], bits: int = _DURATION_BITS) -> tuple[npt.NDArray[np.int64], int]:
+def _quantize(values: npt.NDArray[Any], bits: int = _DURATION_BITS,
+              bounds: tuple[Any, Any] | None = None) -> tuple[npt.NDArray[np.int64], int]:
     """An order-preserving non-negative integer key of ``values`` and its bit width.
 
     Integers: the value minus the minimum (exact). Floats: ``bits``-bit steps over their
-    range (values closer than a step tie; ties break at random upstream).
+    range (values closer than a step tie; ties break at random upstream). ``bounds``: the
+    (minimum, maximum) to use instead of ``values``' own (a part of a larger set).
     """
-    lo, hi = values.min(), values.max()
+    lo, hi = (values.min(), values.max()) if bounds is None else bounds
     if np.issubdtype(values.dtype, np.integer):
         return values.astype(np.int64) - int(lo), _bits(int(hi) - int(lo))
     if not hi > lo:
@@ -171,7 +174,7 @@ def _quantize(values: npt.NDArray[Any], bits: int = _DURATION_BITS) -> tuple[npt
 
 def _group_2d(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], size: int, window: int,
               groups: int | None, audio_weight: float, total_d: float, total_t: float,
-              peel: bool) -> tuple[npt.NDArray[np.int64] | None, float]:
+              peel: bool, t_bounds: tuple[int, int] | None = None) -> tuple[npt.NDArray[np.int64] | None, float]:
     """Order one bucket's duration-sorted windows so batches are similar in duration and tokens.
 
     ``d`` (s) and ``t`` (tokens) are the bucket's rows, each window of ``window * size``
@@ -187,7 +190,9 @@ def _group_2d(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], size: int, w
     2 .. ``window`` batches, one window) also tries box peeling (:func:`_peel`). Cost of a
     window: the padding it adds to the epoch's audio ratio times ``audio_weight`` plus what
     it adds to the token ratio (padded − real, over the epoch's real seconds ``total_d`` /
-    tokens ``total_t``), so choices add up to the epoch's figures.
+    tokens ``total_t``), so choices add up to the epoch's figures. Windows are independent:
+    whole windows of a bucket, with ``t_bounds`` its tokens' (min, max), give the same order
+    (see :meth:`BucketGrouping.order_chunks`).
     """
     n = d.shape[0]
     span = size * window
@@ -198,7 +203,7 @@ def _group_2d(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], size: int, w
     m = np.diff(np.append(wbatch, nb))  # batches per window
     real_d = np.add.reduceat(d, starts[wbatch])
     real_t = np.add.reduceat(t, starts[wbatch]).astype(np.float64)
-    t_key, t_bits = _quantize(t)
+    t_key, t_bits = _quantize(t, bounds=t_bounds)
 
     def cost_of(dd: npt.NDArray[np.float64], tt: npt.NDArray[np.int64], cut: npt.NDArray[np.int64],
                 nbs: npt.NDArray[np.float64], at: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
@@ -400,22 +405,52 @@ class BucketGrouping:
               t: npt.NDArray[Any] | None) -> npt.NDArray[np.int64]:
         """Positions of one bucket's ``cnt`` rows (ascending row order in, ``d`` / ``t`` theirs)
         in batch order: a shuffle by ``rng``, then sorted in windows (and grouped in 2D)."""
-        p = rng.permutation(cnt)
+        parts = list(self.order_chunks(cnt, size, rng, d, t, max(cnt, 1)))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def order_chunks(self, cnt: int, size: int, rng: np.random.Generator, d: npt.NDArray[np.float64] | None,
+                     t: npt.NDArray[Any] | None, chunk_rows: int) -> Iterator[npt.NDArray[Any]]:
+        """:meth:`order` in consecutive parts of whole windows (about ``chunk_rows`` positions
+        each, int32 while ``cnt`` fits): the same positions, but only the shuffle (4 bytes
+        per row) and one part's sort keys and candidates exist at once. The rng draws the
+        whole shuffle first, as :meth:`order` does, so later draws are the same too.
+
+        Windows are ordered independently (keys quantized over the bucket's range); a part
+        holds whole windows and the short last window rides with a full one, so every
+        part's choices are the whole bucket's."""
+        p = np.arange(cnt, dtype=np.int32 if cnt < 2**31 else np.int64)
+        rng.shuffle(p)  # the draws of rng.permutation(cnt)
         if not self.grouped(d is not None, t is not None):
-            return p
-        primary = {"both": d, "duration": d, "tokens": t}[self.sort_by]
+            yield p
+            return
+        primary = np.asarray({"both": d, "duration": d, "tokens": t}[self.sort_by])
+        span = size * self.window
+        step = span * max(1, chunk_rows // span)
+        cuts = list(range(0, cnt, step)) + [cnt]
+        if len(cuts) > 2 and cnt - cuts[-2] < span:  # a short last window alone: join the part before
+            del cuts[-2]
+        p_bounds = (primary.min(), primary.max())
+        t_bounds = None
+        if self.both:
+            assert t is not None
+            t_bounds = (int(t.min()), int(t.max()))
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            yield self._order_part(p[a:b], size, primary, p_bounds, t, t_bounds, peel=size < cnt <= span)
+
+    def _order_part(self, p: npt.NDArray[Any], size: int, primary: npt.NDArray[Any], p_bounds: tuple[Any, Any],
+                    t: npt.NDArray[Any] | None, t_bounds: tuple[int, int] | None, peel: bool) -> npt.NDArray[Any]:
+        """Whole windows of shuffled positions ``p`` sorted in windows (and grouped in 2D)."""
         # windows are runs of window * batch_size shuffled rows: sort each by the key,
         # ties in shuffled order (random)
-        vals = np.asarray(primary)[p]
-        key, kbits = _quantize(vals)
+        vals = primary[p]
+        key, kbits = _quantize(vals, bounds=p_bounds)
         o = _sort_in_windows(key, kbits, size * self.window)
         del key
         p = p[o]
         if self.both:
             assert t is not None
             perm, _ = _group_2d(vals[o], np.asarray(t[p], dtype=np.int64), size, int(self.window), self.groups,
-                                float(self.audio_weight), self.total_d, self.total_t,
-                                peel=size < cnt <= size * self.window)
+                                float(self.audio_weight), self.total_d, self.total_t, peel=peel, t_bounds=t_bounds)
             if perm is not None:
                 p = p[perm]
         return p
