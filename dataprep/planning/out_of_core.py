@@ -20,7 +20,8 @@ bounded by the largest bucket, not by the corpus.
    batch's rows and ids are one contiguous run of the position files.
 
 Memory (:func:`planning_bytes`): the bucket being ordered (:data:`BUCKET_BYTES_PER_ROW` per
-row) plus per-batch arrays (:data:`BATCH_BYTES`) plus one part of a shard per writing thread;
+row) beside per-batch summaries, or later the per-batch arrays of the layout
+(:data:`BATCH_BYTES`), plus one part of a shard per writing thread;
 the spill files take about 35 bytes per row plus the ids on disk (about twice during an
 epoch). Balanced plans only (``balance > 0``) without dynamic resolution; the plan equals the
 in-memory one (tests compare the shards byte for byte).
@@ -54,14 +55,19 @@ from manifests.plan_files import PlanWriter, shard_table
 from manifests.spill import SpillFiles, default_memory_limit
 
 #: Bytes of memory per row of the bucket being ordered: its durations, tokens and shuffle
-#: (8 + 4 + 4), then its rows or its ids with their index, and the position files' page cache
-#: mapped while written; measured with benchmarks/bench_plan.py.
-BUCKET_BYTES_PER_ROW = 48
+#: (8 + 4 + 4 and the shuffle's ordered copy), then its rows, then its ids (bytes, offsets and
+#: with carried tails an int32 index), one column at a time. Measured (tracemalloc, a 2M- and
+#: a 4M-row bucket): 21 bytes per row more, on top of about 45 MiB for one part
+#: (:data:`ORDER_ROWS`) of sort keys and candidates.
+BUCKET_BYTES_PER_ROW = 32
 #: Rows of a bucket ordered at once (:meth:`bucketing.batching.BucketGrouping.order_chunks`,
 #: rounded to whole windows): sort keys and 2D candidates of a part, about 150 bytes a row.
 ORDER_ROWS = 1 << 19
-#: Bytes of memory per batch of an epoch (formed batches, segments, the layout, the totals).
+#: Bytes of memory per batch of an epoch while steps are laid out (cut batches, segments,
+#: the layout, the totals).
 BATCH_BYTES = 200
+#: Bytes of memory per batch while buckets are ordered: its longest, most tokens and sums.
+SUMMARY_BYTES = 32
 #: Bytes of memory per row that planning in memory takes (columns, ids, the epoch's arrays).
 IN_MEMORY_BYTES_PER_ROW = 100
 #: Rows of a shard written at once (rounded to whole row groups): each part maps the position
@@ -119,21 +125,33 @@ class SpilledCorpus:
             own = np.insert(own, e.at, getattr(e, name))
         return own
 
-    def ids_source(self, k: int) -> tuple[pa.Array, npt.NDArray[np.int64] | None]:
-        """Bucket ``k``'s ids: (strings, index) where ``strings.take(index)`` (``index`` None:
-        ``strings`` itself) lists them in :meth:`column`'s order."""
+    def ids_taker(self, k: int) -> Callable[[npt.NDArray[Any]], pa.Array]:
+        """Bucket ``k``'s ids: a function of positions in :meth:`column`'s order to their ids.
+        Holds the bucket's own ids and, with carried tails, an int32 index; each call's
+        transients are its positions' only."""
         own = self.files.read_strings(f"b{k}.ids")
         if k not in self.removed and k not in self.extra:
-            return own, None
+            return lambda q: own.take(pa.array(q))
         n = len(own)
-        index = np.arange(n, dtype=np.int64)
+        index = np.arange(n, dtype=np.int32 if n + self.counts[k] < 2**31 else np.int64)
         if k in self.removed:
             index = np.delete(index, self.removed[k])
+        extra = pa.array([], pa.string())
         if k in self.extra:
             e = self.extra[k]
-            index = np.insert(index, e.at, n + np.arange(e.rows.shape[0], dtype=np.int64))
-            own = pa.concat_arrays([own.cast(pa.large_string()), e.ids.cast(pa.large_string())])
-        return own, index
+            index = np.insert(index, e.at, n + np.arange(e.rows.shape[0], dtype=index.dtype))
+            extra = e.ids
+
+        def take(q: npt.NDArray[Any]) -> pa.Array:
+            src = index[q]
+            carried = src >= n
+            if not carried.any():
+                return own.take(pa.array(src))
+            got = own.take(pa.array(np.where(carried, 0, src)))
+            both = pa.concat_arrays([got, extra.cast(got.type)])
+            return both.take(pa.array(np.where(carried, len(got) + src - n, np.arange(src.shape[0]))))
+
+        return take
 
 
 @dataclass(frozen=True)
@@ -195,12 +213,14 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
 
 
 def planning_bytes(counts: npt.NDArray[np.int64], bs: npt.NDArray[np.int64]) -> int:
-    """Bytes of memory to plan an epoch of buckets of ``counts`` rows (batch sizes ``bs``):
-    the largest bucket being ordered and the epoch's per-batch arrays, which exist together.
-    (The shard parts being written, at most ``write_threads * PART_ROWS *
-    PART_BYTES_PER_ROW``, about 25 MiB, are not counted: a fixed cost, not the corpus's.)"""
+    """Bytes of memory to plan an epoch of buckets of ``counts`` rows (batch sizes ``bs``): the
+    larger of its two phases, ordering the largest bucket beside the per-batch summaries
+    (:data:`BUCKET_BYTES_PER_ROW`, :data:`SUMMARY_BYTES`) and laying steps out from per-batch
+    arrays only (:data:`BATCH_BYTES`). (The shard parts being written, at most
+    ``write_threads * PART_ROWS * PART_BYTES_PER_ROW``, about 25 MiB, are not counted: a fixed
+    cost, not the corpus's.)"""
     batches = int((-(-counts // bs)).sum()) + 1
-    return int(counts.max()) * BUCKET_BYTES_PER_ROW + batches * BATCH_BYTES
+    return max(int(counts.max()) * BUCKET_BYTES_PER_ROW + batches * SUMMARY_BYTES, batches * BATCH_BYTES)
 
 
 def _check_bucket_fits(manifest: str | os.PathLike[str], counts: npt.NDArray[np.int64], bs: npt.NDArray[np.int64],
@@ -320,11 +340,10 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
         for a in range(0, cnt, ORDER_ROWS):
             files.append("pos.rows", rows[p[a:a + ORDER_ROWS]])
         del rows
-        ids, index = corpus.ids_source(int(k))
+        ids = corpus.ids_taker(int(k))
         for a in range(0, cnt, ORDER_ROWS):
-            q = p[a:a + ORDER_ROWS]
-            files.append_strings("pos.ids", ids.take(pa.array(q if index is None else index[q])))
-        del ids, index, p
+            files.append_strings("pos.ids", ids(p[a:a + ORDER_ROWS]))
+        del ids, p
     files.close()
     cut = cut_batches(counts, bs, rng)
     perm = cut.perm
