@@ -91,11 +91,18 @@ class SpillFiles:
 
     def gather_strings(self, name: str, positions: npt.NDArray[np.int64]) -> pa.Array:
         """The strings of ``name`` at ``positions`` (any order, repeats allowed) as a string
-        array: one Arrow ``take`` over the mapped files (pages near each position only)."""
+        array, gathered through mappings held only meanwhile: memory is the pages near each
+        position (the kernel maps up to 64 KiB around each one touched), not the files'.
+        (Arrow's ``take`` over the mapped files would touch every page.)"""
         off = self.map(name + ".off", np.int64)
-        if off.shape[0] == 0:
-            return pa.array([], pa.string())
         data = self.map(name + ".data", np.uint8)
-        n = off.shape[0] - 1
-        strings = pa.LargeStringArray.from_buffers(n, pa.py_buffer(off), pa.py_buffer(data if data.shape[0] else np.zeros(1, np.uint8)))
-        return strings.take(pa.array(positions)).cast(pa.string())
+        a, b = np.asarray(off[positions]), np.asarray(off[positions + 1])
+        del off
+        lens = b - a
+        new_off = np.zeros(positions.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lens, out=new_off[1:])
+        idx = np.repeat(a - new_off[:-1], lens) + np.arange(int(new_off[-1]), dtype=np.int64)
+        buf = np.asarray(data[idx]) if idx.shape[0] else np.zeros(1, np.uint8)
+        del data, idx
+        arr = pa.LargeStringArray.from_buffers(positions.shape[0], pa.py_buffer(new_off), pa.py_buffer(buf))
+        return arr.cast(pa.string())
