@@ -1,14 +1,14 @@
 """Spill files: append-only raw binary columns on disk, and the default memory budget.
 
 Commands that must run in memory bounded by a budget, not by the corpus, append NumPy columns
-here block by block and read them back whole, by range or memory-mapped.
+here block by block and read them back whole, by range or by runs.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -71,11 +71,49 @@ class SpillFiles:
         size = np.dtype(dtype).itemsize
         return np.fromfile(self.root / name, dtype=dtype, count=stop - start, offset=start * size)
 
-    def map(self, name: str, dtype: type) -> npt.NDArray[np.generic]:
-        path = self.root / name
-        if not path.exists() or path.stat().st_size == 0:
-            return np.empty(0, dtype=dtype)
-        return np.memmap(path, dtype=dtype, mode="r")
+    def read_runs(self, name: str, dtype: type, starts: npt.NDArray[np.int64],
+                  sizes: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+        """Items ``starts[i] : starts[i] + sizes[i]`` of a column for every ``i``, concatenated:
+        one ``preadv`` per run into the result. No mapping: a mapped file's pages come in
+        folios of up to 2 MiB, so scattered reads through a mapping hold most of the file."""
+        item = np.dtype(dtype).itemsize
+        out = np.empty(int(sizes.sum()), dtype=dtype)
+        if out.shape[0] == 0:
+            return out
+        view = memoryview(out.view(np.uint8))
+        fd = os.open(self.root / name, os.O_RDONLY)
+        try:
+            at = 0
+            for start, size in zip((starts * item).tolist(), (sizes * item).tolist()):
+                done = 0
+                while done < size:  # a short read only at the end of a file, which is an error
+                    got = os.preadv(fd, [view[at + done:at + size]], start + done)
+                    if got <= 0:
+                        raise OSError(f"{self.root / name}: short read at byte {start + done}")
+                    done += got
+                at += size
+        finally:
+            os.close(fd)
+        return out
+
+    def read_string_runs(self, name: str, starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> pa.Array:
+        """The strings ``starts[i] : starts[i] + sizes[i]`` of ``name`` (see
+        :meth:`append_strings`) for every ``i``, concatenated, as a string array."""
+        ends = self.read_runs(name + ".off", np.int64, starts, sizes + 1)  # each run's offsets and its end
+        first = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
+        np.cumsum(sizes + 1, out=first[1:])
+        lo, hi = ends[first[:-1]], ends[first[1:] - 1]
+        data = self.read_runs(name + ".data", np.uint8, lo, hi - lo)
+        # offsets into data: each run's own offsets, shifted to where its bytes land
+        shift = np.zeros(sizes.shape[0], dtype=np.int64)
+        np.cumsum((hi - lo)[:-1], out=shift[1:])
+        keep = np.ones(ends.shape[0], dtype=bool)
+        keep[first[1:] - 1] = False  # each run's end offset (the next run's start, or the total)
+        off = np.empty(int(sizes.sum()) + 1, dtype=np.int64)
+        off[:-1] = (ends - np.repeat(lo - shift, sizes + 1))[keep]
+        off[-1] = data.shape[0]
+        buf = data if data.shape[0] else np.zeros(1, np.uint8)
+        return pa.LargeStringArray.from_buffers(off.shape[0] - 1, pa.py_buffer(off), pa.py_buffer(buf)).cast(pa.string())
 
     def read_strings(self, name: str) -> pa.Array:
         """All strings of ``name`` (see :meth:`append_strings`): a string array (int32 offsets
@@ -88,21 +126,3 @@ class SpillFiles:
         if off[-1] < 2**31:
             return pa.StringArray.from_buffers(n, pa.py_buffer(off.astype(np.int32)), data)
         return pa.LargeStringArray.from_buffers(n, pa.py_buffer(off), data)
-
-    def gather_strings(self, name: str, positions: npt.NDArray[np.int64]) -> pa.Array:
-        """The strings of ``name`` at ``positions`` (any order, repeats allowed) as a string
-        array, gathered through mappings held only meanwhile: memory is the pages near each
-        position (the kernel maps up to 64 KiB around each one touched), not the files'.
-        (Arrow's ``take`` over the mapped files would touch every page.)"""
-        off = self.map(name + ".off", np.int64)
-        data = self.map(name + ".data", np.uint8)
-        a, b = np.asarray(off[positions]), np.asarray(off[positions + 1])
-        del off
-        lens = b - a
-        new_off = np.zeros(positions.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lens, out=new_off[1:])
-        idx = np.repeat(a - new_off[:-1], lens) + np.arange(int(new_off[-1]), dtype=np.int64)
-        buf = np.asarray(data[idx]) if idx.shape[0] else np.zeros(1, np.uint8)
-        del data, idx
-        arr = pa.LargeStringArray.from_buffers(positions.shape[0], pa.py_buffer(new_off), pa.py_buffer(buf))
-        return arr.cast(pa.string())

@@ -70,8 +70,8 @@ BATCH_BYTES = 200
 SUMMARY_BYTES = 32
 #: Bytes of memory per row that planning in memory takes (columns, ids, the epoch's arrays).
 IN_MEMORY_BYTES_PER_ROW = 100
-#: Rows of a shard written at once (rounded to whole row groups): each part maps the position
-#: files only while it gathers, touching a page or two per batch.
+#: Rows of a shard written at once (rounded to whole row groups): each part reads its batches'
+#: runs of the position files (two reads a batch).
 PART_ROWS = 1 << 16
 #: Bytes of memory per row of a shard part being written (gather indices, rows, ids, the
 #: Arrow table and its encoded pages).
@@ -262,10 +262,9 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
         pick, target = pick[go], target[go]
         own_pick, inc_pick = pick[pick < n_own], pick[pick >= n_own] - n_own
         if pick.shape[0]:
-            d_map = files.map(f"b{k}.d", np.float64)
-            pick_d = np.concatenate([np.asarray(d_map[own_pick]), inc_d[inc_pick]])
-            del d_map
-            pick_ids = pa.concat_arrays([files.gather_strings(f"b{k}.ids", own_pick),
+            one = np.ones(own_pick.shape[0], dtype=np.int64)
+            pick_d = np.concatenate([files.read_runs(f"b{k}.d", np.float64, own_pick, one), inc_d[inc_pick]])
+            pick_ids = pa.concat_arrays([files.read_string_runs(f"b{k}.ids", own_pick, one),
                                          inc_ids.take(pa.array(inc_pick)).cast(pa.string())])
             pick_rows, pick_t = rows[np.concatenate([own_pick, inc_pick + n_own])], t[np.concatenate([own_pick, inc_pick + n_own])]
             tgt = np.concatenate([target[pick < n_own], target[pick >= n_own]])
@@ -407,15 +406,12 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
     def parts(r: int) -> Iterator[pa.Table]:
         for c in range(0, S, part):
             lo, hi = r * S + c, r * S + min(S, c + part)
-            size = layout.size[lo:hi]
+            start, size = layout.start[lo:hi], layout.size[lo:hi]  # each batch: one run of positions
             off = np.zeros(hi - lo + 1, dtype=np.int64)
             np.cumsum(size, out=off[1:])
-            idx = np.repeat(layout.start[lo:hi] - off[:-1], size) + np.arange(int(off[-1]), dtype=np.int64)
-            pos_rows = files.map("pos.rows", np.int64)
-            rows = np.asarray(pos_rows[idx])
-            del pos_rows
             yield shard_table(epoch=ep.epoch, first_step=first_step + c, bucket=bucket[lo:hi], offsets=off,
-                              rows=rows, ids=files.gather_strings("pos.ids", idx),
+                              rows=files.read_runs("pos.rows", np.int64, start, size),
+                              ids=files.read_string_runs("pos.ids", start, size),
                               max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi], step_in_epoch=c)
 
     writer.write_ranks(parts, tick)
