@@ -71,7 +71,7 @@ SUMMARY_BYTES = 32
 #: Bytes of memory per row that planning in memory takes (columns, ids, the epoch's arrays).
 IN_MEMORY_BYTES_PER_ROW = 100
 #: Rows of a shard written at once (rounded to whole row groups): each part reads its batches'
-#: runs of the position files (two reads a batch).
+#: runs of the position files (three reads a batch: rows, id offsets, id bytes).
 PART_ROWS = 1 << 16
 #: Bytes of memory per row of a shard part being written (gather indices, rows, ids, the
 #: Arrow table and its encoded pages).
