@@ -7,8 +7,10 @@ tail-worker simulator on the shared corpora.
     python benchmarks/bench_plan.py --corpora 50 --skip-lhotse --skip-simulator   # weighted vs unweighted
     python benchmarks/bench_plan.py --rows 100000000 --runs 1 --balance 0.05 --memory-limit 2GiB \
         --skip-lhotse --skip-simulator          # out of core (spill files next to the plan)
+    python benchmarks/bench_plan.py --rows 10000000,40000000,100000000 --runs 1 --balance 0.05 \
+        --memory-limit 2GiB --skip-lhotse --skip-simulator   # a table: rows x (time, us/utt, RSS, B/utt)
     python benchmarks/bench_plan.py --rows 1000000000 --runs 1 --balance 0.05 --memory-limit 4GiB \
-        --skip-lhotse --skip-simulator --dir /big/disk   # a billion: ~150 GB of disk in --dir
+        --skip-lhotse --skip-simulator --dir /big/disk   # a billion: ~120 GB of disk in --dir (checked first)
 
 ``--corpora C`` splits the rows into C corpora of Zipf-like sizes (a ``corpus`` column and, as
 ``compile input_cfg.yaml`` records it, a blend weighted by hours with ``--temperature`` 0.3)
@@ -248,9 +250,76 @@ def weighted_vs_unweighted(df: pl.DataFrame, tmp: Path, args: argparse.Namespace
     print("  weighted phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 
 
+#: Disk a run takes per utterance in --dir: the manifest (~20 B), the spill and position files
+#: of an out-of-core plan (~85 B with ~12-byte ids) and the plan (~9 B); measured at 10M.
+DISK_BYTES_PER_ROW = 120
+
+
+def parse_rows(text: str) -> list[int]:
+    """``--rows``: one size or several, comma-separated (``10000000,40000000``, ``1e8`` too)."""
+    try:
+        sizes = [int(float(x)) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rows takes sizes separated by commas, not {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--rows takes positive sizes, not {text!r}")
+    return sizes
+
+
+def check_disk(where: Path, rows: int) -> None:
+    """Exit with a one-line message unless ``where`` has the disk a ``rows``-row run takes."""
+    import shutil
+
+    need = rows * DISK_BYTES_PER_ROW
+    free = shutil.disk_usage(where).free
+    if free < need:
+        sys.exit(f"--rows {rows}: needs about {need / 1e9:.0f} GB of disk in {where} (manifest, spill files, plan), "
+                 f"only {free / 1e9:.0f} GB free; pass --dir on a larger disk")
+
+
+def bench_size(rows: int, args: argparse.Namespace, limit: int) -> dict:
+    """Plan ``rows`` synthetic utterances; print the figures; return the table's entry."""
+    with tempfile.TemporaryDirectory(dir=args.dir) as td:
+        tmp = Path(td)
+        check_disk(tmp, rows)
+        t0 = time.perf_counter()
+        hours = write_synthetic(rows, tmp / "m.parquet", tmp / "buckets.json", args.budget)
+        print(f"synthetic manifest: {rows} rows, {hours:.0f} h "
+              f"(source: {'shared corpora' if real_pairs() else 'lognormal fits'}), built in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        results = [run_plan(tmp / "m.parquet", tmp / "buckets.json", tmp / "plan", args.world_size, args.balance,
+                            limit) for _ in range(args.runs)]
+        wall = statistics.median(r["wall"] for r in results)
+        rss = statistics.median(r["rss_gib"] for r in results)
+        size = sum(p.stat().st_size for p in (tmp / "plan").iterdir())
+        r0 = results[0]
+        print(f"plan-batches W={args.world_size} --balance {args.balance:g}, 1 epoch, 2 cores: median wall {wall:.2f} s "
+              f"(runs: {', '.join(format(r['wall'], '.2f') for r in results)}), peak RSS {rss:.2f} GiB, "
+              f"output {size / 2**20:.0f} MiB ({size / rows:.1f} B/utt), {r0['steps']} steps, "
+              f"padding audio {r0['padding']['audio']:.2%} tokens {r0['padding']['tokens']:.2%}, "
+              f"moved {r0['moved']} dropped {r0['dropped']}")
+        phases = {k: statistics.median(r["timings"][k] for r in results) for k in r0["timings"]}
+        print("  phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+              + "  [form_batches = bucketing.batching, allocate = bucketing.allocate]")
+        ours = rows / wall
+        print(f"ours: {ours:,.0f} cuts/s planned (all {args.world_size} ranks, end to end), "
+              f"{wall / rows * 1e6:.2f} us/utterance")
+        entry = {"rows": rows, "wall": wall, "us": wall / rows * 1e6, "rss": rss, "bytes": size / rows,
+                 "load": os.getloadavg()[0]}
+        print(f"TABLE rows={rows} memory_limit={args.memory_limit} wall_s={wall:.1f} "
+              f"us_per_utt={entry['us']:.2f} peak_rss_gib={rss:.2f} out_bytes_per_utt={size / rows:.1f} "
+              f"load1={entry['load']:.1f}", flush=True)
+        if args.corpora:
+            df = pl.read_parquet(tmp / "m.parquet")
+            weighted_vs_unweighted(df, tmp, args, wall, rss)
+            del df
+    return entry
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--rows", type=parse_rows, default=[10_000_000],
+                    help="utterances; several sizes separated by commas print a table")
     ap.add_argument("--world-size", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--budget", type=float, default=600.0, help="padded seconds per batch")
@@ -264,40 +333,21 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="work directory (manifest, spill files, plan); default a temp dir")
     args = ap.parse_args()
     limit = parse_bytes(args.memory_limit)
+    check_disk(Path(args.dir or tempfile.gettempdir()), max(args.rows))
+    table = [bench_size(rows, args, limit) for rows in args.rows]
+    if len(table) > 1:
+        print(f"\nplan-batches W={args.world_size} --balance {args.balance:g} --memory-limit {args.memory_limit}, "
+              f"1 epoch, 2 cores (median of {args.runs})")
+        print(f"{'rows':>13} {'time s':>8} {'us/utt':>7} {'peak RSS GiB':>13} {'out B/utt':>10} {'load':>5}")
+        for e in table:
+            print(f"{e['rows']:>13,} {e['wall']:>8.1f} {e['us']:>7.2f} {e['rss']:>13.2f} {e['bytes']:>10.1f} "
+                  f"{e['load']:>5.1f}")
     with tempfile.TemporaryDirectory(dir=args.dir) as td:
         tmp = Path(td)
-        t0 = time.perf_counter()
-        hours = write_synthetic(args.rows, tmp / "m.parquet", tmp / "buckets.json", args.budget)
-        print(f"synthetic manifest: {args.rows} rows, {hours:.0f} h "
-              f"(source: {'shared corpora' if real_pairs() else 'lognormal fits'}), built in "
-              f"{time.perf_counter() - t0:.1f} s")
-        results = [run_plan(tmp / "m.parquet", tmp / "buckets.json", tmp / "plan", args.world_size, args.balance,
-                            limit) for _ in range(args.runs)]
-        wall = statistics.median(r["wall"] for r in results)
-        rss = statistics.median(r["rss_gib"] for r in results)
-        size = sum(p.stat().st_size for p in (tmp / "plan").iterdir())
-        r0 = results[0]
-        print(f"plan-batches W={args.world_size} --balance {args.balance:g}, 1 epoch, 2 cores: median wall {wall:.2f} s "
-              f"(runs: {', '.join(format(r['wall'], '.2f') for r in results)}), peak RSS {rss:.2f} GiB, "
-              f"output {size / 2**20:.0f} MiB ({size / args.rows:.1f} B/utt), {r0['steps']} steps, "
-              f"padding audio {r0['padding']['audio']:.2%} tokens {r0['padding']['tokens']:.2%}, "
-              f"moved {r0['moved']} dropped {r0['dropped']}")
-        phases = {k: statistics.median(r["timings"][k] for r in results) for k in r0["timings"]}
-        print("  phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
-              + "  [form_batches = bucketing.batching, allocate = bucketing.allocate]")
-        ours = args.rows / wall
-        print(f"ours: {ours:,.0f} cuts/s planned (all {args.world_size} ranks, end to end), "
-              f"{wall / args.rows * 1e6:.2f} us/utterance")
-        print(f"TABLE rows={args.rows} memory_limit={args.memory_limit} wall_s={wall:.1f} "
-              f"us_per_utt={wall / args.rows * 1e6:.2f} peak_rss_gib={rss:.2f} out_bytes_per_utt={size / args.rows:.1f} "
-              f"load1={os.getloadavg()[0]:.1f}")
-        if args.corpora:
-            df = pl.read_parquet(tmp / "m.parquet")
-            weighted_vs_unweighted(df, tmp, args, wall, rss)
-            del df
         if not args.skip_lhotse:
             d = synthetic(args.lhotse_rows, seed=1)["duration"].to_numpy()
             theirs = lhotse_cuts_per_s(d, 8, args.budget)
+            ours = table[-1]["rows"] / table[-1]["wall"]
             print(f"lhotse DynamicBucketingSampler (W=8, rank 0, sync_buckets, {args.lhotse_rows} cuts): "
                   f"{theirs:,.0f} cuts/s per rank; ours / theirs = {ours / theirs:,.0f}x "
                   f"(per-rank equivalent: {ours / args.world_size / theirs:.1f}x)")

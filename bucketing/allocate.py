@@ -248,14 +248,16 @@ def fitted_spec(fit: FitResult, max_tokens: npt.NDArray[np.int64] | None, counts
 
 
 def _largest(rows: npt.NDArray[np.int64], key: npt.NDArray[Any], count: int) -> npt.NDArray[np.int64]:
-    """The ``count`` rows of largest ``key``, ties to the larger row number: what
-    ``rows[np.lexsort((rows, key))[-count:]]`` picks (as a set), in O(n)."""
+    """Positions of the ``count`` rows of largest ``key``, ties to the larger row number (the
+    set ``np.lexsort((rows, key))[-count:]`` picks): those above the threshold in position
+    order, then the tied ones by row number. O(n): a partition, no sort of the bucket."""
     kth = rows.shape[0] - count
     threshold = np.partition(key, kth)[kth]
-    above = key > threshold
-    need = count - int(above.sum())
-    tied = np.sort(rows[key == threshold])
-    return np.concatenate([rows[above], tied[tied.shape[0] - need:]])
+    above = np.flatnonzero(key > threshold)
+    need = count - above.shape[0]
+    tied = np.flatnonzero(key == threshold)
+    tied = tied[np.argsort(rows[tied], kind="stable")]
+    return np.concatenate([above, tied[tied.shape[0] - need:]]).astype(np.int64, copy=False)
 
 
 def carry_tails(
@@ -321,7 +323,7 @@ def tail_moves(members: npt.NDArray[np.int64], t: npt.NDArray[np.integer], d: np
     if k >= nb - 1 or tail == 0 or tail > max_tail_fraction * bs[k]:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     key = t if dbin[k + 1] == dbin[k] else d
-    pick = _rank_in(members, _largest(members, key, tail))  # positions, in _largest's order
+    pick = _largest(members, key, tail)  # positions into members
     target = np.full(tail, -1, dtype=np.int64)
     last = nb if across_bins else int(np.searchsorted(dbin, dbin[k], side="right"))
     for j in range(k + 1, last):  # first later bucket holding the tokens; all hold the duration
@@ -330,12 +332,6 @@ def tail_moves(members: npt.NDArray[np.int64], t: npt.NDArray[np.integer], d: np
         if (target >= 0).all():
             break
     return pick, target
-
-
-def _rank_in(order: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Index of each of ``values`` in ``order`` (all present, distinct)."""
-    srt = np.argsort(order, kind="stable")
-    return srt[np.searchsorted(order[srt], values)]
 
 
 @dataclass(frozen=True)

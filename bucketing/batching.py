@@ -7,6 +7,7 @@ writes it), so both form batches the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -152,13 +153,15 @@ def _sort_in_windows(key: npt.NDArray[Any], kbits: int, span: int) -> npt.NDArra
 _DURATION_BITS = 16
 
 
-def _quantize(values: npt.NDArray[Any], bits: int = _DURATION_BITS) -> tuple[npt.NDArray[np.int64], int]:
+def _quantize(values: npt.NDArray[Any], bits: int = _DURATION_BITS,
+              bounds: tuple[Any, Any] | None = None) -> tuple[npt.NDArray[np.int64], int]:
     """An order-preserving non-negative integer key of ``values`` and its bit width.
 
     Integers: the value minus the minimum (exact). Floats: ``bits``-bit steps over their
-    range (values closer than a step tie; ties break at random upstream).
+    range (values closer than a step tie; ties break at random upstream). ``bounds``: the
+    (minimum, maximum) to use instead of ``values``' own (a part of a larger set).
     """
-    lo, hi = values.min(), values.max()
+    lo, hi = (values.min(), values.max()) if bounds is None else bounds
     if np.issubdtype(values.dtype, np.integer):
         return values.astype(np.int64) - int(lo), _bits(int(hi) - int(lo))
     if not hi > lo:
@@ -169,9 +172,18 @@ def _quantize(values: npt.NDArray[Any], bits: int = _DURATION_BITS) -> tuple[npt
     return q.astype(np.int64), bits
 
 
+def _range_of(values: npt.NDArray[Any], p: npt.NDArray[Any], block: int) -> tuple[Any, Any]:
+    """(min, max) of ``values[p]``, gathered ``block`` positions at a time (no whole copy)."""
+    lo = hi = values[p[0]]
+    for a in range(0, p.shape[0], max(block, 1)):
+        v = values[p[a:a + block]]
+        lo, hi = min(lo, v.min()), max(hi, v.max())
+    return lo, hi
+
+
 def _group_2d(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], size: int, window: int,
               groups: int | None, audio_weight: float, total_d: float, total_t: float,
-              peel: bool) -> tuple[npt.NDArray[np.int64] | None, float]:
+              peel: bool, t_bounds: tuple[int, int] | None = None) -> tuple[npt.NDArray[np.int64] | None, float]:
     """Order one bucket's duration-sorted windows so batches are similar in duration and tokens.
 
     ``d`` (s) and ``t`` (tokens) are the bucket's rows, each window of ``window * size``
@@ -187,7 +199,9 @@ def _group_2d(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], size: int, w
     2 .. ``window`` batches, one window) also tries box peeling (:func:`_peel`). Cost of a
     window: the padding it adds to the epoch's audio ratio times ``audio_weight`` plus what
     it adds to the token ratio (padded − real, over the epoch's real seconds ``total_d`` /
-    tokens ``total_t``), so choices add up to the epoch's figures.
+    tokens ``total_t``), so choices add up to the epoch's figures. Windows are independent:
+    whole windows of a bucket, with ``t_bounds`` its tokens' (min, max), give the same order
+    (see :meth:`BucketGrouping.order_chunks`).
     """
     n = d.shape[0]
     span = size * window
@@ -198,7 +212,7 @@ def _group_2d(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], size: int, w
     m = np.diff(np.append(wbatch, nb))  # batches per window
     real_d = np.add.reduceat(d, starts[wbatch])
     real_t = np.add.reduceat(t, starts[wbatch]).astype(np.float64)
-    t_key, t_bits = _quantize(t)
+    t_key, t_bits = _quantize(t, bounds=t_bounds)
 
     def cost_of(dd: npt.NDArray[np.float64], tt: npt.NDArray[np.int64], cut: npt.NDArray[np.int64],
                 nbs: npt.NDArray[np.float64], at: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
@@ -406,48 +420,85 @@ class BucketGrouping:
               t: npt.NDArray[Any] | None, *, batches: int | None = None) -> npt.NDArray[np.int64]:
         """Positions of one bucket's ``cnt`` rows (ascending row order in, ``d`` / ``t`` theirs)
         in batch order: a shuffle by ``rng``, then sorted in windows (and grouped in 2D).
+        ``batches``: see :meth:`order_chunks`."""
+        parts = list(self.order_chunks(cnt, size, rng, d, t, max(cnt, 1), batches=batches))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def order_chunks(self, cnt: int, size: int, rng: np.random.Generator, d: npt.NDArray[np.float64] | None,
+                     t: npt.NDArray[Any] | None, chunk_rows: int, *,
+                     batches: int | None = None) -> Iterator[npt.NDArray[Any]]:
+        """:meth:`order` in consecutive parts of whole windows (about ``chunk_rows`` positions
+        each, int32 while ``cnt`` fits): the same positions, but only the shuffle (4 bytes
+        per row) and one part's sort keys and candidates exist at once. The rng draws the
+        whole shuffle first, as :meth:`order` does, so later draws are the same too. Every
+        part starts and ends at a batch boundary.
 
         ``batches``: the rows will be cut into that many near-equal batches (``r = cnt mod
         batches`` of ``q + 1 = cnt // batches + 1`` rows first, then ``q``; :func:`cut_batches`).
-        They are grouped as batches of ``q + 1`` (the last one short), then evened out by
-        :func:`_even_out`.
-        Where the last batch would be empty (``batches - r > q``), the ``r`` batches of ``q + 1``
-        and the others are grouped apart."""
-        p = rng.permutation(cnt)
+        Where the last batch would be empty otherwise (``0 < batches - r <= q``), the rows are
+        grouped as batches of ``q + 1`` (the last one short) and evened out by :func:`_even_out`
+        (one part: the whole bucket); else the ``r`` batches of ``q + 1`` and the others are
+        grouped apart."""
+        p = np.arange(cnt, dtype=np.int32 if cnt < 2**31 else np.int64)
+        rng.shuffle(p)  # the draws of rng.permutation(cnt)
         if not self.grouped(d is not None, t is not None):
-            return p
+            yield p
+            return
         if batches is None:
-            return self._arrange(p, size, d, t, cnt)
+            yield from self._arrange_chunks(p, size, d, t, chunk_rows)
+            return
         q, r = divmod(cnt, batches)
         if r == 0:
-            return self._arrange(p, q, d, t, cnt)
-        if batches - r <= q:
+            yield from self._arrange_chunks(p, q, d, t, chunk_rows)
+        elif batches - r <= q:
             if self.both and d is not None and t is not None:  # the grouping's prices of length
                 du, tu = self.audio_weight * np.asarray(d) / self.total_d, np.asarray(t) / self.total_t
             else:
                 du, tu = np.asarray(d if d is not None else t), np.zeros(cnt)
-            return _even_out(self._arrange(p, q + 1, d, t, cnt), du, tu, batches, q, r)
-        head = r * (q + 1)
-        return np.concatenate([self._arrange(p[:head], q + 1, d, t, head),
-                               self._arrange(p[head:], q, d, t, cnt - head)])
+            parts = list(self._arrange_chunks(p, q + 1, d, t, chunk_rows))
+            yield _even_out(parts[0] if len(parts) == 1 else np.concatenate(parts), du, tu, batches, q, r)
+        else:
+            head = r * (q + 1)
+            yield from self._arrange_chunks(p[:head], q + 1, d, t, chunk_rows)
+            yield from self._arrange_chunks(p[head:], q, d, t, chunk_rows)
 
-    def _arrange(self, p: npt.NDArray[np.int64], size: int, d: npt.NDArray[np.float64] | None,
-                 t: npt.NDArray[Any] | None, cnt: int) -> npt.NDArray[np.int64]:
-        """``p`` (``cnt`` shuffled positions) sorted in windows of ``size * window`` and grouped
-        in 2D."""
-        primary = {"both": d, "duration": d, "tokens": t}[self.sort_by]
+    def _arrange_chunks(self, p: npt.NDArray[Any], size: int, d: npt.NDArray[np.float64] | None,
+                        t: npt.NDArray[Any] | None, chunk_rows: int) -> Iterator[npt.NDArray[Any]]:
+        """Shuffled positions ``p`` sorted in windows of ``size * window`` (and grouped in 2D),
+        in parts of whole windows; keys are quantized over ``p``'s range, so the parts are the
+        whole's. A short last window rides with a full one."""
+        n = p.shape[0]
+        if n == 0:
+            return
+        primary = np.asarray({"both": d, "duration": d, "tokens": t}[self.sort_by])
+        span = size * self.window
+        step = span * max(1, chunk_rows // span)
+        cuts = list(range(0, n, step)) + [n]
+        if len(cuts) > 2 and n - cuts[-2] < span:  # a short last window alone: join the part before
+            del cuts[-2]
+        p_bounds = _range_of(primary, p, step)
+        t_bounds = None
+        if self.both:
+            assert t is not None
+            lo, hi = _range_of(np.asarray(t), p, step)
+            t_bounds = (int(lo), int(hi))
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            yield self._order_part(p[a:b], size, primary, p_bounds, t, t_bounds, peel=size < n <= span)
+
+    def _order_part(self, p: npt.NDArray[Any], size: int, primary: npt.NDArray[Any], p_bounds: tuple[Any, Any],
+                    t: npt.NDArray[Any] | None, t_bounds: tuple[int, int] | None, peel: bool) -> npt.NDArray[Any]:
+        """Whole windows of shuffled positions ``p`` sorted in windows (and grouped in 2D)."""
         # windows are runs of window * batch_size shuffled rows: sort each by the key,
         # ties in shuffled order (random)
-        vals = np.asarray(primary)[p]
-        key, kbits = _quantize(vals)
+        vals = primary[p]
+        key, kbits = _quantize(vals, bounds=p_bounds)
         o = _sort_in_windows(key, kbits, size * self.window)
         del key
         p = p[o]
         if self.both:
             assert t is not None
             perm, _ = _group_2d(vals[o], np.asarray(t[p], dtype=np.int64), size, int(self.window), self.groups,
-                                float(self.audio_weight), self.total_d, self.total_t,
-                                peel=size < cnt <= size * self.window)
+                                float(self.audio_weight), self.total_d, self.total_t, peel=peel, t_bounds=t_bounds)
             if perm is not None:
                 p = p[perm]
         return p

@@ -45,7 +45,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,16 @@ SHARD_SCHEMA_TARGET_FRAMES = SHARD_SCHEMA.append(pa.field("target_frames", pa.in
 SHARD_VERSION = 1
 SHARD_VERSION_TARGET_FRAMES = 2
 SHARD_VERSIONS = (SHARD_VERSION, SHARD_VERSION_TARGET_FRAMES)
+
+
+def default_write_threads() -> int:
+    """Shards written at once by default: one per core we may use, at most 4 (Arrow's gather,
+    encoding and compression release the GIL; each shard's bytes do not depend on it)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
 
 
 def shard_name(rank: int) -> str:
@@ -145,11 +156,14 @@ class PlanWriter:
     ``finish`` adds ``plan_hash`` (SHA-256 over ``meta`` and every shard's bytes) and
     ``shards`` (file names and SHA-256s) to ``plan.json`` and renames the folder into
     place, replacing an older plan there; without ``finish`` nothing is published.
+    ``write_threads`` (default :func:`default_write_threads`): shards :meth:`write_ranks`
+    writes at once; the bytes are the same for any number.
     """
 
     def __init__(self, out_dir: str | os.PathLike[str], world_size: int, row_group_steps: int = 256,
-                 target_frames: bool = False) -> None:
+                 target_frames: bool = False, write_threads: int | None = None) -> None:
         self.out_dir = Path(out_dir)
+        self.write_threads = default_write_threads() if write_threads is None else max(1, int(write_threads))
         self.schema = SHARD_SCHEMA_TARGET_FRAMES if target_frames else SHARD_SCHEMA
         self.version = SHARD_VERSION_TARGET_FRAMES if target_frames else SHARD_VERSION
         require_replaceable_plan_dir(self.out_dir)
@@ -186,6 +200,24 @@ class PlanWriter:
             )
             self._writers[rank] = writer
         writer.write_table(table, row_group_size=self.row_group_steps)
+
+    def write_ranks(self, tables: Callable[[int], Iterable[pa.Table]], tick: Callable[[int], object]) -> None:
+        """Append ``tables(r)`` (in order) to every rank ``r``'s shard, ``write_threads`` ranks
+        at a time; ``tick(r)`` once rank ``r`` is written, in rank order. Each shard's bytes
+        are those one thread writes."""
+
+        def one(r: int) -> None:
+            for table in tables(r):
+                self.write(r, table)
+
+        if self.write_threads == 1:
+            for r in range(self.world_size):
+                one(r)
+                tick(r)
+            return
+        with ThreadPoolExecutor(self.write_threads) as pool:
+            for r, _ in enumerate(pool.map(one, range(self.world_size))):  # in rank order
+                tick(r)
 
     def finish(self, meta: PlanMeta) -> PlanMeta:
         """Close the shards, write ``plan.json``, publish the directory; return the plan's

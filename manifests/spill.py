@@ -1,19 +1,20 @@
 """Spill files: append-only raw binary columns on disk, and the default memory budget.
 
 Commands that must run in memory bounded by a budget, not by the corpus, append NumPy columns
-here block by block and read them back whole, by range or memory-mapped, or sorted in bounded
-memory (:func:`sorted_runs`).
+here block by block and read them back whole, by range, by runs or memory-mapped, or sorted
+in bounded memory (:func:`sorted_runs`).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import Iterator
-from typing import BinaryIO
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 
 def default_memory_limit() -> int:
@@ -30,6 +31,7 @@ class SpillFiles:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._open: dict[str, BinaryIO] = {}
+        self._bytes: dict[str, int] = {}
 
     def append(self, name: str, values: npt.NDArray[np.generic]) -> None:
         f = self._open.get(name)
@@ -37,10 +39,30 @@ class SpillFiles:
             f = self._open[name] = open(self.root / name, "wb")
         np.ascontiguousarray(values).tofile(f)
 
+    def append_strings(self, name: str, values: pa.Array) -> None:
+        """Append strings as ``name.off`` (int64 CSR offsets: a leading 0, then each string's
+        end over the whole file) and ``name.data`` (their UTF-8 bytes)."""
+        arr = values.cast(pa.large_string())
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        n = len(arr)
+        off = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset:arr.offset + n + 1]
+        base = self._bytes.get(name)
+        if base is None:
+            base = 0
+            self.append(name + ".off", np.zeros(1, np.int64))
+        if n:
+            data = arr.buffers()[2]
+            if off[-1] > off[0]:
+                self.append(name + ".data", np.frombuffer(data, dtype=np.uint8)[off[0]:off[-1]])
+            self.append(name + ".off", off[1:] - off[0] + base)
+        self._bytes[name] = base + int(off[-1] - off[0]) if n else base
+
     def close(self) -> None:
         for f in self._open.values():
             f.close()
         self._open.clear()
+        self._bytes.clear()
 
     def read(self, name: str, dtype: type) -> npt.NDArray[np.generic]:
         path = self.root / name
@@ -57,6 +79,62 @@ class SpillFiles:
             return np.empty(0, dtype=dtype)
         return np.memmap(path, dtype=dtype, mode="r")
 
+
+    def read_runs(self, name: str, dtype: type, starts: npt.NDArray[np.int64],
+                  sizes: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+        """Items ``starts[i] : starts[i] + sizes[i]`` of a column for every ``i``, concatenated:
+        one ``preadv`` per run into the result. No mapping: a mapped file's pages come in
+        folios of up to 2 MiB, so scattered reads through a mapping hold most of the file."""
+        item = np.dtype(dtype).itemsize
+        out = np.empty(int(sizes.sum()), dtype=dtype)
+        if out.shape[0] == 0:
+            return out
+        view = memoryview(out.view(np.uint8))
+        fd = os.open(self.root / name, os.O_RDONLY)
+        try:
+            at = 0
+            for start, size in zip((starts * item).tolist(), (sizes * item).tolist()):
+                done = 0
+                while done < size:  # a short read only at the end of a file, which is an error
+                    got = os.preadv(fd, [view[at + done:at + size]], start + done)
+                    if got <= 0:
+                        raise OSError(f"{self.root / name}: short read at byte {start + done}")
+                    done += got
+                at += size
+        finally:
+            os.close(fd)
+        return out
+
+    def read_string_runs(self, name: str, starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> pa.Array:
+        """The strings ``starts[i] : starts[i] + sizes[i]`` of ``name`` (see
+        :meth:`append_strings`) for every ``i``, concatenated, as a string array."""
+        ends = self.read_runs(name + ".off", np.int64, starts, sizes + 1)  # each run's offsets and its end
+        first = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
+        np.cumsum(sizes + 1, out=first[1:])
+        lo, hi = ends[first[:-1]], ends[first[1:] - 1]
+        data = self.read_runs(name + ".data", np.uint8, lo, hi - lo)
+        # offsets into data: each run's own offsets, shifted to where its bytes land
+        shift = np.zeros(sizes.shape[0], dtype=np.int64)
+        np.cumsum((hi - lo)[:-1], out=shift[1:])
+        keep = np.ones(ends.shape[0], dtype=bool)
+        keep[first[1:] - 1] = False  # each run's end offset (the next run's start, or the total)
+        off = np.empty(int(sizes.sum()) + 1, dtype=np.int64)
+        off[:-1] = (ends - np.repeat(lo - shift, sizes + 1))[keep]
+        off[-1] = data.shape[0]
+        buf = data if data.shape[0] else np.zeros(1, np.uint8)
+        return pa.LargeStringArray.from_buffers(off.shape[0] - 1, pa.py_buffer(off), pa.py_buffer(buf)).cast(pa.string())
+
+    def read_strings(self, name: str) -> pa.Array:
+        """All strings of ``name`` (see :meth:`append_strings`): a string array (int32 offsets
+        while the bytes fit, else large_string), no copy of the bytes."""
+        off = self.read(name + ".off", np.int64)
+        if off.shape[0] == 0:
+            return pa.array([], pa.string())
+        data = pa.py_buffer(self.read(name + ".data", np.uint8) if off[-1] else np.zeros(1, np.uint8))
+        n = off.shape[0] - 1
+        if off[-1] < 2**31:
+            return pa.StringArray.from_buffers(n, pa.py_buffer(off.astype(np.int32)), data)
+        return pa.LargeStringArray.from_buffers(n, pa.py_buffer(off), data)
 
 #: Bit pattern of +inf: every finite non-negative float64 has a smaller one, and order of the
 #: patterns (as int64) is the order of the values.

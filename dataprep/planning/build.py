@@ -12,7 +12,6 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -420,22 +419,12 @@ class _Clock:
         self.t = now
 
 
-def _write_threads() -> int:
-    """Shards written at once: one per core we may use, at most 4 (Arrow's gather,
-    encoding and compression release the GIL; each shard's bytes do not depend on it)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(4, cores))
-
-
 def write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: int,
                  tick: Callable[[int], object], dynamic_resolution: DynResConfig | None = None) -> None:
     S = ep.num_steps
     targets = None if dynamic_resolution is None else batch_targets(ep.max_duration, dynamic_resolution)
 
-    def one(r: int) -> None:
+    def one(r: int) -> pa.Table:
         lo, hi = ep.rank_slice(r)
         off = ep.offsets[lo:hi + 1]
         a, b = int(off[0]), int(off[-1])
@@ -446,8 +435,6 @@ def write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: in
             target_frames=None if targets is None else targets[lo:hi],
         )
         assert table.num_rows == S
-        writer.write(r, table)
+        return table
 
-    with ThreadPoolExecutor(_write_threads()) as pool:
-        for r, _ in enumerate(pool.map(one, range(ep.world_size))):  # in rank order
-            tick(r)
+    writer.write_ranks(lambda r: [one(r)], tick)

@@ -2,23 +2,29 @@
 bounded by the largest bucket, not by the corpus.
 
 1. One pass over the manifest in blocks of :data:`bucketing.batching.TOTALS_BLOCK` rows:
-   allocate each block (:func:`bucketing.allocate.allocate` is row-wise), append every row's
-   (row, duration, tokens) to its bucket's spill files and its id to a row-ordered id store.
-2. Carry bucket tails bucket after bucket (:func:`bucketing.allocate.tail_moves`): one bucket
-   and the few rows carried into it in memory.
-3. Per epoch: each bucket's rows are ordered into batches
-   (:class:`bucketing.batching.BucketGrouping`, the same rng draws in the same order) and
-   appended to the epoch's position files; batches are cut and drawn per batch
-   (:func:`bucketing.batching.cut_batches`); balanced steps are laid out from per-batch
-   summaries (size, longest, most tokens, sums): :func:`bucketing.balance.balance_steps`,
+   allocate each block (:func:`bucketing.allocate.allocate` is row-wise) and append every
+   row's (row, duration, tokens, id) to its bucket's spill files.
+2. Carry bucket tails bucket after bucket (:func:`bucketing.allocate.tail_moves`): one
+   bucket's rows and keys in memory; the moves (at most half a batch per bucket) are kept as
+   edits of the spill files, which are not sorted or rewritten.
+3. Per epoch: each bucket's rows are ordered into batches in parts of whole windows
+   (:meth:`bucketing.batching.BucketGrouping.order_chunks`, the same rng draws in the same
+   order); its durations and tokens, then rows, then ids are laid out in that order in the
+   epoch's position files (one column of the bucket in memory at a time) and its per-batch
+   summaries (longest, most tokens, sums) taken on the way; batches are drawn per batch
+   (:func:`bucketing.batching.cut_batches`); balanced steps are laid out from the per-batch
+   summaries only: :func:`bucketing.balance.balance_steps`,
    :func:`bucketing.balance.layout_order`, :func:`bucketing.groups.group_order`.
-4. Shards are streamed rank by rank in parts of whole row groups: the rows of each part are
-   read from the position files, their ids from the id store.
+4. Shards are streamed rank by rank (several ranks at once,
+   :meth:`manifests.plan_files.PlanWriter.write_ranks`) in parts of whole row groups: each
+   batch's rows and ids are one contiguous run of the position files.
 
-Memory: one bucket's rows (:data:`BUCKET_BYTES_PER_ROW` each) plus per-batch arrays
-(:data:`BATCH_BYTES`) plus one part of a shard; the spill files take about 45 bytes per row
-on disk (twice during an epoch). Balanced plans only (``balance > 0``) without dynamic
-resolution; the plan equals the in-memory one (tests compare the shards byte for byte).
+Memory (:func:`planning_bytes`): the bucket being ordered (:data:`BUCKET_BYTES_PER_ROW` per
+row) beside per-batch summaries, or later the per-batch arrays of the layout
+(:data:`BATCH_BYTES`), plus one part of a shard per writing thread;
+the spill files take about 35 bytes per row plus the ids on disk (about twice during an
+epoch). Balanced plans only (``balance > 0``) without dynamic resolution; the plan equals the
+in-memory one (tests compare the shards byte for byte).
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -47,22 +54,37 @@ from manifests.io import iter_manifest
 from manifests.plan_files import PlanWriter, shard_table
 from manifests.spill import SpillFiles, default_memory_limit
 
-#: Bytes of memory per row of the bucket being ordered (row, duration, tokens, the shuffle,
-#: keys, the window grids, the gathered copies), measured with benchmarks/bench_plan.py.
-BUCKET_BYTES_PER_ROW = 160
-#: Bytes of memory per batch of an epoch (formed batches, segments, the layout, the totals).
+#: Bytes of memory per row of the bucket being ordered: its durations, tokens and shuffle
+#: (8 + 4 + 4 and the shuffle's ordered copy), then its rows, then its ids (bytes, offsets and
+#: with carried tails an int32 index), one column at a time. Measured (tracemalloc, a 2M- and
+#: a 4M-row bucket): 21 bytes per row more, on top of about 45 MiB for one part
+#: (:data:`ORDER_ROWS`) of sort keys and candidates.
+BUCKET_BYTES_PER_ROW = 32
+#: Rows of a bucket ordered at once (:meth:`bucketing.batching.BucketGrouping.order_chunks`,
+#: rounded to whole windows): sort keys and 2D candidates of a part, about 150 bytes a row.
+ORDER_ROWS = 1 << 19
+#: Bytes of memory per batch of an epoch while steps are laid out (cut batches, segments,
+#: the layout, the totals).
 BATCH_BYTES = 200
+#: Bytes of memory per batch while buckets are ordered: its longest, most tokens and sums.
+SUMMARY_BYTES = 32
 #: Bytes of memory per row that planning in memory takes (columns, ids, the epoch's arrays).
 IN_MEMORY_BYTES_PER_ROW = 100
-#: Rows of a shard written at once (rounded to whole row groups): each part maps the position
-#: and id files only while it gathers, touching at most a few pages per row.
+#: Rows of a shard written at once (rounded to whole row groups): each part reads its batches'
+#: runs of the position files (three reads a batch: rows, id offsets, id bytes).
 PART_ROWS = 1 << 16
+#: Bytes of memory per row of a shard part being written (gather indices, rows, ids, the
+#: Arrow table and its encoded pages).
+PART_BYTES_PER_ROW = 200
 
 
 @dataclass
 class SpilledCorpus:
-    """What the pass over the manifest leaves: per-bucket spill files, the id store, and the
-    allocation's figures (the same as :class:`bucketing.allocate.Assignment`'s)."""
+    """What the pass over the manifest leaves: per-bucket spill files (``b{k}.rows`` int64,
+    ``b{k}.d`` float64, ``b{k}.t`` int32, ``b{k}.ids`` strings; ascending rows), the carried
+    tails as edits of them (``removed``: positions of a bucket's own rows carried on;
+    ``extra``: rows carried in), and the allocation's figures (as
+    :class:`bucketing.allocate.Assignment`'s)."""
 
     root: Path
     num_rows: int = 0
@@ -74,6 +96,8 @@ class SpilledCorpus:
     carried: int = 0
     total_d: float = 0.0
     total_t: float = 0.0
+    removed: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
+    extra: dict[int, _Carried] = field(default_factory=dict)
 
     @property
     def files(self) -> SpillFiles:
@@ -91,18 +115,55 @@ class SpilledCorpus:
             "raised_max_tokens_rows": self.raised,
         }
 
-    def ids(self, rows: npt.NDArray[np.int64]) -> pa.Array:
-        """The manifest ids of ``rows`` (any order, repeats allowed), as a string array."""
-        off = SpillFiles(self.root).map("ids.off", np.int64)
-        data = SpillFiles(self.root).map("ids.data", np.uint8)
-        a, b = off[rows], off[rows + 1]
-        lens = b - a
-        new_off = np.zeros(rows.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lens, out=new_off[1:])
-        idx = np.repeat(a - new_off[:-1], lens) + np.arange(int(new_off[-1]), dtype=np.int64)
-        buf = np.asarray(data[idx]) if idx.shape[0] else np.empty(0, np.uint8)
-        arr = pa.LargeStringArray.from_buffers(rows.shape[0], pa.py_buffer(new_off), pa.py_buffer(buf))
-        return arr.cast(pa.string())
+    def column(self, k: int, name: str, dtype: type) -> npt.NDArray[Any]:
+        """Bucket ``k``'s column ``name`` (rows, d or t) after the carried tails, ascending rows."""
+        own = self.files.read(f"b{k}.{name}", dtype)
+        if k in self.removed:
+            own = np.delete(own, self.removed[k])
+        if k in self.extra:
+            e = self.extra[k]
+            own = np.insert(own, e.at, getattr(e, name))
+        return own
+
+    def ids_taker(self, k: int) -> Callable[[npt.NDArray[Any]], pa.Array]:
+        """Bucket ``k``'s ids: a function of positions in :meth:`column`'s order to their ids.
+        Holds the bucket's own ids and, with carried tails, an int32 index; each call's
+        transients are its positions' only."""
+        own = self.files.read_strings(f"b{k}.ids")
+        if k not in self.removed and k not in self.extra:
+            return lambda q: own.take(pa.array(q))
+        n = len(own)
+        index = np.arange(n, dtype=np.int32 if n + self.counts[k] < 2**31 else np.int64)
+        if k in self.removed:
+            index = np.delete(index, self.removed[k])
+        extra = pa.array([], pa.string())
+        if k in self.extra:
+            e = self.extra[k]
+            index = np.insert(index, e.at, n + np.arange(e.rows.shape[0], dtype=index.dtype))
+            extra = e.ids
+
+        def take(q: npt.NDArray[Any]) -> pa.Array:
+            src = index[q]
+            carried = src >= n
+            if not carried.any():
+                return own.take(pa.array(src))
+            got = own.take(pa.array(np.where(carried, 0, src)))
+            both = pa.concat_arrays([got, extra.cast(got.type)])
+            return both.take(pa.array(np.where(carried, len(got) + src - n, np.arange(src.shape[0]))))
+
+        return take
+
+
+@dataclass(frozen=True)
+class _Carried:
+    """Rows carried into a bucket (ascending rows; ``d`` / ``t`` / ``ids`` theirs) and where
+    they go among the bucket's kept own rows (``np.insert`` positions)."""
+
+    rows: npt.NDArray[np.int64]
+    d: npt.NDArray[np.float64]
+    t: npt.NDArray[np.int32]
+    ids: pa.Array
+    at: npt.NDArray[np.int64]
 
 
 def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: npt.NDArray[np.int64], root: Path, *,
@@ -112,17 +173,10 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     B = grid.num_buckets
     out = SpilledCorpus(root, counts=np.zeros(B, np.int64), max_tokens=grid.max_tokens.astype(np.int64).copy())
     files = SpillFiles(root)
-    id_bytes = 0
-    files.append("ids.off", np.zeros(1, np.int64))
     base = 0
     for table in iter_manifest(manifest, ["id", "duration", "num_tokens"], TOTALS_BLOCK):
         d = table.column("duration").to_numpy().astype(np.float64, copy=False)
-        t = pc.fill_null(table.column("num_tokens"), 0).to_numpy().astype(np.int64)
-        ids = table.column("id").cast(pa.large_string()).combine_chunks()
-        ioff = np.frombuffer(ids.buffers()[1], dtype=np.int64)[ids.offset:ids.offset + len(ids) + 1]
-        files.append("ids.data", np.frombuffer(ids.buffers()[2], dtype=np.uint8)[ioff[0]:ioff[-1]])
-        files.append("ids.off", ioff[1:] - ioff[0] + id_bytes)
-        id_bytes += int(ioff[-1] - ioff[0])
+        t = pc.fill_null(table.column("num_tokens"), 0).to_numpy().astype(np.int32, copy=False)
         alloc = allocate(d, t, grid, strict=strict)
         x, y = block_totals(d, t, alloc.bucket >= 0)
         out.total_d, out.total_t = out.total_d + x, out.total_t + y
@@ -136,12 +190,14 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
         b = alloc.bucket[rows]
         order = np.argsort(b.astype(np.int16) if B < 2**15 - 1 else b, kind="stable")
         rows, b = rows[order], b[order]
+        ids = table.column("id").combine_chunks().cast(pa.large_string()).take(pa.array(rows))
         cut = np.searchsorted(b, np.arange(B + 1))
         for k in np.flatnonzero(np.diff(cut)):
             r = rows[cut[k]:cut[k + 1]]
             files.append(f"b{k}.rows", r + base)
             files.append(f"b{k}.d", d[r])
             files.append(f"b{k}.t", t[r])
+            files.append_strings(f"b{k}.ids", ids.slice(cut[k], cut[k + 1] - cut[k]))
         out.counts += np.diff(cut)
         base += table.num_rows
     files.close()
@@ -156,39 +212,80 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     return out
 
 
+def planning_bytes(counts: npt.NDArray[np.int64], bs: npt.NDArray[np.int64]) -> int:
+    """Bytes of memory to plan an epoch of buckets of ``counts`` rows (batch sizes ``bs``): the
+    larger of its two phases, ordering the largest bucket beside the per-batch summaries
+    (:data:`BUCKET_BYTES_PER_ROW`, :data:`SUMMARY_BYTES`) and laying steps out from per-batch
+    arrays only (:data:`BATCH_BYTES`). (The shard parts being written, at most
+    ``write_threads * PART_ROWS * PART_BYTES_PER_ROW``, about 25 MiB, are not counted: a fixed
+    cost, not the corpus's.)"""
+    batches = int((-(-counts // bs)).sum()) + 1
+    return max(int(counts.max()) * BUCKET_BYTES_PER_ROW + batches * SUMMARY_BYTES, batches * BATCH_BYTES)
+
+
 def _check_bucket_fits(manifest: str | os.PathLike[str], counts: npt.NDArray[np.int64], bs: npt.NDArray[np.int64],
                        memory_limit: int) -> None:
     """A one-line error unless the largest bucket and the epoch's batches fit ``memory_limit``."""
     k = int(np.argmax(counts))
-    need = int(counts[k]) * BUCKET_BYTES_PER_ROW + int((-(-counts // bs)).sum() + 1) * BATCH_BYTES
+    need = planning_bytes(counts, bs)
     if need > memory_limit:
-        raise DataprepError(f"{manifest}: --memory-limit: bucket {k} holds {int(counts[k])} rows and needs about "
+        raise DataprepError(f"{manifest}: --memory-limit: bucket {k} holds {int(counts[k])} rows and, with the "
+                            f"epoch's {int((-(-counts // bs)).sum())} batches, needs about "
                             f"{need / 2**30:.2f} GiB to plan, more than the limit {memory_limit / 2**30:.2f} GiB; "
                             "raise --memory-limit or use more buckets")
 
 
 def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
-    """Carry bucket tails as :func:`bucketing.allocate.carry_tails` does, one bucket in memory."""
+    """Carry bucket tails as :func:`bucketing.allocate.carry_tails` does, one bucket's rows and
+    tokens in memory (durations too where the next bucket is of another duration bin). The
+    spill files stay; the moves are kept as edits (:attr:`SpilledCorpus.removed` /
+    :attr:`SpilledCorpus.extra`): no bucket is sorted or rewritten."""
     B = grid.num_buckets
-    files = SpillFiles(out.root)
-    incoming: list[list[tuple[npt.NDArray[np.int64], ...]]] = [[] for _ in range(B)]
+    files = out.files
+    dbin = grid.duration_bin
+    incoming: list[list[_Carried]] = [[] for _ in range(B)]
     for k in range(B):
-        own = [files.read(f"b{k}.rows", np.int64), files.read(f"b{k}.d", np.float64), files.read(f"b{k}.t", np.int64)]
-        parts = [(*own, np.full(own[0].shape[0], k, np.int64))] + incoming[k]
-        rows, d, t, origin = (np.concatenate([p[i] for p in parts]) for i in range(4))
-        pick, target = tail_moves(rows, t, d, k, bs, out.max_tokens, grid.duration_bin)
-        keep = np.ones(rows.shape[0], dtype=bool)
-        for j in np.unique(target[target >= 0]):
-            sel = pick[target == j]
-            incoming[int(j)].append((rows[sel], d[sel], t[sel], origin[sel]))
-            keep[sel] = False
-        o = np.argsort(rows[keep], kind="stable")
-        rows, d, t, origin = rows[keep][o], d[keep][o], t[keep][o], origin[keep][o]
-        out.carried += int((origin != k).sum())
-        out.counts[k] = rows.shape[0]
-        for name, v in (("rows", rows), ("d", d), ("t", t)):
-            files.append(f"b{k}.{name}", v)  # rewritten: the bucket's members, ascending rows
-        files.close()
+        own_rows = files.read(f"b{k}.rows", np.int64)
+        n_own = own_rows.shape[0]
+        inc = incoming[k]
+        inc_rows = np.concatenate([c.rows for c in inc]) if inc else np.empty(0, np.int64)
+        inc_d = np.concatenate([c.d for c in inc]) if inc else np.empty(0, np.float64)
+        inc_t = np.concatenate([c.t for c in inc]) if inc else np.empty(0, np.int32)
+        inc_ids = pa.concat_arrays([c.ids for c in inc]) if inc else pa.array([], pa.string())
+        rows = np.concatenate([own_rows, inc_rows])
+        t = np.concatenate([files.read(f"b{k}.t", np.int32), inc_t])
+        by_d = k < B - 1 and dbin[k + 1] != dbin[k]  # tail_moves ranks by duration, else by tokens
+        d = np.concatenate([files.read(f"b{k}.d", np.float64), inc_d]) if by_d else t
+        pick, target = tail_moves(rows, t, d, k, bs, out.max_tokens, dbin)
+        del d
+        go = target >= 0
+        pick, target = pick[go], target[go]
+        own_pick, inc_pick = pick[pick < n_own], pick[pick >= n_own] - n_own
+        if pick.shape[0]:
+            one = np.ones(own_pick.shape[0], dtype=np.int64)
+            pick_d = np.concatenate([files.read_runs(f"b{k}.d", np.float64, own_pick, one), inc_d[inc_pick]])
+            pick_ids = pa.concat_arrays([files.read_string_runs(f"b{k}.ids", own_pick, one),
+                                         inc_ids.take(pa.array(inc_pick)).cast(pa.string())])
+            pick_rows, pick_t = rows[np.concatenate([own_pick, inc_pick + n_own])], t[np.concatenate([own_pick, inc_pick + n_own])]
+            tgt = np.concatenate([target[pick < n_own], target[pick >= n_own]])
+            for j in np.unique(tgt):
+                sel = np.flatnonzero(tgt == j)
+                incoming[int(j)].append(_Carried(pick_rows[sel], pick_d[sel], pick_t[sel],
+                                                 pick_ids.take(pa.array(sel)), np.empty(0, np.int64)))
+        del rows, t
+        if own_pick.shape[0]:
+            out.removed[k] = np.sort(own_pick)
+        stay = np.ones(inc_rows.shape[0], dtype=bool)
+        stay[inc_pick] = False
+        if stay.any():
+            o = np.argsort(inc_rows[stay], kind="stable")
+            keep_rows = inc_rows[stay][o]
+            kept_own = np.delete(own_rows, out.removed[k]) if k in out.removed else own_rows
+            out.extra[k] = _Carried(keep_rows, inc_d[stay][o], inc_t[stay][o],
+                                    inc_ids.filter(pa.array(stay)).take(pa.array(o)).cast(pa.string()),
+                                    np.searchsorted(kept_own, keep_rows))
+        out.carried += int(stay.sum())
+        out.counts[k] = n_own - own_pick.shape[0] + int(stay.sum())
         incoming[k] = []
 
 
@@ -207,7 +304,7 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     """Step 3 of the module docstring: :func:`bucketing.plan.plan_epoch` (balanced) then
     :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays."""
     files = SpillFiles(corpus.root)
-    for name in ("pos.rows", "pos.d", "pos.t"):
+    for name in ("pos.rows", "pos.d", "pos.t", "pos.ids.off", "pos.ids.data"):
         (corpus.root / name).unlink(missing_ok=True)
     rng = np.random.default_rng([seed, epoch, 0])
     grouping = BucketGrouping("both").with_totals(corpus.total_d, corpus.total_t)
@@ -215,31 +312,45 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     if int(counts.sum()) < W:
         raise DataprepError(f"{int(counts.sum())} utterances cannot fill one step of {W} ranks")
     nb = even_batch_counts(counts, bs, W)  # near-equal batches filling whole steps (as plan_epoch)
-    for k in np.flatnonzero(counts):
-        rows, d, t = files.read(f"b{k}.rows", np.int64), files.read(f"b{k}.d", np.float64), files.read(f"b{k}.t", np.int64)
-        p = grouping.order(int(counts[k]), int(bs[k]), rng, d, t, batches=int(nb[k]))
-        files.append("pos.rows", rows[p])
-        files.append("pos.d", d[p])
-        files.append("pos.t", t[p])
-        del rows, d, t, p
-    files.close()
-    cut = cut_batches(counts, bs, rng, batch_counts=nb)
-    # per batch (cut order): longest, most tokens, sums; a bucket at a time
-    n_cut = cut.starts.shape[0]
+    # per batch (cut order: bucket after bucket; a bucket's k-th batch starts at k q + min(k, r)):
+    # longest, most tokens, sums, filled while each bucket is ordered
+    n_cut = int(nb.sum())
     mx_d, sm_d = np.empty(n_cut), np.empty(n_cut)
     mx_t, sm_t = np.empty(n_cut, np.int64), np.empty(n_cut, np.int64)
-    first = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=first[1:])
-    lo_b = np.searchsorted(cut.starts, first[:-1])
-    hi_b = np.searchsorted(cut.starts, first[1:])
+    at = 0
     for k in np.flatnonzero(counts):
-        a, b = int(first[k]), int(first[k + 1])
-        loc = cut.starts[lo_b[k]:hi_b[k]] - a
-        dk, tk = files.read_range("pos.d", np.float64, a, b), files.read_range("pos.t", np.int64, a, b)
-        mx_d[lo_b[k]:hi_b[k]] = np.maximum.reduceat(dk, loc)
-        sm_d[lo_b[k]:hi_b[k]] = np.add.reduceat(dk, loc)
-        mx_t[lo_b[k]:hi_b[k]] = np.maximum.reduceat(tk, loc)
-        sm_t[lo_b[k]:hi_b[k]] = np.add.reduceat(tk, loc)
+        cnt, size = int(counts[k]), int(bs[k])
+        q, r = divmod(cnt, int(nb[k]))
+        j = np.arange(int(nb[k]), dtype=np.int64)
+        first = j * q + np.minimum(j, r)  # the bucket's batch starts (cut_batches' formula)
+        d, t = corpus.column(int(k), "d", np.float64), corpus.column(int(k), "t", np.int32)
+        parts = []
+        pos = 0
+        for p in grouping.order_chunks(cnt, size, rng, d, t, ORDER_ROWS, batches=int(nb[k])):
+            dk, tk32 = d[p], t[p]
+            tk = tk32.astype(np.int64)
+            loc = first[np.searchsorted(first, pos):np.searchsorted(first, pos + p.shape[0])] - pos
+            pos += p.shape[0]
+            sl = slice(at, at + loc.shape[0])
+            mx_d[sl], sm_d[sl] = np.maximum.reduceat(dk, loc), np.add.reduceat(dk, loc)
+            mx_t[sl], sm_t[sl] = np.maximum.reduceat(tk, loc), np.add.reduceat(tk, loc)
+            at += loc.shape[0]
+            files.append("pos.d", dk)
+            files.append("pos.t", tk32)
+            parts.append(p)
+        del d, t
+        p = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        del parts
+        rows = corpus.column(int(k), "rows", np.int64)
+        for a in range(0, cnt, ORDER_ROWS):
+            files.append("pos.rows", rows[p[a:a + ORDER_ROWS]])
+        del rows
+        ids = corpus.ids_taker(int(k))
+        for a in range(0, cnt, ORDER_ROWS):
+            files.append_strings("pos.ids", ids(p[a:a + ORDER_ROWS]))
+        del ids, p
+    files.close()
+    cut = cut_batches(counts, bs, rng, batch_counts=nb)
     perm = cut.perm
     sizes, start = cut.sizes[perm], cut.starts[perm]
     mx_d, mx_t, sm_d, sm_t = mx_d[perm], mx_t[perm], sm_d[perm], sm_t[perm]
@@ -261,7 +372,7 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     if pieces.shape[0]:
         for i in pieces:  # the few batches cut into pieces (at most one step's worth)
             a, b = int(seg_start[i]), int(seg_start[i] + seg_size[i])
-            dk, tk = files.read_range("pos.d", np.float64, a, b), files.read_range("pos.t", np.int64, a, b)
+            dk, tk = files.read_range("pos.d", np.float64, a, b), files.read_range("pos.t", np.int32, a, b).astype(np.int64)
             s_mx_d[i], s_mx_t[i] = dk.max(), tk.max()
             s_sm_d[i], s_sm_t[i] = np.add.reduceat(dk, [0])[0], tk.sum()
     # rank-major batches
@@ -289,27 +400,27 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
 
 def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: SpilledCorpus, first_step: int,
                         row_group_steps: int, tick: Callable[[int], object]) -> None:
-    """Step 4 of the module docstring: each rank's shard in parts of whole row groups."""
+    """Step 4 of the module docstring: each rank's shard in parts of whole row groups (ranks
+    in parallel, :meth:`manifests.plan_files.PlanWriter.write_ranks`)."""
     ep = layout.ep
     S = ep.num_steps
     mean = max(1, int(layout.size.sum()) // max(1, layout.size.shape[0]))
     part = row_group_steps * max(1, PART_ROWS // (row_group_steps * mean))
     bucket = ep.bucket_of_batch()
-    for r in range(ep.world_size):
+    files = corpus.files
+
+    def parts(r: int) -> Iterator[pa.Table]:
         for c in range(0, S, part):
             lo, hi = r * S + c, r * S + min(S, c + part)
-            size = layout.size[lo:hi]
+            start, size = layout.start[lo:hi], layout.size[lo:hi]  # each batch: one run of positions
             off = np.zeros(hi - lo + 1, dtype=np.int64)
             np.cumsum(size, out=off[1:])
-            idx = np.repeat(layout.start[lo:hi] - off[:-1], size) + np.arange(int(off[-1]), dtype=np.int64)
-            pos_rows = SpillFiles(corpus.root).map("pos.rows", np.int64)
-            rows = np.asarray(pos_rows[idx])
-            del pos_rows
-            table = shard_table(epoch=ep.epoch, first_step=first_step + c, bucket=bucket[lo:hi], offsets=off,
-                                rows=rows, ids=corpus.ids(rows), max_duration=ep.max_duration[lo:hi],
-                                max_tokens=ep.max_tokens[lo:hi], step_in_epoch=c)
-            writer.write(r, table)
-        tick(r)
+            yield shard_table(epoch=ep.epoch, first_step=first_step + c, bucket=bucket[lo:hi], offsets=off,
+                              rows=files.read_runs("pos.rows", np.int64, start, size),
+                              ids=files.read_string_runs("pos.ids", start, size),
+                              max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi], step_in_epoch=c)
+
+    writer.write_ranks(parts, tick)
 
 
 def spill_dir(out_dir: str | os.PathLike[str]) -> Path:

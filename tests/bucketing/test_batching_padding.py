@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketing.allocate import allocate
-from bucketing.batching import form_batches, form_batches_cumulative
+from bucketing.batching import BucketGrouping, form_batches, form_batches_cumulative
 from bucketing.fit import fit_buckets
 from bucketing.padding import measure, padding_report, per_bucket
 
@@ -144,3 +144,25 @@ def test_grouping_cuts_padding_and_report_orders_schemes() -> None:
     assert s["2d"]["token_padding"] < s["fixed-30s"]["token_padding"]
     assert s["fixed-30s"]["excluded"] == int((d > 30).sum())
     assert sum(b["num_rows"] for b in rep["per_bucket"]) == d.shape[0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3000), st.integers(0, 10_000), st.integers(1, 30), st.sampled_from([2, 4, 16]),
+       st.sampled_from(["both", "tokens", "duration"]), st.integers(1, 4000), st.integers(-1, 3))
+def test_order_in_chunks_equals_whole_bucket(n, seed, size, window, sort_by, chunk, extra) -> None:
+    """A bucket ordered in parts of whole windows (what the out-of-core planner holds) gets
+    the positions, and leaves the rng, as ordering it whole does; also for near-equal batches
+    (``extra`` batches beyond the full ones; -1: full batches)."""
+    batches = None if extra < 0 else min(n, -(-n // size) + extra)
+    d, t = _rows(n, seed)
+    if seed % 5 == 0:
+        d[:] = 7.0  # one duration: a zero-width key range
+    g = BucketGrouping(sort_by, window).with_totals(float(d.sum()) * 2, float(t.sum()) * 2)
+    r1, r2 = np.random.default_rng(seed), np.random.default_rng(seed)
+    whole = g.order(n, size, r1, d, t, batches=batches)
+    parts = list(g.order_chunks(n, size, r2, d, t, chunk, batches=batches))
+    if batches is None:
+        assert all(p.shape[0] % (size * window) == 0 for p in parts[:-1])
+    assert np.array_equal(np.concatenate(parts), whole)
+    assert np.array_equal(np.sort(whole), np.arange(n))
+    assert r1.random() == r2.random()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dataprep.cli import app
-from dataprep.planning import PlanOptions, build_plan
+from dataprep.planning import PlanOptions, build_plan, out_of_core
 from dataprep.testing import write_plan_inputs
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
@@ -39,9 +39,10 @@ def _no_spill_left(folder: Path) -> None:
 @given(n=st.integers(40, 900), buckets=st.integers(2, 6), W=st.integers(1, 9), seed=st.integers(0, 2**31),
        epochs=st.integers(1, 2), group=st.sampled_from([None, 1]), strict=st.booleans(), carry=st.booleans(),
        interleave=st.sampled_from(["random", "ascending"]), budget=st.sampled_from([20.0, 60.0, 200.0]),
-       data=st.integers(0, 2**31))
+       data=st.integers(0, 2**31), order_rows=st.sampled_from([None, 8, 64]))
 def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed, epochs, group, strict, carry,
-                                            interleave, budget, data) -> None:
+                                            interleave, budget, data, order_rows) -> None:
+    """``order_rows``: buckets ordered in parts of that many rows (None: whole, at this size)."""
     tmp = tmp_path_factory.mktemp("ooc")
     m, b = write_plan_inputs(tmp, n, seed=data, num_buckets=buckets, budget=budget)
     opts = dict(world_size=W, seed=seed, epochs=epochs, strict=strict, carry=carry, interleave=interleave,
@@ -51,7 +52,10 @@ def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed
     except DataprepError:
         assume(False)  # e.g. fewer utterances than ranks: nothing to compare
     try:
-        build_plan(m, b, tmp / "ooc", PlanOptions(**opts, memory_limit=n * 100 - 1))  # below the in-memory need
+        with pytest.MonkeyPatch.context() as mp:
+            if order_rows is not None:
+                mp.setattr(out_of_core, "ORDER_ROWS", order_rows)
+            build_plan(m, b, tmp / "ooc", PlanOptions(**opts, memory_limit=n * 100 - 1))  # below the in-memory need
     except DataprepError as exc:
         # the in-memory plan fell back to one-bucket steps, or (few buckets) one bucket needs more
         assert "cannot fill whole balanced steps" in str(exc) or "--memory-limit: bucket" in str(exc)

@@ -20,6 +20,7 @@ from manifests.plan_files import (
     PlanWriter,
     open_shard,
     read_plan_json,
+    shard_name,
     shard_table,
 )
 from manifests.plan_meta import FileRef, ManifestRef, PlanMeta, plan_hash_of
@@ -202,3 +203,29 @@ def test_an_unknown_shard_version_is_refused_in_one_line(tmp_path) -> None:
     with pytest.raises(ManifestError, match=r"unsupported shard version 9 \(this tool reads 1, 2\)") as exc:
         open_shard(tmp_path, 0)
     assert "\n" not in str(exc.value)
+
+
+def test_write_ranks_bytes_do_not_depend_on_threads(tmp_path) -> None:
+    """Shards written several ranks at a time (``write_threads``), each in parts, are the
+    bytes one thread writes; ticks come in rank order."""
+    ids = pa.array([f"utt-{i:05d}" for i in range(4000)])
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(1, 6, (W, 3, 10))
+
+    def tables(r: int):
+        for c in range(3):
+            offsets = np.r_[0, np.cumsum(sizes[r, c])]
+            rows = np.arange(offsets[-1], dtype=np.int64) + 100 * (3 * r + c)
+            yield shard_table(epoch=0, first_step=10 * c, bucket=sizes[r, c] % 3, offsets=offsets, rows=rows,
+                              ids=ids.take(pa.array(rows)), max_duration=sizes[r, c] * 1.5,
+                              max_tokens=sizes[r, c] * 2, step_in_epoch=10 * c)
+
+    shards = []
+    for threads in (1, 3):
+        ticks: list[int] = []
+        with PlanWriter(tmp_path / f"p{threads}", W, row_group_steps=4, write_threads=threads) as w:
+            w.write_ranks(tables, ticks.append)
+            w.finish(plan_meta(1, 30))
+        assert ticks == list(range(W))
+        shards.append([(tmp_path / f"p{threads}" / shard_name(r)).read_bytes() for r in range(W)])
+    assert shards[0] == shards[1]
