@@ -220,7 +220,7 @@ class OrderSelector:
         flat = top if g is None else g * _BINS + top
         if self._pass == 0:
             self._hist1 = _grow(self._hist1, 1 if g is None else int(g.max()) + 1)
-            self._hist1.reshape(-1)[:] += np.bincount(flat, minlength=self._hist1.size)
+            _count_into(self._hist1.reshape(-1), flat)
             return
         if int(flat.max()) >= self._table.shape[0]:
             raise ValueError("OrderSelector: a later pass holds a group the first pass did not")
@@ -242,7 +242,7 @@ class OrderSelector:
             else:
                 digit = (kk >> np.uint64(64 - DIGIT_BITS * (cell.level + 1))) & np.uint64(_BINS - 1)
                 assert cell.hist is not None
-                cell.hist += np.bincount(digit.astype(np.int64), minlength=_BINS)
+                _count_into(cell.hist, digit.astype(np.int64))
 
     def counts(self) -> IntArray:
         """Values per group (after the first pass)."""
@@ -340,6 +340,14 @@ class OrderSelector:
             else:
                 self._deep.append(ci)
         self._parts = []
+
+
+def _count_into(hist: IntArray, idx: IntArray) -> None:
+    """``hist[i] += 1`` for each ``i`` in ``idx`` (a bincount, or for a few values scattered adds)."""
+    if idx.shape[0] * 16 < hist.shape[0]:
+        np.add.at(hist, idx, 1)
+    else:
+        hist += np.bincount(idx, minlength=hist.shape[0])
 
 
 def _children(group: int, level: int, prefix: int, hist: IntArray,

@@ -7,15 +7,23 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import polars as pl
+import pyarrow.parquet as pq
+
+from dataprep.report.exact import SELECT_BUDGET
 from dataprep.report.filters import FilterResult, Thresholds, apply_filters
-from dataprep.report.stats import ManifestStats, compute_stats
+from dataprep.report.stats import ManifestStats, stream_stats
 from manifests.errors import DataprepError
-from manifests.io import (default_rejects_path, manifest_hash, read_manifest, read_metadata, write_json,
-                          write_manifest, write_rejects)
+from manifests.io import (check_manifest_file, default_rejects_path, iter_manifest, manifest_hash, read_manifest,
+                          read_metadata, write_json, write_manifest, write_rejects)
+from manifests.options import check_int
 from manifests.outputs import publish_together, refuse_same_paths
 
-#: the columns ``stats`` reads
+#: the columns ``stats`` reads (the optional ones when the manifest has them)
 STATS_COLUMNS = ["duration", "num_tokens", "tps", "lang"]
+OPTIONAL_STATS_COLUMNS = ["lang", "corpus"]
+#: rows per block ``stats`` reads: about 40 MB of its columns
+STATS_BLOCK_ROWS = 1 << 20
 
 
 def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[str], thresholds: Thresholds,
@@ -50,14 +58,28 @@ def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[
 
 
 def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[str] | None = None,
-                 plots: str | os.PathLike[str] | None = None) -> tuple[ManifestStats, list[Path]]:
-    """The figures of ``manifest`` (:func:`compute_stats`); with ``json_path`` also written as
-    JSON with the manifest's name and content hash, with ``plots`` the PNGs written into that
-    folder (needs matplotlib). Returns the figures and the files written."""
+                 plots: str | os.PathLike[str] | None = None, *, block_rows: int = STATS_BLOCK_ROWS,
+                 budget: int = SELECT_BUDGET) -> tuple[ManifestStats, list[Path]]:
+    """The figures of ``manifest`` (:func:`~dataprep.report.stats.stream_stats`, read in
+    blocks of ``block_rows`` rows: memory bounded by a block, the groups and ``budget``
+    selected values, not by the manifest); with ``json_path`` also written as JSON with the
+    manifest's name and content hash, with ``plots`` the PNGs written into that folder (needs
+    matplotlib). Returns the figures and the files written."""
     manifest = Path(manifest)
     refuse_same_paths({"MANIFEST": manifest}, {"--json": json_path})
-    df = read_manifest(manifest, columns=STATS_COLUMNS, optional=["corpus"])
-    stats = compute_stats(df)
+    check_int("block_rows", block_rows, ge=1, le=None)
+    check_int("budget", budget, ge=1, le=None)
+    check_manifest_file(manifest)
+    names = pq.read_schema(manifest).names
+    columns = [c for c in STATS_COLUMNS if c in names or c not in OPTIONAL_STATS_COLUMNS]
+    columns += [c for c in OPTIONAL_STATS_COLUMNS if c in names and c not in columns]
+    agg = None
+    if plots is not None:
+        from dataprep.report.plots import PlotAggregates  # lazy: matplotlib is an extra
+
+        agg = PlotAggregates(budget=budget)
+    stats = stream_stats(lambda: (pl.from_arrow(t) for t in iter_manifest(manifest, columns, block_rows)),
+                         budget=budget, consumers=[agg] if agg is not None else [])
     written: list[Path] = []
     if json_path is not None:
         doc = stats.to_json()
@@ -70,5 +92,5 @@ def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[
     if plots is not None:
         from dataprep.report.plots import write_plots  # lazy: matplotlib is an extra
 
-        written += [Path(p) for p in write_plots(df, plots)]
+        written += [Path(p) for p in write_plots(agg, plots)]
     return stats, written
