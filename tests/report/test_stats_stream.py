@@ -67,7 +67,7 @@ def frames(draw: Any) -> pl.DataFrame:
     return pl.DataFrame(cols)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(frames(), st.integers(2, 9), st.sampled_from([1, 3, 1 << 24]))
 @example(pl.DataFrame({"duration": [1.0, 2.0, math.inf], "num_tokens": [3, 4, 5], "tps": [3.0, 2.0, 0.0],
                        "lang": ["en", None, "en"]}), 1, 1)
