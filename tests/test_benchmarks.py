@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 QUICK = {
     "bench_read.py": ["--rows", "5000", "--repeats", "1"],
     "bench_report.py": ["--rows", "5000", "--repeats", "1"],
+    "bench_stream.py": ["--rows", "5000", "--repeats", "1", "--dir", "{tmp}"],
     "bench_plan.py": ["--rows", "20000", "--runs", "1", "--world-size", "8", "--skip-lhotse", "--skip-simulator"],
     "bench_hash.py": ["--rows", "20000", "--repeats", "1", "--work", "{tmp}"],
     "bench_compile.py": ["--rows", "5000", "--repeats", "1", "--probe-files", "50", "--tokenize-texts", "2000",
