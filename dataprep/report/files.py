@@ -132,7 +132,8 @@ def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[
         from dataprep.report.plots import PlotAggregates  # lazy: matplotlib is an extra
 
         agg = PlotAggregates(budget=budget)
-    stats = stream_stats(lambda: (pl.from_arrow(t) for t in iter_manifest(manifest, columns, block_rows)),
+    strings = [c for c in OPTIONAL_STATS_COLUMNS if c in columns]
+    stats = stream_stats(lambda: iter_manifest(manifest, columns, block_rows, dictionary=strings),
                          budget=budget, consumers=[agg] if agg is not None else [])
     written: list[Path] = []
     if json_path is not None:

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from dataprep.report.exact import (SELECT_BUDGET, ExactSums, OrderSelector, float_keys, numpy_percentiles, numpy_ranks,
                                    polars_quantile, polars_ranks)
@@ -173,21 +175,23 @@ class BlockConsumer(Protocol):
 
 class Block:
     """One block of a manifest's rows as NumPy columns: ``duration`` (s), ``num_tokens`` and
-    ``tps`` (tokens/s) as float64 with NaN where null or NaN, plus ``lang`` / ``corpus``
-    strings; the order-preserving keys of each numeric column are computed once."""
+    ``tps`` (tokens/s) as float64 with NaN where null or NaN, plus the ``lang`` / ``corpus``
+    columns (Arrow, dictionary-encoded or plain strings); the order-preserving keys of each
+    numeric column are computed once."""
 
-    def __init__(self, df: pl.DataFrame) -> None:
-        missing = [c for c in _QUANTILE_COLUMNS if c not in df.columns]
+    def __init__(self, table: pa.Table | pl.DataFrame) -> None:
+        if isinstance(table, pl.DataFrame):
+            table = table.to_arrow()
+        names = table.column_names
+        missing = [c for c in _QUANTILE_COLUMNS if c not in names]
         if missing:
             raise ValueError(f"manifest frame lacks column(s) {', '.join(missing)}")
-        self.height = df.height
-        dur = df["duration"].cast(pl.Float64)
-        self.duration_null = dur.is_null().to_numpy()
-        self.duration = _float_array(dur)
-        self.num_tokens = _float_array(df["num_tokens"].cast(pl.Float64))
-        self.tps = _float_array(df["tps"].cast(pl.Float64))
-        self.lang = df["lang"].cast(pl.String) if "lang" in df.columns else None
-        self.corpus = df["corpus"].cast(pl.String) if "corpus" in df.columns else None
+        self.height = table.num_rows
+        self.duration, self.duration_null = _floats(table.column("duration"))
+        self.num_tokens, _ = _floats(table.column("num_tokens"))
+        self.tps, _ = _floats(table.column("tps"))
+        self.lang = table.column("lang") if "lang" in names else None
+        self.corpus = table.column("corpus") if "corpus" in names else None
         self._keys: dict[str, npt.NDArray[np.uint64]] = {}
 
     def column(self, name: str) -> npt.NDArray[np.float64]:
@@ -201,8 +205,11 @@ class Block:
         return self._keys[name]
 
 
-def _float_array(s: pl.Series) -> npt.NDArray[np.float64]:
-    return s.fill_null(float("nan")).to_numpy().astype(np.float64, copy=False)
+def _floats(col: pa.ChunkedArray) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """(values as float64 with NaN for null, where null)."""
+    col = pc.cast(col, pa.float64())
+    null = np.asarray(col.is_null().to_numpy(), dtype=bool)
+    return np.asarray(pc.fill_null(col, math.nan).to_numpy(), dtype=np.float64), null
 
 
 class _Codes:
@@ -212,18 +219,40 @@ class _Codes:
         self.names: list[str] = []
         self._index: dict[str, int] = {}
 
-    def of(self, s: pl.Series | None, height: int) -> npt.NDArray[np.int64]:
-        if s is None:
-            s = pl.Series([None] * height, dtype=pl.String)
-        s = s.fill_null(_NO_LANG)
-        uniq = s.unique(maintain_order=True).to_list()
-        for u in uniq:
-            if u not in self._index:
-                self._index[u] = len(self.names)
-                self.names.append(u)
-        if len(uniq) == 1:
-            return np.full(height, self._index[uniq[0]], np.int64)
-        return s.replace_strict(uniq, [self._index[u] for u in uniq], return_dtype=pl.Int64).to_numpy()
+    def _add(self, name: str) -> int:
+        self._index[name] = len(self.names)
+        self.names.append(name)
+        return self._index[name]
+
+    def of(self, col: pa.ChunkedArray | None, height: int) -> npt.NDArray[np.int64]:
+        """Each row's code (a dictionary-encoded column costs its dictionary, not its rows)."""
+        if col is None:  # no such column: every row is "(none)"
+            if not height:
+                return np.empty(0, np.int64)
+            return np.full(height, self._index[_NO_LANG] if _NO_LANG in self._index else self._add(_NO_LANG), np.int64)
+        parts = []
+        for chunk in col.chunks:
+            if not pa.types.is_dictionary(chunk.type):
+                chunk = pc.dictionary_encode(chunk)
+            values = [*chunk.dictionary.to_pylist(), None]
+            idx = np.asarray(pc.fill_null(chunk.indices, len(values) - 1).to_numpy(zero_copy_only=False), np.int64)
+            lut = np.full(len(values), -1, np.int64)
+            new = []
+            for k in np.flatnonzero(np.bincount(idx, minlength=len(values))):
+                name = _NO_LANG if values[k] is None else str(values[k])
+                if name in self._index:
+                    lut[k] = self._index[name]
+                else:
+                    new.append(k)
+            if len(new) > 1:  # first appearance decides their order
+                uniq, first = np.unique(idx, return_index=True)
+                at = dict(zip(uniq.tolist(), first.tolist()))
+                new.sort(key=lambda k: at[int(k)])
+            for k in new:
+                name = _NO_LANG if values[k] is None else str(values[k])
+                lut[k] = self._index[name] if name in self._index else self._add(name)
+            parts.append(lut[idx])
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
 _CMP = {">": np.greater, ">=": np.greater_equal, "<": np.less, "<=": np.less_equal}
@@ -389,7 +418,7 @@ def _polars_value(sel: OrderSelector, group: int, q: float, nulls: int) -> float
 
 
 def stream_stats(
-    blocks: Callable[[], Iterable[pl.DataFrame]],
+    blocks: Callable[[], Iterable[pa.Table | pl.DataFrame]],
     edges: Sequence[float] = DURATION_BIN_EDGES,
     thresholds: Sequence[tuple[str, str, float]] = DEFAULT_THRESHOLDS,
     quantiles: Sequence[float] = QUANTILES,
@@ -397,7 +426,7 @@ def stream_stats(
     budget: int = SELECT_BUDGET,
     consumers: Sequence[BlockConsumer] = (),
 ) -> ManifestStats:
-    """:func:`compute_stats` of the rows ``blocks()`` yields, in memory bounded by one block,
+    """:func:`compute_stats` of the rows ``blocks()`` yields (Arrow tables or polars frames), in memory bounded by one block,
     the groups and ``budget`` values, whatever the row count.
 
     ``blocks`` is called once per pass (usually two) and must yield the same rows each time,
