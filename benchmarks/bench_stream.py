@@ -12,8 +12,10 @@ The manifest is synthetic, drawn as ``benchmarks/bench_plan.py`` draws its rows 
 generated and written in blocks (memory: a block) and kept in ``--dir`` for the next run.
 
 Each measurement is one fresh subprocess running the command as a user types it (2 threads);
-its wall time and peak RSS (the child's own VmHWM, as ``ru_maxrss`` would also count the
-parent's pages from before the exec) are printed, then the medians over ``--repeats``.
+its wall time, CPU time (user + system, all threads: steadier than wall time on a shared
+machine) and peak RSS (the child's own VmHWM, as ``ru_maxrss`` would also count the parent's
+pages from before the exec) are printed, then the medians over ``--repeats``. Times include
+the interpreter's start and imports (a few seconds).
 The outputs of the two paths are compared byte for byte (filter's files, stats' JSON).
 """
 
@@ -55,8 +57,9 @@ try:  # this process's own peak (ru_maxrss keeps the parent's size from before t
     hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 2**20
 except (OSError, StopIteration):
     hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+ru = resource.getrusage(resource.RUSAGE_SELF)
 with open(os.environ["BENCH_STREAM_OUT"], "w") as fh:
-    json.dump({"wall": wall, "rss_gib": hwm, "code": code}, fh)
+    json.dump({"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "rss_gib": hwm, "code": code}, fh)
 """
 
 
@@ -115,19 +118,18 @@ def main() -> None:
                 runs = []
                 for _ in range(args.repeats):
                     runs.append(run(code_dir, cmd, work))
-                    print(f"  {n:>12,} {name:<20} {label}: {runs[-1]['wall']:7.1f} s  {runs[-1]['rss_gib']:5.2f} GiB",
-                          flush=True)
-                wall = statistics.median(r["wall"] for r in runs)
-                rss = statistics.median(r["rss_gib"] for r in runs)
-                rows_out.append((n, name, label, wall, rss))
+                    print(f"  {n:>12,} {name:<20} {label}: {runs[-1]['wall']:7.1f} s wall, {runs[-1]['cpu']:7.1f} s CPU, "
+                          f"{runs[-1]['rss_gib']:5.2f} GiB", flush=True)
+                rows_out.append((n, name, label, *(statistics.median(r[k] for r in runs) for k in ("wall", "cpu", "rss_gib"))))
         if len(paths) == 2:
             same = [f for f in ("stats.json", "kept.parquet", "rejects.parquet")
                     if filecmp.cmp(args.dir / f"out-new-{n}" / f, args.dir / f"out-old-{n}" / f, shallow=False)]
             print(f"  {n:>12,} identical outputs (new vs old): {', '.join(same) or 'none'}", flush=True)
     print(f"\nmedians of {args.repeats} run(s), 2 threads")
-    print(f"{'rows':>12}  {'command':<20} {'path':<4} {'time (s)':>9} {'peak RSS (GiB)':>15} {'us/row':>7}")
-    for n, name, label, wall, rss in rows_out:
-        print(f"{n:>12,}  {name:<20} {label:<4} {wall:9.1f} {rss:15.2f} {wall / n * 1e6:7.2f}")
+    print(f"{'rows':>12}  {'command':<20} {'path':<4} {'wall (s)':>9} {'CPU (s)':>8} {'CPU us/row':>10} "
+          f"{'peak RSS (GiB)':>15}")
+    for n, name, label, wall, cpu, rss in rows_out:
+        print(f"{n:>12,}  {name:<20} {label:<4} {wall:9.1f} {cpu:8.1f} {cpu / n * 1e6:10.2f} {rss:15.2f}")
 
 
 if __name__ == "__main__":

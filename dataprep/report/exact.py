@@ -215,16 +215,17 @@ class OrderSelector:
         """:meth:`add` of values given by their :func:`float_keys` (computed once per block)."""
         if not keys.size or (self._pass and not self._cells):
             return
-        top = (keys >> _U48).astype(np.int64)
+        top = (keys >> _U48).view(np.int64)
         g = None if groups is None else np.asarray(groups, dtype=np.int64)
         flat = top if g is None else g * _BINS + top
         if self._pass == 0:
             self._hist1 = _grow(self._hist1, 1 if g is None else int(g.max()) + 1)
             _count_into(self._hist1.reshape(-1), flat)
             return
-        if int(flat.max()) >= self._table.shape[0]:
-            raise ValueError("OrderSelector: a later pass holds a group the first pass did not")
-        r = self._table[flat]
+        try:
+            r = self._table[flat]
+        except IndexError:
+            raise ValueError("OrderSelector: a later pass holds a group the first pass did not") from None
         m = r >= 0
         k, r = keys[m], r[m]
         c = self._root_collect[r]
