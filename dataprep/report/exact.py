@@ -6,6 +6,8 @@ Pure NumPy, no I/O. Every result is independent of how the values are split into
   group's values): each finite value is split into its integer mantissa and binary exponent
   and the mantissas are added exactly per (group, exponent); infinities and NaN are counted
   apart (a NaN, or both infinities, make the sum NaN). Memory: 2 x 2,100 int64 per group.
+  (A pairwise float sum, polars' or numpy's, depends on the order and split of the values;
+  this one does not, and it equals theirs to their own rounding.)
 - :class:`OrderSelector`: the k-th smallest values of each group, exactly, over a few passes
   of the same values (radix selection on order-preserving 64-bit keys, 16 bits a pass; a bin
   small enough is collected and its values selected in memory). Memory: 65,536 counts per
@@ -277,6 +279,8 @@ class OrderSelector:
             ids = np.concatenate([p[0] for p in self._parts])
             keys = np.concatenate([p[1] for p in self._parts])
             self._parts = []
+            if len(self._cells) < 1 << 15:  # 16-bit keys: numpy's stable sort is a radix sort
+                ids = ids.astype(np.int16)
             order = np.argsort(ids, kind="stable")
             keys, sizes = keys[order], np.bincount(ids, minlength=len(self._cells))
             del order, ids

@@ -1,11 +1,17 @@
 """Manifest statistics: totals, per language, quantiles, TPS by duration bin, threshold counts.
 
-Pure: a polars frame with (at least) ``duration`` (s), ``num_tokens`` (tokens incl. prompt),
-``tps`` (tokens / s) and ``lang`` in, a :class:`ManifestStats` out. No I/O.
+Pure: blocks of rows with (at least) ``duration`` (s), ``num_tokens`` (tokens incl. prompt),
+``tps`` (tokens / s) and optionally ``lang`` / ``corpus`` in (polars frames or Arrow tables),
+a :class:`ManifestStats` out. No I/O. :func:`stream_stats` takes the blocks again for each
+pass (usually two) and holds one block, the groups' aggregates and a bounded number of
+selected values, never the corpus; :func:`compute_stats` is one frame as one block.
 
-Quantiles use linear interpolation between order statistics (numpy's default), so every
-figure equals ``numpy.percentile`` / ``statistics.median`` over the same column. Nulls and
-NaNs are ignored by the quantiles; an empty selection gives ``None``.
+Quantiles use linear interpolation between order statistics (numpy's default for the
+quantile table, polars' ``quantile`` / ``median`` per language and duration bin), selected
+exactly (:mod:`dataprep.report.exact`), so every figure equals ``numpy.percentile`` /
+polars over the whole column; hours are correctly rounded sums (``math.fsum``). Nulls and
+NaNs are ignored by the quantiles (a null TPS still counts in its group's size, as polars
+counts it); an empty selection gives ``None``. The result does not depend on the blocks.
 """
 
 from __future__ import annotations
