@@ -4,7 +4,7 @@ run from another checkout (e.g. one before streaming) in the same run.
 
     python benchmarks/bench_stream.py --rows 10000000                         # 10M, 3 repeats
     python benchmarks/bench_stream.py --rows 10000000 --baseline ../main      # old vs new
-    python benchmarks/bench_stream.py --rows 40000000 --repeats 1 --dir /big/disk
+    python benchmarks/bench_stream.py --rows 40000000 --repeats 1 --dir /big/disk --only stats
 
 The manifest is synthetic, drawn as ``benchmarks/bench_plan.py`` draws its rows (real
 (duration, characters per second) pairs of ../shared/data with 5% jitter, tokens = chars / 3.5
@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--baseline-max-rows", type=int, default=10_000_000,
                     help="skip the baseline above this size (the whole-frame path needs the manifest in memory)")
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "bench_stream")
+    ap.add_argument("--only", choices=["stats", "filter"], help="measure one command")
     args = ap.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     rows_out = []
@@ -115,6 +116,8 @@ def main() -> None:
                                         "--rejects", "rejects.parquet"],
             }
             for name, cmd in commands.items():
+                if args.only and not name.startswith(args.only):
+                    continue
                 runs = []
                 for _ in range(args.repeats):
                     runs.append(run(code_dir, cmd, work))
@@ -122,7 +125,9 @@ def main() -> None:
                           f"{runs[-1]['rss_gib']:5.2f} GiB", flush=True)
                 rows_out.append((n, name, label, *(statistics.median(r[k] for r in runs) for k in ("wall", "cpu", "rss_gib"))))
         if len(paths) == 2:
-            same = [f for f in ("stats.json", "kept.parquet", "rejects.parquet")
+            outputs = [f for f in ("stats.json", "kept.parquet", "rejects.parquet")
+                       if (args.dir / f"out-new-{n}" / f).exists() and (args.dir / f"out-old-{n}" / f).exists()]
+            same = [f for f in outputs
                     if filecmp.cmp(args.dir / f"out-new-{n}" / f, args.dir / f"out-old-{n}" / f, shallow=False)]
             print(f"  {n:>12,} identical outputs (new vs old): {', '.join(same) or 'none'}", flush=True)
     print(f"\nmedians of {args.repeats} run(s), 2 threads")

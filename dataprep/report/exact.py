@@ -145,7 +145,7 @@ _U48 = np.uint64(48)
 #: bits resolved per pass, and bins per histogram
 DIGIT_BITS = 16
 _BINS = 1 << DIGIT_BITS
-#: values an :class:`OrderSelector` collects per pass at most (8 bytes each, plus a 2-byte cell)
+#: values an :class:`OrderSelector` collects per pass at most (8 bytes each: 128 MiB)
 SELECT_BUDGET = 1 << 24
 
 
@@ -201,7 +201,7 @@ class OrderSelector:
         self._table: npt.NDArray[np.int32] = np.empty(0, np.int32)
         self._root_collect: npt.NDArray[np.int32] = np.empty(0, np.int32)
         self._deep: list[int] = []
-        self._parts: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.uint64]]] = []
+        self._parts: list[list[npt.NDArray[np.uint64]]] = []  # per active cell: its collected keys
         self.passes = 0
 
     @property
@@ -233,7 +233,13 @@ class OrderSelector:
         c = self._root_collect[r]
         sel = c >= 0
         if sel.any():
-            self._parts.append((c[sel], k[sel]))
+            cs, ks = c[sel], k[sel]
+            if cs.shape[0] > 1 and (cs != cs[0]).any():  # split by cell (a 16-bit radix sort)
+                order = np.argsort(cs.astype(np.int16) if len(self._cells) < 1 << 15 else cs, kind="stable")
+                cs, ks = cs[order], ks[order]
+            cut = np.flatnonzero(cs[1:] != cs[:-1]) + 1
+            for ci, part in zip(cs[np.concatenate(([0], cut))].tolist(), np.split(ks, cut)):
+                self._parts[ci].append(part)
         for ci in self._deep:
             cell = self._cells[ci]
             mm = r == cell.root
@@ -241,7 +247,7 @@ class OrderSelector:
                 mm &= (k >> np.uint64(64 - DIGIT_BITS * cell.level)) == np.uint64(cell.prefix)
             kk = k[mm]
             if cell.collect:
-                self._parts.append((np.full(kk.shape[0], ci, np.int32), kk))
+                self._parts[ci].append(kk)
             else:
                 digit = (kk >> np.uint64(64 - DIGIT_BITS * (cell.level + 1))) & np.uint64(_BINS - 1)
                 assert cell.hist is not None
@@ -273,27 +279,18 @@ class OrderSelector:
             self._pass = 1
             return
         children: list[_Cell] = []
-        keys = np.empty(0, np.uint64)
-        starts = np.zeros(len(self._cells) + 1, np.int64)
-        if self._parts:
-            ids = np.concatenate([p[0] for p in self._parts])
-            keys = np.concatenate([p[1] for p in self._parts])
-            self._parts = []
-            if len(self._cells) < 1 << 15:  # 16-bit keys: numpy's stable sort is a radix sort
-                ids = ids.astype(np.int16)
-            order = np.argsort(ids, kind="stable")
-            keys, sizes = keys[order], np.bincount(ids, minlength=len(self._cells))
-            del order, ids
-            starts = np.concatenate(([0], np.cumsum(sizes)))
         for ci, cell in enumerate(self._cells):
             if cell.collect:
-                vals = keys[starts[ci]:starts[ci + 1]]
+                parts, self._parts[ci] = self._parts[ci], []
+                vals = np.concatenate(parts) if parts else np.empty(0, np.uint64)
+                del parts
                 if vals.shape[0] != cell.count:
                     raise ValueError("OrderSelector: a pass saw different values than the first one")
                 local = sorted({w[0] for w in cell.want})
-                part = np.partition(vals, local)
+                vals.partition(local)
                 for lr, gr in cell.want:
-                    self._values[(cell.group, gr)] = float(key_floats(part[lr]))
+                    self._values[(cell.group, gr)] = float(key_floats(vals[lr]))
+                del vals
             else:
                 assert cell.hist is not None
                 if int(cell.hist.sum()) != cell.count:
@@ -344,7 +341,7 @@ class OrderSelector:
                 self._root_collect[c.root] = ci
             else:
                 self._deep.append(ci)
-        self._parts = []
+        self._parts = [[] for _ in active]
 
 
 def _count_into(hist: IntArray, idx: IntArray) -> None:
