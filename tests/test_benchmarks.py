@@ -15,7 +15,6 @@ REPO = Path(__file__).resolve().parents[1]
 QUICK = {
     "bench_read.py": ["--rows", "5000", "--repeats", "1"],
     "bench_report.py": ["--rows", "5000", "--repeats", "1"],
-    "bench_stream.py": ["--rows", "5000", "--repeats", "1", "--dir", "{tmp}"],
     "bench_plan.py": ["--rows", "20000", "--runs", "1", "--world-size", "8", "--skip-lhotse", "--skip-simulator"],
     "bench_hash.py": ["--rows", "20000", "--repeats", "1", "--work", "{tmp}"],
     "bench_compile.py": ["--rows", "5000", "--repeats", "1", "--probe-files", "50", "--tokenize-texts", "2000",
@@ -34,6 +33,7 @@ SLOW = {
     "bench_strategies.py": ["--worlds", "8", "--synthetic-rows", "5000"],
     "bench_buckets.py": ["--rows", "20000", "--repeats", "1"],
     "bench_oom.py": ["--models", "tiny", "--skip-headline", "--exact-buckets", "1"],
+    "bench_stream.py": ["--rows", "5000", "--repeats", "1", "--dir", "{tmp}"],
 }
 NEEDS_SHARED_DATA = {"bench_dynres.py", "bench_fill.py", "bench_strategies.py", "bench_buckets.py"}
 
