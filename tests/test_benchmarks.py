@@ -24,6 +24,7 @@ QUICK = {
     "bench_html_report.py": ["--rows", "5000", "--world-size", "4", "--repeats", "1", "--work", "{tmp}"],
 }
 SLOW = {
+    "bench_stream.py": ["--rows", "5000", "--repeats", "1", "--dir", "{tmp}"],
     "bench_probe.py": ["--files", "50", "--repeats", "1", "--dir", "{tmp}"],
     "bench_loader.py": ["--utterances", "2000", "--world-size", "2", "--repeats", "1", "--batches", "5",
                         "--work", "{tmp}"],
@@ -33,7 +34,6 @@ SLOW = {
     "bench_strategies.py": ["--worlds", "8", "--synthetic-rows", "5000"],
     "bench_buckets.py": ["--rows", "20000", "--repeats", "1"],
     "bench_oom.py": ["--models", "tiny", "--skip-headline", "--exact-buckets", "1"],
-    "bench_stream.py": ["--rows", "5000", "--repeats", "1", "--dir", "{tmp}"],
 }
 NEEDS_SHARED_DATA = {"bench_dynres.py", "bench_fill.py", "bench_strategies.py", "bench_buckets.py"}
 
