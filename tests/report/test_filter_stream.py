@@ -56,7 +56,7 @@ def filter_today(manifest: Path, out: Path, rejects: Path, th: Thresholds) -> No
     write_rejects(r.rejected, rejects, provenance=provenance)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(manifests(), thresholds, st.integers(1, 7))
 def test_streamed_filter_writes_todays_bytes(tmp_path: Path, df: pl.DataFrame, th: Thresholds, rows: int) -> None:
