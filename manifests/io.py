@@ -260,7 +260,7 @@ def table_hash(table: pa.Table) -> str:
     return hasher.hexdigest()
 
 
-def _file_metadata(content_hash: str, kind: str, provenance: Mapping[str, Any] | None,
+def file_metadata(content_hash: str, kind: str, provenance: Mapping[str, Any] | None,
                    version: int) -> dict[bytes, bytes]:
     return {
         META_SCHEMA_VERSION: str(version).encode(),
@@ -299,20 +299,75 @@ def write_parquet_stream(
     for t in make_tables():
         hasher.update(t.cast(schema) if t.schema != schema else t)
     content_hash = hasher.hexdigest()
-    full = schema.with_metadata(_file_metadata(content_hash, kind, provenance, schema_version(schema)))
-    rows = 0
+    full = schema.with_metadata(file_metadata(content_hash, kind, provenance, schema_version(schema)))
     with atomic_path(path) as tmp:
-        with pq.ParquetWriter(tmp, full, compression="zstd") as writer:
-            for group in rebatch(make_tables(), row_group_size):
-                group = pa.Table.from_arrays([c.combine_chunks() for c in group.columns], names=group.schema.names)
-                writer.write_table(group.cast(full), row_group_size=row_group_size)
-                rows += group.num_rows
-            if rows == 0:  # pq.write_table writes one empty row group for an empty table
-                writer.write_table(full.empty_table(), row_group_size=row_group_size)
+        with RowGroupWriter(tmp, full, row_group_size) as writer:
+            for t in make_tables():
+                writer.write(t)
+        rows = writer.rows
         if rows != hasher.rows:
             raise AssertionError(f"{path}: the second pass gave {rows} rows, the first {hasher.rows}")
     remember_verified(path, content_hash)
     return StreamWritten(content_hash, rows)
+
+
+class RowGroupWriter:
+    """A Parquet file (zstd) written from tables pushed in any split, as row groups of exactly
+    ``row_group_size`` rows (the last shorter; one empty group for no rows): the bytes of
+    ``pq.write_table`` of the whole table. ``schema`` carries the file's metadata; pushed
+    tables are cast to it. Memory: about one row group. Use as a context manager."""
+
+    def __init__(self, path: str | os.PathLike[str], schema: pa.Schema, row_group_size: int = ROW_GROUP_ROWS) -> None:
+        self.schema, self.size = schema, row_group_size
+        self._writer = pq.ParquetWriter(path, schema, compression="zstd")
+        self._pending: list[pa.Table] = []
+        self._have = 0
+        self.rows = 0
+
+    def write(self, table: pa.Table | pa.RecordBatch) -> None:
+        """Append rows."""
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        while table.num_rows:
+            take = min(self.size - self._have, table.num_rows)
+            self._pending.append(table.slice(0, take))
+            self._have += take
+            table = table.slice(take)
+            if self._have == self.size:
+                self._flush()
+
+    def _flush(self) -> None:
+        group = pa.concat_tables(self._pending)
+        group = pa.Table.from_arrays([c.combine_chunks() for c in group.columns], names=group.schema.names)
+        self._writer.write_table(group.cast(self.schema), row_group_size=self.size)
+        self.rows += group.num_rows
+        self._pending, self._have = [], 0
+
+    def close(self) -> None:
+        """Write the last row group and the footer."""
+        if self._have:
+            self._flush()
+        if self.rows == 0:  # pq.write_table writes one empty row group for an empty table
+            self._writer.write_table(self.schema.empty_table(), row_group_size=self.size)
+        self._writer.close()
+
+    def __enter__(self) -> RowGroupWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            self._writer.close()
+
+
+def output_schemas(kind: str, containers: bool, corpus: bool) -> tuple[dict[str, pl.DataType], pa.Schema]:
+    """The polars and Arrow schemas of a ``"manifest"`` or ``"rejects"`` file, with or without
+    the container columns and ``corpus`` (what :func:`write_manifest` / :func:`write_rejects`
+    write for a frame with rows in containers / naming their corpus)."""
+    base = POLARS_SCHEMA if kind == "manifest" else REJECTS_POLARS_SCHEMA
+    schema = {**base, **(CONTAINER_POLARS_SCHEMA if containers else {}), **({CORPUS_COLUMN: pl.String()} if corpus else {})}
+    return schema, (manifest_schema if kind == "manifest" else rejects_schema)(containers, corpus)
 
 
 def _write_parquet(
@@ -338,9 +393,8 @@ def write_manifest(
     columns (schema version 2) when any row has a ``container``. For a manifest too large for
     memory, stream it with :func:`write_parquet_stream` (same bytes).
     """
-    c, k = has_containers(df), has_corpus(df)
-    schema = {**POLARS_SCHEMA, **(CONTAINER_POLARS_SCHEMA if c else {}), **({CORPUS_COLUMN: pl.String()} if k else {})}
-    return _write_parquet(conform(df, schema), path, manifest_schema(c, k), "manifest", provenance, row_group_size)
+    schema, arrow = output_schemas("manifest", has_containers(df), has_corpus(df))
+    return _write_parquet(conform(df, schema), path, arrow, "manifest", provenance, row_group_size)
 
 
 def write_rejects(
@@ -349,10 +403,8 @@ def write_rejects(
 ) -> str:
     """Write a rejects file (manifest columns + ``reason`` + ``detail``, plus the container
     columns when any row has a ``container``) atomically."""
-    c, k = has_containers(df), has_corpus(df)
-    schema = {**REJECTS_POLARS_SCHEMA, **(CONTAINER_POLARS_SCHEMA if c else {}),
-              **({CORPUS_COLUMN: pl.String()} if k else {})}
-    return _write_parquet(conform(df, schema), path, rejects_schema(c, k), "rejects", provenance, row_group_size)
+    schema, arrow = output_schemas("rejects", has_containers(df), has_corpus(df))
+    return _write_parquet(conform(df, schema), path, arrow, "rejects", provenance, row_group_size)
 
 
 def default_rejects_path(output: str | os.PathLike[str]) -> Path:
@@ -405,13 +457,15 @@ def read_manifest(path: str | os.PathLike[str], columns: list[str] | None = None
         raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
 
 
-def iter_manifest(path: str | os.PathLike[str], columns: list[str] | None, rows: int) -> Iterator[pa.Table]:
+def iter_manifest(path: str | os.PathLike[str], columns: list[str] | None, rows: int,
+                  dictionary: Sequence[str] = ()) -> Iterator[pa.Table]:
     """A compiled manifest's ``columns`` (None: all) in consecutive tables of exactly ``rows`` rows
     (the last shorter), checked as :func:`read_manifest` checks it; memory: one table and one row
-    group being decoded, not the file (no pre-buffering of the whole file's column chunks)."""
+    group being decoded, not the file (no pre-buffering of the whole file's column chunks).
+    ``dictionary``: string columns read dictionary-encoded (a few distinct values: faster)."""
     check_manifest_file(path)
     try:
-        pf = pq.ParquetFile(path, pre_buffer=False)
+        pf = pq.ParquetFile(path, pre_buffer=False, read_dictionary=list(dictionary) or None)
         yield from rebatch(pf.iter_batches(batch_size=rows, columns=columns), rows)
     except (OSError, pa.ArrowException) as exc:
         raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None

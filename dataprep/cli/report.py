@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from dataprep.cli.app import app, build_options, err, out, user_errors
-from dataprep.report import FilterResult, ManifestStats, Thresholds, filter_manifest, stats_report
+from dataprep.report import FilterSummary, ManifestStats, Thresholds, filter_manifest, stats_report
 from manifests.io import default_rejects_path
 
 
@@ -92,7 +92,7 @@ def stats_command(
     for path in written:
         err.print(f"wrote {path}")
 
-def filter_table(r: FilterResult) -> Table:
+def filter_table(r: FilterSummary) -> Table:
     """Per-filter counts: rows failing each filter, and rows rejected with it as the reason."""
     t = Table(title="Filters (reason = first failing filter, in this order)", title_justify="left")
     for name in ("filter", "rule", "failing", "rejected (reason)"):
@@ -148,7 +148,7 @@ def filter_cmd(
         out.print(filter_table(result))
     n = max(result.rows_in, 1)
     out.print(
-        f"rows in {result.rows_in:,} | kept {result.kept.height:,} ({100 * result.kept.height / n:.2f}%) | "
-        f"rejected {result.rejected.height:,} ({100 * result.rejected.height / n:.2f}%)"
+        f"rows in {result.rows_in:,} | kept {result.kept:,} ({100 * result.kept / n:.2f}%) | "
+        f"rejected {result.rejected:,} ({100 * result.rejected / n:.2f}%)"
     )
     err.print(f"wrote {output} and {rejects if rejects is not None else default_rejects_path(output)}")

@@ -6,12 +6,13 @@ the self-contained page); the entries of their commands in ``files`` and ``bucke
 
 from dataprep.report.buckets import FitOptions, FitResult, fit_buckets_file
 from dataprep.report.files import filter_manifest, stats_report
-from dataprep.report.filters import FilterResult, Thresholds, apply_filters
+from dataprep.report.filters import FilterResult, FilterSummary, Thresholds, apply_filters
 from dataprep.report.padding import manifest_padding_report
 from dataprep.report.stats import ManifestStats, compute_stats
 
 __all__ = [
     "FilterResult",
+    "FilterSummary",
     "FitOptions",
     "FitResult",
     "ManifestStats",

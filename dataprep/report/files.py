@@ -5,59 +5,136 @@ The pure parts are :mod:`~dataprep.report.filters` and :mod:`~dataprep.report.st
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-from dataprep.report.filters import FilterResult, Thresholds, apply_filters
-from dataprep.report.stats import ManifestStats, compute_stats
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dataprep.report.exact import SELECT_BUDGET
+from dataprep.report.filters import FilterResult, FilterSummary, Thresholds, apply_filters
+from dataprep.report.stats import ManifestStats, stream_stats
 from manifests.errors import DataprepError
-from manifests.io import (default_rejects_path, manifest_hash, read_manifest, read_metadata, write_json,
-                          write_manifest, write_rejects)
+from manifests.io import (ContentHasher, RowGroupWriter, check_manifest_file, default_rejects_path, file_metadata,
+                          iter_manifest, manifest_hash, output_schemas, read_metadata, remember_verified, write_json)
+from manifests.options import check_int
+from manifests.schema import CORPUS_COLUMN, conform, has_containers, has_corpus, schema_version
 from manifests.outputs import publish_together, refuse_same_paths
 
-#: the columns ``stats`` reads
+#: the columns ``stats`` reads (the optional ones when the manifest has them)
 STATS_COLUMNS = ["duration", "num_tokens", "tps", "lang"]
+OPTIONAL_STATS_COLUMNS = ["lang", "corpus"]
+#: rows per block ``stats`` reads: about 40 MB of its columns
+STATS_BLOCK_ROWS = 1 << 20
+#: rows per block ``filter`` reads (every column: tens of MB)
+FILTER_BLOCK_ROWS = 1 << 18
 
 
 def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[str], thresholds: Thresholds,
-                    rejects: str | os.PathLike[str] | None = None) -> FilterResult:
+                    rejects: str | os.PathLike[str] | None = None, *,
+                    block_rows: int = FILTER_BLOCK_ROWS) -> FilterSummary:
     """Write the rows of ``manifest`` that pass ``thresholds`` to ``output`` (a compiled
     manifest, input order kept) and every other row to ``rejects`` (default
     ``<output stem>.rejects.parquet``) with the first filter it fails as ``reason``; both
-    published together or not at all. Rows in = kept + rejected."""
+    published together or not at all. Rows in = kept + rejected.
+
+    Streams the manifest in blocks of ``block_rows`` rows (memory: a block and one row group
+    per output, not the manifest): a pass to hash both outputs (the hash goes into their
+    metadata), a pass to write them, and first a pass over the filter, ``container`` and
+    ``corpus`` columns only when the manifest has those optional columns (each output keeps
+    them only when one of its rows has a value, as :func:`manifests.io.write_manifest` does). The files
+    equal, byte for byte, those written from the whole frame."""
     if not isinstance(thresholds, Thresholds):
         raise DataprepError(f"filter_manifest: thresholds must be Thresholds, got {type(thresholds).__name__}")
+    check_int("block_rows", block_rows, ge=1, le=None)
     manifest, output = Path(manifest), Path(output)
     rejects = Path(rejects) if rejects is not None else default_rejects_path(output)
     refuse_same_paths({"MANIFEST": manifest}, {"-o": output, "--rejects": rejects})
     input_hash = manifest_hash(manifest)
-    df = read_manifest(manifest)
-    recorded = read_metadata(manifest)["provenance"]
-    result = apply_filters(df, thresholds)
+    recorded = check_manifest_file(manifest)["provenance"]
+    names = pq.read_schema(manifest).names
+
+    def split(columns: list[str] | None) -> Iterator[FilterResult]:
+        seen = False
+        for t in iter_manifest(manifest, columns, block_rows):
+            seen = True
+            yield apply_filters(pl.from_arrow(t), thresholds)  # type: ignore[arg-type]
+        if not seen:  # no rows: still one (empty) block, so missing columns are refused
+            empty = pq.read_schema(manifest).empty_table()
+            yield apply_filters(pl.from_arrow(empty.select(columns) if columns else empty), thresholds)  # type: ignore[arg-type]
+
+    optional = [c for c in ("container", CORPUS_COLUMN) if c in names]
+    flags = {"kept": [False, False], "rejected": [False, False]}  # (containers, corpus) of each output
+    if optional:
+        needed = {c for _, c, _, _ in thresholds.active()} | set(optional)
+        for r in split([c for c in names if c in needed]):
+            for key, part in (("kept", r.kept), ("rejected", r.rejected)):
+                flags[key] = [flags[key][0] or has_containers(part), flags[key][1] or has_corpus(part)]
+    kept_pl, kept_pa = output_schemas("manifest", *flags["kept"])
+    rej_pl, rej_pa = output_schemas("rejects", *flags["rejected"])
+
+    def tables() -> Iterator[tuple[FilterSummary, pa.Table, pa.Table]]:
+        for r in split(None):
+            yield (r.summary(), conform(r.kept, kept_pl).to_arrow().cast(kept_pa),
+                   conform(r.rejected, rej_pl).to_arrow().cast(rej_pa))
+
+    hashers = (ContentHasher(kept_pa), ContentHasher(rej_pa))
+    summary: FilterSummary | None = None
+    for part, kept, rejected in tables():
+        summary = part if summary is None else summary + part
+        hashers[0].update(kept)
+        hashers[1].update(rejected)
+    assert summary is not None
+    hashes = (hashers[0].hexdigest(), hashers[1].hexdigest())
     provenance = {
         "command": "filter",
         "input": manifest.name,
         "input_hash": input_hash,
         **({"tokenizers": recorded["tokenizers"]} if "tokenizers" in recorded else {}),  # what counted num_tokens
         "thresholds": thresholds.to_json(),
-        "rows_in": result.rows_in,
-        "kept": result.kept.height,
-        "rejected": result.rejected.height,
+        "rows_in": summary.rows_in,
+        "kept": summary.kept,
+        "rejected": summary.rejected,
     }
     with publish_together(output, rejects) as (tmp_out, tmp_rejects):  # visible together or not at all
-        write_manifest(result.kept, tmp_out, provenance=provenance)
-        write_rejects(result.rejected, tmp_rejects, provenance=provenance)
-    return result
+        full = [schema.with_metadata(file_metadata(h, kind, provenance, schema_version(schema)))
+                for schema, h, kind in ((kept_pa, hashes[0], "manifest"), (rej_pa, hashes[1], "rejects"))]
+        with RowGroupWriter(tmp_out, full[0]) as w_kept, RowGroupWriter(tmp_rejects, full[1]) as w_rejected:
+            for _, kept, rejected in tables():
+                w_kept.write(kept)
+                w_rejected.write(rejected)
+        if (w_kept.rows, w_rejected.rows) != (hashers[0].rows, hashers[1].rows):
+            raise AssertionError(f"{manifest}: the writing pass gave other rows than the hashing pass")
+        remember_verified(tmp_out, hashes[0])
+        remember_verified(tmp_rejects, hashes[1])
+    return summary
 
 
 def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[str] | None = None,
-                 plots: str | os.PathLike[str] | None = None) -> tuple[ManifestStats, list[Path]]:
-    """The figures of ``manifest`` (:func:`compute_stats`); with ``json_path`` also written as
-    JSON with the manifest's name and content hash, with ``plots`` the PNGs written into that
-    folder (needs matplotlib). Returns the figures and the files written."""
+                 plots: str | os.PathLike[str] | None = None, *, block_rows: int = STATS_BLOCK_ROWS,
+                 budget: int = SELECT_BUDGET) -> tuple[ManifestStats, list[Path]]:
+    """The figures of ``manifest`` (:func:`~dataprep.report.stats.stream_stats`, read in
+    blocks of ``block_rows`` rows: memory bounded by a block, the groups and ``budget``
+    selected values, not by the manifest); with ``json_path`` also written as JSON with the
+    manifest's name and content hash, with ``plots`` the PNGs written into that folder (needs
+    matplotlib). Returns the figures and the files written."""
     manifest = Path(manifest)
     refuse_same_paths({"MANIFEST": manifest}, {"--json": json_path})
-    df = read_manifest(manifest, columns=STATS_COLUMNS, optional=["corpus"])
-    stats = compute_stats(df)
+    check_int("block_rows", block_rows, ge=1, le=None)
+    check_int("budget", budget, ge=1, le=None)
+    check_manifest_file(manifest)
+    names = pq.read_schema(manifest).names
+    columns = [c for c in STATS_COLUMNS if c in names or c not in OPTIONAL_STATS_COLUMNS]
+    columns += [c for c in OPTIONAL_STATS_COLUMNS if c in names and c not in columns]
+    agg = None
+    if plots is not None:
+        from dataprep.report.plots import PlotAggregates  # lazy: matplotlib is an extra
+
+        agg = PlotAggregates(budget=budget)
+    strings = [c for c in OPTIONAL_STATS_COLUMNS if c in columns]
+    stats = stream_stats(lambda: iter_manifest(manifest, columns, block_rows, dictionary=strings),
+                         budget=budget, consumers=[agg] if agg is not None else [])
     written: list[Path] = []
     if json_path is not None:
         doc = stats.to_json()
@@ -70,5 +147,5 @@ def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[
     if plots is not None:
         from dataprep.report.plots import write_plots  # lazy: matplotlib is an extra
 
-        written += [Path(p) for p in write_plots(df, plots)]
+        written += [Path(p) for p in write_plots(agg, plots)]
     return stats, written

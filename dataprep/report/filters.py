@@ -11,7 +11,9 @@ Filters, in the order that decides a rejected row's ``reason`` (its FIRST failin
 - ``min_tokens``: fails when ``num_tokens < min_tokens`` (tokens incl. prompt)
 - ``max_tokens``: fails when ``num_tokens > max_tokens``
 
-Bounds are inclusive for kept rows (``tps == max_tps`` is kept). A null or NaN value fails
+A manifest too large for memory is filtered block by block (:func:`dataprep.report.files.filter_manifest`):
+every rule is row by row, so the blocks' kept and rejected rows, in order, are the whole
+frame's, and their :class:`FilterSummary` adds up. Bounds are inclusive for kept rows (``tps == max_tps`` is kept). A null or NaN value fails
 every filter set on its column (it cannot be shown to pass). Filters left ``None`` are not
 applied. Invariants: ``kept.height + rejected.height == df.height``; kept rows keep the
 input order; rejected rows too.
@@ -19,7 +21,7 @@ input order; rejected rows too.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import polars as pl
@@ -95,12 +97,33 @@ class FilterResult:
     rows_in: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rows_in": self.rows_in,
-            "kept": self.kept.height,
-            "rejected": self.rejected.height,
-            "filters": [asdict(c) for c in self.counts],
-        }
+        return self.summary().to_json()
+
+    def summary(self) -> FilterSummary:
+        """The counts without the rows."""
+        return FilterSummary(self.rows_in, self.kept.height, self.rejected.height, self.counts)
+
+
+@dataclass(frozen=True)
+class FilterSummary:
+    """What the filters did to a whole manifest, summed over its blocks: rows in, kept,
+    rejected and the per-filter counts. ``a + b``: the summary of both blocks (same filters)."""
+
+    rows_in: int
+    kept: int
+    rejected: int
+    counts: tuple[FilterCount, ...]
+
+    def __add__(self, other: FilterSummary) -> FilterSummary:
+        if [c.name for c in self.counts] != [c.name for c in other.counts]:
+            raise ValueError("FilterSummary: cannot add summaries of different filters")
+        return FilterSummary(self.rows_in + other.rows_in, self.kept + other.kept, self.rejected + other.rejected,
+                             tuple(replace(a, failed=a.failed + b.failed, rejected=a.rejected + b.rejected)
+                                   for a, b in zip(self.counts, other.counts)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows_in": self.rows_in, "kept": self.kept, "rejected": self.rejected,
+                "filters": [asdict(c) for c in self.counts]}
 
 
 def _fmt_threshold(x: float) -> str:

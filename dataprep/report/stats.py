@@ -1,22 +1,34 @@
 """Manifest statistics: totals, per language, quantiles, TPS by duration bin, threshold counts.
 
-Pure: a polars frame with (at least) ``duration`` (s), ``num_tokens`` (tokens incl. prompt),
-``tps`` (tokens / s) and ``lang`` in, a :class:`ManifestStats` out. No I/O.
+Pure: blocks of rows with (at least) ``duration`` (s), ``num_tokens`` (tokens incl. prompt),
+``tps`` (tokens / s) and optionally ``lang`` / ``corpus`` in (polars frames or Arrow tables),
+a :class:`ManifestStats` out. No I/O. :func:`stream_stats` takes the blocks again for each
+pass (usually two) and holds one block, the groups' aggregates and a bounded number of
+selected values, never the corpus; :func:`compute_stats` is one frame as one block.
 
-Quantiles use linear interpolation between order statistics (numpy's default), so every
-figure equals ``numpy.percentile`` / ``statistics.median`` over the same column. Nulls and
-NaNs are ignored by the quantiles; an empty selection gives ``None``.
+Quantiles use linear interpolation between order statistics (numpy's default for the
+quantile table, polars' ``quantile`` / ``median`` per language and duration bin), selected
+exactly (:mod:`dataprep.report.exact`), so every figure equals ``numpy.percentile`` /
+polars over the whole column; hours are correctly rounded sums (``math.fsum``). Nulls and
+NaNs are ignored by the quantiles (a null TPS still counts in its group's size, as polars
+counts it); an empty selection gives ``None``. The result does not depend on the blocks.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dataprep.report.exact import (SELECT_BUDGET, ExactSums, OrderSelector, float_keys, numpy_percentiles, numpy_ranks,
+                                   polars_quantile, polars_ranks)
 
 #: Quantile levels reported for duration, num_tokens and tps, in percent.
 QUANTILES: tuple[int, ...] = (0, 1, 5, 25, 50, 75, 95, 99, 100)
@@ -152,18 +164,297 @@ def duration_bin_index(duration: np.ndarray, edges: Sequence[float] = DURATION_B
 
     Durations below ``edges[0]`` go to bin 0; the last bin is open-ended when its edge is inf.
     """
-    inner = np.asarray(edges[1:-1], dtype=np.float64)
-    return np.searchsorted(inner, np.asarray(duration, dtype=np.float64), side="right").astype(np.int64)
+    d = np.asarray(duration, dtype=np.float64)
+    idx = np.zeros(d.shape, np.int64)
+    for edge in edges[1:-1]:  # a few edges: comparisons beat a binary search per value
+        idx += d >= edge
+    return idx
 
 
-def _clean(col: str) -> pl.Expr:
-    """A float column with NaN turned to null, so quantiles skip it."""
-    c = pl.col(col).cast(pl.Float64)
-    return pl.when(c.is_nan()).then(None).otherwise(c)
+class BlockConsumer(Protocol):
+    """Something else computed in the same passes over the blocks (the plots' aggregates)."""
+
+    def add(self, block: Block, pass_no: int) -> None: ...
+
+    def end_pass(self, pass_no: int) -> None: ...
+
+    @property
+    def pending(self) -> bool: ...
 
 
-def _opt(x: Any) -> float | None:
-    return None if x is None else float(x)
+class Block:
+    """One block of a manifest's rows as NumPy columns: ``duration`` (s), ``num_tokens`` and
+    ``tps`` (tokens/s) as float64 with NaN where null or NaN, plus the ``lang`` / ``corpus``
+    columns (Arrow, dictionary-encoded or plain strings); the order-preserving keys of each
+    numeric column are computed once."""
+
+    def __init__(self, table: pa.Table | pl.DataFrame) -> None:
+        if isinstance(table, pl.DataFrame):
+            table = table.to_arrow()
+        names = table.column_names
+        missing = [c for c in _QUANTILE_COLUMNS if c not in names]
+        if missing:
+            raise ValueError(f"manifest frame lacks column(s) {', '.join(missing)}")
+        self.height = table.num_rows
+        self.duration, self.duration_null = _floats(table.column("duration"))
+        self.num_tokens, _ = _floats(table.column("num_tokens"))
+        self.tps, _ = _floats(table.column("tps"))
+        self.lang = table.column("lang") if "lang" in names else None
+        self.corpus = table.column("corpus") if "corpus" in names else None
+        self._keys: dict[str, npt.NDArray[np.uint64]] = {}
+
+    def column(self, name: str) -> npt.NDArray[np.float64]:
+        return {"duration": self.duration, "num_tokens": self.num_tokens, "tps": self.tps}[name]
+
+    def keys(self, name: str) -> npt.NDArray[np.uint64]:
+        """:func:`~dataprep.report.exact.float_keys` of every row of a numeric column (NaN rows: garbage)."""
+        if name not in self._keys:
+            x = self.column(name)
+            self._keys[name] = float_keys(np.where(np.isnan(x), 0.0, x))
+        return self._keys[name]
+
+
+def _floats(col: pa.ChunkedArray) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """(values as float64 with NaN for null, where null)."""
+    col = pc.cast(col, pa.float64())
+    null = np.asarray(col.is_null().to_numpy(), dtype=bool)
+    return np.asarray(pc.fill_null(col, math.nan).to_numpy(), dtype=np.float64), null
+
+
+class _Codes:
+    """Codes of string groups (null -> "(none)") in order of first appearance over the blocks."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def _add(self, name: str) -> int:
+        self._index[name] = len(self.names)
+        self.names.append(name)
+        return self._index[name]
+
+    def of(self, col: pa.ChunkedArray | None, height: int) -> npt.NDArray[np.int64]:
+        """Each row's code (a dictionary-encoded column costs its dictionary, not its rows)."""
+        if col is None:  # no such column: every row is "(none)"
+            if not height:
+                return np.empty(0, np.int64)
+            return np.full(height, self._index[_NO_LANG] if _NO_LANG in self._index else self._add(_NO_LANG), np.int64)
+        parts = []
+        for chunk in col.chunks:
+            if not pa.types.is_dictionary(chunk.type):
+                chunk = pc.dictionary_encode(chunk)
+            values = [*chunk.dictionary.to_pylist(), None]
+            idx = np.asarray(pc.fill_null(chunk.indices, len(values) - 1).to_numpy(zero_copy_only=False), np.int64)
+            lut = np.full(len(values), -1, np.int64)
+            new = []
+            for k in np.flatnonzero(np.bincount(idx, minlength=len(values))):
+                name = _NO_LANG if values[k] is None else str(values[k])
+                if name in self._index:
+                    lut[k] = self._index[name]
+                else:
+                    new.append(k)
+            if len(new) > 1:  # first appearance decides their order
+                uniq, first = np.unique(idx, return_index=True)
+                at = dict(zip(uniq.tolist(), first.tolist()))
+                new.sort(key=lambda k: at[int(k)])
+            for k in new:
+                name = _NO_LANG if values[k] is None else str(values[k])
+                lut[k] = self._index[name] if name in self._index else self._add(name)
+            parts.append(lut[idx])
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
+_CMP = {">": np.greater, ">=": np.greater_equal, "<": np.less, "<=": np.less_equal}
+
+
+class StatsAccumulator:
+    """The figures of :class:`ManifestStats`, over passes of the same blocks (see
+    :func:`stream_stats`): pass 0 counts, sums (exact) and histograms; later passes select
+    the quantiles' order statistics exactly. Memory: bounded by the groups (languages,
+    corpora, bins) and ``budget`` collected values, never by the rows."""
+
+    def __init__(self, edges: Sequence[float] = DURATION_BIN_EDGES,
+                 thresholds: Sequence[tuple[str, str, float]] = DEFAULT_THRESHOLDS,
+                 quantiles: Sequence[float] = QUANTILES, budget: int = SELECT_BUDGET) -> None:
+        for _, op, _ in thresholds:
+            if op not in _CMP:
+                raise ValueError(f"threshold operator {op!r} is not one of {', '.join(_CMP)}")
+        self.edges, self.thresholds, self.quantiles = tuple(edges), tuple(thresholds), tuple(quantiles)
+        self.nbins = len(self.edges) - 1
+        self.rows = 0
+        self.langs, self.corpora = _Codes(), _Codes()
+        self.lang_rows = np.zeros(0, np.int64)
+        self.lang_tps_nulls = np.zeros(0, np.int64)
+        self.bin_rows = np.zeros(self.nbins, np.int64)
+        self.bin_tps_nulls = np.zeros(self.nbins, np.int64)
+        #: clean durations per (lang, bin): totals, per language and per bin are sums of these
+        self.seconds = ExactSums()
+        self.corpus_rows = np.zeros(0, np.int64)
+        self.corpus_tokens = np.zeros(0, np.int64)
+        self.corpus_seconds = ExactSums()  # raw durations: a NaN makes the corpus's hours NaN
+        self.has_corpus = False
+        self.over = np.zeros(len(self.thresholds), np.int64)
+        self.columns = {c: OrderSelector(budget) for c in _QUANTILE_COLUMNS}
+        self.lang_tps = OrderSelector(budget)
+        self.bin_tps = OrderSelector(budget)
+        self._selectors = [*self.columns.values(), self.lang_tps, self.bin_tps]
+
+    @property
+    def pending(self) -> bool:
+        return any(s.pending for s in self._selectors)
+
+    def add(self, b: Block, pass_no: int) -> None:
+        """One block of pass ``pass_no`` (0: the counting pass)."""
+        lang = self.langs.of(b.lang, b.height)
+        d, tps = b.duration, b.tps
+        d_ok, tps_ok = ~np.isnan(d), ~np.isnan(tps)
+        bins = np.full(b.height, -1, np.int64)
+        bins[d_ok] = duration_bin_index(d[d_ok], self.edges)
+        for c, sel in self.columns.items():
+            ok = ~np.isnan(b.column(c))
+            sel.add_keys(b.keys(c)[ok])
+        self.lang_tps.add_keys(b.keys("tps")[tps_ok], lang[tps_ok])
+        both = d_ok & tps_ok
+        self.bin_tps.add_keys(b.keys("tps")[both], bins[both])
+        if pass_no:
+            return
+        self.rows += b.height
+        ng = len(self.langs.names)
+        self.lang_rows = _add_counts(self.lang_rows, lang, ng)
+        self.lang_tps_nulls = _add_counts(self.lang_tps_nulls, lang[~tps_ok], ng)
+        self.bin_rows += np.bincount(bins[d_ok], minlength=self.nbins)
+        self.bin_tps_nulls += np.bincount(bins[d_ok & ~tps_ok], minlength=self.nbins)
+        self.seconds.add(d[d_ok], lang[d_ok] * self.nbins + bins[d_ok])
+        for i, (col, op, value) in enumerate(self.thresholds):
+            with np.errstate(invalid="ignore"):
+                self.over[i] += int(np.count_nonzero(_CMP[op](b.column(col), value)))
+        if b.corpus is not None:
+            self.has_corpus = True
+            corpus = self.corpora.of(b.corpus, b.height)
+            nc = len(self.corpora.names)
+            self.corpus_rows = _add_counts(self.corpus_rows, corpus, nc)
+            raw = ~b.duration_null
+            self.corpus_seconds.add(d[raw], corpus[raw])
+            tok = ~np.isnan(b.num_tokens)
+            self.corpus_tokens = _add_counts(self.corpus_tokens, corpus[tok], nc,
+                                             weights=b.num_tokens[tok].astype(np.int64))
+
+    def end_pass(self, pass_no: int) -> None:
+        for s in self._selectors:
+            s.end_pass()
+        if pass_no:
+            return
+        for c, sel in self.columns.items():
+            n = int(sel.counts()[0])
+            if n:
+                sel.request({0: [r for lo, hi, _ in numpy_ranks(n, self.quantiles) for r in (lo, hi)]})
+            else:
+                sel.request({})
+        counts = self.lang_tps.counts()
+        self.lang_tps.request({g: _polars_wanted(int(counts[g]), int(self.lang_tps_nulls[g]), (0.5,))
+                               for g in range(min(counts.shape[0], len(self.langs.names)))})
+        counts = self.bin_tps.counts()
+        self.bin_tps.request({g: _polars_wanted(int(counts[g]), int(self.bin_tps_nulls[g]), _BIN_QUANTILES)
+                              for g in range(min(counts.shape[0], self.nbins))})
+
+    def result(self) -> ManifestStats:
+        """The figures, once no pass is pending."""
+        nb, n = self.nbins, self.rows
+        quant: dict[str, dict[str, float | None]] = {}
+        for c, sel in self.columns.items():
+            m = int(sel.counts()[0]) if sel.counts().shape[0] else 0
+            if m:
+                qv: list[float | None] = list(numpy_percentiles(
+                    (sel.value(0, lo), sel.value(0, hi), w) for lo, hi, w in numpy_ranks(m, self.quantiles)))
+            else:
+                qv = [None] * len(self.quantiles)
+            quant[c] = {f"p{q}": v for q, v in zip(self.quantiles, qv)}
+        langs = []
+        for g in sorted(range(len(self.langs.names)), key=lambda g: self.langs.names[g]):
+            med = _polars_value(self.lang_tps, g, 0.5, self.lang_tps_nulls[g])
+            langs.append(LanguageStats(self.langs.names[g], int(self.lang_rows[g]),
+                                       self.seconds.total(range(g * nb, (g + 1) * nb)) / 3600.0, med))
+        ng = len(self.langs.names)
+        bins = []
+        for i, label in enumerate(bin_labels(self.edges)):
+            p10, p50, p90 = (_polars_value(self.bin_tps, i, q, self.bin_tps_nulls[i]) for q in _BIN_QUANTILES)
+            bins.append(DurationBinStats(label=label, lo=float(self.edges[i]), hi=float(self.edges[i + 1]),
+                                         count=int(self.bin_rows[i]),
+                                         hours=self.seconds.total(range(i, ng * nb, nb)) / 3600.0,
+                                         tps_p10=p10, tps_median=p50, tps_p90=p90))
+        corpora = tuple(CorpusStats(name, int(self.corpus_rows[c]), self.corpus_seconds.total(c) / 3600.0,
+                                    int(self.corpus_tokens[c])) for c, name in enumerate(self.corpora.names))
+        return ManifestStats(
+            utterances=n, hours=self.seconds.total(range(ng * nb)) / 3600.0, languages=tuple(langs),
+            quantiles=quant, tps_by_duration=tuple(bins),
+            thresholds=tuple(ThresholdCount(column=col, op=op, value=float(value), count=int(self.over[i]),
+                                            fraction=(int(self.over[i]) / n if n else 0.0))
+                             for i, (col, op, value) in enumerate(self.thresholds)),
+            corpora=corpora if self.has_corpus else (),
+        )
+
+
+#: the TPS quantiles of each duration bin (p10, median, p90)
+_BIN_QUANTILES = (0.10, 0.5, 0.90)
+
+
+def _add_counts(acc: npt.NDArray[np.int64], codes: npt.NDArray[np.int64], groups: int,
+                weights: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.int64]:
+    """``acc`` (grown to ``groups``) plus the rows (or integer ``weights``) per code, exactly."""
+    if acc.shape[0] < groups:
+        acc = np.concatenate([acc, np.zeros(groups - acc.shape[0], np.int64)])
+    if codes.size:
+        if weights is None:
+            acc += np.bincount(codes, minlength=groups)
+        else:  # int64 adds: exact whatever the totals (a float bincount would round beyond 2**53)
+            np.add.at(acc, codes, weights)
+    return acc
+
+
+def _polars_wanted(nonnull: int, nulls: int, qs: Sequence[float]) -> list[int]:
+    if not nonnull:
+        return []
+    return [r for q in qs for r in polars_ranks(nonnull, nulls, q)[:2]]
+
+
+def _polars_value(sel: OrderSelector, group: int, q: float, nulls: int) -> float | None:
+    counts = sel.counts()
+    nonnull = int(counts[group]) if group < counts.shape[0] else 0
+    if not nonnull:
+        return None
+    ranks = polars_ranks(nonnull, int(nulls), q)
+    return polars_quantile(sel.value(group, ranks[0]), sel.value(group, ranks[1]), ranks)
+
+
+def stream_stats(
+    blocks: Callable[[], Iterable[pa.Table | pl.DataFrame]],
+    edges: Sequence[float] = DURATION_BIN_EDGES,
+    thresholds: Sequence[tuple[str, str, float]] = DEFAULT_THRESHOLDS,
+    quantiles: Sequence[float] = QUANTILES,
+    *,
+    budget: int = SELECT_BUDGET,
+    consumers: Sequence[BlockConsumer] = (),
+) -> ManifestStats:
+    """:func:`compute_stats` of the rows ``blocks()`` yields (Arrow tables or polars frames), in memory bounded by one block,
+    the groups and ``budget`` values, whatever the row count.
+
+    ``blocks`` is called once per pass (usually two) and must yield the same rows each time,
+    in any split. ``consumers`` see every block of every pass too (the plots' aggregates).
+    """
+    acc = StatsAccumulator(edges, thresholds, quantiles, budget)
+    pass_no = 0
+    while True:
+        for df in blocks():
+            b = Block(df)
+            acc.add(b, pass_no)
+            for c in consumers:
+                c.add(b, pass_no)
+        acc.end_pass(pass_no)
+        for c in consumers:
+            c.end_pass(pass_no)
+        pass_no += 1
+        if not (acc.pending or any(c.pending for c in consumers)):
+            return acc.result()
 
 
 def compute_stats(
@@ -172,110 +463,16 @@ def compute_stats(
     thresholds: Sequence[tuple[str, str, float]] = DEFAULT_THRESHOLDS,
     quantiles: Sequence[float] = QUANTILES,
 ) -> ManifestStats:
-    """Statistics of a compiled manifest frame.
+    """Statistics of a compiled manifest frame (one block of :func:`stream_stats`).
 
     Parameters
     ----------
-    df : frame with ``duration`` (s), ``num_tokens``, ``tps`` (tokens/s) and optionally ``lang``.
+    df : frame with ``duration`` (s), ``num_tokens``, ``tps`` (tokens/s) and optionally ``lang``
+        and ``corpus``.
     edges : increasing duration bin edges in seconds; ``inf`` as the last edge for an open bin.
     thresholds : ``(column, op, value)`` with op one of ``>``, ``>=``, ``<``, ``<=``.
     quantiles : levels in percent (0..100).
 
     Invariants: ``sum(bin.count) == utterances == sum(lang.utterances)``.
     """
-    missing = [c for c in _QUANTILE_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"manifest frame lacks column(s) {', '.join(missing)}")
-    clean = df.select(
-        [_clean(c).alias(c) for c in _QUANTILE_COLUMNS]
-        + [(pl.col("lang").cast(pl.String) if "lang" in df.columns else pl.lit(None, pl.String)).alias("lang")]
-    )
-    return ManifestStats(
-        utterances=df.height,
-        hours=float(clean["duration"].sum() or 0.0) / 3600.0,
-        languages=_languages(clean),
-        quantiles=_quantiles(clean, quantiles),
-        tps_by_duration=_tps_by_duration(clean, edges),
-        thresholds=_threshold_counts(clean, thresholds),
-        corpora=corpus_stats(df) if "corpus" in df.columns else (),
-    )
-
-
-def corpus_stats(df: pl.DataFrame) -> tuple[CorpusStats, ...]:
-    """Per corpus (``corpus`` column), in order of first appearance: utterances, hours, tokens."""
-    rows = (df.group_by(pl.col("corpus").fill_null(_NO_LANG), maintain_order=True)
-            .agg(pl.len().alias("n"), pl.col("duration").sum().alias("s"), pl.col("num_tokens").cast(pl.Int64).sum()
-                 .alias("t")).to_dicts())
-    return tuple(CorpusStats(str(r["corpus"]), int(r["n"]), float(r["s"] or 0.0) / 3600.0, int(r["t"] or 0))
-                 for r in rows)
-
-
-def _quantiles(clean: pl.DataFrame, quantiles: Sequence[float]) -> dict[str, dict[str, float | None]]:
-    """Per column, numpy's linear-interpolation percentiles (one partition pass per column)."""
-    quant: dict[str, dict[str, float | None]] = {}
-    for c in _QUANTILE_COLUMNS:
-        values = clean[c].drop_nulls().to_numpy()
-        qv = np.percentile(values, list(quantiles)) if values.size else [None] * len(quantiles)
-        quant[c] = {f"p{q}": _opt(v) for q, v in zip(quantiles, qv)}
-    return quant
-
-
-def _languages(clean: pl.DataFrame) -> tuple[LanguageStats, ...]:
-    """Per language, sorted by language code; a missing language shows as "(none)"."""
-    rows = (
-        clean.group_by(pl.col("lang").fill_null(_NO_LANG))
-        .agg(pl.len().alias("n"), pl.col("duration").sum().alias("seconds"), pl.col("tps").median().alias("median_tps"))
-        .sort("lang")
-        .to_dicts()
-    )
-    return tuple(LanguageStats(lang=str(r["lang"]), utterances=int(r["n"]), hours=float(r["seconds"] or 0.0) / 3600.0,
-                               median_tps=_opt(r["median_tps"])) for r in rows)
-
-
-def _tps_by_duration(clean: pl.DataFrame, edges: Sequence[float]) -> tuple[DurationBinStats, ...]:
-    """TPS quantiles per duration bin; a null/NaN duration falls in no bin."""
-    dur = clean["duration"].to_numpy()
-    valid = ~np.isnan(dur.astype(np.float64))
-    idx = np.full(clean.height, -1, dtype=np.int64)
-    idx[valid] = duration_bin_index(dur[valid], edges)
-    per_bin = {
-        int(r["bin"]): r
-        for r in clean.with_columns(pl.Series("bin", idx))
-        .filter(pl.col("bin") >= 0)
-        .group_by("bin")
-        .agg(
-            pl.len().alias("n"),
-            pl.col("duration").sum().alias("seconds"),
-            pl.col("tps").quantile(0.10, interpolation="linear").alias("p10"),
-            pl.col("tps").median().alias("p50"),
-            pl.col("tps").quantile(0.90, interpolation="linear").alias("p90"),
-        )
-        .to_dicts()
-    }
-    bins = []
-    for i, label in enumerate(bin_labels(edges)):
-        r = per_bin.get(i, {})
-        bins.append(DurationBinStats(
-            label=label, lo=float(edges[i]), hi=float(edges[i + 1]), count=int(r.get("n", 0)),
-            hours=float(r.get("seconds") or 0.0) / 3600.0, tps_p10=_opt(r.get("p10")),
-            tps_median=_opt(r.get("p50")), tps_p90=_opt(r.get("p90")),
-        ))
-    return tuple(bins)
-
-
-_OPS = {">": pl.Expr.__gt__, ">=": pl.Expr.__ge__, "<": pl.Expr.__lt__, "<=": pl.Expr.__le__}
-
-
-def _threshold_counts(clean: pl.DataFrame, thresholds: Sequence[tuple[str, str, float]]) -> tuple[ThresholdCount, ...]:
-    """Rows beyond each ``(column, op, value)`` threshold (nulls never count)."""
-    exprs = []
-    for i, (col, op, value) in enumerate(thresholds):
-        if op not in _OPS:
-            raise ValueError(f"threshold operator {op!r} is not one of {', '.join(_OPS)}")
-        exprs.append(_OPS[op](pl.col(col), value).fill_null(False).sum().alias(str(i)))
-    row = clean.select(exprs).row(0) if exprs else ()
-    n = clean.height
-    return tuple(
-        ThresholdCount(column=col, op=op, value=float(value), count=int(row[i]), fraction=(row[i] / n if n else 0.0))
-        for i, (col, op, value) in enumerate(thresholds)
-    )
+    return stream_stats(lambda: [df], edges, thresholds, quantiles)

@@ -197,13 +197,13 @@ def test_cli_stats_user_errors(tmp_path: Path) -> None:
 def test_plots_without_matplotlib_say_which_extra(
     generated_manifest: tuple[Path, pl.DataFrame], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dataprep.report.plots import write_plots
+    from dataprep.report.plots import plot_aggregates
 
     # None in sys.modules makes the import fail as if the package were not installed
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
     with pytest.raises(DataprepError, match="install the plots extra"):
-        write_plots(generated_manifest[1], tmp_path / "plots")
+        plot_aggregates(generated_manifest[1])
     res = runner.invoke(app, ["stats", str(generated_manifest[0]), "--plots", str(tmp_path / "p")])
     assert res.exit_code == 2 and "install the plots extra" in res.output
 
