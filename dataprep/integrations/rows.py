@@ -9,7 +9,7 @@ opening takes constant time in the corpus size (the footer and each record batch
 
 The build streams the manifest :data:`ROWS_PER_BATCH` rows at a time
 (:func:`manifests.io.iter_manifest`; memory: one block and one row group being decoded, not
-the corpus), one record batch per block, under the same rules as the loader's column cache
+the corpus), one record batch per block (two where it spans a row group boundary), under the same rules as the loader's column cache
 (:mod:`manifests.column_cache`): one builder under a file lock, written to a temporary file
 and renamed, its facts (layout version, manifest content hash, rows) in the schema metadata
 and checked with the columns and each batch's buffers on open; a file that fails a check is
@@ -124,11 +124,12 @@ class _Column:
 def build_rows_cache(manifest: str | os.PathLike[str], path: Path, *, batch_rows: int = ROWS_PER_BATCH) -> None:
     """Write the row cache of ``manifest`` to ``path`` (atomically; ``path``'s name starts with
     the manifest's content hash), streaming the manifest ``batch_rows`` rows at a time: every
-    column as the manifest stores it, one record batch per block. Row cache files of older
+    column as the manifest stores it, a record batch per block. Row cache files of older
     layouts for the same manifest are removed once this one is written."""
     schema = with_cache_facts(_manifest_schema(manifest), ROWS_META, ROWS_CACHE_VERSION, path, manifest)
     blocks = iter_manifest(manifest, None, batch_rows)
-    write_ipc_file(path, schema, (b for t in blocks for b in t.combine_chunks().to_batches()))
+    # a block spanning two Parquet row groups is two record batches (no copy to join them)
+    write_ipc_file(path, schema, (b for t in blocks for b in t.to_batches()))
     remove_older_versions(path, [f"rows.v{old}.arrow" for old in range(1, ROWS_CACHE_VERSION)])
 
 
