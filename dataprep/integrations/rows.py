@@ -9,12 +9,12 @@ opening takes constant time in the corpus size (the footer and each record batch
 
 The build streams the manifest :data:`ROWS_PER_BATCH` rows at a time
 (:func:`manifests.io.iter_manifest`; memory: one block and one row group being decoded, not
-the corpus), one record batch per block (two where it spans a row group boundary), under the same rules as the loader's column cache
-(:mod:`manifests.column_cache`): one builder under a file lock, written to a temporary file
-and renamed, its facts (layout version, manifest content hash, rows) in the schema metadata
-and checked with the columns and each batch's buffers on open; a file that fails a check is
-logged and rebuilt, and an older layout (``rows.v1``) is rebuilt, never read, and removed
-once the new file is written.
+the corpus), a record batch per block (two where it spans a row group boundary), under the
+same rules as the loader's column cache (:mod:`manifests.column_cache`): one builder under a
+file lock, written to a temporary file and renamed, its facts (layout version, manifest
+content hash, rows) in the schema metadata and checked with the columns and each batch's
+buffers on open; a file that fails a check is logged and rebuilt, and an older layout
+(``rows.v1``) is rebuilt, never read, and removed once the new file is written.
 """
 
 from __future__ import annotations

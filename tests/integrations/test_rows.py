@@ -139,4 +139,5 @@ def test_the_build_is_atomic_and_replaces_the_older_layout(manifest: tuple[Path,
     old.write_bytes(b"a rows.v1 cache: never read")
     assert ManifestRows.open(path, tmp_path).num_rows == ROWS
     assert not old.exists()
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == [_cache_path(path, tmp_path).name]
+    left = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock"))
+    assert left == [_cache_path(path, tmp_path).name]  # no temporary file left behind
