@@ -433,8 +433,9 @@ def check_cache_facts(schema: pa.Schema, key: str, version: int, expected: pa.Sc
     """Check a mapped cache file against what it must be: the facts recorded under metadata
     ``key`` (layout ``version``, the manifest hash ``path``'s name gives, rows), its columns
     (``expected``, metadata aside), the record batches' total rows and that each holds together
-    (buffers long enough for its lengths and offsets; no nulls unless ``nulls``). Metadata only:
-    no value is read. Raises :class:`CacheInvalid` with the reason."""
+    (buffers long enough for its lengths and offsets; no nulls unless ``nulls``). No column is
+    read: Arrow's check reads only a string column's end offsets, a few pages per record batch.
+    Raises :class:`CacheInvalid` with the reason."""
     try:
         facts = json.loads((schema.metadata or {}).get(key.encode(), b"{}"))
     except ValueError:
