@@ -1,7 +1,8 @@
-"""Time and peak RSS of the loader's column cache build and of `dataprep verify --manifest`.
+"""Time and peak RSS of the loader's column cache and row cache builds and of `dataprep verify --manifest`.
 
     python benchmarks/bench_stream_checks.py                           # 1M and 10M rows, 3 repeats
     python benchmarks/bench_stream_checks.py --rows 1000000 --repeats 1
+    python benchmarks/bench_stream_checks.py --ops rows                # the row cache build only
     python benchmarks/bench_stream_checks.py --baseline /path/to/older/checkout   # old vs new
 
 Builds once per size (kept in ``--work``): a compiled manifest of N rows whose durations and
@@ -13,11 +14,14 @@ planner. Then, each measurement in a fresh subprocess (its own peak, imports not
 - ``cache build``: ``ManifestColumns.open`` on an empty cache folder (the manifest's content
   hash already verified, so only the build is timed);
 - ``cache open``: the same on the warm cache, plus one gather (what every rank does at start);
+- ``rows build``: ``ManifestRows.open`` (the row cache Lhotse/NeMo cuts read: every column)
+  on an empty cache folder (the build alone: a first batch's records then touch up to ~100 MiB
+  of the mapped file's pages, page cache shared by the ranks, the same with either layout);
 - ``verify``: ``dataprep verify PLAN --manifest M`` (every shard's SHA-256 and every manifest
   row hashed again).
 
 ``--baseline DIR`` runs the same measurements with the code of another checkout (e.g. one
-from before the streamed cache) side by side. Prints medians of ``--repeats``: wall and CPU
+from before the streamed caches) side by side. Prints medians of ``--repeats``: wall and CPU
 seconds (user + system: the figure to trust on a shared machine), peak RSS (the child's
 ``VmHWM``; ``ru_maxrss`` where /proc is missing) and its growth over the RSS after imports.
 Run it with ``nice`` on a shared machine.
@@ -52,6 +56,8 @@ sys.path.insert(0, sys.argv[1])
 op, manifest, plan, cache = sys.argv[2:6]
 if op == "verify":
     from dataprep.cli.plan import verify_cmd
+elif op == "rows":
+    from dataprep.integrations.rows import ManifestRows
 else:
     from manifests.column_cache import ManifestColumns
     from manifests.plan_files import PlanShard
@@ -66,6 +72,8 @@ base = rss("VmRSS:")
 c0, t = os.times(), time.perf_counter()
 if op == "verify":
     verify_cmd(plan_dir=Path(plan), manifest=Path(manifest))
+elif op == "rows":
+    ManifestRows.open(manifest, cache)
 else:
     cols = ManifestColumns.open(manifest, cache)
     if op == "open":
@@ -75,6 +83,8 @@ wall, c1 = time.perf_counter() - t, os.times()
 print(json.dumps({"s": wall, "cpu": c1.user + c1.system - c0.user - c0.system, "mib": rss("VmHWM:"),
                   "grow": rss("VmHWM:") - base}))
 """
+#: what each measurement is called in the table
+LABELS = {"build": "cache build", "open": "cache open", "rows": "rows build", "verify": "verify"}
 
 
 def build(work: Path, n: int) -> tuple[Path, Path]:
@@ -104,7 +114,7 @@ def build(work: Path, n: int) -> tuple[Path, Path]:
 
 
 def measure(repo: Path, op: str, manifest: Path, plan: Path, cache: Path, env: dict[str, str]) -> dict[str, float]:
-    if op == "build":
+    if op in ("build", "rows"):
         shutil.rmtree(cache, ignore_errors=True)
     res = subprocess.run([sys.executable, "-c", CHILD, str(repo), op, str(manifest), str(plan),
                           str(cache)], capture_output=True, text=True, env=env)
@@ -119,7 +129,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_stream_checks"))
     ap.add_argument("--baseline", type=Path, help="another checkout, measured the same way (old code path)")
+    ap.add_argument("--ops", default="build,open,rows,verify",
+                    help="comma-separated measurements: build, open (column cache), rows (row cache build), verify")
     args = ap.parse_args()
+    ops = args.ops.split(",")
+    if any(op not in LABELS for op in ops):
+        sys.exit(f"--ops: give some of {', '.join(LABELS)}, not {args.ops!r}")
     repos = [("new", REPO)] + ([("old", args.baseline.resolve())] if args.baseline else [])
     print(f"{'rows':>12} {'code':>4} {'operation':>12} {'wall s':>7} {'CPU s':>7} {'peak RSS MiB':>13} "
           f"{'over imports':>13}")
@@ -131,14 +146,14 @@ def main() -> None:
                    OMP_NUM_THREADS="2")
         os.environ["SPEECH_DATAPREP_CACHE"] = env["SPEECH_DATAPREP_CACHE"]
         manifest_hash(manifest)
-        for op in ("build", "open", "verify"):
+        for op in ops:
             for name, repo in repos:
-                cache = work / f"cache-{name}"
+                cache = work / (f"rows-{name}" if op == "rows" else f"cache-{name}")
                 if op == "open" and not cache.exists():
                     measure(repo, "build", manifest, plan, cache, env)
                 got = [measure(repo, op, manifest, plan, cache, env) for _ in range(args.repeats)]
                 med = {k: statistics.median(g[k] for g in got) for k in ("s", "cpu", "mib", "grow")}
-                print(f"{n:>12,} {name:>4} {'cache ' + op if op != 'verify' else op:>12} {med['s']:>7.2f} "
+                print(f"{n:>12,} {name:>4} {LABELS[op]:>12} {med['s']:>7.2f} "
                       f"{med['cpu']:>7.2f} {med['mib']:>13.0f} {med['grow']:>13.0f}", flush=True)
 
 

@@ -244,7 +244,7 @@ class _Spread:
             at = (buf.address - mapped.address) if buf is not None else 0
             end = at + (arr.offset + len(arr) + extra) * width
             if arr.null_count or at % width or at < 0 or end > mapped.size or (buf is not None and end > at + buf.size):
-                raise _Invalid("a column is not a null-free aligned buffer inside the mapped file")
+                raise CacheInvalid("a column is not a null-free aligned buffer inside the mapped file")
             base.append(at // width + arr.offset)
         self.base = np.asarray(base or [0], dtype=np.int64)
 
@@ -264,14 +264,14 @@ class _SpreadStrings:
         large = [pa.types.is_large_string(a.type) for a in arrays]
         dtype = np.int64 if all(large) else np.int32
         if any(large) and not all(large):
-            raise _Invalid("string columns of two offset widths")
+            raise CacheInvalid("string columns of two offset widths")
         self.offsets = _Spread(mapped, arrays, dtype, buffer=1, extra=1)
         data = [a.buffers()[2] for a in arrays]
         self.data = np.asarray([(d.address - mapped.address) if d is not None and d.size else 0 for d in data] or [0],
                                dtype=np.int64)
         for a, d, at in zip(arrays, data, self.data.tolist()):
             if a.null_count or at < 0 or (d is not None and at + d.size > mapped.size):
-                raise _Invalid("a string column is not null-free inside the mapped file")
+                raise CacheInvalid("a string column is not null-free inside the mapped file")
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -348,16 +348,12 @@ def build_column_cache(manifest: str | os.PathLike[str], path: Path, *, batch_ro
         raise DataprepError(f"{manifest}: cannot read the loader's columns ({exc})") from None
     address = [c for c in ADDRESS_COLUMNS if c in names]
     blocks = iter_manifest(manifest, list(LOADER_COLUMNS) + address, batch_rows)
-    schema = CACHE_SCHEMA.with_metadata({CACHE_META: json.dumps(
-        {"version": CACHE_VERSION, "content_hash": _hash_of(path), "rows": manifest_num_rows(manifest)},
-        sort_keys=True)})
+    schema = with_cache_facts(CACHE_SCHEMA, CACHE_META, CACHE_VERSION, path, manifest)
     # atomic (temporary file + rename) but not fsynced, unlike ``manifests.io.atomic_path``: the
     # fsync of a 0.6 GB cache costs more than writing it, and a file a crash left unreadable is
     # found by ``_open_cache`` and rebuilt
     write_ipc_file(path, schema, (_cache_batch(t, address) for t in blocks), stream=True)
-    for old in range(1, CACHE_VERSION):
-        with contextlib.suppress(OSError):
-            path.with_name(f"{_hash_of(path)}.v{old}.arrow").unlink()
+    remove_older_versions(path, [f"v{old}.arrow" for old in range(1, CACHE_VERSION)])
 
 
 def _cache_batch(t: pa.Table, address: list[str]) -> pa.RecordBatch:
@@ -394,6 +390,23 @@ def _hash_of(path: Path) -> str:
     return path.name.split(".", 1)[0]
 
 
+def with_cache_facts(schema: pa.Schema, key: str, version: int, path: Path,
+                     manifest: str | os.PathLike[str]) -> pa.Schema:
+    """``schema`` carrying a cache file's facts under metadata ``key``: its layout ``version``,
+    the manifest content hash ``path``'s name starts with and the manifest's rows (checked on
+    open by :func:`check_cache_facts`)."""
+    return schema.with_metadata({key: json.dumps(
+        {"version": version, "content_hash": _hash_of(path), "rows": manifest_num_rows(manifest)}, sort_keys=True)})
+
+
+def remove_older_versions(path: Path, suffixes: Iterable[str]) -> None:
+    """Remove the cache files ``<content hash>.<suffix>`` of older layouts next to ``path`` (once
+    the current one is written: an older layout is rebuilt, never read)."""
+    for suffix in suffixes:
+        with contextlib.suppress(OSError):
+            path.with_name(f"{_hash_of(path)}.{suffix}").unlink()
+
+
 def write_ipc_file(path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBatch], *, stream: bool = False) -> None:
     """Write record batches as an uncompressed Arrow IPC file (``stream``: the IPC stream format,
     which allows a new dictionary per batch) at ``path``: atomic (temporary file + rename), not
@@ -411,15 +424,63 @@ def write_ipc_file(path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBat
             os.unlink(tmp)
 
 
-class _Invalid(Exception):
+class CacheInvalid(Exception):
     """A cache file that is present but not a whole, current cache of the manifest."""
+
+
+def check_cache_facts(schema: pa.Schema, key: str, version: int, expected: pa.Schema, path: Path,
+                      num_rows: int, batches: Sequence[pa.RecordBatch], *, nulls: bool) -> None:
+    """Check a mapped cache file against what it must be: the facts recorded under metadata
+    ``key`` (layout ``version``, the manifest hash ``path``'s name gives, rows), its columns
+    (``expected``, metadata aside), the record batches' total rows and that each holds together
+    (buffers long enough for its lengths and offsets; no nulls unless ``nulls``). No column is
+    read: Arrow's check reads only a string column's end offsets, a few pages per record batch.
+    Raises :class:`CacheInvalid` with the reason."""
+    try:
+        facts = json.loads((schema.metadata or {}).get(key.encode(), b"{}"))
+    except ValueError:
+        facts = {}
+    if not isinstance(facts, dict) or facts.get("version") != version:
+        got = facts.get("version") if isinstance(facts, dict) else None
+        raise CacheInvalid(f"layout version {got!r}, this tool writes {version}")
+    if facts.get("content_hash") != _hash_of(path):
+        raise CacheInvalid("made from another manifest (its recorded content hash differs from its name)")
+    if schema.remove_metadata() != expected.remove_metadata():
+        raise CacheInvalid("columns differ from the cache's")
+    total = sum(b.num_rows for b in batches)
+    if facts.get("rows") != num_rows or total != num_rows:
+        raise CacheInvalid(f"holds {total} rows, the manifest has {num_rows}")
+    for b in batches:
+        try:
+            b.validate()
+        except pa.ArrowInvalid as exc:
+            raise CacheInvalid(f"a record batch does not hold together ({str(exc)[:120]})") from None
+        if not nulls and any(c.null_count for c in b.columns):
+            raise CacheInvalid("a column has nulls")
+
+
+def open_or_none(read: Callable[[], T], path: Path, what: str, logger: logging.Logger) -> T | None:
+    """``read()``, or ``None`` when the file is missing or ``read`` finds it is not a whole,
+    current cache (:class:`CacheInvalid`: then logged with the reason, and rebuilt by the caller)."""
+    try:
+        return read()
+    except FileNotFoundError:
+        return None
+    except CacheInvalid as exc:
+        logger.warning("%s: %s is refused (%s); rebuilding it", path, what, exc)
+        return None
+
+
+def not_whole(kind: str, exc: Exception) -> CacheInvalid:
+    """The refusal of a file Arrow cannot read as a whole IPC ``kind`` (its first error line)."""
+    return CacheInvalid(f"not a whole Arrow IPC {kind} ({str(exc).strip().splitlines()[0][:120] if str(exc) else exc})")
 
 
 def _read_cache(path: Path, num_rows: int, manifest: str) -> ManifestColumns:
     """The mapped cache, every stored fact checked against what it must be: format version,
     the manifest hash its name gives, row count, schema, each batch's buffers, null counts and
     place in the mapping (metadata only: no value is read). Raises ``FileNotFoundError`` or
-    :class:`_Invalid`."""
+    :class:`CacheInvalid`."""
     try:
         with pa.memory_map(str(path), "r") as source:
             mapped = source.read_buffer()
@@ -429,38 +490,12 @@ def _read_cache(path: Path, num_rows: int, manifest: str) -> ManifestColumns:
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowInvalid) as exc:
-        raise _Invalid(f"not a whole Arrow IPC stream ({str(exc).strip().splitlines()[0][:120] if str(exc) else exc})") from None
-    try:
-        facts = json.loads((schema.metadata or {}).get(CACHE_META.encode(), b"{}"))
-    except ValueError:
-        facts = {}
-    if not isinstance(facts, dict) or facts.get("version") != CACHE_VERSION:
-        got = facts.get("version") if isinstance(facts, dict) else None
-        raise _Invalid(f"layout version {got!r}, this tool writes {CACHE_VERSION}")
-    if facts.get("content_hash") != _hash_of(path):
-        raise _Invalid("made from another manifest (its recorded content hash differs from its name)")
-    if schema.remove_metadata() != CACHE_SCHEMA:
-        raise _Invalid("columns differ from the cache's")
-    total = sum(b.num_rows for b in batches)
-    if facts.get("rows") != num_rows or total != num_rows:
-        raise _Invalid(f"holds {total} rows, the manifest has {num_rows}")
-    for b in batches:
-        try:
-            b.validate()
-        except pa.ArrowInvalid as exc:
-            raise _Invalid(f"a record batch does not hold together ({str(exc)[:120]})") from None
-        if any(c.null_count for c in b.columns):
-            raise _Invalid("a column has nulls")
+        raise not_whole("stream", exc) from None
+    check_cache_facts(schema, CACHE_META, CACHE_VERSION, CACHE_SCHEMA, path, num_rows, batches, nulls=False)
     return ManifestColumns(pa.Table.from_batches(batches, schema), manifest, mapped)
 
 
 def _open_cache(path: Path, num_rows: int, manifest: str) -> ManifestColumns | None:
     """The mapped cache table, or ``None`` when the file is missing or is not a whole, current
     cache of this manifest (then logged with the reason, and rebuilt by the caller)."""
-    try:
-        return _read_cache(path, num_rows, manifest)
-    except FileNotFoundError:
-        return None
-    except _Invalid as exc:
-        log.warning("%s: the loader's column cache is refused (%s); rebuilding it", path, exc)
-        return None
+    return open_or_none(lambda: _read_cache(path, num_rows, manifest), path, "the loader's column cache", log)

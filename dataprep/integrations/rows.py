@@ -3,14 +3,23 @@
 The training loader maps only the columns it needs (:class:`manifests.column_cache.ManifestColumns`);
 samplers that hand trainers Lhotse cuts need all of them (languages, task, ``extra``,
 sample rate, channels). :class:`ManifestRows` converts the manifest once into an uncompressed
-Arrow IPC file (``<cache dir>/<content hash>.rows.v1.arrow``, built in 65,536-row record
-batches, so memory stays bounded whatever the corpus size) and maps it; a batch's rows are
+Arrow IPC file (``<cache dir>/<content hash>.rows.v2.arrow``) and maps it; a batch's rows are
 read as one-row slices of the mapped batches: no Parquet row group is decoded per batch, and
-opening takes constant time.
+opening takes constant time in the corpus size (the footer and each record batch's header).
+
+The build streams the manifest :data:`ROWS_PER_BATCH` rows at a time
+(:func:`manifests.io.iter_manifest`; memory: one block and one row group being decoded, not
+the corpus), a record batch per block (two where it spans a row group boundary), under the
+same rules as the loader's column cache (:mod:`manifests.column_cache`): one builder under a
+file lock, written to a temporary file and renamed, its facts (layout version, manifest
+content hash, rows) in the schema metadata and checked with the columns and each batch's
+buffers on open; a file that fails a check is logged and rebuilt, and an older layout
+(``rows.v1``) is rebuilt, never read, and removed once the new file is written.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -20,13 +29,27 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from manifests.column_cache import open_or_build_cache, write_ipc_file
+from manifests.column_cache import (
+    CACHE_BATCH_ROWS,
+    check_cache_facts,
+    not_whole,
+    open_or_build_cache,
+    open_or_none,
+    remove_older_versions,
+    with_cache_facts,
+    write_ipc_file,
+)
 from manifests.errors import DataprepError
+from manifests.io import iter_manifest
 
-#: layout version of the row cache files
-ROWS_CACHE_VERSION = 1
-#: rows per record batch of the cache (bounded memory while building)
-ROWS_PER_BATCH = 65_536
+#: layout version of the row cache files (2: streamed build, facts recorded and checked on open)
+ROWS_CACHE_VERSION = 2
+#: rows per record batch of the cache: the build holds one such block (as the column cache's)
+ROWS_PER_BATCH = CACHE_BATCH_ROWS
+#: schema metadata key of the row cache's facts (version, manifest content hash, rows)
+ROWS_META = "dataprep.rows_cache"
+
+log = logging.getLogger(__name__)
 
 
 class ManifestRows:
@@ -43,8 +66,8 @@ class ManifestRows:
     @classmethod
     def open(cls, manifest: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> ManifestRows:
         """Open (building on first use, under a file lock) the mapped rows of ``manifest``."""
-        table = open_or_build_cache(manifest, cache_dir, f"rows.v{ROWS_CACHE_VERSION}.arrow", _open, build_rows_cache,
-                                    "the row cache")
+        table = open_or_build_cache(manifest, cache_dir, f"rows.v{ROWS_CACHE_VERSION}.arrow",
+                                    lambda path, rows: _open(path, rows, manifest), build_rows_cache, "the row cache")
         return cls(table, str(manifest))
 
     def records(self, rows: npt.ArrayLike) -> list[dict[str, Any]]:
@@ -98,21 +121,44 @@ class _Column:
         return self.values[i].item()
 
 
-def build_rows_cache(manifest: str | os.PathLike[str], path: Path) -> None:
-    """Write the row cache of ``manifest`` to ``path`` atomically, one record batch at a time."""
+def build_rows_cache(manifest: str | os.PathLike[str], path: Path, *, batch_rows: int = ROWS_PER_BATCH) -> None:
+    """Write the row cache of ``manifest`` to ``path`` (atomically; ``path``'s name starts with
+    the manifest's content hash), streaming the manifest ``batch_rows`` rows at a time: every
+    column as the manifest stores it, a record batch per block. Row cache files of older
+    layouts for the same manifest are removed once this one is written."""
+    schema = with_cache_facts(_manifest_schema(manifest), ROWS_META, ROWS_CACHE_VERSION, path, manifest)
+    blocks = iter_manifest(manifest, None, batch_rows)
+    # a block spanning two Parquet row groups is two record batches (no copy to join them)
+    write_ipc_file(path, schema, (b for t in blocks for b in t.to_batches()))
+    remove_older_versions(path, [f"rows.v{old}.arrow" for old in range(1, ROWS_CACHE_VERSION)])
+
+
+def _manifest_schema(manifest: str | os.PathLike[str]) -> pa.Schema:
+    """The manifest's columns as the row cache stores them (the Parquet footer's, no metadata)."""
     try:
-        pf = pq.ParquetFile(manifest)
+        return pq.read_schema(manifest).remove_metadata()
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataprepError(f"{manifest}: not a readable Parquet file ({exc})") from None
-    schema = pf.schema_arrow.remove_metadata()
-    write_ipc_file(path, schema, pf.iter_batches(batch_size=ROWS_PER_BATCH))
 
 
-def _open(path: Path, num_rows: int) -> pa.Table | None:
-    """The mapped table, or ``None`` when the file is missing or not a whole cache."""
+def _read(path: Path, num_rows: int, manifest: str | os.PathLike[str]) -> pa.Table:
+    """The mapped table, its facts, columns and batches checked (:func:`check_cache_facts`; no
+    value is read). Raises ``FileNotFoundError`` or :class:`CacheInvalid`."""
     try:
         with pa.memory_map(str(path), "r") as source:
-            table = pa.ipc.open_file(source).read_all()
-    except (OSError, pa.ArrowInvalid):
-        return None
-    return table if table.num_rows == num_rows else None
+            reader = pa.ipc.open_file(source)
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]  # zero-copy
+            schema = reader.schema
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise not_whole("file", exc) from None
+    check_cache_facts(schema, ROWS_META, ROWS_CACHE_VERSION, _manifest_schema(manifest), path, num_rows, batches,
+                      nulls=True)
+    return pa.Table.from_batches(batches, schema)
+
+
+def _open(path: Path, num_rows: int, manifest: str | os.PathLike[str]) -> pa.Table | None:
+    """The mapped table, or ``None`` when the file is missing or not a whole, current row cache
+    of ``manifest`` (then logged with the reason, and rebuilt by the caller)."""
+    return open_or_none(lambda: _read(path, num_rows, manifest), path, "the row cache", log)

@@ -1,0 +1,143 @@
+"""The row cache (rows.v2) that Lhotse/NeMo cuts read: streamed build, mapped read, refusals."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dataprep.integrations.rows import ROWS_CACHE_VERSION, ROWS_META, ManifestRows, build_rows_cache
+from manifests.column_cache import write_ipc_file
+from manifests.errors import DataprepError
+from manifests.io import manifest_hash, write_manifest
+
+ROWS = 70
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, object]]]:
+    """70 rows with nulls in strings and numbers, non-ASCII text, containers and ``extra``."""
+    rng = np.random.default_rng(3)
+    n = ROWS
+    in_tar = rng.random(n) < 0.4
+    df = pl.DataFrame({
+        "id": [f"u{i:03d}" for i in range(n)],
+        "audio_path": [f"/a/{rng.integers(0, 20)}.flac" for _ in range(n)],
+        "offset": [None if rng.random() < 0.5 else float(rng.integers(0, 50)) for _ in range(n)],
+        "duration": rng.uniform(0.5, 20, n).round(2),
+        "sample_rate": [None if rng.random() < 0.2 else 16000 for _ in range(n)],
+        "channels": [None if rng.random() < 0.2 else 1 for _ in range(n)],
+        "text": [None if rng.random() < 0.1 else f"wörds {i} ü" for i in range(n)],
+        "lang": [None if rng.random() < 0.3 else ["en", "de"][rng.integers(0, 2)] for _ in range(n)],
+        "task": [None if rng.random() < 0.5 else "asr" for _ in range(n)],
+        "num_tokens": rng.integers(1, 90, n).astype(np.int32),
+        "extra": [None if rng.random() < 0.5 else json.dumps({"k": i}) for i in range(n)],
+        "container": [f"/t/{rng.integers(0, 3)}.tar" if t else None for t in in_tar],
+        "member_offset": [int(rng.integers(0, 1 << 40)) if t else None for t in in_tar],
+        "member_size": [int(rng.integers(1, 1 << 20)) if t else None for t in in_tar],
+    }).with_columns(pl.col("sample_rate").cast(pl.Int32), pl.col("channels").cast(pl.Int16),
+                    (pl.col("num_tokens") / pl.col("duration")).alias("tps"))
+    path = tmp_path_factory.mktemp("rows") / "m.parquet"
+    write_manifest(df, path)
+    return path, pq.read_table(path).to_pylist()
+
+
+def _cache_path(manifest: Path, cache: Path, version: int = ROWS_CACHE_VERSION) -> Path:
+    return cache / f"{manifest_hash(manifest)}.rows.v{version}.arrow"
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch_rows=st.integers(min_value=1, max_value=ROWS + 5),
+       picks=st.lists(st.integers(min_value=0, max_value=ROWS - 1), max_size=30))
+def test_records_are_the_manifest_rows_over_any_block_size(manifest: tuple[Path, list[dict[str, object]]],
+                                                          tmp_path_factory: pytest.TempPathFactory,
+                                                          batch_rows: int, picks: list[int]) -> None:
+    path, rows = manifest
+    cache = tmp_path_factory.mktemp("c")
+    build_rows_cache(path, _cache_path(path, cache), batch_rows=batch_rows)
+    got = ManifestRows.open(path, cache)
+    assert got.num_rows == ROWS and len(got._batches) == -(-ROWS // batch_rows)  # one record batch per block
+    assert got.records(picks) == [rows[i] for i in picks]  # values, None where null, Python types
+
+
+def test_a_row_past_the_manifest_is_a_one_line_error(manifest: tuple[Path, list[dict[str, object]]],
+                                                     tmp_path: Path) -> None:
+    with pytest.raises(DataprepError, match=f"row {ROWS} asked for, the manifest has {ROWS} rows"):
+        ManifestRows.open(manifest[0], tmp_path).records([0, ROWS])
+
+
+def _rewrite(cache_file: Path, **facts: object) -> None:
+    """Rewrite a cache file whole with other recorded facts (as another tool version would)."""
+    with pa.memory_map(str(cache_file)) as src:
+        reader = pa.ipc.open_file(src)
+        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        schema = reader.schema
+    meta = json.loads(schema.metadata[ROWS_META.encode()])
+    meta.update(facts)
+    tmp = cache_file.with_name("x.arrow")
+    write_ipc_file(tmp, schema.with_metadata({ROWS_META: json.dumps(meta)}), batches)
+    tmp.replace(cache_file)
+
+
+@pytest.mark.parametrize(("facts", "why"), [
+    ({"version": 1}, "layout version 1"),
+    ({"content_hash": "0" * 64}, "another manifest"),
+    ({"rows": ROWS + 1}, "the manifest has"),
+])
+def test_a_cache_whose_facts_differ_is_refused_and_rebuilt(manifest: tuple[Path, list[dict[str, object]]],
+                                                           tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                           facts: dict[str, object], why: str) -> None:
+    path, rows = manifest
+    ManifestRows.open(path, tmp_path)
+    cache_file = _cache_path(path, tmp_path)
+    _rewrite(cache_file, **facts)
+    with caplog.at_level(logging.WARNING, logger="dataprep.integrations.rows"):
+        got = ManifestRows.open(path, tmp_path)
+    assert why in caplog.text and "row cache is refused" in caplog.text and "rebuilding" in caplog.text
+    assert got.records([5]) == [rows[5]]
+    meta = pa.ipc.open_file(pa.memory_map(str(cache_file))).schema.metadata[ROWS_META.encode()]
+    assert json.loads(meta) == {"version": ROWS_CACHE_VERSION, "content_hash": manifest_hash(path), "rows": ROWS}
+
+
+def test_other_columns_and_a_truncated_file_are_refused(manifest: tuple[Path, list[dict[str, object]]],
+                                                         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path, rows = manifest
+    cache_file = _cache_path(path, tmp_path)
+    build_rows_cache(path, cache_file, batch_rows=16)
+    with pa.memory_map(str(cache_file)) as src:
+        reader = pa.ipc.open_file(src)
+        schema = reader.schema
+        batches = [reader.get_batch(i).drop_columns(["extra"]) for i in range(reader.num_record_batches)]
+    write_ipc_file(cache_file, batches[0].schema.with_metadata(schema.metadata), batches)  # facts right, a column gone
+    with caplog.at_level(logging.WARNING, logger="dataprep.integrations.rows"):
+        assert ManifestRows.open(path, tmp_path).records([3]) == [rows[3]]
+    assert "columns differ" in caplog.text
+    data = cache_file.read_bytes()
+    cache_file.write_bytes(data[: len(data) // 2])  # as a copy cut short could leave it
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dataprep.integrations.rows"):
+        assert ManifestRows.open(path, tmp_path).records([ROWS - 1]) == [rows[ROWS - 1]]
+    assert "not a whole Arrow IPC file" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dataprep.integrations.rows"):
+        assert ManifestRows.open(path, tmp_path).num_rows == ROWS
+    assert caplog.text == ""  # rebuilt whole: mapped as it is
+
+
+def test_the_build_is_atomic_and_replaces_the_older_layout(manifest: tuple[Path, list[dict[str, object]]],
+                                                           tmp_path: Path) -> None:
+    path, _ = manifest
+    old = _cache_path(path, tmp_path, 1)
+    old.write_bytes(b"a rows.v1 cache: never read")
+    assert ManifestRows.open(path, tmp_path).num_rows == ROWS
+    assert not old.exists()
+    left = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock"))
+    assert left == [_cache_path(path, tmp_path).name]  # no temporary file left behind
