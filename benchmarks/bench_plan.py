@@ -156,7 +156,8 @@ try:  # this process's own peak: ru_maxrss keeps the parent's size from before t
     hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 2**20
 except (OSError, StopIteration):
     hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-print(json.dumps({"wall": wall, "timings": timings, "rss_gib": hwm,
+ru = resource.getrusage(resource.RUSAGE_SELF)  # all threads: less sensitive to other load than wall
+print(json.dumps({"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "timings": timings, "rss_gib": hwm,
                   "steps": meta.num_steps, "padding": meta.padding, "moved": meta.fallbacks["moved_rows"],
                   "dropped": meta.fallbacks["dropped_rows"]}))
 """
@@ -170,7 +171,7 @@ def run_plan(manifest: Path, buckets: Path, out: Path, world: int, balance: floa
     if res.returncode:
         sys.exit(f"plan failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    print(f"  run: wall {out['wall']:.2f} s, peak RSS {out['rss_gib']:.2f} GiB", flush=True)
+    print(f"  run: wall {out['wall']:.2f} s, cpu {out['cpu']:.2f} s, peak RSS {out['rss_gib']:.2f} GiB", flush=True)
     return out
 
 

@@ -520,8 +520,7 @@ def _even_out(p: npt.NDArray[np.int64], d: npt.NDArray[Any], t: npt.NDArray[Any]
     dd, tt = np.asarray(d, dtype=np.float64)[p], np.asarray(t, dtype=np.float64)[p]
     last = blk == batches - 1
     grow = np.maximum(dd - dd[last].max(), 0.0) + np.maximum(tt - tt[last].max(), 0.0)
-    offer = np.lexsort((-(dd + tt), grow, blk))  # per block: least growth, then longest
-    offer = offer[np.arange(batches - 1, dtype=np.int64) * (q + 1)]  # the first row of each full block
+    offer = _block_offers(grow, dd + tt, batches - 1, q + 1)
     donors = offer[np.lexsort((np.arange(batches - 1), -(dd + tt)[offer], grow[offer]))[:batches - r - 1]]
     moved = np.zeros(cnt, dtype=bool)
     moved[donors] = True
@@ -529,6 +528,23 @@ def _even_out(p: npt.NDArray[np.int64], d: npt.NDArray[Any], t: npt.NDArray[Any]
     gives[blk[donors]] = True
     keep = ~gives[blk] & ~last
     return p[np.concatenate([pos[keep], pos[gives[blk] & ~moved], pos[last], pos[moved]])]
+
+
+def _block_offers(grow: npt.NDArray[np.float64], length: npt.NDArray[np.float64], blocks: int,
+                  size: int) -> npt.NDArray[np.int64]:
+    """Each of the first ``blocks`` blocks of ``size`` positions: its position of least
+    ``grow``, then of greatest ``length``, then the first (what a lexsort by block, grow and
+    ``-length`` puts first), by per-block reductions instead of a sort."""
+    if blocks <= 0:
+        return np.empty(0, dtype=np.int64)
+    n = blocks * size
+    starts = np.arange(blocks, dtype=np.int64) * size
+    g, s = grow[:n], length[:n]
+    best = g == np.repeat(np.minimum.reduceat(g, starts), size)
+    s = np.where(best, s, -np.inf)
+    best &= s == np.repeat(np.maximum.reduceat(s, starts), size)
+    idx = np.flatnonzero(best)
+    return idx[np.searchsorted(idx // size, np.arange(blocks, dtype=np.int64))]
 
 
 def _resolve_sort(sort_by: str, num_tokens: npt.NDArray[Any] | None, duration: npt.NDArray[Any] | None) -> str:

@@ -98,11 +98,19 @@ def glob_escape(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a written file's bytes to disk."""
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str], *, fsync: bool = True) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it over ``path`` on success.
 
     On an exception the temporary file is removed and ``path`` is left untouched.
+    ``fsync=False``: the caller flushes the file before the rename (e.g. many files at once,
+    :func:`fsync_file` from several threads: a flush of the disk's journal serves them all).
     """
     target = Path(path)
     if target.is_dir():  # os.replace would fail at the very end, after the work
@@ -114,8 +122,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        with open(tmp_path, "rb+") as fh:
-            os.fsync(fh.fileno())
+        if fsync:
+            fsync_file(tmp_path)
         os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs are ordinary files
         os.replace(tmp_path, target)
     finally:

@@ -59,7 +59,16 @@ import pyarrow.parquet as pq
 
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.errors import ManifestError
-from manifests.io import atomic_path, current_umask, file_facts, file_sha256, sweep_stale_temps, temp_prefix, write_json
+from manifests.io import (
+    atomic_path,
+    current_umask,
+    file_facts,
+    file_sha256,
+    fsync_file,
+    sweep_stale_temps,
+    temp_prefix,
+    write_json,
+)
 from manifests.outputs import require_replaceable_plan_dir
 from manifests.plan_meta import PLAN_JSON, FileRef, PlanMeta, plan_hash_of, read_plan_meta
 
@@ -84,6 +93,9 @@ SHARD_SCHEMA_TARGET_FRAMES = SHARD_SCHEMA.append(pa.field("target_frames", pa.in
 SHARD_VERSION = 1
 SHARD_VERSION_TARGET_FRAMES = 2
 SHARD_VERSIONS = (SHARD_VERSION, SHARD_VERSION_TARGET_FRAMES)
+#: Threads that flush (fsync) and hash a plan's shards at once when it is published: waits on
+#: the disk, not the CPU; concurrent flushes share the journal's commits.
+SYNC_THREADS = 16
 
 
 def default_write_threads() -> int:
@@ -176,7 +188,8 @@ class PlanWriter:
         self._writers: list[pq.ParquetWriter | None] = [None] * self.world_size
         self._paths: list[Path] = []
         for rank in range(self.world_size):
-            self._paths.append(self._stack.enter_context(atomic_path(self.tmp_dir / shard_name(rank))))
+            # flushed all at once by finish (one at a time, each flush of the journal waits alone)
+            self._paths.append(self._stack.enter_context(atomic_path(self.tmp_dir / shard_name(rank), fsync=False)))
         self._done = False
 
     def __enter__(self) -> PlanWriter:
@@ -228,8 +241,10 @@ class PlanWriter:
             if self._writers[rank] is None:
                 self.write(rank, self.schema.empty_table())
             self._writers[rank].close()  # type: ignore[union-attr]
-        self._stack.close()  # renames each temporary shard to its name inside tmp_dir
-        shards = [_shard_ref(self.tmp_dir / shard_name(r)) for r in range(self.world_size)]
+        with ThreadPoolExecutor(min(self.world_size, SYNC_THREADS)) as pool:
+            list(pool.map(fsync_file, self._paths))
+            self._stack.close()  # renames each temporary shard to its name inside tmp_dir
+            shards = list(pool.map(_shard_ref, [self.tmp_dir / shard_name(r) for r in range(self.world_size)]))
         plan_hash = plan_hash_of(dataclasses.replace(meta, shards=shards, plan_hash="").to_json())
         final = dataclasses.replace(meta, shards=shards, plan_hash=plan_hash)
         write_json(final.to_json(), self.tmp_dir / PLAN_JSON)

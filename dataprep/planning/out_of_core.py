@@ -9,9 +9,10 @@ bounded by the largest bucket, not by the corpus.
    edits of the spill files, which are not sorted or rewritten.
 3. Per epoch: each bucket's rows are ordered into batches in parts of whole windows
    (:meth:`bucketing.batching.BucketGrouping.order_chunks`, the same rng draws in the same
-   order); its durations and tokens, then rows, then ids are laid out in that order in the
-   epoch's position files (one column of the bucket in memory at a time) and its per-batch
-   summaries (longest, most tokens, sums) taken on the way; batches are drawn per batch
+   order); its rows, then ids are laid out in that order in the epoch's position files (one
+   column of the bucket in memory at a time) and its per-batch summaries (longest, most
+   tokens, sums) taken on the way (the few batches that steps cut into pieces look their
+   rows' durations and tokens up again, :meth:`SpilledCorpus.lookup`); batches are drawn per batch
    (:func:`bucketing.batching.cut_batches`); balanced steps are laid out from the per-batch
    summaries only: :func:`bucketing.balance.balance_steps`,
    :func:`bucketing.balance.layout_order`, :func:`bucketing.groups.group_order`.
@@ -152,6 +153,23 @@ class SpilledCorpus:
             return both.take(pa.array(np.where(carried, len(got) + src - n, np.arange(src.shape[0]))))
 
         return take
+
+    def lookup(self, k: int, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int32]]:
+        """Durations and tokens of some of bucket ``k``'s ``rows`` (after the carried tails):
+        a binary search of its own rows (mapped: a few pages) or its carried ones, then one
+        read per row. For a few rows only (the batches cut across steps)."""
+        d, t = np.empty(rows.shape[0]), np.empty(rows.shape[0], np.int32)
+        carried = np.zeros(rows.shape[0], dtype=bool)
+        if k in self.extra:
+            e = self.extra[k]
+            i = np.minimum(np.searchsorted(e.rows, rows), max(e.rows.shape[0] - 1, 0))
+            carried = (e.rows.shape[0] > 0) & (e.rows[i] == rows)
+            d[carried], t[carried] = e.d[i[carried]], e.t[i[carried]]
+        own = np.searchsorted(self.files.map(f"b{k}.rows", np.int64), rows[~carried])
+        one = np.ones(own.shape[0], dtype=np.int64)
+        d[~carried] = self.files.read_runs(f"b{k}.d", np.float64, own, one)
+        t[~carried] = self.files.read_runs(f"b{k}.t", np.int32, own, one)
+        return d, t
 
 
 @dataclass(frozen=True)
@@ -304,7 +322,7 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     """Step 3 of the module docstring: :func:`bucketing.plan.plan_epoch` (balanced) then
     :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays."""
     files = SpillFiles(corpus.root)
-    for name in ("pos.rows", "pos.d", "pos.t", "pos.ids.off", "pos.ids.data"):
+    for name in ("pos.rows", "pos.ids.off", "pos.ids.data"):
         (corpus.root / name).unlink(missing_ok=True)
     rng = np.random.default_rng([seed, epoch, 0])
     grouping = BucketGrouping("both").with_totals(corpus.total_d, corpus.total_t)
@@ -335,8 +353,6 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
             mx_d[sl], sm_d[sl] = np.maximum.reduceat(dk, loc), np.add.reduceat(dk, loc)
             mx_t[sl], sm_t[sl] = np.maximum.reduceat(tk, loc), np.add.reduceat(tk, loc)
             at += loc.shape[0]
-            files.append("pos.d", dk)
-            files.append("pos.t", tk32)
             parts.append(p)
         del d, t
         p = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -372,7 +388,8 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     if pieces.shape[0]:
         for i in pieces:  # the few batches cut into pieces (at most one step's worth)
             a, b = int(seg_start[i]), int(seg_start[i] + seg_size[i])
-            dk, tk = files.read_range("pos.d", np.float64, a, b), files.read_range("pos.t", np.int32, a, b).astype(np.int64)
+            dk, tk32 = corpus.lookup(int(steps.seg_bucket[i]), files.read_range("pos.rows", np.int64, a, b))
+            tk = tk32.astype(np.int64)
             s_mx_d[i], s_mx_t[i] = dk.max(), tk.max()
             s_sm_d[i], s_sm_t[i] = np.add.reduceat(dk, [0])[0], tk.sum()
     # rank-major batches

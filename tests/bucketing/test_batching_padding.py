@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketing.allocate import allocate
-from bucketing.batching import BucketGrouping, form_batches, form_batches_cumulative
+from bucketing.batching import BucketGrouping, _block_offers, form_batches, form_batches_cumulative
 from bucketing.fit import fit_buckets
 from bucketing.padding import measure, padding_report, per_bucket
 
@@ -166,3 +166,16 @@ def test_order_in_chunks_equals_whole_bucket(n, seed, size, window, sort_by, chu
     assert np.array_equal(np.concatenate(parts), whole)
     assert np.array_equal(np.sort(whole), np.arange(n))
     assert r1.random() == r2.random()
+
+
+@settings(max_examples=200, deadline=None)
+@given(blocks=st.integers(0, 6), size=st.integers(1, 6), extra=st.integers(0, 6), seed=st.integers(0, 2**32 - 1),
+       ties=st.booleans())
+def test_block_offers_are_the_lexsort_firsts(blocks: int, size: int, extra: int, seed: int, ties: bool) -> None:
+    """Each full block's offer is the row a lexsort by (block, grow, -length) puts first."""
+    rng = np.random.default_rng(seed)
+    n = blocks * size + min(extra, size)
+    draw = (lambda: rng.choice([0.0, -0.0, 1.0, 2.0], n)) if ties else (lambda: rng.random(n))
+    grow, length = draw(), draw()
+    expect = np.lexsort((-length, grow, np.arange(n) // size))[np.arange(blocks) * size]
+    np.testing.assert_array_equal(_block_offers(grow, length, blocks, size), expect)

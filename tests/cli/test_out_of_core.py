@@ -86,3 +86,31 @@ def test_memory_limit_errors_are_one_line(tmp_path: Path) -> None:
     _no_spill_left(tmp_path)
     with pytest.raises(DataprepError, match="memory_limit"):
         PlanOptions(world_size=2, memory_limit=0)
+
+
+@pytest.mark.parametrize("carry", [True, False])
+def test_batches_cut_into_pieces_equal_in_memory(tmp_path: Path, carry: bool) -> None:
+    """One batch more than whole steps hold (the largest bucket's), so steps cut batches into
+    pieces: their figures are looked up again out of core (the spill files, carried rows)."""
+    import numpy as np
+
+    from bucketing import batching
+
+    even = batching.even_batch_counts
+
+    def one_more(counts, bs, W):  # type: ignore[no-untyped-def]
+        nb = even(counts, bs, W).copy()
+        k = int(np.argmax(counts))
+        nb[k] = min(nb[k] + 1, counts[k])
+        return nb
+
+    m, b = write_plan_inputs(tmp_path, 700, seed=3, num_buckets=4, budget=60.0)
+    opts = dict(world_size=7, seed=1, epochs=2, carry=carry, row_group_steps=2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(batching, "even_batch_counts", one_more)
+        mp.setattr(out_of_core, "even_batch_counts", one_more)
+        mp.setattr(out_of_core, "ORDER_ROWS", 64)
+        meta = build_plan(m, b, tmp_path / "mem", PlanOptions(**opts))
+        build_plan(m, b, tmp_path / "ooc", PlanOptions(**opts, memory_limit=700 * 100 - 1))
+    assert "split_batches\": 0" not in (tmp_path / "mem" / "plan.json").read_text(), meta
+    _same_plan(tmp_path / "mem", tmp_path / "ooc", 7)
