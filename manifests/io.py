@@ -150,24 +150,45 @@ def _canonical_type(t: pa.DataType) -> pa.DataType:
     return _CANONICAL_TYPES.get(t, t)
 
 
+class Rebatcher:
+    """Tables pushed in any split, regrouped into consecutive tables of exactly ``rows`` rows:
+    :meth:`push` yields each block as it fills, :meth:`rest` returns the short last one (None
+    when nothing is pending). Holds at most ``rows`` rows + the table being pushed."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self._pending: list[pa.Table] = []
+        self._have = 0
+
+    def push(self, table: pa.Table | pa.RecordBatch) -> Iterator[pa.Table]:
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        while table.num_rows:
+            take = min(self.rows - self._have, table.num_rows)
+            self._pending.append(table.slice(0, take))
+            self._have += take
+            table = table.slice(take)
+            if self._have == self.rows:
+                yield self._take()
+
+    def rest(self) -> pa.Table | None:
+        return self._take() if self._have else None
+
+    def _take(self) -> pa.Table:
+        block = pa.concat_tables(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending, self._have = [], 0
+        return block
+
+
 def rebatch(tables: Iterable[pa.Table | pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
     """Regroup a stream of tables into consecutive tables of exactly ``rows`` rows (the last
     one shorter; none for an empty stream). Holds at most ``rows`` + one input table."""
-    pending: list[pa.Table] = []
-    have = 0
+    blocks = Rebatcher(rows)
     for t in tables:
-        if isinstance(t, pa.RecordBatch):
-            t = pa.Table.from_batches([t])
-        while t.num_rows:
-            take = min(rows - have, t.num_rows)
-            pending.append(t.slice(0, take))
-            have += take
-            t = t.slice(take)
-            if have == rows:
-                yield pa.concat_tables(pending)
-                pending, have = [], 0
-    if have:
-        yield pa.concat_tables(pending)
+        yield from blocks.push(t)
+    last = blocks.rest()
+    if last is not None:
+        yield last
 
 
 class ContentHasher:
@@ -193,31 +214,21 @@ class ContentHasher:
         self._digest = hashlib.sha256(_HASH_DOMAIN)
         for f in schema:
             self._digest.update(f.name.encode() + b"\0" + str(_canonical_type(f.type)).encode() + b"\n")
-        self._pending: list[pa.Table] = []
-        self._have = 0
+        self._blocks = Rebatcher(HASH_BLOCK_ROWS)
         self.rows = 0
 
     def update(self, table: pa.Table | pa.RecordBatch) -> None:
         """Add the next rows (columns in schema order, same names)."""
-        if isinstance(table, pa.RecordBatch):
-            table = pa.Table.from_batches([table])
         if table.schema.names != self.schema.names:
             raise ValueError(f"columns {table.schema.names} differ from the hasher's {self.schema.names}")
-        while table.num_rows:
-            take = min(HASH_BLOCK_ROWS - self._have, table.num_rows)
-            self._pending.append(table.slice(0, take))
-            self._have += take
-            table = table.slice(take)
-            if self._have == HASH_BLOCK_ROWS:
-                self._block()
+        for block in self._blocks.push(table):
+            self._block(block)
 
-    def _block(self) -> None:
-        block = pa.concat_tables(self._pending) if len(self._pending) > 1 else self._pending[0]
+    def _block(self, block: pa.Table) -> None:
         for column in block.columns:
             arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
             self._column(arr)
         self.rows += block.num_rows
-        self._pending, self._have = [], 0
 
     def _column(self, arr: pa.Array) -> None:
         d = self._digest
@@ -255,8 +266,9 @@ class ContentHasher:
 
     def hexdigest(self) -> str:
         """The hash of every row added so far (``update`` may not be called afterwards)."""
-        if self._have:
-            self._block()
+        last = self._blocks.rest()
+        if last is not None:
+            self._block(last)
         self._digest.update(self.rows.to_bytes(8, "little"))
         return self._digest.hexdigest()
 
@@ -328,33 +340,24 @@ class RowGroupWriter:
     def __init__(self, path: str | os.PathLike[str], schema: pa.Schema, row_group_size: int = ROW_GROUP_ROWS) -> None:
         self.schema, self.size = schema, row_group_size
         self._writer = pq.ParquetWriter(path, schema, compression="zstd")
-        self._pending: list[pa.Table] = []
-        self._have = 0
+        self._groups = Rebatcher(row_group_size)
         self.rows = 0
 
     def write(self, table: pa.Table | pa.RecordBatch) -> None:
         """Append rows."""
-        if isinstance(table, pa.RecordBatch):
-            table = pa.Table.from_batches([table])
-        while table.num_rows:
-            take = min(self.size - self._have, table.num_rows)
-            self._pending.append(table.slice(0, take))
-            self._have += take
-            table = table.slice(take)
-            if self._have == self.size:
-                self._flush()
+        for group in self._groups.push(table):
+            self._flush(group)
 
-    def _flush(self) -> None:
-        group = pa.concat_tables(self._pending)
+    def _flush(self, group: pa.Table) -> None:
         group = pa.Table.from_arrays([c.combine_chunks() for c in group.columns], names=group.schema.names)
         self._writer.write_table(group.cast(self.schema), row_group_size=self.size)
         self.rows += group.num_rows
-        self._pending, self._have = [], 0
 
     def close(self) -> None:
         """Write the last row group and the footer."""
-        if self._have:
-            self._flush()
+        last = self._groups.rest()
+        if last is not None:
+            self._flush(last)
         if self.rows == 0:  # pq.write_table writes one empty row group for an empty table
             self._writer.write_table(self.schema.empty_table(), row_group_size=self.size)
         self._writer.close()
