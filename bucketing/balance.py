@@ -98,12 +98,18 @@ def batch_cost(cost: CostModel, sizes: npt.NDArray[np.integer], offsets: npt.NDA
                rows: npt.NDArray[np.int64], durations: npt.NDArray[np.floating],
                num_tokens: npt.NDArray[np.integer]) -> npt.NDArray[np.float64]:
     """Predicted seconds per CSR batch (its size, longest duration, most tokens)."""
-    if sizes.shape[0] == 0:
-        return np.empty(0)
+    max_d, max_t = batch_extremes(offsets, rows, durations, num_tokens)
+    return cost.step_time(sizes, max_d, max_t) if sizes.shape[0] else np.empty(0)
+
+
+def batch_extremes(offsets: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], durations: npt.NDArray[np.floating],
+                   num_tokens: npt.NDArray[np.integer]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """Longest duration (s) and most tokens of each CSR batch."""
+    if offsets.shape[0] <= 1:
+        return np.empty(0), np.empty(0, np.int64)
     starts = offsets[:-1]
-    max_d = np.maximum.reduceat(np.asarray(durations, dtype=np.float64)[rows], starts)
-    max_t = np.maximum.reduceat(np.asarray(num_tokens, dtype=np.int64)[rows], starts)
-    return cost.step_time(sizes, max_d, max_t)
+    return (np.maximum.reduceat(np.asarray(durations, dtype=np.float64)[rows], starts),
+            np.maximum.reduceat(np.asarray(num_tokens, dtype=np.int64)[rows], starts))
 
 
 def _pieces_per_batch(work: npt.NDArray[np.float64], sizes: npt.NDArray[np.int64], parts: int) -> npt.NDArray[np.int64]:

@@ -173,7 +173,10 @@ def _quantize(values: npt.NDArray[Any], bits: int = _DURATION_BITS,
 
 
 def _range_of(values: npt.NDArray[Any], p: npt.NDArray[Any], block: int) -> tuple[Any, Any]:
-    """(min, max) of ``values[p]``, gathered ``block`` positions at a time (no whole copy)."""
+    """(min, max) of ``values[p]``, gathered ``block`` positions at a time (no whole copy);
+    ``p`` a permutation of all of ``values``' positions needs no gather."""
+    if p.shape[0] == values.shape[0]:
+        return values.min(), values.max()
     lo = hi = values[p[0]]
     for a in range(0, p.shape[0], max(block, 1)):
         v = values[p[a:a + block]]
@@ -630,9 +633,7 @@ def cut_batches(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np.int64
     else:
         nb = np.asarray(batch_counts, dtype=np.int64)
         bb = np.repeat(np.arange(batch_sizes.shape[0], dtype=np.int64), nb)
-        k = np.arange(bb.shape[0], dtype=np.int64) - np.repeat(np.cumsum(nb) - nb, nb)  # index inside its bucket
-        q, r = np.divmod(counts[bb], np.maximum(nb[bb], 1))
-        starts = first[bb] + k * q + np.minimum(k, r)  # the first r batches hold one more row
+        starts = first[bb] + even_batch_starts(counts, nb)
     n = int(counts.sum())
     sizes = np.diff(np.append(starts, n)).astype(np.int64)
     perm = np.arange(bb.shape[0], dtype=np.int64)
@@ -641,6 +642,18 @@ def cut_batches(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np.int64
         bkey = np.where(short, 2.0, rng.random(bb.shape[0]))
         perm = np.lexsort((bkey, bb))
     return Cut(starts, sizes, perm, bb[perm].astype(np.int32))
+
+
+def even_batch_starts(counts: npt.NDArray[np.int64], batch_counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Where each near-equal batch starts inside its bucket (positions), bucket after bucket:
+    a bucket of ``c`` rows cut into ``n`` batches starts its ``k``-th at ``k q + min(k, r)``
+    (``q, r = divmod(c, n)``: the first ``r`` batches hold one more row)."""
+    nb = np.asarray(batch_counts, dtype=np.int64)
+    c = np.asarray(counts, dtype=np.int64)
+    bb = np.repeat(np.arange(nb.shape[0], dtype=np.int64), nb)
+    k = np.arange(bb.shape[0], dtype=np.int64) - np.repeat(np.cumsum(nb) - nb, nb)  # index inside its bucket
+    q, r = np.divmod(c[bb], np.maximum(nb[bb], 1))
+    return k * q + np.minimum(k, r)
 
 
 def even_batch_counts(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np.int64],

@@ -48,7 +48,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.balance import balance_steps, batch_cost, layout
+from bucketing.balance import balance_steps, batch_extremes, layout
 from bucketing.batching import Batches, form_batches, gather_segments
 from bucketing.costmodel import CostModel
 
@@ -247,9 +247,8 @@ def _plan_balanced(inputs: PlanInputs, batches: Batches, W: int, seed: int, epoc
     """Balanced steps over the formed batches (:mod:`bucketing.balance`); None when the rows
     cannot fill whole steps that way (the caller falls back to identical-bucket steps)."""
     sizes = batches.sizes()
-    times = batch_cost(cost, sizes, batches.offsets, batches.rows, inputs.durations, inputs.num_tokens)
-    longest = np.maximum.reduceat(np.asarray(inputs.durations, dtype=np.float64)[batches.rows], batches.offsets[:-1]) \
-        if sizes.shape[0] else np.empty(0)
+    longest, most_tokens = batch_extremes(batches.offsets, batches.rows, inputs.durations, inputs.num_tokens)
+    times = cost.step_time(sizes, longest, most_tokens) if sizes.shape[0] else np.empty(0)
     steps = balance_steps(batches.bucket, batches.offsets, times, W, tolerance, cost.overhead, padded=sizes * longest)
     if steps is None:
         return None

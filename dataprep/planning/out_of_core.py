@@ -45,7 +45,8 @@ import pyarrow.compute as pc
 
 from bucketing.allocate import allocate, tail_moves
 from bucketing.balance import balance_steps, layout_order
-from bucketing.batching import TOTALS_BLOCK, BucketGrouping, block_totals, cut_batches, even_batch_counts
+from bucketing.batching import (TOTALS_BLOCK, BucketGrouping, block_totals, cut_batches, even_batch_counts,
+                                even_batch_starts)
 from bucketing.costmodel import CostModel
 from bucketing.fit import Grid
 from bucketing.groups import group_order
@@ -156,8 +157,8 @@ class SpilledCorpus:
 
     def lookup(self, k: int, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int32]]:
         """Durations and tokens of some of bucket ``k``'s ``rows`` (after the carried tails):
-        a binary search of its own rows (mapped: a few pages) or its carried ones, then one
-        read per row. For a few rows only (the batches cut across steps)."""
+        a binary search of its own rows or its carried ones, then their values read through the
+        mappings (a few pages). For a few rows only (the batches cut across steps)."""
         d, t = np.empty(rows.shape[0]), np.empty(rows.shape[0], np.int32)
         carried = np.zeros(rows.shape[0], dtype=bool)
         if k in self.extra:
@@ -166,9 +167,8 @@ class SpilledCorpus:
             carried = (e.rows.shape[0] > 0) & (e.rows[i] == rows)
             d[carried], t[carried] = e.d[i[carried]], e.t[i[carried]]
         own = np.searchsorted(self.files.map(f"b{k}.rows", np.int64), rows[~carried])
-        one = np.ones(own.shape[0], dtype=np.int64)
-        d[~carried] = self.files.read_runs(f"b{k}.d", np.float64, own, one)
-        t[~carried] = self.files.read_runs(f"b{k}.t", np.int32, own, one)
+        d[~carried] = self.files.map(f"b{k}.d", np.float64)[own]
+        t[~carried] = self.files.map(f"b{k}.t", np.int32)[own]
         return d, t
 
 
@@ -336,11 +336,10 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     mx_d, sm_d = np.empty(n_cut), np.empty(n_cut)
     mx_t, sm_t = np.empty(n_cut, np.int64), np.empty(n_cut, np.int64)
     at = 0
+    starts_in_bucket = even_batch_starts(counts, nb)
     for k in np.flatnonzero(counts):
         cnt, size = int(counts[k]), int(bs[k])
-        q, r = divmod(cnt, int(nb[k]))
-        j = np.arange(int(nb[k]), dtype=np.int64)
-        first = j * q + np.minimum(j, r)  # the bucket's batch starts (cut_batches' formula)
+        first = starts_in_bucket[at:at + int(nb[k])]  # the bucket's batch starts (as cut_batches)
         d, t = corpus.column(int(k), "d", np.float64), corpus.column(int(k), "t", np.int32)
         parts = []
         pos = 0
