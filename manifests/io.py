@@ -531,8 +531,7 @@ def verify_manifest_rows(path: str | os.PathLike[str], expected: str, what: str)
     facts are not trusted), hashes both to the hash its metadata records and to ``expected``
     (``what`` names the owner of that expectation, e.g. "the plan's manifest"). Memory: one
     block of rows. A file that passes is remembered as verified (:func:`remember_verified`)."""
-    check_manifest_file(path)
-    recorded = recorded_hash(path)
+    recorded = str(check_manifest_file(path)["content_hash"])
     if not recorded:
         raise ManifestError(f"{path}: no content hash in its metadata (write it with `dataprep compile`)")
     got = recompute_hash(path)

@@ -17,7 +17,7 @@ from dataprep.report.filters import FilterResult, FilterSummary, Thresholds, app
 from dataprep.report.stats import ManifestStats, stream_stats
 from manifests.errors import DataprepError
 from manifests.io import (ContentHasher, RowGroupWriter, check_manifest_file, default_rejects_path, file_metadata,
-                          iter_manifest, manifest_hash, output_schemas, read_metadata, remember_verified, write_json)
+                          iter_manifest, manifest_hash, output_schemas, remember_verified, write_json)
 from manifests.options import check_int
 from manifests.schema import CORPUS_COLUMN, conform, has_containers, has_corpus, schema_version
 from manifests.outputs import publish_together, refuse_same_paths
@@ -53,7 +53,8 @@ def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[
     refuse_same_paths({"MANIFEST": manifest}, {"-o": output, "--rejects": rejects})
     input_hash = manifest_hash(manifest)
     recorded = check_manifest_file(manifest)["provenance"]
-    names = pq.read_schema(manifest).names
+    schema = pq.read_schema(manifest)
+    names = schema.names
 
     def split(columns: list[str] | None) -> Iterator[FilterResult]:
         seen = False
@@ -61,7 +62,7 @@ def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[
             seen = True
             yield apply_filters(pl.from_arrow(t), thresholds)  # type: ignore[arg-type]
         if not seen:  # no rows: still one (empty) block, so missing columns are refused
-            empty = pq.read_schema(manifest).empty_table()
+            empty = schema.empty_table()
             yield apply_filters(pl.from_arrow(empty.select(columns) if columns else empty), thresholds)  # type: ignore[arg-type]
 
     optional = [c for c in ("container", CORPUS_COLUMN) if c in names]
@@ -123,7 +124,7 @@ def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[
     refuse_same_paths({"MANIFEST": manifest}, {"--json": json_path})
     check_int("block_rows", block_rows, ge=1, le=None)
     check_int("budget", budget, ge=1, le=None)
-    check_manifest_file(manifest)
+    meta = check_manifest_file(manifest)
     names = pq.read_schema(manifest).names
     columns = [c for c in STATS_COLUMNS if c in names or c not in OPTIONAL_STATS_COLUMNS]
     columns += [c for c in OPTIONAL_STATS_COLUMNS if c in names and c not in columns]
@@ -139,7 +140,7 @@ def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[
     if json_path is not None:
         doc = stats.to_json()
         doc["manifest"] = {"path": manifest.name, "content_hash": manifest_hash(manifest)}
-        blend = read_metadata(manifest)["provenance"].get("blend")
+        blend = meta["provenance"].get("blend")
         if isinstance(blend, dict):  # many corpora: the weights and temperatures they were blended with
             doc["blend"] = blend.get("tree")
         write_json(doc, json_path)
