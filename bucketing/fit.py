@@ -38,6 +38,8 @@ Units: duration in seconds (float64), tokens incl. the prompt (int).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,7 +170,7 @@ def _fence(values: npt.NDArray[Any], cum_count: I64, k: float | None) -> float:
     n = float(cum_count[-1])
     q1, q3 = (float(values[min(int(np.searchsorted(cum_count, p * n, side="left")), values.shape[0] - 1)])
               for p in (0.25, 0.75))
-    return float("inf") if q3 <= q1 else q3 + float(k) * (q3 - q1)
+    return tukey_fence(q1, q3, float(k))
 
 
 def _bin_bounds(values: npt.NDArray[Any], cum_weight: F64, cum_count: I64, num_sub: int,
@@ -265,16 +267,26 @@ def _checked_columns(duration: npt.ArrayLike, num_tokens: npt.ArrayLike | None, 
     return d, t
 
 
+def quartile_ranks(n: int) -> tuple[int, int]:
+    """0-based ranks of Q1 and Q3 among ``n`` sorted values (the first value at 25% / 75%)."""
+    return int(np.ceil(0.25 * n)) - 1, int(np.ceil(0.75 * n)) - 1
+
+
+def tukey_fence(q1: float, q3: float, k: float) -> float:
+    """Q3 + k × IQR; inf where Q1 == Q3 (ties leave no spread to measure)."""
+    return math.inf if q3 <= q1 else float(q3 + k * (q3 - q1))
+
+
 def _overflow_split(d_sorted: F64, outlier_fence: float | None) -> tuple[int, float | None]:
     """(rows inside the fence, fence in seconds or None): the rows beyond Q3 + k × IQR of
     the sorted durations form the overflow bin; None when nothing is beyond it."""
     n_in = d_sorted.shape[0]
     if outlier_fence is None:
         return n_in, None
-    q1, q3 = d_sorted[int(np.ceil(0.25 * n_in)) - 1], d_sorted[int(np.ceil(0.75 * n_in)) - 1]
-    if q3 <= q1:
+    p1, p3 = quartile_ranks(n_in)
+    f = tukey_fence(d_sorted[p1], d_sorted[p3], outlier_fence)
+    if not math.isfinite(f):
         return n_in, None
-    f = float(q3 + outlier_fence * (q3 - q1))
     n_bulk = int(np.searchsorted(d_sorted, f, side="right"))
     return (n_bulk, f) if n_bulk < n_in else (n_in, None)
 

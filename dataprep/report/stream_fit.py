@@ -32,7 +32,8 @@ import numpy.typing as npt
 import pyarrow.compute as pc
 
 from bucketing.allocate import allocate, fitted_spec
-from bucketing.fit import NO_ROWS, Grid, TokenCells, check_fences, duration_bounds, finish_fit
+from bucketing.fit import (NO_ROWS, Grid, TokenCells, check_fences, duration_bounds, finish_fit, quartile_ranks,
+                           tukey_fence)
 from manifests.buckets_file import BucketSpec
 from manifests.errors import DataprepError
 from manifests.io import iter_manifest
@@ -172,7 +173,7 @@ def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, block: int, outli
     """Pass 2: (rows within the fence, the fence or None) as ``_overflow_split`` gives them,
     and the spill of each distinct duration within the fence (``dv``) with the running sum
     of the sorted durations at its last row (``dcum``)."""
-    p1, p3 = int(np.ceil(0.25 * n_in)) - 1, int(np.ceil(0.75 * n_in)) - 1
+    p1, p3 = quartile_ranks(n_in)
     q1 = q3 = None
     fence = math.inf if outlier_fence is None else None  # None: not known yet
     pos = 0
@@ -188,7 +189,7 @@ def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, block: int, outli
             if q3 is None and pos <= p3 < pos + x.shape[0]:
                 q3 = x[p3 - pos]
                 if fence is None:
-                    fence = math.inf if q3 <= q1 else float(q3 + outlier_fence * (q3 - q1))
+                    fence = tukey_fence(q1, q3, outlier_fence)
             keep = x.shape[0] if fence is None else int(np.searchsorted(x, fence, side="right"))
             if keep:
                 xs = x[:keep]
