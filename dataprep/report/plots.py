@@ -24,7 +24,7 @@ import numpy.typing as npt
 import polars as pl
 
 from dataprep.report.exact import SELECT_BUDGET, ExactSums, OrderSelector, polars_quantile, polars_ranks
-from dataprep.report.stats import DURATION_BIN_EDGES, Block, bin_labels, duration_bin_index, stream_stats
+from dataprep.report.stats import DURATION_BIN_EDGES, Block, bin_labels, stream_stats
 from manifests.errors import DataprepError
 from manifests.io import atomic_path
 
@@ -91,7 +91,7 @@ class PlotAggregates:
         d, t, tps = b.duration, b.num_tokens, b.tps
         fin_d = np.isfinite(d)
         both = fin_d & np.isfinite(tps)
-        self.box.add_keys(b.keys("tps")[both], duration_bin_index(d[both], self.edges))
+        self.box.add_keys(b.keys("tps")[both], b.duration_bins(self.edges)[both])
         pair = fin_d & np.isfinite(t)
         if pass_no == 0:
             self.rows += b.height

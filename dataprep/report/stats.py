@@ -202,9 +202,21 @@ class Block:
         self.lang = table.column("lang") if "lang" in names else None
         self.corpus = table.column("corpus") if "corpus" in names else None
         self._keys: dict[str, npt.NDArray[np.uint64]] = {}
+        self._bins: dict[tuple[float, ...], npt.NDArray[np.int64]] = {}
 
     def column(self, name: str) -> npt.NDArray[np.float64]:
         return {"duration": self.duration, "num_tokens": self.num_tokens, "tps": self.tps}[name]
+
+    def duration_bins(self, edges: Sequence[float]) -> npt.NDArray[np.int64]:
+        """:func:`duration_bin_index` of every row (-1 where the duration is null or NaN),
+        computed once per block for the stats and the plots."""
+        key = tuple(edges)
+        if key not in self._bins:
+            ok = ~np.isnan(self.duration)
+            bins = np.full(self.height, -1, np.int64)
+            bins[ok] = duration_bin_index(self.duration[ok], key)
+            self._bins[key] = bins
+        return self._bins[key]
 
     def keys(self, name: str) -> npt.NDArray[np.uint64]:
         """:func:`~dataprep.report.exact.float_keys` of every row of a numeric column (NaN rows: garbage)."""
@@ -308,8 +320,7 @@ class StatsAccumulator:
         lang = self.langs.of(b.lang, b.height)
         d, tps = b.duration, b.tps
         d_ok, tps_ok = ~np.isnan(d), ~np.isnan(tps)
-        bins = np.full(b.height, -1, np.int64)
-        bins[d_ok] = duration_bin_index(d[d_ok], self.edges)
+        bins = b.duration_bins(self.edges)
         for c, sel in self.columns.items():
             ok = ~np.isnan(b.column(c))
             sel.add_keys(b.keys(c)[ok])
