@@ -6,8 +6,6 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -17,7 +15,8 @@ from hypothesis import strategies as st
 from dataprep.integrations.rows import ROWS_CACHE_VERSION, ROWS_META, ManifestRows, build_rows_cache
 from manifests.column_cache import write_ipc_file
 from manifests.errors import DataprepError
-from manifests.io import manifest_hash, write_manifest
+from manifests.io import manifest_hash
+from tests.manifests._loader_manifest import write_loader_manifest
 
 ROWS = 70
 
@@ -25,28 +24,7 @@ ROWS = 70
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, object]]]:
     """70 rows with nulls in strings and numbers, non-ASCII text, containers and ``extra``."""
-    rng = np.random.default_rng(3)
-    n = ROWS
-    in_tar = rng.random(n) < 0.4
-    df = pl.DataFrame({
-        "id": [f"u{i:03d}" for i in range(n)],
-        "audio_path": [f"/a/{rng.integers(0, 20)}.flac" for _ in range(n)],
-        "offset": [None if rng.random() < 0.5 else float(rng.integers(0, 50)) for _ in range(n)],
-        "duration": rng.uniform(0.5, 20, n).round(2),
-        "sample_rate": [None if rng.random() < 0.2 else 16000 for _ in range(n)],
-        "channels": [None if rng.random() < 0.2 else 1 for _ in range(n)],
-        "text": [None if rng.random() < 0.1 else f"wörds {i} ü" for i in range(n)],
-        "lang": [None if rng.random() < 0.3 else ["en", "de"][rng.integers(0, 2)] for _ in range(n)],
-        "task": [None if rng.random() < 0.5 else "asr" for _ in range(n)],
-        "num_tokens": rng.integers(1, 90, n).astype(np.int32),
-        "extra": [None if rng.random() < 0.5 else json.dumps({"k": i}) for i in range(n)],
-        "container": [f"/t/{rng.integers(0, 3)}.tar" if t else None for t in in_tar],
-        "member_offset": [int(rng.integers(0, 1 << 40)) if t else None for t in in_tar],
-        "member_size": [int(rng.integers(1, 1 << 20)) if t else None for t in in_tar],
-    }).with_columns(pl.col("sample_rate").cast(pl.Int32), pl.col("channels").cast(pl.Int16),
-                    (pl.col("num_tokens") / pl.col("duration")).alias("tps"))
-    path = tmp_path_factory.mktemp("rows") / "m.parquet"
-    write_manifest(df, path)
+    path = write_loader_manifest(tmp_path_factory.mktemp("rows") / "m.parquet", ROWS, 3, all_columns=True)
     return path, pq.read_table(path).to_pylist()
 
 

@@ -21,7 +21,8 @@ from manifests.column_cache import (
     build_column_cache,
     write_ipc_file,
 )
-from manifests.io import manifest_hash, read_manifest, write_manifest
+from manifests.io import manifest_hash, read_manifest
+from tests.manifests._loader_manifest import write_loader_manifest
 
 ROWS = 90
 
@@ -29,23 +30,7 @@ ROWS = 90
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pl.DataFrame]:
     """90 rows: files shared by a few rows, null langs, offsets, texts and a container column."""
-    rng = np.random.default_rng(7)
-    n = ROWS
-    in_tar = rng.random(n) < 0.4
-    df = pl.DataFrame({
-        "id": [f"u{i:03d}" for i in range(n)],
-        "audio_path": [f"/a/{rng.integers(0, 25)}.flac" for _ in range(n)],
-        "offset": [None if rng.random() < 0.5 else float(rng.integers(0, 50)) for _ in range(n)],
-        "duration": rng.uniform(0.5, 20, n).round(2),
-        "text": [None if rng.random() < 0.1 else f"words {i} é" for i in range(n)],
-        "lang": [None if rng.random() < 0.3 else ["en", "de", "fr"][rng.integers(0, 3)] for _ in range(n)],
-        "num_tokens": rng.integers(1, 90, n).astype(np.int32),
-        "container": [f"/t/{rng.integers(0, 3)}.tar" if t else None for t in in_tar],
-        "member_offset": [int(rng.integers(0, 1 << 40)) if t else None for t in in_tar],
-        "member_size": [int(rng.integers(1, 1 << 20)) if t else None for t in in_tar],
-    }).with_columns((pl.col("num_tokens") / pl.col("duration")).alias("tps"))
-    path = tmp_path_factory.mktemp("cc") / "m.parquet"
-    write_manifest(df, path)
+    path = write_loader_manifest(tmp_path_factory.mktemp("cc") / "m.parquet", ROWS, 7, langs=("en", "de", "fr"), files=25)
     return path, read_manifest(path)
 
 
