@@ -16,7 +16,7 @@ from dataprep.integrations.rows import ROWS_CACHE_VERSION, ROWS_META, ManifestRo
 from manifests.column_cache import write_ipc_file
 from manifests.errors import DataprepError
 from manifests.io import manifest_hash
-from tests.manifests._loader_manifest import write_loader_manifest
+from tests.manifests._loader_manifest import rewrite_cache_facts, write_loader_manifest
 
 ROWS = 70
 
@@ -52,19 +52,6 @@ def test_a_row_past_the_manifest_is_a_one_line_error(manifest: tuple[Path, list[
         ManifestRows.open(manifest[0], tmp_path).records([0, ROWS])
 
 
-def _rewrite(cache_file: Path, **facts: object) -> None:
-    """Rewrite a cache file whole with other recorded facts (as another tool version would)."""
-    with pa.memory_map(str(cache_file)) as src:
-        reader = pa.ipc.open_file(src)
-        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        schema = reader.schema
-    meta = json.loads(schema.metadata[ROWS_META.encode()])
-    meta.update(facts)
-    tmp = cache_file.with_name("x.arrow")
-    write_ipc_file(tmp, schema.with_metadata({ROWS_META: json.dumps(meta)}), batches)
-    tmp.replace(cache_file)
-
-
 @pytest.mark.parametrize(("facts", "why"), [
     ({"version": 1}, "layout version 1"),
     ({"content_hash": "0" * 64}, "another manifest"),
@@ -76,7 +63,7 @@ def test_a_cache_whose_facts_differ_is_refused_and_rebuilt(manifest: tuple[Path,
     path, rows = manifest
     ManifestRows.open(path, tmp_path)
     cache_file = _cache_path(path, tmp_path)
-    _rewrite(cache_file, **facts)
+    rewrite_cache_facts(cache_file, ROWS_META, stream=False, **facts)
     with caplog.at_level(logging.WARNING, logger="dataprep.integrations.rows"):
         got = ManifestRows.open(path, tmp_path)
     assert why in caplog.text and "row cache is refused" in caplog.text and "rebuilding" in caplog.text

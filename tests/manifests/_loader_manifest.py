@@ -1,5 +1,6 @@
-"""A small random manifest for the loaders' caches (column cache, row cache): files shared by a
-few rows, nulls in strings and numbers, non-ASCII text, rows in containers."""
+"""For the loaders' caches' tests (column cache, row cache): a small random manifest (files
+shared by a few rows, nulls in strings and numbers, non-ASCII text, rows in containers) and a
+cache file rewritten with other recorded facts."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
+from manifests.column_cache import write_ipc_file
 from manifests.io import write_manifest
 
 
@@ -39,3 +42,19 @@ def write_loader_manifest(path: Path, rows: int, seed: int, *, langs: tuple[str,
     df = pl.DataFrame(cols).with_columns((pl.col("num_tokens") / pl.col("duration")).alias("tps"))
     write_manifest(df, path)
     return path
+
+
+def rewrite_cache_facts(cache_file: Path, meta_key: str, *, stream: bool, **facts: object) -> None:
+    """Rewrite a cache file whole (an IPC file, or ``stream``) with ``facts`` replacing those
+    recorded under ``meta_key``, as another tool version would have written it."""
+    with pa.memory_map(str(cache_file)) as src:
+        if stream:
+            reader = pa.ipc.open_stream(src)
+            batches = list(reader)
+        else:
+            reader = pa.ipc.open_file(src)
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        schema = reader.schema
+    meta = json.loads(schema.metadata[meta_key.encode()])
+    meta.update(facts)
+    write_ipc_file(cache_file, schema.with_metadata({meta_key: json.dumps(meta)}), batches, stream=stream)

@@ -22,7 +22,7 @@ from manifests.column_cache import (
     write_ipc_file,
 )
 from manifests.io import manifest_hash, read_manifest
-from tests.manifests._loader_manifest import write_loader_manifest
+from tests.manifests._loader_manifest import rewrite_cache_facts, write_loader_manifest
 
 ROWS = 90
 
@@ -66,18 +66,6 @@ def test_round_trip_over_any_record_batch_size(manifest: tuple[Path, pl.DataFram
     assert len(cols.text) == ROWS and cache_file.stat().st_mtime_ns == built  # mapped, not rebuilt
 
 
-def _rewrite(cache_file: Path, **facts: object) -> None:
-    """Rewrite a cache file whole with other recorded facts (as another tool version would)."""
-    with pa.memory_map(str(cache_file)) as src:
-        reader = pa.ipc.open_stream(src)
-        batches = list(reader)
-        meta = json.loads(reader.schema.metadata[CACHE_META.encode()])
-    meta.update(facts)
-    tmp = cache_file.with_name("x.arrow")
-    write_ipc_file(tmp, CACHE_SCHEMA.with_metadata({CACHE_META: json.dumps(meta)}), batches, stream=True)
-    tmp.replace(cache_file)
-
-
 @pytest.mark.parametrize(("facts", "why"), [
     ({"version": CACHE_VERSION - 1}, f"layout version {CACHE_VERSION - 1}"),
     ({"content_hash": "0" * 64}, "another manifest"),
@@ -89,7 +77,7 @@ def test_a_cache_whose_facts_differ_is_refused_and_rebuilt(manifest: tuple[Path,
     path, df = manifest
     ManifestColumns.open(path, tmp_path)
     cache_file = _cache_path(path, tmp_path)
-    _rewrite(cache_file, **facts)
+    rewrite_cache_facts(cache_file, CACHE_META, stream=True, **facts)
     with caplog.at_level(logging.WARNING, logger="manifests.column_cache"):
         cols = ManifestColumns.open(path, tmp_path)
     assert why in caplog.text and "rebuilding" in caplog.text
