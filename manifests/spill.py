@@ -8,6 +8,7 @@ in bounded memory (:func:`sorted_runs`).
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -16,6 +17,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from manifests.errors import DataprepError
+
 
 def default_memory_limit() -> int:
     """Half of the machine's physical memory (bytes)."""
@@ -23,6 +26,15 @@ def default_memory_limit() -> int:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 2
     except (ValueError, OSError, AttributeError):
         return 4 << 30
+
+
+def check_free_disk(where: Path, need: int, what: str) -> None:
+    """Refuse in one line, before anything is written, when the file system of ``where`` has
+    fewer than ``need`` bytes free for ``what`` (a run that fills the disk fails late)."""
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise DataprepError(f"{where}: {what} need about {need / 2**30:.2f} GiB of disk, only "
+                            f"{free / 2**30:.2f} GiB free there; free some, or write to a larger disk")
 
 
 class SpillFiles:

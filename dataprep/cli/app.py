@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import types
 import signal
@@ -61,7 +62,7 @@ def _exit_on_sigterm() -> Any:
 
 
 def user_errors(fn: F) -> F:
-    """Turn :class:`DataprepError` (and missing files) into ``error: ...`` and exit 2; SIGTERM
+    """Turn :class:`DataprepError` (and missing files, a full disk) into ``error: ...`` and exit 2; SIGTERM
     into a clean exit (status 143) that removes temporary files."""
 
     @functools.wraps(fn)
@@ -74,6 +75,13 @@ def user_errors(fn: F) -> F:
             raise typer.Exit(2) from None
         except FileNotFoundError as exc:
             err.print(f"[bold red]error:[/] {exc.filename or exc}: no such file", markup=True)
+            raise typer.Exit(2) from None
+        except OSError as exc:  # a full disk mid-run: what was being written is a temp file, removed
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            err.print(f"[bold red]error:[/] {where}no space left on the device ({exc.strerror}); "
+                      "nothing was half-written: free some, or write to a larger disk", markup=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err.print("interrupted")

@@ -43,6 +43,7 @@ from manifests.errors import DataprepError, ManifestError
 from dataprep.planning.out_of_core import (
     IN_MEMORY_BYTES_PER_ROW,
     default_memory_limit,
+    disk_bytes,
     plan_epoch_spilled,
     remove_spill,
     spill_dir,
@@ -50,6 +51,7 @@ from dataprep.planning.out_of_core import (
     write_epoch_spilled,
 )
 from manifests.io import file_sha256, manifest_hash, manifest_num_rows, read_manifest
+from manifests.spill import check_free_disk
 from manifests.plan_files import PlanWriter, shard_table
 from manifests.plan_meta import BalanceInfo, FileRef, ManifestRef, PlanMeta
 
@@ -322,6 +324,7 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
     grid = grid_from_spec(spec)
     root = spill_dir(out_dir)
     try:
+        check_free_disk(root, disk_bytes(manifest, epochs), "the spill files and the plan")
         corpus = spill_manifest(manifest, grid, bs, root, strict=options.strict, carry=options.carry,
                                 memory_limit=limit)
         clock("read")

@@ -114,3 +114,42 @@ def test_batches_cut_into_pieces_equal_in_memory(tmp_path: Path, carry: bool) ->
         build_plan(m, b, tmp_path / "ooc", PlanOptions(**opts, memory_limit=700 * 100 - 1))
     assert "split_batches\": 0" not in (tmp_path / "mem" / "plan.json").read_text(), meta
     _same_plan(tmp_path / "mem", tmp_path / "ooc", 7)
+
+
+def test_too_little_disk_is_refused_before_anything_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file system is asked first: with less free than the spill files and the plan take,
+    plan-batches stops in one line, leaving no plan and no spill directory."""
+    import shutil
+    from collections import namedtuple
+
+    m, b = write_plan_inputs(tmp_path, 3000, seed=6, num_buckets=3)
+    need = out_of_core.disk_bytes(m, 2)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda where: usage(need * 4, need * 3 + 1, need - 1))
+    res = runner.invoke(app, ["plan-batches", str(m), "--buckets", str(b), "--world-size", "4", "--epochs", "2",
+                              "--memory-limit", "100KiB", "-o", str(tmp_path / "p")])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "the spill files and the plan need about" in res.output and "GiB free" in res.output
+    assert not (tmp_path / "p").exists()
+    _no_spill_left(tmp_path)
+
+
+@pytest.mark.parametrize("epochs", [1, 3])
+def test_disk_estimate_covers_the_spill_and_the_plan(tmp_path: Path, epochs: int) -> None:
+    """What :func:`out_of_core.disk_bytes` reserves is at least what the spill files (with an
+    epoch's position files) and the plan's shards take."""
+    m, b = write_plan_inputs(tmp_path, 5000, seed=7, num_buckets=4, ids=[f"utt-{i:09d}-x" for i in range(5000)])
+    spec = read_buckets(b)
+    bs = np.asarray([k.batch_size for k in spec.buckets], dtype=np.int64)
+    root = tmp_path / "spill"
+    root.mkdir()
+    from bucketing.costmodel import CostModel
+    from bucketing.fit import grid_from_spec
+
+    corpus = out_of_core.spill_manifest(m, grid_from_spec(spec), bs, root, strict=False, carry=True,
+                                        memory_limit=1 << 30)
+    out_of_core.plan_epoch_spilled(corpus, bs, 4, 0, 0, interleave="random", tolerance=0.05, cost=CostModel(), group=4)
+    spilled = sum(p.stat().st_size for p in root.iterdir())
+    build_plan(m, b, tmp_path / "p", PlanOptions(world_size=4, epochs=epochs, memory_limit=5000 * 100 - 1))
+    plan = sum(p.stat().st_size for p in (tmp_path / "p").iterdir())
+    assert spilled + plan <= out_of_core.disk_bytes(m, epochs) < 3 * (spilled + plan)
