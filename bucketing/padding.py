@@ -2,15 +2,23 @@
 
 Padding ratio = 1 − Σ real / Σ (batch size × max in batch), for audio (seconds; equal to the
 frame ratio up to rounding) and for tokens. A scheme that pads to a fixed length (Whisper's
-30 s) uses that length instead of the max in batch. Batches are formed with
-:func:`bucketing.batching.form_batches`, exactly as the planner forms them.
+30 s) uses that length instead of the max in batch. Bucketed batches are formed with the
+draws of :func:`bucketing.batching.form_batches`, exactly as the planner forms them.
 
 Schemes (same budget of padded seconds per batch):
 
 1. ``fixed-<L>s``: one bucket, batch = floor(budget / L), audio padded to L seconds; rows
-   longer than L cannot be used and are counted as ``excluded``.
+   longer than L cannot be used and are counted as ``excluded``. The rows are shuffled by a
+   *scatter shuffle* that streams: each row draws one of ``ceil(rows / SCATTER_ROWS)`` parts
+   (a hash of its row number, :func:`scatter_part`), each part is shuffled, and the parts laid
+   end to end are cut into batches. Up to :data:`SCATTER_ROWS` rows (one part) this is the
+   global shuffle of earlier versions, draw for draw; above, a uniformly random order all the
+   same (``benchmarks/bench_padding_baseline.py``: the same figures within noise). Audio
+   padding does not depend on the order.
 2. ``1d-cumulative``: 1D duration buckets, batches filled while the sum of real durations
-   stays <= the cumulative budget (Lhotse ``max_duration``; Canary-1B used 360 s).
+   stays <= the cumulative budget (Lhotse ``max_duration``; Canary-1B used 360 s). Each
+   bucket is shuffled on its own, bucket after bucket (earlier versions drew one key per row
+   over the corpus; the figures differ by the draws only).
 3. ``1d-budget``: 1D buckets, per-bucket batch size by the padded-budget rule.
 4. ``2d``: the given 2D buckets with their per-bucket batch sizes.
 5. ``2d-dynamic-resolution``: the same batches, each utterance featurized at the rate that
@@ -18,6 +26,11 @@ Schemes (same budget of padded seconds per batch):
    the frame padding left (clamped utterances), beside ``frame_padding_base`` (ordinary
    padding at the base rate), ``clamped_share`` (utterances), ``fallback_share`` (batches)
    and ``off_rate_share`` (frames more than 10% off the base rate), also per bucket.
+
+Every scheme is measured from rows read one scatter part or one bucket at a time (a bucket in
+chunks of whole batches, :data:`CHUNK_ROWS`), its sums taken bucket by bucket
+(:func:`schemes_report`): from columns in memory (:func:`padding_report`) or from spill files
+(:mod:`dataprep.report.stream_padding`, memory bounded by a bucket), with the same figures.
 """
 
 from __future__ import annotations
@@ -31,7 +44,7 @@ import numpy.typing as npt
 
 from bucketing.allocate import allocate, assign
 from bucketing.batching import (DEFAULT_AUDIO_WEIGHT, DEFAULT_SORT_BY, DEFAULT_WINDOW, Batches, BucketGrouping, Cut,
-                                _resolve_sort, allocated_totals, cut_batches)
+                                _resolve_sort, allocated_totals, cut_batches, form_batches_cumulative)
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import (
     COMPARED_TARGETS,
@@ -307,19 +320,6 @@ def _batch_offsets(n: int, size: int) -> npt.NDArray[np.int64]:
     return np.append(np.arange(0, n, size, dtype=np.int64), n)
 
 
-def _cumulative_offsets(d: npt.NDArray[np.float64], budget: float) -> npt.NDArray[np.int64]:
-    """Greedy batches of one bucket's ordered rows: taken while their real seconds stay <=
-    ``budget`` (a longer row alone). A loop over batches, not rows."""
-    n = d.shape[0]
-    cum = np.concatenate([[0.0], np.cumsum(d)])
-    firsts, s = [], 0
-    while s < n:
-        end = int(np.searchsorted(cum, cum[s] + budget * (1 + 1e-12), side="right")) - 1
-        firsts.append(s)
-        s = min(max(end, s + 1), n)
-    return np.asarray([*firsts, n], dtype=np.int64)
-
-
 class ArrayStore:
     """Columns appended in memory (the in-memory stand-in of :class:`manifests.spill.SpillFiles`
     for :func:`schemes_report`'s rate samples)."""
@@ -403,8 +403,8 @@ def schemes_report(num_rows: int, fixed_parts: Callable[[float, int], tuple[int,
     ``store``: where the 2D rows' durations and rates go in batch order for the rate samples
     (``append`` / ``read_runs`` / ``close``, :class:`ArrayStore` or spill files).
     Batches are formed per bucket with the draws of :func:`bucketing.batching.form_batches`
-    (``default_rng([seed, 2])`` for 1D, ``[seed, 3]`` for 2D), the cumulative scheme's with a
-    shuffle per bucket (``[seed, 1]``)."""
+    (``default_rng([seed, 2])`` for 1D, ``[seed, 3]`` for 2D), the cumulative scheme's by
+    :func:`bucketing.batching.form_batches_cumulative` bucket after bucket (``[seed, 1]``)."""
     def rng(k: int) -> np.random.Generator:
         return np.random.default_rng([seed, k])
 
@@ -426,8 +426,8 @@ def schemes_report(num_rows: int, fixed_parts: Callable[[float, int], tuple[int,
     for k in np.flatnonzero(one_d.counts):
         d, t, _ = one_d.rows_of(int(k))
         t = t.astype(np.int64, copy=False)
-        p = rng_cum.permutation(d.shape[0])
-        cum.add(int(k), d[p], t[p], _cumulative_offsets(d[p], cumulative_budget or budget))
+        bc = form_batches_cumulative(np.zeros(d.shape[0], np.int32), d, cumulative_budget or budget, rng_cum)
+        cum.add(int(k), d[bc.rows], t[bc.rows], bc.offsets)
         for p in g1.order_chunks(d.shape[0], int(bs1[k]), rng1, d, t, CHUNK_ROWS):
             one.add(int(k), d[p], t[p], _batch_offsets(p.shape[0], int(bs1[k])))
     schemes["1d-cumulative"] = {**cum.padding(), "excluded": 0}
