@@ -165,7 +165,7 @@ def group_json(names: list[str], totals: npt.NDArray[np.float64], epochs: int = 
 
 
 #: Rows per part of the fixed schemes' scatter shuffle: ``ceil(rows / SCATTER_ROWS)`` parts.
-SCATTER_ROWS = 1 << 22
+SCATTER_ROWS = 1 << 20
 #: Rows of a bucket ordered and measured at once (whole batches,
 #: :meth:`bucketing.batching.BucketGrouping.order_chunks`): bounds the grouping's and dynamic
 #: resolution's transients; the figures do not depend on it beyond the float sums' order.
