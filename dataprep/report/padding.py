@@ -1,7 +1,8 @@
 """The padding report of a manifest and a buckets.json: what each batching scheme would
 waste (:func:`bucketing.padding.padding_report`) and, for given world sizes, the steps
 ``plan-batches`` would make (:func:`bucketing.steps_report.steps_report`). I/O around the
-pure core; ``dataprep padding`` prints what this returns."""
+pure core; ``dataprep padding`` prints what this returns. A manifest over the memory limit is
+measured from spill files (:mod:`dataprep.report.stream_padding`, the same figures)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ import numpy.typing as npt
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
-from dataprep.report.stream_padding import IN_MEMORY_BYTES_PER_ROW
 from bucketing.padding import padding_report
 from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
+from dataprep.report.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError, OptionError
 from manifests.io import manifest_hash, manifest_num_rows, read_corpus_codes, read_manifest
-from manifests.spill import default_memory_limit
 from manifests.options import check_bool, check_int, check_number
+from manifests.spill import default_memory_limit
 
 
 def duration_and_tokens(path: str | os.PathLike[str]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
@@ -72,8 +73,6 @@ def _spilled(manifest: str | os.PathLike[str], spec: BucketSpec, rows: int, limi
              world_sizes: Sequence[int] = (), balance: float = 0.0, **options: Any) -> dict[str, Any]:
     """:func:`dataprep.report.stream_padding.spilled_padding_report` after the checks of
     :func:`spec_padding_report`; ``--world-sizes`` plans in memory and is refused."""
-    from dataprep.report.stream_padding import spilled_padding_report
-
     check_padding_options(rows, world_sizes=world_sizes, balance=balance, **options)
     if world_sizes:
         raise OptionError("world_sizes", f"plans every world size in memory: the manifest's {rows} rows need more "
