@@ -16,8 +16,9 @@ Both paths measure every scheme from rows read one part or one bucket at a time
 
 Memory: one block of the manifest, then one bucket (the planner's bound,
 :func:`dataprep.planning.out_of_core.planning_bytes`) or one scatter part
-(:data:`bucketing.padding.SCATTER_ROWS` rows). Disk: about 30 bytes per row per spill
-(1D, 2D, each fixed length), under a directory next to the manifest, removed at the end.
+(:data:`bucketing.padding.SCATTER_ROWS` rows). Disk: about 85 bytes per row in all (the fit's
+16, the 1D and 2D spills' 20 each and 4 more for corpus codes, 12 per fixed length, the rate
+store's 16), under a directory next to the manifest, removed at the end.
 ``--world-sizes`` plans in memory and is refused here.
 """
 
