@@ -1,10 +1,15 @@
-"""``dataprep stats`` and ``dataprep filter --max-tps 25`` on large manifests: time and peak
-RSS per size, the streamed path (this checkout) and, with ``--baseline``, the same commands
+"""``dataprep stats``, ``dataprep filter --max-tps 25`` and ``dataprep padding`` on large
+manifests: time and peak RSS per size, the streamed path (this checkout) and, with ``--baseline``, the same commands
 run from another checkout (e.g. one before streaming) in the same run.
 
     python benchmarks/bench_stream.py --rows 10000000                         # 10M, 3 repeats
     python benchmarks/bench_stream.py --rows 10000000 --baseline ../main      # old vs new
     python benchmarks/bench_stream.py --rows 40000000 --repeats 1 --dir /big/disk --only stats
+    python benchmarks/bench_stream.py --rows 10000000 --repeats 1 --only padding --baseline ../main
+
+``padding`` reads a ``buckets.json`` fitted once on the manifest (``fit-buckets --num-buckets
+30``, kept in ``--dir``); this checkout runs it under ``--padding-memory-limit`` (default 1GiB:
+the spilled path), the baseline without the option (its path for the machine).
 
 The manifest is synthetic, drawn as ``benchmarks/bench_plan.py`` draws its rows (real
 (duration, characters per second) pairs of ../shared/data with 5% jitter, tokens = chars / 3.5
@@ -16,7 +21,9 @@ its wall time, CPU time (user + system, all threads: steadier than wall time on 
 machine) and peak RSS (the child's own VmHWM, as ``ru_maxrss`` would also count the parent's
 pages from before the exec) are printed, then the medians over ``--repeats``. Times include
 the interpreter's start and imports (a few seconds).
-The outputs of the two paths are compared byte for byte (filter's files, stats' JSON).
+The outputs of the two paths are compared byte for byte (filter's files, stats' JSON); for
+padding, the figures of the bucketed schemes (``1d-budget``, ``2d``, per bucket), which the
+spilled path reproduces (the fixed and cumulative schemes' draws changed with it).
 """
 
 from __future__ import annotations
@@ -95,7 +102,8 @@ def main() -> None:
     ap.add_argument("--baseline-max-rows", type=int, default=10_000_000,
                     help="skip the baseline above this size (the whole-frame path needs the manifest in memory)")
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "bench_stream")
-    ap.add_argument("--only", choices=["stats", "filter"], help="measure one command")
+    ap.add_argument("--only", choices=["stats", "filter", "padding"], help="measure one command")
+    ap.add_argument("--padding-memory-limit", default="1GiB", help="this checkout's padding --memory-limit")
     args = ap.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     rows_out = []
@@ -104,6 +112,9 @@ def main() -> None:
         if not manifest.exists():
             print(f"writing {manifest} ({n:,} rows)", flush=True)
             write_manifest_for(n, manifest)
+        buckets = args.dir / f"buckets-{n}.json"
+        if (args.only in (None, "padding")) and not buckets.exists():
+            run(REPO, ["fit-buckets", str(manifest), "--num-buckets", "30", "-o", str(buckets)], args.dir)
         paths = [("new", REPO)]
         if args.baseline is not None and n <= args.baseline_max_rows:
             paths.append(("old", args.baseline.resolve()))
@@ -114,6 +125,8 @@ def main() -> None:
                 "stats": ["stats", str(manifest), "--json", "stats.json"],
                 "filter --max-tps 25": ["filter", str(manifest), "--max-tps", "25", "-o", "kept.parquet",
                                         "--rejects", "rejects.parquet"],
+                "padding": ["padding", str(manifest), "--buckets", str(buckets), "--json", "padding.json",
+                            *(["--memory-limit", args.padding_memory_limit] if label == "new" else [])],
             }
             for name, cmd in commands.items():
                 if args.only and not name.startswith(args.only):
@@ -130,6 +143,12 @@ def main() -> None:
             same = [f for f in outputs
                     if filecmp.cmp(args.dir / f"out-new-{n}" / f, args.dir / f"out-old-{n}" / f, shallow=False)]
             print(f"  {n:>12,} identical outputs (new vs old): {', '.join(same) or 'none'}", flush=True)
+            pads = [args.dir / f"out-{x}-{n}" / "padding.json" for x in ("new", "old")]
+            if all(p.exists() for p in pads):
+                a, b = (json.loads(p.read_text()) for p in pads)
+                keys = [k for k in ("1d-budget", "2d") if a["schemes"][k] == b["schemes"][k]]
+                print(f"  {n:>12,} padding: same figures (new vs old): {', '.join(keys) or 'none'}, per bucket "
+                      f"{'same' if a['per_bucket'] == b['per_bucket'] else 'differ'}", flush=True)
     print(f"\nmedians of {args.repeats} run(s), 2 threads")
     print(f"{'rows':>12}  {'command':<20} {'path':<4} {'wall (s)':>9} {'CPU (s)':>8} {'CPU us/row':>10} "
           f"{'peak RSS (GiB)':>15}")

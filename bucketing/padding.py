@@ -2,15 +2,23 @@
 
 Padding ratio = 1 − Σ real / Σ (batch size × max in batch), for audio (seconds; equal to the
 frame ratio up to rounding) and for tokens. A scheme that pads to a fixed length (Whisper's
-30 s) uses that length instead of the max in batch. Batches are formed with
-:func:`bucketing.batching.form_batches`, exactly as the planner forms them.
+30 s) uses that length instead of the max in batch. Bucketed batches are formed with the
+draws of :func:`bucketing.batching.form_batches`, exactly as the planner forms them.
 
 Schemes (same budget of padded seconds per batch):
 
 1. ``fixed-<L>s``: one bucket, batch = floor(budget / L), audio padded to L seconds; rows
-   longer than L cannot be used and are counted as ``excluded``.
+   longer than L cannot be used and are counted as ``excluded``. The rows are shuffled by a
+   *scatter shuffle* that streams: each row draws one of ``ceil(rows / SCATTER_ROWS)`` parts
+   (a hash of its row number, :func:`scatter_part`), each part is shuffled, and the parts laid
+   end to end are cut into batches. Up to :data:`SCATTER_ROWS` rows (one part) this is the
+   global shuffle of earlier versions, draw for draw; above, a uniformly random order all the
+   same (``benchmarks/bench_padding_baseline.py``: the same figures within noise). Audio
+   padding does not depend on the order.
 2. ``1d-cumulative``: 1D duration buckets, batches filled while the sum of real durations
-   stays <= the cumulative budget (Lhotse ``max_duration``; Canary-1B used 360 s).
+   stays <= the cumulative budget (Lhotse ``max_duration``; Canary-1B used 360 s). Each
+   bucket is shuffled on its own, bucket after bucket (earlier versions drew one key per row
+   over the corpus; the figures differ by the draws only).
 3. ``1d-budget``: 1D buckets, per-bucket batch size by the padded-budget rule.
 4. ``2d``: the given 2D buckets with their per-bucket batch sizes.
 5. ``2d-dynamic-resolution``: the same batches, each utterance featurized at the rate that
@@ -18,23 +26,30 @@ Schemes (same budget of padded seconds per batch):
    the frame padding left (clamped utterances), beside ``frame_padding_base`` (ordinary
    padding at the base rate), ``clamped_share`` (utterances), ``fallback_share`` (batches)
    and ``off_rate_share`` (frames more than 10% off the base rate), also per bucket.
+
+Every scheme is measured from rows read one scatter part or one bucket at a time (a bucket in
+chunks of whole batches, :data:`CHUNK_ROWS`), its sums taken bucket by bucket
+(:func:`schemes_report`): from columns in memory (:func:`padding_report`) or from spill files
+(:mod:`dataprep.report.stream_padding`, memory bounded by a bucket), with the same figures.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.allocate import allocate, assign, carry_tails
-from bucketing.batching import Batches, form_batches, form_batches_cumulative
+from bucketing.allocate import allocate, assign
+from bucketing.batching import (DEFAULT_AUDIO_WEIGHT, DEFAULT_SORT_BY, DEFAULT_WINDOW, Batches, BucketGrouping, Cut,
+                                _resolve_sort, allocated_totals, cut_batches, form_batches_cumulative)
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import (
     COMPARED_TARGETS,
     DynResConfig,
+    ResolutionTotals,
     comparison_rows,
     policy_totals,
     resolution_totals,
@@ -149,6 +164,182 @@ def group_json(names: list[str], totals: npt.NDArray[np.float64], epochs: int = 
             for i, n in enumerate(names)]
 
 
+#: Rows per part of the fixed schemes' scatter shuffle: ``ceil(rows / SCATTER_ROWS)`` parts.
+SCATTER_ROWS = 1 << 20
+#: Rows of a bucket ordered and measured at once (whole batches,
+#: :meth:`bucketing.batching.BucketGrouping.order_chunks`): bounds the grouping's and dynamic
+#: resolution's transients; the figures do not depend on it beyond the float sums' order.
+CHUNK_ROWS = 1 << 19
+#: Utterances sampled for the rate-vs-duration plot.
+RATE_SAMPLES = 2000
+_KEY = np.empty(0)  # both sort keys exist (durations and tokens)
+
+
+def scatter_count(num_rows: int) -> int:
+    """Parts of the fixed schemes' scatter shuffle for a manifest of ``num_rows`` rows."""
+    return max(1, -(-int(num_rows) // SCATTER_ROWS))
+
+
+def scatter_part(rows: npt.ArrayLike, seed: int, salt: int, parts: int) -> npt.NDArray[np.int64]:
+    """The part in ``[0, parts)`` each row number draws: a splitmix64 hash of the row and a key
+    of ``(seed, salt)``, so a block of rows draws what the whole manifest would."""
+    key = np.random.SeedSequence([seed, salt]).generate_state(1, np.uint64)[0]
+    z = np.asarray(rows, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + key
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z % np.uint64(parts)).astype(np.int64)
+
+
+def fixed_scheme(parts: Iterable[tuple[npt.NDArray[Any], npt.NDArray[Any]]], length: float, budget: float,
+                 excluded: int, seed: int, salt: int) -> dict[str, Any]:
+    """Scheme 1 (``fixed-<L>s``): the rows of at most ``length`` s, given as the parts of the
+    scatter shuffle in order (each part's durations and tokens, ascending rows); each part is
+    shuffled (``default_rng([seed, salt, part])``) and the parts laid end to end are cut into
+    batches of ``floor(budget / length)``. Audio padding does not depend on the order (exact);
+    token padding sums integers (exact)."""
+    bs = max(1, int(np.floor(budget / length + 1e-9)))
+    real_d, n, real_t, pad_t, batches = 0.0, 0, 0, 0, 0
+    pending = np.empty(0, np.int64)
+    for j, (d, t) in enumerate(parts):
+        real_d += float(np.asarray(d, dtype=np.float64).sum())
+        tt = np.asarray(t, dtype=np.int64)
+        tt = tt[np.random.default_rng([seed, salt, j]).permutation(tt.shape[0])]
+        n += tt.shape[0]
+        real_t += int(tt.sum())
+        tt = np.concatenate([pending, tt])
+        full = tt.shape[0] // bs * bs
+        if full:
+            pad_t += bs * int(tt[:full].reshape(-1, bs).max(1).sum())
+            batches += full // bs
+        pending = tt[full:]
+    if pending.shape[0]:
+        pad_t += pending.shape[0] * int(pending.max())
+        batches += 1
+    p = Padding(audio_padding=_ratio(real_d, n * length), token_padding=_ratio(real_t, pad_t), num_batches=batches,
+                mean_batch_size=n / batches if batches else 0.0, num_rows=n)
+    return {**p.to_json(), "excluded": excluded}
+
+
+def memory_parts(d: npt.NDArray[np.float64], t: npt.NDArray[Any], length: float, seed: int, salt: int,
+                 ) -> tuple[int, Iterator[tuple[npt.NDArray[Any], npt.NDArray[Any]]]]:
+    """(rows over ``length``, the scatter parts of the others) of columns in memory (as
+    :func:`fixed_scheme` reads them)."""
+    rows = np.flatnonzero(d <= length)
+    K = scatter_count(d.shape[0])
+    part = scatter_part(rows, seed, salt, K)
+    order = np.argsort(part, kind="stable")
+    cut = np.searchsorted(part[order], np.arange(K + 1))
+
+    def parts() -> Iterator[tuple[npt.NDArray[Any], npt.NDArray[Any]]]:
+        for j in range(K):
+            r = rows[order[cut[j]:cut[j + 1]]]
+            yield d[r], t[r]
+
+    return int(d.shape[0] - rows.shape[0]), parts()
+
+
+@dataclass
+class BucketedRows:
+    """Rows allocated to buckets, read one bucket at a time: ``rows_of(k)`` gives bucket
+    ``k``'s durations (s), tokens and corpus codes (None without corpora), ascending rows.
+    ``total_d`` / ``total_t``: the allocated rows' sums (:func:`bucketing.batching.allocated_totals`);
+    the allocation's figures as :class:`bucketing.allocate.Assignment`'s (drops counted)."""
+
+    counts: npt.NDArray[np.int64]
+    rows_of: Callable[[int], tuple[npt.NDArray[np.float64], npt.NDArray[Any], npt.NDArray[Any] | None]]
+    total_d: float
+    total_t: float
+    dropped: dict[str, int] = field(default_factory=dict)
+    moved: int = 0
+    carried: int = 0
+    max_tokens: npt.NDArray[np.int64] | None = None
+
+
+def memory_buckets(bucket: npt.NDArray[np.integer], d: npt.NDArray[np.float64], t: npt.NDArray[Any],
+                   codes: npt.NDArray[Any] | None, num_buckets: int) -> BucketedRows:
+    """:class:`BucketedRows` of columns in memory (``bucket`` per row, -1 = left out)."""
+    b = np.asarray(bucket)
+    order = np.argsort(b.astype(np.int16) if num_buckets < 2**15 - 1 else b, kind="stable")
+    start = np.searchsorted(b[order], np.arange(num_buckets + 1))
+
+    def rows_of(k: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[Any], npt.NDArray[Any] | None]:
+        r = order[start[k]:start[k + 1]]
+        return d[r], t[r], None if codes is None else codes[r]
+
+    total_d, total_t = allocated_totals(d, t, b)
+    return BucketedRows(np.diff(start).astype(np.int64), rows_of, total_d, total_t)
+
+
+@dataclass
+class _Sums:
+    """Per bucket: real and padded seconds, real and padded tokens (integers), batches, rows."""
+
+    num_buckets: int
+
+    def __post_init__(self) -> None:
+        B = self.num_buckets
+        self.real_d, self.pad_d = np.zeros(B), np.zeros(B)
+        self.real_t, self.pad_t = np.zeros(B, np.int64), np.zeros(B, np.int64)
+        self.batches, self.rows = np.zeros(B, np.int64), np.zeros(B, np.int64)
+
+    def add(self, k: int, d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], off: npt.NDArray[np.int64]
+            ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """Batches ``d[off[i]:off[i+1]]`` of bucket ``k``; returns their longest and most tokens."""
+        lo, sizes = off[:-1], np.diff(off)
+        dmax, tmax = np.maximum.reduceat(d, lo), np.maximum.reduceat(t, lo)
+        self.real_d[k] += float(np.add.reduceat(d, lo).sum())
+        self.pad_d[k] += float((sizes * dmax).sum())
+        self.real_t[k] += int(t.sum())
+        self.pad_t[k] += int((sizes * tmax).sum())
+        self.batches[k] += lo.shape[0]
+        self.rows[k] += d.shape[0]
+        return dmax, tmax
+
+    def padding(self) -> dict[str, Any]:
+        n, nb = int(self.rows.sum()), int(self.batches.sum())
+        return Padding(audio_padding=_ratio(float(self.real_d.sum()), float(self.pad_d.sum())),
+                       token_padding=_ratio(int(self.real_t.sum()), int(self.pad_t.sum())), num_batches=nb,
+                       mean_batch_size=n / nb if nb else 0.0, num_rows=n).to_json()
+
+    def per_bucket(self) -> dict[str, npt.NDArray[Any]]:
+        """As :func:`per_bucket`."""
+        pd, pt = self.pad_d, self.pad_t.astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return {
+                "audio_padding": np.where(pd > 0, 1 - self.real_d / np.where(pd > 0, pd, 1), 0.0),
+                "token_padding": np.where(pt > 0, 1 - self.real_t / np.where(pt > 0, pt, 1), 0.0),
+                "num_batches": self.batches,
+                "num_rows": self.rows,
+                "mean_batch_size": np.where(self.batches > 0, self.rows / np.maximum(self.batches, 1), 0.0),
+                "hours": self.real_d / 3600.0,
+            }
+
+
+def _batch_offsets(n: int, size: int) -> npt.NDArray[np.int64]:
+    return np.append(np.arange(0, n, size, dtype=np.int64), n)
+
+
+class ArrayStore:
+    """Columns appended in memory (the in-memory stand-in of :class:`manifests.spill.SpillFiles`
+    for :func:`schemes_report`'s rate samples)."""
+
+    def __init__(self) -> None:
+        self._cols: dict[str, list[npt.NDArray[Any]]] = {}
+
+    def append(self, name: str, values: npt.NDArray[Any]) -> None:
+        self._cols.setdefault(name, []).append(np.array(values))
+
+    def read_runs(self, name: str, dtype: type, starts: npt.NDArray[np.int64],
+                  sizes: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+        col = np.concatenate(self._cols.get(name, [np.empty(0, dtype)])).astype(dtype, copy=False)
+        idx = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
+        return col[idx]
+
+    def close(self) -> None:
+        pass
+
+
 def padding_report(
     duration: npt.ArrayLike,
     num_tokens: npt.ArrayLike,
@@ -168,117 +359,174 @@ def padding_report(
     corpus_of_row: npt.ArrayLike | None = None,
     corpora: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Compare the schemes on one manifest (see the module docstring).
+    """Compare the schemes on one manifest's columns in memory (see the module docstring and
+    :func:`schemes_report`).
 
     ``budget``: padded seconds per batch for schemes 1 and 3 (scheme 4 uses ``batch_sizes``);
     ``cumulative_budget``: real seconds per batch for scheme 2 (default: ``budget``).
-    ``window`` / ``sort_by`` / ``audio_weight``: in-bucket grouping passed to ``form_batches``
-    (None = its default). ``carry``: bucket tails fill the next bucket that holds them
-    (:func:`bucketing.allocate.carry_tails`) in the bucketed schemes 3 and 4, as the planner does.
-    ``dynamic_resolution``: the rates of scheme 5 (None leaves it out). ``corpus_of_row``
-    (index into ``corpora`` per row): also the 2D scheme's utterances, hours and padding per corpus.
-    Returns JSON-ready figures; ``per_bucket`` holds the 2D scheme's buckets (with the
-    ``dynres_*`` figures of scheme 5).
+    ``window`` / ``sort_by`` / ``audio_weight``: in-bucket grouping as ``form_batches`` takes
+    it (None = its default). ``carry``: bucket tails fill the next bucket that holds them
+    (:func:`bucketing.allocate.carry_tails`) in scheme 4, as the planner does (1D buckets
+    have no token sub-bins to carry into). ``dynamic_resolution``: the rates of scheme 5
+    (None leaves it out). ``corpus_of_row`` (index into ``corpora`` per row): also the 2D
+    scheme's utterances, hours and padding per corpus.
     """
     d = np.asarray(duration, dtype=np.float64)
     t = np.asarray(num_tokens, dtype=np.int64)
-    opts: dict[str, Any] = {"duration": d}
-    if window is not None:
-        opts["window"] = window
-    if sort_by is not None:
-        opts["sort_by"] = sort_by
-    if audio_weight is not None:
-        opts["audio_weight"] = audio_weight
-    schemes: dict[str, Any] = {}
+    codes = None if corpus_of_row is None else np.asarray(corpus_of_row)
+    fit1 = fit_buckets(d, None, num_buckets=grid.num_duration_bins, num_subbuckets=1).grid
+    one_d = memory_buckets(allocate(d, None, fit1).bucket, d, t, None, fit1.num_buckets)
+    bs = np.asarray(batch_sizes, dtype=np.int64)
+    a = assign(d, t, grid, bs, strict=strict, carry=carry)
+    two_d = memory_buckets(a.bucket, d, t, codes, grid.num_buckets)
+    two_d.dropped = {k: int(v.shape[0]) for k, v in a.allocation.dropped.items()}
+    two_d.moved, two_d.carried, two_d.max_tokens = a.allocation.moved, a.carried, a.max_tokens
+    return schemes_report(int(d.shape[0]), lambda length, salt: memory_parts(d, t, length, seed, salt), fit1, one_d,
+                          grid, bs, two_d, ArrayStore(), budget=budget, cumulative_budget=cumulative_budget,
+                          fixed_lengths=fixed_lengths, seed=seed, window=window, sort_by=sort_by,
+                          audio_weight=audio_weight, dynamic_resolution=dynamic_resolution,
+                          corpora=corpora if codes is not None else None)
 
+
+def schemes_report(num_rows: int, fixed_parts: Callable[[float, int], tuple[int, Iterable[Any]]], grid1: Grid,
+                   one_d: BucketedRows, grid: Grid, batch_sizes: npt.NDArray[np.int64], two_d: BucketedRows,
+                   store: Any, *, budget: float, cumulative_budget: float | None,
+                   fixed_lengths: tuple[float, ...], seed: int, window: int | None, sort_by: str | None,
+                   audio_weight: float | None, dynamic_resolution: DynResConfig | None,
+                   corpora: Sequence[str] | None) -> dict[str, Any]:
+    """The report from rows read one part or one bucket at a time, in memory or from spill
+    files (the same figures either way: every sum is taken bucket by bucket, chunk by chunk).
+
+    ``fixed_parts(length, salt)``: (rows over ``length``, the scatter parts, :func:`fixed_scheme`);
+    ``grid1`` / ``one_d``: the 1D duration grid (``grid``'s duration bins, equal occupancy)
+    and its rows; ``two_d``: the rows of ``grid`` (allocated, tails carried);
+    ``store``: where the 2D rows' durations and rates go in batch order for the rate samples
+    (``append`` / ``read_runs`` / ``close``, :class:`ArrayStore` or spill files).
+    Batches are formed per bucket with the draws of :func:`bucketing.batching.form_batches`
+    (``default_rng([seed, 2])`` for 1D, ``[seed, 3]`` for 2D), the cumulative scheme's by
+    :func:`bucketing.batching.form_batches_cumulative` bucket after bucket (``[seed, 1]``)."""
     def rng(k: int) -> np.random.Generator:
         return np.random.default_rng([seed, k])
 
+    schemes: dict[str, Any] = {}
     for i, length in enumerate(fixed_lengths):
-        ok = d <= length
-        bs = max(1, int(np.floor(budget / length + 1e-9)))
-        batches = form_batches(np.where(ok, 0, -1), np.asarray([bs]), rng(10 + i), None, window=1)
-        p = measure(batches, d, t, fixed_audio=length).to_json()
-        p["excluded"] = int((~ok).sum())
-        schemes[f"fixed-{length:g}s"] = p
+        excluded, parts = fixed_parts(length, 10 + i)
+        schemes[f"fixed-{length:g}s"] = fixed_scheme(parts, length, budget, excluded, seed, 10 + i)
 
-    nd = grid.num_duration_bins
-    fit1 = fit_buckets(d, None, num_buckets=nd, num_subbuckets=1).grid
-    b1 = allocate(d, None, fit1).bucket
-    cum = form_batches_cumulative(b1, d, cumulative_budget or budget, rng(1))
-    schemes["1d-cumulative"] = {**measure(cum, d, t).to_json(), "excluded": 0}
-    bs1 = padded_budget_batch_sizes(fit1.max_duration, max_duration_budget=budget)
-    if carry:
-        b1 = carry_tails(b1, d, None, bs1, np.zeros(fit1.num_buckets, dtype=np.int64), fit1.duration_bin)[0]
-    schemes["1d-budget"] = {**measure(form_batches(b1, bs1, rng(2), t, **opts), d, t).to_json(), "excluded": 0}
+    def grouping_of(rows: BucketedRows) -> BucketGrouping:
+        g = BucketGrouping(_resolve_sort(DEFAULT_SORT_BY if sort_by is None else sort_by, _KEY, _KEY),
+                           DEFAULT_WINDOW if window is None else window, None,
+                           DEFAULT_AUDIO_WEIGHT if audio_weight is None else audio_weight)
+        return g.with_totals(rows.total_d, rows.total_t) if g.both else g
 
-    assigned = assign(d, t, grid, batch_sizes, strict=strict, carry=carry)
-    alloc, carried = assigned.allocation, assigned.carried
-    batches2 = form_batches(assigned.bucket, np.asarray(batch_sizes), rng(3), t, **opts)
-    schemes["2d"] = {**measure(batches2, d, t).to_json(), "excluded": alloc.num_dropped}
-    pb = per_bucket(batches2, d, t, grid.num_buckets)
-    if dynamic_resolution is not None:
-        schemes["2d-dynamic-resolution"] = _dynamic_resolution_scheme(
-            schemes["2d"], batches2, d, dynamic_resolution, grid.num_buckets, pb)
+    # 1D: cumulative (a shuffle per bucket, greedy by real seconds) and padded budget
+    bs1 = padded_budget_batch_sizes(grid1.max_duration, max_duration_budget=budget)
+    cum, one = _Sums(grid1.num_buckets), _Sums(grid1.num_buckets)
+    rng_cum, rng1, g1 = rng(1), rng(2), grouping_of(one_d)
+    for k in np.flatnonzero(one_d.counts):
+        d, t, _ = one_d.rows_of(int(k))
+        t = t.astype(np.int64, copy=False)
+        bc = form_batches_cumulative(np.zeros(d.shape[0], np.int32), d, cumulative_budget or budget, rng_cum)
+        cum.add(int(k), d[bc.rows], t[bc.rows], bc.offsets)
+        for p in g1.order_chunks(d.shape[0], int(bs1[k]), rng1, d, t, CHUNK_ROWS):
+            one.add(int(k), d[p], t[p], _batch_offsets(p.shape[0], int(bs1[k])))
+    schemes["1d-cumulative"] = {**cum.padding(), "excluded": 0}
+    schemes["1d-budget"] = {**one.padding(), "excluded": 0}
+
+    # 2D (and 2D + dynamic resolution, per corpus)
+    B = grid.num_buckets
+    sums, g2, rng2 = _Sums(B), grouping_of(two_d), rng(3)
+    dyn = dynamic_resolution
+    res_totals: list[ResolutionTotals] = [ResolutionTotals() for _ in range(B)]
+    pol: dict[str, ResolutionTotals] = {}
+    groups = None if corpora is None else np.zeros((5, len(corpora)))
+    d_max = 0.0
+    for k in np.flatnonzero(two_d.counts):
+        d, t, c = two_d.rows_of(int(k))
+        t = t.astype(np.int64, copy=False)
+        size = int(batch_sizes[k])
+        for p in g2.order_chunks(d.shape[0], size, rng2, d, t, CHUNK_ROWS):
+            dk, tk, off = d[p], t[p], _batch_offsets(p.shape[0], size)
+            dmax, tmax = sums.add(int(k), dk, tk, off)
+            if groups is not None and c is not None:
+                groups += group_padding(np.arange(p.shape[0]), np.diff(off), dmax, tmax, dk, tk, c[p], len(corpora))
+            if dyn is not None:
+                res = resolve(dk, off, None, dyn)
+                res_totals[k] = res_totals[k] + resolution_totals(dk, off, res, dyn)[0]
+                for name, x in policy_totals(dk, off, dyn).items():
+                    pol[name] = pol[name] + x if name in pol else x
+                store.append("dyn.d", dk)
+                store.append("dyn.rate", res.rate)
+                d_max = max(d_max, float(dk.max()))
+    store.close()
+    schemes["2d"] = {**sums.padding(), "excluded": sum(two_d.dropped.values())}
+    pb = sums.per_bucket()
+    if dyn is not None:
+        cut = cut_batches(two_d.counts, batch_sizes, rng2 if g2.grouped(True, True) else None)
+        schemes["2d-dynamic-resolution"] = _dynamic_resolution_scheme(schemes["2d"], res_totals, pol, dyn, pb, store,
+                                                                      cut, d_max)
     extra: dict[str, Any] = {}
-    if corpus_of_row is not None:
-        sizes = batches2.sizes()
-        totals = group_padding(batches2.rows, sizes, batch_maxima(batches2, d), batch_maxima(batches2, t), d, t,
-                               np.asarray(corpus_of_row), len(corpora))
-        extra["per_corpus"] = group_json(list(corpora), totals)
+    if groups is not None and corpora is not None:
+        extra["per_corpus"] = group_json(list(corpora), groups)
+    mt = two_d.max_tokens
     return {
         **extra,
-        "num_rows": int(d.shape[0]),
+        "num_rows": num_rows,
         "budget": budget,
         "cumulative_budget": cumulative_budget or budget,
         "seed": seed,
         "schemes": schemes,
-        "dropped": {k: int(v.shape[0]) for k, v in alloc.dropped.items()},
-        "moved": alloc.moved,
-        "carried": carried,
+        "dropped": dict(two_d.dropped),
+        "moved": two_d.moved,
+        "carried": two_d.carried,
         "per_bucket": [
             {
                 "index": i,
                 "duration_bin": int(grid.duration_bin[i]),
                 "token_bin": int(grid.token_bin[i]),
                 "max_duration": float(grid.max_duration[i]),
-                "max_tokens": int(alloc.max_tokens[i]) if alloc.max_tokens is not None else None,
-                "batch_size": int(np.asarray(batch_sizes)[i]),
+                "max_tokens": int(mt[i]) if mt is not None else None,
+                "batch_size": int(batch_sizes[i]),
                 **{k: (round(float(v[i]), 6) if v.dtype.kind == "f" else int(v[i])) for k, v in pb.items()},
             }
-            for i in range(grid.num_buckets)
+            for i in range(B)
         ],
     }
 
 
-def _dynamic_resolution_scheme(scheme_2d: dict[str, Any], batches: Batches, d: npt.NDArray[np.float64],
-                               config: DynResConfig, num_buckets: int,
-                               pb: dict[str, npt.NDArray[Any]]) -> dict[str, Any]:
+def _dynamic_resolution_scheme(scheme_2d: dict[str, Any], by_bucket: list[ResolutionTotals],
+                               pol: dict[str, ResolutionTotals], config: DynResConfig,
+                               pb: dict[str, npt.NDArray[Any]], store: Any, cut: Cut, d_max: float) -> dict[str, Any]:
     """Scheme 5: the 2D batches featurized at their own rates; adds the per-bucket
-    ``dynres_*`` arrays to ``pb``."""
-    db = d[batches.rows]
-    res = resolve(db, batches.offsets, None, config)
-    by_bucket = resolution_totals(db, batches.offsets, res, config, batches.bucket, num_buckets)
+    ``dynres_*`` arrays to ``pb``. The rate samples are read from ``store`` (rows in cut
+    order) at evenly spaced positions of the batches' drawn order."""
     whole = sum(by_bucket[1:], by_bucket[0]).to_json() if by_bucket else {}
     dyn = [x.to_json() for x in by_bucket]
     for k in ("frame_padding", "clamped_share", "fallback_share", "off_rate_share"):
         pb[f"dynres_{k}"] = np.asarray([x[k] for x in dyn], dtype=np.float64)
+    n = int(cut.sizes.sum())
+    pos = np.linspace(0, n - 1, min(RATE_SAMPLES, n)).astype(np.int64) if n else np.zeros(0, np.int64)
+    sizes = cut.sizes[cut.perm]
+    off = np.concatenate([[0], np.cumsum(sizes)])
+    j = np.searchsorted(off, pos, side="right") - 1
+    at = cut.starts[cut.perm[j]] + (pos - off[j]) if n else pos
+    one = np.ones(at.shape[0], dtype=np.int64)
+    d, rate = store.read_runs("dyn.d", np.float64, at, one), store.read_runs("dyn.rate", np.float64, at, one)
     return {**scheme_2d, "audio_padding": whole.get("frame_padding", 0.0),
             **{k: whole.get(k, 0.0) for k in ("frame_padding", "frame_padding_base", "clamped_share",
                                                 "fallback_share", "off_rate_share")},
-            "config": config.to_json(), "compare": comparison_rows(policy_totals(db, batches.offsets, config)),
-            "rate_vs_duration": _rates(db, res.rate, config)}
+            "config": config.to_json(), "compare": comparison_rows(pol),
+            "rate_vs_duration": _rates(d, rate, d_max, config)}
 
 
-def _rates(d: npt.NDArray[np.float64], rate: npt.NDArray[np.float64], config: DynResConfig,
-           n: int = 2000) -> dict[str, Any]:
-    """For the rate-vs-duration plot: up to ``n`` evenly spaced (duration s, rate Hz) pairs of
-    the utterances, and per constant target the rate of a batch's longest utterance on a
-    duration grid (``grid`` s, ``curves[F]`` Hz)."""
-    idx = np.linspace(0, d.shape[0] - 1, min(n, d.shape[0])).astype(np.int64) if d.shape[0] else np.zeros(0, np.int64)
-    grid = np.linspace(0.5, max(float(d.max()) if d.shape[0] else 1.0, 1.0), 200)
+def _rates(d: npt.NDArray[np.float64], rate: npt.NDArray[np.float64], d_max: float, config: DynResConfig,
+           ) -> dict[str, Any]:
+    """For the rate-vs-duration plot: the sampled (duration s, rate Hz) pairs of the
+    utterances, and per constant target the rate of a batch's longest utterance on a duration
+    grid (``grid`` s, up to the longest utterance ``d_max``; ``curves[F]`` Hz)."""
+    grid = np.linspace(0.5, max(d_max, 1.0), 200)
     one = np.arange(grid.shape[0] + 1, dtype=np.int64)  # one utterance per batch
     curves = {str(t): np.round(resolve(grid, one, None, replace(config, target_frames=t)).rate, 3).tolist()
               for t in COMPARED_TARGETS}
-    return {"duration": np.round(d[idx], 3).tolist(), "rate": np.round(rate[idx], 3).tolist(),
+    return {"duration": np.round(d, 3).tolist(), "rate": np.round(rate, 3).tolist(),
             "grid": np.round(grid, 3).tolist(), "curves": curves}

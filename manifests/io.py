@@ -702,6 +702,19 @@ def read_corpus_codes(path: str | os.PathLike[str], names: Sequence[str] | None 
     return codes, known
 
 
+def corpus_names(path: str | os.PathLike[str]) -> list[str] | None:
+    """The corpora of a manifest in order of first appearance (the names
+    :func:`read_corpus_codes` returns), read in blocks without keeping the codes; None when
+    the manifest has no corpus."""
+    known: list[str] = []
+    parts = _corpus_code_parts(path, known, grow=True)
+    if parts is None:
+        return None
+    for _ in parts:
+        pass
+    return known
+
+
 def iter_corpus_codes(path: str | os.PathLike[str], names: Sequence[str], rows: int
                       ) -> Iterator[npt.NDArray[np.int32]] | None:
     """The codes of :func:`read_corpus_codes` (indexing ``names``, -1 for another corpus) in

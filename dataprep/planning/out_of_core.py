@@ -101,6 +101,8 @@ class SpilledCorpus:
     total_t: float = 0.0
     removed: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
     extra: dict[int, _Carried] = field(default_factory=dict)
+    has_ids: bool = True  # ``b{k}.ids`` spilled
+    has_codes: bool = False  # ``b{k}.c`` spilled (corpus codes)
 
     @property
     def files(self) -> SpillFiles:
@@ -175,25 +177,34 @@ class SpilledCorpus:
 
 @dataclass(frozen=True)
 class _Carried:
-    """Rows carried into a bucket (ascending rows; ``d`` / ``t`` / ``ids`` theirs) and where
-    they go among the bucket's kept own rows (``np.insert`` positions)."""
+    """Rows carried into a bucket (ascending rows; ``d`` / ``t`` / ``ids`` / corpus codes ``c``
+    theirs: ``ids`` empty and ``c`` None where not spilled) and where they go among the
+    bucket's kept own rows (``np.insert`` positions)."""
 
     rows: npt.NDArray[np.int64]
     d: npt.NDArray[np.float64]
     t: npt.NDArray[np.int32]
     ids: pa.Array
     at: npt.NDArray[np.int64]
+    c: npt.NDArray[np.int32] | None = None
 
 
 def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: npt.NDArray[np.int64], root: Path, *,
-                   strict: bool, carry: bool, memory_limit: int) -> SpilledCorpus:
+                   strict: bool, carry: bool, memory_limit: int, ids: bool = True,
+                   codes: Iterator[npt.NDArray[np.int32]] | None = None) -> SpilledCorpus:
     """Steps 1 and 2 of the module docstring: allocate in blocks, spill by bucket, carry tails.
-    A one-line error when one bucket cannot be planned within ``memory_limit`` bytes."""
+    A one-line error when one bucket cannot be planned within ``memory_limit`` bytes.
+    ``ids``: spill the ids (a plan's shards need them; the padding report does not);
+    ``codes``: each row's corpus code, in blocks of :data:`TOTALS_BLOCK` rows
+    (:func:`manifests.io.iter_corpus_codes`), spilled as ``b{k}.c`` (int32)."""
     B = grid.num_buckets
-    out = SpilledCorpus(root, counts=np.zeros(B, np.int64), max_tokens=grid.max_tokens.astype(np.int64).copy())
+    out = SpilledCorpus(root, counts=np.zeros(B, np.int64), max_tokens=grid.max_tokens.astype(np.int64).copy(),
+                        has_ids=ids, has_codes=codes is not None)
     files = SpillFiles(root)
     base = 0
-    for table in iter_manifest(manifest, ["id", "duration", "num_tokens"], TOTALS_BLOCK):
+    for table in iter_manifest(manifest, ["id", "duration", "num_tokens"] if ids else ["duration", "num_tokens"],
+                               TOTALS_BLOCK):
+        c = None if codes is None else next(codes)
         d = table.column("duration").to_numpy().astype(np.float64, copy=False)
         t = pc.fill_null(table.column("num_tokens"), 0).to_numpy().astype(np.int32, copy=False)
         alloc = allocate(d, t, grid, strict=strict)
@@ -209,14 +220,17 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
         b = alloc.bucket[rows]
         order = np.argsort(b.astype(np.int16) if B < 2**15 - 1 else b, kind="stable")
         rows, b = rows[order], b[order]
-        ids = table.column("id").combine_chunks().cast(pa.large_string()).take(pa.array(rows))
+        id_col = table.column("id").combine_chunks().cast(pa.large_string()).take(pa.array(rows)) if ids else None
         cut = np.searchsorted(b, np.arange(B + 1))
         for k in np.flatnonzero(np.diff(cut)):
             r = rows[cut[k]:cut[k + 1]]
             files.append(f"b{k}.rows", r + base)
             files.append(f"b{k}.d", d[r])
             files.append(f"b{k}.t", t[r])
-            files.append_strings(f"b{k}.ids", ids.slice(cut[k], cut[k + 1] - cut[k]))
+            if c is not None:
+                files.append(f"b{k}.c", c[r])
+            if id_col is not None:
+                files.append_strings(f"b{k}.ids", id_col.slice(cut[k], cut[k + 1] - cut[k]))
         out.counts += np.diff(cut)
         base += table.num_rows
     files.close()
@@ -271,6 +285,7 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
         inc_d = np.concatenate([c.d for c in inc]) if inc else np.empty(0, np.float64)
         inc_t = np.concatenate([c.t for c in inc]) if inc else np.empty(0, np.int32)
         inc_ids = pa.concat_arrays([c.ids for c in inc]) if inc else pa.array([], pa.string())
+        inc_c = (np.concatenate([c.c for c in inc]) if inc else np.empty(0, np.int32)) if out.has_codes else None
         rows = np.concatenate([own_rows, inc_rows])
         t = np.concatenate([files.read(f"b{k}.t", np.int32), inc_t])
         by_d = k < B - 1 and dbin[k + 1] != dbin[k]  # tail_moves ranks by duration, else by tokens
@@ -284,13 +299,17 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
             one = np.ones(own_pick.shape[0], dtype=np.int64)
             pick_d = np.concatenate([files.read_runs(f"b{k}.d", np.float64, own_pick, one), inc_d[inc_pick]])
             pick_ids = pa.concat_arrays([files.read_string_runs(f"b{k}.ids", own_pick, one),
-                                         inc_ids.take(pa.array(inc_pick)).cast(pa.string())])
+                                         inc_ids.take(pa.array(inc_pick)).cast(pa.string())]) if out.has_ids else None
+            pick_c = None if inc_c is None else np.concatenate([files.read_runs(f"b{k}.c", np.int32, own_pick, one),
+                                                                inc_c[inc_pick]])
             pick_rows, pick_t = rows[np.concatenate([own_pick, inc_pick + n_own])], t[np.concatenate([own_pick, inc_pick + n_own])]
             tgt = np.concatenate([target[pick < n_own], target[pick >= n_own]])
             for j in np.unique(tgt):
                 sel = np.flatnonzero(tgt == j)
                 incoming[int(j)].append(_Carried(pick_rows[sel], pick_d[sel], pick_t[sel],
-                                                 pick_ids.take(pa.array(sel)), np.empty(0, np.int64)))
+                                                 pa.array([], pa.string()) if pick_ids is None
+                                                 else pick_ids.take(pa.array(sel)), np.empty(0, np.int64),
+                                                 None if pick_c is None else pick_c[sel]))
         del rows, t
         if own_pick.shape[0]:
             out.removed[k] = np.sort(own_pick)
@@ -301,8 +320,9 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
             keep_rows = inc_rows[stay][o]
             kept_own = np.delete(own_rows, out.removed[k]) if k in out.removed else own_rows
             out.extra[k] = _Carried(keep_rows, inc_d[stay][o], inc_t[stay][o],
-                                    inc_ids.filter(pa.array(stay)).take(pa.array(o)).cast(pa.string()),
-                                    np.searchsorted(kept_own, keep_rows))
+                                    inc_ids.filter(pa.array(stay)).take(pa.array(o)).cast(pa.string())
+                                    if out.has_ids else pa.array([], pa.string()),
+                                    np.searchsorted(kept_own, keep_rows), None if inc_c is None else inc_c[stay][o])
         out.carried += int(stay.sum())
         out.counts[k] = n_own - own_pick.shape[0] + int(stay.sum())
         incoming[k] = []

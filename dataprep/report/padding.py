@@ -1,7 +1,8 @@
 """The padding report of a manifest and a buckets.json: what each batching scheme would
 waste (:func:`bucketing.padding.padding_report`) and, for given world sizes, the steps
 ``plan-batches`` would make (:func:`bucketing.steps_report.steps_report`). I/O around the
-pure core; ``dataprep padding`` prints what this returns."""
+pure core; ``dataprep padding`` prints what this returns. A manifest over the memory limit is
+measured from spill files (:mod:`dataprep.report.stream_padding`, the same figures)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from bucketing.fit import grid_from_spec
 from bucketing.padding import padding_report
 from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
+from dataprep.report.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError, OptionError
-from manifests.io import manifest_hash, read_corpus_codes, read_manifest
+from manifests.io import manifest_hash, manifest_num_rows, read_corpus_codes, read_manifest
 from manifests.options import check_bool, check_int, check_number
+from manifests.spill import default_memory_limit
 
 
 def duration_and_tokens(path: str | os.PathLike[str]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
@@ -35,16 +38,27 @@ def duration_and_tokens(path: str | os.PathLike[str]) -> tuple[npt.NDArray[np.fl
 
 
 def manifest_padding_report(
-    manifest: str | os.PathLike[str], buckets: str | os.PathLike[str], **options: Any
+    manifest: str | os.PathLike[str], buckets: str | os.PathLike[str], *, memory_limit: int | None = None,
+    **options: Any
 ) -> dict[str, Any]:
     """The JSON-ready padding report (see :func:`bucketing.padding.padding_report`), plus
     ``steps`` per world size when ``world_sizes`` are given and the manifest's hash.
-    ``options``: the keyword options of :func:`spec_padding_report`."""
-    d, t = duration_and_tokens(manifest)
-    got = read_corpus_codes(manifest)  # many corpora: the 2D scheme per corpus too
-    codes, names = got if got is not None else (None, [])
+    ``options``: the keyword options of :func:`spec_padding_report`. A manifest whose columns
+    would need more than ``memory_limit`` bytes in memory (default: half the machine's;
+    :data:`dataprep.report.stream_padding.IN_MEMORY_BYTES_PER_ROW` per row) is read from
+    spill files (:mod:`dataprep.report.stream_padding`: the same figures)."""
+    check_int("memory_limit", memory_limit, ge=1, le=2**62, optional=True)
+    limit = memory_limit if memory_limit is not None else default_memory_limit()
+    spec = read_buckets(buckets)
+    rows = manifest_num_rows(manifest)
     try:
-        report = spec_padding_report(d, t, read_buckets(buckets), corpus_of_row=codes, corpora=names, **options)
+        if rows * IN_MEMORY_BYTES_PER_ROW <= limit:
+            d, t = duration_and_tokens(manifest)
+            got = read_corpus_codes(manifest)  # many corpora: the 2D scheme per corpus too
+            codes, names = got if got is not None else (None, [])
+            report = spec_padding_report(d, t, spec, corpus_of_row=codes, corpora=names, **options)
+        else:
+            report = _spilled(manifest, spec, rows, limit, **options)
     except PlanError as exc:
         raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
     except OptionError:
@@ -53,6 +67,19 @@ def manifest_padding_report(
         raise DataprepError(f"{manifest}: {exc}") from None
     report["manifest_hash"] = manifest_hash(manifest)
     return report
+
+
+def _spilled(manifest: str | os.PathLike[str], spec: BucketSpec, rows: int, limit: int, *,
+             world_sizes: Sequence[int] = (), balance: float = 0.0, **options: Any) -> dict[str, Any]:
+    """:func:`dataprep.report.stream_padding.spilled_padding_report` after the checks of
+    :func:`spec_padding_report`; ``--world-sizes`` plans in memory and is refused."""
+    check_padding_options(rows, world_sizes=world_sizes, balance=balance, **options)
+    if world_sizes:
+        raise OptionError("world_sizes", f"plans every world size in memory: the manifest's {rows} rows need more "
+                          f"than the memory limit ({limit / 2**30:.2f} GiB); raise --memory-limit or "
+                          "run plan-batches --memory-limit per world size")
+    budget, bs = batch_sizes_for(spec, options.pop("budget", None))
+    return spilled_padding_report(manifest, grid_from_spec(spec), bs, rows, limit, budget=budget, **options)
 
 
 def batch_sizes_for(spec: BucketSpec, budget: float | None = None) -> tuple[float, npt.NDArray[np.int64]]:
@@ -65,6 +92,29 @@ def batch_sizes_for(spec: BucketSpec, budget: float | None = None) -> tuple[floa
     if any(s is None for s in sizes):
         return budget, padded_budget_batch_sizes(grid_from_spec(spec).max_duration, max_duration_budget=budget)
     return budget, np.asarray(sizes, dtype=np.int64)
+
+
+def check_padding_options(rows: int, *, budget: float | None = None, cumulative_budget: float | None = None,
+                          strict: bool = False, seed: int = 0, window: int | None = None, sort_by: str | None = None,
+                          audio_weight: float | None = None, carry: bool = True,
+                          dynamic_resolution: DynResConfig | None = None, world_sizes: Sequence[int] = (),
+                          balance: float = 0.0) -> None:
+    """Every option of :func:`spec_padding_report` checked (finite, in range, never coerced);
+    ``window`` and each world size bounded by the manifest's ``rows``."""
+    check_number("budget", budget, gt=0, optional=True)
+    check_number("cumulative_budget", cumulative_budget, gt=0, optional=True)
+    check_number("audio_weight", audio_weight, ge=0, optional=True)
+    check_number("balance", balance, ge=0)
+    check_bool("strict", strict)
+    check_bool("carry", carry)
+    check_int("seed", seed, ge=0, le=2**63 - 1)
+    check_int("window", window, ge=1, optional=True)
+    for w in world_sizes:
+        check_int("world_sizes", w, ge=1)
+    if window is not None and window > max(rows, 1):
+        raise OptionError("window", f"must be <= the number of rows ({rows}) of the manifest, got {window}")
+    if world_sizes and max(world_sizes) > rows:
+        raise OptionError("world_sizes", f"must be <= the number of rows ({rows}) of the manifest, got {max(world_sizes)}")
 
 
 def spec_padding_report(
@@ -93,21 +143,9 @@ def spec_padding_report(
     in range, never coerced); ``window`` and each world size are bounded by the rows, before
     anything is allocated per window or per rank. Raises :class:`bucketing.plan.PlanError` when
     the rows cannot be planned."""
-    check_number("budget", budget, gt=0, optional=True)
-    check_number("cumulative_budget", cumulative_budget, gt=0, optional=True)
-    check_number("audio_weight", audio_weight, ge=0, optional=True)
-    check_number("balance", balance, ge=0)
-    check_bool("strict", strict)
-    check_bool("carry", carry)
-    check_int("seed", seed, ge=0, le=2**63 - 1)
-    check_int("window", window, ge=1, optional=True)
-    for w in world_sizes:
-        check_int("world_sizes", w, ge=1)
-    rows = int(d.shape[0])
-    if window is not None and window > max(rows, 1):
-        raise OptionError("window", f"must be <= the number of rows ({rows}) of the manifest, got {window}")
-    if world_sizes and max(world_sizes) > rows:
-        raise OptionError("world_sizes", f"must be <= the number of rows ({rows}) of the manifest, got {max(world_sizes)}")
+    check_padding_options(int(d.shape[0]), budget=budget, cumulative_budget=cumulative_budget, strict=strict,
+                          seed=seed, window=window, sort_by=sort_by, audio_weight=audio_weight, carry=carry,
+                          dynamic_resolution=dynamic_resolution, world_sizes=world_sizes, balance=balance)
     grid = grid_from_spec(spec)
     budget, bs = batch_sizes_for(spec, budget)
     report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,

@@ -1,0 +1,129 @@
+"""``dataprep padding`` in memory bounded by a budget, not by the corpus: the same report as
+the in-memory path (:func:`bucketing.padding.padding_report`), figure for figure.
+
+Both paths measure every scheme from rows read one part or one bucket at a time
+(:func:`bucketing.padding.schemes_report`); here the rows come from spill files:
+
+1. the 1D duration grid: the streamed exact fit (:func:`dataprep.report.stream_fit.streamed_fit_spec`,
+   one bucket per duration bin, equal occupancy as ``fit_buckets`` in memory);
+2. the 1D and the 2D buckets: the out-of-core planner's spill
+   (:func:`dataprep.planning.out_of_core.spill_manifest`: allocation in blocks, rows spilled
+   by bucket, tails carried as edits; no ids, the corpus codes for the per-corpus table);
+3. the fixed schemes: one pass that appends each row of at most ``L`` s to its scatter part
+   (:func:`bucketing.padding.scatter_part`, a hash of the row: the parts the in-memory path
+   draws);
+4. the 2D rows' durations and rates in batch order (the rate-vs-duration samples).
+
+Memory: one block of the manifest, then one bucket (the planner's bound,
+:func:`dataprep.planning.out_of_core.planning_bytes`) or one scatter part
+(:data:`bucketing.padding.SCATTER_ROWS` rows). Disk: about 85 bytes per row in all (the fit's
+16, the 1D and 2D spills' 20 each and 4 more for corpus codes, 12 per fixed length, the rate
+store's 16), under a directory next to the manifest, removed at the end.
+``--world-sizes`` plans in memory and is refused here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bucketing.batching import TOTALS_BLOCK
+from bucketing.budget import padded_budget_batch_sizes
+from bucketing.dynres import DynResConfig
+from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, Grid, grid_from_spec
+from bucketing.padding import BucketedRows, scatter_count, scatter_part, schemes_report
+from dataprep.planning.out_of_core import SpilledCorpus, remove_spill, spill_dir, spill_manifest
+from dataprep.report.stream_fit import streamed_fit_spec
+from manifests.io import corpus_names, iter_corpus_codes, iter_manifest
+from manifests.spill import SpillFiles
+
+#: Bytes of memory per row that the in-memory padding report takes (columns, both
+#: allocations, rows grouped by bucket, orders, the rate store): a larger corpus is spilled.
+IN_MEMORY_BYTES_PER_ROW = 160
+
+
+def spilled_buckets(corpus: SpilledCorpus) -> BucketedRows:
+    """:class:`bucketing.padding.BucketedRows` of a spilled corpus (one bucket read at a time)."""
+    def rows_of(k: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[Any], npt.NDArray[Any] | None]:
+        c = corpus.column(k, "c", np.int32) if corpus.has_codes else None
+        return corpus.column(k, "d", np.float64), corpus.column(k, "t", np.int32), c
+
+    return BucketedRows(corpus.counts, rows_of, corpus.total_d, corpus.total_t,
+                        dropped={k: int(sum(a.shape[0] for a in v)) for k, v in sorted(corpus.dropped.items())},
+                        moved=corpus.moved, carried=corpus.carried, max_tokens=corpus.max_tokens)
+
+
+def spill_fixed(manifest: str | os.PathLike[str], files: SpillFiles, lengths: tuple[float, ...], seed: int,
+                parts: int) -> list[int]:
+    """Pass 3 of the module docstring: rows of at most each length appended to their scatter
+    part (``f{i}.{j}.d`` / ``.t``, ascending rows); returns the rows over each length."""
+    excluded = [0] * len(lengths)
+    base = 0
+    for table in iter_manifest(manifest, ["duration", "num_tokens"], TOTALS_BLOCK):
+        d = table.column("duration").to_numpy().astype(np.float64, copy=False)
+        t = table.column("num_tokens").to_numpy().astype(np.int32, copy=False)
+        for i, length in enumerate(lengths):
+            ok = np.flatnonzero(d <= length)
+            excluded[i] += d.shape[0] - ok.shape[0]
+            part = scatter_part(ok + base, seed, 10 + i, parts)
+            order = np.argsort(part, kind="stable")
+            cut = np.searchsorted(part[order], np.arange(parts + 1))
+            for j in np.flatnonzero(np.diff(cut)):
+                r = ok[order[cut[j]:cut[j + 1]]]
+                files.append(f"f{i}.{j}.d", d[r])
+                files.append(f"f{i}.{j}.t", t[r])
+        base += table.num_rows
+    files.close()
+    return excluded
+
+
+def spilled_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray[np.int64], num_rows: int,
+                           memory_limit: int, *, budget: float, cumulative_budget: float | None = None,
+                           strict: bool = False, seed: int = 0, window: int | None = None,
+                           sort_by: str | None = None, audio_weight: float | None = None, carry: bool = True,
+                           dynamic_resolution: DynResConfig | None = None,
+                           fixed_lengths: tuple[float, ...] = (30.0, 40.0)) -> dict[str, Any]:
+    """The padding report of ``manifest`` (:func:`bucketing.padding.padding_report`'s
+    figures) from spill files (module docstring); options already checked."""
+    root = spill_dir(manifest)
+    try:
+        nd = grid.num_duration_bins
+        spec1, _ = streamed_fit_spec(manifest, _sub(root, "fit"), memory_limit, num_buckets=nd, num_subbuckets=1,
+                                     min_duration=None, max_duration=None, strict=False,
+                                     max_duration_budget=budget, max_frames_budget=None, max_tokens_budget=None,
+                                     frame_shift=0.01, manifest_hash=None, outlier_fence=DEFAULT_OUTLIER_FENCE,
+                                     token_fence=DEFAULT_TOKEN_FENCE)
+        grid1 = grid_from_spec(spec1)
+        bs1 = padded_budget_batch_sizes(grid1.max_duration, max_duration_budget=budget)
+        one_d = spilled_buckets(spill_manifest(manifest, grid1, bs1, _sub(root, "1d"), strict=False, carry=False,
+                                               memory_limit=memory_limit, ids=False))
+        names = corpus_names(manifest)
+        codes = None if names is None else iter_corpus_codes(manifest, names, TOTALS_BLOCK)
+        two_d = spilled_buckets(spill_manifest(manifest, grid, bs, _sub(root, "2d"), strict=strict, carry=carry,
+                                               memory_limit=memory_limit, ids=False, codes=codes))
+        K = scatter_count(num_rows)
+        fixed = SpillFiles(_sub(root, "fixed"))
+        excluded = spill_fixed(manifest, fixed, fixed_lengths, seed, K)
+
+        def fixed_parts(length: float, salt: int) -> tuple[int, Iterator[tuple[npt.NDArray[Any], npt.NDArray[Any]]]]:
+            i = salt - 10
+            return excluded[i], ((fixed.read(f"f{i}.{j}.d", np.float64), fixed.read(f"f{i}.{j}.t", np.int32))
+                                 for j in range(K))
+
+        return schemes_report(num_rows, fixed_parts, grid1, one_d, grid, bs, two_d, SpillFiles(_sub(root, "rates")),
+                              budget=budget, cumulative_budget=cumulative_budget, fixed_lengths=fixed_lengths,
+                              seed=seed, window=window, sort_by=sort_by, audio_weight=audio_weight,
+                              dynamic_resolution=dynamic_resolution, corpora=names)
+    finally:
+        remove_spill(root)
+
+
+def _sub(root: Path, name: str) -> Path:
+    path = root / name
+    path.mkdir()
+    return path

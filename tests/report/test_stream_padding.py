@@ -1,0 +1,106 @@
+"""``dataprep padding`` from spill files (dataprep/report/stream_padding.py) gives the in-memory
+report, figure for figure; rows in = rows in the report."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+import bucketing.padding as padding
+from bucketing.allocate import fit_spec
+from bucketing.dynres import DynResConfig
+from bucketing.fit import grid_from_spec
+from dataprep.cli import app
+from dataprep.report.padding import batch_sizes_for, manifest_padding_report
+from dataprep.report.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
+from manifests.buckets_file import read_buckets, write_buckets
+from manifests.io import write_manifest
+
+runner = CliRunner()
+
+
+def _manifest(path: Path, seed: int, n: int, corpora: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    d = np.round(rng.gamma(3, 3, n) + 0.2, int(rng.integers(1, 4)))
+    d[rng.integers(0, n, max(n // 100, 1))] *= 6  # some over 30 / 40 s
+    t = (d * rng.uniform(1, 6, n)).astype(np.int64) + rng.integers(0, 3, n) + 1
+    df = pl.DataFrame({"id": [f"u{i}" for i in range(n)], "duration": d, "num_tokens": t, "text": ["x"] * n})
+    if corpora:
+        df = df.with_columns(pl.Series("corpus", [f"c{i}" for i in rng.integers(0, corpora, n)]))
+    write_manifest(df, path)
+    return d, t
+
+
+def _check_counts(rep: dict, n: int) -> None:
+    """Rows in = rows in the report, per scheme."""
+    s = rep["schemes"]
+    for name, x in s.items():
+        assert x["num_rows"] + x["excluded"] == n, name
+    assert sum(b["num_rows"] for b in rep["per_bucket"]) + sum(rep["dropped"].values()) == n
+    if "per_corpus" in rep:
+        assert sum(c["utterances"] for c in rep["per_corpus"]) == s["2d"]["num_rows"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 700), corpora=st.sampled_from([0, 1, 3]),
+       num_buckets=st.integers(1, 6), sub=st.integers(1, 3), strict=st.booleans(), carry=st.booleans(),
+       window=st.sampled_from([None, 1, 3]), sort_by=st.sampled_from([None, "tokens", "none"]),
+       dyn=st.booleans(), parts=st.sampled_from([7, 1000, 1 << 22]), chunk=st.sampled_from([5, 64, 1 << 19]),
+       limit=st.sampled_from([1 << 16, 1 << 30]))
+def test_spilled_equals_in_memory(tmp_path: Path, seed: int, n: int, corpora: int, num_buckets: int, sub: int,
+                                  strict: bool, carry: bool, window: int | None, sort_by: str | None, dyn: bool,
+                                  parts: int, chunk: int, limit: int) -> None:
+    """Random corpora and options, scatter parts and bucket chunks of a few rows (both paths
+    read the same constants), tiny and large limits: the same report."""
+    with tempfile.TemporaryDirectory(dir=tmp_path) as work, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(padding, "SCATTER_ROWS", parts)
+        mp.setattr(padding, "CHUNK_ROWS", chunk)
+        w = Path(work)
+        d, t = _manifest(w / "m.parquet", seed, n, corpora)
+        spec, _ = fit_spec(d, t, num_buckets=num_buckets, num_subbuckets=sub, max_duration_budget=120.0)
+        write_buckets(spec, w / "b.json")
+        opts = dict(seed=seed % 1000, strict=strict, carry=carry, window=window, sort_by=sort_by,
+                    dynamic_resolution=DynResConfig() if dyn else None)
+        want = manifest_padding_report(w / "m.parquet", w / "b.json", **opts)
+        spec = read_buckets(w / "b.json")
+        budget, bs = batch_sizes_for(spec)
+        try:
+            got = spilled_padding_report(w / "m.parquet", grid_from_spec(spec), bs, n, limit, budget=budget, **opts)
+        except Exception as exc:  # a bucket over a tiny limit: the planner's one-line refusal
+            assert limit == 1 << 16 and "--memory-limit: bucket" in str(exc), exc
+            return
+        got["manifest_hash"] = want["manifest_hash"]
+        assert got == want
+        _check_counts(got, n)
+        assert not [p for p in w.iterdir() if ".spill-" in p.name]  # spill files removed
+
+
+def test_cli_tiny_memory_limit_same_report(tmp_path: Path) -> None:
+    """The command as a user runs it: under a limit the corpus does not fit, the same JSON
+    and the same tables; --world-sizes is refused there in one line naming it."""
+    n = 3000
+    m = tmp_path / "m.parquet"
+    _manifest(m, 3, n, 2)
+    fit = runner.invoke(app, ["fit-buckets", str(m), "--num-buckets", "6", "-o", str(tmp_path / "b.json")])
+    assert fit.exit_code == 0, fit.output
+    args = ["padding", str(m), "--buckets", str(tmp_path / "b.json")]
+    limit = f"{n * IN_MEMORY_BYTES_PER_ROW // 2}B"
+    a = runner.invoke(app, [*args, "--json", str(tmp_path / "a.json")])
+    b = runner.invoke(app, [*args, "--json", str(tmp_path / "b2.json"), "--memory-limit", limit])
+    assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
+    ra, rb = json.loads((tmp_path / "a.json").read_text()), json.loads((tmp_path / "b2.json").read_text())
+    assert ra == rb
+    _check_counts(ra, n)
+    assert a.output == b.output.replace("b2.json", "a.json")
+    assert not [p for p in tmp_path.iterdir() if ".spill-" in p.name]
+    c = runner.invoke(app, [*args, "--memory-limit", limit, "--world-sizes", "2"])
+    assert c.exit_code != 0 and "--world-sizes" in c.output and "Traceback" not in c.output
+    assert len(c.output.strip().splitlines()) == 1, c.output
