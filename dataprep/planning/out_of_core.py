@@ -480,8 +480,12 @@ def disk_bytes(manifest: str | os.PathLike[str], epochs: int) -> int:
 def spill_dir(out_dir: str | os.PathLike[str]) -> Path:
     """A fresh spill directory next to ``out_dir`` (same disk); the caller removes it."""
     parent = Path(out_dir).resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{Path(out_dir).name}.spill-", dir=parent))
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{Path(out_dir).name}.spill-", dir=parent))
+    except OSError as exc:
+        raise DataprepError(f"{parent}: cannot make the spill directory there ({exc.strerror}); "
+                            "spill files go next to the output (or the manifest)") from None
 
 
 def remove_spill(root: Path) -> None:

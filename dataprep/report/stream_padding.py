@@ -40,11 +40,13 @@ from bucketing.padding import BucketedRows, scatter_count, scatter_part, schemes
 from dataprep.planning.out_of_core import SpilledCorpus, remove_spill, spill_dir, spill_manifest
 from dataprep.report.stream_fit import streamed_fit_spec
 from manifests.io import corpus_names, iter_corpus_codes, iter_manifest
-from manifests.spill import SpillFiles
+from manifests.spill import SpillFiles, check_free_disk
 
 #: Bytes of memory per row that the in-memory padding report takes (columns, both
 #: allocations, rows grouped by bucket, orders, the rate store): a larger corpus is spilled.
 IN_MEMORY_BYTES_PER_ROW = 160
+#: Bytes of disk per row of the spill files (module docstring), checked free before spilling.
+DISK_BYTES_PER_ROW = 90
 
 
 def spilled_buckets(corpus: SpilledCorpus) -> BucketedRows:
@@ -92,6 +94,7 @@ def spilled_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt
     figures) from spill files (module docstring); options already checked."""
     root = spill_dir(manifest)
     try:
+        check_free_disk(root, num_rows * DISK_BYTES_PER_ROW, "the padding report's spill files")
         nd = grid.num_duration_bins
         spec1, _ = streamed_fit_spec(manifest, _sub(root, "fit"), memory_limit, num_buckets=nd, num_subbuckets=1,
                                      min_duration=None, max_duration=None, strict=False,

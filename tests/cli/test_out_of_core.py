@@ -153,3 +153,9 @@ def test_disk_estimate_covers_the_spill_and_the_plan(tmp_path: Path, epochs: int
     build_plan(m, b, tmp_path / "p", PlanOptions(world_size=4, epochs=epochs, memory_limit=5000 * 100 - 1))
     plan = sum(p.stat().st_size for p in (tmp_path / "p").iterdir())
     assert spilled + plan <= out_of_core.disk_bytes(m, epochs) < 3 * (spilled + plan)
+
+
+def test_a_spill_directory_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(DataprepError, match="cannot make the spill directory there"):
+        out_of_core.spill_dir(tmp_path / "a-file" / "plan")

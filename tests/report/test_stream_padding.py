@@ -104,3 +104,21 @@ def test_cli_tiny_memory_limit_same_report(tmp_path: Path) -> None:
     c = runner.invoke(app, [*args, "--memory-limit", limit, "--world-sizes", "2"])
     assert c.exit_code != 0 and "--world-sizes" in c.output and "Traceback" not in c.output
     assert len(c.output.strip().splitlines()) == 1, c.output
+
+
+def test_too_little_disk_for_the_spill_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    from collections import namedtuple
+
+    n = 2000
+    m = tmp_path / "m.parquet"
+    _manifest(m, 4, n, 0)
+    fit = runner.invoke(app, ["fit-buckets", str(m), "--num-buckets", "4", "-o", str(tmp_path / "b.json")])
+    assert fit.exit_code == 0, fit.output
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda where: usage(1 << 40, (1 << 40) - 1000, 1000))
+    res = runner.invoke(app, ["padding", str(m), "--buckets", str(tmp_path / "b.json"),
+                              "--memory-limit", f"{n * IN_MEMORY_BYTES_PER_ROW // 2}B"])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "spill files need about" in res.output
+    assert not [p for p in tmp_path.iterdir() if ".spill-" in p.name]
