@@ -112,33 +112,6 @@ def measure(
     )
 
 
-def per_bucket(
-    batches: Batches, duration: npt.ArrayLike, num_tokens: npt.ArrayLike, num_buckets: int
-) -> dict[str, npt.NDArray[Any]]:
-    """Per-bucket audio/token padding, batches, rows and mean batch size (arrays by bucket)."""
-    d = np.asarray(duration, dtype=np.float64)
-    t = np.asarray(num_tokens, dtype=np.float64)
-    sizes = batches.sizes().astype(np.float64)
-    bb = batches.bucket
-    real_d = np.bincount(bb, weights=np.add.reduceat(d[batches.rows], batches.offsets[:-1])
-                         if batches.num_batches else None, minlength=num_buckets)
-    real_t = np.bincount(bb, weights=np.add.reduceat(t[batches.rows], batches.offsets[:-1])
-                         if batches.num_batches else None, minlength=num_buckets)
-    pad_d = np.bincount(bb, weights=sizes * batch_maxima(batches, d), minlength=num_buckets)
-    pad_t = np.bincount(bb, weights=sizes * batch_maxima(batches, t), minlength=num_buckets)
-    nb = np.bincount(bb, minlength=num_buckets)
-    rows = np.bincount(bb, weights=sizes, minlength=num_buckets)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return {
-            "audio_padding": np.where(pad_d > 0, 1 - real_d / np.where(pad_d > 0, pad_d, 1), 0.0),
-            "token_padding": np.where(pad_t > 0, 1 - real_t / np.where(pad_t > 0, pad_t, 1), 0.0),
-            "num_batches": nb,
-            "num_rows": rows.astype(np.int64),
-            "mean_batch_size": np.where(nb > 0, rows / np.maximum(nb, 1), 0.0),
-            "hours": real_d / 3600.0,
-        }
-
-
 def group_padding(rows: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], max_duration: npt.ArrayLike,
                   max_tokens: npt.ArrayLike, duration: npt.ArrayLike, num_tokens: npt.ArrayLike,
                   group_of_row: npt.NDArray[np.integer], num_groups: int) -> npt.NDArray[np.float64]:
@@ -272,7 +245,7 @@ def memory_buckets(bucket: npt.NDArray[np.integer], d: npt.NDArray[np.float64], 
 
 
 @dataclass
-class _Sums:
+class PaddingSums:
     """Per bucket: real and padded seconds, real and padded tokens (integers), batches, rows."""
 
     num_buckets: int
@@ -303,7 +276,7 @@ class _Sums:
                        mean_batch_size=n / nb if nb else 0.0, num_rows=n).to_json()
 
     def per_bucket(self) -> dict[str, npt.NDArray[Any]]:
-        """As :func:`per_bucket`."""
+        """Per-bucket audio/token padding, batches, rows, mean batch size and hours (arrays by bucket)."""
         pd, pt = self.pad_d, self.pad_t.astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             return {
@@ -421,7 +394,7 @@ def schemes_report(num_rows: int, fixed_parts: Callable[[float, int], tuple[int,
 
     # 1D: cumulative (a shuffle per bucket, greedy by real seconds) and padded budget
     bs1 = padded_budget_batch_sizes(grid1.max_duration, max_duration_budget=budget)
-    cum, one = _Sums(grid1.num_buckets), _Sums(grid1.num_buckets)
+    cum, one = PaddingSums(grid1.num_buckets), PaddingSums(grid1.num_buckets)
     rng_cum, rng1, g1 = rng(1), rng(2), grouping_of(one_d)
     for k in np.flatnonzero(one_d.counts):
         d, t, _ = one_d.rows_of(int(k))
@@ -435,7 +408,7 @@ def schemes_report(num_rows: int, fixed_parts: Callable[[float, int], tuple[int,
 
     # 2D (and 2D + dynamic resolution, per corpus)
     B = grid.num_buckets
-    sums, g2, rng2 = _Sums(B), grouping_of(two_d), rng(3)
+    sums, g2, rng2 = PaddingSums(B), grouping_of(two_d), rng(3)
     dyn = dynamic_resolution
     res_totals: list[ResolutionTotals] = [ResolutionTotals() for _ in range(B)]
     pol: dict[str, ResolutionTotals] = {}

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from bucketing.allocate import allocate
 from bucketing.batching import BucketGrouping, _block_offers, form_batches, form_batches_cumulative
 from bucketing.fit import fit_buckets
-from bucketing.padding import measure, padding_report, per_bucket
+from bucketing.padding import PaddingSums, measure, padding_report
 
 
 def _rows(draw_n: int, seed: int):
@@ -107,7 +107,11 @@ def test_padding_matches_brute_force(n, seed) -> None:
     assert p.num_batches == x.num_batches and abs(p.mean_batch_size - n / x.num_batches) < 1e-9
     pf = measure(x, d, t, fixed_audio=30.0)
     assert abs(pf.audio_padding - _brute(x, d, t, fixed=30.0)[0]) < 1e-9
-    pb = per_bucket(x, d, t, grid.num_buckets)
+    sums = PaddingSums(grid.num_buckets)
+    for i in range(x.num_batches):
+        r = x.rows[x.offsets[i]:x.offsets[i + 1]]
+        sums.add(int(x.bucket[i]), d[r], t[r].astype(np.int64), np.array([0, r.shape[0]]))
+    pb = sums.per_bucket()
     for k in range(grid.num_buckets):
         sel = np.flatnonzero(x.bucket == k)
         if sel.shape[0] == 0:
