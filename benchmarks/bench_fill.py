@@ -21,7 +21,9 @@ sizes (600 s), seed 0, one epoch. Columns:
   all draw one bucket; ``pad a/t``: audio / token padding; ``drop``: utterances not trained.
 
 Goals (``--goals``, issue 22): bal <= 1.05, > 1.10 on <= 2% of steps, straggler <= 2%, fill
-within 3% of the bound. ``--baseline REF``: the same corpora and rows planned by the library as
+within 3% of the bound; then lower bounds that no layout of the plan's batches can beat
+(``bucketing.balance.spread_bound`` for bal and straggler, ``steps_over_bound`` for > 1.10): a
+goal above its bound is out of reach for those batches. ``--baseline REF``: the same corpora and rows planned by the library as
 of git ``REF`` (``git archive`` into a temporary folder, this script rerun against it; rows
 marked ``[REF]``).
 
@@ -50,10 +52,15 @@ sys.path.insert(0, str(LIB / "benchmarks"))
 
 from bench_plan import CORPORA, PROMPT, SHARED, synthetic  # noqa: E402
 from bucketing.balance import plan_report  # noqa: E402
+
+try:
+    from bucketing.balance import spread_bound, steps_over_bound
+except ImportError:  # --baseline: a library older than the bounds (none printed)
+    spread_bound = steps_over_bound = None
 from bucketing.budget import cost_equal_batch_sizes, padded_budget_batch_sizes  # noqa: E402
 from bucketing.costmodel import CostModel  # noqa: E402
 from bucketing.fit import fit_buckets  # noqa: E402
-from bucketing.steps_report import steps_report  # noqa: E402
+from bucketing.steps_report import plan_in_memory, steps_report  # noqa: E402
 
 
 @dataclass
@@ -103,6 +110,18 @@ def goals(r: dict) -> str:
     lim = 0.97 * r["bound"]
     parts.append(f"fill {r['fill']:.3f} >= 0.97 bound {lim:.3f} {'met' if r['fill'] >= lim - 1e-9 else 'UNMET'}")
     return "|  goals: " + "; ".join(parts) + " |"
+
+
+def bounds(c: Corpus, fit, bs: np.ndarray, W: int, tolerance: float, cost: CostModel) -> str:
+    """One line: what no layout of this plan's batches can beat (its epoch's batches, any steps
+    of W: :func:`bucketing.balance.spread_bound`, :func:`bucketing.balance.steps_over_bound`)."""
+    ep = plan_in_memory(c.duration, c.tokens, fit.grid, bs, W, tolerance, cost=cost)
+    sizes = ep.sizes()
+    pad = sizes * ep.max_duration
+    t = cost.step_time(sizes, ep.max_duration, ep.max_tokens)
+    over = steps_over_bound(pad, W, 1 + 2 * tolerance)
+    return (f"|  bounds (any layout of these batches): bal >= {1 + spread_bound(pad, W):.3f}; "
+            f">1.10 >= {over} of {ep.num_steps} steps ({over / ep.num_steps:.1%}); strag >= {spread_bound(t, W):.3f} |")
 
 
 def run_baseline(ref: str) -> None:
@@ -204,6 +223,8 @@ def run_corpus(c: Corpus, label: str, fit, bs: np.ndarray, worlds: list[int], wi
                       flush=True)
                 if args.goals and r["balance"] > 0:
                     print(goals(r), flush=True)
+                    if spread_bound is not None:
+                        print(bounds(c, fit, bs, W, args.balance, cost), flush=True)
         if with_lhotse and 0 < W <= args.lhotse_max_world:
             t0 = time.perf_counter()
             rep, pad, dropped, _ = lhotse_steps(c, fit.grid, bs, W, cost)

@@ -383,6 +383,53 @@ def _max_without(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return out
 
 
+def spread_bound(values: npt.ArrayLike, world_size: int) -> float:
+    """Lower bound on the mean over steps of max ÷ mean - 1 for any layout of ``values`` (one
+    per batch: predicted seconds or padded seconds; ``S x world_size`` of them) in ``S`` steps
+    of ``world_size``. What no layout of these batches can beat (e.g. the straggler goal).
+
+    The ``j``-th largest step maximum is at least the ``((j - 1) W + 1)``-th largest value
+    (``j - 1`` steps cannot hold the ``(j - 1) W + 1`` largest), so the steps' maxima sum to at
+    least ``M``; no step sums to more than the ``W`` largest values (``top``); hence
+    ``sum_s (W max_s - sum_s) / sum_s >= (W M - total) / top``.
+    """
+    W = int(world_size)
+    x = _whole_steps(values, W)[::-1]
+    S = x.shape[0] // W
+    top = float(x[:W].sum())
+    return max(0.0, (W * float(x[::W].sum()) - float(x.sum())) / (S * max(top, 1e-12)))
+
+
+def _whole_steps(values: npt.ArrayLike, W: int) -> npt.NDArray[np.float64]:
+    """``values`` sorted ascending; ValueError unless they fill one or more steps of ``W``."""
+    x = np.sort(np.asarray(values, dtype=np.float64))
+    if x.shape[0] == 0 or x.shape[0] % W:
+        raise ValueError(f"{x.shape[0]} values do not fill steps of {W}")
+    return x
+
+
+def steps_over_bound(values: npt.ArrayLike, world_size: int, limit: float) -> int:
+    """Lower bound on the steps whose max ÷ mean exceeds ``limit`` (> 1) in any layout of
+    ``values`` (one per batch, ``S x world_size`` of them) in steps of ``world_size``.
+
+    A step whose smallest batch is ``p`` and largest ``m`` has max ÷ mean at least
+    ``W m / ((W - 1) m + p)``, so it stays within ``limit`` only if ``m <= limit p / D``,
+    ``D = W - limit (W - 1)`` (no such bound when ``D <= 0``: from 11 ranks at 1.10). For each
+    ``k``, the steps within the limit that hold one of the ``k`` smallest values hold only values
+    up to the cap of the ``k``-th: at most ``W floor(n_k / W)`` of those ``k``, ``n_k`` the values
+    under that cap; the rest, ``W`` at most per step, are in steps over the limit.
+    """
+    W = int(world_size)
+    D = W - float(limit) * (W - 1)
+    x = _whole_steps(values, W)
+    if D <= 0:
+        return 0
+    n = np.searchsorted(x, float(limit) * x / D * (1.0 + 1e-12), side="right")
+    k = np.arange(1, x.shape[0] + 1)
+    left = np.maximum(k - W * (n // W), 0)
+    return int((-(-left // W)).max())
+
+
 def layout(steps: BalancedSteps, world_size: int, rng_steps: np.random.Generator | None,
            rng_ranks: np.random.Generator) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int32]]:
     """Rank-major layout of balanced steps: (CSR offsets, index into the formed rows, bucket per
