@@ -131,7 +131,8 @@ def run_baseline(ref: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        env = {**os.environ, "BENCH_FILL_LIB": tmp, "PYTHONPATH": tmp}
+        # the shared data stays where this checkout finds it (the archive's own default is beside it)
+        env = {**os.environ, "BENCH_FILL_LIB": tmp, "PYTHONPATH": tmp, "SPEECH_DATAPREP_SHARED_DATA": str(SHARED)}
         subprocess.run([sys.executable, __file__, *argv, "--label", f" [{ref}]"], env=env, check=True)
 
 
