@@ -16,6 +16,7 @@ from bucketing.balance import (
     _pieces_per_batch,
     balance_steps,
     batch_cost,
+    goals_unmet,
     plan_report,
     same_bucket_runs,
     spread_bound,
@@ -340,3 +341,17 @@ def test_lower_bounds_are_reached_and_count_isolated_small_batches() -> None:
         spread_bound([1.0, 2.0, 3.0], 2)
     with pytest.raises(ValueError, match="do not fill steps"):
         steps_over_bound([1.0, 2.0, 3.0], 2, 1.1)
+
+
+def test_goals_unmet_names_each_missed_goal() -> None:
+    """Straggler over 0.4 x tolerance, mean padded max / mean over 1 + tolerance, more than 2%
+    of steps over 1 + 2 tolerance; the padded ones False without padded seconds."""
+    cost = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.03, 1.0, 1.0])
+    even = np.arange(8).reshape(4, 2)
+    assert goals_unmet(even, cost, None, 0.05) == (False, False, False)  # straggler 1.48% / 4 = 0.37%
+    assert goals_unmet(even, cost, None, 0.005) == (True, False, False)  # over 0.2%
+    pad = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.3])  # one step of four at 1.3 / 1.15: mean 1.033
+    assert goals_unmet(even, cost, pad, 0.05) == (False, False, True)
+    assert goals_unmet(even, cost, pad, 0.02) == (False, True, True)
+    assert goals_unmet(even, cost, pad, 0.005) == (True, True, True)
+    assert goals_unmet(even, cost, pad, 0.2) == (False, False, False)
