@@ -21,9 +21,11 @@ sizes (600 s), seed 0, one epoch. Columns:
   all draw one bucket; ``pad a/t``: audio / token padding; ``drop``: utterances not trained.
 
 Goals (``--goals``, issue 22): bal <= 1.05, > 1.10 on <= 2% of steps, straggler <= 2%, fill
-within 3% of the bound. ``--baseline REF``: the same corpora and rows planned by the library as
-of git ``REF`` (``git archive`` into a temporary folder, this script rerun against it; rows
-marked ``[REF]``).
+within 3% of the bound; then lower bounds that no layout of the plan's batches can beat
+(``bucketing.balance.spread_bound`` for bal and straggler, ``steps_over_bound`` for > 1.10): a
+goal above its bound is out of reach for those batches. ``--baseline REF``: the same corpora and rows planned by the library as
+of git ``REF`` (``git archive`` into a temporary folder, this script rerun against it on the
+corpora made here; rows marked ``[REF]``).
 
 Lhotse: every rank's sampler is iterated (each rank walks the whole corpus, so W=128 is slow);
 steps = the fewest batches any rank yields (the rest would hang DDP: counted as dropped).
@@ -50,10 +52,15 @@ sys.path.insert(0, str(LIB / "benchmarks"))
 
 from bench_plan import CORPORA, PROMPT, SHARED, synthetic  # noqa: E402
 from bucketing.balance import plan_report  # noqa: E402
+
+try:
+    from bucketing.balance import spread_bound, steps_over_bound
+except ImportError:  # --baseline: a library older than the bounds (none printed)
+    spread_bound = steps_over_bound = None
 from bucketing.budget import cost_equal_batch_sizes, padded_budget_batch_sizes  # noqa: E402
 from bucketing.costmodel import CostModel  # noqa: E402
 from bucketing.fit import fit_buckets  # noqa: E402
-from bucketing.steps_report import steps_report  # noqa: E402
+from bucketing.steps_report import plan_in_memory, steps_report  # noqa: E402
 
 
 @dataclass
@@ -105,15 +112,42 @@ def goals(r: dict) -> str:
     return "|  goals: " + "; ".join(parts) + " |"
 
 
-def run_baseline(ref: str) -> None:
-    """Rerun this script (without --baseline) against the library of git ``ref``."""
+def bounds(c: Corpus, fit, bs: np.ndarray, W: int, tolerance: float, cost: CostModel) -> str:
+    """One line: what no layout of this plan's batches can beat (its epoch's batches, any steps
+    of W: :func:`bucketing.balance.spread_bound`, :func:`bucketing.balance.steps_over_bound`)."""
+    ep = plan_in_memory(c.duration, c.tokens, fit.grid, bs, W, tolerance, cost=cost)
+    sizes = ep.sizes()
+    pad = sizes * ep.max_duration
+    t = cost.step_time(sizes, ep.max_duration, ep.max_tokens)
+    over = steps_over_bound(pad, W, 1 + 2 * tolerance)
+    return (f"|  bounds (any layout of these batches): bal >= {1 + spread_bound(pad, W):.3f}; "
+            f">1.10 >= {over} of {ep.num_steps} steps ({over / ep.num_steps:.1%}); strag >= {spread_bound(t, W):.3f} |")
+
+
+def save_corpora(corpora: list[Corpus], path: Path) -> None:
+    """The corpora (names, durations, tokens) in one ``.npz``, for :func:`load_corpora`."""
+    arrays = {f"{k}_{i}": getattr(c, k) for i, c in enumerate(corpora) for k in ("duration", "tokens")}
+    np.savez(path, names=np.array([c.name for c in corpora]), **arrays)
+
+
+def load_corpora(path: Path) -> list[Corpus]:
+    with np.load(path) as z:
+        return [Corpus(str(n), z[f"duration_{i}"], z[f"tokens_{i}"]) for i, n in enumerate(z["names"])]
+
+
+def run_baseline(ref: str, corpora: list[Corpus]) -> None:
+    """Rerun this script (without --baseline) against the library of git ``ref``, on the same
+    corpora (passed in a file: ``ref``'s own benchmarks may generate or tokenize them otherwise)."""
     argv = [a for i, a in enumerate(sys.argv[1:]) if a != "--baseline" and (i == 0 or sys.argv[i] != "--baseline")]
     argv = [a for a in argv if not a.startswith("--baseline=")]
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        # the shared data stays where this checkout finds it (the archive's own default is beside it)
         env = {**os.environ, "BENCH_FILL_LIB": tmp, "PYTHONPATH": tmp}
-        subprocess.run([sys.executable, __file__, *argv, "--label", f" [{ref}]"], env=env, check=True)
+        save_corpora(corpora, Path(tmp) / "corpora.npz")
+        subprocess.run([sys.executable, __file__, *argv, "--label", f" [{ref}]", "--corpora-file",
+                        str(Path(tmp) / "corpora.npz")], env=env, check=True)
 
 
 def lhotse_steps(c: Corpus, grid, bs: np.ndarray, W: int, cost: CostModel):
@@ -165,16 +199,20 @@ def main() -> None:
     ap.add_argument("--goals", action="store_true", help="print each balanced row's goals as met / unmet")
     ap.add_argument("--baseline", default=None, metavar="REF", help="also plan with the library of git REF")
     ap.add_argument("--label", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--corpora-file", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     cost = CostModel()
-    corpora = shared_corpora() if all((SHARED / n).exists() for n in CORPORA) else []
-    jobs = [(c, [int(w) for w in args.worlds.split(",")], True) for c in corpora]
-    if args.synthetic_rows:
-        df = synthetic(args.synthetic_rows)
-        jobs.append((Corpus(f"synthetic {args.synthetic_rows / 1e6:g}M", df["duration"].to_numpy(),
-                            df["num_tokens"].to_numpy().astype(np.int64)),
-                     [int(w) for w in args.synthetic_worlds.split(",")], False))
-        del df
+    if args.corpora_file:  # --baseline's rerun: the corpora this checkout made
+        corpora = load_corpora(Path(args.corpora_file))
+    else:
+        corpora = shared_corpora() if all((SHARED / n).exists() for n in CORPORA) else []
+        if args.synthetic_rows:
+            df = synthetic(args.synthetic_rows)
+            corpora.append(Corpus(f"synthetic {args.synthetic_rows / 1e6:g}M", df["duration"].to_numpy(),
+                                  df["num_tokens"].to_numpy().astype(np.int64)))
+            del df
+    worlds = {True: [int(w) for w in args.worlds.split(",")], False: [int(w) for w in args.synthetic_worlds.split(",")]}
+    jobs = [(c, worlds[not c.name.startswith("synthetic")], not c.name.startswith("synthetic")) for c in corpora]
     print(f"30x2 buckets, padded budget {args.budget:.0f} s, seed 0, one epoch; cost model {cost}")
     print("| corpus / planner | W | steps | fill | bound | bal | >1.10 | strag | same | pad a / t | drop |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -187,7 +225,7 @@ def main() -> None:
             label = (c.name if sizing == "budget" else f"{c.name} cost-equal") + args.label
             run_corpus(c, label, fit, bs, worlds, with_lhotse and sizing == "budget", args, cost)
     if args.baseline:
-        run_baseline(args.baseline)
+        run_baseline(args.baseline, corpora)
 
 
 def run_corpus(c: Corpus, label: str, fit, bs: np.ndarray, worlds: list[int], with_lhotse: bool, args,
@@ -204,6 +242,8 @@ def run_corpus(c: Corpus, label: str, fit, bs: np.ndarray, worlds: list[int], wi
                       flush=True)
                 if args.goals and r["balance"] > 0:
                     print(goals(r), flush=True)
+                    if spread_bound is not None:
+                        print(bounds(c, fit, bs, W, args.balance, cost), flush=True)
         if with_lhotse and 0 < W <= args.lhotse_max_world:
             t0 = time.perf_counter()
             rep, pad, dropped, _ = lhotse_steps(c, fit.grid, bs, W, cost)

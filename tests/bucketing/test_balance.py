@@ -16,8 +16,11 @@ from bucketing.balance import (
     _pieces_per_batch,
     balance_steps,
     batch_cost,
+    goals_unmet,
     plan_report,
     same_bucket_runs,
+    spread_bound,
+    steps_over_bound,
 )
 from bucketing.batching import even_batch_counts, form_batches
 from bucketing.budget import cost_equal_batch_sizes, cost_equal_spec, padded_budget_batch_sizes
@@ -303,3 +306,52 @@ def test_near_equal_batches_cover_every_row_and_fill_whole_steps(seed, n, nb, wo
         assert per.sum() % world == 0  # the last step's free slots are all taken
     else:
         assert np.array_equal(per, cnt)  # as many batches as rows: nothing left to give
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000), steps=st.integers(1, 8), world=st.integers(1, 12), low=st.floats(0.01, 1.0),
+       limit=st.floats(1.01, 1.5))
+def test_lower_bounds_hold_for_every_layout(seed, steps, world, low, limit) -> None:
+    """No layout of the values in steps of W beats spread_bound or steps_over_bound: random
+    layouts, consecutive groups in sorted order and a low tail dealt one per step."""
+    rng = np.random.default_rng(seed)
+    v = np.where(rng.random(steps * world) < 0.2, low, 1.0) * rng.uniform(0.5, 1.0, steps * world)
+    lb, over = spread_bound(v, world), steps_over_bound(v, world, limit)
+    layouts = [rng.permutation(v.shape[0]) for _ in range(20)] + [np.argsort(v)]
+    layouts.append(np.argsort(v).reshape(world, steps).T.reshape(-1))
+    for order in layouts:
+        m = v[order].reshape(steps, world)
+        r = m.max(1) / m.mean(1)
+        assert r.mean() - 1.0 >= lb - 1e-9
+        assert int((r > limit).sum()) >= over
+
+
+def test_lower_bounds_are_reached_and_count_isolated_small_batches() -> None:
+    """Sorted groups reach spread_bound when steps are equal; nine batches at a tenth of the
+    rest at W = 8 (a step with one of them and seven full batches: 8 / 7.1 = 1.127) cannot all
+    share steps with each other: one step at least is over 1.10; at W = 16 none need be."""
+    assert spread_bound([1.0, 1.0, 2.0, 2.0], 2) == 0.0
+    assert spread_bound([1.0, 2.0, 1.0, 2.0], 1) == 0.0
+    assert spread_bound([1.0, 2.0, 2.0, 2.0], 4) == pytest.approx(8 / 7 - 1)
+    v = np.r_[np.full(9, 40.0), np.full(8 * 24 - 9 + 8, 450.0)]
+    assert steps_over_bound(v, 8, 1.10) == 1
+    assert steps_over_bound(np.r_[np.full(8, 40.0), np.full(8 * 24, 450.0)], 8, 1.10) == 0  # eight small ones fill a step of their own
+    assert steps_over_bound(np.r_[np.full(9, 40.0), np.full(7 + 16 * 8, 450.0)], 16, 1.10) == 0
+    with pytest.raises(ValueError, match="do not fill steps"):
+        spread_bound([1.0, 2.0, 3.0], 2)
+    with pytest.raises(ValueError, match="do not fill steps"):
+        steps_over_bound([1.0, 2.0, 3.0], 2, 1.1)
+
+
+def test_goals_unmet_names_each_missed_goal() -> None:
+    """Straggler over 0.4 x tolerance, mean padded max / mean over 1 + tolerance, more than 2%
+    of steps over 1 + 2 tolerance; the padded ones False without padded seconds."""
+    cost = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.03, 1.0, 1.0])
+    even = np.arange(8).reshape(4, 2)
+    assert goals_unmet(even, cost, None, 0.05) == (False, False, False)  # straggler 1.48% / 4 = 0.37%
+    assert goals_unmet(even, cost, None, 0.005) == (True, False, False)  # over 0.2%
+    pad = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.3])  # one step of four at 1.3 / 1.15: mean 1.033
+    assert goals_unmet(even, cost, pad, 0.05) == (False, False, True)
+    assert goals_unmet(even, cost, pad, 0.02) == (False, True, True)
+    assert goals_unmet(even, cost, pad, 0.005) == (True, True, True)
+    assert goals_unmet(even, cost, pad, 0.2) == (False, False, False)
