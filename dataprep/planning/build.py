@@ -52,6 +52,7 @@ from dataprep.planning.out_of_core import (
 from manifests.io import file_sha256, manifest_hash, manifest_num_rows, read_manifest
 from manifests.plan_files import PlanWriter, shard_table
 from manifests.plan_meta import BalanceInfo, FileRef, ManifestRef, PlanMeta
+from manifests.spill import retained_heap
 
 
 def batch_sizes_of(spec: BucketSpec, where: str = "buckets.json") -> npt.NDArray[np.int64]:
@@ -236,7 +237,8 @@ def build_plan(
     grid = grid_from_spec(spec)
     limit = options.memory_limit if options.memory_limit is not None else default_memory_limit()
     if manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW > limit:
-        return _build_out_of_core(manifest, buckets, out_dir, options, spec, limit, on_progress, clock)
+        with retained_heap():  # bucket-sized arrays reused, not zeroed afresh (see retained_heap)
+            return _build_out_of_core(manifest, buckets, out_dir, options, spec, limit, on_progress, clock)
     cols = ManifestColumns.read(manifest)
     options.check_rows(cols.duration.shape[0])  # before any per-rank allocation
     clock("read")
