@@ -23,7 +23,7 @@ bounded by the largest bucket, not by the corpus.
 Memory (:func:`planning_bytes`): the bucket being ordered (:data:`BUCKET_BYTES_PER_ROW` per
 row) beside per-batch summaries, or later the per-batch arrays of the layout
 (:data:`BATCH_BYTES`), plus one part of a shard per writing thread;
-the spill files take about 35 bytes per row plus the ids on disk (about twice during an
+the spill files take about 31 bytes per row plus the ids on disk (about twice during an
 epoch). Balanced plans only (``balance > 0``) without dynamic resolution; the plan equals the
 in-memory one (tests compare the shards byte for byte).
 """
@@ -52,7 +52,7 @@ from bucketing.fit import Grid
 from bucketing.groups import group_order
 from bucketing.plan import EpochPlan
 from manifests.errors import DataprepError, ManifestError
-from manifests.io import iter_manifest
+from manifests.io import iter_manifest, manifest_num_rows
 from manifests.plan_files import PlanWriter, shard_table
 from manifests.spill import SpillFiles, default_memory_limit
 
@@ -82,8 +82,8 @@ PART_BYTES_PER_ROW = 200
 
 @dataclass
 class SpilledCorpus:
-    """What the pass over the manifest leaves: per-bucket spill files (``b{k}.rows`` int64,
-    ``b{k}.d`` float64, ``b{k}.t`` int32, ``b{k}.ids`` strings; ascending rows), the carried
+    """What the pass over the manifest leaves: per-bucket spill files (``b{k}.rows`` of
+    :attr:`row_dtype`, ``b{k}.d`` float64, ``b{k}.t`` int32, ``b{k}.ids`` strings; ascending rows), the carried
     tails as edits of them (``removed``: positions of a bucket's own rows carried on;
     ``extra``: rows carried in), and the allocation's figures (as
     :class:`bucketing.allocate.Assignment`'s)."""
@@ -100,6 +100,9 @@ class SpilledCorpus:
     total_t: float = 0.0
     removed: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
     extra: dict[int, _Carried] = field(default_factory=dict)
+    #: Row numbers on disk (``b{k}.rows``, ``pos.rows``): int32 below 2**31 rows (4 bytes a row
+    #: less to write and read twice), else int64.
+    row_dtype: type = np.int64
 
     @property
     def files(self) -> SpillFiles:
@@ -166,7 +169,7 @@ class SpilledCorpus:
             i = np.minimum(np.searchsorted(e.rows, rows), max(e.rows.shape[0] - 1, 0))
             carried = (e.rows.shape[0] > 0) & (e.rows[i] == rows)
             d[carried], t[carried] = e.d[i[carried]], e.t[i[carried]]
-        own = np.searchsorted(self.files.map(f"b{k}.rows", np.int64), rows[~carried])
+        own = np.searchsorted(self.files.map(f"b{k}.rows", self.row_dtype), rows[~carried])
         d[~carried] = self.files.map(f"b{k}.d", np.float64)[own]
         t[~carried] = self.files.map(f"b{k}.t", np.int32)[own]
         return d, t
@@ -189,7 +192,8 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     """Steps 1 and 2 of the module docstring: allocate in blocks, spill by bucket, carry tails.
     A one-line error when one bucket cannot be planned within ``memory_limit`` bytes."""
     B = grid.num_buckets
-    out = SpilledCorpus(root, counts=np.zeros(B, np.int64), max_tokens=grid.max_tokens.astype(np.int64).copy())
+    out = SpilledCorpus(root, counts=np.zeros(B, np.int64), max_tokens=grid.max_tokens.astype(np.int64).copy(),
+                        row_dtype=np.int32 if manifest_num_rows(manifest) < 2**31 else np.int64)
     files = SpillFiles(root)
     base = 0
     for table in iter_manifest(manifest, ["id", "duration", "num_tokens"], TOTALS_BLOCK):
@@ -212,7 +216,7 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
         cut = np.searchsorted(b, np.arange(B + 1))
         for k in np.flatnonzero(np.diff(cut)):
             r = rows[cut[k]:cut[k + 1]]
-            files.append(f"b{k}.rows", r + base)
+            files.append(f"b{k}.rows", (r + base).astype(out.row_dtype, copy=False))
             files.append(f"b{k}.d", d[r])
             files.append(f"b{k}.t", t[r])
             files.append_strings(f"b{k}.ids", ids.slice(cut[k], cut[k + 1] - cut[k]))
@@ -263,7 +267,7 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
     dbin = grid.duration_bin
     incoming: list[list[_Carried]] = [[] for _ in range(B)]
     for k in range(B):
-        own_rows = files.read(f"b{k}.rows", np.int64)
+        own_rows = files.read(f"b{k}.rows", out.row_dtype).astype(np.int64, copy=False)
         n_own = own_rows.shape[0]
         inc = incoming[k]
         inc_rows = np.concatenate([c.rows for c in inc]) if inc else np.empty(0, np.int64)
@@ -356,7 +360,7 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
         del d, t
         p = parts[0] if len(parts) == 1 else np.concatenate(parts)
         del parts
-        rows = corpus.column(int(k), "rows", np.int64)
+        rows = corpus.column(int(k), "rows", corpus.row_dtype)
         for a in range(0, cnt, ORDER_ROWS):
             files.append("pos.rows", rows[p[a:a + ORDER_ROWS]])
         del rows
@@ -387,7 +391,7 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     if pieces.shape[0]:
         for i in pieces:  # the few batches cut into pieces (at most one step's worth)
             a, b = int(seg_start[i]), int(seg_start[i] + seg_size[i])
-            dk, tk32 = corpus.lookup(int(steps.seg_bucket[i]), files.read_range("pos.rows", np.int64, a, b))
+            dk, tk32 = corpus.lookup(int(steps.seg_bucket[i]), files.read_range("pos.rows", corpus.row_dtype, a, b))
             tk = tk32.astype(np.int64)
             s_mx_d[i], s_mx_t[i] = dk.max(), tk.max()
             s_sm_d[i], s_sm_t[i] = np.add.reduceat(dk, [0])[0], tk.sum()
@@ -432,7 +436,7 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
             off = np.zeros(hi - lo + 1, dtype=np.int64)
             np.cumsum(size, out=off[1:])
             yield shard_table(epoch=ep.epoch, first_step=first_step + c, bucket=bucket[lo:hi], offsets=off,
-                              rows=files.read_runs("pos.rows", np.int64, start, size),
+                              rows=files.read_runs("pos.rows", corpus.row_dtype, start, size),
                               ids=files.read_string_runs("pos.ids", start, size),
                               max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi], step_in_epoch=c)
 
