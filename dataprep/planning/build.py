@@ -333,7 +333,8 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
             for e in range(epochs):
                 try:
                     lay = plan_epoch_spilled(corpus, bs, W, options.seed, e, interleave=options.interleave,
-                                             tolerance=options.balance, cost=cost, group=options.group)
+                                             tolerance=options.balance, cost=cost, group=options.group,
+                                             final=e == epochs - 1)
                 except DataprepError as exc:
                     raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
                 clock("plan")

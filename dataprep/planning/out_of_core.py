@@ -24,7 +24,8 @@ Memory (:func:`planning_bytes`): the bucket being ordered (:data:`BUCKET_BYTES_P
 row) beside per-batch summaries, or later the per-batch arrays of the layout
 (:data:`BATCH_BYTES`), plus one part of a shard per writing thread;
 the spill files take about 31 bytes per row plus the ids on disk (about twice during an
-epoch). Balanced plans only (``balance > 0``) without dynamic resolution; the plan equals the
+epoch; the last epoch removes each bucket's ids once laid out, so the position files reuse
+their page cache). Balanced plans only (``balance > 0``) without dynamic resolution; the plan equals the
 in-memory one (tests compare the shards byte for byte).
 """
 
@@ -157,6 +158,11 @@ class SpilledCorpus:
             return both.take(pa.array(np.where(carried, len(got) + src - n, np.arange(src.shape[0]))))
 
         return take
+
+    def drop_ids(self, k: int) -> None:
+        """Remove bucket ``k``'s id files (after its last :meth:`ids_taker`)."""
+        for suffix in (".off", ".data"):
+            (self.root / f"b{k}.ids{suffix}").unlink(missing_ok=True)
 
     def lookup(self, k: int, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int32]]:
         """Durations and tokens of some of bucket ``k``'s ``rows`` (after the carried tails):
@@ -322,9 +328,12 @@ class EpochLayout:
 
 
 def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
-                       interleave: str, tolerance: float, cost: CostModel, group: int) -> EpochLayout:
+                       interleave: str, tolerance: float, cost: CostModel, group: int,
+                       final: bool = False) -> EpochLayout:
     """Step 3 of the module docstring: :func:`bucketing.plan.plan_epoch` (balanced) then
-    :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays."""
+    :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays. ``final``:
+    no later epoch reads the ids, so each bucket's id files are removed once laid out (the
+    page cache they held is reused for the position files instead of fresh memory)."""
     files = SpillFiles(corpus.root)
     for name in ("pos.rows", "pos.ids.off", "pos.ids.data"):
         (corpus.root / name).unlink(missing_ok=True)
@@ -365,6 +374,8 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
             files.append("pos.rows", rows[p[a:a + ORDER_ROWS]])
         del rows
         ids = corpus.ids_taker(int(k))
+        if final:
+            corpus.drop_ids(int(k))
         for a in range(0, cnt, ORDER_ROWS):
             files.append_strings("pos.ids", ids(p[a:a + ORDER_ROWS]))
         del ids, p
