@@ -68,6 +68,7 @@ class SpillFiles:
         self.root = root
         self._open: dict[str, BinaryIO] = {}
         self._bytes: dict[str, int] = {}
+        self._records: dict[str, np.dtype[Any]] = {}
 
     def append(self, name: str, values: npt.NDArray[np.generic]) -> None:
         f = self._open.get(name)
@@ -94,7 +95,32 @@ class SpillFiles:
             self.append(name + ".off", off[1:] - off[0] + base)
         self._bytes[name] = base + int(off[-1] - off[0]) if n else base
 
+    def append_records(self, name: str, keys: npt.NDArray[np.generic], values: pa.Array) -> None:
+        """Append (key, string) pairs as ``name.rec`` (each key beside its string's start in
+        ``name.data``, packed: :func:`record_dtype`; :meth:`close` ends it with one record of
+        the total) and ``name.data`` (the strings' UTF-8 bytes). A run of pairs is then one read
+        of records and one of bytes (:meth:`read_record_runs`), not three."""
+        arr = values.cast(pa.large_string())
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        n = len(arr)
+        off = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset:arr.offset + n + 1] if n else np.zeros(1, np.int64)
+        dt = self._records.setdefault(name, record_dtype(keys.dtype))
+        base = self._bytes.get(name, 0)
+        if n:
+            if off[-1] > off[0]:
+                self.append(name + ".data", np.frombuffer(arr.buffers()[2], dtype=np.uint8)[off[0]:off[-1]])
+            rec = np.empty(n, dtype=dt)
+            rec["key"], rec["off"] = keys, off[:-1] - off[0] + base
+            self.append(name + ".rec", rec)
+        self._bytes[name] = base + int(off[-1] - off[0])
+
     def close(self) -> None:
+        for name, dt in self._records.items():  # each record file ends with the total
+            end = np.zeros(1, dtype=dt)
+            end["off"] = self._bytes.get(name, 0)
+            self.append(name + ".rec", end)
+        self._records.clear()
         for f in self._open.values():
             f.close()
         self._open.clear()
@@ -145,10 +171,28 @@ class SpillFiles:
         """The strings ``starts[i] : starts[i] + sizes[i]`` of ``name`` (see
         :meth:`append_strings`) for every ``i``, concatenated, as a string array."""
         ends = self.read_runs(name + ".off", np.int64, starts, sizes + 1)  # each run's offsets and its end
+        return self._strings_of_runs(name + ".data", ends, sizes)
+
+    def read_record_runs(self, name: str, key_dtype: type, starts: npt.NDArray[np.int64],
+                         sizes: npt.NDArray[np.int64]) -> tuple[npt.NDArray[Any], pa.Array]:
+        """The pairs ``starts[i] : starts[i] + sizes[i]`` of ``name`` (see
+        :meth:`append_records`) for every ``i``, concatenated: (keys, strings)."""
+        rec = self.read_runs(name + ".rec", record_dtype(np.dtype(key_dtype)), starts, sizes + 1)
+        keep = np.ones(rec.shape[0], dtype=bool)
+        keep[np.cumsum(sizes + 1) - 1] = False  # each run's extra record: only its offset counts
+        return rec["key"][keep], self._strings_of_runs(name + ".data", np.ascontiguousarray(rec["off"]), sizes)
+
+    def read_record_keys(self, name: str, key_dtype: type, start: int, stop: int) -> npt.NDArray[Any]:
+        """Keys ``start:stop`` of ``name`` (see :meth:`append_records`)."""
+        return self.read_range(name + ".rec", record_dtype(np.dtype(key_dtype)), start, stop)["key"].copy()
+
+    def _strings_of_runs(self, data: str, ends: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> pa.Array:
+        """The strings of runs of ``sizes[i]`` strings whose ``sizes[i] + 1`` byte offsets into
+        file ``data`` (each run's starts, then its end) are concatenated in ``ends``."""
         first = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
         np.cumsum(sizes + 1, out=first[1:])
         lo, hi = ends[first[:-1]], ends[first[1:] - 1]
-        data = self.read_runs(name + ".data", np.uint8, lo, hi - lo)
+        data = self.read_runs(data, np.uint8, lo, hi - lo)
         # offsets into data: each run's own offsets, shifted to where its bytes land
         shift = np.zeros(sizes.shape[0], dtype=np.int64)
         np.cumsum((hi - lo)[:-1], out=shift[1:])
@@ -171,6 +215,11 @@ class SpillFiles:
         if off[-1] < 2**31:
             return pa.StringArray.from_buffers(n, pa.py_buffer(off.astype(np.int32)), data)
         return pa.LargeStringArray.from_buffers(n, pa.py_buffer(off), data)
+
+def record_dtype(key: np.dtype[Any]) -> np.dtype[Any]:
+    """A record of :meth:`SpillFiles.append_records`: a key, then an int64 byte offset (packed)."""
+    return np.dtype([("key", key), ("off", np.int64)])
+
 
 #: Bit pattern of +inf: every finite non-negative float64 has a smaller one, and order of the
 #: patterns (as int64) is the order of the values.

@@ -9,8 +9,8 @@ bounded by the largest bucket, not by the corpus.
    edits of the spill files, which are not sorted or rewritten.
 3. Per epoch: each bucket's rows are ordered into batches in parts of whole windows
    (:meth:`bucketing.batching.BucketGrouping.order_chunks`, the same rng draws in the same
-   order); its rows, then ids are laid out in that order in the epoch's position files (one
-   column of the bucket in memory at a time) and its per-batch summaries (longest, most
+   order); its rows and ids are laid out in that order in the epoch's position files (each
+   row beside its id's offset, :meth:`manifests.spill.SpillFiles.append_records`) and its per-batch summaries (longest, most
    tokens, sums) taken on the way (the few batches that steps cut into pieces look their
    rows' durations and tokens up again, :meth:`SpilledCorpus.lookup`); batches are drawn per batch
    (:func:`bucketing.batching.cut_batches`); balanced steps are laid out from the per-batch
@@ -58,8 +58,8 @@ from manifests.plan_files import PlanWriter, shard_table
 from manifests.spill import SpillFiles, default_memory_limit
 
 #: Bytes of memory per row of the bucket being ordered: its durations, tokens and shuffle
-#: (8 + 4 + 4 and the shuffle's ordered copy), then its rows, then its ids (bytes, offsets and
-#: with carried tails an int32 index), one column at a time. Measured (tracemalloc, a 2M- and
+#: (8 + 4 + 4 and the shuffle's ordered copy), then its rows (int32 below 2**31 rows) beside its
+#: ids (bytes, offsets and with carried tails an int32 index). Measured (tracemalloc, a 2M- and
 #: a 4M-row bucket): 21 bytes per row more, on top of about 45 MiB for one part
 #: (:data:`ORDER_ROWS`) of sort keys and candidates.
 BUCKET_BYTES_PER_ROW = 32
@@ -74,7 +74,7 @@ SUMMARY_BYTES = 32
 #: Bytes of memory per row that planning in memory takes (columns, ids, the epoch's arrays).
 IN_MEMORY_BYTES_PER_ROW = 100
 #: Rows of a shard written at once (rounded to whole row groups): each part reads its batches'
-#: runs of the position files (three reads a batch: rows, id offsets, id bytes).
+#: runs of the position files (two reads a batch: rows with id offsets, id bytes).
 PART_ROWS = 1 << 16
 #: Bytes of memory per row of a shard part being written (gather indices, rows, ids, the
 #: Arrow table and its encoded pages).
@@ -101,7 +101,7 @@ class SpilledCorpus:
     total_t: float = 0.0
     removed: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
     extra: dict[int, _Carried] = field(default_factory=dict)
-    #: Row numbers on disk (``b{k}.rows``, ``pos.rows``): int32 below 2**31 rows (4 bytes a row
+    #: Row numbers on disk (``b{k}.rows``, the position files' records): int32 below 2**31 rows (4 bytes a row
     #: less to write and read twice), else int64.
     row_dtype: type = np.int64
 
@@ -335,7 +335,7 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     no later epoch reads the ids, so each bucket's id files are removed once laid out (the
     page cache they held is reused for the position files instead of fresh memory)."""
     files = SpillFiles(corpus.root)
-    for name in ("pos.rows", "pos.ids.off", "pos.ids.data"):
+    for name in ("pos.rec", "pos.data"):
         (corpus.root / name).unlink(missing_ok=True)
     rng = np.random.default_rng([seed, epoch, 0])
     grouping = BucketGrouping("both").with_totals(corpus.total_d, corpus.total_t)
@@ -370,15 +370,13 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
         p = parts[0] if len(parts) == 1 else np.concatenate(parts)
         del parts
         rows = corpus.column(int(k), "rows", corpus.row_dtype)
-        for a in range(0, cnt, ORDER_ROWS):
-            files.append("pos.rows", rows[p[a:a + ORDER_ROWS]])
-        del rows
         ids = corpus.ids_taker(int(k))
         if final:
             corpus.drop_ids(int(k))
-        for a in range(0, cnt, ORDER_ROWS):
-            files.append_strings("pos.ids", ids(p[a:a + ORDER_ROWS]))
-        del ids, p
+        for a in range(0, cnt, ORDER_ROWS):  # each row beside its id: a batch is two reads, not three
+            q = p[a:a + ORDER_ROWS]
+            files.append_records("pos", rows[q], ids(q))
+        del rows, ids, p
     files.close()
     cut = cut_batches(counts, bs, rng, batch_counts=nb)
     perm = cut.perm
@@ -402,7 +400,7 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     if pieces.shape[0]:
         for i in pieces:  # the few batches cut into pieces (at most one step's worth)
             a, b = int(seg_start[i]), int(seg_start[i] + seg_size[i])
-            dk, tk32 = corpus.lookup(int(steps.seg_bucket[i]), files.read_range("pos.rows", corpus.row_dtype, a, b))
+            dk, tk32 = corpus.lookup(int(steps.seg_bucket[i]), files.read_record_keys("pos", corpus.row_dtype, a, b))
             tk = tk32.astype(np.int64)
             s_mx_d[i], s_mx_t[i] = dk.max(), tk.max()
             s_sm_d[i], s_sm_t[i] = np.add.reduceat(dk, [0])[0], tk.sum()
@@ -446,9 +444,9 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
             start, size = layout.start[lo:hi], layout.size[lo:hi]  # each batch: one run of positions
             off = np.zeros(hi - lo + 1, dtype=np.int64)
             np.cumsum(size, out=off[1:])
+            rows, ids = files.read_record_runs("pos", corpus.row_dtype, start, size)
             yield shard_table(epoch=ep.epoch, first_step=first_step + c, bucket=bucket[lo:hi], offsets=off,
-                              rows=files.read_runs("pos.rows", corpus.row_dtype, start, size),
-                              ids=files.read_string_runs("pos.ids", start, size),
+                              rows=rows, ids=ids,
                               max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi], step_in_epoch=c)
 
     writer.write_ranks(parts, tick)

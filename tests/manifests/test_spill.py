@@ -1,5 +1,5 @@
 """Spill files (manifests.spill): strings appended block by block read back whole and by runs,
-numbers by runs, equal to slicing what was appended (hypothesis over blocks and runs); the
+numbers and (key, string) records by runs, equal to slicing what was appended (hypothesis over blocks and runs); the
 retained heap serves big blocks from the heap inside and maps them again outside."""
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ def test_strings_and_runs_read_back_what_was_appended(tmp_path_factory, blocks, 
     for block in blocks:
         files.append_strings("ids", pa.array(block, pa.string()))
         files.append("n", np.arange(len(block), dtype=np.int64) + 7 * len(block))
+        files.append_records("pairs", (np.arange(len(block)) + 7 * len(block)).astype(np.int32),
+                             pa.array(block, pa.string()))
     files.close()
     flat = [s for b in blocks for s in b]
     nums = [int(x) for b in blocks for x in np.arange(len(b)) + 7 * len(b)]
@@ -39,6 +41,12 @@ def test_strings_and_runs_read_back_what_was_appended(tmp_path_factory, blocks, 
     if n:
         assert files.read_runs("n", np.int64, starts, sizes).tolist() == [
             nums[i] for a, z in zip(starts, sizes) for i in range(a, a + z)]
+    keys, strings = files.read_record_runs("pairs", np.int32, starts, sizes)
+    assert keys.tolist() == [nums[i] for a, z in zip(starts, sizes) for i in range(a, a + z)]
+    assert strings.to_pylist() == [flat[i] for a, z in zip(starts, sizes) for i in range(a, a + z)]
+    if runs:
+        a, z = int(starts[0]), int(sizes[0])
+        assert files.read_record_keys("pairs", np.int32, a, a + z).tolist() == nums[a:a + z]
 
 
 def _in_heap(a: np.ndarray) -> bool:
