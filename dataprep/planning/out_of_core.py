@@ -153,9 +153,8 @@ class SpilledCorpus:
             carried = src >= n
             if not carried.any():
                 return own.take(pa.array(src))
-            got = own.take(pa.array(np.where(carried, 0, src)))
-            both = pa.concat_arrays([got, extra.cast(got.type)])
-            return both.take(pa.array(np.where(carried, len(got) + src - n, np.arange(src.shape[0]))))
+            got = own.take(pa.array(np.where(carried, 0, src)))  # the few carried ones put in after
+            return pc.replace_with_mask(got, pa.array(carried), extra.take(pa.array(src[carried] - n)).cast(got.type))
 
         return take
 
