@@ -104,7 +104,9 @@ class SpillFiles:
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks()
         n = len(arr)
-        off = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset:arr.offset + n + 1] if n else np.zeros(1, np.int64)
+        off = np.zeros(1, np.int64)
+        if n:
+            off = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset:arr.offset + n + 1]
         dt = self._records.setdefault(name, record_dtype(keys.dtype))
         base = self._bytes.get(name, 0)
         if n:

@@ -10,8 +10,8 @@ bounded by the largest bucket, not by the corpus.
 3. Per epoch: each bucket's rows are ordered into batches in parts of whole windows
    (:meth:`bucketing.batching.BucketGrouping.order_chunks`, the same rng draws in the same
    order); its rows and ids are laid out in that order in the epoch's position files (each
-   row beside its id's offset, :meth:`manifests.spill.SpillFiles.append_records`) and its per-batch summaries (longest, most
-   tokens, sums) taken on the way (the few batches that steps cut into pieces look their
+   row beside its id's offset, :meth:`manifests.spill.SpillFiles.append_records`) and its
+   per-batch summaries (longest, most tokens, sums) taken on the way (the few batches that steps cut into pieces look their
    rows' durations and tokens up again, :meth:`SpilledCorpus.lookup`); batches are drawn per batch
    (:func:`bucketing.batching.cut_batches`); balanced steps are laid out from the per-batch
    summaries only: :func:`bucketing.balance.balance_steps`,
