@@ -43,8 +43,9 @@ def retained_heap() -> Iterator[None]:
     unmaps it when freed, so each new one is faulted in and zeroed by the kernel: a planner
     that frees and allocates bucket-sized arrays (40 MiB and more per column from about 5M
     rows a bucket) paid 17 s of 124 s CPU at 100M rows zeroing pages (``perf``: the kernel's
-    ``clear_page_erms``), 0.8 s of 9.4 s at 10M. Peak memory stays the live arrays' (the
-    freed blocks are reused, not added). Without glibc (musl, macOS): nothing changes."""
+    ``clear_page_erms``), 0.8 s of 9.4 s at 10M. Freed blocks are reused, so the peak grows
+    little (100M: 0.77 -> 0.86 GiB with the other changes of that measurement). Without
+    glibc (musl, macOS): nothing changes."""
     try:
         libc = ctypes.CDLL(None)
         mallopt, trim = libc.mallopt, libc.malloc_trim

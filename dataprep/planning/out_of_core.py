@@ -11,8 +11,9 @@ bounded by the largest bucket, not by the corpus.
    (:meth:`bucketing.batching.BucketGrouping.order_chunks`, the same rng draws in the same
    order); its rows and ids are laid out in that order in the epoch's position files (each
    row beside its id's offset, :meth:`manifests.spill.SpillFiles.append_records`) and its
-   per-batch summaries (longest, most tokens, sums) taken on the way (the few batches that steps cut into pieces look their
-   rows' durations and tokens up again, :meth:`SpilledCorpus.lookup`); batches are drawn per batch
+   per-batch summaries (longest, most tokens, sums) taken on the way (the few batches that
+   steps cut into pieces look their rows' durations and tokens up again,
+   :meth:`SpilledCorpus.lookup`); batches are drawn per batch
    (:func:`bucketing.batching.cut_batches`); balanced steps are laid out from the per-batch
    summaries only: :func:`bucketing.balance.balance_steps`,
    :func:`bucketing.balance.layout_order`, :func:`bucketing.groups.group_order`.
@@ -25,8 +26,8 @@ row) beside per-batch summaries, or later the per-batch arrays of the layout
 (:data:`BATCH_BYTES`), plus one part of a shard per writing thread;
 the spill files take about 31 bytes per row plus the ids on disk (about twice during an
 epoch; the last epoch removes each bucket's ids once laid out, so the position files reuse
-their page cache). Balanced plans only (``balance > 0``) without dynamic resolution; the plan equals the
-in-memory one (tests compare the shards byte for byte).
+their page cache). Balanced plans only (``balance > 0``) without dynamic resolution; the plan
+equals the in-memory one (tests compare the shards byte for byte).
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ PART_BYTES_PER_ROW = 200
 @dataclass
 class SpilledCorpus:
     """What the pass over the manifest leaves: per-bucket spill files (``b{k}.rows`` of
-    :attr:`row_dtype`, ``b{k}.d`` float64, ``b{k}.t`` int32, ``b{k}.ids`` strings; ascending rows), the carried
-    tails as edits of them (``removed``: positions of a bucket's own rows carried on;
+    :attr:`row_dtype`, ``b{k}.d`` float64, ``b{k}.t`` int32, ``b{k}.ids`` strings; ascending
+    rows), the carried tails as edits of them (``removed``: positions of a bucket's own rows carried on;
     ``extra``: rows carried in), and the allocation's figures (as
     :class:`bucketing.allocate.Assignment`'s)."""
 
@@ -101,8 +102,8 @@ class SpilledCorpus:
     total_t: float = 0.0
     removed: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
     extra: dict[int, _Carried] = field(default_factory=dict)
-    #: Row numbers on disk (``b{k}.rows``, the position files' records): int32 below 2**31 rows (4 bytes a row
-    #: less to write and read twice), else int64.
+    #: Row numbers on disk (``b{k}.rows``, the position files' records): int32 below 2**31
+    #: rows (4 bytes a row less to write and read twice), else int64.
     row_dtype: type = np.int64
 
     @property
@@ -154,7 +155,8 @@ class SpilledCorpus:
             if not carried.any():
                 return own.take(pa.array(src))
             got = own.take(pa.array(np.where(carried, 0, src)))  # the few carried ones put in after
-            return pc.replace_with_mask(got, pa.array(carried), extra.take(pa.array(src[carried] - n)).cast(got.type))
+            put = extra.take(pa.array(src[carried] - n)).cast(got.type)
+            return pc.replace_with_mask(got, pa.array(carried), put)
 
         return take
 
@@ -399,7 +401,8 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     if pieces.shape[0]:
         for i in pieces:  # the few batches cut into pieces (at most one step's worth)
             a, b = int(seg_start[i]), int(seg_start[i] + seg_size[i])
-            dk, tk32 = corpus.lookup(int(steps.seg_bucket[i]), files.read_record_keys("pos", corpus.row_dtype, a, b))
+            piece_rows = files.read_record_keys("pos", corpus.row_dtype, a, b)
+            dk, tk32 = corpus.lookup(int(steps.seg_bucket[i]), piece_rows)
             tk = tk32.astype(np.int64)
             s_mx_d[i], s_mx_t[i] = dk.max(), tk.max()
             s_sm_d[i], s_sm_t[i] = np.add.reduceat(dk, [0])[0], tk.sum()
