@@ -54,6 +54,7 @@ from manifests.io import file_sha256, manifest_hash, manifest_num_rows, read_man
 from manifests.spill import check_free_disk
 from manifests.plan_files import PlanWriter, shard_table
 from manifests.plan_meta import BalanceInfo, FileRef, ManifestRef, PlanMeta
+from manifests.spill import retained_heap
 
 
 def batch_sizes_of(spec: BucketSpec, where: str = "buckets.json") -> npt.NDArray[np.int64]:
@@ -238,7 +239,8 @@ def build_plan(
     grid = grid_from_spec(spec)
     limit = options.memory_limit if options.memory_limit is not None else default_memory_limit()
     if manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW > limit:
-        return _build_out_of_core(manifest, buckets, out_dir, options, spec, limit, on_progress, clock)
+        with retained_heap():  # bucket-sized arrays reused, not zeroed afresh (see retained_heap)
+            return _build_out_of_core(manifest, buckets, out_dir, options, spec, limit, on_progress, clock)
     cols = ManifestColumns.read(manifest)
     options.check_rows(cols.duration.shape[0])  # before any per-rank allocation
     clock("read")
@@ -334,7 +336,8 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
             for e in range(epochs):
                 try:
                     lay = plan_epoch_spilled(corpus, bs, W, options.seed, e, interleave=options.interleave,
-                                             tolerance=options.balance, cost=cost, group=options.group)
+                                             tolerance=options.balance, cost=cost, group=options.group,
+                                             final=e == epochs - 1)
                 except DataprepError as exc:
                     raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
                 clock("plan")

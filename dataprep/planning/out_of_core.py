@@ -9,10 +9,11 @@ bounded by the largest bucket, not by the corpus.
    edits of the spill files, which are not sorted or rewritten.
 3. Per epoch: each bucket's rows are ordered into batches in parts of whole windows
    (:meth:`bucketing.batching.BucketGrouping.order_chunks`, the same rng draws in the same
-   order); its rows, then ids are laid out in that order in the epoch's position files (one
-   column of the bucket in memory at a time) and its per-batch summaries (longest, most
-   tokens, sums) taken on the way (the few batches that steps cut into pieces look their
-   rows' durations and tokens up again, :meth:`SpilledCorpus.lookup`); batches are drawn per batch
+   order); its rows and ids are laid out in that order in the epoch's position files (each
+   row beside its id's offset, :meth:`manifests.spill.SpillFiles.append_records`) and its
+   per-batch summaries (longest, most tokens, sums) taken on the way (the few batches that
+   steps cut into pieces look their rows' durations and tokens up again,
+   :meth:`SpilledCorpus.lookup`); batches are drawn per batch
    (:func:`bucketing.batching.cut_batches`); balanced steps are laid out from the per-batch
    summaries only: :func:`bucketing.balance.balance_steps`,
    :func:`bucketing.balance.layout_order`, :func:`bucketing.groups.group_order`.
@@ -23,9 +24,10 @@ bounded by the largest bucket, not by the corpus.
 Memory (:func:`planning_bytes`): the bucket being ordered (:data:`BUCKET_BYTES_PER_ROW` per
 row) beside per-batch summaries, or later the per-batch arrays of the layout
 (:data:`BATCH_BYTES`), plus one part of a shard per writing thread;
-the spill files take about 35 bytes per row plus the ids on disk (about twice during an
-epoch). Balanced plans only (``balance > 0``) without dynamic resolution; the plan equals the
-in-memory one (tests compare the shards byte for byte).
+the spill files take about 31 bytes per row plus the ids on disk (about twice during an
+epoch; the last epoch removes each bucket's ids once laid out, so the position files reuse
+their page cache). Balanced plans only (``balance > 0``) without dynamic resolution; the plan
+equals the in-memory one (tests compare the shards byte for byte).
 """
 
 from __future__ import annotations
@@ -53,13 +55,13 @@ from bucketing.fit import Grid
 from bucketing.groups import group_order
 from bucketing.plan import EpochPlan
 from manifests.errors import DataprepError, ManifestError
-from manifests.io import iter_manifest
+from manifests.io import iter_manifest, manifest_num_rows
 from manifests.plan_files import PlanWriter, shard_table
 from manifests.spill import SpillFiles, default_memory_limit
 
 #: Bytes of memory per row of the bucket being ordered: its durations, tokens and shuffle
-#: (8 + 4 + 4 and the shuffle's ordered copy), then its rows, then its ids (bytes, offsets and
-#: with carried tails an int32 index), one column at a time. Measured (tracemalloc, a 2M- and
+#: (8 + 4 + 4 and the shuffle's ordered copy), then its rows (int32 below 2**31 rows) beside its
+#: ids (bytes, offsets and with carried tails an int32 index). Measured (tracemalloc, a 2M- and
 #: a 4M-row bucket): 21 bytes per row more, on top of about 45 MiB for one part
 #: (:data:`ORDER_ROWS`) of sort keys and candidates.
 BUCKET_BYTES_PER_ROW = 32
@@ -74,7 +76,7 @@ SUMMARY_BYTES = 32
 #: Bytes of memory per row that planning in memory takes (columns, ids, the epoch's arrays).
 IN_MEMORY_BYTES_PER_ROW = 100
 #: Rows of a shard written at once (rounded to whole row groups): each part reads its batches'
-#: runs of the position files (three reads a batch: rows, id offsets, id bytes).
+#: runs of the position files (two reads a batch: rows with id offsets, id bytes).
 PART_ROWS = 1 << 16
 #: Bytes of memory per row of a shard part being written (gather indices, rows, ids, the
 #: Arrow table and its encoded pages).
@@ -83,9 +85,9 @@ PART_BYTES_PER_ROW = 200
 
 @dataclass
 class SpilledCorpus:
-    """What the pass over the manifest leaves: per-bucket spill files (``b{k}.rows`` int64,
-    ``b{k}.d`` float64, ``b{k}.t`` int32, ``b{k}.ids`` strings; ascending rows), the carried
-    tails as edits of them (``removed``: positions of a bucket's own rows carried on;
+    """What the pass over the manifest leaves: per-bucket spill files (``b{k}.rows`` of
+    :attr:`row_dtype`, ``b{k}.d`` float64, ``b{k}.t`` int32, ``b{k}.ids`` strings; ascending
+    rows), the carried tails as edits of them (``removed``: positions of a bucket's own rows carried on;
     ``extra``: rows carried in), and the allocation's figures (as
     :class:`bucketing.allocate.Assignment`'s)."""
 
@@ -103,6 +105,9 @@ class SpilledCorpus:
     extra: dict[int, _Carried] = field(default_factory=dict)
     has_ids: bool = True  # ``b{k}.ids`` spilled
     has_codes: bool = False  # ``b{k}.c`` spilled (corpus codes)
+    #: Row numbers on disk (``b{k}.rows``, the position files' records): int32 below 2**31
+    #: rows (4 bytes a row less to write and read twice), else int64.
+    row_dtype: type = np.int64
 
     @property
     def files(self) -> SpillFiles:
@@ -152,11 +157,16 @@ class SpilledCorpus:
             carried = src >= n
             if not carried.any():
                 return own.take(pa.array(src))
-            got = own.take(pa.array(np.where(carried, 0, src)))
-            both = pa.concat_arrays([got, extra.cast(got.type)])
-            return both.take(pa.array(np.where(carried, len(got) + src - n, np.arange(src.shape[0]))))
+            got = own.take(pa.array(np.where(carried, 0, src)))  # the few carried ones put in after
+            put = extra.take(pa.array(src[carried] - n)).cast(got.type)
+            return pc.replace_with_mask(got, pa.array(carried), put)
 
         return take
+
+    def drop_ids(self, k: int) -> None:
+        """Remove bucket ``k``'s id files (after its last :meth:`ids_taker`)."""
+        for suffix in (".off", ".data"):
+            (self.root / f"b{k}.ids{suffix}").unlink(missing_ok=True)
 
     def lookup(self, k: int, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int32]]:
         """Durations and tokens of some of bucket ``k``'s ``rows`` (after the carried tails):
@@ -169,7 +179,7 @@ class SpilledCorpus:
             i = np.minimum(np.searchsorted(e.rows, rows), max(e.rows.shape[0] - 1, 0))
             carried = (e.rows.shape[0] > 0) & (e.rows[i] == rows)
             d[carried], t[carried] = e.d[i[carried]], e.t[i[carried]]
-        own = np.searchsorted(self.files.map(f"b{k}.rows", np.int64), rows[~carried])
+        own = np.searchsorted(self.files.map(f"b{k}.rows", self.row_dtype), rows[~carried])
         d[~carried] = self.files.map(f"b{k}.d", np.float64)[own]
         t[~carried] = self.files.map(f"b{k}.t", np.int32)[own]
         return d, t
@@ -199,7 +209,8 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     (:func:`manifests.io.iter_corpus_codes`), spilled as ``b{k}.c`` (int32)."""
     B = grid.num_buckets
     out = SpilledCorpus(root, counts=np.zeros(B, np.int64), max_tokens=grid.max_tokens.astype(np.int64).copy(),
-                        has_ids=ids, has_codes=codes is not None)
+                        has_ids=ids, has_codes=codes is not None,
+                        row_dtype=np.int32 if manifest_num_rows(manifest) < 2**31 else np.int64)
     files = SpillFiles(root)
     base = 0
     for table in iter_manifest(manifest, ["id", "duration", "num_tokens"] if ids else ["duration", "num_tokens"],
@@ -224,7 +235,7 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
         cut = np.searchsorted(b, np.arange(B + 1))
         for k in np.flatnonzero(np.diff(cut)):
             r = rows[cut[k]:cut[k + 1]]
-            files.append(f"b{k}.rows", r + base)
+            files.append(f"b{k}.rows", (r + base).astype(out.row_dtype, copy=False))
             files.append(f"b{k}.d", d[r])
             files.append(f"b{k}.t", t[r])
             if c is not None:
@@ -278,7 +289,7 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
     dbin = grid.duration_bin
     incoming: list[list[_Carried]] = [[] for _ in range(B)]
     for k in range(B):
-        own_rows = files.read(f"b{k}.rows", np.int64)
+        own_rows = files.read(f"b{k}.rows", out.row_dtype).astype(np.int64, copy=False)
         n_own = own_rows.shape[0]
         inc = incoming[k]
         inc_rows = np.concatenate([c.rows for c in inc]) if inc else np.empty(0, np.int64)
@@ -339,11 +350,14 @@ class EpochLayout:
 
 
 def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
-                       interleave: str, tolerance: float, cost: CostModel, group: int) -> EpochLayout:
+                       interleave: str, tolerance: float, cost: CostModel, group: int,
+                       final: bool = False) -> EpochLayout:
     """Step 3 of the module docstring: :func:`bucketing.plan.plan_epoch` (balanced) then
-    :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays."""
+    :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays. ``final``:
+    no later epoch reads the ids, so each bucket's id files are removed once laid out (the
+    page cache they held is reused for the position files instead of fresh memory)."""
     files = SpillFiles(corpus.root)
-    for name in ("pos.rows", "pos.ids.off", "pos.ids.data"):
+    for name in ("pos.rec", "pos.data"):
         (corpus.root / name).unlink(missing_ok=True)
     rng = np.random.default_rng([seed, epoch, 0])
     grouping = BucketGrouping("both").with_totals(corpus.total_d, corpus.total_t)
@@ -377,14 +391,14 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
         del d, t
         p = parts[0] if len(parts) == 1 else np.concatenate(parts)
         del parts
-        rows = corpus.column(int(k), "rows", np.int64)
-        for a in range(0, cnt, ORDER_ROWS):
-            files.append("pos.rows", rows[p[a:a + ORDER_ROWS]])
-        del rows
+        rows = corpus.column(int(k), "rows", corpus.row_dtype)
         ids = corpus.ids_taker(int(k))
-        for a in range(0, cnt, ORDER_ROWS):
-            files.append_strings("pos.ids", ids(p[a:a + ORDER_ROWS]))
-        del ids, p
+        if final:
+            corpus.drop_ids(int(k))
+        for a in range(0, cnt, ORDER_ROWS):  # each row beside its id: a batch is two reads, not three
+            q = p[a:a + ORDER_ROWS]
+            files.append_records("pos", rows[q], ids(q))
+        del rows, ids, p
     files.close()
     cut = cut_batches(counts, bs, rng, batch_counts=nb)
     perm = cut.perm
@@ -408,7 +422,8 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     if pieces.shape[0]:
         for i in pieces:  # the few batches cut into pieces (at most one step's worth)
             a, b = int(seg_start[i]), int(seg_start[i] + seg_size[i])
-            dk, tk32 = corpus.lookup(int(steps.seg_bucket[i]), files.read_range("pos.rows", np.int64, a, b))
+            piece_rows = files.read_record_keys("pos", corpus.row_dtype, a, b)
+            dk, tk32 = corpus.lookup(int(steps.seg_bucket[i]), piece_rows)
             tk = tk32.astype(np.int64)
             s_mx_d[i], s_mx_t[i] = dk.max(), tk.max()
             s_sm_d[i], s_sm_t[i] = np.add.reduceat(dk, [0])[0], tk.sum()
@@ -452,16 +467,16 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
             start, size = layout.start[lo:hi], layout.size[lo:hi]  # each batch: one run of positions
             off = np.zeros(hi - lo + 1, dtype=np.int64)
             np.cumsum(size, out=off[1:])
+            rows, ids = files.read_record_runs("pos", corpus.row_dtype, start, size)
             yield shard_table(epoch=ep.epoch, first_step=first_step + c, bucket=bucket[lo:hi], offsets=off,
-                              rows=files.read_runs("pos.rows", np.int64, start, size),
-                              ids=files.read_string_runs("pos.ids", start, size),
+                              rows=rows, ids=ids,
                               max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi], step_in_epoch=c)
 
     writer.write_ranks(parts, tick)
 
 
 #: Bytes of disk per row besides its id: the spill files (row, duration, tokens, id offset)
-#: and an epoch's position files (row, id offset).
+#: and an epoch's position files (row, id offset): 36 with int32 rows, 44 with int64 ones.
 SPILL_DISK_BYTES_PER_ROW = 44
 #: Bytes of disk per row and epoch of the plan's shards (about 9 measured at 10M-100M rows).
 PLAN_DISK_BYTES_PER_ROW = 10

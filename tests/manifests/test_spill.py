@@ -1,16 +1,19 @@
 """Spill files (manifests.spill): strings appended block by block read back whole and by runs,
-numbers by runs, equal to slicing what was appended (hypothesis over blocks and runs)."""
+numbers and (key, string) records by runs, equal to slicing what was appended (hypothesis over blocks and runs); the
+retained heap serves big blocks from the heap inside and maps them again outside."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from manifests.spill import SpillFiles
+from manifests.spill import SpillFiles, retained_heap
 
 TEXT = st.text(alphabet=st.sampled_from(["a", "é", "字", "-", "0"]), max_size=6)
 
@@ -23,6 +26,8 @@ def test_strings_and_runs_read_back_what_was_appended(tmp_path_factory, blocks, 
     for block in blocks:
         files.append_strings("ids", pa.array(block, pa.string()))
         files.append("n", np.arange(len(block), dtype=np.int64) + 7 * len(block))
+        files.append_records("pairs", (np.arange(len(block)) + 7 * len(block)).astype(np.int32),
+                             pa.array(block, pa.string()))
     files.close()
     flat = [s for b in blocks for s in b]
     nums = [int(x) for b in blocks for x in np.arange(len(b)) + 7 * len(b)]
@@ -36,3 +41,31 @@ def test_strings_and_runs_read_back_what_was_appended(tmp_path_factory, blocks, 
     if n:
         assert files.read_runs("n", np.int64, starts, sizes).tolist() == [
             nums[i] for a, z in zip(starts, sizes) for i in range(a, a + z)]
+    keys, strings = files.read_record_runs("pairs", np.int32, starts, sizes)
+    assert keys.tolist() == [nums[i] for a, z in zip(starts, sizes) for i in range(a, a + z)]
+    assert strings.to_pylist() == [flat[i] for a, z in zip(starts, sizes) for i in range(a, a + z)]
+    if runs:
+        a, z = int(starts[0]), int(sizes[0])
+        assert files.read_record_keys("pairs", np.int32, a, a + z).tolist() == nums[a:a + z]
+
+
+def _in_heap(a: np.ndarray) -> bool:
+    """The array's buffer lies in the process's ``[heap]`` mapping (not a mapping of its own)."""
+    at = a.ctypes.data
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith("[heap]"):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= at < hi:
+                return True
+    return False
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_retained_heap_serves_big_blocks_from_the_heap_and_maps_them_again_after() -> None:
+    big = 64 << 20  # above glibc's largest mmap threshold (32 MiB)
+    with retained_heap():
+        inside = np.empty(big, np.uint8)
+        assert _in_heap(inside)
+        del inside
+    after = np.empty(big, np.uint8)
+    assert not _in_heap(after)
