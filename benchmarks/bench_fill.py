@@ -94,6 +94,17 @@ def shared_corpora() -> list[Corpus]:
     return out
 
 
+def bench_corpora(synthetic_rows: int) -> list[Corpus]:
+    """The shared corpora (when ../shared/data has them) and, with ``synthetic_rows``, a
+    synthetic one of that many rows (:func:`bench_plan.synthetic`)."""
+    corpora = shared_corpora() if all((SHARED / n).exists() for n in CORPORA) else []
+    if synthetic_rows:
+        df = synthetic(synthetic_rows)
+        corpora.append(Corpus(f"synthetic {synthetic_rows / 1e6:g}M", df["duration"].to_numpy(),
+                              df["num_tokens"].to_numpy().astype(np.int64)))
+    return corpora
+
+
 def row(label: str, r: dict) -> str:
     return (f"| {label} | {r['world_size']} | {r['steps']} | {r['fill']:.3f} | {r['bound']:.3f} | "
             f"{r['balance_mean']:.3f} | {r['balance_over_1_10']:.1%} | {r['straggler']:.1%} | {r['same_bucket']:.1%} | "
@@ -205,12 +216,7 @@ def main() -> None:
     if args.corpora_file:  # --baseline's rerun: the corpora this checkout made
         corpora = load_corpora(Path(args.corpora_file))
     else:
-        corpora = shared_corpora() if all((SHARED / n).exists() for n in CORPORA) else []
-        if args.synthetic_rows:
-            df = synthetic(args.synthetic_rows)
-            corpora.append(Corpus(f"synthetic {args.synthetic_rows / 1e6:g}M", df["duration"].to_numpy(),
-                                  df["num_tokens"].to_numpy().astype(np.int64)))
-            del df
+        corpora = bench_corpora(args.synthetic_rows)
     worlds = {True: [int(w) for w in args.worlds.split(",")], False: [int(w) for w in args.synthetic_worlds.split(",")]}
     jobs = [(c, worlds[not c.name.startswith("synthetic")], not c.name.startswith("synthetic")) for c in corpora]
     print(f"30x2 buckets, padded budget {args.budget:.0f} s, seed 0, one epoch; cost model {cost}")

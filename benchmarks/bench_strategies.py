@@ -19,14 +19,12 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_fill import Corpus, shared_corpora  # noqa: E402
-from bench_plan import CORPORA, SHARED, synthetic  # noqa: E402
+from bench_fill import bench_corpora  # noqa: E402
 from bucketing.budget import padded_budget_batch_sizes  # noqa: E402
 from bucketing.costmodel import CostModel  # noqa: E402
 from bucketing.fit import fit_buckets  # noqa: E402
@@ -47,12 +45,7 @@ def main() -> None:
     ap.add_argument("--synthetic-rows", type=int, default=10_000_000)
     args = ap.parse_args()
     cost = CostModel()
-    corpora = shared_corpora() if all((SHARED / n).exists() for n in CORPORA) else []
-    if args.synthetic_rows:
-        df = synthetic(args.synthetic_rows)
-        corpora.append(Corpus(f"synthetic {args.synthetic_rows / 1e6:g}M", df["duration"].to_numpy(),
-                              df["num_tokens"].to_numpy().astype(np.int64)))
-        del df
+    corpora = bench_corpora(args.synthetic_rows)
     print(f"--balance {args.balance:g}, exchange {args.exchange:g} s, slow = rank 0 x{args.slow:g}; cost model {cost}")
     print("| corpus | W | strategy (plan) | epoch s | utt/s | idle | staleness | slow: epoch s | utt/s | idle | staleness |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
