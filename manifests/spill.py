@@ -57,7 +57,10 @@ def retained_heap() -> Iterator[None]:
     rows a bucket) paid 17 s of 124 s CPU at 100M rows zeroing pages (``perf``: the kernel's
     ``clear_page_erms``), 0.8 s of 9.4 s at 10M. Freed blocks are reused, so the peak grows
     little (100M: 0.77 -> 0.86 GiB with the other changes of that measurement). Without
-    glibc (musl, macOS): nothing changes."""
+    glibc (musl, macOS): nothing changes. Process-wide while inside (other threads too); after
+    it, glibc keeps its default thresholds fixed rather than adjusting them (any ``mallopt``
+    turns that off): a command's process is unaffected, a long-lived caller allocates as glibc
+    starts out."""
     try:
         libc = ctypes.CDLL(None)
         mallopt, trim = libc.mallopt, libc.malloc_trim
