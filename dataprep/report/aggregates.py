@@ -69,8 +69,10 @@ CORPUS_EXPR = pl.col("origin").fill_null("(unknown)").str.replace(r":[^:/]*$", "
 
 
 def _zero_nan(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """``x`` with NaN as 0 (``x`` itself, not a copy, when it holds none: the usual case)."""
-    return np.nan_to_num(x) if np.isnan(x).any() else x
+    """``x`` with NaN as 0, infinities kept (``x`` itself, not a copy, when it holds no NaN:
+    the usual case), whatever else the array holds: block by block as for a whole column."""
+    nan = np.isnan(x)
+    return np.where(nan, 0.0, x) if nan.any() else x
 
 
 def _r(x: float, digits: int = 6) -> float:
