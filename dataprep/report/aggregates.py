@@ -2,9 +2,11 @@
 buckets and its plan, never its rows.
 
 Every table here is bounded by its bins, buckets, steps, ranks or groups, not by the corpus:
-the page stays a few MB whatever the row count. Columns are read once (duration, tokens, TPS
-as arrays; strings only inside a streaming group-by), then binned with NumPy. Figures reuse
-the library's own: :func:`dataprep.report.stats.compute_stats` (quantiles, TPS by duration),
+the page stays a few MB whatever the row count. Section 1 is streamed: duration, tokens and
+TPS are read in blocks (the stats' passes, then one pass binning them with NumPy), strings
+grouped block by block; the rows' durations, tokens and corpora (20 bytes a row)
+are kept only for the buckets and plan sections. Figures reuse the library's own:
+:func:`dataprep.report.stats.stream_stats` (quantiles, TPS by duration),
 :func:`dataprep.report.padding.spec_padding_report` (padding per scheme and per bucket),
 :func:`dataprep.planning.simulate.simulate_plan` / :func:`~dataprep.planning.simulate.plan_steps_report`
 (simulated world sizes, fill and straggler) and :class:`bucketing.costmodel.CostModel` (step times).
@@ -25,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from bucketing.allocate import assign
 from bucketing.costmodel import CostModel
@@ -157,37 +160,82 @@ class Corpora:
     groups: list[dict[str, Any]]
 
 
-def corpora(manifest: str | os.PathLike[str], *, codes: bool = True) -> Corpora:
-    """The (corpus, lang, task) groups of the manifest's rows (a streaming group-by over the
-    file: memory bounded by the groups), largest first; with ``codes`` each row's corpus too
-    (a second streaming pass, 4 bytes a row). More than :data:`MAX_GROUPS` groups: the
-    smallest are summed into one ``(other: N groups)`` row."""
-    names_in = pl.scan_parquet(manifest).collect_schema().names()
-    g = (pl.scan_parquet(manifest)
-         .group_by(CORPUS_EXPR.alias("corpus"),
-                   *[(pl.col(c).cast(pl.String) if c in names_in else pl.lit(None, pl.String)).fill_null("-").alias(c)
-                     for c in ("lang", "task")])
-         .agg(pl.len().alias("utterances"),
-              (pl.col("duration").cast(pl.Float64).fill_nan(None).sum() / 3600).alias("hours"),
-              pl.col("num_tokens").cast(pl.Float64).fill_nan(None).sum().cast(pl.Int64).alias("tokens"))
-         .sort(["hours", "corpus", "lang", "task"], descending=[True, False, False, False])
-         .collect(engine="streaming"))
-    names = sorted(set(g["corpus"].to_list()))
-    rows = g.to_dicts()
-    if len(rows) > MAX_GROUPS:
-        rest = rows[MAX_GROUPS - 1:]
-        rows = rows[:MAX_GROUPS - 1] + [{"corpus": f"(other: {len(rest)} groups)", "lang": "-", "task": "-",
-                                          "utterances": sum(r["utterances"] for r in rest),
-                                          "hours": sum(r["hours"] or 0.0 for r in rest),
-                                          "tokens": sum(r["tokens"] or 0 for r in rest)}]
-    total_h = sum(r["hours"] or 0.0 for r in rows) or 1.0
-    groups = [{**r, "hours": _r(r["hours"] or 0.0, 4), "tokens": int(r["tokens"] or 0),
-               "share": _r((r["hours"] or 0.0) / total_h, 4)} for r in rows]
-    code = np.zeros(0, np.int32)
-    if codes and names:
-        code = (pl.scan_parquet(manifest).select(CORPUS_EXPR.cast(pl.Enum(names)).to_physical().cast(pl.Int32))
-                .collect(engine="streaming").to_series().to_numpy())
-    return Corpora(names, code, groups)
+#: the columns the corpus groups are read from (``lang`` / ``task``: "-" where absent)
+GROUP_COLUMNS = ("origin", "lang", "task")
+
+
+class CorpusGroups:
+    """The (corpus, lang, task) groups, and optionally each row's corpus, added block by
+    block (polars frames or Arrow tables with ``origin``, ``duration``, ``num_tokens`` and
+    ``lang`` / ``task`` where the manifest has them). Memory: the groups of each block (a
+    few rows each) and, with ``codes``, 4 bytes a row. Counts and tokens are exact; hours
+    are each block's polars sum, summed block after block (so they may differ from one
+    whole-column sum in the last bits, far below the page's 4 decimals)."""
+
+    def __init__(self, codes: bool = True) -> None:
+        self.keep_codes = codes
+        self._parts: list[pl.DataFrame] = []
+        self._index: dict[str, int] = {}  # corpus -> code in order of first appearance
+        self._codes: list[npt.NDArray[np.int32]] = []
+
+    def add(self, block: pa.Table | pl.DataFrame) -> None:
+        f = block if isinstance(block, pl.DataFrame) else pl.from_arrow(block)
+        assert isinstance(f, pl.DataFrame)
+        keys = f.select(CORPUS_EXPR.alias("corpus"),
+                        *[(pl.col(c).cast(pl.String) if c in f.columns else pl.lit(None, pl.String)).fill_null("-")
+                          .alias(c) for c in GROUP_COLUMNS[1:]],
+                        pl.col("duration").cast(pl.Float64).fill_nan(None),
+                        pl.col("num_tokens").cast(pl.Float64).fill_nan(None).cast(pl.Int64))
+        self._parts.append(keys.group_by("corpus", "lang", "task", maintain_order=True)
+                           .agg(pl.len().cast(pl.Int64).alias("utterances"), pl.col("duration").sum().alias("seconds"),
+                                pl.col("num_tokens").sum().alias("tokens")))
+        if self.keep_codes:
+            corpus = keys["corpus"]
+            for name in corpus.unique(maintain_order=True).to_list():
+                self._index.setdefault(name, len(self._index))
+            self._codes.append(corpus.replace_strict(list(self._index), list(self._index.values()),
+                                                     return_dtype=pl.Int32).to_numpy())
+
+    def result(self) -> Corpora:
+        """The groups, largest first (more than :data:`MAX_GROUPS`: the smallest summed into
+        one ``(other: N groups)`` row), the corpora's names in order and each row's index
+        into them (empty without ``codes``)."""
+        g = (pl.concat(self._parts)
+             .group_by("corpus", "lang", "task", maintain_order=True)
+             .agg(pl.col("utterances").sum(), (pl.col("seconds").sum() / 3600).alias("hours"), pl.col("tokens").sum())
+             .sort(["hours", "corpus", "lang", "task"], descending=[True, False, False, False]))
+        names = sorted(set(g["corpus"].to_list()))
+        rows = g.to_dicts()
+        if len(rows) > MAX_GROUPS:
+            rest = rows[MAX_GROUPS - 1:]
+            rows = rows[:MAX_GROUPS - 1] + [{"corpus": f"(other: {len(rest)} groups)", "lang": "-", "task": "-",
+                                              "utterances": sum(r["utterances"] for r in rest),
+                                              "hours": sum(r["hours"] or 0.0 for r in rest),
+                                              "tokens": sum(r["tokens"] or 0 for r in rest)}]
+        total_h = sum(r["hours"] or 0.0 for r in rows) or 1.0
+        groups = [{**r, "hours": _r(r["hours"] or 0.0, 4), "tokens": int(r["tokens"] or 0),
+                   "share": _r((r["hours"] or 0.0) / total_h, 4)} for r in rows]
+        code = np.zeros(0, np.int32)
+        if self.keep_codes and self._codes:
+            lut = np.zeros(len(self._index), np.int32)  # first-appearance code -> index into the sorted names
+            lut[[self._index[n] for n in names]] = np.arange(len(names), dtype=np.int32)
+            code = np.concatenate(self._codes)
+            self._codes = []
+            code = lut[code]
+        return Corpora(names, code, groups)
+
+
+def corpora(manifest: str | os.PathLike[str], *, codes: bool = True, block_rows: int = STATS_BLOCK_ROWS) -> Corpora:
+    """:class:`CorpusGroups` of the manifest, read in blocks of ``block_rows`` rows."""
+    present = pq.read_schema(manifest).names
+    acc = CorpusGroups(codes)
+    for table in iter_manifest(manifest, _group_columns(present), block_rows):
+        acc.add(table)
+    return acc.result()
+
+
+def _group_columns(present: Sequence[str]) -> list[str]:
+    return ["duration", "num_tokens", *(c for c in GROUP_COLUMNS if c == "origin" or c in present)]
 
 
 class TpsCutCounts:
@@ -315,13 +363,14 @@ def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None 
     histogram.
 
     Streamed in blocks of ``block_rows`` rows: the stats' passes (:func:`stream_stats`), then
-    one pass binning the histograms (their top is a quantile), the TPS cut and the 2D grid.
+    one pass binning the histograms (their top is a quantile), the TPS cut and the 2D grid,
+    and grouping the rows by corpus, language and task.
     Memory: a block, the bins and groups, plus the rows' arrays asked for (20 bytes a row)."""
     if manifest_num_rows(manifest) == 0:
         raise ManifestError(f"{manifest}: the manifest has no rows")
 
-    def blocks() -> Iterator[pa.Table]:
-        return iter_manifest(manifest, SECTION1_COLUMNS, block_rows)
+    def blocks(columns: Sequence[str] = SECTION1_COLUMNS) -> Iterator[pa.Table]:
+        return iter_manifest(manifest, list(columns), block_rows)
 
     ext = _Extents()
     stats = stream_stats(blocks, quantiles=(*QUANTILES[:-1], HIST_TOP, QUANTILES[-1]), consumers=[ext])
@@ -334,7 +383,10 @@ def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None 
     d = np.empty(n if rows else 0, np.float64)
     t = np.empty(n if rows else 0, np.int64)
     at = 0
-    for table in blocks():
+    groups = CorpusGroups(codes)
+    present = pq.read_schema(manifest).names
+    for table in blocks([*SECTION1_COLUMNS, *(c for c in _group_columns(present) if c not in SECTION1_COLUMNS)]):
+        groups.add(table)
         b = Block(table)
         hours_of = _zero_nan(b.duration)
         for h, c in zip(hists, SECTION1_COLUMNS):
@@ -348,7 +400,7 @@ def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None 
         at += b.height
     if at != n:
         raise ManifestError(f"{manifest}: the rows changed while the report read them")
-    corp = corpora(manifest, codes=codes)
+    corp = groups.result()
     agg = CorpusAggregates(
         manifest=Path(manifest).name, content_hash=manifest_hash(manifest),
         totals={"utterances": n, "hours": _r(stats.hours, 4), "tokens": ext.tokens},
