@@ -2,6 +2,7 @@
 
     python benchmarks/bench_html_report.py                       # 10M rows, W=128
     python benchmarks/bench_html_report.py --rows 1000000 --repeats 1
+    python benchmarks/bench_html_report.py --manifest-only --code ../previous-checkout  # a baseline
 
 The manifest is :func:`bench_plan.synthetic` (real duration / speaking-rate pairs of
 ../shared/data, resampled; lognormal fits without it) with TPS, two languages and two
@@ -49,7 +50,7 @@ t0 = time.perf_counter()
 from dataprep.report.aggregates import collect_report
 from dataprep.report.page import vega_bundle, write_page
 t1 = time.perf_counter()
-data = collect_report(sys.argv[1], buckets=sys.argv[2], plan=sys.argv[3])
+data = collect_report(sys.argv[1], buckets=sys.argv[2] or None, plan=sys.argv[3] or None)
 t2 = time.perf_counter()
 vega_bundle()
 t3 = time.perf_counter()
@@ -87,12 +88,13 @@ def make_inputs(tmp: Path, rows: int, world: int) -> tuple[Path, Path, Path]:
     return manifest, buckets, tmp / "plan"
 
 
-def run_report(manifest: Path, buckets: Path, plan: Path, out: Path) -> dict:
-    env = dict(os.environ, POLARS_MAX_THREADS="2", OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-c", CHILD, str(manifest), str(buckets), str(plan), str(out)]
+def run_report(manifest: Path, buckets: Path | None, plan: Path | None, out: Path, code: Path = REPO) -> dict:
+    """One report in a fresh process running ``code``'s dataprep (None: no such input)."""
+    env = dict(os.environ, POLARS_MAX_THREADS="2", OMP_NUM_THREADS="2", PYTHONPATH=str(code))
+    cmd = [sys.executable, "-c", CHILD, str(manifest), str(buckets or ""), str(plan or ""), str(out)]
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", "0,1", *cmd]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=code)  # cwd: `python -c` imports from it
     if res.returncode:
         sys.exit(f"report failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -131,13 +133,18 @@ def main() -> None:
     ap.add_argument("--world-size", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3, help="report runs and page openings (medians)")
     ap.add_argument("--work", type=Path, default=None, help="folder for the inputs (default: a temporary one)")
+    ap.add_argument("--manifest-only", action="store_true", help="report the manifest alone (no buckets, no plan)")
+    ap.add_argument("--code", type=Path, default=REPO, help="checkout whose dataprep makes the report (a baseline)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=args.work) as td:
         tmp = Path(td)
         manifest, buckets, plan = make_inputs(tmp, args.rows, args.world_size)
-        runs = [run_report(manifest, buckets, plan, tmp / "report.html") for _ in range(args.repeats)]
+        if args.manifest_only:
+            buckets = plan = None
+        runs = [run_report(manifest, buckets, plan, tmp / "report.html", args.code) for _ in range(args.repeats)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        print(f"dataprep report, {args.rows:,} rows, W={args.world_size}, 2 cores, median of {args.repeats}: "
+        what = "manifest only" if args.manifest_only else f"W={args.world_size}"
+        print(f"dataprep report ({args.code}), {args.rows:,} rows, {what}, 2 cores, median of {args.repeats}: "
               f"wall {med['wall']:.1f} s (import {med['import']:.1f}, aggregates {med['aggregates']:.1f}, "
               f"Vega bundle {med['bundle']:.1f}, page {med['page']:.1f}), peak RSS {med['rss_gib']:.2f} GiB, "
               f"file {med['bytes'] / 1e6:.2f} MB")

@@ -2,9 +2,11 @@
 buckets and its plan, never its rows.
 
 Every table here is bounded by its bins, buckets, steps, ranks or groups, not by the corpus:
-the page stays a few MB whatever the row count. Columns are read once (duration, tokens, TPS
-as arrays; strings only inside a streaming group-by), then binned with NumPy. Figures reuse
-the library's own: :func:`dataprep.report.stats.compute_stats` (quantiles, TPS by duration),
+the page stays a few MB whatever the row count. Section 1 is streamed: duration, tokens and
+TPS are read in blocks (the stats' passes, then one pass binning them with NumPy), strings
+grouped block by block; the rows' durations, tokens and corpora (20 bytes a row)
+are kept only for the buckets and plan sections. Figures reuse the library's own:
+:func:`dataprep.report.stats.stream_stats` (quantiles, TPS by duration),
 :func:`dataprep.report.padding.spec_padding_report` (padding per scheme and per bucket),
 :func:`dataprep.planning.simulate.simulate_plan` / :func:`~dataprep.planning.simulate.plan_steps_report`
 (simulated world sizes, fill and straggler) and :class:`bucketing.costmodel.CostModel` (step times).
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from bucketing.allocate import assign
 from bucketing.costmodel import CostModel
@@ -32,10 +36,13 @@ from bucketing.fit import grid_from_spec
 from bucketing.plan import PlanError
 from dataprep.planning.simulate import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
 from dataprep.report.padding import batch_sizes_for, spec_padding_report
-from dataprep.report.stats import QUANTILES, ManifestStats, compute_stats
+from dataprep.report.exact import ExactSums
+from dataprep.report.files import STATS_BLOCK_ROWS
+from dataprep.report.stats import QUANTILES, Block, ManifestStats, stream_stats
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
-from manifests.io import file_sha256, manifest_hash, read_manifest, read_metadata, require_manifest_hash
+from manifests.io import (file_sha256, iter_manifest, manifest_hash, manifest_num_rows, read_metadata,
+                          require_manifest_hash)
 from manifests.plan_meta import PlanMeta, read_plan_meta
 
 #: bins of each 1D histogram (duration, tokens, TPS), plus one overflow bin
@@ -65,8 +72,10 @@ CORPUS_EXPR = pl.col("origin").fill_null("(unknown)").str.replace(r":[^:/]*$", "
 
 
 def _zero_nan(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """``x`` with NaN as 0 (``x`` itself, not a copy, when it holds none: the usual case)."""
-    return np.nan_to_num(x) if np.isnan(x).any() else x
+    """``x`` with NaN as 0, infinities kept (``x`` itself, not a copy, when it holds no NaN:
+    the usual case), whatever else the array holds: block by block as for a whole column."""
+    nan = np.isnan(x)
+    return np.where(nan, 0.0, x) if nan.any() else x
 
 
 def _r(x: float, digits: int = 6) -> float:
@@ -84,22 +93,46 @@ class Histogram:
     @classmethod
     def of(cls, column: str, values: npt.NDArray[Any], hours_of: npt.NDArray[np.float64], top: float | None,
            integer: bool = False, bins: int = HIST_BINS) -> Histogram:
-        """Bins of equal width over ``[0, top]`` (``top``: the :data:`HIST_TOP` quantile)."""
-        v = np.asarray(values, dtype=np.float64)
+        """Bins of equal width over ``[0, top]`` (``top``: the :data:`HIST_TOP` quantile): the
+        whole array as one block of :class:`HistogramCounts`."""
+        counts = HistogramCounts(top, integer, bins)
+        counts.add(np.asarray(values, dtype=np.float64), hours_of)
+        return counts.histogram(column)
+
+
+def _add_seconds(acc: npt.NDArray[np.float64], idx: npt.NDArray[np.int64], seconds: npt.NDArray[np.float64]) -> None:
+    """``acc[idx[i]] += seconds[i]`` in row order: block after block, the very sums a weighted
+    ``np.bincount`` of the whole array gives (it adds in row order too)."""
+    np.add.at(acc, idx, seconds)
+
+
+class HistogramCounts:
+    """Rows and seconds per bin of one :class:`Histogram`, added block by block (finite values
+    only; ``hours_of``: each row's duration, 0 where unknown). Integer counts and in-order
+    float sums: any split of the rows into blocks gives the same histogram."""
+
+    def __init__(self, top: float | None, integer: bool = False, bins: int = HIST_BINS) -> None:
+        self.top, self.bins = top, bins
+        width = max(top, 1e-9) / bins if top is not None else 1.0
+        self.width = max(1.0, math.ceil(width)) if integer else width
+        self.n = np.zeros(bins + 1, np.int64)
+        self.seconds = np.zeros(bins + 1, np.float64)
+
+    def add(self, v: npt.NDArray[np.float64], hours_of: npt.NDArray[np.float64]) -> None:
         ok = np.isfinite(v)
-        if top is None or not ok.any():
-            return cls(column, [])
         w = hours_of
         if not ok.all():
             v, w = v[ok], hours_of[ok]
-        width = max(top, 1e-9) / bins
-        if integer:
-            width = max(1.0, math.ceil(width))
-        idx = np.minimum((np.maximum(v, 0.0) / width).astype(np.int64), bins)
-        n = np.bincount(idx, minlength=bins + 1)
-        h = np.bincount(idx, weights=w, minlength=bins + 1) / 3600.0
-        return cls(column, [{"lo": _r(i * width), "hi": _r((i + 1) * width), "n": int(n[i]), "hours": _r(h[i], 4),
-                             "overflow": i == bins} for i in range(bins + 1) if n[i]])
+        idx = np.minimum((np.maximum(v, 0.0) / self.width).astype(np.int64), self.bins)
+        self.n += np.bincount(idx, minlength=self.bins + 1)
+        _add_seconds(self.seconds, idx, w)
+
+    def histogram(self, column: str) -> Histogram:
+        if self.top is None or not self.n.any():
+            return Histogram(column, [])
+        n, h, width = self.n, self.seconds / 3600.0, self.width
+        return Histogram(column, [{"lo": _r(i * width), "hi": _r((i + 1) * width), "n": int(n[i]), "hours": _r(h[i], 4),
+                                   "overflow": i == self.bins} for i in range(self.bins + 1) if n[i]])
 
 
 @dataclass(frozen=True)
@@ -116,134 +149,264 @@ class CorpusAggregates:
     stats: ManifestStats
 
 
-def _numeric_columns(manifest: str | os.PathLike[str]) -> pl.DataFrame:
-    df = read_manifest(manifest, columns=["duration", "num_tokens", "tps"])
-    if df.height == 0:
-        raise ManifestError(f"{manifest}: the manifest has no rows")
-    return df
-
-
 @dataclass(frozen=True)
 class Corpora:
     """Each row's corpus (its ``origin`` without the trailing ``:line`` or ``:member``) as an
-    index into ``names``, and the (corpus, lang, task) groups: utterances, hours, tokens."""
+    index into ``names`` (empty when not asked for), and the (corpus, lang, task) groups:
+    utterances, hours, tokens."""
 
     names: list[str]
     codes: npt.NDArray[np.int32]
     groups: list[dict[str, Any]]
 
 
-def corpora(manifest: str | os.PathLike[str], duration: npt.NDArray[np.float64],
-            num_tokens: npt.NDArray[np.float64]) -> Corpora:
-    """One streaming pass over the manifest's strings, keeping only their categorical codes,
-    then the groups of rows with these durations (s) and token counts, largest first. More
-    than :data:`MAX_GROUPS` groups: the smallest are summed into one ``(other: N groups)`` row."""
-    names_in = pl.scan_parquet(manifest).collect_schema().names()
-    df = (pl.scan_parquet(manifest)
-          .select(CORPUS_EXPR.cast(pl.Categorical).alias("corpus"),
-                  *[(pl.col(c).cast(pl.String) if c in names_in else pl.lit(None, pl.String)).fill_null("-")
-                    .cast(pl.Categorical).alias(c) for c in ("lang", "task")])
-          .collect(engine="streaming"))
-    g = (df.with_columns(pl.Series("duration", duration).fill_nan(None),
-                         pl.Series("num_tokens", num_tokens).fill_nan(None))
-         .group_by("corpus", "lang", "task")
-         .agg(pl.len().alias("utterances"), (pl.col("duration").sum() / 3600).alias("hours"),
-              pl.col("num_tokens").sum().cast(pl.Int64).alias("tokens"))
-         .with_columns(pl.col("corpus", "lang", "task").cast(pl.String))
-         .sort(["hours", "corpus", "lang", "task"], descending=[True, False, False, False]))
-    rows = g.to_dicts()
-    if len(rows) > MAX_GROUPS:
-        rest = rows[MAX_GROUPS - 1:]
-        rows = rows[:MAX_GROUPS - 1] + [{"corpus": f"(other: {len(rest)} groups)", "lang": "-", "task": "-",
-                                          "utterances": sum(r["utterances"] for r in rest),
-                                          "hours": sum(r["hours"] or 0.0 for r in rest),
-                                          "tokens": sum(r["tokens"] or 0 for r in rest)}]
-    total_h = sum(r["hours"] or 0.0 for r in rows) or 1.0
-    groups = [{**r, "hours": _r(r["hours"] or 0.0, 4), "tokens": int(r["tokens"] or 0),
-               "share": _r((r["hours"] or 0.0) / total_h, 4)} for r in rows]
-    pairs = (df.select(pl.col("corpus").cast(pl.String).alias("name"), pl.col("corpus").to_physical().alias("code"))
-             .unique().sort("name"))
-    lut = np.zeros(int(pairs["code"].max()) + 1, dtype=np.int32)
-    lut[pairs["code"].to_numpy()] = np.arange(pairs.height, dtype=np.int32)
-    return Corpora(pairs["name"].to_list(), lut[df["corpus"].to_physical().to_numpy()], groups)
+#: the columns the corpus groups are read from (``lang`` / ``task``: "-" where absent)
+GROUP_COLUMNS = ("origin", "lang", "task")
+
+
+class CorpusGroups:
+    """The (corpus, lang, task) groups, and optionally each row's corpus, added block by
+    block (polars frames or Arrow tables with ``origin``, ``duration``, ``num_tokens`` and
+    ``lang`` / ``task`` where the manifest has them). Memory: the groups of each block (a
+    few rows each) and, with ``codes``, 4 bytes a row. Counts and tokens are exact; hours
+    are each block's polars sum, summed block after block (so they may differ from one
+    whole-column sum in the last bits, far below the page's 4 decimals)."""
+
+    def __init__(self, codes: bool = True) -> None:
+        self.keep_codes = codes
+        self._parts: list[pl.DataFrame] = []
+        self._index: dict[str, int] = {}  # corpus -> code in order of first appearance
+        self._codes: list[npt.NDArray[np.int32]] = []
+
+    def add(self, block: pa.Table | pl.DataFrame) -> None:
+        f = block if isinstance(block, pl.DataFrame) else pl.from_arrow(block)
+        assert isinstance(f, pl.DataFrame)
+        keys = f.select(CORPUS_EXPR.alias("corpus"),
+                        *[(pl.col(c).cast(pl.String) if c in f.columns else pl.lit(None, pl.String)).fill_null("-")
+                          .alias(c) for c in GROUP_COLUMNS[1:]],
+                        pl.col("duration").cast(pl.Float64).fill_nan(None),
+                        pl.col("num_tokens").cast(pl.Float64).fill_nan(None).cast(pl.Int64))
+        self._parts.append(keys.group_by("corpus", "lang", "task", maintain_order=True)
+                           .agg(pl.len().cast(pl.Int64).alias("utterances"), pl.col("duration").sum().alias("seconds"),
+                                pl.col("num_tokens").sum().alias("tokens")))
+        if self.keep_codes:
+            corpus = keys["corpus"]
+            for name in corpus.unique(maintain_order=True).to_list():
+                self._index.setdefault(name, len(self._index))
+            self._codes.append(corpus.replace_strict(list(self._index), list(self._index.values()),
+                                                     return_dtype=pl.Int32).to_numpy())
+
+    def result(self) -> Corpora:
+        """The groups, largest first (more than :data:`MAX_GROUPS`: the smallest summed into
+        one ``(other: N groups)`` row), the corpora's names in order and each row's index
+        into them (empty without ``codes``)."""
+        g = (pl.concat(self._parts)
+             .group_by("corpus", "lang", "task", maintain_order=True)
+             .agg(pl.col("utterances").sum(), (pl.col("seconds").sum() / 3600).alias("hours"), pl.col("tokens").sum())
+             .sort(["hours", "corpus", "lang", "task"], descending=[True, False, False, False]))
+        names = sorted(set(g["corpus"].to_list()))
+        rows = g.to_dicts()
+        if len(rows) > MAX_GROUPS:
+            rest = rows[MAX_GROUPS - 1:]
+            rows = rows[:MAX_GROUPS - 1] + [{"corpus": f"(other: {len(rest)} groups)", "lang": "-", "task": "-",
+                                              "utterances": sum(r["utterances"] for r in rest),
+                                              "hours": sum(r["hours"] or 0.0 for r in rest),
+                                              "tokens": sum(r["tokens"] or 0 for r in rest)}]
+        total_h = sum(r["hours"] or 0.0 for r in rows) or 1.0
+        groups = [{**r, "hours": _r(r["hours"] or 0.0, 4), "tokens": int(r["tokens"] or 0),
+                   "share": _r((r["hours"] or 0.0) / total_h, 4)} for r in rows]
+        code = np.zeros(0, np.int32)
+        if self.keep_codes and self._codes:
+            lut = np.zeros(len(self._index), np.int32)  # first-appearance code -> index into the sorted names
+            lut[[self._index[n] for n in names]] = np.arange(len(names), dtype=np.int32)
+            code = np.concatenate(self._codes)
+            self._codes = []
+            code = lut[code]
+        return Corpora(names, code, groups)
+
+
+def corpora(manifest: str | os.PathLike[str], *, codes: bool = True, block_rows: int = STATS_BLOCK_ROWS) -> Corpora:
+    """:class:`CorpusGroups` of the manifest, read in blocks of ``block_rows`` rows."""
+    present = pq.read_schema(manifest).names
+    acc = CorpusGroups(codes)
+    for table in iter_manifest(manifest, _group_columns(present), block_rows):
+        acc.add(table)
+    return acc.result()
+
+
+def _group_columns(present: Sequence[str]) -> list[str]:
+    return ["duration", "num_tokens", *(c for c in GROUP_COLUMNS if c == "origin" or c in present)]
+
+
+class TpsCutCounts:
+    """What ``filter --max-tps X`` keeps (``tps <= X``; null / NaN TPS never kept), for X on a
+    grid of :data:`TPS_STEP` tokens/s from below ``lo`` up to ``hi`` (the smallest and largest
+    finite TPS; at most :data:`TPS_POSITIONS`), added block by block."""
+
+    def __init__(self, lo: float, hi: float) -> None:
+        step = max(TPS_STEP, math.ceil(hi / TPS_POSITIONS / TPS_STEP) * TPS_STEP)
+        first = max(1, int(math.floor(lo / step)))  # below the smallest TPS nothing is kept
+        self.xs = np.arange(first, int(math.ceil(hi / step)) + 2) * step
+        self.n = np.zeros(self.xs.shape[0], np.int64)
+        self.seconds = np.zeros(self.xs.shape[0], np.float64)
+
+    def add(self, tps: npt.NDArray[np.float64], duration: npt.NDArray[np.float64]) -> None:
+        ok = np.isfinite(tps)
+        k = np.searchsorted(self.xs, tps[ok], side="left")  # xs[k-1] < tps <= xs[k]: kept from X = xs[k] on
+        inside = k < self.xs.shape[0]
+        k, d = k[inside], _zero_nan(duration[ok][inside])
+        self.n += np.bincount(k, minlength=self.xs.shape[0])
+        _add_seconds(self.seconds, k, d)
+
+    def table(self, n_all: int, h_all: float) -> list[dict[str, float]]:
+        """The rows, for a manifest of ``n_all`` rows and ``h_all`` hours."""
+        kept, hours = np.cumsum(self.n), np.cumsum(self.seconds) / 3600.0
+        return [{"max_tps": _r(x, 3), "kept": int(kk), "kept_hours": _r(h, 4), "share": _r(kk / n_all),
+                 "hours_share": _r(h / h_all) if h_all else 0.0} for x, kk, h in zip(self.xs, kept, hours)]
+
+
+def _hours(duration: npt.NDArray[np.float64]) -> float:
+    """Hours of durations (s), NaN left out: the correctly rounded sum, as the stats total it."""
+    sums = ExactSums()
+    sums.add(duration[~np.isnan(duration)])
+    return sums.total() / 3600.0
 
 
 def tps_cut_table(tps: npt.NDArray[np.float64], duration: npt.NDArray[np.float64]) -> list[dict[str, float]]:
-    """What ``filter --max-tps X`` keeps (``tps <= X``; null / NaN TPS never kept), for X on a
-    grid of :data:`TPS_STEP` tokens/s up to the largest TPS (at most :data:`TPS_POSITIONS`)."""
-    ok = np.isfinite(tps)
-    t, d = tps[ok], _zero_nan(duration[ok])
-    n_all, h_all = tps.shape[0], float(np.nansum(duration)) / 3600.0
+    """:class:`TpsCutCounts` of whole arrays (TPS in tokens/s, durations in s)."""
+    t = tps[np.isfinite(tps)]
     if t.size == 0:
         return []
-    top = float(t.max())
-    step = max(TPS_STEP, math.ceil(top / TPS_POSITIONS / TPS_STEP) * TPS_STEP)
-    first = max(1, int(math.floor(float(t.min()) / step)))  # below the smallest TPS nothing is kept
-    xs = np.arange(first, int(math.ceil(top / step)) + 2) * step
-    k = np.searchsorted(xs, t, side="left")  # xs[k-1] < tps <= xs[k]: kept from X = xs[k] on
-    kept = np.cumsum(np.bincount(k, minlength=xs.shape[0])[: xs.shape[0]])
-    hours = np.cumsum(np.bincount(k, weights=d, minlength=xs.shape[0])[: xs.shape[0]]) / 3600.0
-    return [{"max_tps": _r(x, 3), "kept": int(kk), "kept_hours": _r(h, 4), "share": _r(kk / n_all),
-             "hours_share": _r(h / h_all) if h_all else 0.0} for x, kk, h in zip(xs, kept, hours)]
+    cut = TpsCutCounts(float(t.min()), float(t.max()))
+    cut.add(tps, duration)
+    return cut.table(tps.shape[0], _hours(duration))
+
+
+class GridCounts:
+    """Rows per cell of a ``bins`` x ``bins`` duration x tokens grid over ``[0, d_top]`` s x
+    ``[0, t_top]`` tokens (rows beyond land in the last cells), added block by block."""
+
+    def __init__(self, d_top: float, t_top: float, bins: int = GRID_BINS) -> None:
+        self.d_top, self.t_top, self.bins = max(d_top, 1e-9), max(t_top, 1.0), bins
+        self.n = np.zeros(bins * bins, np.int64)
+
+    def add(self, duration: npt.NDArray[np.float64], tokens: npt.NDArray[np.float64]) -> None:
+        ok = np.isfinite(duration) & np.isfinite(tokens)
+        d, t, bins = duration[ok], tokens[ok], self.bins
+        i = np.minimum((np.maximum(d, 0) / (self.d_top / bins)).astype(np.int64), bins - 1)
+        j = np.minimum((np.maximum(t, 0) / (self.t_top / bins)).astype(np.int64), bins - 1)
+        self.n += np.bincount(i * bins + j, minlength=bins * bins)
+
+    def table(self, spec: BucketSpec | None) -> dict[str, Any]:
+        """Non-empty cells, the extent, and the bucket boxes to draw over it (clipped to it)."""
+        if not self.n.any():
+            return {"cells": [], "boxes": [], "max_duration": 0.0, "max_tokens": 0.0}
+        d_top, t_top, bins, n = self.d_top, self.t_top, self.bins, self.n
+        dw, tw = d_top / bins, t_top / bins
+        cells = [{"d0": _r(c // bins * dw, 4), "d1": _r((c // bins + 1) * dw, 4), "t0": _r(c % bins * tw, 3),
+                  "t1": _r((c % bins + 1) * tw, 3), "n": int(n[c])} for c in np.flatnonzero(n)]
+        boxes = []
+        if spec is not None:
+            grid = grid_from_spec(spec)
+            prev_t = 0.0
+            for k, b in enumerate(spec.buckets):
+                lo_d = grid.min_duration[k]
+                lo_d = 0.0 if not np.isfinite(lo_d) else float(lo_d)
+                if grid.token_bin[k] == 0:
+                    prev_t = 0.0
+                hi_t = t_top if b.max_tokens is None else float(b.max_tokens)
+                if lo_d < d_top:
+                    boxes.append({"bucket": k, "d0": _r(lo_d, 4), "d1": _r(min(b.max_duration, d_top), 4),
+                                  "t0": _r(min(prev_t, t_top), 3), "t1": _r(min(hi_t, t_top), 3)})
+                prev_t = hi_t
+        return {"cells": cells, "boxes": boxes, "max_duration": _r(d_top, 4), "max_tokens": _r(t_top, 3)}
 
 
 def grid_histogram(duration: npt.NDArray[np.float64], tokens: npt.NDArray[np.float64], d_top: float, t_top: float,
                    spec: BucketSpec | None, bins: int = GRID_BINS) -> dict[str, Any]:
-    """Rows per cell of a ``bins`` x ``bins`` duration x tokens grid (non-empty cells only),
-    its extent (``d_top`` s, ``t_top`` tokens: the rows beyond land in the last cells), and the
-    bucket boxes to draw over it (clipped to the extent)."""
-    ok = np.isfinite(duration) & np.isfinite(tokens)
-    d, t = duration[ok], tokens[ok]
-    if d.size == 0:
-        return {"cells": [], "boxes": [], "max_duration": 0.0, "max_tokens": 0.0}
-    d_top, t_top = max(d_top, 1e-9), max(t_top, 1.0)
-    dw, tw = d_top / bins, t_top / bins
-    i = np.minimum((np.maximum(d, 0) / dw).astype(np.int64), bins - 1)
-    j = np.minimum((np.maximum(t, 0) / tw).astype(np.int64), bins - 1)
-    n = np.bincount(i * bins + j, minlength=bins * bins)
-    cells = [{"d0": _r(c // bins * dw, 4), "d1": _r((c // bins + 1) * dw, 4), "t0": _r(c % bins * tw, 3),
-              "t1": _r((c % bins + 1) * tw, 3), "n": int(n[c])} for c in np.flatnonzero(n)]
-    boxes = []
-    if spec is not None:
-        grid = grid_from_spec(spec)
-        prev_t = 0.0
-        for k, b in enumerate(spec.buckets):
-            lo_d = grid.min_duration[k]
-            lo_d = 0.0 if not np.isfinite(lo_d) else float(lo_d)
-            if grid.token_bin[k] == 0:
-                prev_t = 0.0
-            hi_t = t_top if b.max_tokens is None else float(b.max_tokens)
-            if lo_d < d_top:
-                boxes.append({"bucket": k, "d0": _r(lo_d, 4), "d1": _r(min(b.max_duration, d_top), 4),
-                              "t0": _r(min(prev_t, t_top), 3), "t1": _r(min(hi_t, t_top), 3)})
-            prev_t = hi_t
-    return {"cells": cells, "boxes": boxes, "max_duration": _r(d_top, 4), "max_tokens": _r(t_top, 3)}
+    """:class:`GridCounts` of whole arrays, with ``spec``'s bucket boxes."""
+    grid = GridCounts(d_top, t_top, bins)
+    grid.add(duration, tokens)
+    return grid.table(spec)
 
 
-def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None = None) -> tuple[
+class _Extents:
+    """Pass 0 of the stats (a block consumer): the smallest and largest finite TPS and the
+    tokens (non-null) in all, which the binning pass needs."""
+
+    pending = False
+
+    def __init__(self) -> None:
+        self.tps_lo, self.tps_hi, self.tokens = math.inf, -math.inf, 0
+
+    def add(self, b: Block, pass_no: int) -> None:
+        if pass_no:
+            return
+        t = b.tps[np.isfinite(b.tps)]
+        if t.size:
+            self.tps_lo, self.tps_hi = min(self.tps_lo, float(t.min())), max(self.tps_hi, float(t.max()))
+        self.tokens += int(b.num_tokens[~np.isnan(b.num_tokens)].astype(np.int64).sum())
+
+    def end_pass(self, pass_no: int) -> None:
+        pass
+
+
+SECTION1_COLUMNS = ["duration", "num_tokens", "tps"]
+
+
+def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None = None, *,
+                      rows: bool = True, codes: bool = True, block_rows: int = STATS_BLOCK_ROWS) -> tuple[
         CorpusAggregates, npt.NDArray[np.float64], npt.NDArray[np.int64], Corpora]:
-    """Section 1 of the report, and what the other sections reuse of it: the durations (s)
-    and tokens it read, and each row's corpus. ``spec`` draws the bucket grid over the 2D
-    histogram."""
-    df = _numeric_columns(manifest)
-    d = df["duration"].cast(pl.Float64).to_numpy()
-    t_raw = df["num_tokens"].cast(pl.Float64).to_numpy()
-    tps = df["tps"].cast(pl.Float64).to_numpy()
-    hours_of = _zero_nan(d)
-    stats = compute_stats(df, quantiles=(*QUANTILES[:-1], HIST_TOP, QUANTILES[-1]))
-    del df
-    top = {c: stats.quantiles[c][f"p{HIST_TOP:g}"] for c in ("duration", "num_tokens", "tps")}
-    histograms = [Histogram.of("duration", d, hours_of, top["duration"]),
-                  Histogram.of("num_tokens", t_raw, hours_of, top["num_tokens"], integer=True),
-                  Histogram.of("tps", tps, hours_of, top["tps"])]
-    totals = {"utterances": d.shape[0], "hours": _r(float(hours_of.sum()) / 3600.0, 4),
-              "tokens": int(np.nansum(t_raw))}
-    corp = corpora(manifest, d, t_raw)
+    """Section 1 of the report, and what the other sections reuse of it: with ``rows`` each
+    row's duration (s, NaN where unknown) and tokens (0 where unknown), with ``codes`` each
+    row's corpus (empty arrays otherwise). ``spec`` draws the bucket grid over the 2D
+    histogram.
+
+    Streamed in blocks of ``block_rows`` rows: the stats' passes (:func:`stream_stats`), then
+    one pass binning the histograms (their top is a quantile), the TPS cut and the 2D grid,
+    and grouping the rows by corpus, language and task.
+    Memory: a block, the bins and groups, plus the rows' arrays asked for (20 bytes a row)."""
+    if manifest_num_rows(manifest) == 0:
+        raise ManifestError(f"{manifest}: the manifest has no rows")
+
+    def blocks(columns: Sequence[str] = SECTION1_COLUMNS) -> Iterator[pa.Table]:
+        return iter_manifest(manifest, list(columns), block_rows)
+
+    ext = _Extents()
+    stats = stream_stats(blocks, quantiles=(*QUANTILES[:-1], HIST_TOP, QUANTILES[-1]), consumers=[ext])
+    top = {c: stats.quantiles[c][f"p{HIST_TOP:g}"] for c in SECTION1_COLUMNS}
+    hists = [HistogramCounts(top["duration"]), HistogramCounts(top["num_tokens"], integer=True),
+             HistogramCounts(top["tps"])]
+    cut = TpsCutCounts(ext.tps_lo, ext.tps_hi) if ext.tps_hi >= ext.tps_lo else None
+    grid = GridCounts(top["duration"] or 0.0, top["num_tokens"] or 0.0)
+    n = stats.utterances
+    d = np.empty(n if rows else 0, np.float64)
+    t = np.empty(n if rows else 0, np.int64)
+    at = 0
+    groups = CorpusGroups(codes)
+    present = pq.read_schema(manifest).names
+    for table in blocks([*SECTION1_COLUMNS, *(c for c in _group_columns(present) if c not in SECTION1_COLUMNS)]):
+        groups.add(table)
+        b = Block(table)
+        hours_of = _zero_nan(b.duration)
+        for h, c in zip(hists, SECTION1_COLUMNS):
+            h.add(b.column(c), hours_of)
+        if cut is not None:
+            cut.add(b.tps, b.duration)
+        grid.add(b.duration, b.num_tokens)
+        if rows:
+            d[at:at + b.height] = b.duration
+            t[at:at + b.height] = _zero_nan(b.num_tokens)
+        at += b.height
+    if at != n:
+        raise ManifestError(f"{manifest}: the rows changed while the report read them")
+    corp = groups.result()
     agg = CorpusAggregates(
-        manifest=Path(manifest).name, content_hash=manifest_hash(manifest), totals=totals,
-        groups=corp.groups, histograms=histograms, tps_cut=tps_cut_table(tps, d),
-        grid2d=grid_histogram(d, t_raw, top["duration"] or 0.0, top["num_tokens"] or 0.0, spec), stats=stats)
-    return agg, d, _zero_nan(t_raw).astype(np.int64), corp
+        manifest=Path(manifest).name, content_hash=manifest_hash(manifest),
+        totals={"utterances": n, "hours": _r(stats.hours, 4), "tokens": ext.tokens},
+        groups=corp.groups, histograms=[h.histogram(c) for h, c in zip(hists, SECTION1_COLUMNS)],
+        tps_cut=cut.table(n, stats.hours) if cut is not None else [], grid2d=grid.table(spec), stats=stats)
+    return agg, d, t, corp
 
 
 @dataclass(frozen=True)
@@ -473,7 +636,8 @@ def collect_report(
     if meta is not None:
         require_manifest_hash(manifest, meta.manifest.content_hash, f"the plan's manifest ({meta.manifest.file})")
     rejected = [rejects_aggregates(p) for p in rejects]
-    corpus, d, t, corp = corpus_aggregates(manifest, spec)
+    corpus, d, t, corp = corpus_aggregates(manifest, spec, rows=spec is not None or meta is not None,
+                                           codes=meta is not None)
     return ReportData(
         corpus=corpus,
         rejects=rejected,

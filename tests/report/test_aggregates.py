@@ -109,7 +109,7 @@ def test_many_corpora_fold_into_one_other_row(tmp_path: Path) -> None:
     df = pl.DataFrame({"id": [f"u{i}" for i in range(n)], "duration": np.full(n, 2.0), "num_tokens": np.full(n, 9),
                        "tps": np.full(n, 4.5), "origin": [f"/c/{i % 100}.tar:m{i}" for i in range(n)]})
     write_manifest(df, tmp_path / "m.parquet")
-    corp = corpora(tmp_path / "m.parquet", df["duration"].to_numpy(), df["num_tokens"].to_numpy().astype(float))
+    corp = corpora(tmp_path / "m.parquet")
     assert len(corp.names) == 100 and corp.codes.max() == 99
     assert [corp.names[c] for c in corp.codes[:3]] == ["/c/0.tar", "/c/1.tar", "/c/2.tar"]
     groups = corp.groups
