@@ -331,7 +331,7 @@ def form_batches(
     exceeds its bucket's batch size; only a bucket's last batch may be smaller (``world_size``:
     a bucket's batch sizes differ by at most one).
     """
-    sort_by = _resolve_sort(sort_by, num_tokens, duration)
+    sort_by = resolve_sort(sort_by, num_tokens is not None, duration is not None)
     batch_sizes = np.asarray(batch_sizes, dtype=np.int64)
     bucket_of_row = np.asarray(bucket_of_row)
     multiset = rows
@@ -550,15 +550,15 @@ def _block_offers(grow: npt.NDArray[np.float64], length: npt.NDArray[np.float64]
     return idx[np.searchsorted(idx // size, np.arange(blocks, dtype=np.int64))]
 
 
-def _resolve_sort(sort_by: str, num_tokens: npt.NDArray[Any] | None, duration: npt.NDArray[Any] | None) -> str:
+def resolve_sort(sort_by: str, has_tokens: bool, has_duration: bool) -> str:
     """The sort key actually used: ``auto`` is ``both`` when both keys exist, else tokens;
     a key that is missing falls back to the other."""
     if sort_by not in ("auto", "both", "tokens", "duration", "none"):
         raise ValueError(f"sort_by must be auto, both, tokens, duration or none, not {sort_by!r}")
     if sort_by == "auto":
-        sort_by = "both" if num_tokens is not None and duration is not None else "tokens"
-    if sort_by == "both" and (num_tokens is None or duration is None):
-        sort_by = "tokens" if duration is None else "duration"
+        sort_by = "both" if has_tokens and has_duration else "tokens"
+    if sort_by == "both" and not (has_tokens and has_duration):
+        sort_by = "duration" if has_duration else "tokens"
     return sort_by
 
 

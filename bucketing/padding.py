@@ -44,7 +44,7 @@ import numpy.typing as npt
 
 from bucketing.allocate import allocate, assign
 from bucketing.batching import (DEFAULT_AUDIO_WEIGHT, DEFAULT_SORT_BY, DEFAULT_WINDOW, Batches, BucketGrouping, Cut,
-                                _resolve_sort, allocated_totals, cut_batches, form_batches_cumulative)
+                                allocated_totals, cut_batches, form_batches_cumulative, resolve_sort)
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import (
     COMPARED_TARGETS,
@@ -145,7 +145,6 @@ SCATTER_ROWS = 1 << 20
 CHUNK_ROWS = 1 << 19
 #: Utterances sampled for the rate-vs-duration plot.
 RATE_SAMPLES = 2000
-_KEY = np.empty(0)  # both sort keys exist (durations and tokens)
 
 
 def scatter_count(num_rows: int) -> int:
@@ -387,7 +386,7 @@ def schemes_report(num_rows: int, fixed_parts: Callable[[float, int], tuple[int,
         schemes[f"fixed-{length:g}s"] = fixed_scheme(parts, length, budget, excluded, seed, 10 + i)
 
     def grouping_of(rows: BucketedRows) -> BucketGrouping:
-        g = BucketGrouping(_resolve_sort(DEFAULT_SORT_BY if sort_by is None else sort_by, _KEY, _KEY),
+        g = BucketGrouping(resolve_sort(DEFAULT_SORT_BY if sort_by is None else sort_by, True, True),
                            DEFAULT_WINDOW if window is None else window, None,
                            DEFAULT_AUDIO_WEIGHT if audio_weight is None else audio_weight)
         return g.with_totals(rows.total_d, rows.total_t) if g.both else g

@@ -92,46 +92,43 @@ class SpillFiles:
             f = self._open[name] = open(self.root / name, "wb")
         np.ascontiguousarray(values).tofile(f)
 
-    def append_strings(self, name: str, values: pa.Array) -> None:
-        """Append strings as ``name.off`` (int64 CSR offsets: a leading 0, then each string's
-        end over the whole file) and ``name.data`` (their UTF-8 bytes)."""
+    def _append_bytes(self, name: str, values: pa.Array) -> npt.NDArray[np.int64]:
+        """Append the UTF-8 bytes of ``values`` to ``name.data``; returns each string's start
+        and the end: ``n + 1`` offsets into the file."""
         arr = values.cast(pa.large_string())
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks()
         n = len(arr)
+        base = self._bytes.get(name, 0)
+        if n == 0:
+            return np.full(1, base, np.int64)
         off = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset:arr.offset + n + 1]
-        base = self._bytes.get(name)
-        if base is None:
-            base = 0
+        if off[-1] > off[0]:
+            self.append(name + ".data", np.frombuffer(arr.buffers()[2], dtype=np.uint8)[off[0]:off[-1]])
+        self._bytes[name] = base + int(off[-1] - off[0])
+        return off - off[0] + base
+
+    def append_strings(self, name: str, values: pa.Array) -> None:
+        """Append strings as ``name.off`` (int64 CSR offsets: a leading 0, then each string's
+        end over the whole file) and ``name.data`` (their UTF-8 bytes)."""
+        if name not in self._bytes:
+            self._bytes[name] = 0
             self.append(name + ".off", np.zeros(1, np.int64))
-        if n:
-            data = arr.buffers()[2]
-            if off[-1] > off[0]:
-                self.append(name + ".data", np.frombuffer(data, dtype=np.uint8)[off[0]:off[-1]])
-            self.append(name + ".off", off[1:] - off[0] + base)
-        self._bytes[name] = base + int(off[-1] - off[0]) if n else base
+        off = self._append_bytes(name, values)
+        if off.shape[0] > 1:
+            self.append(name + ".off", off[1:])
 
     def append_records(self, name: str, keys: npt.NDArray[np.generic], values: pa.Array) -> None:
         """Append (key, string) pairs as ``name.rec`` (each key beside its string's start in
         ``name.data``, packed: :func:`record_dtype`; :meth:`close` ends it with one record of
         the total) and ``name.data`` (the strings' UTF-8 bytes). A run of pairs is then one read
         of records and one of bytes (:meth:`read_record_runs`), not three."""
-        arr = values.cast(pa.large_string())
-        if isinstance(arr, pa.ChunkedArray):
-            arr = arr.combine_chunks()
-        n = len(arr)
-        off = np.zeros(1, np.int64)
-        if n:
-            off = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset:arr.offset + n + 1]
         dt = self._records.setdefault(name, record_dtype(keys.dtype))
-        base = self._bytes.get(name, 0)
-        if n:
-            if off[-1] > off[0]:
-                self.append(name + ".data", np.frombuffer(arr.buffers()[2], dtype=np.uint8)[off[0]:off[-1]])
-            rec = np.empty(n, dtype=dt)
-            rec["key"], rec["off"] = keys, off[:-1] - off[0] + base
+        off = self._append_bytes(name, values)
+        if off.shape[0] > 1:
+            rec = np.empty(off.shape[0] - 1, dtype=dt)
+            rec["key"], rec["off"] = keys, off[:-1]
             self.append(name + ".rec", rec)
-        self._bytes[name] = base + int(off[-1] - off[0])
 
     def close(self) -> None:
         for name, dt in self._records.items():  # each record file ends with the total
@@ -158,7 +155,6 @@ class SpillFiles:
         if not path.exists() or path.stat().st_size == 0:
             return np.empty(0, dtype=dtype)
         return np.memmap(path, dtype=dtype, mode="r")
-
 
     def read_runs(self, name: str, dtype: type, starts: npt.NDArray[np.int64],
                   sizes: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
