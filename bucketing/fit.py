@@ -13,10 +13,13 @@ Outliers (fences Q3 + k × IQR, as Tukey's). A bin's upper bound set by a handfu
 rows makes every batch of that bucket as wide as those rows (padding), and, for the
 duration bound, makes its padded-budget batch small. So, with the fences on:
 
-- durations: rows beyond the fence of all durations are fitted as one extra **overflow**
-  bucket (one duration bin, one token sub-bin) after the equal-occupancy bins, which are
-  fitted on the other rows; a corpus without far-out durations gets exactly the bins it
-  asked for;
+- durations: rows beyond the fence ``f`` of all durations are fitted as extra **overflow**
+  buckets (one token sub-bin each) after the equal-occupancy bins, which are fitted on the
+  other rows. Overflow bins double in length: one bin per ``(f 2^(k-1), f 2^k]`` that holds
+  rows, bounded by its longest row (:func:`overflow_bounds`), so each gets a padded-budget
+  batch sized for its own rows (one bin from the fence to a 160 s outlier would batch a
+  20 s row in threes, as if it were 160 s long). A corpus without far-out durations gets
+  exactly the bins it asked for;
 - tokens (2D only): in each duration bin but the last equal-occupancy one, the top sub-bin's bound
   is the largest token count within the fence of that bin's token counts. The rows above
   are not dropped: flexible allocation moves them to the first later duration bin whose
@@ -133,8 +136,9 @@ class FitResult:
     notes: list[str] = field(default_factory=list)
     outlier_fence: float | None = None  # k of the duration fence (overflow bin), None = off
     token_fence: float | None = None  # k of the token fence (top sub-bins), None = off
-    overflow_rows: int = 0  # rows beyond the duration fence, fitted as the overflow bin
+    overflow_rows: int = 0  # rows beyond the duration fence, fitted as the overflow bins
     overflow_from: float | None = None  # the duration fence (s), when an overflow bin exists
+    overflow_bins: int = 0  # duration bins of those rows (:func:`overflow_bounds`)
 
     def report(self) -> dict[str, Any]:
         """JSON-ready summary (stored under ``fit`` in ``buckets.json``)."""
@@ -153,7 +157,8 @@ class FitResult:
                 "duration_fence": None if self.outlier_fence is None else f"Q3 + {self.outlier_fence:g} * IQR",
                 "token_fence": None if self.token_fence is None else f"Q3 + {self.token_fence:g} * IQR",
                 "overflow_bin": None if self.overflow_from is None else {
-                    "above_duration": round(self.overflow_from, 6), "rows": self.overflow_rows},
+                    "above_duration": round(self.overflow_from, 6), "rows": self.overflow_rows,
+                    "bins": self.overflow_bins},
             },
             "notes": list(self.notes),
         }
@@ -227,15 +232,15 @@ def token_cells(dbin: I64, tokens: I64, weight: F64, num_dbins: int, tmin: int, 
 
 
 def _token_subbins(cells: TokenCells, num_dbins: int, num_sub: int, fence: float | None = None,
-                   overflow: bool = False) -> list[I64]:
+                   overflow_bins: int = 0) -> list[I64]:
     """Per duration bin, inclusive upper token bounds of equal-seconds sub-bins.
 
     ``fence``: k of the outlier fence, applied to the top bound of every bin before the last
     equal-occupancy bin, whose top bound then holds every token count of the rows up to it
-    (``cells.hold``). ``overflow``: the last bin is the overflow bin, one bucket: its rows are
-    few by definition, and a duration sort batches them best.
+    (``cells.hold``). ``overflow_bins``: the last bins are overflow bins, one bucket each: their
+    rows are few by definition, and a duration sort batches them best.
     """
-    last = num_dbins - 2 if overflow else num_dbins - 1  # last equal-occupancy bin
+    last = num_dbins - 1 - overflow_bins  # last equal-occupancy bin
     hold = cells.hold if fence is not None else None
     starts = np.searchsorted(cells.key, np.arange(num_dbins + 1, dtype=np.int64) * cells.span)
     out: list[I64] = []
@@ -275,6 +280,21 @@ def quartile_ranks(n: int) -> tuple[int, int]:
 def tukey_fence(q1: float, q3: float, k: float) -> float:
     """Q3 + k × IQR; inf where Q1 == Q3 (ties leave no spread to measure)."""
     return math.inf if q3 <= q1 else float(q3 + k * (q3 - q1))
+
+
+def overflow_levels(over: F64, fence: float) -> I64:
+    """Overflow bin of each duration beyond the fence (s): ``k >= 1`` with
+    ``fence 2^(k-1) < d <= fence 2^k``; non-decreasing in ``d``."""
+    return np.maximum(np.ceil(np.log2(over / fence)), 1).astype(np.int64)
+
+
+def overflow_bounds(over_sorted: F64, fence: float) -> F64:
+    """Bounds (s) of the overflow bins over the ascending durations beyond the fence: the
+    longest row of each ``(fence 2^(k-1), fence 2^k]`` that holds rows (the last bound is the
+    longest row of all). Empty input gives no bins."""
+    k = overflow_levels(over_sorted, fence)
+    return np.asarray(over_sorted[np.flatnonzero(np.append(k[1:] != k[:-1], True))], dtype=np.float64) \
+        if over_sorted.shape[0] else np.empty(0)
 
 
 def _overflow_split(d_sorted: F64, outlier_fence: float | None) -> tuple[int, float | None]:
@@ -330,19 +350,20 @@ def fit_buckets(
     n_bulk, overflow_from = _overflow_split(d_sorted, outlier_fence)
     last = np.flatnonzero(np.append(d_sorted[1:n_bulk] != d_sorted[:n_bulk - 1], True))
     cum = np.cumsum(d_sorted[:n_bulk])[last]
+    over = np.empty(0) if overflow_from is None else overflow_bounds(d_sorted[n_bulk:], overflow_from)
     dbounds, notes = duration_bounds(d_sorted[:n_bulk][last], cum, num_buckets, n_in - n_bulk, overflow_from,
-                                     float(d_sorted[-1]), outlier_fence)
+                                     over, outlier_fence)
     dbin = np.searchsorted(dbounds, d_in, side="left").astype(np.int64)
     nd = int(dbounds.shape[0])
     tmin, tmax = int(t_in.min()), int(t_in.max())
     key, w, c = token_cells(dbin, t_in, d_in, nd, tmin, tmax - tmin + 1)
     hold = None
     if token_fence is not None and num_subbuckets > 1:  # the largest token count up to the last bin
-        hold = tmax if overflow_from is None else int(t_in[dbin <= nd - 2].max())
+        hold = tmax if overflow_from is None else int(t_in[dbin < nd - over.shape[0]].max())
     cells = TokenCells(key, w, c, tmin, tmax - tmin + 1, hold)
     caps = (int(below.sum()), int(above.sum()), float(d[below].sum() / 3600.0), float(d[above].sum() / 3600.0))
     return finish_fit(dbounds, notes, cells, int(d.shape[0]), caps, num_buckets, num_subbuckets, min_duration,
-                      outlier_fence, token_fence, n_in - n_bulk, overflow_from)
+                      outlier_fence, token_fence, n_in - n_bulk, overflow_from, int(over.shape[0]))
 
 
 #: The error when the caps leave no row.
@@ -356,35 +377,38 @@ def check_fences(outlier_fence: float | None, token_fence: float | None) -> None
 
 
 def duration_bounds(values: F64, cum: F64, num_buckets: int, overflow_rows: int, overflow_from: float | None,
-                    d_max: float, outlier_fence: float | None) -> tuple[F64, list[str]]:
+                    overflow: F64, outlier_fence: float | None) -> tuple[F64, list[str]]:
     """Duration-bin bounds (s) and the notes about them, from the distinct durations within the
     fence (``values``, ascending; an array or a memory map) and ``cum``, the running sum of
     the sorted durations at the last row of each (``np.cumsum`` over the sorted rows, so the
-    same floats however the rows were read). The overflow bin, when there is one, ends at
-    ``d_max``."""
+    same floats however the rows were read), then the overflow bins' bounds ``overflow``
+    (:func:`overflow_bounds`; empty without an overflow)."""
     dbounds = np.asarray(values[equal_occupancy_cuts(cum, num_buckets)], dtype=np.float64)
     notes: list[str] = []
     if dbounds.shape[0] < num_buckets:
         notes.append(f"{dbounds.shape[0]} duration bins fitted of {num_buckets} asked: "
                      f"too few distinct durations or one duration holds more than a bin's share")
     if overflow_from is not None:
-        dbounds = np.append(dbounds, d_max)
+        dbounds = np.append(dbounds, overflow)
+        n = overflow.shape[0]
         notes.append(f"{overflow_rows} rows longer than {overflow_from:.3f} s (Q3 + {outlier_fence:g} * IQR "
-                     f"of durations) fitted as an overflow duration bin after the {num_buckets} asked")
+                     f"of durations) fitted as " + ("an overflow duration bin" if n == 1 else
+                                                    f"{n} overflow duration bins, each at most twice as long as "
+                                                    f"the one before,") + f" after the {num_buckets} asked")
     return dbounds, notes
 
 
 def finish_fit(dbounds: F64, notes: list[str], cells: TokenCells, num_rows: int,
                caps: tuple[int, int, float, float], num_buckets: int, num_subbuckets: int,
                min_duration: float | None, outlier_fence: float | None, token_fence: float | None,
-               overflow_rows: int, overflow_from: float | None) -> FitResult:
+               overflow_rows: int, overflow_from: float | None, overflow_bins: int = 0) -> FitResult:
     """The grid and its :class:`FitResult` from the duration bounds and the token cells;
-    ``caps``: rows below / above the caps and their hours."""
+    ``caps``: rows below / above the caps and their hours; the last ``overflow_bins`` bounds
+    are the overflow bins'."""
     nd = int(dbounds.shape[0])
-    bulk_max = float(dbounds[-2] if overflow_from is not None else dbounds[-1])
+    bulk_max = float(dbounds[nd - 1 - overflow_bins])
     # 1D bucketing is by duration alone: its token bounds stay the maxima of its bins
-    sub = _token_subbins(cells, nd, num_subbuckets, token_fence if num_subbuckets > 1 else None,
-                         overflow_from is not None)
+    sub = _token_subbins(cells, nd, num_subbuckets, token_fence if num_subbuckets > 1 else None, overflow_bins)
     short = [j for j, s in enumerate(sub) if s.shape[0] < num_subbuckets and dbounds[j] <= bulk_max]
     if short:
         notes.append(f"{len(short)} duration bins got fewer than {num_subbuckets} token sub-bins "
@@ -413,6 +437,7 @@ def finish_fit(dbounds: F64, notes: list[str], cells: TokenCells, num_rows: int,
         token_fence=None if token_fence is None or num_subbuckets == 1 else float(token_fence),
         overflow_rows=overflow_rows,
         overflow_from=overflow_from,
+        overflow_bins=overflow_bins,
     )
 
 

@@ -32,8 +32,8 @@ import numpy.typing as npt
 import pyarrow.compute as pc
 
 from bucketing.allocate import allocate, fitted_spec
-from bucketing.fit import (NO_ROWS, Grid, TokenCells, check_fences, duration_bounds, finish_fit, quartile_ranks,
-                           tukey_fence)
+from bucketing.fit import (NO_ROWS, Grid, TokenCells, check_fences, duration_bounds, finish_fit, overflow_levels,
+                           quartile_ranks, tukey_fence)
 from manifests.buckets_file import BucketSpec
 from manifests.errors import DataprepError
 from manifests.io import iter_manifest
@@ -90,16 +90,16 @@ def streamed_fit_spec(manifest: str | os.PathLike[str], root: Path, memory_limit
     if scan.n_in == 0:
         raise ValueError(NO_ROWS)
     sort_rows = max(memory_limit // SORT_BYTES_PER_ROW - block, MIN_SORT_ROWS)
-    n_bulk, overflow_from = _sorted_pass(files, scan.n_in, sort_rows, block, outlier_fence)
+    n_bulk, overflow_from, over = _sorted_pass(files, scan.n_in, sort_rows, block, outlier_fence)
     files.close()
     dbounds, notes = duration_bounds(files.map("dv", np.float64), files.map("dcum", np.float64), num_buckets,
-                                     scan.n_in - n_bulk, overflow_from, scan.d_max, outlier_fence)
+                                     scan.n_in - n_bulk, overflow_from, over, outlier_fence)
     cells = _token_cells(files, scan, dbounds, block, token_fence is not None and num_subbuckets > 1,
-                         overflow_from is not None)
+                         int(over.shape[0]))
     caps = (scan.below, scan.above, float(files.map("below", np.float64).sum() / 3600.0),
             float(files.map("above", np.float64).sum() / 3600.0))
     fit = finish_fit(dbounds, notes, cells, scan.num_rows, caps, num_buckets, num_subbuckets, min_duration,
-                     outlier_fence, token_fence, scan.n_in - n_bulk, overflow_from)
+                     outlier_fence, token_fence, scan.n_in - n_bulk, overflow_from, int(over.shape[0]))
     alloc = _allocate(files, scan, fit.grid, strict, block)
     if min_duration is not None:
         alloc.drop("min_duration", scan.below, scan.below_seconds)
@@ -118,7 +118,6 @@ class _Scan:
     above: int = 0
     below_seconds: float = 0.0
     above_seconds: float = 0.0
-    d_max: float = -math.inf
     t_min: int = 0
     t_max: int = 0
 
@@ -156,7 +155,6 @@ def _scan(manifest: str | os.PathLike[str], files: SpillFiles, block: int, min_d
             files.append("d", d)
             files.append("t", t)
             s.n_in += d.shape[0]
-            s.d_max = max(s.d_max, float(d.max()))
             t_min, t_max = min(t_min, int(t.min())), max(t_max, int(t.max()))
     if null_t:
         raise DataprepError(f"{manifest}: {null_t} rows have no num_tokens (compile with a tokenizer)")
@@ -169,10 +167,11 @@ def _scan(manifest: str | os.PathLike[str], files: SpillFiles, block: int, min_d
 
 
 def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, block: int, outlier_fence: float | None
-                 ) -> tuple[int, float | None]:
-    """Pass 2: (rows within the fence, the fence or None) as ``_overflow_split`` gives them,
-    and the spill of each distinct duration within the fence (``dv``) with the running sum
-    of the sorted durations at its last row (``dcum``)."""
+                 ) -> tuple[int, float | None, npt.NDArray[np.float64]]:
+    """Pass 2: (rows within the fence, the fence or None, the overflow bins' bounds) as
+    ``_overflow_split`` and ``overflow_bounds`` give them, and the spill of each distinct
+    duration within the fence (``dv``) with the running sum of the sorted durations at its
+    last row (``dcum``). Rows beyond the fence are only read for their bins' longest."""
     p1, p3 = quartile_ranks(n_in)
     q1 = q3 = None
     fence = math.inf if outlier_fence is None else None  # None: not known yet
@@ -180,7 +179,7 @@ def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, block: int, outli
     prefix = np.zeros(1, dtype=np.float64)
     pending: tuple[float, float] | None = None  # the last distinct value seen, its run may go on
     n_bulk = n_in
-    done = False
+    longest: dict[int, float] = {}  # overflow bin -> its longest row so far (rows come sorted)
     for run in sorted_runs(files, "d", n_in, sort_rows):
         for a in range(0, run.shape[0], block):  # a block at a time: temporaries stay small
             x = run[a:a + block]
@@ -191,7 +190,7 @@ def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, block: int, outli
                 if fence is None:
                     fence = tukey_fence(q1, q3, outlier_fence)
             keep = x.shape[0] if fence is None else int(np.searchsorted(x, fence, side="right"))
-            if keep:
+            if keep and n_bulk == n_in:
                 xs = x[:keep]
                 cum = np.cumsum(np.concatenate([prefix, xs]))[1:]
                 if pending is not None and pending[0] != xs[0]:
@@ -202,23 +201,24 @@ def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, block: int, outli
                 files.append("dcum", cum[last])
                 pending = (float(xs[-1]), float(cum[-1]))
                 prefix = cum[-1:]
-            pos += x.shape[0]
             if keep < x.shape[0]:
-                n_bulk = pos - x.shape[0] + keep
-                done = True
-                break
-        if done:
-            break
+                if n_bulk == n_in:
+                    n_bulk = pos + keep
+                over = x[keep:]
+                k = overflow_levels(over, float(fence))  # type: ignore[arg-type]
+                ends = np.flatnonzero(np.append(k[1:] != k[:-1], True))
+                longest.update(zip(k[ends].tolist(), over[ends].tolist()))
+            pos += x.shape[0]
     if pending is not None:
         files.append("dv", np.asarray([pending[0]]))
         files.append("dcum", np.asarray([pending[1]]))
     if n_bulk < n_in:
-        return n_bulk, float(fence)  # type: ignore[arg-type]
-    return n_in, None
+        return n_bulk, float(fence), np.asarray([longest[k] for k in sorted(longest)], dtype=np.float64)  # type: ignore[arg-type]
+    return n_in, None, np.empty(0)
 
 
 def _token_cells(files: SpillFiles, s: _Scan, dbounds: npt.NDArray[np.float64], block: int, fenced: bool,
-                 overflow: bool) -> TokenCells:
+                 overflow_bins: int) -> TokenCells:
     """Pass 3: the (duration bin, token count) cells, seconds summed in row order."""
     nd = int(dbounds.shape[0])
     span = s.t_max - s.t_min + 1
@@ -231,8 +231,8 @@ def _token_cells(files: SpillFiles, s: _Scan, dbounds: npt.NDArray[np.float64], 
         d = files.read_range("d", np.float64, a, min(a + block, s.n_in))
         t = files.read_range("t", np.int64, a, min(a + block, s.n_in))
         dbin = np.searchsorted(dbounds, d, side="left").astype(np.int64)
-        if fenced and overflow:
-            up = t[dbin <= nd - 2]
+        if fenced and overflow_bins:
+            up = t[dbin < nd - overflow_bins]
             hold = max(hold, int(up.max())) if up.shape[0] else hold
         key = dbin * span + (t - s.t_min)
         if not dense:
@@ -247,7 +247,7 @@ def _token_cells(files: SpillFiles, s: _Scan, dbounds: npt.NDArray[np.float64], 
         np.add.at(w, key, d)  # sequential in row order, as np.bincount's weights
         c += np.bincount(key, minlength=keys.shape[0])
     present = np.flatnonzero(c)
-    h = None if not fenced else (s.t_max if not overflow else hold)
+    h = None if not fenced else (s.t_max if not overflow_bins else hold)
     return TokenCells(keys[present], w[present], c[present], s.t_min, span, h)
 
 

@@ -129,16 +129,26 @@ def test_overflow_bin_holds_far_out_durations_only() -> None:
     _check_grid(g, d, t)
     far = d > fence
     assert fit.overflow_rows == int(far.sum()) and abs(fit.overflow_from - fence) < 1e-9
-    assert g.num_duration_bins == 13 and (g.duration_bin == 12).sum() == 1  # one overflow bucket
-    assert g.max_tokens[-1] == t[far].max() and g.min_duration[-1] < d[far].min()
+    # overflow bins double: one bucket per (fence 2^(k-1), fence 2^k] that holds rows, bounded
+    # by its longest row
+    levels = np.ceil(np.log2(d[far] / fence)).astype(int)
+    n_over = np.unique(levels).shape[0]
+    assert n_over >= 2 and fit.overflow_bins == n_over and g.num_duration_bins == 12 + n_over
+    assert (g.duration_bin >= 12).sum() == n_over  # one bucket each
+    over_max = np.asarray([d[far][levels == k].max() for k in np.unique(levels)])
+    assert np.array_equal(g.max_duration[-n_over:], over_max) and g.max_duration[-1] == d.max()
+    assert (over_max[1:] / over_max[:-1] > 1).all() and (over_max <= fence * 2.0 ** np.unique(levels)).all()
+    assert g.min_duration[-n_over] < d[far].min()
     a = allocate(d, t, g)
-    assert np.array_equal(np.flatnonzero(a.bucket == g.num_buckets - 1), np.flatnonzero(far))
+    assert np.array_equal(np.flatnonzero(a.bucket >= g.num_buckets - n_over), np.flatnonzero(far))
+    assert np.array_equal(a.bucket[far] - (g.num_buckets - n_over), np.unique(levels, return_inverse=True)[1])
     # the 12 bins asked for are equal in seconds over the other rows
-    bulk = np.unique(g.max_duration)[:-1]
+    bulk = np.unique(g.max_duration)[:-n_over]
     share = np.bincount(np.searchsorted(bulk, d[~far], side="left"), weights=d[~far]) / d[~far].sum()
     assert np.abs(share * 12 - 1).max() < 0.02
     rep = fit.report()["outliers"]
     assert rep["overflow_bin"]["rows"] == int(far.sum()) > 3 and rep["duration_fence"] == "Q3 + 3 * IQR"
+    assert rep["overflow_bin"]["bins"] == n_over
     # without far-out durations, or with the fence off, exactly the bins asked for
     assert fit_buckets(d[~far], t[~far], 12, 2).overflow_from is None
     assert fit_buckets(d, t, 12, 2, outlier_fence=None).grid.num_duration_bins == 12
