@@ -434,7 +434,8 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
     return _Formed(cut, mx_d, sm_d, mx_t, sm_t)
 
 
-def _position_rows(corpus: SpilledCorpus, starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def _position_rows(corpus: SpilledCorpus, starts: npt.NDArray[np.int64],
+                   sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """The rows at positions ``starts[i] : starts[i] + sizes[i]`` of the epoch's position files."""
     files = corpus.files
     if corpus.has_ids:

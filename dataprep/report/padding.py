@@ -69,7 +69,8 @@ def manifest_padding_report(
     return report
 
 
-def _spilled(manifest: str | os.PathLike[str], spec: BucketSpec, rows: int, limit: int, **options: Any) -> dict[str, Any]:
+def _spilled(manifest: str | os.PathLike[str], spec: BucketSpec, rows: int, limit: int,
+             **options: Any) -> dict[str, Any]:
     """:func:`dataprep.report.stream_padding.spilled_padding_report` after the checks of
     :func:`spec_padding_report`."""
     check_padding_options(rows, **options)
