@@ -257,17 +257,17 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
         raise ManifestError(f"{manifest}: the manifest has no rows")
     out.total_d, out.total_t = max(out.total_d, 1e-300), max(out.total_t, 1e-300)
     _check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
-    if carry and not strict:
-        _carry(out, grid, batch_sizes)
-    _check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
-    return out
+    return carry_spilled(out, grid, batch_sizes, manifest, memory_limit) if carry and not strict else out
 
 
-def carry_spilled(corpus: SpilledCorpus, grid: Grid, batch_sizes: npt.NDArray[np.int64]) -> SpilledCorpus:
-    """``corpus`` (spilled without carrying) with bucket tails carried, as :func:`spill_manifest`
-    carries them: the same spill files, edits of its own (``corpus`` stays as it is)."""
+def carry_spilled(corpus: SpilledCorpus, grid: Grid, batch_sizes: npt.NDArray[np.int64],
+                  manifest: str | os.PathLike[str], memory_limit: int) -> SpilledCorpus:
+    """``corpus`` (spilled from ``manifest`` without carrying) with bucket tails carried: the
+    same spill files, edits of its own (``corpus`` stays as it is); the one-line error of
+    :func:`spill_manifest` when a bucket grown by them cannot be planned within ``memory_limit``."""
     out = dataclasses.replace(corpus, counts=corpus.counts.copy(), removed={}, extra={}, carried=0)
     _carry(out, grid, batch_sizes)
+    _check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
     return out
 
 

@@ -136,7 +136,7 @@ def spilled_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt
         codes = None if names is None else iter_corpus_codes(manifest, names, TOTALS_BLOCK)
         uncarried = spill_manifest(manifest, grid, bs, _sub(root, "2d"), strict=strict, carry=False,
                                    memory_limit=memory_limit, ids=False, codes=codes)
-        carried = carry_spilled(uncarried, grid, bs) if carry and not strict else uncarried
+        carried = carry_spilled(uncarried, grid, bs, manifest, memory_limit) if carry and not strict else uncarried
         two_d = spilled_buckets(carried)
         K = scatter_count(num_rows)
         fixed = SpillFiles(_sub(root, "fixed"))
