@@ -179,6 +179,7 @@ class Placement:
     def __init__(self, num_buckets: int, batches: Batches | None = None) -> None:
         self.num_buckets = num_buckets
         self.batches = batches
+        self._formed_sizes = None if batches is None else batches.sizes()
         self.rows: list[list[Any]] = [[] for _ in range(num_buckets)]
         self.sizes: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(num_buckets)]
         self.carried: list[list[npt.NDArray[Any]]] = [[] for _ in range(num_buckets)]
@@ -192,8 +193,8 @@ class Placement:
 
     def formed_sizes(self) -> npt.NDArray[np.int64]:
         """Sizes of the formed batches (draw order, bucket after bucket)."""
-        assert self.batches is not None
-        return self.batches.sizes()
+        assert self._formed_sizes is not None
+        return self._formed_sizes
 
     def formed_rows(self, lo: int, hi: int) -> npt.NDArray[Any]:
         """The rows of formed batches ``lo:hi``, explicit."""
