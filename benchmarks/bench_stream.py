@@ -6,10 +6,13 @@ run from another checkout (e.g. one before streaming) in the same run.
     python benchmarks/bench_stream.py --rows 10000000 --baseline ../main      # old vs new
     python benchmarks/bench_stream.py --rows 40000000 --repeats 1 --dir /big/disk --only stats
     python benchmarks/bench_stream.py --rows 10000000 --repeats 1 --only padding --baseline ../main
+    python benchmarks/bench_stream.py --rows 10000000 --repeats 1 --only padding --world-sizes 128 --baseline ../main
 
 ``padding`` reads a ``buckets.json`` fitted once on the manifest (``fit-buckets --num-buckets
 30``, kept in ``--dir``); this checkout runs it under ``--padding-memory-limit`` (default 1GiB:
-the spilled path), the baseline without the option (its path for the machine).
+the spilled path), the baseline without the option (its path for the machine); ``--world-sizes`` adds the steps
+per world size to both (``padding --world-sizes``: epoch 0 planned per world size, out of core
+under the limit), and their ``steps`` are compared too.
 
 The manifest is synthetic, drawn as ``benchmarks/bench_plan.py`` draws its rows (real
 (duration, characters per second) pairs of ../shared/data with 5% jitter, tokens = chars / 3.5
@@ -104,6 +107,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "bench_stream")
     ap.add_argument("--only", choices=["stats", "filter", "padding"], help="measure one command")
     ap.add_argument("--padding-memory-limit", default="1GiB", help="this checkout's padding --memory-limit")
+    ap.add_argument("--world-sizes", help="padding --world-sizes, e.g. 128 (both paths)")
     args = ap.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     rows_out = []
@@ -126,7 +130,8 @@ def main() -> None:
                 "filter --max-tps 25": ["filter", str(manifest), "--max-tps", "25", "-o", "kept.parquet",
                                         "--rejects", "rejects.parquet"],
                 "padding": ["padding", str(manifest), "--buckets", str(buckets), "--json", "padding.json",
-                            *(["--memory-limit", args.padding_memory_limit] if label == "new" else [])],
+                            *(["--memory-limit", args.padding_memory_limit] if label == "new" else []),
+                            *(["--world-sizes", args.world_sizes] if args.world_sizes else [])],
             }
             for name, cmd in commands.items():
                 if args.only and not name.startswith(args.only):
@@ -147,6 +152,7 @@ def main() -> None:
             if all(p.exists() for p in pads):
                 a, b = (json.loads(p.read_text()) for p in pads)
                 keys = [k for k in ("1d-budget", "2d") if a["schemes"][k] == b["schemes"][k]]
+                keys += ["steps"] if "steps" in a and a["steps"] == b.get("steps") else []
                 print(f"  {n:>12,} padding: same figures (new vs old): {', '.join(keys) or 'none'}, per bucket "
                       f"{'same' if a['per_bucket'] == b['per_bucket'] else 'differ'}", flush=True)
     print(f"\nmedians of {args.repeats} run(s), 2 threads")

@@ -14,6 +14,7 @@ __all__ = [
     "groups",
     "padding",
     "plan",
+    "plan_summary",
     "simulate",
     "steps_report",
 ]

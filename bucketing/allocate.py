@@ -350,6 +350,13 @@ class Assignment:
     carry: bool
 
 
+def fills_steps(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np.int64], world_size: int) -> bool:
+    """Every non-empty bucket (``counts`` rows, before tails are carried) fills at least one
+    step of ``world_size`` batches: :func:`assign`'s rule for carrying tails at a world size."""
+    full = counts > 0
+    return bool((counts[full] >= world_size * batch_sizes[full]).all())
+
+
 def assign(
     duration: npt.NDArray[np.floating],
     num_tokens: npt.NDArray[np.integer],
@@ -371,9 +378,7 @@ def assign(
     bs = np.asarray(batch_sizes, dtype=np.int64)
     carry = carry and not strict
     if carry and world_size is not None:
-        counts = np.bincount(alloc.bucket[alloc.bucket >= 0], minlength=bs.shape[0])
-        full = counts > 0
-        carry = bool((counts[full] >= world_size * bs[full]).all())
+        carry = fills_steps(np.bincount(alloc.bucket[alloc.bucket >= 0], minlength=bs.shape[0]), bs, world_size)
     bucket, carried = alloc.bucket, 0
     if carry:
         bucket, carried = carry_tails(bucket, duration, num_tokens, bs, max_tokens, grid.duration_bin)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -160,41 +160,91 @@ def containment(max_duration: npt.NDArray[np.floating] | None, max_tokens: npt.N
     return c
 
 
-def _even_split(n: int, parts: int) -> npt.NDArray[np.int64]:
+def even_split(n: int, parts: int) -> npt.NDArray[np.int64]:
     """Sizes of ``parts`` contiguous pieces of ``n`` items, larger first, differing by <= 1."""
     base, extra = divmod(n, parts)
     return base + (np.arange(parts) < extra).astype(np.int64)
 
 
-@dataclass
-class _Placement:
-    """Batches being assembled per bucket during one epoch, as (rows, sizes) pieces; the
-    bulk of each bucket stays a view into the formed batches (no copy on the hot path)."""
+class Placement:
+    """Batches being assembled per bucket during one epoch of identical-bucket steps, as
+    (rows, sizes) pieces. Here rows are manifest row numbers and the bulk of each bucket
+    stays a view into the formed batches (no copy on the hot path); a subclass may keep
+    other pieces (:class:`bucketing.plan_summary.SummaryPlacement`: runs of formed batches
+    known by their figures) as long as its explicit rows concatenate and slice as arrays
+    (of :attr:`row_dtype`)."""
 
-    num_buckets: int
-    rows: list[list[npt.NDArray[np.int64]]] = field(init=False)
-    sizes: list[list[npt.NDArray[np.int64]]] = field(init=False)
-    carried: list[list[npt.NDArray[np.int64]]] = field(init=False)
-    fallbacks: list[dict[str, int]] = field(default_factory=list)
-    dropped: list[npt.NDArray[np.int64]] = field(default_factory=list)
-    resplit: int = 0
+    row_dtype: np.dtype[Any] = np.dtype(np.int64)
 
-    def __post_init__(self) -> None:
-        self.rows = [[] for _ in range(self.num_buckets)]
-        self.sizes = [[] for _ in range(self.num_buckets)]
-        self.carried = [[] for _ in range(self.num_buckets)]
+    def __init__(self, num_buckets: int, batches: Batches | None = None) -> None:
+        self.num_buckets = num_buckets
+        self.batches = batches
+        self._formed_sizes = None if batches is None else batches.sizes()
+        self.rows: list[list[Any]] = [[] for _ in range(num_buckets)]
+        self.sizes: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(num_buckets)]
+        self.carried: list[list[npt.NDArray[Any]]] = [[] for _ in range(num_buckets)]
+        self.fallbacks: list[dict[str, int]] = []
+        self.dropped: list[npt.NDArray[Any]] = []
+        self.resplit = 0
 
-    def add(self, b: int, rows: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> None:
+    def add(self, b: int, rows: Any, sizes: npt.NDArray[np.int64]) -> None:
         self.rows[b].append(rows)
         self.sizes[b].append(sizes)
+
+    def formed_sizes(self) -> npt.NDArray[np.int64]:
+        """Sizes of the formed batches (draw order, bucket after bucket)."""
+        assert self._formed_sizes is not None
+        return self._formed_sizes
+
+    def formed_rows(self, lo: int, hi: int) -> npt.NDArray[Any]:
+        """The rows of formed batches ``lo:hi``, explicit."""
+        assert self.batches is not None
+        off = self.batches.offsets
+        return self.batches.rows[off[lo]:off[hi]]
+
+    def add_formed(self, b: int, lo: int, hi: int) -> None:
+        """Place formed batches ``lo:hi`` in bucket ``b`` as they are."""
+        self.add(b, self.formed_rows(lo, hi), self.formed_sizes()[lo:hi])
+
+    def piece_rows(self, piece: Any, sizes: npt.NDArray[np.int64], lo: int, hi: int) -> npt.NDArray[Any]:
+        """The rows of batches ``lo:hi`` of a placed piece (``sizes`` its batches'), explicit."""
+        return piece[int(sizes[:lo].sum()):int(sizes[:hi].sum())]
+
+    def piece_head(self, piece: Any, sizes: npt.NDArray[np.int64], k: int) -> Any:
+        """The piece of a placed piece's first ``k`` batches."""
+        return self.piece_rows(piece, sizes, 0, k)
+
+    def take_last(self, b: int, W: int) -> npt.NDArray[Any] | None:
+        """Remove bucket ``b``'s last ``W`` placed batches (all, if fewer) and return their
+        rows in order; None when it has none."""
+        if not self.sizes[b]:
+            return None
+        taken = []
+        need = W
+        while need and self.sizes[b]:
+            piece, sizes = self.rows[b].pop(), self.sizes[b].pop()
+            k = int(sizes.shape[0])
+            m = min(k, need)
+            need -= m
+            if m < k:
+                self.add(b, self.piece_head(piece, sizes, k - m), sizes[:k - m])
+            taken.append(self.piece_rows(piece, sizes, k - m, k))
+        return taken[0] if len(taken) == 1 else np.concatenate(taken[::-1])
+
+    def steps_per_bucket(self, W: int) -> npt.NDArray[np.int64]:
+        return np.array([sum(int(s.shape[0]) for s in p) // W for p in self.sizes], dtype=np.int64)
 
 
 def require_one_step(bucket_of_row: npt.ArrayLike, world_size: int) -> None:
     """:class:`PlanError` unless the allocated rows (bucket >= 0) give each of ``world_size``
     ranks at least one utterance: a check callers can make before any planning work."""
-    n_alloc = int((np.asarray(bucket_of_row) >= 0).sum())
-    if n_alloc < world_size:
-        raise PlanError(f"{n_alloc} utterances cannot fill one step of {world_size} ranks")
+    check_one_step(int((np.asarray(bucket_of_row) >= 0).sum()), world_size)
+
+
+def check_one_step(allocated: int, world_size: int) -> None:
+    """:func:`require_one_step` from the number of allocated rows."""
+    if allocated < world_size:
+        raise PlanError(f"{allocated} utterances cannot fill one step of {world_size} ranks")
 
 
 def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
@@ -234,10 +284,9 @@ def plan_epoch(inputs: PlanInputs, world_size: int, seed: int, epoch: int,
     counts = np.bincount(batches.bucket, minlength=B)
     first_batch = np.zeros(B + 1, dtype=np.int64)
     np.cumsum(counts, out=first_batch[1:])
-    placed = _Placement(B)
+    placed = Placement(B, batches)
     for b in range(B):
-        _place_bucket(placed, batches, b, int(first_batch[b]), int(first_batch[b + 1]), W,
-                      int(batch_sizes[b]), contains)
+        place_bucket(placed, b, int(first_batch[b]), int(first_batch[b + 1]), W, int(batch_sizes[b]), contains)
     seq, offsets, rows = _interleave(placed, W, seed, epoch, interleave)
     return _epoch_plan(epoch, W, seq, offsets, rows, inputs, placed)
 
@@ -256,7 +305,7 @@ def _plan_balanced(inputs: PlanInputs, batches: Batches, W: int, seed: int, epoc
     offsets, gather, bucket = layout(steps, W, rng_steps, np.random.default_rng([seed, epoch, 2]))
     by_step = bucket.reshape(W, steps.num_steps)
     step_bucket = np.where((by_step == by_step[:1]).all(0), by_step[0], -1)
-    placed = _Placement(int(np.asarray(inputs.batch_sizes).shape[0]))
+    placed = Placement(int(np.asarray(inputs.batch_sizes).shape[0]))
     ep = _epoch_plan(epoch, W, step_bucket, offsets, batches.rows[gather], inputs, placed)
     t = cost.step_time(ep.sizes(), ep.max_duration, ep.max_tokens).reshape(W, -1)
     unbalanced = int((t.max(0) > (1 + tolerance) * t.mean(0)).sum())
@@ -264,42 +313,52 @@ def _plan_balanced(inputs: PlanInputs, batches: Batches, W: int, seed: int, epoc
                                unbalanced_steps=unbalanced)
 
 
-def _place_bucket(placed: _Placement, batches: Batches, b: int, lo: int, hi: int, W: int, bs: int,
-                  contains: npt.NDArray[np.bool_]) -> None:
-    """Place bucket ``b``'s formed batches ``lo:hi`` (plus rows carried into it) as whole
-    steps of ``W`` batches: as formed, tail re-split, or carried / borrowed / dropped."""
-    sizes_all = batches.sizes()
-    off = batches.offsets
-    n = hi - lo
-    extra = np.concatenate(placed.carried[b]) if placed.carried[b] else np.empty(0, dtype=np.int64)
+def tail_pool(sizes: npt.NDArray[np.int64], extra: int, W: int, bs: int) -> tuple[int, int] | None:
+    """How a bucket's formed batches (``sizes``, in draw order) and ``extra`` rows carried into
+    it fill whole steps of ``W``: ``(keep, parts)``, its first ``keep`` batches placed as formed
+    and the rest pooled with the carried rows, re-split into ``parts`` (a multiple of ``W``,
+    0: nothing pooled) near-equal batches of at most ``bs``; the pool is the tail with the
+    fewest previous full steps that fills. None: the rows after its whole steps cannot fill a
+    step (carried, borrowed or dropped)."""
+    n = int(sizes.shape[0])
     f, t = divmod(n, W)
-    if t == 0 and extra.shape[0] == 0:
-        if n:
-            placed.add(b, batches.rows[off[lo]:off[hi]], sizes_all[lo:hi])
-        return
-    # Pool the tail with g = 0..f previous full steps; take the first g that fills
-    # j*W non-empty batches of at most bs rows.
-    tail_rows = int(off[hi] - off[lo + f * W]) + extra.shape[0]
+    if t == 0 and extra == 0:
+        return n, 0
+    tail_rows = int(sizes[f * W:].sum()) + extra
     step_rows = np.zeros(f + 1, dtype=np.int64)
     if f:
-        per_step = np.add.reduceat(sizes_all[lo:lo + f * W], np.arange(0, f * W, W))
+        per_step = np.add.reduceat(sizes[:f * W], np.arange(0, f * W, W))
         step_rows[1:] = np.cumsum(per_step[::-1])
     pool = tail_rows + step_rows
     j = -(-pool // (W * bs))
     ok = np.flatnonzero(j * W <= pool)
-    if ok.shape[0]:
-        g = int(ok[0])
-        keep = lo + (f - g) * W
+    if not ok.shape[0]:
+        return None
+    g = int(ok[0])
+    return (f - g) * W, int(j[g]) * W
+
+
+def place_bucket(placed: Placement, b: int, lo: int, hi: int, W: int, bs: int,
+                 contains: npt.NDArray[np.bool_]) -> None:
+    """Place bucket ``b``'s formed batches ``lo:hi`` (plus rows carried into it) as whole
+    steps of ``W`` batches: as formed, tail re-split, or carried / borrowed / dropped."""
+    n = hi - lo
+    extra = np.concatenate(placed.carried[b]) if placed.carried[b] else np.empty(0, dtype=placed.row_dtype)
+    f = n // W
+    pool = tail_pool(placed.formed_sizes()[lo:hi], extra.shape[0], W, bs)
+    if pool is not None:
+        keep, parts = lo + pool[0], pool[1]
         if keep > lo:
-            placed.add(b, batches.rows[off[lo]:off[keep]], sizes_all[lo:keep])
-        pooled = np.concatenate([batches.rows[off[keep]:off[hi]], extra])
-        placed.add(b, pooled, _even_split(pooled.shape[0], int(j[g]) * W))
-        placed.resplit += 1
+            placed.add_formed(b, lo, keep)
+        if parts:
+            pooled = np.concatenate([placed.formed_rows(keep, hi), extra])
+            placed.add(b, pooled, even_split(pooled.shape[0], parts))
+            placed.resplit += 1
         return
     # Cannot fill a step: keep the full steps, move the tail (with what was carried in).
     if f:
-        placed.add(b, batches.rows[off[lo]:off[lo + f * W]], sizes_all[lo:lo + f * W])
-    leftover = np.concatenate([batches.rows[off[lo + f * W]:off[hi]], extra])
+        placed.add_formed(b, lo, lo + f * W)
+    leftover = np.concatenate([placed.formed_rows(lo + f * W, hi), extra])
     later = np.flatnonzero(contains[b + 1:, b]) + b + 1
     if later.shape[0]:
         to = int(later[0])
@@ -309,45 +368,38 @@ def _place_bucket(placed: _Placement, batches: Batches, b: int, lo: int, hi: int
     _borrow_or_drop(placed, b, leftover, W, bs, contains)
 
 
-def _borrow_or_drop(placed: _Placement, b: int, leftover: npt.NDArray[np.int64], W: int, bs: int,
+def _borrow_or_drop(placed: Placement, b: int, leftover: npt.NDArray[Any], W: int, bs: int,
                     contains: npt.NDArray[np.bool_]) -> None:
     """No bucket contains ``b``: borrow whole steps from the largest bucket it contains
     until its rows fill steps; what still cannot be placed is dropped (listed)."""
     for src in (np.flatnonzero(contains[b, :b])[::-1]):
         src = int(src)
-        while placed.sizes[src]:
-            src_rows = np.concatenate(placed.rows[src])
-            src_sizes = np.concatenate(placed.sizes[src])
-            cut = int(src_sizes[:-W].sum())
-            taken = src_rows[cut:]
-            placed.rows[src] = [src_rows[:cut]] if cut else []
-            placed.sizes[src] = [src_sizes[:-W]] if src_sizes.shape[0] > W else []
+        while (taken := placed.take_last(src, W)) is not None:
             placed.fallbacks.append({"kind": "borrowed", "from": src, "to": b, "rows": int(taken.shape[0])})
             leftover = np.concatenate([leftover, taken])
             jj = -(-leftover.shape[0] // (W * bs))
             if jj * W <= leftover.shape[0]:
-                placed.add(b, leftover, _even_split(leftover.shape[0], jj * W))
+                placed.add(b, leftover, even_split(leftover.shape[0], jj * W))
                 return
     # Place as many whole steps as capacity allows; only fewer than W rows (or what
     # exceeds W * bs per step) are dropped, never the rows that fit.
     steps = leftover.shape[0] // W
     if steps:
         fit = min(int(leftover.shape[0]), steps * W * bs)
-        placed.add(b, leftover[:fit], _even_split(fit, steps * W))
+        placed.add(b, leftover[:fit], even_split(fit, steps * W))
         leftover = leftover[fit:]
     if leftover.shape[0]:
         placed.dropped.append(leftover)
         placed.fallbacks.append({"kind": "dropped", "from": b, "to": -1, "rows": int(leftover.shape[0])})
 
 
-def _interleave(placed: _Placement, W: int, seed: int, epoch: int,
-                interleave: Interleave) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Order the buckets' steps (random or ascending) and lay batches out rank-major:
-    (bucket per step, CSR offsets, manifest rows)."""
-    rows_cat = np.concatenate([r for p in placed.rows for r in p]) if any(placed.rows) else np.empty(0, np.int64)
-    sizes_cat = np.concatenate([s for p in placed.sizes for s in p]) if any(placed.sizes) else np.empty(0, np.int64)
-    steps_per_bucket = np.array([sum(int(s.shape[0]) for s in p) // W for p in placed.sizes], dtype=np.int64)
-    labels = np.repeat(np.arange(placed.num_buckets, dtype=np.int32), steps_per_bucket)
+def interleave_order(steps_per_bucket: npt.NDArray[np.int64], W: int, seed: int, epoch: int,
+                     interleave: Interleave) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The order of identical-bucket steps (random or ascending; a bucket's steps keep their
+    order) and of their batches, rank-major: (bucket per step, the batch of the bucket-after-
+    bucket concatenation, ``c * W + r`` for its ``c``-th step and rank ``r``, at each rank-major
+    position)."""
+    labels = np.repeat(np.arange(steps_per_bucket.shape[0], dtype=np.int32), steps_per_bucket)
     S = int(labels.shape[0])
     if interleave == "random":
         seq = np.random.default_rng([seed, epoch, 1]).permutation(labels)
@@ -355,13 +407,23 @@ def _interleave(placed: _Placement, W: int, seed: int, epoch: int,
         seq = labels
     else:
         raise PlanError(f"unknown interleave {interleave!r} (expected 'random' or 'ascending')")
-    # Batches are concatenated in bucket order: batch c*W + r is (bucket step c, rank r).
     # The c-th bucket step goes to position pos[c]; a bucket's steps keep their order.
     pos = np.argsort(seq, kind="stable")
     c_idx = np.repeat(np.arange(S, dtype=np.int64), W)
     r_idx = np.tile(np.arange(W, dtype=np.int64), S)
     order = np.empty(S * W, dtype=np.int64)
     order[r_idx * S + pos[c_idx]] = np.arange(S * W, dtype=np.int64)  # rank-major: (c, r) -> r*S + pos[c]
+    return seq, order
+
+
+def _interleave(placed: Placement, W: int, seed: int, epoch: int,
+                interleave: Interleave) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Order the buckets' steps (random or ascending) and lay batches out rank-major:
+    (bucket per step, CSR offsets, manifest rows)."""
+    rows_cat = np.concatenate([r for p in placed.rows for r in p]) if any(placed.rows) else np.empty(0, np.int64)
+    sizes_cat = np.concatenate([s for p in placed.sizes for s in p]) if any(placed.sizes) else np.empty(0, np.int64)
+    seq, order = interleave_order(placed.steps_per_bucket(W), W, seed, epoch, interleave)
+    S = int(seq.shape[0])
     off_cat = np.zeros(S * W + 1, dtype=np.int64)
     np.cumsum(sizes_cat, out=off_cat[1:])
     offsets, gather = gather_segments(off_cat, order)
@@ -369,7 +431,7 @@ def _interleave(placed: _Placement, W: int, seed: int, epoch: int,
 
 
 def _epoch_plan(epoch: int, W: int, seq: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64],
-                rows: npt.NDArray[np.int64], inputs: PlanInputs, placed: _Placement) -> EpochPlan:
+                rows: npt.NDArray[np.int64], inputs: PlanInputs, placed: Placement) -> EpochPlan:
     """The epoch's plan with per-batch maxima and the real sums (one gather each)."""
     S = int(seq.shape[0])
     starts = offsets[:-1]

@@ -3,12 +3,14 @@
 Pure core: rows (durations s, tokens), the bucket grid and batch sizes in; per world size, one
 epoch planned in memory with :func:`bucketing.plan.plan_epoch` (one bucket per step, and
 balanced steps at a tolerance) and its :class:`bucketing.balance.PlanReport`, the packing bound
-and padding out. Used by ``dataprep padding --world-sizes`` and ``benchmarks/bench_fill.py``.
+and padding out; :func:`steps_rows` measures the epochs of any planner (the out-of-core one
+too). Used by ``dataprep padding --world-sizes`` and ``benchmarks/bench_fill.py``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,18 +49,29 @@ def plan_in_memory(duration: npt.ArrayLike, num_tokens: npt.ArrayLike, grid: Gri
 def steps_report(duration: npt.ArrayLike, num_tokens: npt.ArrayLike, grid: Grid, batch_sizes: npt.ArrayLike,
                  world_sizes: list[int], balance: float = DEFAULT_BALANCE, *, seed: int = 0, strict: bool = False,
                  carry: bool = True, cost: CostModel | None = None) -> list[dict[str, Any]]:
+    """:func:`steps_rows` of epochs planned in memory (:func:`plan_in_memory`)."""
+    cost = cost or CostModel()
+
+    def plan(W: int, tol: float) -> EpochPlan:
+        return plan_in_memory(duration, num_tokens, grid, batch_sizes, W, tol, seed=seed, strict=strict, carry=carry,
+                              cost=cost)
+
+    return steps_rows(plan, world_sizes, balance, batch_sizes, cost)
+
+
+def steps_rows(plan: Callable[[int, float], EpochPlan], world_sizes: list[int], balance: float,
+               batch_sizes: npt.ArrayLike, cost: CostModel) -> list[dict[str, Any]]:
     """Per world size and planner (``balance`` 0 and the given tolerance): steps, ``fill``
     (mean batch ÷ mean batch at W = 1), ``bound`` (B / (W ⌈B / W⌉), B = batches at W = 1), the
-    report's straggler / same-bucket / balance figures, padding and dropped rows."""
-    cost = cost or CostModel()
-    one = plan_in_memory(duration, num_tokens, grid, batch_sizes, 1, max(balance, 0.0), seed=seed, strict=strict,
-                         carry=carry, cost=cost)
+    report's straggler / same-bucket / balance figures, padding and dropped rows. ``plan(W,
+    tolerance)``: epoch 0 at that world size and balance tolerance, as ``plan-batches`` plans
+    it (in memory, or out of core: only per-batch figures are read, never ``rows``)."""
+    one = plan(1, max(balance, 0.0))
     B, mean1 = one.num_steps, float(one.sizes().mean())
     out = []
     for W in world_sizes:
         for tol in dict.fromkeys([0.0, balance]):
-            ep = plan_in_memory(duration, num_tokens, grid, batch_sizes, W, tol, seed=seed, strict=strict,
-                                carry=carry, cost=cost)
+            ep = plan(W, tol)
             rep = epoch_report(ep, batch_sizes, cost)
             out.append({"world_size": W, "balance": tol, **rep.to_json(),
                         "fill": round(rep.mean_batch / mean1, 6), "fill_of_batch_sizes": round(rep.fill, 6),

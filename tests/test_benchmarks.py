@@ -24,7 +24,7 @@ QUICK = {
     "bench_html_report.py": ["--rows", "5000", "--world-size", "4", "--repeats", "1", "--work", "{tmp}"],
 }
 SLOW = {
-    "bench_stream.py": ["--rows", "5000", "--repeats", "1", "--dir", "{tmp}"],
+    "bench_stream.py": ["--rows", "5000", "--repeats", "1", "--dir", "{tmp}", "--world-sizes", "2"],
     "bench_probe.py": ["--files", "50", "--repeats", "1", "--dir", "{tmp}"],
     "bench_loader.py": ["--utterances", "2000", "--world-size", "2", "--repeats", "1", "--batches", "5",
                         "--work", "{tmp}"],

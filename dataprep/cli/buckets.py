@@ -102,7 +102,7 @@ def padding_cmd(
     floor_rate: dyn.FloorRateOpt = dyn.DYNRES_DEFAULTS.floor_rate,
     world_sizes: Annotated[Optional[str], typer.Option("--world-sizes", help="Comma-separated world sizes: also report the steps plan-batches would make (fill, straggler, same-bucket share) with one bucket per step and with --balance.")] = None,
     balance: Annotated[float, typer.Option("--balance", help="Balance tolerance for --world-sizes (as plan-batches --balance).")] = DEFAULT_BALANCE,
-    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the report may hold, e.g. 4GiB (default: half the machine's). A larger corpus is read from spill files next to the manifest (the same figures; memory bounded by its largest bucket; not with --world-sizes).", show_default=False)] = None,
+    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the report may hold, e.g. 4GiB (default: half the machine's). A larger corpus is read from spill files next to the manifest (the same figures, --world-sizes too; memory bounded by its largest bucket).", show_default=False)] = None,
 ) -> None:
     """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D,
     2D + dynamic resolution (frame padding, clamped utterances, batches that fell back)."""

@@ -28,10 +28,16 @@ the spill files take about 31 bytes per row plus the ids on disk (about twice du
 epoch; the last epoch removes each bucket's ids once laid out, so the position files reuse
 their page cache). Balanced plans only (``balance > 0``) without dynamic resolution; the plan
 equals the in-memory one (tests compare the shards byte for byte).
+
+Reports that need a plan's figures, not its shards (``dataprep padding --world-sizes``), plan
+with :func:`plan_epoch_figures`: step 3 without ids (the position files hold rows alone),
+balanced or with one bucket per step (:mod:`bucketing.plan_summary`, from the per-batch
+figures and the rows of the few tails it pools, carries or borrows).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -48,16 +54,17 @@ import pyarrow.parquet as pq
 
 from bucketing.allocate import allocate, tail_moves
 from bucketing.balance import balance_steps, layout_order
-from bucketing.batching import (TOTALS_BLOCK, BucketGrouping, block_totals, cut_batches, even_batch_counts,
+from bucketing.batching import (TOTALS_BLOCK, BucketGrouping, Cut, block_totals, cut_batches, even_batch_counts,
                                 even_batch_starts)
 from bucketing.costmodel import CostModel
 from bucketing.fit import Grid
 from bucketing.groups import group_order
-from bucketing.plan import EpochPlan
+from bucketing.plan import EpochPlan, Interleave, check_one_step
+from bucketing.plan_summary import ROW_DTYPE, FormedBatches, plan_identical_summaries
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import iter_manifest, manifest_num_rows
 from manifests.plan_files import PlanWriter, shard_table
-from manifests.spill import SpillFiles, default_memory_limit
+from manifests.spill import SpillFiles, default_memory_limit, record_dtype
 
 #: Bytes of memory per row of the bucket being ordered: its durations, tokens and shuffle
 #: (8 + 4 + 4 and the shuffle's ordered copy), then its rows (int32 below 2**31 rows) beside its
@@ -250,8 +257,16 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
         raise ManifestError(f"{manifest}: the manifest has no rows")
     out.total_d, out.total_t = max(out.total_d, 1e-300), max(out.total_t, 1e-300)
     _check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
-    if carry and not strict:
-        _carry(out, grid, batch_sizes)
+    return carry_spilled(out, grid, batch_sizes, manifest, memory_limit) if carry and not strict else out
+
+
+def carry_spilled(corpus: SpilledCorpus, grid: Grid, batch_sizes: npt.NDArray[np.int64],
+                  manifest: str | os.PathLike[str], memory_limit: int) -> SpilledCorpus:
+    """``corpus`` (spilled from ``manifest`` without carrying) with bucket tails carried: the
+    same spill files, edits of its own (``corpus`` stays as it is); the one-line error of
+    :func:`spill_manifest` when a bucket grown by them cannot be planned within ``memory_limit``."""
+    out = dataclasses.replace(corpus, counts=corpus.counts.copy(), removed={}, extra={}, carried=0)
+    _carry(out, grid, batch_sizes)
     _check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
     return out
 
@@ -349,36 +364,48 @@ class EpochLayout:
     size: npt.NDArray[np.int64]
 
 
-def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
-                       interleave: str, tolerance: float, cost: CostModel, group: int,
-                       final: bool = False) -> EpochLayout:
-    """Step 3 of the module docstring: :func:`bucketing.plan.plan_epoch` (balanced) then
-    :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays. ``final``:
-    no later epoch reads the ids, so each bucket's id files are removed once laid out (the
-    page cache they held is reused for the position files instead of fresh memory)."""
+@dataclass(frozen=True)
+class _Formed:
+    """An epoch's batches formed from the spill files (cut order, :class:`bucketing.batching.Cut`)
+    and their figures: longest, sums of durations, most tokens, sums of tokens."""
+
+    cut: Cut
+    max_d: npt.NDArray[np.float64]
+    sum_d: npt.NDArray[np.float64]
+    max_t: npt.NDArray[np.int64]
+    sum_t: npt.NDArray[np.int64]
+
+
+def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | None, rng: np.random.Generator,
+                  final: bool) -> _Formed:
+    """Each bucket's rows ordered into batches and laid out in the epoch's position files
+    (rows beside ids, or rows alone when the corpus has no ids), the figures of each batch
+    taken on the way; batches then drawn (:func:`bucketing.batching.cut_batches`). ``W``:
+    near-equal batches filling whole steps (balanced); None: full batches and a short last
+    one (:func:`bucketing.batching.form_batches` with no world size)."""
     files = SpillFiles(corpus.root)
-    for name in ("pos.rec", "pos.data"):
+    for name in ("pos.rec", "pos.data", "pos.rows"):
         (corpus.root / name).unlink(missing_ok=True)
-    rng = np.random.default_rng([seed, epoch, 0])
     grouping = BucketGrouping("both").with_totals(corpus.total_d, corpus.total_t)
     counts = corpus.counts
-    if int(counts.sum()) < W:
-        raise DataprepError(f"{int(counts.sum())} utterances cannot fill one step of {W} ranks")
-    nb = even_batch_counts(counts, bs, W)  # near-equal batches filling whole steps (as plan_epoch)
-    # per batch (cut order: bucket after bucket; a bucket's k-th batch starts at k q + min(k, r)):
-    # longest, most tokens, sums, filled while each bucket is ordered
+    if W is not None:
+        nb = even_batch_counts(counts, bs, W)  # near-equal batches filling whole steps (as plan_epoch)
+        starts_in_bucket = even_batch_starts(counts, nb)  # a bucket's k-th batch starts at k q + min(k, r)
+    else:
+        nb = -(-counts // bs)
+        starts_in_bucket = (np.arange(int(nb.sum())) - np.repeat(np.cumsum(nb) - nb, nb)) * np.repeat(bs, nb)
+    # per batch (cut order: bucket after bucket): longest, most tokens, sums, filled while each bucket is ordered
     n_cut = int(nb.sum())
     mx_d, sm_d = np.empty(n_cut), np.empty(n_cut)
     mx_t, sm_t = np.empty(n_cut, np.int64), np.empty(n_cut, np.int64)
     at = 0
-    starts_in_bucket = even_batch_starts(counts, nb)
     for k in np.flatnonzero(counts):
         cnt, size = int(counts[k]), int(bs[k])
         first = starts_in_bucket[at:at + int(nb[k])]  # the bucket's batch starts (as cut_batches)
         d, t = corpus.column(int(k), "d", np.float64), corpus.column(int(k), "t", np.int32)
         parts = []
         pos = 0
-        for p in grouping.order_chunks(cnt, size, rng, d, t, ORDER_ROWS, batches=int(nb[k])):
+        for p in grouping.order_chunks(cnt, size, rng, d, t, ORDER_ROWS, batches=None if W is None else int(nb[k])):
             dk, tk32 = d[p], t[p]
             tk = tk32.astype(np.int64)
             loc = first[np.searchsorted(first, pos):np.searchsorted(first, pos + p.shape[0])] - pos
@@ -392,6 +419,9 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
         p = parts[0] if len(parts) == 1 else np.concatenate(parts)
         del parts
         rows = corpus.column(int(k), "rows", corpus.row_dtype)
+        if not corpus.has_ids:
+            files.append("pos.rows", rows[p])
+            continue
         ids = corpus.ids_taker(int(k))
         if final:
             corpus.drop_ids(int(k))
@@ -400,17 +430,55 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
             files.append_records("pos", rows[q], ids(q))
         del rows, ids, p
     files.close()
-    cut = cut_batches(counts, bs, rng, batch_counts=nb)
+    cut = cut_batches(counts, bs, rng, batch_counts=None if W is None else nb)
+    return _Formed(cut, mx_d, sm_d, mx_t, sm_t)
+
+
+def _position_rows(corpus: SpilledCorpus, starts: npt.NDArray[np.int64],
+                   sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The rows at positions ``starts[i] : starts[i] + sizes[i]`` of the epoch's position files."""
+    files = corpus.files
+    if corpus.has_ids:
+        rows = files.read_runs("pos.rec", record_dtype(np.dtype(corpus.row_dtype)), starts, sizes)["key"]
+    else:
+        rows = files.read_runs("pos.rows", corpus.row_dtype, starts, sizes)
+    return rows.astype(np.int64)
+
+
+def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
+                       interleave: str, tolerance: float, cost: CostModel, group: int,
+                       final: bool = False) -> EpochLayout:
+    """Step 3 of the module docstring: :func:`bucketing.plan.plan_epoch` (balanced) then
+    :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays. ``final``:
+    no later epoch reads the ids, so each bucket's id files are removed once laid out (the
+    page cache they held is reused for the position files instead of fresh memory)."""
+    lay = _balanced_spilled(corpus, bs, W, seed, epoch, interleave=interleave, tolerance=tolerance, cost=cost,
+                            group=group, final=final)
+    if lay is None:
+        raise DataprepError(f"the rows cannot fill whole balanced steps of {W} ranks out of core "
+                            "(fewer utterances than steps x ranks); plan with a larger --memory-limit")
+    return lay
+
+
+def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
+                      interleave: str, tolerance: float, cost: CostModel, group: int,
+                      final: bool = False) -> EpochLayout | None:
+    """:func:`plan_epoch_spilled`; None where the rows cannot fill whole balanced steps."""
+    counts = corpus.counts
+    if int(counts.sum()) < W:
+        raise DataprepError(f"{int(counts.sum())} utterances cannot fill one step of {W} ranks")
+    rng = np.random.default_rng([seed, epoch, 0])
+    formed = _form_spilled(corpus, bs, W, rng, final)
+    cut = formed.cut
     perm = cut.perm
     sizes, start = cut.sizes[perm], cut.starts[perm]
-    mx_d, mx_t, sm_d, sm_t = mx_d[perm], mx_t[perm], sm_d[perm], sm_t[perm]
+    mx_d, mx_t, sm_d, sm_t = formed.max_d[perm], formed.max_t[perm], formed.sum_d[perm], formed.sum_t[perm]
     off = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
     np.cumsum(sizes, out=off[1:])
     times = cost.step_time(sizes, mx_d, mx_t)
     steps = balance_steps(cut.bucket, off, times, W, tolerance, cost.overhead, padded=sizes * mx_d)
     if steps is None:
-        raise DataprepError(f"the rows cannot fill whole balanced steps of {W} ranks out of core "
-                            "(fewer utterances than steps x ranks); plan with a larger --memory-limit")
+        return None
     rng_steps = np.random.default_rng([seed, epoch, 1]) if interleave == "random" else None
     order = layout_order(steps, W, rng_steps, np.random.default_rng([seed, epoch, 2]))
     seg_lo = steps.seg_offsets[:-1]
@@ -421,8 +489,7 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     pieces = np.flatnonzero(seg_size != sizes[parent])
     if pieces.shape[0]:
         for i in pieces:  # the few batches cut into pieces (at most one step's worth)
-            a, b = int(seg_start[i]), int(seg_start[i] + seg_size[i])
-            piece_rows = files.read_record_keys("pos", corpus.row_dtype, a, b)
+            piece_rows = _position_rows(corpus, seg_start[i:i + 1], seg_size[i:i + 1])
             dk, tk32 = corpus.lookup(int(steps.seg_bucket[i]), piece_rows)
             tk = tk32.astype(np.int64)
             s_mx_d[i], s_mx_t[i] = dk.max(), tk.max()
@@ -448,6 +515,38 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
                    batch_bucket=f_bucket.astype(np.int32), split_batches=steps.split_batches,
                    unbalanced_steps=unbalanced)
     return EpochLayout(ep, f_start, f_size)
+
+
+def plan_epoch_figures(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int,
+                       *, tolerance: float, cost: CostModel, interleave: Interleave = "random") -> EpochPlan:
+    """:func:`bucketing.plan.plan_epoch` of a spilled corpus (``grid`` its buckets), per-batch
+    figures only: its :class:`~bucketing.plan.EpochPlan` without rows, for reports (no shards,
+    position files of rows alone when the corpus has no ids). ``tolerance`` > 0: balanced
+    steps, falling back as in memory to one bucket per step where the rows cannot fill whole
+    balanced steps; 0: one bucket per step (:func:`bucketing.plan_summary.plan_identical_summaries`,
+    which reads the rows of the few pooled, carried or borrowed tails back)."""
+    check_one_step(int(corpus.counts.sum()), W)
+    if tolerance > 0:
+        lay = _balanced_spilled(corpus, bs, W, seed, epoch, interleave=interleave, tolerance=tolerance, cost=cost,
+                                group=W)
+        if lay is not None:
+            return lay.ep
+    formed = _form_spilled(corpus, bs, None, np.random.default_rng([seed, epoch, 0]), final=False)
+    cut = formed.cut
+    perm = cut.perm
+    starts, sizes = cut.starts[perm], cut.sizes[perm]
+    batches = FormedBatches(cut.bucket, sizes, formed.max_d[perm], formed.max_t[perm], formed.sum_d[perm],
+                            formed.sum_t[perm])
+
+    def read_rows(lo: int, hi: int) -> npt.NDArray[Any]:  # formed batches lo:hi, all of one bucket
+        rows = _position_rows(corpus, starts[lo:hi], sizes[lo:hi])
+        out = np.empty(rows.shape[0], ROW_DTYPE)
+        out["row"] = rows
+        out["d"], out["t"] = corpus.lookup(int(cut.bucket[lo]), rows)
+        return out
+
+    return plan_identical_summaries(batches, bs, W, seed, epoch, read_rows, max_duration=grid.max_duration,
+                                    max_tokens=corpus.max_tokens.astype(np.float64), interleave=interleave)
 
 
 def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: SpilledCorpus, first_step: int,
@@ -507,5 +606,5 @@ def remove_spill(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-__all__ = ["EpochLayout", "SpilledCorpus", "default_memory_limit", "disk_bytes", "plan_epoch_spilled", "remove_spill",
-           "spill_dir", "spill_manifest", "write_epoch_spilled"]
+__all__ = ["EpochLayout", "SpilledCorpus", "carry_spilled", "default_memory_limit", "disk_bytes", "plan_epoch_figures",
+           "plan_epoch_spilled", "remove_spill", "spill_dir", "spill_manifest", "write_epoch_spilled"]

@@ -69,15 +69,11 @@ def manifest_padding_report(
     return report
 
 
-def _spilled(manifest: str | os.PathLike[str], spec: BucketSpec, rows: int, limit: int, *,
-             world_sizes: Sequence[int] = (), balance: float = 0.0, **options: Any) -> dict[str, Any]:
+def _spilled(manifest: str | os.PathLike[str], spec: BucketSpec, rows: int, limit: int,
+             **options: Any) -> dict[str, Any]:
     """:func:`dataprep.report.stream_padding.spilled_padding_report` after the checks of
-    :func:`spec_padding_report`; ``--world-sizes`` plans in memory and is refused."""
-    check_padding_options(rows, world_sizes=world_sizes, balance=balance, **options)
-    if world_sizes:
-        raise OptionError("world_sizes", f"plans every world size in memory: the manifest's {rows} rows need more "
-                          f"than the memory limit ({limit / 2**30:.2f} GiB); raise --memory-limit or "
-                          "run plan-batches --memory-limit per world size")
+    :func:`spec_padding_report`."""
+    check_padding_options(rows, **options)
     budget, bs = batch_sizes_for(spec, options.pop("budget", None))
     return spilled_padding_report(manifest, grid_from_spec(spec), bs, rows, limit, budget=budget, **options)
 

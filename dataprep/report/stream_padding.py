@@ -19,25 +19,34 @@ Memory: one block of the manifest, then one bucket (the planner's bound,
 (:data:`bucketing.padding.SCATTER_ROWS` rows). Disk: about 85 bytes per row in all (the fit's
 16, the 1D and 2D spills' 20 each and 4 more for corpus codes, 12 per fixed length, the rate
 store's 16), under a directory next to the manifest, removed at the end.
-``--world-sizes`` plans in memory and is refused here.
+
+``--world-sizes``: the 2D spill is made without carrying tails, then carried as edits
+(:func:`dataprep.planning.out_of_core.carry_spilled`); each world size's epoch 0 is planned out
+of core from it (:func:`spilled_steps`: per-batch figures, one bucket in memory at a time, and
+a position file of 4 bytes per row), the same figures as ``steps_report`` in memory.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from bucketing.allocate import fills_steps
 from bucketing.batching import TOTALS_BLOCK
 from bucketing.budget import padded_budget_batch_sizes
+from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, Grid, grid_from_spec
 from bucketing.padding import BucketedRows, scatter_count, scatter_part, schemes_report
-from dataprep.planning.out_of_core import SpilledCorpus, remove_spill, spill_dir, spill_manifest
+from bucketing.plan import EpochPlan
+from bucketing.steps_report import steps_rows
+from dataprep.planning.out_of_core import (SpilledCorpus, carry_spilled, plan_epoch_figures, remove_spill, spill_dir,
+                                           spill_manifest)
 from dataprep.report.stream_fit import streamed_fit_spec
 from manifests.io import corpus_names, iter_corpus_codes, iter_manifest
 from manifests.spill import SpillFiles, check_free_disk
@@ -58,6 +67,22 @@ def spilled_buckets(corpus: SpilledCorpus) -> BucketedRows:
     return BucketedRows(corpus.counts, rows_of, corpus.total_d, corpus.total_t,
                         dropped={k: int(sum(a.shape[0] for a in v)) for k, v in sorted(corpus.dropped.items())},
                         moved=corpus.moved, carried=corpus.carried, max_tokens=corpus.max_tokens)
+
+
+def spilled_steps(uncarried: SpilledCorpus, carried: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64],
+                  world_sizes: list[int], balance: float, *, seed: int = 0) -> list[dict[str, Any]]:
+    """:func:`bucketing.steps_report.steps_report`'s rows from epochs planned out of core
+    (:func:`dataprep.planning.out_of_core.plan_epoch_figures`) on the 2D spill, without and
+    with its tails carried (``carried`` is ``uncarried`` where they are not): balanced epochs
+    and a world size whose every bucket fills a step take the carried one, as
+    :func:`bucketing.allocate.assign` decides in memory."""
+    cost = CostModel()
+
+    def plan(W: int, tol: float) -> EpochPlan:
+        corpus = carried if tol > 0 or fills_steps(uncarried.counts, bs, W) else uncarried
+        return plan_epoch_figures(corpus, grid, bs, W, seed, 0, tolerance=tol, cost=cost)
+
+    return steps_rows(plan, world_sizes, balance, bs, cost)
 
 
 def spill_fixed(manifest: str | os.PathLike[str], files: SpillFiles, lengths: tuple[float, ...], seed: int,
@@ -89,9 +114,11 @@ def spilled_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt
                            strict: bool = False, seed: int = 0, window: int | None = None,
                            sort_by: str | None = None, audio_weight: float | None = None, carry: bool = True,
                            dynamic_resolution: DynResConfig | None = None,
-                           fixed_lengths: tuple[float, ...] = (30.0, 40.0)) -> dict[str, Any]:
+                           fixed_lengths: tuple[float, ...] = (30.0, 40.0), world_sizes: Sequence[int] = (),
+                           balance: float = 0.0) -> dict[str, Any]:
     """The padding report of ``manifest`` (:func:`bucketing.padding.padding_report`'s
-    figures) from spill files (module docstring); options already checked."""
+    figures) from spill files (module docstring), with ``steps`` per world size when
+    ``world_sizes`` are given (:func:`spilled_steps`); options already checked."""
     root = spill_dir(manifest)
     try:
         check_free_disk(root, num_rows * DISK_BYTES_PER_ROW, "the padding report's spill files")
@@ -107,8 +134,10 @@ def spilled_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt
                                                memory_limit=memory_limit, ids=False))
         names = corpus_names(manifest)
         codes = None if names is None else iter_corpus_codes(manifest, names, TOTALS_BLOCK)
-        two_d = spilled_buckets(spill_manifest(manifest, grid, bs, _sub(root, "2d"), strict=strict, carry=carry,
-                                               memory_limit=memory_limit, ids=False, codes=codes))
+        uncarried = spill_manifest(manifest, grid, bs, _sub(root, "2d"), strict=strict, carry=False,
+                                   memory_limit=memory_limit, ids=False, codes=codes)
+        carried = carry_spilled(uncarried, grid, bs, manifest, memory_limit) if carry and not strict else uncarried
+        two_d = spilled_buckets(carried)
         K = scatter_count(num_rows)
         fixed = SpillFiles(_sub(root, "fixed"))
         excluded = spill_fixed(manifest, fixed, fixed_lengths, seed, K)
@@ -118,10 +147,13 @@ def spilled_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt
             return excluded[i], ((fixed.read(f"f{i}.{j}.d", np.float64), fixed.read(f"f{i}.{j}.t", np.int32))
                                  for j in range(K))
 
-        return schemes_report(num_rows, fixed_parts, grid1, one_d, grid, bs, two_d, SpillFiles(_sub(root, "rates")),
-                              budget=budget, cumulative_budget=cumulative_budget, fixed_lengths=fixed_lengths,
-                              seed=seed, window=window, sort_by=sort_by, audio_weight=audio_weight,
-                              dynamic_resolution=dynamic_resolution, corpora=names)
+        report = schemes_report(num_rows, fixed_parts, grid1, one_d, grid, bs, two_d, SpillFiles(_sub(root, "rates")),
+                                budget=budget, cumulative_budget=cumulative_budget, fixed_lengths=fixed_lengths,
+                                seed=seed, window=window, sort_by=sort_by, audio_weight=audio_weight,
+                                dynamic_resolution=dynamic_resolution, corpora=names)
+        if world_sizes:
+            report["steps"] = spilled_steps(uncarried, carried, grid, bs, list(world_sizes), balance, seed=seed)
+        return report
     finally:
         remove_spill(root)
 

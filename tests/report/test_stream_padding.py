@@ -18,10 +18,13 @@ import bucketing.padding as padding
 from bucketing.allocate import fit_spec
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
+from bucketing.plan import PlanError
+from bucketing.steps_report import steps_report
 from dataprep.cli import app
 from dataprep.report.padding import batch_sizes_for, manifest_padding_report
 from dataprep.report.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
 from manifests.buckets_file import read_buckets, write_buckets
+from manifests.errors import DataprepError
 from manifests.io import write_manifest
 
 runner = CliRunner()
@@ -85,25 +88,59 @@ def test_spilled_equals_in_memory(tmp_path: Path, seed: int, n: int, corpora: in
 
 def test_cli_tiny_memory_limit_same_report(tmp_path: Path) -> None:
     """The command as a user runs it: under a limit the corpus does not fit, the same JSON
-    and the same tables; --world-sizes is refused there in one line naming it."""
+    and the same tables, --world-sizes too; a world size over the rows is one line in both."""
     n = 3000
     m = tmp_path / "m.parquet"
     _manifest(m, 3, n, 2)
     fit = runner.invoke(app, ["fit-buckets", str(m), "--num-buckets", "6", "-o", str(tmp_path / "b.json")])
     assert fit.exit_code == 0, fit.output
-    args = ["padding", str(m), "--buckets", str(tmp_path / "b.json")]
+    args = ["padding", str(m), "--buckets", str(tmp_path / "b.json"), "--world-sizes", "8,32"]
     limit = f"{n * IN_MEMORY_BYTES_PER_ROW // 2}B"
     a = runner.invoke(app, [*args, "--json", str(tmp_path / "a.json")])
     b = runner.invoke(app, [*args, "--json", str(tmp_path / "b2.json"), "--memory-limit", limit])
     assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
     ra, rb = json.loads((tmp_path / "a.json").read_text()), json.loads((tmp_path / "b2.json").read_text())
-    assert ra == rb
+    assert ra == rb and [(r["world_size"], r["balance"]) for r in rb["steps"]] == [(8, 0.0), (8, 0.05), (32, 0.0),
+                                                                                      (32, 0.05)]
     _check_counts(ra, n)
     assert a.output == b.output.replace("b2.json", "a.json")
     assert not [p for p in tmp_path.iterdir() if ".spill-" in p.name]
-    c = runner.invoke(app, [*args, "--memory-limit", limit, "--world-sizes", "2"])
-    assert c.exit_code != 0 and "--world-sizes" in c.output and "Traceback" not in c.output
-    assert len(c.output.strip().splitlines()) == 1, c.output
+    for extra in ([], ["--memory-limit", limit]):
+        c = runner.invoke(app, [*args[:-1], f"8,{n + 1}", *extra])
+        assert c.exit_code == 2 and "--world-sizes: must be <= the number of rows (3000)" in c.output, c.output
+        assert len(c.output.strip().splitlines()) == 1, c.output
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 400), num_buckets=st.integers(1, 5), sub=st.integers(1, 2),
+       world=st.integers(1, 48), balance=st.sampled_from([0.0, 0.05, 0.3]), strict=st.booleans(),
+       carry=st.booleans())
+def test_spilled_steps_equal_in_memory(tmp_path: Path, seed: int, n: int, num_buckets: int, sub: int, world: int,
+                                       balance: float, strict: bool, carry: bool) -> None:
+    """Random corpora, world sizes and seeds under a limit below what the rows need in memory
+    (so the report spills): the same ``steps`` as :func:`bucketing.steps_report.steps_report`
+    in memory, or the same one-line error."""
+    world = min(world, n)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as work:
+        w = Path(work)
+        d, t = _manifest(w / "m.parquet", seed, n, 0)
+        spec, _ = fit_spec(d, t, num_buckets=num_buckets, num_subbuckets=sub, max_duration_budget=120.0)
+        write_buckets(spec, w / "b.json")
+        _, bs = batch_sizes_for(read_buckets(w / "b.json"))
+        opts = dict(seed=seed % 1000, strict=strict, carry=carry)
+        try:
+            want: object = steps_report(d, t, grid_from_spec(read_buckets(w / "b.json")), bs, [world], balance, **opts)
+        except PlanError as exc:
+            want = f"cannot plan: {exc}"
+        try:
+            got: object = manifest_padding_report(w / "m.parquet", w / "b.json", world_sizes=[world], balance=balance,
+                                                  memory_limit=n * IN_MEMORY_BYTES_PER_ROW - 1, **opts)["steps"]
+        except DataprepError as exc:
+            if "--memory-limit: bucket" in str(exc):  # a bucket over the tiny limit: the planner's refusal
+                return
+            got = str(exc).split(": ", 1)[1]
+        assert got == want
+        assert not [p for p in w.iterdir() if ".spill-" in p.name]
 
 
 def test_too_little_disk_for_the_spill_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
