@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketing.allocate import allocate, fit_spec
-from bucketing.fit import equal_occupancy_cuts, fit_buckets, grid_from_spec
+from bucketing.fit import OVERFLOW_RATIO, equal_occupancy_cuts, fit_buckets, grid_from_spec
 from manifests.buckets_file import parse_buckets
 
 GOLDEN = Path(__file__).parent / "golden" / "buckets_small.json"
@@ -129,15 +129,16 @@ def test_overflow_bin_holds_far_out_durations_only() -> None:
     _check_grid(g, d, t)
     far = d > fence
     assert fit.overflow_rows == int(far.sum()) and abs(fit.overflow_from - fence) < 1e-9
-    # overflow bins double: one bucket per (fence 2^(k-1), fence 2^k] that holds rows, bounded
-    # by its longest row
-    levels = np.ceil(np.log2(d[far] / fence)).astype(int)
+    # overflow bins grow by OVERFLOW_RATIO: one bucket per (fence r^(k-1), fence r^k] that holds
+    # rows, bounded by its longest row
+    r = OVERFLOW_RATIO
+    levels = np.ceil(np.log(d[far] / fence) / np.log(r)).astype(int)
     n_over = np.unique(levels).shape[0]
     assert n_over >= 2 and fit.overflow_bins == n_over and g.num_duration_bins == 12 + n_over
     assert (g.duration_bin >= 12).sum() == n_over  # one bucket each
     over_max = np.asarray([d[far][levels == k].max() for k in np.unique(levels)])
     assert np.array_equal(g.max_duration[-n_over:], over_max) and g.max_duration[-1] == d.max()
-    assert (over_max[1:] / over_max[:-1] > 1).all() and (over_max <= fence * 2.0 ** np.unique(levels)).all()
+    assert (over_max[1:] / over_max[:-1] > 1).all() and (over_max <= fence * r ** np.unique(levels)).all()
     assert g.min_duration[-n_over] < d[far].min()
     a = allocate(d, t, g)
     assert np.array_equal(np.flatnonzero(a.bucket >= g.num_buckets - n_over), np.flatnonzero(far))
