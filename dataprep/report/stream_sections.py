@@ -19,7 +19,7 @@ second pass where said); the cores here take arrays only.
   range).
 
 Memory: one block; the sample (16 bytes a row of it); the candidates (half a batch per
-bucket); a range of rows (16 bytes each, plus the epoch's rows of it at the join).
+bucket); a range of rows (:data:`SHARE_BYTES_PER_ROW` each) and one row group of a shard.
 """
 
 from __future__ import annotations
@@ -37,9 +37,11 @@ from manifests.plan_files import PlanShard
 from manifests.plan_meta import PlanMeta
 from manifests.spill import SpillFiles
 
-#: Bytes per row of a range of the corpus shares' join: corpus code (4), duration (8) and
-#: times planned (4), plus the planned rows' gathered values while they are added (up to 32).
-SHARE_BYTES_PER_ROW = 48
+#: Bytes per row of a range of the corpus shares' join: corpus code (4), duration (8), times
+#: planned (4) and the code's mapping to the sorted names (4, while it is made).
+SHARE_BYTES_PER_ROW = 20
+#: Planned rows of a range added at a time (their gathered codes, times and seconds: ~30 MB).
+SHARE_ADD_ROWS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -169,10 +171,11 @@ class CorpusShares:
             times: npt.NDArray[np.integer]) -> None:
         """A range of rows (after the previous one): their corpus codes, durations (s, 0 where
         unknown) and how many times ``epoch`` plans each."""
-        nz = np.flatnonzero(times)
-        c, m = code[nz], times[nz].astype(np.int64)
-        np.add.at(self.n[epoch], c, m)
-        np.add.at(self.seconds[epoch], c, d[nz] * m)
+        for a in range(0, times.shape[0], SHARE_ADD_ROWS):  # in order: the same sums, bounded temporaries
+            nz = np.flatnonzero(times[a:a + SHARE_ADD_ROWS]) + a
+            c, m = code[nz], times[nz].astype(np.int64)
+            np.add.at(self.n[epoch], c, m)
+            np.add.at(self.seconds[epoch], c, d[nz] * m)
 
 
 def share_range_rows(memory_limit: int) -> int:

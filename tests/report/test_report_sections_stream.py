@@ -25,7 +25,8 @@ from dataprep.planning.options import PlanOptions
 from dataprep.planning.simulate import read_epoch_batches
 from dataprep.report.aggregates import bucket_rows, bucket_section, collect_report, row_blocks, share_table
 from dataprep.report.padding import batch_sizes_for, spec_padding_report
-from dataprep.report.stream_sections import CorpusShares, RowBlock, planned_times, sample_rows
+from dataprep.report.stream_sections import (SHARE_BYTES_PER_ROW, CorpusShares, RowBlock, planned_times,
+                                             sample_rows)
 from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError
 from manifests.io import write_manifest
@@ -140,7 +141,8 @@ def test_planned_times_of_any_range_count_the_epochs_rows(planned: dict[str, Pat
 
 def test_a_report_in_small_ranges_and_blocks_equals_the_default(planned: dict[str, Path]) -> None:
     full = collect_report(planned["kept"], plan=planned["plan"], world_sizes=[2])
-    tiny = collect_report(planned["kept"], plan=planned["plan"], world_sizes=[2], memory_limit=48 * 211, block_rows=97)
+    tiny = collect_report(planned["kept"], plan=planned["plan"], world_sizes=[2],
+                          memory_limit=SHARE_BYTES_PER_ROW * 211, block_rows=97)
     assert asdict(tiny) == asdict(full)
     assert not list(planned["kept"].parent.glob(".*spill*"))  # the spill files are removed
     # the shares: every epoch's planned rows joined to the manifest, hours in row order
