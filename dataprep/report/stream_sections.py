@@ -35,6 +35,7 @@ from bucketing.fit import Grid
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PlanMeta
+from dataprep.report.stream_fit import StreamedAllocation
 from manifests.spill import SpillFiles
 
 #: Bytes per row of a range of the corpus shares' join: corpus code (4), duration (8), times
@@ -79,9 +80,8 @@ class BucketRows:
         m = min(num_rows, sample)
         self.d, self.t = np.empty(m, np.float64), np.empty(m, np.int64)
         self.exact = self.pick is not None
+        self.alloc = StreamedAllocation.of(grid)
         nb = grid.num_buckets
-        self.counts, self.seconds = np.zeros(nb, np.int64), np.zeros(nb, np.float64)
-        self.max_tokens = grid.max_tokens.astype(np.int64)
         empty = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
         self._cand: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]] = [empty] * nb
         self._moved_rows = np.empty(0, np.int64)
@@ -98,9 +98,7 @@ class BucketRows:
         at = self.pick[lo:hi] - b.start
         self.d[lo:hi], self.t[lo:hi] = b.duration[at], b.tokens[at]
         al = allocate(b.duration, b.tokens, self.grid)
-        if al.max_tokens is not None:  # the last bucket's bound, raised where a row needed it
-            self.max_tokens = np.maximum(self.max_tokens, al.max_tokens)
-        self._sum(al.bucket, b.duration)
+        self.alloc.add(al, b.duration)  # the last bucket's bound raised where a row needed it, too
         nb = self.grid.num_buckets
         rows = np.flatnonzero(al.bucket >= 0)
         rows = rows[np.argsort(al.bucket[rows], kind="stable")]
@@ -113,10 +111,13 @@ class BucketRows:
             keep = tail_candidates(m_r, m_t, m_d, k, self.bs, self.grid.duration_bin)
             self._cand[k] = (m_r[keep], m_t[keep], m_d[keep])
 
-    def _sum(self, bucket: npt.NDArray[np.int32], d: npt.NDArray[np.float64]) -> None:
-        ok = bucket >= 0
-        self.counts += np.bincount(bucket[ok], minlength=self.grid.num_buckets)
-        np.add.at(self.seconds, bucket[ok], d[ok])  # in row order, as np.bincount's weights
+    @property
+    def counts(self) -> npt.NDArray[np.int64]:
+        return self.alloc.counts
+
+    @property
+    def seconds(self) -> npt.NDArray[np.float64]:
+        return self.alloc.seconds
 
     def carry(self) -> bool:
         """After pass 1: the tails carried bucket after bucket (:func:`bucketing.allocate.tail_moves`
@@ -131,7 +132,8 @@ class BucketRows:
         for k in range(nb - 1):
             parts = [self._cand[k], *incoming[k]]
             rows, t, d = (np.concatenate([p[i] for p in parts]) for i in range(3))
-            pick, target = tail_moves(rows, t, d, k, self.bs, self.max_tokens, dbin, size=int(self.counts[k]))
+            pick, target = tail_moves(rows, t, d, k, self.bs, self.alloc.max_tokens, dbin,
+                                      size=int(self.counts[k]))
             for j in np.unique(target[target >= 0]).tolist():
                 sel = pick[target == j]
                 incoming[j].append((rows[sel], t[sel], d[sel]))
@@ -143,18 +145,16 @@ class BucketRows:
             return False
         self._moved_rows = np.asarray(sorted(moves), dtype=np.int64)
         self._moved_to = np.asarray([moves[r] for r in self._moved_rows.tolist()], dtype=np.int32)
-        self.seconds[:] = 0.0
-        self.counts[:] = 0
+        self.alloc = StreamedAllocation.of(self.grid)
         return True
 
     def add_seconds(self, b: RowBlock) -> None:
         """Pass 2 (after :meth:`carry` returned True): the block's rows allocated again, the
         carried ones in their new buckets; counts and seconds summed in row order."""
-        bucket = allocate(b.duration, b.tokens, self.grid).bucket
-        h = b.duration.shape[0]
-        lo, hi = np.searchsorted(self._moved_rows, [b.start, b.start + h])
-        bucket[self._moved_rows[lo:hi] - b.start] = self._moved_to[lo:hi]
-        self._sum(bucket, b.duration)
+        al = allocate(b.duration, b.tokens, self.grid)
+        lo, hi = np.searchsorted(self._moved_rows, [b.start, b.start + b.duration.shape[0]])
+        al.bucket[self._moved_rows[lo:hi] - b.start] = self._moved_to[lo:hi]  # a fresh array: edited in place
+        self.alloc.add(al, b.duration)
 
 
 class CorpusShares:

@@ -73,7 +73,8 @@ def test_refuses_with_one_line(case: str, inputs: dict[str, Path], tmp_path: Pat
             "foreign": (inputs["kept"], "-o", foreign),
             "in-plan": (inputs["kept"], "--plan", inputs["plan"], "-o", inputs["plan"] / "r.html"),
             "sizes": (inputs["kept"], "--world-sizes", "0,2", "-o", tmp_path / "r.html"),
-            "memory": (inputs["kept"], "--plan", inputs["plan"], "--memory-limit", "lots", "-o", tmp_path / "r.html")}[case]
+            "memory": (inputs["kept"], "--plan", inputs["plan"], "--memory-limit", "lots",
+                       "-o", tmp_path / "r.html")}[case]
     before = inputs["kept"].read_bytes() if case == "input" else None
     code, text = _run(*args)
     assert code == 2, text
