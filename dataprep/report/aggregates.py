@@ -40,8 +40,8 @@ from dataprep.report.padding import batch_sizes_for, spec_padding_report
 from dataprep.report.exact import ExactSums
 from dataprep.report.files import STATS_BLOCK_ROWS
 from dataprep.report.stats import QUANTILES, Block, ManifestStats, stream_stats
-from dataprep.report.stream_sections import (BucketRows, CorpusShares, RowBlock, planned_times, share_range_rows,
-                                             spill_rows)
+from dataprep.report.stream_sections import (SPILL_BYTES_PER_ROW, BucketRows, CorpusShares, RowBlock, planned_times,
+                                             share_range_rows, spill_planned_rows, spill_rows)
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import (file_sha256, iter_manifest, manifest_hash, manifest_num_rows, read_metadata,
@@ -607,19 +607,24 @@ def corpus_shares(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpor
     """Per epoch (the first :data:`MAX_SHARE_EPOCHS`) and corpus: the share of the epoch's
     planned utterances and hours; empty for a single-corpus manifest. ``rows``: each row's
     corpus code and duration (:func:`spill_rows`), read back in ranges of
-    :func:`share_range_rows` rows, each joined to every epoch's planned rows
-    (:func:`planned_times`; hours summed in manifest row order, :class:`CorpusShares`)."""
+    :func:`share_range_rows` rows, each joined to the epoch's planned rows of that range
+    (spilled by range: :func:`spill_planned_rows`; hours summed in manifest row order,
+    :class:`CorpusShares`)."""
     names = corp.names
     if len(names) < 2:
         return []
     acc = CorpusShares(min(meta.epochs, MAX_SHARE_EPOCHS), len(names))
     step = share_range_rows(memory_limit)
-    for a in range(0, num_rows, step):
-        b = min(a + step, num_rows)
-        code = corp.order[rows.read_range("c", np.int32, a, b)]
-        d = rows.read_range("d", np.float64, a, b)
-        for e in range(acc.n.shape[0]):
-            acc.add(e, code, d, planned_times(plan_dir, meta, e, a, b))
+    for e in range(acc.n.shape[0]):
+        planned = SpillFiles(rows.root / f"epoch{e}")
+        planned.root.mkdir()
+        spill_planned_rows(plan_dir, meta, e, step, planned)
+        for k, a in enumerate(range(0, num_rows, step)):
+            b = min(a + step, num_rows)
+            code = corp.order[rows.read_range("c", np.int32, a, b)]
+            d = rows.read_range("d", np.float64, a, b)
+            acc.add(e, code, d, planned_times(planned, k, b - a))
+        remove_spill(planned.root)
     return share_table(acc.n, acc.seconds, names)
 
 
@@ -675,9 +680,10 @@ def collect_report(
     A plan must be of this manifest (content hash) and, when ``buckets`` is given too, of
     that buckets file (SHA-256); without ``buckets`` the plan's own buckets are shown.
     Memory: blocks of ``block_rows`` rows and what each section keeps (bounded by its bins,
-    buckets, sample and steps), and with a plan ranges of rows within ``memory_limit`` bytes
-    (default: half the machine's) for the corpus shares, read back from spill files next to
-    the manifest (12 bytes a row of disk, removed at the end)."""
+    buckets, sample and steps), and with a plan ranges of rows (:func:`share_range_rows` of
+    ``memory_limit`` bytes, default half the machine's) for the corpus shares, read back from
+    spill files next to the manifest (:data:`SPILL_BYTES_PER_ROW` a row of disk, removed at
+    the end)."""
     if any(w < 1 for w in world_sizes):
         raise DataprepError(f"world sizes must be >= 1, got {list(world_sizes)}")
     check_int("memory_limit", memory_limit, ge=1, le=2**62, optional=True)
@@ -703,7 +709,8 @@ def collect_report(
     try:
         if meta is not None and plan is not None:
             root = spill_dir(manifest)
-            check_free_disk(root, n * 12, "the report's spill files (each row's corpus and duration)")
+            check_free_disk(root, n * SPILL_BYTES_PER_ROW, "the report's spill files (rows' corpora and durations, "
+                            "planned rows)")
             files = SpillFiles(root)
             consumers.append(lambda b: spill_rows(files, b))
         corpus, corp = corpus_aggregates(manifest, spec, consumers=consumers, codes=root is not None,

@@ -14,12 +14,13 @@ second pass where said); the cores here take arrays only.
   new buckets (skipped when no row was carried).
 - :class:`CorpusShares` (section 3): per epoch and corpus, utterances planned (exact) and
   their seconds summed in manifest row order, from each row's corpus and duration read back
-  in ranges of rows (:func:`share_range_rows` of the budget) and how many times the epoch
-  plans each row of the range (:func:`planned_times`, one pass over the epoch's batches per
-  range).
+  in ranges of rows (:func:`share_range_rows`) and how many times the epoch plans each row
+  of the range (:func:`planned_times`: the epoch's planned rows, spilled by range in one
+  pass over its batches, :func:`spill_planned_rows`).
 
 Memory: one block; the sample (16 bytes a row of it); the candidates (half a batch per
 bucket); a range of rows (:data:`SHARE_BYTES_PER_ROW` each) and one row group of a shard.
+Disk (section 3): :data:`SPILL_BYTES_PER_ROW`.
 """
 
 from __future__ import annotations
@@ -38,10 +39,15 @@ from manifests.plan_meta import PlanMeta
 from dataprep.report.stream_fit import StreamedAllocation
 from manifests.spill import SpillFiles
 
-#: Bytes per row of a range of the corpus shares' join: corpus code (4), duration (8), times
-#: planned (4), a count of the planned rows gathered (8, while it is added) and the planned
-#: rows gathered (an eighth of the range at most, 8 bytes each).
+#: Bytes per row of a range of the corpus shares' join: corpus code (4, and 4 while it is
+#: mapped to the sorted names), duration (8), its planned rows (4 each, about one a row) and
+#: the times each row is planned (8).
 SHARE_BYTES_PER_ROW = 28
+#: Most rows per range (about 230 MB): more would only save passes over spill files.
+SHARE_RANGE_ROWS = 1 << 23
+#: Bytes of disk per row the corpus shares spill: corpus code and duration (12), and the
+#: planned rows of the epoch being joined (4 each, about one a row).
+SPILL_BYTES_PER_ROW = 16
 #: Planned rows of a range added at a time (their gathered codes, times and seconds: ~30 MB).
 SHARE_ADD_ROWS = 1 << 20
 
@@ -180,20 +186,16 @@ class CorpusShares:
 
 
 def share_range_rows(memory_limit: int) -> int:
-    """Rows per range of the corpus shares' join for ``memory_limit`` bytes (at least 1)."""
-    return max(1, memory_limit // SHARE_BYTES_PER_ROW)
+    """Rows per range of the corpus shares' join: :data:`SHARE_RANGE_ROWS`, fewer when
+    ``memory_limit`` bytes hold fewer (at least 1)."""
+    return max(1, min(memory_limit // SHARE_BYTES_PER_ROW, SHARE_RANGE_ROWS))
 
 
-def planned_times(plan_dir: str | os.PathLike[str], meta: PlanMeta, epoch: int, start: int, stop: int
-                  ) -> npt.NDArray[np.int32]:
-    """How many times ``epoch`` plans each manifest row of ``[start, stop)`` (int32, indexed
-    from ``start``): every rank's batches of the epoch, one row group at a time, their rows
-    in the range gathered and counted (``np.bincount``) an eighth of the range at a time
-    (``np.add.at`` per row group scatters at random: 15 times slower)."""
-    size = stop - start
-    times = np.zeros(size, np.int32)
-    pending: list[npt.NDArray[np.int64]] = []
-    have, most = 0, max(size // 8, 1 << 10)
+def spill_planned_rows(plan_dir: str | os.PathLike[str], meta: PlanMeta, epoch: int, step: int,
+                       files: SpillFiles) -> None:
+    """Every rank's planned rows of ``epoch`` appended to ``files`` by range of ``step``
+    manifest rows: ``p{k}`` holds those of ``[k * step, (k + 1) * step)`` as int32 offsets
+    from ``k * step``. One pass over the epoch's batches, one row group of a shard at a time."""
     first = meta.first_step_of_epoch[epoch]
     for r in range(meta.world_size):
         for t in PlanShard(plan_dir, r, meta).iter_tables(first, columns=["epoch", "rows"]):
@@ -203,17 +205,23 @@ def planned_times(plan_dir: str | os.PathLike[str], meta: PlanMeta, epoch: int, 
                 col = single_chunk(t.column("rows"))
                 offs = numpy_view(col.offsets, np.int32)
                 rows = numpy_view(col.values, np.int64)[offs[a]:offs[b]]
-                rows = rows[(rows >= start) & (rows < stop)] - start
-                pending.append(rows)
-                have += rows.shape[0]
-                if have >= most:
-                    times += np.bincount(np.concatenate(pending), minlength=size)  # same_kind: into int32
-                    pending, have = [], 0
+                k = rows // step
+                order = np.argsort(k, kind="stable")
+                rows, k = rows[order], k[order]
+                cuts = np.flatnonzero(np.diff(k)) + 1
+                for part in np.split(np.arange(rows.shape[0]), cuts):
+                    if part.shape[0]:
+                        kk = int(k[part[0]])
+                        files.append(f"p{kk}", (rows[part] - kk * step).astype(np.int32))
             if b < ep.shape[0]:  # the next epoch began
                 break
-    if pending:
-        times += np.bincount(np.concatenate(pending), minlength=size)
-    return times
+    files.close()
+
+
+def planned_times(files: SpillFiles, k: int, size: int) -> npt.NDArray[np.int64]:
+    """How many times the epoch :func:`spill_planned_rows` spilled plans each row of range
+    ``k`` (``size`` rows)."""
+    return np.bincount(files.read(f"p{k}", np.int32), minlength=size)
 
 
 def spill_rows(files: SpillFiles, b: RowBlock) -> None:

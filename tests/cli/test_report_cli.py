@@ -53,7 +53,7 @@ def test_writes_one_self_contained_page_with_equal_bytes_for_equal_inputs(inputs
     code, text = _run(*args, "-o", out)  # its own page is replaced
     assert code == 0, text
     assert out.read_bytes() == first
-    code, text = _run(*args, "--memory-limit", "2KiB", "-o", out)  # the plan joined in ranges of 102 rows
+    code, text = _run(*args, "--memory-limit", "2KiB", "-o", out)  # the plan joined in ranges of 73 rows
     assert code == 0, text
     assert out.read_bytes() == first
 

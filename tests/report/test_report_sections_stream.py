@@ -26,11 +26,12 @@ from dataprep.planning.simulate import read_epoch_batches
 from dataprep.report.aggregates import bucket_rows, bucket_section, collect_report, row_blocks, share_table
 from dataprep.report.padding import batch_sizes_for, spec_padding_report
 from dataprep.report.stream_sections import (SHARE_BYTES_PER_ROW, CorpusShares, RowBlock, planned_times,
-                                             sample_rows)
+                                             sample_rows, spill_planned_rows)
 from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError
 from manifests.io import write_manifest
 from manifests.plan_meta import read_plan_meta
+from manifests.spill import SpillFiles
 
 
 def today_buckets(d: np.ndarray, t: np.ndarray, spec: Any, sample: int) -> list[dict[str, Any]]:
@@ -129,14 +130,18 @@ def planned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"kept": kept, "buckets": buckets, "plan": folder / "plan"}
 
 
-def test_planned_times_of_any_range_count_the_epochs_rows(planned: dict[str, Path]) -> None:
+def test_planned_rows_spilled_by_range_count_the_epochs_rows(planned: dict[str, Path], tmp_path: Path) -> None:
     meta = read_plan_meta(planned["plan"])
     n = meta.manifest.rows
     for e in range(meta.epochs):
         rows = np.concatenate([c.values.to_numpy() for c in read_epoch_batches(planned["plan"], e)["rows"]])
         want = np.bincount(rows, minlength=n)
-        for a, b in ((0, n), (0, 1), (17, 400), (n - 3, n)):
-            np.testing.assert_array_equal(planned_times(planned["plan"], meta, e, a, b), want[a:b])
+        for step in (n, 1, 17, 400, n - 1):
+            files = SpillFiles(tmp_path / f"{e}.{step}")
+            files.root.mkdir()
+            spill_planned_rows(planned["plan"], meta, e, step, files)
+            got = [planned_times(files, k, min(step, n - a)) for k, a in enumerate(range(0, n, step))]
+            np.testing.assert_array_equal(np.concatenate(got), want)
 
 
 def test_a_report_in_small_ranges_and_blocks_equals_the_default(planned: dict[str, Path]) -> None:
