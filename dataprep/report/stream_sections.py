@@ -33,10 +33,10 @@ import numpy.typing as npt
 
 from bucketing.allocate import allocate, tail_candidates, tail_moves
 from bucketing.fit import Grid
+from dataprep.report.stream_fit import StreamedAllocation
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PlanMeta
-from dataprep.report.stream_fit import StreamedAllocation
 from manifests.spill import SpillFiles
 
 #: Bytes per row of a range of the corpus shares' join: corpus code (4, and 4 while it is
@@ -181,7 +181,7 @@ class CorpusShares:
         for a in range(0, times.shape[0], SHARE_ADD_ROWS):  # in order: the same sums, bounded temporaries
             nz = np.flatnonzero(times[a:a + SHARE_ADD_ROWS]) + a
             c, m = code[nz], times[nz].astype(np.int64)
-            np.add.at(self.n[epoch], c, m)  # few corpora: a fast np.add.at
+            np.add.at(self.n[epoch], c, m)  # into one short row per epoch: np.add.at is fast here
             np.add.at(self.seconds[epoch], c, d[nz] * m)
 
 
@@ -208,11 +208,11 @@ def spill_planned_rows(plan_dir: str | os.PathLike[str], meta: PlanMeta, epoch: 
                 k = rows // step
                 order = np.argsort(k, kind="stable")
                 rows, k = rows[order], k[order]
-                cuts = np.flatnonzero(np.diff(k)) + 1
-                for part in np.split(np.arange(rows.shape[0]), cuts):
-                    if part.shape[0]:
-                        kk = int(k[part[0]])
-                        files.append(f"p{kk}", (rows[part] - kk * step).astype(np.int32))
+                ends = [*(np.flatnonzero(np.diff(k)) + 1).tolist(), rows.shape[0]]
+                for lo, hi in zip([0, *ends[:-1]], ends):
+                    if hi > lo:
+                        kk = int(k[lo])
+                        files.append(f"p{kk}", (rows[lo:hi] - kk * step).astype(np.int32))
             if b < ep.shape[0]:  # the next epoch began
                 break
     files.close()
