@@ -3,6 +3,7 @@
     python benchmarks/bench_html_report.py                       # 10M rows, W=128
     python benchmarks/bench_html_report.py --rows 1000000 --repeats 1
     python benchmarks/bench_html_report.py --manifest-only --code ../previous-checkout  # a baseline
+    python benchmarks/bench_html_report.py --code ../previous-checkout --code .  # both, same inputs
 
 The manifest is :func:`bench_plan.synthetic` (real duration / speaking-rate pairs of
 ../shared/data, resampled; lognormal fits without it) with TPS, two languages and two
@@ -134,20 +135,27 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="report runs and page openings (medians)")
     ap.add_argument("--work", type=Path, default=None, help="folder for the inputs (default: a temporary one)")
     ap.add_argument("--manifest-only", action="store_true", help="report the manifest alone (no buckets, no plan)")
-    ap.add_argument("--code", type=Path, default=REPO, help="checkout whose dataprep makes the report (a baseline)")
+    ap.add_argument("--code", type=Path, action="append", default=None,
+                    help="checkout whose dataprep makes the report (a baseline); repeat it to compare checkouts on "
+                         "the same inputs, runs alternating (default: this one)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=args.work) as td:
         tmp = Path(td)
         manifest, buckets, plan = make_inputs(tmp, args.rows, args.world_size)
         if args.manifest_only:
             buckets = plan = None
-        runs = [run_report(manifest, buckets, plan, tmp / "report.html", args.code) for _ in range(args.repeats)]
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        codes = args.code or [REPO]
+        runs: dict[Path, list[dict]] = {c: [] for c in codes}
+        for _ in range(args.repeats):
+            for c in codes:
+                runs[c].append(run_report(manifest, buckets, plan, tmp / "report.html", c))
         what = "manifest only" if args.manifest_only else f"W={args.world_size}"
-        print(f"dataprep report ({args.code}), {args.rows:,} rows, {what}, 2 cores, median of {args.repeats}: "
-              f"wall {med['wall']:.1f} s (import {med['import']:.1f}, aggregates {med['aggregates']:.1f}, "
-              f"Vega bundle {med['bundle']:.1f}, page {med['page']:.1f}), peak RSS {med['rss_gib']:.2f} GiB, "
-              f"file {med['bytes'] / 1e6:.2f} MB")
+        for c in codes:
+            med = {k: statistics.median(r[k] for r in runs[c]) for k in runs[c][0]}
+            print(f"dataprep report ({c}), {args.rows:,} rows, {what}, 2 cores, median of {args.repeats}: "
+                  f"wall {med['wall']:.1f} s (import {med['import']:.1f}, aggregates {med['aggregates']:.1f}, "
+                  f"Vega bundle {med['bundle']:.1f}, page {med['page']:.1f}), peak RSS {med['rss_gib']:.2f} GiB, "
+                  f"file {med['bytes'] / 1e6:.2f} MB")
         tti = time_to_interactive(tmp / "report.html", args.repeats)
         if tti is None:
             print("interactive: skipped (playwright or Debian's chromium is not installed)")

@@ -247,7 +247,7 @@ def fitted_spec(fit: FitResult, max_tokens: npt.NDArray[np.int64] | None, counts
     )
 
 
-def _largest(rows: npt.NDArray[np.int64], key: npt.NDArray[Any], count: int) -> npt.NDArray[np.int64]:
+def largest_rows(rows: npt.NDArray[np.int64], key: npt.NDArray[Any], count: int) -> npt.NDArray[np.int64]:
     """Positions of the ``count`` rows of largest ``key``, ties to the larger row number (the
     set ``np.lexsort((rows, key))[-count:]`` picks): those above the threshold in position
     order, then the tied ones by row number. O(n): a partition, no sort of the bucket."""
@@ -314,16 +314,19 @@ def carry_tails(
 
 def tail_moves(members: npt.NDArray[np.int64], t: npt.NDArray[np.integer], d: npt.NDArray[np.floating], k: int,
                bs: npt.NDArray[np.int64], mt: npt.NDArray[np.int64], dbin: npt.NDArray[Any], across_bins: bool = False,
-               max_tail_fraction: float = 0.5) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+               max_tail_fraction: float = 0.5, size: int | None = None
+               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """One step of :func:`carry_tails`: bucket ``k``'s ``members`` (row numbers, ``t`` / ``d``
     theirs) -> (positions into ``members`` of the tail rows, the bucket each moves to, -1: stays).
-    Reads one bucket only (what an out-of-core planner holds)."""
+    Reads one bucket only (what an out-of-core planner holds). ``size``: the bucket's rows in
+    all when ``members`` holds only its :func:`tail_candidates` and the rows carried in (the
+    same moves: no row outside them can be carried)."""
     nb = bs.shape[0]
-    tail = int(members.shape[0] % bs[k])
+    tail = int((members.shape[0] if size is None else size) % bs[k])
     if k >= nb - 1 or tail == 0 or tail > max_tail_fraction * bs[k]:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     key = t if dbin[k + 1] == dbin[k] else d
-    pick = _largest(members, key, tail)  # positions into members
+    pick = largest_rows(members, key, tail)  # positions into members
     target = np.full(tail, -1, dtype=np.int64)
     last = nb if across_bins else int(np.searchsorted(dbin, dbin[k], side="right"))
     for j in range(k + 1, last):  # first later bucket holding the tokens; all hold the duration
@@ -383,3 +386,20 @@ def assign(
     if carry:
         bucket, carried = carry_tails(bucket, duration, num_tokens, bs, max_tokens, grid.duration_bin)
     return Assignment(allocation=alloc, bucket=bucket, max_tokens=np.asarray(max_tokens), carried=carried, carry=carry)
+
+
+def tail_candidates(members: npt.NDArray[np.int64], t: npt.NDArray[np.integer], d: npt.NDArray[np.floating], k: int,
+                    bs: npt.NDArray[np.int64], dbin: npt.NDArray[Any], max_tail_fraction: float = 0.5
+                    ) -> npt.NDArray[np.int64]:
+    """Positions into bucket ``k``'s ``members`` of the rows :func:`tail_moves` may carry on,
+    whichever rows join the bucket: the ``max_tail_fraction`` of a batch (at most) ranked
+    first by the tail's key (tokens toward the next token sub-bin, else duration; ties to the
+    larger row number). Kept block by block (the candidates of the candidates and a block's
+    rows are those of all rows), they are all a streamed carry needs of a bucket."""
+    nb = bs.shape[0]
+    most = int(max_tail_fraction * bs[k]) if k < nb - 1 else 0
+    if members.shape[0] <= most:
+        return np.arange(members.shape[0], dtype=np.int64)
+    if most == 0:
+        return np.empty(0, np.int64)
+    return largest_rows(members, t if dbin[k + 1] == dbin[k] else d, most)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dataprep.cli.app import app, err, out, parse_world_sizes, user_errors
+from dataprep.cli.app import app, err, out, parse_memory_limit, parse_world_sizes, user_errors
 from dataprep.planning.simulate import DEFAULT_WORLD_SIZES
 from dataprep.report.aggregates import collect_report
 from dataprep.report.page import write_page
@@ -33,6 +33,7 @@ def report_cmd(
     world_sizes: Annotated[
         str, typer.Option("--world-sizes", help="World sizes simulated for the plan section, comma-separated.")
     ] = ",".join(map(str, DEFAULT_WORLD_SIZES)),
+    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the report may hold, e.g. 4GiB (default: half the machine's). The manifest is read in blocks; with --plan each row's corpus and duration and each epoch's planned rows are spilled next to the manifest (16 bytes per utterance) and joined in ranges of at most 8M rows, fewer when this limit is lower (the same page at any limit).", show_default=False)] = None,
 ) -> None:
     """Write one HTML file (scripts and data inline: opens without a network, a few MB at most
     whatever the corpus) with the corpus (totals per corpus / language / task, distributions,
@@ -44,7 +45,8 @@ def report_cmd(
     refuse_same_paths(inputs, {"-o": output})
     if plan is not None and output.resolve().parent == plan.resolve():
         raise DataprepError(f"{output}: -o: is inside the plan directory {plan}; write the report elsewhere")
-    data = collect_report(manifest, rejects=rejects or [], buckets=buckets, plan=plan, world_sizes=sizes)
+    data = collect_report(manifest, rejects=rejects or [], buckets=buckets, plan=plan, world_sizes=sizes,
+                          memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit))
     size = write_page(data, output)
     out.print(f"{output} ({size / 1e6:.2f} MB)")
     err.print(f"wrote {output}")

@@ -31,11 +31,12 @@ def _check_epoch(epoch: object, epochs: int) -> None:
         raise OptionError("epoch", f"the plan has epochs 0..{epochs - 1}, got {epoch}")
 
 
-def read_epoch_batches(plan_dir: str | os.PathLike[str], epoch: int = 0) -> dict[str, np.ndarray]:
-    """Per-batch columns of one epoch over all ranks, as (steps, ranks) matrices."""
+def read_epoch_batches(plan_dir: str | os.PathLike[str], epoch: int = 0, rows: bool = True) -> dict[str, np.ndarray]:
+    """Per-batch columns of one epoch over all ranks, as (steps, ranks) matrices, and with
+    ``rows`` each rank's ``rows`` (Arrow lists: every row of the epoch, 8 bytes each)."""
     meta = read_plan_meta(plan_dir)
     W = meta.world_size
-    cols = ["epoch", "step", "bucket", "size", "max_duration", "max_tokens", "rows"]
+    cols = ["epoch", "step", "bucket", "size", "max_duration", "max_tokens", *(["rows"] if rows else [])]
     parts = []
     for r in range(W):
         t = PlanShard(plan_dir, r, meta).read_epoch(epoch, cols)
@@ -45,7 +46,8 @@ def read_epoch_batches(plan_dir: str | os.PathLike[str], epoch: int = 0) -> dict
         raise ManifestError(f"{plan_dir}: epoch {epoch} is not in the plan (epochs: {meta.epochs})")
     out = {c: np.stack([p.column(c).to_numpy() for p in parts], axis=1)
            for c in ("bucket", "size", "max_duration", "max_tokens")}
-    out["rows"] = [p.column("rows").combine_chunks() for p in parts]  # type: ignore[assignment]
+    if rows:
+        out["rows"] = [p.column("rows").combine_chunks() for p in parts]  # type: ignore[assignment]
     return out
 
 

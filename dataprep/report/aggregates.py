@@ -2,10 +2,11 @@
 buckets and its plan, never its rows.
 
 Every table here is bounded by its bins, buckets, steps, ranks or groups, not by the corpus:
-the page stays a few MB whatever the row count. Section 1 is streamed: duration, tokens and
-TPS are read in blocks (the stats' passes, then one pass binning them with NumPy), strings
-grouped block by block; the rows' durations, tokens and corpora (20 bytes a row)
-are kept only for the buckets and plan sections. Figures reuse the library's own:
+the page stays a few MB whatever the row count. Every section is streamed: duration, tokens
+and TPS are read in blocks (the stats' passes, then one pass binning them with NumPy),
+strings grouped block by block; the same pass feeds the buckets section (the padding's
+sample, each row's bucket) and spills each row's corpus and duration for the plan's corpus
+shares (:mod:`dataprep.report.stream_sections`). Figures reuse the library's own:
 :func:`dataprep.report.stats.stream_stats` (quantiles, TPS by duration),
 :func:`dataprep.report.padding.spec_padding_report` (padding per scheme and per bucket),
 :func:`dataprep.planning.simulate.simulate_plan` / :func:`~dataprep.planning.simulate.plan_steps_report`
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,21 +30,25 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bucketing.allocate import assign
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from bucketing.plan import PlanError
+from dataprep.planning.out_of_core import remove_spill, spill_dir
 from dataprep.planning.simulate import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
 from dataprep.report.padding import batch_sizes_for, spec_padding_report
 from dataprep.report.exact import ExactSums
 from dataprep.report.files import STATS_BLOCK_ROWS
 from dataprep.report.stats import QUANTILES, Block, ManifestStats, stream_stats
+from dataprep.report.stream_sections import (SPILL_BYTES_PER_ROW, BucketRows, CorpusShares, RowBlock, planned_times,
+                                             share_range_rows, spill_planned_rows, spill_rows)
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import (file_sha256, iter_manifest, manifest_hash, manifest_num_rows, read_metadata,
                           require_manifest_hash)
+from manifests.options import check_int
 from manifests.plan_meta import PlanMeta, read_plan_meta
+from manifests.spill import SpillFiles, check_free_disk, default_memory_limit
 
 #: bins of each 1D histogram (duration, tokens, TPS), plus one overflow bin
 HIST_BINS = 80
@@ -153,11 +158,13 @@ class CorpusAggregates:
 class Corpora:
     """Each row's corpus (its ``origin`` without the trailing ``:line`` or ``:member``) as an
     index into ``names`` (empty when not asked for), and the (corpus, lang, task) groups:
-    utterances, hours, tokens."""
+    utterances, hours, tokens. ``order``: the index into ``names`` of each code
+    :meth:`CorpusGroups.add` gives (in order of first appearance)."""
 
     names: list[str]
     codes: npt.NDArray[np.int32]
     groups: list[dict[str, Any]]
+    order: npt.NDArray[np.int32]
 
 
 #: the columns the corpus groups are read from (``lang`` / ``task``: "-" where absent)
@@ -168,17 +175,18 @@ class CorpusGroups:
     """The (corpus, lang, task) groups, and optionally each row's corpus, added block by
     block (polars frames or Arrow tables with ``origin``, ``duration``, ``num_tokens`` and
     ``lang`` / ``task`` where the manifest has them). Memory: the groups of each block (a
-    few rows each) and, with ``codes``, 4 bytes a row. Counts and tokens are exact; hours
-    are each block's polars sum, summed block after block (so they may differ from one
-    whole-column sum in the last bits, far below the page's 4 decimals)."""
+    few rows each). Counts and tokens are exact; hours are each block's polars sum, summed
+    block after block (so they may differ from one whole-column sum in the last bits, far
+    below the page's 4 decimals)."""
 
     def __init__(self, codes: bool = True) -> None:
         self.keep_codes = codes
         self._parts: list[pl.DataFrame] = []
         self._index: dict[str, int] = {}  # corpus -> code in order of first appearance
-        self._codes: list[npt.NDArray[np.int32]] = []
 
-    def add(self, block: pa.Table | pl.DataFrame) -> None:
+    def add(self, block: pa.Table | pl.DataFrame) -> npt.NDArray[np.int32] | None:
+        """Group the block; with ``codes``, return its rows' corpora as codes in order of first
+        appearance (:attr:`Corpora.order` maps them to the sorted names)."""
         f = block if isinstance(block, pl.DataFrame) else pl.from_arrow(block)
         assert isinstance(f, pl.DataFrame)
         keys = f.select(CORPUS_EXPR.alias("corpus"),
@@ -189,17 +197,17 @@ class CorpusGroups:
         self._parts.append(keys.group_by("corpus", "lang", "task", maintain_order=True)
                            .agg(pl.len().cast(pl.Int64).alias("utterances"), pl.col("duration").sum().alias("seconds"),
                                 pl.col("num_tokens").sum().alias("tokens")))
-        if self.keep_codes:
-            corpus = keys["corpus"]
-            for name in corpus.unique(maintain_order=True).to_list():
-                self._index.setdefault(name, len(self._index))
-            self._codes.append(corpus.replace_strict(list(self._index), list(self._index.values()),
-                                                     return_dtype=pl.Int32).to_numpy())
+        if not self.keep_codes:
+            return None
+        corpus = keys["corpus"]
+        for name in corpus.unique(maintain_order=True).to_list():
+            self._index.setdefault(name, len(self._index))
+        return corpus.replace_strict(list(self._index), list(self._index.values()), return_dtype=pl.Int32).to_numpy()
 
     def result(self) -> Corpora:
         """The groups, largest first (more than :data:`MAX_GROUPS`: the smallest summed into
-        one ``(other: N groups)`` row), the corpora's names in order and each row's index
-        into them (empty without ``codes``)."""
+        one ``(other: N groups)`` row), the corpora's names in order and the map of codes to
+        them (no rows' codes)."""
         g = (pl.concat(self._parts)
              .group_by("corpus", "lang", "task", maintain_order=True)
              .agg(pl.col("utterances").sum(), (pl.col("seconds").sum() / 3600).alias("hours"), pl.col("tokens").sum())
@@ -215,23 +223,23 @@ class CorpusGroups:
         total_h = sum(r["hours"] or 0.0 for r in rows) or 1.0
         groups = [{**r, "hours": _r(r["hours"] or 0.0, 4), "tokens": int(r["tokens"] or 0),
                    "share": _r((r["hours"] or 0.0) / total_h, 4)} for r in rows]
-        code = np.zeros(0, np.int32)
-        if self.keep_codes and self._codes:
-            lut = np.zeros(len(self._index), np.int32)  # first-appearance code -> index into the sorted names
-            lut[[self._index[n] for n in names]] = np.arange(len(names), dtype=np.int32)
-            code = np.concatenate(self._codes)
-            self._codes = []
-            code = lut[code]
-        return Corpora(names, code, groups)
+        order = np.zeros(len(self._index), np.int32)  # first-appearance code -> index into the sorted names
+        if self.keep_codes:
+            order[[self._index[n] for n in names]] = np.arange(len(names), dtype=np.int32)
+        return Corpora(names, np.zeros(0, np.int32), groups, order)
 
 
 def corpora(manifest: str | os.PathLike[str], *, codes: bool = True, block_rows: int = STATS_BLOCK_ROWS) -> Corpora:
-    """:class:`CorpusGroups` of the manifest, read in blocks of ``block_rows`` rows."""
+    """:class:`CorpusGroups` of the manifest, read in blocks of ``block_rows`` rows, with each
+    row's corpus (4 bytes a row) when ``codes``."""
     present = pq.read_schema(manifest).names
     acc = CorpusGroups(codes)
-    for table in iter_manifest(manifest, _group_columns(present), block_rows):
-        acc.add(table)
-    return acc.result()
+    parts = [acc.add(table) for table in iter_manifest(manifest, _group_columns(present), block_rows)]
+    corp = acc.result()
+    if not codes:
+        return corp
+    got = [p for p in parts if p is not None]
+    return replace(corp, codes=corp.order[np.concatenate(got)] if got else np.zeros(0, np.int32))
 
 
 def _group_columns(present: Sequence[str]) -> list[str]:
@@ -354,18 +362,32 @@ class _Extents:
 SECTION1_COLUMNS = ["duration", "num_tokens", "tps"]
 
 
+def row_block(b: Block, start: int, corpus: npt.NDArray[np.int32] | None = None) -> RowBlock:
+    """What sections 2-3 read of a block: durations (NaN where unknown), tokens (0 where
+    unknown), corpus codes."""
+    return RowBlock(start, b.duration, _zero_nan(b.num_tokens).astype(np.int64), corpus)
+
+
+def row_blocks(manifest: str | os.PathLike[str], block_rows: int = STATS_BLOCK_ROWS) -> Iterator[RowBlock]:
+    """The manifest's :class:`RowBlock` s without corpora (a pass over three numeric columns)."""
+    start = 0
+    for table in iter_manifest(manifest, SECTION1_COLUMNS, block_rows):
+        yield row_block(Block(table), start)
+        start += table.num_rows
+
+
 def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None = None, *,
-                      rows: bool = True, codes: bool = True, block_rows: int = STATS_BLOCK_ROWS) -> tuple[
-        CorpusAggregates, npt.NDArray[np.float64], npt.NDArray[np.int64], Corpora]:
-    """Section 1 of the report, and what the other sections reuse of it: with ``rows`` each
-    row's duration (s, NaN where unknown) and tokens (0 where unknown), with ``codes`` each
-    row's corpus (empty arrays otherwise). ``spec`` draws the bucket grid over the 2D
-    histogram.
+                      consumers: Sequence[Callable[[RowBlock], None]] = (), codes: bool = False,
+                      block_rows: int = STATS_BLOCK_ROWS) -> tuple[CorpusAggregates, Corpora]:
+    """Section 1 of the report, and the corpora the other sections reuse of it. ``spec``
+    draws the bucket grid over the 2D histogram; each of ``consumers`` is called with every
+    :class:`RowBlock` of the binning pass, in order (with ``codes``, the blocks carry their
+    rows' corpora: :attr:`Corpora.order` maps them to the names).
 
     Streamed in blocks of ``block_rows`` rows: the stats' passes (:func:`stream_stats`), then
     one pass binning the histograms (their top is a quantile), the TPS cut and the 2D grid,
-    and grouping the rows by corpus, language and task.
-    Memory: a block, the bins and groups, plus the rows' arrays asked for (20 bytes a row)."""
+    grouping the rows by corpus, language and task, and feeding the consumers.
+    Memory: a block, the bins and groups, and what the consumers keep."""
     if manifest_num_rows(manifest) == 0:
         raise ManifestError(f"{manifest}: the manifest has no rows")
 
@@ -380,13 +402,11 @@ def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None 
     cut = TpsCutCounts(ext.tps_lo, ext.tps_hi) if ext.tps_hi >= ext.tps_lo else None
     grid = GridCounts(top["duration"] or 0.0, top["num_tokens"] or 0.0)
     n = stats.utterances
-    d = np.empty(n if rows else 0, np.float64)
-    t = np.empty(n if rows else 0, np.int64)
     at = 0
     groups = CorpusGroups(codes)
     present = pq.read_schema(manifest).names
     for table in blocks([*SECTION1_COLUMNS, *(c for c in _group_columns(present) if c not in SECTION1_COLUMNS)]):
-        groups.add(table)
+        corpus = groups.add(table)
         b = Block(table)
         hours_of = _zero_nan(b.duration)
         for h, c in zip(hists, SECTION1_COLUMNS):
@@ -394,9 +414,10 @@ def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None 
         if cut is not None:
             cut.add(b.tps, b.duration)
         grid.add(b.duration, b.num_tokens)
-        if rows:
-            d[at:at + b.height] = b.duration
-            t[at:at + b.height] = _zero_nan(b.num_tokens)
+        if consumers:
+            rb = row_block(b, at, corpus)
+            for consume in consumers:
+                consume(rb)
         at += b.height
     if at != n:
         raise ManifestError(f"{manifest}: the rows changed while the report read them")
@@ -406,7 +427,7 @@ def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None 
         totals={"utterances": n, "hours": _r(stats.hours, 4), "tokens": ext.tokens},
         groups=corp.groups, histograms=[h.histogram(c) for h, c in zip(hists, SECTION1_COLUMNS)],
         tps_cut=cut.table(n, stats.hours) if cut is not None else [], grid2d=grid.table(spec), stats=stats)
-    return agg, d, t, corp
+    return agg, corp
 
 
 @dataclass(frozen=True)
@@ -461,25 +482,38 @@ def batch_size_origin(source: dict[str, Any]) -> str:
         rule, rule or "unknown")
 
 
+def bucket_rows(num_rows: int, spec: BucketSpec, sample: int = SCHEME_SAMPLE_ROWS) -> BucketRows:
+    """The block consumer of section 2 for a manifest of ``num_rows`` rows under ``spec``."""
+    _, bs = batch_sizes_for(spec)
+    return BucketRows(num_rows, grid_from_spec(spec), bs, sample)
+
+
 def bucket_aggregates(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], spec: BucketSpec,
                       name: str, sample: int = SCHEME_SAMPLE_ROWS) -> BucketAggregates:
-    """Padding per scheme (fixed, 1D, 2D, dynamic resolution) and per bucket for rows ``d``
-    (s), ``t`` (tokens) under ``spec``. Beyond ``sample`` rows the padding is measured on a
-    uniform sample of that many (a seeded draw: padding is a ratio per batch, and a bucket's
-    batches look alike at any corpus size); rows and hours per bucket are always exact (every
-    row allocated as the padding report does)."""
-    n = d.shape[0]
-    pick = (np.sort(np.random.default_rng(0).choice(n, sample, replace=False)) if n > sample
-            else slice(None))
+    """:func:`bucket_section` of whole arrays: durations ``d`` (s), tokens ``t``, one block."""
+    block = RowBlock(0, np.asarray(d, dtype=np.float64), np.asarray(t, dtype=np.int64))
+    rows = bucket_rows(block.duration.shape[0], spec, sample)
+    rows.add(block)
+    return bucket_section(rows, spec, name, lambda: iter([block]))
+
+
+def bucket_section(rows: BucketRows, spec: BucketSpec, name: str,
+                   blocks: Callable[[], Iterable[RowBlock]]) -> BucketAggregates:
+    """Padding per scheme (fixed, 1D, 2D, dynamic resolution) and per bucket for the rows
+    fed to ``rows`` (every block of the manifest) under ``spec``. Beyond ``sample`` rows the
+    padding is measured on a uniform sample of that many (a seeded draw: padding is a ratio
+    per batch, and a bucket's batches look alike at any corpus size); rows and hours per
+    bucket are always exact (every row allocated and tails carried as the padding report
+    does; ``blocks`` gives the rows again when carried tails need a second pass)."""
+    n = rows.num_rows
     try:
-        rep = spec_padding_report(d[pick], t[pick], spec, dynamic_resolution=DynResConfig())
-        if n > sample:
-            _, bs = batch_sizes_for(spec)
-            bucket = assign(d, t, grid_from_spec(spec), bs).bucket
-            ok = bucket >= 0
-            exact_n = np.bincount(bucket[ok], minlength=len(spec.buckets))
-            exact_h = np.bincount(bucket[ok], weights=d[ok], minlength=len(spec.buckets)) / 3600.0
-            rep["per_bucket"] = [{**pb, "num_rows": int(exact_n[i]), "hours": float(exact_h[i])}
+        rep = spec_padding_report(rows.d, rows.t, spec, dynamic_resolution=DynResConfig())
+        if rows.exact:
+            if rows.carry():
+                for block in blocks():
+                    rows.add_seconds(block)
+            exact_h = rows.seconds / 3600.0
+            rep["per_bucket"] = [{**pb, "num_rows": int(rows.counts[i]), "hours": float(exact_h[i])}
                                  for i, pb in enumerate(rep["per_bucket"])]
     except PlanError as exc:
         raise DataprepError(f"{name}: cannot plan: {exc}") from None
@@ -487,10 +521,10 @@ def bucket_aggregates(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], spec
         raise DataprepError(f"{name}: {exc}") from None
     origin = batch_size_origin(spec.batch_size_source)
     grid = grid_from_spec(spec)
-    rows, breakdown = [], []
+    table, breakdown = [], []
     for b, pb in zip(spec.buckets, rep["per_bucket"]):
         lo = grid.min_duration[b.index]
-        rows.append({"bucket": b.index, "min_duration": _r(lo, 3) if np.isfinite(lo) else 0.0,
+        table.append({"bucket": b.index, "min_duration": _r(lo, 3) if np.isfinite(lo) else 0.0,
                      "max_duration": _r(b.max_duration, 3), "max_tokens": b.max_tokens,
                      "utterances": pb["num_rows"], "hours": _r(pb["hours"], 4),
                      "batch_size": b.batch_size if b.batch_size is not None else pb["batch_size"],
@@ -504,7 +538,7 @@ def bucket_aggregates(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], spec
     schemes = [{"scheme": k, "audio_padding": v["audio_padding"], "token_padding": v["token_padding"],
                 "batches": v["num_batches"], "mean_batch": v["mean_batch_size"], "excluded": v.get("excluded", 0)}
                for k, v in rep["schemes"].items()]
-    return BucketAggregates(name, dict(spec.batch_size_source), rows, schemes, breakdown, min(n, sample), n)
+    return BucketAggregates(name, dict(spec.batch_size_source), table, schemes, breakdown, rows.d.shape[0], n)
 
 
 @dataclass(frozen=True)
@@ -547,40 +581,61 @@ def _step_rows(bucket: npt.NDArray[Any], size: npt.NDArray[Any], max_d: npt.NDAr
     return rows, w
 
 
-def corpus_shares(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpora, d: npt.NDArray[np.float64],
-                  first: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per epoch (the first :data:`MAX_SHARE_EPOCHS`) and corpus: the share of the epoch's
-    planned utterances and hours; empty for a single-corpus manifest. ``first``: epoch 0's
-    :func:`read_epoch_batches`, read already."""
-    names, code = corp.names, corp.codes
-    if len(names) < 2:
-        return []
-    d_ok = _zero_nan(d)
+def share_table(n: npt.NDArray[np.int64], seconds: npt.NDArray[np.float64], names: Sequence[str]
+                ) -> list[dict[str, Any]]:
+    """Rows of the corpus shares: per epoch (a row of ``n`` / ``seconds``, one column per
+    corpus of ``names``) and corpus, the share of the epoch's planned utterances and hours,
+    largest first (more than :data:`MAX_GROUPS` corpora: the smallest in one row)."""
     out = []
-    for e in range(min(meta.epochs, MAX_SHARE_EPOCHS)):
-        batches = first if e == 0 else read_epoch_batches(plan_dir, e)
-        rows = np.concatenate([np.asarray(c.values.to_numpy(), dtype=np.int64) for c in batches["rows"]])
-        n = np.bincount(code[rows], minlength=len(names))
-        h = np.bincount(code[rows], weights=d_ok[rows], minlength=len(names))
+    for e in range(n.shape[0]):
+        ne, h = n[e], seconds[e]
         order = np.argsort(-h, kind="stable")
         folded = len(names) > MAX_GROUPS
         for c in (order[:MAX_GROUPS - 1] if folded else order):
-            if n[c]:
-                out.append({"epoch": e, "corpus": names[c], "share": _r(n[c] / n.sum()),
+            if ne[c]:
+                out.append({"epoch": e, "corpus": names[c], "share": _r(ne[c] / ne.sum()),
                             "hours_share": _r(h[c] / h.sum()) if h.sum() else 0.0})
         if folded:
             rest = order[MAX_GROUPS - 1:]
-            out.append({"epoch": e, "corpus": f"(other: {len(rest)} corpora)", "share": _r(n[rest].sum() / n.sum()),
+            out.append({"epoch": e, "corpus": f"(other: {len(rest)} corpora)", "share": _r(ne[rest].sum() / ne.sum()),
                         "hours_share": _r(h[rest].sum() / h.sum()) if h.sum() else 0.0})
     return out
 
 
-def plan_aggregates(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpora, d: npt.NDArray[np.float64],
-                    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES, cost: CostModel | None = None) -> PlanAggregates:
-    """Section 3 for a plan of the manifest whose durations ``d`` (s) and corpora were read
-    already; epoch 0's batches are read once and shared by every figure."""
+def corpus_shares(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpora, rows: SpillFiles,
+                  num_rows: int, memory_limit: int) -> list[dict[str, Any]]:
+    """Per epoch (the first :data:`MAX_SHARE_EPOCHS`) and corpus: the share of the epoch's
+    planned utterances and hours; empty for a single-corpus manifest. ``rows``: each row's
+    corpus code and duration (:func:`spill_rows`), read back in ranges of
+    :func:`share_range_rows` rows, each joined to the epoch's planned rows of that range
+    (spilled by range: :func:`spill_planned_rows`; hours summed in manifest row order,
+    :class:`CorpusShares`)."""
+    names = corp.names
+    if len(names) < 2:
+        return []
+    acc = CorpusShares(min(meta.epochs, MAX_SHARE_EPOCHS), len(names))
+    step = share_range_rows(memory_limit)
+    for e in range(acc.n.shape[0]):
+        planned = SpillFiles(rows.root / f"epoch{e}")
+        planned.root.mkdir()
+        spill_planned_rows(plan_dir, meta, e, step, planned)
+        for k, a in enumerate(range(0, num_rows, step)):
+            b = min(a + step, num_rows)
+            code = corp.order[rows.read_range("c", np.int32, a, b)]
+            d = rows.read_range("d", np.float64, a, b)
+            acc.add(e, code, d, planned_times(planned, k, b - a))
+        remove_spill(planned.root)
+    return share_table(acc.n, acc.seconds, names)
+
+
+def plan_aggregates(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpora, rows: SpillFiles,
+                    num_rows: int, memory_limit: int, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+                    cost: CostModel | None = None) -> PlanAggregates:
+    """Section 3 for a plan of the manifest whose corpora and rows (:func:`corpus_shares`)
+    were read already; epoch 0's batches (per-batch columns, not their rows) are read once
+    and shared by every figure."""
     cost = cost or CostModel()
-    m = read_epoch_batches(plan_dir, 0)
+    m = read_epoch_batches(plan_dir, 0, rows=False)
     times = cost.step_time(m["size"], m["max_duration"], m["max_tokens"])
     steps, window = _step_rows(m["bucket"], m["size"], m["max_duration"], times)
     W = meta.world_size
@@ -595,7 +650,8 @@ def plan_aggregates(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corp
                "padding_audio": meta.padding.get("audio"), "padding_tokens": meta.padding.get("tokens"),
                "dropped_rows": meta.fallbacks.get("dropped_rows", 0), "moved_rows": meta.fallbacks.get("moved_rows", 0),
                "plan_hash": meta.plan_hash, "epoch0": rep}
-    return PlanAggregates(summary, steps, window, ranks, corpus_shares(plan_dir, meta, corp, d, m),
+    shares = corpus_shares(plan_dir, meta, corp, rows, num_rows, memory_limit)
+    return PlanAggregates(summary, steps, window, ranks, shares,
                           [{k: (_r(v, 6) if isinstance(v, float) else v) for k, v in s.items()} for s in sims])
 
 
@@ -616,13 +672,23 @@ def collect_report(
     buckets: str | os.PathLike[str] | None = None,
     plan: str | os.PathLike[str] | None = None,
     world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+    memory_limit: int | None = None,
+    block_rows: int = STATS_BLOCK_ROWS,
 ) -> ReportData:
     """The aggregates of a manifest and, when given, its rejects, buckets and plan.
 
     A plan must be of this manifest (content hash) and, when ``buckets`` is given too, of
-    that buckets file (SHA-256); without ``buckets`` the plan's own buckets are shown."""
+    that buckets file (SHA-256); without ``buckets`` the plan's own buckets are shown.
+    Memory: blocks of ``block_rows`` rows and what each section keeps (bounded by its bins,
+    buckets, sample and steps), and with a plan ranges of rows (:func:`share_range_rows` of
+    ``memory_limit`` bytes, default half the machine's) for the corpus shares, read back from
+    spill files next to the manifest (:data:`SPILL_BYTES_PER_ROW` a row of disk, removed at
+    the end)."""
     if any(w < 1 for w in world_sizes):
         raise DataprepError(f"world sizes must be >= 1, got {list(world_sizes)}")
+    check_int("memory_limit", memory_limit, ge=1, le=2**62, optional=True)
+    check_int("block_rows", block_rows, ge=1, le=2**40)
+    limit = memory_limit if memory_limit is not None else default_memory_limit()
     meta = read_plan_meta(plan) if plan is not None else None
     spec, spec_name = None, None
     if buckets is not None:
@@ -636,11 +702,26 @@ def collect_report(
     if meta is not None:
         require_manifest_hash(manifest, meta.manifest.content_hash, f"the plan's manifest ({meta.manifest.file})")
     rejected = [rejects_aggregates(p) for p in rejects]
-    corpus, d, t, corp = corpus_aggregates(manifest, spec, rows=spec is not None or meta is not None,
-                                           codes=meta is not None)
-    return ReportData(
-        corpus=corpus,
-        rejects=rejected,
-        buckets=bucket_aggregates(d, t, spec, spec_name or "") if spec is not None else None,
-        plan=plan_aggregates(plan, meta, corp, d, world_sizes) if meta is not None and plan is not None else None,
-    )
+    n = manifest_num_rows(manifest)
+    brows = bucket_rows(n, spec) if spec is not None else None
+    consumers: list[Callable[[RowBlock], None]] = [brows.add] if brows is not None else []
+    root = None
+    try:
+        if meta is not None and plan is not None:
+            root = spill_dir(manifest)
+            check_free_disk(root, n * SPILL_BYTES_PER_ROW, "the report's spill files (rows' corpora and durations, "
+                            "planned rows)")
+            files = SpillFiles(root)
+            consumers.append(lambda b: spill_rows(files, b))
+        corpus, corp = corpus_aggregates(manifest, spec, consumers=consumers, codes=root is not None,
+                                         block_rows=block_rows)
+        section2 = (bucket_section(brows, spec, spec_name or "", lambda: row_blocks(manifest, block_rows))
+                    if brows is not None and spec is not None else None)
+        section3 = None
+        if root is not None and meta is not None and plan is not None:
+            files.close()
+            section3 = plan_aggregates(plan, meta, corp, files, n, limit, world_sizes)
+    finally:
+        if root is not None:
+            remove_spill(root)
+    return ReportData(corpus=corpus, rejects=rejected, buckets=section2, plan=section3)

@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow.compute as pc
 
-from bucketing.allocate import allocate, fitted_spec
+from bucketing.allocate import Allocation, allocate, fitted_spec
 from bucketing.fit import (NO_ROWS, Grid, TokenCells, check_fences, duration_bounds, finish_fit, overflow_levels,
                            quartile_ranks, tukey_fence)
 from manifests.buckets_file import BucketSpec
@@ -60,10 +60,28 @@ class StreamedAllocation:
     dropped_seconds: dict[str, float] = field(default_factory=dict)
     moved: int = 0
 
+    @classmethod
+    def of(cls, grid: Grid) -> StreamedAllocation:
+        """Nothing added yet, for ``grid``'s buckets."""
+        nb = grid.num_buckets
+        return cls(np.zeros(nb, np.int64), np.zeros(nb, np.float64), grid.max_tokens.astype(np.int64))
+
     def drop(self, reason: str, rows: int, seconds: float) -> None:
         if rows:
             self.dropped[reason] = self.dropped.get(reason, 0) + rows
             self.dropped_seconds[reason] = self.dropped_seconds.get(reason, 0.0) + seconds
+
+    def add(self, al: Allocation, d: npt.NDArray[np.float64]) -> None:
+        """The :func:`bucketing.allocate.allocate` of a block of rows (durations ``d``, s), after
+        the previous blocks."""
+        ok = al.bucket >= 0
+        self.counts += np.bincount(al.bucket[ok], minlength=self.counts.shape[0])
+        np.add.at(self.seconds, al.bucket[ok], d[ok])  # in row order, as np.bincount's weights
+        for reason, rows in al.dropped.items():
+            self.drop(reason, int(rows.shape[0]), float(d[rows].sum()))
+        self.moved += al.moved
+        if al.max_tokens is not None:
+            self.max_tokens = np.maximum(self.max_tokens, al.max_tokens)
 
 
 def block_rows(memory_limit: int) -> int:
@@ -253,18 +271,9 @@ def _token_cells(files: SpillFiles, s: _Scan, dbounds: npt.NDArray[np.float64], 
 
 def _allocate(files: SpillFiles, s: _Scan, grid: Grid, strict: bool, block: int) -> StreamedAllocation:
     """Pass 4: the allocation of the rows within the caps, block by block (it is per row)."""
-    nb = grid.num_buckets
-    out = StreamedAllocation(np.zeros(nb, np.int64), np.zeros(nb, np.float64), grid.max_tokens.astype(np.int64))
+    out = StreamedAllocation.of(grid)
     for a in range(0, s.n_in, block):
         d = files.read_range("d", np.float64, a, min(a + block, s.n_in))
         t = files.read_range("t", np.int64, a, min(a + block, s.n_in))
-        al = allocate(d, t, grid, strict=strict)
-        ok = al.bucket >= 0
-        out.counts += np.bincount(al.bucket[ok], minlength=nb)
-        np.add.at(out.seconds, al.bucket[ok], d[ok])  # in row order, as np.bincount's weights
-        for reason, rows in al.dropped.items():
-            out.drop(reason, int(rows.shape[0]), float(d[rows].sum()))
-        out.moved += al.moved
-        if al.max_tokens is not None:
-            out.max_tokens = np.maximum(out.max_tokens, al.max_tokens)
+        out.add(allocate(d, t, grid, strict=strict), d)
     return out

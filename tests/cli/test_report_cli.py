@@ -53,6 +53,9 @@ def test_writes_one_self_contained_page_with_equal_bytes_for_equal_inputs(inputs
     code, text = _run(*args, "-o", out)  # its own page is replaced
     assert code == 0, text
     assert out.read_bytes() == first
+    code, text = _run(*args, "--memory-limit", "2KiB", "-o", out)  # the plan joined in ranges of 73 rows
+    assert code == 0, text
+    assert out.read_bytes() == first
 
 
 def test_only_the_manifest_is_required(inputs: dict[str, Path], tmp_path: Path) -> None:
@@ -62,14 +65,16 @@ def test_only_the_manifest_is_required(inputs: dict[str, Path], tmp_path: Path) 
     assert 'id="corpus"' in page and 'id="buckets"' not in page and 'id="plan"' not in page
 
 
-@pytest.mark.parametrize("case", ["input", "foreign", "in-plan", "sizes"])
+@pytest.mark.parametrize("case", ["input", "foreign", "in-plan", "sizes", "memory"])
 def test_refuses_with_one_line(case: str, inputs: dict[str, Path], tmp_path: Path) -> None:
     foreign = tmp_path / "notes.html"
     foreign.write_text("<html>mine</html>")
     args = {"input": (inputs["kept"], "-o", inputs["kept"]),
             "foreign": (inputs["kept"], "-o", foreign),
             "in-plan": (inputs["kept"], "--plan", inputs["plan"], "-o", inputs["plan"] / "r.html"),
-            "sizes": (inputs["kept"], "--world-sizes", "0,2", "-o", tmp_path / "r.html")}[case]
+            "sizes": (inputs["kept"], "--world-sizes", "0,2", "-o", tmp_path / "r.html"),
+            "memory": (inputs["kept"], "--plan", inputs["plan"], "--memory-limit", "lots",
+                       "-o", tmp_path / "r.html")}[case]
     before = inputs["kept"].read_bytes() if case == "input" else None
     code, text = _run(*args)
     assert code == 2, text

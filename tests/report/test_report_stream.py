@@ -1,6 +1,6 @@
 """Section 1 of ``dataprep report`` streamed in blocks equals the same tables of whole
 arrays: histograms, the --max-tps table, the 2D grid, totals, stats, groups and the rows'
-arrays, on small manifests with null / NaN durations, tokens and TPS, in any block size."""
+blocks, on small manifests with null / NaN durations, tokens and TPS, in any block size."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from dataprep.report.aggregates import HIST_TOP, Histogram, corpus_aggregates, grid_histogram, tps_cut_table
 from dataprep.report.stats import QUANTILES, compute_stats
+from dataprep.report.stream_sections import RowBlock
 from manifests.io import write_manifest
 from tests.report.test_stats_stream import same
 
@@ -62,7 +63,11 @@ def test_streamed_section_1_equals_whole_arrays(df: pl.DataFrame, block_rows: in
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.parquet"
         write_manifest(df, path)
-        agg, d, t, corp = corpus_aggregates(path, block_rows=block_rows)
+        blocks: list[RowBlock] = []
+        agg, corp = corpus_aggregates(path, consumers=[blocks.append], codes=True, block_rows=block_rows)
+        assert [b.start for b in blocks] == list(range(0, df.height, block_rows))
+        d, t = np.concatenate([b.duration for b in blocks]), np.concatenate([b.tokens for b in blocks])
+        codes = corp.order[np.concatenate([b.corpus for b in blocks if b.corpus is not None])]
         want = whole(df)
         got = {"histograms": [asdict(h) for h in agg.histograms], "tps_cut": agg.tps_cut, "grid2d": agg.grid2d,
                "totals": agg.totals, "stats": asdict(agg.stats)}
@@ -72,12 +77,11 @@ def test_streamed_section_1_equals_whole_arrays(df: pl.DataFrame, block_rows: in
         np.testing.assert_array_equal(d, want["d"])
         np.testing.assert_array_equal(t, want["t"])
         names = df["origin"].str.replace(r":[^:/]*$", "")
-        assert [corp.names[c] for c in corp.codes] == names.to_list()
+        assert [corp.names[c] for c in codes] == names.to_list()
         g = {(x["corpus"], x["lang"]): x["utterances"] for x in corp.groups}
         assert sum(g.values()) == df.height
         assert g == {(c, lang or "-"): n for c, lang, n in pl.DataFrame({"c": names, "l": df["lang"]})
                      .group_by("c", "l").len().iter_rows()}
-        if block_rows == 3:  # without sections 2-3: the same page, no row arrays
-            none = corpus_aggregates(path, block_rows=block_rows, rows=False, codes=False)
-            same(asdict(none[0]), asdict(agg))
-            assert none[1].size == none[2].size == none[3].codes.size == 0
+        if block_rows == 3:  # without sections 2-3: the same page
+            none, _ = corpus_aggregates(path, block_rows=block_rows)
+            same(asdict(none), asdict(agg))
