@@ -6,8 +6,8 @@ On LibriSpeech train-clean-100 and Common Voice id/ps (../shared/data), tokens f
 1024-piece sentencepiece model trained on their transcripts + 9 prompt tokens, 30x2 buckets,
 a padded budget of 600 s of audio per batch:
 
-- ours: `fit_spec` (equal seconds over all rows, outlier fences: far-out durations in one
-  overflow bucket, token outliers moved to a later bin by flexible allocation) and
+- ours: `fit_spec` (equal seconds over all rows, outlier fences: far-out durations in
+  overflow buckets, one per 1.5x of length, token outliers moved to a later bin by flexible allocation) and
   `form_batches` with its default in-bucket grouping (audio-weighted cost, box peeling in
   small buckets), plus the plain-shuffle variant (window=1) and the grid without fences for
   reference;

@@ -50,11 +50,11 @@ def fit_buckets_cmd(
     min_duration: Annotated[Optional[float], typer.Option(help="Leave out rows shorter than this (s), reported.")] = _FIT.min_duration,
     max_duration: Annotated[Optional[float], typer.Option(help="Leave out rows longer than this (s), reported.")] = _FIT.max_duration,
     duration_fence: Annotated[float, typer.Option(
-        help="k of Q3 + k*IQR: longer rows form one overflow bucket after the bins.")] = _FIT.duration_fence,
+        help="k of Q3 + k*IQR: longer rows form overflow buckets after the bins, one per 1.5x of length.")] = _FIT.duration_fence,
     token_fence: Annotated[float, typer.Option(
         help="k of Q3 + k*IQR per duration bin: rows with more tokens move to a later bin.")] = _FIT.token_fence,
     no_fences: Annotated[bool, typer.Option(
-        "--no-fences", help="Plain equal occupancy: bounds at the maxima, no overflow bucket.")] = not _FIT.fences,
+        "--no-fences", help="Plain equal occupancy: bounds at the maxima, no overflow buckets.")] = not _FIT.fences,
     cost_equal: Annotated[bool, typer.Option(
         "--cost-equal", help="Size every bucket's batch for the same predicted step time (never above the budget's size), so full batches of any buckets balance (plan-batches --balance).")] = _FIT.cost_equal,
     memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the fit may hold, e.g. 4GiB (default: half the machine's). The manifest is streamed in blocks and its durations sorted in ranges of this size (the same buckets.json at any limit; spill files next to -o, 16 bytes per utterance).", show_default=False)] = None,
