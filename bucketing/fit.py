@@ -16,8 +16,8 @@ duration bound, makes its padded-budget batch small. So, with the fences on:
 - durations: rows beyond the fence ``f`` of all durations are fitted as extra **overflow**
   buckets (one token sub-bin each) after the equal-occupancy bins, which are fitted on the
   other rows. Overflow bins grow geometrically: one bin per ``(f r^(k-1), f r^k]`` that holds
-  rows (``r = 1.5``, :data:`OVERFLOW_RATIO`), bounded by its longest row
-  (:func:`overflow_bounds`), so each gets a padded-budget batch sized for its own rows (one
+  rows (``r = 1.5``, :data:`OVERFLOW_RATIO`), bounded by its longest row, a bin of one row
+  joined to a neighbour (:func:`overflow_bounds`), so each gets a padded-budget batch sized for its own rows (one
   bin from the fence to a 160 s outlier would batch a 20 s row in threes, as if it were
   160 s long). A corpus without far-out durations gets exactly the bins it asked for;
 - tokens (2D only): in each duration bin but the last equal-occupancy one, the top sub-bin's bound
@@ -285,7 +285,7 @@ def tukey_fence(q1: float, q3: float, k: float) -> float:
 #: Overflow bins grow by this factor: the bin of a duration ``d`` beyond the fence ``f`` is
 #: ``k >= 1`` with ``f r^(k-1) < d <= f r^k``. Measured on Common Voice's 44 clips beyond its
 #: fence (benchmarks/bench_fill.py, docs/benchmarks.md): 1.5 keeps audio padding at or below one
-#: overflow bin's (W = 1: 1.99% against 2.03%; 2: 2.05%) and balances steps about as well as 2.
+#: overflow bin's (W = 1: 2.01% against 2.03%; 2: 2.05%) and balances steps about as well as 2.
 OVERFLOW_RATIO: float = 1.5
 
 
@@ -295,13 +295,37 @@ def overflow_levels(over: F64, fence: float) -> I64:
     return np.maximum(np.ceil(np.log(over / fence) / math.log(OVERFLOW_RATIO)), 1).astype(np.int64)
 
 
+#: An overflow bin holds at least this many rows (where that many are beyond the fence): a
+#: sparser one joins the next longer bin, a sparse last bin takes in the one below. A bin of one
+#: clip batches it alone: Common Voice's 160 s clip did, and joining it to the bin below took the
+#: straggler at W = 8 / 32 from 3.8% / 11.8% to 2.7% / 6.0% (benchmarks/bench_fill.py).
+OVERFLOW_MIN_ROWS: int = 2
+
+
 def overflow_bounds(over_sorted: F64, fence: float) -> F64:
     """Bounds (s) of the overflow bins over the ascending durations beyond the fence: the
-    longest row of each ``(fence r^(k-1), fence r^k]`` that holds rows (the last bound is the
-    longest row of all). Empty input gives no bins."""
+    longest row of each ``(fence r^(k-1), fence r^k]`` that holds rows, sparse ones merged
+    (:func:`merge_sparse_bins`; the last bound is the longest row of all). Empty input gives no
+    bins."""
+    if not over_sorted.shape[0]:
+        return np.empty(0)
     k = overflow_levels(over_sorted, fence)
-    return np.asarray(over_sorted[np.flatnonzero(np.append(k[1:] != k[:-1], True))], dtype=np.float64) \
-        if over_sorted.shape[0] else np.empty(0)
+    ends = np.flatnonzero(np.append(k[1:] != k[:-1], True))
+    return merge_sparse_bins(over_sorted[ends], np.diff(ends, prepend=-1))
+
+
+def merge_sparse_bins(longest: F64, rows: I64) -> F64:
+    """Bounds (s) of the overflow bins from each non-empty level's longest row and row count
+    (levels ascending): while a bin holds fewer than :data:`OVERFLOW_MIN_ROWS` rows and there
+    are two bins, the first such joins the next longer one (the last: the one below)."""
+    b, n = [float(x) for x in longest], [int(x) for x in rows]
+    while len(b) > 1 and min(n) < OVERFLOW_MIN_ROWS:  # a loop over bins (a few dozen at most)
+        i = next(j for j, c in enumerate(n) if c < OVERFLOW_MIN_ROWS)
+        j = i + 1 if i + 1 < len(b) else i - 1  # the bin it joins
+        n[j] += n[i]
+        b[j] = max(b[i], b[j])
+        del b[i], n[i]
+    return np.asarray(b, dtype=np.float64)
 
 
 def _overflow_split(d_sorted: F64, outlier_fence: float | None) -> tuple[int, float | None]:

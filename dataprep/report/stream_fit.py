@@ -32,8 +32,8 @@ import numpy.typing as npt
 import pyarrow.compute as pc
 
 from bucketing.allocate import Allocation, allocate, fitted_spec
-from bucketing.fit import (NO_ROWS, Grid, TokenCells, check_fences, duration_bounds, finish_fit, overflow_levels,
-                           quartile_ranks, tukey_fence)
+from bucketing.fit import (NO_ROWS, Grid, TokenCells, check_fences, duration_bounds, finish_fit, merge_sparse_bins,
+                           overflow_levels, quartile_ranks, tukey_fence)
 from manifests.buckets_file import BucketSpec
 from manifests.errors import DataprepError
 from manifests.io import iter_manifest
@@ -197,7 +197,8 @@ def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, block: int, outli
     prefix = np.zeros(1, dtype=np.float64)
     pending: tuple[float, float] | None = None  # the last distinct value seen, its run may go on
     n_bulk = n_in
-    longest: dict[int, float] = {}  # overflow bin -> its longest row so far (rows come sorted)
+    longest: dict[int, float] = {}  # overflow level -> its longest row so far (rows come sorted)
+    count: dict[int, int] = {}  # overflow level -> its rows so far
     for run in sorted_runs(files, "d", n_in, sort_rows):
         for a in range(0, run.shape[0], block):  # a block at a time: temporaries stay small
             x = run[a:a + block]
@@ -226,12 +227,17 @@ def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, block: int, outli
                 k = overflow_levels(over, float(fence))  # type: ignore[arg-type]
                 ends = np.flatnonzero(np.append(k[1:] != k[:-1], True))
                 longest.update(zip(k[ends].tolist(), over[ends].tolist()))
+                for level, n in zip(k[ends].tolist(), np.diff(ends, prepend=-1).tolist()):
+                    count[level] = count.get(level, 0) + n
             pos += x.shape[0]
     if pending is not None:
         files.append("dv", np.asarray([pending[0]]))
         files.append("dcum", np.asarray([pending[1]]))
     if n_bulk < n_in:
-        return n_bulk, float(fence), np.asarray([longest[k] for k in sorted(longest)], dtype=np.float64)  # type: ignore[arg-type]
+        levels = sorted(longest)
+        bounds = merge_sparse_bins(np.asarray([longest[k] for k in levels], dtype=np.float64),
+                                   np.asarray([count[k] for k in levels], dtype=np.int64))
+        return n_bulk, float(fence), bounds  # type: ignore[arg-type]
     return n_in, None, np.empty(0)
 
 

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketing.allocate import allocate, fit_spec
-from bucketing.fit import OVERFLOW_RATIO, equal_occupancy_cuts, fit_buckets, grid_from_spec
+from bucketing.fit import (OVERFLOW_MIN_ROWS, OVERFLOW_RATIO, equal_occupancy_cuts, fit_buckets, grid_from_spec,
+                           merge_sparse_bins)
 from manifests.buckets_file import parse_buckets
 
 GOLDEN = Path(__file__).parent / "golden" / "buckets_small.json"
@@ -130,19 +131,23 @@ def test_overflow_bin_holds_far_out_durations_only() -> None:
     far = d > fence
     assert fit.overflow_rows == int(far.sum()) and abs(fit.overflow_from - fence) < 1e-9
     # overflow bins grow by OVERFLOW_RATIO: one bucket per (fence r^(k-1), fence r^k] that holds
-    # rows, bounded by its longest row
+    # rows, bounded by its longest row; a bin of fewer than OVERFLOW_MIN_ROWS joins a neighbour
     r = OVERFLOW_RATIO
     levels = np.ceil(np.log(d[far] / fence) / np.log(r)).astype(int)
-    n_over = np.unique(levels).shape[0]
-    assert n_over >= 2 and fit.overflow_bins == n_over and g.num_duration_bins == 12 + n_over
+    n_over = fit.overflow_bins
+    assert 2 <= n_over <= np.unique(levels).shape[0] and g.num_duration_bins == 12 + n_over
     assert (g.duration_bin >= 12).sum() == n_over  # one bucket each
-    over_max = np.asarray([d[far][levels == k].max() for k in np.unique(levels)])
-    assert np.array_equal(g.max_duration[-n_over:], over_max) and g.max_duration[-1] == d.max()
-    assert (over_max[1:] / over_max[:-1] > 1).all() and (over_max <= fence * r ** np.unique(levels)).all()
-    assert g.min_duration[-n_over] < d[far].min()
     a = allocate(d, t, g)
     assert np.array_equal(np.flatnonzero(a.bucket >= g.num_buckets - n_over), np.flatnonzero(far))
-    assert np.array_equal(a.bucket[far] - (g.num_buckets - n_over), np.unique(levels, return_inverse=True)[1])
+    over_bin = a.bucket[far] - (g.num_buckets - n_over)
+    rows = np.bincount(over_bin, minlength=n_over)
+    assert (rows >= OVERFLOW_MIN_ROWS).all() and g.max_duration[-1] == d.max()
+    for j in range(n_over):  # bounded by its longest row; whole levels, merged only where sparse
+        assert g.max_duration[g.num_buckets - n_over + j] == d[far][over_bin == j].max()
+        held, per_level = np.unique(levels[over_bin == j], return_counts=True)
+        assert np.isin(levels, held).sum() == per_level.sum()
+        assert held.shape[0] == 1 or (per_level < OVERFLOW_MIN_ROWS).any()
+    assert g.min_duration[-n_over] < d[far].min()
     # the 12 bins asked for are equal in seconds over the other rows
     bulk = np.unique(g.max_duration)[:-n_over]
     share = np.bincount(np.searchsorted(bulk, d[~far], side="left"), weights=d[~far]) / d[~far].sum()
@@ -153,6 +158,14 @@ def test_overflow_bin_holds_far_out_durations_only() -> None:
     # without far-out durations, or with the fence off, exactly the bins asked for
     assert fit_buckets(d[~far], t[~far], 12, 2).overflow_from is None
     assert fit_buckets(d, t, 12, 2, outlier_fence=None).grid.num_duration_bins == 12
+
+
+def test_sparse_overflow_bins_join_a_neighbour() -> None:
+    assert merge_sparse_bins(np.array([10.0, 20.0, 30.0]), np.array([3, 1, 4])).tolist() == [10.0, 30.0]
+    assert merge_sparse_bins(np.array([10.0, 20.0, 30.0]), np.array([3, 4, 1])).tolist() == [10.0, 30.0]
+    assert merge_sparse_bins(np.array([10.0, 20.0, 30.0]), np.array([1, 5, 1])).tolist() == [30.0]
+    assert merge_sparse_bins(np.array([10.0]), np.array([1])).tolist() == [10.0]
+    assert merge_sparse_bins(np.array([10.0, 20.0]), np.array([2, 2])).tolist() == [10.0, 20.0]
 
 
 def test_token_fence_moves_outliers_to_a_later_bin() -> None:
