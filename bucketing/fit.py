@@ -317,7 +317,7 @@ def overflow_bounds(over_sorted: F64, fence: float) -> F64:
 def merge_sparse_bins(longest: F64, rows: I64) -> F64:
     """Bounds (s) of the overflow bins from each non-empty level's longest row and row count
     (levels ascending): while a bin holds fewer than :data:`OVERFLOW_MIN_ROWS` rows and there
-    are two bins, the first such joins the next longer one (the last: the one below)."""
+    are two bins or more, the first such joins the next longer one (the last: the one below)."""
     b, n = [float(x) for x in longest], [int(x) for x in rows]
     while len(b) > 1 and min(n) < OVERFLOW_MIN_ROWS:  # a loop over bins (a few dozen at most)
         i = next(j for j, c in enumerate(n) if c < OVERFLOW_MIN_ROWS)
@@ -330,7 +330,7 @@ def merge_sparse_bins(longest: F64, rows: I64) -> F64:
 
 def _overflow_split(d_sorted: F64, outlier_fence: float | None) -> tuple[int, float | None]:
     """(rows inside the fence, fence in seconds or None): the rows beyond Q3 + k × IQR of
-    the sorted durations form the overflow bin; None when nothing is beyond it."""
+    the sorted durations form the overflow bins; None when nothing is beyond it."""
     n_in = d_sorted.shape[0]
     if outlier_fence is None:
         return n_in, None
