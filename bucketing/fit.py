@@ -284,21 +284,27 @@ def tukey_fence(q1: float, q3: float, k: float) -> float:
 
 #: Overflow bins grow by this factor: the bin of a duration ``d`` beyond the fence ``f`` is
 #: ``k >= 1`` with ``f r^(k-1) < d <= f r^k``. Measured on Common Voice's 44 clips beyond its
-#: fence (benchmarks/bench_fill.py, docs/benchmarks.md): 1.5 keeps audio padding at or below one
-#: overflow bin's (W = 1: 2.01% against 2.03%; 2: 2.05%) and balances steps about as well as 2.
+#: fence (benchmarks/bench_fill.py --baseline, docs/benchmarks.md): 1.5 balances steps about as
+#: well as 2 and keeps the 2D padding ``dataprep padding`` prints within the padding goal's
+#: allowance (tests/cli/test_buckets_cli.py: 2.06% < 2.1%; with 2, 2.11% in a CI run).
 OVERFLOW_RATIO: float = 1.5
 
 
-def overflow_levels(over: F64, fence: float) -> I64:
-    """Overflow bin of each duration beyond the fence (s): ``k >= 1`` with
-    ``fence r^(k-1) < d <= fence r^k`` (``r``: :data:`OVERFLOW_RATIO`); non-decreasing in ``d``."""
-    return np.maximum(np.ceil(np.log(over / fence) / math.log(OVERFLOW_RATIO)), 1).astype(np.int64)
+def overflow_level_runs(over_sorted: F64, fence: float) -> tuple[I64, F64, I64]:
+    """(level, longest row (s), rows) of each overflow level that holds rows, over ascending
+    durations beyond the fence (s): level ``k >= 1`` holds ``fence r^(k-1) < d <= fence r^k``
+    (``r``: :data:`OVERFLOW_RATIO`). In memory on all the rows, or block by block (a level's
+    runs in consecutive blocks add up)."""
+    k = np.maximum(np.ceil(np.log(over_sorted / fence) / math.log(OVERFLOW_RATIO)), 1).astype(np.int64)
+    ends = np.flatnonzero(np.append(k[1:] != k[:-1], True))
+    return k[ends], np.asarray(over_sorted[ends], dtype=np.float64), np.diff(ends, prepend=-1)
 
 
 #: An overflow bin holds at least this many rows (where that many are beyond the fence): a
 #: sparser one joins the next longer bin, a sparse last bin takes in the one below. A bin of one
 #: clip batches it alone: Common Voice's 160 s clip did, and joining it to the bin below took the
-#: straggler at W = 8 / 32 from 3.8% / 11.8% to 2.7% / 6.0% (benchmarks/bench_fill.py).
+#: straggler at W = 8 / 32 from 3.8% / 11.8% to 2.7% / 6.0% (benchmarks/bench_fill.py
+#: --baseline f590c6a).
 OVERFLOW_MIN_ROWS: int = 2
 
 
@@ -309,9 +315,8 @@ def overflow_bounds(over_sorted: F64, fence: float) -> F64:
     bins."""
     if not over_sorted.shape[0]:
         return np.empty(0)
-    k = overflow_levels(over_sorted, fence)
-    ends = np.flatnonzero(np.append(k[1:] != k[:-1], True))
-    return merge_sparse_bins(over_sorted[ends], np.diff(ends, prepend=-1))
+    _, longest, rows = overflow_level_runs(over_sorted, fence)
+    return merge_sparse_bins(longest, rows)
 
 
 def merge_sparse_bins(longest: F64, rows: I64) -> F64:

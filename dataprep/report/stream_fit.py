@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from bucketing.allocate import Allocation, allocate, fitted_spec
 from bucketing.fit import (NO_ROWS, Grid, TokenCells, check_fences, duration_bounds, finish_fit, merge_sparse_bins,
-                           overflow_levels, quartile_ranks, tukey_fence)
+                           overflow_level_runs, quartile_ranks, tukey_fence)
 from manifests.buckets_file import BucketSpec
 from manifests.errors import DataprepError
 from manifests.io import iter_manifest
@@ -223,11 +223,9 @@ def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, block: int, outli
             if keep < x.shape[0]:
                 if n_bulk == n_in:
                     n_bulk = pos + keep
-                over = x[keep:]
-                k = overflow_levels(over, float(fence))  # type: ignore[arg-type]
-                ends = np.flatnonzero(np.append(k[1:] != k[:-1], True))
-                longest.update(zip(k[ends].tolist(), over[ends].tolist()))
-                for level, n in zip(k[ends].tolist(), np.diff(ends, prepend=-1).tolist()):
+                levels, top, rows = overflow_level_runs(x[keep:], float(fence))  # type: ignore[arg-type]
+                longest.update(zip(levels.tolist(), top.tolist()))
+                for level, n in zip(levels.tolist(), rows.tolist()):
                     count[level] = count.get(level, 0) + n
             pos += x.shape[0]
     if pending is not None:
