@@ -168,7 +168,6 @@ def _weighted(meta: PlanMeta, manifest: str | os.PathLike[str], bucket: npt.NDAr
     weighted = weighted_epochs(manifest, bucket, duration, parent, tree=recorded.get("tree"))
     if weighted is None or [int(c["quota"]) for c in recorded.get("corpora", [])] != weighted.quota.tolist():
         raise DataprepError("plan.json: weights: the recorded quotas differ from the manifest's (another manifest?)")
-    weighted.sampler.replay(e0 + 1)
     return weighted
 
 

@@ -80,7 +80,7 @@ class WeightedEpochs:
     probabilities: npt.NDArray[np.float64]
     quota: npt.NDArray[np.int64]
     rows: npt.NDArray[np.int64]  # plannable rows per corpus
-    corpus_of_row: npt.NDArray[np.integer]  # corpus index per manifest row (int16 below 32768 corpora)
+    corpus_of_row: npt.NDArray[np.integer]  # corpus index per manifest row, -1 if in no bucket (int16 below 32768 corpora)
     sampler: QuotaSampler
     source: str
     tree: dict[str, Any]
@@ -94,7 +94,7 @@ class WeightedEpochs:
 
     def epoch_inputs(self, inputs: PlanInputs, epoch: int) -> PlanInputs:
         """The planner's inputs for ``epoch``: ``inputs`` with the epoch's multiset of rows."""
-        return dataclasses.replace(inputs, rows=self.sampler.epoch(epoch))
+        return dataclasses.replace(inputs, rows=self.sampler.epoch_rows(self.corpus_of_row, epoch))
 
     def add(self, ep: EpochPlan, duration: npt.NDArray[np.float64], tokens: npt.NDArray[np.int64]) -> None:
         """Count a planned epoch (manifest rows) per corpus: real and padded seconds and tokens."""
@@ -166,11 +166,11 @@ def weighted_epochs(manifest: str | os.PathLike[str], bucket_of_row: npt.NDArray
         n = int(rows.sum())
     q = quotas(p, n)
     try:
-        sampler = QuotaSampler(plannable, q, opts.seed)
+        sampler = QuotaSampler(rows, q, opts.seed)
     except QuotaError:
         empty = [names[c] for c in np.flatnonzero((rows == 0) & (q > 0))]
         raise DataprepError(f"{manifest}: corpus {empty[0]!r} has a quota but no row in a bucket") from None
-    return WeightedEpochs(names, p, q, rows, codes, sampler, source, dict(tree), opts.temperature, n)
+    return WeightedEpochs(names, p, q, rows, plannable, sampler, source, dict(tree), opts.temperature, n)
 
 
 #: manifest rows whose corpus codes ``check_quotas`` holds at once (int32: 256 MiB); a bigger
