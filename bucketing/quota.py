@@ -32,7 +32,7 @@ per corpus, over the stream's cycles so far (about ``epoch * r / n``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
