@@ -344,7 +344,7 @@ def form_batches(
     grouping = BucketGrouping(sort_by, window, groups, audio_weight)
     if grouping.both:  # shares are of the batched rows' totals (a multiset's: as often as batched)
         grouping = grouping.with_totals(*(allocated_totals(duration, num_tokens, bucket_of_row) if multiset is None
-                                          else _multiset_totals(duration, num_tokens, rows)))
+                                          else multiset_totals(duration, num_tokens, rows, counts)))
     d_all = None if duration is None else np.asarray(duration, dtype=np.float64)
     t_all = None if num_tokens is None else np.asarray(num_tokens)
     nb = None if world_size is None else even_batch_counts(counts, batch_sizes, world_size)
@@ -384,15 +384,24 @@ def allocated_totals(duration: npt.ArrayLike, num_tokens: npt.ArrayLike,
     return max(sd, 1e-300), max(st, 1e-300)
 
 
-def _multiset_totals(duration: npt.ArrayLike, num_tokens: npt.ArrayLike,
-                     rows: npt.NDArray[np.int64]) -> tuple[float, float]:
-    """Real seconds and tokens of a multiset's ``rows`` (each as often as listed), gathered in
-    slices of 2**20 (no N-sized copy), each at least 1e-300."""
+def multiset_totals(duration: npt.ArrayLike, num_tokens: npt.ArrayLike, rows: npt.NDArray[np.int64],
+                    counts: npt.NDArray[np.int64]) -> tuple[float, float]:
+    """Real seconds and tokens of a multiset's ``rows`` grouped by bucket (``counts`` entries
+    per bucket, each as often as listed): summed per bucket (:func:`bucket_sums`), then across
+    buckets in order; each at least 1e-300. A planner that holds one bucket at a time gets the
+    same totals, bit for bit."""
     d_all, t_all = np.asarray(duration, dtype=np.float64), np.asarray(num_tokens)
-    step = 1 << 20
-    total_d = sum(float(d_all[rows[i:i + step]].sum()) for i in range(0, rows.shape[0], step))
-    total_t = sum(float(t_all[rows[i:i + step]].sum(dtype=np.float64)) for i in range(0, rows.shape[0], step))
+    total_d = total_t = 0.0
+    at = 0
+    for cnt in counts.tolist():
+        x, y = bucket_sums(d_all[rows[at:at + cnt]], t_all[rows[at:at + cnt]])
+        total_d, total_t, at = total_d + x, total_t + y, at + cnt
     return max(total_d, 1e-300), max(total_t, 1e-300)
+
+
+def bucket_sums(d: npt.NDArray[np.float64], t: npt.NDArray[Any]) -> tuple[float, float]:
+    """(seconds, tokens) of one bucket's entries of a multiset."""
+    return float(d.sum()), float(t.sum(dtype=np.float64))
 
 
 @dataclass(frozen=True)

@@ -112,28 +112,47 @@ def measure(
     )
 
 
+#: Group totals count seconds in whole microseconds: integer sums, exact whatever the order.
+GROUP_TICKS_PER_SECOND = 1_000_000
+
+
+def _exact_bincount(group: npt.NDArray[np.integer], weights: npt.NDArray[np.int64],
+                    num_groups: int) -> npt.NDArray[np.int64]:
+    """``np.bincount`` of non-negative integer ``weights``, exact: each float64 sum is split in
+    16-bit halves whose totals stay below 2**53, so the result does not depend on the order
+    or grouping of the rows summed (a streamed sum equals the in-memory one)."""
+    lo = np.bincount(group, weights=(weights & 0xFFFF).astype(np.float64), minlength=num_groups)
+    hi = np.bincount(group, weights=(weights >> 16).astype(np.float64), minlength=num_groups)
+    return (np.rint(hi).astype(np.int64) << 16) + np.rint(lo).astype(np.int64)
+
+
 def group_padding(rows: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], max_duration: npt.ArrayLike,
                   max_tokens: npt.ArrayLike, duration: npt.ArrayLike, num_tokens: npt.ArrayLike,
-                  group_of_row: npt.NDArray[np.integer], num_groups: int) -> npt.NDArray[np.float64]:
+                  group_of_row: npt.NDArray[np.integer], num_groups: int) -> npt.NDArray[np.int64]:
     """Per group of rows (e.g. corpus) over batches given as ``rows`` (concatenated) and
-    ``sizes`` with each batch's maxima: ``[utterances, real s, padded s, real tokens, padded
-    tokens]`` (shape ``(5, num_groups)``); a row pads to its batch's longest."""
+    ``sizes`` with each batch's maxima: ``[utterances, real us, padded us, real tokens, padded
+    tokens]`` (int64, shape ``(5, num_groups)``; seconds in :data:`GROUP_TICKS_PER_SECOND`
+    ticks, each row's rounded); a row pads to its batch's longest. Exact integer sums: adding
+    the totals of parts gives the whole's, bit for bit."""
     g = np.asarray(group_of_row)[rows]
-    out = np.zeros((5, num_groups), dtype=np.float64)
+    ticks = GROUP_TICKS_PER_SECOND
+    out = np.zeros((5, num_groups), dtype=np.int64)
     out[0] = np.bincount(g, minlength=num_groups)
-    out[1] = np.bincount(g, weights=np.asarray(duration, np.float64)[rows], minlength=num_groups)
-    out[2] = np.bincount(g, weights=np.repeat(np.asarray(max_duration, np.float64), sizes), minlength=num_groups)
-    out[3] = np.bincount(g, weights=np.asarray(num_tokens, np.float64)[rows], minlength=num_groups)
-    out[4] = np.bincount(g, weights=np.repeat(np.asarray(max_tokens, np.float64), sizes), minlength=num_groups)
+    out[1] = _exact_bincount(g, np.rint(np.asarray(duration, np.float64)[rows] * ticks).astype(np.int64), num_groups)
+    out[2] = _exact_bincount(g, np.repeat(np.rint(np.asarray(max_duration, np.float64) * ticks).astype(np.int64),
+                                          sizes), num_groups)
+    out[3] = _exact_bincount(g, np.asarray(num_tokens, np.int64)[rows], num_groups)
+    out[4] = _exact_bincount(g, np.repeat(np.asarray(max_tokens, np.int64), sizes), num_groups)
     return out
 
 
-def group_json(names: list[str], totals: npt.NDArray[np.float64], epochs: int = 1) -> list[dict[str, Any]]:
+def group_json(names: list[str], totals: npt.NDArray[np.int64], epochs: int = 1) -> list[dict[str, Any]]:
     """:func:`group_padding` totals as JSON rows: utterances and hours (per epoch), padding."""
+    ticks = GROUP_TICKS_PER_SECOND
     return [{"corpus": n, "utterances": int(round(totals[0, i] / epochs)),
-             "hours": round(float(totals[1, i]) / epochs / 3600, 6),
-             "padding_audio": round(_ratio(float(totals[1, i]), float(totals[2, i])), 6),
-             "padding_tokens": round(_ratio(float(totals[3, i]), float(totals[4, i])), 6)}
+             "hours": round(int(totals[1, i]) / ticks / epochs / 3600, 6),
+             "padding_audio": round(_ratio(int(totals[1, i]), int(totals[2, i])), 6),
+             "padding_tokens": round(_ratio(int(totals[3, i]), int(totals[4, i])), 6)}
             for i, n in enumerate(names)]
 
 
@@ -411,7 +430,7 @@ def schemes_report(num_rows: int, fixed_parts: Callable[[float, int], tuple[int,
     dyn = dynamic_resolution
     res_totals: list[ResolutionTotals] = [ResolutionTotals() for _ in range(B)]
     pol: dict[str, ResolutionTotals] = {}
-    groups = None if corpora is None else np.zeros((5, len(corpora)))
+    groups = None if corpora is None else np.zeros((5, len(corpora)), dtype=np.int64)
     d_max = 0.0
     for k in np.flatnonzero(two_d.counts):
         d, t, c = two_d.rows_of(int(k))

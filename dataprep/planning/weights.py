@@ -86,11 +86,11 @@ class WeightedEpochs:
     tree: dict[str, Any]
     temperature: float | None
     epoch_size: int
-    _totals: npt.NDArray[np.float64] = field(init=False)  # bucketing.padding.group_padding, summed
+    _totals: npt.NDArray[np.int64] = field(init=False)  # bucketing.padding.group_padding, summed
     _epochs: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        self._totals = np.zeros((5, len(self.names)), dtype=np.float64)
+        self._totals = np.zeros((5, len(self.names)), dtype=np.int64)
 
     def epoch_inputs(self, inputs: PlanInputs, epoch: int) -> PlanInputs:
         """The planner's inputs for ``epoch``: ``inputs`` with the epoch's multiset of rows."""

@@ -106,7 +106,8 @@ def test_every_epoch_gives_exactly_the_quota_and_covers_before_repeating(data: t
     assert np.array_equal(_sampler(codes, q, seed).epoch_rows(codes, epochs - 1), rows)
     keep = np.flatnonzero(codes >= 0)
     start = np.zeros(C, np.int64)
-    index = np.concatenate([corpus_indices(codes[keep][a:a + 3], start) for a in range(0, keep.shape[0], 3)])
+    index = np.concatenate([np.empty(0, np.int64)] + [corpus_indices(codes[keep][a:a + 3], start)
+                                                      for a in range(0, keep.shape[0], 3)])
     assert start.tolist() == np.bincount(codes[keep], minlength=C).tolist()
     assert np.array_equal(np.repeat(keep, s.times(codes[keep], index, epochs - 1)), rows)
 
