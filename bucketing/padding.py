@@ -116,7 +116,7 @@ def measure(
 GROUP_TICKS_PER_SECOND = 1_000_000
 
 
-def _exact_bincount(group: npt.NDArray[np.integer], weights: npt.NDArray[np.int64],
+def exact_bincount(group: npt.NDArray[np.integer], weights: npt.NDArray[np.int64],
                     num_groups: int) -> npt.NDArray[np.int64]:
     """``np.bincount`` of non-negative integer ``weights``, exact: each float64 sum is split in
     16-bit halves whose totals stay below 2**53, so the result does not depend on the order
@@ -138,11 +138,11 @@ def group_padding(rows: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], max
     ticks = GROUP_TICKS_PER_SECOND
     out = np.zeros((5, num_groups), dtype=np.int64)
     out[0] = np.bincount(g, minlength=num_groups)
-    out[1] = _exact_bincount(g, np.rint(np.asarray(duration, np.float64)[rows] * ticks).astype(np.int64), num_groups)
-    out[2] = _exact_bincount(g, np.repeat(np.rint(np.asarray(max_duration, np.float64) * ticks).astype(np.int64),
+    out[1] = exact_bincount(g, np.rint(np.asarray(duration, np.float64)[rows] * ticks).astype(np.int64), num_groups)
+    out[2] = exact_bincount(g, np.repeat(np.rint(np.asarray(max_duration, np.float64) * ticks).astype(np.int64),
                                           sizes), num_groups)
-    out[3] = _exact_bincount(g, np.asarray(num_tokens, np.int64)[rows], num_groups)
-    out[4] = _exact_bincount(g, np.repeat(np.asarray(max_tokens, np.int64), sizes), num_groups)
+    out[3] = exact_bincount(g, np.asarray(num_tokens, np.int64)[rows], num_groups)
+    out[4] = exact_bincount(g, np.repeat(np.asarray(max_tokens, np.int64), sizes), num_groups)
     return out
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.padding import group_json, group_padding
+from bucketing.padding import GROUP_TICKS_PER_SECOND, exact_bincount, group_json, group_padding
 from bucketing.plan import EpochPlan, PlanInputs
 from bucketing.quota import (
     QuotaError,
@@ -36,7 +36,7 @@ from bucketing.quota import (
 from dataprep.planning.options import PlanOptions
 from manifests.errors import DataprepError, OptionError
 from manifests.arrow_views import numpy_view, single_chunk
-from manifests.io import iter_corpus_codes, read_corpus_codes, read_metadata
+from manifests.io import corpus_names, iter_corpus_codes, read_corpus_codes, read_metadata
 
 
 def parse_weights(pairs: list[str] | None) -> dict[str, float] | None:
@@ -80,7 +80,8 @@ class WeightedEpochs:
     probabilities: npt.NDArray[np.float64]
     quota: npt.NDArray[np.int64]
     rows: npt.NDArray[np.int64]  # plannable rows per corpus
-    corpus_of_row: npt.NDArray[np.integer]  # corpus index per manifest row, -1 if in no bucket (int16 below 32768 corpora)
+    #: corpus index per manifest row, -1 if in no bucket (int16 below 32768 corpora); None out of core
+    corpus_of_row: npt.NDArray[np.integer] | None
     sampler: QuotaSampler
     source: str
     tree: dict[str, Any]
@@ -94,12 +95,18 @@ class WeightedEpochs:
 
     def epoch_inputs(self, inputs: PlanInputs, epoch: int) -> PlanInputs:
         """The planner's inputs for ``epoch``: ``inputs`` with the epoch's multiset of rows."""
+        assert self.corpus_of_row is not None
         return dataclasses.replace(inputs, rows=self.sampler.epoch_rows(self.corpus_of_row, epoch))
 
     def add(self, ep: EpochPlan, duration: npt.NDArray[np.float64], tokens: npt.NDArray[np.int64]) -> None:
         """Count a planned epoch (manifest rows) per corpus: real and padded seconds and tokens."""
-        self._totals += group_padding(ep.rows, ep.sizes(), ep.max_duration, ep.max_tokens, duration, tokens,
-                                      self.corpus_of_row, len(self.names))
+        assert self.corpus_of_row is not None
+        self.add_totals(group_padding(ep.rows, ep.sizes(), ep.max_duration, ep.max_tokens, duration, tokens,
+                                      self.corpus_of_row, len(self.names)))
+
+    def add_totals(self, totals: npt.NDArray[np.int64]) -> None:
+        """Count a planned epoch by its :func:`bucketing.padding.group_padding` totals."""
+        self._totals += totals
         self._epochs += 1
 
     def to_json(self) -> dict[str, Any]:
@@ -122,14 +129,22 @@ def _blend_tree(manifest: str | os.PathLike[str]) -> dict[str, Any] | None:
     return blend.get("tree") if isinstance(blend, dict) else None
 
 
-def weighted_epochs(manifest: str | os.PathLike[str], bucket_of_row: npt.NDArray[np.integer],
-                    duration: npt.NDArray[np.float64], opts: PlanOptions,
-                    tree: Mapping[str, Any] | None = None) -> WeightedEpochs | None:
-    """The weighting of a plan of ``manifest`` (None: unweighted, every row once per epoch).
+@dataclass(frozen=True)
+class Blend:
+    """A weighted plan's blend: where it comes from (``options``, ``plan`` or ``manifest``), its
+    tree and NeMo's probability per corpus (tree order)."""
+
+    source: str
+    tree: dict[str, Any]
+    probabilities: dict[str, float]
+
+
+def blend_of(manifest: str | os.PathLike[str], opts: PlanOptions,
+             tree: Mapping[str, Any] | None = None) -> Blend | None:
+    """The blend of a plan of ``manifest`` (None: unweighted, every row once per epoch).
 
     Weights come from ``opts.weights``, else ``tree`` (a re-plan passes its parent's), else the
-    blend the manifest records. Only rows in a bucket (``bucket_of_row >= 0``) are drawn.
-    """
+    blend the manifest records (its metadata only is read)."""
     if opts.weights is not None:
         source, tree = "options", flat_tree(opts.weights, opts.temperature)
     elif tree is not None:
@@ -145,23 +160,28 @@ def weighted_epochs(manifest: str | os.PathLike[str], bucket_of_row: npt.NDArray
         probs = blend_probabilities(tree, opts.temperature if source != "options" else None)
     except QuotaError as exc:
         raise DataprepError(f"{manifest}: weights: {exc}") from None
-    names = list(probs)
-    got = read_corpus_codes(manifest, names)
-    if got is None:
-        raise DataprepError(f"{manifest}: has no corpus column (compile an input_cfg blend to weigh corpora)")
-    codes = got[0] if len(names) >= 2**15 else got[0].astype(np.int16)  # 2 bytes a row for < 32768 corpora
-    if (codes < 0).any():
-        unknown = read_corpus_codes(manifest)[1]  # type: ignore[index]
-        missing = [n for n in unknown if n not in probs]
-        raise DataprepError(f"{manifest}: corpus {missing[0]!r} has no weight ({', '.join(names)} have)")
-    plannable = np.where(np.asarray(bucket_of_row) >= 0, codes, codes.dtype.type(-1))
-    rows = np.bincount(plannable[plannable >= 0], minlength=len(names)).astype(np.int64)
-    p = np.asarray([probs[n] for n in names], dtype=np.float64)
+    return Blend(source, dict(tree), probs)
+
+
+def unknown_corpus_error(manifest: str | os.PathLike[str], names: list[str]) -> DataprepError:
+    """The one-line error for a manifest row whose corpus the blend does not weigh."""
+    missing = [n for n in (corpus_names(manifest) or []) if n not in names]
+    return DataprepError(f"{manifest}: corpus {(missing or ['?'])[0]!r} has no weight ({', '.join(names)} have)")
+
+
+def weighting(manifest: str | os.PathLike[str], blend: Blend, rows: npt.NDArray[np.int64],
+              micros: npt.NDArray[np.int64], opts: PlanOptions,
+              corpus_of_row: npt.NDArray[np.integer] | None = None) -> WeightedEpochs:
+    """The quotas and sampler of ``blend`` over corpora of ``rows`` plannable rows holding
+    ``micros`` microseconds each (:data:`bucketing.padding.GROUP_TICKS_PER_SECOND`, exact
+    sums: the epoch size for ``--epoch-hours`` does not depend on how they were summed)."""
+    names = list(blend.probabilities)
+    p = np.asarray([blend.probabilities[n] for n in names], dtype=np.float64)
     if opts.epoch_utterances is not None:
         n = opts.epoch_utterances
     elif opts.epoch_hours is not None:
-        mean = np.bincount(plannable[plannable >= 0], weights=duration[plannable >= 0], minlength=len(names))
-        n = epoch_size_for_hours(p, mean / np.maximum(rows, 1), opts.epoch_hours)
+        mean = micros / GROUP_TICKS_PER_SECOND / np.maximum(rows, 1)
+        n = epoch_size_for_hours(p, mean, opts.epoch_hours)
     else:
         n = int(rows.sum())
     q = quotas(p, n)
@@ -170,7 +190,31 @@ def weighted_epochs(manifest: str | os.PathLike[str], bucket_of_row: npt.NDArray
     except QuotaError:
         empty = [names[c] for c in np.flatnonzero((rows == 0) & (q > 0))]
         raise DataprepError(f"{manifest}: corpus {empty[0]!r} has a quota but no row in a bucket") from None
-    return WeightedEpochs(names, p, q, rows, plannable, sampler, source, dict(tree), opts.temperature, n)
+    return WeightedEpochs(names, p, q, rows, corpus_of_row, sampler, blend.source, blend.tree, opts.temperature, n)
+
+
+def weighted_epochs(manifest: str | os.PathLike[str], bucket_of_row: npt.NDArray[np.integer],
+                    duration: npt.NDArray[np.float64], opts: PlanOptions,
+                    tree: Mapping[str, Any] | None = None) -> WeightedEpochs | None:
+    """The weighting of an in-memory plan of ``manifest`` (None: unweighted, every row once
+    per epoch; :func:`blend_of` says where the weights come from). Only rows in a bucket
+    (``bucket_of_row >= 0``) are drawn."""
+    blend = blend_of(manifest, opts, tree)
+    if blend is None:
+        return None
+    names = list(blend.probabilities)
+    got = read_corpus_codes(manifest, names)
+    if got is None:
+        raise DataprepError(f"{manifest}: has no corpus column (compile an input_cfg blend to weigh corpora)")
+    codes = got[0] if len(names) >= 2**15 else got[0].astype(np.int16)  # 2 bytes a row for < 32768 corpora
+    if (codes < 0).any():
+        raise unknown_corpus_error(manifest, names)
+    plannable = np.where(np.asarray(bucket_of_row) >= 0, codes, codes.dtype.type(-1))
+    keep = plannable >= 0
+    rows = np.bincount(plannable[keep], minlength=len(names)).astype(np.int64)
+    micros = exact_bincount(plannable[keep], np.rint(duration[keep] * GROUP_TICKS_PER_SECOND).astype(np.int64),
+                            len(names))
+    return weighting(manifest, blend, rows, micros, opts, plannable)
 
 
 #: manifest rows whose corpus codes ``check_quotas`` holds at once (int32: 256 MiB); a bigger
