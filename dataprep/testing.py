@@ -140,10 +140,13 @@ def write_plan_inputs(
     num_subbuckets: int = 2,
     budget: float = 120.0,
     ids: Sequence[str] | None = None,
+    corpora: int = 0,
 ) -> tuple[Path, Path]:
     """``kept.parquet`` (log-normal durations in s, 2-4 tokens/s + 9 prompt tokens) and a
     fitted ``buckets.json`` (padded-budget batch sizes for ``budget`` s) in ``folder``:
-    the two inputs of ``plan-batches``, without audio. Returns their paths."""
+    the two inputs of ``plan-batches``, without audio. Returns their paths. ``corpora`` > 0:
+    a ``corpus`` column too, rows drawn among ``c0``, ``c1``, ... with unequal shares (for
+    weighted plans, ``PlanOptions(weights=...)``)."""
     from bucketing.budget import budget_source, padded_budget_batch_sizes
     from bucketing.fit import fit_buckets, grid_to_buckets
     from manifests.buckets_file import BucketSpec, write_buckets
@@ -154,7 +157,11 @@ def write_plan_inputs(
     d = rng.lognormal(1.6, 0.6, num_utterances)
     tok = (d * rng.uniform(2, 4, num_utterances)).astype(np.int64) + 9
     names = list(ids) if ids is not None else [f"u{i:05d}" for i in range(num_utterances)]
-    write_manifest(pl.DataFrame({"id": names, "duration": d, "num_tokens": tok}), folder / "kept.parquet")
+    columns = {"id": names, "duration": d, "num_tokens": tok}
+    if corpora > 0:
+        share = rng.uniform(0.2, 1.0, corpora)
+        columns["corpus"] = [f"c{c}" for c in rng.choice(corpora, num_utterances, p=share / share.sum())]
+    write_manifest(pl.DataFrame(columns), folder / "kept.parquet")
     fit = fit_buckets(d, tok, num_buckets, num_subbuckets)
     bs = padded_budget_batch_sizes(fit.grid.max_duration, max_duration_budget=budget)
     write_buckets(BucketSpec(grid_to_buckets(fit.grid, bs), budget_source(max_duration_budget=budget)),

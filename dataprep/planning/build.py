@@ -21,6 +21,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from bucketing.allocate import Assignment, assign
+from bucketing.batching import TOTALS_BLOCK
 from bucketing.dynres import (
     DynResConfig,
     ResolutionTotals,
@@ -37,20 +38,22 @@ from bucketing.groups import regroup
 from bucketing.plan import EpochPlan, PlanError, PlanInputs, plan_epoch, require_one_step
 from bucketing.steps_report import epoch_report
 from dataprep.planning.options import PlanOptions
-from dataprep.planning.weights import wants_weights, weighted_epochs
+from dataprep.planning.weights import blend_of, unknown_corpus_error, wants_weights, weighted_epochs, weighting
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from dataprep.planning.out_of_core import (
     IN_MEMORY_BYTES_PER_ROW,
+    check_bucket_fits,
     default_memory_limit,
     disk_bytes,
+    draw_epoch,
     plan_epoch_spilled,
     remove_spill,
     spill_dir,
     spill_manifest,
     write_epoch_spilled,
 )
-from manifests.io import file_sha256, manifest_hash, manifest_num_rows, read_manifest
+from manifests.io import file_sha256, iter_corpus_codes, manifest_hash, manifest_num_rows, read_manifest
 from manifests.spill import check_free_disk
 from manifests.plan_files import PlanWriter, shard_table
 from manifests.plan_meta import BalanceInfo, FileRef, ManifestRef, PlanMeta
@@ -316,30 +319,47 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
     """:func:`build_plan` for a corpus whose in-memory plan would exceed ``limit`` bytes
     (:mod:`dataprep.planning.out_of_core`): the same plan, memory bounded by the largest bucket."""
     W, epochs = options.world_size, options.epochs
-    if options.balance <= 0 or options.dynamic_resolution is not None or wants_weights(manifest, options):
+    if options.balance <= 0 or options.dynamic_resolution is not None:
         raise DataprepError(
             f"{manifest}: --memory-limit: planning {manifest_num_rows(manifest)} rows in memory needs about "
             f"{manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW / 2**30:.2f} GiB, more than the limit "
-            f"{limit / 2**30:.2f} GiB, and out-of-core planning needs --balance > 0 without --dynamic-resolution "
-            "or a weighted blend")
+            f"{limit / 2**30:.2f} GiB, and out-of-core planning needs --balance > 0 without --dynamic-resolution")
     bs = batch_sizes_of(spec, str(buckets))
     grid = grid_from_spec(spec)
+    blend = blend_of(manifest, options) if wants_weights(manifest, options) else None
+    names = [] if blend is None else list(blend.probabilities)
+    codes = None
+    if blend is not None:
+        codes = iter_corpus_codes(manifest, names, TOTALS_BLOCK)
+        if codes is None:
+            raise DataprepError(f"{manifest}: has no corpus column (compile an input_cfg blend to weigh corpora)")
     root = spill_dir(out_dir)
     try:
-        check_free_disk(root, disk_bytes(manifest, epochs), "the spill files and the plan")
+        check_free_disk(root, disk_bytes(manifest, epochs, weighted=blend is not None), "the spill files and the plan")
         corpus = spill_manifest(manifest, grid, bs, root, strict=options.strict, carry=options.carry,
-                                memory_limit=limit)
+                                memory_limit=limit, codes=codes, num_corpora=len(names) if codes else None)
+        weighted = None
+        if blend is not None:
+            if corpus.unknown_corpus:
+                raise unknown_corpus_error(manifest, names)
+            weighted = weighting(manifest, blend, *corpus.corpus_sums(len(names)), options)
         clock("read")
         totals = EpochTotals(len(spec.buckets))
         cost = options.cost or CostModel()
         with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps) as writer:
             for e in range(epochs):
+                draw = None
+                if weighted is not None:
+                    draw = draw_epoch(corpus, weighted.sampler, e)
+                    check_bucket_fits(manifest, draw.counts, bs, limit)
                 try:
                     lay = plan_epoch_spilled(corpus, bs, W, options.seed, e, interleave=options.interleave,
                                              tolerance=options.balance, cost=cost, group=options.group,
-                                             final=e == epochs - 1)
+                                             final=e == epochs - 1, draw=draw)
                 except DataprepError as exc:
                     raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
+                if weighted is not None and lay.groups is not None:
+                    weighted.add_totals(lay.groups)
                 clock("plan")
                 first_step = totals.num_steps
                 write_epoch_spilled(writer, lay, corpus, first_step, options.row_group_steps,
@@ -350,6 +370,8 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
                               corpus.allocation_entry(options.strict, options.carry and not options.strict), totals,
                               world_size=W, seed=options.seed, epochs=epochs, interleave=options.interleave,
                               balance=totals.balance_info(options.balance), sync_group=options.group)
+            if weighted is not None:
+                meta = dataclasses.replace(meta, extra={**meta.extra, "weights": weighted.to_json()})
             meta = writer.finish(meta)
     finally:
         remove_spill(root)

@@ -54,9 +54,11 @@ import pyarrow.parquet as pq
 
 from bucketing.allocate import allocate, tail_moves
 from bucketing.balance import balance_steps, layout_order
-from bucketing.batching import (TOTALS_BLOCK, BucketGrouping, Cut, block_totals, cut_batches, even_batch_counts,
-                                even_batch_starts)
+from bucketing.batching import (TOTALS_BLOCK, BucketGrouping, Cut, block_totals, bucket_sums, cut_batches,
+                                even_batch_counts, even_batch_starts)
 from bucketing.costmodel import CostModel
+from bucketing.padding import GROUP_TICKS_PER_SECOND, exact_bincount, group_padding
+from bucketing.quota import QuotaSampler, corpus_indices
 from bucketing.fit import Grid
 from bucketing.groups import group_order
 from bucketing.plan import EpochPlan, Interleave, check_one_step
@@ -112,6 +114,8 @@ class SpilledCorpus:
     extra: dict[int, _Carried] = field(default_factory=dict)
     has_ids: bool = True  # ``b{k}.ids`` spilled
     has_codes: bool = False  # ``b{k}.c`` spilled (corpus codes)
+    has_index: bool = False  # ``b{k}.i`` spilled (each row's index in its corpus, :attr:`row_dtype`)
+    unknown_corpus: bool = False  # a row's corpus code is -1 (a corpus not among the names given)
     #: Row numbers on disk (``b{k}.rows``, the position files' records): int32 below 2**31
     #: rows (4 bytes a row less to write and read twice), else int64.
     row_dtype: type = np.int64
@@ -179,24 +183,42 @@ class SpilledCorpus:
         """Durations and tokens of some of bucket ``k``'s ``rows`` (after the carried tails):
         a binary search of its own rows or its carried ones, then their values read through the
         mappings (a few pages). For a few rows only (the batches cut across steps)."""
-        d, t = np.empty(rows.shape[0]), np.empty(rows.shape[0], np.int32)
+        d, t = self.lookup_columns(k, rows, ("d", "t"))
+        return d, t
+
+    def lookup_columns(self, k: int, rows: npt.NDArray[np.int64], names: tuple[str, ...]) -> list[npt.NDArray[Any]]:
+        """:meth:`lookup` of the columns ``names`` (``d``, ``t``, ``c``)."""
+        dtypes = {"d": np.float64, "t": np.int32, "c": np.int32}
+        out = [np.empty(rows.shape[0], dtypes[n]) for n in names]
         carried = np.zeros(rows.shape[0], dtype=bool)
         if k in self.extra:
             e = self.extra[k]
             i = np.minimum(np.searchsorted(e.rows, rows), max(e.rows.shape[0] - 1, 0))
             carried = (e.rows.shape[0] > 0) & (e.rows[i] == rows)
-            d[carried], t[carried] = e.d[i[carried]], e.t[i[carried]]
+            for o, n in zip(out, names):
+                o[carried] = getattr(e, n)[i[carried]]
         own = np.searchsorted(self.files.map(f"b{k}.rows", self.row_dtype), rows[~carried])
-        d[~carried] = self.files.map(f"b{k}.d", np.float64)[own]
-        t[~carried] = self.files.map(f"b{k}.t", np.int32)[own]
-        return d, t
+        for o, n in zip(out, names):
+            o[~carried] = self.files.map(f"b{k}.{n}", dtypes[n])[own]
+        return out
+
+    def corpus_sums(self, num_corpora: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Rows and microseconds (exact sums, :func:`bucketing.padding.exact_bincount`) per
+        corpus code, over every bucket (one bucket's codes and durations in memory)."""
+        rows, micros = np.zeros(num_corpora, np.int64), np.zeros(num_corpora, np.int64)
+        for k in np.flatnonzero(self.counts).tolist():
+            c = self.column(k, "c", np.int32)
+            rows += np.bincount(c, minlength=num_corpora)
+            micros += exact_bincount(c, np.rint(self.column(k, "d", np.float64) * GROUP_TICKS_PER_SECOND)
+                                     .astype(np.int64), num_corpora)
+        return rows, micros
 
 
 @dataclass(frozen=True)
 class _Carried:
-    """Rows carried into a bucket (ascending rows; ``d`` / ``t`` / ``ids`` / corpus codes ``c``
-    theirs: ``ids`` empty and ``c`` None where not spilled) and where they go among the
-    bucket's kept own rows (``np.insert`` positions)."""
+    """Rows carried into a bucket (ascending rows; ``d`` / ``t`` / ``ids`` / corpus codes ``c`` /
+    index in the corpus ``i`` theirs: ``ids`` empty, ``c`` and ``i`` None where not spilled) and
+    where they go among the bucket's kept own rows (``np.insert`` positions)."""
 
     rows: npt.NDArray[np.int64]
     d: npt.NDArray[np.float64]
@@ -204,22 +226,28 @@ class _Carried:
     ids: pa.Array
     at: npt.NDArray[np.int64]
     c: npt.NDArray[np.int32] | None = None
+    i: npt.NDArray[Any] | None = None
 
 
 def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: npt.NDArray[np.int64], root: Path, *,
                    strict: bool, carry: bool, memory_limit: int, ids: bool = True,
-                   codes: Iterator[npt.NDArray[np.int32]] | None = None) -> SpilledCorpus:
+                   codes: Iterator[npt.NDArray[np.int32]] | None = None,
+                   num_corpora: int | None = None) -> SpilledCorpus:
     """Steps 1 and 2 of the module docstring: allocate in blocks, spill by bucket, carry tails.
     A one-line error when one bucket cannot be planned within ``memory_limit`` bytes.
     ``ids``: spill the ids (a plan's shards need them; the padding report does not);
     ``codes``: each row's corpus code, in blocks of :data:`TOTALS_BLOCK` rows
-    (:func:`manifests.io.iter_corpus_codes`), spilled as ``b{k}.c`` (int32)."""
+    (:func:`manifests.io.iter_corpus_codes`), spilled as ``b{k}.c`` (int32); with
+    ``num_corpora`` (the codes' range) each allocated row's index among its corpus's allocated rows (manifest
+    order, :func:`bucketing.quota.corpus_indices`) too, as ``b{k}.i``: what a weighted plan
+    draws by (:class:`bucketing.quota.QuotaSampler`)."""
     B = grid.num_buckets
     out = SpilledCorpus(root, counts=np.zeros(B, np.int64), max_tokens=grid.max_tokens.astype(np.int64).copy(),
-                        has_ids=ids, has_codes=codes is not None,
+                        has_ids=ids, has_codes=codes is not None, has_index=codes is not None and num_corpora is not None,
                         row_dtype=np.int32 if manifest_num_rows(manifest) < 2**31 else np.int64)
     files = SpillFiles(root)
     base = 0
+    next_index = np.zeros(num_corpora or 0, np.int64)  # per corpus: its allocated rows so far
     for table in iter_manifest(manifest, ["id", "duration", "num_tokens"] if ids else ["duration", "num_tokens"],
                                TOTALS_BLOCK):
         c = None if codes is None else next(codes)
@@ -235,9 +263,16 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
         if alloc.max_tokens is not None:
             out.max_tokens = np.maximum(out.max_tokens, alloc.max_tokens)
         rows = np.flatnonzero(alloc.bucket >= 0)
+        index = None
+        if c is not None:
+            out.unknown_corpus = out.unknown_corpus or bool((c < 0).any())
+            if out.has_index and not out.unknown_corpus:
+                index = corpus_indices(c[rows], next_index).astype(out.row_dtype)
         b = alloc.bucket[rows]
         order = np.argsort(b.astype(np.int16) if B < 2**15 - 1 else b, kind="stable")
         rows, b = rows[order], b[order]
+        if index is not None:
+            index = index[order]
         id_col = table.column("id").combine_chunks().cast(pa.large_string()).take(pa.array(rows)) if ids else None
         cut = np.searchsorted(b, np.arange(B + 1))
         for k in np.flatnonzero(np.diff(cut)):
@@ -247,6 +282,8 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
             files.append(f"b{k}.t", t[r])
             if c is not None:
                 files.append(f"b{k}.c", c[r])
+            if index is not None:
+                files.append(f"b{k}.i", index[cut[k]:cut[k + 1]])
             if id_col is not None:
                 files.append_strings(f"b{k}.ids", id_col.slice(cut[k], cut[k + 1] - cut[k]))
         out.counts += np.diff(cut)
@@ -256,7 +293,7 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     if base == 0:
         raise ManifestError(f"{manifest}: the manifest has no rows")
     out.total_d, out.total_t = max(out.total_d, 1e-300), max(out.total_t, 1e-300)
-    _check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
+    check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
     return carry_spilled(out, grid, batch_sizes, manifest, memory_limit) if carry and not strict else out
 
 
@@ -267,7 +304,7 @@ def carry_spilled(corpus: SpilledCorpus, grid: Grid, batch_sizes: npt.NDArray[np
     :func:`spill_manifest` when a bucket grown by them cannot be planned within ``memory_limit``."""
     out = dataclasses.replace(corpus, counts=corpus.counts.copy(), removed={}, extra={}, carried=0)
     _carry(out, grid, batch_sizes)
-    _check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
+    check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
     return out
 
 
@@ -282,7 +319,7 @@ def planning_bytes(counts: npt.NDArray[np.int64], bs: npt.NDArray[np.int64]) -> 
     return max(int(counts.max()) * BUCKET_BYTES_PER_ROW + batches * SUMMARY_BYTES, batches * BATCH_BYTES)
 
 
-def _check_bucket_fits(manifest: str | os.PathLike[str], counts: npt.NDArray[np.int64], bs: npt.NDArray[np.int64],
+def check_bucket_fits(manifest: str | os.PathLike[str], counts: npt.NDArray[np.int64], bs: npt.NDArray[np.int64],
                        memory_limit: int) -> None:
     """A one-line error unless the largest bucket and the epoch's batches fit ``memory_limit``."""
     k = int(np.argmax(counts))
@@ -312,6 +349,7 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
         inc_t = np.concatenate([c.t for c in inc]) if inc else np.empty(0, np.int32)
         inc_ids = pa.concat_arrays([c.ids for c in inc]) if inc else pa.array([], pa.string())
         inc_c = (np.concatenate([c.c for c in inc]) if inc else np.empty(0, np.int32)) if out.has_codes else None
+        inc_i = (np.concatenate([c.i for c in inc]) if inc else np.empty(0, out.row_dtype)) if out.has_index else None
         rows = np.concatenate([own_rows, inc_rows])
         t = np.concatenate([files.read(f"b{k}.t", np.int32), inc_t])
         by_d = k < B - 1 and dbin[k + 1] != dbin[k]  # tail_moves ranks by duration, else by tokens
@@ -328,6 +366,8 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
                                          inc_ids.take(pa.array(inc_pick)).cast(pa.string())]) if out.has_ids else None
             pick_c = None if inc_c is None else np.concatenate([files.read_runs(f"b{k}.c", np.int32, own_pick, one),
                                                                 inc_c[inc_pick]])
+            pick_i = None if inc_i is None else np.concatenate([files.read_runs(f"b{k}.i", out.row_dtype, own_pick,
+                                                                                one), inc_i[inc_pick]])
             pick_rows, pick_t = rows[np.concatenate([own_pick, inc_pick + n_own])], t[np.concatenate([own_pick, inc_pick + n_own])]
             tgt = np.concatenate([target[pick < n_own], target[pick >= n_own]])
             for j in np.unique(tgt):
@@ -335,7 +375,8 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
                 incoming[int(j)].append(_Carried(pick_rows[sel], pick_d[sel], pick_t[sel],
                                                  pa.array([], pa.string()) if pick_ids is None
                                                  else pick_ids.take(pa.array(sel)), np.empty(0, np.int64),
-                                                 None if pick_c is None else pick_c[sel]))
+                                                 None if pick_c is None else pick_c[sel],
+                                                 None if pick_i is None else pick_i[sel]))
         del rows, t
         if own_pick.shape[0]:
             out.removed[k] = np.sort(own_pick)
@@ -348,7 +389,8 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
             out.extra[k] = _Carried(keep_rows, inc_d[stay][o], inc_t[stay][o],
                                     inc_ids.filter(pa.array(stay)).take(pa.array(o)).cast(pa.string())
                                     if out.has_ids else pa.array([], pa.string()),
-                                    np.searchsorted(kept_own, keep_rows), None if inc_c is None else inc_c[stay][o])
+                                    np.searchsorted(kept_own, keep_rows), None if inc_c is None else inc_c[stay][o],
+                                    None if inc_i is None else inc_i[stay][o])
         out.carried += int(stay.sum())
         out.counts[k] = n_own - own_pick.shape[0] + int(stay.sum())
         incoming[k] = []
@@ -362,6 +404,43 @@ class EpochLayout:
     ep: EpochPlan
     start: npt.NDArray[np.int64]  # first position of each rank-major batch
     size: npt.NDArray[np.int64]
+    groups: npt.NDArray[np.int64] | None = None  # weighted: bucketing.padding.group_padding per corpus
+
+
+@dataclass(frozen=True)
+class EpochDraw:
+    """A weighted epoch's entries per bucket (:func:`draw_epoch`): times each row of bucket
+    ``k`` is taken lie in the epoch's ``x{k}`` file (int32, the bucket's column order); the
+    entries per bucket and their real totals (as :func:`bucketing.batching.multiset_totals`)."""
+
+    sampler: QuotaSampler
+    epoch: int
+    counts: npt.NDArray[np.int64]
+    total_d: float
+    total_t: float
+
+    def entries(self, corpus: SpilledCorpus, k: int) -> npt.NDArray[np.int64]:
+        """Bucket ``k``'s entries as positions into its columns: ascending, a row taken twice
+        listed twice (the in-memory multiset's bucket ``k``, :mod:`bucketing.quota`)."""
+        times = corpus.files.read(f"x{k}", np.int32)
+        return np.repeat(np.arange(times.shape[0], dtype=np.int64), times)
+
+
+def draw_epoch(corpus: SpilledCorpus, sampler: QuotaSampler, epoch: int) -> EpochDraw:
+    """Draw a weighted epoch bucket by bucket (one bucket's codes, indices, durations and
+    tokens in memory): each row's times taken (:meth:`bucketing.quota.QuotaSampler.times`) to
+    the ``x{k}`` files, the entries per bucket and their totals."""
+    files = SpillFiles(corpus.root)
+    counts = np.zeros_like(corpus.counts)
+    total_d = total_t = 0.0
+    for k in np.flatnonzero(corpus.counts).tolist():
+        times = sampler.times(corpus.column(k, "c", np.int32), corpus.column(k, "i", corpus.row_dtype), epoch)
+        files.append(f"x{k}", times.astype(np.int32))
+        rep = np.repeat(np.arange(times.shape[0], dtype=np.int64), times)
+        x, y = bucket_sums(corpus.column(k, "d", np.float64)[rep], corpus.column(k, "t", np.int32)[rep])
+        counts[k], total_d, total_t = rep.shape[0], total_d + x, total_t + y
+    files.close()
+    return EpochDraw(sampler, epoch, counts, max(total_d, 1e-300), max(total_t, 1e-300))
 
 
 @dataclass(frozen=True)
@@ -374,20 +453,29 @@ class _Formed:
     sum_d: npt.NDArray[np.float64]
     max_t: npt.NDArray[np.int64]
     sum_t: npt.NDArray[np.int64]
+    counts: npt.NDArray[np.int64]  # entries per bucket
+    groups: npt.NDArray[np.int64] | None = None  # weighted: bucketing.padding.group_padding per corpus
 
 
 def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | None, rng: np.random.Generator,
-                  final: bool) -> _Formed:
+                  final: bool, draw: EpochDraw | None = None) -> _Formed:
     """Each bucket's rows ordered into batches and laid out in the epoch's position files
     (rows beside ids, or rows alone when the corpus has no ids), the figures of each batch
     taken on the way; batches then drawn (:func:`bucketing.batching.cut_batches`). ``W``:
     near-equal batches filling whole steps (balanced); None: full batches and a short last
-    one (:func:`bucketing.batching.form_batches` with no world size)."""
+    one (:func:`bucketing.batching.form_batches` with no world size). ``draw``: a weighted
+    epoch's entries instead of every row once, and the per-corpus totals of its batches."""
     files = SpillFiles(corpus.root)
     for name in ("pos.rec", "pos.data", "pos.rows"):
         (corpus.root / name).unlink(missing_ok=True)
-    grouping = BucketGrouping("both").with_totals(corpus.total_d, corpus.total_t)
-    counts = corpus.counts
+    if draw is None:
+        grouping = BucketGrouping("both").with_totals(corpus.total_d, corpus.total_t)
+        counts = corpus.counts
+    else:
+        grouping = BucketGrouping("both").with_totals(draw.total_d, draw.total_t)
+        counts = draw.counts
+    C = draw.sampler.sizes.shape[0] if draw is not None else 0
+    groups = None if draw is None else np.zeros((5, C), np.int64)
     if W is not None:
         nb = even_batch_counts(counts, bs, W)  # near-equal batches filling whole steps (as plan_epoch)
         starts_in_bucket = even_batch_starts(counts, nb)  # a bucket's k-th batch starts at k q + min(k, r)
@@ -403,21 +491,31 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
         cnt, size = int(counts[k]), int(bs[k])
         first = starts_in_bucket[at:at + int(nb[k])]  # the bucket's batch starts (as cut_batches)
         d, t = corpus.column(int(k), "d", np.float64), corpus.column(int(k), "t", np.int32)
+        entries = None if draw is None else draw.entries(corpus, int(k))
+        if entries is not None:
+            d, t = d[entries], t[entries]
+        c = None if entries is None else corpus.column(int(k), "c", np.int32)[entries]
         parts = []
         pos = 0
         for p in grouping.order_chunks(cnt, size, rng, d, t, ORDER_ROWS, batches=None if W is None else int(nb[k])):
             dk, tk32 = d[p], t[p]
             tk = tk32.astype(np.int64)
             loc = first[np.searchsorted(first, pos):np.searchsorted(first, pos + p.shape[0])] - pos
-            pos += p.shape[0]
             sl = slice(at, at + loc.shape[0])
             mx_d[sl], sm_d[sl] = np.maximum.reduceat(dk, loc), np.add.reduceat(dk, loc)
             mx_t[sl], sm_t[sl] = np.maximum.reduceat(tk, loc), np.add.reduceat(tk, loc)
+            if groups is not None and c is not None:
+                groups += group_padding(np.arange(p.shape[0]), np.diff(np.append(loc, p.shape[0])), mx_d[sl],
+                                        mx_t[sl], dk, tk, c[p], C)
+            pos += p.shape[0]
             at += loc.shape[0]
             parts.append(p)
-        del d, t
+        del d, t, c
         p = parts[0] if len(parts) == 1 else np.concatenate(parts)
         del parts
+        if entries is not None:
+            p = entries[p]  # positions into the bucket's columns
+        del entries
         rows = corpus.column(int(k), "rows", corpus.row_dtype)
         if not corpus.has_ids:
             files.append("pos.rows", rows[p])
@@ -431,7 +529,7 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
         del rows, ids, p
     files.close()
     cut = cut_batches(counts, bs, rng, batch_counts=None if W is None else nb)
-    return _Formed(cut, mx_d, sm_d, mx_t, sm_t)
+    return _Formed(cut, mx_d, sm_d, mx_t, sm_t, counts, groups)
 
 
 def _position_rows(corpus: SpilledCorpus, starts: npt.NDArray[np.int64],
@@ -447,13 +545,15 @@ def _position_rows(corpus: SpilledCorpus, starts: npt.NDArray[np.int64],
 
 def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
                        interleave: str, tolerance: float, cost: CostModel, group: int,
-                       final: bool = False) -> EpochLayout:
+                       final: bool = False, draw: EpochDraw | None = None) -> EpochLayout:
     """Step 3 of the module docstring: :func:`bucketing.plan.plan_epoch` (balanced) then
     :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays. ``final``:
     no later epoch reads the ids, so each bucket's id files are removed once laid out (the
-    page cache they held is reused for the position files instead of fresh memory)."""
+    page cache they held is reused for the position files instead of fresh memory).
+    ``draw``: a weighted epoch (:func:`draw_epoch`), planned over its entries; the layout
+    then carries the per-corpus totals (:attr:`EpochLayout.groups`)."""
     lay = _balanced_spilled(corpus, bs, W, seed, epoch, interleave=interleave, tolerance=tolerance, cost=cost,
-                            group=group, final=final)
+                            group=group, final=final, draw=draw)
     if lay is None:
         raise DataprepError(f"the rows cannot fill whole balanced steps of {W} ranks out of core "
                             "(fewer utterances than steps x ranks); plan with a larger --memory-limit")
@@ -462,13 +562,14 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
 
 def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
                       interleave: str, tolerance: float, cost: CostModel, group: int,
-                      final: bool = False) -> EpochLayout | None:
+                      final: bool = False, draw: EpochDraw | None = None) -> EpochLayout | None:
     """:func:`plan_epoch_spilled`; None where the rows cannot fill whole balanced steps."""
-    counts = corpus.counts
+    counts = corpus.counts if draw is None else draw.counts
     if int(counts.sum()) < W:
         raise DataprepError(f"{int(counts.sum())} utterances cannot fill one step of {W} ranks")
     rng = np.random.default_rng([seed, epoch, 0])
-    formed = _form_spilled(corpus, bs, W, rng, final)
+    formed = _form_spilled(corpus, bs, W, rng, final, draw)
+    groups = formed.groups
     cut = formed.cut
     perm = cut.perm
     sizes, start = cut.sizes[perm], cut.starts[perm]
@@ -490,10 +591,16 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
     if pieces.shape[0]:
         for i in pieces:  # the few batches cut into pieces (at most one step's worth)
             piece_rows = _position_rows(corpus, seg_start[i:i + 1], seg_size[i:i + 1])
-            dk, tk32 = corpus.lookup(int(steps.seg_bucket[i]), piece_rows)
+            dk, tk32, *ck = corpus.lookup_columns(int(steps.seg_bucket[i]), piece_rows,
+                                                  ("d", "t", "c") if groups is not None else ("d", "t"))
             tk = tk32.astype(np.int64)
             s_mx_d[i], s_mx_t[i] = dk.max(), tk.max()
             s_sm_d[i], s_sm_t[i] = np.add.reduceat(dk, [0])[0], tk.sum()
+            if groups is not None:  # the piece's rows pad to its own longest, not the formed batch's
+                one, C = np.arange(dk.shape[0]), groups.shape[1]
+                groups += group_padding(one, seg_size[i:i + 1], s_mx_d[i:i + 1], s_mx_t[i:i + 1], dk, tk, ck[0], C)
+                groups -= group_padding(one, seg_size[i:i + 1], mx_d[parent[i]:parent[i] + 1],
+                                        mx_t[parent[i]:parent[i] + 1], dk, tk, ck[0], C)
     # rank-major batches
     f_start, f_size = seg_start[order], seg_size[order]
     f_bucket = steps.seg_bucket[order]
@@ -514,7 +621,7 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
                    dropped=np.empty(0, np.int64), real_seconds=real_seconds, real_tokens=real_tokens,
                    batch_bucket=f_bucket.astype(np.int32), split_batches=steps.split_batches,
                    unbalanced_steps=unbalanced)
-    return EpochLayout(ep, f_start, f_size)
+    return EpochLayout(ep, f_start, f_size, groups)
 
 
 def plan_epoch_figures(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int,
@@ -577,18 +684,24 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
 #: Bytes of disk per row besides its id: the spill files (row, duration, tokens, id offset)
 #: and an epoch's position files (row, id offset): 36 with int32 rows, 44 with int64 ones.
 SPILL_DISK_BYTES_PER_ROW = 44
+#: Bytes of disk per row of a weighted plan's spill besides :data:`SPILL_DISK_BYTES_PER_ROW`:
+#: corpus code, index in the corpus and times drawn (4 + 8 + 4).
+WEIGHTED_DISK_BYTES_PER_ROW = 16
 #: Bytes of disk per row and epoch of the plan's shards (about 9 measured at 10M-100M rows).
 PLAN_DISK_BYTES_PER_ROW = 10
 
 
-def disk_bytes(manifest: str | os.PathLike[str], epochs: int) -> int:
+def disk_bytes(manifest: str | os.PathLike[str], epochs: int, weighted: bool = False) -> int:
     """Disk that out-of-core planning ``manifest`` for ``epochs`` takes at its peak (bytes):
     spill and position files, the ids twice (their size read from the Parquet footer), and
-    the plan's shards."""
+    the plan's shards; ``weighted``: the corpus codes, indices and times drawn too
+    (:data:`WEIGHTED_DISK_BYTES_PER_ROW`; an epoch the size of the manifest)."""
     md = pq.ParquetFile(manifest).metadata
     col = md.schema.names.index("id")
     id_bytes = sum(md.row_group(g).column(col).total_uncompressed_size for g in range(md.num_row_groups))
-    return md.num_rows * (SPILL_DISK_BYTES_PER_ROW + PLAN_DISK_BYTES_PER_ROW * epochs) + 2 * id_bytes
+    per_row = SPILL_DISK_BYTES_PER_ROW + PLAN_DISK_BYTES_PER_ROW * epochs + (WEIGHTED_DISK_BYTES_PER_ROW if weighted
+                                                                            else 0)
+    return md.num_rows * per_row + 2 * id_bytes
 
 
 def spill_dir(out_dir: str | os.PathLike[str]) -> Path:
@@ -606,5 +719,6 @@ def remove_spill(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-__all__ = ["EpochLayout", "SpilledCorpus", "carry_spilled", "default_memory_limit", "disk_bytes", "plan_epoch_figures",
+__all__ = ["EpochDraw", "EpochLayout", "SpilledCorpus", "carry_spilled", "check_bucket_fits", "default_memory_limit",
+           "disk_bytes", "draw_epoch", "plan_epoch_figures",
            "plan_epoch_spilled", "remove_spill", "spill_dir", "spill_manifest", "write_epoch_spilled"]

@@ -47,6 +47,31 @@ def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed
     m, b = write_plan_inputs(tmp, n, seed=data, num_buckets=buckets, budget=budget)
     opts = dict(world_size=W, seed=seed, epochs=epochs, strict=strict, carry=carry, interleave=interleave,
                 row_group_steps=2, sync_group=group)
+    _compare(tmp, m, b, opts, n, order_rows)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(40, 900), corpora=st.integers(1, 4), W=st.integers(1, 9), seed=st.integers(0, 2**31),
+       epochs=st.integers(1, 3), carry=st.booleans(), data=st.integers(0, 2**31),
+       size=st.sampled_from([None, 0.3, 1.0, 2.5]), weights=st.lists(st.floats(0.05, 20.0), min_size=4, max_size=4),
+       order_rows=st.sampled_from([None, 8, 64]))
+def test_weighted_out_of_core_plan_equals_in_memory(tmp_path_factory, n, corpora, W, seed, epochs, carry, data,
+                                                     size, weights, order_rows) -> None:
+    """A weighted blend (corpora over- and under-sampled; ``size``: the epoch's utterances per
+    manifest row, None: one each) planned out of core: the same shards and plan.json (per-corpus
+    figures included) as in memory."""
+    tmp = tmp_path_factory.mktemp("ooc-weighted")
+    m, b = write_plan_inputs(tmp, n, seed=data, num_buckets=4, budget=60.0, corpora=corpora)
+    present = sorted(set(pl.read_parquet(m)["corpus"].to_list()))
+    opts = dict(world_size=W, seed=seed, epochs=epochs, carry=carry, row_group_steps=2,
+                weights={c: weights[i] for i, c in enumerate(present)},
+                epoch_utterances=None if size is None else max(1, int(size * n)))
+    _compare(tmp, m, b, opts, n, order_rows)
+    assert "weights" in (tmp / "ooc" / "plan.json").read_text()
+
+
+def _compare(tmp: Path, m: Path, b: Path, opts: dict, n: int, order_rows: int | None) -> None:
+    """Plan ``m`` in memory and out of core (parts of ``order_rows`` rows); the same bytes."""
     try:
         build_plan(m, b, tmp / "mem", PlanOptions(**opts))
     except DataprepError:
@@ -60,6 +85,7 @@ def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed
         # the in-memory plan fell back to one-bucket steps, or (few buckets) one bucket needs more
         assert "cannot fill whole balanced steps" in str(exc) or "--memory-limit: bucket" in str(exc)
         assume(False)
+    W = opts["world_size"]
     _same_plan(tmp / "mem", tmp / "ooc", W)
     _no_spill_left(tmp)
 
@@ -88,10 +114,11 @@ def test_memory_limit_errors_are_one_line(tmp_path: Path) -> None:
         PlanOptions(world_size=2, memory_limit=0)
 
 
-@pytest.mark.parametrize("carry", [True, False])
-def test_batches_cut_into_pieces_equal_in_memory(tmp_path: Path, carry: bool) -> None:
+@pytest.mark.parametrize("carry,weighted", [(True, False), (False, False), (True, True)])
+def test_batches_cut_into_pieces_equal_in_memory(tmp_path: Path, carry: bool, weighted: bool) -> None:
     """One batch more than whole steps hold (the largest bucket's), so steps cut batches into
-    pieces: their figures are looked up again out of core (the spill files, carried rows)."""
+    pieces: their figures are looked up again out of core (the spill files, carried rows);
+    ``weighted``: and the per-corpus padding of the pieces' rows."""
     import numpy as np
 
     from bucketing import batching
@@ -104,8 +131,9 @@ def test_batches_cut_into_pieces_equal_in_memory(tmp_path: Path, carry: bool) ->
         nb[k] = min(nb[k] + 1, counts[k])
         return nb
 
-    m, b = write_plan_inputs(tmp_path, 700, seed=3, num_buckets=4, budget=60.0)
-    opts = dict(world_size=7, seed=1, epochs=2, carry=carry, row_group_steps=2)
+    m, b = write_plan_inputs(tmp_path, 700, seed=3, num_buckets=4, budget=60.0, corpora=3 if weighted else 0)
+    opts = dict(world_size=7, seed=1, epochs=2, carry=carry, row_group_steps=2,
+                weights={"c0": 1.0, "c1": 3.0, "c2": 0.5} if weighted else None)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(batching, "even_batch_counts", one_more)
         mp.setattr(out_of_core, "even_batch_counts", one_more)

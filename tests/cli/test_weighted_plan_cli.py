@@ -105,13 +105,16 @@ def test_weights_and_temperature_override(compiled: tuple[Path, Path], tmp_path:
         assert res.exit_code == 2 and msg in res.output and res.output.count("\n") == 1, res.output
 
 
-def test_weighted_plan_over_the_memory_limit_is_refused(compiled: tuple[Path, Path], tmp_path: Path) -> None:
-    """Out-of-core planning does not draw a weighted epoch's multiset: one-line error, no plan."""
+def test_weighted_plan_over_the_memory_limit_equals_in_memory(compiled: tuple[Path, Path], tmp_path: Path) -> None:
+    """Under a --memory-limit below the in-memory need, the weighted blend is drawn bucket by
+    bucket from the spill files: the same shards and plan.json (quotas, per-corpus padding)."""
     manifest, buckets = compiled
-    res = runner.invoke(app, ["plan-batches", str(manifest), "--buckets", str(buckets), "-w", "1", "-o",
-                              str(tmp_path / "p"), "--memory-limit", "1KiB"])
-    assert res.exit_code == 2 and "weighted blend" in res.output and res.output.count("\n") == 1, res.output
-    assert not (tmp_path / "p" / "plan.json").exists()
+    for out, extra in (("mem", []), ("ooc", ["--memory-limit", "2300"])):
+        _ok("plan-batches", str(manifest), "--buckets", str(buckets), "-w", "2", "--epochs", "3", "-o",
+            str(tmp_path / out), *extra)
+    for name in sorted(p.name for p in (tmp_path / "mem").iterdir()):
+        assert (tmp_path / "mem" / name).read_bytes() == (tmp_path / "ooc" / name).read_bytes(), name
+    _ok("verify", str(tmp_path / "ooc"), "--manifest", str(manifest))
 
 
 def test_replan_of_a_weighted_plan_keeps_each_epochs_quota(compiled: tuple[Path, Path], tmp_path: Path) -> None:
