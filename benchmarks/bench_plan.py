@@ -233,13 +233,15 @@ def simulator_trend(tmp: Path, budget_s: float, seeds: int) -> None:
               f"{statistics.median(r.idle_unsync for r in rs):>12.1%} {statistics.median(r.speedup for r in rs):>8.1%}")
 
 
-def weighted_vs_unweighted(df: pl.DataFrame, tmp: Path, args: argparse.Namespace, wall: float, rss: float) -> None:
-    """Plan the same rows as ``--corpora`` weighted corpora; print time and memory ratios."""
+def weighted_vs_unweighted(df: pl.DataFrame, tmp: Path, args: argparse.Namespace, wall: float, rss: float,
+                           limit: int) -> None:
+    """Plan the same rows as ``--corpora`` weighted corpora (under the same ``--memory-limit``);
+    print time and memory ratios."""
     wdf, provenance = with_corpora(df, args.corpora, args.temperature)
     write_manifest(wdf, tmp / "weighted.parquet", provenance)
     del wdf
-    results = [run_plan(tmp / "weighted.parquet", tmp / "buckets.json", tmp / "wplan", args.world_size, args.balance)
-               for _ in range(args.runs)]
+    results = [run_plan(tmp / "weighted.parquet", tmp / "buckets.json", tmp / "wplan", args.world_size, args.balance,
+                        limit) for _ in range(args.runs)]
     wwall = statistics.median(r["wall"] for r in results)
     wrss = statistics.median(r["rss_gib"] for r in results)
     meta = json.loads((tmp / "wplan" / "plan.json").read_text())["weights"]
@@ -312,7 +314,7 @@ def bench_size(rows: int, args: argparse.Namespace, limit: int) -> dict:
               f"load1={entry['load']:.1f}", flush=True)
         if args.corpora:
             df = pl.read_parquet(tmp / "m.parquet")
-            weighted_vs_unweighted(df, tmp, args, wall, rss)
+            weighted_vs_unweighted(df, tmp, args, wall, rss, limit)
             del df
     return entry
 

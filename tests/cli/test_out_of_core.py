@@ -17,9 +17,8 @@ from typer.testing import CliRunner
 from dataprep.cli import app
 from dataprep.planning import PlanOptions, build_plan, out_of_core
 from dataprep.testing import write_plan_inputs
-from manifests.buckets_file import read_buckets, write_buckets
+from manifests.buckets_file import read_buckets
 from manifests.errors import DataprepError
-from manifests.io import write_manifest
 from manifests.plan_files import shard_name
 
 runner = CliRunner()

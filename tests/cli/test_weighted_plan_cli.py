@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pyarrow.compute as pc
 import pytest
 from typer.testing import CliRunner
