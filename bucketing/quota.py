@@ -229,6 +229,28 @@ class CorpusStream:
             out[~head] = t + Shuffle(self.n - t, (*self.key, k, 1)).inverse(p[~head] - t)
         return out
 
+    def row_at(self, p: npt.NDArray[np.int64], cycle: int) -> npt.NDArray[np.int64]:
+        """The rows at positions ``p`` of cycle ``cycle`` (the inverse of :meth:`positions`)."""
+        for k in range(cycle, 0, -1):
+            t = self._split(k)
+            head = p < t
+            prev = np.empty_like(p)
+            prev[head] = Shuffle(t, (*self.key, k, 0)).forward(p[head])
+            if t < self.n:
+                prev[~head] = t + Shuffle(self.n - t, (*self.key, k, 1)).forward(p[~head] - t)
+            p = prev
+        return Shuffle(self.n, (*self.key, 0, 0)).forward(p)
+
+    def drawn_rows(self, epoch: int) -> npt.NDArray[np.int64]:
+        """The ``r`` rows drawn in ``epoch`` (indices, stream order): :meth:`row_at` of the
+        epoch's positions, work per drawn row, not per row of the corpus."""
+        lo, hi = epoch * self.r, (epoch + 1) * self.r
+        k = lo // self.n if self.n else 0
+        parts = [self.row_at(np.arange(lo - k * self.n, min(hi - k * self.n, self.n), dtype=np.int64), k)]
+        if self.r and hi > (k + 1) * self.n:  # the epoch runs into the next cycle
+            parts.append(self.row_at(np.arange(hi - (k + 1) * self.n, dtype=np.int64), k + 1))
+        return np.concatenate(parts)
+
     def drawn(self, rows: npt.NDArray[np.int64], epoch: int) -> npt.NDArray[np.bool_]:
         """Whether each of ``rows`` is drawn in ``epoch`` (``r`` of the ``n`` rows are)."""
         if self.r == 0:
@@ -242,15 +264,27 @@ class CorpusStream:
         return got
 
 
+def group_rows(codes: npt.NDArray[np.integer], num_groups: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Rows grouped by code (a stable sort: ascending inside each group; a radix sort below
+    32768 groups) and each group's bounds in that order (``bounds[c]:bounds[c + 1]``; rows of
+    code -1 come first, before ``bounds[0]``)."""
+    small = codes.astype(np.int16, copy=False) if num_groups < 2**15 else codes
+    order = np.argsort(small, kind="stable")
+    bounds = np.searchsorted(small[order], np.arange(num_groups + 1))
+    return order.astype(np.int32, copy=False) if codes.shape[0] < 2**31 else order, bounds
+
+
 def corpus_indices(codes: npt.NDArray[np.integer], start: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Each row's index among its corpus's rows (manifest order), the corpora's first indices
     being ``start`` (per corpus; advanced in place by the rows counted): call it block after
-    block of a manifest. Rows with code -1 get -1. A loop over the corpora present, not rows."""
+    block of a manifest. Rows with code -1 get -1. One sort of the codes, not a pass per corpus."""
+    C = start.shape[0]
+    order, bounds = group_rows(np.asarray(codes), C)
+    counts = np.diff(bounds)
     out = np.full(codes.shape[0], -1, dtype=np.int64)
-    for c in np.unique(codes[codes >= 0]).tolist():
-        at = np.flatnonzero(codes == c)
-        out[at] = start[c] + np.arange(at.shape[0])
-        start[c] += at.shape[0]
+    at = order[bounds[0]:]
+    out[at] = np.arange(at.shape[0]) - np.repeat(bounds[:-1] - bounds[0] - start, counts)
+    start += counts
     return out
 
 
@@ -295,23 +329,32 @@ class QuotaSampler:
         in ``epoch``. Vectorized per corpus, in blocks of :data:`POSITION_BLOCK` rows."""
         if epoch < 0:
             raise QuotaError(f"epoch must be >= 0, got {epoch}")
-        codes = np.asarray(codes)
+        codes, index = np.asarray(codes), np.asarray(index)
         out = np.zeros(codes.shape[0], dtype=np.int64)
-        for c in np.unique(codes[codes >= 0]).tolist():
-            at = np.flatnonzero(codes == c)
+        order, bounds = group_rows(codes, self.sizes.shape[0])
+        for c in np.flatnonzero(np.diff(bounds)).tolist():
+            at = order[bounds[c]:bounds[c + 1]]
             out[at] = self.full[c]
             for a in range(0, at.shape[0], POSITION_BLOCK):
                 sel = at[a:a + POSITION_BLOCK]
-                out[sel] += self.streams[c].drawn(np.asarray(index)[sel].astype(np.int64), epoch)
+                out[sel] += self.streams[c].drawn(index[sel].astype(np.int64), epoch)
         return out
 
-    def epoch_rows(self, codes: npt.NDArray[np.integer], epoch: int) -> npt.NDArray[np.integer]:
+    def epoch_rows(self, groups: tuple[npt.NDArray[np.integer], npt.NDArray[np.int64]], epoch: int
+                   ) -> npt.NDArray[np.integer]:
         """Manifest rows of ``epoch`` as a multiset of ``sum(quota)`` rows, ascending (a row
-        taken k times listed k times in a run; int32 below 2**31 rows), for a manifest whose
-        rows have corpus ``codes`` (-1: never planned)."""
-        codes = np.asarray(codes)
-        rows = np.flatnonzero(codes >= 0)
-        index = corpus_indices(codes[rows], np.zeros(self.sizes.shape[0], np.int64))
-        taken = self.times(codes[rows], index, epoch)
-        del index
-        return np.repeat(rows.astype(np.int32 if codes.shape[0] < 2**31 else np.int64), taken)
+        taken k times listed k times in a run; int32 below 2**31 rows). ``groups``: the
+        manifest's rows grouped by corpus code (:func:`group_rows` of the codes, -1 for rows
+        never planned; computed once for every epoch). Work: each drawn row's place in its
+        stream (:meth:`CorpusStream.drawn_rows`), then one pass over the rows."""
+        if epoch < 0:
+            raise QuotaError(f"epoch must be >= 0, got {epoch}")
+        order, bounds = groups  # a corpus's rows ascending: its index order
+        if not np.array_equal(np.diff(bounds), self.sizes):
+            raise QuotaError(f"the codes give {np.diff(bounds).tolist()} rows per corpus, not {self.sizes.tolist()}")
+        taken = np.zeros(order.shape[0], dtype=np.int64)  # intp: np.repeat converts no counts
+        for c in np.flatnonzero(self.sizes).tolist():
+            members = order[bounds[c]:bounds[c + 1]]
+            taken[members] = self.full[c]
+            taken[members[self.streams[c].drawn_rows(epoch)]] += 1
+        return np.repeat(np.arange(order.shape[0], dtype=order.dtype), taken)

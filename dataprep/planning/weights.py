@@ -28,6 +28,7 @@ from bucketing.quota import (
     QuotaError,
     QuotaSampler,
     blend_probabilities,
+    group_rows,
     epoch_size_for_hours,
     flat_tree,
     is_weighted,
@@ -89,6 +90,7 @@ class WeightedEpochs:
     epoch_size: int
     _totals: npt.NDArray[np.int64] = field(init=False)  # bucketing.padding.group_padding, summed
     _epochs: int = field(default=0, init=False)
+    _groups: tuple[npt.NDArray[np.integer], npt.NDArray[np.int64]] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._totals = np.zeros((5, len(self.names)), dtype=np.int64)
@@ -96,7 +98,9 @@ class WeightedEpochs:
     def epoch_inputs(self, inputs: PlanInputs, epoch: int) -> PlanInputs:
         """The planner's inputs for ``epoch``: ``inputs`` with the epoch's multiset of rows."""
         assert self.corpus_of_row is not None
-        return dataclasses.replace(inputs, rows=self.sampler.epoch_rows(self.corpus_of_row, epoch))
+        if self._groups is None:  # the rows by corpus, once for every epoch (4 bytes a row)
+            self._groups = group_rows(self.corpus_of_row, len(self.names))
+        return dataclasses.replace(inputs, rows=self.sampler.epoch_rows(self._groups, epoch))
 
     def add(self, ep: EpochPlan, duration: npt.NDArray[np.float64], tokens: npt.NDArray[np.int64]) -> None:
         """Count a planned epoch (manifest rows) per corpus: real and padded seconds and tokens."""

@@ -13,6 +13,7 @@ from bucketing.quota import (
     Shuffle,
     blend_probabilities,
     corpus_indices,
+    group_rows,
     epoch_size_for_hours,
     flat_tree,
     is_weighted,
@@ -83,8 +84,8 @@ def test_every_epoch_gives_exactly_the_quota_and_covers_before_repeating(data: t
     seen_total = [np.zeros(codes.shape[0], np.int64) for _ in range(C)]
     again = _sampler(codes, q, seed)
     for e in range(epochs):
-        rows = s.epoch_rows(codes, e)
-        assert np.array_equal(rows, again.epoch_rows(codes, e))  # deterministic
+        rows = s.epoch_rows(group_rows(codes, C), e)
+        assert np.array_equal(rows, again.epoch_rows(group_rows(codes, C), e))  # deterministic
         assert (np.diff(rows) >= 0).all()  # ascending, a repeated row in one run
         assert (codes[rows] >= 0).all()
         per = np.bincount(codes[rows], minlength=C)
@@ -103,7 +104,7 @@ def test_every_epoch_gives_exactly_the_quota_and_covers_before_repeating(data: t
             extra = seen_total[c][mine] - f * (e + 1)
             assert extra.max() - extra.min() <= 1
     # any epoch first (a re-plan), and block by block: the same rows
-    assert np.array_equal(_sampler(codes, q, seed).epoch_rows(codes, epochs - 1), rows)
+    assert np.array_equal(_sampler(codes, q, seed).epoch_rows(group_rows(codes, C), epochs - 1), rows)
     keep = np.flatnonzero(codes >= 0)
     start = np.zeros(C, np.int64)
     index = np.concatenate([np.empty(0, np.int64)] + [corpus_indices(codes[keep][a:a + 3], start)
@@ -147,7 +148,8 @@ def test_planner_batches_a_weighted_epoch_exactly_as_its_multiset(seed: int, wor
     codes = rng.integers(0, 3, n)
     codes[bucket < 0] = -1
     q = rng.integers(5, 150, 3)
-    rows = _sampler(codes, np.where(np.bincount(codes[codes >= 0], minlength=3) > 0, q, 0), seed).epoch_rows(codes, 0)
+    q = np.where(np.bincount(codes[codes >= 0], minlength=3) > 0, q, 0)
+    rows = _sampler(codes, q, seed).epoch_rows(group_rows(codes, 3), 0)
     inputs = PlanInputs(bucket, np.array([6, 4, 3]), d, t, np.array([2.5, 5.0, 8.0]), None, rows=rows)
     ep = plan_epoch(inputs, world, seed, 0, interleave=interleave, balance=balance)  # type: ignore[arg-type]
     got = np.bincount(np.concatenate([ep.rows, ep.dropped]), minlength=n)
