@@ -93,12 +93,14 @@ def replan_cmd(
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="Carry bucket tails in the later epochs (as plan-batches).")] = _PLAN.carry,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help="Cost coefficient NAME=VALUE for a balanced plan.")] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together in the re-plan (divides --world-size; default the plan's).")] = None,
+    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the re-plan may hold, e.g. 4GiB (default: half the machine's). A larger corpus is re-planned out of core (the same plan; a balanced plan without dynamic resolution; spill files next to -o).", show_default=False)] = None,
 ) -> None:
     """Continue a plan at --at-step on --world-size ranks: steps before it stay consumed; the
     rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned
     (keeping the plan's sync groups and dynamic resolution)."""
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, carry=carry, cost=_cost(coef),
-                            sync_group=sync_group)
+                            sync_group=sync_group,
+                            memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit))
     man = manifest if manifest is not None else default_manifest(plan_dir, read_plan_meta(plan_dir))
     refuse_same_paths({"PLAN": plan_dir, "--manifest": man}, {"-o": out_dir})
     with option_flags(PLAN_FLAGS):  # --at-step is checked against the plan by replan()

@@ -409,38 +409,80 @@ class EpochLayout:
 
 @dataclass(frozen=True)
 class EpochDraw:
-    """A weighted epoch's entries per bucket (:func:`draw_epoch`): times each row of bucket
-    ``k`` is taken lie in the epoch's ``x{k}`` file (int32, the bucket's column order); the
-    entries per bucket and their real totals (as :func:`bucketing.batching.multiset_totals`)."""
+    """An epoch's entries per bucket when they are not every row once (a weighted epoch,
+    :func:`draw_epoch`; the unseen rest of a re-planned one): times each row of bucket ``k`` is
+    taken lie in the epoch's ``x{k}`` file (int32, the bucket's column order); the entries per
+    bucket and their real totals (as :func:`bucketing.batching.multiset_totals`);
+    ``num_corpora`` > 0: per-corpus totals are counted (the spill holds corpus codes)."""
 
-    sampler: QuotaSampler
-    epoch: int
+    num_corpora: int
     counts: npt.NDArray[np.int64]
     total_d: float
     total_t: float
 
-    def entries(self, corpus: SpilledCorpus, k: int) -> npt.NDArray[np.int64]:
-        """Bucket ``k``'s entries as positions into its columns: ascending, a row taken twice
-        listed twice (the in-memory multiset's bucket ``k``, :mod:`bucketing.quota`)."""
-        times = corpus.files.read(f"x{k}", np.int32)
-        return np.repeat(np.arange(times.shape[0], dtype=np.int64), times)
+
+def drawn_entries(corpus: SpilledCorpus, k: int) -> npt.NDArray[np.int64]:
+    """Bucket ``k``'s entries of the epoch drawn (its ``x{k}`` file) as positions into its
+    columns: ascending, a row taken twice listed twice (the in-memory multiset's bucket ``k``,
+    :mod:`bucketing.quota`)."""
+    times = corpus.files.read(f"x{k}", np.int32)
+    return np.repeat(np.arange(times.shape[0], dtype=np.int64), times)
 
 
 def draw_epoch(corpus: SpilledCorpus, sampler: QuotaSampler, epoch: int) -> EpochDraw:
     """Draw a weighted epoch bucket by bucket (one bucket's codes, indices, durations and
     tokens in memory): each row's times taken (:meth:`bucketing.quota.QuotaSampler.times`) to
     the ``x{k}`` files, the entries per bucket and their totals."""
+    return _epoch_draw(corpus, lambda k: sampler.times(corpus.column(k, "c", np.int32),
+                                                       corpus.column(k, "i", corpus.row_dtype), epoch),
+                       sampler.sizes.shape[0])
+
+
+def _epoch_draw(corpus: SpilledCorpus, times_of: Callable[[int], npt.NDArray[np.integer]],
+                num_corpora: int) -> EpochDraw:
+    """The :class:`EpochDraw` of the times ``times_of(k)`` each row of bucket ``k`` is taken."""
     files = SpillFiles(corpus.root)
+    for k in np.flatnonzero(corpus.counts).tolist():
+        files.append(f"x{k}", times_of(k).astype(np.int32))
+    files.close()
+    return _drawn(corpus, num_corpora)
+
+
+def _drawn(corpus: SpilledCorpus, num_corpora: int) -> EpochDraw:
+    """The :class:`EpochDraw` of the ``x{k}`` files written: entries and totals per bucket."""
     counts = np.zeros_like(corpus.counts)
     total_d = total_t = 0.0
     for k in np.flatnonzero(corpus.counts).tolist():
-        times = sampler.times(corpus.column(k, "c", np.int32), corpus.column(k, "i", corpus.row_dtype), epoch)
-        files.append(f"x{k}", times.astype(np.int32))
-        rep = np.repeat(np.arange(times.shape[0], dtype=np.int64), times)
+        rep = drawn_entries(corpus, k)
         x, y = bucket_sums(corpus.column(k, "d", np.float64)[rep], corpus.column(k, "t", np.int32)[rep])
         counts[k], total_d, total_t = rep.shape[0], total_d + x, total_t + y
+    return EpochDraw(num_corpora, counts, max(total_d, 1e-300), max(total_t, 1e-300))
+
+
+def draw_rows(corpus: SpilledCorpus, blocks: Callable[[], Iterator[npt.NDArray[np.int64]]], num_corpora: int,
+              block_rows: int) -> tuple[EpochDraw, int]:
+    """An epoch of the rows ``blocks()`` yields (manifest rows, each as often as listed, in any
+    order; e.g. the unseen rest of a re-planned epoch, read from its shards) as an
+    :class:`EpochDraw`, and how many of them lie in no bucket. Memory: a count per row of
+    ``block_rows`` manifest rows at a time (4 bytes each), each block another pass of
+    ``blocks()``; then one bucket's rows."""
+    files = SpillFiles(corpus.root)
+    live = np.flatnonzero(corpus.counts).tolist()
+    listed = placed = 0
+    for a in range(0, corpus.num_rows, block_rows):
+        b = min(corpus.num_rows, a + block_rows)
+        times = np.zeros(b - a, dtype=np.int32)
+        for rows in blocks():
+            sel = rows[(rows >= a) & (rows < b)] - a
+            times += np.bincount(sel, minlength=b - a).astype(np.int32)
+        listed += int(times.sum(dtype=np.int64))
+        for k in live:
+            own = corpus.column(k, "rows", corpus.row_dtype)
+            got = times[own[np.searchsorted(own, a):np.searchsorted(own, b)] - a]
+            placed += int(got.sum(dtype=np.int64))
+            files.append(f"x{k}", got)
     files.close()
-    return EpochDraw(sampler, epoch, counts, max(total_d, 1e-300), max(total_t, 1e-300))
+    return _drawn(corpus, num_corpora), listed - placed
 
 
 @dataclass(frozen=True)
@@ -474,8 +516,8 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
     else:
         grouping = BucketGrouping("both").with_totals(draw.total_d, draw.total_t)
         counts = draw.counts
-    C = draw.sampler.sizes.shape[0] if draw is not None else 0
-    groups = None if draw is None else np.zeros((5, C), np.int64)
+    C = draw.num_corpora if draw is not None and corpus.has_codes else 0
+    groups = np.zeros((5, C), np.int64) if C else None
     if W is not None:
         nb = even_batch_counts(counts, bs, W)  # near-equal batches filling whole steps (as plan_epoch)
         starts_in_bucket = even_batch_starts(counts, nb)  # a bucket's k-th batch starts at k q + min(k, r)
@@ -491,10 +533,10 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
         cnt, size = int(counts[k]), int(bs[k])
         first = starts_in_bucket[at:at + int(nb[k])]  # the bucket's batch starts (as cut_batches)
         d, t = corpus.column(int(k), "d", np.float64), corpus.column(int(k), "t", np.int32)
-        entries = None if draw is None else draw.entries(corpus, int(k))
+        entries = None if draw is None else drawn_entries(corpus, int(k))
         if entries is not None:
             d, t = d[entries], t[entries]
-        c = None if entries is None else corpus.column(int(k), "c", np.int32)[entries]
+        c = None if entries is None or groups is None else corpus.column(int(k), "c", np.int32)[entries]
         parts = []
         pos = 0
         for p in grouping.order_chunks(cnt, size, rng, d, t, ORDER_ROWS, batches=None if W is None else int(nb[k])):

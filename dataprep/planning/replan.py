@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,8 @@ from bucketing.balance import DEFAULT_BALANCE
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from bucketing.groups import regroup
+from bucketing.batching import TOTALS_BLOCK
+from bucketing.costmodel import CostModel
 from bucketing.plan import PlanError, PlanInputs, plan_epoch
 from dataprep.planning.build import (
     EpochTotals,
@@ -40,12 +43,26 @@ from dataprep.planning.build import (
 )
 from manifests.buckets_file import parse_buckets
 from dataprep.planning.options import PlanOptions
-from dataprep.planning.weights import WeightedEpochs, weighted_epochs
+from dataprep.planning.out_of_core import (
+    IN_MEMORY_BYTES_PER_ROW,
+    check_bucket_fits,
+    default_memory_limit,
+    disk_bytes,
+    draw_epoch,
+    draw_rows,
+    plan_epoch_spilled,
+    remove_spill,
+    spill_dir,
+    spill_manifest,
+    write_epoch_spilled,
+)
+from dataprep.planning.weights import WeightedEpochs, blend_of, unknown_corpus_error, weighted_epochs, weighting
 from manifests.errors import DataprepError, OptionError
-from manifests.io import require_manifest_hash
+from manifests.io import iter_corpus_codes, manifest_num_rows, require_manifest_hash
 from manifests.options import check_int
 from manifests.plan_files import PlanShard, PlanWriter
 from manifests.plan_meta import PlanMeta, ReplanInfo, read_plan_meta
+from manifests.spill import check_free_disk, retained_heap
 
 #: Tolerance of the balanced steps a re-plan falls back to for the unseen rest of an epoch when
 #: one-bucket steps would drop some of it (tiny buckets of batch size 1).
@@ -92,6 +109,16 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
     bs = batch_sizes_of(spec, f"{plan_dir}/plan.json")
     grid = grid_from_spec(spec)
+    limit = options.memory_limit if options.memory_limit is not None else default_memory_limit()
+    if manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW > limit:
+        if meta.balance is None or meta.balance.tolerance <= 0 or dynres_config is not None:
+            raise DataprepError(
+                f"{manifest}: --memory-limit: re-planning {manifest_num_rows(manifest)} rows in memory needs about "
+                f"{manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW / 2**30:.2f} GiB, more than the limit "
+                f"{limit / 2**30:.2f} GiB, and an out-of-core re-plan needs a balanced plan without dynamic "
+                "resolution")
+        with retained_heap():
+            return _replan_out_of_core(plan_dir, manifest, out_dir, options, meta, at_step, group, limit)
     cols = ManifestColumns.read(manifest)
     options.check_rows(cols.duration.shape[0])  # before any per-rank allocation
     tol = meta.balance.tolerance if meta.balance is not None else 0.0
@@ -106,7 +133,6 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     # borrowed by a bucket of batch size 1, are re-decided for the new world size)
     rest_bucket[rows] = np.where(assigned.bucket[rows] >= 0, assigned.bucket[rows], buckets)
     weighted = _weighted(meta, manifest, assigned.bucket, cols.duration, options, e0)
-    consumed = at_step - meta.first_step_of_epoch[e0]
     totals = EpochTotals(len(spec.buckets))
     dynres = DynResTotals(dynres_config, len(spec.buckets)) if dynres_config is not None else None
     with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
@@ -115,8 +141,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
         for e in range(e0, meta.epochs):
             b = rest_bucket if e == e0 else assigned.bucket
             inputs = PlanInputs(b, bs, cols.duration, cols.num_tokens, grid.max_duration, max_tokens)
-            if weighted is not None and e == e0:  # the unseen multiset: a row may repeat
-                inputs = dataclasses.replace(inputs, rows=rows)
+            if e == e0:  # the unseen multiset (weighted: a row may repeat), ascending as an epoch's
+                inputs = dataclasses.replace(inputs, rows=np.sort(rows))
             elif weighted is not None:
                 inputs = weighted.epoch_inputs(inputs, e)
             try:
@@ -139,35 +165,130 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             if dynres is not None:
                 dynres.add(ep, cols.duration)
             first += ep.num_steps
-        spe = meta.steps_per_epoch[:e0] + [consumed + totals.steps_per_epoch[0]] + totals.steps_per_epoch[1:]
-        per_epoch = meta.per_epoch[:e0] + totals.per_epoch
-        new = PlanMeta(
-            manifest=meta.manifest, buckets_file=meta.buckets_file, buckets=meta.buckets, world_size=world_size,
-            seed=meta.seed, epochs=meta.epochs, interleave=meta.interleave,
-            allocation={**meta.allocation, "carried_tails": assigned.carried, "carry": assigned.carry},
-            num_steps=sum(spe), steps_per_epoch=spe, per_epoch=per_epoch,
-            per_bucket=totals.per_bucket(meta.epochs - e0, world_size), padding=totals.padding(),
-            fallbacks=totals.fallback_summary(), balance=totals.balance_info(tol),
-            replan=ReplanInfo(meta.plan_hash, meta.world_size, at_step),
-            sync_group=group if group != world_size else None,
-            extra={**({"weights": weighted.to_json()} if weighted is not None else {}),
-                   **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {})},
-        )
-        return writer.finish(new)
+        extra = {**({"weights": weighted.to_json()} if weighted is not None else {}),
+                 **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {})}
+        return writer.finish(_replan_meta(meta, world_size, at_step, totals, assigned.carried, assigned.carry, tol,
+                                          group, extra))
+
+
+def _replan_meta(meta: PlanMeta, world_size: int, at_step: int, totals: EpochTotals, carried: int, carry: bool,
+                 tol: float, group: int, extra: dict[str, object]) -> PlanMeta:
+    """The re-plan's ``plan.json``: the parent's epochs before ``at_step``, the re-planned ones'
+    ``totals``."""
+    e0 = epoch_of_step(meta, at_step)
+    consumed = at_step - meta.first_step_of_epoch[e0]
+    spe = meta.steps_per_epoch[:e0] + [consumed + totals.steps_per_epoch[0]] + totals.steps_per_epoch[1:]
+    per_epoch = meta.per_epoch[:e0] + totals.per_epoch
+    return PlanMeta(
+        manifest=meta.manifest, buckets_file=meta.buckets_file, buckets=meta.buckets, world_size=world_size,
+        seed=meta.seed, epochs=meta.epochs, interleave=meta.interleave,
+        allocation={**meta.allocation, "carried_tails": carried, "carry": carry},
+        num_steps=sum(spe), steps_per_epoch=spe, per_epoch=per_epoch,
+        per_bucket=totals.per_bucket(meta.epochs - e0, world_size), padding=totals.padding(),
+        fallbacks=totals.fallback_summary(), balance=totals.balance_info(tol),
+        replan=ReplanInfo(meta.plan_hash, meta.world_size, at_step),
+        sync_group=group if group != world_size else None,
+        extra=extra,
+    )
+
+
+def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str],
+                        out_dir: str | os.PathLike[str], options: PlanOptions, meta: PlanMeta, at_step: int,
+                        group: int, limit: int) -> PlanMeta:
+    """:func:`replan` of a manifest whose in-memory re-plan would exceed ``limit`` bytes: the
+    spill of :mod:`dataprep.planning.out_of_core`, the unseen rest of the epoch drawn from the
+    parent's shards (:func:`~dataprep.planning.out_of_core.draw_rows`), later epochs as
+    ``plan-batches`` plans them out of core. The same bytes as in memory."""
+    W, tol = options.world_size, meta.balance.tolerance  # type: ignore[union-attr]
+    strict = bool(meta.allocation.get("strict", False))
+    spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
+    bs, grid = batch_sizes_of(spec, f"{plan_dir}/plan.json"), grid_from_spec(spec)
+    e0 = epoch_of_step(meta, at_step)
+    recorded = meta.extra.get("weights")
+    parent = _parent_weighting(meta, options)
+    blend = blend_of(manifest, parent, tree=recorded.get("tree")) if isinstance(recorded, dict) else None
+    names = [] if blend is None else list(blend.probabilities)
+    codes = None if blend is None else iter_corpus_codes(manifest, names, TOTALS_BLOCK)
+    if blend is not None and codes is None:
+        raise DataprepError(f"{manifest}: has no corpus column, the plan's manifest has")
+    root = spill_dir(out_dir)
+    try:
+        check_free_disk(root, disk_bytes(manifest, meta.epochs - e0, weighted=blend is not None),
+                        "the spill files and the plan")
+        corpus = spill_manifest(manifest, grid, bs, root, strict=strict, carry=options.carry, memory_limit=limit,
+                                codes=codes, num_corpora=len(names) if codes is not None else None)
+        weighted = None
+        if blend is not None:
+            if corpus.unknown_corpus:
+                raise unknown_corpus_error(manifest, names)
+            weighted = weighting(manifest, blend, *corpus.corpus_sums(len(names)), parent)
+            _check_recorded_quotas(meta, weighted)
+        rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0), len(names),
+                                block_rows=max(1, limit // 8))
+        if stray:
+            raise DataprepError(f"{plan_dir}: {stray} of the rows the plan has not trained are in no bucket of the "
+                                "re-plan's allocation (another manifest?)")
+        totals = EpochTotals(len(spec.buckets))
+        cost = options.cost or CostModel()
+        with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps) as writer:
+            first = at_step
+            for e in range(e0, meta.epochs):
+                draw = rest if e == e0 else None if weighted is None else draw_epoch(corpus, weighted.sampler, e)
+                if draw is not None:
+                    check_bucket_fits(manifest, draw.counts, bs, limit)
+                try:
+                    lay = plan_epoch_spilled(corpus, bs, W, meta.seed, e, interleave=meta.interleave, tolerance=tol,
+                                             cost=cost, group=group, final=e == meta.epochs - 1, draw=draw)
+                except DataprepError as exc:
+                    raise DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {W} ranks: "
+                                        f"{exc}") from None
+                if weighted is not None and lay.groups is not None:
+                    weighted.add_totals(lay.groups)
+                write_epoch_spilled(writer, lay, corpus, first, options.row_group_steps, lambda r: None)
+                totals.add(lay.ep, first, bs, cost)
+                first += lay.ep.num_steps
+            extra = {"weights": weighted.to_json()} if weighted is not None else {}
+            return writer.finish(_replan_meta(meta, W, at_step, totals, corpus.carried,
+                                              options.carry and not strict, tol, group, extra))
+    finally:
+        remove_spill(root)
+
+
+def _unseen_blocks(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int,
+                   epoch: int) -> Iterator[npt.NDArray[np.int64]]:
+    """The rows of :func:`unseen_rows`, one row group of one shard at a time."""
+    for r in range(meta.world_size):
+        for t in PlanShard(plan_dir, r).iter_tables(at_step, columns=["epoch", "rows"]):
+            t = t.filter(pc.equal(t.column("epoch"), pa.scalar(epoch, pa.int32())))
+            yield pc.list_flatten(t.column("rows")).to_numpy().astype(np.int64)
+
+
+def _parent_weighting(meta: PlanMeta, options: PlanOptions) -> PlanOptions:
+    """``options`` with the parent's weighting (temperature, epoch size, seed)."""
+    recorded = meta.extra.get("weights")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    return dataclasses.replace(options, weights=None, temperature=recorded.get("temperature"),
+                               epoch_utterances=recorded.get("epoch_size"), epoch_hours=None, seed=meta.seed)
+
+
+def _check_recorded_quotas(meta: PlanMeta, weighted: WeightedEpochs) -> None:
+    recorded = meta.extra.get("weights")
+    corpora = recorded.get("corpora", []) if isinstance(recorded, dict) else []
+    if [int(c["quota"]) for c in corpora] != weighted.quota.tolist():
+        raise DataprepError("plan.json: weights: the recorded quotas differ from the manifest's (another manifest?)")
 
 
 def _weighted(meta: PlanMeta, manifest: str | os.PathLike[str], bucket: npt.NDArray[np.int32],
               duration: npt.NDArray[np.float64], options: PlanOptions, e0: int) -> WeightedEpochs | None:
-    """A weighted parent's corpora, quotas and row draws, advanced past epoch ``e0`` (whose
-    rest is the unseen multiset): later epochs draw exactly the rows the parent drew."""
+    """A weighted parent's corpora, quotas and row draws: epochs after ``e0`` (whose rest is
+    the unseen multiset) draw exactly the rows the parent drew."""
     recorded = meta.extra.get("weights")
     if not isinstance(recorded, dict):
         return None
-    parent = dataclasses.replace(options, weights=None, temperature=recorded.get("temperature"),
-                                 epoch_utterances=recorded.get("epoch_size"), epoch_hours=None, seed=meta.seed)
-    weighted = weighted_epochs(manifest, bucket, duration, parent, tree=recorded.get("tree"))
-    if weighted is None or [int(c["quota"]) for c in recorded.get("corpora", [])] != weighted.quota.tolist():
+    weighted = weighted_epochs(manifest, bucket, duration, _parent_weighting(meta, options), tree=recorded.get("tree"))
+    if weighted is None:
         raise DataprepError("plan.json: weights: the recorded quotas differ from the manifest's (another manifest?)")
+    _check_recorded_quotas(meta, weighted)
     return weighted
 
 

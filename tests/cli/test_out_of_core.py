@@ -20,6 +20,7 @@ from dataprep.testing import write_plan_inputs
 from manifests.buckets_file import read_buckets
 from manifests.errors import DataprepError
 from manifests.plan_files import shard_name
+from manifests.plan_meta import read_plan_meta
 
 runner = CliRunner()
 
@@ -97,6 +98,16 @@ def test_cli_memory_limit_spills_and_equals(tmp_path: Path) -> None:
         assert res.exit_code == 0, res.output
     _same_plan(tmp_path / "mem", tmp_path / "ooc", 8)
     _no_spill_left(tmp_path)
+    step = str(read_plan_meta(tmp_path / "mem").num_steps // 3)  # inside epoch 0: its unseen rest re-planned
+    for out, extra in (("re-mem", []), ("re-ooc", ["--memory-limit", "1MiB"])):
+        res = runner.invoke(app, ["replan", str(tmp_path / "mem"), "--manifest", str(m), "--at-step", step,
+                                  "--world-size", "6", "-o", str(tmp_path / out), *extra])
+        assert res.exit_code == 0, res.output
+    _same_plan(tmp_path / "re-mem", tmp_path / "re-ooc", 6)
+    _no_spill_left(tmp_path)
+    res = runner.invoke(app, ["replan", str(tmp_path / "mem"), "--manifest", str(m), "--at-step", step,
+                              "--world-size", "6", "-o", str(tmp_path / "x"), "--memory-limit", "lots"])
+    assert res.exit_code == 2 and "--memory-limit" in res.output and len(res.output.strip().splitlines()) == 1
 
 
 def test_memory_limit_errors_are_one_line(tmp_path: Path) -> None:
@@ -111,6 +122,12 @@ def test_memory_limit_errors_are_one_line(tmp_path: Path) -> None:
     _no_spill_left(tmp_path)
     with pytest.raises(DataprepError, match="memory_limit"):
         PlanOptions(world_size=2, memory_limit=0)
+    res = runner.invoke(app, [*common[:-2], "-o", str(tmp_path / "one"), "--balance", "0"])  # in memory
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["replan", str(tmp_path / "one"), "--manifest", str(m), "--at-step", "1", "-w", "2",
+                              "-o", str(tmp_path / "re"), "--memory-limit", "100KiB"])
+    assert res.exit_code == 2 and "balanced plan" in res.output and len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "re").exists()
 
 
 @pytest.mark.parametrize("carry,weighted", [(True, False), (False, False), (True, True)])
@@ -186,3 +203,38 @@ def test_a_spill_directory_that_cannot_be_made_is_one_line(tmp_path: Path) -> No
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(DataprepError, match="cannot make the spill directory there"):
         out_of_core.spill_dir(tmp_path / "a-file" / "plan")
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(60, 700), W=st.integers(1, 6), W2=st.integers(1, 6), seed=st.integers(0, 2**31),
+       epochs=st.integers(1, 3), corpora=st.sampled_from([0, 1, 3]), group=st.booleans(),
+       data=st.integers(0, 2**31), at=st.floats(0.0, 0.99))
+def test_out_of_core_replan_equals_in_memory(tmp_path_factory, n, W, W2, seed, epochs, corpora, group, data,
+                                             at) -> None:
+    """A re-plan (another world size, from a step inside any epoch; weighted or not; sync
+    groups of 1) under a --memory-limit below the in-memory need: the same shards and plan.json."""
+    from dataprep.planning import replan
+
+    tmp = tmp_path_factory.mktemp("ooc-replan")
+    m, b = write_plan_inputs(tmp, n, seed=data, num_buckets=4, budget=60.0, corpora=corpora)
+    weights = {f"c{c}": 1.0 + 2 * c for c in range(corpora)}
+    present = set(pl.read_parquet(m)["corpus"].to_list()) if corpora else set()
+    opts = dict(world_size=W, seed=seed, epochs=epochs, row_group_steps=2,
+                weights={c: w for c, w in weights.items() if c in present} or None)
+    try:
+        parent = build_plan(m, b, tmp / "parent", PlanOptions(**opts))
+    except DataprepError:
+        assume(False)
+    step = parent.first_step + int(at * (parent.num_steps - parent.first_step))
+    new = dict(world_size=W2, row_group_steps=2, sync_group=1 if group else None)
+    try:
+        replan(tmp / "parent", m, tmp / "mem", PlanOptions(**new), at_step=step)
+    except DataprepError:
+        assume(False)
+    try:
+        replan(tmp / "parent", m, tmp / "ooc", PlanOptions(**new, memory_limit=n * 100 - 1), at_step=step)
+    except DataprepError as exc:
+        assert "cannot fill whole balanced steps" in str(exc) or "--memory-limit: bucket" in str(exc)
+        assume(False)
+    _same_plan(tmp / "mem", tmp / "ooc", W2)
+    _no_spill_left(tmp)
