@@ -459,28 +459,33 @@ def _drawn(corpus: SpilledCorpus, num_corpora: int) -> EpochDraw:
     return EpochDraw(num_corpora, counts, max(total_d, 1e-300), max(total_t, 1e-300))
 
 
+#: Bytes of memory per manifest row of a block of :func:`draw_rows` (its int64 count and, per
+#: bucket, the counts of its rows).
+ROW_COUNT_BYTES = 16
+
+
 def draw_rows(corpus: SpilledCorpus, blocks: Callable[[], Iterator[npt.NDArray[np.int64]]], num_corpora: int,
               block_rows: int) -> tuple[EpochDraw, int]:
     """An epoch of the rows ``blocks()`` yields (manifest rows, each as often as listed, in any
     order; e.g. the unseen rest of a re-planned epoch, read from its shards) as an
     :class:`EpochDraw`, and how many of them lie in no bucket. Memory: a count per row of
-    ``block_rows`` manifest rows at a time (4 bytes each), each block another pass of
-    ``blocks()``; then one bucket's rows."""
+    ``block_rows`` manifest rows at a time (:data:`ROW_COUNT_BYTES` each), each block another
+    pass of ``blocks()``; then one bucket's rows."""
     files = SpillFiles(corpus.root)
     live = np.flatnonzero(corpus.counts).tolist()
     listed = placed = 0
     for a in range(0, corpus.num_rows, block_rows):
         b = min(corpus.num_rows, a + block_rows)
-        times = np.zeros(b - a, dtype=np.int32)
-        for rows in blocks():
-            sel = rows[(rows >= a) & (rows < b)] - a
-            times += np.bincount(sel, minlength=b - a).astype(np.int32)
+        times = np.zeros(b - a, dtype=np.int64)
+        for rows in blocks():  # a row group at a time: its rows' counts, not a block-sized bincount
+            u, n = np.unique(rows[(rows >= a) & (rows < b)] - a, return_counts=True)
+            times[u] += n
         listed += int(times.sum(dtype=np.int64))
         for k in live:
             own = corpus.column(k, "rows", corpus.row_dtype)
             got = times[own[np.searchsorted(own, a):np.searchsorted(own, b)] - a]
             placed += int(got.sum(dtype=np.int64))
-            files.append(f"x{k}", got)
+            files.append(f"x{k}", got.astype(np.int32))
     files.close()
     return _drawn(corpus, num_corpora), listed - placed
 

@@ -49,6 +49,7 @@ from dataprep.planning.out_of_core import (
     default_memory_limit,
     disk_bytes,
     draw_epoch,
+    ROW_COUNT_BYTES,
     draw_rows,
     plan_epoch_spilled,
     remove_spill,
@@ -224,7 +225,7 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
             weighted = weighting(manifest, blend, *corpus.corpus_sums(len(names)), parent)
             _check_recorded_quotas(meta, weighted)
         rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0), len(names),
-                                block_rows=max(1, limit // 8))
+                                block_rows=max(1, limit // (2 * ROW_COUNT_BYTES)))
         if stray:
             raise DataprepError(f"{plan_dir}: {stray} of the rows the plan has not trained are in no bucket of the "
                                 "re-plan's allocation (another manifest?)")
