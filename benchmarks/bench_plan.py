@@ -9,6 +9,8 @@ tail-worker simulator on the shared corpora.
         --skip-lhotse --skip-simulator          # out of core (spill files next to the plan)
     python benchmarks/bench_plan.py --rows 10000000,40000000,100000000 --runs 1 --balance 0.05 \
         --memory-limit 2GiB --skip-lhotse --skip-simulator   # a table: rows x (time, us/utt, RSS, B/utt)
+    python benchmarks/bench_plan.py --rows 10000000 --runs 1 --balance 0.05 --memory-limit 900MiB --replan \
+        --skip-lhotse --skip-simulator          # and replan at the middle step onto W/2, out of core
     python benchmarks/bench_plan.py --rows 1000000000 --runs 1 --balance 0.05 --memory-limit 4GiB \
         --skip-lhotse --skip-simulator --dir /big/disk   # a billion: ~120 GB of disk in --dir (checked first)
 
@@ -163,6 +165,36 @@ print(json.dumps({"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "timings": tim
 """
 
 
+REPLAN_CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+from dataprep.planning import PlanOptions, replan
+from manifests.plan_meta import read_plan_meta
+parent = read_plan_meta(sys.argv[1])
+limit = int(sys.argv[5]) if sys.argv[5] != "0" else None
+at = parent.num_steps // 2
+meta = replan(sys.argv[1], sys.argv[2], sys.argv[3], PlanOptions(world_size=int(sys.argv[4]), memory_limit=limit),
+              at_step=at)
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 2**20
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"wall": time.perf_counter() - t0, "cpu": ru.ru_utime + ru.ru_stime, "rss_gib": hwm,
+                  "at": at, "steps": meta.num_steps - at}))
+"""
+
+
+def run_replan(plan: Path, manifest: Path, out: Path, world: int, memory_limit: int = 0) -> dict:
+    """``replan`` of ``plan`` at its middle step onto ``world`` ranks, in a fresh subprocess."""
+    env = dict(os.environ, POLARS_MAX_THREADS="2", OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
+    res = subprocess.run(["taskset", "-c", "0,1", sys.executable, "-c", REPLAN_CHILD, str(plan), str(manifest),
+                          str(out), str(world), str(memory_limit)], capture_output=True, text=True, env=env)
+    if res.returncode:
+        sys.exit(f"replan failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    print(f"replan at step {got['at']} onto W={world}: wall {got['wall']:.2f} s, cpu {got['cpu']:.2f} s, "
+          f"peak RSS {got['rss_gib']:.2f} GiB, {got['steps']} steps re-planned", flush=True)
+    return got
+
+
 def run_plan(manifest: Path, buckets: Path, out: Path, world: int, balance: float = 0.0, memory_limit: int = 0) -> dict:
     env = dict(os.environ, POLARS_MAX_THREADS="2", OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
     res = subprocess.run(["taskset", "-c", "0,1", sys.executable, "-c", CHILD, str(manifest), str(buckets),
@@ -312,6 +344,8 @@ def bench_size(rows: int, args: argparse.Namespace, limit: int) -> dict:
         print(f"TABLE rows={rows} memory_limit={args.memory_limit} wall_s={wall:.1f} "
               f"us_per_utt={entry['us']:.2f} peak_rss_gib={rss:.2f} out_bytes_per_utt={size / rows:.1f} "
               f"load1={entry['load']:.1f}", flush=True)
+        if args.replan:
+            run_replan(tmp / "plan", tmp / "m.parquet", tmp / "replan", max(1, args.world_size // 2), limit)
         if args.corpora:
             df = pl.read_parquet(tmp / "m.parquet")
             weighted_vs_unweighted(df, tmp, args, wall, rss, limit)
@@ -333,6 +367,8 @@ def main() -> None:
     ap.add_argument("--corpora", type=int, default=0, help="also plan C weighted corpora; report the ratio")
     ap.add_argument("--temperature", type=float, default=0.3, help="re-weighting temperature with --corpora")
     ap.add_argument("--memory-limit", default="0", help="plan-batches --memory-limit (e.g. 2GiB; 0: the default)")
+    ap.add_argument("--replan", action="store_true",
+                    help="also re-plan the plan at its middle step onto half the ranks (under --memory-limit)")
     ap.add_argument("--dir", default=None, help="work directory (manifest, spill files, plan); default a temp dir")
     args = ap.parse_args()
     limit = parse_bytes(args.memory_limit)

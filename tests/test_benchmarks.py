@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 QUICK = {
     "bench_read.py": ["--rows", "5000", "--repeats", "1"],
     "bench_report.py": ["--rows", "5000", "--repeats", "1"],
-    "bench_plan.py": ["--rows", "20000", "--runs", "1", "--world-size", "8", "--skip-lhotse", "--skip-simulator"],
+    "bench_plan.py": ["--rows", "20000", "--runs", "1", "--world-size", "8", "--skip-lhotse", "--skip-simulator",
+                      "--balance", "0.05", "--memory-limit", "1MiB", "--replan", "--corpora", "3"],
     "bench_hash.py": ["--rows", "20000", "--repeats", "1", "--work", "{tmp}"],
     "bench_compile.py": ["--rows", "5000", "--repeats", "1", "--probe-files", "50", "--tokenize-texts", "2000",
                          "--skip-cli"],
