@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SPEECH_DATAPREP_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -54,7 +55,7 @@ sys.path.insert(0, str(REPO))
 from bucketing.budget import budget_source, padded_budget_batch_sizes  # noqa: E402
 from bucketing.fit import fit_buckets, grid_to_buckets  # noqa: E402
 from manifests.buckets_file import BucketSpec, write_buckets  # noqa: E402
-from manifests.io import write_manifest, write_parquet_stream  # noqa: E402
+from manifests.io import iter_manifest, write_manifest, write_parquet_stream  # noqa: E402
 from manifests.schema import POLARS_SCHEMA, conform, manifest_schema  # noqa: E402
 from manifests.units import parse_bytes  # noqa: E402
 
@@ -88,18 +89,26 @@ def synthetic(n: int, seed: int = 0) -> pl.DataFrame:
         pl.format("utt-{}", pl.int_range(n, dtype=pl.Int64)).alias("id"))
 
 
-def with_corpora(df: pl.DataFrame, corpora: int, temperature: float, seed: int = 0) -> tuple[pl.DataFrame, dict]:
-    """``df`` with a ``corpus`` column (Zipf-like corpus sizes, rows shuffled across corpora)
-    and the provenance of a blend weighted by each corpus's hours at ``temperature``."""
-    rng = np.random.default_rng(seed)
+def write_with_corpora(manifest: Path, out: Path, corpora: int, temperature: float, seed: int = 0) -> None:
+    """``manifest`` rewritten to ``out`` with a ``corpus`` column (Zipf-like corpus sizes, rows
+    shuffled across corpora) and the provenance of a blend weighted by each corpus's hours at
+    ``temperature``; block by block (memory: a block, whatever the manifest's size)."""
     share = 1.0 / np.arange(1, corpora + 1) ** 1.1
-    code = rng.choice(corpora, size=df.height, p=share / share.sum())
-    names = [f"corpus{c:03d}" for c in range(corpora)]
-    hours = np.bincount(code, weights=df["duration"].to_numpy(), minlength=corpora) / 3600
+    names = np.asarray([f"corpus{c:03d}" for c in range(corpora)], dtype=object)
+
+    def blocks():  # block i's corpora drawn with seed (seed, i): the same in every pass
+        for i, t in enumerate(iter_manifest(manifest, None, GEN_BLOCK)):
+            yield t, np.random.default_rng([seed, i]).choice(corpora, size=t.num_rows, p=share / share.sum())
+
+    hours = np.zeros(corpora)
+    for t, code in blocks():
+        hours += np.bincount(code, weights=t.column("duration").to_numpy(), minlength=corpora) / 3600
     tree = {"temperature": temperature,
             "children": [{"weight": float(max(h, 1e-3)), "corpus": n} for n, h in zip(names, hours)]}
-    out = df.with_columns(pl.Series("corpus", np.asarray(names, dtype=object)[code], dtype=pl.String))
-    return out, {"blend": {"path": "input_cfg.yaml", "tree": tree, "corpora": []}}
+    schema = manifest_schema(False, corpus=True)
+    write_parquet_stream(lambda: (t.append_column("corpus", pa.array(names[code], pa.string())).cast(schema)
+                                  for t, code in blocks()),
+                         out, schema, "manifest", {"blend": {"path": "input_cfg.yaml", "tree": tree, "corpora": []}})
 
 
 GEN_BLOCK = 5_000_000
@@ -265,13 +274,10 @@ def simulator_trend(tmp: Path, budget_s: float, seeds: int) -> None:
               f"{statistics.median(r.idle_unsync for r in rs):>12.1%} {statistics.median(r.speedup for r in rs):>8.1%}")
 
 
-def weighted_vs_unweighted(df: pl.DataFrame, tmp: Path, args: argparse.Namespace, wall: float, rss: float,
-                           limit: int) -> None:
+def weighted_vs_unweighted(tmp: Path, args: argparse.Namespace, wall: float, rss: float, limit: int) -> None:
     """Plan the same rows as ``--corpora`` weighted corpora (under the same ``--memory-limit``);
     print time and memory ratios."""
-    wdf, provenance = with_corpora(df, args.corpora, args.temperature)
-    write_manifest(wdf, tmp / "weighted.parquet", provenance)
-    del wdf
+    write_with_corpora(tmp / "m.parquet", tmp / "weighted.parquet", args.corpora, args.temperature)
     results = [run_plan(tmp / "weighted.parquet", tmp / "buckets.json", tmp / "wplan", args.world_size, args.balance,
                         limit) for _ in range(args.runs)]
     wwall = statistics.median(r["wall"] for r in results)
@@ -347,9 +353,7 @@ def bench_size(rows: int, args: argparse.Namespace, limit: int) -> dict:
         if args.replan:
             run_replan(tmp / "plan", tmp / "m.parquet", tmp / "replan", max(1, args.world_size // 2), limit)
         if args.corpora:
-            df = pl.read_parquet(tmp / "m.parquet")
-            weighted_vs_unweighted(df, tmp, args, wall, rss, limit)
-            del df
+            weighted_vs_unweighted(tmp, args, wall, rss, limit)
     return entry
 
 
