@@ -221,24 +221,25 @@ class CorpusStream:
 
     def _next_cycle(self, p: npt.NDArray[np.int64], k: int) -> npt.NDArray[np.int64]:
         """Positions in cycle ``k`` of the rows at positions ``p`` of cycle ``k - 1``."""
+        return self._across(p, k, inverse=True)
+
+    def _across(self, p: npt.NDArray[np.int64], k: int, inverse: bool) -> npt.NDArray[np.int64]:
+        """Cycle ``k``'s re-shuffle of cycle ``k - 1``'s positions: the head (positions < the
+        split) and the tail shuffled apart; ``inverse``: from cycle ``k - 1`` to ``k``, else back."""
         t = self._split(k)
         head = p < t
         out = np.empty_like(p)
-        out[head] = Shuffle(t, (*self.key, k, 0)).inverse(p[head])
+        shuffles = (Shuffle(t, (*self.key, k, 0)), Shuffle(self.n - t, (*self.key, k, 1)))
+        out[head] = shuffles[0].inverse(p[head]) if inverse else shuffles[0].forward(p[head])
         if t < self.n:
-            out[~head] = t + Shuffle(self.n - t, (*self.key, k, 1)).inverse(p[~head] - t)
+            tail = p[~head] - t
+            out[~head] = t + (shuffles[1].inverse(tail) if inverse else shuffles[1].forward(tail))
         return out
 
     def row_at(self, p: npt.NDArray[np.int64], cycle: int) -> npt.NDArray[np.int64]:
         """The rows at positions ``p`` of cycle ``cycle`` (the inverse of :meth:`positions`)."""
         for k in range(cycle, 0, -1):
-            t = self._split(k)
-            head = p < t
-            prev = np.empty_like(p)
-            prev[head] = Shuffle(t, (*self.key, k, 0)).forward(p[head])
-            if t < self.n:
-                prev[~head] = t + Shuffle(self.n - t, (*self.key, k, 1)).forward(p[~head] - t)
-            p = prev
+            p = self._across(p, k, inverse=False)
         return Shuffle(self.n, (*self.key, 0, 0)).forward(p)
 
     def drawn_rows(self, epoch: int) -> npt.NDArray[np.int64]:
