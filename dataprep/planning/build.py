@@ -33,16 +33,25 @@ from bucketing.dynres import (
 )
 from bucketing.balance import PlanReport
 from bucketing.costmodel import CostModel
-from bucketing.fit import grid_from_spec
+from bucketing.fit import Grid, grid_from_spec
 from bucketing.groups import regroup
 from bucketing.plan import EpochPlan, PlanError, PlanInputs, plan_epoch, require_one_step
 from bucketing.steps_report import epoch_report
 from dataprep.planning.options import PlanOptions
-from dataprep.planning.weights import blend_of, unknown_corpus_error, wants_weights, weighted_epochs, weighting
+from dataprep.planning.weights import (
+    Blend,
+    WeightedEpochs,
+    blend_of,
+    unknown_corpus_error,
+    wants_weights,
+    weighted_epochs,
+    weighting,
+)
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from dataprep.planning.out_of_core import (
     IN_MEMORY_BYTES_PER_ROW,
+    SpilledCorpus,
     check_bucket_fits,
     default_memory_limit,
     disk_bytes,
@@ -327,22 +336,10 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
     bs = batch_sizes_of(spec, str(buckets))
     grid = grid_from_spec(spec)
     blend = blend_of(manifest, options) if wants_weights(manifest, options) else None
-    names = [] if blend is None else list(blend.probabilities)
-    codes = None
-    if blend is not None:
-        codes = iter_corpus_codes(manifest, names, TOTALS_BLOCK)
-        if codes is None:
-            raise DataprepError(f"{manifest}: has no corpus column (compile an input_cfg blend to weigh corpora)")
     root = spill_dir(out_dir)
     try:
-        check_free_disk(root, disk_bytes(manifest, epochs, weighted=blend is not None), "the spill files and the plan")
-        corpus = spill_manifest(manifest, grid, bs, root, strict=options.strict, carry=options.carry,
-                                memory_limit=limit, codes=codes, num_corpora=len(names) if codes else None)
-        weighted = None
-        if blend is not None:
-            if corpus.unknown_corpus:
-                raise unknown_corpus_error(manifest, names)
-            weighted = weighting(manifest, blend, *corpus.corpus_sums(len(names)), options)
+        corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, options, strict=options.strict,
+                                          epochs=epochs, limit=limit)
         clock("read")
         totals = EpochTotals(len(spec.buckets))
         cost = options.cost or CostModel()
@@ -377,6 +374,28 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
         remove_spill(root)
     clock("write")
     return meta
+
+
+def spill_for_plan(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray[np.int64], root: Path,
+                   blend: Blend | None, options: PlanOptions, *, strict: bool, epochs: int,
+                   limit: int) -> tuple[SpilledCorpus, WeightedEpochs | None]:
+    """The spill of an out-of-core plan of ``epochs`` epochs (after the free disk is checked):
+    with a ``blend``, each row's corpus and index in it too, and the blend's quotas over the
+    spilled rows (``options``: the weighting's epoch size and seed)."""
+    names = [] if blend is None else list(blend.probabilities)
+    codes = None
+    if blend is not None:
+        codes = iter_corpus_codes(manifest, names, TOTALS_BLOCK)
+        if codes is None:
+            raise DataprepError(f"{manifest}: has no corpus column (compile an input_cfg blend to weigh corpora)")
+    check_free_disk(root, disk_bytes(manifest, epochs, weighted=blend is not None), "the spill files and the plan")
+    corpus = spill_manifest(manifest, grid, bs, root, strict=strict, carry=options.carry, memory_limit=limit,
+                            codes=codes, num_corpora=len(names) if blend is not None else None)
+    if blend is None:
+        return corpus, None
+    if corpus.unknown_corpus:
+        raise unknown_corpus_error(manifest, names)
+    return corpus, weighting(manifest, blend, *corpus.corpus_sums(len(names)), options)
 
 
 def _plan_meta(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str], spec: BucketSpec,

@@ -31,12 +31,12 @@ from bucketing.balance import DEFAULT_BALANCE
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from bucketing.groups import regroup
-from bucketing.batching import TOTALS_BLOCK
 from bucketing.costmodel import CostModel
 from bucketing.plan import PlanError, PlanInputs, plan_epoch
 from dataprep.planning.build import (
     EpochTotals,
     ManifestColumns,
+    spill_for_plan,
     DynResTotals,
     batch_sizes_of,
     write_epoch,
@@ -47,23 +47,21 @@ from dataprep.planning.out_of_core import (
     IN_MEMORY_BYTES_PER_ROW,
     check_bucket_fits,
     default_memory_limit,
-    disk_bytes,
     draw_epoch,
     ROW_COUNT_BYTES,
     draw_rows,
     plan_epoch_spilled,
     remove_spill,
     spill_dir,
-    spill_manifest,
     write_epoch_spilled,
 )
-from dataprep.planning.weights import WeightedEpochs, blend_of, unknown_corpus_error, weighted_epochs, weighting
+from dataprep.planning.weights import WeightedEpochs, blend_of, weighted_epochs
 from manifests.errors import DataprepError, OptionError
-from manifests.io import iter_corpus_codes, manifest_num_rows, require_manifest_hash
+from manifests.io import manifest_num_rows, require_manifest_hash
 from manifests.options import check_int
 from manifests.plan_files import PlanShard, PlanWriter
 from manifests.plan_meta import PlanMeta, ReplanInfo, read_plan_meta
-from manifests.spill import check_free_disk, retained_heap
+from manifests.spill import retained_heap
 
 #: Tolerance of the balanced steps a re-plan falls back to for the unseen rest of an epoch when
 #: one-bucket steps would drop some of it (tiny buckets of batch size 1).
@@ -208,23 +206,14 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
     recorded = meta.extra.get("weights")
     parent = _parent_weighting(meta, options)
     blend = blend_of(manifest, parent, tree=recorded.get("tree")) if isinstance(recorded, dict) else None
-    names = [] if blend is None else list(blend.probabilities)
-    codes = None if blend is None else iter_corpus_codes(manifest, names, TOTALS_BLOCK)
-    if blend is not None and codes is None:
-        raise DataprepError(f"{manifest}: has no corpus column, the plan's manifest has")
+    num_corpora = 0 if blend is None else len(blend.probabilities)
     root = spill_dir(out_dir)
     try:
-        check_free_disk(root, disk_bytes(manifest, meta.epochs - e0, weighted=blend is not None),
-                        "the spill files and the plan")
-        corpus = spill_manifest(manifest, grid, bs, root, strict=strict, carry=options.carry, memory_limit=limit,
-                                codes=codes, num_corpora=len(names) if codes is not None else None)
-        weighted = None
-        if blend is not None:
-            if corpus.unknown_corpus:
-                raise unknown_corpus_error(manifest, names)
-            weighted = weighting(manifest, blend, *corpus.corpus_sums(len(names)), parent)
+        corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, parent, strict=strict,
+                                          epochs=meta.epochs - e0, limit=limit)
+        if weighted is not None:
             _check_recorded_quotas(meta, weighted)
-        rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0), len(names),
+        rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0), num_corpora,
                                 block_rows=max(1, limit // (2 * ROW_COUNT_BYTES)))
         if stray:
             raise DataprepError(f"{plan_dir}: {stray} of the rows the plan has not trained are in no bucket of the "
