@@ -145,8 +145,12 @@ _U48 = np.uint64(48)
 #: bits resolved per pass, and bins per histogram
 DIGIT_BITS = 16
 _BINS = 1 << DIGIT_BITS
-#: values an :class:`OrderSelector` collects per pass at most (8 bytes each: 128 MiB)
-SELECT_BUDGET = 1 << 24
+#: values an :class:`OrderSelector` collects per pass at most (8 bytes each: 8 MiB). The
+#: bins holding a column's quantiles hold about a tenth of its values each (16 bits: 4 of the
+#: mantissa), so a larger budget only grows with the corpus: 16M (128 MiB) cost ``stats``
+#: about 9 bytes a row up to 15M rows (synthetic 2M / 10M rows: 0.44 / 0.53 GiB). Beyond it,
+#: one more pass (synthetic 10M: 0.46 GiB, 6.8 s instead of 5.2 s, `benchmarks/bench_stream.py`).
+SELECT_BUDGET = 1 << 20
 
 
 _MAG = np.int64(0x7FFF_FFFF_FFFF_FFFF)
@@ -179,6 +183,9 @@ class _Cell:
     collect: bool = False
     root: int = -1
     hist: IntArray | None = None
+    #: smallest and largest key counted (a counted cell): equal, every value is that one
+    lo: int = 1 << 64
+    hi: int = -1
 
 
 class OrderSelector:
@@ -187,9 +194,10 @@ class OrderSelector:
     Protocol: pass 1 :meth:`add` every value and :meth:`end_pass`; :meth:`counts` then gives
     the values per group and :meth:`request` the wanted ranks (0-based, per group); while
     :attr:`pending`, :meth:`add` the SAME values again (any block split, any order) and
-    :meth:`end_pass`; then :meth:`value` gives each wanted order statistic. Usually two
-    passes; a bin holding more than ``budget`` values takes one more pass per 16 bits (at most
-    four passes after the first). Deterministic: the result is the sorted values' element.
+    :meth:`end_pass`; then :meth:`value` gives each wanted order statistic. Two passes while
+    the bins holding the wanted ranks fit in ``budget`` values; a bin holding more takes one
+    more pass per 16 bits (at most four passes after the first), none when the pass counting
+    it finds one value repeated. Deterministic: the result is the sorted values' element.
     """
 
     def __init__(self, budget: int = SELECT_BUDGET) -> None:
@@ -252,6 +260,8 @@ class OrderSelector:
                 digit = (kk >> np.uint64(64 - DIGIT_BITS * (cell.level + 1))) & np.uint64(_BINS - 1)
                 assert cell.hist is not None
                 _count_into(cell.hist, digit.astype(np.int64))
+                if kk.size:
+                    cell.lo, cell.hi = min(cell.lo, int(kk.min())), max(cell.hi, int(kk.max()))
 
     def counts(self) -> IntArray:
         """Values per group (after the first pass)."""
@@ -295,7 +305,11 @@ class OrderSelector:
                 assert cell.hist is not None
                 if int(cell.hist.sum()) != cell.count:
                     raise ValueError("OrderSelector: a pass saw different values than the first one")
-                children += _children(cell.group, cell.level, cell.prefix, cell.hist, cell.want)
+                if cell.lo == cell.hi:  # one value repeated (an integer column's): known, no pass per 16 bits
+                    for _, gr in cell.want:
+                        self._values[(cell.group, gr)] = float(key_floats(np.uint64(cell.lo)))
+                else:
+                    children += _children(cell.group, cell.level, cell.prefix, cell.hist, cell.want)
         self._plan(children)
 
     def value(self, group: int, rank: int) -> float:
