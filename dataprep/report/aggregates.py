@@ -37,7 +37,7 @@ from bucketing.plan import PlanError
 from dataprep.planning.out_of_core import remove_spill, spill_dir
 from dataprep.planning.simulate import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
 from dataprep.report.padding import batch_sizes_for, spec_padding_report
-from dataprep.report.exact import ExactSums
+from dataprep.report.exact import SELECT_BUDGET, ExactSums
 from dataprep.report.files import STATS_BLOCK_ROWS
 from dataprep.report.stats import QUANTILES, Block, ManifestStats, stream_stats
 from dataprep.report.stream_sections import (SPILL_BYTES_PER_ROW, BucketRows, CorpusShares, RowBlock, planned_times,
@@ -387,16 +387,19 @@ def row_blocks(manifest: str | os.PathLike[str], block_rows: int = STATS_BLOCK_R
 
 def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None = None, *,
                       consumers: Sequence[Callable[[RowBlock], None]] = (), codes: bool = False,
-                      block_rows: int = STATS_BLOCK_ROWS) -> tuple[CorpusAggregates, Corpora]:
+                      block_rows: int = STATS_BLOCK_ROWS, budget: int = SELECT_BUDGET,
+                      ) -> tuple[CorpusAggregates, Corpora]:
     """Section 1 of the report, and the corpora the other sections reuse of it. ``spec``
     draws the bucket grid over the 2D histogram; each of ``consumers`` is called with every
     :class:`RowBlock` of the binning pass, in order (with ``codes``, the blocks carry their
     rows' corpora: :attr:`Corpora.order` maps them to the names).
 
-    Streamed in blocks of ``block_rows`` rows: the stats' passes (:func:`stream_stats`), then
-    one pass binning the histograms (their top is a quantile), the TPS cut and the 2D grid,
-    grouping the rows by corpus, language and task, and feeding the consumers.
-    Memory: a block, the bins and groups, and what the consumers keep."""
+    Streamed in blocks of ``block_rows`` rows: the stats' passes (:func:`stream_stats`, each
+    selection collecting at most ``budget`` values a pass), then one pass binning the
+    histograms (their top is a quantile), the TPS cut and the 2D grid, grouping the rows by
+    corpus, language and task, and feeding the consumers.
+    Memory: a block, the bins and groups, the selected values, and what the consumers keep."""
+    check_int("budget", budget, ge=1, le=None)
     if manifest_num_rows(manifest) == 0:
         raise ManifestError(f"{manifest}: the manifest has no rows")
 
@@ -404,7 +407,8 @@ def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None 
         return iter_manifest(manifest, list(columns), block_rows)
 
     ext = _Extents()
-    stats = stream_stats(blocks, quantiles=(*QUANTILES[:-1], HIST_TOP, QUANTILES[-1]), consumers=[ext])
+    stats = stream_stats(blocks, quantiles=(*QUANTILES[:-1], HIST_TOP, QUANTILES[-1]), consumers=[ext],
+                         budget=budget)
     top = {c: stats.quantiles[c][f"p{HIST_TOP:g}"] for c in SECTION1_COLUMNS}
     hists = [HistogramCounts(top["duration"]), HistogramCounts(top["num_tokens"], integer=True),
              HistogramCounts(top["tps"])]

@@ -166,3 +166,7 @@ def test_stats_report_reads_in_blocks_and_equals_one_frame(tmp_path: Path) -> No
     streamed, _ = stats_report(path, block_rows=333)
     same(asdict(streamed), asdict(compute_stats_today(df)))
     assert streamed == compute_stats(df)
+    # a selection budget of 3 values: every bin refined to its last bits, more passes, the same bytes
+    stats_report(path, tmp_path / "default.json")
+    stats_report(path, tmp_path / "tiny.json", block_rows=333, budget=3)
+    assert (tmp_path / "tiny.json").read_bytes() == (tmp_path / "default.json").read_bytes()
