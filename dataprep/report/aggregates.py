@@ -38,7 +38,6 @@ from dataprep.planning.out_of_core import remove_spill, spill_dir
 from dataprep.planning.simulate import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
 from dataprep.report.padding import batch_sizes_for, spec_padding_report
 from dataprep.report.exact import SELECT_BUDGET, ExactSums
-from dataprep.report.files import STATS_BLOCK_ROWS
 from dataprep.report.stats import QUANTILES, Block, ManifestStats, stream_stats
 from dataprep.report.stream_sections import (SPILL_BYTES_PER_ROW, BucketRows, CorpusShares, RowBlock, planned_times,
                                              share_range_rows, spill_planned_rows, spill_rows)
@@ -50,6 +49,9 @@ from manifests.options import check_int
 from manifests.plan_meta import PlanMeta, read_plan_meta
 from manifests.spill import SpillFiles, check_free_disk, default_memory_limit
 
+#: rows per block the report reads (its corpus groups' hours are summed per block: another
+#: size may change their last bits)
+REPORT_BLOCK_ROWS = 1 << 20
 #: bins of each 1D histogram (duration, tokens, TPS), plus one overflow bin
 HIST_BINS = 80
 #: bins per axis of the duration x tokens histogram
@@ -238,7 +240,7 @@ class CorpusGroups:
         return Corpora(names, np.zeros(0, np.int32), groups, order)
 
 
-def corpora(manifest: str | os.PathLike[str], *, codes: bool = True, block_rows: int = STATS_BLOCK_ROWS) -> Corpora:
+def corpora(manifest: str | os.PathLike[str], *, codes: bool = True, block_rows: int = REPORT_BLOCK_ROWS) -> Corpora:
     """:class:`CorpusGroups` of the manifest, read in blocks of ``block_rows`` rows, with each
     row's corpus (4 bytes a row) when ``codes``."""
     present = pq.read_schema(manifest).names
@@ -377,7 +379,7 @@ def row_block(b: Block, start: int, corpus: npt.NDArray[np.int32] | None = None)
     return RowBlock(start, b.duration, _zero_nan(b.num_tokens).astype(np.int64), corpus)
 
 
-def row_blocks(manifest: str | os.PathLike[str], block_rows: int = STATS_BLOCK_ROWS) -> Iterator[RowBlock]:
+def row_blocks(manifest: str | os.PathLike[str], block_rows: int = REPORT_BLOCK_ROWS) -> Iterator[RowBlock]:
     """The manifest's :class:`RowBlock` s without corpora (a pass over three numeric columns)."""
     start = 0
     for table in iter_manifest(manifest, SECTION1_COLUMNS, block_rows):
@@ -387,7 +389,7 @@ def row_blocks(manifest: str | os.PathLike[str], block_rows: int = STATS_BLOCK_R
 
 def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None = None, *,
                       consumers: Sequence[Callable[[RowBlock], None]] = (), codes: bool = False,
-                      block_rows: int = STATS_BLOCK_ROWS, budget: int = SELECT_BUDGET,
+                      block_rows: int = REPORT_BLOCK_ROWS, budget: int = SELECT_BUDGET,
                       ) -> tuple[CorpusAggregates, Corpora]:
     """Section 1 of the report, and the corpora the other sections reuse of it. ``spec``
     draws the bucket grid over the 2D histogram; each of ``consumers`` is called with every
@@ -686,7 +688,7 @@ def collect_report(
     plan: str | os.PathLike[str] | None = None,
     world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
     memory_limit: int | None = None,
-    block_rows: int = STATS_BLOCK_ROWS,
+    block_rows: int = REPORT_BLOCK_ROWS,
 ) -> ReportData:
     """The aggregates of a manifest and, when given, its rejects, buckets and plan.
 

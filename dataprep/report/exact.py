@@ -183,9 +183,14 @@ class _Cell:
     collect: bool = False
     root: int = -1
     hist: IntArray | None = None
-    #: smallest and largest key counted (a counted cell): equal, every value is that one
-    lo: int = 1 << 64
-    hi: int = -1
+    #: a counted cell's smallest and largest key per bin of its next digit
+    low: npt.NDArray[np.uint64] | None = None
+    high: npt.NDArray[np.uint64] | None = None
+    #: a counted cell's windows (inclusive ranges of its next digit) whose values it collects
+    #: too, at most ``cap`` of them (:meth:`OrderSelector._plan`); ``held`` so far
+    windows: list[tuple[int, int]] = field(default_factory=list)
+    cap: int = 0
+    held: int = 0
 
 
 class OrderSelector:
@@ -257,11 +262,19 @@ class OrderSelector:
             if cell.collect:
                 self._parts[ci].append(kk)
             else:
-                digit = (kk >> np.uint64(64 - DIGIT_BITS * (cell.level + 1))) & np.uint64(_BINS - 1)
+                digit = ((kk >> np.uint64(64 - DIGIT_BITS * (cell.level + 1))) & np.uint64(_BINS - 1)).astype(np.int64)
                 assert cell.hist is not None
-                _count_into(cell.hist, digit.astype(np.int64))
-                if kk.size:
-                    cell.lo, cell.hi = min(cell.lo, int(kk.min())), max(cell.hi, int(kk.max()))
+                _count_into(cell.hist, digit)
+                assert cell.low is not None and cell.high is not None
+                np.minimum.at(cell.low, digit, kk)
+                np.maximum.at(cell.high, digit, kk)
+                if cell.windows:
+                    got = kk[_in_windows(digit, cell.windows)]
+                    cell.held += got.shape[0]
+                    if cell.held > cell.cap:  # more than guessed: give the windows up (a next pass refines)
+                        cell.windows, self._parts[ci] = [], []
+                    elif got.size:
+                        self._parts[ci].append(got)
 
     def counts(self) -> IntArray:
         """Values per group (after the first pass)."""
@@ -305,12 +318,43 @@ class OrderSelector:
                 assert cell.hist is not None
                 if int(cell.hist.sum()) != cell.count:
                     raise ValueError("OrderSelector: a pass saw different values than the first one")
-                if cell.lo == cell.hi:  # one value repeated (an integer column's): known, no pass per 16 bits
-                    for _, gr in cell.want:
-                        self._values[(cell.group, gr)] = float(key_floats(np.uint64(cell.lo)))
-                else:
-                    children += _children(cell.group, cell.level, cell.prefix, cell.hist, cell.want)
+                children += _children(cell.group, cell.level, cell.prefix, cell.hist, self._counted(ci, cell))
         self._plan(children)
+
+    def _counted(self, ci: int, cell: _Cell) -> list[tuple[int, int]]:
+        """Resolve what a counted cell tells at once: the smallest and largest value of each bin
+        of its next digit (so every rank of a bin holding one value repeated, as an integer
+        column's bins do), and the ranks in a window it collected; the wanted ranks left, to
+        refine by that digit in another pass."""
+        parts, self._parts[ci] = self._parts[ci], []
+        assert cell.hist is not None
+        cum = np.cumsum(cell.hist)
+        vals = np.concatenate(parts) if parts else np.empty(0, np.uint64)
+        del parts
+        shift = np.uint64(64 - DIGIT_BITS * (cell.level + 1))
+        left = []
+        assert cell.low is not None and cell.high is not None
+        for lr, gr in cell.want:
+            b = int(np.searchsorted(cum, lr, side="right"))
+            at = lr - (int(cum[b - 1]) if b else 0)  # rank inside the bin
+            win = next((w for w in cell.windows if w[0] <= b <= w[1]), None)
+            if at == 0 or cell.low[b] == cell.high[b]:
+                key = int(cell.low[b])
+            elif at == int(cell.hist[b]) - 1:
+                key = int(cell.high[b])
+            elif win is not None:
+                d = ((vals >> shift) & np.uint64(_BINS - 1)).astype(np.int64)
+                inside = vals[(d >= win[0]) & (d <= win[1])]
+                before = int(cum[win[0] - 1]) if win[0] else 0
+                if inside.shape[0] != int(cum[win[1]]) - before:
+                    raise ValueError("OrderSelector: a pass saw different values than the first one")
+                inside.partition(lr - before)
+                key = int(inside[lr - before])
+            else:
+                left.append((lr, gr))
+                continue
+            self._values[(cell.group, gr)] = float(key_floats(np.uint64(key)))
+        return left
 
     def value(self, group: int, rank: int) -> float:
         """The ``rank``-th smallest value of ``group`` (0-based), once no pass is pending."""
@@ -340,6 +384,14 @@ class OrderSelector:
                 left -= c.count
             else:
                 c.hist = np.zeros(_BINS, np.int64)
+                c.low, c.high = np.full(_BINS, np.iinfo(np.uint64).max, np.uint64), np.zeros(_BINS, np.uint64)
+        counted = [c for c in active if not c.collect]
+        for c in counted:  # the budget left: windows where each counted cell's ranks likely fall
+            slope = 0.0
+            if c.level == 1:  # the neighbours' counts: the density's slope across the cell
+                h, b = self._hist1[c.group], c.prefix
+                slope = (float(h[b + 1]) if b + 1 < _BINS else 0.0) / 2 - (float(h[b - 1]) if b else 0.0) / 2
+            _plan_windows(c, left // len(counted), slope)
         self._cells = active
         groups = max((c.group for c in active), default=-1) + 1
         self._table = np.full(max(groups, self._hist1.shape[0]) * _BINS, -1, np.int32)
@@ -356,6 +408,43 @@ class OrderSelector:
             else:
                 self._deep.append(ci)
         self._parts = [[] for _ in active]
+
+
+def _plan_windows(cell: _Cell, share: int, slope: float = 0.0) -> None:
+    """Windows of the next digit around each wanted rank of a counted ``cell`` (but its first
+    and last, which its smallest and largest value give), placed where the rank falls if the
+    values' density is linear over the cell (``slope``: its change across the cell, in values
+    per cell width; 0: even) and holding about 70% of ``share`` values together, so that the
+    pass counting the digit also collects the ranks unless the values bunch (at most
+    ``share`` values: beyond, the windows are given up and a next pass refines)."""
+    ranks = sorted({lr for lr, _ in cell.want if 0 < lr < cell.count - 1})
+    half = share * 7 * _BINS // (20 * max(len(ranks), 1) * cell.count)  # digits each side of a rank
+    if not ranks or half < 1:
+        return
+    windows: list[tuple[int, int]] = []
+    n = float(cell.count)
+    s = max(-2 * n, min(2 * n, slope))  # a density n + s (x - 1/2) >= 0 over x in [0, 1]
+    for lr in ranks:
+        if abs(s) < 1e-9 * n:
+            x = lr / n
+        else:  # n x + s (x^2 - x) / 2 = lr
+            bq = n - s / 2
+            x = (-bq + math.sqrt(max(bq * bq + 2 * s * lr, 0.0))) / s
+        at = min(_BINS - 1, max(0, int(x * _BINS)))
+        lo, hi = max(0, at - half), min(_BINS - 1, at + half)
+        if windows and lo <= windows[-1][1] + 1:
+            windows[-1] = (windows[-1][0], hi)
+        else:
+            windows.append((lo, hi))
+    cell.windows, cell.cap = windows, share
+
+
+def _in_windows(digit: IntArray, windows: list[tuple[int, int]]) -> npt.NDArray[np.bool_]:
+    """Where ``digit`` falls in one of the (inclusive) ``windows``."""
+    inside = (digit >= windows[0][0]) & (digit <= windows[0][1])
+    for lo, hi in windows[1:]:
+        inside |= (digit >= lo) & (digit <= hi)
+    return inside
 
 
 def _count_into(hist: IntArray, idx: IntArray) -> None:
