@@ -10,8 +10,11 @@ Pure NumPy, no I/O. Every result is independent of how the values are split into
   this one does not, and it equals theirs to their own rounding.)
 - :class:`OrderSelector`: the k-th smallest values of each group, exactly, over a few passes
   of the same values (radix selection on order-preserving 64-bit keys, 16 bits a pass; a bin
-  small enough is collected and its values selected in memory). Memory: 65,536 counts per
-  group, one histogram per bin being refined, and at most ``budget`` collected values.
+  small enough is collected and its values selected in memory; the pass counting a larger
+  bin's next 16 bits also keeps each of those bins' smallest and largest value and collects
+  windows where the wanted ranks likely fall, so it usually resolves them). Memory: 65,536
+  counts per group, 65,536 counts, minima and maxima per bin being refined, and at most
+  ``budget`` collected values.
 - :func:`numpy_percentiles` and :func:`polars_quantile`: the interpolation of
   ``numpy.percentile`` (linear) and of polars' ``quantile(interpolation="linear")`` /
   ``median()`` from the order statistics they use, bit for bit (:func:`numpy_ranks` and
@@ -148,8 +151,10 @@ _BINS = 1 << DIGIT_BITS
 #: values an :class:`OrderSelector` collects per pass at most (8 bytes each: 8 MiB). The
 #: bins holding a column's quantiles hold about a tenth of its values each (16 bits: 4 of the
 #: mantissa), so a larger budget only grows with the corpus: 16M (128 MiB) cost ``stats``
-#: about 9 bytes a row up to 15M rows (synthetic 2M / 10M rows: 0.44 / 0.53 GiB). Beyond it,
-#: one more pass (synthetic 10M: 0.46 GiB, 6.8 s instead of 5.2 s, `benchmarks/bench_stream.py`).
+#: about 9 bytes a row up to 15M rows (synthetic 2M / 10M / 20M rows: 0.43 / 0.53 / 0.62 GiB,
+#: 0.32 / 0.36 / 0.37 with this budget and 256K-row blocks; ``benchmarks/bench_stream.py``).
+#: Bins beyond it are counted, and their windows resolve the ranks in the same pass up to
+#: about 10M rows (20M: one more pass for one rank of ``duration``).
 SELECT_BUDGET = 1 << 20
 
 
