@@ -205,9 +205,10 @@ class OrderSelector:
     the values per group and :meth:`request` the wanted ranks (0-based, per group); while
     :attr:`pending`, :meth:`add` the SAME values again (any block split, any order) and
     :meth:`end_pass`; then :meth:`value` gives each wanted order statistic. Two passes while
-    the bins holding the wanted ranks fit in ``budget`` values; a bin holding more takes one
-    more pass per 16 bits (at most four passes after the first), none when the pass counting
-    it finds one value repeated. Deterministic: the result is the sorted values' element.
+    the bins holding the wanted ranks fit in ``budget`` values; a bin holding more is counted
+    by its next 16 bits instead, and that pass resolves what it can (:meth:`_counted`); a
+    rank it cannot takes one more pass per 16 bits (at most four passes after the first).
+    Deterministic: the result is the sorted values' element, whatever the passes.
     """
 
     def __init__(self, budget: int = SELECT_BUDGET) -> None:
