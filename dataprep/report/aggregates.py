@@ -37,8 +37,7 @@ from bucketing.plan import PlanError
 from dataprep.planning.out_of_core import remove_spill, spill_dir
 from dataprep.planning.simulate import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
 from dataprep.report.padding import batch_sizes_for, spec_padding_report
-from dataprep.report.exact import ExactSums
-from dataprep.report.files import STATS_BLOCK_ROWS
+from dataprep.report.exact import SELECT_BUDGET, ExactSums
 from dataprep.report.stats import QUANTILES, Block, ManifestStats, stream_stats
 from dataprep.report.stream_sections import (SPILL_BYTES_PER_ROW, BucketRows, CorpusShares, RowBlock, planned_times,
                                              share_range_rows, spill_planned_rows, spill_rows)
@@ -50,6 +49,9 @@ from manifests.options import check_int
 from manifests.plan_meta import PlanMeta, read_plan_meta
 from manifests.spill import SpillFiles, check_free_disk, default_memory_limit
 
+#: rows per block the report reads (its corpus groups' hours are summed per block: another
+#: size may change their last bits)
+REPORT_BLOCK_ROWS = 1 << 20
 #: bins of each 1D histogram (duration, tokens, TPS), plus one overflow bin
 HIST_BINS = 80
 #: bins per axis of the duration x tokens histogram
@@ -194,15 +196,24 @@ class CorpusGroups:
                           .alias(c) for c in GROUP_COLUMNS[1:]],
                         pl.col("duration").cast(pl.Float64).fill_nan(None),
                         pl.col("num_tokens").cast(pl.Float64).fill_nan(None).cast(pl.Int64))
-        self._parts.append(keys.group_by("corpus", "lang", "task", maintain_order=True)
-                           .agg(pl.len().cast(pl.Int64).alias("utterances"), pl.col("duration").sum().alias("seconds"),
-                                pl.col("num_tokens").sum().alias("tokens")))
+        part = (keys.group_by("corpus", "lang", "task", maintain_order=True)
+                .agg(pl.len().cast(pl.Int64).alias("utterances"), pl.col("duration").sum().alias("seconds"),
+                     pl.col("num_tokens").sum().alias("tokens")))
+        # A copy of the few rows: polars' string keys are views into the block's string buffer
+        # (a key over 12 bytes, "cv/train.jsonl", points into it), which kept every block's
+        # origins alive: 10-14 bytes a row of the corpus.
+        self._parts.append(pl.DataFrame(part.to_dict(as_series=False), schema=part.schema))
         if not self.keep_codes:
             return None
         corpus = keys["corpus"]
         for name in corpus.unique(maintain_order=True).to_list():
             self._index.setdefault(name, len(self._index))
         return corpus.replace_strict(list(self._index), list(self._index.values()), return_dtype=pl.Int32).to_numpy()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the Arrow buffers the groups kept so far hold (bounded by the groups)."""
+        return sum(p.to_arrow(compat_level=pl.CompatLevel.newest()).get_total_buffer_size() for p in self._parts)
 
     def result(self) -> Corpora:
         """The groups, largest first (more than :data:`MAX_GROUPS`: the smallest summed into
@@ -229,7 +240,7 @@ class CorpusGroups:
         return Corpora(names, np.zeros(0, np.int32), groups, order)
 
 
-def corpora(manifest: str | os.PathLike[str], *, codes: bool = True, block_rows: int = STATS_BLOCK_ROWS) -> Corpora:
+def corpora(manifest: str | os.PathLike[str], *, codes: bool = True, block_rows: int = REPORT_BLOCK_ROWS) -> Corpora:
     """:class:`CorpusGroups` of the manifest, read in blocks of ``block_rows`` rows, with each
     row's corpus (4 bytes a row) when ``codes``."""
     present = pq.read_schema(manifest).names
@@ -368,7 +379,7 @@ def row_block(b: Block, start: int, corpus: npt.NDArray[np.int32] | None = None)
     return RowBlock(start, b.duration, _zero_nan(b.num_tokens).astype(np.int64), corpus)
 
 
-def row_blocks(manifest: str | os.PathLike[str], block_rows: int = STATS_BLOCK_ROWS) -> Iterator[RowBlock]:
+def row_blocks(manifest: str | os.PathLike[str], block_rows: int = REPORT_BLOCK_ROWS) -> Iterator[RowBlock]:
     """The manifest's :class:`RowBlock` s without corpora (a pass over three numeric columns)."""
     start = 0
     for table in iter_manifest(manifest, SECTION1_COLUMNS, block_rows):
@@ -378,16 +389,19 @@ def row_blocks(manifest: str | os.PathLike[str], block_rows: int = STATS_BLOCK_R
 
 def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None = None, *,
                       consumers: Sequence[Callable[[RowBlock], None]] = (), codes: bool = False,
-                      block_rows: int = STATS_BLOCK_ROWS) -> tuple[CorpusAggregates, Corpora]:
+                      block_rows: int = REPORT_BLOCK_ROWS, budget: int = SELECT_BUDGET,
+                      ) -> tuple[CorpusAggregates, Corpora]:
     """Section 1 of the report, and the corpora the other sections reuse of it. ``spec``
     draws the bucket grid over the 2D histogram; each of ``consumers`` is called with every
     :class:`RowBlock` of the binning pass, in order (with ``codes``, the blocks carry their
     rows' corpora: :attr:`Corpora.order` maps them to the names).
 
-    Streamed in blocks of ``block_rows`` rows: the stats' passes (:func:`stream_stats`), then
-    one pass binning the histograms (their top is a quantile), the TPS cut and the 2D grid,
-    grouping the rows by corpus, language and task, and feeding the consumers.
-    Memory: a block, the bins and groups, and what the consumers keep."""
+    Streamed in blocks of ``block_rows`` rows: the stats' passes (:func:`stream_stats`, each
+    selection collecting at most ``budget`` values a pass), then one pass binning the
+    histograms (their top is a quantile), the TPS cut and the 2D grid, grouping the rows by
+    corpus, language and task, and feeding the consumers.
+    Memory: a block, the bins and groups, the selected values, and what the consumers keep."""
+    check_int("budget", budget, ge=1, le=None)
     if manifest_num_rows(manifest) == 0:
         raise ManifestError(f"{manifest}: the manifest has no rows")
 
@@ -395,7 +409,8 @@ def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None 
         return iter_manifest(manifest, list(columns), block_rows)
 
     ext = _Extents()
-    stats = stream_stats(blocks, quantiles=(*QUANTILES[:-1], HIST_TOP, QUANTILES[-1]), consumers=[ext])
+    stats = stream_stats(blocks, quantiles=(*QUANTILES[:-1], HIST_TOP, QUANTILES[-1]), consumers=[ext],
+                         budget=budget)
     top = {c: stats.quantiles[c][f"p{HIST_TOP:g}"] for c in SECTION1_COLUMNS}
     hists = [HistogramCounts(top["duration"]), HistogramCounts(top["num_tokens"], integer=True),
              HistogramCounts(top["tps"])]
@@ -673,7 +688,7 @@ def collect_report(
     plan: str | os.PathLike[str] | None = None,
     world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
     memory_limit: int | None = None,
-    block_rows: int = STATS_BLOCK_ROWS,
+    block_rows: int = REPORT_BLOCK_ROWS,
 ) -> ReportData:
     """The aggregates of a manifest and, when given, its rejects, buckets and plan.
 

@@ -10,8 +10,11 @@ Pure NumPy, no I/O. Every result is independent of how the values are split into
   this one does not, and it equals theirs to their own rounding.)
 - :class:`OrderSelector`: the k-th smallest values of each group, exactly, over a few passes
   of the same values (radix selection on order-preserving 64-bit keys, 16 bits a pass; a bin
-  small enough is collected and its values selected in memory). Memory: 65,536 counts per
-  group, one histogram per bin being refined, and at most ``budget`` collected values.
+  small enough is collected and its values selected in memory; the pass counting a larger
+  bin's next 16 bits also keeps each of those bins' smallest and largest value and collects
+  windows where the wanted ranks likely fall, so it usually resolves them). Memory: 65,536
+  counts per group, 65,536 counts, minima and maxima per bin being refined, and at most
+  ``budget`` collected values.
 - :func:`numpy_percentiles` and :func:`polars_quantile`: the interpolation of
   ``numpy.percentile`` (linear) and of polars' ``quantile(interpolation="linear")`` /
   ``median()`` from the order statistics they use, bit for bit (:func:`numpy_ranks` and
@@ -145,8 +148,14 @@ _U48 = np.uint64(48)
 #: bits resolved per pass, and bins per histogram
 DIGIT_BITS = 16
 _BINS = 1 << DIGIT_BITS
-#: values an :class:`OrderSelector` collects per pass at most (8 bytes each: 128 MiB)
-SELECT_BUDGET = 1 << 24
+#: values an :class:`OrderSelector` collects per pass at most (8 bytes each: 8 MiB). The
+#: bins holding a column's quantiles hold about a tenth of its values each (16 bits: 4 of the
+#: mantissa), so a larger budget only grows with the corpus: 16M (128 MiB) cost ``stats``
+#: about 9 bytes a row up to 15M rows (synthetic 2M / 10M / 20M rows: 0.43 / 0.53 / 0.62 GiB,
+#: 0.32 / 0.36 / 0.37 with this budget and 256K-row blocks; ``benchmarks/bench_stream.py``).
+#: Bins beyond it are counted, and their windows resolve the ranks in the same pass up to
+#: about 10M rows (20M: one more pass for one rank of ``duration``).
+SELECT_BUDGET = 1 << 20
 
 
 _MAG = np.int64(0x7FFF_FFFF_FFFF_FFFF)
@@ -179,6 +188,14 @@ class _Cell:
     collect: bool = False
     root: int = -1
     hist: IntArray | None = None
+    #: a counted cell's smallest and largest key per bin of its next digit
+    low: npt.NDArray[np.uint64] | None = None
+    high: npt.NDArray[np.uint64] | None = None
+    #: a counted cell's windows (inclusive ranges of its next digit) whose values it collects
+    #: too, at most ``cap`` of them (:meth:`OrderSelector._plan`); ``held`` so far
+    windows: list[tuple[int, int]] = field(default_factory=list)
+    cap: int = 0
+    held: int = 0
 
 
 class OrderSelector:
@@ -187,9 +204,11 @@ class OrderSelector:
     Protocol: pass 1 :meth:`add` every value and :meth:`end_pass`; :meth:`counts` then gives
     the values per group and :meth:`request` the wanted ranks (0-based, per group); while
     :attr:`pending`, :meth:`add` the SAME values again (any block split, any order) and
-    :meth:`end_pass`; then :meth:`value` gives each wanted order statistic. Usually two
-    passes; a bin holding more than ``budget`` values takes one more pass per 16 bits (at most
-    four passes after the first). Deterministic: the result is the sorted values' element.
+    :meth:`end_pass`; then :meth:`value` gives each wanted order statistic. Two passes while
+    the bins holding the wanted ranks fit in ``budget`` values; a bin holding more is counted
+    by its next 16 bits instead, and that pass resolves what it can (:meth:`_counted`); a
+    rank it cannot takes one more pass per 16 bits (at most four passes after the first).
+    Deterministic: the result is the sorted values' element, whatever the passes.
     """
 
     def __init__(self, budget: int = SELECT_BUDGET) -> None:
@@ -249,9 +268,19 @@ class OrderSelector:
             if cell.collect:
                 self._parts[ci].append(kk)
             else:
-                digit = (kk >> np.uint64(64 - DIGIT_BITS * (cell.level + 1))) & np.uint64(_BINS - 1)
+                digit = ((kk >> np.uint64(64 - DIGIT_BITS * (cell.level + 1))) & np.uint64(_BINS - 1)).astype(np.int64)
                 assert cell.hist is not None
-                _count_into(cell.hist, digit.astype(np.int64))
+                _count_into(cell.hist, digit)
+                assert cell.low is not None and cell.high is not None
+                np.minimum.at(cell.low, digit, kk)
+                np.maximum.at(cell.high, digit, kk)
+                if cell.windows:
+                    got = kk[_in_windows(digit, cell.windows)]
+                    cell.held += got.shape[0]
+                    if cell.held > cell.cap:  # more than guessed: give the windows up (a next pass refines)
+                        cell.windows, self._parts[ci] = [], []
+                    elif got.size:
+                        self._parts[ci].append(got)
 
     def counts(self) -> IntArray:
         """Values per group (after the first pass)."""
@@ -295,8 +324,43 @@ class OrderSelector:
                 assert cell.hist is not None
                 if int(cell.hist.sum()) != cell.count:
                     raise ValueError("OrderSelector: a pass saw different values than the first one")
-                children += _children(cell.group, cell.level, cell.prefix, cell.hist, cell.want)
+                children += _children(cell.group, cell.level, cell.prefix, cell.hist, self._counted(ci, cell))
         self._plan(children)
+
+    def _counted(self, ci: int, cell: _Cell) -> list[tuple[int, int]]:
+        """Resolve what a counted cell tells at once: the smallest and largest value of each bin
+        of its next digit (so every rank of a bin holding one value repeated, as an integer
+        column's bins do), and the ranks in a window it collected; the wanted ranks left, to
+        refine by that digit in another pass."""
+        parts, self._parts[ci] = self._parts[ci], []
+        assert cell.hist is not None
+        cum = np.cumsum(cell.hist)
+        vals = np.concatenate(parts) if parts else np.empty(0, np.uint64)
+        del parts
+        shift = np.uint64(64 - DIGIT_BITS * (cell.level + 1))
+        left = []
+        assert cell.low is not None and cell.high is not None
+        for lr, gr in cell.want:
+            b = int(np.searchsorted(cum, lr, side="right"))
+            at = lr - (int(cum[b - 1]) if b else 0)  # rank inside the bin
+            win = next((w for w in cell.windows if w[0] <= b <= w[1]), None)
+            if at == 0 or cell.low[b] == cell.high[b]:
+                key = int(cell.low[b])
+            elif at == int(cell.hist[b]) - 1:
+                key = int(cell.high[b])
+            elif win is not None:
+                d = ((vals >> shift) & np.uint64(_BINS - 1)).astype(np.int64)
+                inside = vals[(d >= win[0]) & (d <= win[1])]
+                before = int(cum[win[0] - 1]) if win[0] else 0
+                if inside.shape[0] != int(cum[win[1]]) - before:
+                    raise ValueError("OrderSelector: a pass saw different values than the first one")
+                inside.partition(lr - before)
+                key = int(inside[lr - before])
+            else:
+                left.append((lr, gr))
+                continue
+            self._values[(cell.group, gr)] = float(key_floats(np.uint64(key)))
+        return left
 
     def value(self, group: int, rank: int) -> float:
         """The ``rank``-th smallest value of ``group`` (0-based), once no pass is pending."""
@@ -326,6 +390,14 @@ class OrderSelector:
                 left -= c.count
             else:
                 c.hist = np.zeros(_BINS, np.int64)
+                c.low, c.high = np.full(_BINS, np.iinfo(np.uint64).max, np.uint64), np.zeros(_BINS, np.uint64)
+        counted = [c for c in active if not c.collect]
+        for c in counted:  # the budget left: windows where each counted cell's ranks likely fall
+            slope = 0.0
+            if c.level == 1:  # the neighbours' counts: the density's slope across the cell
+                h, b = self._hist1[c.group], c.prefix
+                slope = (float(h[b + 1]) if b + 1 < _BINS else 0.0) / 2 - (float(h[b - 1]) if b else 0.0) / 2
+            _plan_windows(c, left // len(counted), slope)
         self._cells = active
         groups = max((c.group for c in active), default=-1) + 1
         self._table = np.full(max(groups, self._hist1.shape[0]) * _BINS, -1, np.int32)
@@ -342,6 +414,43 @@ class OrderSelector:
             else:
                 self._deep.append(ci)
         self._parts = [[] for _ in active]
+
+
+def _plan_windows(cell: _Cell, share: int, slope: float = 0.0) -> None:
+    """Windows of the next digit around each wanted rank of a counted ``cell`` (but its first
+    and last, which its smallest and largest value give), placed where the rank falls if the
+    values' density is linear over the cell (``slope``: its change across the cell, in values
+    per cell width; 0: even) and holding about 70% of ``share`` values together, so that the
+    pass counting the digit also collects the ranks unless the values bunch (at most
+    ``share`` values: beyond, the windows are given up and a next pass refines)."""
+    ranks = sorted({lr for lr, _ in cell.want if 0 < lr < cell.count - 1})
+    half = share * 7 * _BINS // (20 * max(len(ranks), 1) * cell.count)  # digits each side of a rank
+    if not ranks or half < 1:
+        return
+    windows: list[tuple[int, int]] = []
+    n = float(cell.count)
+    s = max(-2 * n, min(2 * n, slope))  # a density n + s (x - 1/2) >= 0 over x in [0, 1]
+    for lr in ranks:
+        if abs(s) < 1e-9 * n:
+            x = lr / n
+        else:  # n x + s (x^2 - x) / 2 = lr
+            bq = n - s / 2
+            x = (-bq + math.sqrt(max(bq * bq + 2 * s * lr, 0.0))) / s
+        at = min(_BINS - 1, max(0, int(x * _BINS)))
+        lo, hi = max(0, at - half), min(_BINS - 1, at + half)
+        if windows and lo <= windows[-1][1] + 1:
+            windows[-1] = (windows[-1][0], hi)
+        else:
+            windows.append((lo, hi))
+    cell.windows, cell.cap = windows, share
+
+
+def _in_windows(digit: IntArray, windows: list[tuple[int, int]]) -> npt.NDArray[np.bool_]:
+    """Where ``digit`` falls in one of the (inclusive) ``windows``."""
+    inside = (digit >= windows[0][0]) & (digit <= windows[0][1])
+    for lo, hi in windows[1:]:
+        inside |= (digit >= lo) & (digit <= hi)
+    return inside
 
 
 def _count_into(hist: IntArray, idx: IntArray) -> None:

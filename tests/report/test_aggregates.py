@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from dataprep.planning.build import build_plan
 
 from dataprep.planning.options import PlanOptions
-from dataprep.report.aggregates import (MAX_GROUPS, Histogram, bucket_aggregates, collect_report, corpora,
-                                        grid_histogram, rejects_aggregates, tps_cut_table)
+from dataprep.report.aggregates import (MAX_GROUPS, CorpusGroups, Histogram, bucket_aggregates, collect_report,
+                                        corpora, grid_histogram, rejects_aggregates, tps_cut_table)
 from dataprep.report.filters import Thresholds, apply_filters
 from dataprep.testing import write_plan_inputs
 from manifests.buckets_file import read_buckets
@@ -118,6 +118,18 @@ def test_many_corpora_fold_into_one_other_row(tmp_path: Path) -> None:
     assert len(groups) == MAX_GROUPS
     assert groups[-1]["corpus"].startswith("(other: 41 groups)")
     assert sum(g["utterances"] for g in groups) == n
+
+
+def test_corpus_groups_keep_no_row_of_a_block() -> None:
+    """The groups kept per block own their few strings: a key longer than 12 bytes is a view
+    into the block's strings in polars, which kept every block's origins alive (regression)."""
+    held = []
+    for n in (1_000, 50_000):
+        groups = CorpusGroups(codes=False)
+        groups.add(pl.DataFrame({"origin": [f"corpora/common-voice/train.jsonl:{i}" for i in range(n)],
+                                 "duration": np.full(n, 2.0), "num_tokens": np.full(n, 9)}))
+        held.append(groups.nbytes)
+    assert held[0] == held[1] < 1_000
 
 
 def test_a_plan_of_another_manifest_or_buckets_file_is_refused(inputs: dict[str, Path], tmp_path: Path) -> None:
