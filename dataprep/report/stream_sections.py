@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from bucketing.allocate import allocate, tail_candidates, tail_moves
 from bucketing.fit import Grid
+from bucketing.quota import Shuffle
 from dataprep.report.stream_fit import StreamedAllocation
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.plan_files import PlanShard
@@ -66,11 +67,11 @@ class RowBlock:
 
 def sample_rows(num_rows: int, sample: int) -> npt.NDArray[np.int64] | None:
     """The rows the padding is measured on, ascending: a seeded uniform draw of ``sample`` of
-    ``num_rows``; None (every row) when there are no more. (NumPy draws it with an array of
-    ``num_rows`` when ``sample`` is over a 50th of them: at most 8 x 50 x ``sample`` bytes.)"""
+    ``num_rows`` (the first ``sample`` places of a keyed :class:`bucketing.quota.Shuffle`:
+    memory of the sample, not of ``num_rows``); None (every row) when there are no more."""
     if num_rows <= sample:
         return None
-    return np.sort(np.random.default_rng(0).choice(num_rows, sample, replace=False))
+    return np.sort(Shuffle(num_rows, (0, 0x5A3)).forward(np.arange(sample, dtype=np.int64)))
 
 
 class BucketRows:

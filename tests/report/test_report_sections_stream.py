@@ -38,7 +38,7 @@ def today_buckets(d: np.ndarray, t: np.ndarray, spec: Any, sample: int) -> list[
     """Per-bucket rows of section 2 from whole arrays, as the report computed them before it
     streamed: padding of a seeded sample, rows and hours of every row assigned."""
     n = d.shape[0]
-    pick = np.sort(np.random.default_rng(0).choice(n, sample, replace=False)) if n > sample else slice(None)
+    pick = sample_rows(n, sample) if n > sample else slice(None)  # the report's seeded sample
     rep = spec_padding_report(d[pick], t[pick], spec, dynamic_resolution=DynResConfig())
     if n > sample:
         _, bs = batch_sizes_for(spec)
@@ -181,3 +181,15 @@ def test_streamed_bucket_section_of_a_file_equals_whole_arrays(planned: dict[str
     assert [r["utterances"] for r in got.buckets] == [pb["num_rows"] for pb in want]
     assert [r["hours"] for r in got.buckets] == [round(pb["hours"], 4) for pb in want]
     assert [r["audio_padding"] for r in got.buckets] == [pb["audio_padding"] for pb in want]
+
+
+def test_the_padding_sample_is_distinct_ascending_and_spread() -> None:
+    """The seeded sample: ``sample`` distinct rows, ascending, spread over the whole range
+    (each tenth of the rows holds about a tenth), the same every call; None when all fit."""
+    pick = sample_rows(1_000_003, 20_000)
+    assert pick is not None and pick.shape == (20_000,) and (np.diff(pick) > 0).all()
+    assert 0 <= pick[0] and pick[-1] < 1_000_003
+    per_tenth = np.bincount(pick * 10 // 1_000_003, minlength=10)
+    assert (np.abs(per_tenth - 2_000) < 200).all(), per_tenth
+    assert np.array_equal(sample_rows(1_000_003, 20_000), pick)
+    assert sample_rows(5, 5) is None
