@@ -224,6 +224,9 @@ class ResolutionTotals:
     def __add__(self, other: ResolutionTotals) -> ResolutionTotals:
         return ResolutionTotals(**{k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__})
 
+    def __sub__(self, other: ResolutionTotals) -> ResolutionTotals:
+        return ResolutionTotals(**{k: getattr(self, k) - getattr(other, k) for k in self.__dataclass_fields__})
+
     def to_json(self) -> dict[str, Any]:
         """``frame_padding`` (dynamic resolution), ``frame_padding_base`` (ordinary padding
         at the base rate), ``clamped_share`` (of utterances), ``fallback_share`` (of batches),

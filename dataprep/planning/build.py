@@ -328,11 +328,13 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
     """:func:`build_plan` for a corpus whose in-memory plan would exceed ``limit`` bytes
     (:mod:`dataprep.planning.out_of_core`): the same plan, memory bounded by the largest bucket."""
     W, epochs = options.world_size, options.epochs
-    if options.balance <= 0 or options.dynamic_resolution is not None:
+    if options.balance <= 0:
         raise DataprepError(
             f"{manifest}: --memory-limit: planning {manifest_num_rows(manifest)} rows in memory needs about "
             f"{manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW / 2**30:.2f} GiB, more than the limit "
-            f"{limit / 2**30:.2f} GiB, and out-of-core planning needs --balance > 0 without --dynamic-resolution")
+            f"{limit / 2**30:.2f} GiB, and out-of-core planning needs --balance > 0")
+    config = options.dynamic_resolution
+    dynres = DynResTotals(config, len(spec.buckets)) if config is not None else None
     bs = batch_sizes_of(spec, str(buckets))
     grid = grid_from_spec(spec)
     blend = blend_of(manifest, options) if wants_weights(manifest, options) else None
@@ -343,7 +345,8 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
         clock("read")
         totals = EpochTotals(len(spec.buckets))
         cost = options.cost or CostModel()
-        with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps) as writer:
+        with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps,
+                        target_frames=config is not None) as writer:
             for e in range(epochs):
                 draw = None
                 if weighted is not None:
@@ -352,7 +355,8 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
                 try:
                     lay = plan_epoch_spilled(corpus, bs, W, options.seed, e, interleave=options.interleave,
                                              tolerance=options.balance, cost=cost, group=options.group,
-                                             final=e == epochs - 1, draw=draw)
+                                             final=e == epochs - 1, draw=draw,
+                                             measure=None if dynres is None else dynres.add_batches)
                 except DataprepError as exc:
                     raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
                 if weighted is not None and lay.groups is not None:
@@ -360,13 +364,16 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
                 clock("plan")
                 first_step = totals.num_steps
                 write_epoch_spilled(writer, lay, corpus, first_step, options.row_group_steps,
-                                    lambda r: on_progress(e * W + r + 1, epochs * W) if on_progress else None)
+                                    lambda r: on_progress(e * W + r + 1, epochs * W) if on_progress else None,
+                                    None if config is None else batch_targets(lay.ep.max_duration, config))
                 totals.add(lay.ep, first_step, bs, options.cost)
                 clock("write")
             meta = _plan_meta(manifest, buckets, spec, corpus.num_rows,
                               corpus.allocation_entry(options.strict, options.carry and not options.strict), totals,
                               world_size=W, seed=options.seed, epochs=epochs, interleave=options.interleave,
                               balance=totals.balance_info(options.balance), sync_group=options.group)
+            if dynres is not None:
+                meta = dataclasses.replace(meta, extra={**meta.extra, "dynamic_resolution": dynres.to_json()})
             if weighted is not None:
                 meta = dataclasses.replace(meta, extra={**meta.extra, "weights": weighted.to_json()})
             meta = writer.finish(meta)
@@ -434,17 +441,23 @@ class DynResTotals:
 
     def add(self, ep: EpochPlan, duration: npt.NDArray[np.float64]) -> None:
         """Add one epoch, one rank at a time (memory: a rank's rows, not the epoch's)."""
-        target = batch_targets(ep.max_duration, self.config)
         for r in range(ep.world_size):
             lo, hi = ep.rank_slice(r)
             off = ep.offsets[lo:hi + 1]
-            d = duration[ep.rows[off[0]:off[-1]]]
-            off = off - off[0]
-            res = resolve(d, off, target[lo:hi], self.config)
-            got = resolution_totals(d, off, res, self.config, ep.bucket_of_batch()[lo:hi], self.num_buckets)
-            self.per_bucket = [a + b for a, b in zip(self.per_bucket, got)]
-            for k, t in policy_totals(d, off, self.config).items():
-                self.compare[k] = self.compare.get(k, ResolutionTotals()) + t
+            self.add_batches(duration[ep.rows[off[0]:off[-1]]], off - off[0], ep.max_duration[lo:hi],
+                             ep.bucket_of_batch()[lo:hi])
+
+    def add_batches(self, d: npt.NDArray[np.float64], off: npt.NDArray[np.int64], longest: npt.NDArray[np.float64],
+                    bucket: npt.ArrayLike, sign: int = 1) -> None:
+        """Add (``sign`` -1: take away) batches given as durations ``d`` (s) in CSR ``off``, each
+        batch's longest (s, its target) and bucket. The totals are integer counts: any split of
+        an epoch's batches into calls, in any order, gives the same figures."""
+        res = resolve(d, off, batch_targets(longest, self.config), self.config)
+        got = resolution_totals(d, off, res, self.config, np.asarray(bucket), self.num_buckets)
+        add = (lambda a, b: a + b) if sign > 0 else (lambda a, b: a - b)
+        self.per_bucket = [add(a, b) for a, b in zip(self.per_bucket, got)]
+        for k, t in policy_totals(d, off, self.config).items():
+            self.compare[k] = add(self.compare.get(k, ResolutionTotals()), t)
 
     def to_json(self) -> dict[str, Any]:
         whole = sum(self.per_bucket, ResolutionTotals())

@@ -504,14 +504,22 @@ class _Formed:
     groups: npt.NDArray[np.int64] | None = None  # weighted: bucketing.padding.group_padding per corpus
 
 
+#: What an out-of-core plan measures per batch beside its figures (dynamic resolution:
+#: :meth:`dataprep.planning.build.DynResTotals.add_batches`): durations (s) in CSR offsets,
+#: each batch's longest and bucket, and +1 to add them or -1 to take them away.
+BatchMeasure = Callable[[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.float64],
+                         npt.NDArray[np.int64], int], None]
+
+
 def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | None, rng: np.random.Generator,
-                  final: bool, draw: EpochDraw | None = None) -> _Formed:
+                  final: bool, draw: EpochDraw | None = None, measure: BatchMeasure | None = None) -> _Formed:
     """Each bucket's rows ordered into batches and laid out in the epoch's position files
     (rows beside ids, or rows alone when the corpus has no ids), the figures of each batch
     taken on the way; batches then drawn (:func:`bucketing.batching.cut_batches`). ``W``:
     near-equal batches filling whole steps (balanced); None: full batches and a short last
     one (:func:`bucketing.batching.form_batches` with no world size). ``draw``: a weighted
-    epoch's entries instead of every row once, and the per-corpus totals of its batches."""
+    epoch's entries instead of every row once, and the per-corpus totals of its batches.
+    ``measure``: called on each part's formed batches."""
     files = SpillFiles(corpus.root)
     for name in ("pos.rec", "pos.data", "pos.rows"):
         (corpus.root / name).unlink(missing_ok=True)
@@ -554,6 +562,8 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
             if groups is not None and c is not None:
                 groups += group_padding(np.arange(p.shape[0]), np.diff(np.append(loc, p.shape[0])), mx_d[sl],
                                         mx_t[sl], dk, tk, c[p], C)
+            if measure is not None:
+                measure(dk, np.append(loc, p.shape[0]), mx_d[sl], np.full(loc.shape[0], k, np.int64), 1)
             pos += p.shape[0]
             at += loc.shape[0]
             parts.append(p)
@@ -592,15 +602,18 @@ def _position_rows(corpus: SpilledCorpus, starts: npt.NDArray[np.int64],
 
 def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
                        interleave: str, tolerance: float, cost: CostModel, group: int,
-                       final: bool = False, draw: EpochDraw | None = None) -> EpochLayout:
+                       final: bool = False, draw: EpochDraw | None = None,
+                       measure: BatchMeasure | None = None) -> EpochLayout:
     """Step 3 of the module docstring: :func:`bucketing.plan.plan_epoch` (balanced) then
     :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays. ``final``:
     no later epoch reads the ids, so each bucket's id files are removed once laid out (the
     page cache they held is reused for the position files instead of fresh memory).
     ``draw``: a weighted epoch (:func:`draw_epoch`), planned over its entries; the layout
-    then carries the per-corpus totals (:attr:`EpochLayout.groups`)."""
+    then carries the per-corpus totals (:attr:`EpochLayout.groups`). ``measure``: called on
+    the epoch's batches as laid out (formed ones, then the pieces steps cut: the formed batch
+    taken away, each piece added)."""
     lay = _balanced_spilled(corpus, bs, W, seed, epoch, interleave=interleave, tolerance=tolerance, cost=cost,
-                            group=group, final=final, draw=draw)
+                            group=group, final=final, draw=draw, measure=measure)
     if lay is None:
         raise DataprepError(f"the rows cannot fill whole balanced steps of {W} ranks out of core "
                             "(fewer utterances than steps x ranks); plan with a larger --memory-limit")
@@ -609,13 +622,14 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
 
 def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
                       interleave: str, tolerance: float, cost: CostModel, group: int,
-                      final: bool = False, draw: EpochDraw | None = None) -> EpochLayout | None:
+                      final: bool = False, draw: EpochDraw | None = None,
+                      measure: BatchMeasure | None = None) -> EpochLayout | None:
     """:func:`plan_epoch_spilled`; None where the rows cannot fill whole balanced steps."""
     counts = corpus.counts if draw is None else draw.counts
     if int(counts.sum()) < W:
         raise DataprepError(f"{int(counts.sum())} utterances cannot fill one step of {W} ranks")
     rng = np.random.default_rng([seed, epoch, 0])
-    formed = _form_spilled(corpus, bs, W, rng, final, draw)
+    formed = _form_spilled(corpus, bs, W, rng, final, draw, measure)
     groups = formed.groups
     cut = formed.cut
     perm = cut.perm
@@ -635,6 +649,7 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
     seg_start = start[parent] + (seg_lo - off[parent])
     s_mx_d, s_mx_t, s_sm_d, s_sm_t = mx_d[parent], mx_t[parent], sm_d[parent], sm_t[parent]
     pieces = np.flatnonzero(seg_size != sizes[parent])
+    split: dict[int, list[npt.NDArray[np.float64]]] = {}  # formed batch -> its pieces' durations
     if pieces.shape[0]:
         for i in pieces:  # the few batches cut into pieces (at most one step's worth)
             piece_rows = _position_rows(corpus, seg_start[i:i + 1], seg_size[i:i + 1])
@@ -648,6 +663,13 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
                 groups += group_padding(one, seg_size[i:i + 1], s_mx_d[i:i + 1], s_mx_t[i:i + 1], dk, tk, ck[0], C)
                 groups -= group_padding(one, seg_size[i:i + 1], mx_d[parent[i]:parent[i] + 1],
                                         mx_t[parent[i]:parent[i] + 1], dk, tk, ck[0], C)
+            if measure is not None:
+                one_batch = np.array([0, dk.shape[0]])
+                measure(dk, one_batch, s_mx_d[i:i + 1], steps.seg_bucket[i:i + 1].astype(np.int64), 1)
+                split.setdefault(int(parent[i]), []).append(dk)
+    for j, parts in split.items():  # each formed batch cut into pieces, as it was measured: taken away
+        dk = np.concatenate(parts)
+        measure(dk, np.array([0, dk.shape[0]]), mx_d[j:j + 1], cut.bucket[j:j + 1].astype(np.int64), -1)  # type: ignore[misc]
     # rank-major batches
     f_start, f_size = seg_start[order], seg_size[order]
     f_bucket = steps.seg_bucket[order]
@@ -704,9 +726,11 @@ def plan_epoch_figures(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int
 
 
 def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: SpilledCorpus, first_step: int,
-                        row_group_steps: int, tick: Callable[[int], object]) -> None:
+                        row_group_steps: int, tick: Callable[[int], object],
+                        target_frames: npt.NDArray[np.int64] | None = None) -> None:
     """Step 4 of the module docstring: each rank's shard in parts of whole row groups (ranks
-    in parallel, :meth:`manifests.plan_files.PlanWriter.write_ranks`)."""
+    in parallel, :meth:`manifests.plan_files.PlanWriter.write_ranks`); ``target_frames``: per
+    rank-major batch (dynamic resolution's column)."""
     ep = layout.ep
     S = ep.num_steps
     mean = max(1, int(layout.size.sum()) // max(1, layout.size.shape[0]))
@@ -723,7 +747,8 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
             rows, ids = files.read_record_runs("pos", corpus.row_dtype, start, size)
             yield shard_table(epoch=ep.epoch, first_step=first_step + c, bucket=bucket[lo:hi], offsets=off,
                               rows=rows, ids=ids,
-                              max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi], step_in_epoch=c)
+                              max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi], step_in_epoch=c,
+                              target_frames=None if target_frames is None else target_frames[lo:hi])
 
     writer.write_ranks(parts, tick)
 

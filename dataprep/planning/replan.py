@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from bucketing.allocate import assign
 from bucketing.balance import DEFAULT_BALANCE
-from bucketing.dynres import DynResConfig
+from bucketing.dynres import DynResConfig, batch_targets
 from bucketing.fit import grid_from_spec
 from bucketing.groups import regroup
 from bucketing.costmodel import CostModel
@@ -110,14 +110,14 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     grid = grid_from_spec(spec)
     limit = options.memory_limit if options.memory_limit is not None else default_memory_limit()
     if manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW > limit:
-        if meta.balance is None or meta.balance.tolerance <= 0 or dynres_config is not None:
+        if meta.balance is None or meta.balance.tolerance <= 0:
             raise DataprepError(
                 f"{manifest}: --memory-limit: re-planning {manifest_num_rows(manifest)} rows in memory needs about "
                 f"{manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW / 2**30:.2f} GiB, more than the limit "
-                f"{limit / 2**30:.2f} GiB, and an out-of-core re-plan needs a balanced plan without dynamic "
-                "resolution")
+                f"{limit / 2**30:.2f} GiB, and an out-of-core re-plan needs a balanced plan")
         with retained_heap():
-            return _replan_out_of_core(plan_dir, manifest, out_dir, options, meta, at_step, group, limit)
+            return _replan_out_of_core(plan_dir, manifest, out_dir, options, meta, at_step, group, limit,
+                                       dynres_config)
     cols = ManifestColumns.read(manifest)
     options.check_rows(cols.duration.shape[0])  # before any per-rank allocation
     tol = meta.balance.tolerance if meta.balance is not None else 0.0
@@ -193,7 +193,7 @@ def _replan_meta(meta: PlanMeta, world_size: int, at_step: int, totals: EpochTot
 
 def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str],
                         out_dir: str | os.PathLike[str], options: PlanOptions, meta: PlanMeta, at_step: int,
-                        group: int, limit: int) -> PlanMeta:
+                        group: int, limit: int, config: DynResConfig | None) -> PlanMeta:
     """:func:`replan` of a manifest whose in-memory re-plan would exceed ``limit`` bytes: the
     spill of :mod:`dataprep.planning.out_of_core`, the unseen rest of the epoch drawn from the
     parent's shards (:func:`~dataprep.planning.out_of_core.draw_rows`), later epochs as
@@ -219,8 +219,9 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
             raise DataprepError(f"{plan_dir}: {stray} of the rows the plan has not trained are in no bucket of the "
                                 "re-plan's allocation (another manifest?)")
         totals = EpochTotals(len(spec.buckets))
+        dynres = DynResTotals(config, len(spec.buckets)) if config is not None else None
         cost = options.cost or CostModel()
-        with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps) as writer:
+        with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps, target_frames=config is not None) as writer:
             first = at_step
             for e in range(e0, meta.epochs):
                 draw = rest if e == e0 else None if weighted is None else draw_epoch(corpus, weighted.sampler, e)
@@ -228,16 +229,19 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
                     check_bucket_fits(manifest, draw.counts, bs, limit)
                 try:
                     lay = plan_epoch_spilled(corpus, bs, W, meta.seed, e, interleave=meta.interleave, tolerance=tol,
-                                             cost=cost, group=group, final=e == meta.epochs - 1, draw=draw)
+                                             cost=cost, group=group, final=e == meta.epochs - 1, draw=draw,
+                                             measure=None if dynres is None else dynres.add_batches)
                 except DataprepError as exc:
                     raise DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {W} ranks: "
                                         f"{exc}") from None
                 if weighted is not None and lay.groups is not None:
                     weighted.add_totals(lay.groups)
-                write_epoch_spilled(writer, lay, corpus, first, options.row_group_steps, lambda r: None)
+                write_epoch_spilled(writer, lay, corpus, first, options.row_group_steps, lambda r: None,
+                                    None if config is None else batch_targets(lay.ep.max_duration, config))
                 totals.add(lay.ep, first, bs, cost)
                 first += lay.ep.num_steps
-            extra = {"weights": weighted.to_json()} if weighted is not None else {}
+            extra = {**({"weights": weighted.to_json()} if weighted is not None else {}),
+                     **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {})}
             return writer.finish(_replan_meta(meta, W, at_step, totals, corpus.carried,
                                               options.carry and not strict, tol, group, extra))
     finally:

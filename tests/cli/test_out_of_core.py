@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from bucketing.dynres import DynResConfig
 from dataprep.cli import app
 from dataprep.planning import PlanOptions, build_plan, out_of_core
 from dataprep.testing import write_plan_inputs
@@ -39,14 +40,17 @@ def _no_spill_left(folder: Path) -> None:
 @given(n=st.integers(40, 900), buckets=st.integers(2, 6), W=st.integers(1, 9), seed=st.integers(0, 2**31),
        epochs=st.integers(1, 2), group=st.sampled_from([None, 1]), strict=st.booleans(), carry=st.booleans(),
        interleave=st.sampled_from(["random", "ascending"]), budget=st.sampled_from([20.0, 60.0, 200.0]),
-       data=st.integers(0, 2**31), order_rows=st.sampled_from([None, 8, 64]))
+       data=st.integers(0, 2**31), order_rows=st.sampled_from([None, 8, 64]),
+       dynres=st.booleans())
 def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed, epochs, group, strict, carry,
-                                            interleave, budget, data, order_rows) -> None:
-    """``order_rows``: buckets ordered in parts of that many rows (None: whole, at this size)."""
+                                            interleave, budget, data, order_rows, dynres) -> None:
+    """``order_rows``: buckets ordered in parts of that many rows (None: whole, at this size);
+    ``dynres``: dynamic resolution (its target frames and predicted figures) too."""
     tmp = tmp_path_factory.mktemp("ooc")
     m, b = write_plan_inputs(tmp, n, seed=data, num_buckets=buckets, budget=budget)
     opts = dict(world_size=W, seed=seed, epochs=epochs, strict=strict, carry=carry, interleave=interleave,
-                row_group_steps=2, sync_group=group)
+                row_group_steps=2, sync_group=group,
+                dynamic_resolution=DynResConfig() if dynres else None)
     _compare(tmp, m, b, opts, n, order_rows)
 
 
@@ -134,7 +138,8 @@ def test_memory_limit_errors_are_one_line(tmp_path: Path) -> None:
 def test_batches_cut_into_pieces_equal_in_memory(tmp_path: Path, carry: bool, weighted: bool) -> None:
     """One batch more than whole steps hold (the largest bucket's), so steps cut batches into
     pieces: their figures are looked up again out of core (the spill files, carried rows);
-    ``weighted``: and the per-corpus padding of the pieces' rows."""
+    ``weighted``: and the per-corpus padding of the pieces' rows; with dynamic resolution, the
+    pieces' own targets and figures."""
     import numpy as np
 
     from bucketing import batching
@@ -149,7 +154,8 @@ def test_batches_cut_into_pieces_equal_in_memory(tmp_path: Path, carry: bool, we
 
     m, b = write_plan_inputs(tmp_path, 700, seed=3, num_buckets=4, budget=60.0, corpora=3 if weighted else 0)
     opts = dict(world_size=7, seed=1, epochs=2, carry=carry, row_group_steps=2,
-                weights={"c0": 1.0, "c1": 3.0, "c2": 0.5} if weighted else None)
+                weights={"c0": 1.0, "c1": 3.0, "c2": 0.5} if weighted else None,
+                dynamic_resolution=DynResConfig() if carry else None)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(batching, "even_batch_counts", one_more)
         mp.setattr(out_of_core, "even_batch_counts", one_more)
@@ -208,11 +214,12 @@ def test_a_spill_directory_that_cannot_be_made_is_one_line(tmp_path: Path) -> No
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(60, 700), W=st.integers(1, 6), W2=st.integers(1, 6), seed=st.integers(0, 2**31),
        epochs=st.integers(1, 3), corpora=st.sampled_from([0, 1, 3]), group=st.booleans(),
-       data=st.integers(0, 2**31), at=st.floats(0.0, 0.99))
+       data=st.integers(0, 2**31), at=st.floats(0.0, 0.99), dynres=st.booleans())
 def test_out_of_core_replan_equals_in_memory(tmp_path_factory, n, W, W2, seed, epochs, corpora, group, data,
-                                             at) -> None:
+                                             at, dynres) -> None:
     """A re-plan (another world size, from a step inside any epoch; weighted or not; sync
-    groups of 1) under a --memory-limit below the in-memory need: the same shards and plan.json."""
+    groups of 1; dynamic resolution or not) under a --memory-limit below the in-memory need:
+    the same shards and plan.json."""
     from dataprep.planning import replan
 
     tmp = tmp_path_factory.mktemp("ooc-replan")
@@ -220,7 +227,8 @@ def test_out_of_core_replan_equals_in_memory(tmp_path_factory, n, W, W2, seed, e
     weights = {f"c{c}": 1.0 + 2 * c for c in range(corpora)}
     present = set(pl.read_parquet(m)["corpus"].to_list()) if corpora else set()
     opts = dict(world_size=W, seed=seed, epochs=epochs, row_group_steps=2,
-                weights={c: w for c, w in weights.items() if c in present} or None)
+                weights={c: w for c, w in weights.items() if c in present} or None,
+                dynamic_resolution=DynResConfig() if dynres else None)
     try:
         parent = build_plan(m, b, tmp / "parent", PlanOptions(**opts))
     except DataprepError:
