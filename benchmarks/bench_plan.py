@@ -156,9 +156,11 @@ def timed(*a, **k):
 plan.form_batches = timed
 timings = {"import": t1 - t0}
 limit = int(sys.argv[6]) if len(sys.argv) > 6 and sys.argv[6] != "0" else None
+from bucketing.dynres import DynResConfig
+dynres = DynResConfig() if len(sys.argv) > 7 and sys.argv[7] == "1" else None
 meta = build_plan(sys.argv[1], sys.argv[2], sys.argv[3],
                   PlanOptions(world_size=int(sys.argv[4]), seed=0, epochs=1, balance=float(sys.argv[5]),
-                              memory_limit=limit),
+                              memory_limit=limit, dynamic_resolution=dynres),
                   timings=timings)
 timings["plan"] -= fb["s"]
 timings["form_batches"] = fb["s"]
@@ -204,11 +206,12 @@ def run_replan(plan: Path, manifest: Path, out: Path, world: int, memory_limit: 
     return got
 
 
-def run_plan(manifest: Path, buckets: Path, out: Path, world: int, balance: float = 0.0, memory_limit: int = 0) -> dict:
+def run_plan(manifest: Path, buckets: Path, out: Path, world: int, balance: float = 0.0, memory_limit: int = 0,
+             dynamic_resolution: bool = False) -> dict:
     env = dict(os.environ, POLARS_MAX_THREADS="2", OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
     res = subprocess.run(["taskset", "-c", "0,1", sys.executable, "-c", CHILD, str(manifest), str(buckets),
-                          str(out), str(world), str(balance), str(memory_limit)], capture_output=True, text=True,
-                         env=env)
+                          str(out), str(world), str(balance), str(memory_limit), "1" if dynamic_resolution else "0"],
+                         capture_output=True, text=True, env=env)
     if res.returncode:
         sys.exit(f"plan failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
     out = json.loads(res.stdout.strip().splitlines()[-1])
@@ -329,7 +332,7 @@ def bench_size(rows: int, args: argparse.Namespace, limit: int) -> dict:
               f"(source: {'shared corpora' if real_pairs() else 'lognormal fits'}), built in "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
         results = [run_plan(tmp / "m.parquet", tmp / "buckets.json", tmp / "plan", args.world_size, args.balance,
-                            limit) for _ in range(args.runs)]
+                            limit, args.dynamic_resolution) for _ in range(args.runs)]
         wall = statistics.median(r["wall"] for r in results)
         rss = statistics.median(r["rss_gib"] for r in results)
         size = sum(p.stat().st_size for p in (tmp / "plan").iterdir())
@@ -371,6 +374,8 @@ def main() -> None:
     ap.add_argument("--corpora", type=int, default=0, help="also plan C weighted corpora; report the ratio")
     ap.add_argument("--temperature", type=float, default=0.3, help="re-weighting temperature with --corpora")
     ap.add_argument("--memory-limit", default="0", help="plan-batches --memory-limit (e.g. 2GiB; 0: the default)")
+    ap.add_argument("--dynamic-resolution", action="store_true",
+                    help="plan with dynamic resolution (target frames per batch and the predicted figures)")
     ap.add_argument("--replan", action="store_true",
                     help="also re-plan the plan at its middle step onto half the ranks (under --memory-limit)")
     ap.add_argument("--dir", default=None, help="work directory (manifest, spill files, plan); default a temp dir")
