@@ -53,10 +53,16 @@ def regroup(ep: EpochPlan, group_size: int, seed: int) -> EpochPlan:
     if order is None:
         return ep
     W, S = ep.world_size, ep.num_steps
-    offsets, gather = gather_segments(ep.offsets, order)
+    if ep.rows.shape[0]:
+        offsets, gather = gather_segments(ep.offsets, order)
+        rows = ep.rows[gather]
+    else:  # a plan of figures only (out of core): no row-sized index
+        offsets = np.zeros(order.shape[0] + 1, dtype=np.int64)
+        np.cumsum(np.diff(ep.offsets)[order], out=offsets[1:])
+        rows = ep.rows
     bucket = ep.bucket_of_batch()[order]
     by_step = bucket.reshape(W, S)
     step_bucket = np.where((by_step == by_step[:1]).all(0), by_step[0], -1).astype(np.int32)
-    return dataclasses.replace(ep, step_bucket=step_bucket, offsets=offsets, rows=ep.rows[gather],
+    return dataclasses.replace(ep, step_bucket=step_bucket, offsets=offsets, rows=rows,
                                max_duration=ep.max_duration[order], max_tokens=ep.max_tokens[order],
                                batch_bucket=bucket)

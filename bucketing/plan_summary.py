@@ -21,10 +21,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bucketing.batching import gather_segments
 from bucketing.plan import EpochPlan, Interleave, Placement, containment, interleave_order, place_bucket
 
-#: The explicit rows of :class:`SummaryPlacement`: manifest row, duration (s), tokens.
-ROW_DTYPE = np.dtype([("row", np.int64), ("d", np.float64), ("t", np.int64)])
+#: The explicit rows of :class:`SummaryPlacement`: manifest row, duration (s), tokens and the
+#: row's place in the caller's layout of the formed batches (its position files; -1: none).
+ROW_DTYPE = np.dtype([("row", np.int64), ("d", np.float64), ("t", np.int64), ("pos", np.int64)])
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,23 @@ class SummaryPlacement(Placement):
     def piece_head(self, piece: Any, sizes: npt.NDArray[np.int64], k: int) -> Any:
         return _Run(piece.lo, piece.lo + k) if isinstance(piece, _Run) else super().piece_head(piece, sizes, k)
 
+    def sources(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Per placed batch, bucket after bucket: the formed batch it is whole (-1: explicit
+        rows), its explicit rows' count (0 for a formed one), and the explicit rows' ``pos``."""
+        formed, counts, pos = [], [], []
+        for pieces, sizes in zip(self.rows, self.sizes):
+            for piece, size in zip(pieces, sizes):
+                if isinstance(piece, _Run):
+                    formed.append(np.arange(piece.lo, piece.hi, dtype=np.int64))
+                    counts.append(np.zeros(piece.hi - piece.lo, dtype=np.int64))
+                else:
+                    formed.append(np.full(size.shape[0], -1, dtype=np.int64))
+                    counts.append(np.asarray(size, dtype=np.int64))
+                    pos.append(np.asarray(piece["pos"], dtype=np.int64))
+        empty = np.empty(0, np.int64)
+        return (np.concatenate(formed) if formed else empty, np.concatenate(counts) if counts else empty,
+                np.concatenate(pos) if pos else empty)
+
     def figures(self) -> tuple[npt.NDArray[Any], ...]:
         """Per placed batch, bucket after bucket: size, longest, most tokens, sums of
         durations and tokens (explicit rows' batches measured here)."""
@@ -100,6 +119,22 @@ class SummaryPlacement(Placement):
         return tuple(np.concatenate([p[i] for p in parts]) if parts else empty[i] for i in range(5))
 
 
+@dataclass(frozen=True)
+class BatchSources:
+    """Where the rows of each batch of an identical-bucket plan are, rank-major: the whole
+    formed batch ``formed[i]`` (draw order) when >= 0, else (-1) the explicit rows whose
+    ``pos`` are ``pos[off[i]:off[i + 1]]`` (a tail pooled, carried or borrowed)."""
+
+    formed: npt.NDArray[np.int64]
+    off: npt.NDArray[np.int64]
+    pos: npt.NDArray[np.int64]
+
+    def take(self, order: npt.NDArray[np.int64]) -> BatchSources:
+        """The batches in ``order`` (e.g. sync groups' step orders)."""
+        off, gather = gather_segments(self.off, order)
+        return BatchSources(self.formed[order], off, self.pos[gather])
+
+
 def plan_identical_summaries(formed: FormedBatches, batch_sizes: npt.NDArray[np.int64], world_size: int, seed: int,
                              epoch: int, read_rows: Callable[[int, int], npt.NDArray[Any]], *,
                              max_duration: npt.NDArray[np.floating] | None = None,
@@ -108,6 +143,17 @@ def plan_identical_summaries(formed: FormedBatches, batch_sizes: npt.NDArray[np.
     """:func:`bucketing.plan.plan_epoch` with ``balance`` 0 from ``formed`` (module docstring):
     its :class:`~bucketing.plan.EpochPlan` with ``rows`` empty. ``max_duration`` /
     ``max_tokens``: the buckets' bounds (:class:`bucketing.plan.PlanInputs`'s)."""
+    return plan_identical_layout(formed, batch_sizes, world_size, seed, epoch, read_rows, max_duration=max_duration,
+                                 max_tokens=max_tokens, interleave=interleave)[0]
+
+
+def plan_identical_layout(formed: FormedBatches, batch_sizes: npt.NDArray[np.int64], world_size: int, seed: int,
+                          epoch: int, read_rows: Callable[[int, int], npt.NDArray[Any]], *,
+                          max_duration: npt.NDArray[np.floating] | None = None,
+                          max_tokens: npt.NDArray[np.floating] | None = None,
+                          interleave: Interleave = "random") -> tuple[EpochPlan, BatchSources]:
+    """:func:`plan_identical_summaries` and where each batch's rows are (``read_rows`` fills
+    the records' ``pos``), for a planner that writes the shards from its own layout."""
     W = int(world_size)
     bs = np.asarray(batch_sizes, dtype=np.int64)
     B = int(bs.shape[0])
@@ -122,7 +168,11 @@ def plan_identical_summaries(formed: FormedBatches, batch_sizes: npt.NDArray[np.
     offsets = np.zeros(size.shape[0] + 1, dtype=np.int64)
     np.cumsum(size, out=offsets[1:])
     dropped = np.concatenate(placed.dropped)["row"] if placed.dropped else np.empty(0, np.int64)
-    return EpochPlan(epoch=epoch, world_size=W, step_bucket=seq.astype(np.int32), offsets=offsets,
-                     rows=np.empty(0, np.int64), max_duration=mx_d, max_tokens=mx_t, dropped=np.sort(dropped),
-                     fallbacks=placed.fallbacks, resplit_buckets=placed.resplit,
-                     real_seconds=float(sm_d.sum()) if size.shape[0] else 0.0, real_tokens=int(sm_t.sum()))
+    ep = EpochPlan(epoch=epoch, world_size=W, step_bucket=seq.astype(np.int32), offsets=offsets,
+                   rows=np.empty(0, np.int64), max_duration=mx_d, max_tokens=mx_t, dropped=np.sort(dropped),
+                   fallbacks=placed.fallbacks, resplit_buckets=placed.resplit,
+                   real_seconds=float(sm_d.sum()) if size.shape[0] else 0.0, real_tokens=int(sm_t.sum()))
+    src_formed, counts, pos = placed.sources()
+    off = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=off[1:])
+    return ep, BatchSources(src_formed, off, pos).take(order)

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from bucketing.allocate import Assignment, assign
+from bucketing.allocate import Assignment, assign, fills_steps
 from bucketing.batching import TOTALS_BLOCK
 from bucketing.dynres import (
     DynResConfig,
@@ -55,7 +55,9 @@ from dataprep.planning.out_of_core import (
     check_bucket_fits,
     default_memory_limit,
     disk_bytes,
+    carry_spilled,
     draw_epoch,
+    plan_epoch_identical_spilled,
     plan_epoch_spilled,
     remove_spill,
     spill_dir,
@@ -328,20 +330,22 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
     """:func:`build_plan` for a corpus whose in-memory plan would exceed ``limit`` bytes
     (:mod:`dataprep.planning.out_of_core`): the same plan, memory bounded by the largest bucket."""
     W, epochs = options.world_size, options.epochs
-    if options.balance <= 0:
+    blend = blend_of(manifest, options) if wants_weights(manifest, options) else None
+    if options.balance <= 0 and (options.dynamic_resolution is not None or blend is not None):
         raise DataprepError(
             f"{manifest}: --memory-limit: planning {manifest_num_rows(manifest)} rows in memory needs about "
             f"{manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW / 2**30:.2f} GiB, more than the limit "
-            f"{limit / 2**30:.2f} GiB, and out-of-core planning needs --balance > 0")
+            f"{limit / 2**30:.2f} GiB, and out-of-core planning with --balance 0 plans unweighted, without "
+            "--dynamic-resolution")
     config = options.dynamic_resolution
     dynres = DynResTotals(config, len(spec.buckets)) if config is not None else None
     bs = batch_sizes_of(spec, str(buckets))
     grid = grid_from_spec(spec)
-    blend = blend_of(manifest, options) if wants_weights(manifest, options) else None
     root = spill_dir(out_dir)
     try:
         corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, options, strict=options.strict,
-                                          epochs=epochs, limit=limit)
+                                          epochs=epochs, limit=limit,
+                                          world_size=None if options.balance > 0 else W)
         clock("read")
         totals = EpochTotals(len(spec.buckets))
         cost = options.cost or CostModel()
@@ -353,11 +357,16 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
                     draw = draw_epoch(corpus, weighted.sampler, e)
                     check_bucket_fits(manifest, draw.counts, bs, limit)
                 try:
-                    lay = plan_epoch_spilled(corpus, bs, W, options.seed, e, interleave=options.interleave,
-                                             tolerance=options.balance, cost=cost, group=options.group,
-                                             final=e == epochs - 1, draw=draw,
-                                             measure=None if dynres is None else dynres.add_batches)
-                except DataprepError as exc:
+                    if options.balance > 0:
+                        lay = plan_epoch_spilled(corpus, bs, W, options.seed, e, interleave=options.interleave,
+                                                 tolerance=options.balance, cost=cost, group=options.group,
+                                                 final=e == epochs - 1, draw=draw,
+                                                 measure=None if dynres is None else dynres.add_batches)
+                    else:
+                        lay = plan_epoch_identical_spilled(corpus, grid, bs, W, options.seed, e,
+                                                           interleave=options.interleave, group=options.group,
+                                                           final=e == epochs - 1)
+                except (DataprepError, PlanError) as exc:
                     raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
                 if weighted is not None and lay.groups is not None:
                     weighted.add_totals(lay.groups)
@@ -369,7 +378,7 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
                 totals.add(lay.ep, first_step, bs, options.cost)
                 clock("write")
             meta = _plan_meta(manifest, buckets, spec, corpus.num_rows,
-                              corpus.allocation_entry(options.strict, options.carry and not options.strict), totals,
+                              corpus.allocation_entry(options.strict, corpus.carry), totals,
                               world_size=W, seed=options.seed, epochs=epochs, interleave=options.interleave,
                               balance=totals.balance_info(options.balance), sync_group=options.group)
             if dynres is not None:
@@ -385,10 +394,13 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
 
 def spill_for_plan(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray[np.int64], root: Path,
                    blend: Blend | None, options: PlanOptions, *, strict: bool, epochs: int,
-                   limit: int) -> tuple[SpilledCorpus, WeightedEpochs | None]:
+                   limit: int, world_size: int | None = None) -> tuple[SpilledCorpus, WeightedEpochs | None]:
     """The spill of an out-of-core plan of ``epochs`` epochs (after the free disk is checked):
     with a ``blend``, each row's corpus and index in it too, and the blend's quotas over the
-    spilled rows (``options``: the weighting's epoch size and seed)."""
+    spilled rows (``options``: the weighting's epoch size and seed). Tails are carried
+    (``options.carry``, never ``strict``) as :func:`bucketing.allocate.assign` carries them:
+    with ``world_size`` (one bucket per step), only where every bucket fills a step
+    (``SpilledCorpus.carry`` says whether they were)."""
     names = [] if blend is None else list(blend.probabilities)
     codes = None
     if blend is not None:
@@ -396,8 +408,14 @@ def spill_for_plan(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray
         if codes is None:
             raise DataprepError(f"{manifest}: has no corpus column (compile an input_cfg blend to weigh corpora)")
     check_free_disk(root, disk_bytes(manifest, epochs, weighted=blend is not None), "the spill files and the plan")
-    corpus = spill_manifest(manifest, grid, bs, root, strict=strict, carry=options.carry, memory_limit=limit,
-                            codes=codes, num_corpora=len(names) if blend is not None else None)
+    carry = options.carry and not strict
+    corpus = spill_manifest(manifest, grid, bs, root, strict=strict, carry=carry and world_size is None,
+                            memory_limit=limit, codes=codes, num_corpora=len(names) if blend is not None else None)
+    if carry and world_size is not None:
+        carry = fills_steps(corpus.counts, bs, world_size)
+        if carry:
+            corpus = carry_spilled(corpus, grid, bs, manifest, limit)
+    corpus.carry = carry
     if blend is None:
         return corpus, None
     if corpus.unknown_corpus:

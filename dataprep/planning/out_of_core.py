@@ -55,14 +55,14 @@ import pyarrow.parquet as pq
 from bucketing.allocate import allocate, tail_moves
 from bucketing.balance import balance_steps, layout_order
 from bucketing.batching import (TOTALS_BLOCK, BucketGrouping, Cut, block_totals, bucket_sums, cut_batches,
-                                even_batch_counts, even_batch_starts)
+                                even_batch_counts, even_batch_starts, gather_segments)
 from bucketing.costmodel import CostModel
 from bucketing.padding import GROUP_TICKS_PER_SECOND, exact_bincount, group_padding
 from bucketing.quota import QuotaSampler, corpus_indices
 from bucketing.fit import Grid
-from bucketing.groups import group_order
+from bucketing.groups import group_order, regroup
 from bucketing.plan import EpochPlan, Interleave, check_one_step
-from bucketing.plan_summary import ROW_DTYPE, FormedBatches, plan_identical_summaries
+from bucketing.plan_summary import ROW_DTYPE, BatchSources, FormedBatches, plan_identical_layout
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import iter_manifest, manifest_num_rows
 from manifests.plan_files import PlanWriter, shard_table
@@ -112,6 +112,7 @@ class SpilledCorpus:
     total_t: float = 0.0
     removed: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
     extra: dict[int, _Carried] = field(default_factory=dict)
+    carry: bool = False  # bucket tails were carried (the plan's ``allocation.carry``)
     has_ids: bool = True  # ``b{k}.ids`` spilled
     has_codes: bool = False  # ``b{k}.c`` spilled (corpus codes)
     has_index: bool = False  # ``b{k}.i`` spilled (each row's index in its corpus, :attr:`row_dtype`)
@@ -405,6 +406,8 @@ class EpochLayout:
     start: npt.NDArray[np.int64]  # first position of each rank-major batch
     size: npt.NDArray[np.int64]
     groups: npt.NDArray[np.int64] | None = None  # weighted: bucketing.padding.group_padding per corpus
+    #: one bucket per step: (CSR offsets, positions) of the batches whose ``start`` is -1
+    explicit: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
 
 
 @dataclass(frozen=True)
@@ -707,7 +710,15 @@ def plan_epoch_figures(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int
                                 group=W)
         if lay is not None:
             return lay.ep
-    formed = _form_spilled(corpus, bs, None, np.random.default_rng([seed, epoch, 0]), final=False)
+    return _identical_spilled(corpus, grid, bs, W, seed, epoch, interleave=interleave, final=False)[0]
+
+
+def _identical_spilled(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int,
+                       *, interleave: Interleave, final: bool
+                       ) -> tuple[EpochPlan, BatchSources, npt.NDArray[np.int64]]:
+    """One bucket per step (``balance`` 0) from the spill files: the plan without rows, where
+    each batch's rows are and the formed batches' first positions (draw order)."""
+    formed = _form_spilled(corpus, bs, None, np.random.default_rng([seed, epoch, 0]), final=final)
     cut = formed.cut
     perm = cut.perm
     starts, sizes = cut.starts[perm], cut.sizes[perm]
@@ -719,10 +730,33 @@ def plan_epoch_figures(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int
         out = np.empty(rows.shape[0], ROW_DTYPE)
         out["row"] = rows
         out["d"], out["t"] = corpus.lookup(int(cut.bucket[lo]), rows)
+        out["pos"] = _run_positions(starts[lo:hi], sizes[lo:hi])
         return out
 
-    return plan_identical_summaries(batches, bs, W, seed, epoch, read_rows, max_duration=grid.max_duration,
-                                    max_tokens=corpus.max_tokens.astype(np.float64), interleave=interleave)
+    ep, sources = plan_identical_layout(batches, bs, W, seed, epoch, read_rows, max_duration=grid.max_duration,
+                                        max_tokens=corpus.max_tokens.astype(np.float64), interleave=interleave)
+    return ep, sources, starts
+
+
+def _run_positions(starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Every position of the runs ``starts[i] : starts[i] + sizes[i]``, run after run."""
+    first = np.cumsum(sizes) - sizes
+    return np.repeat(starts - first, sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
+
+
+def plan_epoch_identical_spilled(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64], W: int, seed: int,
+                                 epoch: int, *, interleave: Interleave, group: int, final: bool = False) -> EpochLayout:
+    """:func:`bucketing.plan.plan_epoch` with ``balance`` 0 then
+    :func:`bucketing.groups.regroup`, for shards: each batch a run of the position files or,
+    for the few tails pooled, carried or borrowed, its rows' positions
+    (:attr:`EpochLayout.explicit`)."""
+    check_one_step(int(corpus.counts.sum()), W)
+    ep, sources, starts = _identical_spilled(corpus, grid, bs, W, seed, epoch, interleave=interleave, final=final)
+    order = group_order(W, ep.num_steps, group, seed, epoch)
+    if order is not None:
+        ep, sources = regroup(ep, group, seed), sources.take(order)
+    start = np.where(sources.formed >= 0, starts[np.maximum(sources.formed, 0)], -1)
+    return EpochLayout(ep, start, ep.sizes(), explicit=(sources.off, sources.pos))
 
 
 def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: SpilledCorpus, first_step: int,
@@ -744,6 +778,8 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
             start, size = layout.start[lo:hi], layout.size[lo:hi]  # each batch: one run of positions
             off = np.zeros(hi - lo + 1, dtype=np.int64)
             np.cumsum(size, out=off[1:])
+            if layout.explicit is not None and (start < 0).any():  # its rows' positions: runs of one
+                start, size = _explicit_runs(start, size, layout.explicit, lo)
             rows, ids = files.read_record_runs("pos", corpus.row_dtype, start, size)
             yield shard_table(epoch=ep.epoch, first_step=first_step + c, bucket=bucket[lo:hi], offsets=off,
                               rows=rows, ids=ids,
@@ -751,6 +787,20 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
                               target_frames=None if target_frames is None else target_frames[lo:hi])
 
     writer.write_ranks(parts, tick)
+
+
+def _explicit_runs(start: npt.NDArray[np.int64], size: npt.NDArray[np.int64],
+                   explicit: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
+                   lo: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Runs of positions of batches ``lo : lo + len(start)`` in batch order: a whole one's run,
+    and one run of one position per row of a batch given by positions (``start`` -1)."""
+    exp = start < 0
+    n_runs = np.where(exp, size, 1)
+    run_start = np.repeat(start, n_runs)
+    run_size = np.repeat(np.where(exp, 1, size), n_runs)
+    _, gather = gather_segments(explicit[0], lo + np.flatnonzero(exp))
+    run_start[np.repeat(exp, n_runs)] = explicit[1][gather]
+    return run_start, run_size
 
 
 #: Bytes of disk per row besides its id: the spill files (row, duration, tokens, id offset)

@@ -243,7 +243,7 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
             extra = {**({"weights": weighted.to_json()} if weighted is not None else {}),
                      **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {})}
             return writer.finish(_replan_meta(meta, W, at_step, totals, corpus.carried,
-                                              options.carry and not strict, tol, group, extra))
+                                              corpus.carry, tol, group, extra))
     finally:
         remove_spill(root)
 

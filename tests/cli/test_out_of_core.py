@@ -41,16 +41,17 @@ def _no_spill_left(folder: Path) -> None:
        epochs=st.integers(1, 2), group=st.sampled_from([None, 1]), strict=st.booleans(), carry=st.booleans(),
        interleave=st.sampled_from(["random", "ascending"]), budget=st.sampled_from([20.0, 60.0, 200.0]),
        data=st.integers(0, 2**31), order_rows=st.sampled_from([None, 8, 64]),
-       dynres=st.booleans())
+       dynres=st.booleans(), balance=st.sampled_from([0.05, 0.05, 0.0]))
 def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed, epochs, group, strict, carry,
-                                            interleave, budget, data, order_rows, dynres) -> None:
+                                            interleave, budget, data, order_rows, dynres, balance) -> None:
     """``order_rows``: buckets ordered in parts of that many rows (None: whole, at this size);
-    ``dynres``: dynamic resolution (its target frames and predicted figures) too."""
+    ``dynres``: dynamic resolution (its target frames and predicted figures) too; ``balance``
+    0: one bucket per step (tails pooled, carried, borrowed: their rows by position)."""
     tmp = tmp_path_factory.mktemp("ooc")
     m, b = write_plan_inputs(tmp, n, seed=data, num_buckets=buckets, budget=budget)
     opts = dict(world_size=W, seed=seed, epochs=epochs, strict=strict, carry=carry, interleave=interleave,
-                row_group_steps=2, sync_group=group,
-                dynamic_resolution=DynResConfig() if dynres else None)
+                row_group_steps=2, sync_group=group, balance=balance,
+                dynamic_resolution=DynResConfig() if dynres and balance > 0 else None)
     _compare(tmp, m, b, opts, n, order_rows)
 
 
@@ -118,7 +119,7 @@ def test_memory_limit_errors_are_one_line(tmp_path: Path) -> None:
     m, b = write_plan_inputs(tmp_path, 3000, seed=5, num_buckets=3)
     common = ["plan-batches", str(m), "--buckets", str(b), "--world-size", "4", "-o", str(tmp_path / "p")]
     for extra, msg in ((["--memory-limit", "10KiB"], "bucket"),  # no bucket fits
-                       (["--memory-limit", "100KiB", "--balance", "0"], "--balance > 0"),
+                       (["--memory-limit", "100KiB", "--balance", "0", "--dynamic-resolution"], "--balance 0"),
                        (["--memory-limit", "lots"], "--memory-limit")):
         res = runner.invoke(app, [*common, *extra])
         assert res.exit_code == 2 and msg in res.output and len(res.output.strip().splitlines()) == 1, res.output
