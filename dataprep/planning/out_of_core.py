@@ -714,11 +714,12 @@ def plan_epoch_figures(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int
 
 
 def _identical_spilled(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int,
-                       *, interleave: Interleave, final: bool
+                       *, interleave: Interleave, final: bool, draw: EpochDraw | None = None
                        ) -> tuple[EpochPlan, BatchSources, npt.NDArray[np.int64]]:
     """One bucket per step (``balance`` 0) from the spill files: the plan without rows, where
-    each batch's rows are and the formed batches' first positions (draw order)."""
-    formed = _form_spilled(corpus, bs, None, np.random.default_rng([seed, epoch, 0]), final=final)
+    each batch's rows are and the formed batches' first positions (draw order). ``draw``:
+    the epoch's entries (:class:`EpochDraw`) instead of every row once."""
+    formed = _form_spilled(corpus, bs, None, np.random.default_rng([seed, epoch, 0]), final=final, draw=draw)
     cut = formed.cut
     perm = cut.perm
     starts, sizes = cut.starts[perm], cut.sizes[perm]
@@ -745,13 +746,15 @@ def _run_positions(starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) 
 
 
 def plan_epoch_identical_spilled(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64], W: int, seed: int,
-                                 epoch: int, *, interleave: Interleave, group: int, final: bool = False) -> EpochLayout:
+                                 epoch: int, *, interleave: Interleave, group: int, final: bool = False,
+                                 draw: EpochDraw | None = None) -> EpochLayout:
     """:func:`bucketing.plan.plan_epoch` with ``balance`` 0 then
     :func:`bucketing.groups.regroup`, for shards: each batch a run of the position files or,
     for the few tails pooled, carried or borrowed, its rows' positions
     (:attr:`EpochLayout.explicit`)."""
-    check_one_step(int(corpus.counts.sum()), W)
-    ep, sources, starts = _identical_spilled(corpus, grid, bs, W, seed, epoch, interleave=interleave, final=final)
+    check_one_step(int((corpus.counts if draw is None else draw.counts).sum()), W)
+    ep, sources, starts = _identical_spilled(corpus, grid, bs, W, seed, epoch, interleave=interleave, final=final,
+                                             draw=draw)
     order = group_order(W, ep.num_steps, group, seed, epoch)
     if order is not None:
         ep, sources = regroup(ep, group, seed), sources.take(order)

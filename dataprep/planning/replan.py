@@ -50,6 +50,7 @@ from dataprep.planning.out_of_core import (
     draw_epoch,
     ROW_COUNT_BYTES,
     draw_rows,
+    plan_epoch_identical_spilled,
     plan_epoch_spilled,
     remove_spill,
     spill_dir,
@@ -110,11 +111,13 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     grid = grid_from_spec(spec)
     limit = options.memory_limit if options.memory_limit is not None else default_memory_limit()
     if manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW > limit:
-        if meta.balance is None or meta.balance.tolerance <= 0:
+        if (meta.balance is None or meta.balance.tolerance <= 0) and (dynres_config is not None
+                                                                      or isinstance(meta.extra.get("weights"), dict)):
             raise DataprepError(
                 f"{manifest}: --memory-limit: re-planning {manifest_num_rows(manifest)} rows in memory needs about "
                 f"{manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW / 2**30:.2f} GiB, more than the limit "
-                f"{limit / 2**30:.2f} GiB, and an out-of-core re-plan needs a balanced plan")
+                f"{limit / 2**30:.2f} GiB, and an out-of-core re-plan of a --balance 0 plan needs it unweighted, "
+                "without dynamic resolution")
         with retained_heap():
             return _replan_out_of_core(plan_dir, manifest, out_dir, options, meta, at_step, group, limit,
                                        dynres_config)
@@ -198,7 +201,7 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
     spill of :mod:`dataprep.planning.out_of_core`, the unseen rest of the epoch drawn from the
     parent's shards (:func:`~dataprep.planning.out_of_core.draw_rows`), later epochs as
     ``plan-batches`` plans them out of core. The same bytes as in memory."""
-    W, tol = options.world_size, meta.balance.tolerance  # type: ignore[union-attr]
+    W, tol = options.world_size, meta.balance.tolerance if meta.balance is not None else 0.0
     strict = bool(meta.allocation.get("strict", False))
     spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
     bs, grid = batch_sizes_of(spec, f"{plan_dir}/plan.json"), grid_from_spec(spec)
@@ -210,7 +213,7 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
     root = spill_dir(out_dir)
     try:
         corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, parent, strict=strict,
-                                          epochs=meta.epochs - e0, limit=limit)
+                                          epochs=meta.epochs - e0, limit=limit, world_size=None if tol > 0 else W)
         if weighted is not None:
             _check_recorded_quotas(meta, weighted)
         rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0), num_corpora,
@@ -227,11 +230,24 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
                 draw = rest if e == e0 else None if weighted is None else draw_epoch(corpus, weighted.sampler, e)
                 if draw is not None:
                     check_bucket_fits(manifest, draw.counts, bs, limit)
+                final = e == meta.epochs - 1
                 try:
-                    lay = plan_epoch_spilled(corpus, bs, W, meta.seed, e, interleave=meta.interleave, tolerance=tol,
-                                             cost=cost, group=group, final=e == meta.epochs - 1, draw=draw,
-                                             measure=None if dynres is None else dynres.add_batches)
-                except DataprepError as exc:
+                    if tol > 0:
+                        lay = plan_epoch_spilled(corpus, bs, W, meta.seed, e, interleave=meta.interleave, tolerance=tol,
+                                                 cost=cost, group=group, final=final, draw=draw,
+                                                 measure=None if dynres is None else dynres.add_batches)
+                    else:
+                        lay = plan_epoch_identical_spilled(corpus, grid, bs, W, meta.seed, e,
+                                                           interleave=meta.interleave, group=group,
+                                                           final=final and e > e0, draw=draw)  # ids kept for
+                        # the fallback below
+                        if e == e0 and lay.ep.dropped.shape[0]:  # as in memory: the rest in balanced steps
+                            lay = plan_epoch_spilled(corpus, bs, W, meta.seed, e, interleave=meta.interleave,
+                                                     tolerance=REST_BALANCE, cost=cost, group=group, final=final,
+                                                     draw=draw)
+                            lay.ep.fallbacks.append({"kind": "balanced_rest", "from": -1, "to": -1,
+                                                     "rows": int(rest.counts.sum())})
+                except (DataprepError, PlanError) as exc:
                     raise DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {W} ranks: "
                                         f"{exc}") from None
                 if weighted is not None and lay.groups is not None:

@@ -127,11 +127,12 @@ def test_memory_limit_errors_are_one_line(tmp_path: Path) -> None:
     _no_spill_left(tmp_path)
     with pytest.raises(DataprepError, match="memory_limit"):
         PlanOptions(world_size=2, memory_limit=0)
-    res = runner.invoke(app, [*common[:-2], "-o", str(tmp_path / "one"), "--balance", "0"])  # in memory
+    res = runner.invoke(app, [*common[:-2], "-o", str(tmp_path / "one"), "--balance", "0",
+                              "--dynamic-resolution"])  # in memory
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["replan", str(tmp_path / "one"), "--manifest", str(m), "--at-step", "1", "-w", "2",
                               "-o", str(tmp_path / "re"), "--memory-limit", "100KiB"])
-    assert res.exit_code == 2 and "balanced plan" in res.output and len(res.output.strip().splitlines()) == 1
+    assert res.exit_code == 2 and "--balance 0 plan" in res.output and len(res.output.strip().splitlines()) == 1
     assert not (tmp_path / "re").exists()
 
 
@@ -215,21 +216,22 @@ def test_a_spill_directory_that_cannot_be_made_is_one_line(tmp_path: Path) -> No
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(60, 700), W=st.integers(1, 6), W2=st.integers(1, 6), seed=st.integers(0, 2**31),
        epochs=st.integers(1, 3), corpora=st.sampled_from([0, 1, 3]), group=st.booleans(),
-       data=st.integers(0, 2**31), at=st.floats(0.0, 0.99), dynres=st.booleans())
+       data=st.integers(0, 2**31), at=st.floats(0.0, 0.99), dynres=st.booleans(),
+       balance=st.sampled_from([0.05, 0.05, 0.0]))
 def test_out_of_core_replan_equals_in_memory(tmp_path_factory, n, W, W2, seed, epochs, corpora, group, data,
-                                             at, dynres) -> None:
+                                             at, dynres, balance) -> None:
     """A re-plan (another world size, from a step inside any epoch; weighted or not; sync
-    groups of 1; dynamic resolution or not) under a --memory-limit below the in-memory need:
-    the same shards and plan.json."""
+    groups of 1; dynamic resolution or not; a --balance 0 parent, unweighted) under a
+    --memory-limit below the in-memory need: the same shards and plan.json."""
     from dataprep.planning import replan
 
     tmp = tmp_path_factory.mktemp("ooc-replan")
     m, b = write_plan_inputs(tmp, n, seed=data, num_buckets=4, budget=60.0, corpora=corpora)
     weights = {f"c{c}": 1.0 + 2 * c for c in range(corpora)}
     present = set(pl.read_parquet(m)["corpus"].to_list()) if corpora else set()
-    opts = dict(world_size=W, seed=seed, epochs=epochs, row_group_steps=2,
-                weights={c: w for c, w in weights.items() if c in present} or None,
-                dynamic_resolution=DynResConfig() if dynres else None)
+    opts = dict(world_size=W, seed=seed, epochs=epochs, row_group_steps=2, balance=balance,
+                weights=None if balance == 0 else {c: w for c, w in weights.items() if c in present} or None,
+                dynamic_resolution=DynResConfig() if dynres and balance > 0 else None)
     try:
         parent = build_plan(m, b, tmp / "parent", PlanOptions(**opts))
     except DataprepError:
