@@ -24,9 +24,10 @@ import numpy.typing as npt
 from bucketing.batching import gather_segments
 from bucketing.plan import EpochPlan, Interleave, Placement, containment, interleave_order, place_bucket
 
-#: The explicit rows of :class:`SummaryPlacement`: manifest row, duration (s), tokens and the
-#: row's place in the caller's layout of the formed batches (its position files; -1: none).
-ROW_DTYPE = np.dtype([("row", np.int64), ("d", np.float64), ("t", np.int64), ("pos", np.int64)])
+#: The explicit rows of :class:`SummaryPlacement`: manifest row, duration (s), tokens, the
+#: row's place in the caller's layout of the formed batches (its position files; -1: none)
+#: and its group (e.g. corpus code; 0 when the caller has none).
+ROW_DTYPE = np.dtype([("row", np.int64), ("d", np.float64), ("t", np.int64), ("pos", np.int64), ("c", np.int32)])
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,9 @@ class SummaryPlacement(Placement):
     def piece_head(self, piece: Any, sizes: npt.NDArray[np.int64], k: int) -> Any:
         return _Run(piece.lo, piece.lo + k) if isinstance(piece, _Run) else super().piece_head(piece, sizes, k)
 
-    def sources(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    def sources(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[Any]]:
         """Per placed batch, bucket after bucket: the formed batch it is whole (-1: explicit
-        rows), its explicit rows' count (0 for a formed one), and the explicit rows' ``pos``."""
+        rows), its explicit rows' count (0 for a formed one), and the explicit rows' records."""
         formed, counts, pos = [], [], []
         for pieces, sizes in zip(self.rows, self.sizes):
             for piece, size in zip(pieces, sizes):
@@ -94,10 +95,10 @@ class SummaryPlacement(Placement):
                 else:
                     formed.append(np.full(size.shape[0], -1, dtype=np.int64))
                     counts.append(np.asarray(size, dtype=np.int64))
-                    pos.append(np.asarray(piece["pos"], dtype=np.int64))
+                    pos.append(piece)
         empty = np.empty(0, np.int64)
         return (np.concatenate(formed) if formed else empty, np.concatenate(counts) if counts else empty,
-                np.concatenate(pos) if pos else empty)
+                np.concatenate(pos) if pos else np.empty(0, ROW_DTYPE))
 
     def figures(self) -> tuple[npt.NDArray[Any], ...]:
         """Per placed batch, bucket after bucket: size, longest, most tokens, sums of
@@ -122,17 +123,22 @@ class SummaryPlacement(Placement):
 @dataclass(frozen=True)
 class BatchSources:
     """Where the rows of each batch of an identical-bucket plan are, rank-major: the whole
-    formed batch ``formed[i]`` (draw order) when >= 0, else (-1) the explicit rows whose
-    ``pos`` are ``pos[off[i]:off[i + 1]]`` (a tail pooled, carried or borrowed)."""
+    formed batch ``formed[i]`` (draw order) when >= 0, else (-1) the explicit rows
+    ``records[off[i]:off[i + 1]]`` (:data:`ROW_DTYPE`; a tail pooled, carried or borrowed)."""
 
     formed: npt.NDArray[np.int64]
     off: npt.NDArray[np.int64]
-    pos: npt.NDArray[np.int64]
+    records: npt.NDArray[Any]
+
+    @property
+    def pos(self) -> npt.NDArray[np.int64]:
+        """The explicit rows' positions."""
+        return np.ascontiguousarray(self.records["pos"])
 
     def take(self, order: npt.NDArray[np.int64]) -> BatchSources:
         """The batches in ``order`` (e.g. sync groups' step orders)."""
         off, gather = gather_segments(self.off, order)
-        return BatchSources(self.formed[order], off, self.pos[gather])
+        return BatchSources(self.formed[order], off, self.records[gather])
 
 
 def plan_identical_summaries(formed: FormedBatches, batch_sizes: npt.NDArray[np.int64], world_size: int, seed: int,

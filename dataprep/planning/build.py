@@ -331,12 +331,6 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
     (:mod:`dataprep.planning.out_of_core`): the same plan, memory bounded by the largest bucket."""
     W, epochs = options.world_size, options.epochs
     blend = blend_of(manifest, options) if wants_weights(manifest, options) else None
-    if options.balance <= 0 and (options.dynamic_resolution is not None or blend is not None):
-        raise DataprepError(
-            f"{manifest}: --memory-limit: planning {manifest_num_rows(manifest)} rows in memory needs about "
-            f"{manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW / 2**30:.2f} GiB, more than the limit "
-            f"{limit / 2**30:.2f} GiB, and out-of-core planning with --balance 0 plans unweighted, without "
-            "--dynamic-resolution")
     config = options.dynamic_resolution
     dynres = DynResTotals(config, len(spec.buckets)) if config is not None else None
     bs = batch_sizes_of(spec, str(buckets))
@@ -365,7 +359,8 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
                     else:
                         lay = plan_epoch_identical_spilled(corpus, grid, bs, W, options.seed, e,
                                                            interleave=options.interleave, group=options.group,
-                                                           final=e == epochs - 1)
+                                                           final=e == epochs - 1, draw=draw,
+                                                           measure=None if dynres is None else dynres.add_batches)
                 except (DataprepError, PlanError) as exc:
                     raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
                 if weighted is not None and lay.groups is not None:

@@ -714,12 +714,16 @@ def plan_epoch_figures(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int
 
 
 def _identical_spilled(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int,
-                       *, interleave: Interleave, final: bool, draw: EpochDraw | None = None
-                       ) -> tuple[EpochPlan, BatchSources, npt.NDArray[np.int64]]:
+                       *, interleave: Interleave, final: bool, draw: EpochDraw | None = None,
+                       measure: BatchMeasure | None = None
+                       ) -> tuple[EpochPlan, BatchSources, npt.NDArray[np.int64], npt.NDArray[np.int64] | None]:
     """One bucket per step (``balance`` 0) from the spill files: the plan without rows, where
-    each batch's rows are and the formed batches' first positions (draw order). ``draw``:
-    the epoch's entries (:class:`EpochDraw`) instead of every row once."""
-    formed = _form_spilled(corpus, bs, None, np.random.default_rng([seed, epoch, 0]), final=final, draw=draw)
+    each batch's rows are, the formed batches' first positions (draw order) and, weighted,
+    the per-corpus totals. ``draw``: the epoch's entries (:class:`EpochDraw`) instead of every
+    row once; ``measure``: called on the plan's batches (formed ones as they are formed; a
+    formed batch whose rows went into tails taken away, each tail batch added)."""
+    formed = _form_spilled(corpus, bs, None, np.random.default_rng([seed, epoch, 0]), final=final, draw=draw,
+                           measure=measure)
     cut = formed.cut
     perm = cut.perm
     starts, sizes = cut.starts[perm], cut.sizes[perm]
@@ -730,13 +734,42 @@ def _identical_spilled(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int
         rows = _position_rows(corpus, starts[lo:hi], sizes[lo:hi])
         out = np.empty(rows.shape[0], ROW_DTYPE)
         out["row"] = rows
-        out["d"], out["t"] = corpus.lookup(int(cut.bucket[lo]), rows)
+        got = corpus.lookup_columns(int(cut.bucket[lo]), rows, ("d", "t", "c") if corpus.has_codes else ("d", "t"))
+        out["d"], out["t"] = got[0], got[1]
+        out["c"] = got[2] if corpus.has_codes else 0
         out["pos"] = _run_positions(starts[lo:hi], sizes[lo:hi])
         return out
 
     ep, sources = plan_identical_layout(batches, bs, W, seed, epoch, read_rows, max_duration=grid.max_duration,
                                         max_tokens=corpus.max_tokens.astype(np.float64), interleave=interleave)
-    return ep, sources, starts
+    groups = formed.groups
+    if groups is not None or measure is not None:  # formed batches not laid out whole: their tails instead
+        used = np.zeros(sizes.shape[0], dtype=bool)
+        used[sources.formed[sources.formed >= 0]] = True
+        for j in np.flatnonzero(~used).tolist():
+            got = read_rows(j, j + 1)
+            _measure_batches(got, np.array([0, got.shape[0]]), batches.max_duration[j:j + 1],
+                             batches.max_tokens[j:j + 1], cut.bucket[j:j + 1], -1, groups, measure)
+        tails = np.flatnonzero(sources.formed < 0)
+        off, gather = gather_segments(sources.off, tails)
+        _measure_batches(sources.records[gather], off, ep.max_duration[tails], ep.max_tokens[tails],
+                         ep.bucket_of_batch()[tails], 1, groups, measure)
+    return ep, sources, starts, groups
+
+
+def _measure_batches(records: npt.NDArray[Any], off: npt.NDArray[np.int64], longest: npt.NDArray[np.float64],
+                     most: npt.NDArray[np.int64], bucket: npt.NDArray[np.integer], sign: int,
+                     groups: npt.NDArray[np.int64] | None, measure: BatchMeasure | None) -> None:
+    """Add (``sign`` 1) or take away (-1) batches of :data:`~bucketing.plan_summary.ROW_DTYPE`
+    records in CSR ``off`` to the per-corpus ``groups`` and ``measure``."""
+    if off.shape[0] < 2:
+        return
+    d, t = np.ascontiguousarray(records["d"]), np.ascontiguousarray(records["t"])
+    if groups is not None:
+        got = group_padding(np.arange(d.shape[0]), np.diff(off), longest, most, d, t, records["c"], groups.shape[1])
+        groups += sign * got
+    if measure is not None:
+        measure(d, off, longest, np.asarray(bucket, dtype=np.int64), sign)
 
 
 def _run_positions(starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -747,19 +780,19 @@ def _run_positions(starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) 
 
 def plan_epoch_identical_spilled(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64], W: int, seed: int,
                                  epoch: int, *, interleave: Interleave, group: int, final: bool = False,
-                                 draw: EpochDraw | None = None) -> EpochLayout:
+                                 draw: EpochDraw | None = None, measure: BatchMeasure | None = None) -> EpochLayout:
     """:func:`bucketing.plan.plan_epoch` with ``balance`` 0 then
     :func:`bucketing.groups.regroup`, for shards: each batch a run of the position files or,
     for the few tails pooled, carried or borrowed, its rows' positions
     (:attr:`EpochLayout.explicit`)."""
     check_one_step(int((corpus.counts if draw is None else draw.counts).sum()), W)
-    ep, sources, starts = _identical_spilled(corpus, grid, bs, W, seed, epoch, interleave=interleave, final=final,
-                                             draw=draw)
+    ep, sources, starts, groups = _identical_spilled(corpus, grid, bs, W, seed, epoch, interleave=interleave,
+                                                     final=final, draw=draw, measure=measure)
     order = group_order(W, ep.num_steps, group, seed, epoch)
     if order is not None:
         ep, sources = regroup(ep, group, seed), sources.take(order)
     start = np.where(sources.formed >= 0, starts[np.maximum(sources.formed, 0)], -1)
-    return EpochLayout(ep, start, ep.sizes(), explicit=(sources.off, sources.pos))
+    return EpochLayout(ep, start, ep.sizes(), groups, explicit=(sources.off, sources.pos))
 
 
 def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: SpilledCorpus, first_step: int,

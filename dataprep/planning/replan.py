@@ -111,13 +111,6 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     grid = grid_from_spec(spec)
     limit = options.memory_limit if options.memory_limit is not None else default_memory_limit()
     if manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW > limit:
-        if (meta.balance is None or meta.balance.tolerance <= 0) and (dynres_config is not None
-                                                                      or isinstance(meta.extra.get("weights"), dict)):
-            raise DataprepError(
-                f"{manifest}: --memory-limit: re-planning {manifest_num_rows(manifest)} rows in memory needs about "
-                f"{manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW / 2**30:.2f} GiB, more than the limit "
-                f"{limit / 2**30:.2f} GiB, and an out-of-core re-plan of a --balance 0 plan needs it unweighted, "
-                "without dynamic resolution")
         with retained_heap():
             return _replan_out_of_core(plan_dir, manifest, out_dir, options, meta, at_step, group, limit,
                                        dynres_config)
@@ -231,20 +224,24 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
                 if draw is not None:
                     check_bucket_fits(manifest, draw.counts, bs, limit)
                 final = e == meta.epochs - 1
+                measure = None if dynres is None else dynres.add_batches
+                kept = None if dynres is None else (list(dynres.per_bucket), dict(dynres.compare))  # should the
+                # epoch's first layout be dropped
                 try:
                     if tol > 0:
                         lay = plan_epoch_spilled(corpus, bs, W, meta.seed, e, interleave=meta.interleave, tolerance=tol,
-                                                 cost=cost, group=group, final=final, draw=draw,
-                                                 measure=None if dynres is None else dynres.add_batches)
+                                                 cost=cost, group=group, final=final, draw=draw, measure=measure)
                     else:
                         lay = plan_epoch_identical_spilled(corpus, grid, bs, W, meta.seed, e,
                                                            interleave=meta.interleave, group=group,
-                                                           final=final and e > e0, draw=draw)  # ids kept for
-                        # the fallback below
+                                                           final=final and e > e0, draw=draw,  # ids kept for
+                                                           measure=measure)  # the fallback below
                         if e == e0 and lay.ep.dropped.shape[0]:  # as in memory: the rest in balanced steps
+                            if dynres is not None and kept is not None:
+                                dynres.per_bucket, dynres.compare = kept
                             lay = plan_epoch_spilled(corpus, bs, W, meta.seed, e, interleave=meta.interleave,
                                                      tolerance=REST_BALANCE, cost=cost, group=group, final=final,
-                                                     draw=draw)
+                                                     draw=draw, measure=measure)
                             lay.ep.fallbacks.append({"kind": "balanced_rest", "from": -1, "to": -1,
                                                      "rows": int(rest.counts.sum())})
                 except (DataprepError, PlanError) as exc:

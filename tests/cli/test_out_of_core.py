@@ -51,7 +51,7 @@ def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed
     m, b = write_plan_inputs(tmp, n, seed=data, num_buckets=buckets, budget=budget)
     opts = dict(world_size=W, seed=seed, epochs=epochs, strict=strict, carry=carry, interleave=interleave,
                 row_group_steps=2, sync_group=group, balance=balance,
-                dynamic_resolution=DynResConfig() if dynres and balance > 0 else None)
+                dynamic_resolution=DynResConfig() if dynres else None)
     _compare(tmp, m, b, opts, n, order_rows)
 
 
@@ -59,16 +59,16 @@ def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed
 @given(n=st.integers(40, 900), corpora=st.integers(1, 4), W=st.integers(1, 9), seed=st.integers(0, 2**31),
        epochs=st.integers(1, 3), carry=st.booleans(), data=st.integers(0, 2**31),
        size=st.sampled_from([None, 0.3, 1.0, 2.5]), weights=st.lists(st.floats(0.05, 20.0), min_size=4, max_size=4),
-       order_rows=st.sampled_from([None, 8, 64]))
+       order_rows=st.sampled_from([None, 8, 64]), balance=st.sampled_from([0.05, 0.0]))
 def test_weighted_out_of_core_plan_equals_in_memory(tmp_path_factory, n, corpora, W, seed, epochs, carry, data,
-                                                     size, weights, order_rows) -> None:
+                                                     size, weights, order_rows, balance) -> None:
     """A weighted blend (corpora over- and under-sampled; ``size``: the epoch's utterances per
     manifest row, None: one each) planned out of core: the same shards and plan.json (per-corpus
     figures included) as in memory."""
     tmp = tmp_path_factory.mktemp("ooc-weighted")
     m, b = write_plan_inputs(tmp, n, seed=data, num_buckets=4, budget=60.0, corpora=corpora)
     present = sorted(set(pl.read_parquet(m)["corpus"].to_list()))
-    opts = dict(world_size=W, seed=seed, epochs=epochs, carry=carry, row_group_steps=2,
+    opts = dict(world_size=W, seed=seed, epochs=epochs, carry=carry, row_group_steps=2, balance=balance,
                 weights={c: weights[i] for i, c in enumerate(present)},
                 epoch_utterances=None if size is None else max(1, int(size * n)))
     _compare(tmp, m, b, opts, n, order_rows)
@@ -119,7 +119,6 @@ def test_memory_limit_errors_are_one_line(tmp_path: Path) -> None:
     m, b = write_plan_inputs(tmp_path, 3000, seed=5, num_buckets=3)
     common = ["plan-batches", str(m), "--buckets", str(b), "--world-size", "4", "-o", str(tmp_path / "p")]
     for extra, msg in ((["--memory-limit", "10KiB"], "bucket"),  # no bucket fits
-                       (["--memory-limit", "100KiB", "--balance", "0", "--dynamic-resolution"], "--balance 0"),
                        (["--memory-limit", "lots"], "--memory-limit")):
         res = runner.invoke(app, [*common, *extra])
         assert res.exit_code == 2 and msg in res.output and len(res.output.strip().splitlines()) == 1, res.output
@@ -127,13 +126,6 @@ def test_memory_limit_errors_are_one_line(tmp_path: Path) -> None:
     _no_spill_left(tmp_path)
     with pytest.raises(DataprepError, match="memory_limit"):
         PlanOptions(world_size=2, memory_limit=0)
-    res = runner.invoke(app, [*common[:-2], "-o", str(tmp_path / "one"), "--balance", "0",
-                              "--dynamic-resolution"])  # in memory
-    assert res.exit_code == 0, res.output
-    res = runner.invoke(app, ["replan", str(tmp_path / "one"), "--manifest", str(m), "--at-step", "1", "-w", "2",
-                              "-o", str(tmp_path / "re"), "--memory-limit", "100KiB"])
-    assert res.exit_code == 2 and "--balance 0 plan" in res.output and len(res.output.strip().splitlines()) == 1
-    assert not (tmp_path / "re").exists()
 
 
 @pytest.mark.parametrize("carry,weighted", [(True, False), (False, False), (True, True)])
@@ -230,8 +222,8 @@ def test_out_of_core_replan_equals_in_memory(tmp_path_factory, n, W, W2, seed, e
     weights = {f"c{c}": 1.0 + 2 * c for c in range(corpora)}
     present = set(pl.read_parquet(m)["corpus"].to_list()) if corpora else set()
     opts = dict(world_size=W, seed=seed, epochs=epochs, row_group_steps=2, balance=balance,
-                weights=None if balance == 0 else {c: w for c, w in weights.items() if c in present} or None,
-                dynamic_resolution=DynResConfig() if dynres and balance > 0 else None)
+                weights={c: w for c, w in weights.items() if c in present} or None,
+                dynamic_resolution=DynResConfig() if dynres else None)
     try:
         parent = build_plan(m, b, tmp / "parent", PlanOptions(**opts))
     except DataprepError:
