@@ -26,13 +26,26 @@ row) beside per-batch summaries, or later the per-batch arrays of the layout
 (:data:`BATCH_BYTES`), plus one part of a shard per writing thread;
 the spill files take about 31 bytes per row plus the ids on disk (about twice during an
 epoch; the last epoch removes each bucket's ids once laid out, so the position files reuse
-their page cache). Balanced plans only (``balance > 0``) without dynamic resolution; the plan
-equals the in-memory one (tests compare the shards byte for byte).
+their page cache). The plan equals the in-memory one (tests compare the shards byte for byte).
+
+Variants, each the in-memory plan's bytes:
+
+- One bucket per step (``balance`` 0, :func:`plan_epoch_identical_spilled`): steps placed from
+  the per-batch figures (:mod:`bucketing.plan_summary`), reading back the rows of the few tails
+  a bucket pools, carries or borrows; those batches are written by their rows' positions
+  (:attr:`EpochLayout.explicit`).
+- Weighted blends: the spill also keeps each row's corpus code and index in its corpus; each
+  epoch is drawn bucket by bucket (:func:`draw_epoch`: the times each row is taken, to
+  ``x{k}`` files) and batched over those entries; per-corpus figures are exact integer sums
+  (:func:`bucketing.padding.group_padding`) taken as batches are formed.
+- A re-plan's unseen rest of an epoch: :func:`draw_rows` counts the rows listed in the
+  parent's shards into the same ``x{k}`` files.
+- Dynamic resolution: a :data:`BatchMeasure` sees every formed batch, and batches cut into
+  pieces or pooled into tails are taken away and their replacements added (integer counts:
+  the order does not matter).
 
 Reports that need a plan's figures, not its shards (``dataprep padding --world-sizes``), plan
-with :func:`plan_epoch_figures`: step 3 without ids (the position files hold rows alone),
-balanced or with one bucket per step (:mod:`bucketing.plan_summary`, from the per-batch
-figures and the rows of the few tails it pools, carries or borrows).
+with :func:`plan_epoch_figures`: step 3 without ids (the position files hold rows alone).
 """
 
 from __future__ import annotations
@@ -877,6 +890,7 @@ def remove_spill(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-__all__ = ["EpochDraw", "EpochLayout", "SpilledCorpus", "carry_spilled", "check_bucket_fits", "default_memory_limit",
-           "disk_bytes", "draw_epoch", "plan_epoch_figures",
-           "plan_epoch_spilled", "remove_spill", "spill_dir", "spill_manifest", "write_epoch_spilled"]
+__all__ = ["ROW_COUNT_BYTES", "BatchMeasure", "EpochDraw", "EpochLayout", "SpilledCorpus", "carry_spilled",
+           "check_bucket_fits", "default_memory_limit", "disk_bytes", "draw_epoch", "draw_rows", "plan_epoch_figures",
+           "plan_epoch_identical_spilled", "plan_epoch_spilled", "remove_spill", "spill_dir", "spill_manifest",
+           "write_epoch_spilled"]
