@@ -114,6 +114,11 @@ def test_weighted_plan_over_the_memory_limit_equals_in_memory(compiled: tuple[Pa
     for name in sorted(p.name for p in (tmp_path / "mem").iterdir()):
         assert (tmp_path / "mem" / name).read_bytes() == (tmp_path / "ooc" / name).read_bytes(), name
     _ok("verify", str(tmp_path / "ooc"), "--manifest", str(manifest))
+    res = runner.invoke(app, ["plan-batches", str(manifest), "--buckets", str(buckets), "-w", "1", "-o",
+                              str(tmp_path / "bad"), "--weights", "librispeech=1", "--memory-limit", "2300"])
+    assert res.exit_code == 2 and "corpus 'mls_fr' has no weight" in res.output, res.output
+    assert res.output.count("\n") == 1 and not (tmp_path / "bad").exists()
+    assert not [p for p in tmp_path.iterdir() if ".spill-" in p.name]  # the spill is removed
 
 
 def test_replan_of_a_weighted_plan_keeps_each_epochs_quota(compiled: tuple[Path, Path], tmp_path: Path) -> None:
