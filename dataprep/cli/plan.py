@@ -16,6 +16,7 @@ from dataprep.cli.app import app, build_options, parse_memory_limit, check_range
 from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, replan, simulate_plan
+from dataprep.planning.build import plans_out_of_core
 from dataprep.planning.replan import default_manifest
 from dataprep.planning.simulate import plan_steps_report, simulate_strategies
 from dataprep.cli.progress import progress_counter
@@ -77,7 +78,8 @@ def plan_batches_cmd(
                             temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
                             memory_limit=limit)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
-    with progress_counter("planning (shards written)", total=epochs * world_size) as advance, option_flags(PLAN_FLAGS):
+    label = "planning out of core, spilling next to -o" if _out_of_core(manifest, options) else "planning"
+    with progress_counter(f"{label} (shards written)", total=epochs * world_size) as advance, option_flags(PLAN_FLAGS):
         meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1))
     print_plan(meta, out_dir)
 
@@ -106,6 +108,15 @@ def replan_cmd(
     with option_flags(PLAN_FLAGS):  # --at-step is checked against the plan by replan()
         meta = replan(plan_dir, man, out_dir, options, at_step=at_step)
     print_plan(meta, out_dir)
+
+
+def _out_of_core(manifest: Path, options: PlanOptions) -> bool:
+    """Whether the plan runs out of core (False when the manifest cannot be read: the
+    planner's own one-line error says why)."""
+    try:
+        return plans_out_of_core(manifest, options)
+    except (OSError, DataprepError, ValueError):
+        return False
 
 
 def _cost(coef: list[str] | None) -> CostModel:

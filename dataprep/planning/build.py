@@ -251,8 +251,8 @@ def build_plan(
     bs = batch_sizes_of(spec, str(buckets))
     check_shape_policy(spec, dynamic_resolution, str(buckets))
     grid = grid_from_spec(spec)
-    limit = options.memory_limit if options.memory_limit is not None else default_memory_limit()
-    if manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW > limit:
+    limit = memory_limit_of(options)
+    if plans_out_of_core(manifest, options):
         with retained_heap():  # bucket-sized arrays reused, not zeroed afresh (see retained_heap)
             return _build_out_of_core(manifest, buckets, out_dir, options, spec, limit, on_progress, clock)
     cols = ManifestColumns.read(manifest)
@@ -308,6 +308,18 @@ def build_plan(
         meta = writer.finish(meta)
     clock("write")
     return meta
+
+
+def memory_limit_of(options: PlanOptions) -> int:
+    """The bytes a plan may hold: ``options.memory_limit``, else half the machine's memory."""
+    return options.memory_limit if options.memory_limit is not None else default_memory_limit()
+
+
+def plans_out_of_core(manifest: str | os.PathLike[str], options: PlanOptions) -> bool:
+    """Whether a plan (or re-plan) of ``manifest`` with ``options`` runs out of core: its
+    in-memory plan would need more than the memory limit (:data:`IN_MEMORY_BYTES_PER_ROW` a
+    row; the manifest's footer is read, not its rows)."""
+    return manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW > memory_limit_of(options)
 
 
 def _allocation_entry(assigned: Assignment, strict: bool) -> dict[str, Any]:

@@ -36,6 +36,8 @@ from bucketing.plan import PlanError, PlanInputs, plan_epoch
 from dataprep.planning.build import (
     EpochTotals,
     ManifestColumns,
+    memory_limit_of,
+    plans_out_of_core,
     spill_for_plan,
     DynResTotals,
     batch_sizes_of,
@@ -44,9 +46,7 @@ from dataprep.planning.build import (
 from manifests.buckets_file import parse_buckets
 from dataprep.planning.options import PlanOptions
 from dataprep.planning.out_of_core import (
-    IN_MEMORY_BYTES_PER_ROW,
     check_bucket_fits,
-    default_memory_limit,
     draw_epoch,
     ROW_COUNT_BYTES,
     draw_rows,
@@ -58,7 +58,7 @@ from dataprep.planning.out_of_core import (
 )
 from dataprep.planning.weights import WeightedEpochs, blend_of, weighted_epochs
 from manifests.errors import DataprepError, OptionError
-from manifests.io import manifest_num_rows, require_manifest_hash
+from manifests.io import require_manifest_hash
 from manifests.options import check_int
 from manifests.plan_files import PlanShard, PlanWriter
 from manifests.plan_meta import PlanMeta, ReplanInfo, read_plan_meta
@@ -109,11 +109,10 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
     bs = batch_sizes_of(spec, f"{plan_dir}/plan.json")
     grid = grid_from_spec(spec)
-    limit = options.memory_limit if options.memory_limit is not None else default_memory_limit()
-    if manifest_num_rows(manifest) * IN_MEMORY_BYTES_PER_ROW > limit:
+    if plans_out_of_core(manifest, options):
         with retained_heap():
-            return _replan_out_of_core(plan_dir, manifest, out_dir, options, meta, at_step, group, limit,
-                                       dynres_config)
+            return _replan_out_of_core(plan_dir, manifest, out_dir, options, meta, at_step, group,
+                                       memory_limit_of(options), dynres_config)
     cols = ManifestColumns.read(manifest)
     options.check_rows(cols.duration.shape[0])  # before any per-rank allocation
     tol = meta.balance.tolerance if meta.balance is not None else 0.0
