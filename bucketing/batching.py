@@ -56,8 +56,13 @@ def gather_segments(offsets: npt.NDArray[np.int64],
     sizes = offsets[1:][order] - offsets[:-1][order]
     new_off = np.zeros(order.shape[0] + 1, dtype=np.int64)
     np.cumsum(sizes, out=new_off[1:])
-    idx = np.repeat(offsets[:-1][order] - new_off[:-1], sizes) + np.arange(new_off[-1], dtype=np.int64)
-    return new_off, idx
+    return new_off, run_positions(offsets[:-1][order], sizes)
+
+
+def run_positions(starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Every position of the runs ``starts[i] : starts[i] + sizes[i]``, run after run."""
+    first = np.cumsum(sizes) - sizes
+    return np.repeat(starts - first, sizes) + np.arange(int(np.sum(sizes)), dtype=np.int64)
 
 
 #: Prefix lengths a box search tries per step (see ``_peel``): finer costs more, gains nothing

@@ -44,7 +44,8 @@ import numpy.typing as npt
 
 from bucketing.allocate import allocate, assign
 from bucketing.batching import (DEFAULT_AUDIO_WEIGHT, DEFAULT_SORT_BY, DEFAULT_WINDOW, Batches, BucketGrouping, Cut,
-                                allocated_totals, cut_batches, form_batches_cumulative, resolve_sort)
+                                allocated_totals, cut_batches, form_batches_cumulative, resolve_sort,
+                                run_positions)
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import (
     COMPARED_TARGETS,
@@ -118,9 +119,12 @@ GROUP_TICKS_PER_SECOND = 1_000_000
 
 def exact_bincount(group: npt.NDArray[np.integer], weights: npt.NDArray[np.int64],
                     num_groups: int) -> npt.NDArray[np.int64]:
-    """``np.bincount`` of non-negative integer ``weights``, exact: each float64 sum is split in
-    16-bit halves whose totals stay below 2**53, so the result does not depend on the order
-    or grouping of the rows summed (a streamed sum equals the in-memory one)."""
+    """``np.bincount`` of non-negative integer ``weights``, exact: one float64 sum when no total
+    can reach 2**53 (rows x largest weight), else split in 16-bit halves whose totals stay
+    below it; so the result does not depend on the order or grouping of the rows summed (a
+    streamed sum equals the in-memory one)."""
+    if weights.shape[0] == 0 or int(weights.max()) * weights.shape[0] < 2**53:  # every partial sum exact
+        return np.rint(np.bincount(group, weights=weights.astype(np.float64), minlength=num_groups)).astype(np.int64)
     lo = np.bincount(group, weights=(weights & 0xFFFF).astype(np.float64), minlength=num_groups)
     hi = np.bincount(group, weights=(weights >> 16).astype(np.float64), minlength=num_groups)
     return (np.rint(hi).astype(np.int64) << 16) + np.rint(lo).astype(np.int64)
@@ -324,8 +328,7 @@ class ArrayStore:
     def read_runs(self, name: str, dtype: type, starts: npt.NDArray[np.int64],
                   sizes: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
         col = np.concatenate(self._cols.get(name, [np.empty(0, dtype)])).astype(dtype, copy=False)
-        idx = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
-        return col[idx]
+        return col[run_positions(starts, sizes)]
 
     def close(self) -> None:
         pass

@@ -472,6 +472,12 @@ class DynResTotals:
             self.add_batches(duration[ep.rows[off[0]:off[-1]]], off - off[0], ep.max_duration[lo:hi],
                              ep.bucket_of_batch()[lo:hi])
 
+    def merge(self, other: DynResTotals) -> None:
+        """Add another's figures (e.g. one epoch's, kept apart until its layout is final)."""
+        self.per_bucket = [a + b for a, b in zip(self.per_bucket, other.per_bucket)]
+        for k, t in other.compare.items():
+            self.compare[k] = self.compare.get(k, ResolutionTotals()) + t
+
     def add_batches(self, d: npt.NDArray[np.float64], off: npt.NDArray[np.int64], longest: npt.NDArray[np.float64],
                     bucket: npt.ArrayLike, sign: int = 1) -> None:
         """Add (``sign`` -1: take away) batches given as durations ``d`` (s) in CSR ``off``, each

@@ -68,7 +68,7 @@ import pyarrow.parquet as pq
 from bucketing.allocate import allocate, tail_moves
 from bucketing.balance import balance_steps, layout_order
 from bucketing.batching import (TOTALS_BLOCK, BucketGrouping, Cut, block_totals, bucket_sums, cut_batches,
-                                even_batch_counts, even_batch_starts, gather_segments)
+                                even_batch_counts, even_batch_starts, gather_segments, run_positions)
 from bucketing.costmodel import CostModel
 from bucketing.padding import GROUP_TICKS_PER_SECOND, exact_bincount, group_padding
 from bucketing.quota import QuotaSampler, corpus_indices
@@ -441,7 +441,11 @@ def drawn_entries(corpus: SpilledCorpus, k: int) -> npt.NDArray[np.int64]:
     """Bucket ``k``'s entries of the epoch drawn (its ``x{k}`` file) as positions into its
     columns: ascending, a row taken twice listed twice (the in-memory multiset's bucket ``k``,
     :mod:`bucketing.quota`)."""
-    times = corpus.files.read(f"x{k}", np.int32)
+    return _entries(corpus.files.read(f"x{k}", np.int32))
+
+
+def _entries(times: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
+    """Positions ``0 .. len(times) - 1``, each listed ``times`` times."""
     return np.repeat(np.arange(times.shape[0], dtype=np.int64), times)
 
 
@@ -455,23 +459,21 @@ def draw_epoch(corpus: SpilledCorpus, sampler: QuotaSampler, epoch: int) -> Epoc
 
 
 def _epoch_draw(corpus: SpilledCorpus, times_of: Callable[[int], npt.NDArray[np.integer]],
-                num_corpora: int) -> EpochDraw:
-    """The :class:`EpochDraw` of the times ``times_of(k)`` each row of bucket ``k`` is taken."""
+                num_corpora: int, write: bool = True) -> EpochDraw:
+    """The :class:`EpochDraw` of the times ``times_of(k)`` each row of bucket ``k`` is taken
+    (``write``: to its ``x{k}`` file; else ``times_of`` reads that file): entries and totals
+    per bucket, one pass."""
     files = SpillFiles(corpus.root)
-    for k in np.flatnonzero(corpus.counts).tolist():
-        files.append(f"x{k}", times_of(k).astype(np.int32))
-    files.close()
-    return _drawn(corpus, num_corpora)
-
-
-def _drawn(corpus: SpilledCorpus, num_corpora: int) -> EpochDraw:
-    """The :class:`EpochDraw` of the ``x{k}`` files written: entries and totals per bucket."""
     counts = np.zeros_like(corpus.counts)
     total_d = total_t = 0.0
     for k in np.flatnonzero(corpus.counts).tolist():
-        rep = drawn_entries(corpus, k)
+        times = times_of(k).astype(np.int32, copy=False)
+        if write:
+            files.append(f"x{k}", times)
+        rep = _entries(times)
         x, y = bucket_sums(corpus.column(k, "d", np.float64)[rep], corpus.column(k, "t", np.int32)[rep])
         counts[k], total_d, total_t = rep.shape[0], total_d + x, total_t + y
+    files.close()
     return EpochDraw(num_corpora, counts, max(total_d, 1e-300), max(total_t, 1e-300))
 
 
@@ -503,7 +505,8 @@ def draw_rows(corpus: SpilledCorpus, blocks: Callable[[], Iterator[npt.NDArray[n
             placed += int(got.sum(dtype=np.int64))
             files.append(f"x{k}", got.astype(np.int32))
     files.close()
-    return _drawn(corpus, num_corpora), listed - placed
+    return _epoch_draw(corpus, lambda k: corpus.files.read(f"x{k}", np.int32), num_corpora, write=False), \
+        listed - placed
 
 
 @dataclass(frozen=True)
@@ -750,7 +753,7 @@ def _identical_spilled(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int
         got = corpus.lookup_columns(int(cut.bucket[lo]), rows, ("d", "t", "c") if corpus.has_codes else ("d", "t"))
         out["d"], out["t"] = got[0], got[1]
         out["c"] = got[2] if corpus.has_codes else 0
-        out["pos"] = _run_positions(starts[lo:hi], sizes[lo:hi])
+        out["pos"] = run_positions(starts[lo:hi], sizes[lo:hi])
         return out
 
     ep, sources = plan_identical_layout(batches, bs, W, seed, epoch, read_rows, max_duration=grid.max_duration,
@@ -783,12 +786,6 @@ def _measure_batches(records: npt.NDArray[Any], off: npt.NDArray[np.int64], long
         groups += sign * got
     if measure is not None:
         measure(d, off, longest, np.asarray(bucket, dtype=np.int64), sign)
-
-
-def _run_positions(starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Every position of the runs ``starts[i] : starts[i] + sizes[i]``, run after run."""
-    first = np.cumsum(sizes) - sizes
-    return np.repeat(starts - first, sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
 
 
 def plan_epoch_identical_spilled(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64], W: int, seed: int,

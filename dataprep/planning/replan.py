@@ -223,9 +223,8 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
                 if draw is not None:
                     check_bucket_fits(manifest, draw.counts, bs, limit)
                 final = e == meta.epochs - 1
-                measure = None if dynres is None else dynres.add_batches
-                kept = None if dynres is None else (list(dynres.per_bucket), dict(dynres.compare))  # should the
-                # epoch's first layout be dropped
+                figures = None if config is None else DynResTotals(config, len(spec.buckets))  # this epoch's
+                measure = None if figures is None else figures.add_batches
                 try:
                     if tol > 0:
                         lay = plan_epoch_spilled(corpus, bs, W, meta.seed, e, interleave=meta.interleave, tolerance=tol,
@@ -236,8 +235,8 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
                                                            final=final and e > e0, draw=draw,  # ids kept for
                                                            measure=measure)  # the fallback below
                         if e == e0 and lay.ep.dropped.shape[0]:  # as in memory: the rest in balanced steps
-                            if dynres is not None and kept is not None:
-                                dynres.per_bucket, dynres.compare = kept
+                            figures = None if config is None else DynResTotals(config, len(spec.buckets))
+                            measure = None if figures is None else figures.add_batches
                             lay = plan_epoch_spilled(corpus, bs, W, meta.seed, e, interleave=meta.interleave,
                                                      tolerance=REST_BALANCE, cost=cost, group=group, final=final,
                                                      draw=draw, measure=measure)
@@ -248,6 +247,8 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
                                         f"{exc}") from None
                 if weighted is not None and lay.groups is not None:
                     weighted.add_totals(lay.groups)
+                if dynres is not None and figures is not None:
+                    dynres.merge(figures)
                 write_epoch_spilled(writer, lay, corpus, first, options.row_group_steps, lambda r: None,
                                     None if config is None else batch_targets(lay.ep.max_duration, config))
                 totals.add(lay.ep, first, bs, cost)

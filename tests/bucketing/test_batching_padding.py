@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -185,3 +186,19 @@ def test_block_offers_are_the_lexsort_firsts(blocks: int, size: int, extra: int,
     grow, length = draw(), draw()
     expect = np.lexsort((-length, grow, np.arange(n) // size))[np.arange(blocks) * size]
     np.testing.assert_array_equal(_block_offers(grow, length, blocks, size), expect)
+
+
+@pytest.mark.parametrize("rows,top", [(1000, 10**6), (100_000, 2**40), (7, 2**52)])
+def test_exact_bincount_is_exact_and_order_free(rows: int, top: int) -> None:
+    """Per-group integer sums exact (as Python's ints) on both paths (one float64 sum, or 16-bit
+    halves when a total could reach 2**53), and the same in any order or split."""
+    from bucketing.padding import exact_bincount
+
+    rng = np.random.default_rng(rows)
+    g, w = rng.integers(0, 4, rows), rng.integers(0, top, rows, dtype=np.int64)
+    want = [sum(int(x) for x in w[g == k]) for k in range(4)]
+    assert exact_bincount(g, w, 4).tolist() == want
+    perm = rng.permutation(rows)
+    half = rows // 2
+    parts = exact_bincount(g[perm][:half], w[perm][:half], 4) + exact_bincount(g[perm][half:], w[perm][half:], 4)
+    assert parts.tolist() == want
