@@ -117,17 +117,23 @@ def measure(
 GROUP_TICKS_PER_SECOND = 1_000_000
 
 
-def exact_bincount(group: npt.NDArray[np.integer], weights: npt.NDArray[np.int64],
-                    num_groups: int) -> npt.NDArray[np.int64]:
-    """``np.bincount`` of non-negative integer ``weights``, exact: one float64 sum when no total
-    can reach 2**53 (rows x largest weight), else split in 16-bit halves whose totals stay
-    below it; so the result does not depend on the order or grouping of the rows summed (a
-    streamed sum equals the in-memory one)."""
-    if weights.shape[0] == 0 or int(weights.max()) * weights.shape[0] < 2**53:  # every partial sum exact
-        return np.rint(np.bincount(group, weights=weights.astype(np.float64), minlength=num_groups)).astype(np.int64)
-    lo = np.bincount(group, weights=(weights & 0xFFFF).astype(np.float64), minlength=num_groups)
-    hi = np.bincount(group, weights=(weights >> 16).astype(np.float64), minlength=num_groups)
-    return (np.rint(hi).astype(np.int64) << 16) + np.rint(lo).astype(np.int64)
+def exact_bincount(group: npt.NDArray[np.integer], weights: npt.NDArray[Any],
+                   num_groups: int) -> npt.NDArray[np.int64]:
+    """``np.bincount`` of non-negative integer ``weights`` (an integer array, or float64 holding
+    whole numbers below 2**53), exact: one float64 sum when no total can reach 2**53 (rows x
+    largest weight), else split in 16-bit halves whose totals stay below it; so the result does
+    not depend on the order or grouping of the rows summed (a streamed sum equals the in-memory
+    one). ``group`` is best ``np.intp`` (bincount converts any other type on every call)."""
+    if weights.shape[0] == 0 or float(weights.max()) * weights.shape[0] < 2**53:  # every partial sum exact
+        return np.rint(np.bincount(group, weights=weights, minlength=num_groups)).astype(np.int64)
+    if weights.dtype.kind == "f":
+        lo = np.fmod(weights, 65536.0)
+        hi = (weights - lo) / 65536.0
+    else:
+        lo, hi = weights & 0xFFFF, weights >> 16
+    lo_sum = np.bincount(group, weights=lo, minlength=num_groups)
+    hi_sum = np.bincount(group, weights=hi, minlength=num_groups)
+    return (np.rint(hi_sum).astype(np.int64) << 16) + np.rint(lo_sum).astype(np.int64)
 
 
 def group_padding(rows: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], max_duration: npt.ArrayLike,
@@ -138,15 +144,14 @@ def group_padding(rows: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], max
     tokens]`` (int64, shape ``(5, num_groups)``; seconds in :data:`GROUP_TICKS_PER_SECOND`
     ticks, each row's rounded); a row pads to its batch's longest. Exact integer sums: adding
     the totals of parts gives the whole's, bit for bit."""
-    g = np.asarray(group_of_row)[rows]
+    g = np.asarray(group_of_row)[rows].astype(np.intp, copy=False)
     ticks = GROUP_TICKS_PER_SECOND
     out = np.zeros((5, num_groups), dtype=np.int64)
     out[0] = np.bincount(g, minlength=num_groups)
-    out[1] = exact_bincount(g, np.rint(np.asarray(duration, np.float64)[rows] * ticks).astype(np.int64), num_groups)
-    out[2] = exact_bincount(g, np.repeat(np.rint(np.asarray(max_duration, np.float64) * ticks).astype(np.int64),
-                                          sizes), num_groups)
-    out[3] = exact_bincount(g, np.asarray(num_tokens, np.int64)[rows], num_groups)
-    out[4] = exact_bincount(g, np.repeat(np.asarray(max_tokens, np.int64), sizes), num_groups)
+    out[1] = exact_bincount(g, np.rint(np.asarray(duration, np.float64)[rows] * ticks), num_groups)
+    out[2] = exact_bincount(g, np.repeat(np.rint(np.asarray(max_duration, np.float64) * ticks), sizes), num_groups)
+    out[3] = exact_bincount(g, np.asarray(num_tokens)[rows], num_groups)
+    out[4] = exact_bincount(g, np.repeat(np.asarray(max_tokens), sizes), num_groups)
     return out
 
 

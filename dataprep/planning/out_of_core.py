@@ -223,8 +223,8 @@ class SpilledCorpus:
         for k in np.flatnonzero(self.counts).tolist():
             c = self.column(k, "c", np.int32)
             rows += np.bincount(c, minlength=num_corpora)
-            micros += exact_bincount(c, np.rint(self.column(k, "d", np.float64) * GROUP_TICKS_PER_SECOND)
-                                     .astype(np.int64), num_corpora)
+            micros += exact_bincount(c, np.rint(self.column(k, "d", np.float64) * GROUP_TICKS_PER_SECOND),
+                                     num_corpora)
         return rows, micros
 
 

@@ -216,8 +216,7 @@ def weighted_epochs(manifest: str | os.PathLike[str], bucket_of_row: npt.NDArray
     plannable = np.where(np.asarray(bucket_of_row) >= 0, codes, codes.dtype.type(-1))
     keep = plannable >= 0
     rows = np.bincount(plannable[keep], minlength=len(names)).astype(np.int64)
-    micros = exact_bincount(plannable[keep], np.rint(duration[keep] * GROUP_TICKS_PER_SECOND).astype(np.int64),
-                            len(names))
+    micros = exact_bincount(plannable[keep], np.rint(duration[keep] * GROUP_TICKS_PER_SECOND), len(names))
     return weighting(manifest, blend, rows, micros, opts, plannable)
 
 

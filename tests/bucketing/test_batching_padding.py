@@ -188,14 +188,18 @@ def test_block_offers_are_the_lexsort_firsts(blocks: int, size: int, extra: int,
     np.testing.assert_array_equal(_block_offers(grow, length, blocks, size), expect)
 
 
+@pytest.mark.parametrize("as_float", [False, True])
 @pytest.mark.parametrize("rows,top", [(1000, 10**6), (100_000, 2**40), (7, 2**52)])
-def test_exact_bincount_is_exact_and_order_free(rows: int, top: int) -> None:
+def test_exact_bincount_is_exact_and_order_free(rows: int, top: int, as_float: bool) -> None:
     """Per-group integer sums exact (as Python's ints) on both paths (one float64 sum, or 16-bit
-    halves when a total could reach 2**53), and the same in any order or split."""
+    halves when a total could reach 2**53), for int64 weights and whole float64 ones, and the
+    same in any order or split."""
     from bucketing.padding import exact_bincount
 
     rng = np.random.default_rng(rows)
     g, w = rng.integers(0, 4, rows), rng.integers(0, top, rows, dtype=np.int64)
+    if as_float:
+        w = w.astype(np.float64)
     want = [sum(int(x) for x in w[g == k]) for k in range(4)]
     assert exact_bincount(g, w, 4).tolist() == want
     perm = rng.permutation(rows)
