@@ -7,7 +7,7 @@ writes it), so both form batches the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -454,8 +454,8 @@ class BucketGrouping:
         batches`` of ``q + 1 = cnt // batches + 1`` rows first, then ``q``; :func:`cut_batches`).
         Where the last batch would be empty otherwise (``0 < batches - r <= q``), the rows are
         grouped as batches of ``q + 1`` (the last one short) and evened out by :func:`_even_out`
-        (one part: the whole bucket); else the ``r`` batches of ``q + 1`` and the others are
-        grouped apart."""
+        (the ordered positions, 4 bytes a row, and one part's prices at once); else the ``r``
+        batches of ``q + 1`` and the others are grouped apart."""
         p = np.arange(cnt, dtype=np.int32 if cnt < 2**31 else np.int64)
         rng.shuffle(p)  # the draws of rng.permutation(cnt)
         if not self.grouped(d is not None, t is not None):
@@ -468,16 +468,26 @@ class BucketGrouping:
         if r == 0:
             yield from self._arrange_chunks(p, q, d, t, chunk_rows)
         elif batches - r <= q:
-            if self.both and d is not None and t is not None:  # the grouping's prices of length
-                du, tu = self.audio_weight * np.asarray(d) / self.total_d, np.asarray(t) / self.total_t
-            else:
-                du, tu = np.asarray(d if d is not None else t), np.zeros(cnt)
-            parts = list(self._arrange_chunks(p, q + 1, d, t, chunk_rows))
-            yield _even_out(parts[0] if len(parts) == 1 else np.concatenate(parts), du, tu, batches, q, r)
+            ordered = np.empty_like(p)
+            at = 0
+            for part in self._arrange_chunks(p, q + 1, d, t, chunk_rows):
+                ordered[at:at + part.shape[0]] = part
+                at += part.shape[0]
+            del p
+            yield from _even_out(ordered, self._prices(d, t), batches, q, r, chunk_rows)
         else:
             head = r * (q + 1)
             yield from self._arrange_chunks(p[:head], q + 1, d, t, chunk_rows)
             yield from self._arrange_chunks(p[head:], q, d, t, chunk_rows)
+
+    def _prices(self, d: npt.NDArray[np.float64] | None, t: npt.NDArray[Any] | None) -> Prices:
+        """What :func:`_even_out` weighs rows by: the grouping's audio-weighted shares of
+        duration and tokens (``both``), else the sort key and nothing."""
+        if self.both and d is not None and t is not None:
+            d_all, t_all, w = np.asarray(d), np.asarray(t), self.audio_weight
+            return lambda x: (w * d_all[x] / self.total_d, t_all[x] / self.total_t)
+        key = np.asarray(d if d is not None else t)
+        return lambda x: (key[x].astype(np.float64), np.zeros(x.shape[0]))
 
     def _arrange_chunks(self, p: npt.NDArray[Any], size: int, d: npt.NDArray[np.float64] | None,
                         t: npt.NDArray[Any] | None, chunk_rows: int) -> Iterator[npt.NDArray[Any]]:
@@ -521,30 +531,49 @@ class BucketGrouping:
         return p
 
 
-def _even_out(p: npt.NDArray[np.int64], d: npt.NDArray[Any], t: npt.NDArray[Any], batches: int, q: int,
-              r: int) -> npt.NDArray[np.int64]:
-    """Even a grouped order ``p`` of ``batches - 1`` blocks of ``q + 1`` positions and a short
-    last block (``q + 1 - (batches - r)`` rows, ``0 < batches - r <= q``) into ``r`` batches of
-    ``q + 1`` then ``batches - r`` of ``q``: ``batches - r - 1`` blocks each give the short
-    block one row. ``d`` / ``t``: each row's length in two units whose sum prices padding (the
-    grouping's audio-weighted shares). Each block offers the row that grows the short block's
-    box (longest of each unit) least, the longest such row when several fit (the donor gets
-    tighter); the blocks whose offer grows it least give. Returns positions into ``p``'s rows
-    (like ``p``), batch after batch."""
-    cnt = p.shape[0]
-    pos = np.arange(cnt, dtype=np.int64)
-    blk = pos // (q + 1)
-    dd, tt = np.asarray(d, dtype=np.float64)[p], np.asarray(t, dtype=np.float64)[p]
-    last = blk == batches - 1
-    grow = np.maximum(dd - dd[last].max(), 0.0) + np.maximum(tt - tt[last].max(), 0.0)
-    offer = _block_offers(grow, dd + tt, batches - 1, q + 1)
-    donors = offer[np.lexsort((np.arange(batches - 1), -(dd + tt)[offer], grow[offer]))[:batches - r - 1]]
-    moved = np.zeros(cnt, dtype=bool)
-    moved[donors] = True
-    gives = np.zeros(batches, dtype=bool)
-    gives[blk[donors]] = True
-    keep = ~gives[blk] & ~last
-    return p[np.concatenate([pos[keep], pos[gives[blk] & ~moved], pos[last], pos[moved]])]
+#: Positions' prices of length in two units (:meth:`BucketGrouping._prices`): a function of
+#: positions into a bucket's rows to their (audio, token) prices, float64.
+Prices = Callable[[npt.NDArray[Any]], tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]
+
+
+def _even_out(ordered: npt.NDArray[Any], prices: Prices, batches: int, q: int, r: int,
+              chunk_rows: int) -> Iterator[npt.NDArray[Any]]:
+    """Even a grouped order ``ordered`` (positions) of ``batches - 1`` blocks of ``q + 1`` and a
+    short last block (``q + 1 - (batches - r)`` rows, ``0 < batches - r <= q``) into ``r``
+    batches of ``q + 1`` then ``batches - r`` of ``q``: ``batches - r - 1`` blocks each give the
+    short block one row. ``prices``: each row's length in two units whose sum prices padding.
+    Each block offers the row that grows the short block's box (longest of each unit) least,
+    the longest such row when several fit (the donor gets tighter); the blocks whose offer grows
+    it least give. Yields the positions batch after batch, in parts of whole batches: the
+    blocks that keep ``q + 1``, the givers less their row, the short block with the given rows.
+    Memory: per block three numbers, and one part (about ``chunk_rows`` rows) of prices."""
+    cnt = ordered.shape[0]
+    full, size = batches - 1, q + 1
+    d_last, t_last = prices(ordered[full * size:])
+    d_top, t_top = d_last.max(), t_last.max()
+    per = max(1, chunk_rows // size)  # blocks per part
+    spans = [(b0, min(full, b0 + per)) for b0 in range(0, full, per)]
+    offer, offer_grow, offer_len = np.empty(full, np.int64), np.empty(full), np.empty(full)
+    for b0, b1 in spans:
+        dd, tt = prices(ordered[b0 * size:b1 * size])
+        grow = np.maximum(dd - d_top, 0.0) + np.maximum(tt - t_top, 0.0)
+        length = dd + tt
+        o = _block_offers(grow, length, b1 - b0, size)
+        offer[b0:b1], offer_grow[b0:b1], offer_len[b0:b1] = o + b0 * size, grow[o], length[o]
+    givers = np.lexsort((np.arange(full), -offer_len, offer_grow))[:batches - r - 1]
+    gives = np.zeros(full, dtype=bool)
+    gives[givers] = True
+    within = np.arange(size, dtype=np.int64)
+    for b0, b1 in spans:  # the blocks that keep their q + 1 rows
+        kept = b0 + np.flatnonzero(~gives[b0:b1])
+        if kept.shape[0]:
+            yield ordered[(kept[:, None] * size + within).ravel()]
+    for b0, b1 in spans:  # the givers, less the row each gives
+        giving = b0 + np.flatnonzero(gives[b0:b1])
+        if giving.shape[0]:
+            pos = (giving[:, None] * size + within).ravel()
+            yield ordered[pos[pos != np.repeat(offer[giving], size)]]
+    yield ordered[np.concatenate([np.arange(full * size, cnt, dtype=np.int64), np.sort(offer[givers])])]
 
 
 def _block_offers(grow: npt.NDArray[np.float64], length: npt.NDArray[np.float64], blocks: int,

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketing.allocate import allocate
-from bucketing.batching import BucketGrouping, _block_offers, form_batches, form_batches_cumulative
+from bucketing.batching import BucketGrouping, _block_offers, _even_out, form_batches, form_batches_cumulative
 from bucketing.fit import fit_buckets
 from bucketing.padding import PaddingSums, measure, padding_report
 
@@ -186,6 +186,48 @@ def test_block_offers_are_the_lexsort_firsts(blocks: int, size: int, extra: int,
     grow, length = draw(), draw()
     expect = np.lexsort((-length, grow, np.arange(n) // size))[np.arange(blocks) * size]
     np.testing.assert_array_equal(_block_offers(grow, length, blocks, size), expect)
+
+
+def _even_out_whole(p: np.ndarray, d: np.ndarray, t: np.ndarray, batches: int, q: int, r: int) -> np.ndarray:
+    """The evening out as first written, on a whole bucket at once: the oracle of the one in parts."""
+    cnt = p.shape[0]
+    pos = np.arange(cnt, dtype=np.int64)
+    blk = pos // (q + 1)
+    dd, tt = d[p], t[p]
+    last = blk == batches - 1
+    grow = np.maximum(dd - dd[last].max(), 0.0) + np.maximum(tt - tt[last].max(), 0.0)
+    first = np.lexsort((-(dd + tt), grow, blk))  # each block's offer: least grow, then longest, then first
+    offer = first[np.searchsorted(blk[first], np.arange(batches - 1))]
+    donors = offer[np.lexsort((np.arange(batches - 1), -(dd + tt)[offer], grow[offer]))[:batches - r - 1]]
+    moved = np.zeros(cnt, dtype=bool)
+    moved[donors] = True
+    gives = np.zeros(batches, dtype=bool)
+    gives[blk[donors]] = True
+    keep = ~gives[blk] & ~last
+    return p[np.concatenate([pos[keep], pos[gives[blk] & ~moved], pos[last], pos[moved]])]
+
+
+@settings(max_examples=150, deadline=None)
+@given(size=st.integers(2, 9), full=st.integers(1, 40), short=st.integers(1, 8), chunk=st.integers(1, 200),
+       seed=st.integers(0, 2**32 - 1), ties=st.booleans())
+def test_even_out_in_parts_equals_whole(size: int, full: int, short: int, chunk: int, seed: int, ties: bool) -> None:
+    """Evening a bucket out part by part (per block three numbers, one part of prices at once)
+    gives the positions the whole-bucket evening gives, in parts of whole batches."""
+    q = size - 1
+    last = max(min(short, q), q - full + 1)  # the short block: so 0 < batches - r <= q and r >= 1
+    batches = full + 1
+    cnt = full * size + last
+    r = cnt - batches * q
+    rng = np.random.default_rng(seed)
+    draw = (lambda: rng.choice([0.0, 0.5, 1.0], cnt)) if ties else (lambda: rng.random(cnt))
+    d, t = draw(), draw()
+    p = rng.permutation(cnt).astype(np.int32)
+    parts = list(_even_out(p, lambda x: (d[x], t[x]), batches, q, r, chunk))
+    expect = _even_out_whole(p, d, t, batches, q, r)
+    np.testing.assert_array_equal(np.concatenate(parts), expect)
+    ends = np.cumsum([x.shape[0] for x in parts])
+    starts = np.cumsum([0] + [q + 1] * r + [q] * (batches - r))  # the near-equal batches' bounds
+    assert set(ends.tolist()) <= set(starts.tolist())
 
 
 @pytest.mark.parametrize("as_float", [False, True])
