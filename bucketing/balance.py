@@ -47,7 +47,9 @@ equal inputs give equal arrays.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 
 import numpy as np
 import numpy.typing as npt
@@ -252,7 +254,7 @@ def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64],
             # layout where one meets the straggler goal, or as many goals and more (of those,
             # the one of least penalty)
             cands = [mat] + [repair_steps(m, seg_cost, seg_pad, tolerance)
-                             for o in orders for m in tail_layouts(o, S - R, W)[:SMALL_TAILS]]
+                             for o in orders for m in islice(tail_layouts(o, S - R, W), SMALL_TAILS)]
             unmet = [goals_unmet(m, seg_cost, seg_pad, tolerance) for m in cands]
             pens = [float(_penalty(m, measures, tolerance).sum()) for m in cands]
             mat = cands[min(range(len(cands)), key=lambda i: (unmet[i][0], sum(unmet[i]), i > 0, pens[i], i))]
@@ -291,19 +293,19 @@ def _penalty(mat: npt.NDArray[np.int64], measures: list[npt.NDArray[np.float64]]
     return out
 
 
-def tail_layouts(order: npt.NDArray[np.int64], S: int, W: int) -> list[npt.NDArray[np.int64]]:
+def tail_layouts(order: npt.NDArray[np.int64], S: int, W: int) -> Iterator[npt.NDArray[np.int64]]:
     """Steps (``S`` x ``W`` batch indices, ascending level) from batches in ascending ``order``,
     one layout per tail size ``T``: the lowest ``T`` batches are dealt one by one to the steps
     from the highest level down (cycling), and the others fill the rest of each step
     consecutively (``T = 0``: consecutive groups of ``W``). ``T`` is 0, W/8, W/4, ..., doubling
-    up to half the batches (ascending). Vectorized per layout.
+    up to half the batches (ascending). Vectorized per layout; one layout at a time (each is
+    as large as the epoch's batches).
     """
     n = S * W
     Ts = {0} | {max(1, (W << k) // 8) for k in range(64) if (W << k) // 8 <= n // 2}
-    out = []
     for T in sorted(Ts):
         if T == 0:
-            out.append(order.reshape(S, W))
+            yield order.reshape(S, W)
             continue
         k = np.full(S, T // S, dtype=np.int64)
         k[S - 1 - np.arange(T % S)] += 1  # the highest steps take one more
@@ -313,8 +315,7 @@ def tail_layouts(order: npt.NDArray[np.int64], S: int, W: int) -> list[npt.NDArr
         # tail t (ascending) goes to step S-1 - (t mod S); bulk fills the rest in order
         tail_step = S - 1 - (np.arange(T) % S)
         bulk_step = np.repeat(np.arange(S, dtype=np.int64), room)
-        out.append(order[np.argsort(np.concatenate([tail_step, bulk_step]), kind="stable")].reshape(S, W))
-    return out
+        yield order[np.argsort(np.concatenate([tail_step, bulk_step]), kind="stable")].reshape(S, W)
 
 
 def disperse_tail(order: npt.NDArray[np.int64], S: int, W: int, cost: npt.NDArray[np.float64],

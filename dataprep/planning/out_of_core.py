@@ -648,26 +648,35 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
     if int(counts.sum()) < W:
         raise DataprepError(f"{int(counts.sum())} utterances cannot fill one step of {W} ranks")
     rng = np.random.default_rng([seed, epoch, 0])
+    # per batch, each stage's arrays are freed once the next has what it needs (at a billion
+    # rows an epoch has ~20M batches: every 8-byte array held is ~160 MB)
     formed = _form_spilled(corpus, bs, W, rng, final, draw, measure)
-    groups = formed.groups
-    cut = formed.cut
-    perm = cut.perm
-    sizes, start = cut.sizes[perm], cut.starts[perm]
+    groups, bucket, perm = formed.groups, formed.cut.bucket, formed.cut.perm
+    sizes, start = formed.cut.sizes[perm], formed.cut.starts[perm]
     mx_d, mx_t, sm_d, sm_t = formed.max_d[perm], formed.max_t[perm], formed.sum_d[perm], formed.sum_t[perm]
+    del formed, perm
     off = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
     np.cumsum(sizes, out=off[1:])
     times = cost.step_time(sizes, mx_d, mx_t)
-    steps = balance_steps(cut.bucket, off, times, W, tolerance, cost.overhead, padded=sizes * mx_d)
+    steps = balance_steps(bucket, off, times, W, tolerance, cost.overhead, padded=sizes * mx_d)
+    del times
     if steps is None:
         return None
     rng_steps = np.random.default_rng([seed, epoch, 1]) if interleave == "random" else None
     order = layout_order(steps, W, rng_steps, np.random.default_rng([seed, epoch, 2]))
-    seg_lo = steps.seg_offsets[:-1]
     seg_size = np.diff(steps.seg_offsets)
-    parent = np.searchsorted(off, seg_lo, side="right") - 1
-    seg_start = start[parent] + (seg_lo - off[parent])
-    s_mx_d, s_mx_t, s_sm_d, s_sm_t = mx_d[parent], mx_t[parent], sm_d[parent], sm_t[parent]
-    pieces = np.flatnonzero(seg_size != sizes[parent])
+    if seg_size.shape[0] == sizes.shape[0]:  # no batch cut into pieces: the segments are the batches
+        parent = None
+        seg_start, s_mx_d, s_mx_t, s_sm_d, s_sm_t = start, mx_d, mx_t, sm_d, sm_t
+        pieces = np.empty(0, np.int64)
+    else:
+        seg_lo = steps.seg_offsets[:-1]
+        parent = np.searchsorted(off, seg_lo, side="right") - 1
+        seg_start = start[parent] + (seg_lo - off[parent])
+        s_mx_d, s_mx_t, s_sm_d, s_sm_t = mx_d[parent], mx_t[parent], sm_d[parent], sm_t[parent]
+        pieces = np.flatnonzero(seg_size != sizes[parent])
+        del seg_lo
+    del start, sm_d, sm_t, off, sizes
     split: dict[int, list[npt.NDArray[np.float64]]] = {}  # formed batch -> its pieces' durations
     if pieces.shape[0]:
         for i in pieces:  # the few batches cut into pieces (at most one step's worth)
@@ -688,14 +697,19 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
                 split.setdefault(int(parent[i]), []).append(dk)
     for j, parts in split.items():  # each formed batch cut into pieces, as it was measured: taken away
         dk = np.concatenate(parts)
-        measure(dk, np.array([0, dk.shape[0]]), mx_d[j:j + 1], cut.bucket[j:j + 1].astype(np.int64), -1)  # type: ignore[misc]
+        measure(dk, np.array([0, dk.shape[0]]), mx_d[j:j + 1], bucket[j:j + 1].astype(np.int64), -1)  # type: ignore[misc]
+    del mx_d, mx_t, bucket, parent
     # rank-major batches
+    real_seconds, real_tokens = float(s_sm_d[order].sum()), int(s_sm_t.sum())
+    del s_sm_d, s_sm_t
     f_start, f_size = seg_start[order], seg_size[order]
+    del seg_start, seg_size
     f_bucket = steps.seg_bucket[order]
     f_mx_d, f_mx_t = s_mx_d[order], s_mx_t[order]
-    real_seconds, real_tokens = float(s_sm_d[order].sum()), int(s_sm_t.sum())
+    del s_mx_d, s_mx_t, order
     t = cost.step_time(f_size, f_mx_d, f_mx_t).reshape(W, -1)  # counted before sync groups reorder steps
     unbalanced = int((t.max(0) > (1 + tolerance) * t.mean(0)).sum())
+    del t
     regroup = group_order(W, steps.num_steps, group, seed, epoch)
     if regroup is not None:
         f_start, f_size, f_bucket = f_start[regroup], f_size[regroup], f_bucket[regroup]
