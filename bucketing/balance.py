@@ -54,7 +54,7 @@ from itertools import islice
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.batching import gather_segments
+from bucketing.batching import gather_segments, run_positions
 from bucketing.costmodel import CostModel
 from manifests.plan_meta import StepsReport as PlanReport
 
@@ -222,23 +222,37 @@ def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64],
                 return None
             tail = by_cost[:t + int(ok[0]) * W]
             m[tail] = _pieces_per_batch(cost[tail] - overhead, sizes[tail], (int(ok[0]) + 1) * W)
-    # pieces: contiguous near-equal cuts of each batch (inside its bucket), in row order
+    # pieces: contiguous near-equal cuts of each batch (inside its bucket), in row order;
+    # per segment only what the layout needs (an epoch can hold ~20M batches)
     P = int(m.sum())
+    split = int((m > 1).sum())
     parent = np.repeat(np.arange(N, dtype=np.int64), m)
-    first = np.repeat(np.cumsum(m) - m, m)
-    k = np.arange(P, dtype=np.int64) - first
-    base, extra = np.divmod(sizes[parent], m[parent])
-    piece = base + (k < extra)
+    whole = sizes[parent]
+    piece = whole.copy()
+    cut_up = np.flatnonzero(m > 1)  # the few batches cut into pieces
+    if cut_up.shape[0]:
+        first = (np.cumsum(m) - m)[cut_up]
+        segs = run_positions(first, m[cut_up])
+        k = segs - np.repeat(first, m[cut_up])
+        base, extra = np.divmod(np.repeat(sizes[cut_up], m[cut_up]), np.repeat(m[cut_up], m[cut_up]))
+        piece[segs] = base + (k < extra)
+    del m
     seg_offsets = np.zeros(P + 1, dtype=np.int64)
     np.cumsum(piece, out=seg_offsets[1:])
-    seg_cost = overhead + (cost[parent] - overhead) * piece / sizes[parent]
+    seg_cost = cost[parent]  # overhead + (cost - overhead) * piece / whole, in place
+    seg_cost -= overhead
+    seg_cost *= piece
+    seg_cost /= whole
+    seg_cost += overhead
     seg_bucket = bucket[parent].astype(np.int32)
     # the rest by predicted time: consecutive groups of W are the tightest steps left (the
     # same-bucket steps are the runs above; ordering by bucket here only widened the rest)
     R = int(runs.shape[0])
     step = run_of[parent]  # runs are whole batches: one segment each
+    del run_of
     rest = np.flatnonzero(step < 0)
-    seg_pad = None if padded is None else np.asarray(padded, dtype=np.float64)[parent] * piece / sizes[parent]
+    seg_pad = None if padded is None else np.asarray(padded, dtype=np.float64)[parent] * piece / whole
+    del parent, whole, piece
     keys = [seg_cost[rest]] if seg_pad is None else [_pair_key(seg_cost[rest], seg_pad[rest]), seg_cost[rest]]
     S = P // W
     if S > R:
@@ -262,7 +276,7 @@ def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64],
     # steps numbered by ascending predicted time (total over the step's W batches; ties: runs first)
     rank = np.empty(S, dtype=np.int64)
     rank[np.lexsort((np.arange(S), np.bincount(step, weights=seg_cost, minlength=S)))] = np.arange(S)
-    return BalancedSteps(seg_offsets, rank[step], seg_bucket, S, int((m > 1).sum()), R)
+    return BalancedSteps(seg_offsets, rank[step], seg_bucket, S, split, R)
 
 
 def _pair_key(cost: npt.NDArray[np.float64], padded: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
