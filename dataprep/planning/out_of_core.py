@@ -83,18 +83,20 @@ from manifests.spill import SpillFiles, default_memory_limit, record_dtype
 
 #: Bytes of memory per row of the bucket being ordered: its durations, tokens and shuffle
 #: (8 + 4 + 4 and the shuffle's ordered copy), then its rows (int32 below 2**31 rows) beside its
-#: ids (bytes, offsets and with carried tails an int32 index). Measured (tracemalloc, a 2M- and
-#: a 4M-row bucket): 21 bytes per row more, on top of about 45 MiB for one part
+#: ids (bytes and offsets in Arrow's pool, about 20; with carried tails an int32 index).
+#: Measured (tracemalloc, the largest buckets of 30M and 100M synthetic rows: 1.8M and 6.0M
+#: rows): about 20 bytes a row traced plus the ids, on top of about 45 MiB for one part
 #: (:data:`ORDER_ROWS`) of sort keys and candidates.
-BUCKET_BYTES_PER_ROW = 32
+BUCKET_BYTES_PER_ROW = 48
 #: Rows of a bucket ordered at once (:meth:`bucketing.batching.BucketGrouping.order_chunks`,
 #: rounded to whole windows): sort keys and 2D candidates of a part, about 150 bytes a row.
 ORDER_ROWS = 1 << 19
 #: Bytes of memory per batch of an epoch while steps are laid out (cut batches, segments,
-#: the layout, the totals).
+#: the layout, the totals): 161 measured (tracemalloc, 0.5M and 1.7M batches).
 BATCH_BYTES = 200
-#: Bytes of memory per batch while buckets are ordered: its longest, most tokens and sums.
-SUMMARY_BYTES = 32
+#: Bytes of memory per batch while buckets are ordered: its longest, most tokens and sums,
+#: and where it is cut (60 measured).
+SUMMARY_BYTES = 64
 #: Bytes of memory per row that planning in memory takes (columns, ids, the epoch's arrays).
 IN_MEMORY_BYTES_PER_ROW = 100
 #: Rows of a shard written at once (rounded to whole row groups): each part reads its batches'
