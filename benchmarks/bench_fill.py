@@ -131,8 +131,12 @@ def bounds(c: Corpus, fit, bs: np.ndarray, W: int, tolerance: float, cost: CostM
     pad = sizes * ep.max_duration
     t = cost.step_time(sizes, ep.max_duration, ep.max_tokens)
     over = steps_over_bound(pad, W, 1 + 2 * tolerance)
+    by_step = t.reshape(W, ep.num_steps)  # rank-major: column s is step s
+    epoch_s = float(by_step.max(0).sum())
     return (f"|  bounds (any layout of these batches): bal >= {1 + spread_bound(pad, W):.3f}; "
-            f">1.10 >= {over} of {ep.num_steps} steps ({over / ep.num_steps:.1%}); strag >= {spread_bound(t, W):.3f} |")
+            f">1.10 >= {over} of {ep.num_steps} steps ({over / ep.num_steps:.1%}); strag >= {spread_bound(t, W):.3f}; "
+            f"this layout: predicted epoch {epoch_s:.1f} s (sum of step maxima), "
+            f"idle {1 - float(t.sum()) / (W * epoch_s):.2%} |")
 
 
 def save_corpora(corpora: list[Corpus], path: Path) -> None:
