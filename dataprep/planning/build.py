@@ -301,11 +301,7 @@ def build_plan(
         meta = _plan_meta(manifest, buckets, spec, cols.duration.shape[0], _allocation_entry(assigned, strict), totals,
                           world_size=world_size, seed=seed, epochs=epochs, interleave=interleave,
                           balance=totals.balance_info(balance), sync_group=group)
-        if dynres is not None:
-            meta = dataclasses.replace(meta, extra={**meta.extra, "dynamic_resolution": dynres.to_json()})
-        if weighted is not None:
-            meta = dataclasses.replace(meta, extra={**meta.extra, "weights": weighted.to_json()})
-        meta = writer.finish(meta)
+        meta = writer.finish(dataclasses.replace(meta, extra={**meta.extra, **plan_extra(weighted, dynres)}))
     clock("write")
     return meta
 
@@ -388,15 +384,18 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
                               corpus.allocation_entry(options.strict, corpus.carry), totals,
                               world_size=W, seed=options.seed, epochs=epochs, interleave=options.interleave,
                               balance=totals.balance_info(options.balance), sync_group=options.group)
-            if dynres is not None:
-                meta = dataclasses.replace(meta, extra={**meta.extra, "dynamic_resolution": dynres.to_json()})
-            if weighted is not None:
-                meta = dataclasses.replace(meta, extra={**meta.extra, "weights": weighted.to_json()})
-            meta = writer.finish(meta)
+            meta = writer.finish(dataclasses.replace(meta, extra={**meta.extra, **plan_extra(weighted, dynres)}))
     finally:
         remove_spill(root)
     clock("write")
     return meta
+
+
+def plan_extra(weighted: WeightedEpochs | None, dynres: DynResTotals | None) -> dict[str, Any]:
+    """``plan.json``'s optional sections: ``weights`` of a weighted plan, ``dynamic_resolution``
+    of one with dynamic resolution."""
+    return {**({"weights": weighted.to_json()} if weighted is not None else {}),
+            **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {})}
 
 
 def spill_for_plan(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray[np.int64], root: Path,

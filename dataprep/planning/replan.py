@@ -37,6 +37,7 @@ from dataprep.planning.build import (
     EpochTotals,
     ManifestColumns,
     memory_limit_of,
+    plan_extra,
     plans_out_of_core,
     spill_for_plan,
     DynResTotals,
@@ -80,9 +81,7 @@ def unseen_rows(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int,
     """(manifest rows, their buckets) of the parent's batches of ``epoch`` at steps >= ``at_step``
     on every rank: what no rank has seen of that epoch when steps < ``at_step`` are consumed."""
     rows, buckets = [], []
-    for r in range(meta.world_size):
-        t = PlanShard(plan_dir, r).read(at_step, columns=["epoch", "bucket", "size", "rows"])
-        t = t.filter(pc.equal(t.column("epoch"), pa.scalar(epoch, pa.int32())))
+    for t in _unseen_tables(plan_dir, meta, at_step, epoch, ["epoch", "bucket", "size", "rows"]):
         rows.append(pc.list_flatten(t.column("rows")).to_numpy())
         buckets.append(np.repeat(t.column("bucket").to_numpy(), t.column("size").to_numpy()))
     return (np.concatenate(rows).astype(np.int64) if rows else np.empty(0, np.int64),
@@ -159,8 +158,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             if dynres is not None:
                 dynres.add(ep, cols.duration)
             first += ep.num_steps
-        extra = {**({"weights": weighted.to_json()} if weighted is not None else {}),
-                 **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {})}
+        extra = plan_extra(weighted, dynres)
         return writer.finish(_replan_meta(meta, world_size, at_step, totals, assigned.carried, assigned.carry, tol,
                                           group, extra))
 
@@ -253,8 +251,7 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
                                     None if config is None else batch_targets(lay.ep.max_duration, config))
                 totals.add(lay.ep, first, bs, cost)
                 first += lay.ep.num_steps
-            extra = {**({"weights": weighted.to_json()} if weighted is not None else {}),
-                     **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {})}
+            extra = plan_extra(weighted, dynres)
             return writer.finish(_replan_meta(meta, W, at_step, totals, corpus.carried,
                                               corpus.carry, tol, group, extra))
     finally:
@@ -264,10 +261,17 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
 def _unseen_blocks(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int,
                    epoch: int) -> Iterator[npt.NDArray[np.int64]]:
     """The rows of :func:`unseen_rows`, one row group of one shard at a time."""
+    for t in _unseen_tables(plan_dir, meta, at_step, epoch, ["epoch", "rows"]):
+        yield pc.list_flatten(t.column("rows")).to_numpy().astype(np.int64)
+
+
+def _unseen_tables(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int, epoch: int,
+                   columns: list[str]) -> Iterator[pa.Table]:
+    """The parent's batches of ``epoch`` at steps >= ``at_step``, rank after rank, one row
+    group at a time (``columns``, ``epoch`` among them)."""
     for r in range(meta.world_size):
-        for t in PlanShard(plan_dir, r).iter_tables(at_step, columns=["epoch", "rows"]):
-            t = t.filter(pc.equal(t.column("epoch"), pa.scalar(epoch, pa.int32())))
-            yield pc.list_flatten(t.column("rows")).to_numpy().astype(np.int64)
+        for t in PlanShard(plan_dir, r).iter_tables(at_step, columns=columns):
+            yield t.filter(pc.equal(t.column("epoch"), pa.scalar(epoch, pa.int32())))
 
 
 def _parent_weighting(meta: PlanMeta, options: PlanOptions) -> PlanOptions:
