@@ -186,6 +186,7 @@ class PlanWriter:
         self.tmp_dir = Path(tempfile.mkdtemp(prefix=temp_prefix(self.out_dir), suffix=".tmp", dir=self.out_dir.parent))
         self._stack = contextlib.ExitStack()
         self._writers: list[pq.ParquetWriter | None] = [None] * self.world_size
+        self._closed = [False] * self.world_size  # shards finished early (write_ranks' ``close``)
         self._paths: list[Path] = []
         for rank in range(self.world_size):
             # flushed all at once by finish (one at a time, each flush of the journal waits alone)
@@ -201,6 +202,8 @@ class PlanWriter:
 
     def write(self, rank: int, table: pa.Table) -> None:
         """Append batches (rows in step order) to ``rank``'s shard."""
+        if self._closed[rank]:
+            raise ValueError(f"shard of rank {rank} is already closed")
         writer = self._writers[rank]
         if writer is None:
             meta = {META_KIND: b"plan-shard",
@@ -214,14 +217,19 @@ class PlanWriter:
             self._writers[rank] = writer
         writer.write_table(table, row_group_size=self.row_group_steps)
 
-    def write_ranks(self, tables: Callable[[int], Iterable[pa.Table]], tick: Callable[[int], object]) -> None:
+    def write_ranks(self, tables: Callable[[int], Iterable[pa.Table]], tick: Callable[[int], object], *,
+                    close: bool = False) -> None:
         """Append ``tables(r)`` (in order) to every rank ``r``'s shard, ``write_threads`` ranks
         at a time; ``tick(r)`` once rank ``r`` is written, in rank order. Each shard's bytes
-        are those one thread writes."""
+        are those one thread writes. ``close``: the last tables of every shard; each is closed
+        once written (its footer out of memory: a writer holds its shard's row-group metadata,
+        several KB a row group, until closed), with the bytes :meth:`finish` would give it."""
 
         def one(r: int) -> None:
             for table in tables(r):
                 self.write(r, table)
+            if close:
+                self._close(r)
 
         if self.write_threads == 1:
             for r in range(self.world_size):
@@ -238,9 +246,8 @@ class PlanWriter:
         if meta.world_size != self.world_size:
             raise ValueError(f"plan metadata says world size {meta.world_size}, the writer has {self.world_size}")
         for rank in range(self.world_size):
-            if self._writers[rank] is None:
-                self.write(rank, self.schema.empty_table())
-            self._writers[rank].close()  # type: ignore[union-attr]
+            if not self._closed[rank]:
+                self._close(rank)
         with ThreadPoolExecutor(min(self.world_size, SYNC_THREADS)) as pool:
             list(pool.map(fsync_file, self._paths))
             self._stack.close()  # renames each temporary shard to its name inside tmp_dir
@@ -258,6 +265,15 @@ class PlanWriter:
             shutil.rmtree(old, ignore_errors=True)
         self._done = True
         return final
+
+    def _close(self, rank: int) -> None:
+        """Write ``rank``'s footer (an empty table first where nothing was written) and let go
+        of its writer."""
+        if self._writers[rank] is None:
+            self.write(rank, self.schema.empty_table())
+        self._writers[rank].close()  # type: ignore[union-attr]
+        self._writers[rank] = None
+        self._closed[rank] = True
 
     def _abort(self) -> None:
         for w in self._writers:

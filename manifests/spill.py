@@ -181,6 +181,11 @@ class SpillFiles:
             os.close(fd)
         return out
 
+    def count_strings(self, name: str) -> int:
+        """How many strings ``name`` holds (see :meth:`append_strings`; 0 when absent)."""
+        path = self.root / (name + ".off")
+        return max(0, path.stat().st_size // 8 - 1) if path.exists() else 0
+
     def read_string_runs(self, name: str, starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> pa.Array:
         """The strings ``starts[i] : starts[i] + sizes[i]`` of ``name`` (see
         :meth:`append_strings`) for every ``i``, concatenated, as a string array."""

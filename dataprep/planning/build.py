@@ -287,7 +287,7 @@ def build_plan(
             clock("plan")
             first_step = totals.num_steps
             write_epoch(writer, ep, cols.ids, first_step, lambda r: on_progress(e * world_size + r + 1, total)
-                         if on_progress else None, dynamic_resolution)
+                         if on_progress else None, dynamic_resolution, last=e == epochs - 1)
             totals.add(ep, first_step, bs, cost)
             if dynres is not None:
                 dynres.add(ep, cols.duration)
@@ -377,7 +377,8 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
                 first_step = totals.num_steps
                 write_epoch_spilled(writer, lay, corpus, first_step, options.row_group_steps,
                                     lambda r: on_progress(e * W + r + 1, epochs * W) if on_progress else None,
-                                    None if config is None else batch_targets(lay.ep.max_duration, config))
+                                    None if config is None else batch_targets(lay.ep.max_duration, config),
+                                    last=e == epochs - 1)
                 totals.add(lay.ep, first_step, bs, options.cost)
                 clock("write")
             meta = _plan_meta(manifest, buckets, spec, corpus.num_rows,
@@ -510,7 +511,10 @@ class _Clock:
 
 
 def write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: int,
-                 tick: Callable[[int], object], dynamic_resolution: DynResConfig | None = None) -> None:
+                 tick: Callable[[int], object], dynamic_resolution: DynResConfig | None = None, *,
+                 last: bool = False) -> None:
+    """Every rank's batches of ``ep`` appended to its shard; ``last``: the plan's last epoch
+    (each shard closed once written, :meth:`manifests.plan_files.PlanWriter.write_ranks`)."""
     S = ep.num_steps
     targets = None if dynamic_resolution is None else batch_targets(ep.max_duration, dynamic_resolution)
 
@@ -527,4 +531,4 @@ def write_epoch(writer: PlanWriter, ep: EpochPlan, ids: pa.Array, first_step: in
         assert table.num_rows == S
         return table
 
-    writer.write_ranks(lambda r: [one(r)], tick)
+    writer.write_ranks(lambda r: [one(r)], tick, close=last)

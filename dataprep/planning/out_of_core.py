@@ -3,27 +3,32 @@ bounded by the largest bucket, not by the corpus.
 
 1. One pass over the manifest in blocks of :data:`bucketing.batching.TOTALS_BLOCK` rows:
    allocate each block (:func:`bucketing.allocate.allocate` is row-wise) and append every
-   row's (row, duration, tokens, id) to its bucket's spill files.
-2. Carry bucket tails bucket after bucket (:func:`bucketing.allocate.tail_moves`): one
-   bucket's rows and keys in memory; the moves (at most half a batch per bucket) are kept as
-   edits of the spill files, which are not sorted or rewritten.
+   row's (row, duration, tokens, id) to its bucket's spill files; each bucket's tail
+   candidates (:func:`bucketing.allocate.tail_candidates`, at most half a batch) are kept.
+2. Carry bucket tails bucket after bucket (:func:`bucketing.allocate.tail_moves` on a
+   bucket's candidates and the rows carried into it: never a whole bucket in memory); the
+   moves (at most half a batch per bucket) are kept as edits of the spill files, which are
+   not sorted or rewritten.
 3. Per epoch: each bucket's rows are ordered into batches in parts of whole windows
    (:meth:`bucketing.batching.BucketGrouping.order_chunks`, the same rng draws in the same
    order); its rows and ids are laid out in that order in the epoch's position files (each
-   row beside its id's offset, :meth:`manifests.spill.SpillFiles.append_records`) and its
+   row beside its id's offset, :meth:`manifests.spill.SpillFiles.append_records`; a large
+   bucket's ids gathered a chunk at a time, :meth:`SpilledCorpus.ids_in_parts`) and its
    per-batch summaries (longest, most tokens, sums) taken on the way (the few batches that
    steps cut into pieces look their rows' durations and tokens up again,
    :meth:`SpilledCorpus.lookup`); batches are drawn per batch
    (:func:`bucketing.batching.cut_batches`); balanced steps are laid out from the per-batch
    summaries only: :func:`bucketing.balance.balance_steps`,
-   :func:`bucketing.balance.layout_order`, :func:`bucketing.groups.group_order`.
+   :func:`bucketing.balance.layout_order`, :func:`bucketing.groups.group_order` (the
+   per-batch figures they do not need wait on disk meanwhile).
 4. Shards are streamed rank by rank (several ranks at once,
    :meth:`manifests.plan_files.PlanWriter.write_ranks`) in parts of whole row groups: each
-   batch's rows and ids are one contiguous run of the position files.
+   batch's rows and ids are one contiguous run of the position files; in the last epoch each
+   shard is closed once written (its footer's metadata freed).
 
 Memory (:func:`planning_bytes`): the bucket being ordered (:data:`BUCKET_BYTES_PER_ROW` per
-row) beside per-batch summaries, or later the per-batch arrays of the layout
-(:data:`BATCH_BYTES`), plus one part of a shard per writing thread;
+row, a chunk of its ids) beside per-batch summaries, or later the per-batch arrays of the
+layout (:data:`BATCH_BYTES`), plus one part of a shard per writing thread;
 the spill files take about 31 bytes per row plus the ids on disk (about twice during an
 epoch; the last epoch removes each bucket's ids once laid out, so the position files reuse
 their page cache). The plan equals the in-memory one (tests compare the shards byte for byte).
@@ -65,7 +70,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bucketing.allocate import allocate, tail_moves
+from bucketing.allocate import allocate, tail_candidates, tail_moves
 from bucketing.balance import balance_steps, layout_order
 from bucketing.batching import (TOTALS_BLOCK, BucketGrouping, Cut, block_totals, bucket_sums, cut_batches,
                                 even_batch_counts, even_batch_starts, gather_segments, run_positions)
@@ -82,15 +87,21 @@ from manifests.plan_files import PlanWriter, shard_table
 from manifests.spill import SpillFiles, default_memory_limit, record_dtype
 
 #: Bytes of memory per row of the bucket being ordered: its durations, tokens and shuffle
-#: (8 + 4 + 4 and the shuffle's ordered copy), then its rows (int32 below 2**31 rows) beside its
-#: ids (bytes and offsets in Arrow's pool, about 20; with carried tails an int32 index).
-#: Measured (tracemalloc, the largest buckets of 30M and 100M synthetic rows: 1.8M and 6.0M
-#: rows): about 20 bytes a row traced plus the ids, on top of about 45 MiB for one part
-#: (:data:`ORDER_ROWS`) of sort keys and candidates.
-BUCKET_BYTES_PER_ROW = 48
+#: (8 + 4 + 4), the ordered positions and the parts collected (4 + 4); then, as its rows are
+#: laid out beside their ids, its positions and rows (int32 below 2**31 rows) and a chunk
+#: number (4 + 4 + 1; with carried tails an int32 index too), the ids held a chunk at a time
+#: (:data:`ID_BYTES_PER_ROW`). Both on top of about 45 MiB for one part (:data:`ORDER_ROWS`)
+#: of sort keys and candidates.
+BUCKET_BYTES_PER_ROW = 24
+#: Bytes of memory per id held while a bucket's rows are laid out (at most
+#: :data:`ID_CHUNK_ROWS` of them): offsets read as int64 and narrowed, bytes, the taken copy.
+ID_BYTES_PER_ROW = 40
 #: Rows of a bucket ordered at once (:meth:`bucketing.batching.BucketGrouping.order_chunks`,
 #: rounded to whole windows): sort keys and 2D candidates of a part, about 150 bytes a row.
 ORDER_ROWS = 1 << 19
+#: A bucket of more ids than this gathers them into its position files a chunk of this many
+#: at a time (:func:`_gathered_ids`), else holds them all (about 20 bytes an id).
+ID_CHUNK_ROWS = 1 << 20
 #: Bytes of memory per batch of an epoch while steps are laid out (cut batches, segments,
 #: the layout, the totals): 161 measured (tracemalloc, 0.5M and 1.7M batches).
 BATCH_BYTES = 200
@@ -123,6 +134,11 @@ class SpilledCorpus:
     raised: int = 0
     max_tokens: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     carried: int = 0
+    #: per bucket, the rows its tail may carry on, whichever rows join it
+    #: (:func:`bucketing.allocate.tail_candidates`, at most half a batch, kept as the manifest is
+    #: spilled): (position in the bucket, row, tokens, duration)
+    candidates: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int32],
+                           npt.NDArray[np.float64]]] = field(default_factory=list)
     total_d: float = 0.0
     total_t: float = 0.0
     removed: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
@@ -167,17 +183,9 @@ class SpilledCorpus:
         Holds the bucket's own ids and, with carried tails, an int32 index; each call's
         transients are its positions' only."""
         own = self.files.read_strings(f"b{k}.ids")
-        if k not in self.removed and k not in self.extra:
+        n, index, extra = self._id_sources(k, len(own))
+        if index is None:
             return lambda q: own.take(pa.array(q))
-        n = len(own)
-        index = np.arange(n, dtype=np.int32 if n + self.counts[k] < 2**31 else np.int64)
-        if k in self.removed:
-            index = np.delete(index, self.removed[k])
-        extra = pa.array([], pa.string())
-        if k in self.extra:
-            e = self.extra[k]
-            index = np.insert(index, e.at, n + np.arange(e.rows.shape[0], dtype=index.dtype))
-            extra = e.ids
 
         def take(q: npt.NDArray[Any]) -> pa.Array:
             src = index[q]
@@ -190,8 +198,42 @@ class SpilledCorpus:
 
         return take
 
+    def _id_sources(self, k: int, n: int) -> tuple[int, npt.NDArray[Any] | None, pa.Array]:
+        """Where each of bucket ``k``'s positions (:meth:`column`'s order) takes its id from:
+        ``(n, index, extra)``, ``index[position]`` below ``n`` (the bucket's own ids on disk)
+        or ``n + j`` (``extra[j]``, carried in); ``index`` None without carried tails (the
+        position is the own id's)."""
+        extra = pa.array([], pa.string())
+        if k not in self.removed and k not in self.extra:
+            return n, None, extra
+        index = np.arange(n, dtype=np.int32 if n + self.counts[k] < 2**31 else np.int64)
+        if k in self.removed:
+            index = np.delete(index, self.removed[k])
+        if k in self.extra:
+            e = self.extra[k]
+            index = np.insert(index, e.at, n + np.arange(e.rows.shape[0], dtype=index.dtype))
+            extra = e.ids
+        return n, index, extra
+
+    def ids_in_parts(self, k: int, positions: npt.NDArray[Any], part_rows: int) -> Iterator[pa.Array]:
+        """The ids of bucket ``k``'s ``positions`` (:meth:`column`'s order, repeats allowed),
+        in parts of ``part_rows`` positions. A bucket of at most :data:`ID_CHUNK_ROWS` own
+        ids holds them (:meth:`ids_taker`); a larger one holds one chunk of them at a time
+        (:func:`_gathered_ids`), whatever its size. Same ids either way."""
+        name = f"b{k}.ids"
+        n = self.files.count_strings(name)
+        bounds = list(range(0, positions.shape[0], part_rows)) + [positions.shape[0]]
+        if n <= ID_CHUNK_ROWS:
+            take = self.ids_taker(k)
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                yield take(positions[a:b])
+            return
+        _, index, extra = self._id_sources(k, n)
+        yield from _gathered_ids(self.files, name, n, extra, positions if index is None else _Indexed(index, positions),
+                                 bounds, self.root / f"b{k}.gather")
+
     def drop_ids(self, k: int) -> None:
-        """Remove bucket ``k``'s id files (after its last :meth:`ids_taker`)."""
+        """Remove bucket ``k``'s id files (after its last :meth:`ids_in_parts`)."""
         for suffix in (".off", ".data"):
             (self.root / f"b{k}.ids{suffix}").unlink(missing_ok=True)
 
@@ -213,7 +255,8 @@ class SpilledCorpus:
             carried = (e.rows.shape[0] > 0) & (e.rows[i] == rows)
             for o, n in zip(out, names):
                 o[carried] = getattr(e, n)[i[carried]]
-        own = np.searchsorted(self.files.map(f"b{k}.rows", self.row_dtype), rows[~carried])
+        # the rows in the file's own type: another would convert the whole mapped file first
+        own = np.searchsorted(self.files.map(f"b{k}.rows", self.row_dtype), rows[~carried].astype(self.row_dtype))
         for o, n in zip(out, names):
             o[~carried] = self.files.map(f"b{k}.{n}", dtypes[n])[own]
         return out
@@ -245,6 +288,68 @@ class _Carried:
     i: npt.NDArray[Any] | None = None
 
 
+class _Indexed:
+    """``index[positions[a:b]]`` by slices, never the whole of it."""
+
+    def __init__(self, index: npt.NDArray[Any], positions: npt.NDArray[Any]) -> None:
+        self.index, self.positions, self.shape = index, positions, positions.shape
+
+    def __getitem__(self, s: slice) -> npt.NDArray[Any]:
+        return self.index[self.positions[s]]
+
+
+def _gathered_ids(files: SpillFiles, name: str, n: int, extra: pa.Array, sources: Any, bounds: list[int],
+                  scratch_path: Path) -> Iterator[pa.Array]:
+    """Strings ``name`` (``n`` of them on disk) and ``extra`` (sources ``n + j``) of
+    ``sources`` (an int array, or anything sliced into one), in the parts ``bounds[j] :
+    bounds[j + 1]``, holding one chunk of :data:`ID_CHUNK_ROWS` strings at a time.
+
+    Two passes. First, chunk after chunk (the carried ``extra`` last), the chunk's strings of
+    every part, in the parts' order, are appended to a scratch file: one append per chunk, and
+    per part a count. Then each part reads its run of every chunk's section (one read of runs)
+    and puts them in its sources' order. Memory: one chunk's strings, one part, and a chunk
+    number per source (1-2 bytes). The scratch file (as large as the strings) is removed."""
+    C = ID_CHUNK_ROWS
+    G = -(-n // C) + 1  # chunks of the strings on disk, then ``extra``
+    total = int(bounds[-1])
+    chunk = np.empty(total, dtype=np.min_scalar_type(G))
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        src = sources[a:b]
+        chunk[a:b] = np.where(src < n, src // C, G - 1)
+    scratch = SpillFiles(scratch_path.parent)
+    sname = scratch_path.name
+    scratch.append_strings(sname, pa.array([], pa.string()))
+    count = np.zeros((G, len(bounds) - 1), np.int64)  # strings of chunk g in part j
+    try:
+        for g in range(G):
+            lo = min(n, g * C) if g < G - 1 else n
+            strings = (files.read_string_runs(name, np.array([lo]), np.array([min(n, lo + C) - lo]))
+                       if g < G - 1 else extra)
+            local = []
+            for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+                mine = np.flatnonzero(chunk[a:b] == g)
+                count[g, j] = mine.shape[0]
+                if mine.shape[0]:
+                    local.append((np.asarray(sources[a:b])[mine] - lo).astype(np.int32))  # below C
+            if local:
+                scratch.append_strings(sname, strings.take(pa.array(np.concatenate(local))))
+            del strings, local
+        scratch.close()
+        at = np.zeros(G, np.int64)  # where each chunk's section of the scratch file starts
+        np.cumsum(count.sum(1)[:-1], out=at[1:])
+        for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+            runs = scratch.read_string_runs(sname, at, count[:, j])
+            at += count[:, j]
+            order = np.argsort(chunk[a:b], kind="stable")  # the part's sources in the runs' order
+            inverse = np.empty_like(order)
+            inverse[order] = np.arange(order.shape[0])
+            yield runs.take(pa.array(inverse))
+    finally:
+        scratch.close()
+        for suffix in (".off", ".data"):
+            (scratch_path.parent / f"{sname}{suffix}").unlink(missing_ok=True)
+
+
 def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: npt.NDArray[np.int64], root: Path, *,
                    strict: bool, carry: bool, memory_limit: int, ids: bool = True,
                    codes: Iterator[npt.NDArray[np.int32]] | None = None,
@@ -264,6 +369,8 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     files = SpillFiles(root)
     base = 0
     next_index = np.zeros(num_corpora or 0, np.int64)  # per corpus: its allocated rows so far
+    out.candidates = [(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0))
+                      for _ in range(B)]
     for table in iter_manifest(manifest, ["id", "duration", "num_tokens"] if ids else ["duration", "num_tokens"],
                                TOTALS_BLOCK):
         c = None if codes is None else next(codes)
@@ -302,6 +409,7 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
                 files.append(f"b{k}.i", index[cut[k]:cut[k + 1]])
             if id_col is not None:
                 files.append_strings(f"b{k}.ids", id_col.slice(cut[k], cut[k + 1] - cut[k]))
+            _keep_candidates(out, int(k), r, base, d, t, grid, batch_sizes)
         out.counts += np.diff(cut)
         base += table.num_rows
     files.close()
@@ -311,6 +419,18 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     out.total_d, out.total_t = max(out.total_d, 1e-300), max(out.total_t, 1e-300)
     check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
     return carry_spilled(out, grid, batch_sizes, manifest, memory_limit) if carry and not strict else out
+
+
+def _keep_candidates(out: SpilledCorpus, k: int, r: npt.NDArray[np.int64], base: int, d: npt.NDArray[np.float64],
+                     t: npt.NDArray[np.int32], grid: Grid, bs: npt.NDArray[np.int64]) -> None:
+    """Bucket ``k``'s tail candidates with the block's rows ``r`` (block-local, ascending; ``d``
+    / ``t`` the block's columns) appended after its ``out.counts[k]`` rows so far: the
+    candidates of the candidates and the block's rows are those of all rows."""
+    cp, cr, ct, cd = out.candidates[k]
+    m_p = np.concatenate([cp, int(out.counts[k]) + np.arange(r.shape[0], dtype=np.int64)])
+    m_r, m_t, m_d = np.concatenate([cr, r + base]), np.concatenate([ct, t[r]]), np.concatenate([cd, d[r]])
+    keep = tail_candidates(m_r, m_t, m_d, k, bs, grid.duration_bin)
+    out.candidates[k] = (m_p[keep], m_r[keep], m_t[keep], m_d[keep])
 
 
 def carry_spilled(corpus: SpilledCorpus, grid: Grid, batch_sizes: npt.NDArray[np.int64],
@@ -327,12 +447,14 @@ def carry_spilled(corpus: SpilledCorpus, grid: Grid, batch_sizes: npt.NDArray[np
 def planning_bytes(counts: npt.NDArray[np.int64], bs: npt.NDArray[np.int64]) -> int:
     """Bytes of memory to plan an epoch of buckets of ``counts`` rows (batch sizes ``bs``): the
     larger of its two phases, ordering the largest bucket beside the per-batch summaries
-    (:data:`BUCKET_BYTES_PER_ROW`, :data:`SUMMARY_BYTES`) and laying steps out from per-batch
-    arrays only (:data:`BATCH_BYTES`). (The shard parts being written, at most
+    (:data:`BUCKET_BYTES_PER_ROW`, a chunk of its ids at :data:`ID_BYTES_PER_ROW`,
+    :data:`SUMMARY_BYTES`) and laying steps out from per-batch arrays only (:data:`BATCH_BYTES`). (The shard parts being written, at most
     ``write_threads * PART_ROWS * PART_BYTES_PER_ROW``, about 25 MiB, are not counted: a fixed
     cost, not the corpus's.)"""
     batches = int((-(-counts // bs)).sum()) + 1
-    return max(int(counts.max()) * BUCKET_BYTES_PER_ROW + batches * SUMMARY_BYTES, batches * BATCH_BYTES)
+    largest = int(counts.max())
+    bucket = largest * BUCKET_BYTES_PER_ROW + min(largest, ID_CHUNK_ROWS) * ID_BYTES_PER_ROW
+    return max(bucket + batches * SUMMARY_BYTES, batches * BATCH_BYTES)
 
 
 def check_bucket_fits(manifest: str | os.PathLike[str], counts: npt.NDArray[np.int64], bs: npt.NDArray[np.int64],
@@ -348,17 +470,19 @@ def check_bucket_fits(manifest: str | os.PathLike[str], counts: npt.NDArray[np.i
 
 
 def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
-    """Carry bucket tails as :func:`bucketing.allocate.carry_tails` does, one bucket's rows and
-    tokens in memory (durations too where the next bucket is of another duration bin). The
-    spill files stay; the moves are kept as edits (:attr:`SpilledCorpus.removed` /
-    :attr:`SpilledCorpus.extra`): no bucket is sorted or rewritten."""
+    """Carry bucket tails as :func:`bucketing.allocate.carry_tails` does, from each bucket's
+    tail candidates (:attr:`SpilledCorpus.candidates`) and the rows carried into it, never its
+    whole rows: half a batch per bucket in memory. The spill files stay; the moves are kept as
+    edits (:attr:`SpilledCorpus.removed` / :attr:`SpilledCorpus.extra`): no bucket is sorted or
+    rewritten (where carried rows go among a bucket's own is a binary search of its rows file)."""
     B = grid.num_buckets
     files = out.files
     dbin = grid.duration_bin
     incoming: list[list[_Carried]] = [[] for _ in range(B)]
     for k in range(B):
-        own_rows = files.read(f"b{k}.rows", out.row_dtype).astype(np.int64, copy=False)
-        n_own = own_rows.shape[0]
+        n_own = int(out.counts[k])
+        cand_pos, cand_rows, cand_t, cand_d = out.candidates[k]
+        n_c = cand_rows.shape[0]
         inc = incoming[k]
         inc_rows = np.concatenate([c.rows for c in inc]) if inc else np.empty(0, np.int64)
         inc_d = np.concatenate([c.d for c in inc]) if inc else np.empty(0, np.float64)
@@ -366,26 +490,26 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
         inc_ids = pa.concat_arrays([c.ids for c in inc]) if inc else pa.array([], pa.string())
         inc_c = (np.concatenate([c.c for c in inc]) if inc else np.empty(0, np.int32)) if out.has_codes else None
         inc_i = (np.concatenate([c.i for c in inc]) if inc else np.empty(0, out.row_dtype)) if out.has_index else None
-        rows = np.concatenate([own_rows, inc_rows])
-        t = np.concatenate([files.read(f"b{k}.t", np.int32), inc_t])
-        by_d = k < B - 1 and dbin[k + 1] != dbin[k]  # tail_moves ranks by duration, else by tokens
-        d = np.concatenate([files.read(f"b{k}.d", np.float64), inc_d]) if by_d else t
-        pick, target = tail_moves(rows, t, d, k, bs, out.max_tokens, dbin)
-        del d
+        rows = np.concatenate([cand_rows, inc_rows])
+        t = np.concatenate([cand_t, inc_t])
+        d = np.concatenate([cand_d, inc_d])
+        pick, target = tail_moves(rows, t, d, k, bs, out.max_tokens, dbin, size=n_own + inc_rows.shape[0])
         go = target >= 0
         pick, target = pick[go], target[go]
-        own_pick, inc_pick = pick[pick < n_own], pick[pick >= n_own] - n_own
+        own_local, inc_pick = pick[pick < n_c], pick[pick >= n_c] - n_c
+        own_pick = cand_pos[own_local]  # positions among the bucket's own rows
         if pick.shape[0]:
             one = np.ones(own_pick.shape[0], dtype=np.int64)
-            pick_d = np.concatenate([files.read_runs(f"b{k}.d", np.float64, own_pick, one), inc_d[inc_pick]])
+            pick_d = np.concatenate([cand_d[own_local], inc_d[inc_pick]])
             pick_ids = pa.concat_arrays([files.read_string_runs(f"b{k}.ids", own_pick, one),
                                          inc_ids.take(pa.array(inc_pick)).cast(pa.string())]) if out.has_ids else None
             pick_c = None if inc_c is None else np.concatenate([files.read_runs(f"b{k}.c", np.int32, own_pick, one),
                                                                 inc_c[inc_pick]])
             pick_i = None if inc_i is None else np.concatenate([files.read_runs(f"b{k}.i", out.row_dtype, own_pick,
                                                                                 one), inc_i[inc_pick]])
-            pick_rows, pick_t = rows[np.concatenate([own_pick, inc_pick + n_own])], t[np.concatenate([own_pick, inc_pick + n_own])]
-            tgt = np.concatenate([target[pick < n_own], target[pick >= n_own]])
+            at = np.concatenate([own_local, inc_pick + n_c])
+            pick_rows, pick_t = rows[at], t[at]
+            tgt = np.concatenate([target[pick < n_c], target[pick >= n_c]])
             for j in np.unique(tgt):
                 sel = np.flatnonzero(tgt == j)
                 incoming[int(j)].append(_Carried(pick_rows[sel], pick_d[sel], pick_t[sel],
@@ -393,7 +517,7 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
                                                  else pick_ids.take(pa.array(sel)), np.empty(0, np.int64),
                                                  None if pick_c is None else pick_c[sel],
                                                  None if pick_i is None else pick_i[sel]))
-        del rows, t
+        del rows, t, d
         if own_pick.shape[0]:
             out.removed[k] = np.sort(own_pick)
         stay = np.ones(inc_rows.shape[0], dtype=bool)
@@ -401,11 +525,15 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
         if stay.any():
             o = np.argsort(inc_rows[stay], kind="stable")
             keep_rows = inc_rows[stay][o]
-            kept_own = np.delete(own_rows, out.removed[k]) if k in out.removed else own_rows
+            # among the kept own rows: own rows below each (a binary search of the ascending
+            # rows file, a few pages) less the removed ones among them
+            below = np.searchsorted(files.map(f"b{k}.rows", out.row_dtype), keep_rows.astype(out.row_dtype))
+            if k in out.removed:
+                below = below - np.searchsorted(out.removed[k], below)
             out.extra[k] = _Carried(keep_rows, inc_d[stay][o], inc_t[stay][o],
                                     inc_ids.filter(pa.array(stay)).take(pa.array(o)).cast(pa.string())
                                     if out.has_ids else pa.array([], pa.string()),
-                                    np.searchsorted(kept_own, keep_rows), None if inc_c is None else inc_c[stay][o],
+                                    below.astype(np.int64), None if inc_c is None else inc_c[stay][o],
                                     None if inc_i is None else inc_i[stay][o])
         out.carried += int(stay.sum())
         out.counts[k] = n_own - own_pick.shape[0] + int(stay.sum())
@@ -598,13 +726,12 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
         if not corpus.has_ids:
             files.append("pos.rows", rows[p])
             continue
-        ids = corpus.ids_taker(int(k))
+        # each row beside its id: a batch is two reads, not three
+        for a, ids in zip(range(0, cnt, ORDER_ROWS), corpus.ids_in_parts(int(k), p, ORDER_ROWS)):
+            files.append_records("pos", rows[p[a:a + ORDER_ROWS]], ids)
         if final:
             corpus.drop_ids(int(k))
-        for a in range(0, cnt, ORDER_ROWS):  # each row beside its id: a batch is two reads, not three
-            q = p[a:a + ORDER_ROWS]
-            files.append_records("pos", rows[q], ids(q))
-        del rows, ids, p
+        del rows, p
     files.close()
     cut = cut_batches(counts, bs, rng, batch_counts=None if W is None else nb)
     return _Formed(cut, mx_d, sm_d, mx_t, sm_t, counts, groups)
@@ -641,6 +768,32 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
     return lay
 
 
+class _Stash:
+    """Per-batch arrays set aside on disk while others need the memory (files ``{prefix}.{name}``)."""
+
+    def __init__(self, prefix: Path) -> None:
+        self.prefix = prefix
+        self.kinds: dict[str, np.dtype[Any]] = {}
+
+    def put(self, **arrays: npt.NDArray[Any]) -> None:
+        for name, a in arrays.items():
+            self.kinds[name] = a.dtype
+            np.ascontiguousarray(a).tofile(f"{self.prefix}.{name}")
+
+    def take(self, *names: str) -> list[npt.NDArray[Any]]:
+        """The arrays ``names``, read back; their files removed."""
+        out = [np.fromfile(f"{self.prefix}.{n}", dtype=self.kinds[n]) for n in names]
+        for n in names:
+            Path(f"{self.prefix}.{n}").unlink()
+            del self.kinds[n]
+        return out
+
+    def drop(self) -> None:
+        for n in list(self.kinds):
+            Path(f"{self.prefix}.{n}").unlink(missing_ok=True)
+        self.kinds.clear()
+
+
 def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
                       interleave: str, tolerance: float, cost: CostModel, group: int,
                       final: bool = False, draw: EpochDraw | None = None,
@@ -659,13 +812,19 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
     del formed, perm
     off = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
     np.cumsum(sizes, out=off[1:])
-    times = cost.step_time(sizes, mx_d, mx_t)
-    steps = balance_steps(bucket, off, times, W, tolerance, cost.overhead, padded=sizes * mx_d)
-    del times
+    times, padded = cost.step_time(sizes, mx_d, mx_t), sizes * mx_d
+    # what the steps are laid out by is in memory; the rest waits on disk (40 bytes a batch)
+    stash = _Stash(corpus.root / "layout")
+    stash.put(start=start, mx_d=mx_d, mx_t=mx_t, sm_d=sm_d, sm_t=sm_t)
+    del start, mx_d, mx_t, sm_d, sm_t
+    steps = balance_steps(bucket, off, times, W, tolerance, cost.overhead, padded=padded)
+    del times, padded
     if steps is None:
+        stash.drop()
         return None
     rng_steps = np.random.default_rng([seed, epoch, 1]) if interleave == "random" else None
     order = layout_order(steps, W, rng_steps, np.random.default_rng([seed, epoch, 2]))
+    start, mx_d, mx_t, sm_d, sm_t = stash.take("start", "mx_d", "mx_t", "sm_d", "sm_t")
     seg_size = np.diff(steps.seg_offsets)
     if seg_size.shape[0] == sizes.shape[0]:  # no batch cut into pieces: the segments are the batches
         parent = None
@@ -823,10 +982,11 @@ def plan_epoch_identical_spilled(corpus: SpilledCorpus, grid: Grid, bs: npt.NDAr
 
 def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: SpilledCorpus, first_step: int,
                         row_group_steps: int, tick: Callable[[int], object],
-                        target_frames: npt.NDArray[np.int64] | None = None) -> None:
+                        target_frames: npt.NDArray[np.int64] | None = None, *, last: bool = False) -> None:
     """Step 4 of the module docstring: each rank's shard in parts of whole row groups (ranks
     in parallel, :meth:`manifests.plan_files.PlanWriter.write_ranks`); ``target_frames``: per
-    rank-major batch (dynamic resolution's column)."""
+    rank-major batch (dynamic resolution's column); ``last``: the plan's last epoch (each
+    shard closed once written)."""
     ep = layout.ep
     S = ep.num_steps
     mean = max(1, int(layout.size.sum()) // max(1, layout.size.shape[0]))
@@ -848,7 +1008,7 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
                               max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi], step_in_epoch=c,
                               target_frames=None if target_frames is None else target_frames[lo:hi])
 
-    writer.write_ranks(parts, tick)
+    writer.write_ranks(parts, tick, close=last)
 
 
 def _explicit_runs(start: npt.NDArray[np.int64], size: npt.NDArray[np.int64],

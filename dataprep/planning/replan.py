@@ -153,7 +153,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             ep = regroup(ep, group, meta.seed)
             if weighted is not None:
                 weighted.add(ep, cols.duration, cols.num_tokens)
-            write_epoch(writer, ep, cols.ids, first, lambda r: None, dynres_config)
+            write_epoch(writer, ep, cols.ids, first, lambda r: None, dynres_config, last=e == meta.epochs - 1)
             totals.add(ep, first, bs, cost)
             if dynres is not None:
                 dynres.add(ep, cols.duration)
@@ -248,7 +248,8 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
                 if dynres is not None and figures is not None:
                     dynres.merge(figures)
                 write_epoch_spilled(writer, lay, corpus, first, options.row_group_steps, lambda r: None,
-                                    None if config is None else batch_targets(lay.ep.max_duration, config))
+                                    None if config is None else batch_targets(lay.ep.max_duration, config),
+                                    last=final)
                 totals.add(lay.ep, first, bs, cost)
                 first += lay.ep.num_steps
             extra = plan_extra(weighted, dynres)

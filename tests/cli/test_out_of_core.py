@@ -41,10 +41,11 @@ def _no_spill_left(folder: Path) -> None:
        epochs=st.integers(1, 2), group=st.sampled_from([None, 1]), strict=st.booleans(), carry=st.booleans(),
        interleave=st.sampled_from(["random", "ascending"]), budget=st.sampled_from([20.0, 60.0, 200.0]),
        data=st.integers(0, 2**31), order_rows=st.sampled_from([None, 8, 64]),
-       dynres=st.booleans(), balance=st.sampled_from([0.05, 0.05, 0.0]))
+       dynres=st.booleans(), balance=st.sampled_from([0.05, 0.05, 0.0]), id_chunk=st.sampled_from([None, 7, 40]))
 def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed, epochs, group, strict, carry,
-                                            interleave, budget, data, order_rows, dynres, balance) -> None:
+                                            interleave, budget, data, order_rows, dynres, balance, id_chunk) -> None:
     """``order_rows``: buckets ordered in parts of that many rows (None: whole, at this size);
+    ``id_chunk``: buckets of more ids gather them a chunk of that many at a time (None: held);
     ``dynres``: dynamic resolution (its target frames and predicted figures) too; ``balance``
     0: one bucket per step (tails pooled, carried, borrowed: their rows by position)."""
     tmp = tmp_path_factory.mktemp("ooc")
@@ -52,16 +53,17 @@ def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed
     opts = dict(world_size=W, seed=seed, epochs=epochs, strict=strict, carry=carry, interleave=interleave,
                 row_group_steps=2, sync_group=group, balance=balance,
                 dynamic_resolution=DynResConfig() if dynres else None)
-    _compare(tmp, m, b, opts, n, order_rows)
+    _compare(tmp, m, b, opts, n, order_rows, id_chunk)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(40, 900), corpora=st.integers(1, 4), W=st.integers(1, 9), seed=st.integers(0, 2**31),
        epochs=st.integers(1, 3), carry=st.booleans(), data=st.integers(0, 2**31),
        size=st.sampled_from([None, 0.3, 1.0, 2.5]), weights=st.lists(st.floats(0.05, 20.0), min_size=4, max_size=4),
-       order_rows=st.sampled_from([None, 8, 64]), balance=st.sampled_from([0.05, 0.0]))
+       order_rows=st.sampled_from([None, 8, 64]), balance=st.sampled_from([0.05, 0.0]),
+       id_chunk=st.sampled_from([None, 7, 40]))
 def test_weighted_out_of_core_plan_equals_in_memory(tmp_path_factory, n, corpora, W, seed, epochs, carry, data,
-                                                     size, weights, order_rows, balance) -> None:
+                                                     size, weights, order_rows, balance, id_chunk) -> None:
     """A weighted blend (corpora over- and under-sampled; ``size``: the epoch's utterances per
     manifest row, None: one each) planned out of core: the same shards and plan.json (per-corpus
     figures included) as in memory."""
@@ -71,12 +73,14 @@ def test_weighted_out_of_core_plan_equals_in_memory(tmp_path_factory, n, corpora
     opts = dict(world_size=W, seed=seed, epochs=epochs, carry=carry, row_group_steps=2, balance=balance,
                 weights={c: weights[i] for i, c in enumerate(present)},
                 epoch_utterances=None if size is None else max(1, int(size * n)))
-    _compare(tmp, m, b, opts, n, order_rows)
+    _compare(tmp, m, b, opts, n, order_rows, id_chunk)
     assert "weights" in (tmp / "ooc" / "plan.json").read_text()
 
 
-def _compare(tmp: Path, m: Path, b: Path, opts: dict, n: int, order_rows: int | None) -> None:
-    """Plan ``m`` in memory and out of core (parts of ``order_rows`` rows); the same bytes."""
+def _compare(tmp: Path, m: Path, b: Path, opts: dict, n: int, order_rows: int | None,
+             id_chunk: int | None = None) -> None:
+    """Plan ``m`` in memory and out of core (parts of ``order_rows`` rows, ids gathered in
+    chunks of ``id_chunk``); the same bytes."""
     try:
         build_plan(m, b, tmp / "mem", PlanOptions(**opts))
     except DataprepError:
@@ -85,6 +89,8 @@ def _compare(tmp: Path, m: Path, b: Path, opts: dict, n: int, order_rows: int | 
         with pytest.MonkeyPatch.context() as mp:
             if order_rows is not None:
                 mp.setattr(out_of_core, "ORDER_ROWS", order_rows)
+            if id_chunk is not None:
+                mp.setattr(out_of_core, "ID_CHUNK_ROWS", id_chunk)
             build_plan(m, b, tmp / "ooc", PlanOptions(**opts, memory_limit=n * 100 - 1))  # below the in-memory need
     except DataprepError as exc:
         # the in-memory plan fell back to one-bucket steps, or (few buckets) one bucket needs more
@@ -154,6 +160,7 @@ def test_batches_cut_into_pieces_equal_in_memory(tmp_path: Path, carry: bool, we
         mp.setattr(batching, "even_batch_counts", one_more)
         mp.setattr(out_of_core, "even_batch_counts", one_more)
         mp.setattr(out_of_core, "ORDER_ROWS", 64)
+        mp.setattr(out_of_core, "ID_CHUNK_ROWS", 30)
         meta = build_plan(m, b, tmp_path / "mem", PlanOptions(**opts))
         build_plan(m, b, tmp_path / "ooc", PlanOptions(**opts, memory_limit=700 * 100 - 1))
     assert "split_batches\": 0" not in (tmp_path / "mem" / "plan.json").read_text(), meta
