@@ -34,7 +34,8 @@ time, not that they come from one bucket. How one epoch is planned:
    :data:`SMALL_EPOCH` batches (few steps: one is several % of the epoch) repair the first
    :data:`SMALL_TAILS` dealings of both orders too, and keep the first layout that meets the
    straggler goal, then the most of the epoch's goals (:func:`goals_unmet`), then of least
-   penalty: where none meets more, the layout above.
+   penalty: where none meets more, the layout above; then :func:`reach_goals` swaps batches
+   between steps while that meets more of the epoch's goals, or misses them by less.
 5. Steps are numbered by ascending predicted time. Steps whose max / mean predicted time (of
    the batches as laid out) exceeds ``1 + tolerance`` are counted (``unbalanced_steps``).
    Steps are shuffled (``interleave="random"``) or kept in ascending time; ranks inside a
@@ -89,6 +90,10 @@ GOAL_STEPS_OVER: float = 0.02
 #: Weight of log cost against log padded seconds in the order that pairs batches (3: the padded
 #: goal met on LibriSpeech at W = 32 with the straggler at 2.9%; 1: 4.3%; cost alone: padded 1.05+).
 KEY_COST_WEIGHT: float = 3.0
+#: Swaps :func:`reach_goals` makes at most (bench_fill: LibriSpeech at W = 32 takes about 20).
+REACH_ROUNDS: int = 64
+#: Steps furthest from the goals whose batches :func:`reach_goals` tries each round.
+REACH_STEPS: int = 4
 
 
 @dataclass(frozen=True)
@@ -236,6 +241,7 @@ def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64],
         k = segs - np.repeat(first, m[cut_up])
         base, extra = np.divmod(np.repeat(sizes[cut_up], m[cut_up]), np.repeat(m[cut_up], m[cut_up]))
         piece[segs] = base + (k < extra)
+    run_segs = (np.cumsum(m) - m)[runs]  # the runs' batches are whole: one segment each
     del m
     seg_offsets = np.zeros(P + 1, dtype=np.int64)
     np.cumsum(piece, out=seg_offsets[1:])
@@ -272,6 +278,7 @@ def balance_steps(bucket: npt.NDArray[np.int32], offsets: npt.NDArray[np.int64],
             unmet = [goals_unmet(m, seg_cost, seg_pad, tolerance) for m in cands]
             pens = [float(_penalty(m, measures, tolerance).sum()) for m in cands]
             mat = cands[min(range(len(cands)), key=lambda i: (unmet[i][0], sum(unmet[i]), i > 0, pens[i], i))]
+            mat = reach_goals(mat, seg_cost, seg_pad, tolerance, runs=run_segs)
         step[mat.reshape(-1)] = R + np.repeat(np.arange(S - R, dtype=np.int64), W)
     # steps numbered by ascending predicted time (total over the step's W batches; ties: runs first)
     rank = np.empty(S, dtype=np.int64)
@@ -360,6 +367,118 @@ def goals_unmet(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padde
     p = np.asarray(padded, dtype=np.float64)[mat]
     r = p.max(1) / np.maximum(p.mean(1), 1e-12)
     return strag, float(r.mean()) > 1.0 + tolerance, float((r > 1.0 + 2 * tolerance).mean()) > GOAL_STEPS_OVER
+
+
+def _goal_figures(cost: npt.NDArray[np.float64], padded: npt.NDArray[np.float64] | None
+                  ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]:
+    """Per step (rows of ``cost`` / ``padded`` values): straggler max / mean - 1 and padded max / mean."""
+    s = cost.max(-1) / np.maximum(cost.mean(-1), 1e-12) - 1.0
+    r = None if padded is None else padded.max(-1) / np.maximum(padded.mean(-1), 1e-12)
+    return s, r
+
+
+def _goal_score(strag: float, bal: float, over: float, tolerance: float) -> tuple[int, float]:
+    """(goals unmet, their summed relative excess) of an epoch's mean straggler, mean padded
+    max / mean and share of steps over ``1 + 2 tolerance`` (:func:`goals_unmet`'s goals)."""
+    limits = ((strag, GOAL_STRAGGLER * tolerance), (bal - 1.0, tolerance), (over, GOAL_STEPS_OVER))
+    ex = [max(0.0, v - lim) / max(lim, 1e-9) for v, lim in limits]
+    return sum(e > 1e-12 for e in ex), float(sum(ex))
+
+
+def _best_swap(mat: npt.NDArray[np.int64], c: npt.NDArray[np.float64], p: npt.NDArray[np.float64],
+               worst: npt.NDArray[np.int64], st: npt.NDArray[np.float64], r: npt.NDArray[np.float64],
+               now: npt.NDArray[np.float64], n: int, limits: npt.NDArray[np.float64], lim: float,
+               score: tuple[int, float]) -> tuple[int, int, int, int] | None:
+    """:func:`reach_goals`' best swap of a batch ``i`` of a step ``a`` in ``worst`` with a batch
+    ``j`` of another step ``b``: ``(a, b, i, j)``, or None where none scores better than
+    ``score``. A step's batches tried are its two highest and two lowest of each measure (where
+    a step's max / mean moves most; every batch at ``W`` <= 8): an (len(worst), S, K, K) array
+    comparison, ``K`` <= 8."""
+    S, W = mat.shape
+    vc, vp = c[mat], p[mat]  # (S, W)
+    if W <= 8:
+        cand = np.broadcast_to(np.arange(W), (S, W))
+    else:
+        ends = np.array([0, 1, W - 2, W - 1])
+        cand = np.concatenate([np.argsort(vc, axis=1, kind="stable")[:, ends],
+                               np.argsort(vp, axis=1, kind="stable")[:, ends]], axis=1)
+    rows = np.arange(S)[:, None]
+    after_a, after_b = [], []
+    for v in (vc, vp):
+        tot = v.sum(1)
+        top = _max_without(v)[rows, cand]  # (S, K): a step's max without each candidate
+        vk = v[rows, cand]  # (S, K)
+        va, vb = vk[worst][:, None, :, None], vk[None, :, None, :]
+        sa = tot[worst][:, None, None, None] - va + vb
+        ma = np.maximum(top[worst][:, None, :, None], vb)
+        sb = tot[None, :, None, None] - vb + va
+        mb = np.maximum(top[None, :, None, :], va)
+        after_a.append(ma * W / np.maximum(sa, 1e-12))
+        after_b.append(mb * W / np.maximum(sb, 1e-12))
+    d_st = (after_a[0] - 1.0) + (after_b[0] - 1.0) - st[worst][:, None, None, None] - st[None, :, None, None]
+    d_r = after_a[1] + after_b[1] - r[worst][:, None, None, None] - r[None, :, None, None]
+    over = r > lim
+    d_over = ((after_a[1] > lim).astype(np.int64) + (after_b[1] > lim) - over[worst][:, None, None, None]
+              - over[None, :, None, None])
+    ex = (np.maximum(0.0, (now[0] + d_st) / n - limits[0]) / limits[0],
+          np.maximum(0.0, (now[1] + d_r) / n - 1.0 - limits[1]) / limits[1],
+          np.maximum(0.0, (now[2] + d_over) / n - limits[2]) / limits[2])
+    unmet = (ex[0] > 1e-12).astype(np.int64) + (ex[1] > 1e-12) + (ex[2] > 1e-12)
+    total = ex[0] + ex[1] + ex[2]
+    key = np.where(worst[:, None, None, None] != np.arange(S)[None, :, None, None], unmet * 1e6 + total, np.inf)
+    w, b, i, j = np.unravel_index(int(np.argmin(key)), key.shape)
+    if (int(unmet[w, b, i, j]), float(total[w, b, i, j])) >= (score[0], score[1] - 1e-12):
+        return None
+    a = int(worst[w])
+    return a, int(b), int(cand[a, i]), int(cand[b, j])
+
+
+def reach_goals(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padded: npt.NDArray[np.float64] | None,
+                tolerance: float, *, runs: npt.NDArray[np.int64] | None = None,
+                max_rounds: int = REACH_ROUNDS) -> npt.NDArray[np.int64]:
+    """Swap batches between the steps ``mat`` while that meets more of the epoch's goals or
+    lowers by how much they are missed (:func:`_goal_score` over the epoch: these steps and
+    the same-bucket ``runs``, which stay; not a step's own penalty, as :func:`repair_steps`
+    weighs). For few-step epochs, where one step is several % of the epoch: each round
+    weighs every swap of a batch of one step with a batch of another (an (S, S, W, W) array
+    comparison, ``(S W)^2`` entries) and takes the best; at most ``max_rounds`` swaps."""
+    if padded is None:
+        return mat
+    mat = mat.copy()
+    S, W = mat.shape
+    if S < 2 or W < 2:
+        return mat
+    c, p = np.asarray(cost, dtype=np.float64), np.asarray(padded, dtype=np.float64)
+    lim = 1.0 + 2 * tolerance
+    fixed = np.zeros(3)  # the runs' summed straggler, padded max / mean and steps over lim
+    n = S
+    if runs is not None and runs.shape[0]:
+        st_f, r_f = _goal_figures(c[runs], p[runs])
+        assert r_f is not None
+        fixed[:] = st_f.sum(), r_f.sum(), (r_f > lim).sum()
+        n = S + runs.shape[0]
+    limits = np.maximum([GOAL_STRAGGLER * tolerance, tolerance, GOAL_STEPS_OVER], 1e-9)  # excess / limit stays finite
+    for _ in range(int(max_rounds)):
+        st, r = _goal_figures(c[mat], p[mat])
+        assert r is not None
+        now = np.array([st.sum(), r.sum(), (r > lim).sum()]) + fixed
+        score = _goal_score(now[0] / n, now[1] / n, now[2] / n, tolerance)
+        if score[0] == 0:
+            break
+        # the REACH_STEPS steps furthest from the goals (a; all steps where none of those has a
+        # swap that helps), each batch i of them swapped with batch j of any other step b
+        bad = (r > lim) * 10.0 + st / limits[0] + (r - 1.0) / limits[1]
+        order = np.argsort(-bad, kind="stable")
+        swap = None
+        for worst in ([order[:REACH_STEPS], order] if S > REACH_STEPS else [order]):
+            swap = _best_swap(mat, c, p, worst, st, r, now, n, limits, lim, score)
+            if swap is not None:
+                break
+        if swap is None:
+            break
+        a, b, i, j = swap
+        mat[a, i], mat[b, j] = mat[b, j], mat[a, i]
+    return mat
 
 
 def repair_steps(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padded: npt.NDArray[np.float64] | None,
