@@ -360,21 +360,16 @@ def goals_unmet(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padde
     straggler (predicted ``cost``) over :data:`GOAL_STRAGGLER` x ``tolerance``; the mean padded
     max / mean over ``1 + tolerance``; the share of steps over ``1 + 2 tolerance`` above
     :data:`GOAL_STEPS_OVER` (the last two False without ``padded``)."""
-    c = np.asarray(cost, dtype=np.float64)[mat]
-    strag = float((c.max(1) / np.maximum(c.mean(1), 1e-12)).mean()) - 1.0 > GOAL_STRAGGLER * tolerance
+    strag = float(_spreads(np.asarray(cost, dtype=np.float64)[mat]).mean()) - 1.0 > GOAL_STRAGGLER * tolerance
     if padded is None:
         return strag, False, False
-    p = np.asarray(padded, dtype=np.float64)[mat]
-    r = p.max(1) / np.maximum(p.mean(1), 1e-12)
+    r = _spreads(np.asarray(padded, dtype=np.float64)[mat])
     return strag, float(r.mean()) > 1.0 + tolerance, float((r > 1.0 + 2 * tolerance).mean()) > GOAL_STEPS_OVER
 
 
-def _goal_figures(cost: npt.NDArray[np.float64], padded: npt.NDArray[np.float64] | None
-                  ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]:
-    """Per step (rows of ``cost`` / ``padded`` values): straggler max / mean - 1 and padded max / mean."""
-    s = cost.max(-1) / np.maximum(cost.mean(-1), 1e-12) - 1.0
-    r = None if padded is None else padded.max(-1) / np.maximum(padded.mean(-1), 1e-12)
-    return s, r
+def _spreads(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Per step (row of ``values``: its batches' seconds), max / mean."""
+    return values.max(-1) / np.maximum(values.mean(-1), 1e-12)
 
 
 def _goal_score(strag: float, bal: float, over: float, tolerance: float) -> tuple[int, float]:
@@ -439,9 +434,10 @@ def reach_goals(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padde
     """Swap batches between the steps ``mat`` while that meets more of the epoch's goals or
     lowers by how much they are missed (:func:`_goal_score` over the epoch: these steps and
     the same-bucket ``runs``, which stay; not a step's own penalty, as :func:`repair_steps`
-    weighs). For few-step epochs, where one step is several % of the epoch: each round
-    weighs every swap of a batch of one step with a batch of another (an (S, S, W, W) array
-    comparison, ``(S W)^2`` entries) and takes the best; at most ``max_rounds`` swaps."""
+    weighs). For few-step epochs, where one step is several % of the epoch: each round weighs
+    the swaps of :data:`REACH_STEPS` steps furthest from the goals (every step where none of
+    theirs helps) with every other step (:func:`_best_swap`) and takes the best; at most
+    ``max_rounds`` swaps. Deterministic (ties: the first in step and batch order)."""
     if padded is None:
         return mat
     mat = mat.copy()
@@ -453,14 +449,12 @@ def reach_goals(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padde
     fixed = np.zeros(3)  # the runs' summed straggler, padded max / mean and steps over lim
     n = S
     if runs is not None and runs.shape[0]:
-        st_f, r_f = _goal_figures(c[runs], p[runs])
-        assert r_f is not None
+        st_f, r_f = _spreads(c[runs]) - 1.0, _spreads(p[runs])
         fixed[:] = st_f.sum(), r_f.sum(), (r_f > lim).sum()
         n = S + runs.shape[0]
     limits = np.maximum([GOAL_STRAGGLER * tolerance, tolerance, GOAL_STEPS_OVER], 1e-9)  # excess / limit stays finite
     for _ in range(int(max_rounds)):
-        st, r = _goal_figures(c[mat], p[mat])
-        assert r is not None
+        st, r = _spreads(c[mat]) - 1.0, _spreads(p[mat])
         now = np.array([st.sum(), r.sum(), (r > lim).sum()]) + fixed
         score = _goal_score(now[0] / n, now[1] / n, now[2] / n, tolerance)
         if score[0] == 0:
