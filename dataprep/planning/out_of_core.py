@@ -215,22 +215,26 @@ class SpilledCorpus:
             extra = e.ids
         return n, index, extra
 
-    def ids_in_parts(self, k: int, positions: npt.NDArray[Any], part_rows: int) -> Iterator[pa.Array]:
+    def ids_in_parts(self, k: int, positions: npt.NDArray[Any], part_rows: int, *,
+                     drop: bool = False) -> Iterator[pa.Array]:
         """The ids of bucket ``k``'s ``positions`` (:meth:`column`'s order, repeats allowed),
         in parts of ``part_rows`` positions. A bucket of at most :data:`ID_CHUNK_ROWS` own
         ids holds them (:meth:`ids_taker`); a larger one holds one chunk of them at a time
-        (:func:`_gathered_ids`), whatever its size. Same ids either way."""
+        (:func:`_gathered_ids`), whatever its size. Same ids either way. ``drop``: the
+        bucket's id files are removed once read (:meth:`drop_ids`; its last read of them)."""
         name = f"b{k}.ids"
         n = self.files.count_strings(name)
         bounds = list(range(0, positions.shape[0], part_rows)) + [positions.shape[0]]
         if n <= ID_CHUNK_ROWS:
             take = self.ids_taker(k)
+            if drop:
+                self.drop_ids(k)
             for a, b in zip(bounds[:-1], bounds[1:]):
                 yield take(positions[a:b])
             return
         _, index, extra = self._id_sources(k, n)
         yield from _gathered_ids(self.files, name, n, extra, positions if index is None else _Indexed(index, positions),
-                                 bounds, self.root / f"b{k}.gather")
+                                 bounds, self.root / f"b{k}.gather", (lambda: self.drop_ids(k)) if drop else None)
 
     def drop_ids(self, k: int) -> None:
         """Remove bucket ``k``'s id files (after its last :meth:`ids_in_parts`)."""
@@ -299,7 +303,7 @@ class _Indexed:
 
 
 def _gathered_ids(files: SpillFiles, name: str, n: int, extra: pa.Array, sources: Any, bounds: list[int],
-                  scratch_path: Path) -> Iterator[pa.Array]:
+                  scratch_path: Path, read: Callable[[], None] | None = None) -> Iterator[pa.Array]:
     """Strings ``name`` (``n`` of them on disk) and ``extra`` (sources ``n + j``) of
     ``sources`` (an int array, or anything sliced into one), in the parts ``bounds[j] :
     bounds[j + 1]``, holding one chunk of :data:`ID_CHUNK_ROWS` strings at a time.
@@ -308,7 +312,8 @@ def _gathered_ids(files: SpillFiles, name: str, n: int, extra: pa.Array, sources
     every part, in the parts' order, are appended to a scratch file: one append per chunk, and
     per part a count. Then each part reads its run of every chunk's section (one read of runs)
     and puts them in its sources' order. Memory: one chunk's strings, one part, and a chunk
-    number per source (1-2 bytes). The scratch file (as large as the strings) is removed."""
+    number per source (1-2 bytes). The scratch file (as large as the strings) is removed;
+    ``read`` is called once the strings on disk are read (the first pass)."""
     C = ID_CHUNK_ROWS
     G = -(-n // C) + 1  # chunks of the strings on disk, then ``extra``
     total = int(bounds[-1])
@@ -335,6 +340,8 @@ def _gathered_ids(files: SpillFiles, name: str, n: int, extra: pa.Array, sources
                 scratch.append_strings(sname, strings.take(pa.array(np.concatenate(local))))
             del strings, local
         scratch.close()
+        if read is not None:
+            read()
         at = np.zeros(G, np.int64)  # where each chunk's section of the scratch file starts
         np.cumsum(count.sum(1)[:-1], out=at[1:])
         for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
@@ -727,10 +734,9 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
             files.append("pos.rows", rows[p])
             continue
         # each row beside its id: a batch is two reads, not three
-        for a, ids in zip(range(0, cnt, ORDER_ROWS), corpus.ids_in_parts(int(k), p, ORDER_ROWS)):
+        # (the ids first: the gather runs to its end, its scratch file removed)
+        for ids, a in zip(corpus.ids_in_parts(int(k), p, ORDER_ROWS, drop=final), range(0, cnt, ORDER_ROWS)):
             files.append_records("pos", rows[p[a:a + ORDER_ROWS]], ids)
-        if final:
-            corpus.drop_ids(int(k))
         del rows, p
     files.close()
     cut = cut_batches(counts, bs, rng, batch_counts=None if W is None else nb)
