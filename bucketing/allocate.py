@@ -403,3 +403,14 @@ def tail_candidates(members: npt.NDArray[np.int64], t: npt.NDArray[np.integer], 
     if most == 0:
         return np.empty(0, np.int64)
     return largest_rows(members, t if dbin[k + 1] == dbin[k] else d, most)
+
+
+def merge_tail_candidates(kept: tuple[npt.NDArray[Any], ...], block: tuple[npt.NDArray[Any], ...], k: int,
+                          bs: npt.NDArray[np.int64], dbin: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], ...]:
+    """Bucket ``k``'s :func:`tail_candidates` kept so far and a block's rows of it (each a tuple
+    of arrays: row numbers, tokens, durations, then any columns carried along) -> the
+    candidates of both, the same columns: those of all the rows seen (a streamed pass keeps
+    half a batch per bucket, never the bucket)."""
+    m = tuple(np.concatenate([a, b]) for a, b in zip(kept, block))
+    keep = tail_candidates(m[0], m[1], m[2], k, bs, dbin)
+    return tuple(x[keep] for x in m)

@@ -380,6 +380,17 @@ def _goal_score(strag: float, bal: float, over: float, tolerance: float) -> tupl
     return sum(e > 1e-12 for e in ex), float(sum(ex))
 
 
+def _swapped_spreads(tot_a: npt.NDArray[np.float64], va: npt.NDArray[np.float64], top_a: npt.NDArray[np.float64],
+                     tot_b: npt.NDArray[np.float64], vb: npt.NDArray[np.float64], top_b: npt.NDArray[np.float64],
+                     W: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Max / mean of step a with its batch ``va`` given for ``vb``, and of step b with ``vb``
+    given for ``va`` (``tot``: a step's sum, ``top``: its max without the batch given;
+    broadcast together): one swap between two steps of ``W`` batches, for any arrays of them."""
+    ra = np.maximum(top_a, vb) * W / np.maximum(tot_a - va + vb, 1e-12)
+    rb = np.maximum(top_b, va) * W / np.maximum(tot_b - vb + va, 1e-12)
+    return ra, rb
+
+
 def _best_swap(mat: npt.NDArray[np.int64], c: npt.NDArray[np.float64], p: npt.NDArray[np.float64],
                worst: npt.NDArray[np.int64], st: npt.NDArray[np.float64], r: npt.NDArray[np.float64],
                now: npt.NDArray[np.float64], n: int, limits: npt.NDArray[np.float64], lim: float,
@@ -403,13 +414,11 @@ def _best_swap(mat: npt.NDArray[np.int64], c: npt.NDArray[np.float64], p: npt.ND
         tot = v.sum(1)
         top = _max_without(v)[rows, cand]  # (S, K): a step's max without each candidate
         vk = v[rows, cand]  # (S, K)
-        va, vb = vk[worst][:, None, :, None], vk[None, :, None, :]
-        sa = tot[worst][:, None, None, None] - va + vb
-        ma = np.maximum(top[worst][:, None, :, None], vb)
-        sb = tot[None, :, None, None] - vb + va
-        mb = np.maximum(top[None, :, None, :], va)
-        after_a.append(ma * W / np.maximum(sa, 1e-12))
-        after_b.append(mb * W / np.maximum(sb, 1e-12))
+        ra, rb = _swapped_spreads(tot[worst][:, None, None, None], vk[worst][:, None, :, None],
+                                  top[worst][:, None, :, None], tot[None, :, None, None], vk[None, :, None, :],
+                                  top[None, :, None, :], W)
+        after_a.append(ra)
+        after_b.append(rb)
     d_st = (after_a[0] - 1.0) + (after_b[0] - 1.0) - st[worst][:, None, None, None] - st[None, :, None, None]
     d_r = after_a[1] + after_b[1] - r[worst][:, None, None, None] - r[None, :, None, None]
     over = r > lim
@@ -521,17 +530,14 @@ def repair_steps(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padd
         delta = -pen[a] - pen[others][:, None, None] + np.zeros((1, cand.shape[0], W))  # (k, cand, W_b)
         for m in measures:
             va, vb = m[A], m[Bm]  # (W,), (k, W)
-            vi = va[cand]
             # step a with its batch i replaced by batch j of step b, and b with j replaced by i
-            sa = va.sum() - vi[None, :, None] + vb[:, None, :]
-            sb = vb.sum(1)[:, None, None] - vb[:, None, :] + vi[None, :, None]
             a_top = _max_without(va[None, :])[0][cand]  # max of a without i
             b_top = _max_without(vb)  # (k, W): max of b without j
-            ma = np.maximum(a_top[None, :, None], vb[:, None, :])
-            mb = np.maximum(b_top[:, None, :], vi[None, :, None])
+            ra, rb = _swapped_spreads(va.sum(), va[cand][None, :, None], a_top[None, :, None],
+                                      vb.sum(1)[:, None, None], vb[:, None, :], b_top[:, None, :], W)
             w, tol = (COST_WEIGHT, COST_TOL * tolerance) if m is measures[0] else (1.0, tolerance)
-            delta = delta + w * _spread(ma * W / np.maximum(sa, 1e-12), tol)
-            delta = delta + w * _spread(mb * W / np.maximum(sb, 1e-12), tol)
+            delta = delta + w * _spread(ra, tol)
+            delta = delta + w * _spread(rb, tol)
         k, c, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
         if delta[k, c, j] >= -1e-9:
             stuck[a] = True

@@ -70,7 +70,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bucketing.allocate import allocate, tail_candidates, tail_moves
+from bucketing.allocate import allocate, merge_tail_candidates, tail_moves
 from bucketing.balance import balance_steps, layout_order
 from bucketing.batching import (TOTALS_BLOCK, BucketGrouping, Cut, block_totals, bucket_sums, cut_batches,
                                 even_batch_counts, even_batch_starts, gather_segments, run_positions)
@@ -136,9 +136,9 @@ class SpilledCorpus:
     carried: int = 0
     #: per bucket, the rows its tail may carry on, whichever rows join it
     #: (:func:`bucketing.allocate.tail_candidates`, at most half a batch, kept as the manifest is
-    #: spilled): (position in the bucket, row, tokens, duration)
-    candidates: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int32],
-                           npt.NDArray[np.float64]]] = field(default_factory=list)
+    #: spilled): (row, tokens, duration, position in the bucket)
+    candidates: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.float64],
+                           npt.NDArray[np.int64]]] = field(default_factory=list)
     total_d: float = 0.0
     total_t: float = 0.0
     removed: dict[int, npt.NDArray[np.int64]] = field(default_factory=dict)
@@ -183,7 +183,8 @@ class SpilledCorpus:
         Holds the bucket's own ids and, with carried tails, an int32 index; each call's
         transients are its positions' only."""
         own = self.files.read_strings(f"b{k}.ids")
-        n, index, extra = self._id_sources(k, len(own))
+        n = len(own)
+        index, extra = self._id_sources(k, n)
         if index is None:
             return lambda q: own.take(pa.array(q))
 
@@ -198,14 +199,14 @@ class SpilledCorpus:
 
         return take
 
-    def _id_sources(self, k: int, n: int) -> tuple[int, npt.NDArray[Any] | None, pa.Array]:
-        """Where each of bucket ``k``'s positions (:meth:`column`'s order) takes its id from:
-        ``(n, index, extra)``, ``index[position]`` below ``n`` (the bucket's own ids on disk)
-        or ``n + j`` (``extra[j]``, carried in); ``index`` None without carried tails (the
-        position is the own id's)."""
+    def _id_sources(self, k: int, n: int) -> tuple[npt.NDArray[Any] | None, pa.Array]:
+        """Where each of bucket ``k``'s positions (:meth:`column`'s order) takes its id from,
+        the bucket having ``n`` own ids on disk: ``(index, extra)``, ``index[position]`` below
+        ``n`` (an own id) or ``n + j`` (``extra[j]``, carried in); ``index`` None without
+        carried tails (the position is the own id's)."""
         extra = pa.array([], pa.string())
         if k not in self.removed and k not in self.extra:
-            return n, None, extra
+            return None, extra
         index = np.arange(n, dtype=np.int32 if n + self.counts[k] < 2**31 else np.int64)
         if k in self.removed:
             index = np.delete(index, self.removed[k])
@@ -213,7 +214,7 @@ class SpilledCorpus:
             e = self.extra[k]
             index = np.insert(index, e.at, n + np.arange(e.rows.shape[0], dtype=index.dtype))
             extra = e.ids
-        return n, index, extra
+        return index, extra
 
     def ids_in_parts(self, k: int, positions: npt.NDArray[Any], part_rows: int, *,
                      drop: bool = False) -> Iterator[pa.Array]:
@@ -232,9 +233,9 @@ class SpilledCorpus:
             for a, b in zip(bounds[:-1], bounds[1:]):
                 yield take(positions[a:b])
             return
-        _, index, extra = self._id_sources(k, n)
-        yield from _gathered_ids(self.files, name, n, extra, positions if index is None else _Indexed(index, positions),
-                                 bounds, self.root / f"b{k}.gather", (lambda: self.drop_ids(k)) if drop else None)
+        index, extra = self._id_sources(k, n)
+        yield from _gathered_ids(self.files, name, n, extra, _Sources(index, positions), bounds,
+                                 self.root / f"b{k}.gather", (lambda: self.drop_ids(k)) if drop else None)
 
     def drop_ids(self, k: int) -> None:
         """Remove bucket ``k``'s id files (after its last :meth:`ids_in_parts`)."""
@@ -292,21 +293,23 @@ class _Carried:
     i: npt.NDArray[Any] | None = None
 
 
-class _Indexed:
-    """``index[positions[a:b]]`` by slices, never the whole of it."""
+class _Sources:
+    """Where positions ``a:b`` (some of them: ``sel``) take their strings from:
+    ``index[positions[a:b]]``, or the positions themselves (``index`` None); never the whole."""
 
-    def __init__(self, index: npt.NDArray[Any], positions: npt.NDArray[Any]) -> None:
-        self.index, self.positions, self.shape = index, positions, positions.shape
+    def __init__(self, index: npt.NDArray[Any] | None, positions: npt.NDArray[Any]) -> None:
+        self.index, self.positions = index, positions
 
-    def __getitem__(self, s: slice) -> npt.NDArray[Any]:
-        return self.index[self.positions[s]]
+    def __call__(self, a: int, b: int, sel: npt.NDArray[np.int64] | None = None) -> npt.NDArray[Any]:
+        p = self.positions[a:b] if sel is None else self.positions[a:b][sel]
+        return p if self.index is None else self.index[p]
 
 
-def _gathered_ids(files: SpillFiles, name: str, n: int, extra: pa.Array, sources: Any, bounds: list[int],
+def _gathered_ids(files: SpillFiles, name: str, n: int, extra: pa.Array, sources: _Sources, bounds: list[int],
                   scratch_path: Path, read: Callable[[], None] | None = None) -> Iterator[pa.Array]:
     """Strings ``name`` (``n`` of them on disk) and ``extra`` (sources ``n + j``) of
-    ``sources`` (an int array, or anything sliced into one), in the parts ``bounds[j] :
-    bounds[j + 1]``, holding one chunk of :data:`ID_CHUNK_ROWS` strings at a time.
+    ``sources``, in the parts ``bounds[j] : bounds[j + 1]``, holding one chunk of
+    :data:`ID_CHUNK_ROWS` strings at a time.
 
     Two passes. First, chunk after chunk (the carried ``extra`` last), the chunk's strings of
     every part, in the parts' order, are appended to a scratch file: one append per chunk, and
@@ -319,7 +322,7 @@ def _gathered_ids(files: SpillFiles, name: str, n: int, extra: pa.Array, sources
     total = int(bounds[-1])
     chunk = np.empty(total, dtype=np.min_scalar_type(G))
     for a, b in zip(bounds[:-1], bounds[1:]):
-        src = sources[a:b]
+        src = sources(a, b)
         chunk[a:b] = np.where(src < n, src // C, G - 1)
     scratch = SpillFiles(scratch_path.parent)
     sname = scratch_path.name
@@ -335,7 +338,7 @@ def _gathered_ids(files: SpillFiles, name: str, n: int, extra: pa.Array, sources
                 mine = np.flatnonzero(chunk[a:b] == g)
                 count[g, j] = mine.shape[0]
                 if mine.shape[0]:
-                    local.append((np.asarray(sources[a:b])[mine] - lo).astype(np.int32))  # below C
+                    local.append((sources(a, b, mine) - lo).astype(np.int32))  # below C
             if local:
                 scratch.append_strings(sname, strings.take(pa.array(np.concatenate(local))))
             del strings, local
@@ -376,7 +379,7 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     files = SpillFiles(root)
     base = 0
     next_index = np.zeros(num_corpora or 0, np.int64)  # per corpus: its allocated rows so far
-    out.candidates = [(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0))
+    out.candidates = [(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0), np.empty(0, np.int64))
                       for _ in range(B)]
     for table in iter_manifest(manifest, ["id", "duration", "num_tokens"] if ids else ["duration", "num_tokens"],
                                TOTALS_BLOCK):
@@ -416,7 +419,10 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
                 files.append(f"b{k}.i", index[cut[k]:cut[k + 1]])
             if id_col is not None:
                 files.append_strings(f"b{k}.ids", id_col.slice(cut[k], cut[k + 1] - cut[k]))
-            _keep_candidates(out, int(k), r, base, d, t, grid, batch_sizes)
+            # its tail candidates (row, tokens, duration, position in the bucket)
+            out.candidates[k] = merge_tail_candidates(  # type: ignore[assignment]
+                out.candidates[k], (r + base, t[r], d[r], out.counts[k] + np.arange(r.shape[0], dtype=np.int64)),
+                int(k), batch_sizes, grid.duration_bin)
         out.counts += np.diff(cut)
         base += table.num_rows
     files.close()
@@ -426,18 +432,6 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     out.total_d, out.total_t = max(out.total_d, 1e-300), max(out.total_t, 1e-300)
     check_bucket_fits(manifest, out.counts, batch_sizes, memory_limit)
     return carry_spilled(out, grid, batch_sizes, manifest, memory_limit) if carry and not strict else out
-
-
-def _keep_candidates(out: SpilledCorpus, k: int, r: npt.NDArray[np.int64], base: int, d: npt.NDArray[np.float64],
-                     t: npt.NDArray[np.int32], grid: Grid, bs: npt.NDArray[np.int64]) -> None:
-    """Bucket ``k``'s tail candidates with the block's rows ``r`` (block-local, ascending; ``d``
-    / ``t`` the block's columns) appended after its ``out.counts[k]`` rows so far: the
-    candidates of the candidates and the block's rows are those of all rows."""
-    cp, cr, ct, cd = out.candidates[k]
-    m_p = np.concatenate([cp, int(out.counts[k]) + np.arange(r.shape[0], dtype=np.int64)])
-    m_r, m_t, m_d = np.concatenate([cr, r + base]), np.concatenate([ct, t[r]]), np.concatenate([cd, d[r]])
-    keep = tail_candidates(m_r, m_t, m_d, k, bs, grid.duration_bin)
-    out.candidates[k] = (m_p[keep], m_r[keep], m_t[keep], m_d[keep])
 
 
 def carry_spilled(corpus: SpilledCorpus, grid: Grid, batch_sizes: npt.NDArray[np.int64],
@@ -488,7 +482,7 @@ def _carry(out: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64]) -> None:
     incoming: list[list[_Carried]] = [[] for _ in range(B)]
     for k in range(B):
         n_own = int(out.counts[k])
-        cand_pos, cand_rows, cand_t, cand_d = out.candidates[k]
+        cand_rows, cand_t, cand_d, cand_pos = out.candidates[k]
         n_c = cand_rows.shape[0]
         inc = incoming[k]
         inc_rows = np.concatenate([c.rows for c in inc]) if inc else np.empty(0, np.int64)
@@ -775,28 +769,30 @@ def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int,
 
 
 class _Stash:
-    """Per-batch arrays set aside on disk while others need the memory (files ``{prefix}.{name}``)."""
+    """Per-batch arrays set aside on disk (:class:`manifests.spill.SpillFiles` ``{prefix}{name}``
+    under ``root``) while others need the memory."""
 
-    def __init__(self, prefix: Path) -> None:
-        self.prefix = prefix
+    def __init__(self, root: Path, prefix: str) -> None:
+        self.files, self.prefix = SpillFiles(root), prefix
         self.kinds: dict[str, np.dtype[Any]] = {}
 
     def put(self, **arrays: npt.NDArray[Any]) -> None:
         for name, a in arrays.items():
             self.kinds[name] = a.dtype
-            np.ascontiguousarray(a).tofile(f"{self.prefix}.{name}")
+            self.files.append(self.prefix + name, a)
+        self.files.close()
 
     def take(self, *names: str) -> list[npt.NDArray[Any]]:
         """The arrays ``names``, read back; their files removed."""
-        out = [np.fromfile(f"{self.prefix}.{n}", dtype=self.kinds[n]) for n in names]
+        out = [self.files.read(self.prefix + n, self.kinds[n]) for n in names]
         for n in names:
-            Path(f"{self.prefix}.{n}").unlink()
+            (self.files.root / (self.prefix + n)).unlink()
             del self.kinds[n]
         return out
 
     def drop(self) -> None:
         for n in list(self.kinds):
-            Path(f"{self.prefix}.{n}").unlink(missing_ok=True)
+            (self.files.root / (self.prefix + n)).unlink(missing_ok=True)
         self.kinds.clear()
 
 
@@ -820,7 +816,7 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
     np.cumsum(sizes, out=off[1:])
     times, padded = cost.step_time(sizes, mx_d, mx_t), sizes * mx_d
     # what the steps are laid out by is in memory; the rest waits on disk (40 bytes a batch)
-    stash = _Stash(corpus.root / "layout")
+    stash = _Stash(corpus.root, "layout.")
     stash.put(start=start, mx_d=mx_d, mx_t=mx_t, sm_d=sm_d, sm_t=sm_t)
     del start, mx_d, mx_t, sm_d, sm_t
     steps = balance_steps(bucket, off, times, W, tolerance, cost.overhead, padded=padded)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.allocate import allocate, tail_candidates, tail_moves
+from bucketing.allocate import allocate, merge_tail_candidates, tail_moves
 from bucketing.fit import Grid
 from bucketing.quota import Shuffle
 from dataprep.report.stream_fit import StreamedAllocation
@@ -113,11 +113,8 @@ class BucketRows:
         cuts = np.searchsorted(al.bucket[rows], np.arange(nb + 1))
         for k in np.flatnonzero(np.diff(cuts[:-1])).tolist():  # buckets of the block but the last
             r = rows[cuts[k]:cuts[k + 1]]
-            cr, ct, cd = self._cand[k]
-            m_r, m_t, m_d = np.concatenate([cr, r + b.start]), np.concatenate([ct, b.tokens[r]]), \
-                np.concatenate([cd, b.duration[r]])
-            keep = tail_candidates(m_r, m_t, m_d, k, self.bs, self.grid.duration_bin)
-            self._cand[k] = (m_r[keep], m_t[keep], m_d[keep])
+            self._cand[k] = merge_tail_candidates(self._cand[k], (r + b.start, b.tokens[r], b.duration[r]), k,  # type: ignore[assignment]
+                                                  self.bs, self.grid.duration_bin)
 
     @property
     def counts(self) -> npt.NDArray[np.int64]:
