@@ -19,12 +19,21 @@ duration bound, makes its padded-budget batch small. So, with the fences on:
   rows (``r = 1.5``, :data:`OVERFLOW_RATIO`), bounded by its longest row, a bin of one row
   joined to a neighbour (:func:`overflow_bounds`), so each gets a padded-budget batch sized for its own rows (one
   bin from the fence to a 160 s outlier would batch a 20 s row in threes, as if it were
-  160 s long). A corpus without far-out durations gets exactly the bins it asked for;
+  160 s long). A corpus without far-out durations gets the bins it asked for, and wide ones
+  split (next paragraph);
 - tokens (2D only): in each duration bin but the last equal-occupancy one, the top sub-bin's bound
   is the largest token count within the fence of that bin's token counts. The rows above
   are not dropped: flexible allocation moves them to the first later duration bin whose
   bounds hold them, and the last equal-occupancy bin's top bound holds every token count
   of rows up to its duration, so fitted rows never need a raised bound.
+
+Wide bins. Where durations are sparse (the short end of a corpus of long utterances), an
+equal-occupancy bin can span several times its lower bound (LibriSpeech's first: 1.41-6.43 s);
+its padded-budget batches, sized for its bound, then hold much shorter rows: cheap batches
+that balanced steps cannot pair, and padding. Such a bin is split into parts of at most
+:data:`OVERFLOW_RATIO` where each part keeps at least :data:`SPLIT_MIN_SHARE` of a bin's audio
+(:func:`split_wide_bins`; LibriSpeech: 1.41-4.29 and 4.29-6.43 s), so the grid may hold more
+bins than asked (a note says so).
 
 The duration fence is ``outlier_fence`` (default k = 3, Tukey's "far out": an overflow
 bucket trains with small batches, so only true outliers go there). The token fence is
@@ -412,6 +421,54 @@ def check_fences(outlier_fence: float | None, token_fence: float | None) -> None
         raise ValueError("outlier fences must be >= 0 (or None for no fence)")
 
 
+#: Share of an equal-occupancy bin's audio that each part of a split bin keeps at least
+#: (:func:`split_wide_bins`). Measured with benchmarks/bench_fill.py (docs/benchmarks.md):
+#: LibriSpeech's first bin (1.41-6.43 s) splits at 4.29 s with 1/4 or 1/8 and not at all with
+#: 1/2; Common Voice's (1.08-2.50 s) splits at 1.66 s with 1/8, which cost it every balance goal
+#: it met at W = 8 and 0.5 points of token padding, and not at all with 1/4.
+SPLIT_MIN_SHARE: float = 0.25
+
+
+def split_wide_bins(values: npt.NDArray[Any], cum: F64, cuts: I64) -> I64:
+    """Equal-occupancy cuts (indices into the distinct durations ``values``, ascending, with
+    ``cum`` their running audio) with each bin that spans more than :data:`OVERFLOW_RATIO`
+    times its lower bound (the previous bin's bound; the shortest row for the first) cut where
+    that leaves parts of at most that ratio (the longest value at or under ``bound / r^k``),
+    then each part that holds less than :data:`SPLIT_MIN_SHARE` of a bin's audio (the total
+    over the bins) joined to the part above it (the top part to the one below).
+
+    Where durations are sparse (the short end of a corpus of long utterances), equal occupancy
+    makes a bin span several times its lower bound: its padded-budget batches, sized for its
+    bound, hold rows much shorter than that, so they are cheap (too small for balanced steps)
+    and padded. Bins already narrow, or whose parts would hold little audio, stay as they are.
+    A loop over bins and parts (a few dozen at most)."""
+    if cuts.shape[0] == 0:
+        return cuts
+    share = SPLIT_MIN_SHARE * float(cum[-1]) / cuts.shape[0]
+    out: list[int] = []
+    for j, hi in enumerate(cuts.tolist()):
+        lo = int(cuts[j - 1]) if j else -1  # the bin holds values lo + 1 .. hi
+        parts = [hi]
+        lower, bound = float(values[max(lo, 0)]), float(values[hi]) / OVERFLOW_RATIO
+        while bound > lower:
+            i = int(np.searchsorted(values, bound, side="right")) - 1
+            if i <= max(lo, 0):
+                break
+            if i < parts[0]:
+                parts.insert(0, i)
+            bound /= OVERFLOW_RATIO
+        while len(parts) > 1:
+            start = np.array([lo] + parts[:-1])
+            audio = cum[parts] - np.where(start >= 0, cum[np.maximum(start, 0)], 0.0)
+            small = np.flatnonzero(audio < share)
+            if not small.shape[0]:
+                break
+            k = int(small[0])
+            del parts[k if k < len(parts) - 1 else k - 1]  # joins the part above; the top part, the one below
+        out.extend(parts)
+    return np.asarray(out, dtype=np.int64)
+
+
 def duration_bounds(values: F64, cum: F64, num_buckets: int, overflow_rows: int, overflow_from: float | None,
                     overflow: F64, outlier_fence: float | None) -> tuple[F64, list[str]]:
     """Duration-bin bounds (s) and the notes about them, from the distinct durations within the
@@ -419,11 +476,21 @@ def duration_bounds(values: F64, cum: F64, num_buckets: int, overflow_rows: int,
     the sorted durations at the last row of each (``np.cumsum`` over the sorted rows, so the
     same floats however the rows were read), then the overflow bins' bounds ``overflow``
     (:func:`overflow_bounds`; empty without an overflow)."""
-    dbounds = np.asarray(values[equal_occupancy_cuts(cum, num_buckets)], dtype=np.float64)
+    cuts = equal_occupancy_cuts(cum, num_buckets)
     notes: list[str] = []
-    if dbounds.shape[0] < num_buckets:
-        notes.append(f"{dbounds.shape[0]} duration bins fitted of {num_buckets} asked: "
+    if cuts.shape[0] < num_buckets:
+        notes.append(f"{cuts.shape[0]} duration bins fitted of {num_buckets} asked: "
                      f"too few distinct durations or one duration holds more than a bin's share")
+    split = split_wide_bins(values, cum, cuts)
+    if split.shape[0] > cuts.shape[0]:
+        wide = np.flatnonzero(np.diff(np.searchsorted(split, cuts, side="right"), prepend=0) > 1).tolist()
+        added = split.shape[0] - cuts.shape[0]
+        notes.append(f"{added} duration bin{'s' if added > 1 else ''} added by splitting "
+                     + ", ".join(f"{float(values[cuts[j - 1]]) if j else float(values[0]):.2f}-"
+                                 f"{float(values[cuts[j]]):.2f} s" for j in wide)
+                     + f" (a bin spanning more than {OVERFLOW_RATIO:g}x, where each part holds at least "
+                     f"{SPLIT_MIN_SHARE:g} of a bin's audio)")
+    dbounds = np.asarray(values[split], dtype=np.float64)
     if overflow_from is not None:
         dbounds = np.append(dbounds, overflow)
         n = overflow.shape[0]

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketing.allocate import allocate, fit_spec
-from bucketing.fit import (OVERFLOW_MIN_ROWS, OVERFLOW_RATIO, equal_occupancy_cuts, fit_buckets, grid_from_spec,
-                           merge_sparse_bins)
+from bucketing.fit import (OVERFLOW_MIN_ROWS, OVERFLOW_RATIO, SPLIT_MIN_SHARE, equal_occupancy_cuts, fit_buckets,
+                           grid_from_spec, merge_sparse_bins, split_wide_bins)
 from manifests.buckets_file import parse_buckets
 
 GOLDEN = Path(__file__).parent / "golden" / "buckets_small.json"
@@ -211,3 +211,57 @@ def test_golden_buckets_json() -> None:
     if not GOLDEN.exists():
         pytest.fail(f"{GOLDEN} missing: run with UPDATE_GOLDEN=1 once")
     assert text == GOLDEN.read_text(encoding="utf-8")
+
+
+def _long_with_short_tail(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Utterances of 11-16 s (most of the audio) and a sparse tail of 1.4-6.5 s (3% of it), as
+    LibriSpeech."""
+    rng = np.random.default_rng(seed)
+    d = np.round(np.concatenate([rng.uniform(11, 16, 20_000), rng.uniform(1.4, 6.5, 2_800)]), 3)
+    return d, (d * 3).astype(np.int64) + 9
+
+
+def test_a_wide_first_bin_is_split_where_its_parts_hold_audio() -> None:
+    d, t = _long_with_short_tail()
+    fit = fit_buckets(d, t, 30, 2)
+    bounds = np.unique(fit.grid.max_duration)
+    assert bounds.shape[0] == 31 and fit.overflow_from is None  # one bin more than asked
+    assert np.isin(bounds, d).all()  # bounds are durations that occur
+    plain = np.unique(fit_buckets(d, t, 30, 2, outlier_fence=None).grid.max_duration)
+    assert plain.shape[0] == 31
+    # the first bin spanned > 1.5x; its parts: the top one at most 1.5x, each with a quarter of a bin's audio
+    parts = np.concatenate([[d.min()], bounds[:2]])
+    assert bounds[1] / d[d > bounds[0]].min() <= OVERFLOW_RATIO  # its rows span at most 1.5x
+    audio = np.histogram(d, bins=np.concatenate([[0], bounds]), weights=d)[0]
+    assert (audio[:2] >= SPLIT_MIN_SHARE * d.sum() / 30).all()
+    assert parts[2] / parts[0] > OVERFLOW_RATIO
+    assert any("added by splitting" in n and "1.40" in n for n in fit.notes)
+    assert fit.report()["num_duration_bins"] == 31 and fit.report()["num_buckets"] == 30
+
+
+def test_narrow_bins_and_thin_parts_stay_whole() -> None:
+    d, t = _synthetic(50_000)
+    d = d[(d > 6) & (d < 13)]  # every bin spans less than 1.5x
+    assert np.unique(fit_buckets(d, t[:d.shape[0]], 12, 2).grid.max_duration).shape[0] == 12
+    # a wide first bin whose short part holds little audio (a few 1 s clips): not split
+    rng = np.random.default_rng(1)
+    d2 = np.round(np.concatenate([rng.uniform(2.0, 2.6, 300), rng.uniform(1.0, 1.5, 3), rng.uniform(2.6, 5.0, 5000)]), 3)
+    fit = fit_buckets(d2, (d2 * 3).astype(np.int64) + 9, 10, 1, outlier_fence=None)
+    assert np.unique(fit.grid.max_duration).shape[0] == 10 and not any("splitting" in n for n in fit.notes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.5, 40.0, allow_nan=False), min_size=2, max_size=300), st.integers(1, 12))
+def test_split_wide_bins_keeps_cuts_and_holds_audio(durations: list[float], num_bins: int) -> None:
+    v = np.unique(np.round(np.asarray(durations), 2))
+    counts = np.ones(v.shape[0])
+    cum = np.cumsum(v * counts)
+    cuts = equal_occupancy_cuts(cum, num_bins)
+    out = split_wide_bins(v, cum, cuts)
+    assert (np.diff(out) > 0).all() and np.isin(cuts, out).all()  # strictly increasing, every cut kept
+    share = SPLIT_MIN_SHARE * cum[-1] / cuts.shape[0]
+    part_audio = np.diff(np.concatenate([[0.0], cum[out]]))
+    added = ~np.isin(out, cuts)
+    # an added bound ends a part with a quarter of a bin's audio, and so does the part above it
+    assert (part_audio[added] >= share - 1e-9).all()
+    assert (part_audio[np.flatnonzero(added) + 1] >= share - 1e-9).all()
