@@ -101,7 +101,12 @@ def test_real_corpora(tmp_path: Path, shared_spm_path: Path, name: str) -> None:
         assert overflow["rows"] == int(far.sum()) == sum(over) > 0 and len(over) == overflow["bins"] > 1
         hours, dbins, d = hours[bulk], dbins[bulk], d[~far]
     per_bin = np.bincount(dbins, weights=hours)
-    assert len(per_bin) == 30 and spec.fit["dropped"] == {}
+    # LibriSpeech's first bin (1.41-6.43 s: its short tail is sparse) is split in two parts
+    # (bucketing.fit.split_wide_bins); together they hold one bin's seconds
+    added = len(per_bin) - 30
+    assert added == (1 if name.startswith("librispeech") else 0) and spec.fit["dropped"] == {}
+    assert (added == 0) == (not any("added by splitting" in n for n in spec.fit["notes"]))
+    per_bin = np.concatenate([[per_bin[:added + 1].sum()], per_bin[added + 1:]])
     # equal seconds per duration bin, up to the granularity of the data: a bound sits on a
     # duration that occurs, and CV's durations are quantized (many clips share one value);
     # moved rows (token outliers) are counted in the bin they train in
