@@ -373,7 +373,7 @@ def fit_buckets(
     ----------
     duration: seconds per row (> 0).
     num_tokens: tokens per row (incl. prompt); may be None for ``num_subbuckets == 1``.
-    num_buckets: duration bins requested (>= 1).
+    num_buckets: duration bins requested (>= 1; wide ones split and overflow bins may add more).
     num_subbuckets: token sub-bins per duration bin (>= 1; 1 = 1D bucketing).
     min_duration, max_duration: optional caps (s, inclusive); rows outside are not fitted and
         are counted in the result.

@@ -40,7 +40,7 @@ _FIT = defaults_of(FitOptions)
 def fit_buckets_cmd(
     manifest: Annotated[Path, typer.Argument(help="Compiled manifest (Parquet).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="buckets.json to write.")] = Path("buckets.json"),
-    num_buckets: Annotated[int, typer.Option(help="Duration bins (equal seconds of audio).")] = _FIT.num_buckets,
+    num_buckets: Annotated[int, typer.Option(help="Duration bins (equal seconds of audio); a bin spanning more than 1.5x its shortest clip is split where its parts hold enough audio, and far-out clips get overflow bins, so the grid may hold more.")] = _FIT.num_buckets,
     num_subbuckets: Annotated[int, typer.Option(help="Token sub-bins per duration bin; 1 = 1D.")] = _FIT.num_subbuckets,
     max_duration_budget: Annotated[Optional[float], typer.Option(help="Padded seconds of audio per batch.")] = _FIT.max_duration_budget,
     max_frames_budget: Annotated[Optional[int], typer.Option(help="Padded audio frames per batch.")] = _FIT.max_frames_budget,
