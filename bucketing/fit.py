@@ -32,7 +32,7 @@ equal-occupancy bin can span several times its lower bound (LibriSpeech's first:
 its padded-budget batches, sized for its bound, then hold much shorter rows: cheap batches
 that balanced steps cannot pair, and padding. Such a bin is split into parts of at most
 :data:`OVERFLOW_RATIO` where each part keeps at least :data:`SPLIT_MIN_SHARE` of a bin's audio
-(:func:`split_wide_bins`; LibriSpeech: 1.41-4.29 and 4.29-6.43 s), so the grid may hold more
+(:func:`split_wide_bins`; LibriSpeech: 1.41-4.285 and 4.285-6.43 s), so the grid may hold more
 bins than asked (a note says so).
 
 The duration fence is ``outlier_fence`` (default k = 3, Tukey's "far out": an overflow
@@ -423,7 +423,7 @@ def check_fences(outlier_fence: float | None, token_fence: float | None) -> None
 
 #: Share of an equal-occupancy bin's audio that each part of a split bin keeps at least
 #: (:func:`split_wide_bins`). Measured with benchmarks/bench_fill.py (docs/benchmarks.md):
-#: LibriSpeech's first bin (1.41-6.43 s) splits at 4.29 s with 1/4 or 1/8 and not at all with
+#: LibriSpeech's first bin (1.41-6.43 s) splits at 4.285 s with 1/4 or 1/8 and not at all with
 #: 1/2; Common Voice's (1.08-2.50 s) splits at 1.66 s with 1/8, which cost it every balance goal
 #: it met at W = 8 and 0.5 points of token padding, and not at all with 1/4.
 SPLIT_MIN_SHARE: float = 0.25
