@@ -8,6 +8,8 @@ side by side at the same world size, the same buckets and batch sizes, the same 
         # also with cost-equal batch sizes (fit-buckets --cost-equal), rows marked "cost-equal"
     python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 0 --worlds 8,32 --cost-equal --goals \\
         --baseline main   # each balanced row's goals met / unmet, then the same rows planned by main's code
+    python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 0 --worlds 8,32 --seeds 5
+        # each balanced row planned with seeds 0-4 too: goal checks met and median figures
 
 Corpora: ../shared/data CSVs; tokens = sentencepiece (1024 pieces, trained on both corpora's
 transcripts) + a 9-token prompt; 30x2 buckets (``fit_buckets`` defaults), padded-budget batch
@@ -123,6 +125,17 @@ def goals(r: dict) -> str:
     return "|  goals: " + "; ".join(parts) + " |"
 
 
+def over_seeds(c: Corpus, fit, bs: np.ndarray, W: int, args, cost: CostModel) -> str:
+    """One line: a balanced row planned with seeds 0 .. ``args.seeds - 1``: the goal checks met
+    (of three per seed) and the median of each goal's figure."""
+    rows = [r for seed in range(args.seeds)
+            for r in steps_report(c.duration, c.tokens, fit.grid, bs, [W], args.balance, cost=cost, seed=seed)
+            if r["balance"] > 0]
+    met = sum(r[key] <= lim for r in rows for _, key, lim in GOALS)
+    med = "; ".join(f"{name} {float(np.median([r[key] for r in rows])):.3f}" for name, key, _ in GOALS)
+    return f"|  seeds 0-{args.seeds - 1}: goal checks met {met} of {3 * len(rows)}; medians {med} |"
+
+
 def bounds(c: Corpus, fit, bs: np.ndarray, W: int, tolerance: float, cost: CostModel) -> str:
     """One line: what no layout of this plan's batches can beat (its epoch's batches, any steps
     of W: :func:`bucketing.balance.spread_bound`, :func:`bucketing.balance.steps_over_bound`)."""
@@ -212,6 +225,8 @@ def main() -> None:
     ap.add_argument("--lhotse-max-world", type=int, default=128, help="skip Lhotse above this W (0 = never)")
     ap.add_argument("--cost-equal", action="store_true", help="also plan with cost-equal batch sizes")
     ap.add_argument("--goals", action="store_true", help="print each balanced row's goals as met / unmet")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="also plan each balanced row with seeds 0..N-1: goal checks met of 3N and median figures")
     ap.add_argument("--baseline", default=None, metavar="REF", help="also plan with the library of git REF")
     ap.add_argument("--label", default="", help=argparse.SUPPRESS)
     ap.add_argument("--corpora-file", default=None, help=argparse.SUPPRESS)
@@ -252,6 +267,8 @@ def run_corpus(c: Corpus, label: str, fit, bs: np.ndarray, worlds: list[int], wi
                       flush=True)
                 if args.goals and r["balance"] > 0:
                     print(goals(r), flush=True)
+                if args.seeds > 1 and r["balance"] > 0:
+                    print(over_seeds(c, fit, bs, W, args, cost), flush=True)
                     if spread_bound is not None:
                         print(bounds(c, fit, bs, W, args.balance, cost), flush=True)
         if with_lhotse and 0 < W <= args.lhotse_max_world:
