@@ -328,18 +328,20 @@ def overflow_bounds(over_sorted: F64, fence: float) -> F64:
     return merge_sparse_bins(longest, rows)
 
 
-def merge_sparse_bins(longest: F64, rows: I64) -> F64:
-    """Bounds (s) of the overflow bins from each non-empty level's longest row and row count
-    (levels ascending): while a bin holds fewer than :data:`OVERFLOW_MIN_ROWS` rows and there
-    are two bins or more, the first such joins the next longer one (the last: the one below)."""
-    b, n = [float(x) for x in longest], [int(x) for x in rows]
-    while len(b) > 1 and min(n) < OVERFLOW_MIN_ROWS:  # a loop over bins (a few dozen at most)
-        i = next(j for j, c in enumerate(n) if c < OVERFLOW_MIN_ROWS)
+def merge_sparse_bins(longest: npt.NDArray[Any], rows: npt.NDArray[Any],
+                      minimum: float = OVERFLOW_MIN_ROWS) -> npt.NDArray[Any]:
+    """Bounds of bins from each bin's bound and weight (bins ascending; the overflow bins: each
+    non-empty level's longest row and its rows): while a bin weighs less than ``minimum``
+    (:data:`OVERFLOW_MIN_ROWS` rows) and there are two bins or more, the first such joins the
+    next longer one (the last: the one below). The bounds keep their type."""
+    b, n = np.asarray(longest).tolist(), [float(x) for x in rows]
+    while len(b) > 1 and min(n) < minimum:  # a loop over bins (a few dozen at most)
+        i = next(j for j, c in enumerate(n) if c < minimum)
         j = i + 1 if i + 1 < len(b) else i - 1  # the bin it joins
         n[j] += n[i]
         b[j] = max(b[i], b[j])
         del b[i], n[i]
-    return np.asarray(b, dtype=np.float64)
+    return np.asarray(b, dtype=np.asarray(longest).dtype)
 
 
 def _overflow_split(d_sorted: F64, outlier_fence: float | None) -> tuple[int, float | None]:
@@ -435,7 +437,8 @@ def split_wide_bins(values: npt.NDArray[Any], cum: F64, cuts: I64) -> I64:
     times its lower bound (the previous bin's bound; the shortest row for the first) cut where
     that leaves parts of at most that ratio (the longest value at or under ``bound / r^k``),
     then each part that holds less than :data:`SPLIT_MIN_SHARE` of a bin's audio (the total
-    over the bins) joined to the part above it (the top part to the one below).
+    over the bins) joined to the part above it, the top part to the one below
+    (:func:`merge_sparse_bins`).
 
     Where durations are sparse (the short end of a corpus of long utterances), equal occupancy
     makes a bin span several times its lower bound: its padded-budget batches, sized for its
@@ -457,15 +460,9 @@ def split_wide_bins(values: npt.NDArray[Any], cum: F64, cuts: I64) -> I64:
             if i < parts[0]:
                 parts.insert(0, i)
             bound /= OVERFLOW_RATIO
-        while len(parts) > 1:
-            start = np.array([lo] + parts[:-1])
-            audio = cum[parts] - np.where(start >= 0, cum[np.maximum(start, 0)], 0.0)
-            small = np.flatnonzero(audio < share)
-            if not small.shape[0]:
-                break
-            k = int(small[0])
-            del parts[k if k < len(parts) - 1 else k - 1]  # joins the part above; the top part, the one below
-        out.extend(parts)
+        start = np.array([lo] + parts[:-1])
+        audio = np.asarray(cum[parts]) - np.where(start >= 0, cum[np.maximum(start, 0)], 0.0)
+        out.extend(merge_sparse_bins(np.asarray(parts, dtype=np.int64), audio, share).tolist())
     return np.asarray(out, dtype=np.int64)
 
 
