@@ -372,12 +372,23 @@ def _spreads(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return values.max(-1) / np.maximum(values.mean(-1), 1e-12)
 
 
-def _goal_score(strag: float, bal: float, over: float, tolerance: float) -> tuple[int, float]:
-    """(goals unmet, their summed relative excess) of an epoch's mean straggler, mean padded
-    max / mean and share of steps over ``1 + 2 tolerance`` (:func:`goals_unmet`'s goals)."""
-    limits = ((strag, GOAL_STRAGGLER * tolerance), (bal - 1.0, tolerance), (over, GOAL_STEPS_OVER))
-    ex = [max(0.0, v - lim) / max(lim, 1e-9) for v, lim in limits]
-    return sum(e > 1e-12 for e in ex), float(sum(ex))
+def _goal_scores(now: npt.NDArray[np.float64], d_st: npt.ArrayLike, d_r: npt.ArrayLike, d_over: npt.ArrayLike,
+                 n: int, limits: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """(goals unmet, their summed relative excess), elementwise over candidate changes, of an
+    epoch of ``n`` steps whose summed straggler, padded max / mean and steps over
+    ``1 + 2 tolerance`` are ``now`` plus ``d_st``, ``d_r`` and ``d_over`` (:func:`goals_unmet`'s
+    goals; ``limits``: theirs, :func:`_goal_limits`)."""
+    ex = (np.maximum(0.0, (now[0] + np.asarray(d_st)) / n - limits[0]) / limits[0],
+          np.maximum(0.0, (now[1] + np.asarray(d_r)) / n - 1.0 - limits[1]) / limits[1],
+          np.maximum(0.0, (now[2] + np.asarray(d_over)) / n - limits[2]) / limits[2])
+    unmet = (ex[0] > 1e-12).astype(np.int64) + (ex[1] > 1e-12) + (ex[2] > 1e-12)
+    return unmet, ex[0] + ex[1] + ex[2]
+
+
+def _goal_limits(tolerance: float) -> npt.NDArray[np.float64]:
+    """The goals' limits at ``tolerance``: straggler, padded max / mean - 1, share of steps over
+    ``1 + 2 tolerance`` (at least 1e-9, so an excess over a limit stays finite)."""
+    return np.maximum([GOAL_STRAGGLER * tolerance, tolerance, GOAL_STEPS_OVER], 1e-9)
 
 
 def _swapped_spreads(tot_a: npt.NDArray[np.float64], va: npt.NDArray[np.float64], top_a: npt.NDArray[np.float64],
@@ -424,11 +435,7 @@ def _best_swap(mat: npt.NDArray[np.int64], c: npt.NDArray[np.float64], p: npt.ND
     over = r > lim
     d_over = ((after_a[1] > lim).astype(np.int64) + (after_b[1] > lim) - over[worst][:, None, None, None]
               - over[None, :, None, None])
-    ex = (np.maximum(0.0, (now[0] + d_st) / n - limits[0]) / limits[0],
-          np.maximum(0.0, (now[1] + d_r) / n - 1.0 - limits[1]) / limits[1],
-          np.maximum(0.0, (now[2] + d_over) / n - limits[2]) / limits[2])
-    unmet = (ex[0] > 1e-12).astype(np.int64) + (ex[1] > 1e-12) + (ex[2] > 1e-12)
-    total = ex[0] + ex[1] + ex[2]
+    unmet, total = _goal_scores(now, d_st, d_r, d_over, n, limits)
     key = np.where(worst[:, None, None, None] != np.arange(S)[None, :, None, None], unmet * 1e6 + total, np.inf)
     w, b, i, j = np.unravel_index(int(np.argmin(key)), key.shape)
     if (int(unmet[w, b, i, j]), float(total[w, b, i, j])) >= (score[0], score[1] - 1e-12):
@@ -441,7 +448,7 @@ def reach_goals(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padde
                 tolerance: float, *, runs: npt.NDArray[np.int64] | None = None,
                 max_rounds: int = REACH_ROUNDS) -> npt.NDArray[np.int64]:
     """Swap batches between the steps ``mat`` while that meets more of the epoch's goals or
-    lowers by how much they are missed (:func:`_goal_score` over the epoch: these steps and
+    lowers by how much they are missed (:func:`_goal_scores` over the epoch: these steps and
     the same-bucket ``runs``, which stay; not a step's own penalty, as :func:`repair_steps`
     weighs). For few-step epochs, where one step is several % of the epoch: each round weighs
     the swaps of :data:`REACH_STEPS` steps furthest from the goals (every step where none of
@@ -461,11 +468,12 @@ def reach_goals(mat: npt.NDArray[np.int64], cost: npt.NDArray[np.float64], padde
         st_f, r_f = _spreads(c[runs]) - 1.0, _spreads(p[runs])
         fixed[:] = st_f.sum(), r_f.sum(), (r_f > lim).sum()
         n = S + runs.shape[0]
-    limits = np.maximum([GOAL_STRAGGLER * tolerance, tolerance, GOAL_STEPS_OVER], 1e-9)  # excess / limit stays finite
+    limits = _goal_limits(tolerance)
     for _ in range(int(max_rounds)):
         st, r = _spreads(c[mat]) - 1.0, _spreads(p[mat])
         now = np.array([st.sum(), r.sum(), (r > lim).sum()]) + fixed
-        score = _goal_score(now[0] / n, now[1] / n, now[2] / n, tolerance)
+        unmet, total = _goal_scores(now, 0.0, 0.0, 0, n, limits)
+        score = (int(unmet), float(total))
         if score[0] == 0:
             break
         # the REACH_STEPS steps furthest from the goals (a; all steps where none of those has a
