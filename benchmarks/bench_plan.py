@@ -12,7 +12,7 @@ tail-worker simulator on the shared corpora.
     python benchmarks/bench_plan.py --rows 10000000 --runs 1 --balance 0.05 --memory-limit 900MiB --replan \
         --skip-lhotse --skip-simulator          # and replan at the middle step onto W/2, out of core
     python benchmarks/bench_plan.py --rows 1000000000 --runs 1 --balance 0.05 --memory-limit 4GiB \
-        --skip-lhotse --skip-simulator --dir /big/disk   # a billion: ~120 GB of disk in --dir (checked first)
+        --skip-lhotse --skip-simulator --dir /big/disk   # a billion: ~70 GB of disk in --dir (checked first)
 
 ``--corpora C`` splits the rows into C corpora of Zipf-like sizes (a ``corpus`` column and, as
 ``compile input_cfg.yaml`` records it, a blend weighted by hours with ``--temperature`` 0.3)
@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -206,16 +207,60 @@ def run_replan(plan: Path, manifest: Path, out: Path, world: int, memory_limit: 
     return got
 
 
+def disk_bytes(where: Path) -> int:
+    """Bytes of disk the file ``where``, or the files under it, take (allocated blocks)."""
+    if where.is_file():
+        return where.stat().st_blocks * 512
+    total = 0
+    for root, _, files in os.walk(where):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:  # removed while walking
+                pass
+    return total
+
+
+class DiskPeak:
+    """Most disk the files under ``where`` took while the ``with`` block ran, sampled every
+    ``every`` seconds in a thread (a walk of a few hundred files: no load to speak of)."""
+
+    def __init__(self, where: Path, every: float = 0.25):
+        self.where, self.every, self.peak = where, every, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, disk_bytes(self.where))
+            if self._stop.wait(self.every):
+                return
+
+    def __enter__(self) -> DiskPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, disk_bytes(self.where))
+
+
 def run_plan(manifest: Path, buckets: Path, out: Path, world: int, balance: float = 0.0, memory_limit: int = 0,
              dynamic_resolution: bool = False) -> dict:
+    """``plan-batches`` in a fresh subprocess: its figures, and ``disk_gb``, the most disk the
+    manifest's folder took meanwhile (manifest, spill files, plan)."""
     env = dict(os.environ, POLARS_MAX_THREADS="2", OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
-    res = subprocess.run(["taskset", "-c", "0,1", sys.executable, "-c", CHILD, str(manifest), str(buckets),
-                          str(out), str(world), str(balance), str(memory_limit), "1" if dynamic_resolution else "0"],
-                         capture_output=True, text=True, env=env)
+    with DiskPeak(manifest.parent) as disk:
+        res = subprocess.run(["taskset", "-c", "0,1", sys.executable, "-c", CHILD, str(manifest), str(buckets),
+                              str(out), str(world), str(balance), str(memory_limit), "1" if dynamic_resolution else "0"],
+                             capture_output=True, text=True, env=env)
     if res.returncode:
         sys.exit(f"plan failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    print(f"  run: wall {out['wall']:.2f} s, cpu {out['cpu']:.2f} s, peak RSS {out['rss_gib']:.2f} GiB", flush=True)
+    out["disk_gb"] = disk.peak / 1e9
+    print(f"  run: wall {out['wall']:.2f} s, cpu {out['cpu']:.2f} s, peak RSS {out['rss_gib']:.2f} GiB, "
+          f"peak disk {out['disk_gb']:.1f} GB", flush=True)
     return out
 
 
@@ -294,9 +339,10 @@ def weighted_vs_unweighted(tmp: Path, args: argparse.Namespace, wall: float, rss
     print("  weighted phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 
 
-#: Disk a run takes per utterance in --dir: the manifest (~20 B), the spill and position files
-#: of an out-of-core plan (~85 B with ~12-byte ids) and the plan (~9 B); measured at 10M.
-DISK_BYTES_PER_ROW = 120
+#: Disk a run takes per utterance in --dir at its most (manifest, spill and position files,
+#: plan): 56.4 B measured at 10M rows, 57.7 B at 40M (each run prints its own); the rest is
+#: headroom for longer ids.
+DISK_BYTES_PER_ROW = 70
 
 
 def parse_rows(text: str) -> list[int]:
@@ -336,12 +382,16 @@ def bench_size(rows: int, args: argparse.Namespace, limit: int) -> dict:
         wall = statistics.median(r["wall"] for r in results)
         rss = statistics.median(r["rss_gib"] for r in results)
         size = sum(p.stat().st_size for p in (tmp / "plan").iterdir())
+        manifest_b = disk_bytes(tmp / "m.parquet")
+        disk = statistics.median(r["disk_gb"] for r in results) * 1e9
         r0 = results[0]
         print(f"plan-batches W={args.world_size} --balance {args.balance:g}, 1 epoch, 2 cores: median wall {wall:.2f} s "
               f"(runs: {', '.join(format(r['wall'], '.2f') for r in results)}), peak RSS {rss:.2f} GiB, "
               f"output {size / 2**20:.0f} MiB ({size / rows:.1f} B/utt), {r0['steps']} steps, "
               f"padding audio {r0['padding']['audio']:.2%} tokens {r0['padding']['tokens']:.2%}, "
               f"moved {r0['moved']} dropped {r0['dropped']}")
+        print(f"  disk in --dir at its most: {disk / 1e9:.1f} GB ({disk / rows:.1f} B/utt), of which the manifest "
+              f"{manifest_b / rows:.1f} B/utt; the planner's own (spill files, plan): {(disk - manifest_b) / rows:.1f} B/utt")
         phases = {k: statistics.median(r["timings"][k] for r in results) for k in r0["timings"]}
         print("  phases (median s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
               + "  [form_batches = bucketing.batching, allocate = bucketing.allocate]")
@@ -349,9 +399,10 @@ def bench_size(rows: int, args: argparse.Namespace, limit: int) -> dict:
         print(f"ours: {ours:,.0f} cuts/s planned (all {args.world_size} ranks, end to end), "
               f"{wall / rows * 1e6:.2f} us/utterance")
         entry = {"rows": rows, "wall": wall, "us": wall / rows * 1e6, "rss": rss, "bytes": size / rows,
-                 "load": os.getloadavg()[0]}
+                 "disk": disk / rows, "load": os.getloadavg()[0]}
         print(f"TABLE rows={rows} memory_limit={args.memory_limit} wall_s={wall:.1f} "
               f"us_per_utt={entry['us']:.2f} peak_rss_gib={rss:.2f} out_bytes_per_utt={size / rows:.1f} "
+              f"disk_bytes_per_utt={entry['disk']:.1f} "
               f"load1={entry['load']:.1f}", flush=True)
         if args.replan:
             run_replan(tmp / "plan", tmp / "m.parquet", tmp / "replan", max(1, args.world_size // 2), limit)
@@ -386,10 +437,11 @@ def main() -> None:
     if len(table) > 1:
         print(f"\nplan-batches W={args.world_size} --balance {args.balance:g} --memory-limit {args.memory_limit}, "
               f"1 epoch, 2 cores (median of {args.runs})")
-        print(f"{'rows':>13} {'time s':>8} {'us/utt':>7} {'peak RSS GiB':>13} {'out B/utt':>10} {'load':>5}")
+        print(f"{'rows':>13} {'time s':>8} {'us/utt':>7} {'peak RSS GiB':>13} {'out B/utt':>10} {'disk B/utt':>11} "
+              f"{'load':>5}")
         for e in table:
             print(f"{e['rows']:>13,} {e['wall']:>8.1f} {e['us']:>7.2f} {e['rss']:>13.2f} {e['bytes']:>10.1f} "
-                  f"{e['load']:>5.1f}")
+                  f"{e['disk']:>11.1f} {e['load']:>5.1f}")
     with tempfile.TemporaryDirectory(dir=args.dir) as td:
         tmp = Path(td)
         if not args.skip_lhotse:

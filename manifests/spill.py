@@ -141,6 +141,15 @@ class SpillFiles:
         self._open.clear()
         self._bytes.clear()
 
+    def remove(self, *names: str) -> None:
+        """Delete the columns ``names`` (closed first where open; a missing one is no error):
+        only files this object's owner spilled under ``root``."""
+        for name in names:
+            f = self._open.pop(name, None)
+            if f is not None:
+                f.close()
+            (self.root / name).unlink(missing_ok=True)
+
     def read(self, name: str, dtype: type) -> npt.NDArray[np.generic]:
         path = self.root / name
         return np.fromfile(path, dtype=dtype) if path.exists() else np.empty(0, dtype=dtype)

@@ -239,8 +239,7 @@ class SpilledCorpus:
 
     def drop_ids(self, k: int) -> None:
         """Remove bucket ``k``'s id files (after its last :meth:`ids_in_parts`)."""
-        for suffix in (".off", ".data"):
-            (self.root / f"b{k}.ids{suffix}").unlink(missing_ok=True)
+        self.files.remove(f"b{k}.ids.off", f"b{k}.ids.data")
 
     def lookup(self, k: int, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int32]]:
         """Durations and tokens of some of bucket ``k``'s ``rows`` (after the carried tails):
@@ -356,8 +355,7 @@ def _gathered_ids(files: SpillFiles, name: str, n: int, extra: pa.Array, sources
             yield runs.take(pa.array(inverse))
     finally:
         scratch.close()
-        for suffix in (".off", ".data"):
-            (scratch_path.parent / f"{sname}{suffix}").unlink(missing_ok=True)
+        scratch.remove(f"{sname}.off", f"{sname}.data")
 
 
 def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: npt.NDArray[np.int64], root: Path, *,
@@ -671,8 +669,7 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
     epoch's entries instead of every row once, and the per-corpus totals of its batches.
     ``measure``: called on each part's formed batches."""
     files = SpillFiles(corpus.root)
-    for name in ("pos.rec", "pos.data", "pos.rows"):
-        (corpus.root / name).unlink(missing_ok=True)
+    files.remove("pos.rec", "pos.data", "pos.rows")
     if draw is None:
         grouping = BucketGrouping("both").with_totals(corpus.total_d, corpus.total_t)
         counts = corpus.counts
@@ -785,14 +782,13 @@ class _Stash:
     def take(self, *names: str) -> list[npt.NDArray[Any]]:
         """The arrays ``names``, read back; their files removed."""
         out = [self.files.read(self.prefix + n, self.kinds[n]) for n in names]
+        self.files.remove(*(self.prefix + n for n in names))
         for n in names:
-            (self.files.root / (self.prefix + n)).unlink()
             del self.kinds[n]
         return out
 
     def drop(self) -> None:
-        for n in list(self.kinds):
-            (self.files.root / (self.prefix + n)).unlink(missing_ok=True)
+        self.files.remove(*(self.prefix + n for n in self.kinds))
         self.kinds.clear()
 
 

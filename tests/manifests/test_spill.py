@@ -1,6 +1,6 @@
 """Spill files (manifests.spill): strings appended block by block read back whole and by runs,
 numbers and (key, string) records by runs, equal to slicing what was appended (hypothesis over blocks and runs); the
-retained heap serves big blocks from the heap inside and maps them again outside."""
+retained heap serves big blocks from the heap inside and maps them again outside; remove deletes only the columns named."""
 
 from __future__ import annotations
 
@@ -69,3 +69,21 @@ def test_retained_heap_serves_big_blocks_from_the_heap_and_maps_them_again_after
         del inside
     after = np.empty(big, np.uint8)
     assert not _in_heap(after)
+
+
+def test_remove_deletes_only_the_columns_named_open_or_closed(tmp_path: Path) -> None:
+    mine = tmp_path / "spill"
+    mine.mkdir()
+    neighbour = tmp_path / "spill" / "user.txt"  # a file the spill did not write, beside its columns
+    neighbour.write_text("keep")
+    files = SpillFiles(mine)
+    files.append("a", np.arange(3, dtype=np.int64))
+    files.append("b", np.arange(4, dtype=np.int64))
+    files.append("c", np.arange(5, dtype=np.int64))
+    files.remove("a", "gone")  # "a" still open; "gone" never written
+    files.close()
+    assert not (mine / "a").exists()
+    files.remove("b")  # closed
+    assert sorted(p.name for p in mine.iterdir()) == ["c", "user.txt"]
+    assert files.read("c", np.int64).tolist() == [0, 1, 2, 3, 4]
+    assert neighbour.read_text() == "keep"
