@@ -613,7 +613,27 @@ def steps_over_bound(values: npt.ArrayLike, world_size: int, limit: float) -> in
     n = np.searchsorted(x, float(limit) * x / D * (1.0 + 1e-12), side="right")
     k = np.arange(1, x.shape[0] + 1)
     left = np.maximum(k - W * (n // W), 0)
-    return int((-(-left // W)).max())
+    return max(int((-(-left // W)).max()), -(-_without_company(x, W, float(limit)) // W))
+
+
+def _without_company(x: npt.NDArray[np.float64], W: int, limit: float) -> int:
+    """How many of the ``2 W`` smallest of ``x`` (sorted ascending) are over ``limit`` in every
+    step of ``W`` that holds them: each such value puts its step over, and a step holds ``W``.
+
+    For a value ``p`` and a step maximum ``x[j]``, max / mean is least with the ``W - 1`` largest
+    values up to ``x[j]`` beside ``p`` (the consecutive run ending at ``j``, ``p``'s own index
+    skipped); ``p`` has no company when every ``j`` leaves it over ``limit``. An
+    (``2 W``, n) array comparison."""
+    n = x.shape[0]
+    if W < 2:
+        return 0
+    cs = np.concatenate([[0.0], np.cumsum(x)])
+    i = np.arange(min(n, 2 * W))[:, None]
+    j = np.arange(W - 1, n)[None, :]  # the step's maximum, a run of W - 1 ending there beside p
+    inside = (i >= j - W + 2) & (i <= j)  # p's index in the run: one value more below it
+    company = np.where(inside, cs[j + 1] - cs[np.maximum(j - W + 1, 0)] - x[i], cs[j + 1] - cs[j - W + 2])
+    ratio = W * np.maximum(x[j], x[i]) / np.maximum(x[i] + company, 1e-300)
+    return int((ratio.min(1) > limit * (1.0 + 1e-12)).sum())
 
 
 def layout(steps: BalancedSteps, world_size: int, rng_steps: np.random.Generator | None,

@@ -330,7 +330,8 @@ def test_lower_bounds_hold_for_every_layout(seed, steps, world, low, limit) -> N
 def test_lower_bounds_are_reached_and_count_isolated_small_batches() -> None:
     """Sorted groups reach spread_bound when steps are equal; nine batches at a tenth of the
     rest at W = 8 (a step with one of them and seven full batches: 8 / 7.1 = 1.127) cannot all
-    share steps with each other: one step at least is over 1.10; at W = 16 none need be."""
+    share steps with each other: one step at least is over 1.10; at W = 16 none need be; a small
+    batch with no seven batches close enough to keep its step within 1.10 puts one step over."""
     assert spread_bound([1.0, 1.0, 2.0, 2.0], 2) == 0.0
     assert spread_bound([1.0, 2.0, 1.0, 2.0], 1) == 0.0
     assert spread_bound([1.0, 2.0, 2.0, 2.0], 4) == pytest.approx(8 / 7 - 1)
@@ -338,6 +339,11 @@ def test_lower_bounds_are_reached_and_count_isolated_small_batches() -> None:
     assert steps_over_bound(v, 8, 1.10) == 1
     assert steps_over_bound(np.r_[np.full(8, 40.0), np.full(8 * 24, 450.0)], 8, 1.10) == 0  # eight small ones fill a step of their own
     assert steps_over_bound(np.r_[np.full(9, 40.0), np.full(7 + 16 * 8, 450.0)], 16, 1.10) == 0
+    # a small batch whose only lower neighbours are spread out (Common Voice's 4-clip batch at
+    # W = 8): no seven batches keep its step within 1.10, though seven of 300 would
+    spread = np.r_[[88.0, 220, 224, 235, 248, 251, 282, 322], np.full(8 * 23, 430.0)]
+    assert steps_over_bound(spread, 8, 1.10) == 1
+    assert steps_over_bound(np.r_[[88.0], np.full(7, 300.0), np.full(8 * 23, 430.0)], 8, 1.10) == 0
     with pytest.raises(ValueError, match="do not fill steps"):
         spread_bound([1.0, 2.0, 3.0], 2)
     with pytest.raises(ValueError, match="do not fill steps"):
