@@ -32,8 +32,8 @@ def default_memory_limit() -> int:
 
 
 def check_free_disk(where: Path, need: int, what: str) -> None:
-    """Refuse in one line, before anything is written, when the file system of ``where`` has
-    fewer than ``need`` bytes free for ``what`` (a run that fills the disk fails late)."""
+    """Refuse in one line, before ``what`` is written, when the file system of ``where`` has
+    fewer than ``need`` bytes free for it (a run that fills the disk fails late)."""
     free = shutil.disk_usage(where).free
     if free < need:
         raise DataprepError(f"{where}: {what} need about {need / 2**30:.2f} GiB of disk, only "
@@ -140,6 +140,10 @@ class SpillFiles:
             f.close()
         self._open.clear()
         self._bytes.clear()
+
+    def written_bytes(self) -> int:
+        """Bytes in the files directly under ``root`` (their sizes)."""
+        return sum(e.stat().st_size for e in os.scandir(self.root) if e.is_file(follow_symlinks=False))
 
     def remove(self, *names: str) -> None:
         """Delete the columns ``names`` (closed first where open; a missing one is no error):

@@ -174,7 +174,7 @@ def test_too_little_disk_is_refused_before_anything_is_written(tmp_path: Path, m
     from collections import namedtuple
 
     m, b = write_plan_inputs(tmp_path, 3000, seed=6, num_buckets=3)
-    need = out_of_core.disk_bytes(m, 2)
+    need = out_of_core.disk_bytes(m, 2).peak
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda where: usage(need * 4, need * 3 + 1, need - 1))
     res = runner.invoke(app, ["plan-batches", str(m), "--buckets", str(b), "--world-size", "4", "--epochs", "2",
@@ -185,10 +185,36 @@ def test_too_little_disk_is_refused_before_anything_is_written(tmp_path: Path, m
     _no_spill_left(tmp_path)
 
 
+def test_the_disk_is_checked_again_once_the_spill_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the spill (its largest bucket known) the free disk is asked again for the rest:
+    a disk that filled meanwhile stops plan-batches in one line, no plan and no spill left."""
+    import shutil
+    from collections import namedtuple
+
+    m, b = write_plan_inputs(tmp_path, 3000, seed=6, num_buckets=3)
+    usage = namedtuple("usage", "total used free")
+    asked: list[Path] = []
+
+    def disk_usage(where: Path) -> tuple[int, int, int]:
+        asked.append(Path(where))
+        return usage(1 << 40, 0, 1 << 40) if len(asked) == 1 else usage(1 << 40, (1 << 40) - 1, 1)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    res = runner.invoke(app, ["plan-batches", str(m), "--buckets", str(b), "--world-size", "4",
+                              "--memory-limit", "100KiB", "-o", str(tmp_path / "p")])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "the position files and the plan (besides the spill files written) need about" in res.output
+    assert len(asked) == 2 and ".spill-" in asked[1].name
+    assert not (tmp_path / "p").exists()
+    _no_spill_left(tmp_path)
+
+
 @pytest.mark.parametrize("epochs", [1, 3])
 def test_disk_estimate_covers_the_spill_and_the_plan(tmp_path: Path, epochs: int) -> None:
-    """What :func:`out_of_core.disk_bytes` reserves is at least what the spill files (with an
-    epoch's position files) and the plan's shards take."""
+    """What :func:`out_of_core.disk_bytes` reserves is at least what the spill files, an
+    epoch's position files and the plan's shards take, and not twice that: the spill's ids
+    removed by a plan's only (last) epoch, kept (beside the position files' copy) by one of
+    several."""
     m, b = write_plan_inputs(tmp_path, 5000, seed=7, num_buckets=4, ids=[f"utt-{i:09d}-x" for i in range(5000)])
     spec = read_buckets(b)
     bs = np.asarray([k.batch_size for k in spec.buckets], dtype=np.int64)
@@ -199,11 +225,17 @@ def test_disk_estimate_covers_the_spill_and_the_plan(tmp_path: Path, epochs: int
 
     corpus = out_of_core.spill_manifest(m, grid_from_spec(spec), bs, root, strict=False, carry=True,
                                         memory_limit=1 << 30)
-    out_of_core.plan_epoch_spilled(corpus, bs, 4, 0, 0, interleave="random", tolerance=0.05, cost=CostModel(), group=4)
+    need = out_of_core.disk_bytes(m, epochs, largest=int(corpus.counts.max()))
+    assert need.spill >= sum(p.stat().st_size for p in root.iterdir())
+    out_of_core.plan_epoch_spilled(corpus, bs, 4, 0, 0, interleave="random", tolerance=0.05, cost=CostModel(), group=4,
+                                   final=epochs == 1)
+    assert (root / "b0.ids.data").exists() == (epochs > 1)
     spilled = sum(p.stat().st_size for p in root.iterdir())
     build_plan(m, b, tmp_path / "p", PlanOptions(world_size=4, epochs=epochs, memory_limit=5000 * 100 - 1))
     plan = sum(p.stat().st_size for p in (tmp_path / "p").iterdir())
-    assert spilled + plan <= out_of_core.disk_bytes(m, epochs) < 3 * (spilled + plan)
+    assert spilled + plan <= need.peak < 2 * (spilled + plan)
+    assert need.peak == out_of_core.disk_bytes(m, epochs).peak  # no bucket gathers its ids through a scratch copy
+    assert out_of_core.disk_bytes(m, 1, ids_once=False).peak > out_of_core.disk_bytes(m, 1).peak
 
 
 def test_a_spill_directory_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
