@@ -252,9 +252,10 @@ def run_plan(manifest: Path, buckets: Path, out: Path, world: int, balance: floa
     manifest's folder took meanwhile (manifest, spill files, plan)."""
     env = dict(os.environ, POLARS_MAX_THREADS="2", OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
     with DiskPeak(manifest.parent) as disk:
-        res = subprocess.run(["taskset", "-c", "0,1", sys.executable, "-c", CHILD, str(manifest), str(buckets),
-                              str(out), str(world), str(balance), str(memory_limit), "1" if dynamic_resolution else "0"],
-                             capture_output=True, text=True, env=env)
+        argv = [str(manifest), str(buckets), str(out), str(world), str(balance), str(memory_limit),
+                "1" if dynamic_resolution else "0"]
+        res = subprocess.run(["taskset", "-c", "0,1", sys.executable, "-c", CHILD, *argv], capture_output=True,
+                             text=True, env=env)
     if res.returncode:
         sys.exit(f"plan failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
     out = json.loads(res.stdout.strip().splitlines()[-1])

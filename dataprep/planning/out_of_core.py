@@ -1068,7 +1068,8 @@ def disk_bytes(manifest: str | os.PathLike[str], epochs: int, weighted: bool = F
     once = epochs == 1 if ids_once is None else ids_once
     positions = (POSITION_DISK_BYTES_PER_ROW + wide) * n + (0 if once else id_bytes)
     gathered = 0 if largest <= ID_CHUNK_ROWS else -(-id_bytes * largest // max(n, 1)) + 8 * largest
-    return DiskNeed(numbers + id_bytes, numbers + id_bytes + positions + gathered + PLAN_DISK_BYTES_PER_ROW * epochs * n)
+    spill = numbers + id_bytes
+    return DiskNeed(spill, spill + positions + gathered + PLAN_DISK_BYTES_PER_ROW * epochs * n)
 
 
 def spill_dir(out_dir: str | os.PathLike[str]) -> Path:
@@ -1086,7 +1087,7 @@ def remove_spill(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-__all__ = ["ROW_COUNT_BYTES", "BatchMeasure", "EpochDraw", "EpochLayout", "SpilledCorpus", "carry_spilled",
-           "DiskNeed", "check_bucket_fits", "default_memory_limit", "disk_bytes", "draw_epoch", "draw_rows", "plan_epoch_figures",
-           "plan_epoch_identical_spilled", "plan_epoch_spilled", "remove_spill", "spill_dir", "spill_manifest",
-           "write_epoch_spilled"]
+__all__ = ["ROW_COUNT_BYTES", "BatchMeasure", "DiskNeed", "EpochDraw", "EpochLayout", "SpilledCorpus",
+           "carry_spilled", "check_bucket_fits", "default_memory_limit", "disk_bytes", "draw_epoch", "draw_rows",
+           "plan_epoch_figures", "plan_epoch_identical_spilled", "plan_epoch_spilled", "remove_spill", "spill_dir",
+           "spill_manifest", "write_epoch_spilled"]
