@@ -13,6 +13,9 @@ tail-worker simulator on the shared corpora.
         --skip-lhotse --skip-simulator          # and replan at the middle step onto W/2, out of core
     python benchmarks/bench_plan.py --rows 1000000000 --runs 1 --balance 0.05 --memory-limit 4GiB \
         --skip-lhotse --skip-simulator --dir /big/disk   # a billion: ~70 GB of disk in --dir (checked first)
+    python benchmarks/bench_plan.py --rows 100000000 --runs 1 --balance 0.05 --memory-limit 2GiB \
+        --page-cache-limit 1500MiB --skip-lhotse --skip-simulator   # spill files beyond the page cache, as
+                                                # at a billion on 24 GiB (a memory cgroup: usually as root)
 
 ``--corpora C`` splits the rows into C corpora of Zipf-like sizes (a ``corpus`` column and, as
 ``compile input_cfg.yaml`` records it, a blend weighted by hours with ``--temperature`` 0.3)
@@ -35,6 +38,7 @@ exec, which holds the 10M-row frame, as the child's peak).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -246,16 +250,47 @@ class DiskPeak:
         self.peak = max(self.peak, disk_bytes(self.where))
 
 
+@contextlib.contextmanager
+def memory_cgroup(limit: int):
+    """A fresh memory cgroup capped at ``limit`` bytes (the process's memory and the page cache
+    it fills, together): yields its ``cgroup.procs`` file, or None for no cap (limit 0).
+    Needs a writable cgroup file system (v2 ``memory.max`` or v1 ``memory.limit_in_bytes``,
+    usually as root); removed afterwards."""
+    if not limit:
+        yield None
+        return
+    for root, knob in ((Path("/sys/fs/cgroup"), "memory.max"), (Path("/sys/fs/cgroup/unified"), "memory.max"),
+                       (Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes")):
+        if (root / "cgroup.procs").exists() and (knob == "memory.limit_in_bytes" or
+                                                 "memory" in (root / "cgroup.controllers").read_text().split()):
+            group = root / f"bench_plan-{os.getpid()}"
+            try:
+                group.mkdir()
+                (group / knob).write_text(str(limit))
+            except OSError as exc:
+                sys.exit(f"--page-cache-limit: cannot make a memory cgroup under {root} ({exc.strerror})")
+            try:
+                yield group / "cgroup.procs"
+            finally:
+                group.rmdir()
+            return
+    sys.exit("--page-cache-limit: no memory cgroup controller to use here")
+
+
 def run_plan(manifest: Path, buckets: Path, out: Path, world: int, balance: float = 0.0, memory_limit: int = 0,
-             dynamic_resolution: bool = False) -> dict:
+             dynamic_resolution: bool = False, cache_limit: int = 0) -> dict:
     """``plan-batches`` in a fresh subprocess: its figures, and ``disk_gb``, the most disk the
-    manifest's folder took meanwhile (manifest, spill files, plan)."""
+    manifest's folder took meanwhile (manifest, spill files, plan). ``cache_limit``: the
+    subprocess runs in a memory cgroup of that many bytes (:func:`memory_cgroup`), so a corpus
+    whose spill files outgrow the page cache can be planned small."""
     env = dict(os.environ, POLARS_MAX_THREADS="2", OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
-    with DiskPeak(manifest.parent) as disk:
-        argv = [str(manifest), str(buckets), str(out), str(world), str(balance), str(memory_limit),
-                "1" if dynamic_resolution else "0"]
-        res = subprocess.run(["taskset", "-c", "0,1", sys.executable, "-c", CHILD, *argv], capture_output=True,
-                             text=True, env=env)
+    argv = [str(manifest), str(buckets), str(out), str(world), str(balance), str(memory_limit),
+            "1" if dynamic_resolution else "0"]
+    with DiskPeak(manifest.parent) as disk, memory_cgroup(cache_limit) as procs:
+        cmd = ["taskset", "-c", "0,1", sys.executable, "-c", CHILD, *argv]
+        if procs is not None:  # the shell joins the cgroup, then becomes the child: all it reads is charged
+            cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *cmd]
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode:
         sys.exit(f"plan failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
     out = json.loads(res.stdout.strip().splitlines()[-1])
@@ -379,7 +414,8 @@ def bench_size(rows: int, args: argparse.Namespace, limit: int) -> dict:
               f"(source: {'shared corpora' if real_pairs() else 'lognormal fits'}), built in "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
         results = [run_plan(tmp / "m.parquet", tmp / "buckets.json", tmp / "plan", args.world_size, args.balance,
-                            limit, args.dynamic_resolution) for _ in range(args.runs)]
+                            limit, args.dynamic_resolution, parse_bytes(args.page_cache_limit))
+                   for _ in range(args.runs)]
         wall = statistics.median(r["wall"] for r in results)
         rss = statistics.median(r["rss_gib"] for r in results)
         size = sum(p.stat().st_size for p in (tmp / "plan").iterdir())
@@ -431,6 +467,10 @@ def main() -> None:
     ap.add_argument("--replan", action="store_true",
                     help="also re-plan the plan at its middle step onto half the ranks (under --memory-limit)")
     ap.add_argument("--dir", default=None, help="work directory (manifest, spill files, plan); default a temp dir")
+    ap.add_argument("--page-cache-limit", default="0",
+                    help="run each plan in a memory cgroup of this size (e.g. 1500MiB: the planner and the page "
+                         "cache it fills together; needs a writable cgroup file system): a corpus whose spill "
+                         "files outgrow the page cache, at a tenth of the size; 0: no cap")
     args = ap.parse_args()
     limit = parse_bytes(args.memory_limit)
     check_disk(Path(args.dir or tempfile.gettempdir()), max(args.rows))
