@@ -224,7 +224,8 @@ def main() -> None:
     ap.add_argument("--synthetic-worlds", default="128,1024")
     ap.add_argument("--lhotse-max-world", type=int, default=128, help="skip Lhotse above this W (0 = never)")
     ap.add_argument("--cost-equal", action="store_true", help="also plan with cost-equal batch sizes")
-    ap.add_argument("--goals", action="store_true", help="print each balanced row's goals as met / unmet")
+    ap.add_argument("--goals", action="store_true",
+                    help="print each balanced row's goals as met / unmet, and the bounds no layout of its batches beats")
     ap.add_argument("--seeds", type=int, default=1,
                     help="also plan each balanced row with seeds 0..N-1: goal checks met of 3N and median figures")
     ap.add_argument("--baseline", default=None, metavar="REF", help="also plan with the library of git REF")
@@ -267,10 +268,10 @@ def run_corpus(c: Corpus, label: str, fit, bs: np.ndarray, worlds: list[int], wi
                       flush=True)
                 if args.goals and r["balance"] > 0:
                     print(goals(r), flush=True)
-                if args.seeds > 1 and r["balance"] > 0:
-                    print(over_seeds(c, fit, bs, W, args, cost), flush=True)
                     if spread_bound is not None:
                         print(bounds(c, fit, bs, W, args.balance, cost), flush=True)
+                if args.seeds > 1 and r["balance"] > 0:
+                    print(over_seeds(c, fit, bs, W, args, cost), flush=True)
         if with_lhotse and 0 < W <= args.lhotse_max_world:
             t0 = time.perf_counter()
             rep, pad, dropped, _ = lhotse_steps(c, fit.grid, bs, W, cost)
