@@ -211,7 +211,7 @@ def run_replan(plan: Path, manifest: Path, out: Path, world: int, memory_limit: 
     return got
 
 
-def disk_bytes(where: Path) -> int:
+def allocated_bytes(where: Path) -> int:
     """Bytes of disk the file ``where``, or the files under it, take (allocated blocks)."""
     if where.is_file():
         return where.stat().st_blocks * 512
@@ -236,7 +236,7 @@ class DiskPeak:
 
     def _sample(self) -> None:
         while True:
-            self.peak = max(self.peak, disk_bytes(self.where))
+            self.peak = max(self.peak, allocated_bytes(self.where))
             if self._stop.wait(self.every):
                 return
 
@@ -247,7 +247,7 @@ class DiskPeak:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, disk_bytes(self.where))
+        self.peak = max(self.peak, allocated_bytes(self.where))
 
 
 @contextlib.contextmanager
@@ -419,7 +419,7 @@ def bench_size(rows: int, args: argparse.Namespace, limit: int) -> dict:
         wall = statistics.median(r["wall"] for r in results)
         rss = statistics.median(r["rss_gib"] for r in results)
         size = sum(p.stat().st_size for p in (tmp / "plan").iterdir())
-        manifest_b = disk_bytes(tmp / "m.parquet")
+        manifest_b = allocated_bytes(tmp / "m.parquet")
         disk = statistics.median(r["disk_gb"] for r in results) * 1e9
         r0 = results[0]
         print(f"plan-batches W={args.world_size} --balance {args.balance:g}, 1 epoch, 2 cores: median wall {wall:.2f} s "

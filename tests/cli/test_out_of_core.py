@@ -236,6 +236,10 @@ def test_disk_estimate_covers_the_spill_and_the_plan(tmp_path: Path, epochs: int
     assert spilled + plan <= need.peak < 2 * (spilled + plan)
     assert need.peak == out_of_core.disk_bytes(m, epochs).peak  # no bucket gathers its ids through a scratch copy
     assert out_of_core.disk_bytes(m, 1, ids_once=False).peak > out_of_core.disk_bytes(m, 1).peak
+    # a bucket too large to hold its ids gathers them through a scratch copy: its ids' share and offsets
+    big = out_of_core.ID_CHUNK_ROWS + 1
+    scratch = out_of_core.disk_bytes(m, epochs, largest=big).peak - need.peak
+    assert scratch >= (8 + 15) * big  # an offset and the id "utt-000000000-x" (15 bytes) a row
 
 
 def test_a_spill_directory_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:

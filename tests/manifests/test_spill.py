@@ -1,6 +1,7 @@
 """Spill files (manifests.spill): strings appended block by block read back whole and by runs,
 numbers and (key, string) records by runs, equal to slicing what was appended (hypothesis over blocks and runs); the
-retained heap serves big blocks from the heap inside and maps them again outside; remove deletes only the columns named."""
+retained heap serves big blocks from the heap inside and maps them again outside; remove deletes
+only the columns named."""
 
 from __future__ import annotations
 
