@@ -218,12 +218,14 @@ class PlanWriter:
         writer.write_table(table, row_group_size=self.row_group_steps)
 
     def write_ranks(self, tables: Callable[[int], Iterable[pa.Table]], tick: Callable[[int], object], *,
-                    close: bool = False) -> None:
-        """Append ``tables(r)`` (in order) to every rank ``r``'s shard, ``write_threads`` ranks
-        at a time; ``tick(r)`` once rank ``r`` is written, in rank order. Each shard's bytes
-        are those one thread writes. ``close``: the last tables of every shard; each is closed
-        once written (its footer out of memory: a writer holds its shard's row-group metadata,
-        several KB a row group, until closed), with the bytes :meth:`finish` would give it."""
+                    close: bool = False, ranks: range | None = None) -> None:
+        """Append ``tables(r)`` (in order) to every rank ``r``'s shard (of ``ranks``, default
+        all), ``write_threads`` ranks at a time; ``tick(r)`` once rank ``r`` is written, in rank
+        order. Each shard's bytes are those one thread writes. ``close``: the last tables of
+        these shards; each is closed once written (its footer out of memory: a writer holds its
+        shard's row-group metadata, several KB a row group, until closed), with the bytes
+        :meth:`finish` would give it."""
+        ranks = range(self.world_size) if ranks is None else ranks
 
         def one(r: int) -> None:
             for table in tables(r):
@@ -231,13 +233,13 @@ class PlanWriter:
             if close:
                 self._close(r)
 
-        if self.write_threads == 1:
-            for r in range(self.world_size):
+        if self.write_threads == 1 or len(ranks) == 1:
+            for r in ranks:
                 one(r)
                 tick(r)
             return
-        with ThreadPoolExecutor(self.write_threads) as pool:
-            for r, _ in enumerate(pool.map(one, range(self.world_size))):  # in rank order
+        with ThreadPoolExecutor(min(self.write_threads, len(ranks))) as pool:
+            for r, _ in zip(ranks, pool.map(one, ranks)):  # in rank order
                 tick(r)
 
     def finish(self, meta: PlanMeta) -> PlanMeta:

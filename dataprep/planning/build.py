@@ -378,7 +378,7 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
                 write_epoch_spilled(writer, lay, corpus, first_step, options.row_group_steps,
                                     lambda r: on_progress(e * W + r + 1, epochs * W) if on_progress else None,
                                     None if config is None else batch_targets(lay.ep.max_duration, config),
-                                    last=e == epochs - 1)
+                                    memory_limit=limit, last=e == epochs - 1)
                 totals.add(lay.ep, first_step, bs, options.cost)
                 clock("write")
             meta = _plan_meta(manifest, buckets, spec, corpus.num_rows,

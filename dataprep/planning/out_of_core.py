@@ -81,6 +81,7 @@ from bucketing.fit import Grid
 from bucketing.groups import group_order, regroup
 from bucketing.plan import EpochPlan, Interleave, check_one_step
 from bucketing.plan_summary import ROW_DTYPE, BatchSources, FormedBatches, plan_identical_layout
+from dataprep.planning.rank_files import GroupRecords, group_bytes, move_to_groups
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import iter_manifest, manifest_num_rows
 from manifests.plan_files import PlanWriter, shard_table
@@ -980,9 +981,12 @@ def plan_epoch_identical_spilled(corpus: SpilledCorpus, grid: Grid, bs: npt.NDAr
 
 def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: SpilledCorpus, first_step: int,
                         row_group_steps: int, tick: Callable[[int], object],
-                        target_frames: npt.NDArray[np.int64] | None = None, *, last: bool = False) -> None:
-    """Step 4 of the module docstring: each rank's shard in parts of whole row groups (ranks
-    in parallel, :meth:`manifests.plan_files.PlanWriter.write_ranks`); ``target_frames``: per
+                        target_frames: npt.NDArray[np.int64] | None = None, *, memory_limit: int,
+                        last: bool = False) -> None:
+    """Step 4 of the module docstring: the position files moved into groups of ranks of
+    about an eighth of ``memory_limit`` bytes (:mod:`dataprep.planning.rank_files`), then each
+    group read whole and its ranks' shards written in parts of whole row groups (ranks in
+    parallel, :meth:`manifests.plan_files.PlanWriter.write_ranks`); ``target_frames``: per
     rank-major batch (dynamic resolution's column); ``last``: the plan's last epoch (each
     shard closed once written)."""
     ep = layout.ep
@@ -990,23 +994,34 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
     mean = max(1, int(layout.size.sum()) // max(1, layout.size.shape[0]))
     part = row_group_steps * max(1, PART_ROWS // (row_group_steps * mean))
     bucket = ep.bucket_of_batch()
-    files = corpus.files
+    run_off = None
+    start, size = layout.start, layout.size
+    if layout.explicit is not None and (start < 0).any():  # its rows' positions: runs of one
+        run_off = np.zeros(start.shape[0] + 1, dtype=np.int64)
+        np.cumsum(np.where(start < 0, size, 1), out=run_off[1:])
+        start, size = _explicit_runs(start, size, layout.explicit, 0)
+    grouped = move_to_groups(corpus.files, np.dtype(corpus.row_dtype), layout.size, start, size, run_off,
+                             ep.world_size, part, group_bytes(memory_limit))
+    try:
+        for g, group in enumerate(grouped.groups):
+            records = grouped.load(g)
 
-    def parts(r: int) -> Iterator[pa.Table]:
-        for c in range(0, S, part):
-            lo, hi = r * S + c, r * S + min(S, c + part)
-            start, size = layout.start[lo:hi], layout.size[lo:hi]  # each batch: one run of positions
-            off = np.zeros(hi - lo + 1, dtype=np.int64)
-            np.cumsum(size, out=off[1:])
-            if layout.explicit is not None and (start < 0).any():  # its rows' positions: runs of one
-                start, size = _explicit_runs(start, size, layout.explicit, lo)
-            rows, ids = files.read_record_runs("pos", corpus.row_dtype, start, size)
-            yield shard_table(epoch=ep.epoch, first_step=first_step + c, bucket=bucket[lo:hi], offsets=off,
-                              rows=rows, ids=ids,
-                              max_duration=ep.max_duration[lo:hi], max_tokens=ep.max_tokens[lo:hi], step_in_epoch=c,
-                              target_frames=None if target_frames is None else target_frames[lo:hi])
+            def parts(r: int, steps: range = group.steps, records: GroupRecords = records) -> Iterator[pa.Table]:
+                for c in range(steps.start, steps.stop, part):
+                    lo, hi = r * S + c, r * S + min(steps.stop, c + part)
+                    off = np.zeros(hi - lo + 1, dtype=np.int64)
+                    np.cumsum(layout.size[lo:hi], out=off[1:])
+                    rows, ids = records.batches(lo, hi)
+                    yield shard_table(epoch=ep.epoch, first_step=first_step + c, bucket=bucket[lo:hi], offsets=off,
+                                      rows=rows, ids=ids, max_duration=ep.max_duration[lo:hi],
+                                      max_tokens=ep.max_tokens[lo:hi], step_in_epoch=c,
+                                      target_frames=None if target_frames is None else target_frames[lo:hi])
 
-    writer.write_ranks(parts, tick, close=last)
+            whole = group.steps.stop == S  # the group ends its ranks' epoch
+            writer.write_ranks(parts, tick if whole else lambda r: None, close=last and whole, ranks=group.ranks)
+            del records
+    finally:
+        grouped.remove()
 
 
 def _explicit_runs(start: npt.NDArray[np.int64], size: npt.NDArray[np.int64],

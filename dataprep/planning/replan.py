@@ -250,7 +250,7 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
                     dynres.merge(figures)
                 write_epoch_spilled(writer, lay, corpus, first, options.row_group_steps, lambda r: None,
                                     None if config is None else batch_targets(lay.ep.max_duration, config),
-                                    last=final)
+                                    memory_limit=limit, last=final)
                 totals.add(lay.ep, first, bs, cost)
                 first += lay.ep.num_steps
             extra = plan_extra(weighted, dynres)

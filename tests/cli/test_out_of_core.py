@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from bucketing.dynres import DynResConfig
 from dataprep.cli import app
-from dataprep.planning import PlanOptions, build_plan, out_of_core
+from dataprep.planning import PlanOptions, build_plan, out_of_core, rank_files
 from dataprep.testing import write_plan_inputs
 from manifests.buckets_file import read_buckets
 from manifests.errors import DataprepError
@@ -41,11 +41,15 @@ def _no_spill_left(folder: Path) -> None:
        epochs=st.integers(1, 2), group=st.sampled_from([None, 1]), strict=st.booleans(), carry=st.booleans(),
        interleave=st.sampled_from(["random", "ascending"]), budget=st.sampled_from([20.0, 60.0, 200.0]),
        data=st.integers(0, 2**31), order_rows=st.sampled_from([None, 8, 64]),
-       dynres=st.booleans(), balance=st.sampled_from([0.05, 0.05, 0.0]), id_chunk=st.sampled_from([None, 7, 40]))
+       dynres=st.booleans(), balance=st.sampled_from([0.05, 0.05, 0.0]), id_chunk=st.sampled_from([None, 7, 40]),
+       groups=st.sampled_from([None, (200, 16, 8), (2000, 100, 64)]))
 def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed, epochs, group, strict, carry,
-                                            interleave, budget, data, order_rows, dynres, balance, id_chunk) -> None:
+                                            interleave, budget, data, order_rows, dynres, balance, id_chunk,
+                                            groups) -> None:
     """``order_rows``: buckets ordered in parts of that many rows (None: whole, at this size);
     ``id_chunk``: buckets of more ids gather them a chunk of that many at a time (None: held);
+    ``groups``: shards written from rank groups of at most that many bytes (positions moved
+    that many rows at a time, parts of that many rows; None: one group, one move, one part);
     ``dynres``: dynamic resolution (its target frames and predicted figures) too; ``balance``
     0: one bucket per step (tails pooled, carried, borrowed: their rows by position)."""
     tmp = tmp_path_factory.mktemp("ooc")
@@ -53,7 +57,7 @@ def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed
     opts = dict(world_size=W, seed=seed, epochs=epochs, strict=strict, carry=carry, interleave=interleave,
                 row_group_steps=2, sync_group=group, balance=balance,
                 dynamic_resolution=DynResConfig() if dynres else None)
-    _compare(tmp, m, b, opts, n, order_rows, id_chunk)
+    _compare(tmp, m, b, opts, n, order_rows, id_chunk, groups)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -61,9 +65,9 @@ def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed
        epochs=st.integers(1, 3), carry=st.booleans(), data=st.integers(0, 2**31),
        size=st.sampled_from([None, 0.3, 1.0, 2.5]), weights=st.lists(st.floats(0.05, 20.0), min_size=4, max_size=4),
        order_rows=st.sampled_from([None, 8, 64]), balance=st.sampled_from([0.05, 0.0]),
-       id_chunk=st.sampled_from([None, 7, 40]))
+       id_chunk=st.sampled_from([None, 7, 40]), groups=st.sampled_from([None, (300, 32, 16)]))
 def test_weighted_out_of_core_plan_equals_in_memory(tmp_path_factory, n, corpora, W, seed, epochs, carry, data,
-                                                     size, weights, order_rows, balance, id_chunk) -> None:
+                                                     size, weights, order_rows, balance, id_chunk, groups) -> None:
     """A weighted blend (corpora over- and under-sampled; ``size``: the epoch's utterances per
     manifest row, None: one each) planned out of core: the same shards and plan.json (per-corpus
     figures included) as in memory."""
@@ -73,14 +77,15 @@ def test_weighted_out_of_core_plan_equals_in_memory(tmp_path_factory, n, corpora
     opts = dict(world_size=W, seed=seed, epochs=epochs, carry=carry, row_group_steps=2, balance=balance,
                 weights={c: weights[i] for i, c in enumerate(present)},
                 epoch_utterances=None if size is None else max(1, int(size * n)))
-    _compare(tmp, m, b, opts, n, order_rows, id_chunk)
+    _compare(tmp, m, b, opts, n, order_rows, id_chunk, groups)
     assert "weights" in (tmp / "ooc" / "plan.json").read_text()
 
 
 def _compare(tmp: Path, m: Path, b: Path, opts: dict, n: int, order_rows: int | None,
-             id_chunk: int | None = None) -> None:
+             id_chunk: int | None = None, groups: tuple[int, int, int] | None = None) -> None:
     """Plan ``m`` in memory and out of core (parts of ``order_rows`` rows, ids gathered in
-    chunks of ``id_chunk``); the same bytes."""
+    chunks of ``id_chunk``, shards written from rank groups of ``groups`` = (most bytes, rows
+    moved at once, rows of a part)); the same bytes."""
     try:
         build_plan(m, b, tmp / "mem", PlanOptions(**opts))
     except DataprepError:
@@ -91,6 +96,10 @@ def _compare(tmp: Path, m: Path, b: Path, opts: dict, n: int, order_rows: int | 
                 mp.setattr(out_of_core, "ORDER_ROWS", order_rows)
             if id_chunk is not None:
                 mp.setattr(out_of_core, "ID_CHUNK_ROWS", id_chunk)
+            if groups is not None:
+                mp.setattr(rank_files, "MAX_GROUP_BYTES", groups[0])
+                mp.setattr(rank_files, "MOVE_ROWS", groups[1])
+                mp.setattr(out_of_core, "PART_ROWS", groups[2])
             build_plan(m, b, tmp / "ooc", PlanOptions(**opts, memory_limit=n * 100 - 1))  # below the in-memory need
     except DataprepError as exc:
         # the in-memory plan fell back to one-bucket steps, or (few buckets) one bucket needs more
@@ -252,12 +261,13 @@ def test_a_spill_directory_that_cannot_be_made_is_one_line(tmp_path: Path) -> No
 @given(n=st.integers(60, 700), W=st.integers(1, 6), W2=st.integers(1, 6), seed=st.integers(0, 2**31),
        epochs=st.integers(1, 3), corpora=st.sampled_from([0, 1, 3]), group=st.booleans(),
        data=st.integers(0, 2**31), at=st.floats(0.0, 0.99), dynres=st.booleans(),
-       balance=st.sampled_from([0.05, 0.05, 0.0]))
+       balance=st.sampled_from([0.05, 0.05, 0.0]), rank_groups=st.booleans())
 def test_out_of_core_replan_equals_in_memory(tmp_path_factory, n, W, W2, seed, epochs, corpora, group, data,
-                                             at, dynres, balance) -> None:
+                                             at, dynres, balance, rank_groups) -> None:
     """A re-plan (another world size, from a step inside any epoch; weighted or not; sync
-    groups of 1; dynamic resolution or not; a --balance 0 parent, unweighted) under a
-    --memory-limit below the in-memory need: the same shards and plan.json."""
+    groups of 1; dynamic resolution or not; a --balance 0 parent, unweighted; shards written
+    from small rank groups or one) under a --memory-limit below the in-memory need: the same
+    shards and plan.json."""
     from dataprep.planning import replan
 
     tmp = tmp_path_factory.mktemp("ooc-replan")
@@ -278,7 +288,12 @@ def test_out_of_core_replan_equals_in_memory(tmp_path_factory, n, W, W2, seed, e
     except DataprepError:
         assume(False)
     try:
-        replan(tmp / "parent", m, tmp / "ooc", PlanOptions(**new, memory_limit=n * 100 - 1), at_step=step)
+        with pytest.MonkeyPatch.context() as mp:
+            if rank_groups:
+                mp.setattr(rank_files, "MAX_GROUP_BYTES", 200)
+                mp.setattr(rank_files, "MOVE_ROWS", 16)
+                mp.setattr(out_of_core, "PART_ROWS", 8)
+            replan(tmp / "parent", m, tmp / "ooc", PlanOptions(**new, memory_limit=n * 100 - 1), at_step=step)
     except DataprepError as exc:
         assert "cannot fill whole balanced steps" in str(exc) or "--memory-limit: bucket" in str(exc)
         assume(False)

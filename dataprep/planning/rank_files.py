@@ -1,0 +1,202 @@
+"""An out-of-core epoch's position files moved into one file per group of ranks, before its
+shards are written.
+
+Why: shards are written rank by rank, and each rank's batches lie scattered over the
+position files (a batch is a run of one bucket's positions, buckets one after another).
+While those files fit in the page cache a batch's two reads cost little; once they outgrow
+it (about 25 GB at a billion rows) every read goes to the disk, and writing took 576 s of a
+billion-row plan's 1261 s. So the position files are read once, sequentially, from their end
+(each truncated behind the reads, so the disk holds one copy), and every run of positions is
+appended to its ranks' group file. A group (whole ranks, or a range of steps of one rank when a
+rank alone is too large) holds at most a memory budget of records; its shards are written
+from it read whole into memory, with no read per batch.
+
+Files (:class:`manifests.spill.SpillFiles` under the spill root): ``pos.rec`` / ``pos.data``
+(rows beside id offsets, id bytes) in, ``rg{g}.rec`` / ``rg{g}.data`` out; a group's files
+are removed once it is read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from bucketing.batching import run_positions
+from manifests.spill import SpillFiles, record_dtype
+
+#: Rows of the position files moved at once (about 70 bytes of memory each: records, ids,
+#: their gather and copy).
+MOVE_ROWS = 1 << 21
+#: Most groups an epoch is cut into (two open files each while positions are moved).
+MAX_GROUPS = 256
+#: Bounds of a group's bytes in memory whatever the memory limit.
+MIN_GROUP_BYTES, MAX_GROUP_BYTES = 1 << 20, 1 << 30
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """Rank-major batches ``first:end`` of an epoch of ``S`` steps: ranks ``ranks``, each
+    steps ``steps`` (all of them, or a range of one rank's)."""
+
+    ranks: range
+    steps: range
+    first: int
+    end: int
+
+
+def rank_groups(size: npt.NDArray[np.int64], W: int, part: int, max_rows: int) -> list[RankGroup]:
+    """Consecutive rank-major batches (sizes ``size``, ``W`` ranks) cut into groups of at most
+    ``max_rows`` rows where they can be: whole ranks together, or a rank of more rows alone,
+    cut at multiples of ``part`` steps (the parts a shard is written in), each range at least
+    one part."""
+    S = size.shape[0] // W
+    by_rank = size.reshape(W, S)
+    rank_rows = by_rank.sum(1)
+    out: list[RankGroup] = []
+    r0, rows = 0, 0
+
+    def close(r: int) -> None:
+        if r > r0:
+            out.append(RankGroup(range(r0, r), range(S), r0 * S, r * S))
+
+    for r in range(W):  # ranks, not rows: at most a few thousand
+        if rank_rows[r] > max_rows:
+            close(r)
+            part_rows = np.add.reduceat(by_rank[r], np.arange(0, S, part)) if S else np.zeros(0, np.int64)
+            c0, acc = 0, 0
+            for i, n in enumerate(part_rows.tolist()):
+                if i * part > c0 and acc + n > max_rows:
+                    out.append(RankGroup(range(r, r + 1), range(c0, i * part), r * S + c0, r * S + i * part))
+                    c0, acc = i * part, 0
+                acc += n
+            out.append(RankGroup(range(r, r + 1), range(c0, S), r * S + c0, (r + 1) * S))
+            r0, rows = r + 1, 0
+        elif r > r0 and rows + rank_rows[r] > max_rows:
+            close(r)
+            r0, rows = r, int(rank_rows[r])
+        else:
+            rows += int(rank_rows[r])
+    close(W)
+    return out
+
+
+@dataclass
+class RankGroupedPositions:
+    """An epoch's positions moved into group files (:func:`move_to_groups`): each rank-major
+    batch's runs of its group's file. ``run_off``: CSR runs of each batch (None: one run a
+    batch, the batch's index)."""
+
+    files: SpillFiles
+    key_dtype: np.dtype[np.integer]
+    groups: list[RankGroup]
+    run_start: npt.NDArray[np.int64]
+    run_size: npt.NDArray[np.int64]
+    run_off: npt.NDArray[np.int64] | None
+
+    def load(self, g: int) -> GroupRecords:
+        """Group ``g``'s rows and ids read whole; its files removed."""
+        name = f"rg{g}"
+        rec = self.files.read(name + ".rec", record_dtype(self.key_dtype))
+        data = self.files.read(name + ".data", np.uint8)
+        self.files.remove(name + ".rec", name + ".data")
+        n = max(0, rec.shape[0] - 1)
+        return GroupRecords(self, np.ascontiguousarray(rec["key"][:n]), _strings(rec, data, n))
+
+    def remove(self) -> None:
+        """Delete every group file left (a plan that stopped before writing them all)."""
+        for g in range(len(self.groups)):
+            self.files.remove(f"rg{g}.rec", f"rg{g}.data")
+
+
+@dataclass(frozen=True)
+class GroupRecords:
+    """One group's rows and ids in memory, in its file's order."""
+
+    where: RankGroupedPositions
+    rows: npt.NDArray[np.integer]
+    ids: pa.LargeStringArray
+
+    def batches(self, lo: int, hi: int) -> tuple[npt.NDArray[np.integer], pa.Array]:
+        """Rows and ids of rank-major batches ``lo:hi`` (of this group), batch after batch."""
+        w = self.where
+        r0, r1 = (lo, hi) if w.run_off is None else (int(w.run_off[lo]), int(w.run_off[hi]))
+        at = run_positions(w.run_start[r0:r1], w.run_size[r0:r1])
+        return self.rows[at], self.ids.take(pa.array(at)).cast(pa.string())
+
+
+def _strings(rec: npt.NDArray[Any], data: npt.NDArray[np.uint8], n: int) -> pa.LargeStringArray:
+    """The ``n`` strings whose byte offsets (from the first record's) are ``rec["off"]``
+    (``n + 1`` of them) into ``data``."""
+    off = np.ascontiguousarray(rec["off"]) if rec.shape[0] else np.zeros(1, np.int64)
+    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(off - off[0]),
+                                            pa.py_buffer(data if data.shape[0] else np.zeros(1, np.uint8)))
+
+
+def group_bytes(memory_limit: int) -> int:
+    """Bytes of one group's records in memory under ``memory_limit``: an eighth of it, within
+    :data:`MIN_GROUP_BYTES` and :data:`MAX_GROUP_BYTES`."""
+    return int(min(MAX_GROUP_BYTES, max(MIN_GROUP_BYTES, memory_limit // 8)))
+
+
+def move_to_groups(files: SpillFiles, key_dtype: np.dtype[np.integer], batch_size: npt.NDArray[np.int64],
+                   start: npt.NDArray[np.int64], size: npt.NDArray[np.int64], run_off: npt.NDArray[np.int64] | None,
+                   W: int, part: int, budget: int) -> RankGroupedPositions:
+    """Move the epoch's position files into rank groups of about ``budget`` bytes (see the
+    module docstring). ``batch_size``: rows of each rank-major batch; ``start``/``size``: runs
+    of positions, batch after batch (``run_off``: CSR runs of each batch; None: one run a
+    batch); ``part``: steps a shard part holds. The position files are consumed (truncated
+    while read, then removed)."""
+    dt = record_dtype(key_dtype)
+    total = int(size.sum())
+    data_path = files.root / "pos.data"
+    data_bytes = os.path.getsize(data_path) if data_path.exists() else 0
+    row_bytes = dt.itemsize + -(-data_bytes // max(1, total))
+    groups = rank_groups(batch_size, W, part, max(budget // row_bytes, -(-total // MAX_GROUPS), 1))
+    first_batch = np.array([g.first for g in groups], dtype=np.int64)
+    new_start = np.empty(start.shape[0], dtype=np.int64)
+    filled = np.zeros(len(groups), dtype=np.int64)
+    order = np.argsort(start, kind="stable")  # runs by position
+    blocks = _blocks(size[order], MOVE_ROWS)
+    ends = [int((start[order[a:b]] + size[order[a:b]]).max()) for a, b in blocks]
+    reach = np.maximum.accumulate([-1, *ends])  # reach[i]: the furthest end of the runs before block i
+    for i in range(len(blocks) - 1, -1, -1):  # from the end: the files shrink behind the reads
+        a, b = blocks[i]
+        ps = order[a:b]
+        batch = ps if run_off is None else np.searchsorted(run_off, ps, side="right") - 1
+        g = np.searchsorted(first_batch, batch, side="right") - 1
+        within = np.argsort(g, kind="stable")  # the block's runs by group, then position
+        ps, g = ps[within], g[within]
+        st, sz = start[ps], size[ps]
+        lo, hi = int(st.min()), ends[i]
+        rec = files.read_range("pos.rec", dt, lo, hi + 1)
+        data = files.read_range("pos.data", np.uint8, int(rec["off"][0]), int(rec["off"][-1]))
+        at = run_positions(st - lo, sz)
+        keys, ids = rec["key"][at], _strings(rec, data, hi - lo).take(pa.array(at))
+        first_run = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        excl = np.cumsum(sz) - sz  # each run's first row in the block's (group, position) order
+        new_start[ps] = filled[g] + excl - np.repeat(excl[first_run], np.diff(np.r_[first_run, g.shape[0]]))
+        bounds = np.r_[excl[first_run], at.shape[0]].tolist()
+        for j, k in enumerate(g[first_run].tolist()):
+            files.append_records(f"rg{k}", keys[bounds[j]:bounds[j + 1]], ids.slice(bounds[j], bounds[j + 1] - bounds[j]))
+            filled[k] += bounds[j + 1] - bounds[j]
+        if reach[i] <= lo:  # no run before this block reads past lo: drop what was read (keeping lo's offset)
+            os.truncate(files.root / "pos.rec", (lo + 1) * dt.itemsize)
+            os.truncate(data_path, int(rec["off"][0]))
+    files.close()
+    files.remove("pos.rec", "pos.data")
+    return RankGroupedPositions(files, key_dtype, groups, new_start, size, run_off)
+
+
+def _blocks(sizes: npt.NDArray[np.int64], rows: int) -> list[tuple[int, int]]:
+    """Consecutive ranges of ``sizes`` of about ``rows`` in all (each at least one)."""
+    if sizes.shape[0] == 0:
+        return []
+    cum = np.cumsum(sizes)
+    cuts = np.unique(np.searchsorted(cum, np.arange(rows, int(cum[-1]), rows), side="left") + 1)
+    bounds = [0, *cuts[cuts < sizes.shape[0]].tolist(), sizes.shape[0]]
+    return list(zip(bounds[:-1], bounds[1:]))
