@@ -1019,7 +1019,7 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
 
             whole = group.steps.stop == S  # the group ends its ranks' epoch
             writer.write_ranks(parts, tick if whole else lambda r: None, close=last and whole, ranks=group.ranks)
-            del records
+            del parts, records  # before the next group is read: one group in memory at a time
     finally:
         grouped.remove()
 

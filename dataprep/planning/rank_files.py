@@ -105,7 +105,7 @@ class RankGroupedPositions:
         data = self.files.read(name + ".data", np.uint8)
         self.files.remove(name + ".rec", name + ".data")
         n = max(0, rec.shape[0] - 1)
-        return GroupRecords(self, np.ascontiguousarray(rec["key"][:n]), _strings(rec, data, n))
+        return GroupRecords(self, rec["key"][:n], _strings(rec, data, n))
 
     def remove(self) -> None:
         """Delete every group file left (a plan that stopped before writing them all)."""
@@ -115,7 +115,7 @@ class RankGroupedPositions:
 
 @dataclass(frozen=True)
 class GroupRecords:
-    """One group's rows and ids in memory, in its file's order."""
+    """One group's rows and ids in memory, in its file's order (``rows`` a view of its records)."""
 
     where: RankGroupedPositions
     rows: npt.NDArray[np.integer]
@@ -133,7 +133,9 @@ def _strings(rec: npt.NDArray[Any], data: npt.NDArray[np.uint8], n: int) -> pa.L
     """The ``n`` strings whose byte offsets (from the first record's) are ``rec["off"]``
     (``n + 1`` of them) into ``data``."""
     off = np.ascontiguousarray(rec["off"]) if rec.shape[0] else np.zeros(1, np.int64)
-    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(off - off[0]),
+    if off[0]:
+        off -= off[0]
+    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(off),
                                             pa.py_buffer(data if data.shape[0] else np.zeros(1, np.uint8)))
 
 
