@@ -132,9 +132,10 @@ class GroupRecords:
 def _strings(rec: npt.NDArray[Any], data: npt.NDArray[np.uint8], n: int) -> pa.LargeStringArray:
     """The ``n`` strings whose byte offsets (from the first record's) are ``rec["off"]``
     (``n + 1`` of them) into ``data``."""
-    off = np.ascontiguousarray(rec["off"]) if rec.shape[0] else np.zeros(1, np.int64)
-    if off[0]:
-        off -= off[0]
+    if rec.shape[0] == 0:
+        off = np.zeros(1, np.int64)
+    else:  # a copy (the records are packed), shifted only where they do not start at 0
+        off = rec["off"] - rec["off"][0] if rec["off"][0] else np.ascontiguousarray(rec["off"])
     return pa.LargeStringArray.from_buffers(n, pa.py_buffer(off),
                                             pa.py_buffer(data if data.shape[0] else np.zeros(1, np.uint8)))
 
