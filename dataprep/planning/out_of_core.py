@@ -21,14 +21,18 @@ bounded by the largest bucket, not by the corpus.
    summaries only: :func:`bucketing.balance.balance_steps`,
    :func:`bucketing.balance.layout_order`, :func:`bucketing.groups.group_order` (the
    per-batch figures they do not need wait on disk meanwhile).
-4. Shards are streamed rank by rank (several ranks at once,
-   :meth:`manifests.plan_files.PlanWriter.write_ranks`) in parts of whole row groups: each
-   batch's rows and ids are one contiguous run of the position files; in the last epoch each
-   shard is closed once written (its footer's metadata freed).
+4. The position files are moved, in one sequential pass from their end, into one file per
+   group of ranks (:mod:`dataprep.planning.rank_files`: whole ranks, or steps of one rank,
+   of at most an eighth of the memory limit); each group is read whole and its shards are
+   streamed (several ranks at once, :meth:`manifests.plan_files.PlanWriter.write_ranks`) in
+   parts of whole row groups; in the last epoch each shard is closed once written (its
+   footer's metadata freed).
 
 Memory (:func:`planning_bytes`): the bucket being ordered (:data:`BUCKET_BYTES_PER_ROW` per
 row, a chunk of its ids) beside per-batch summaries, or later the per-batch arrays of the
-layout (:data:`BATCH_BYTES`), plus one part of a shard per writing thread;
+layout (:data:`BATCH_BYTES`), plus, while shards are written, one rank group (an eighth of
+the limit, :func:`dataprep.planning.rank_files.group_bytes`) and one part of a shard per
+writing thread;
 the spill files take about 31 bytes per row plus the ids on disk (about twice during an
 epoch; the last epoch removes each bucket's ids once laid out, so the position files reuse
 their page cache). The plan equals the in-memory one (tests compare the shards byte for byte).
