@@ -32,8 +32,9 @@ from manifests.spill import SpillFiles, record_dtype
 #: Rows of the position files moved at once (about 70 bytes of memory each: records, ids,
 #: their gather and copy).
 MOVE_ROWS = 1 << 21
-#: Most groups an epoch is cut into (two open files each while positions are moved).
-MAX_GROUPS = 256
+#: Fewest rows of a group are the epoch's rows over this: at most about twice as many groups
+#: (whole ranks packed greedily), two open files each while positions are moved.
+MAX_GROUPS = 128
 #: Bounds of a group's bytes in memory whatever the memory limit.
 MIN_GROUP_BYTES, MAX_GROUP_BYTES = 1 << 20, 1 << 30
 
