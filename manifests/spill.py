@@ -121,8 +121,8 @@ class SpillFiles:
     def append_records(self, name: str, keys: npt.NDArray[np.generic], values: pa.Array) -> None:
         """Append (key, string) pairs as ``name.rec`` (each key beside its string's start in
         ``name.data``, packed: :func:`record_dtype`; :meth:`close` ends it with one record of
-        the total) and ``name.data`` (the strings' UTF-8 bytes). A run of pairs is then one read
-        of records and one of bytes (:meth:`read_record_runs`), not three."""
+        the total) and ``name.data`` (the strings' UTF-8 bytes): a run of pairs is one read of
+        records and one of bytes, not three."""
         dt = self._records.setdefault(name, record_dtype(keys.dtype))
         off = self._append_bytes(name, values)
         if off.shape[0] > 1:
@@ -204,15 +204,6 @@ class SpillFiles:
         :meth:`append_strings`) for every ``i``, concatenated, as a string array."""
         ends = self.read_runs(name + ".off", np.int64, starts, sizes + 1)  # each run's offsets and its end
         return self._strings_of_runs(name + ".data", ends, sizes)
-
-    def read_record_runs(self, name: str, key_dtype: type, starts: npt.NDArray[np.int64],
-                         sizes: npt.NDArray[np.int64]) -> tuple[npt.NDArray[Any], pa.Array]:
-        """The pairs ``starts[i] : starts[i] + sizes[i]`` of ``name`` (see
-        :meth:`append_records`) for every ``i``, concatenated: (keys, strings)."""
-        rec = self.read_runs(name + ".rec", record_dtype(np.dtype(key_dtype)), starts, sizes + 1)
-        keep = np.ones(rec.shape[0], dtype=bool)
-        keep[np.cumsum(sizes + 1) - 1] = False  # each run's extra record: only its offset counts
-        return rec["key"][keep], self._strings_of_runs(name + ".data", np.ascontiguousarray(rec["off"]), sizes)
 
     def read_record_keys(self, name: str, key_dtype: type, start: int, stop: int) -> npt.NDArray[Any]:
         """Keys ``start:stop`` of ``name`` (see :meth:`append_records`)."""

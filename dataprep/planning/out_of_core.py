@@ -998,12 +998,9 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
     mean = max(1, int(layout.size.sum()) // max(1, layout.size.shape[0]))
     part = row_group_steps * max(1, PART_ROWS // (row_group_steps * mean))
     bucket = ep.bucket_of_batch()
-    run_off = None
-    start, size = layout.start, layout.size
+    start, size, run_off = layout.start, layout.size, None
     if layout.explicit is not None and (start < 0).any():  # its rows' positions: runs of one
-        run_off = np.zeros(start.shape[0] + 1, dtype=np.int64)
-        np.cumsum(np.where(start < 0, size, 1), out=run_off[1:])
-        start, size = _explicit_runs(start, size, layout.explicit, 0)
+        start, size, run_off = _explicit_runs(start, size, layout.explicit)
     grouped = move_to_groups(corpus.files, np.dtype(corpus.row_dtype), layout.size, start, size, run_off,
                              ep.world_size, part, group_bytes(memory_limit))
     try:
@@ -1029,17 +1026,20 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
 
 
 def _explicit_runs(start: npt.NDArray[np.int64], size: npt.NDArray[np.int64],
-                   explicit: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
-                   lo: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Runs of positions of batches ``lo : lo + len(start)`` in batch order: a whole one's run,
-    and one run of one position per row of a batch given by positions (``start`` -1)."""
+                   explicit: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
+                   ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Runs of positions of an epoch's rank-major batches, batch after batch: a whole one's
+    run, and one run of one position per row of a batch given by positions (``start`` -1);
+    with the CSR offsets of each batch's runs."""
     exp = start < 0
     n_runs = np.where(exp, size, 1)
+    run_off = np.zeros(start.shape[0] + 1, dtype=np.int64)
+    np.cumsum(n_runs, out=run_off[1:])
     run_start = np.repeat(start, n_runs)
     run_size = np.repeat(np.where(exp, 1, size), n_runs)
-    _, gather = gather_segments(explicit[0], lo + np.flatnonzero(exp))
+    _, gather = gather_segments(explicit[0], np.flatnonzero(exp))
     run_start[np.repeat(exp, n_runs)] = explicit[1][gather]
-    return run_start, run_size
+    return run_start, run_size, run_off
 
 
 #: Bytes of disk per row of the spill files besides its id's bytes: row (int32 below 2**31

@@ -206,8 +206,9 @@ def test_an_unknown_shard_version_is_refused_in_one_line(tmp_path) -> None:
 
 
 def test_write_ranks_bytes_do_not_depend_on_threads(tmp_path) -> None:
-    """Shards written several ranks at a time (``write_threads``), each in parts, are the
-    bytes one thread writes, closed as soon as written or by ``finish``; ticks come in rank order."""
+    """Shards written several ranks at a time (``write_threads``), each in parts, all ranks at
+    once or group after group, are the bytes one thread writes, closed as soon as written or by
+    ``finish``; ticks come in rank order."""
     ids = pa.array([f"utt-{i:05d}" for i in range(4000)])
     rng = np.random.default_rng(1)
     sizes = rng.integers(1, 6, (W, 3, 10))
@@ -221,14 +222,15 @@ def test_write_ranks_bytes_do_not_depend_on_threads(tmp_path) -> None:
                               max_tokens=sizes[r, c] * 2, step_in_epoch=10 * c)
 
     shards = []
-    for threads, close in ((1, False), (3, False), (3, True)):
+    for threads, close, groups in ((1, False, 1), (3, False, 1), (3, True, 1), (2, True, 2)):
         ticks: list[int] = []
         with PlanWriter(tmp_path / f"p{threads}{close}", W, row_group_steps=4, write_threads=threads) as w:
-            w.write_ranks(tables, ticks.append, close=close)
+            for ranks in (range(W),) if groups == 1 else (range(0, 1), range(1, W)):  # all at once, or in groups
+                w.write_ranks(tables, ticks.append, close=close, ranks=ranks)
             if close:  # each shard finished as written: no more batches for it
                 with pytest.raises(ValueError, match="rank 0 is already closed"):
                     w.write(0, next(tables(0)))
             w.finish(plan_meta(1, 30))
         assert ticks == list(range(W))
         shards.append([(tmp_path / f"p{threads}{close}" / shard_name(r)).read_bytes() for r in range(W)])
-    assert shards[0] == shards[1] == shards[2]
+    assert shards[0] == shards[1] == shards[2] == shards[3]

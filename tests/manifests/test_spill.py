@@ -42,9 +42,6 @@ def test_strings_and_runs_read_back_what_was_appended(tmp_path_factory, blocks, 
     if n:
         assert files.read_runs("n", np.int64, starts, sizes).tolist() == [
             nums[i] for a, z in zip(starts, sizes) for i in range(a, a + z)]
-    keys, strings = files.read_record_runs("pairs", np.int32, starts, sizes)
-    assert keys.tolist() == [nums[i] for a, z in zip(starts, sizes) for i in range(a, a + z)]
-    assert strings.to_pylist() == [flat[i] for a, z in zip(starts, sizes) for i in range(a, a + z)]
     if runs:
         a, z = int(starts[0]), int(sizes[0])
         assert files.read_record_keys("pairs", np.int32, a, a + z).tolist() == nums[a:a + z]
