@@ -401,11 +401,11 @@ def plan_extra(weighted: WeightedEpochs | None, dynres: DynResTotals | None) -> 
 
 def spill_for_plan(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray[np.int64], root: Path,
                    blend: Blend | None, options: PlanOptions, *, strict: bool, epochs: int,
-                   limit: int, world_size: int | None = None,
-                   ids_once: bool | None = None) -> tuple[SpilledCorpus, WeightedEpochs | None]:
+                   limit: int, world_size: int | None = None, ids_once: bool | None = None,
+                   drawn: bool = False) -> tuple[SpilledCorpus, WeightedEpochs | None]:
     """The spill of an out-of-core plan of ``epochs`` epochs (the free disk checked before it for
-    the whole plan, and after it again once the largest bucket is known: ``ids_once`` as
-    :func:`dataprep.planning.out_of_core.disk_bytes` takes it):
+    the whole plan, and after it again once the largest bucket is known: ``ids_once`` and
+    ``drawn`` as :func:`dataprep.planning.out_of_core.disk_bytes` takes them):
     with a ``blend``, each row's corpus and index in it too, and the blend's quotas over the
     spilled rows (``options``: the weighting's epoch size and seed). Tails are carried
     (``options.carry``, never ``strict``) as :func:`bucketing.allocate.assign` carries them:
@@ -417,8 +417,8 @@ def spill_for_plan(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray
         codes = iter_corpus_codes(manifest, names, TOTALS_BLOCK)
         if codes is None:
             raise DataprepError(f"{manifest}: has no corpus column (compile an input_cfg blend to weigh corpora)")
-    check_free_disk(root, disk_bytes(manifest, epochs, weighted=blend is not None, ids_once=ids_once).peak,
-                    "the spill files and the plan")
+    check_free_disk(root, disk_bytes(manifest, epochs, weighted=blend is not None, ids_once=ids_once,
+                                     drawn=drawn).peak, "the spill files and the plan")
     carry = options.carry and not strict
     corpus = spill_manifest(manifest, grid, bs, root, strict=strict, carry=carry and world_size is None,
                             memory_limit=limit, codes=codes, num_corpora=len(names) if blend is not None else None)
@@ -428,7 +428,7 @@ def spill_for_plan(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray
             corpus = carry_spilled(corpus, grid, bs, manifest, limit)
     corpus.carry = carry
     need = disk_bytes(manifest, epochs, weighted=blend is not None, largest=int(corpus.counts.max(initial=0)),
-                      ids_once=ids_once)
+                      ids_once=ids_once, drawn=drawn)
     check_free_disk(root, need.peak - SpillFiles(root).written_bytes(),
                     "the position files and the plan (besides the spill files written)")
     if blend is None:

@@ -1051,6 +1051,9 @@ POSITION_DISK_BYTES_PER_ROW = 12
 #: Bytes of disk per row of a weighted plan's spill besides those: corpus code, index in the
 #: corpus and times drawn (4 + 8 + 4).
 WEIGHTED_DISK_BYTES_PER_ROW = 16
+#: Bytes of disk per row of an epoch drawn row by row when not weighted (a re-plan's unseen
+#: rest, :func:`draw_rows`): the times each row is taken (int32).
+DRAWN_DISK_BYTES_PER_ROW = 4
 #: Bytes of disk per row and epoch of the plan's shards (about 9 measured at 10M-100M rows).
 PLAN_DISK_BYTES_PER_ROW = 10
 
@@ -1066,7 +1069,7 @@ class DiskNeed:
 
 
 def disk_bytes(manifest: str | os.PathLike[str], epochs: int, weighted: bool = False, *, largest: int = 0,
-               ids_once: bool | None = None) -> DiskNeed:
+               ids_once: bool | None = None, drawn: bool = False) -> DiskNeed:
     """Disk that out-of-core planning ``manifest`` for ``epochs`` takes (:class:`DiskNeed`).
 
     The ids' size is read from the Parquet footer (uncompressed: at least their bytes). The
@@ -1075,7 +1078,8 @@ def disk_bytes(manifest: str | os.PathLike[str], epochs: int, weighted: bool = F
     removes each bucket's spilled ids once laid out, so the ids are on disk about once. A
     bucket of more than :data:`ID_CHUNK_ROWS` rows gathers its ids through a scratch copy
     (``largest``: the largest bucket's rows, once known; 0 before the spill). ``weighted``: the
-    corpus codes, indices and times drawn too (an epoch the size of the manifest).
+    corpus codes, indices and times drawn too (an epoch the size of the manifest); ``drawn``:
+    the times drawn alone (a re-plan's unseen rest, not weighted).
     Measured (3M synthetic rows, ids of ~11 bytes, one epoch / three): at most 47.0 / 73.1 bytes
     a row on disk at once; this estimates 60.8 / 95.6 (before: 83.6 / 103.6)."""
     md = pq.ParquetFile(manifest).metadata
@@ -1083,7 +1087,8 @@ def disk_bytes(manifest: str | os.PathLike[str], epochs: int, weighted: bool = F
     id_bytes = sum(md.row_group(g).column(col).total_uncompressed_size for g in range(md.num_row_groups))
     n = md.num_rows
     wide = 4 if n >= 2**31 else 0  # int64 row numbers
-    numbers = (SPILL_DISK_BYTES_PER_ROW + wide + (WEIGHTED_DISK_BYTES_PER_ROW if weighted else 0)) * n
+    extra = WEIGHTED_DISK_BYTES_PER_ROW if weighted else DRAWN_DISK_BYTES_PER_ROW if drawn else 0
+    numbers = (SPILL_DISK_BYTES_PER_ROW + wide + extra) * n
     once = epochs == 1 if ids_once is None else ids_once
     positions = (POSITION_DISK_BYTES_PER_ROW + wide) * n + (0 if once else id_bytes)
     gathered = 0 if largest <= ID_CHUNK_ROWS else -(-id_bytes * largest // max(n, 1)) + 8 * largest

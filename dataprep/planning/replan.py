@@ -204,7 +204,8 @@ def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.Pat
     try:
         corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, parent, strict=strict,
                                           epochs=meta.epochs - e0, limit=limit, world_size=None if tol > 0 else W,
-                                          ids_once=tol > 0 and meta.epochs - e0 == 1)  # one bucket per step: kept
+                                          ids_once=tol > 0 and meta.epochs - e0 == 1,  # one bucket per step: kept
+                                          drawn=True)  # the unseen rest's times drawn
         if weighted is not None:
             _check_recorded_quotas(meta, weighted)
         rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0), num_corpora,

@@ -245,6 +245,9 @@ def test_disk_estimate_covers_the_spill_and_the_plan(tmp_path: Path, epochs: int
     assert spilled + plan <= need.peak < 2 * (spilled + plan)
     assert need.peak == out_of_core.disk_bytes(m, epochs).peak  # no bucket gathers its ids through a scratch copy
     assert out_of_core.disk_bytes(m, 1, ids_once=False).peak > out_of_core.disk_bytes(m, 1).peak
+    # a re-plan's unseen rest counts the times each row is drawn (int32); a weighted plan counts them already
+    assert out_of_core.disk_bytes(m, epochs, drawn=True).peak - out_of_core.disk_bytes(m, epochs).peak == 4 * 5000
+    assert out_of_core.disk_bytes(m, epochs, True, drawn=True) == out_of_core.disk_bytes(m, epochs, True)
     # a bucket too large to hold its ids gathers them through a scratch copy: its ids' share and offsets
     big = out_of_core.ID_CHUNK_ROWS + 1
     scratch = out_of_core.disk_bytes(m, epochs, largest=big).peak - need.peak
