@@ -78,9 +78,10 @@ def plan_batches_cmd(
                             temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
                             memory_limit=limit)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
-    label = "planning out of core, spilling next to -o" if _out_of_core(manifest, options) else "planning"
+    label = "planning out of core" if _out_of_core(manifest, options) else "planning"
     with progress_counter(f"{label} (shards written)", total=epochs * world_size) as advance, option_flags(PLAN_FLAGS):
-        meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1))
+        meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1),
+                          on_phase=lambda what: advance(0, description=f"{label}: {what}"))
     print_plan(meta, out_dir)
 
 

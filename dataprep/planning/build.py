@@ -210,6 +210,7 @@ def build_plan(
     options: PlanOptions,
     *,
     on_progress: Callable[[int, int], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
     timings: dict[str, float] | None = None,
 ) -> PlanMeta:
     """Plan ``options.epochs`` epochs of ``manifest`` over ``options.world_size`` ranks into
@@ -223,7 +224,9 @@ def build_plan(
     within groups of G, each group drawing the steps in its own order (:mod:`bucketing.groups`).
 
     Returns the plan's metadata (the content of ``plan.json``). ``on_progress(done, total)``
-    counts shard writes; ``timings`` (if given) receives wall seconds per phase (read,
+    counts shard writes; ``on_phase(what)`` is told each phase as it starts (reading, each
+    epoch's layout and writing: minutes apiece at hundreds of millions of rows, before or
+    between shard writes); ``timings`` (if given) receives wall seconds per phase (read,
     allocate, plan, write). ``dynamic_resolution``: record each batch's target frames (the
     config's constant, or its longest utterance at ``frames_per_second``) in a
     ``target_frames`` shard column and the predicted figures in ``plan.json``; the buckets'
@@ -241,7 +244,7 @@ def build_plan(
     """
     if not isinstance(options, PlanOptions):
         raise DataprepError(f"build_plan: options must be PlanOptions, got {type(options).__name__}")
-    clock = _Clock(timings)
+    clock = _Clock(timings, on_phase)
     world_size, seed, epochs, strict, carry = (options.world_size, options.seed, options.epochs, options.strict,
                                                options.carry)
     interleave, balance, cost, group = options.interleave, options.balance, options.cost, options.group
@@ -255,6 +258,7 @@ def build_plan(
     if plans_out_of_core(manifest, options):
         with retained_heap():  # bucket-sized arrays reused, not zeroed afresh (see retained_heap)
             return _build_out_of_core(manifest, buckets, out_dir, options, spec, limit, on_progress, clock)
+    clock.begin("reading the manifest")
     cols = ManifestColumns.read(manifest)
     options.check_rows(cols.duration.shape[0])  # before any per-rank allocation
     clock("read")
@@ -275,6 +279,7 @@ def build_plan(
     with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
                     target_frames=dynamic_resolution is not None) as writer:
         for e in range(epochs):
+            clock.begin(f"epoch {e + 1}/{epochs}: laying out steps")
             epoch_inputs = inputs if weighted is None else weighted.epoch_inputs(inputs, e)
             try:
                 ep = regroup(plan_epoch(epoch_inputs, world_size, seed, e, interleave=interleave,  # type: ignore[arg-type]
@@ -285,6 +290,7 @@ def build_plan(
             if weighted is not None:
                 weighted.add(ep, cols.duration, cols.num_tokens)
             clock("plan")
+            clock.begin(f"epoch {e + 1}/{epochs}: writing shards")
             first_step = totals.num_steps
             write_epoch(writer, ep, cols.ids, first_step, lambda r: on_progress(e * world_size + r + 1, total)
                          if on_progress else None, dynamic_resolution, last=e == epochs - 1)
@@ -345,6 +351,7 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
     grid = grid_from_spec(spec)
     root = spill_dir(out_dir)
     try:
+        clock.begin("reading the manifest, spilling it")
         corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, options, strict=options.strict,
                                           epochs=epochs, limit=limit,
                                           world_size=None if options.balance > 0 else W)
@@ -354,6 +361,7 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
         with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps,
                         target_frames=config is not None) as writer:
             for e in range(epochs):
+                clock.begin(f"epoch {e + 1}/{epochs}: ordering buckets, laying out steps")
                 draw = None
                 if weighted is not None:
                     draw = draw_epoch(corpus, weighted.sampler, e)
@@ -374,6 +382,7 @@ def _build_out_of_core(manifest: str | os.PathLike[str], buckets: str | os.PathL
                 if weighted is not None and lay.groups is not None:
                     weighted.add_totals(lay.groups)
                 clock("plan")
+                clock.begin(f"epoch {e + 1}/{epochs}: writing shards")
                 first_step = totals.num_steps
                 write_epoch_spilled(writer, lay, corpus, first_step, options.row_group_steps,
                                     lambda r: on_progress(e * W + r + 1, epochs * W) if on_progress else None,
@@ -506,10 +515,15 @@ class DynResTotals:
 
 
 class _Clock:
-    """Adds the seconds since the previous call to ``timings[phase]``."""
+    """Adds the seconds since the previous call to ``timings[phase]``; :meth:`begin` tells
+    ``announce`` what starts now."""
 
-    def __init__(self, timings: dict[str, float] | None) -> None:
-        self.timings, self.t = timings, time.perf_counter()
+    def __init__(self, timings: dict[str, float] | None, announce: Callable[[str], None] | None = None) -> None:
+        self.timings, self.t, self.announce = timings, time.perf_counter(), announce
+
+    def begin(self, what: str) -> None:
+        if self.announce is not None:
+            self.announce(what)
 
     def __call__(self, phase: str) -> None:
         now = time.perf_counter()

@@ -302,3 +302,26 @@ def test_out_of_core_replan_equals_in_memory(tmp_path_factory, n, W, W2, seed, e
         assume(False)
     _same_plan(tmp / "mem", tmp / "ooc", W2)
     _no_spill_left(tmp)
+
+
+@pytest.mark.parametrize("out_of_core_plan", [False, True])
+def test_each_phase_is_announced_as_it_starts(tmp_path: Path, out_of_core_plan: bool) -> None:
+    """``on_phase`` hears reading, then each epoch's layout and writing, in order, before that
+    epoch's shards are counted (a plan of hundreds of millions of rows spends minutes in each)."""
+    m, b = write_plan_inputs(tmp_path, 600, seed=3, num_buckets=3)
+    heard: list[str] = []
+    written: list[int] = []
+
+    def progress(done: int, total: int) -> None:
+        written.append(done)
+        heard.append(f"wrote {done}")
+
+    limit = 600 * 100 - 1 if out_of_core_plan else None
+    build_plan(m, b, tmp_path / "p", PlanOptions(world_size=2, epochs=2, memory_limit=limit),
+               on_progress=progress, on_phase=heard.append)
+    phases = [h for h in heard if not h.startswith("wrote")]
+    assert phases[0].startswith("reading the manifest") and ("spilling" in phases[0]) == out_of_core_plan
+    assert [p.split(":")[0] for p in phases[1:]] == ["epoch 1/2", "epoch 1/2", "epoch 2/2", "epoch 2/2"]
+    assert "laying out steps" in phases[1] and "writing shards" in phases[2]
+    assert heard.index(phases[2]) < heard.index("wrote 1") and heard.index(phases[4]) < heard.index("wrote 3")
+    assert written == [1, 2, 3, 4]
