@@ -121,8 +121,8 @@ class SpillFiles:
     def append_records(self, name: str, keys: npt.NDArray[np.generic], values: pa.Array) -> None:
         """Append (key, string) pairs as ``name.rec`` (each key beside its string's start in
         ``name.data``, packed: :func:`record_dtype`; :meth:`close` ends it with one record of
-        the total) and ``name.data`` (the strings' UTF-8 bytes): a run of pairs is one read of
-        records and one of bytes, not three."""
+        the total) and ``name.data`` (the strings' UTF-8 bytes): a range of pairs is one read of
+        records and one of bytes (:meth:`read_record_range`), not three."""
         dt = self._records.setdefault(name, record_dtype(keys.dtype))
         off = self._append_bytes(name, values)
         if off.shape[0] > 1:
@@ -205,9 +205,31 @@ class SpillFiles:
         ends = self.read_runs(name + ".off", np.int64, starts, sizes + 1)  # each run's offsets and its end
         return self._strings_of_runs(name + ".data", ends, sizes)
 
-    def read_record_keys(self, name: str, key_dtype: type, start: int, stop: int) -> npt.NDArray[Any]:
-        """Keys ``start:stop`` of ``name`` (see :meth:`append_records`)."""
-        return self.read_range(name + ".rec", record_dtype(np.dtype(key_dtype)), start, stop)["key"].copy()
+    def count_records(self, name: str, key_dtype: type) -> tuple[int, int]:
+        """Pairs in ``name`` (see :meth:`append_records`; closed) and the bytes of their strings."""
+        rec, data = self.root / (name + ".rec"), self.root / (name + ".data")  # no bytes: no data file
+        n = rec.stat().st_size // record_dtype(np.dtype(key_dtype)).itemsize - 1 if rec.exists() else 0
+        return max(0, n), data.stat().st_size if data.exists() else 0
+
+    def read_record_range(self, name: str, key_dtype: type, start: int,
+                          stop: int) -> tuple[npt.NDArray[Any], pa.LargeStringArray]:
+        """Pairs ``start:stop`` of ``name`` (see :meth:`append_records`): their keys (a view of
+        the records read) and strings; one read of records, one of bytes."""
+        rec = self.read_range(name + ".rec", record_dtype(np.dtype(key_dtype)), start, stop + 1)
+        lo, hi = int(rec["off"][0]), int(rec["off"][-1])
+        data = self.read_range(name + ".data", np.uint8, lo, hi) if hi > lo else np.zeros(1, np.uint8)
+        off = rec["off"] - lo if lo else np.ascontiguousarray(rec["off"])  # a copy either way: records are packed
+        strings = pa.LargeStringArray.from_buffers(stop - start, pa.py_buffer(off), pa.py_buffer(data))
+        return rec["key"][:-1], strings
+
+    def cut_records(self, name: str, key_dtype: type, start: int) -> None:
+        """Drop pairs ``start:`` of ``name`` from its files (closed), keeping the offset that
+        ends the pairs before: what reads pairs below ``start`` needs."""
+        dt = record_dtype(np.dtype(key_dtype))
+        end = int(self.read_range(name + ".rec", dt, start, start + 1)["off"][0])
+        os.truncate(self.root / (name + ".rec"), (start + 1) * dt.itemsize)
+        if (self.root / (name + ".data")).exists():  # no bytes ever appended: no data file
+            os.truncate(self.root / (name + ".data"), end)
 
     def _strings_of_runs(self, data: str, ends: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> pa.Array:
         """The strings of runs of ``sizes[i]`` strings whose ``sizes[i] + 1`` byte offsets into

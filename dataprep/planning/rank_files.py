@@ -18,16 +18,14 @@ are removed once it is read.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from bucketing.batching import run_positions
-from manifests.spill import SpillFiles, record_dtype
+from manifests.spill import SpillFiles
 
 #: Rows of the position files moved at once (about 70 bytes of memory each: records, ids,
 #: their gather and copy).
@@ -102,11 +100,11 @@ class RankGroupedPositions:
     def load(self, g: int) -> GroupRecords:
         """Group ``g``'s rows and ids read whole; its files removed."""
         name = f"rg{g}"
-        rec = self.files.read(name + ".rec", record_dtype(self.key_dtype))
-        data = self.files.read(name + ".data", np.uint8)
+        n, _ = self.files.count_records(name, self.key_dtype)
+        rows, ids = self.files.read_record_range(name, self.key_dtype, 0, n) if n else \
+            (np.empty(0, self.key_dtype), pa.array([], pa.large_string()))
         self.files.remove(name + ".rec", name + ".data")
-        n = max(0, rec.shape[0] - 1)
-        return GroupRecords(self, rec["key"][:n], _strings(rec, data, n))
+        return GroupRecords(self, rows, ids)
 
     def remove(self) -> None:
         """Delete every group file left (a plan that stopped before writing them all)."""
@@ -130,17 +128,6 @@ class GroupRecords:
         return self.rows[at], self.ids.take(pa.array(at)).cast(pa.string())
 
 
-def _strings(rec: npt.NDArray[Any], data: npt.NDArray[np.uint8], n: int) -> pa.LargeStringArray:
-    """The ``n`` strings whose byte offsets (from the first record's) are ``rec["off"]``
-    (``n + 1`` of them) into ``data``."""
-    if rec.shape[0] == 0:
-        off = np.zeros(1, np.int64)
-    else:  # a copy (the records are packed), shifted only where they do not start at 0
-        off = rec["off"] - rec["off"][0] if rec["off"][0] else np.ascontiguousarray(rec["off"])
-    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(off),
-                                            pa.py_buffer(data if data.shape[0] else np.zeros(1, np.uint8)))
-
-
 def group_bytes(memory_limit: int) -> int:
     """Bytes of one group's records in memory under ``memory_limit``: an eighth of it, within
     :data:`MIN_GROUP_BYTES` and :data:`MAX_GROUP_BYTES`."""
@@ -155,11 +142,9 @@ def move_to_groups(files: SpillFiles, key_dtype: np.dtype[np.integer], batch_siz
     of positions, batch after batch (``run_off``: CSR runs of each batch; None: one run a
     batch); ``part``: steps a shard part holds. The position files are consumed (truncated
     while read, then removed)."""
-    dt = record_dtype(key_dtype)
     total = int(size.sum())
-    data_path = files.root / "pos.data"
-    data_bytes = os.path.getsize(data_path) if data_path.exists() else 0
-    row_bytes = dt.itemsize + -(-data_bytes // max(1, total))
+    count, data_bytes = files.count_records("pos", key_dtype)
+    row_bytes = key_dtype.itemsize + 8 + -(-data_bytes // max(1, count))
     groups = rank_groups(batch_size, W, part, max(budget // row_bytes, -(-total // MAX_GROUPS), 1))
     first_batch = np.array([g.first for g in groups], dtype=np.int64)
     new_start = np.empty(start.shape[0], dtype=np.int64)
@@ -177,10 +162,9 @@ def move_to_groups(files: SpillFiles, key_dtype: np.dtype[np.integer], batch_siz
         ps, g = ps[within], g[within]
         st, sz = start[ps], size[ps]
         lo, hi = int(st.min()), ends[i]
-        rec = files.read_range("pos.rec", dt, lo, hi + 1)
-        data = files.read_range("pos.data", np.uint8, int(rec["off"][0]), int(rec["off"][-1]))
+        block_keys, block_ids = files.read_record_range("pos", key_dtype, lo, hi)
         at = run_positions(st - lo, sz)
-        keys, ids = rec["key"][at], _strings(rec, data, hi - lo).take(pa.array(at))
+        keys, ids = block_keys[at], block_ids.take(pa.array(at))
         first_run = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
         excl = np.cumsum(sz) - sz  # each run's first row in the block's (group, position) order
         new_start[ps] = filled[g] + excl - np.repeat(excl[first_run], np.diff(np.r_[first_run, g.shape[0]]))
@@ -188,9 +172,8 @@ def move_to_groups(files: SpillFiles, key_dtype: np.dtype[np.integer], batch_siz
         for j, k in enumerate(g[first_run].tolist()):
             files.append_records(f"rg{k}", keys[bounds[j]:bounds[j + 1]], ids.slice(bounds[j], bounds[j + 1] - bounds[j]))
             filled[k] += bounds[j + 1] - bounds[j]
-        if reach[i] <= lo:  # no run before this block reads past lo: drop what was read (keeping lo's offset)
-            os.truncate(files.root / "pos.rec", (lo + 1) * dt.itemsize)
-            os.truncate(data_path, int(rec["off"][0]))
+        if reach[i] <= lo:  # no run before this block reads past lo: drop what was read
+            files.cut_records("pos", key_dtype, lo)
     files.close()
     files.remove("pos.rec", "pos.data")
     return RankGroupedPositions(files, key_dtype, groups, new_start, size, run_off)

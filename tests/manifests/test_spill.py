@@ -1,5 +1,5 @@
 """Spill files (manifests.spill): strings appended block by block read back whole and by runs,
-numbers and (key, string) records by runs, equal to slicing what was appended (hypothesis over blocks and runs); the
+numbers by runs and (key, string) records by ranges (and cut short), equal to slicing what was appended (hypothesis over blocks and runs); the
 retained heap serves big blocks from the heap inside and maps them again outside; remove deletes
 only the columns named."""
 
@@ -42,9 +42,15 @@ def test_strings_and_runs_read_back_what_was_appended(tmp_path_factory, blocks, 
     if n:
         assert files.read_runs("n", np.int64, starts, sizes).tolist() == [
             nums[i] for a, z in zip(starts, sizes) for i in range(a, a + z)]
+    assert files.count_records("pairs", np.int32) == (n, sum(len(x.encode()) for x in flat))
     if runs:
         a, z = int(starts[0]), int(sizes[0])
-        assert files.read_record_keys("pairs", np.int32, a, a + z).tolist() == nums[a:a + z]
+        keys, strings = files.read_record_range("pairs", np.int32, a, a + z)
+        assert keys.tolist() == nums[a:a + z] and strings.to_pylist() == flat[a:a + z]
+        files.cut_records("pairs", np.int32, a)  # pairs a: gone, the pairs before read as they were
+        assert files.count_records("pairs", np.int32) == (a, sum(len(x.encode()) for x in flat[:a]))
+        keys, strings = files.read_record_range("pairs", np.int32, 0, a)
+        assert keys.tolist() == nums[:a] and strings.to_pylist() == flat[:a]
 
 
 def _in_heap(a: np.ndarray) -> bool:
