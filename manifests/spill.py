@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -44,6 +45,23 @@ def check_free_disk(where: Path, need: int, what: str) -> None:
 #: and the free heap top kept before it is given back.
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 _DEFAULT_TRIM, _DEFAULT_MMAP_MAX = 128 * 1024, 65536
+
+
+def spill_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """A fresh spill directory next to ``out_dir`` (same disk), the one every command that spills
+    uses; the caller removes it with :func:`remove_spill`. A parent that cannot hold it: one line."""
+    parent = Path(out_dir).resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{Path(out_dir).name}.spill-", dir=parent))
+    except OSError as exc:
+        raise DataprepError(f"{parent}: cannot make the spill directory there ({exc.strerror}); "
+                            "spill files go next to the output (or the manifest)") from None
+
+
+def remove_spill(root: Path) -> None:
+    """Remove a spill directory made by :func:`spill_dir` and everything in it."""
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @contextlib.contextmanager

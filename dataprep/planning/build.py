@@ -59,16 +59,13 @@ from dataprep.planning.out_of_core import (
     draw_epoch,
     plan_epoch_identical_spilled,
     plan_epoch_spilled,
-    remove_spill,
-    spill_dir,
     spill_manifest,
     write_epoch_spilled,
 )
 from manifests.io import file_sha256, iter_corpus_codes, manifest_hash, manifest_num_rows, read_manifest
-from manifests.spill import SpillFiles, check_free_disk
 from manifests.plan_files import PlanWriter, shard_table
 from manifests.plan_meta import BalanceInfo, FileRef, ManifestRef, PlanMeta
-from manifests.spill import retained_heap
+from manifests.spill import SpillFiles, check_free_disk, remove_spill, retained_heap, spill_dir
 
 
 def batch_sizes_of(spec: BucketSpec, where: str = "buckets.json") -> npt.NDArray[np.int64]:

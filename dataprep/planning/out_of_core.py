@@ -1096,22 +1096,7 @@ def disk_bytes(manifest: str | os.PathLike[str], epochs: int, weighted: bool = F
     return DiskNeed(spill, spill + positions + gathered + PLAN_DISK_BYTES_PER_ROW * epochs * n)
 
 
-def spill_dir(out_dir: str | os.PathLike[str]) -> Path:
-    """A fresh spill directory next to ``out_dir`` (same disk); the caller removes it."""
-    parent = Path(out_dir).resolve().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{Path(out_dir).name}.spill-", dir=parent))
-    except OSError as exc:
-        raise DataprepError(f"{parent}: cannot make the spill directory there ({exc.strerror}); "
-                            "spill files go next to the output (or the manifest)") from None
-
-
-def remove_spill(root: Path) -> None:
-    shutil.rmtree(root, ignore_errors=True)
-
-
 __all__ = ["ROW_COUNT_BYTES", "BatchMeasure", "DiskNeed", "EpochDraw", "EpochLayout", "SpilledCorpus",
            "carry_spilled", "check_bucket_fits", "default_memory_limit", "disk_bytes", "draw_epoch", "draw_rows",
-           "plan_epoch_figures", "plan_epoch_identical_spilled", "plan_epoch_spilled", "remove_spill", "spill_dir",
+           "plan_epoch_figures", "plan_epoch_identical_spilled", "plan_epoch_spilled",
            "spill_manifest", "write_epoch_spilled"]

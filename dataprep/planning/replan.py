@@ -53,8 +53,6 @@ from dataprep.planning.out_of_core import (
     draw_rows,
     plan_epoch_identical_spilled,
     plan_epoch_spilled,
-    remove_spill,
-    spill_dir,
     write_epoch_spilled,
 )
 from dataprep.planning.weights import WeightedEpochs, blend_of, weighted_epochs
@@ -63,7 +61,7 @@ from manifests.io import require_manifest_hash
 from manifests.options import check_int
 from manifests.plan_files import PlanShard, PlanWriter
 from manifests.plan_meta import PlanMeta, ReplanInfo, read_plan_meta
-from manifests.spill import retained_heap
+from manifests.spill import remove_spill, retained_heap, spill_dir
 
 #: Tolerance of the balanced steps a re-plan falls back to for the unseen rest of an epoch when
 #: one-bucket steps would drop some of it (tiny buckets of batch size 1).

@@ -34,7 +34,6 @@ from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from bucketing.plan import PlanError
-from dataprep.planning.out_of_core import remove_spill, spill_dir
 from dataprep.planning.simulate import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
 from dataprep.report.padding import batch_sizes_for, spec_padding_report
 from dataprep.report.exact import SELECT_BUDGET, ExactSums
@@ -47,7 +46,7 @@ from manifests.io import (file_sha256, iter_manifest, manifest_hash, manifest_nu
                           require_manifest_hash)
 from manifests.options import check_int
 from manifests.plan_meta import PlanMeta, read_plan_meta
-from manifests.spill import SpillFiles, check_free_disk, default_memory_limit
+from manifests.spill import SpillFiles, check_free_disk, default_memory_limit, remove_spill, spill_dir
 
 #: rows per block the report reads (its corpus groups' hours are summed per block: another
 #: size may change their last bits)

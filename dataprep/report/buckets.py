@@ -5,10 +5,7 @@ streamed in bounded memory (:mod:`dataprep.report.stream_fit`)."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from bucketing.budget import cost_equal_spec
 from bucketing.costmodel import CostModel
@@ -19,7 +16,7 @@ from manifests.errors import DataprepError
 from manifests.io import manifest_hash
 from manifests.options import check_bool, check_int, check_number
 from manifests.outputs import refuse_directory_outputs, refuse_same_paths
-from manifests.spill import default_memory_limit
+from manifests.spill import default_memory_limit, remove_spill, spill_dir
 
 
 @dataclass(frozen=True)
@@ -92,9 +89,7 @@ def fit_buckets_file(manifest: str | os.PathLike[str], output: str | os.PathLike
     o = options
     limit = o.memory_limit if o.memory_limit is not None else default_memory_limit()
     content_hash = manifest_hash(manifest)  # a missing or unreadable manifest: one line, nothing created
-    parent = Path(output).resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=f".{Path(output).name}.spill-", dir=parent))
+    root = spill_dir(output)
     try:
         spec, sa = streamed_fit_spec(
             manifest, root, limit, num_buckets=o.num_buckets, num_subbuckets=o.num_subbuckets,
@@ -107,7 +102,7 @@ def fit_buckets_file(manifest: str | os.PathLike[str], output: str | os.PathLike
     except ValueError as exc:
         raise DataprepError(f"{manifest}: {exc}") from None
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_spill(root)
     if o.cost_equal:
         spec = cost_equal_spec(spec, CostModel())
     write_buckets(spec, output)

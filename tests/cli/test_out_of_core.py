@@ -22,6 +22,7 @@ from manifests.buckets_file import read_buckets
 from manifests.errors import DataprepError
 from manifests.plan_files import shard_name
 from manifests.plan_meta import read_plan_meta
+from manifests.spill import spill_dir
 
 runner = CliRunner()
 
@@ -257,7 +258,17 @@ def test_disk_estimate_covers_the_spill_and_the_plan(tmp_path: Path, epochs: int
 def test_a_spill_directory_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(DataprepError, match="cannot make the spill directory there"):
-        out_of_core.spill_dir(tmp_path / "a-file" / "plan")
+        spill_dir(tmp_path / "a-file" / "plan")
+
+
+def test_fit_buckets_under_a_file_is_one_line(tmp_path: Path) -> None:
+    """Every command that spills makes its folder with the one function: fit-buckets too."""
+    m, _ = write_plan_inputs(tmp_path, 200, seed=1, num_buckets=4)
+    (tmp_path / "a-file").write_text("x")
+    res = CliRunner().invoke(app, ["fit-buckets", str(m), "-o", str(tmp_path / "a-file" / "buckets.json")])
+    assert res.exit_code == 2, res.output
+    assert "cannot make the spill directory there" in res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
