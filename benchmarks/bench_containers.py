@@ -231,7 +231,7 @@ def probe_tar_members(tars: list[Path]) -> tuple[int, float]:
 
 def probe_loose(manifest: Path) -> tuple[int, float]:
     from dataprep.compile.probe import probe_headers
-    from manifests.io import read_manifest
+    from manifests.manifest_read import read_manifest
 
     paths = read_manifest(manifest, columns=["audio_path"])["audio_path"].to_list()
     t = time.perf_counter()

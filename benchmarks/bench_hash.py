@@ -1,4 +1,4 @@
-"""Cost of verifying a manifest's content hash (``manifests.io.manifest_hash``) on a large manifest.
+"""Cost of verifying a manifest's content hash (``manifests.hash_cache.manifest_hash``) on a large manifest.
 
     python benchmarks/bench_hash.py [--rows 10000000] [--work DIR] [--repeats 3]
 
@@ -31,7 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_report import timed  # noqa: E402  (median of repeats)
 from dataprep.testing import WORDS  # noqa: E402
-from manifests.io import file_facts, manifest_hash, recompute_hash, recorded_hash, write_parquet_stream  # noqa: E402
+from manifests.content_hash import recompute_hash  # noqa: E402
+from manifests.hash_cache import file_facts, manifest_hash  # noqa: E402
+from manifests.manifest_read import recorded_hash  # noqa: E402
+from manifests.manifest_write import write_parquet_stream  # noqa: E402
 from manifests.schema import MANIFEST_SCHEMA  # noqa: E402
 
 CHUNK = 1_000_000
@@ -84,7 +87,7 @@ def main() -> None:
     t_facts = timed(lambda: file_facts(path), r)
     t_full = timed(lambda: recompute_hash(path), r)
     manifest_hash(path, cache)  # the first check: recompute + remember
-    import manifests.io as mio
+    import manifests.hash_cache as mio
     def warm() -> None:
         mio._VERIFIED.clear()  # a fresh process: only the on-disk cache is warm
         manifest_hash(path, cache)

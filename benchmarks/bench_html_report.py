@@ -41,7 +41,7 @@ from bench_plan import buckets_for, synthetic  # noqa: E402
 
 from dataprep.planning import build_plan  # noqa: E402
 from dataprep.planning.options import PlanOptions  # noqa: E402
-from manifests.io import write_manifest  # noqa: E402
+from manifests.manifest_write import write_manifest  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 

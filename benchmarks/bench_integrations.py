@@ -101,7 +101,7 @@ def export_memory(work: Path, rows: int) -> None:
     from bucketing.allocate import fit_spec
     from dataprep.testing import write_tone
     from manifests.buckets_file import write_buckets
-    from manifests.io import write_manifest
+    from manifests.manifest_write import write_manifest
 
     files = [str(write_tone(work / "audio-x" / f"f{i}.flac", 35.0, sample_rate=16000, seed=i)) for i in range(4)]
     for n in (rows // 10, rows):

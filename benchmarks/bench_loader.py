@@ -39,7 +39,7 @@ from dataprep.planning import PlanOptions, build_plan
 from dataprep.testing import WORDS, write_tone
 from dataprep.tokenize import train_model
 from manifests.buckets_file import write_buckets
-from manifests.io import write_manifest
+from manifests.manifest_write import write_manifest
 
 
 def build(work: Path, n: int, world_size: int) -> tuple[Path, Path, Path]:

@@ -60,7 +60,8 @@ sys.path.insert(0, str(REPO))
 from bucketing.budget import budget_source, padded_budget_batch_sizes  # noqa: E402
 from bucketing.fit import fit_buckets, grid_to_buckets  # noqa: E402
 from manifests.buckets_file import BucketSpec, write_buckets  # noqa: E402
-from manifests.io import iter_manifest, write_manifest, write_parquet_stream  # noqa: E402
+from manifests.manifest_read import iter_manifest  # noqa: E402
+from manifests.manifest_write import write_manifest, write_parquet_stream  # noqa: E402
 from manifests.schema import POLARS_SCHEMA, conform, manifest_schema  # noqa: E402
 from manifests.units import parse_bytes  # noqa: E402
 

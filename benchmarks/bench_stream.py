@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_plan import synthetic_blocks  # noqa: E402
-from manifests.io import write_parquet_stream  # noqa: E402
+from manifests.manifest_write import write_parquet_stream  # noqa: E402
 from manifests.schema import POLARS_SCHEMA, conform, manifest_schema  # noqa: E402
 
 LANGS = np.array(["en", "id", "ps"])

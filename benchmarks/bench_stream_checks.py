@@ -46,7 +46,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_plan import buckets_for, synthetic_blocks  # noqa: E402
 
-from manifests.io import manifest_hash, write_parquet_stream  # noqa: E402
+from manifests.hash_cache import manifest_hash  # noqa: E402
+from manifests.manifest_write import write_parquet_stream  # noqa: E402
 from manifests.schema import POLARS_SCHEMA, conform, manifest_schema  # noqa: E402
 
 CHILD = r"""

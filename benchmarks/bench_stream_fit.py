@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_plan import synthetic_blocks  # noqa: E402
-from manifests.io import write_parquet_stream  # noqa: E402
+from manifests.manifest_write import write_parquet_stream  # noqa: E402
 from manifests.schema import POLARS_SCHEMA, conform, manifest_schema  # noqa: E402
 from manifests.units import parse_bytes  # noqa: E402
 
@@ -45,7 +45,7 @@ else:  # the in-memory fit on the whole columns, the same options
     from bucketing.allocate import fit_spec
     from dataprep.report.padding import duration_and_tokens
     from manifests.buckets_file import write_buckets
-    from manifests.io import manifest_hash
+    from manifests.hash_cache import manifest_hash
     d, t = duration_and_tokens(sys.argv[1])
     write_buckets(fit_spec(d, t, manifest_hash=manifest_hash(sys.argv[1]))[0], sys.argv[2])
 wall = time.perf_counter() - t0

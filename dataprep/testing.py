@@ -150,7 +150,7 @@ def write_plan_inputs(
     from bucketing.budget import budget_source, padded_budget_batch_sizes
     from bucketing.fit import fit_buckets, grid_to_buckets
     from manifests.buckets_file import BucketSpec, write_buckets
-    from manifests.io import write_manifest
+    from manifests.manifest_write import write_manifest
 
     folder = Path(folder)
     rng = np.random.default_rng(seed)

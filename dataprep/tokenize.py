@@ -18,8 +18,10 @@ import numpy.typing as npt
 import polars as pl
 import sentencepiece as spm
 
+from manifests.atomic_files import atomic_path
+from manifests.content_hash import file_sha256
 from manifests.errors import DataprepError
-from manifests.io import atomic_path, file_sha256, read_metadata
+from manifests.manifest_read import read_metadata
 from manifests.options import check_choice, check_int, check_number
 from manifests.outputs import refuse_directory_outputs
 

@@ -20,7 +20,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from manifests.io import write_json
+from manifests.atomic_files import write_json
 from manifests.nemo_buckets import is_nemo_buckets_path, read_nemo_options
 from manifests.validation import Validator, load_json_file
 

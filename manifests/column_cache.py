@@ -28,8 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from manifests.atomic_files import current_umask, file_lock
 from manifests.errors import DataprepError
-from manifests.io import current_umask, default_cache_dir, file_lock, iter_manifest, manifest_hash, manifest_num_rows
+from manifests.hash_cache import default_cache_dir, manifest_hash
+from manifests.manifest_read import iter_manifest, manifest_num_rows
 
 #: manifest columns the loader reads (ids come from the plan, which holds them per batch)
 LOADER_COLUMNS = ("audio_path", "offset", "duration", "text", "lang", "num_tokens")
@@ -336,7 +338,7 @@ def build_column_cache(manifest: str | os.PathLike[str], path: Path, *, batch_ro
     """Write the loader's column cache of ``manifest`` to ``path`` (atomically; ``path``'s name
     starts with the manifest's content hash, recorded in the file and checked on open).
 
-    Streams the manifest ``batch_rows`` rows at a time (:func:`manifests.io.iter_manifest`,
+    Streams the manifest ``batch_rows`` rows at a time (:func:`manifests.manifest_read.iter_manifest`,
     only :data:`LOADER_COLUMNS` and the container columns of a version-2 manifest): memory is a
     block, not the corpus. Each block becomes one record batch whose string columns are
     dictionary-encoded with their own dictionary (the IPC stream carries a replacement per batch).
@@ -349,7 +351,7 @@ def build_column_cache(manifest: str | os.PathLike[str], path: Path, *, batch_ro
     address = [c for c in ADDRESS_COLUMNS if c in names]
     blocks = iter_manifest(manifest, list(LOADER_COLUMNS) + address, batch_rows)
     schema = with_cache_facts(CACHE_SCHEMA, CACHE_META, CACHE_VERSION, path, manifest)
-    # atomic (temporary file + rename) but not fsynced, unlike ``manifests.io.atomic_path``: the
+    # atomic (temporary file + rename) but not fsynced, unlike ``manifests.atomic_files.atomic_path``: the
     # fsync of a 0.6 GB cache costs more than writing it, and a file a crash left unreadable is
     # found by ``_open_cache`` and rebuilt
     write_ipc_file(path, schema, (_cache_batch(t, address) for t in blocks), stream=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 from collections.abc import Mapping, Sequence
 
-from manifests.io import atomic_path
+from manifests.atomic_files import atomic_path
 from manifests.validation import Validator, load_yaml_file
 
 #: a token bound at or above this reads as unbounded (what a bucket without max_tokens exports as)

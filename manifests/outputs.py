@@ -10,8 +10,8 @@
   unless the run is resumed or ``--overwrite`` is given.
 - :func:`publish_together`: outputs that belong together (a manifest and its rejects) are
   written to temporary files and become visible together or not at all.
-- temporary files and folders carry the writer's pid (:func:`manifests.io.temp_prefix`) and are
-  removed on every exit path, and by the next run after a kill (:func:`manifests.io.sweep_stale_temps`).
+- temporary files and folders carry the writer's pid (:func:`manifests.atomic_files.temp_prefix`) and are
+  removed on every exit path, and by the next run after a kill (:func:`manifests.atomic_files.sweep_stale_temps`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
+from manifests.atomic_files import atomic_path
 from manifests.errors import ManifestError
-from manifests.io import atomic_path
 
 PathLike = str | os.PathLike[str]
 _PLAN_FILE = re.compile(r"^(plan\.json|rank-\d{5}\.parquet)$")

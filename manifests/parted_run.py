@@ -24,8 +24,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from manifests.atomic_files import write_json
+from manifests.content_hash import file_sha256
 from manifests.errors import DataprepError
-from manifests.io import file_sha256, write_json
 
 MARKER_VERSION = 1
 #: marker file-name prefixes: the first is written, every one is read (``shard``: pack before the rename)

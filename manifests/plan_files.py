@@ -58,17 +58,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from manifests.arrow_views import numpy_view, single_chunk
+from manifests.atomic_files import atomic_path, current_umask, fsync_file, sweep_stale_temps, temp_prefix, write_json
+from manifests.content_hash import file_sha256
 from manifests.errors import ManifestError
-from manifests.io import (
-    atomic_path,
-    current_umask,
-    file_facts,
-    file_sha256,
-    fsync_file,
-    sweep_stale_temps,
-    temp_prefix,
-    write_json,
-)
+from manifests.hash_cache import file_facts
 from manifests.outputs import require_replaceable_plan_dir
 from manifests.plan_meta import PLAN_JSON, FileRef, PlanMeta, plan_hash_of, read_plan_meta
 

@@ -27,7 +27,7 @@ SCHEMA_VERSION_CONTAINERS = 2
 #: the version of a manifest without container columns
 SCHEMA_VERSION_LOOSE = 1
 
-#: Parquet key-value metadata keys written by :func:`manifests.io.write_manifest`.
+#: Parquet key-value metadata keys written by :func:`manifests.manifest_write.write_manifest`.
 META_SCHEMA_VERSION = b"speech_dataprep.schema_version"
 META_CONTENT_HASH = b"speech_dataprep.content_hash"
 META_KIND = b"speech_dataprep.kind"

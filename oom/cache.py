@@ -4,7 +4,7 @@ Key: (model config, GPU or estimate target, torch version, memory fraction, buck
 frames and tokens). Value: per batch size, the raw outcome (oom, peak bytes, step
 seconds). Whether a probe *fits* is decided from the outcome and the budget at lookup
 time, so a different ``--margin`` reuses the same measurements. One JSON file per key under the
-directory the caller passes (the CLI: ``<cache>/oom`` of :func:`manifests.io.default_cache_dir`,
+directory the caller passes (the CLI: ``<cache>/oom`` of :func:`manifests.hash_cache.default_cache_dir`,
 or ``--cache-dir``), written atomically.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from manifests.io import write_json
+from manifests.atomic_files import write_json
 from oom.search import Probe, ProbeResult
 
 Measure = Callable[[int], ProbeResult]  # raw outcome: ``fits`` = not OOM

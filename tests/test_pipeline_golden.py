@@ -70,7 +70,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _hashes(out: Path) -> dict[str, str]:
-    from manifests.io import file_sha256, manifest_hash
+    from manifests.content_hash import file_sha256
+    from manifests.hash_cache import manifest_hash
 
     return {manifest_hash(out / "manifest.parquet"): "<manifest-hash>",
             manifest_hash(out / "kept.parquet"): "<kept-hash>",

@@ -80,7 +80,7 @@ def compile_cmd(
     Every input row ends in the manifest or in the rejects file with its reason.
     """
     from dataprep.compile import CompileOptions, compile
-    from manifests.io import default_rejects_path
+    from manifests.manifest_write import default_rejects_path
     from manifests.outputs import refuse_same_paths
 
     check_range("--prompt-tokens", prompt_tokens, ge=0)
@@ -144,7 +144,7 @@ def merge_cmd(
     Refuses a set with missing parts (named) or parts from different runs.
     """
     from dataprep.compile import merge_parts
-    from manifests.io import default_rejects_path
+    from manifests.manifest_write import default_rejects_path
     from manifests.outputs import refuse_same_paths
 
     rejects_path = rejects or default_rejects_path(output)

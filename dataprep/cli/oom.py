@@ -14,8 +14,8 @@ from manifests.buckets_file import read_buckets, write_buckets
 from bucketing.budget import cost_equal_spec
 from bucketing.costmodel import CostModel
 from manifests.errors import DataprepError
+from manifests.hash_cache import default_cache_dir
 from manifests.nemo_buckets import write_nemo_buckets
-from manifests.io import default_cache_dir
 from manifests.units import parse_bytes
 from oom.options import OomOptions
 

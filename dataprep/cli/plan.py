@@ -267,7 +267,7 @@ def verify_cmd(
 ) -> None:
     """Check a plan end to end: plan.json valid, its plan_hash, and every shard's size, footer and
     full SHA-256 against plan.json (opening a shard checks only size and footer)."""
-    from manifests.io import verify_manifest_rows
+    from manifests.hash_cache import verify_manifest_rows
 
     meta = verify_plan(plan_dir)
     if manifest is not None:  # every row, block by block, not the cached facts

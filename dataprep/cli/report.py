@@ -14,7 +14,7 @@ from rich.table import Table
 
 from dataprep.cli.app import app, build_options, err, out, user_errors
 from dataprep.report import FilterSummary, ManifestStats, Thresholds, filter_manifest, stats_report
-from manifests.io import default_rejects_path
+from manifests.manifest_write import default_rejects_path
 
 
 def _f(x: float | None, digits: int = 2) -> str:

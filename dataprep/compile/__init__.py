@@ -24,7 +24,7 @@ from dataprep.compile.single import CompileResult, CompileSummary, compile_sourc
 from dataprep.compile.validate import PROBE_MODES, CompileOptions, ProbeMode, process_chunk
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
-from manifests.io import default_rejects_path
+from manifests.manifest_write import default_rejects_path
 from manifests.outputs import refuse_directory_outputs
 
 __all__ = [
@@ -78,7 +78,7 @@ def compile(  # noqa: A001 - the stage's name
       in ``<output>.parts/``, merged into ``output`` and ``rejects``, the parts folder then removed;
     - otherwise this process, streaming.
 
-    ``rejects`` defaults to :func:`manifests.io.default_rejects_path` of ``output``.
+    ``rejects`` defaults to :func:`manifests.manifest_write.default_rejects_path` of ``output``.
     ``on_chunk`` / ``on_probe`` count rows read / headers probed (not from pool workers);
     ``on_part`` gets each finished part of a pool run.
     """
@@ -111,7 +111,7 @@ def _compile_ray(
 ) -> CompileSummary:
     """Ray Data in memory on the driver, then the manifest and rejects written."""
     from dataprep.compile.executors import compile_ray
-    from manifests.io import write_manifest, write_rejects
+    from manifests.manifest_write import write_manifest, write_rejects
     from manifests.outputs import publish_together
 
     result = compile_ray(sources, tokenizer_specs, opts, on_chunk=on_chunk)

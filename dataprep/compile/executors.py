@@ -37,8 +37,8 @@ from dataprep.compile.validate import (
 )
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
+from manifests.manifest_write import reasons_count
 from manifests.parted_run import check_split
-from manifests.io import reasons_count
 from manifests.schema import conform
 
 

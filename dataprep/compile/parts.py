@@ -60,17 +60,12 @@ from dataprep.compile.validate import (
     iter_rows,
 )
 from dataprep.tokenize import Tokenizers
+from manifests.atomic_files import atomic_path
 from manifests.errors import DataprepError
-from manifests.io import (
-    reasons_count,
-    ROW_GROUP_ROWS,
-    atomic_path,
-    rebatch,
-    write_parquet_stream,
-    write_rejects,
-)
+from manifests.manifest_write import ROW_GROUP_ROWS, reasons_count, write_parquet_stream, write_rejects
 from manifests.outputs import publish_together
 from manifests.parted_run import PartedRun, check_split, part_name
+from manifests.rebatch import rebatch
 from manifests.schema import manifest_schema, trim_containers
 
 #: the part hash, recorded in every fingerprint so a change of scheme is never mixed

@@ -28,7 +28,7 @@ from dataprep.compile.validate import (
 )
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
-from manifests.io import reasons_count, write_parquet_stream, write_rejects
+from manifests.manifest_write import reasons_count, write_parquet_stream, write_rejects
 from manifests.outputs import publish_together
 from manifests.schema import FULL_POLARS_SCHEMA, FULL_REJECTS_POLARS_SCHEMA, conform, manifest_schema, trim_containers
 

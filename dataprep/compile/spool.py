@@ -34,8 +34,8 @@ from dataprep.compile.validate import (
     stop_if_strict,
 )
 from dataprep.tokenize import Tokenizers
+from manifests.atomic_files import sweep_stale_temps, temp_prefix
 from manifests.errors import DataprepError
-from manifests.io import sweep_stale_temps, temp_prefix
 from manifests.schema import conform, has_containers, has_corpus, manifest_schema
 
 #: DuckDB's memory limit for the duplicate-id pass (it spills to the spool folder beyond it)

@@ -26,9 +26,9 @@ from dataprep import __version__
 from dataprep.compile.probe import PROBE_SCHEMA, probe_headers, probe_members
 from dataprep.compile.prompts import CONTEXT_FIELD, prompt_format_tokens
 from dataprep.tokenize import Tokenizers
-from manifests.errors import DataprepError
-from manifests.io import file_sha256
 from manifests.containers import expand_paths
+from manifests.content_hash import file_sha256
+from manifests.errors import DataprepError
 from manifests.readers import is_blend_path, iter_nemo_tarred, iter_source, read_blend, recipe_sources
 from manifests.schema import (
     FULL_MANIFEST_SCHEMA,

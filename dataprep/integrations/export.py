@@ -69,9 +69,11 @@ import pyarrow.parquet as pq
 from bucketing.allocate import allocate
 from bucketing.fit import grid_from_spec
 from dataprep.integrations.cuts import cut_dict_for_row, row_header
+from manifests.atomic_files import current_umask, write_json
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
-from manifests.io import current_umask, require_manifest_hash, write_json, write_rejects
+from manifests.hash_cache import require_manifest_hash
+from manifests.manifest_write import write_rejects
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PLAN_JSON, PlanMeta, read_plan_meta
 from manifests.records import nemo_line, openable_recording

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 
 from dataprep.integrations.cuts import cut_for_row
 from dataprep.integrations.rows import ManifestRows
-from manifests.io import require_manifest_hash
+from manifests.hash_cache import require_manifest_hash
 from manifests.plan_cursor import PlanCursor, PlanStateError
 from manifests.plan_files import PlanBatch
 

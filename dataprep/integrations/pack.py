@@ -57,9 +57,13 @@ import polars as pl
 import soundfile
 
 from dataprep import __version__
+from manifests.atomic_files import atomic_path
 from manifests.audio import AudioError, AudioReader, load_audio
+from manifests.content_hash import file_sha256
 from manifests.errors import DataprepError
-from manifests.io import atomic_path, file_sha256, manifest_hash, read_manifest, write_rejects
+from manifests.hash_cache import manifest_hash
+from manifests.manifest_read import read_manifest
+from manifests.manifest_write import write_rejects
 from manifests.outputs import refuse_folder_over_inputs
 from manifests.parted_run import PartedRun, check_split
 from manifests.records import cut_dict, extra_fields, nemo_line, recording_dict

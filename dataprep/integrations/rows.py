@@ -8,7 +8,7 @@ read as one-row slices of the mapped batches: no Parquet row group is decoded pe
 opening takes constant time in the corpus size (the footer and each record batch's header).
 
 The build streams the manifest :data:`ROWS_PER_BATCH` rows at a time
-(:func:`manifests.io.iter_manifest`; memory: one block and one row group being decoded, not
+(:func:`manifests.manifest_read.iter_manifest`; memory: one block and one row group being decoded, not
 the corpus), a record batch per block (two where it spans a row group boundary), under the
 same rules as the loader's column cache (:mod:`manifests.column_cache`): one builder under a
 file lock, written to a temporary file and renamed, its facts (layout version, manifest
@@ -40,7 +40,7 @@ from manifests.column_cache import (
     write_ipc_file,
 )
 from manifests.errors import DataprepError
-from manifests.io import iter_manifest
+from manifests.manifest_read import iter_manifest
 
 #: layout version of the row cache files (2: streamed build, facts recorded and checked on open)
 ROWS_CACHE_VERSION = 2

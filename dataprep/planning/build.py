@@ -62,7 +62,10 @@ from dataprep.planning.out_of_core import (
     spill_manifest,
     write_epoch_spilled,
 )
-from manifests.io import file_sha256, iter_corpus_codes, manifest_hash, manifest_num_rows, read_manifest
+from manifests.content_hash import file_sha256
+from manifests.corpus_codes import iter_corpus_codes
+from manifests.hash_cache import manifest_hash
+from manifests.manifest_read import manifest_num_rows, read_manifest
 from manifests.plan_files import PlanWriter, shard_table
 from manifests.plan_meta import BalanceInfo, FileRef, ManifestRef, PlanMeta
 from manifests.spill import SpillFiles, check_free_disk, remove_spill, retained_heap, spill_dir

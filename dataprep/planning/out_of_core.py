@@ -87,7 +87,7 @@ from bucketing.plan import EpochPlan, Interleave, check_one_step
 from bucketing.plan_summary import ROW_DTYPE, BatchSources, FormedBatches, plan_identical_layout
 from dataprep.planning.rank_files import GroupRecords, group_bytes, move_to_groups
 from manifests.errors import DataprepError, ManifestError
-from manifests.io import iter_manifest, manifest_num_rows
+from manifests.manifest_read import iter_manifest, manifest_num_rows
 from manifests.plan_files import PlanWriter, shard_table
 from manifests.spill import SpillFiles, default_memory_limit, record_dtype
 
@@ -371,7 +371,7 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     A one-line error when one bucket cannot be planned within ``memory_limit`` bytes.
     ``ids``: spill the ids (a plan's shards need them; the padding report does not);
     ``codes``: each row's corpus code, in blocks of :data:`TOTALS_BLOCK` rows
-    (:func:`manifests.io.iter_corpus_codes`), spilled as ``b{k}.c`` (int32); with
+    (:func:`manifests.corpus_codes.iter_corpus_codes`), spilled as ``b{k}.c`` (int32); with
     ``num_corpora`` (the codes' range) each allocated row's index among its corpus's allocated rows (manifest
     order, :func:`bucketing.quota.corpus_indices`) too, as ``b{k}.i``: what a weighted plan
     draws by (:class:`bucketing.quota.QuotaSampler`)."""

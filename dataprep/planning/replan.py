@@ -57,7 +57,7 @@ from dataprep.planning.out_of_core import (
 )
 from dataprep.planning.weights import WeightedEpochs, blend_of, weighted_epochs
 from manifests.errors import DataprepError, OptionError
-from manifests.io import require_manifest_hash
+from manifests.hash_cache import require_manifest_hash
 from manifests.options import check_int
 from manifests.plan_files import PlanShard, PlanWriter
 from manifests.plan_meta import PlanMeta, ReplanInfo, read_plan_meta

@@ -13,7 +13,8 @@ from bucketing.balance import PlanReport, plan_report
 from bucketing.costmodel import CostModel
 from bucketing.simulate import SimResult, StrategyResult, simulate, simulate_strategy
 from manifests.errors import DataprepError, ManifestError, OptionError
-from manifests.io import read_manifest, require_manifest_hash
+from manifests.hash_cache import require_manifest_hash
+from manifests.manifest_read import read_manifest
 from manifests.options import MAX_COUNT, check_int, check_number
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import read_plan_meta

@@ -35,9 +35,10 @@ from bucketing.quota import (
     quotas,
 )
 from dataprep.planning.options import PlanOptions
-from manifests.errors import DataprepError, OptionError
 from manifests.arrow_views import numpy_view, single_chunk
-from manifests.io import corpus_names, iter_corpus_codes, read_corpus_codes, read_metadata
+from manifests.corpus_codes import corpus_names, iter_corpus_codes, read_corpus_codes
+from manifests.errors import DataprepError, OptionError
+from manifests.manifest_read import read_metadata
 
 
 def parse_weights(pairs: list[str] | None) -> dict[str, float] | None:

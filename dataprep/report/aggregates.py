@@ -41,9 +41,10 @@ from dataprep.report.stats import QUANTILES, Block, ManifestStats, stream_stats
 from dataprep.report.stream_sections import (SPILL_BYTES_PER_ROW, BucketRows, CorpusShares, RowBlock, planned_times,
                                              share_range_rows, spill_planned_rows, spill_rows)
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
+from manifests.content_hash import file_sha256
 from manifests.errors import DataprepError, ManifestError
-from manifests.io import (file_sha256, iter_manifest, manifest_hash, manifest_num_rows, read_metadata,
-                          require_manifest_hash)
+from manifests.hash_cache import manifest_hash, require_manifest_hash
+from manifests.manifest_read import iter_manifest, manifest_num_rows, read_metadata
 from manifests.options import check_int
 from manifests.plan_meta import PlanMeta, read_plan_meta
 from manifests.spill import SpillFiles, check_free_disk, default_memory_limit, remove_spill, spill_dir

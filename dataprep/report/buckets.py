@@ -13,7 +13,7 @@ from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE
 from dataprep.report.stream_fit import streamed_fit_spec
 from manifests.buckets_file import BucketSpec, write_buckets
 from manifests.errors import DataprepError
-from manifests.io import manifest_hash
+from manifests.hash_cache import manifest_hash
 from manifests.options import check_bool, check_int, check_number
 from manifests.outputs import refuse_directory_outputs, refuse_same_paths
 from manifests.spill import default_memory_limit, remove_spill, spill_dir

@@ -15,12 +15,15 @@ import pyarrow.parquet as pq
 from dataprep.report.exact import SELECT_BUDGET
 from dataprep.report.filters import FilterResult, FilterSummary, Thresholds, apply_filters
 from dataprep.report.stats import ManifestStats, stream_stats
+from manifests.atomic_files import write_json
+from manifests.content_hash import ContentHasher
 from manifests.errors import DataprepError
-from manifests.io import (ContentHasher, RowGroupWriter, check_manifest_file, default_rejects_path, file_metadata,
-                          iter_manifest, manifest_hash, output_schemas, remember_verified, write_json)
+from manifests.hash_cache import manifest_hash, remember_verified
+from manifests.manifest_read import check_manifest_file, iter_manifest
+from manifests.manifest_write import RowGroupWriter, default_rejects_path, file_metadata, output_schemas
 from manifests.options import check_int
-from manifests.schema import CORPUS_COLUMN, conform, has_containers, has_corpus, schema_version
 from manifests.outputs import publish_together, refuse_same_paths
+from manifests.schema import CORPUS_COLUMN, conform, has_containers, has_corpus, schema_version
 
 #: the columns ``stats`` reads (the optional ones when the manifest has them)
 STATS_COLUMNS = ["duration", "num_tokens", "tps", "lang"]
@@ -44,7 +47,7 @@ def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[
     per output, not the manifest): a pass to hash both outputs (the hash goes into their
     metadata), a pass to write them, and first a pass over the filter, ``container`` and
     ``corpus`` columns only when the manifest has those optional columns (each output keeps
-    them only when one of its rows has a value, as :func:`manifests.io.write_manifest` does). The files
+    them only when one of its rows has a value, as :func:`manifests.manifest_write.write_manifest` does). The files
     equal, byte for byte, those written from the whole frame."""
     if not isinstance(thresholds, Thresholds):
         raise DataprepError(f"filter_manifest: thresholds must be Thresholds, got {type(thresholds).__name__}")

@@ -21,8 +21,10 @@ from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
 from dataprep.report.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
 from manifests.buckets_file import BucketSpec, read_buckets
+from manifests.corpus_codes import read_corpus_codes
 from manifests.errors import DataprepError, OptionError
-from manifests.io import manifest_hash, manifest_num_rows, read_corpus_codes, read_manifest
+from manifests.hash_cache import manifest_hash
+from manifests.manifest_read import manifest_num_rows, read_manifest
 from manifests.options import check_bool, check_int, check_number
 from manifests.spill import default_memory_limit
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from dataprep.report.aggregates import (BucketAggregates, CorpusAggregates, PlanAggregates, RejectsAggregates,
                                        ReportData, batch_size_origin)
+from manifests.atomic_files import atomic_path
 from manifests.errors import DataprepError
-from manifests.io import atomic_path
 
 #: the marker of a page this tool wrote (an existing -o without it is not replaced)
 GENERATOR = "speech-dataprep report"

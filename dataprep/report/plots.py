@@ -25,8 +25,8 @@ import polars as pl
 
 from dataprep.report.exact import SELECT_BUDGET, ExactSums, OrderSelector, polars_quantile, polars_ranks
 from dataprep.report.stats import DURATION_BIN_EDGES, Block, bin_labels, stream_stats
+from manifests.atomic_files import atomic_path
 from manifests.errors import DataprepError
-from manifests.io import atomic_path
 
 PLOT_FILES: tuple[str, ...] = ("duration_hist.png", "tps_by_duration.png", "tokens_vs_duration.png")
 

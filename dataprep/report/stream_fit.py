@@ -3,7 +3,7 @@ bytes as the in-memory fit (:func:`bucketing.allocate.fit_spec`), exactly (no sa
 
 Passes (blocks of the manifest, then of raw spill files under ``root``):
 
-1. the manifest, block by block (:func:`manifests.io.iter_manifest`): checks, rows outside
+1. the manifest, block by block (:func:`manifests.manifest_read.iter_manifest`): checks, rows outside
    the caps counted (their durations spilled, summed at the end as NumPy sums them), the
    durations and tokens of the other rows spilled;
 2. the durations in ascending order (:func:`manifests.spill.sorted_runs`, an external sort
@@ -36,7 +36,7 @@ from bucketing.fit import (NO_ROWS, Grid, TokenCells, check_fences, duration_bou
                            overflow_level_runs, quartile_ranks, tukey_fence)
 from manifests.buckets_file import BucketSpec
 from manifests.errors import DataprepError
-from manifests.io import iter_manifest
+from manifests.manifest_read import iter_manifest
 from manifests.spill import SpillFiles, sorted_runs
 
 #: Bytes of working memory per row of a block (Arrow columns, NumPy copies, masks, allocation).

@@ -47,7 +47,8 @@ from bucketing.plan import EpochPlan
 from bucketing.steps_report import steps_rows
 from dataprep.planning.out_of_core import SpilledCorpus, carry_spilled, plan_epoch_figures, spill_manifest
 from dataprep.report.stream_fit import streamed_fit_spec
-from manifests.io import corpus_names, iter_corpus_codes, iter_manifest
+from manifests.corpus_codes import corpus_names, iter_corpus_codes
+from manifests.manifest_read import iter_manifest
 from manifests.spill import SpillFiles, check_free_disk, remove_spill, spill_dir
 
 #: Bytes of memory per row that the in-memory padding report takes (columns, both

@@ -57,7 +57,8 @@ from dataprep.training.loader import PlanDataset, make_loader
 from dataprep.training_config import TrainConfig
 from manifests.errors import DataprepError
 from dataprep.tokenize import require_recorded_tokenizer
-from manifests.io import atomic_path, require_manifest_hash
+from manifests.atomic_files import atomic_path
+from manifests.hash_cache import require_manifest_hash
 from manifests.options import check_int
 from manifests.outputs import require_free_checkpoint_dir
 from manifests.plan_cursor import argument_validator, resume_world_size

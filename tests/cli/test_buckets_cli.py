@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from dataprep.cli import app
 from bucketing.allocate import fit_spec
 from manifests.buckets_file import read_buckets, write_buckets
-from manifests.io import manifest_hash, write_manifest
+from manifests.hash_cache import manifest_hash
+from manifests.manifest_write import write_manifest
 from tests.conftest import manifest_from_csv
 
 runner = CliRunner()

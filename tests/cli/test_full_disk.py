@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from dataprep.cli.app import user_errors
-from manifests.io import atomic_path
+from manifests.atomic_files import atomic_path
 
 
 def _command(target: Path, code: int) -> typer.Typer:

@@ -21,7 +21,7 @@ from bucketing.costmodel import CostModel
 from dataprep.cli import app
 from dataprep.testing import write_plan_inputs
 from manifests.buckets_file import read_buckets
-from manifests.io import manifest_hash
+from manifests.hash_cache import manifest_hash
 from manifests.plan_files import open_shard, read_plan_json
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from bucketing.quota import blend_probabilities, quotas
 from dataprep.cli import app
-from manifests.io import read_manifest
+from manifests.manifest_read import read_manifest
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import read_plan_meta
 from tests.compile.test_blend import corpora  # noqa: F401 (the blend fixture: 12 + 5 rows in a group, 7 in Shar)
@@ -143,8 +143,8 @@ def test_replan_of_a_weighted_plan_keeps_each_epochs_quota(compiled: tuple[Path,
 
 def test_check_quotas_finds_a_wrong_count(compiled: tuple[Path, Path], tmp_path: Path) -> None:
     from dataprep.planning.weights import check_quotas
-    from manifests.plan_meta import plan_hash_of
     from manifests.errors import DataprepError
+    from manifests.plan_meta import plan_hash_of
 
     manifest, buckets = compiled
     _ok("plan-batches", str(manifest), "--buckets", str(buckets), "-w", "1", "--epochs", "2", "-o", str(tmp_path / "p"))
@@ -176,7 +176,8 @@ def test_exports_keep_the_corpus(compiled: tuple[Path, Path], tmp_path: Path) ->
     # dataset), so its loose rows are exported alone; Lhotse's export takes every row
     import polars as pl
 
-    from manifests.io import read_manifest, write_manifest
+    from manifests.manifest_read import read_manifest
+    from manifests.manifest_write import write_manifest
 
     loose = tmp_path / "loose.parquet"
     write_manifest(read_manifest(manifest).filter(pl.col("corpus") != "shar"), loose)

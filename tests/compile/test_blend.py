@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from dataprep.cli import app
 from dataprep.testing import WORDS, write_nemo_manifest, write_tone
 from dataprep.tokenize import train_model
-from manifests.io import read_manifest, read_metadata
-from manifests.readers import read_blend
 from manifests.errors import ManifestError
+from manifests.manifest_read import read_manifest, read_metadata
+from manifests.readers import read_blend
 
 runner = CliRunner()
 

@@ -18,7 +18,8 @@ from dataprep.compile import CompileOptions, compile_sources, compile_to_files
 from dataprep.testing import write_nemo_manifest, write_tone
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
-from manifests.io import read_manifest, read_metadata, write_manifest, write_rejects
+from manifests.manifest_read import read_manifest, read_metadata
+from manifests.manifest_write import write_manifest, write_rejects
 from tests.conftest import read_shared_csv, shared_file
 
 runner = CliRunner()

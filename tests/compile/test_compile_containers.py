@@ -17,7 +17,7 @@ import soundfile
 from dataprep.compile import CompileOptions, compile
 from dataprep.testing import write_tone
 from dataprep.tokenize import train_model
-from manifests.io import read_manifest, read_metadata
+from manifests.manifest_read import read_manifest, read_metadata
 from manifests.schema import CONTAINER_COLUMNS, MANIFEST_COLUMNS
 
 

@@ -34,7 +34,7 @@ from dataprep.compile.parts import (
 from dataprep.testing import sample_corpus, write_nemo_manifest, write_tone
 from dataprep.tokenize import Tokenizers, train_model
 from manifests.errors import DataprepError
-from manifests.io import read_manifest, read_metadata
+from manifests.manifest_read import read_manifest, read_metadata
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[2]

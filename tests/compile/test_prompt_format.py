@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from dataprep.cli import app
 from dataprep.testing import WORDS, write_nemo_manifest
 from dataprep.tokenize import train_model
-from manifests.io import read_manifest, read_metadata
+from manifests.manifest_read import read_manifest, read_metadata
 
 runner = CliRunner()
 

@@ -12,7 +12,7 @@ import polars as pl
 import soundfile
 
 from dataprep.testing import write_nemo_manifest, write_tone
-from manifests.io import read_manifest
+from manifests.manifest_read import read_manifest
 from tests.hostile.conftest import refused
 from tests.training._consumer import Corpus, invoke
 

@@ -14,8 +14,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from manifests.content_hash import recompute_hash
 from manifests.errors import ManifestError
-from manifests.io import manifest_hash, recompute_hash, recorded_hash
+from manifests.hash_cache import manifest_hash
+from manifests.manifest_read import recorded_hash
 from tests.hostile.conftest import refused, train_args
 from tests.training._consumer import Corpus, invoke
 

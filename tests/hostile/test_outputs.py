@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from manifests.io import write_json
+from manifests.atomic_files import write_json
 from manifests.outputs import publish_together
 from tests.hostile.conftest import refused
 from tests.training._consumer import Corpus, invoke
@@ -102,7 +102,7 @@ def test_a_kill_between_the_renames_never_pairs_new_and_old(tmp_path: Path) -> N
     r.write_text("old rejects")
     code = f"""
 import os
-import manifests.io as mio
+import manifests.atomic_files as mio
 from manifests.outputs import publish_together
 real = os.replace
 def replace_then_die(src, dst):
@@ -189,7 +189,7 @@ def test_report_never_replaces_an_input_or_a_file_it_did_not_write(corpus: Corpu
 def test_pack_into_an_input_folder_or_a_link_to_it_is_refused(corpus: Corpus, tmp_path: Path) -> None:
     """``pack`` refuses an output folder holding a file the manifest reads, through a linked
     folder and through a linked audio file too; nothing is written, the audio is unchanged."""
-    from manifests.io import read_manifest
+    from manifests.manifest_read import read_manifest
 
     audio = Path(read_manifest(corpus.manifest)["audio_path"][0]).parent
     before = {p.name: p.stat().st_mtime_ns for p in audio.iterdir()}
@@ -200,7 +200,7 @@ def test_pack_into_an_input_folder_or_a_link_to_it_is_refused(corpus: Corpus, tm
     # a manifest whose audio_path is a link (elsewhere) to a file inside the output folder
     import polars as pl
 
-    from manifests.io import write_manifest
+    from manifests.manifest_write import write_manifest
 
     df = read_manifest(corpus.manifest)
     first = Path(df["audio_path"][0])

@@ -15,7 +15,7 @@ from dataprep.cli import app
 from dataprep.integrations.export import export_lhotse, export_nemo, lhotse_constraint, load_inputs
 from manifests.buckets_file import read_buckets
 from manifests.errors import DataprepError
-from manifests.io import read_manifest
+from manifests.manifest_read import read_manifest
 from tests.integrations._rich import Rich, rich_corpus
 from tests.training._consumer import Corpus, invoke, runner, shared_corpus
 

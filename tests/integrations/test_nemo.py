@@ -20,7 +20,7 @@ nemo = pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not i
 
 from lhotse import CutSet  # noqa: E402
 
-from manifests.io import read_manifest  # noqa: E402
+from manifests.manifest_read import read_manifest  # noqa: E402
 from manifests.plan_files import open_shard  # noqa: E402
 from tests.integrations._nemo import canary_tokenizer  # noqa: E402
 

@@ -32,7 +32,7 @@ from nemo.collections.asr.modules import (  # noqa: E402
 from bucketing.dynres import DynResConfig, resolve  # noqa: E402
 from dataprep.integrations.nemo import get_plan_dataloader  # noqa: E402
 from dataprep.integrations.nemo_features import DynamicResolutionCallback, DynamicResolutionPreprocessor  # noqa: E402
-from manifests.io import read_manifest  # noqa: E402
+from manifests.manifest_read import read_manifest  # noqa: E402
 from manifests.plan_files import open_shard  # noqa: E402
 
 # frames per batch (the lowest target accepted); the corpus holds 0.3-2.5 s clips (clamped at 130 Hz) and an

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.nemo
 nemo = pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
 
-from manifests.io import read_manifest  # noqa: E402
+from manifests.manifest_read import read_manifest  # noqa: E402
 from manifests.plan_files import open_shard  # noqa: E402
 from tests.integrations.test_nemo import tokenizer  # noqa: E402,F401  (the module's fixture)
 from tests.integrations.test_packed_consumers import compile_packed  # noqa: E402

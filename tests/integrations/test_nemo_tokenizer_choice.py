@@ -10,7 +10,7 @@ import sentencepiece as spm
 
 from dataprep.testing import WORDS, write_nemo_manifest, write_tone
 from dataprep.tokenize import train_model
-from manifests.io import read_manifest
+from manifests.manifest_read import read_manifest
 
 pytestmark = pytest.mark.nemo
 pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")

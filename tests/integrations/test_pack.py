@@ -18,7 +18,7 @@ from dataprep.cli import app
 from dataprep.integrations.pack import marker_folder, pack
 from dataprep.training.audio import AudioReader, load_audio
 from manifests.errors import DataprepError
-from manifests.io import read_manifest, read_metadata
+from manifests.manifest_read import read_manifest, read_metadata
 from tests.training._consumer import Corpus, shared_corpus
 
 runner = CliRunner()

@@ -25,7 +25,7 @@ from dataprep.integrations.lhotse import PlanDataLoader, PlanEnded, PlanSampler
 from dataprep.integrations.pack import pack, rejects_path
 from manifests.audio import AudioReader
 from manifests.errors import DataprepError
-from manifests.io import read_manifest
+from manifests.manifest_read import read_manifest
 from manifests.plan_files import open_shard
 from tests.integrations._rich import Rich, rich_corpus
 from tests.training._consumer import invoke
@@ -202,7 +202,7 @@ def test_audio_changed_since_compile_is_rejected_not_packed(rich: Rich, tmp_path
     moved = df.with_columns(pl.col("audio_path").str.replace(str(rich.root / "audio"), str(root / "audio"),
                                                              literal=True))
     manifest = tmp_path / "moved.parquet"
-    from manifests.io import write_manifest
+    from manifests.manifest_write import write_manifest
 
     write_manifest(moved, manifest)
     victim = next(r for r in moved.to_dicts() if float(r["offset"] or 0) == 0 and r["duration"] > 1.0

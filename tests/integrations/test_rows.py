@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from dataprep.integrations.rows import ROWS_CACHE_VERSION, ROWS_META, ManifestRows, build_rows_cache
 from manifests.column_cache import write_ipc_file
 from manifests.errors import DataprepError
-from manifests.io import manifest_hash
+from manifests.hash_cache import manifest_hash
 from tests.manifests._loader_manifest import rewrite_cache_facts, write_loader_manifest
 
 ROWS = 70

@@ -12,7 +12,7 @@ import polars as pl
 import pyarrow as pa
 
 from manifests.column_cache import write_ipc_file
-from manifests.io import write_manifest
+from manifests.manifest_write import write_manifest
 
 
 def write_loader_manifest(path: Path, rows: int, seed: int, *, langs: tuple[str, ...] = ("en", "de"),

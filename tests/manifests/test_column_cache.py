@@ -21,7 +21,8 @@ from manifests.column_cache import (
     build_column_cache,
     write_ipc_file,
 )
-from manifests.io import manifest_hash, read_manifest
+from manifests.hash_cache import manifest_hash
+from manifests.manifest_read import read_manifest
 from tests.manifests._loader_manifest import rewrite_cache_facts, write_loader_manifest
 
 ROWS = 90

@@ -12,20 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from manifests.atomic_files import atomic_path
+from manifests.content_hash import ContentHasher, HASH_BLOCK_ROWS, table_hash
 from manifests.errors import ManifestError
-from manifests.io import (
-    HASH_BLOCK_ROWS,
-    ContentHasher,
-    atomic_path,
-    manifest_hash,
-    read_manifest,
-    read_metadata,
-    rebatch,
-    table_hash,
-    write_manifest,
-    write_parquet_stream,
-    write_rejects,
-)
+from manifests.hash_cache import manifest_hash
+from manifests.manifest_read import read_manifest, read_metadata
+from manifests.manifest_write import write_manifest, write_parquet_stream, write_rejects
+from manifests.rebatch import rebatch
 from manifests.schema import MANIFEST_COLUMNS, MANIFEST_SCHEMA, SCHEMA_VERSION_LOOSE
 
 
@@ -234,7 +227,7 @@ def test_conform_of_an_empty_frame_has_no_rows() -> None:
 
 _RANK = """
 import sys, time
-import manifests.io as io
+import manifests.hash_cache as io
 real = io.recompute_hash
 def counted(path):
     with open(sys.argv[3], "a") as log:
@@ -267,7 +260,7 @@ def test_ranks_verifying_one_copied_manifest_hash_it_once(tmp_path) -> None:
 
 
 def test_cache_dir_is_resolved_at_each_call(tmp_path, monkeypatch) -> None:
-    from manifests.io import default_cache_dir
+    from manifests.hash_cache import default_cache_dir
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("SPEECH_DATAPREP_CACHE", raising=False)
@@ -284,7 +277,7 @@ def test_manifest_hash_with_a_cache_dir_writes_only_there(tmp_path, monkeypatch)
     default cache, nothing in the process memo (which answers only for the default)."""
     import shutil
 
-    import manifests.io as mio
+    import manifests.hash_cache as mio
 
     monkeypatch.setenv("SPEECH_DATAPREP_CACHE", str(tmp_path / "default"))
     src = tmp_path / "written.parquet"
@@ -309,7 +302,7 @@ _LE = {"int8": "<b", "int16": "<h", "int32": "<i", "int64": "<q", "uint8": "<B",
 
 def _documented_hash(table: pa.Table) -> str:
     """The content hash recomputed, one value at a time, from its written definition
-    (:class:`manifests.io.ContentHasher`'s docstring; the README's "Compiled manifest" section):
+    (:class:`manifests.content_hash.ContentHasher`'s docstring; the README's "Compiled manifest" section):
     the domain line, each field's name and type, then per block of 65,536 rows and per column
     the validity bits (MSB first) and the values with nulls filled (little-endian numbers; for
     strings int64 offsets from 0 and the UTF-8 bytes), then the row count as 8 bytes."""
@@ -342,7 +335,7 @@ def _documented_hash(table: pa.Table) -> str:
 def test_content_hash_recomputed_from_its_documented_definition(tmp_path) -> None:
     """A compiled manifest's recorded hash, and a 2-block table with nulls everywhere, equal the
     hash computed by hand from the definition a user reads (not through ContentHasher)."""
-    from manifests.io import recorded_hash
+    from manifests.manifest_read import recorded_hash
 
     rng = np.random.default_rng(7)
     n = 40
@@ -370,7 +363,7 @@ def test_content_hash_recomputed_from_its_documented_definition(tmp_path) -> Non
 @settings(max_examples=20, deadline=None)
 @given(rows=st.integers(min_value=1, max_value=40), n=st.integers(min_value=1, max_value=30))
 def test_corpus_codes_in_blocks_equal_the_whole_column(tmp_path_factory, rows: int, n: int) -> None:
-    from manifests.io import iter_corpus_codes, read_corpus_codes
+    from manifests.corpus_codes import iter_corpus_codes, read_corpus_codes
 
     path = tmp_path_factory.mktemp("cc") / "m.parquet"
     corpora = ["ls", "cv", "mls"]
@@ -386,7 +379,7 @@ def test_corpus_codes_in_blocks_equal_the_whole_column(tmp_path_factory, rows: i
 
 def test_verify_manifest_rows_recomputes_and_names_the_expectation(tmp_path) -> None:
     from manifests.errors import ManifestError
-    from manifests.io import verify_manifest_rows
+    from manifests.hash_cache import verify_manifest_rows
 
     path = tmp_path / "m.parquet"
     h = write_manifest(pl.DataFrame({"id": ["a", "b"], "audio_path": ["/a.wav"] * 2, "duration": [1.0, 2.0],

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from manifests.content_hash import file_sha256
 from manifests.errors import DataprepError
-from manifests.io import file_sha256
 from manifests.parted_run import PartedRun, check_split, read_marker
 
 FP = {"tool": "t", "inputs": "abc", "num_shards": 3}

@@ -188,7 +188,8 @@ def test_target_frames_shards_are_version_2_and_old_shards_still_read(plan, tmp_
 
 
 def test_an_unknown_shard_version_is_refused_in_one_line(tmp_path) -> None:
-    from manifests.io import file_facts, file_sha256
+    from manifests.content_hash import file_sha256
+    from manifests.hash_cache import file_facts
 
     _write_plan(tmp_path, epochs=1, steps=4)
     t = SHARD_SCHEMA.empty_table().replace_schema_metadata(

@@ -16,7 +16,7 @@ from dataprep.cli import app
 from dataprep.testing import WORDS, write_tone
 from dataprep.tokenize import train_model
 from manifests.errors import DataprepError
-from manifests.io import read_manifest
+from manifests.manifest_read import read_manifest
 from manifests.readers import detect_format, iter_source
 
 runner = CliRunner()

@@ -20,7 +20,7 @@ from dataprep.report.filters import Thresholds, apply_filters
 from dataprep.testing import write_plan_inputs
 from manifests.buckets_file import read_buckets
 from manifests.errors import DataprepError, ManifestError
-from manifests.io import reasons_count, write_manifest, write_rejects
+from manifests.manifest_write import reasons_count, write_manifest, write_rejects
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from dataprep.report.files import filter_manifest
 from dataprep.report.filters import Thresholds, apply_filters
-from manifests.io import (RowGroupWriter, manifest_hash, read_manifest, read_metadata, write_manifest, write_parquet_stream,
-                          write_rejects)
+from manifests.hash_cache import manifest_hash
+from manifests.manifest_read import read_manifest, read_metadata
+from manifests.manifest_write import RowGroupWriter, write_manifest, write_parquet_stream, write_rejects
 
 value = st.one_of(st.floats(0.0, 60.0), st.sampled_from([math.nan, math.inf, None, 0.0, 25.0]))
 

@@ -16,7 +16,9 @@ from typer.testing import CliRunner
 from dataprep.cli import app
 from dataprep.report.filters import FILTER_NAMES, Thresholds, apply_filters
 from manifests.errors import DataprepError
-from manifests.io import manifest_hash, read_manifest, read_metadata, write_manifest
+from manifests.hash_cache import manifest_hash
+from manifests.manifest_read import read_manifest, read_metadata
+from manifests.manifest_write import write_manifest
 from manifests.schema import MANIFEST_COLUMNS
 from tests.conftest import manifest_from_csv
 

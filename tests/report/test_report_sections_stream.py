@@ -29,7 +29,7 @@ from dataprep.report.stream_sections import (SHARE_BYTES_PER_ROW, CorpusShares, 
                                              sample_rows, spill_planned_rows)
 from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError
-from manifests.io import write_manifest
+from manifests.manifest_write import write_manifest
 from manifests.plan_meta import read_plan_meta
 from manifests.spill import SpillFiles
 

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 from dataprep.cli import app
 from dataprep.report.stats import DURATION_BIN_EDGES, QUANTILES, bin_labels, compute_stats, duration_bin_index
 from manifests.errors import DataprepError
-from manifests.io import manifest_hash, write_manifest
+from manifests.hash_cache import manifest_hash
+from manifests.manifest_write import write_manifest
 from tests.conftest import manifest_from_csv, shared_file
 
 runner = CliRunner()

@@ -20,7 +20,7 @@ from dataprep.report.exact import (ExactSums, OrderSelector, float_keys, key_flo
                                    polars_quantile, polars_ranks)
 from dataprep.report.files import stats_report
 from dataprep.report.stats import QUANTILES, compute_stats, stream_stats
-from manifests.io import write_manifest
+from manifests.manifest_write import write_manifest
 from tests.report.today_stats import compute_stats_today
 
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -17,7 +17,8 @@ from bucketing.allocate import fit_spec
 from dataprep.cli import app
 from dataprep.report.stream_fit import streamed_fit_spec
 from manifests.buckets_file import write_buckets
-from manifests.io import manifest_hash, write_manifest
+from manifests.hash_cache import manifest_hash
+from manifests.manifest_write import write_manifest
 from manifests.spill import SpillFiles, sorted_runs
 
 runner = CliRunner()

@@ -25,7 +25,7 @@ from dataprep.report.padding import batch_sizes_for, manifest_padding_report
 from dataprep.report.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
-from manifests.io import write_manifest
+from manifests.manifest_write import write_manifest
 
 runner = CliRunner()
 

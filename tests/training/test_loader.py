@@ -25,7 +25,8 @@ from dataprep.training import (
 )
 from dataprep.testing import write_tone
 from manifests.errors import DataprepError
-from manifests.io import read_manifest, write_manifest
+from manifests.manifest_read import read_manifest
+from manifests.manifest_write import write_manifest
 from manifests.plan_files import PlanShard
 from tests.training._consumer import Corpus, shared_corpus
 

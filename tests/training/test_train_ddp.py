@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dataprep.testing import write_tone
-from manifests.io import read_manifest
+from manifests.manifest_read import read_manifest
 from tests.training._consumer import Corpus, build_corpus, invoke, runner
 from dataprep.cli import app
 

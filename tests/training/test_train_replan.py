@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dataprep.cli import app
-from manifests.io import read_manifest
+from manifests.manifest_read import read_manifest
 from tests.training._consumer import Corpus, build_corpus, invoke, runner
 from tests.training.test_train_ddp import read_jsonl, train_args
 
