@@ -33,7 +33,7 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bucketing.allocate import fit_spec
-from dataprep.training import BatchBuilder, ManifestColumns
+from dataprep.training import BatchBuilder, ColumnCache
 from manifests.plan_files import PlanShard
 from dataprep.planning import PlanOptions, build_plan
 from dataprep.testing import WORDS, write_tone
@@ -90,17 +90,17 @@ def main() -> None:
     probe = args.work / "cache-build-probe"
     shutil.rmtree(probe, ignore_errors=True)
     t = time.perf_counter()
-    ManifestColumns.open(manifest, probe)
+    ColumnCache.open(manifest, probe)
     build_s = time.perf_counter() - t
     shutil.rmtree(probe, ignore_errors=True)
-    ManifestColumns.open(manifest, cache)  # the warm cache the rest uses
+    ColumnCache.open(manifest, cache)  # the warm cache the rest uses
 
     fresh = [_fresh_first_batch(manifest, plan, cache) for _ in range(3)]
     meta_first, audio_first = [], []
     for _ in range(args.repeats):
         t = time.perf_counter()
         pb = next(PlanShard(plan, 0).iter_batches())
-        cols = ManifestColumns.open(manifest, cache)
+        cols = ColumnCache.open(manifest, cache)
         cols.gather(pb.rows, pb.ids)
         meta_first.append(time.perf_counter() - t)
         t = time.perf_counter()
@@ -108,7 +108,7 @@ def main() -> None:
         batch = b.build(next(PlanShard(plan, 0).iter_batches()))
         audio_first.append(time.perf_counter() - t)
 
-    cols = ManifestColumns.open(manifest, cache)
+    cols = ColumnCache.open(manifest, cache)
     shard = PlanShard(plan, 0)
     per_batch, with_strings, sizes = [], [], []
     chunk = 100
@@ -145,11 +145,11 @@ def main() -> None:
 
 _FRESH = """
 import sys, time
-from manifests.column_cache import ManifestColumns
+from manifests.column_cache import ColumnCache
 from manifests.plan_files import PlanShard
 t = time.perf_counter()
 pb = next(PlanShard(sys.argv[2], 0).iter_batches())
-ManifestColumns.open(sys.argv[1], sys.argv[3]).gather(pb.rows, pb.ids)
+ColumnCache.open(sys.argv[1], sys.argv[3]).gather(pb.rows, pb.ids)
 print(time.perf_counter() - t)
 """
 

@@ -11,7 +11,7 @@ utterance (``/data/spk<k>/utt-<i>.flac``: the large-dictionary case), ~15 charac
 per second and ``lang`` "en"; buckets (30 x 2, 600 s budget) and an 8-rank plan by the real
 planner. Then, each measurement in a fresh subprocess (its own peak, imports not timed):
 
-- ``cache build``: ``ManifestColumns.open`` on an empty cache folder (the manifest's content
+- ``cache build``: ``ColumnCache.open`` on an empty cache folder (the manifest's content
   hash already verified, so only the build is timed);
 - ``cache open``: the same on the warm cache, plus one gather (what every rank does at start);
 - ``rows build``: ``ManifestRows.open`` (the row cache Lhotse/NeMo cuts read: every column)
@@ -60,7 +60,7 @@ if op == "verify":
 elif op == "rows":
     from dataprep.integrations.rows import ManifestRows
 else:
-    from manifests.column_cache import ManifestColumns
+    from manifests.column_cache import ColumnCache
     from manifests.plan_files import PlanShard
 
 def rss(key):
@@ -76,7 +76,7 @@ if op == "verify":
 elif op == "rows":
     ManifestRows.open(manifest, cache)
 else:
-    cols = ManifestColumns.open(manifest, cache)
+    cols = ColumnCache.open(manifest, cache)
     if op == "open":
         pb = next(PlanShard(plan, 0).iter_batches())
         cols.gather(pb.rows, pb.ids).texts

@@ -49,7 +49,7 @@ CACHE_BATCH_ROWS = 1 << 16
 #: schema metadata key of the cache's facts (version, manifest content hash, rows)
 CACHE_META = "dataprep.column_cache"
 _STRINGS = pa.dictionary(pa.int32(), pa.string())
-#: the cache's columns and types (:class:`ManifestColumns` documents them)
+#: the cache's columns and types (:class:`ColumnCache` documents them)
 CACHE_SCHEMA = pa.schema([
     ("audio_path", _STRINGS), ("offset", pa.float64()), ("duration", pa.float64()), ("text", pa.large_string()),
     ("lang", _STRINGS), ("num_tokens", pa.int32()), ("container", _STRINGS), ("member_offset", pa.int64()),
@@ -67,7 +67,7 @@ class RowsMeta:
     """Manifest fields of one batch's rows, in batch order: the metadata path of a batch.
 
     Numbers are numpy arrays (seconds for ``offsets`` / ``durations``); strings stay in the
-    mapped cache until asked for: ``audio_codes`` index :attr:`ManifestColumns.audio_files`
+    mapped cache until asked for: ``audio_codes`` index :attr:`ColumnCache.audio_files`
     (many utterances share a file), and :attr:`audio_paths`, :attr:`texts`, :attr:`langs`
     build Python strings on first access (once per batch, for the audio reader and tokenizer).
     """
@@ -79,8 +79,8 @@ class RowsMeta:
     num_tokens: npt.NDArray[np.int64]
     audio_codes: npt.NDArray[np.int32]
     lang_codes: npt.NDArray[np.int32]
-    columns: ManifestColumns = field(repr=False, compare=False)
-    #: container of each row (codes into :attr:`ManifestColumns.containers`, -1 = a loose file)
+    columns: ColumnCache = field(repr=False, compare=False)
+    #: container of each row (codes into :attr:`ColumnCache.containers`, -1 = a loose file)
     container_codes: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
     #: tar rows: byte offset and size of the member's data (-1 elsewhere)
     member_offsets: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -115,7 +115,7 @@ class RowsMeta:
         return [names[i] for i in self.lang_codes.tolist()]
 
 
-class ManifestColumns:
+class ColumnCache:
     """The loader's manifest columns, memory-mapped from an Arrow IPC cache file.
 
     The cache (``<cache_dir>/<content hash>.v5.arrow``) is an Arrow IPC *stream* of record
@@ -195,7 +195,7 @@ class ManifestColumns:
         return self._text.get(np.asarray(rows, np.int64))
 
     @classmethod
-    def open(cls, manifest: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> ManifestColumns:
+    def open(cls, manifest: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> ColumnCache:
         """Open (building on first use) the memory-mapped columns of a compiled manifest."""
         return open_or_build_cache(manifest, cache_dir, f"v{CACHE_VERSION}.arrow",
                                    lambda path, rows: _open_cache(path, rows, str(manifest)), build_column_cache,
@@ -478,7 +478,7 @@ def not_whole(kind: str, exc: Exception) -> CacheInvalid:
     return CacheInvalid(f"not a whole Arrow IPC {kind} ({str(exc).strip().splitlines()[0][:120] if str(exc) else exc})")
 
 
-def _read_cache(path: Path, num_rows: int, manifest: str) -> ManifestColumns:
+def _read_cache(path: Path, num_rows: int, manifest: str) -> ColumnCache:
     """The mapped cache, every stored fact checked against what it must be: format version,
     the manifest hash its name gives, row count, schema, each batch's buffers, null counts and
     place in the mapping (metadata only: no value is read). Raises ``FileNotFoundError`` or
@@ -494,10 +494,10 @@ def _read_cache(path: Path, num_rows: int, manifest: str) -> ManifestColumns:
     except (OSError, pa.ArrowInvalid) as exc:
         raise not_whole("stream", exc) from None
     check_cache_facts(schema, CACHE_META, CACHE_VERSION, CACHE_SCHEMA, path, num_rows, batches, nulls=False)
-    return ManifestColumns(pa.Table.from_batches(batches, schema), manifest, mapped)
+    return ColumnCache(pa.Table.from_batches(batches, schema), manifest, mapped)
 
 
-def _open_cache(path: Path, num_rows: int, manifest: str) -> ManifestColumns | None:
+def _open_cache(path: Path, num_rows: int, manifest: str) -> ColumnCache | None:
     """The mapped cache table, or ``None`` when the file is missing or is not a whole, current
     cache of this manifest (then logged with the reason, and rebuilt by the caller)."""
     return open_or_none(lambda: _read_cache(path, num_rows, manifest), path, "the loader's column cache", log)

@@ -17,7 +17,7 @@ from dataprep.training.audio import AudioError, load_audio
 from dataprep.training.batches import Batch, BatchBuilder, pad_stack
 from manifests.column_cache import (
     LOADER_COLUMNS,
-    ManifestColumns,
+    ColumnCache,
     RowsMeta,
     build_column_cache,
     default_cache_dir,
@@ -35,9 +35,9 @@ __all__ = [
     "AudioError",
     "Batch",
     "BatchBuilder",
+    "ColumnCache",
     "DynResFeatures",
     "LogMel",
-    "ManifestColumns",
     "PlanDataset",
     "RowsMeta",
     "TrainConfig",

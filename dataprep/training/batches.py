@@ -31,7 +31,7 @@ import torch
 from bucketing.dynres import DynResConfig
 from dataprep.tokenize import Tokenizers
 from dataprep.training.audio import AudioError, AudioReader, load_audio
-from manifests.column_cache import ManifestColumns, RowsMeta
+from manifests.column_cache import ColumnCache, RowsMeta
 from dataprep.training.dynres import collate_dynamic_resolution
 from dataprep.training.features import FeatureConfig, LogMel
 from manifests.errors import DataprepError
@@ -103,7 +103,7 @@ class BatchBuilder:
         self.io_threads = io_threads
         self.dynamic_resolution = dynamic_resolution
         self.evaluation = evaluation
-        self._cols: ManifestColumns | None = None
+        self._cols: ColumnCache | None = None
         self._toks: Tokenizers | None = None
         self._mel: LogMel | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -123,9 +123,9 @@ class BatchBuilder:
         return self._containers
 
     @property
-    def columns(self) -> ManifestColumns:
+    def columns(self) -> ColumnCache:
         if self._cols is None:
-            self._cols = ManifestColumns.open(self.manifest, self.cache_dir)
+            self._cols = ColumnCache.open(self.manifest, self.cache_dir)
         return self._cols
 
     @property

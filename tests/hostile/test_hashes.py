@@ -48,13 +48,13 @@ def test_edited_manifest_is_refused_everywhere(corpus: Corpus, plan: Path, tmp_p
 
 
 def test_loader_cache_is_keyed_by_the_verified_hash(corpus: Corpus, tmp_path: Path) -> None:
-    from dataprep.training import ManifestColumns
+    from dataprep.training import ColumnCache
 
     cache = tmp_path / "cache"
-    cols = ManifestColumns.open(corpus.manifest, cache)  # builds the cache under the real hash
+    cols = ColumnCache.open(corpus.manifest, cache)  # builds the cache under the real hash
     edited = _edited_copy(corpus, tmp_path)
     with pytest.raises(ManifestError, match="content_hash"):
-        ManifestColumns.open(edited, cache)  # a warm cache under the same recorded hash is not used
+        ColumnCache.open(edited, cache)  # a warm cache under the same recorded hash is not used
     assert cols.num_rows == pq.ParquetFile(corpus.manifest).metadata.num_rows
 
 

@@ -17,7 +17,7 @@ from manifests.column_cache import (
     CACHE_META,
     CACHE_SCHEMA,
     CACHE_VERSION,
-    ManifestColumns,
+    ColumnCache,
     build_column_cache,
     write_ipc_file,
 )
@@ -49,7 +49,7 @@ def test_round_trip_over_any_record_batch_size(manifest: tuple[Path, pl.DataFram
     cache_file = _cache_path(path, cache)
     build_column_cache(path, cache_file, batch_rows=batch_rows)  # one dictionary per record batch
     built = cache_file.stat().st_mtime_ns
-    cols = ManifestColumns.open(path, cache)
+    cols = ColumnCache.open(path, cache)
     assert cols.num_rows == ROWS
     rows = np.array(picks, dtype=np.int64)
     m = cols.gather(rows, [str(r) for r in picks])
@@ -76,11 +76,11 @@ def test_a_cache_whose_facts_differ_is_refused_and_rebuilt(manifest: tuple[Path,
                                                            caplog: pytest.LogCaptureFixture,
                                                            facts: dict[str, object], why: str) -> None:
     path, df = manifest
-    ManifestColumns.open(path, tmp_path)
+    ColumnCache.open(path, tmp_path)
     cache_file = _cache_path(path, tmp_path)
     rewrite_cache_facts(cache_file, CACHE_META, stream=True, **facts)
     with caplog.at_level(logging.WARNING, logger="manifests.column_cache"):
-        cols = ManifestColumns.open(path, tmp_path)
+        cols = ColumnCache.open(path, tmp_path)
     assert why in caplog.text and "rebuilding" in caplog.text
     assert cols.gather(np.array([5]), ["x"]).audio_paths == [df["audio_path"][5]]
     assert json.loads(pa.ipc.open_stream(pa.memory_map(str(cache_file))).schema.metadata[CACHE_META.encode()]) == {
@@ -96,12 +96,12 @@ def test_a_truncated_cache_is_rebuilt_with_the_reason(manifest: tuple[Path, pl.D
     data = cache_file.read_bytes()
     cache_file.write_bytes(data[: int(len(data) * cut)])  # as a copy cut short could leave it
     with caplog.at_level(logging.WARNING, logger="manifests.column_cache"):
-        cols = ManifestColumns.open(path, tmp_path)
+        cols = ColumnCache.open(path, tmp_path)
     assert "refused" in caplog.text
     assert cols.gather(np.array([ROWS - 1, 0]), ["a", "b"]).texts == df["text"].fill_null("").gather([ROWS - 1, 0]).to_list()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="manifests.column_cache"):
-        assert ManifestColumns.open(path, tmp_path).num_rows == ROWS
+        assert ColumnCache.open(path, tmp_path).num_rows == ROWS
     assert caplog.text == ""  # rebuilt whole: mapped as it is
 
 
@@ -109,7 +109,7 @@ def test_the_build_is_atomic_and_replaces_older_versions(manifest: tuple[Path, p
     path, _ = manifest
     old = tmp_path / f"{manifest_hash(path)}.v4.arrow"
     old.write_bytes(b"an old layout")
-    cols = ManifestColumns.open(path, tmp_path)
+    cols = ColumnCache.open(path, tmp_path)
     assert cols.num_rows == ROWS and not old.exists()
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [_cache_path(path, tmp_path).name, _cache_path(path, tmp_path).name + ".lock"]

@@ -18,7 +18,7 @@ from dataprep.training.features import HOP, SAMPLE_RATE, LogMel, mel_filterbank
 from dataprep.training import (
     AudioError,
     BatchBuilder,
-    ManifestColumns,
+    ColumnCache,
     PlanDataset,
     load_audio,
     make_loader,
@@ -160,7 +160,7 @@ def odd_manifest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pl.Dat
 def test_gather_equals_the_manifest_rows(odd_manifest: tuple[Path, pl.DataFrame], tmp_path: Path,
                                          picks: list[int]) -> None:
     path, df = odd_manifest
-    cols = ManifestColumns.open(path, tmp_path / "c")
+    cols = ColumnCache.open(path, tmp_path / "c")
     rows = np.array(picks, dtype=np.int64)
     ids = df["id"].gather(rows).to_list()
     m = cols.gather(rows, ids)
@@ -177,21 +177,21 @@ def test_gather_equals_the_manifest_rows(odd_manifest: tuple[Path, pl.DataFrame]
 def test_cache_dictionary_encodes_paths_and_is_reused(odd_manifest: tuple[Path, pl.DataFrame],
                                                       tmp_path: Path) -> None:
     path, df = odd_manifest
-    cols = ManifestColumns.open(path, tmp_path)
+    cols = ColumnCache.open(path, tmp_path)
     assert sorted(cols.audio_files.to_pylist()) == sorted(df["audio_path"].unique().to_list())
     assert sorted(cols.langs, key=str) == sorted(set(df["lang"].to_list()), key=str)
     (cache,) = tmp_path.glob("*.arrow")
     stamp = cache.stat().st_mtime_ns
-    again = ManifestColumns.open(path, tmp_path)  # maps the file, does not rebuild it
+    again = ColumnCache.open(path, tmp_path)  # maps the file, does not rebuild it
     assert cache.stat().st_mtime_ns == stamp and again.num_rows == df.height
 
 
 def test_unreadable_cache_is_rebuilt(odd_manifest: tuple[Path, pl.DataFrame], tmp_path: Path) -> None:
     path, df = odd_manifest
-    ManifestColumns.open(path, tmp_path)
+    ColumnCache.open(path, tmp_path)
     (cache,) = tmp_path.glob("*.arrow")
     cache.write_bytes(cache.read_bytes()[: cache.stat().st_size // 2])  # as a crash mid-write could leave it
-    cols = ManifestColumns.open(path, tmp_path)
+    cols = ColumnCache.open(path, tmp_path)
     assert cols.gather(np.array([3]), ["x"]).audio_paths == [df["audio_path"][3]]
     assert sorted(p.name for p in tmp_path.iterdir()) == [cache.name, cache.name + ".lock"]
 
@@ -199,7 +199,7 @@ def test_unreadable_cache_is_rebuilt(odd_manifest: tuple[Path, pl.DataFrame], tm
 def test_concurrent_openers_build_one_cache(odd_manifest: tuple[Path, pl.DataFrame], tmp_path: Path) -> None:
     path, df = odd_manifest
     with ThreadPoolExecutor(4) as pool:  # flock holds between threads too (one open file each)
-        opened = list(pool.map(lambda _: ManifestColumns.open(path, tmp_path), range(4)))
+        opened = list(pool.map(lambda _: ColumnCache.open(path, tmp_path), range(4)))
     rows = np.arange(df.height)
     texts = [c.gather(rows, [""] * df.height).texts for c in opened]
     assert all(t == texts[0] for t in texts)
@@ -208,7 +208,7 @@ def test_concurrent_openers_build_one_cache(odd_manifest: tuple[Path, pl.DataFra
 
 def test_gather_refuses_rows_past_the_manifest(odd_manifest: tuple[Path, pl.DataFrame], tmp_path: Path) -> None:
     path, df = odd_manifest
-    cols = ManifestColumns.open(path, tmp_path)
+    cols = ColumnCache.open(path, tmp_path)
     with pytest.raises(DataprepError, match="another manifest"):
         cols.gather(np.array([0, df.height]), ["a", "b"])
 
