@@ -20,7 +20,11 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from manifests.atomic_files import write_json
+from manifests.errors import ManifestError
 from manifests.nemo_buckets import is_nemo_buckets_path, read_nemo_options
 from manifests.validation import Validator, load_json_file
 
@@ -56,6 +60,19 @@ class BucketSpec:
     batch_size_source: dict[str, Any] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)  # how the bounds were fitted
     version: int = BUCKETS_VERSION
+    source: str = field(default="buckets.json", compare=False)  # the file it was read from, for errors
+
+    def batch_sizes(self) -> npt.NDArray[np.int64]:
+        """Utterances per batch of each bucket (int64, each in 1..:data:`MAX_BATCH_SIZE`, as
+        :func:`parse_buckets` checked); a one-line :class:`ManifestError` naming the file and the
+        first bucket without one (a spec whose batch sizes are not yet assigned)."""
+        missing = [b.index for b in self.buckets if b.batch_size is None]
+        if missing:
+            raise ManifestError(
+                f"{self.source}: bucket {missing[0]} has no batch_size ({len(missing)} buckets lack one); "
+                "run `dataprep fit-buckets` with a budget or `dataprep oomptimize`"
+            )
+        return np.asarray([b.batch_size for b in self.buckets], dtype=np.int64)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -122,6 +139,7 @@ def parse_buckets(obj: Any, where: str = "buckets.json") -> BucketSpec:
         batch_size_source=dict(v.obj(obj.get("batch_size_source", {}), "batch_size_source")),
         fit=dict(v.obj(obj.get("fit", {}), "fit")),
         version=version,
+        source=where,
     )
 
 

@@ -27,6 +27,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
+from manifests.buckets_file import BucketSpec, parse_buckets
 from manifests.errors import ManifestError
 from manifests.validation import Validator, load_json_file
 
@@ -150,6 +154,17 @@ class PlanMeta:
     balance: BalanceInfo | None = None  # written when tolerance > 0 (see the module docstring)
     replan: ReplanInfo | None = None
     sync_group: int | None = None  # ranks per sync group when < world_size (written only then)
+    source: str = field(default=PLAN_JSON, compare=False)  # the file it was read from, for errors
+
+    @property
+    def bucket_spec(self) -> BucketSpec:
+        """``buckets`` as the typed :class:`BucketSpec` (validated as ``buckets.json`` is)."""
+        return parse_buckets({"buckets": self.buckets}, self.source)
+
+    @property
+    def batch_sizes(self) -> npt.NDArray[np.int64]:
+        """Utterances per batch of each bucket (int64, each >= 1; :meth:`BucketSpec.batch_sizes`)."""
+        return self.bucket_spec.batch_sizes()
 
     @property
     def first_step(self) -> int:
@@ -237,13 +252,17 @@ class PlanMeta:
         replan = ReplanInfo.from_json(obj["replan"], v) if "replan" in obj else None
         if replan is not None and replan.at_step > num_steps:
             raise ManifestError(f"{where}: replan.at_step: {replan.at_step} is past the plan's {num_steps} steps")
+        buckets = [v.obj(b, f"buckets[{i}]") for i, b in enumerate(v.list_(v.key(obj, "buckets"), "buckets"))]
+        for b in parse_buckets({"buckets": buckets}, where).buckets:  # a plan was made with every batch size
+            if b.batch_size is None:
+                raise v.fail(f"buckets[{b.index}].batch_size", "missing (every bucket of a plan has one)")
         return cls(
             manifest=ManifestRef(file=v.str_(v.key(man, "file", "inputs.manifest."), "inputs.manifest.file"),
                                  content_hash=v.hex_(v.key(man, "content_hash", "inputs.manifest."),
                                                      "inputs.manifest.content_hash"),
                                  rows=v.int_(v.key(man, "rows", "inputs.manifest."), "inputs.manifest.rows", lo=0)),
             buckets_file=v.file_ref(bfile, "inputs.buckets"),
-            buckets=[v.obj(b, f"buckets[{i}]") for i, b in enumerate(v.list_(v.key(obj, "buckets"), "buckets"))],
+            buckets=buckets,
             world_size=world_size,
             seed=v.int_(v.key(obj, "seed"), "seed"),
             epochs=epochs,
@@ -261,6 +280,7 @@ class PlanMeta:
             balance=BalanceInfo.from_json(obj["balance"], v) if "balance" in obj else None,
             replan=replan,
             sync_group=sync_group,
+            source=where,
         )
 
 

@@ -107,8 +107,7 @@ def plan_steps_report(plan_dir: str | os.PathLike[str], cost: CostModel | None =
     ``batches`` as in :func:`simulate_plan`."""
     meta = read_plan_meta(plan_dir)
     m = batches if batches is not None else read_epoch_batches(plan_dir, epoch)
-    bs = np.asarray([b.get("batch_size") or 1 for b in meta.buckets], dtype=np.int64)
-    return plan_report(m["bucket"], m["size"], m["max_duration"], m["max_tokens"], bs, cost)
+    return plan_report(m["bucket"], m["size"], m["max_duration"], m["max_tokens"], meta.batch_sizes, cost)
 
 
 def simulate_strategies(

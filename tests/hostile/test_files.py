@@ -108,6 +108,22 @@ def test_plan_json_field(corpus: Corpus, plan_copy: Path, edit, field: str) -> N
     assert not (plan_copy.parent / "x").exists()
 
 
+@pytest.mark.parametrize("value,problem", [
+    ([None], "buckets[1].batch_size: expected an integer"),
+    (0, "buckets[1].batch_size: must be >= 1"),
+    (None, "buckets[1].batch_size: missing"),
+])
+def test_plan_json_bucket_batch_size(plan_copy: Path, value: object, problem: str) -> None:
+    """A bucket's batch size that is not a positive integer ([null], 0, null) is refused by
+    PlanMeta in one line, by verify as by simulate (which reads the batch sizes)."""
+    obj = _plan_json(plan_copy)
+    obj["buckets"][1]["batch_size"] = value
+    obj["plan_hash"] = plan_hash_of(obj)
+    (plan_copy / "plan.json").write_text(json.dumps(obj))
+    for command in ("simulate", "verify"):
+        refused(command, plan_copy, match=(str(plan_copy / "plan.json"), problem))
+
+
 def test_plan_json_garbage(plan_copy: Path) -> None:
     (plan_copy / "plan.json").write_bytes(b"\x00\xff garbage")
     refused("simulate", plan_copy, match="not valid JSON")

@@ -29,9 +29,10 @@ W = 3
 
 
 def plan_meta(epochs: int, steps: int, world_size: int = W) -> PlanMeta:
-    """Metadata for a hand-written plan: only the shapes are real."""
+    """Metadata for a hand-written plan: only the shapes are real (4 buckets, batches of 1..5)."""
     return PlanMeta(manifest=ManifestRef("m.parquet", "0" * 64, 10_000), buckets_file=FileRef("b.json", "1" * 64),
-                    buckets=[], world_size=world_size, seed=0, epochs=epochs, interleave="random", allocation={},
+                    buckets=[{"index": i, "max_duration": 10.0 * (i + 1), "batch_size": 5} for i in range(4)],
+                    world_size=world_size, seed=0, epochs=epochs, interleave="random", allocation={},
                     num_steps=epochs * steps, steps_per_epoch=[steps] * epochs, per_epoch=[], per_bucket=[],
                     padding={}, fallbacks={})
 
