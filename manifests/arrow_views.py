@@ -1,7 +1,9 @@
-"""Zero-copy numpy views of Arrow arrays.
+"""Zero-copy numpy views of Arrow arrays' buffers: the one place that reads them by hand.
 
-``pyarrow.Array.to_numpy`` imports pandas on its first call (half a second of a fresh
-process); readers on a trainer's start-up path use these views instead.
+A fixed-width array's values (:func:`values_view`, :func:`numpy_view` refusing nulls), a
+string / binary array's offsets and data bytes (:func:`string_buffers`), each sliced to the
+array's own rows (its ``offset`` and length), and the validity bitmap (:func:`validity_bits`). ``pyarrow.Array.to_numpy`` imports pandas on its
+first call (half a second of a fresh process); readers on a trainer's start-up path use these.
 """
 
 from __future__ import annotations
@@ -20,9 +22,33 @@ def single_chunk(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
+def values_view(arr: pa.Array, dtype: Any) -> npt.NDArray[Any]:
+    """Zero-copy view, as ``dtype``, of a fixed-width array's values (a null's slot holds
+    whatever bytes the writer left there)."""
+    return np.frombuffer(arr.buffers()[1], dtype=dtype)[arr.offset: arr.offset + len(arr)]
+
+
 def numpy_view(arr: pa.ChunkedArray | pa.Array, dtype: type[np.generic]) -> npt.NDArray[Any]:
     """Zero-copy numpy view of a null-free fixed-width array (or buffer-backed offsets)."""
     arr = single_chunk(arr)
     if arr.null_count:
         raise ValueError("numpy_view: column with nulls")
-    return np.frombuffer(arr.buffers()[1], dtype=dtype)[arr.offset: arr.offset + len(arr)]
+    return values_view(arr, dtype)
+
+
+def validity_bits(arr: pa.Array) -> npt.NDArray[np.uint8] | None:
+    """Zero-copy view of an array's validity bitmap (row ``i`` is valid when bit
+    ``offset + i``, LSB first, is set), or None when no row is null."""
+    validity = arr.buffers()[0]
+    return None if arr.null_count == 0 or validity is None else np.frombuffer(validity, dtype=np.uint8)
+
+
+def string_buffers(arr: pa.Array) -> tuple[npt.NDArray[np.int32] | npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    """Zero-copy views of a string / binary array (not a view type): its ``len + 1`` offsets
+    (int32; int64 for the large types) into ``data``, the whole data buffer as uint8 (empty
+    when there is none). Row ``i``'s bytes: ``data[offsets[i]:offsets[i + 1]]``."""
+    _, offsets_buf, data_buf = arr.buffers()
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if large else np.int32)[arr.offset: arr.offset + len(arr) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return offsets, data

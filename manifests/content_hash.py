@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from manifests.arrow_views import string_buffers
 from manifests.errors import ManifestError
 from manifests.rebatch import Rebatcher
 
@@ -91,8 +92,8 @@ class ContentHasher:
                 binary = pa.types.is_binary(t) or pa.types.is_large_binary(t)
                 offsets, data = self._offsets(pc.fill_null(arr, b"" if binary else ""))
             d.update((offsets - offsets[0]).astype("<i8", copy=False).tobytes())
-            if data is not None and offsets[-1] > offsets[0]:
-                d.update(memoryview(data)[int(offsets[0]): int(offsets[-1])])
+            if offsets[-1] > offsets[0]:
+                d.update(data[int(offsets[0]): int(offsets[-1])])
         elif pa.types.is_boolean(t):
             d.update(pc.fill_null(arr, False).to_numpy(zero_copy_only=False).astype(np.uint8).tobytes())
         elif pa.types.is_integer(t) or pa.types.is_floating(t):
@@ -104,12 +105,10 @@ class ContentHasher:
             raise TypeError(f"content hash: unsupported column type {t}")
 
     @staticmethod
-    def _offsets(arr: pa.Array) -> tuple[npt.NDArray[np.int64], pa.Buffer | None]:
+    def _offsets(arr: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
         """(int64 offsets of the array's rows, its data buffer)."""
-        _, offsets_buf, data_buf = arr.buffers()
-        width = "<i8" if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type) else "<i4"
-        offsets = np.frombuffer(offsets_buf, dtype=width)[arr.offset: arr.offset + len(arr) + 1].astype(np.int64)
-        return offsets, data_buf
+        offsets, data = string_buffers(arr)
+        return offsets.astype(np.int64), data
 
     def hexdigest(self) -> str:
         """The hash of every row added so far (``update`` may not be called afterwards)."""

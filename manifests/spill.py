@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from manifests.arrow_views import string_buffers
 from manifests.errors import DataprepError
 
 
@@ -120,9 +121,9 @@ class SpillFiles:
         base = self._bytes.get(name, 0)
         if n == 0:
             return np.full(1, base, np.int64)
-        off = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset:arr.offset + n + 1]
+        off, data = string_buffers(arr)
         if off[-1] > off[0]:
-            self.append(name + ".data", np.frombuffer(arr.buffers()[2], dtype=np.uint8)[off[0]:off[-1]])
+            self.append(name + ".data", data[off[0]:off[-1]])
         self._bytes[name] = base + int(off[-1] - off[0])
         return off - off[0] + base
 

@@ -60,6 +60,7 @@ from dataprep.compile.validate import (
     iter_rows,
 )
 from dataprep.tokenize import Tokenizers
+from manifests.arrow_views import string_buffers
 from manifests.atomic_files import atomic_path
 from manifests.errors import DataprepError
 from manifests.manifest_write import ROW_GROUP_ROWS, reasons_count, write_parquet_stream, write_rejects
@@ -93,9 +94,7 @@ def fnv1a64(strings: pa.Array | pa.ChunkedArray | Sequence[str | None]) -> npt.N
     if n == 0:
         return h
     arr = arr.fill_null("")
-    _, offsets_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset: arr.offset + n + 1]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    offsets, data = string_buffers(arr)
     starts, lengths = offsets[:-1], np.diff(offsets)
     order = np.argsort(-lengths, kind="stable")  # longest first: active rows are a prefix
     starts, lengths = starts[order], lengths[order]

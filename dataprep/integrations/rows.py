@@ -1,6 +1,6 @@
 """Every column of a compiled manifest, memory-mapped, for consumers that build whole records.
 
-The training loader maps only the columns it needs (:class:`manifests.column_cache.ManifestColumns`);
+The training loader maps only the columns it needs (:class:`manifests.column_cache.ColumnCache`);
 samplers that hand trainers Lhotse cuts need all of them (languages, task, ``extra``,
 sample rate, channels). :class:`ManifestRows` converts the manifest once into an uncompressed
 Arrow IPC file (``<cache dir>/<content hash>.rows.v2.arrow``) and maps it; a batch's rows are
@@ -29,6 +29,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from manifests.arrow_views import string_buffers, validity_bits, values_view
 from manifests.column_cache import (
     CACHE_BATCH_ROWS,
     check_cache_facts,
@@ -97,17 +98,14 @@ class _Column:
     """One mapped Arrow array (string, integer or floating point) read per value with numpy."""
 
     def __init__(self, arr: pa.Array) -> None:
-        bufs = arr.buffers()
-        off = arr.offset
-        self.off = off
-        self.bits = None if arr.null_count == 0 or bufs[0] is None else np.frombuffer(bufs[0], dtype=np.uint8)
+        self.off = arr.offset
+        self.bits = validity_bits(arr)
         self.is_str = pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
         if self.is_str:
-            width = np.int64 if pa.types.is_large_string(arr.type) else np.int32
-            self.offsets = np.frombuffer(bufs[1], dtype=width)[off:off + len(arr) + 1]
-            self.data = memoryview(bufs[2]) if bufs[2] is not None else memoryview(b"")
+            self.offsets, data = string_buffers(arr)
+            self.data = memoryview(data)
         elif pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type):
-            self.values = np.frombuffer(bufs[1], dtype=arr.type.to_pandas_dtype())[off:off + len(arr)]
+            self.values = values_view(arr, arr.type.to_pandas_dtype())
         else:
             raise DataprepError(f"manifest column of type {arr.type} is not supported by the row cache")
 
