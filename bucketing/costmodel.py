@@ -16,12 +16,14 @@ from GPU timings (the OOM search records step times per bucket).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import numpy.typing as npt
+
+from manifests.errors import OptionError
+from manifests.options import check_number
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,11 @@ class CostModel:
     per_token: float = 2e-5  # s per utterance-token
     per_token2: float = 5e-8  # s per utterance-token^2
     frame_shift: float = 0.01  # s per frame
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # every coefficient finite and >= 0; a frame lasts > 0 s
+            check_number(f.name, getattr(self, f.name), ge=None if f.name == "frame_shift" else 0,
+                         gt=0 if f.name == "frame_shift" else None)
 
     def step_time(
         self,
@@ -64,6 +71,8 @@ class CostModel:
                 changes[name] = float(value)
             except ValueError:
                 raise ValueError(f"cost coefficient {pair!r}: {value!r} is not a number") from None
-            if not math.isfinite(changes[name]) or changes[name] < 0:
-                raise ValueError(f"cost coefficient {pair!r}: must be a finite number >= 0")
+            try:
+                replace(self, **{name: changes[name]})
+            except OptionError as exc:
+                raise ValueError(f"cost coefficient {pair!r}: {exc.problem}") from None
         return replace(self, **changes)

@@ -26,7 +26,8 @@ from typing import Any
 
 from manifests.atomic_files import write_json
 from manifests.content_hash import file_sha256
-from manifests.errors import DataprepError
+from manifests.errors import DataprepError, OptionError
+from manifests.options import check_int
 
 MARKER_VERSION = 1
 #: marker file-name prefixes: the first is written, every one is read (``shard``: pack before the rename)
@@ -38,20 +39,15 @@ def check_split(num_parts: int | None = None, part_index: int | None = None, *, 
     """Refuse (one line naming the flag, worded as the CLI's range checks) ``--workers`` < 1,
     ``--num-parts`` < 1 (or above ``max_parts``, e.g. the number of rows: ``max_what`` names it) and ``--part-index`` outside
     ``[0, num_parts)``. ``None`` = not given; bools and floats are refused, never coerced."""
-    for flag, value in (("--workers", workers), ("--num-parts", num_parts), ("--part-index", part_index)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise DataprepError(f"{flag}: must be an integer, got {value!r}")
-    if workers is not None and workers < 1:
-        raise DataprepError(f"--workers: must be >= 1, got {workers}")
-    if num_parts is not None and num_parts < 1:
-        raise DataprepError(f"--num-parts: must be >= 1, got {num_parts}")
+    for flag, value, lowest in (("--workers", workers, 1), ("--num-parts", num_parts, 1), ("--part-index", part_index, 0)):
+        try:  # named by the flag itself, whoever calls (a command, or a library caller)
+            check_int(flag, value, ge=lowest, le=None, optional=True)
+        except OptionError as exc:
+            raise DataprepError(str(exc)) from None
     if num_parts is not None and max_parts is not None and num_parts > max_parts:
         raise DataprepError(f"--num-parts: must be <= {max_what or 'the maximum'} ({max_parts}), got {num_parts}")
-    if part_index is not None:
-        if part_index < 0:
-            raise DataprepError(f"--part-index: must be >= 0, got {part_index}")
-        if num_parts is not None and part_index >= num_parts:
-            raise DataprepError(f"--part-index {part_index} is not in [0, {num_parts}) (--num-parts {num_parts})")
+    if part_index is not None and num_parts is not None and part_index >= num_parts:
+        raise DataprepError(f"--part-index {part_index} is not in [0, {num_parts}) (--num-parts {num_parts})")
 
 
 def fingerprint_id(fp: dict[str, Any]) -> str:

@@ -40,6 +40,7 @@ from pathlib import Path
 import polars as pl
 
 from manifests.errors import DataprepError
+from manifests.options import check_int
 from manifests.containers import expand_paths
 from manifests.readers._blend import Blend, Leaf, check_exists, is_blend_path, iter_blend, read_blend
 from manifests.readers._jsonl import iter_lhotse, iter_lhotse_recipe, iter_nemo
@@ -187,8 +188,7 @@ def iter_source(
     files, which are read whole. Frames are never empty; an empty source yields none.
     """
     p = Path(path)
-    if chunk_rows < 1:
-        raise DataprepError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    check_int("chunk_rows", chunk_rows, ge=1, le=None)
     if fmt == "auto":
         fmt = detect_format(p)
     if fmt not in SOURCE_FORMATS:
