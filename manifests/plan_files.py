@@ -327,7 +327,7 @@ class PlanShard:
         if file_meta.get(META_KIND) != b"plan-shard":
             raise ManifestError(f"{self.path}: not a plan shard")
         try:
-            self.version = json.loads(file_meta.get(META_PLAN, b"{}")).get("version", SHARD_VERSION)
+            self.version = json.loads(file_meta.get(META_PLAN, b"{}")).get("version")
         except (ValueError, AttributeError):
             raise ManifestError(f"{self.path}: unreadable {META_PLAN.decode()} metadata") from None
         if self.version not in SHARD_VERSIONS:
