@@ -188,13 +188,15 @@ def test_target_frames_shards_are_version_2_and_old_shards_still_read(plan, tmp_
     assert [(b.epoch, b.step, b.bucket, b.rows.tolist()) for b in old] == expected[0]
 
 
-def test_an_unknown_shard_version_is_refused_in_one_line(tmp_path) -> None:
+@pytest.mark.parametrize("plan_meta_json,version", [(b'{"version": 9, "rank": 0}', "9"), (b'{"rank": 0}', "None")])
+def test_an_unknown_shard_version_is_refused_in_one_line(tmp_path, plan_meta_json: bytes, version: str) -> None:
+    """A newer version, or none (every shard written records one), is refused in one line."""
     from manifests.content_hash import file_sha256
     from manifests.hash_cache import file_facts
 
     _write_plan(tmp_path, epochs=1, steps=4)
     t = SHARD_SCHEMA.empty_table().replace_schema_metadata(
-        {b"speech_dataprep.kind": b"plan-shard", b"speech_dataprep.plan": b'{"version": 9, "rank": 0}'})
+        {b"speech_dataprep.kind": b"plan-shard", b"speech_dataprep.plan": plan_meta_json})
     shard = tmp_path / "rank-00000.parquet"
     pq.write_table(t, shard)
     obj = json.loads((tmp_path / "plan.json").read_text())  # recorded as if a newer planner wrote it
@@ -202,7 +204,7 @@ def test_an_unknown_shard_version_is_refused_in_one_line(tmp_path) -> None:
                             footer_sha256=file_facts(shard)["footer_sha256"])
     obj["plan_hash"] = plan_hash_of(obj)
     (tmp_path / "plan.json").write_text(json.dumps(obj))
-    with pytest.raises(ManifestError, match=r"unsupported shard version 9 \(this tool reads 1, 2\)") as exc:
+    with pytest.raises(ManifestError, match=rf"unsupported shard version {version} \(this tool reads 1, 2\)") as exc:
         open_shard(tmp_path, 0)
     assert "\n" not in str(exc.value)
 
