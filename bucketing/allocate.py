@@ -1,23 +1,15 @@
-"""Allocation: which bucket each utterance trains in.
+"""Allocation: which bucket each utterance trains in (vectorized with ``np.searchsorted``).
 
-Definition of "smallest bucket" (flexible, the default). Buckets are ordered by duration bin,
-then token sub-bin. A row (d, t) starts at the first duration bin whose bound holds d
-(``max_duration >= d``); within that bin, and then in each later bin in order, it takes the
-first sub-bin with ``max_tokens >= t``. So a row with unusually many tokens for its duration
-moves to a longer-duration bin rather than being dropped; a row with more tokens than every
-bucket from its bin on goes to the last bucket, whose ``max_tokens`` is raised to hold it
-(reported; never for the rows a grid was fitted on: see :mod:`bucketing.fit`, whose token
-fence moves outliers on purpose and whose last equal-occupancy bin holds every token
-count). Rows outside the duration grid are the only rows flexible allocation leaves out:
-shorter than the first bucket's ``min_duration`` cap (reason ``min_duration``) or longer
-than the last bucket (reason ``max_duration``).
+Flexible (the default): buckets are ordered by duration bin, then token sub-bin. A row
+(d, t) starts at the first duration bin with ``max_duration >= d`` and takes, in that bin and
+then each later one, the first sub-bin with ``max_tokens >= t``: a row with unusually many
+tokens moves to a longer bin, never dropped; one with more tokens than every bucket from its
+bin on goes to the last bucket, whose ``max_tokens`` is raised to hold it (reported; never
+for the rows a grid was fitted on). Only rows outside the duration grid are left out
+(reasons ``min_duration``, ``max_duration``).
 
 Strict (NeMo's ``strict_2d``): a row may only use the sub-bins of its own duration bin;
-rows whose tokens exceed them, or whose duration exceeds the grid, are dropped with reason
-``exceeds_bucket``.
-
-Vectorized with ``np.searchsorted``; the only loop runs over duration bins, for the few rows
-that move.
+rows beyond them or beyond the grid are dropped with reason ``exceeds_bucket``.
 """
 
 from __future__ import annotations

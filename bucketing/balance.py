@@ -2,48 +2,16 @@
 
 Pure core (arrays in, an :class:`bucketing.plan.EpochPlan` out), used by
 :func:`bucketing.plan.plan_epoch` when ``balance > 0``; :func:`plan_report` measures any plan.
-
-What synchronization must guarantee is that the ``W`` batches of a step take about the same
-time, not that they come from one bucket. How one epoch is planned:
-
-1. Batches are formed per bucket with the identical-bucket planner's rng and grouping, but
-   near-equal (:func:`bucketing.batching.even_batch_counts`): a bucket's rows are cut into
-   batches whose sizes differ by at most one (never above its batch size) instead of full
-   batches and one short remainder, and the last step's free slots go to one more batch of
-   the buckets whose batches stay fullest; the batch count is then a multiple of ``W``
-   wherever the rows allow. Each batch gets a predicted time
-   (:class:`bucketing.costmodel.CostModel`, seconds) and, from the planners, its padded
-   seconds (batch size x longest).
-2. Same-bucket steps where the data allows (:func:`same_bucket_runs`): each bucket's batches,
-   sorted by time, give as many disjoint runs of ``W`` consecutive batches as possible whose
-   max / mean time is within ``1 + tolerance``; each run is one step.
-3. Where free slots remain (``t = N mod W > 0``: a bucket has fewer rows than batches
-   wanted), the ``W - t`` heaviest batches (of at least 2 utterances) outside the runs are
-   halved inside their buckets (too few outside the runs: step 2 is undone, so the runs never
-   cost a step). Where too few batches can be halved at all, the ``t`` cheapest (with ``g``
-   more whole steps' worth when they hold fewer than ``W`` utterances) are cut into
-   ``(g + 1) W`` pieces, the pieces per batch in proportion to its time (``split_batches``).
-   Steps per epoch = ``ceil(N / W)`` (the packing bound) unless ``g > 0``.
-4. The other batches and the pieces are ordered by predicted time and padded seconds
-   together (:func:`_pair_key`), and by time alone; :func:`disperse_tail` makes steps of consecutive groups of
-   ``W`` in that order, except that the sparse low tail may be dealt one batch per step
-   (a low batch among higher ones costs a step little); of the two orders' steps the ones of
-   least penalty (:func:`_penalty`) are kept, and :func:`repair_steps` then swaps
-   batches between steps of nearby level while that lowers the steps' spread of time and
-   padded seconds. These are the steps that mix buckets. Epochs of at most
-   :data:`SMALL_EPOCH` batches (few steps: one is several % of the epoch) repair the first
-   :data:`SMALL_TAILS` dealings of both orders too, and keep the first layout that meets the
-   straggler goal, then the most of the epoch's goals (:func:`goals_unmet`), then of least
-   penalty: where none meets more, the layout above; then :func:`reach_goals` swaps batches
-   between steps while that meets more of the epoch's goals, or misses them by less.
-5. Steps are numbered by ascending predicted time. Steps whose max / mean predicted time (of
-   the batches as laid out) exceeds ``1 + tolerance`` are counted (``unbalanced_steps``).
-   Steps are shuffled (``interleave="random"``) or kept in ascending time; ranks inside a
-   step are shuffled.
-
+An epoch: batches formed per bucket, near-equal in size (:func:`bucketing.batching.even_batch_counts`),
+each with a predicted time (:class:`bucketing.costmodel.CostModel`, seconds) and padded seconds;
+same-bucket steps where ``W`` batches of a bucket agree within ``1 + tolerance``
+(:func:`same_bucket_runs`); free slots filled by halving heavy batches or cutting cheap ones
+(:func:`split_batches`); the rest ordered by time and padded seconds into mixed steps
+(:func:`disperse_tail`, :func:`repair_steps`); epochs of at most :data:`SMALL_EPOCH` batches keep
+the layout that meets the most goals (:func:`goals_unmet`, :func:`reach_goals`). Steps over
+``1 + tolerance`` are counted (``unbalanced_steps``). docs/plans.md explains the design.
 Invariants (tests check): every allocated row exactly once per epoch; every batch non-empty,
-at most its bucket's batch size, all its rows in that bucket; equal steps on every rank;
-equal inputs give equal arrays.
+at most its bucket's batch size, all its rows in that bucket; equal steps on every rank.
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
-"""Dynamic-resolution batching, the pure math: per-utterance frame rates that bring every
-utterance of a batch to the batch's target length, with clamps and a per-batch fallback.
+"""Dynamic-resolution batching, the pure math: per-utterance frame rates (Hz) that bring every
+utterance of a batch to the batch's target frames ``F``, with clamps and a per-batch fallback.
 
-Instead of padding each utterance to the longest of its batch, each is featurized at its own
-frame rate so that all come out at the batch's *target frames* ``F``
-(:attr:`DynResConfig.target_frames`):
+- ``F`` constant (:attr:`DynResConfig.target_frames`, e.g. 800-1600) or ``"longest"``:
+  ``1 + floor(T * base + 1e-6)`` frames for the batch's longest ``T`` s at the base rate
+  (``frames_per_second``, 100 Hz = a 10 ms hop). :func:`bucket_frames` is the shape
+  oomptimize sizes a bucket at.
+- Utterance ``i`` of ``d_i`` s needs ``r_i = (F - 1) / d_i`` Hz (a fractional hop of
+  ``sample_rate / r_i`` samples) for exactly ``F`` frames; rates are clamped to
+  ``[min_rate, max_rate]``, where the utterance has ``1 + floor(d_i * rate + 1e-6)`` frames.
+- A batch where some utterance needs less than ``floor_rate`` falls back to the base rate.
 
-- a constant ``F`` (the described policy, 800-1600 frames): a batch whose longest utterance
-  lasts ``T`` seconds runs at ``(F - 1) / T`` Hz and has ``F`` frames: long utterances cost
-  fewer frames, short ones gain temporal detail, memory per batch is flat; where that rate is
-  clamped the batch has its longest's frames at the bound (fewer than ``F`` for short
-  batches, more for long ones), and below the floor it falls back (:func:`bucket_frames` is
-  the shape oomptimize sizes a bucket at);
-- ``"longest"``: ``F = 1 + floor(T * base + 1e-6)`` frames, the batch's longest utterance at
-  the base rate ``base`` (``frames_per_second``, 100 Hz = a 10 ms hop): no batch gets
-  shorter, only the frame padding vanishes (the same worst case :mod:`oom.step` sizes by).
-- Utterance ``i`` (``d_i`` seconds) needs the rate ``r_i = (F - 1) / d_i`` Hz (``F`` centered
-  frames span ``F - 1`` hops; the hop is ``sample_rate / r_i`` samples, fractional): exactly
-  ``F`` frames. ``r_i >= base`` (up to rounding) whenever ``F`` is the longest at the base rate.
-- Rates are clamped to ``[min_rate, max_rate]`` Hz. Where the clamp binds the utterance has
-  ``1 + floor(d_i * rate + 1e-6)`` frames: fewer than ``F`` at ``max_rate`` (zero-padded to
-  the batch's length, which is its longest utterance's frames), more at ``min_rate`` (the
-  batch then grows to its longest).
-- A batch in which some utterance needs less than ``floor_rate`` Hz falls back to ordinary
-  padding: every utterance at the base rate.
-
-Everything is vectorized over all utterances of all batches (CSR: ``offsets``), no torch;
-feature extraction lives in :mod:`dataprep.training.dynres`.
+Vectorized over all utterances of all batches (CSR: ``offsets``), no torch; feature
+extraction lives in :mod:`dataprep.training.dynres`.
 """
 
 from __future__ import annotations

@@ -1,51 +1,17 @@
-"""Equal-occupancy bucket fitting, 1D and 2D.
+"""Equal-occupancy bucket fitting, 1D and 2D. Units: seconds (float64), tokens incl. the prompt.
 
-Duration bins hold about the same **seconds of audio** each, computed exactly over all rows
-(no sample). Inside each duration bin, token sub-bins hold about the same seconds of audio
-too. Bounds are inclusive upper bounds taken from values that occur in the data, so no
-bucket is empty, and they are strictly increasing (durations across bins, tokens across
-the sub-bins of one duration bin). Where ties or skew make the requested count impossible
-(fewer distinct values than bins, or one value holding more than a bin's share) the fit
-rebalances the remaining mass over the remaining bins and, if it must, returns fewer bins;
-it never returns a duplicate or empty one.
+Duration bins, and token sub-bins inside each, hold about the same seconds of audio, computed
+exactly over all rows. Bounds are inclusive upper bounds taken from values in the data,
+strictly increasing, never empty or duplicated (ties or skew give fewer bins).
 
-Outliers (fences Q3 + k × IQR, as Tukey's). A bin's upper bound set by a handful of extreme
-rows makes every batch of that bucket as wide as those rows (padding), and, for the
-duration bound, makes its padded-budget batch small. So, with the fences on:
-
-- durations: rows beyond the fence ``f`` of all durations are fitted as extra **overflow**
-  buckets (one token sub-bin each) after the equal-occupancy bins, which are fitted on the
-  other rows. Overflow bins grow geometrically: one bin per ``(f r^(k-1), f r^k]`` that holds
-  rows (``r = 1.5``, :data:`OVERFLOW_RATIO`), bounded by its longest row, a bin of one row
-  joined to a neighbour (:func:`overflow_bounds`), so each gets a padded-budget batch sized for its own rows (one
-  bin from the fence to a 160 s outlier would batch a 20 s row in threes, as if it were
-  160 s long). A corpus without far-out durations gets the bins it asked for, and wide ones
-  split (next paragraph);
-- tokens (2D only): in each duration bin but the last equal-occupancy one, the top sub-bin's bound
-  is the largest token count within the fence of that bin's token counts. The rows above
-  are not dropped: flexible allocation moves them to the first later duration bin whose
-  bounds hold them, and the last equal-occupancy bin's top bound holds every token count
-  of rows up to its duration, so fitted rows never need a raised bound.
-
-Wide bins. Where durations are sparse (the short end of a corpus of long utterances), an
-equal-occupancy bin can span several times its lower bound (LibriSpeech's first: 1.41-6.43 s);
-its padded-budget batches, sized for its bound, then hold much shorter rows: cheap batches
-that balanced steps cannot pair, and padding. Such a bin is split into parts of at most
-:data:`OVERFLOW_RATIO` where each part keeps at least :data:`SPLIT_MIN_SHARE` of a bin's audio
-(:func:`split_wide_bins`; LibriSpeech: 1.41-4.285 and 4.285-6.43 s), so the grid may hold more
-bins than asked (a note says so).
-
-The duration fence is ``outlier_fence`` (default k = 3, Tukey's "far out": an overflow
-bucket trains with small batches, so only true outliers go there). The token fence is
-``token_fence`` (default k = 2): a moved row pads audio in its new bin (it is shorter than
-its neighbours there) and saves token padding in its old one, and k trades the two. On
-LibriSpeech and Common Voice (benchmarks/bench_buckets.py) k = 1.5 / 2 / 2.5 / 3 gives
-Common Voice about 2.1 / 1.97 / 1.91 / 1.86% audio and 8.7 / 9.4 / 9.9 / 10.3% token
-padding (LibriSpeech barely moves: it has few token outliers). A fence needs a spread:
-where Q1 == Q3 (ties) it is not applied. ``None`` turns a fence off; both off give plain
-equal occupancy with bounds at the maxima.
-
-Units: duration in seconds (float64), tokens incl. the prompt (int).
+Fences (Q3 + k × IQR; ``outlier_fence`` k = 3, ``token_fence`` k = 2; ``None`` turns one off,
+and a fence is not applied where Q1 == Q3): rows beyond the duration fence ``f`` go to overflow
+buckets, one per ``(f r^(k-1), f r^k]`` that holds rows (``r`` = :data:`OVERFLOW_RATIO`, a bin
+of one row joined to a neighbour: :func:`overflow_bounds`); token outliers of a duration bin
+are moved by flexible allocation to a later bin, never dropped. A bin spanning more than
+:data:`OVERFLOW_RATIO` times its lower bound is split where each part keeps at least
+:data:`SPLIT_MIN_SHARE` of a bin's audio (:func:`split_wide_bins`), so a grid may hold more
+bins than asked (a note says so). docs/buckets.md gives the reasons and figures.
 """
 
 from __future__ import annotations

@@ -1,36 +1,16 @@
 """The padding report: what each batching scheme wastes on one manifest, before training.
 
-Padding ratio = 1 − Σ real / Σ (batch size × max in batch), for audio (seconds; equal to the
-frame ratio up to rounding) and for tokens. A scheme that pads to a fixed length (Whisper's
-30 s) uses that length instead of the max in batch. Bucketed batches are formed with the
-draws of :func:`bucketing.batching.form_batches`, exactly as the planner forms them.
-
-Schemes (same budget of padded seconds per batch):
-
-1. ``fixed-<L>s``: one bucket, batch = floor(budget / L), audio padded to L seconds; rows
-   longer than L cannot be used and are counted as ``excluded``. The rows are shuffled by a
-   *scatter shuffle* that streams: each row draws one of ``ceil(rows / SCATTER_ROWS)`` parts
-   (a hash of its row number, :func:`scatter_part`), each part is shuffled, and the parts laid
-   end to end are cut into batches. Up to :data:`SCATTER_ROWS` rows (one part) this is the
-   global shuffle of earlier versions, draw for draw; above, a uniformly random order all the
-   same (``benchmarks/bench_padding_baseline.py``: the same figures within noise). Audio
-   padding does not depend on the order.
-2. ``1d-cumulative``: 1D duration buckets, batches filled while the sum of real durations
-   stays <= the cumulative budget (Lhotse ``max_duration``; Canary-1B used 360 s). Each
-   bucket is shuffled on its own, bucket after bucket (earlier versions drew one key per row
-   over the corpus; the figures differ by the draws only).
-3. ``1d-budget``: 1D buckets, per-bucket batch size by the padded-budget rule.
-4. ``2d``: the given 2D buckets with their per-bucket batch sizes.
-5. ``2d-dynamic-resolution``: the same batches, each utterance featurized at the rate that
-   brings it to its batch's target frames (:mod:`bucketing.dynres`); ``audio_padding`` is
-   the frame padding left (clamped utterances), beside ``frame_padding_base`` (ordinary
-   padding at the base rate), ``clamped_share`` (utterances), ``fallback_share`` (batches)
-   and ``off_rate_share`` (frames more than 10% off the base rate), also per bucket.
-
-Every scheme is measured from rows read one scatter part or one bucket at a time (a bucket in
-chunks of whole batches, :data:`CHUNK_ROWS`), its sums taken bucket by bucket
-(:func:`schemes_report`): from columns in memory (:func:`padding_report`) or from spill files
-(:mod:`dataprep.report.stream_padding`, memory bounded by a bucket), with the same figures.
+Padding ratio = 1 − Σ real / Σ (batch size × max in batch), for audio (seconds) and tokens; a
+fixed-length scheme pads to its length. Schemes, same padded budget per batch:
+``fixed-<L>s`` (batch = floor(budget / L), longer rows ``excluded``, rows in a streamed
+*scatter shuffle*: :func:`scatter_part`, parts of :data:`SCATTER_ROWS`), ``1d-cumulative``
+(Lhotse's ``max_duration``, each bucket shuffled on its own), ``1d-budget``, ``2d`` (the given
+buckets) and ``2d-dynamic-resolution`` (frame padding left after :mod:`bucketing.dynres`, with
+``frame_padding_base``, ``clamped_share``, ``fallback_share``, ``off_rate_share``).
+Bucketed batches are formed by :func:`bucketing.batching.form_batches`, as the planner forms
+them. Each scheme is measured one scatter part or one bucket at a time (a bucket in chunks of
+whole batches, :data:`CHUNK_ROWS`) by :func:`schemes_report`, from columns
+(:func:`padding_report`) or from spill files, with the same figures.
 """
 
 from __future__ import annotations

@@ -1,42 +1,17 @@
 """The batch planner: per-epoch, rank-synchronized batch schedules from arrays.
 
 Pure core: arrays in (bucket per manifest row, batch size per bucket, durations, tokens),
-schedule arrays out. No paths, no Parquet; :mod:`manifests.plan_files` writes the result.
+schedule arrays out; :mod:`manifests.plan_files` writes them. One epoch: each bucket's rows
+are cut into batches (:func:`bucketing.batching.form_batches`, rng from ``(seed, epoch)``);
+with ``balance == 0`` every step is ``W`` batches of one bucket, a bucket's tail re-split into
+near-equal batches (``resplit``), else carried to a later bucket containing it, else borrowing
+steps, else dropped for that epoch and listed (counted fallbacks); steps interleaved at random
+or ascending. With ``balance > 0`` steps are balanced (:mod:`bucketing.balance`):
+``step_bucket`` is -1 at mixed steps and ``batch_bucket`` holds each batch's bucket.
 
-How one epoch is planned
-------------------------
-1. :func:`bucketing.batching.form_batches` cuts each bucket's rows into batches with an rng
-   derived from ``(seed, epoch)`` (so both seed and epoch change the order).
-2. Every bucket must fill whole *steps* (``world_size`` batches, one per rank) so that all
-   ranks draw from the same bucket at every step. A bucket whose batch count is not a
-   multiple of ``W`` has a *tail* (the last ``n mod W`` batches). The tail's rows are pooled
-   (with the last full step(s) when the tail has fewer than ``W`` utterances) and re-split
-   into ``j * W`` near-equal batches of the same bucket, never above its batch size. This
-   keeps synchronization and is counted as ``resplit`` (not a fallback).
-3. Fallbacks (counted and reported, rare): a bucket whose whole pool cannot fill ``W``
-   non-empty batches (fewer utterances than ranks, or batch size 1 with a count not
-   divisible by ``W``) *carries* its tail rows to the smallest later bucket whose bounds
-   contain its bounds (they train at that bucket's batch size, inside its bounds). A bucket
-   that no other bucket contains and still cannot fill a step *borrows* whole steps from
-   the largest earlier bucket it contains. What still cannot be placed (only degenerate
-   inputs, e.g. batch size 1 in the largest bucket) is *dropped* for that epoch and listed.
-   Synchronization is never broken.
-4. Steps of all buckets are interleaved at random (``interleave="random"``, no length
-   curriculum) with the bucket's own step order kept; ``interleave="ascending"`` orders
-   steps by bucket index (short first) instead.
-
-With ``balance > 0`` the steps are *balanced* instead (:mod:`bucketing.balance`): batches are
-near-equal per bucket and as many as fill whole steps; each bucket first gives as many whole
-steps of its own batches as it can whose predicted times agree within the tolerance; the other
-batches share steps across buckets by predicted time and padded seconds (halving at most W - 1
-batches only where the rows cannot fill the last step otherwise); ``step_bucket`` is then -1
-at mixed steps and ``batch_bucket`` holds each batch's bucket.
-
-Invariants (tests check each): every allocated row appears exactly once per epoch (a weighted
-epoch, ``PlanInputs.rows``: exactly as often as that multiset lists it) unless listed in
-``dropped``; every batch is non-empty and at most its bucket's batch size; all
-ranks have the same number of steps and draw from the same bucket at every step; equal
-inputs give equal arrays.
+Invariants (tests check each): every allocated row exactly once per epoch (weighted: as often
+as ``PlanInputs.rows`` lists it) unless in ``dropped``; every batch non-empty, at most its
+bucket's batch size; equal steps on every rank, one bucket at a one-bucket step.
 """
 
 from __future__ import annotations

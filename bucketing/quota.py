@@ -1,32 +1,17 @@
 """Weighted epochs over many corpora: NeMo's blend probabilities, exact per-epoch quotas, and
 which rows fill them. Pure arrays, no I/O.
 
-Probabilities (:func:`blend_probabilities`), as NeMo's ``input_cfg`` computes them
-(``nemo/collections/common/data/lhotse/cutset.py``): at each list of the blend tree the
-weights ``w`` become ``w^T / sum(w^T)`` with that list's temperature ``T`` (1 when none); a
-list without weights mixes its items equally (Lhotse's ``mux`` default); a corpus's
-probability ``p_c`` is the product down its path. They are shares of *utterances*.
+:func:`blend_probabilities`: as NeMo's ``input_cfg`` (each list of the blend tree turns its
+weights into ``w^T / sum(w^T)``; no weights: equal shares), a corpus's ``p_c`` the product down
+its path, a share of utterances. :func:`quotas`: ``q_c = round(p_c * N)`` (halves up) per epoch.
+:class:`QuotaSampler`: with ``n_c`` rows and ``q_c = f * n_c + r``, every row is taken ``f``
+times and ``r`` more come from the corpus's :class:`CorpusStream` of keyed permutations.
 
-Quotas (:func:`quotas`): ``q_c = round(p_c * N)`` (halves up) utterances of corpus ``c`` per
-epoch, ``N`` the epoch size (default: the rows that can be planned; :func:`epoch_size_for_hours`
-turns hours into ``N`` with each corpus's mean duration).
-
-Rows (:class:`QuotaSampler`): with ``n_c`` rows, ``q_c = f * n_c + r`` (``0 <= r < n_c``):
-every row is taken ``f`` times and ``r`` more rows are drawn from the corpus's *stream*
-(:class:`CorpusStream`), an endless sequence of pseudo-random permutations of its rows, each
-epoch taking the next ``r``. Invariants (tests check each):
-
-- every epoch holds exactly ``q_c`` rows of corpus ``c``, each row ``f`` or ``f + 1`` times;
-- an under-sampled corpus (``q_c < n_c``) gives every row once before any row twice, across
-  epochs: the stream's permutations are cut where an epoch ends, and the permutation an
-  epoch enters puts the rows the epoch already took last (no row twice in one epoch);
-- whether a row is drawn depends only on (its corpus, its index among that corpus's rows,
-  the corpus's size, quota, seed, epoch): deterministic, any epoch first, and computed block
-  by block (:class:`Shuffle` maps an index without a table), so a corpus larger than memory
-  is drawn out of core.
-
-Work per epoch: vectorized over rows; a Python loop over corpora only (tens, not millions) and,
-per corpus, over the stream's cycles so far (about ``epoch * r / n``).
+Invariants (tests check each): exactly ``q_c`` rows of corpus ``c`` per epoch, each ``f`` or
+``f + 1`` times; an under-sampled corpus gives every row once before any row twice, across
+epochs; whether a row is drawn depends only on (corpus, index in it, corpus size, quota,
+seed, epoch), computed block by block (:class:`Shuffle` maps an index without a table).
+Vectorized over rows; Python loops over corpora and their stream's cycles only.
 """
 
 from __future__ import annotations

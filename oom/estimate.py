@@ -1,21 +1,15 @@
-"""Device-free peak-memory estimate of one training step.
+"""Device-free peak-memory estimate of one training step (bytes).
 
-The step of :mod:`oom.step` runs on *fake* tensors (``FakeTensorMode``: shapes, dtypes and
-strides propagate, no data is allocated) under a :class:`MemoryTracker`, a
-``TorchDispatchMode`` that sees every tensor an operator returns and counts the bytes of
-each *new* storage until Python frees it (a weak reference on the storage). The live total
-therefore follows parameters, gradients, AdamW state (``exp_avg``, ``exp_avg_sq``) and the
-foreach temporaries of its update, bf16 weight copies made by autocast, activations saved
-for backward, and every temporary; its maximum across two steps (the second one runs with
-the optimizer state already allocated) is the estimated peak.
+The step of :mod:`oom.step` runs on fake tensors (``FakeTensorMode``: no data allocated)
+under :class:`MemoryTracker`, a ``TorchDispatchMode`` that counts the bytes of every new
+storage until Python frees it: parameters, gradients, AdamW state and its update's
+temporaries, autocast copies, saved activations and temporaries. The peak is the maximum over
+two steps (the second with the optimizer state allocated); sizes are rounded up to 512 bytes,
+as the CUDA caching allocator does.
 
-What it cannot see, and why the budget keeps headroom (``memory_fraction``, ``margin``):
-the CUDA context and cuDNN / cuBLAS workspaces, kernel-internal scratch buffers, the
-caching allocator's fragmentation (reserved > allocated), and kernel choices that differ
-between the CPU kernels traced here and CUDA's (e.g. flash vs memory-efficient attention;
-both save only the output and the log-sum-exp, as the CPU flash kernel does). Allocation
-sizes are rounded up to 512 bytes as the CUDA caching allocator does. The goal is to stay
-within 15 % of ``torch.cuda.max_memory_allocated`` of the real step.
+Not seen, hence the budget's headroom (``memory_fraction``, ``margin``): the CUDA context,
+library workspaces, kernel scratch, allocator fragmentation, and kernel choices that differ
+between CPU and CUDA. Goal: within 15 % of ``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
-"""The fast estimate: the step's memory as a function of (batch, frames, tokens) from ONE trace.
+"""The fast estimate: the step's memory as a function of (batch, frames, tokens) from one trace.
 
-Every storage the training step allocates has a size ``c * B^a * T^b * T2^c * T4^d *
-T8^e * U^f * (U+1)^g`` bytes: B the batch, T the feature frames, T2 / T4 / T8 the frames
-after each stride-2 stage of the subsampling (T8 = T'), U the tokens of the bucket shape,
-and ``c`` a product of model constants (widths, heads, vocabulary, bytes per element). The
-order of allocations and frees does not depend on the shape. So one fake trace at a
-*tagged* shape, where B, T, T2, T4, T8, U and (U + 1) / 2 are distinct primes above 2000
-(B = 2003, T = 17041 -> 8521 -> 4261 -> 2131, U = 4021), gives every storage's law by
-factoring its size: divide out each tag prime as often as it divides. The cofactor must be
-2000-smooth (model constants); otherwise the law is unknown and :class:`FitError` is
-raised (the caller falls back to full traces).
-
-Any bucket is then evaluated exactly as a trace at its shape would be: sizes from the laws,
-rounded to the allocator's 512 bytes, live total = cumulative sum over the event log, peak
-= its maximum; combined with the AdamW step as in :class:`oom.estimate.ShapeEstimator`.
-One trace per model (seconds to tens of seconds), then microseconds-to-milliseconds per
-bucket. A model dimension divisible by a tag prime would be misread as a shape factor:
-:meth:`FittedModel.check_against` compares with full traces at any shape (tests do).
-On a batch of 1 some reshapes are views instead of copies, so the fitted peak is then an
-upper bound.
+Every storage the step allocates has ``c * B^a * T^b * T2^c * T4^d * T8^e * U^f * (U+1)^g``
+bytes (B batch, T feature frames, T2 / T4 / T8 frames after each stride-2 subsampling stage,
+U tokens, ``c`` model constants), in an order that does not depend on the shape. One fake
+trace at a tagged shape, each factor a distinct prime above 2000, gives each storage's law by
+factoring its size; a cofactor that is not 2000-smooth raises :class:`FitError` (the caller
+falls back to full traces). A bucket is then evaluated as a trace at its shape would be
+(sizes rounded to 512 bytes, peak of the running live total, AdamW step as
+:class:`oom.estimate.ShapeEstimator`): one trace per model, then milliseconds per bucket.
+:meth:`FittedModel.check_against` compares with full traces (tests do); at batch 1 the fitted
+peak is an upper bound.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """Transducer lattice log-likelihoods in plain torch: RNN-T (Graves 2012) and TDT
 (token-and-duration transducer, Xu et al. 2023).
 
-Inputs are log-probabilities already gathered from the joint output, so the big
-B x T' x (U + 1) x V tensor never enters here:
+Inputs are log-probabilities already gathered from the joint output (the B x T' x (U + 1) x V
+tensor never enters here): ``blank`` (B, T', U + 1), ``label`` (B, T', U) and, for TDT,
+``duration`` (B, T', U + 1, D). The forward variable is vectorized over u (a linear
+recurrence in log space, ``logcumsumexp``); the loop runs over frames; float64.
 
-* ``blank`` (B, T', U + 1): log P(blank | t, u)
-* ``label`` (B, T', U): log P(y_{u+1} | t, u)
-* ``duration`` (B, T', U + 1, D) (TDT only): log P(duration d | t, u) over ``durations``
-
-The forward variable is vectorized over u: within one frame the label transitions form
-a linear recurrence, solved in log space with ``logcumsumexp``; the loop runs over
-frames only. Computed in float64.
-
-:class:`TransducerNLL` wraps it as an autograd function (recomputing the recursion in
-backward). On fake tensors (the memory estimate) it allocates only its outputs and the
-gradients it returns: the recursion's temporaries are O(B x T' x U), negligible next to
-the joint, and skipping them keeps the traced program independent of the shape.
+:class:`TransducerNLL` is the autograd function (backward recomputes the recursion). On fake
+tensors it allocates only its outputs and gradients, so the traced program does not depend
+on the shape.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Reference attention encoder-decoder models, close enough to NVIDIA Canary that memory and
 step time behave alike.
 
-Encoder: FastConformer-like. 8x convolutional subsampling with depthwise-separable convs (as
-NeMo's ``dw_striding``: conv 3x3/s2, then two [depthwise 3x3/s2, pointwise 1x1] stages, 256
-channels), then conformer blocks: FF/2, multi-head self-attention, convolution module
-(pointwise + GLU, depthwise conv kernel 9, batch norm, SiLU, pointwise), FF/2, LayerNorm.
-The self-attention is *plain* MHSA through ``scaled_dot_product_attention`` (NeMo uses
-relative positional attention; plain SDPA keeps the model small, lets torch choose the
-flash / memory-efficient kernel and changes parameter count by < 1 %: the relative position
-projections and biases are omitted).
-
-Decoder: pre-LN transformer with causal self-attention, cross-attention to the encoder and a
-ReLU feed-forward, sinusoidal positions (no parameters), a linear head over the vocabulary.
-
-Configurations follow NeMo's ``examples/asr/conf/speech_multitask/fast-conformer_aed.yaml``
-(encoder d_model 1024, 8 heads, FF x4, conv kernel 9; decoder hidden 1024, inner 4096,
-8 heads) and the Canary model cards. The vocabulary is 16384 for all of them (the flash
-models' aggregate tokenizer is about that size).
+Encoder: FastConformer-like, 8x depthwise-separable subsampling (NeMo's ``dw_striding``, 256
+channels), then conformer blocks (FF/2, plain multi-head self-attention through
+``scaled_dot_product_attention``, convolution module with kernel 9, FF/2, LayerNorm).
+Decoder: pre-LN transformer with causal self-attention, cross-attention, ReLU feed-forward,
+sinusoidal positions and a linear head. Sizes follow NeMo's ``fast-conformer_aed.yaml`` and
+the Canary model cards; the vocabulary is 16384. Plain attention instead of NeMo's relative
+positional attention changes the parameter count by < 1 %.
 
 Units: ``features`` are (B, T_frames, n_mels) log-mel frames at a 10 ms hop; token tensors
 are (B, U) integer ids; lengths are int64 counts of frames / tokens.

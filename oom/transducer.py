@@ -1,24 +1,15 @@
 """Reference transducer models (Parakeet RNN-T / TDT) and their loss, batched or sample-wise.
 
-Layout after NeMo's FastConformer transducer configs
-(``examples/asr/conf/fastconformer/fast-conformer_transducer_bpe.yaml``, XL / XXL sizes of
-the Parakeet model cards): the FastConformer encoder of :mod:`oom.encoder` (8x ``dw_striding``
-subsampling, 256 channels, d_model 1024, 8 heads, FF x4, conv kernel 9), an LSTM
-prediction network (embedding of vocabulary + blank, ``pred_dim`` 640, 2 layers) and a joint
-(``enc -> 640``, ``pred -> 640``, ReLU, ``640 -> V + 1 (+ D durations for TDT)``). The
-vocabulary is 1024 BPE tokens; blank is id 1024.
+After NeMo's FastConformer transducer configs (XL / XXL sizes of the Parakeet cards): the
+encoder of :mod:`oom.encoder`, an LSTM prediction network (``pred_dim`` 640, 2 layers) and a
+joint (``enc -> 640``, ``pred -> 640``, ReLU, ``640 -> V + 1`` (+ D durations for TDT)); 1024
+BPE tokens, blank id 1024. The joint output is B x T' x (U + 1) x (V + 1 [+ D]).
 
-The joint output is B x T' x (U + 1) x (V + 1 [+ D]) (T' encoder frames, U target tokens).
-
-Loss modes (``loss_mode``):
-
-* ``batched``: the whole joint is materialized; autograd keeps it for backward.
-* ``sample-wise``: joint + loss + gradient per chunk of ``SAMPLE_CHUNK`` samples, inside
-  the forward; only the gradients w.r.t. the projected encoder / predictor outputs
-  (B x T' x 640, B x (U + 1) x 640) and the joint's parameter gradients are kept, and the
-  outer backward injects them. Same gradients as ``batched``; the memory of the joint is
-  that of one chunk. On fake tensors only the first two chunks run: every later chunk
-  allocates and frees exactly as the second.
+``loss_mode``: ``batched`` materializes the whole joint; ``sample-wise`` computes joint, loss
+and gradient per chunk of ``SAMPLE_CHUNK`` samples inside the forward and keeps only the
+gradients w.r.t. the projected encoder / predictor outputs and the joint's parameters, which
+the outer backward injects: same gradients, the joint's memory that of one chunk. On fake
+tensors only the first two chunks run (every later chunk allocates as the second).
 """
 
 from __future__ import annotations

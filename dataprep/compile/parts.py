@@ -1,33 +1,16 @@
 """Parted compile: per-file work split by a stable hash of the id into parts, resumable, merged exactly.
 
-("Part", not "shard": a shard is one rank's file of a batch plan. The CLI's flags are
-``--num-parts`` / ``--part-index``; ``--num-shards`` / ``--shard-index`` stay as hidden aliases.
-The fingerprint's ``num_shards`` / ``shard_hash`` keys keep their names, so a fingerprint stays
-what it was; markers are :class:`manifests.parted_run.PartedRun`'s, which reads old ones too.)
-
-Each part reads every source (reading is cheap next to header reads and tokenizing), keeps
-the rows whose id hashes to it, runs :func:`dataprep.compile.validate.process_chunk` on them and
-rejects duplicate ids locally: all copies of an id fall in one part, so "the first in
-global input order wins" holds per part. Parts keep the global input row ``__row``; the
-merge streams them in its order (a k-way merge, :func:`merged_tables`) and writes the manifest
-byte-identical to a single-machine compile. Each part and the merge run in bounded memory
-(accepted rows spooled to disk, see :class:`dataprep.compile.spool.AcceptedSpool`).
-
-Part of a row: ``fmix64(fnv1a64(utf8(id))) mod num_parts`` (FNV-1a 64-bit over the id's
-UTF-8 bytes, then MurmurHash3's 64-bit finalizer to mix the low bits), computed with numpy
-over the Arrow string buffers: stable across Python, polars and machines. A row without an
-id (a malformed line, already a reject) goes to ``__row mod num_parts``.
-
-Files in a parts folder, for part ``i`` of ``n``::
-
-    part-0000i-of-0000n.parquet          accepted rows (manifest columns + __row)
-    part-0000i-of-0000n.rejects.parquet  rejected rows (rejects columns + __row)
-    part-0000i-of-0000n.done.json        completion marker: fingerprint, counts, part hashes
-
-Parts are written atomically and the marker last, so a killed part leaves no marker and
-the re-run redoes it; a finished part (marker + parts with their recorded hashes) is skipped.
-A folder holding markers of a different fingerprint (other inputs, tokenizer, options,
-tool version or number of parts) is refused with a one-line error.
+Each part reads every source, keeps the rows whose id hashes to it, runs
+:func:`dataprep.compile.validate.process_chunk` on them and rejects duplicate ids locally (all
+copies of an id fall in one part). Parts keep the global input row ``__row``; the merge streams
+them in that order (:func:`merged_tables`) into a manifest byte-identical to one compile. Memory
+is bounded (:class:`dataprep.compile.spool.AcceptedSpool`). Part of a row:
+``fmix64(fnv1a64(utf8(id))) mod num_parts``, computed with numpy over the Arrow string buffers;
+a row without an id goes to ``__row mod num_parts``. Files of part ``i`` of ``n``:
+``part-0000i-of-0000n.parquet``, ``.rejects.parquet`` and ``.done.json`` (the marker, written
+last: fingerprint, counts, part hashes). A finished part is skipped; a folder holding markers
+of another fingerprint is refused in one line. ``--num-shards`` / ``--shard-index`` are hidden
+aliases of ``--num-parts`` / ``--part-index``.
 """
 
 from __future__ import annotations

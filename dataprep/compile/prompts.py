@@ -1,20 +1,16 @@
 """Decoder prompt formats: how many tokens NeMo's prompt formatter adds around a transcript.
 
 NeMo's Lhotse dataloader measures an utterance's tokens as ``len(input_ids)`` of its prompt
-format (``nemo.collections.common.data.lhotse.sampling._measure_tokens``), which is what its
-2D buckets and ``max_tps`` filter see. For the formats here that is the transcript's pieces
-plus a fixed number of special tokens:
+format, which its 2D buckets and ``max_tps`` filter see. Here that is the transcript's pieces
+plus a fixed count:
 
 ``canary2`` (``Canary2PromptFormatter``)
-    ``<|startofcontext|>`` decoder context ``<|startoftranscript|>`` emotion, source language,
-    target language, pnc, itn, timestamp, diarize (9 special tokens), then the transcript and
-    ``<|endoftext|>``: pieces + 10, plus the pieces of a non-empty ``decodercontext`` field
-    (tokenized with the target language's model, as NeMo's ``CanaryTokenizer`` does).
+    9 special tokens before the transcript and ``<|endoftext|>`` after: pieces + 10, plus the
+    pieces of a non-empty ``decodercontext`` (the target language's model, as NeMo's).
 ``canary`` (``CanaryPromptFormatter``, Canary v1)
-    ``<|startoftranscript|>`` source language, task, target language, pnc (5), the transcript,
-    ``<|endoftext|>``: pieces + 6.
+    5 special tokens before, ``<|endoftext|>`` after: pieces + 6.
 ``none``
-    no prompt formatter: NeMo counts the supervision's tokens, i.e. the pieces alone.
+    no prompt formatter: the pieces alone.
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """Compiled-manifest rows -> Lhotse cuts: a row's Recording (from its header) and the cut Lhotse loads.
 
-Used by :class:`dataprep.integrations.lhotse.PlanSampler` (each step's ``CutSet``) and by
-``dataprep export lhotse``. The cut's fields are :func:`manifests.records.cut_dict`'s (the one
-writer of a Lhotse cut, shared with ``dataprep pack``); here only the recording is found:
+Used by :class:`dataprep.integrations.lhotse.PlanSampler` and ``dataprep export lhotse``. The
+cut's fields are :func:`manifests.records.cut_dict`'s (shared with ``dataprep pack``); here
+only the recording is found: sample rate, channels and length from the manifest for a probed
+whole-file row, else from the file's header (``soundfile.info``, cached per file). A
+``MonoCut`` (``channel=k`` picks one channel) or a ``MultiCut`` of every channel
+(``channel=None``) spans the row's ``offset`` and ``duration``.
 
-- a :class:`lhotse.Recording` of its audio file: sample rate, channels and length from the
-  manifest for a whole-file row whose header was probed, else from the file's header
-  (``soundfile.info``, never a decode; cached per file);
-- a ``MonoCut`` (mono audio, or ``channel=k`` picks one channel of multi-channel audio) or a
-  ``MultiCut`` holding every channel (multi-channel audio, ``channel=None``), starting at the
-  row's ``offset`` for its ``duration``, one supervision covering it, ``custom`` with the
-  languages, task, the source's other fields and ``num_tokens``.
-
-Audio addressing lives in :func:`recording_dict_for_row` only. A row held in a container (schema
-version 2: a tar member, a Parquet audio row) gets a ``container`` source carrying its address
-(:class:`dataprep.integrations.lhotse_source.ContainerSource` in a live cut: the member's byte
-range or the Parquet row is read when the audio is loaded, in the DataLoader worker); its header
-is read from the member's bytes only when the manifest lacks the rate or channels or the row is a
-segment (cached per member). Exports write such sources as
-:func:`manifests.records.openable_recording` does.
+Audio addressing lives in :func:`recording_dict_for_row` only. A row inside a container (a tar
+member, a Parquet audio row) gets a ``container`` source
+(:class:`dataprep.integrations.lhotse_source.ContainerSource`: read when the audio is loaded,
+in the DataLoader worker); exports write it as :func:`manifests.records.openable_recording`.
 """
 
 from __future__ import annotations

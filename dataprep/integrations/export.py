@@ -1,47 +1,17 @@
 """Exports for NeMo and Lhotse users: train with the same buckets and batch sizes elsewhere.
 
-Input: a plan directory (buckets from ``plan.json``, each utterance's bucket from epoch 0
-of the shards) or a ``buckets.json`` (each utterance's bucket by flexible allocation, as
-``plan-batches`` does). Either way with the compiled manifest.
+Input: a plan directory (each utterance's bucket from epoch 0) or a ``buckets.json`` (flexible
+allocation), with the compiled manifest. ``export_nemo`` writes ``bucketing.yaml`` (JSON
+syntax, to merge into ``train_ds``: ``bucket_duration_bins``, ``bucket_batch_size``,
+``max_tps`` ...), ``manifest.jsonl`` (:func:`manifests.records.nemo_line`) and
+``bucket-NNN.jsonl``; a NeMo tarred dataset is exported as NeMo reads tarred audio
+(``manifest_<k>.json`` per tar), other containers are refused naming the ``dataprep pack`` to
+run. ``export_lhotse`` writes ``cuts.jsonl.gz`` (:func:`manifests.records.cut_dict`) and
+``bins.json`` (for :func:`lhotse_constraint` + ``DynamicBucketingSampler``).
 
-NeMo (``export_nemo``), files in ``out/``:
-    bucketing.yaml    ``use_bucketing``, ``num_buckets``, ``bucket_duration_bins`` (2D
-                      ``[[max_duration, max_tokens], ...]``, or 1D ``[max_duration, ...]`` when
-                      the buckets have no token bounds), ``bucket_batch_size``, ``max_tps``,
-                      ``bucketing_2d_strict_mode``, ``channel_selector`` (when some audio has
-                      several channels); JSON syntax (valid YAML), merge it into ``train_ds``
-    manifest.jsonl    every utterance, NeMo JSONL (:func:`manifests.records.nemo_line`): ``audio_filepath``, ``offset`` (segments only), ``duration``,
-                      ``text``, ``lang``, ``source_lang``, ``target_lang``, ``taskname`` (where
-                      set), ``sampling_rate`` (mono whole files whose header compile read: NeMo's
-                      reader then skips the header; it takes such a row as one mono file), and
-                      every other source field (``extra``) back as a top-level key
-    bucket-000.jsonl  the utterances of bucket 0, ... (one file per bucket)
-
-    A manifest of a NeMo tarred dataset (every row a member of a tar named as NeMo requires,
-    ``.../audio<...>_<k><...>.tar``, all in one naming pattern; e.g. ``dataprep pack --layout
-    nemo-tarred``) is exported as NeMo reads tarred audio instead: ``manifest_<k>.json`` per
-    tar (``audio_filepath`` = the member name, ``shard_id`` = k) and, in ``bucketing.yaml``,
-    ``is_tarred``, ``manifest_filepath`` and ``tarred_audio_filepaths`` as NeMo brace patterns,
-    ``shard_manifests`` and ``skip_missing_manifest_entries`` (a tar may hold members no row
-    names: rows filtered out, other files). Rows in Parquet files, tars NeMo cannot name, or
-    loose files mixed with tar members are refused with the ``dataprep pack`` command to run.
-
-Lhotse (``export_lhotse``):
-    cuts.jsonl.gz     a CutSet of :func:`manifests.records.cut_dict` (the cuts Lhotse loads): MonoCut
-                      (or MultiCut holding every channel of multi-channel audio; ``channel``
-                      picks one), supervisions relative to the cut, ``custom`` with languages,
-                      task, the source's other fields, ``bucket`` and ``num_tokens``
-    bins.json         ``duration_bins`` (max_duration per bucket, or ``[d, t]`` pairs),
-                      ``bucket_batch_size``, ``max_tps``; use with
-                      :func:`lhotse_constraint` + ``DynamicBucketingSampler``
-
-``max_tps`` is the largest tokens-per-second NeMo will measure on an exported row (its cut's
-duration, which NeMo takes from the audio header where no ``sampling_rate`` is written), so
-NeMo's TPS filter keeps every row. Rows in no bucket are an error (one line, the first id and
-how many), or with ``rejects=`` go to a rejects file (reason ``exceeds_bucket``). Exports
-stream the manifest in 65,536-row batches (memory does not grow with the corpus), are written
-into a temporary sibling folder and swapped into place (an older export there is replaced
-whole, no stale files), and are byte-identical for equal inputs (sorted keys, gzip mtime 0).
+``max_tps`` is the largest TPS NeMo measures on an exported row. Rows in no bucket are a
+one-line error, or go to ``rejects=`` (``exceeds_bucket``). Streamed in :data:`BATCH_ROWS`-row
+batches; the folder is swapped in whole; equal inputs give equal bytes.
 """
 
 from __future__ import annotations

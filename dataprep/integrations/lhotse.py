@@ -3,28 +3,15 @@
 ::
 
     sampler = PlanSampler("plan/", "kept.parquet", rank=rank, world_size=world_size)
-    dataset = K2SpeechRecognitionDataset()        # or any Lhotse-style dataset: CutSet -> batch
-    loader = PlanDataLoader(dataset, sampler)     # a DataLoader whose state_dict() is exact
-    # or, sampler in the workers: DataLoader(IterableDatasetWrapper(dataset, sampler),
-    #                                        batch_size=None, num_workers=2)
+    loader = PlanDataLoader(K2SpeechRecognitionDataset(), sampler)  # state_dict() is exact
 
-Each step's ``CutSet`` holds exactly the plan's utterances for this rank, in the plan's order,
-built from the manifest rows by :func:`dataprep.integrations.cuts.cut_for_row` (segments,
-multi-channel audio and languages; ``channel=k`` selects one channel of multi-channel audio).
-Manifest rows come from a memory-mapped cache (:class:`~dataprep.integrations.rows.ManifestRows`),
-so the first batch is ready in well under a second whatever the corpus size.
-
-End of the plan: a :class:`PlanDataLoader` (and :func:`dataprep.integrations.nemo.get_plan_dataloader`)
-iterated again after it yielded the plan's last step (a trainer asking for more steps than the
-plan holds: NeMo's ``max_epochs: -1``, Lightning's ``max_steps`` past ``plan.json``'s
-``num_steps``) stops the process with one line (:class:`PlanEnded`, exit status 1), never an
-endless run of empty or repeated epochs. Set ``trainer.max_steps`` to ``num_steps`` of
-``plan.json`` (less the step a re-plan starts at, for a re-planned plan).
-
-Resuming: ``state_dict()`` / ``load_state_dict()`` are Lhotse's (epoch, seed, world size,
-diagnostics) plus ``plan_hash`` and ``next_step``. Inside ``IterableDatasetWrapper`` with
-``num_workers=n``, worker ``w`` builds the batches at positions ``i % n == w``; the DataLoader
-hands them out in step order, so the batches do not depend on the number of workers.
+Each step's ``CutSet`` holds exactly the plan's utterances for this rank, in order
+(:func:`dataprep.integrations.cuts.cut_for_row`), rows read from the memory-mapped
+:class:`~dataprep.integrations.rows.ManifestRows`. Iterated again after the plan's last step,
+a :class:`PlanDataLoader` stops the process with one line (:class:`PlanEnded`, exit status 1).
+``state_dict()`` is Lhotse's plus ``plan_hash`` and ``next_step``; inside
+``IterableDatasetWrapper`` with ``n`` workers, worker ``w`` builds positions ``i % n == w``,
+so batches do not depend on the number of workers.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """NeMo: ``get_plan_dataloader``, a drop-in for NeMo's ``get_lhotse_dataloader_from_config``
 that replays a plan instead of re-bucketing online.
 
-Same signature as ``nemo.collections.common.data.lhotse.dataloader.get_lhotse_dataloader_from_config``:
-``(config, global_rank, world_size, dataset, tokenizer=None)``. The config (a dict or an
-OmegaConf ``train_ds`` section) adds two keys:
-
-    plan_dir   the plan directory (``dataprep plan-batches``; its world size is the trainer's)
-    manifest   the compiled manifest the plan was made from
-
-and this function reads these others as NeMo does: ``sample_rate`` (cuts are resampled to it,
-default 16000), ``channel_selector`` (an int: that channel of multi-channel audio),
-``num_workers``, ``pin_memory``, ``force_iterable_dataset`` (the sampler runs in the workers,
-inside Lhotse's ``IterableDatasetWrapper``), ``seed``. Bucketing, batch size, duration, token
-and TPS filters are the plan's and are ignored here. A config without ``plan_dir`` is handed
-to NeMo's own function (validation and test sets keep working unchanged).
-For a plan made with ``plan-batches --dynamic-resolution`` each batch the ``dataset`` returns
-also carries the plan batch's ``target_frames`` (an attribute, or a key of a dict batch), which
-:class:`dataprep.integrations.nemo_features.DynamicResolutionPreprocessor` featurizes at.
-
-The ``dataset`` (e.g. NeMo's ``PromptedAudioToTextLhotseDataset`` for Canary) gets, per step,
-the ``CutSet`` of exactly this rank's utterances of the plan (see
-:class:`dataprep.integrations.lhotse.PlanSampler`); the returned loader's ``state_dict()`` /
-``load_state_dict()`` resume at exactly the next batch; iterated again after the plan's last step
-(``max_epochs: -1``, or ``max_steps`` past ``plan.json``'s ``num_steps``) it stops the run with one
-line (:class:`dataprep.integrations.lhotse.PlanEnded`). ``tokenizer`` is not needed: token
-counts were made at compile time (``dataprep compile --prompt-format canary2``).
+Same signature: ``(config, global_rank, world_size, dataset, tokenizer=None)``. The config (a
+dict or an OmegaConf ``train_ds``) adds ``plan_dir`` and ``manifest``; ``sample_rate`` (default
+16000), ``channel_selector``, ``num_workers``, ``pin_memory``, ``force_iterable_dataset`` and
+``seed`` are read as NeMo reads them; bucketing, batch size and filters are the plan's. A
+config without ``plan_dir`` goes to NeMo's own function. The ``dataset`` gets, per step, the
+``CutSet`` of this rank's utterances (:class:`dataprep.integrations.lhotse.PlanSampler`); a
+dynamic-resolution plan's batches also carry ``target_frames``. The loader's ``state_dict()``
+resumes at exactly the next batch; past the plan's last step it stops the run with one line
+(:class:`dataprep.integrations.lhotse.PlanEnded`). Token counts come from compile
+(``--prompt-format canary2``), so ``tokenizer`` is not needed.
 """
 
 from __future__ import annotations

@@ -2,22 +2,16 @@
 it each training batch's ``target_frames``.
 
 ``DynamicResolutionPreprocessor`` subclasses NeMo's ``AudioToMelSpectrogramPreprocessor``
-and takes the same arguments (plus ``min_rate`` / ``max_rate`` / ``floor_rate`` in Hz, as
-``plan-batches``). For a training batch that carries ``target_frames`` (the plan's, put on the
-batch by :func:`dataprep.integrations.nemo.get_plan_dataloader`) it featurizes each utterance
-at the rate that brings it to that length (:func:`bucketing.dynres.resolve`: clamped rates
-zero-padded, a batch below the floor at NeMo's hop) with the same pipeline as NeMo
-(:meth:`dataprep.training.features.LogMel.at_hops` of :meth:`FeatureConfig.nemo` with the
-same arguments); otherwise, and always in eval mode, it is NeMo's preprocessor, unchanged.
+(same arguments, plus ``min_rate`` / ``max_rate`` / ``floor_rate`` in Hz). A training batch
+carrying ``target_frames`` is featurized per utterance at the rate that brings it to that
+length (:func:`bucketing.dynres.resolve`, :meth:`dataprep.training.features.LogMel.at_hops`
+of :meth:`FeatureConfig.nemo`); otherwise, and in eval mode, it is NeMo's preprocessor.
+``DynamicResolutionCallback.on_train_batch_start`` hands every such preprocessor the batch's
+``target_frames`` and scales integer SpecAugment time-mask widths with the batch's rate.
 A Canary config changes two things::
 
     model.preprocessor._target_: dataprep.integrations.nemo_features.DynamicResolutionPreprocessor
     trainer callbacks: + dataprep.integrations.nemo_features.DynamicResolutionCallback()
-
-``DynamicResolutionCallback.on_train_batch_start`` gives every such preprocessor of the model
-the batch's ``target_frames`` (read once per batch: the next forward uses it) and scales
-integer SpecAugment time-mask widths with the batch's rate so a mask covers the same seconds
-(fractional widths, as Canary's 0.05, are shares of each utterance's frames: already scaled).
 """
 
 from __future__ import annotations

@@ -1,42 +1,16 @@
 """``dataprep pack``: a compiled manifest's audio written into containers NeMo, Lhotse or WebDataset read.
 
-Layouts (``N`` parts, part ``i`` = one container; the file names are each format's own):
-
-- ``nemo-tarred``: ``audio_<i>.tar`` + ``manifest_<i>.json`` (NeMo tarred manifest lines, the
-  export's :func:`manifests.records.nemo_line` of the row as its member holds it:
-  ``audio_filepath`` = member name, ``offset`` 0, ``duration``, ``text``, ``lang`` ..., the
-  source's other fields; plus ``shard_id`` = i and ``source_id`` = the compiled manifest's id);
-  NeMo's ``tarred_audio_filepaths: audio__OP_0..N-1_CL_.tar``, ``shard_manifests: true``.
-- ``shar``: ``recording.<i:06d>.tar`` (``<cut id>.<ext>`` + ``<cut id>.json``) +
-  ``cuts.<i:06d>.jsonl.gz`` (the export's :func:`manifests.records.cut_dict`, ``custom.source_id``
-  added): ``CutSet.from_shar(in_dir=...)``.
-- ``webdataset``: ``shard-<i:06d>.tar`` with ``<key>.<ext>`` + ``<key>.json`` (``text``,
-  ``duration``, ``lang`` ..., ``source_id`` = the compiled manifest's id).
-
-Every layout's own manifest is compile-ready (``dataprep compile`` reads it back, with the
-container addressing). Members keep their original bytes when a row is a whole file (or a
-whole member); a segment (``offset`` > 0 or shorter than its file) is cut and written as FLAC.
-Rows are ordered by bucket (``buckets.json`` when given), then duration and tokens, and cut
-into containers of about ``container_size`` bytes: the rows of a batch sit together in few,
-nearby byte ranges. Each part (one container) is written atomically (tar, its manifest, then a
-completion marker of :class:`manifests.parted_run.PartedRun`, as the parts of a parted compile),
-so a run can be split over machines (``part_index``) and resumed: finished parts are skipped. The
-markers live beside the output folder, in ``.<name>.pack/`` (Lhotse takes every file of a Shar
-folder for a field, so nothing else may sit in it).
-
-Lossless: every field of a row goes with it (:mod:`manifests.records`, the export's writers):
-text, ``lang``, ``source_lang``, ``target_lang``, task, every ``extra`` field (``pnc``,
-``decodercontext``, ...), the row's id as ``source_id`` (member names are file-name-safe and may
-differ; a repack keeps the first pack's ``source_id``); compiling the packed copy gives the same fields and the same ``num_tokens`` under the
-same tokenizer and prompt format.
-
-Safe: an output folder that holds a file the manifest reads (an audio file, a container, the
-manifest, ``buckets.json``) or is one's folder is refused before anything is written
-(:func:`manifests.outputs.refuse_folder_over_inputs`, links followed). Each source is checked
-against the manifest as it is packed: a file or member that no longer reads, is shorter than the
-row, or has another sample rate or channel count than compile saw goes to
-``<out>.rejects.parquet`` (beside the folder) with reason ``audio_changed``, never into a
-container.
+Layouts (part ``i`` = one container): ``nemo-tarred`` (``audio_<i>.tar`` + ``manifest_<i>.json``
+of :func:`manifests.records.nemo_line`, ``shard_id`` = i), ``shar`` (``recording.<i:06d>.tar``
++ ``cuts.<i:06d>.jsonl.gz`` of :func:`manifests.records.cut_dict`) and ``webdataset``
+(``shard-<i:06d>.tar``, ``<key>.<ext>`` + ``<key>.json``). Every layout's manifest is
+compile-ready and keeps every field of a row, its id as ``source_id``. Whole files keep their
+bytes; segments are cut and written as FLAC. Rows are ordered by bucket, duration and tokens
+and cut into containers of about ``container_size`` bytes. Each part is written atomically,
+then a :class:`manifests.parted_run.PartedRun` marker in ``.<name>.pack/`` beside the output,
+so a run splits over machines (``part_index``) and resumes. An output folder over the inputs
+is refused first (:func:`manifests.outputs.refuse_folder_over_inputs`); a source that no
+longer matches its row goes to ``<out>.rejects.parquet`` (``audio_changed``).
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Every column of a compiled manifest, memory-mapped, for consumers that build whole records.
 
-The training loader maps only the columns it needs (:class:`manifests.column_cache.ColumnCache`);
-samplers that hand trainers Lhotse cuts need all of them (languages, task, ``extra``,
-sample rate, channels). :class:`ManifestRows` converts the manifest once into an uncompressed
-Arrow IPC file (``<cache dir>/<content hash>.rows.v2.arrow``) and maps it; a batch's rows are
-read as one-row slices of the mapped batches: no Parquet row group is decoded per batch, and
-opening takes constant time in the corpus size (the footer and each record batch's header).
+The loader maps only its columns (:class:`manifests.column_cache.ColumnCache`); samplers
+that hand out Lhotse cuts need all of them. :class:`ManifestRows` converts the manifest once
+into an uncompressed Arrow IPC file (``<cache dir>/<content hash>.rows.v2.arrow``) and maps
+it: a batch's rows are one-row slices, opening takes constant time in the corpus size.
 
-The build streams the manifest :data:`ROWS_PER_BATCH` rows at a time
-(:func:`manifests.manifest_read.iter_manifest`; memory: one block and one row group being decoded, not
-the corpus), a record batch per block (two where it spans a row group boundary), under the
-same rules as the loader's column cache (:mod:`manifests.column_cache`): one builder under a
-file lock, written to a temporary file and renamed, its facts (layout version, manifest
-content hash, rows) in the schema metadata and checked with the columns and each batch's
-buffers on open; a file that fails a check is logged and rebuilt, and an older layout
-(``rows.v1``) is rebuilt, never read, and removed once the new file is written.
+The build streams :data:`ROWS_PER_BATCH` rows at a time (memory: a block, not the corpus),
+under the column cache's rules: one builder under a file lock, a temporary file renamed, its
+layout version, manifest content hash and rows in the schema metadata, checked with the
+columns and each batch's buffers on open; a file that fails is logged and rebuilt, and an
+older layout (``rows.v1``) is rebuilt, never read, and removed once the new file is written.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """A PyTorch batch sampler that replays one rank of a plan: ``PlanBatchSampler``.
 
-Any map-style dataset indexed by compiled-manifest row number works with it: one built over the
-manifest, a Hugging Face ``datasets.Dataset`` made from it (``Dataset.from_parquet(manifest)``
-keeps the row order), a Lightning ``DataModule`` (with ``Trainer(use_distributed_sampler=False)``,
-since the plan already gives each rank its batches)::
+Any map-style dataset indexed by compiled-manifest row number works with it (one over the
+manifest, ``datasets.Dataset.from_parquet(manifest)``, a Lightning ``DataModule`` with
+``Trainer(use_distributed_sampler=False)``)::
 
     sampler = PlanBatchSampler("plan/", rank=rank)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
-    ...
-    torch.save({"sampler": sampler.state_dict(), ...}, ckpt)       # the step after the last batch
-    sampler.load_state_dict(torch.load(ckpt)["sampler"])           # resumes at exactly that batch
+    sampler.load_state_dict(state)       # resumes at exactly the saved step
 
-Each ``__iter__`` yields rank ``rank``'s batches from the current step to the end of the plan
-(every epoch of it), one list of manifest row numbers per global step. ``state_dict()`` holds
-the step after the last batch the sampler handed out: with ``num_workers=0`` that is the last
-batch the trainer received; with workers the DataLoader fetches ahead, so save ``next_step``
-as the start step plus the batches you trained (every rank has one batch per step), or use
+Each ``__iter__`` yields this rank's batches (lists of row numbers) from the current step to
+the end of the plan. ``state_dict()`` holds the step after the last batch handed out; with
+DataLoader workers that runs ahead of the trainer, so save the step you trained last, or use
 :class:`dataprep.integrations.lhotse.PlanDataLoader`, which counts for you.
 """
 

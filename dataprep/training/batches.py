@@ -1,19 +1,17 @@
 """Tensor batches: one plan batch (one step of one rank) -> a padded :class:`Batch`.
 
-The utterances' audio segments are read (:mod:`dataprep.training.audio`), turned into log-mel
-frames (:mod:`dataprep.training.features`, 10 ms hop) and padded; the texts are tokenized with
+Audio segments are read (:mod:`dataprep.training.audio`), turned into log-mel frames
+(:mod:`dataprep.training.features`, 10 ms hop) and padded; texts are tokenized with
 sentencepiece as ``[bos] + pieces + [eos]`` and padded with 0. Manifest fields come from the
 memory-mapped column cache (:mod:`manifests.column_cache`).
 
-Dynamic resolution: for a plan made with ``--dynamic-resolution`` (its batches carry
-``target_frames``) a builder given the plan's :class:`~bucketing.dynres.DynResConfig`
-featurizes each utterance at the rate that brings it to the target
-(:func:`~dataprep.training.dynres.collate_dynamic_resolution`); ``Batch.rates`` then holds the
-rates (Hz). ``evaluation=True`` builders never do (ordinary padding at 10 ms).
+Dynamic resolution: for a plan whose batches carry ``target_frames``, a builder given the
+plan's :class:`~bucketing.dynres.DynResConfig` featurizes each utterance at the rate that
+brings it to the target (:func:`~dataprep.training.dynres.collate_dynamic_resolution`);
+``Batch.rates`` holds the rates (Hz). ``evaluation=True`` builders pad at 10 ms.
 
-Bad audio: by default a missing, unreadable or too-short file raises :class:`AudioError`
-naming the utterance id and the file. With ``skip_bad_audio`` the utterance is dropped from
-its batch and reported in ``Batch.skipped`` (the trainer writes those out).
+Bad audio raises :class:`AudioError` naming the utterance and file; with ``skip_bad_audio``
+the utterance is dropped from its batch and listed in ``Batch.skipped``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """Checkpoint files (``last.pt``): written sealed with a content hash, read back only if intact.
 
-A checkpoint is a dict of tensors and plain values written with ``torch.save`` and read with
-``torch.load(weights_only=True)`` (no code runs from the file). ``torch.load`` does not check
-the bytes of a tensor: a flipped byte inside one loads as different weights. So
-:func:`save_checkpoint` stores ``content_sha256`` in the dict, the SHA-256 of a canonical
-serialisation of every other field (:func:`content_sha256`), and :func:`load_checkpoint`
-recomputes it on every load (``--resume`` included): any damage is one line naming the file.
+A checkpoint is a dict of tensors and plain values (``torch.save``; read with
+``torch.load(weights_only=True)``). :func:`save_checkpoint` stores ``content_sha256``, the
+SHA-256 of a canonical serialisation of every other field (:func:`content_sha256`), and
+:func:`load_checkpoint` recomputes it on every load: a flipped byte is one line naming the file.
 
-Canonical serialisation (each item a one-byte tag, then its content; lengths and counts as
-8-byte little-endian unsigned integers, so no two values share bytes):
-- tensor ``T``: dtype name (``torch.float32``), number of dims, each dim, byte count, then the
-  raw bytes of the contiguous CPU tensor in row-major order;
-- ``N`` None; ``B`` bool (one byte); ``I`` int (its decimal text); ``F`` float (IEEE-754
-  binary64, little-endian); ``S`` str (UTF-8); ``Y`` bytes;
-- ``L`` list and ``U`` tuple: count, then the items in order;
-- ``D`` dict: count, then (key, value) pairs sorted by the key's serialisation.
-Anything else (a type ``weights_only`` may still allow, such as a dtype object) is refused.
+Canonical serialisation: each item a one-byte tag, then its content, lengths and counts as
+8-byte little-endian unsigned integers. ``T`` tensor (dtype name, dims, each dim, byte count,
+raw bytes of the contiguous CPU tensor, row-major); ``N`` None; ``B`` bool (one byte); ``I``
+int (decimal text); ``F`` float (binary64, little-endian); ``S`` str (UTF-8); ``Y`` bytes;
+``L`` list / ``U`` tuple (count, items); ``D`` dict (count, pairs sorted by the key's
+serialisation). Any other type is refused.
 """
 
 from __future__ import annotations

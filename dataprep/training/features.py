@@ -1,23 +1,17 @@
-"""Log-mel features in pure torch (no torchaudio): one :class:`FeatureConfig`, one
-:class:`LogMel`, two families of settings.
+"""Log-mel features in pure torch (no torchaudio): :class:`FeatureConfig` and :class:`LogMel`.
 
-- :meth:`FeatureConfig.ours` (the loop's default, unchanged): 16 kHz input, 25 ms Hann window
-  (400 samples), 10 ms hop (160 samples), n_fft 512, power spectrum, Slaney mel scale and area
-  normalization, ``log(x + 2**-24)``, reflect-padded edges, ``1 + samples // hop`` frames, no
-  pre-emphasis, no normalization.
-- :meth:`FeatureConfig.nemo` reproduces NeMo's ``AudioToMelSpectrogramPreprocessor``
-  (``FilterbankFeatures``): pre-emphasis 0.97 (masked past each signal's end), dither (training
-  only), centered STFT with zero edge padding, ``sqrt(re^2 + im^2) ** mag_power``, librosa's
-  Slaney filter bank, log guard, per-feature normalization over the valid frames (unbiased std
-  + 1e-5), ``samples // hop`` valid frames (the rest set to ``pad_value``), padding to a multiple
-  of ``pad_to``; overrides take NeMo's argument names. :meth:`FeatureConfig.canary_1b` is the
-  Canary-1B checkpoint's preprocessor (128 mels, 25 ms window, ``pad_to`` 0).
+- :meth:`FeatureConfig.ours` (the loop's default): 16 kHz, 25 ms Hann window (400 samples),
+  10 ms hop (160 samples), n_fft 512, power spectrum, Slaney mel scale and area normalization,
+  ``log(x + 2**-24)``, reflect-padded edges, ``1 + samples // hop`` frames.
+- :meth:`FeatureConfig.nemo`: NeMo's ``AudioToMelSpectrogramPreprocessor`` (pre-emphasis 0.97,
+  dither in training, centered STFT, librosa's Slaney filter bank, per-feature normalization
+  over valid frames, ``samples // hop`` valid frames, ``pad_to``); overrides take NeMo's
+  argument names. :meth:`FeatureConfig.canary_1b` is Canary-1B's preprocessor (128 mels).
 
-``LogMel(config)(input_signal, length)`` -> ``(features (B, n_mels, frames), frame_lengths)``,
-shaped like NeMo's preprocessor; ``LogMel(config)(wave)`` on one 1-D wave gives ``(frames,
-n_mels)`` (what our loop stacks). :meth:`LogMel.at_hops` computes the same pipeline at any
-(fractional) hop per signal, for dynamic resolution: frame ``k`` is centered at sample
-``round(k * hop)``; window, n_fft and filter bank unchanged.
+``LogMel(config)(input_signal, length)`` -> ``(features (B, n_mels, frames), frame_lengths)``
+as NeMo's; on one 1-D wave it gives ``(frames, n_mels)``. :meth:`LogMel.at_hops` runs the
+same pipeline at a fractional hop per signal (frame ``k`` centered at sample
+``round(k * hop)``), for dynamic resolution.
 """
 
 from __future__ import annotations

@@ -1,34 +1,17 @@
 """The thin DDP training loop over a plan: how any trainer consumes ``plan/``; checkpoints.
 
-Each rank reads only its shard (``rank-0000r.parquet``) through :mod:`dataprep.training.loader`,
-runs one optimizer step per plan step, and all ranks step together because the plan gives
-every rank the same number of steps. Backend: gloo on CPU, nccl on GPU.
+Each rank reads only its shard through :mod:`dataprep.training.loader` and runs one optimizer
+step per plan step; every rank has the same steps. Backend: gloo on CPU, nccl on GPU.
+``dataprep train --nproc N`` spawns N local processes; under ``torchrun`` each process is one
+rank. The process count must equal the plan's world size.
 
-Launch: ``dataprep train ... --nproc N`` spawns N local processes (127.0.0.1, a free port);
-under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` set) each process runs one
-rank: ``torchrun --nproc-per-node N -m dataprep.cli train plan/ --manifest ...``. Either way the
-process count must equal the plan's world size.
-
-Per step, rank 0 prints one JSON line: step, epoch, bucket, loss (mean over ranks), audio and
-token padding ratios (1 - real / padded, summed over ranks), utterances and utterances/s.
-Checkpoints (``<dir>/last.pt``) hold model, optimizer and ``next_step``; ``--resume``
-continues at exactly that plan step, also on a plan re-planned from it at that step for
-another world size (``dataprep replan``: the checkpoint's plan hash must be the new plan's
-parent and its next step the re-plan step; model and optimizer state carry over). Dropout is seeded per (seed, step, rank), so a resumed
-run computes what the uninterrupted one would.
-
-Checkpoint format (``last.pt``, ``torch.save`` of a dict, read back with
-``torch.load(weights_only=True)``: tensors and plain values only, so a crafted file cannot run
-code): ``next_step`` (int, the plan step to continue at), ``model`` (the model's state dict),
-``optimizer`` (AdamW's state dict), ``plan_hash`` (the plan it was trained on; a checkpoint of
-another plan is refused), ``config`` (this run's :class:`TrainConfig` as plain values) and
-``content_sha256`` (:mod:`dataprep.training.checkpoint`: a hash of all the others, recomputed on
-every load). Anything else, a damaged file or one torch cannot read, is refused with one line.
-A directory holding a run is refused without ``--resume`` (continue) or ``--overwrite``.
-
-Files in the checkpoint directory: ``last.pt``, ``log.jsonl`` (rank 0's step lines),
-``skipped-rank-0000r.jsonl`` (utterances skipped for bad audio, with ``--skip-bad-audio``),
-``trace-rank-0000r.jsonl`` (with ``--trace``: step, ids and a SHA-256 of each batch's tensors).
+Rank 0 prints a JSON line a step (loss, padding, utterances/s ...). ``<dir>/last.pt``
+(:mod:`dataprep.training.checkpoint`) holds ``next_step``, ``model``, ``optimizer`` (AdamW),
+``plan_hash``, ``config`` and ``content_sha256``; ``--resume`` continues at exactly that step, also on a plan re-planned
+there (``dataprep replan``: its parent must be the checkpoint's plan). Dropout is seeded per
+(seed, step, rank): a resumed run computes what the uninterrupted one would. A folder holding
+a run is refused without ``--resume`` or ``--overwrite``. Beside ``last.pt``: ``log.jsonl``,
+``skipped-rank-0000r.jsonl`` (``--skip-bad-audio``), ``trace-rank-0000r.jsonl`` (``--trace``).
 """
 
 from __future__ import annotations
