@@ -17,13 +17,14 @@ demo: install
 	$(PYTHON) -m dataprep.demo $(DEMO_DIR)
 
 # the whole suite, NeMo, Lightning and Ray tests included (what CI runs), on two workers (a file's
-# tests stay on one, so its fixtures are built once): in a NeMo venv (about
+# tests stay on one, so its fixtures are built once, but for the docs pages, each its own group:
+# tests/conftest.py): in a NeMo venv (about
 # 2 GB) that sees the dev install, so torch, numpy and lhotse stay as pinned; made once per
 # NeMo requirement, Python and torch under the cache (.ci/nemo-venv), then reused. With
 # SPEECH_DATAPREP_FULL_SUITE=1 a test skipped for a missing module fails instead.
 test: install-dev
 	venv="$$(PYTHON=$(PYTHON) bash .ci/nemo-venv)" && \
-	SPEECH_DATAPREP_FULL_SUITE=1 "$$venv/bin/python" -m pytest -n 2 --dist loadfile -rs --durations=10
+	SPEECH_DATAPREP_FULL_SUITE=1 "$$venv/bin/python" -m pytest -n 2 --dist loadgroup -rs --durations=10
 
 # only the NeMo-marked tests, in the same venv
 test-nemo: install-dev

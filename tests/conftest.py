@@ -36,6 +36,16 @@ def _missing_module_is_a_failure(rep: pytest.TestReport | pytest.CollectReport) 
             rep.longrepr = f"skipped for a missing module under SPEECH_DATAPREP_FULL_SUITE=1 (make test): {reason}"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``-n 2 --dist loadgroup`` (``make test``) a file's tests stay on one worker, so its
+    module fixtures are built once, unless a test names its own ``xdist_group`` (the docs pages:
+    each page runs on whichever worker is free, the demo they share built once per session)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
     outcome = yield

@@ -18,6 +18,7 @@ Any other fence (no language, ``json``, ``bash`` ...) fails the test, so no bloc
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -117,13 +118,25 @@ def test_the_classifier_catches_an_unmarked_block(tmp_path: Path) -> None:
     assert blocks[4].kind == "not-run"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def demo_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``python -m dataprep.demo`` once: the corpus, tokenizer, manifests, buckets and plan."""
-    ws = tmp_path_factory.mktemp("demo") / "ws"
-    res = subprocess.run([sys.executable, "-m", "dataprep.demo", str(ws)], capture_output=True, text=True,
-                         env=_env(tmp_path_factory.mktemp("bin")), cwd=REPO, timeout=600, check=False)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    """``python -m dataprep.demo`` once per session: the corpus, tokenizer, manifests, buckets
+    and plan. Under xdist the workers share it: the first builds it under a file lock in the
+    run's common temporary folder, the others wait and reuse it (pages never write into it)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    root = shared / "docs-demo"
+    root.mkdir(exist_ok=True)
+    ws = root / "ws"
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "ready").exists():
+            shutil.rmtree(ws, ignore_errors=True)
+            (root / "bin").mkdir(exist_ok=True)
+            res = subprocess.run([sys.executable, "-m", "dataprep.demo", str(ws)], capture_output=True, text=True,
+                                 env=_env(root / "bin"), cwd=REPO, timeout=600, check=False)
+            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+            (root / "ready").touch()
     return ws
 
 
@@ -143,7 +156,8 @@ def _env(bin_dir: Path, cache: Path | None = None) -> dict[str, str]:
 PAGES_WITH_RUNS = [p for p in PAGES if any(b.kind == "run" for b in page_blocks(p))]
 
 
-@pytest.mark.parametrize("page", PAGES_WITH_RUNS, ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.xdist_group(f"docs:{p.name}"))
+                                  for p in PAGES_WITH_RUNS], ids=lambda p: str(p.relative_to(REPO)))
 def test_page_blocks_run(page: Path, demo_workspace: Path, tmp_path: Path) -> None:
     """The page's runnable blocks, in order, in its own copy of the demo workspace."""
     ws = tmp_path / "ws"
