@@ -15,9 +15,8 @@ from bucketing.dynres import LONGEST
 from dataprep.cli.app import app, build_options, parse_memory_limit, check_range, defaults_of, option_flags, out, parse_world_sizes, user_errors
 from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli import dynres as dyn
-from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, replan, simulate_plan
-from dataprep.planning.build import plans_out_of_core
-from dataprep.planning.replan import default_manifest
+from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan, simulate_plan
+from dataprep.planning import spills_to_disk
 from dataprep.planning.simulate import plan_steps_report, simulate_strategies
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
@@ -115,7 +114,7 @@ def _out_of_core(manifest: Path, options: PlanOptions) -> bool:
     """Whether the plan runs out of core (False when the manifest cannot be read: the
     planner's own one-line error says why)."""
     try:
-        return plans_out_of_core(manifest, options)
+        return spills_to_disk(manifest, options)
     except (OSError, DataprepError, ValueError):
         return False
 

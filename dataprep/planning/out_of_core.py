@@ -61,8 +61,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,10 +154,12 @@ class SpilledCorpus:
     #: Row numbers on disk (``b{k}.rows``, the position files' records): int32 below 2**31
     #: rows (4 bytes a row less to write and read twice), else int64.
     row_dtype: type = np.int64
+    #: the spill's columns in memory (:class:`manifests.spill.SpillFiles` ``memory``); None: files under ``root``
+    memory: dict[str, list[npt.NDArray[np.uint8]]] | None = None
 
     @property
     def files(self) -> SpillFiles:
-        return SpillFiles(self.root)
+        return SpillFiles(self.root, self.memory)
 
     def allocation_entry(self, strict: bool, carry: bool) -> dict[str, object]:
         """``plan.json``'s ``allocation`` (as :func:`dataprep.planning.build._plan_meta` writes it)."""
@@ -231,7 +231,7 @@ class SpilledCorpus:
         name = f"b{k}.ids"
         n = self.files.count_strings(name)
         bounds = list(range(0, positions.shape[0], part_rows)) + [positions.shape[0]]
-        if n <= ID_CHUNK_ROWS:
+        if n <= ID_CHUNK_ROWS or self.memory is not None:
             take = self.ids_taker(k)
             if drop:
                 self.drop_ids(k)
@@ -366,7 +366,7 @@ def _gathered_ids(files: SpillFiles, name: str, n: int, extra: pa.Array, sources
 def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: npt.NDArray[np.int64], root: Path, *,
                    strict: bool, carry: bool, memory_limit: int, ids: bool = True,
                    codes: Iterator[npt.NDArray[np.int32]] | None = None,
-                   num_corpora: int | None = None) -> SpilledCorpus:
+                   num_corpora: int | None = None, memory: bool = False) -> SpilledCorpus:
     """Steps 1 and 2 of the module docstring: allocate in blocks, spill by bucket, carry tails.
     A one-line error when one bucket cannot be planned within ``memory_limit`` bytes.
     ``ids``: spill the ids (a plan's shards need them; the padding report does not);
@@ -374,12 +374,14 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     (:func:`manifests.io.iter_corpus_codes`), spilled as ``b{k}.c`` (int32); with
     ``num_corpora`` (the codes' range) each allocated row's index among its corpus's allocated rows (manifest
     order, :func:`bucketing.quota.corpus_indices`) too, as ``b{k}.i``: what a weighted plan
-    draws by (:class:`bucketing.quota.QuotaSampler`)."""
+    draws by (:class:`bucketing.quota.QuotaSampler`). ``memory``: the spill's columns held in
+    memory (:class:`manifests.spill.SpillFiles` ``memory``), nothing written under ``root``."""
     B = grid.num_buckets
     out = SpilledCorpus(root, counts=np.zeros(B, np.int64), max_tokens=grid.max_tokens.astype(np.int64).copy(),
                         has_ids=ids, has_codes=codes is not None, has_index=codes is not None and num_corpora is not None,
-                        row_dtype=np.int32 if manifest_num_rows(manifest) < 2**31 else np.int64)
-    files = SpillFiles(root)
+                        row_dtype=np.int32 if manifest_num_rows(manifest) < 2**31 else np.int64,
+                        memory={} if memory else None)
+    files = out.files
     base = 0
     next_index = np.zeros(num_corpora or 0, np.int64)  # per corpus: its allocated rows so far
     out.candidates = [(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0), np.empty(0, np.int64))
@@ -597,7 +599,7 @@ def _epoch_draw(corpus: SpilledCorpus, times_of: Callable[[int], npt.NDArray[np.
     """The :class:`EpochDraw` of the times ``times_of(k)`` each row of bucket ``k`` is taken
     (``write``: to its ``x{k}`` file; else ``times_of`` reads that file): entries and totals
     per bucket, one pass."""
-    files = SpillFiles(corpus.root)
+    files = corpus.files
     counts = np.zeros_like(corpus.counts)
     total_d = total_t = 0.0
     for k in np.flatnonzero(corpus.counts).tolist():
@@ -623,7 +625,7 @@ def draw_rows(corpus: SpilledCorpus, blocks: Callable[[], Iterator[npt.NDArray[n
     :class:`EpochDraw`, and how many of them lie in no bucket. Memory: a count per row of
     ``block_rows`` manifest rows at a time (:data:`ROW_COUNT_BYTES` each), each block another
     pass of ``blocks()``; then one bucket's rows."""
-    files = SpillFiles(corpus.root)
+    files = corpus.files
     live = np.flatnonzero(corpus.counts).tolist()
     listed = placed = 0
     for a in range(0, corpus.num_rows, block_rows):
@@ -673,7 +675,7 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
     one (:func:`bucketing.batching.form_batches` with no world size). ``draw``: a weighted
     epoch's entries instead of every row once, and the per-corpus totals of its batches.
     ``measure``: called on each part's formed batches."""
-    files = SpillFiles(corpus.root)
+    files = corpus.files
     files.remove("pos.rec", "pos.data", "pos.rows")
     if draw is None:
         grouping = BucketGrouping("both").with_totals(corpus.total_d, corpus.total_t)
@@ -750,21 +752,24 @@ def _position_rows(corpus: SpilledCorpus, starts: npt.NDArray[np.int64],
     return rows.astype(np.int64)
 
 
-def plan_epoch_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
-                       interleave: str, tolerance: float, cost: CostModel, group: int,
-                       final: bool = False, draw: EpochDraw | None = None,
-                       measure: BatchMeasure | None = None) -> EpochLayout:
+def balanced_or_none(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
+                     interleave: str, tolerance: float, cost: CostModel, group: int,
+                     final: bool = False, draw: EpochDraw | None = None,
+                     measure: BatchMeasure | None = None) -> EpochLayout | None:
     """Step 3 of the module docstring: :func:`bucketing.plan.plan_epoch` (balanced) then
-    :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays. ``final``:
-    no later epoch reads the ids, so each bucket's id files are removed once laid out (the
-    page cache they held is reused for the position files instead of fresh memory).
-    ``draw``: a weighted epoch (:func:`draw_epoch`), planned over its entries; the layout
-    then carries the per-corpus totals (:attr:`EpochLayout.groups`). ``measure``: called on
-    the epoch's batches as laid out (formed ones, then the pieces steps cut: the formed batch
-    taken away, each piece added)."""
+    :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays; None where the
+    rows cannot fill whole balanced steps (the caller lays the epoch out one bucket per step).
+    ``final``: no later epoch reads the ids, so a spill on disk removes each bucket's id files
+    once laid out (the page cache they held is reused for the position files instead of fresh
+    memory; a spill in memory keeps them); such an epoch that cannot be balanced is a one-line
+    error. ``draw``: a weighted epoch (:func:`draw_epoch`), planned over its entries; the
+    layout then carries the per-corpus totals (:attr:`EpochLayout.groups`). ``measure``:
+    called on the epoch's batches as laid out (formed ones, then the pieces steps cut: the
+    formed batch taken away, each piece added)."""
+    drop = final and corpus.memory is None
     lay = _balanced_spilled(corpus, bs, W, seed, epoch, interleave=interleave, tolerance=tolerance, cost=cost,
-                            group=group, final=final, draw=draw, measure=measure)
-    if lay is None:
+                            group=group, final=drop, draw=draw, measure=measure)
+    if lay is None and drop:
         raise DataprepError(f"the rows cannot fill whole balanced steps of {W} ranks out of core "
                             "(fewer utterances than steps x ranks); plan with a larger --memory-limit")
     return lay
@@ -774,8 +779,8 @@ class _Stash:
     """Per-batch arrays set aside on disk (:class:`manifests.spill.SpillFiles` ``{prefix}{name}``
     under ``root``) while others need the memory."""
 
-    def __init__(self, root: Path, prefix: str) -> None:
-        self.files, self.prefix = SpillFiles(root), prefix
+    def __init__(self, files: SpillFiles, prefix: str) -> None:
+        self.files, self.prefix = files, prefix
         self.kinds: dict[str, np.dtype[Any]] = {}
 
     def put(self, **arrays: npt.NDArray[Any]) -> None:
@@ -801,7 +806,7 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
                       interleave: str, tolerance: float, cost: CostModel, group: int,
                       final: bool = False, draw: EpochDraw | None = None,
                       measure: BatchMeasure | None = None) -> EpochLayout | None:
-    """:func:`plan_epoch_spilled`; None where the rows cannot fill whole balanced steps."""
+    """:func:`balanced_or_none` (``final``: remove each bucket's ids once laid out)."""
     counts = corpus.counts if draw is None else draw.counts
     if int(counts.sum()) < W:
         raise DataprepError(f"{int(counts.sum())} utterances cannot fill one step of {W} ranks")
@@ -817,7 +822,7 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
     np.cumsum(sizes, out=off[1:])
     times, padded = cost.step_time(sizes, mx_d, mx_t), sizes * mx_d
     # what the steps are laid out by is in memory; the rest waits on disk (40 bytes a batch)
-    stash = _Stash(corpus.root, "layout.")
+    stash = _Stash(corpus.files, "layout.")
     stash.put(start=start, mx_d=mx_d, mx_t=mx_t, sm_d=sm_d, sm_t=sm_t)
     del start, mx_d, mx_t, sm_d, sm_t
     steps = balance_steps(bucket, off, times, W, tolerance, cost.overhead, padded=padded)
@@ -1098,5 +1103,5 @@ def disk_bytes(manifest: str | os.PathLike[str], epochs: int, weighted: bool = F
 
 __all__ = ["ROW_COUNT_BYTES", "BatchMeasure", "DiskNeed", "EpochDraw", "EpochLayout", "SpilledCorpus",
            "carry_spilled", "check_bucket_fits", "default_memory_limit", "disk_bytes", "draw_epoch", "draw_rows",
-           "plan_epoch_figures", "plan_epoch_identical_spilled", "plan_epoch_spilled",
+           "balanced_or_none", "plan_epoch_figures", "plan_epoch_identical_spilled",
            "spill_manifest", "write_epoch_spilled"]

@@ -237,7 +237,7 @@ def test_disk_estimate_covers_the_spill_and_the_plan(tmp_path: Path, epochs: int
                                         memory_limit=1 << 30)
     need = out_of_core.disk_bytes(m, epochs, largest=int(corpus.counts.max()))
     assert need.spill >= sum(p.stat().st_size for p in root.iterdir())
-    out_of_core.plan_epoch_spilled(corpus, bs, 4, 0, 0, interleave="random", tolerance=0.05, cost=CostModel(), group=4,
+    out_of_core.balanced_or_none(corpus, bs, 4, 0, 0, interleave="random", tolerance=0.05, cost=CostModel(), group=4,
                                    final=epochs == 1)
     assert (root / "b0.ids.data").exists() == (epochs > 1)
     spilled = sum(p.stat().st_size for p in root.iterdir())
