@@ -2,12 +2,15 @@
 tail-worker simulation of a written plan (:func:`simulate_plan`), and the elastic re-plan of a
 plan at a step for another world size (:func:`replan`).
 
+The spill by bucket that plans use (:func:`spill_manifest`, :func:`carry_spilled`,
+:func:`plan_epoch_figures`) is public for reports that need a plan's figures, not its shards.
 I/O around the pure core in :mod:`bucketing.plan` and :mod:`bucketing.simulate`; the
 ``plan-batches`` and ``simulate`` commands call these.
 """
 
 from dataprep.planning.build import batch_sizes_of, build_plan, spills_to_disk
 from dataprep.planning.options import PlanOptions
+from dataprep.planning.out_of_core import SpilledCorpus, carry_spilled, plan_epoch_figures, spill_manifest
 from dataprep.planning.replan import default_manifest, replan
 from dataprep.planning.simulate import (
     DEFAULT_WORLD_SIZES,
@@ -16,4 +19,5 @@ from dataprep.planning.simulate import (
 )
 
 __all__ = ["DEFAULT_WORLD_SIZES", "PlanOptions", "batch_sizes_of", "build_plan", "default_manifest",
-           "read_epoch_batches", "replan", "simulate_plan", "spills_to_disk"]
+           "SpilledCorpus", "carry_spilled", "plan_epoch_figures", "read_epoch_batches", "replan", "simulate_plan",
+           "spill_manifest", "spills_to_disk"]

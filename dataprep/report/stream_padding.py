@@ -45,7 +45,7 @@ from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, Grid, grid
 from bucketing.padding import BucketedRows, scatter_count, scatter_part, schemes_report
 from bucketing.plan import EpochPlan
 from bucketing.steps_report import steps_rows
-from dataprep.planning.out_of_core import SpilledCorpus, carry_spilled, plan_epoch_figures, spill_manifest
+from dataprep.planning import SpilledCorpus, carry_spilled, plan_epoch_figures, spill_manifest
 from dataprep.report.stream_fit import streamed_fit_spec
 from manifests.io import corpus_names, iter_corpus_codes, iter_manifest
 from manifests.spill import SpillFiles, check_free_disk, remove_spill, spill_dir
