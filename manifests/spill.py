@@ -96,6 +96,18 @@ def retained_heap() -> Iterator[None]:
         trim(0)
 
 
+def give_back_memory(heap: bool = True) -> None:
+    """Hand freed memory back to the system: Arrow's pool's (the blocks of a pass over a
+    manifest) and, with ``heap``, glibc's free heap (``malloc_trim``; not inside
+    :func:`retained_heap`, which keeps it for reuse on purpose)."""
+    pa.default_memory_pool().release_unused()
+    if heap:
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+
 class SpillFiles:
     """Append-only raw binary columns (one file per name) under ``root``, or, with ``memory``
     (a dict, name -> chunks, shared by every :class:`SpillFiles` of one spill), the same

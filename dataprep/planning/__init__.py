@@ -10,7 +10,9 @@ I/O around the pure core in :mod:`bucketing.plan` and :mod:`bucketing.simulate`;
 
 from dataprep.planning.build import batch_sizes_of, build_plan, spills_to_disk
 from dataprep.planning.options import PlanOptions
-from dataprep.planning.out_of_core import SpilledCorpus, carry_spilled, plan_epoch_figures, spill_manifest
+from dataprep.planning.carry import carry_spilled
+from dataprep.planning.layout import plan_epoch_figures
+from dataprep.planning.spill import SpilledCorpus, spill_manifest
 from dataprep.planning.replan import default_manifest, replan
 from dataprep.planning.simulate import (
     DEFAULT_WORLD_SIZES,

@@ -1,5 +1,5 @@
 """manifest + buckets.json -> plan directory: spill the rows the planner needs by bucket (in
-memory when the corpus fits the memory limit, else to disk; :mod:`dataprep.planning.out_of_core`),
+memory when the corpus fits the memory limit, else to disk; :mod:`dataprep.planning.spill`),
 plan and write every epoch (:class:`dataprep.planning.epochs.EpochLoop`) and publish
 ``plan.json`` (:class:`manifests.plan_meta.PlanMeta`) atomically with the rank shards.
 
@@ -9,6 +9,7 @@ predicted frame padding, clamped and fallback shares, overall and per bucket."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -27,22 +28,17 @@ from bucketing.fit import Grid, grid_from_spec
 from bucketing.plan import PlanError, check_one_step
 from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_extra
 from dataprep.planning.options import PlanOptions
-from dataprep.planning.out_of_core import (
-    IN_MEMORY_BYTES_PER_ROW,
-    SpilledCorpus,
-    carry_spilled,
-    default_memory_limit,
-    disk_bytes,
-    draw_epoch,
-    spill_manifest,
-)
+from dataprep.planning.carry import carry_spilled
+from dataprep.planning.disk import disk_bytes
+from dataprep.planning.draw import draw_epoch
+from dataprep.planning.spill import IN_MEMORY_BYTES_PER_ROW, SpilledCorpus, spill_manifest
 from dataprep.planning.weights import Blend, WeightedEpochs, blend_of, unknown_corpus_error, wants_weights, weighting
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import file_sha256, iter_corpus_codes, manifest_hash, manifest_num_rows
 from manifests.plan_files import PlanWriter
 from manifests.plan_meta import BalanceInfo, FileRef, ManifestRef, PlanMeta
-from manifests.spill import check_free_disk, remove_spill, retained_heap, spill_dir
+from manifests.spill import check_free_disk, default_memory_limit, remove_spill, retained_heap, spill_dir
 
 
 def batch_sizes_of(spec: BucketSpec, where: str = "buckets.json") -> npt.NDArray[np.int64]:
@@ -109,7 +105,7 @@ def build_plan(
     plan (:mod:`dataprep.planning.weights`): each epoch holds exactly each corpus's quota
     instead of every row once, recorded in ``plan.json`` under ``weights``.
 
-    Every plan spills its rows by bucket (:mod:`dataprep.planning.out_of_core`): in memory when
+    Every plan spills its rows by bucket (:mod:`dataprep.planning.spill`): in memory when
     the corpus fits ``options.memory_limit`` (:func:`spills_to_disk`), else to files next to
     ``out_dir``, memory then bounded by the largest bucket. The same bytes either way.
     """
@@ -127,7 +123,9 @@ def build_plan(
     on_disk = spills_to_disk(manifest, options)
     root = spill_dir(out_dir) if on_disk else None
     try:
-        with retained_heap():  # bucket-sized arrays reused, not zeroed afresh (see retained_heap)
+        # on disk: bucket-sized arrays reused, not zeroed afresh (see retained_heap); in memory the
+        # spill's own columns fill the heap, and freed blocks given back keep the peak the corpus's
+        with retained_heap() if root is not None else contextlib.nullcontext():
             clock.begin("reading the manifest, spilling it" if on_disk else "reading the manifest")
             corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, options, strict=options.strict,
                                               epochs=epochs, limit=limit,
@@ -187,7 +185,7 @@ def spill_for_plan(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray
     """The spill of a plan of ``epochs`` epochs: in memory (``root`` None), or to files under
     ``root`` (the free disk checked before it for the whole plan, and after it again once the
     largest bucket is known: ``ids_once`` and ``drawn`` as
-    :func:`dataprep.planning.out_of_core.disk_bytes` takes them);
+    :func:`dataprep.planning.disk.disk_bytes` takes them);
     with a ``blend``, each row's corpus and index in it too, and the blend's quotas over the
     spilled rows (``options``: the weighting's epoch size and seed). Tails are carried
     (``options.carry``, never ``strict``) as :func:`bucketing.allocate.assign` carries them:
@@ -203,13 +201,12 @@ def spill_for_plan(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray
         check_free_disk(root, disk_bytes(manifest, epochs, weighted=blend is not None, ids_once=ids_once,
                                          drawn=drawn).peak, "the spill files and the plan")
     carry = options.carry and not strict
-    corpus = spill_manifest(manifest, grid, bs, root or Path(os.devnull), strict=strict,
-                            carry=carry and world_size is None, memory_limit=limit, codes=codes,
-                            num_corpora=len(names) if blend is not None else None, memory=root is None)
+    corpus = spill_manifest(manifest, grid, bs, root or Path(os.devnull), strict=strict, memory_limit=limit,
+                            codes=codes, num_corpora=len(names) if blend is not None else None, memory=root is None)
     if carry and world_size is not None:
         carry = fills_steps(corpus.counts, bs, world_size)
-        if carry:
-            corpus = carry_spilled(corpus, grid, bs, manifest, limit)
+    if carry:
+        corpus = carry_spilled(corpus, grid, bs, manifest, limit)
     corpus.carry = carry
     if root is not None:
         need = disk_bytes(manifest, epochs, weighted=blend is not None, largest=int(corpus.counts.max(initial=0)),

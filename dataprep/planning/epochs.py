@@ -1,7 +1,7 @@
 """The one epoch loop of a plan and a re-plan: each epoch laid out from the spill
-(:func:`~dataprep.planning.out_of_core.balanced_or_none`, one bucket per step where balanced
+(:func:`~dataprep.planning.layout.balanced_or_none`, one bucket per step where balanced
 steps cannot be filled or ``balance`` is 0), its shards written
-(:func:`~dataprep.planning.out_of_core.write_epoch_spilled`) and its figures added
+(:func:`~dataprep.planning.shards.write_epoch_spilled`) and its figures added
 (:class:`EpochTotals`, :class:`DynResTotals`, a weighted plan's per-corpus totals)."""
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from bucketing.dynres import (DynResConfig, ResolutionTotals, batch_targets, com
 from bucketing.fit import Grid
 from bucketing.plan import EpochPlan, PlanError
 from bucketing.steps_report import epoch_report
-from dataprep.planning.out_of_core import (EpochDraw, EpochLayout, SpilledCorpus, balanced_or_none,
-                                           check_bucket_fits, plan_epoch_identical_spilled, write_epoch_spilled)
+from dataprep.planning.draw import EpochDraw
+from dataprep.planning.layout import EpochLayout, balanced_or_none, plan_epoch_identical_spilled
+from dataprep.planning.shards import write_epoch_spilled
+from dataprep.planning.spill import SpilledCorpus, check_bucket_fits
 from dataprep.planning.weights import WeightedEpochs
 from manifests.errors import DataprepError
 from manifests.plan_files import PlanWriter

@@ -35,6 +35,8 @@ MOVE_ROWS = 1 << 21
 MAX_GROUPS = 128
 #: Bounds of a group's bytes in memory whatever the memory limit.
 MIN_GROUP_BYTES, MAX_GROUP_BYTES = 1 << 20, 1 << 30
+#: Most bytes of a group read from position files held in memory (the read is a copy).
+MEMORY_GROUP_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -128,10 +130,12 @@ class GroupRecords:
         return self.rows[at], self.ids.take(pa.array(at)).cast(pa.string())
 
 
-def group_bytes(memory_limit: int) -> int:
+def group_bytes(memory_limit: int, in_memory: bool = False) -> int:
     """Bytes of one group's records in memory under ``memory_limit``: an eighth of it, within
-    :data:`MIN_GROUP_BYTES` and :data:`MAX_GROUP_BYTES`."""
-    return int(min(MAX_GROUP_BYTES, max(MIN_GROUP_BYTES, memory_limit // 8)))
+    :data:`MIN_GROUP_BYTES` and :data:`MAX_GROUP_BYTES` (:data:`MEMORY_GROUP_BYTES` at most
+    when the position files are in memory: a group read is a copy beside them)."""
+    most = MEMORY_GROUP_BYTES if in_memory else MAX_GROUP_BYTES
+    return int(min(most, max(MIN_GROUP_BYTES, memory_limit // 8)))
 
 
 def move_to_groups(files: SpillFiles, key_dtype: np.dtype[np.integer], batch_size: npt.NDArray[np.int64],

@@ -16,6 +16,7 @@ records its target frames, ``plan.json`` the predicted figures of the re-planned
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from bucketing.fit import grid_from_spec
 from dataprep.planning.build import batch_sizes_of, memory_limit_of, spill_for_plan, spills_to_disk
 from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_extra
 from dataprep.planning.options import PlanOptions
-from dataprep.planning.out_of_core import ROW_COUNT_BYTES, draw_epoch, draw_rows
+from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows
 from dataprep.planning.weights import WeightedEpochs, blend_of
 from manifests.buckets_file import parse_buckets
 from manifests.errors import DataprepError, OptionError
@@ -79,7 +80,9 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     limit = memory_limit_of(options)
     root = spill_dir(out_dir) if spills_to_disk(manifest, options) else None
     try:
-        with retained_heap():  # bucket-sized arrays reused, not zeroed afresh (see retained_heap)
+        # on disk: bucket-sized arrays reused, not zeroed afresh (see retained_heap); in memory the
+        # spill's own columns fill the heap, and freed blocks given back keep the peak the corpus's
+        with retained_heap() if root is not None else contextlib.nullcontext():
             corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, parent, strict=strict,
                                               epochs=meta.epochs - e0, limit=limit,
                                               world_size=None if tol > 0 else world_size,

@@ -5,7 +5,7 @@ tree (weights, temperatures) in its metadata; ``--weights CORPUS=W ... --tempera
 override it. :func:`weighted_epochs` turns them into a :class:`WeightedEpochs`: NeMo's
 probabilities, each corpus's exact quota per epoch and the sampler that picks its rows
 (:mod:`bucketing.quota`). The planner then plans each epoch over that epoch's multiset of rows
-instead of every row once (:func:`dataprep.planning.out_of_core.draw_epoch`; a row taken
+instead of every row once (:func:`dataprep.planning.draw.draw_epoch`; a row taken
 twice is batched twice). Without weights nothing here runs and plans stay byte for byte
 the unweighted ones.
 """
