@@ -122,7 +122,7 @@ def _order(df: pl.DataFrame, buckets: str | os.PathLike[str] | None) -> np.ndarr
     if buckets is not None:
         from bucketing.allocate import assign
         from bucketing.fit import grid_from_spec
-        from dataprep.planning.build import batch_sizes_of
+        from dataprep.planning import batch_sizes_of
         from manifests.buckets_file import read_buckets
 
         spec = read_buckets(buckets)

@@ -16,10 +16,13 @@ from dataprep.planning.spill import SpilledCorpus, spill_manifest
 from dataprep.planning.replan import default_manifest, replan
 from dataprep.planning.simulate import (
     DEFAULT_WORLD_SIZES,
+    plan_steps_report,
     read_epoch_batches,
     simulate_plan,
+    simulate_strategies,
 )
+from dataprep.planning.weights import check_quotas, parse_weights
 
 __all__ = ["DEFAULT_WORLD_SIZES", "PlanOptions", "batch_sizes_of", "build_plan", "default_manifest",
-           "SpilledCorpus", "carry_spilled", "plan_epoch_figures", "read_epoch_batches", "replan", "simulate_plan",
-           "spill_manifest", "spills_to_disk"]
+           "SpilledCorpus", "carry_spilled", "check_quotas", "parse_weights", "plan_epoch_figures", "plan_steps_report",
+           "read_epoch_batches", "replan", "simulate_plan", "simulate_strategies", "spill_manifest", "spills_to_disk"]

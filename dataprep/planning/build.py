@@ -38,7 +38,7 @@ from manifests.errors import DataprepError, ManifestError
 from manifests.io import file_sha256, iter_corpus_codes, manifest_hash, manifest_num_rows
 from manifests.plan_files import PlanWriter
 from manifests.plan_meta import BalanceInfo, FileRef, ManifestRef, PlanMeta
-from manifests.spill import check_free_disk, default_memory_limit, remove_spill, retained_heap, spill_dir
+from manifests.spill import check_free_disk, default_memory_limit, give_back_memory, remove_spill, retained_heap, spill_dir
 
 
 def batch_sizes_of(spec: BucketSpec, where: str = "buckets.json") -> npt.NDArray[np.int64]:
@@ -208,6 +208,7 @@ def spill_for_plan(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray
     if carry:
         corpus = carry_spilled(corpus, grid, bs, manifest, limit)
     corpus.carry = carry
+    give_back_memory(heap=root is None)  # what the pass and the carry freed: the spill stays
     if root is not None:
         need = disk_bytes(manifest, epochs, weighted=blend is not None, largest=int(corpus.counts.max(initial=0)),
                           ids_once=ids_once, drawn=drawn)

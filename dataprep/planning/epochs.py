@@ -221,6 +221,8 @@ class EpochLoop:
                                              "rows": int((self.corpus.counts if draw is None else draw.counts).sum())})
             except (DataprepError, PlanError) as exc:
                 raise error(e, exc) from None
+            if final:  # the ids are in the position columns now: the spill's go before the shards are written
+                self.corpus.drop_all_ids()
             if self.weighted is not None and lay.groups is not None:
                 self.weighted.add_totals(lay.groups)
             if self.dynres is not None and figures is not None:

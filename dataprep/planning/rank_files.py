@@ -1,19 +1,15 @@
-"""An out-of-core epoch's position files moved into one file per group of ranks, before its
-shards are written.
+"""An epoch's position columns moved into one column per group of ranks, before its shards
+are written (:func:`move_to_groups`).
 
-Why: shards are written rank by rank, and each rank's batches lie scattered over the
-position files (a batch is a run of one bucket's positions, buckets one after another).
-While those files fit in the page cache a batch's two reads cost little; once they outgrow
-it (about 25 GB at a billion rows) every read goes to the disk, and writing took 576 s of a
-billion-row plan's 1261 s. So the position files are read once, sequentially, from their end
-(each truncated behind the reads, so the disk holds one copy), and every run of positions is
-appended to its ranks' group file. A group (whole ranks, or a range of steps of one rank when a
-rank alone is too large) holds at most a memory budget of records; its shards are written
-from it read whole into memory, with no read per batch.
+Shards are written rank by rank, and each rank's batches lie scattered over the position
+columns (a batch is a run of one bucket's positions). On disk, once those files outgrow the
+page cache every scattered read goes to the disk, so they are read once, sequentially, from
+their end (each truncated behind the reads: one copy at a time), every run appended to its
+ranks' group. A group (whole ranks, or a range of steps of one rank) holds at most a memory
+budget of records (:func:`group_bytes`) and is read whole to write its shards.
 
-Files (:class:`manifests.spill.SpillFiles` under the spill root): ``pos.rec`` / ``pos.data``
-(rows beside id offsets, id bytes) in, ``rg{g}.rec`` / ``rg{g}.data`` out; a group's files
-are removed once it is read.
+Columns (:class:`manifests.spill.SpillFiles`): ``pos.rec`` / ``pos.data`` (rows beside id
+offsets, id bytes) in, ``rg{g}.rec`` / ``rg{g}.data`` out; a group's are removed once read.
 """
 
 from __future__ import annotations

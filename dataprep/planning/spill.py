@@ -174,6 +174,11 @@ class SpilledCorpus:
         yield from _gathered_ids(self.files, name, n, extra, _Sources(index, positions), bounds,
                                  self.root / f"b{k}.gather", (lambda: self.drop_ids(k)) if drop else None)
 
+    def drop_all_ids(self) -> None:
+        """Remove every bucket's id files (once no layout reads them again)."""
+        for k in range(self.counts.shape[0]):
+            self.drop_ids(k)
+
     def drop_ids(self, k: int) -> None:
         """Remove bucket ``k``'s id files (after its last :meth:`ids_in_parts`)."""
         self.files.remove(f"b{k}.ids.off", f"b{k}.ids.data")
@@ -344,7 +349,7 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
         rows, b = rows[order], b[order]
         if index is not None:
             index = index[order]
-        id_col = table.column("id").combine_chunks().cast(pa.large_string()).take(pa.array(rows)) if ids else None
+        id_col = table.column("id") if ids else None  # each bucket's taken from it: no copy of the whole
         cut = np.searchsorted(b, np.arange(B + 1))
         for k in np.flatnonzero(np.diff(cut)):
             r = rows[cut[k]:cut[k + 1]]
@@ -356,7 +361,7 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
             if index is not None:
                 files.append(f"b{k}.i", index[cut[k]:cut[k + 1]])
             if id_col is not None:
-                files.append_strings(f"b{k}.ids", id_col.slice(cut[k], cut[k + 1] - cut[k]))
+                files.append_strings(f"b{k}.ids", id_col.take(pa.array(r)))
             # its tail candidates (row, tokens, duration, position in the bucket)
             out.candidates[k] = merge_tail_candidates(  # type: ignore[assignment]
                 out.candidates[k], (r + base, t[r], d[r], out.counts[k] + np.arange(r.shape[0], dtype=np.int64)),
