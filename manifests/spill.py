@@ -126,10 +126,6 @@ class SpillFiles:
     def in_memory(self) -> bool:
         return self.memory is not None
 
-    def again(self) -> SpillFiles:
-        """Another object over the same columns (its own open files)."""
-        return SpillFiles(self.root, self.memory)
-
     def append(self, name: str, values: npt.NDArray[np.generic]) -> None:
         if self.memory is not None:
             if name not in self._open:

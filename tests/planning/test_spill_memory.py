@@ -69,6 +69,6 @@ def test_a_whole_column_in_memory_is_read_only_and_a_new_append_starts_afresh(tm
     got = mem.read("x", np.float64)
     assert got.tolist() == [0.0, 1.0, 2.0, 3.0] and not got.flags.writeable
     mem.close()
-    mem.again().append("x", np.arange(2.0))  # as a file opened "wb"
+    SpillFiles(tmp_path, mem.memory).append("x", np.arange(2.0))  # another object: as a file opened "wb"
     assert mem.read("x", np.float64).tolist() == [0.0, 1.0]
     assert mem.written_bytes() == 16 and not list(tmp_path.iterdir())
