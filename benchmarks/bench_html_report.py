@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE))
 from bench_plan import buckets_for, synthetic  # noqa: E402
 
 from dataprep.planning import build_plan  # noqa: E402
-from dataprep.planning.options import PlanOptions  # noqa: E402
+from dataprep.planning import PlanOptions  # noqa: E402
 from manifests.manifest_write import write_manifest  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -23,8 +23,8 @@ and plans both the weighted manifest and the same rows without corpora: time and
 the weighted plan as a ratio of the unweighted one (the issue's goal: <= 1.2x).
 
 The manifest is generated and written in blocks of 5M rows (memory: a block), the buckets
-fitted on the first block; ``--memory-limit`` is passed to the planner (a corpus whose
-in-memory plan would need more is planned out of core).
+fitted on the first block; ``--memory-limit`` is passed to the planner (a corpus that fits it
+is spilled in memory, a larger one to disk next to the plan).
 
 Prints medians. The synthetic manifest resamples real (duration, characters per second)
 pairs of ../shared/data (LibriSpeech train-clean-100 + Common Voice id/ps) with 5% lognormal

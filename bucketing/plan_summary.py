@@ -1,6 +1,6 @@
 """Identical-bucket steps (``balance`` 0) planned from per-batch figures, not rows.
 
-Pure core for a planner that keeps rows on disk (:mod:`dataprep.planning.out_of_core`): the
+Pure core for a planner that keeps rows on disk (:mod:`dataprep.planning.layout`): the
 formed batches come as per-batch figures (:class:`FormedBatches`: bucket, size, longest,
 most tokens and their sums, in draw order) and a function that reads the rows of a run of
 them; :func:`bucketing.plan.place_bucket` places them exactly as :func:`bucketing.plan.plan_epoch`

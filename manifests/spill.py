@@ -3,7 +3,8 @@ that keeps freed memory while a bounded-memory command runs (:func:`retained_hea
 
 Commands that must run in memory bounded by a budget, not by the corpus, append NumPy columns
 here block by block and read them back whole, by range, by runs or memory-mapped, or sorted
-in bounded memory (:func:`sorted_runs`).
+in bounded memory (:func:`sorted_runs`). A corpus that fits the budget keeps the same columns
+in memory (:class:`SpillFiles` with ``memory``): nothing is written to disk.
 """
 
 from __future__ import annotations
@@ -96,20 +97,77 @@ def retained_heap() -> Iterator[None]:
         trim(0)
 
 
-class SpillFiles:
-    """Append-only raw binary columns (one file per name) under ``root``."""
+def give_back_memory(heap: bool = True) -> None:
+    """Hand freed memory back to the system: Arrow's pool's (the blocks of a pass over a
+    manifest) and, with ``heap``, glibc's free heap (``malloc_trim``; not inside
+    :func:`retained_heap`, which keeps it for reuse on purpose)."""
+    pa.default_memory_pool().release_unused()
+    if heap:
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
 
-    def __init__(self, root: Path) -> None:
+
+class SpillFiles:
+    """Append-only raw binary columns (one file per name) under ``root``, or, with ``memory``
+    (a dict, name -> chunks, shared by every :class:`SpillFiles` of one spill), the same
+    columns held in memory as lists of byte chunks: same API, same results, nothing on disk.
+    Appending to a column not open in this object starts it afresh (as a file opened "wb");
+    whole-column reads in memory are read-only views."""
+
+    def __init__(self, root: Path, memory: dict[str, list[npt.NDArray[np.uint8]]] | None = None) -> None:
         self.root = root
-        self._open: dict[str, BinaryIO] = {}
+        self.memory = memory
+        self._open: dict[str, BinaryIO | None] = {}
         self._bytes: dict[str, int] = {}
         self._records: dict[str, np.dtype[Any]] = {}
 
+    @property
+    def in_memory(self) -> bool:
+        return self.memory is not None
+
     def append(self, name: str, values: npt.NDArray[np.generic]) -> None:
+        if self.memory is not None:
+            if name not in self._open:
+                self._open[name] = None
+                self.memory[name] = []
+            a = np.array(values, copy=True, order="C")  # the caller may reuse its array
+            if a.size:
+                self.memory[name].append(a.view(np.uint8).reshape(-1))
+            return
         f = self._open.get(name)
         if f is None:
             f = self._open[name] = open(self.root / name, "wb")
         np.ascontiguousarray(values).tofile(f)
+
+    def _size(self, name: str) -> int | None:
+        """Bytes of column ``name``; None when absent."""
+        if self.memory is not None:
+            chunks = self.memory.get(name)
+            return None if chunks is None else sum(c.shape[0] for c in chunks)
+        path = self.root / name
+        return path.stat().st_size if path.exists() else None
+
+    def _whole(self, name: str) -> npt.NDArray[np.uint8]:
+        """Column ``name`` in memory as one read-only chunk (chunks joined once)."""
+        chunks = self.memory[name]  # type: ignore[index]
+        if len(chunks) != 1:
+            chunks[:] = [np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)]
+        chunks[0].flags.writeable = False
+        return chunks[0]
+
+    def _bytes_at(self, name: str, start: int, count: int) -> npt.NDArray[np.uint8]:
+        """Bytes ``start:start + count`` of column ``name`` in memory, a fresh array."""
+        out = np.empty(count, np.uint8)
+        at = 0
+        for c in self.memory[name]:  # type: ignore[index]
+            n = c.shape[0]
+            if start < at + n and start + count > at:
+                lo, hi = max(start, at), min(start + count, at + n)
+                out[lo - start:hi - start] = c[lo - at:hi - at]
+            at += n
+        return out
 
     def _append_bytes(self, name: str, values: pa.Array) -> npt.NDArray[np.int64]:
         """Append the UTF-8 bytes of ``values`` to ``name.data``; returns each string's start
@@ -156,12 +214,15 @@ class SpillFiles:
             self.append(name + ".rec", end)
         self._records.clear()
         for f in self._open.values():
-            f.close()
+            if f is not None:
+                f.close()
         self._open.clear()
         self._bytes.clear()
 
     def written_bytes(self) -> int:
-        """Bytes in the files directly under ``root`` (their sizes)."""
+        """Bytes in the files directly under ``root`` (their sizes; in memory: the columns')."""
+        if self.memory is not None:
+            return sum(c.shape[0] for chunks in self.memory.values() for c in chunks)
         return sum(e.stat().st_size for e in os.scandir(self.root) if e.is_file(follow_symlinks=False))
 
     def remove(self, *names: str) -> None:
@@ -171,22 +232,30 @@ class SpillFiles:
             f = self._open.pop(name, None)
             if f is not None:
                 f.close()
-            (self.root / name).unlink(missing_ok=True)
+            if self.memory is not None:
+                self.memory.pop(name, None)
+            else:
+                (self.root / name).unlink(missing_ok=True)
 
     def read(self, name: str, dtype: type) -> npt.NDArray[np.generic]:
+        if self.memory is not None:
+            return self._whole(name).view(dtype) if name in self.memory else np.empty(0, dtype=dtype)
         path = self.root / name
         return np.fromfile(path, dtype=dtype) if path.exists() else np.empty(0, dtype=dtype)
 
     def read_range(self, name: str, dtype: type, start: int, stop: int) -> npt.NDArray[np.generic]:
         """Items ``start:stop`` of a column, read into memory (no mapping stays resident)."""
         size = np.dtype(dtype).itemsize
+        if self.memory is not None:
+            return self._bytes_at(name, start * size, (stop - start) * size).view(dtype)
         return np.fromfile(self.root / name, dtype=dtype, count=stop - start, offset=start * size)
 
     def map(self, name: str, dtype: type) -> npt.NDArray[np.generic]:
-        path = self.root / name
-        if not path.exists() or path.stat().st_size == 0:
+        if not self._size(name):
             return np.empty(0, dtype=dtype)
-        return np.memmap(path, dtype=dtype, mode="r")
+        if self.memory is not None:
+            return self._whole(name).view(dtype)
+        return np.memmap(self.root / name, dtype=dtype, mode="r")
 
     def read_runs(self, name: str, dtype: type, starts: npt.NDArray[np.int64],
                   sizes: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
@@ -194,7 +263,15 @@ class SpillFiles:
         one ``preadv`` per run into the result. No mapping: a mapped file's pages come in
         folios of up to 2 MiB, so scattered reads through a mapping hold most of the file."""
         item = np.dtype(dtype).itemsize
-        out = np.empty(int(sizes.sum()), dtype=dtype)
+        total = int(sizes.sum())
+        if self.memory is not None:
+            if total == 0:
+                return np.empty(0, dtype=dtype)
+            first = np.zeros(sizes.shape[0], dtype=np.int64)
+            np.cumsum(sizes[:-1], out=first[1:])
+            at = np.arange(total, dtype=np.int64) + np.repeat(np.asarray(starts, np.int64) - first, sizes)
+            return self._whole(name).view(dtype)[at]
+        out = np.empty(total, dtype=dtype)
         if out.shape[0] == 0:
             return out
         view = memoryview(out.view(np.uint8))
@@ -213,10 +290,25 @@ class SpillFiles:
             os.close(fd)
         return out
 
+    def _truncate(self, name: str, size: int) -> None:
+        """Keep the first ``size`` bytes of column ``name``; in memory, the chunks past them freed
+        (a chunk mostly cut off is copied, so memory shrinks with the column)."""
+        if self.memory is None:
+            os.truncate(self.root / name, size)
+            return
+        kept, at = [], 0
+        for c in self.memory[name]:
+            if at >= size:
+                break
+            n = min(c.shape[0], size - at)
+            kept.append(c[:n] if 2 * n > c.shape[0] else c[:n].copy())
+            at += n
+        self.memory[name] = kept
+
     def count_strings(self, name: str) -> int:
         """How many strings ``name`` holds (see :meth:`append_strings`; 0 when absent)."""
-        path = self.root / (name + ".off")
-        return max(0, path.stat().st_size // 8 - 1) if path.exists() else 0
+        size = self._size(name + ".off")
+        return 0 if size is None else max(0, size // 8 - 1)
 
     def read_string_runs(self, name: str, starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> pa.Array:
         """The strings ``starts[i] : starts[i] + sizes[i]`` of ``name`` (see
@@ -226,9 +318,9 @@ class SpillFiles:
 
     def count_records(self, name: str, key_dtype: type) -> tuple[int, int]:
         """Pairs in ``name`` (see :meth:`append_records`; closed) and the bytes of their strings."""
-        rec, data = self.root / (name + ".rec"), self.root / (name + ".data")  # no bytes: no data file
-        n = rec.stat().st_size // record_dtype(np.dtype(key_dtype)).itemsize - 1 if rec.exists() else 0
-        return max(0, n), data.stat().st_size if data.exists() else 0
+        rec, data = self._size(name + ".rec"), self._size(name + ".data")  # no bytes: no data file
+        n = rec // record_dtype(np.dtype(key_dtype)).itemsize - 1 if rec is not None else 0
+        return max(0, n), data or 0
 
     def read_record_range(self, name: str, key_dtype: type, start: int,
                           stop: int) -> tuple[npt.NDArray[Any], pa.LargeStringArray]:
@@ -246,9 +338,9 @@ class SpillFiles:
         ends the pairs before: what reads pairs below ``start`` needs."""
         dt = record_dtype(np.dtype(key_dtype))
         end = int(self.read_range(name + ".rec", dt, start, start + 1)["off"][0])
-        os.truncate(self.root / (name + ".rec"), (start + 1) * dt.itemsize)
-        if (self.root / (name + ".data")).exists():  # no bytes ever appended: no data file
-            os.truncate(self.root / (name + ".data"), end)
+        self._truncate(name + ".rec", (start + 1) * dt.itemsize)
+        if self._size(name + ".data") is not None:  # no bytes ever appended: no data file
+            self._truncate(name + ".data", end)
 
     def _strings_of_runs(self, data: str, ends: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> pa.Array:
         """The strings of runs of ``sizes[i]`` strings whose ``sizes[i] + 1`` byte offsets into

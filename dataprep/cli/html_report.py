@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from dataprep.cli.app import app, err, out, parse_memory_limit, parse_world_sizes, user_errors
-from dataprep.planning.simulate import DEFAULT_WORLD_SIZES
+from dataprep.planning import DEFAULT_WORLD_SIZES
 from dataprep.report.aggregates import collect_report
 from dataprep.report.page import write_page
 from manifests.errors import DataprepError

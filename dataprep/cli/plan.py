@@ -15,10 +15,9 @@ from bucketing.dynres import LONGEST
 from dataprep.cli.app import app, build_options, parse_memory_limit, check_range, defaults_of, option_flags, out, parse_world_sizes, user_errors
 from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli import dynres as dyn
-from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, replan, simulate_plan
-from dataprep.planning.build import plans_out_of_core
-from dataprep.planning.replan import default_manifest
-from dataprep.planning.simulate import plan_steps_report, simulate_strategies
+from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan, simulate_plan
+from dataprep.planning import spills_to_disk
+from dataprep.planning import plan_steps_report, simulate_strategies
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
 from manifests.outputs import refuse_same_paths
@@ -64,7 +63,7 @@ def plan_batches_cmd(
 
     A manifest of many corpora (compiled from an input_cfg with weights, or --weights) gets a
     weighted plan: each epoch holds exactly round(p_c x N) utterances of corpus c."""
-    from dataprep.planning.weights import parse_weights
+    from dataprep.planning import parse_weights
 
     # the rate flags are checked even without --dynamic-resolution: a bad value is never ignored
     dynres = dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
@@ -115,7 +114,7 @@ def _out_of_core(manifest: Path, options: PlanOptions) -> bool:
     """Whether the plan runs out of core (False when the manifest cannot be read: the
     planner's own one-line error says why)."""
     try:
-        return plans_out_of_core(manifest, options)
+        return spills_to_disk(manifest, options)
     except (OSError, DataprepError, ValueError):
         return False
 
@@ -274,7 +273,7 @@ def verify_cmd(
         verify_manifest_rows(manifest, meta.manifest.content_hash, "the plan's manifest")
     quota = ""
     if manifest is not None and "weights" in meta.extra:
-        from dataprep.planning.weights import check_quotas
+        from dataprep.planning import check_quotas
 
         quota = f"; every corpus's quota in {check_quotas(plan_dir, manifest)} whole epoch(s)"
     out.print(f"plan {plan_dir}: ok ({meta.world_size} shards, {meta.num_steps} steps, plan hash "

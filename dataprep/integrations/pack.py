@@ -100,13 +100,12 @@ def _order(df: pl.DataFrame, buckets: str | os.PathLike[str] | None) -> np.ndarr
     if buckets is not None:
         from bucketing.allocate import assign
         from bucketing.fit import grid_from_spec
-        from dataprep.planning.build import batch_sizes_of
         from manifests.buckets_file import read_buckets
 
         spec = read_buckets(buckets)
         grid = grid_from_spec(spec)
         bucket = assign(df["duration"].to_numpy(), df["num_tokens"].fill_null(0).to_numpy(), grid,
-                        batch_sizes_of(spec, str(buckets))).bucket
+                        spec.batch_sizes()).bucket
     keys = (np.arange(df.height), df["num_tokens"].fill_null(0).to_numpy(), df["duration"].to_numpy(), bucket)
     return np.lexsort(keys)
 

@@ -33,7 +33,7 @@ class PlanOptions:
     (default: the rows in a bucket).
     ``memory_limit``: bytes the planner may hold (>= 1; None: half the machine's memory); a
     corpus whose in-memory plan would need more is planned out of core
-    (:mod:`dataprep.planning.out_of_core`), in memory bounded by its largest bucket.
+    (:mod:`dataprep.planning.spill`), in memory bounded by its largest bucket.
     """
 
     world_size: int

@@ -1,19 +1,15 @@
-"""An out-of-core epoch's position files moved into one file per group of ranks, before its
-shards are written.
+"""An epoch's position columns moved into one column per group of ranks, before its shards
+are written (:func:`move_to_groups`).
 
-Why: shards are written rank by rank, and each rank's batches lie scattered over the
-position files (a batch is a run of one bucket's positions, buckets one after another).
-While those files fit in the page cache a batch's two reads cost little; once they outgrow
-it (about 25 GB at a billion rows) every read goes to the disk, and writing took 576 s of a
-billion-row plan's 1261 s. So the position files are read once, sequentially, from their end
-(each truncated behind the reads, so the disk holds one copy), and every run of positions is
-appended to its ranks' group file. A group (whole ranks, or a range of steps of one rank when a
-rank alone is too large) holds at most a memory budget of records; its shards are written
-from it read whole into memory, with no read per batch.
+Shards are written rank by rank, and each rank's batches lie scattered over the position
+columns (a batch is a run of one bucket's positions). On disk, once those files outgrow the
+page cache every scattered read goes to the disk, so they are read once, sequentially, from
+their end (each truncated behind the reads: one copy at a time), every run appended to its
+ranks' group. A group (whole ranks, or a range of steps of one rank) holds at most a memory
+budget of records (:func:`group_bytes`) and is read whole to write its shards.
 
-Files (:class:`manifests.spill.SpillFiles` under the spill root): ``pos.rec`` / ``pos.data``
-(rows beside id offsets, id bytes) in, ``rg{g}.rec`` / ``rg{g}.data`` out; a group's files
-are removed once it is read.
+Columns (:class:`manifests.spill.SpillFiles`): ``pos.rec`` / ``pos.data`` (rows beside id
+offsets, id bytes) in, ``rg{g}.rec`` / ``rg{g}.data`` out; a group's are removed once read.
 """
 
 from __future__ import annotations
@@ -35,6 +31,8 @@ MOVE_ROWS = 1 << 21
 MAX_GROUPS = 128
 #: Bounds of a group's bytes in memory whatever the memory limit.
 MIN_GROUP_BYTES, MAX_GROUP_BYTES = 1 << 20, 1 << 30
+#: Most bytes of a group read from position files held in memory (the read is a copy).
+MEMORY_GROUP_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -128,10 +126,12 @@ class GroupRecords:
         return self.rows[at], self.ids.take(pa.array(at)).cast(pa.string())
 
 
-def group_bytes(memory_limit: int) -> int:
+def group_bytes(memory_limit: int, in_memory: bool = False) -> int:
     """Bytes of one group's records in memory under ``memory_limit``: an eighth of it, within
-    :data:`MIN_GROUP_BYTES` and :data:`MAX_GROUP_BYTES`."""
-    return int(min(MAX_GROUP_BYTES, max(MIN_GROUP_BYTES, memory_limit // 8)))
+    :data:`MIN_GROUP_BYTES` and :data:`MAX_GROUP_BYTES` (:data:`MEMORY_GROUP_BYTES` at most
+    when the position files are in memory: a group read is a copy beside them)."""
+    most = MEMORY_GROUP_BYTES if in_memory else MAX_GROUP_BYTES
+    return int(min(most, max(MIN_GROUP_BYTES, memory_limit // 8)))
 
 
 def move_to_groups(files: SpillFiles, key_dtype: np.dtype[np.integer], batch_size: npt.NDArray[np.int64],

@@ -16,6 +16,7 @@ records its target frames, ``plan.json`` the predicted figures of the re-planned
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Iterator
@@ -26,36 +27,15 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bucketing.allocate import assign
-from bucketing.balance import DEFAULT_BALANCE
-from bucketing.dynres import DynResConfig, batch_targets
-from bucketing.fit import grid_from_spec
-from bucketing.groups import regroup
 from bucketing.costmodel import CostModel
-from bucketing.plan import PlanError, PlanInputs, plan_epoch
-from dataprep.planning.build import (
-    EpochTotals,
-    ManifestColumns,
-    memory_limit_of,
-    plan_extra,
-    plans_out_of_core,
-    spill_for_plan,
-    DynResTotals,
-    batch_sizes_of,
-    write_epoch,
-)
-from manifests.buckets_file import parse_buckets
+from bucketing.dynres import DynResConfig
+from bucketing.fit import grid_from_spec
+from dataprep.planning.build import memory_limit_of, spill_for_plan, spills_to_disk
+from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_extra
 from dataprep.planning.options import PlanOptions
-from dataprep.planning.out_of_core import (
-    check_bucket_fits,
-    draw_epoch,
-    ROW_COUNT_BYTES,
-    draw_rows,
-    plan_epoch_identical_spilled,
-    plan_epoch_spilled,
-    write_epoch_spilled,
-)
-from dataprep.planning.weights import WeightedEpochs, blend_of, weighted_epochs
+from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows
+from dataprep.planning.weights import WeightedEpochs, blend_of
+from manifests.buckets_file import parse_buckets
 from manifests.errors import DataprepError, OptionError
 from manifests.hash_cache import require_manifest_hash
 from manifests.options import check_int
@@ -63,27 +43,11 @@ from manifests.plan_files import PlanShard, PlanWriter
 from manifests.plan_meta import PlanMeta, ReplanInfo, read_plan_meta
 from manifests.spill import remove_spill, retained_heap, spill_dir
 
-#: Tolerance of the balanced steps a re-plan falls back to for the unseen rest of an epoch when
-#: one-bucket steps would drop some of it (tiny buckets of batch size 1).
-REST_BALANCE = DEFAULT_BALANCE
-
 
 def epoch_of_step(meta: PlanMeta, step: int) -> int:
     """The epoch holding global ``step`` (``epochs`` when ``step == num_steps``)."""
     starts = np.asarray(meta.first_step_of_epoch + [meta.num_steps])
     return int(np.searchsorted(starts, step, side="right") - 1) if step < meta.num_steps else meta.epochs
-
-
-def unseen_rows(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int,
-                epoch: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
-    """(manifest rows, their buckets) of the parent's batches of ``epoch`` at steps >= ``at_step``
-    on every rank: what no rank has seen of that epoch when steps < ``at_step`` are consumed."""
-    rows, buckets = [], []
-    for t in _unseen_tables(plan_dir, meta, at_step, epoch, ["epoch", "bucket", "size", "rows"]):
-        rows.append(pc.list_flatten(t.column("rows")).to_numpy())
-        buckets.append(np.repeat(t.column("bucket").to_numpy(), t.column("size").to_numpy()))
-    return (np.concatenate(rows).astype(np.int64) if rows else np.empty(0, np.int64),
-            np.concatenate(buckets).astype(np.int32) if buckets else np.empty(0, np.int32))
 
 
 def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], out_dir: str | os.PathLike[str],
@@ -104,61 +68,53 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     dynres_config = _dynres_config(plan_dir, meta, options)
     require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
     spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
-    bs = batch_sizes_of(spec, f"{plan_dir}/plan.json")
+    bs = meta.batch_sizes
     grid = grid_from_spec(spec)
-    if plans_out_of_core(manifest, options):
-        with retained_heap():
-            return _replan_out_of_core(plan_dir, manifest, out_dir, options, meta, at_step, group,
-                                       memory_limit_of(options), dynres_config)
-    cols = ManifestColumns.read(manifest)
-    options.check_rows(cols.duration.shape[0])  # before any per-rank allocation
     tol = meta.balance.tolerance if meta.balance is not None else 0.0
     strict = bool(meta.allocation.get("strict", False))
-    assigned = assign(cols.duration, cols.num_tokens, grid, bs, strict=strict, carry=carry,
-                      world_size=None if tol > 0 else world_size)
-    max_tokens = assigned.max_tokens.astype(np.float64)
     e0 = epoch_of_step(meta, at_step)
-    rows, buckets = unseen_rows(plan_dir, meta, at_step, e0)
-    rest_bucket = np.full(cols.duration.shape[0], -1, dtype=np.int32)
-    # the unseen rows in the buckets the allocation gives them (the parent's fallbacks, e.g. rows
-    # borrowed by a bucket of batch size 1, are re-decided for the new world size)
-    rest_bucket[rows] = np.where(assigned.bucket[rows] >= 0, assigned.bucket[rows], buckets)
-    weighted = _weighted(meta, manifest, assigned.bucket, cols.duration, options, e0)
-    totals = EpochTotals(len(spec.buckets))
-    dynres = DynResTotals(dynres_config, len(spec.buckets)) if dynres_config is not None else None
-    with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
-                    target_frames=dynres_config is not None) as writer:
-        first = at_step
-        for e in range(e0, meta.epochs):
-            b = rest_bucket if e == e0 else assigned.bucket
-            inputs = PlanInputs(b, bs, cols.duration, cols.num_tokens, grid.max_duration, max_tokens)
-            if e == e0:  # the unseen multiset (weighted: a row may repeat), ascending as an epoch's
-                inputs = dataclasses.replace(inputs, rows=np.sort(rows))
-            elif weighted is not None:
-                inputs = weighted.epoch_inputs(inputs, e)
-            try:
-                ep = plan_epoch(inputs, world_size, meta.seed, e, interleave=meta.interleave,  # type: ignore[arg-type]
-                                balance=tol, cost=cost)
-                if e == e0 and ep.dropped.shape[0]:
-                    # one-bucket steps cannot place every unseen row: balanced steps place all
-                    # (the parent planned them, so this epoch must see them); counted
-                    ep = plan_epoch(inputs, world_size, meta.seed, e, interleave=meta.interleave,  # type: ignore[arg-type]
-                                    balance=REST_BALANCE, cost=cost)
-                    ep.fallbacks.append({"kind": "balanced_rest", "from": -1, "to": -1, "rows": int(rows.shape[0])})
-            except PlanError as exc:
-                raise DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {world_size} "
-                                    f"ranks: {exc}; re-plan at another step") from None
-            ep = regroup(ep, group, meta.seed)
+    recorded = meta.extra.get("weights")
+    parent = _parent_weighting(meta, options)
+    blend = blend_of(manifest, parent, tree=recorded.get("tree")) if isinstance(recorded, dict) else None
+    num_corpora = 0 if blend is None else len(blend.probabilities)
+    limit = memory_limit_of(options)
+    root = spill_dir(out_dir) if spills_to_disk(manifest, options) else None
+    try:
+        # on disk: bucket-sized arrays reused, not zeroed afresh (see retained_heap); in memory the
+        # spill's own columns fill the heap, and freed blocks given back keep the peak the corpus's
+        with retained_heap() if root is not None else contextlib.nullcontext():
+            corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, parent, strict=strict,
+                                              epochs=meta.epochs - e0, limit=limit,
+                                              world_size=None if tol > 0 else world_size,
+                                              ids_once=tol > 0 and meta.epochs - e0 == 1,  # one bucket per step: kept
+                                              drawn=True)  # the unseen rest's times drawn
+            options.check_rows(corpus.num_rows)  # before any per-rank allocation
             if weighted is not None:
-                weighted.add(ep, cols.duration, cols.num_tokens)
-            write_epoch(writer, ep, cols.ids, first, lambda r: None, dynres_config, last=e == meta.epochs - 1)
-            totals.add(ep, first, bs, cost)
-            if dynres is not None:
-                dynres.add(ep, cols.duration)
-            first += ep.num_steps
-        extra = plan_extra(weighted, dynres)
-        return writer.finish(_replan_meta(meta, world_size, at_step, totals, assigned.carried, assigned.carry, tol,
-                                          group, extra))
+                _check_recorded_quotas(meta, weighted)
+            rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0), num_corpora,
+                                    block_rows=max(1, limit // (2 * ROW_COUNT_BYTES)))
+            if stray:
+                raise DataprepError(f"{plan_dir}: {stray} of the rows the plan has not trained are in no bucket of "
+                                    "the re-plan's allocation (another manifest?)")
+            totals = EpochTotals(len(spec.buckets))
+            loop = EpochLoop(corpus, grid, bs, world_size, meta.seed, meta.interleave, tol, cost or CostModel(),
+                             group, limit, row_group_steps, str(manifest), weighted,
+                             DynResTotals(dynres_config, len(spec.buckets)) if dynres_config is not None else None)
+
+            def error(e: int, exc: Exception) -> DataprepError:
+                return DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {world_size} "
+                                     f"ranks: {exc}; re-plan at another step")
+
+            with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
+                            target_frames=dynres_config is not None) as writer:
+                loop.run(writer, range(e0, meta.epochs), at_step, totals, last=meta.epochs - 1, rest=e0,
+                         draw_of=lambda e: rest if e == e0 else None if weighted is None
+                         else draw_epoch(corpus, weighted.sampler, e), error=error)
+                return writer.finish(_replan_meta(meta, world_size, at_step, totals, corpus.carried, corpus.carry,
+                                                  tol, group, plan_extra(weighted, loop.dynres)))
+    finally:
+        if root is not None:
+            remove_spill(root)
 
 
 def _replan_meta(meta: PlanMeta, world_size: int, at_step: int, totals: EpochTotals, carried: int, carry: bool,
@@ -182,86 +138,10 @@ def _replan_meta(meta: PlanMeta, world_size: int, at_step: int, totals: EpochTot
     )
 
 
-def _replan_out_of_core(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str],
-                        out_dir: str | os.PathLike[str], options: PlanOptions, meta: PlanMeta, at_step: int,
-                        group: int, limit: int, config: DynResConfig | None) -> PlanMeta:
-    """:func:`replan` of a manifest whose in-memory re-plan would exceed ``limit`` bytes: the
-    spill of :mod:`dataprep.planning.out_of_core`, the unseen rest of the epoch drawn from the
-    parent's shards (:func:`~dataprep.planning.out_of_core.draw_rows`), later epochs as
-    ``plan-batches`` plans them out of core. The same bytes as in memory."""
-    W, tol = options.world_size, meta.balance.tolerance if meta.balance is not None else 0.0
-    strict = bool(meta.allocation.get("strict", False))
-    spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
-    bs, grid = batch_sizes_of(spec, f"{plan_dir}/plan.json"), grid_from_spec(spec)
-    e0 = epoch_of_step(meta, at_step)
-    recorded = meta.extra.get("weights")
-    parent = _parent_weighting(meta, options)
-    blend = blend_of(manifest, parent, tree=recorded.get("tree")) if isinstance(recorded, dict) else None
-    num_corpora = 0 if blend is None else len(blend.probabilities)
-    root = spill_dir(out_dir)
-    try:
-        corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, parent, strict=strict,
-                                          epochs=meta.epochs - e0, limit=limit, world_size=None if tol > 0 else W,
-                                          ids_once=tol > 0 and meta.epochs - e0 == 1,  # one bucket per step: kept
-                                          drawn=True)  # the unseen rest's times drawn
-        if weighted is not None:
-            _check_recorded_quotas(meta, weighted)
-        rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0), num_corpora,
-                                block_rows=max(1, limit // (2 * ROW_COUNT_BYTES)))
-        if stray:
-            raise DataprepError(f"{plan_dir}: {stray} of the rows the plan has not trained are in no bucket of the "
-                                "re-plan's allocation (another manifest?)")
-        totals = EpochTotals(len(spec.buckets))
-        dynres = DynResTotals(config, len(spec.buckets)) if config is not None else None
-        cost = options.cost or CostModel()
-        with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps, target_frames=config is not None) as writer:
-            first = at_step
-            for e in range(e0, meta.epochs):
-                draw = rest if e == e0 else None if weighted is None else draw_epoch(corpus, weighted.sampler, e)
-                if draw is not None:
-                    check_bucket_fits(manifest, draw.counts, bs, limit)
-                final = e == meta.epochs - 1
-                figures = None if config is None else DynResTotals(config, len(spec.buckets))  # this epoch's
-                measure = None if figures is None else figures.add_batches
-                try:
-                    if tol > 0:
-                        lay = plan_epoch_spilled(corpus, bs, W, meta.seed, e, interleave=meta.interleave, tolerance=tol,
-                                                 cost=cost, group=group, final=final, draw=draw, measure=measure)
-                    else:
-                        lay = plan_epoch_identical_spilled(corpus, grid, bs, W, meta.seed, e,
-                                                           interleave=meta.interleave, group=group,
-                                                           final=final and e > e0, draw=draw,  # ids kept for
-                                                           measure=measure)  # the fallback below
-                        if e == e0 and lay.ep.dropped.shape[0]:  # as in memory: the rest in balanced steps
-                            figures = None if config is None else DynResTotals(config, len(spec.buckets))
-                            measure = None if figures is None else figures.add_batches
-                            lay = plan_epoch_spilled(corpus, bs, W, meta.seed, e, interleave=meta.interleave,
-                                                     tolerance=REST_BALANCE, cost=cost, group=group, final=final,
-                                                     draw=draw, measure=measure)
-                            lay.ep.fallbacks.append({"kind": "balanced_rest", "from": -1, "to": -1,
-                                                     "rows": int(rest.counts.sum())})
-                except (DataprepError, PlanError) as exc:
-                    raise DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {W} ranks: "
-                                        f"{exc}") from None
-                if weighted is not None and lay.groups is not None:
-                    weighted.add_totals(lay.groups)
-                if dynres is not None and figures is not None:
-                    dynres.merge(figures)
-                write_epoch_spilled(writer, lay, corpus, first, options.row_group_steps, lambda r: None,
-                                    None if config is None else batch_targets(lay.ep.max_duration, config),
-                                    memory_limit=limit, last=final)
-                totals.add(lay.ep, first, bs, cost)
-                first += lay.ep.num_steps
-            extra = plan_extra(weighted, dynres)
-            return writer.finish(_replan_meta(meta, W, at_step, totals, corpus.carried,
-                                              corpus.carry, tol, group, extra))
-    finally:
-        remove_spill(root)
-
-
 def _unseen_blocks(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int,
                    epoch: int) -> Iterator[npt.NDArray[np.int64]]:
-    """The rows of :func:`unseen_rows`, one row group of one shard at a time."""
+    """The manifest rows of the parent's batches of ``epoch`` at steps >= ``at_step`` on every
+    rank (what no rank has seen of that epoch), one row group of one shard at a time."""
     for t in _unseen_tables(plan_dir, meta, at_step, epoch, ["epoch", "rows"]):
         yield pc.list_flatten(t.column("rows")).to_numpy().astype(np.int64)
 
@@ -288,20 +168,6 @@ def _check_recorded_quotas(meta: PlanMeta, weighted: WeightedEpochs) -> None:
     corpora = recorded.get("corpora", []) if isinstance(recorded, dict) else []
     if [int(c["quota"]) for c in corpora] != weighted.quota.tolist():
         raise DataprepError("plan.json: weights: the recorded quotas differ from the manifest's (another manifest?)")
-
-
-def _weighted(meta: PlanMeta, manifest: str | os.PathLike[str], bucket: npt.NDArray[np.int32],
-              duration: npt.NDArray[np.float64], options: PlanOptions, e0: int) -> WeightedEpochs | None:
-    """A weighted parent's corpora, quotas and row draws: epochs after ``e0`` (whose rest is
-    the unseen multiset) draw exactly the rows the parent drew."""
-    recorded = meta.extra.get("weights")
-    if not isinstance(recorded, dict):
-        return None
-    weighted = weighted_epochs(manifest, bucket, duration, _parent_weighting(meta, options), tree=recorded.get("tree"))
-    if weighted is None:
-        raise DataprepError("plan.json: weights: the recorded quotas differ from the manifest's (another manifest?)")
-    _check_recorded_quotas(meta, weighted)
-    return weighted
 
 
 def _sync_group(meta: PlanMeta, options: PlanOptions) -> int:

@@ -5,14 +5,13 @@ tree (weights, temperatures) in its metadata; ``--weights CORPUS=W ... --tempera
 override it. :func:`weighted_epochs` turns them into a :class:`WeightedEpochs`: NeMo's
 probabilities, each corpus's exact quota per epoch and the sampler that picks its rows
 (:mod:`bucketing.quota`). The planner then plans each epoch over that epoch's multiset of rows
-instead of every row once (:meth:`WeightedEpochs.epoch_inputs` sets ``PlanInputs.rows``; a row
-taken twice is batched twice). Without weights nothing here runs and plans stay byte for byte
+instead of every row once (:func:`dataprep.planning.draw.draw_epoch`; a row taken
+twice is batched twice). Without weights nothing here runs and plans stay byte for byte
 the unweighted ones.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Mapping
@@ -22,22 +21,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.padding import GROUP_TICKS_PER_SECOND, exact_bincount, group_json, group_padding
-from bucketing.plan import EpochPlan, PlanInputs
+from bucketing.padding import GROUP_TICKS_PER_SECOND, group_json
 from bucketing.quota import (
     QuotaError,
     QuotaSampler,
     blend_probabilities,
-    group_rows,
     epoch_size_for_hours,
     flat_tree,
     is_weighted,
     quotas,
 )
 from dataprep.planning.options import PlanOptions
-from manifests.arrow_views import numpy_view, single_chunk
-from manifests.corpus_codes import corpus_names, iter_corpus_codes, read_corpus_codes
 from manifests.errors import DataprepError, OptionError
+from manifests.arrow_views import numpy_view, single_chunk
+from manifests.corpus_codes import corpus_names, iter_corpus_codes
 from manifests.manifest_read import read_metadata
 
 
@@ -82,8 +79,6 @@ class WeightedEpochs:
     probabilities: npt.NDArray[np.float64]
     quota: npt.NDArray[np.int64]
     rows: npt.NDArray[np.int64]  # plannable rows per corpus
-    #: corpus index per manifest row, -1 if in no bucket (int16 below 32768 corpora); None out of core
-    corpus_of_row: npt.NDArray[np.integer] | None
     sampler: QuotaSampler
     source: str
     tree: dict[str, Any]
@@ -91,23 +86,9 @@ class WeightedEpochs:
     epoch_size: int
     _totals: npt.NDArray[np.int64] = field(init=False)  # bucketing.padding.group_padding, summed
     _epochs: int = field(default=0, init=False)
-    _groups: tuple[npt.NDArray[np.integer], npt.NDArray[np.int64]] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self._totals = np.zeros((5, len(self.names)), dtype=np.int64)
-
-    def epoch_inputs(self, inputs: PlanInputs, epoch: int) -> PlanInputs:
-        """The planner's inputs for ``epoch``: ``inputs`` with the epoch's multiset of rows."""
-        assert self.corpus_of_row is not None
-        if self._groups is None:  # the rows by corpus, once for every epoch (4 bytes a row)
-            self._groups = group_rows(self.corpus_of_row, len(self.names))
-        return dataclasses.replace(inputs, rows=self.sampler.epoch_rows(self._groups, epoch))
-
-    def add(self, ep: EpochPlan, duration: npt.NDArray[np.float64], tokens: npt.NDArray[np.int64]) -> None:
-        """Count a planned epoch (manifest rows) per corpus: real and padded seconds and tokens."""
-        assert self.corpus_of_row is not None
-        self.add_totals(group_padding(ep.rows, ep.sizes(), ep.max_duration, ep.max_tokens, duration, tokens,
-                                      self.corpus_of_row, len(self.names)))
 
     def add_totals(self, totals: npt.NDArray[np.int64]) -> None:
         """Count a planned epoch by its :func:`bucketing.padding.group_padding` totals."""
@@ -175,8 +156,7 @@ def unknown_corpus_error(manifest: str | os.PathLike[str], names: list[str]) -> 
 
 
 def weighting(manifest: str | os.PathLike[str], blend: Blend, rows: npt.NDArray[np.int64],
-              micros: npt.NDArray[np.int64], opts: PlanOptions,
-              corpus_of_row: npt.NDArray[np.integer] | None = None) -> WeightedEpochs:
+              micros: npt.NDArray[np.int64], opts: PlanOptions) -> WeightedEpochs:
     """The quotas and sampler of ``blend`` over corpora of ``rows`` plannable rows holding
     ``micros`` microseconds each (:data:`bucketing.padding.GROUP_TICKS_PER_SECOND`, exact
     sums: the epoch size for ``--epoch-hours`` does not depend on how they were summed)."""
@@ -195,30 +175,7 @@ def weighting(manifest: str | os.PathLike[str], blend: Blend, rows: npt.NDArray[
     except QuotaError:
         empty = [names[c] for c in np.flatnonzero((rows == 0) & (q > 0))]
         raise DataprepError(f"{manifest}: corpus {empty[0]!r} has a quota but no row in a bucket") from None
-    return WeightedEpochs(names, p, q, rows, corpus_of_row, sampler, blend.source, blend.tree, opts.temperature, n)
-
-
-def weighted_epochs(manifest: str | os.PathLike[str], bucket_of_row: npt.NDArray[np.integer],
-                    duration: npt.NDArray[np.float64], opts: PlanOptions,
-                    tree: Mapping[str, Any] | None = None) -> WeightedEpochs | None:
-    """The weighting of an in-memory plan of ``manifest`` (None: unweighted, every row once
-    per epoch; :func:`blend_of` says where the weights come from). Only rows in a bucket
-    (``bucket_of_row >= 0``) are drawn."""
-    blend = blend_of(manifest, opts, tree)
-    if blend is None:
-        return None
-    names = list(blend.probabilities)
-    got = read_corpus_codes(manifest, names)
-    if got is None:
-        raise DataprepError(f"{manifest}: has no corpus column (compile an input_cfg blend to weigh corpora)")
-    codes = got[0] if len(names) >= 2**15 else got[0].astype(np.int16)  # 2 bytes a row for < 32768 corpora
-    if (codes < 0).any():
-        raise unknown_corpus_error(manifest, names)
-    plannable = np.where(np.asarray(bucket_of_row) >= 0, codes, codes.dtype.type(-1))
-    keep = plannable >= 0
-    rows = np.bincount(plannable[keep], minlength=len(names)).astype(np.int64)
-    micros = exact_bincount(plannable[keep], np.rint(duration[keep] * GROUP_TICKS_PER_SECOND), len(names))
-    return weighting(manifest, blend, rows, micros, opts, plannable)
+    return WeightedEpochs(names, p, q, rows, sampler, blend.source, blend.tree, opts.temperature, n)
 
 
 #: manifest rows whose corpus codes ``check_quotas`` holds at once (int32: 256 MiB); a bigger

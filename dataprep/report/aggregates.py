@@ -34,7 +34,7 @@ from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from bucketing.plan import PlanError
-from dataprep.planning.simulate import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
+from dataprep.planning import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
 from dataprep.report.padding import batch_sizes_for, spec_padding_report
 from dataprep.report.exact import SELECT_BUDGET, ExactSums
 from dataprep.report.stats import QUANTILES, Block, ManifestStats, stream_stats

@@ -7,7 +7,7 @@ Both paths measure every scheme from rows read one part or one bucket at a time
 1. the 1D duration grid: the streamed exact fit (:func:`dataprep.report.stream_fit.streamed_fit_spec`,
    one bucket per duration bin, equal occupancy as ``fit_buckets`` in memory);
 2. the 1D and the 2D buckets: the out-of-core planner's spill
-   (:func:`dataprep.planning.out_of_core.spill_manifest`: allocation in blocks, rows spilled
+   (:func:`dataprep.planning.spill_manifest`: allocation in blocks, rows spilled
    by bucket, tails carried as edits; no ids, the corpus codes for the per-corpus table);
 3. the fixed schemes: one pass that appends each row of at most ``L`` s to its scatter part
    (:func:`bucketing.padding.scatter_part`, a hash of the row: the parts the in-memory path
@@ -15,13 +15,13 @@ Both paths measure every scheme from rows read one part or one bucket at a time
 4. the 2D rows' durations and rates in batch order (the rate-vs-duration samples).
 
 Memory: one block of the manifest, then one bucket (the planner's bound,
-:func:`dataprep.planning.out_of_core.planning_bytes`) or one scatter part
+:func:`dataprep.planning.spill.planning_bytes`) or one scatter part
 (:data:`bucketing.padding.SCATTER_ROWS` rows). Disk: about 85 bytes per row in all (the fit's
 16, the 1D and 2D spills' 20 each and 4 more for corpus codes, 12 per fixed length, the rate
 store's 16), under a directory next to the manifest, removed at the end.
 
 ``--world-sizes``: the 2D spill is made without carrying tails, then carried as edits
-(:func:`dataprep.planning.out_of_core.carry_spilled`); each world size's epoch 0 is planned out
+(:func:`dataprep.planning.carry_spilled`); each world size's epoch 0 is planned out
 of core from it (:func:`spilled_steps`: per-batch figures, one bucket in memory at a time, and
 a position file of 4 bytes per row), the same figures as ``steps_report`` in memory.
 """
@@ -45,7 +45,7 @@ from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, Grid, grid
 from bucketing.padding import BucketedRows, scatter_count, scatter_part, schemes_report
 from bucketing.plan import EpochPlan
 from bucketing.steps_report import steps_rows
-from dataprep.planning.out_of_core import SpilledCorpus, carry_spilled, plan_epoch_figures, spill_manifest
+from dataprep.planning import SpilledCorpus, carry_spilled, plan_epoch_figures, spill_manifest
 from dataprep.report.stream_fit import streamed_fit_spec
 from manifests.corpus_codes import corpus_names, iter_corpus_codes
 from manifests.manifest_read import iter_manifest
@@ -72,7 +72,7 @@ def spilled_buckets(corpus: SpilledCorpus) -> BucketedRows:
 def spilled_steps(uncarried: SpilledCorpus, carried: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64],
                   world_sizes: list[int], balance: float, *, seed: int = 0) -> list[dict[str, Any]]:
     """:func:`bucketing.steps_report.steps_report`'s rows from epochs planned out of core
-    (:func:`dataprep.planning.out_of_core.plan_epoch_figures`) on the 2D spill, without and
+    (:func:`dataprep.planning.plan_epoch_figures`) on the 2D spill, without and
     with its tails carried (``carried`` is ``uncarried`` where they are not): balanced epochs
     and a world size whose every bucket fills a step take the carried one, as
     :func:`bucketing.allocate.assign` decides in memory."""
@@ -130,11 +130,11 @@ def spilled_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt
                                      token_fence=DEFAULT_TOKEN_FENCE)
         grid1 = grid_from_spec(spec1)
         bs1 = padded_budget_batch_sizes(grid1.max_duration, max_duration_budget=budget)
-        one_d = spilled_buckets(spill_manifest(manifest, grid1, bs1, _sub(root, "1d"), strict=False, carry=False,
+        one_d = spilled_buckets(spill_manifest(manifest, grid1, bs1, _sub(root, "1d"), strict=False,
                                                memory_limit=memory_limit, ids=False))
         names = corpus_names(manifest)
         codes = None if names is None else iter_corpus_codes(manifest, names, TOTALS_BLOCK)
-        uncarried = spill_manifest(manifest, grid, bs, _sub(root, "2d"), strict=strict, carry=False,
+        uncarried = spill_manifest(manifest, grid, bs, _sub(root, "2d"), strict=strict,
                                    memory_limit=memory_limit, ids=False, codes=codes)
         carried = carry_spilled(uncarried, grid, bs, manifest, memory_limit) if carry and not strict else uncarried
         two_d = spilled_buckets(carried)

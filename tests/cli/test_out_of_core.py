@@ -1,10 +1,14 @@
-"""Out-of-core planning (dataprep.planning.out_of_core): under a --memory-limit smaller than the
-in-memory plan needs, plan-batches spills by bucket and writes the same plan, shard for shard,
-byte for byte (hypothesis over random corpora, world sizes, seeds, sync groups and options);
-a limit no bucket fits in, or a plan out-of-core cannot make, is a one-line error."""
+"""Planning by spill (dataprep.planning.spill, .layout, .shards, .disk): a corpus that fits --memory-limit keeps its
+spill in memory and writes nothing to disk; under a smaller limit plan-batches and replan spill
+by bucket to disk (observed: the spill folder holds files as the plan is published) and write
+the same plan, shard for shard, byte for byte (hypothesis over random corpora, world sizes,
+seeds, sync groups and options; the golden pipeline pins the bytes themselves); a limit no
+bucket fits in, or a plan a spill on disk cannot make, is a one-line error."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +20,11 @@ from typer.testing import CliRunner
 
 from bucketing.dynres import DynResConfig
 from dataprep.cli import app
-from dataprep.planning import PlanOptions, build_plan, out_of_core, rank_files
+from dataprep.planning import PlanOptions, build_plan, carry_spilled, disk, layout, rank_files, shards, spill
 from dataprep.testing import write_plan_inputs
 from manifests.buckets_file import read_buckets
 from manifests.errors import DataprepError
-from manifests.plan_files import shard_name
+from manifests.plan_files import PlanWriter, shard_name
 from manifests.plan_meta import read_plan_meta
 from manifests.spill import spill_dir
 
@@ -35,6 +39,24 @@ def _same_plan(a: Path, b: Path, world_size: int) -> None:
 
 def _no_spill_left(folder: Path) -> None:
     assert not [p for p in folder.iterdir() if ".spill-" in p.name]
+
+
+@contextlib.contextmanager
+def _spilled(folder: Path) -> Iterator[list[int]]:
+    """Inside, each plan published next to others in ``folder`` appends the bytes of the spill
+    folders there at that moment (:meth:`PlanWriter.finish`: the spill is not yet removed);
+    0 when the plan spilled nothing to disk."""
+    seen: list[int] = []
+    finish = PlanWriter.finish
+
+    def watched(self: PlanWriter, meta):  # type: ignore[no-untyped-def]
+        seen.append(sum(f.stat().st_size for d in folder.iterdir() if ".spill-" in d.name
+                        for f in d.rglob("*") if f.is_file()))
+        return finish(self, meta)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(PlanWriter, "finish", watched)
+        yield seen
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -88,24 +110,27 @@ def _compare(tmp: Path, m: Path, b: Path, opts: dict, n: int, order_rows: int | 
     chunks of ``id_chunk``, shards written from rank groups of ``groups`` = (most bytes, rows
     moved at once, rows of a part)); the same bytes."""
     try:
-        build_plan(m, b, tmp / "mem", PlanOptions(**opts))
+        with _spilled(tmp) as seen:
+            build_plan(m, b, tmp / "mem", PlanOptions(**opts))
+        assert seen == [0]  # the corpus fits: its spill is in memory
     except DataprepError:
         assume(False)  # e.g. fewer utterances than ranks: nothing to compare
     try:
-        with pytest.MonkeyPatch.context() as mp:
+        with pytest.MonkeyPatch.context() as mp, _spilled(tmp) as seen:
             if order_rows is not None:
-                mp.setattr(out_of_core, "ORDER_ROWS", order_rows)
+                mp.setattr(layout, "ORDER_ROWS", order_rows)
             if id_chunk is not None:
-                mp.setattr(out_of_core, "ID_CHUNK_ROWS", id_chunk)
+                mp.setattr(spill, "ID_CHUNK_ROWS", id_chunk)
             if groups is not None:
                 mp.setattr(rank_files, "MAX_GROUP_BYTES", groups[0])
                 mp.setattr(rank_files, "MOVE_ROWS", groups[1])
-                mp.setattr(out_of_core, "PART_ROWS", groups[2])
+                mp.setattr(shards, "PART_ROWS", groups[2])
             build_plan(m, b, tmp / "ooc", PlanOptions(**opts, memory_limit=n * 100 - 1))  # below the in-memory need
     except DataprepError as exc:
-        # the in-memory plan fell back to one-bucket steps, or (few buckets) one bucket needs more
+        # the plan in memory fell back to one-bucket steps in its last epoch, or (few buckets) one bucket needs more
         assert "cannot fill whole balanced steps" in str(exc) or "--memory-limit: bucket" in str(exc)
         assume(False)
+    assert len(seen) == 1 and seen[0] > 0  # spilled to disk
     W = opts["world_size"]
     _same_plan(tmp / "mem", tmp / "ooc", W)
     _no_spill_left(tmp)
@@ -114,16 +139,20 @@ def _compare(tmp: Path, m: Path, b: Path, opts: dict, n: int, order_rows: int | 
 def test_cli_memory_limit_spills_and_equals(tmp_path: Path) -> None:
     m, b = write_plan_inputs(tmp_path, 20000, seed=4, num_buckets=8)
     common = ["plan-batches", str(m), "--buckets", str(b), "--world-size", "8", "--epochs", "2"]
-    for out, extra in (("mem", []), ("ooc", ["--memory-limit", "1MiB"])):
-        res = runner.invoke(app, [*common, "-o", str(tmp_path / out), *extra])
-        assert res.exit_code == 0, res.output
+    with _spilled(tmp_path) as seen:
+        for out, extra in (("mem", []), ("ooc", ["--memory-limit", "1MiB"])):
+            res = runner.invoke(app, [*common, "-o", str(tmp_path / out), *extra])
+            assert res.exit_code == 0, res.output
+    assert seen[0] == 0 and seen[1] > 0  # the default limit holds the corpus in memory; 1 MiB spills it
     _same_plan(tmp_path / "mem", tmp_path / "ooc", 8)
     _no_spill_left(tmp_path)
     step = str(read_plan_meta(tmp_path / "mem").num_steps // 3)  # inside epoch 0: its unseen rest re-planned
-    for out, extra in (("re-mem", []), ("re-ooc", ["--memory-limit", "1MiB"])):
-        res = runner.invoke(app, ["replan", str(tmp_path / "mem"), "--manifest", str(m), "--at-step", step,
-                                  "--world-size", "6", "-o", str(tmp_path / out), *extra])
-        assert res.exit_code == 0, res.output
+    with _spilled(tmp_path) as seen:
+        for out, extra in (("re-mem", []), ("re-ooc", ["--memory-limit", "1MiB"])):
+            res = runner.invoke(app, ["replan", str(tmp_path / "mem"), "--manifest", str(m), "--at-step", step,
+                                      "--world-size", "6", "-o", str(tmp_path / out), *extra])
+            assert res.exit_code == 0, res.output
+    assert seen[0] == 0 and seen[1] > 0
     _same_plan(tmp_path / "re-mem", tmp_path / "re-ooc", 6)
     _no_spill_left(tmp_path)
     res = runner.invoke(app, ["replan", str(tmp_path / "mem"), "--manifest", str(m), "--at-step", step,
@@ -168,11 +197,13 @@ def test_batches_cut_into_pieces_equal_in_memory(tmp_path: Path, carry: bool, we
                 dynamic_resolution=DynResConfig() if carry else None)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(batching, "even_batch_counts", one_more)
-        mp.setattr(out_of_core, "even_batch_counts", one_more)
-        mp.setattr(out_of_core, "ORDER_ROWS", 64)
-        mp.setattr(out_of_core, "ID_CHUNK_ROWS", 30)
-        meta = build_plan(m, b, tmp_path / "mem", PlanOptions(**opts))
-        build_plan(m, b, tmp_path / "ooc", PlanOptions(**opts, memory_limit=700 * 100 - 1))
+        mp.setattr(layout, "even_batch_counts", one_more)
+        mp.setattr(layout, "ORDER_ROWS", 64)
+        mp.setattr(spill, "ID_CHUNK_ROWS", 30)
+        with _spilled(tmp_path) as seen:
+            meta = build_plan(m, b, tmp_path / "mem", PlanOptions(**opts))
+            build_plan(m, b, tmp_path / "ooc", PlanOptions(**opts, memory_limit=700 * 100 - 1))
+    assert seen[0] == 0 and seen[1] > 0
     assert "split_batches\": 0" not in (tmp_path / "mem" / "plan.json").read_text(), meta
     _same_plan(tmp_path / "mem", tmp_path / "ooc", 7)
 
@@ -184,7 +215,7 @@ def test_too_little_disk_is_refused_before_anything_is_written(tmp_path: Path, m
     from collections import namedtuple
 
     m, b = write_plan_inputs(tmp_path, 3000, seed=6, num_buckets=3)
-    need = out_of_core.disk_bytes(m, 2).peak
+    need = disk.disk_bytes(m, 2).peak
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda where: usage(need * 4, need * 3 + 1, need - 1))
     res = runner.invoke(app, ["plan-batches", str(m), "--buckets", str(b), "--world-size", "4", "--epochs", "2",
@@ -221,7 +252,7 @@ def test_the_disk_is_checked_again_once_the_spill_is_written(tmp_path: Path, mon
 
 @pytest.mark.parametrize("epochs", [1, 3])
 def test_disk_estimate_covers_the_spill_and_the_plan(tmp_path: Path, epochs: int) -> None:
-    """What :func:`out_of_core.disk_bytes` reserves is at least what the spill files, an
+    """What :func:`disk.disk_bytes` reserves is at least what the spill files, an
     epoch's position files and the plan's shards take, and not twice that: the spill's ids
     removed by a plan's only (last) epoch, kept (beside the position files' copy) by one of
     several."""
@@ -233,25 +264,26 @@ def test_disk_estimate_covers_the_spill_and_the_plan(tmp_path: Path, epochs: int
     from bucketing.costmodel import CostModel
     from bucketing.fit import grid_from_spec
 
-    corpus = out_of_core.spill_manifest(m, grid_from_spec(spec), bs, root, strict=False, carry=True,
-                                        memory_limit=1 << 30)
-    need = out_of_core.disk_bytes(m, epochs, largest=int(corpus.counts.max()))
+    grid = grid_from_spec(spec)
+    corpus = carry_spilled(spill.spill_manifest(m, grid, bs, root, strict=False, memory_limit=1 << 30),
+                           grid, bs, m, 1 << 30)
+    need = disk.disk_bytes(m, epochs, largest=int(corpus.counts.max()))
     assert need.spill >= sum(p.stat().st_size for p in root.iterdir())
-    out_of_core.plan_epoch_spilled(corpus, bs, 4, 0, 0, interleave="random", tolerance=0.05, cost=CostModel(), group=4,
+    layout.balanced_or_none(corpus, bs, 4, 0, 0, interleave="random", tolerance=0.05, cost=CostModel(), group=4,
                                    final=epochs == 1)
     assert (root / "b0.ids.data").exists() == (epochs > 1)
     spilled = sum(p.stat().st_size for p in root.iterdir())
     build_plan(m, b, tmp_path / "p", PlanOptions(world_size=4, epochs=epochs, memory_limit=5000 * 100 - 1))
     plan = sum(p.stat().st_size for p in (tmp_path / "p").iterdir())
     assert spilled + plan <= need.peak < 2 * (spilled + plan)
-    assert need.peak == out_of_core.disk_bytes(m, epochs).peak  # no bucket gathers its ids through a scratch copy
-    assert out_of_core.disk_bytes(m, 1, ids_once=False).peak > out_of_core.disk_bytes(m, 1).peak
+    assert need.peak == disk.disk_bytes(m, epochs).peak  # no bucket gathers its ids through a scratch copy
+    assert disk.disk_bytes(m, 1, ids_once=False).peak > disk.disk_bytes(m, 1).peak
     # a re-plan's unseen rest counts the times each row is drawn (int32); a weighted plan counts them already
-    assert out_of_core.disk_bytes(m, epochs, drawn=True).peak - out_of_core.disk_bytes(m, epochs).peak == 4 * 5000
-    assert out_of_core.disk_bytes(m, epochs, True, drawn=True) == out_of_core.disk_bytes(m, epochs, True)
+    assert disk.disk_bytes(m, epochs, drawn=True).peak - disk.disk_bytes(m, epochs).peak == 4 * 5000
+    assert disk.disk_bytes(m, epochs, True, drawn=True) == disk.disk_bytes(m, epochs, True)
     # a bucket too large to hold its ids gathers them through a scratch copy: its ids' share and offsets
-    big = out_of_core.ID_CHUNK_ROWS + 1
-    scratch = out_of_core.disk_bytes(m, epochs, largest=big).peak - need.peak
+    big = spill.ID_CHUNK_ROWS + 1
+    scratch = disk.disk_bytes(m, epochs, largest=big).peak - need.peak
     assert scratch >= (8 + 15) * big  # an offset and the id "utt-000000000-x" (15 bytes) a row
 
 
@@ -298,19 +330,22 @@ def test_out_of_core_replan_equals_in_memory(tmp_path_factory, n, W, W2, seed, e
     step = parent.first_step + int(at * (parent.num_steps - parent.first_step))
     new = dict(world_size=W2, row_group_steps=2, sync_group=1 if group else None)
     try:
-        replan(tmp / "parent", m, tmp / "mem", PlanOptions(**new), at_step=step)
+        with _spilled(tmp) as seen:
+            replan(tmp / "parent", m, tmp / "mem", PlanOptions(**new), at_step=step)
+        assert seen == [0]
     except DataprepError:
         assume(False)
     try:
-        with pytest.MonkeyPatch.context() as mp:
+        with pytest.MonkeyPatch.context() as mp, _spilled(tmp) as seen:
             if rank_groups:
                 mp.setattr(rank_files, "MAX_GROUP_BYTES", 200)
                 mp.setattr(rank_files, "MOVE_ROWS", 16)
-                mp.setattr(out_of_core, "PART_ROWS", 8)
+                mp.setattr(shards, "PART_ROWS", 8)
             replan(tmp / "parent", m, tmp / "ooc", PlanOptions(**new, memory_limit=n * 100 - 1), at_step=step)
     except DataprepError as exc:
         assert "cannot fill whole balanced steps" in str(exc) or "--memory-limit: bucket" in str(exc)
         assume(False)
+    assert len(seen) == 1 and seen[0] > 0
     _same_plan(tmp / "mem", tmp / "ooc", W2)
     _no_spill_left(tmp)
 
@@ -328,8 +363,10 @@ def test_each_phase_is_announced_as_it_starts(tmp_path: Path, out_of_core_plan: 
         heard.append(f"wrote {done}")
 
     limit = 600 * 100 - 1 if out_of_core_plan else None
-    build_plan(m, b, tmp_path / "p", PlanOptions(world_size=2, epochs=2, memory_limit=limit),
-               on_progress=progress, on_phase=heard.append)
+    with _spilled(tmp_path) as seen:
+        build_plan(m, b, tmp_path / "p", PlanOptions(world_size=2, epochs=2, memory_limit=limit),
+                   on_progress=progress, on_phase=heard.append)
+    assert (seen[0] > 0) == out_of_core_plan  # "spilling" is heard exactly when the spill goes to disk
     phases = [h for h in heard if not h.startswith("wrote")]
     assert phases[0].startswith("reading the manifest") and ("spilling" in phases[0]) == out_of_core_plan
     assert [p.split(":")[0] for p in phases[1:]] == ["epoch 1/2", "epoch 1/2", "epoch 2/2", "epoch 2/2"]
