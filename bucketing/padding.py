@@ -56,7 +56,8 @@ from bucketing.dynres import (
     resolution_totals,
     resolve,
 )
-from bucketing.fit import Grid, fit_buckets
+from bucketing.fit import Grid
+from bucketing.fit_passes import fit_buckets
 
 
 @dataclass(frozen=True)

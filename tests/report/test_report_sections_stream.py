@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bucketing.allocate import assign, fit_spec
+from bucketing.allocate import assign
+from bucketing.fit_passes import fit_spec
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from dataprep.planning.build import build_plan

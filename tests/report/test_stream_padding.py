@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import bucketing.padding as padding
-from bucketing.allocate import fit_spec
+from bucketing.fit_passes import fit_spec
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from bucketing.plan import PlanError
