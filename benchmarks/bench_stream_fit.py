@@ -38,7 +38,7 @@ CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 limit = int(sys.argv[3])
-from dataprep.report import FitOptions, fit_buckets_file
+from dataprep.analysis import FitOptions, fit_buckets_file
 fit_buckets_file(sys.argv[1], sys.argv[2], FitOptions(memory_limit=limit or None))
 wall = time.perf_counter() - t0
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 2**20

@@ -30,7 +30,7 @@ Schemes (same budget of padded seconds per batch):
 Every scheme is measured from rows read one scatter part or one bucket at a time (a bucket in
 chunks of whole batches, :data:`CHUNK_ROWS`), its sums taken bucket by bucket
 (:func:`schemes_report`): from columns in memory (:func:`padding_report`) or from spill files
-(:mod:`dataprep.report.stream_padding`, memory bounded by a bucket), with the same figures.
+(:mod:`dataprep.analysis.stream_padding`, memory bounded by a bucket), with the same figures.
 """
 
 from __future__ import annotations

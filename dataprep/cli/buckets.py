@@ -14,7 +14,7 @@ from bucketing.dynres import DynResConfig
 from dataprep.cli import dynres as dyn
 from dataprep.cli.app import (app, build_options, check_range, defaults_of, option_flags, out,
                               parse_memory_limit, parse_world_sizes, user_errors)
-from dataprep.report import FitOptions, fit_buckets_file, manifest_padding_report
+from dataprep.analysis import FitOptions, fit_buckets_file, manifest_padding_report
 from manifests.buckets_file import BucketSpec
 from manifests.io import write_json
 from manifests.outputs import refuse_same_paths

@@ -7,8 +7,8 @@ and TPS are read in blocks (the stats' passes, then one pass binning them with N
 strings grouped block by block; the same pass feeds the buckets section (the padding's
 sample, each row's bucket) and spills each row's corpus and duration for the plan's corpus
 shares (:mod:`dataprep.report.stream_sections`). Figures reuse the library's own:
-:func:`dataprep.report.stats.stream_stats` (quantiles, TPS by duration),
-:func:`dataprep.report.padding.spec_padding_report` (padding per scheme and per bucket),
+:func:`dataprep.analysis.stats.stream_stats` (quantiles, TPS by duration),
+:func:`dataprep.analysis.padding.spec_padding_report` (padding per scheme and per bucket),
 :func:`dataprep.planning.simulate.simulate_plan` / :func:`~dataprep.planning.simulate.plan_steps_report`
 (simulated world sizes, fill and straggler) and :class:`bucketing.costmodel.CostModel` (step times).
 
@@ -35,9 +35,9 @@ from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from bucketing.plan import PlanError
 from dataprep.planning.simulate import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
-from dataprep.report.padding import batch_sizes_for, spec_padding_report
-from dataprep.report.exact import SELECT_BUDGET, ExactSums
-from dataprep.report.stats import QUANTILES, Block, ManifestStats, stream_stats
+from dataprep.analysis.padding import batch_sizes_for, spec_padding_report
+from dataprep.analysis.exact import SELECT_BUDGET, ExactSums
+from dataprep.analysis.stats import QUANTILES, Block, ManifestStats, stream_stats
 from dataprep.report.stream_sections import (SPILL_BYTES_PER_ROW, BucketRows, CorpusShares, RowBlock, planned_times,
                                              share_range_rows, spill_planned_rows, spill_rows)
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets

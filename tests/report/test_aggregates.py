@@ -16,7 +16,7 @@ from dataprep.planning.build import build_plan
 from dataprep.planning.options import PlanOptions
 from dataprep.report.aggregates import (MAX_GROUPS, CorpusGroups, Histogram, bucket_aggregates, collect_report,
                                         corpora, grid_histogram, rejects_aggregates, tps_cut_table)
-from dataprep.report.filters import Thresholds, apply_filters
+from dataprep.analysis.filters import Thresholds, apply_filters
 from dataprep.testing import write_plan_inputs
 from manifests.buckets_file import read_buckets
 from manifests.errors import DataprepError, ManifestError

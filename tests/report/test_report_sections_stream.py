@@ -25,7 +25,7 @@ from dataprep.planning.build import build_plan
 from dataprep.planning.options import PlanOptions
 from dataprep.planning.simulate import read_epoch_batches
 from dataprep.report.aggregates import bucket_rows, bucket_section, collect_report, row_blocks, share_table
-from dataprep.report.padding import batch_sizes_for, spec_padding_report
+from dataprep.analysis.padding import batch_sizes_for, spec_padding_report
 from dataprep.report.stream_sections import (SHARE_BYTES_PER_ROW, CorpusShares, RowBlock, planned_times,
                                              sample_rows, spill_planned_rows)
 from dataprep.testing import write_plan_inputs

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import dataprep.report.buckets as fit_module
+import dataprep.analysis.buckets as fit_module
 from bucketing.fit_passes import MIN_SORT_ROWS, Passes, fit_blocks, fit_spec
 from dataprep.cli import app
-from dataprep.report.buckets import manifest_blocks
+from dataprep.analysis.buckets import manifest_blocks
 from manifests.buckets_file import write_buckets
 from manifests.io import manifest_hash, write_manifest
 from manifests.spill import SpillFiles, sorted_runs

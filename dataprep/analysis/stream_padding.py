@@ -47,7 +47,7 @@ from bucketing.plan import EpochPlan
 from bucketing.steps_report import steps_rows
 from dataprep.planning.out_of_core import SpilledCorpus, carry_spilled, plan_epoch_figures, spill_manifest
 from bucketing.fit_passes import fit_blocks
-from dataprep.report.buckets import HELD_BYTES_PER_ROW, fit_passes, manifest_blocks
+from dataprep.analysis.buckets import HELD_BYTES_PER_ROW, fit_passes, manifest_blocks
 from manifests.io import corpus_names, iter_corpus_codes, iter_manifest
 from manifests.spill import SpillFiles, check_free_disk, remove_spill, spill_dir
 

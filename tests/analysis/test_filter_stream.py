@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dataprep.report.files import filter_manifest
-from dataprep.report.filters import Thresholds, apply_filters
+from dataprep.analysis.stats_and_filter import filter_manifest
+from dataprep.analysis.filters import Thresholds, apply_filters
 from manifests.io import (RowGroupWriter, manifest_hash, read_manifest, read_metadata, write_manifest, write_parquet_stream,
                           write_rejects)
 
