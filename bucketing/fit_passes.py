@@ -93,14 +93,14 @@ def sort_rows(memory_limit: int, block: int) -> int:
 
 class HeldColumns(SpillFiles):
     """The columns of :class:`manifests.spill.SpillFiles` held in memory (nothing written): the
-    store of a corpus that fits. Appended arrays are kept, not copied (never written to)."""
+    store of a corpus that fits (appended arrays are copied: a caller may reuse its buffers)."""
 
     def __init__(self) -> None:
         super().__init__(Path())
         self._cols: dict[str, list[npt.NDArray[Any]]] = {}
 
     def append(self, name: str, values: npt.NDArray[np.generic]) -> None:
-        self._cols.setdefault(name, []).append(np.asarray(values))
+        self._cols.setdefault(name, []).append(np.array(values, copy=True))
 
     def read(self, name: str, dtype: type) -> npt.NDArray[np.generic]:
         parts = self._cols.get(name)

@@ -33,13 +33,14 @@ import pyarrow.parquet as pq
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
+from bucketing.fit_passes import HeldColumns
 from bucketing.plan import PlanError
 from dataprep.planning.simulate import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
 from dataprep.analysis.padding import batch_sizes_for, spec_padding_report
 from dataprep.analysis.exact import SELECT_BUDGET, ExactSums
 from dataprep.analysis.stats import QUANTILES, Block, ManifestStats, stream_stats
-from dataprep.report.stream_sections import (SPILL_BYTES_PER_ROW, BucketRows, CorpusShares, RowBlock, planned_times,
-                                             share_range_rows, spill_planned_rows, spill_rows)
+from dataprep.report.stream_sections import (SHARE_BYTES_PER_ROW, SPILL_BYTES_PER_ROW, BucketRows, CorpusShares,
+                                             RowBlock, planned_times, share_range_rows, spill_planned_rows, spill_rows)
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.io import (file_sha256, iter_manifest, manifest_hash, manifest_num_rows, read_metadata,
@@ -502,15 +503,6 @@ def bucket_rows(num_rows: int, spec: BucketSpec, sample: int = SCHEME_SAMPLE_ROW
     return BucketRows(num_rows, grid_from_spec(spec), bs, sample)
 
 
-def bucket_aggregates(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], spec: BucketSpec,
-                      name: str, sample: int = SCHEME_SAMPLE_ROWS) -> BucketAggregates:
-    """:func:`bucket_section` of whole arrays: durations ``d`` (s), tokens ``t``, one block."""
-    block = RowBlock(0, np.asarray(d, dtype=np.float64), np.asarray(t, dtype=np.int64))
-    rows = bucket_rows(block.duration.shape[0], spec, sample)
-    rows.add(block)
-    return bucket_section(rows, spec, name, lambda: iter([block]))
-
-
 def bucket_section(rows: BucketRows, spec: BucketSpec, name: str,
                    blocks: Callable[[], Iterable[RowBlock]]) -> BucketAggregates:
     """Padding per scheme (fixed, 1D, 2D, dynamic resolution) and per bucket for the rows
@@ -630,15 +622,17 @@ def corpus_shares(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpor
     acc = CorpusShares(min(meta.epochs, MAX_SHARE_EPOCHS), len(names))
     step = share_range_rows(memory_limit)
     for e in range(acc.n.shape[0]):
-        planned = SpillFiles(rows.root / f"epoch{e}")
-        planned.root.mkdir()
+        planned = HeldColumns() if isinstance(rows, HeldColumns) else SpillFiles(rows.root / f"epoch{e}")
+        if not isinstance(planned, HeldColumns):
+            planned.root.mkdir()
         spill_planned_rows(plan_dir, meta, e, step, planned)
         for k, a in enumerate(range(0, num_rows, step)):
             b = min(a + step, num_rows)
             code = corp.order[rows.read_range("c", np.int32, a, b)]
             d = rows.read_range("d", np.float64, a, b)
             acc.add(e, code, d, planned_times(planned, k, b - a))
-        remove_spill(planned.root)
+        if not isinstance(planned, HeldColumns):
+            remove_spill(planned.root)
     return share_table(acc.n, acc.seconds, names)
 
 
@@ -695,9 +689,10 @@ def collect_report(
     that buckets file (SHA-256); without ``buckets`` the plan's own buckets are shown.
     Memory: blocks of ``block_rows`` rows and what each section keeps (bounded by its bins,
     buckets, sample and steps), and with a plan ranges of rows (:func:`share_range_rows` of
-    ``memory_limit`` bytes, default half the machine's) for the corpus shares, read back from
-    spill files next to the manifest (:data:`SPILL_BYTES_PER_ROW` a row of disk, removed at
-    the end)."""
+    ``memory_limit`` bytes, default half the machine's) for the corpus shares, held in memory
+    when every row's share fits the limit (:data:`SPILL_BYTES_PER_ROW` +
+    :data:`SHARE_BYTES_PER_ROW` a row), else read back from spill files next to the manifest
+    (:data:`SPILL_BYTES_PER_ROW` a row of disk, removed at the end)."""
     if any(w < 1 for w in world_sizes):
         raise DataprepError(f"world sizes must be >= 1, got {list(world_sizes)}")
     check_int("memory_limit", memory_limit, ge=1, le=2**62, optional=True)
@@ -720,19 +715,24 @@ def collect_report(
     brows = bucket_rows(n, spec) if spec is not None else None
     consumers: list[Callable[[RowBlock], None]] = [brows.add] if brows is not None else []
     root = None
+    files: SpillFiles | None = None
     try:
         if meta is not None and plan is not None:
-            root = spill_dir(manifest)
-            check_free_disk(root, n * SPILL_BYTES_PER_ROW, "the report's spill files (rows' corpora and durations, "
-                            "planned rows)")
-            files = SpillFiles(root)
-            consumers.append(lambda b: spill_rows(files, b))
-        corpus, corp = corpus_aggregates(manifest, spec, consumers=consumers, codes=root is not None,
+            if n * (SPILL_BYTES_PER_ROW + SHARE_BYTES_PER_ROW) <= limit:  # held: nothing spilled
+                files = HeldColumns()
+            else:
+                root = spill_dir(manifest)
+                check_free_disk(root, n * SPILL_BYTES_PER_ROW, "the report's spill files (rows' corpora and "
+                                "durations, planned rows)")
+                files = SpillFiles(root)
+            held = files
+            consumers.append(lambda b: spill_rows(held, b))
+        corpus, corp = corpus_aggregates(manifest, spec, consumers=consumers, codes=files is not None,
                                          block_rows=block_rows)
         section2 = (bucket_section(brows, spec, spec_name or "", lambda: row_blocks(manifest, block_rows))
                     if brows is not None and spec is not None else None)
         section3 = None
-        if root is not None and meta is not None and plan is not None:
+        if files is not None and meta is not None and plan is not None:
             files.close()
             section3 = plan_aggregates(plan, meta, corp, files, n, limit, world_sizes)
     finally:
