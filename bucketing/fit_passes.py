@@ -19,8 +19,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +28,7 @@ from bucketing.fit import (DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, NO_ROWS, 
                            check_fences, duration_bounds, finish_fit, merge_sparse_bins, overflow_level_runs,
                            quartile_ranks, tukey_fence)
 from manifests.buckets_file import BucketSpec
+from bucketing.held_columns import HeldColumns
 from manifests.spill import SpillFiles, sorted_runs
 
 #: Bytes of working memory per row of a block (Arrow columns, NumPy copies, masks, allocation).
@@ -89,39 +88,6 @@ def block_rows(memory_limit: int) -> int:
 def sort_rows(memory_limit: int, block: int) -> int:
     """Values per range of the sort of pass 2 for ``memory_limit`` bytes and blocks of ``block`` rows."""
     return max(memory_limit // SORT_BYTES_PER_ROW - block, MIN_SORT_ROWS)
-
-
-class HeldColumns(SpillFiles):
-    """The columns of :class:`manifests.spill.SpillFiles` held in memory (nothing written): the
-    store of a corpus that fits (appended arrays are copied: a caller may reuse its buffers)."""
-
-    def __init__(self) -> None:
-        super().__init__(Path())
-        self._cols: dict[str, list[npt.NDArray[Any]]] = {}
-
-    def append(self, name: str, values: npt.NDArray[np.generic]) -> None:
-        self._cols.setdefault(name, []).append(np.array(values, copy=True))
-
-    def read(self, name: str, dtype: type) -> npt.NDArray[np.generic]:
-        parts = self._cols.get(name)
-        if not parts:
-            return np.empty(0, dtype=dtype)
-        if len(parts) > 1:
-            parts[:] = [np.concatenate(parts)]
-        return parts[0].astype(dtype, copy=False)
-
-    def read_range(self, name: str, dtype: type, start: int, stop: int) -> npt.NDArray[np.generic]:
-        return self.read(name, dtype)[start:stop]
-
-    def map(self, name: str, dtype: type) -> npt.NDArray[np.generic]:
-        return self.read(name, dtype)
-
-    def remove(self, *names: str) -> None:
-        for name in names:
-            self._cols.pop(name, None)
-
-    def written_bytes(self) -> int:
-        return 0
 
 
 Blocks = Iterable[tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]]

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
-from bucketing.fit_passes import HeldColumns
+from bucketing.held_columns import HeldColumns
 from bucketing.plan import PlanError
 from dataprep.planning.simulate import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
 from dataprep.analysis.padding import batch_sizes_for, spec_padding_report
