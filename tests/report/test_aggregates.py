@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from dataprep.planning.build import build_plan
 
 from dataprep.planning.options import PlanOptions
-from dataprep.report.aggregates import (MAX_GROUPS, SCHEME_SAMPLE_ROWS, CorpusGroups, Histogram, bucket_rows,
-                                        bucket_section, collect_report, corpora, grid_histogram, rejects_aggregates,
-                                        tps_cut_table)
+from dataprep.report.aggregates import (MAX_GROUPS, CorpusGroups, Histogram, collect_report, corpora, grid_histogram,
+                                        rejects_aggregates, tps_cut_table)
+from dataprep.report.buckets_section import SCHEME_SAMPLE_ROWS, bucket_rows, bucket_section
 from dataprep.report.stream_sections import RowBlock
 from dataprep.analysis.filters import Thresholds, apply_filters
 from dataprep.testing import write_plan_inputs
@@ -175,7 +175,7 @@ def test_padding_on_a_sample_keeps_rows_and_hours_per_bucket_exact(inputs: dict[
 
 
 def test_long_epochs_are_drawn_as_windows_of_steps() -> None:
-    from dataprep.report.aggregates import MAX_STEP_POINTS, _step_rows
+    from dataprep.report.plan_section import MAX_STEP_POINTS, _step_rows
 
     rng = np.random.default_rng(2)
     S, W = 2 * MAX_STEP_POINTS + 7, 4

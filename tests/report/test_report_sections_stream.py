@@ -25,7 +25,9 @@ from dataprep.planning.build import build_plan
 from dataprep.planning.options import PlanOptions
 from dataprep.planning.simulate import read_epoch_batches
 import dataprep.report.aggregates as aggregates
-from dataprep.report.aggregates import bucket_rows, bucket_section, collect_report, row_blocks, share_table
+from dataprep.report.aggregates import collect_report, row_blocks
+from dataprep.report.buckets_section import bucket_rows, bucket_section
+from dataprep.report.plan_section import share_table
 from dataprep.analysis.padding import batch_sizes_for, spec_padding_report
 from dataprep.report.stream_sections import (SHARE_BYTES_PER_ROW, CorpusShares, RowBlock, planned_times,
                                              sample_rows, spill_planned_rows)
