@@ -35,9 +35,10 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bucketing.allocate import carry_tails, fit_spec  # noqa: E402
+from bucketing.allocate import allocate, carry_tails  # noqa: E402
 from bucketing.batching import form_batches  # noqa: E402
-from bucketing.fit import fit_buckets, grid_from_spec  # noqa: E402
+from bucketing.fit import grid_from_spec  # noqa: E402
+from bucketing.fit_passes import fit_buckets, fit_spec  # noqa: E402
 from bucketing.padding import measure  # noqa: E402
 
 CORPORA = ("librispeech.train-clean-100.csv", "commonvoice.id_ps.csv")
@@ -83,9 +84,9 @@ def ours(d: np.ndarray, t: np.ndarray, seeds: int, fences: bool = True, carry: b
     spec, alloc = fit_spec(d, t, num_buckets=30, num_subbuckets=2, max_duration_budget=BUDGET, **off)
     sizes = np.array([b.batch_size for b in spec.buckets])
     grid = grid_from_spec(spec)
-    bucket = alloc.bucket  # bucket tails carried on as the planner and `dataprep padding` do
+    bucket = allocate(d, t, grid).bucket  # bucket tails carried on as the planner and `dataprep padding` do
     if carry:
-        bucket = carry_tails(bucket, d, t, sizes, alloc.max_tokens, grid.duration_bin)[0]
+        bucket = carry_tails(bucket, d, t, sizes, grid.max_tokens, grid.duration_bin)[0]
     ps = [measure(form_batches(bucket, sizes, np.random.default_rng([s, 0]), t, duration=d, **opts), d, t)
           for s in range(seeds)]
     return Row(statistics.median(p.audio_padding for p in ps), statistics.median(p.token_padding for p in ps),

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 from bench_buckets import CORPORA, load  # noqa: E402
 from bench_plan import SHARED  # noqa: E402
-from bucketing.allocate import fit_spec  # noqa: E402
+from bucketing.fit_passes import fit_spec  # noqa: E402
 from bucketing.dynres import DynResConfig, resolve  # noqa: E402
 from bucketing.fit import grid_from_spec  # noqa: E402
 from bucketing.padding import padding_report  # noqa: E402

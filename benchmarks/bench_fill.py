@@ -61,7 +61,7 @@ except ImportError:  # --baseline: a library older than the bounds (none printed
     spread_bound = steps_over_bound = None
 from bucketing.budget import cost_equal_batch_sizes, padded_budget_batch_sizes  # noqa: E402
 from bucketing.costmodel import CostModel  # noqa: E402
-from bucketing.fit import fit_buckets  # noqa: E402
+from bucketing.fit_passes import fit_buckets  # noqa: E402
 from bucketing.steps_report import plan_in_memory, steps_report  # noqa: E402
 
 

@@ -98,7 +98,7 @@ def export_memory(work: Path, rows: int) -> None:
     import numpy as np
     import polars as pl
 
-    from bucketing.allocate import fit_spec
+    from bucketing.fit_passes import fit_spec
     from dataprep.testing import write_tone
     from manifests.buckets_file import write_buckets
     from manifests.manifest_write import write_manifest

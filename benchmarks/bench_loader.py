@@ -32,7 +32,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bucketing.allocate import fit_spec
+from bucketing.fit_passes import fit_spec
 from dataprep.training import BatchBuilder, ColumnCache
 from manifests.plan_files import PlanShard
 from dataprep.planning import PlanOptions, build_plan

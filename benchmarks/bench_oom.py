@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_buckets import load  # noqa: E402  (sentencepiece tokens as the bucketing benchmark)
 
-from bucketing.allocate import fit_spec  # noqa: E402
+from bucketing.fit_passes import fit_spec  # noqa: E402
 from bucketing.fit import grid_from_spec  # noqa: E402
 from bucketing.padding import padding_report  # noqa: E402
 

@@ -58,7 +58,8 @@ SHARED = Path(os.environ.get("SPEECH_DATAPREP_SHARED_DATA", REPO.parent / "share
 sys.path.insert(0, str(REPO))
 
 from bucketing.budget import budget_source, padded_budget_batch_sizes  # noqa: E402
-from bucketing.fit import fit_buckets, grid_to_buckets  # noqa: E402
+from bucketing.fit import grid_to_buckets  # noqa: E402
+from bucketing.fit_passes import fit_buckets  # noqa: E402
 from manifests.buckets_file import BucketSpec, write_buckets  # noqa: E402
 from manifests.manifest_read import iter_manifest  # noqa: E402
 from manifests.manifest_write import write_manifest, write_parquet_stream  # noqa: E402

@@ -16,8 +16,8 @@ import time
 import numpy as np
 import polars as pl
 
-from dataprep.report.filters import Thresholds, apply_filters
-from dataprep.report.stats import compute_stats
+from dataprep.analysis.filters import Thresholds, apply_filters
+from dataprep.analysis.stats import compute_stats
 
 
 def synthetic(rows: int, seed: int = 0) -> pl.DataFrame:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_fill import bench_corpora  # noqa: E402
 from bucketing.budget import padded_budget_batch_sizes  # noqa: E402
 from bucketing.costmodel import CostModel  # noqa: E402
-from bucketing.fit import fit_buckets  # noqa: E402
+from bucketing.fit_passes import fit_buckets  # noqa: E402
 from bucketing.groups import regroup  # noqa: E402
 from bucketing.simulate import simulate_strategy  # noqa: E402
 from bucketing.steps_report import plan_in_memory  # noqa: E402

@@ -1,4 +1,4 @@
-"""fit-buckets in memory vs streamed: wall time, peak RSS and whether buckets.json is the same.
+"""fit-buckets held in memory vs spilled: wall time, peak RSS and whether buckets.json is the same.
 
     python benchmarks/bench_stream_fit.py                      # 10M rows, 30x2, 3 runs each
     python benchmarks/bench_stream_fit.py --rows 40000000 --runs 1 --memory-limit 1GiB
@@ -6,10 +6,10 @@
 
 The manifest is bench_plan.py's synthetic corpus (real (duration, characters per second)
 pairs of ../shared/data resampled with 5% jitter; tokens = chars / 3.5 + a 9-token prompt),
-written in blocks. Each fit runs in a fresh subprocess (2 cores) with the default options: in
-memory (``bucketing.allocate.fit_spec`` on the whole columns) and streamed as ``fit-buckets``
-fits (``fit_buckets_file`` with ``--memory-limit``, 512 MiB by default; spill files next to
-the output). Wall and CPU time (user + system: what a busy machine distorts least) include
+written in blocks. Each fit runs in a fresh subprocess (2 cores) with the default options, as
+``fit-buckets`` fits (``fit_buckets_file``): under the default memory limit (half the
+machine's: a corpus that fits is one block held in memory) and under ``--memory-limit`` (512
+MiB by default: blocks and spill files next to the output when the corpus does not fit). Wall and CPU time (user + system: what a busy machine distorts least) include
 the import; peak RSS is the child's VmHWM. Prints medians,
 and "identical" when both write the same buckets.json bytes.
 """
@@ -38,16 +38,8 @@ CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 limit = int(sys.argv[3])
-if limit:  # fit-buckets: streamed
-    from dataprep.report import FitOptions, fit_buckets_file
-    fit_buckets_file(sys.argv[1], sys.argv[2], FitOptions(memory_limit=limit))
-else:  # the in-memory fit on the whole columns, the same options
-    from bucketing.allocate import fit_spec
-    from dataprep.report.padding import duration_and_tokens
-    from manifests.buckets_file import write_buckets
-    from manifests.hash_cache import manifest_hash
-    d, t = duration_and_tokens(sys.argv[1])
-    write_buckets(fit_spec(d, t, manifest_hash=manifest_hash(sys.argv[1]))[0], sys.argv[2])
+from dataprep.analysis import FitOptions, fit_buckets_file
+fit_buckets_file(sys.argv[1], sys.argv[2], FitOptions(memory_limit=limit or None))
 wall = time.perf_counter() - t0
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 2**20
 ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -78,7 +70,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--memory-limit", default="512MiB", help="The streamed fit's limit.")
+    ap.add_argument("--memory-limit", default="512MiB", help="The second fit's limit.")
     ap.add_argument("--dir", type=Path, default=None, help="Where the manifest and spill files go.")
     a = ap.parse_args()
     limit = parse_bytes(a.memory_limit)
@@ -86,10 +78,10 @@ def main() -> None:
         work = Path(tmp)
         manifest = work / "m.parquet"
         write_corpus(a.rows, manifest)
-        print(f"{a.rows:,} rows, {manifest.stat().st_size / 2**20:.0f} MiB manifest; streamed limit "
+        print(f"{a.rows:,} rows, {manifest.stat().st_size / 2**20:.0f} MiB manifest; second limit "
               f"{limit / 2**20:.0f} MiB", flush=True)
         outputs = {}
-        for name, lim in (("in memory", 0), ("streamed", limit)):
+        for name, lim in (("default", 0), ("limited", limit)):
             runs = [run_fit(manifest, work / f"{name[:2]}.json", lim) for _ in range(a.runs)]
             wall = statistics.median(r["wall"] for r in runs)
             cpu = statistics.median(r["cpu"] for r in runs)
@@ -97,7 +89,7 @@ def main() -> None:
             print(f"{name:>10}: {wall:6.2f} s wall  {cpu:6.2f} s CPU  peak RSS {rss:5.2f} GiB  "
                   f"({1e9 * wall / max(a.rows, 1):.0f} ns/row)", flush=True)
             outputs[name] = (work / f"{name[:2]}.json").read_bytes()
-        same = outputs["in memory"] == outputs["streamed"]
+        same = outputs["default"] == outputs["limited"]
         print("buckets.json:", "identical" if same else "DIFFERENT")
         if not same:
             sys.exit(1)

@@ -47,7 +47,8 @@ def fit_librispeech(data: Path, workdir: Path):
     import polars as pl
     import sentencepiece as spm
 
-    from bucketing.fit import fit_buckets, grid_to_buckets
+    from bucketing.fit import grid_to_buckets
+    from bucketing.fit_passes import fit_buckets
     from manifests.buckets_file import BucketSpec
 
     dev = pl.read_csv(data / "librispeech.dev-clean.csv")

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bucketing.budget import budget_source, padded_budget_batch_sizes
-from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, FitResult, Grid, fit_buckets, grid_to_buckets
+from bucketing.fit import FitResult, Grid, grid_to_buckets
 from manifests.buckets_file import BucketSpec
 
 
@@ -176,50 +176,13 @@ def allocate(
     return Allocation(bucket=bucket, dropped=dropped, moved=moved, max_tokens=max_tokens, raised=raised)
 
 
-def fit_spec(
-    duration: npt.ArrayLike,
-    num_tokens: npt.ArrayLike | None,
-    *,
-    num_buckets: int = 30,
-    num_subbuckets: int = 2,
-    min_duration: float | None = None,
-    max_duration: float | None = None,
-    strict: bool = False,
-    max_duration_budget: float | None = 600.0,
-    max_frames_budget: int | None = None,
-    max_tokens_budget: int | None = None,
-    frame_shift: float = 0.01,
-    manifest_hash: str | None = None,
-    outlier_fence: float | None = DEFAULT_OUTLIER_FENCE,
-    token_fence: float | None = DEFAULT_TOKEN_FENCE,
-) -> tuple[BucketSpec, Allocation]:
-    """Fit, allocate and size: the content of ``buckets.json`` plus the allocation it implies.
-
-    Per-bucket ``num_utterances`` / ``hours`` count the rows the allocation puts there; the
-    ``fit`` record says how the bounds were fitted and what was left out, by reason.
-    ``outlier_fence`` / ``token_fence``: see :mod:`bucketing.fit` (None = off).
-    """
-    d = np.asarray(duration, dtype=np.float64)
-    fit = fit_buckets(d, num_tokens, num_buckets, num_subbuckets, min_duration, max_duration,
-                      outlier_fence=outlier_fence, token_fence=token_fence)
-    alloc = allocate(d, num_tokens, fit.grid, strict=strict)
-    ok = alloc.bucket >= 0
-    counts = np.bincount(alloc.bucket[ok], minlength=fit.grid.num_buckets)
-    secs = np.bincount(alloc.bucket[ok], weights=d[ok], minlength=fit.grid.num_buckets)
-    dropped = {k: int(v.shape[0]) for k, v in alloc.dropped.items()}
-    spec = fitted_spec(fit, alloc.max_tokens, counts, secs, dropped, alloc.moved, strict=strict,
-                       max_duration_budget=max_duration_budget, max_frames_budget=max_frames_budget,
-                       max_tokens_budget=max_tokens_budget, frame_shift=frame_shift, manifest_hash=manifest_hash)
-    return spec, alloc
-
-
 def fitted_spec(fit: FitResult, max_tokens: npt.NDArray[np.int64] | None, counts: npt.NDArray[np.int64],
                 seconds: npt.NDArray[np.float64], dropped: dict[str, int], moved: int, *, strict: bool,
                 max_duration_budget: float | None, max_frames_budget: int | None, max_tokens_budget: int | None,
                 frame_shift: float, manifest_hash: str | None) -> BucketSpec:
     """``buckets.json``'s content from a fit and what its allocation gave: the token bounds
     after any raise, rows and seconds per bucket (seconds summed in row order), rows left out
-    per reason and rows moved to a longer bin (as :func:`fit_spec` computes them in memory)."""
+    per reason and rows moved to a longer bin (:func:`bucketing.fit_passes.fit_blocks`)."""
     grid = fit.grid
     if max_tokens is not None:
         grid = Grid(grid.max_duration, max_tokens, grid.min_duration, grid.duration_bin, grid.token_bin)

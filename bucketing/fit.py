@@ -7,7 +7,7 @@ strictly increasing, never empty or duplicated (ties or skew give fewer bins).
 Fences (Q3 + k × IQR; ``outlier_fence`` k = 3, ``token_fence`` k = 2; ``None`` turns one off,
 and a fence is not applied where Q1 == Q3): rows beyond the duration fence ``f`` go to overflow
 buckets, one per ``(f r^(k-1), f r^k]`` that holds rows (``r`` = :data:`OVERFLOW_RATIO`, a bin
-of one row joined to a neighbour: :func:`overflow_bounds`); token outliers of a duration bin
+of one row joined to a neighbour: :func:`merge_sparse_bins`); token outliers of a duration bin
 are moved by flexible allocation to a later bin, never dropped. A bin spanning more than
 :data:`OVERFLOW_RATIO` times its lower bound is split where each part keeps at least
 :data:`SPLIT_MIN_SHARE` of a bin's audio (:func:`split_wide_bins`), so a grid may hold more
@@ -29,10 +29,6 @@ from manifests.errors import ManifestError
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
-
-#: Above this many (duration bin, token value) cells the token histogram keeps only the
-#: cells that occur (``np.unique``; the same sums).
-_MAX_HIST_CELLS = 1 << 26
 
 #: Default duration fence of the overflow bin: Q3 + k × IQR with k = 3 (Tukey's "far out").
 DEFAULT_OUTLIER_FENCE = 3.0
@@ -113,7 +109,7 @@ class FitResult:
     token_fence: float | None = None  # k of the token fence (top sub-bins), None = off
     overflow_rows: int = 0  # rows beyond the duration fence, fitted as the overflow bins
     overflow_from: float | None = None  # the duration fence (s), when an overflow bin exists
-    overflow_bins: int = 0  # duration bins of those rows (:func:`overflow_bounds`)
+    overflow_bins: int = 0  # duration bins of those rows (:func:`merge_sparse_bins`)
 
     def report(self) -> dict[str, Any]:
         """JSON-ready summary (stored under ``fit`` in ``buckets.json``)."""
@@ -181,8 +177,7 @@ class TokenCells:
     (ascending, distinct), the seconds of each (summed in row order, so a cell's sum does not
     depend on how the rows were read) and its rows. ``hold``: the largest token count of the
     rows up to the last equal-occupancy bin (None: no token fence). What the token sub-bins are
-    fitted from, in memory (:func:`token_cells`) or block by block
-    (:mod:`dataprep.report.stream_fit`)."""
+    fitted from, block by block (:mod:`bucketing.fit_passes`)."""
 
     key: I64
     seconds: F64
@@ -190,20 +185,6 @@ class TokenCells:
     tmin: int
     span: int
     hold: int | None = None
-
-
-def token_cells(dbin: I64, tokens: I64, weight: F64, num_dbins: int, tmin: int, span: int
-                ) -> tuple[I64, F64, I64]:
-    """(key, seconds, rows) of the cells of :class:`TokenCells` (``tokens >= tmin``,
-    ``tokens - tmin < span``): a dense histogram when it is small, else distinct keys."""
-    key = dbin * span + (tokens - tmin)
-    if num_dbins * span <= _MAX_HIST_CELLS:
-        w = np.bincount(key, weights=weight, minlength=num_dbins * span)
-        c = np.bincount(key, minlength=num_dbins * span)
-        present = np.flatnonzero(c)
-        return present.astype(np.int64), w[present], c[present].astype(np.int64)
-    uniq, inv = np.unique(key, return_inverse=True)
-    return uniq.astype(np.int64), np.bincount(inv, weights=weight), np.bincount(inv).astype(np.int64)
 
 
 def _token_subbins(cells: TokenCells, num_dbins: int, num_sub: int, fence: float | None = None,
@@ -228,25 +209,6 @@ def _token_subbins(cells: TokenCells, num_dbins: int, num_sub: int, fence: float
     return out
 
 
-def _checked_columns(duration: npt.ArrayLike, num_tokens: npt.ArrayLike | None, num_buckets: int,
-                     num_subbuckets: int) -> tuple[F64, I64]:
-    """Durations (s, finite, > 0) and tokens (zeros when 1D without tokens) as arrays."""
-    if num_buckets < 1 or num_subbuckets < 1:
-        raise ValueError("num_buckets and num_subbuckets must be >= 1")
-    d = np.asarray(duration, dtype=np.float64)
-    if num_tokens is None:
-        if num_subbuckets > 1:
-            raise ValueError("num_tokens is required for 2D fitting (num_subbuckets > 1)")
-        t = np.zeros(d.shape[0], dtype=np.int64)
-    else:
-        t = np.asarray(num_tokens, dtype=np.int64)
-    if d.shape != t.shape:
-        raise ValueError("duration and num_tokens have different lengths")
-    if d.shape[0] and (not np.isfinite(d).all() or (d <= 0).any()):
-        raise ValueError("durations must be finite and > 0")
-    return d, t
-
-
 def quartile_ranks(n: int) -> tuple[int, int]:
     """0-based ranks of Q1 and Q3 among ``n`` sorted values (the first value at 25% / 75%)."""
     return int(np.ceil(0.25 * n)) - 1, int(np.ceil(0.75 * n)) - 1
@@ -268,8 +230,7 @@ OVERFLOW_RATIO: float = 1.5
 def overflow_level_runs(over_sorted: F64, fence: float) -> tuple[I64, F64, I64]:
     """(level, longest row (s), rows) of each overflow level that holds rows, over ascending
     durations beyond the fence (s): level ``k >= 1`` holds ``fence r^(k-1) < d <= fence r^k``
-    (``r``: :data:`OVERFLOW_RATIO`). In memory on all the rows, or block by block (a level's
-    runs in consecutive blocks add up)."""
+    (``r``: :data:`OVERFLOW_RATIO`). Block by block: a level's runs in consecutive blocks add up."""
     k = np.maximum(np.ceil(np.log(over_sorted / fence) / math.log(OVERFLOW_RATIO)), 1).astype(np.int64)
     ends = np.flatnonzero(np.append(k[1:] != k[:-1], True))
     return k[ends], np.asarray(over_sorted[ends], dtype=np.float64), np.diff(ends, prepend=-1)
@@ -281,17 +242,6 @@ def overflow_level_runs(over_sorted: F64, fence: float) -> tuple[I64, F64, I64]:
 #: straggler at W = 8 / 32 from 3.8% / 11.8% to 2.7% / 6.0% (benchmarks/bench_fill.py
 #: --baseline f590c6a).
 OVERFLOW_MIN_ROWS: int = 2
-
-
-def overflow_bounds(over_sorted: F64, fence: float) -> F64:
-    """Bounds (s) of the overflow bins over the ascending durations beyond the fence: the
-    longest row of each ``(fence r^(k-1), fence r^k]`` that holds rows, sparse ones merged
-    (:func:`merge_sparse_bins`; the last bound is the longest row of all). Empty input gives no
-    bins."""
-    if not over_sorted.shape[0]:
-        return np.empty(0)
-    _, longest, rows = overflow_level_runs(over_sorted, fence)
-    return merge_sparse_bins(longest, rows)
 
 
 def merge_sparse_bins(longest: npt.NDArray[Any], rows: npt.NDArray[Any],
@@ -308,75 +258,6 @@ def merge_sparse_bins(longest: npt.NDArray[Any], rows: npt.NDArray[Any],
         b[j] = max(b[i], b[j])
         del b[i], n[i]
     return np.asarray(b, dtype=np.asarray(longest).dtype)
-
-
-def _overflow_split(d_sorted: F64, outlier_fence: float | None) -> tuple[int, float | None]:
-    """(rows inside the fence, fence in seconds or None): the rows beyond Q3 + k × IQR of
-    the sorted durations form the overflow bins; None when nothing is beyond it."""
-    n_in = d_sorted.shape[0]
-    if outlier_fence is None:
-        return n_in, None
-    p1, p3 = quartile_ranks(n_in)
-    f = tukey_fence(d_sorted[p1], d_sorted[p3], outlier_fence)
-    if not math.isfinite(f):
-        return n_in, None
-    n_bulk = int(np.searchsorted(d_sorted, f, side="right"))
-    return (n_bulk, f) if n_bulk < n_in else (n_in, None)
-
-
-def fit_buckets(
-    duration: npt.ArrayLike,
-    num_tokens: npt.ArrayLike | None,
-    num_buckets: int = 30,
-    num_subbuckets: int = 2,
-    min_duration: float | None = None,
-    max_duration: float | None = None,
-    *,
-    outlier_fence: float | None = DEFAULT_OUTLIER_FENCE,
-    token_fence: float | None = DEFAULT_TOKEN_FENCE,
-) -> FitResult:
-    """Fit an equal-occupancy grid: ``num_buckets`` duration bins × ``num_subbuckets`` token bins.
-
-    Parameters
-    ----------
-    duration: seconds per row (> 0).
-    num_tokens: tokens per row (incl. prompt); may be None for ``num_subbuckets == 1``.
-    num_buckets: duration bins requested (>= 1; wide ones split and overflow bins may add more).
-    num_subbuckets: token sub-bins per duration bin (>= 1; 1 = 1D bucketing).
-    min_duration, max_duration: optional caps (s, inclusive); rows outside are not fitted and
-        are counted in the result.
-    outlier_fence: k of the Q3 + k × IQR fence for the overflow bin and the token bounds
-        (see the module docstring); None = bounds at the maxima, no overflow bin.
-
-    Vectorized: one sort of the durations plus a weighted histogram of (bin, tokens).
-    """
-    d, t = _checked_columns(duration, num_tokens, num_buckets, num_subbuckets)
-    check_fences(outlier_fence, token_fence)
-    below = d < min_duration if min_duration is not None else np.zeros(d.shape[0], dtype=bool)
-    above = d > max_duration if max_duration is not None else np.zeros(d.shape[0], dtype=bool)
-    keep = ~(below | above)
-    d_in, t_in = (d, t) if keep.all() else (d[keep], t[keep])
-    if d_in.shape[0] == 0:
-        raise ValueError(NO_ROWS)
-    d_sorted = np.sort(d_in)
-    n_in = d_sorted.shape[0]
-    n_bulk, overflow_from = _overflow_split(d_sorted, outlier_fence)
-    last = np.flatnonzero(np.append(d_sorted[1:n_bulk] != d_sorted[:n_bulk - 1], True))
-    cum = np.cumsum(d_sorted[:n_bulk])[last]
-    over = np.empty(0) if overflow_from is None else overflow_bounds(d_sorted[n_bulk:], overflow_from)
-    dbounds, notes = duration_bounds(d_sorted[:n_bulk][last], cum, num_buckets, n_in - n_bulk, overflow_from,
-                                     over, outlier_fence)
-    dbin = np.searchsorted(dbounds, d_in, side="left").astype(np.int64)
-    nd = int(dbounds.shape[0])
-    tmin, tmax = int(t_in.min()), int(t_in.max())
-    key, w, c = token_cells(dbin, t_in, d_in, nd, tmin, tmax - tmin + 1)
-    hold = None
-    if token_fence is not None and num_subbuckets > 1:  # the largest token count up to the last bin
-        hold = tmax if overflow_from is None else int(t_in[dbin < nd - over.shape[0]].max())
-    cells = TokenCells(key, w, c, tmin, tmax - tmin + 1, hold)
-    caps = (int(below.sum()), int(above.sum()), float(d[below].sum() / 3600.0), float(d[above].sum() / 3600.0))
-    return finish_fit(dbounds, notes, cells, int(d.shape[0]), caps, num_buckets, num_subbuckets, min_duration,
-                      outlier_fence, token_fence, n_in - n_bulk, overflow_from, int(over.shape[0]))
 
 
 #: The error when the caps leave no row.
@@ -438,7 +319,7 @@ def duration_bounds(values: F64, cum: F64, num_buckets: int, overflow_rows: int,
     fence (``values``, ascending; an array or a memory map) and ``cum``, the running sum of
     the sorted durations at the last row of each (``np.cumsum`` over the sorted rows, so the
     same floats however the rows were read), then the overflow bins' bounds ``overflow``
-    (:func:`overflow_bounds`; empty without an overflow)."""
+    (:func:`merge_sparse_bins`; empty without an overflow)."""
     cuts = equal_occupancy_cuts(cum, num_buckets)
     notes: list[str] = []
     if cuts.shape[0] < num_buckets:

@@ -24,8 +24,7 @@ import numpy.typing as npt
 
 from bucketing.allocate import allocate, assign
 from bucketing.batching import (DEFAULT_AUDIO_WEIGHT, DEFAULT_SORT_BY, DEFAULT_WINDOW, Batches, BucketGrouping, Cut,
-                                allocated_totals, cut_batches, form_batches_cumulative, resolve_sort,
-                                run_positions)
+                                allocated_totals, cut_batches, form_batches_cumulative, resolve_sort)
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import (
     COMPARED_TARGETS,
@@ -36,7 +35,9 @@ from bucketing.dynres import (
     resolution_totals,
     resolve,
 )
-from bucketing.fit import Grid, fit_buckets
+from bucketing.fit import Grid
+from bucketing.fit_passes import fit_buckets
+from bucketing.held_columns import HeldColumns
 
 
 @dataclass(frozen=True)
@@ -300,25 +301,6 @@ def _batch_offsets(n: int, size: int) -> npt.NDArray[np.int64]:
     return np.append(np.arange(0, n, size, dtype=np.int64), n)
 
 
-class ArrayStore:
-    """Columns appended in memory (the in-memory stand-in of :class:`manifests.spill.SpillFiles`
-    for :func:`schemes_report`'s rate samples)."""
-
-    def __init__(self) -> None:
-        self._cols: dict[str, list[npt.NDArray[Any]]] = {}
-
-    def append(self, name: str, values: npt.NDArray[Any]) -> None:
-        self._cols.setdefault(name, []).append(np.array(values))
-
-    def read_runs(self, name: str, dtype: type, starts: npt.NDArray[np.int64],
-                  sizes: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
-        col = np.concatenate(self._cols.get(name, [np.empty(0, dtype)])).astype(dtype, copy=False)
-        return col[run_positions(starts, sizes)]
-
-    def close(self) -> None:
-        pass
-
-
 def padding_report(
     duration: npt.ArrayLike,
     num_tokens: npt.ArrayLike,
@@ -361,7 +343,7 @@ def padding_report(
     two_d.dropped = {k: int(v.shape[0]) for k, v in a.allocation.dropped.items()}
     two_d.moved, two_d.carried, two_d.max_tokens = a.allocation.moved, a.carried, a.max_tokens
     return schemes_report(int(d.shape[0]), lambda length, salt: memory_parts(d, t, length, seed, salt), fit1, one_d,
-                          grid, bs, two_d, ArrayStore(), budget=budget, cumulative_budget=cumulative_budget,
+                          grid, bs, two_d, HeldColumns(), budget=budget, cumulative_budget=cumulative_budget,
                           fixed_lengths=fixed_lengths, seed=seed, window=window, sort_by=sort_by,
                           audio_weight=audio_weight, dynamic_resolution=dynamic_resolution,
                           corpora=corpora if codes is not None else None)
@@ -380,7 +362,7 @@ def schemes_report(num_rows: int, fixed_parts: Callable[[float, int], tuple[int,
     ``grid1`` / ``one_d``: the 1D duration grid (``grid``'s duration bins, equal occupancy)
     and its rows; ``two_d``: the rows of ``grid`` (allocated, tails carried);
     ``store``: where the 2D rows' durations and rates go in batch order for the rate samples
-    (``append`` / ``read_runs`` / ``close``, :class:`ArrayStore` or spill files).
+    (``append`` / ``read_runs`` / ``close``, :class:`bucketing.held_columns.HeldColumns` or spill files).
     Batches are formed per bucket with the draws of :func:`bucketing.batching.form_batches`
     (``default_rng([seed, 2])`` for 1D, ``[seed, 3]`` for 2D), the cumulative scheme's by
     :func:`bucketing.batching.form_batches_cumulative` bucket after bucket (``[seed, 1]``)."""

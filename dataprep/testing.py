@@ -148,7 +148,8 @@ def write_plan_inputs(
     a ``corpus`` column too, rows drawn among ``c0``, ``c1``, ... with unequal shares (for
     weighted plans, ``PlanOptions(weights=...)``)."""
     from bucketing.budget import budget_source, padded_budget_batch_sizes
-    from bucketing.fit import fit_buckets, grid_to_buckets
+    from bucketing.fit import grid_to_buckets
+    from bucketing.fit_passes import fit_buckets
     from manifests.buckets_file import BucketSpec, write_buckets
     from manifests.manifest_write import write_manifest
 

@@ -1,12 +1,14 @@
-"""The dependency direction, checked in fresh interpreters:
-``dataprep -> bucketing, oom -> manifests``; inside ``dataprep/`` only ``training/`` and
-``integrations/`` may import torch, and ``cli/`` imports the stages, never the reverse.
-Also: every module opens with a docstring saying what it is for, and no import circles."""
+"""The layering of CONTRIBUTING's map: every row's "may import" (:data:`MAY_IMPORT`, checked
+equal to the file's table) over the import graph (imports at any level); in fresh
+interpreters, ``dataprep -> bucketing -> manifests``, only ``training/`` and ``integrations/``
+load torch, and ``cli/`` is loaded by no stage. Also: every module opens with a docstring
+saying what it is for, ``__all__`` in every package, and no import circles."""
 
 from __future__ import annotations
 
 import ast
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +194,98 @@ def test_every_package_lists_its_public_names(init: Path) -> None:
     defined |= {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     for name in listed:
         assert name in defined or (init.parent / f"{name}.py").exists() or (init.parent / name).is_dir(), (init, name)
+
+
+#: CONTRIBUTING's map, row by row: each folder (a room: a top-level package, a ``dataprep``
+#: sub-package or module) -> the rooms it may import, at any level. A row of many rooms lets
+#: them import each other; the package root ``dataprep`` is open to every room inside it.
+BELOW_CLI = "everything below the CLI"
+STAGES = "the stages"
+MAY_IMPORT: dict[tuple[str, ...], frozenset[str] | str] = {
+    ("manifests",): frozenset(),
+    ("bucketing",): frozenset({"manifests"}),
+    ("oom",): frozenset({"manifests", "bucketing"}),
+    ("dataprep.compile",): frozenset({"manifests", "dataprep.tokenize"}),
+    ("dataprep.analysis",): frozenset({"bucketing", "manifests", "dataprep.planning"}),
+    ("dataprep.report",): frozenset({"dataprep.analysis", "dataprep.planning", "bucketing", "manifests"}),
+    ("dataprep.planning",): frozenset({"bucketing", "manifests"}),
+    ("dataprep.training", "dataprep.training_config"): BELOW_CLI,
+    ("dataprep.integrations",): BELOW_CLI,
+    ("dataprep.cli",): STAGES,
+    ("dataprep.tokenize",): frozenset({"manifests"}),
+    ("dataprep.testing", "dataprep.demo"): frozenset({"bucketing", "manifests"}),
+}
+
+
+def _room(module: str) -> str:
+    """The room of CONTRIBUTING's map a module lives in (``dataprep`` alone: the package root)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "dataprep" else parts[0]
+
+
+def _rooms_of(cell: str) -> list[str]:
+    """The rooms a cell of the table names: backticked folders and modules, outside parentheses."""
+    return [re.sub(r"\.py$", "", name.rstrip("/")).replace("/", ".")
+            for name in re.findall(r"`([^`]+)`", re.sub(r"\([^)]*\)", "", cell))]
+
+
+def _allowed(row: tuple[str, ...]) -> set[str]:
+    """The rooms ``row`` may import: its own, what its cell names, the package root inside ``dataprep``."""
+    rule = MAY_IMPORT[row]
+    every = {room for r in MAY_IMPORT for room in r}
+    if rule == STAGES:
+        names = every
+    elif rule == BELOW_CLI:
+        names = every - {"dataprep.cli"}
+    else:
+        names = set(rule)
+    return names | set(row) | ({"dataprep"} if row[0].startswith("dataprep.") else set())
+
+
+def test_contributing_states_the_same_table() -> None:
+    """Each row of CONTRIBUTING's map (its folders and "may import") is a row of MAY_IMPORT."""
+    text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    rows: dict[tuple[str, ...], frozenset[str] | str] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        last = cells[2]
+        rule: frozenset[str] | str = (BELOW_CLI if last == BELOW_CLI else STAGES if last == STAGES
+                                      else frozenset() if last == "nothing of ours"
+                                      else frozenset(r for r in _rooms_of(last)))
+        row = tuple(_rooms_of(cells[0]))
+        if isinstance(rule, frozenset) and "each other" in last:
+            rule = rule | frozenset(row)
+        rows[row] = rule
+    want = {row: (rule | frozenset(row) if len(row) > 1 and isinstance(rule, frozenset) else rule)
+            for row, rule in MAY_IMPORT.items()}
+    assert rows == want
+
+
+def test_the_table_covers_every_room() -> None:
+    rooms = {room for row in MAY_IMPORT for room in row}
+    graph = import_graph(REPO, [pkg.__name__ for pkg in PACKAGES])
+    assert {_room(m) for m in graph} - {"dataprep"} <= rooms
+
+
+@pytest.mark.parametrize("row", list(MAY_IMPORT), ids=lambda r: "+".join(r))
+def test_each_row_imports_only_what_it_may(row: tuple[str, ...]) -> None:
+    """Every import of the row's modules (at any level, ``__main__`` files included) lands in
+    its own rooms or in one its "may import" names."""
+    graph = import_graph(REPO, [pkg.__name__ for pkg in PACKAGES])
+    allowed = _allowed(row)
+    wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() if _room(m) in row
+                   for d in deps if _room(d) not in allowed)
+    assert not wrong, f"{'+'.join(row)} may import {sorted(allowed - set(row))}, not: {wrong}"
+
+
+def test_the_row_check_sees_a_forbidden_import(tmp_path: Path) -> None:
+    """An import inside a function of a room not allowed by its row is caught."""
+    for pkg, body in (("manifests", "def f():\n    from bucketing import x\n"), ("bucketing", "x = 1\n")):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text(f'"""{pkg}."""\n' + body)
+    graph = import_graph(tmp_path, ["manifests", "bucketing"])
+    allowed = _allowed(("manifests",))
+    assert [d for m, deps in graph.items() if _room(m) == "manifests" for d in deps if _room(d) not in allowed] \
+        == ["bucketing"]

@@ -12,9 +12,9 @@ from bucketing.balance import DEFAULT_BALANCE
 from bucketing.batching import DEFAULT_AUDIO_WEIGHT
 from bucketing.dynres import DynResConfig
 from dataprep.cli import dynres as dyn
-from dataprep.cli.app import (app, build_options, check_range, defaults_of, option_flags, out,
+from dataprep.cli.app import (app, build_options, defaults_of, option_flags, out,
                               parse_memory_limit, parse_world_sizes, user_errors)
-from dataprep.report import FitOptions, fit_buckets_file, manifest_padding_report
+from dataprep.analysis import FitOptions, fit_buckets_file, manifest_padding_report
 from manifests.atomic_files import write_json
 from manifests.buckets_file import BucketSpec
 from manifests.outputs import refuse_same_paths

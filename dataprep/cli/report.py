@@ -1,7 +1,7 @@
 """Commands: ``stats`` (tables, ``--json``, ``--plots``) and ``filter`` (kept + rejects).
 
-Thin layer: parse options, call :func:`dataprep.report.stats_report` /
-:func:`dataprep.report.filter_manifest`, print rich tables on stdout.
+Thin layer: parse options, call :func:`dataprep.analysis.stats_report` /
+:func:`dataprep.analysis.filter_manifest`, print rich tables on stdout.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from dataprep.cli.app import app, build_options, err, out, user_errors
-from dataprep.report import FilterSummary, ManifestStats, Thresholds, filter_manifest, stats_report
+from dataprep.analysis import FilterSummary, ManifestStats, Thresholds, filter_manifest, stats_report
 from manifests.manifest_write import default_rejects_path
 
 
@@ -86,7 +86,16 @@ def stats_command(
 ) -> None:
     """Totals, per language, quantiles of duration / tokens / TPS, TPS by duration bin and
     outlier counts (TPS > 25, duration > 40 s, < 0.5 s), as tables on stdout."""
-    stats, written = stats_report(manifest, json_path, plots)
+    agg = None
+    if plots is not None:
+        from dataprep.report.plots import PlotAggregates  # lazy: matplotlib is an extra
+
+        agg = PlotAggregates()
+    stats, written = stats_report(manifest, json_path, consumers=[agg] if agg is not None else [])
+    if agg is not None and plots is not None:
+        from dataprep.report.plots import write_plots
+
+        written += [Path(p) for p in write_plots(agg, plots)]
     for table in stats_tables(stats):
         out.print(table)
     for path in written:

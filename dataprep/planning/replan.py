@@ -60,7 +60,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     if not isinstance(options, PlanOptions):
         raise DataprepError(f"replan: options must be PlanOptions, got {type(options).__name__}")
     check_int("at_step", at_step, le=None)  # its range is the plan's, checked below
-    world_size, carry, cost, row_group_steps = options.world_size, options.carry, options.cost, options.row_group_steps
+    world_size, cost, row_group_steps = options.world_size, options.cost, options.row_group_steps
     meta = read_plan_meta(plan_dir)
     if not meta.first_step <= at_step < meta.num_steps:
         raise DataprepError(f"--at-step {at_step}: the plan holds steps {meta.first_step}..{meta.num_steps - 1}")

@@ -6,9 +6,11 @@ the page stays a few MB whatever the row count. Every section is streamed: durat
 and TPS are read in blocks (the stats' passes, then one pass binning them with NumPy),
 strings grouped block by block; the same pass feeds the buckets section (the padding's
 sample, each row's bucket) and spills each row's corpus and duration for the plan's corpus
-shares (:mod:`dataprep.report.stream_sections`). Figures reuse the library's own:
-:func:`dataprep.report.stats.stream_stats` (quantiles, TPS by duration),
-:func:`dataprep.report.padding.spec_padding_report` (padding per scheme and per bucket),
+shares (:mod:`dataprep.report.stream_sections`); sections 2 and 3 are drawn by
+:mod:`~dataprep.report.buckets_section` and :mod:`~dataprep.report.plan_section`. Figures
+reuse the library's own:
+:func:`dataprep.analysis.stats.stream_stats` (quantiles, TPS by duration),
+:func:`dataprep.analysis.padding.spec_padding_report` (padding per scheme and per bucket),
 :func:`dataprep.planning.simulate.simulate_plan` / :func:`~dataprep.planning.simulate.plan_steps_report`
 (simulated world sizes, fill and straggler) and :class:`bucketing.costmodel.CostModel` (step times).
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,23 +32,21 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bucketing.costmodel import CostModel
-from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
-from bucketing.plan import PlanError
-from dataprep.planning import DEFAULT_WORLD_SIZES, plan_steps_report, read_epoch_batches, simulate_plan
-from dataprep.report.padding import batch_sizes_for, spec_padding_report
-from dataprep.report.exact import SELECT_BUDGET, ExactSums
-from dataprep.report.stats import QUANTILES, Block, ManifestStats, stream_stats
-from dataprep.report.stream_sections import (SPILL_BYTES_PER_ROW, BucketRows, CorpusShares, RowBlock, planned_times,
-                                             share_range_rows, spill_planned_rows, spill_rows)
+from bucketing.held_columns import HeldColumns
+from dataprep.analysis.exact import SELECT_BUDGET, ExactSums
+from dataprep.analysis.stats import QUANTILES, Block, ManifestStats, stream_stats
+from dataprep.planning.simulate import DEFAULT_WORLD_SIZES
+from dataprep.report.buckets_section import BucketAggregates, bucket_rows, bucket_section
+from dataprep.report.plan_section import MAX_GROUPS, PlanAggregates, _r, plan_aggregates
+from dataprep.report.stream_sections import SHARE_BYTES_PER_ROW, SPILL_BYTES_PER_ROW, RowBlock, spill_rows
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.content_hash import file_sha256
 from manifests.errors import DataprepError, ManifestError
 from manifests.hash_cache import manifest_hash, require_manifest_hash
 from manifests.manifest_read import iter_manifest, manifest_num_rows, read_metadata
 from manifests.options import check_int
-from manifests.plan_meta import PlanMeta, read_plan_meta
+from manifests.plan_meta import read_plan_meta
 from manifests.spill import SpillFiles, check_free_disk, default_memory_limit, remove_spill, spill_dir
 
 #: rows per block the report reads (its corpus groups' hours are summed per block: another
@@ -61,19 +61,9 @@ HIST_TOP = 99.9
 #: step of the ``--max-tps`` slider (tokens/s) and its most positions
 TPS_STEP = 0.5
 TPS_POSITIONS = 240
-#: rows of a group table shown (the rest summed in one "other" row)
-MAX_GROUPS = 60
 #: examples kept per reject reason, and characters kept of each field
 REJECT_EXAMPLES = 3
 EXAMPLE_CHARS = 160
-#: rows the padding per scheme is measured on (a uniform sample beyond it; 1M rows keep the
-#: schemes' padding within a few hundredths of a percent of the full figure and take ~4 s)
-SCHEME_SAMPLE_ROWS = 1_000_000
-#: steps drawn in the steps chart (about one per pixel); longer epochs are shown as windows of
-#: consecutive steps
-MAX_STEP_POINTS = 600
-#: epochs whose per-corpus shares are computed
-MAX_SHARE_EPOCHS = 20
 #: the corpus of a row: its ``origin`` without the trailing ``:line`` (or ``:member``)
 CORPUS_EXPR = pl.col("origin").fill_null("(unknown)").str.replace(r":[^:/]*$", "")
 
@@ -83,11 +73,6 @@ def _zero_nan(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     the usual case), whatever else the array holds: block by block as for a whole column."""
     nan = np.isnan(x)
     return np.where(nan, 0.0, x) if nan.any() else x
-
-
-def _r(x: float, digits: int = 6) -> float:
-    """A float rounded for the page (no NaN / inf: those become 0)."""
-    return round(float(x), digits) if math.isfinite(x) else 0.0
 
 
 @dataclass(frozen=True)
@@ -476,201 +461,6 @@ def rejects_aggregates(path: str | os.PathLike[str]) -> RejectsAggregates:
 
 
 @dataclass(frozen=True)
-class BucketAggregates:
-    """Section 2: per-bucket table (bounds, rows, hours, batch size and its source, padding,
-    OOM breakdown when recorded) and the padding of every scheme."""
-
-    file: str
-    source: dict[str, Any]
-    buckets: list[dict[str, Any]]
-    schemes: list[dict[str, Any]]
-    breakdown: list[dict[str, Any]]
-    #: rows the padding was measured on, of ``rows``
-    measured_rows: int
-    rows: int
-
-
-def batch_size_origin(source: dict[str, Any]) -> str:
-    """Where a buckets.json's batch sizes came from: budget, estimate or device probe."""
-    rule = str(source.get("rule", ""))
-    return {"padded-budget": "budget", "oom-estimate": "estimate", "oom-measured": "device probe"}.get(
-        rule, rule or "unknown")
-
-
-def bucket_rows(num_rows: int, spec: BucketSpec, sample: int = SCHEME_SAMPLE_ROWS) -> BucketRows:
-    """The block consumer of section 2 for a manifest of ``num_rows`` rows under ``spec``."""
-    _, bs = batch_sizes_for(spec)
-    return BucketRows(num_rows, grid_from_spec(spec), bs, sample)
-
-
-def bucket_aggregates(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], spec: BucketSpec,
-                      name: str, sample: int = SCHEME_SAMPLE_ROWS) -> BucketAggregates:
-    """:func:`bucket_section` of whole arrays: durations ``d`` (s), tokens ``t``, one block."""
-    block = RowBlock(0, np.asarray(d, dtype=np.float64), np.asarray(t, dtype=np.int64))
-    rows = bucket_rows(block.duration.shape[0], spec, sample)
-    rows.add(block)
-    return bucket_section(rows, spec, name, lambda: iter([block]))
-
-
-def bucket_section(rows: BucketRows, spec: BucketSpec, name: str,
-                   blocks: Callable[[], Iterable[RowBlock]]) -> BucketAggregates:
-    """Padding per scheme (fixed, 1D, 2D, dynamic resolution) and per bucket for the rows
-    fed to ``rows`` (every block of the manifest) under ``spec``. Beyond ``sample`` rows the
-    padding is measured on a uniform sample of that many (a seeded draw: padding is a ratio
-    per batch, and a bucket's batches look alike at any corpus size); rows and hours per
-    bucket are always exact (every row allocated and tails carried as the padding report
-    does; ``blocks`` gives the rows again when carried tails need a second pass)."""
-    n = rows.num_rows
-    try:
-        rep = spec_padding_report(rows.d, rows.t, spec, dynamic_resolution=DynResConfig())
-        if rows.exact:
-            if rows.carry():
-                for block in blocks():
-                    rows.add_seconds(block)
-            exact_h = rows.seconds / 3600.0
-            rep["per_bucket"] = [{**pb, "num_rows": int(rows.counts[i]), "hours": float(exact_h[i])}
-                                 for i, pb in enumerate(rep["per_bucket"])]
-    except PlanError as exc:
-        raise DataprepError(f"{name}: cannot plan: {exc}") from None
-    except ValueError as exc:
-        raise DataprepError(f"{name}: {exc}") from None
-    origin = batch_size_origin(spec.batch_size_source)
-    grid = grid_from_spec(spec)
-    table, breakdown = [], []
-    for b, pb in zip(spec.buckets, rep["per_bucket"]):
-        lo = grid.min_duration[b.index]
-        table.append({"bucket": b.index, "min_duration": _r(lo, 3) if np.isfinite(lo) else 0.0,
-                     "max_duration": _r(b.max_duration, 3), "max_tokens": b.max_tokens,
-                     "utterances": pb["num_rows"], "hours": _r(pb["hours"], 4),
-                     "batch_size": b.batch_size if b.batch_size is not None else pb["batch_size"],
-                     "source": origin if b.batch_size is not None else "budget (default)",
-                     "peak_gib": _r(b.extra["oom_peak_bytes"] / 2**30, 2) if b.extra.get("oom_peak_bytes") else None,
-                     "audio_padding": pb["audio_padding"], "token_padding": pb["token_padding"],
-                     "batches": pb["num_batches"]})
-        for cls, v in (b.extra.get("oom_breakdown") or {}).items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                breakdown.append({"bucket": b.index, "class": str(cls), "gib": _r(v / 2**30, 3)})
-    schemes = [{"scheme": k, "audio_padding": v["audio_padding"], "token_padding": v["token_padding"],
-                "batches": v["num_batches"], "mean_batch": v["mean_batch_size"], "excluded": v.get("excluded", 0)}
-               for k, v in rep["schemes"].items()]
-    return BucketAggregates(name, dict(spec.batch_size_source), table, schemes, breakdown, rows.d.shape[0], n)
-
-
-@dataclass(frozen=True)
-class PlanAggregates:
-    """Section 3: summary figures, one epoch's steps and ranks, corpus shares, simulations."""
-
-    summary: dict[str, Any]
-    steps: list[dict[str, Any]]
-    step_window: int
-    ranks: list[dict[str, Any]]
-    shares: list[dict[str, Any]]
-    simulate: list[dict[str, Any]]
-
-
-def _step_rows(bucket: npt.NDArray[Any], size: npt.NDArray[Any], max_d: npt.NDArray[Any],
-               times: npt.NDArray[np.float64]) -> tuple[list[dict[str, Any]], int]:
-    """Per step (or window of steps when the epoch has more than :data:`MAX_STEP_POINTS`):
-    rank 0's bucket, buckets at the step, mean batch size, predicted step time (max over
-    ranks) and mean rank time, and balance (max / mean padded audio seconds)."""
-    S = bucket.shape[0]
-    padded = size * max_d
-    with np.errstate(invalid="ignore", divide="ignore"):
-        balance = np.where(padded.mean(axis=1) > 0, padded.max(axis=1) / padded.mean(axis=1), 1.0)
-    distinct = (np.diff(np.sort(bucket, axis=1), axis=1) != 0).sum(axis=1) + 1
-    per = {"bucket": bucket[:, 0].astype(np.float64), "buckets": distinct.astype(np.float64),
-           "batch": size.mean(axis=1), "time_max": times.max(axis=1), "time_mean": times.mean(axis=1),
-           "balance": balance}
-    w = max(1, math.ceil(S / MAX_STEP_POINTS))
-    if w > 1:  # windows: the mean of each figure, the max of the step time
-        n = math.ceil(S / w)
-        starts = np.arange(n) * w
-        per = {k: (np.maximum.reduceat(v, starts) if k in ("time_max", "buckets", "balance")
-                   else np.add.reduceat(v, starts) / np.diff(np.append(starts, S))) for k, v in per.items()}
-    else:
-        starts = np.arange(S)
-    rows = [{"step": int(s), "bucket": int(round(per["bucket"][i])), "buckets": int(per["buckets"][i]),
-             "batch": _r(per["batch"][i], 2), "time_max": _r(per["time_max"][i], 4),
-             "time_mean": _r(per["time_mean"][i], 4), "balance": _r(per["balance"][i], 4)}
-            for i, s in enumerate(starts)]
-    return rows, w
-
-
-def share_table(n: npt.NDArray[np.int64], seconds: npt.NDArray[np.float64], names: Sequence[str]
-                ) -> list[dict[str, Any]]:
-    """Rows of the corpus shares: per epoch (a row of ``n`` / ``seconds``, one column per
-    corpus of ``names``) and corpus, the share of the epoch's planned utterances and hours,
-    largest first (more than :data:`MAX_GROUPS` corpora: the smallest in one row)."""
-    out = []
-    for e in range(n.shape[0]):
-        ne, h = n[e], seconds[e]
-        order = np.argsort(-h, kind="stable")
-        folded = len(names) > MAX_GROUPS
-        for c in (order[:MAX_GROUPS - 1] if folded else order):
-            if ne[c]:
-                out.append({"epoch": e, "corpus": names[c], "share": _r(ne[c] / ne.sum()),
-                            "hours_share": _r(h[c] / h.sum()) if h.sum() else 0.0})
-        if folded:
-            rest = order[MAX_GROUPS - 1:]
-            out.append({"epoch": e, "corpus": f"(other: {len(rest)} corpora)", "share": _r(ne[rest].sum() / ne.sum()),
-                        "hours_share": _r(h[rest].sum() / h.sum()) if h.sum() else 0.0})
-    return out
-
-
-def corpus_shares(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpora, rows: SpillFiles,
-                  num_rows: int, memory_limit: int) -> list[dict[str, Any]]:
-    """Per epoch (the first :data:`MAX_SHARE_EPOCHS`) and corpus: the share of the epoch's
-    planned utterances and hours; empty for a single-corpus manifest. ``rows``: each row's
-    corpus code and duration (:func:`spill_rows`), read back in ranges of
-    :func:`share_range_rows` rows, each joined to the epoch's planned rows of that range
-    (spilled by range: :func:`spill_planned_rows`; hours summed in manifest row order,
-    :class:`CorpusShares`)."""
-    names = corp.names
-    if len(names) < 2:
-        return []
-    acc = CorpusShares(min(meta.epochs, MAX_SHARE_EPOCHS), len(names))
-    step = share_range_rows(memory_limit)
-    for e in range(acc.n.shape[0]):
-        planned = SpillFiles(rows.root / f"epoch{e}")
-        planned.root.mkdir()
-        spill_planned_rows(plan_dir, meta, e, step, planned)
-        for k, a in enumerate(range(0, num_rows, step)):
-            b = min(a + step, num_rows)
-            code = corp.order[rows.read_range("c", np.int32, a, b)]
-            d = rows.read_range("d", np.float64, a, b)
-            acc.add(e, code, d, planned_times(planned, k, b - a))
-        remove_spill(planned.root)
-    return share_table(acc.n, acc.seconds, names)
-
-
-def plan_aggregates(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpora, rows: SpillFiles,
-                    num_rows: int, memory_limit: int, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
-                    cost: CostModel | None = None) -> PlanAggregates:
-    """Section 3 for a plan of the manifest whose corpora and rows (:func:`corpus_shares`)
-    were read already; epoch 0's batches (per-batch columns, not their rows) are read once
-    and shared by every figure."""
-    cost = cost or CostModel()
-    m = read_epoch_batches(plan_dir, 0, rows=False)
-    times = cost.step_time(m["size"], m["max_duration"], m["max_tokens"])
-    steps, window = _step_rows(m["bucket"], m["size"], m["max_duration"], times)
-    W = meta.world_size
-    ranks = [{"rank": r, "batches": int(m["size"].shape[0]), "utterances": int(m["size"][:, r].sum()),
-              "padded_hours": _r(float((m["size"][:, r] * m["max_duration"][:, r]).sum()) / 3600.0, 4),
-              "predicted_s": _r(float(times[:, r].sum()), 3)} for r in range(W)]
-    rep = plan_steps_report(plan_dir, cost, batches=m).to_json()
-    sims = [s.to_json() for s in simulate_plan(plan_dir, world_sizes, cost, batches=m)]
-    summary = {"world_size": W, "epochs": meta.epochs, "steps": meta.num_steps,
-               "steps_per_epoch": meta.steps_per_epoch, "seed": meta.seed, "interleave": meta.interleave,
-               "balance_tolerance": meta.balance.tolerance if meta.balance else 0.0,
-               "padding_audio": meta.padding.get("audio"), "padding_tokens": meta.padding.get("tokens"),
-               "dropped_rows": meta.fallbacks.get("dropped_rows", 0), "moved_rows": meta.fallbacks.get("moved_rows", 0),
-               "plan_hash": meta.plan_hash, "epoch0": rep}
-    shares = corpus_shares(plan_dir, meta, corp, rows, num_rows, memory_limit)
-    return PlanAggregates(summary, steps, window, ranks, shares,
-                          [{k: (_r(v, 6) if isinstance(v, float) else v) for k, v in s.items()} for s in sims])
-
-
-@dataclass(frozen=True)
 class ReportData:
     """Everything the page shows; each part ``None`` when its input was not given."""
 
@@ -696,9 +486,10 @@ def collect_report(
     that buckets file (SHA-256); without ``buckets`` the plan's own buckets are shown.
     Memory: blocks of ``block_rows`` rows and what each section keeps (bounded by its bins,
     buckets, sample and steps), and with a plan ranges of rows (:func:`share_range_rows` of
-    ``memory_limit`` bytes, default half the machine's) for the corpus shares, read back from
-    spill files next to the manifest (:data:`SPILL_BYTES_PER_ROW` a row of disk, removed at
-    the end)."""
+    ``memory_limit`` bytes, default half the machine's) for the corpus shares, held in memory
+    when every row's share fits the limit (:data:`SPILL_BYTES_PER_ROW` +
+    :data:`SHARE_BYTES_PER_ROW` a row), else read back from spill files next to the manifest
+    (:data:`SPILL_BYTES_PER_ROW` a row of disk, removed at the end)."""
     if any(w < 1 for w in world_sizes):
         raise DataprepError(f"world sizes must be >= 1, got {list(world_sizes)}")
     check_int("memory_limit", memory_limit, ge=1, le=2**62, optional=True)
@@ -721,19 +512,24 @@ def collect_report(
     brows = bucket_rows(n, spec) if spec is not None else None
     consumers: list[Callable[[RowBlock], None]] = [brows.add] if brows is not None else []
     root = None
+    files: SpillFiles | None = None
     try:
         if meta is not None and plan is not None:
-            root = spill_dir(manifest)
-            check_free_disk(root, n * SPILL_BYTES_PER_ROW, "the report's spill files (rows' corpora and durations, "
-                            "planned rows)")
-            files = SpillFiles(root)
-            consumers.append(lambda b: spill_rows(files, b))
-        corpus, corp = corpus_aggregates(manifest, spec, consumers=consumers, codes=root is not None,
+            if n * (SPILL_BYTES_PER_ROW + SHARE_BYTES_PER_ROW) <= limit:  # held: nothing spilled
+                files = HeldColumns()
+            else:
+                root = spill_dir(manifest)
+                check_free_disk(root, n * SPILL_BYTES_PER_ROW, "the report's spill files (rows' corpora and "
+                                "durations, planned rows)")
+                files = SpillFiles(root)
+            held = files
+            consumers.append(lambda b: spill_rows(held, b))
+        corpus, corp = corpus_aggregates(manifest, spec, consumers=consumers, codes=files is not None,
                                          block_rows=block_rows)
         section2 = (bucket_section(brows, spec, spec_name or "", lambda: row_blocks(manifest, block_rows))
                     if brows is not None and spec is not None else None)
         section3 = None
-        if root is not None and meta is not None and plan is not None:
+        if files is not None and meta is not None and plan is not None:
             files.close()
             section3 = plan_aggregates(plan, meta, corp, files, n, limit, world_sizes)
     finally:

@@ -19,8 +19,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dataprep.report.aggregates import (BucketAggregates, CorpusAggregates, PlanAggregates, RejectsAggregates,
-                                       ReportData, batch_size_origin)
+from dataprep.report.aggregates import CorpusAggregates, RejectsAggregates, ReportData
+from dataprep.report.buckets_section import BucketAggregates, batch_size_origin
+from dataprep.report.plan_section import PlanAggregates
 from manifests.atomic_files import atomic_path
 from manifests.errors import DataprepError
 

@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from dataprep.report.exact import SELECT_BUDGET, ExactSums, OrderSelector, polars_quantile, polars_ranks
-from dataprep.report.stats import DURATION_BIN_EDGES, Block, bin_labels, stream_stats
+from dataprep.analysis.exact import SELECT_BUDGET, ExactSums, OrderSelector, polars_quantile, polars_ranks
+from dataprep.analysis.stats import DURATION_BIN_EDGES, Block, bin_labels, stream_stats
 from manifests.atomic_files import atomic_path
 from manifests.errors import DataprepError
 
@@ -61,7 +61,7 @@ BOX_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
 class PlotAggregates:
-    """What the three PNGs draw, gathered over the passes of :func:`~dataprep.report.stats.stream_stats`
+    """What the three PNGs draw, gathered over the passes of :func:`~dataprep.analysis.stats.stream_stats`
     (a block consumer): counts per histogram bin and per hexagon, the box plot's TPS quantiles
     per duration bin (exact order statistics), extents and totals. Never a whole column, so
     the plots of any corpus need memory bounded by the bins; the PNGs equal those drawn

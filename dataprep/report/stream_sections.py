@@ -7,7 +7,7 @@ second pass where said); the cores here take arrays only.
 - :class:`BucketRows` (section 2): the rows the padding is measured on (all of them up to the
   sample size, else the seeded uniform sample :func:`sample_rows` draws) and, past the sample,
   every row's bucket exactly as :func:`bucketing.allocate.assign` gives it: the allocation is
-  per row (block by block, as the streamed fit does); the carried tails need of each bucket
+  per row (block by block, as the fit does); the carried tails need of each bucket
   only its :func:`bucketing.allocate.tail_candidates` (at most half a batch) and its size, so
   the carry runs on those after the pass; a second pass sums each bucket's seconds in row
   order (``np.add.at``, as a weighted ``np.bincount`` adds) with the carried rows in their
@@ -33,8 +33,8 @@ import numpy.typing as npt
 
 from bucketing.allocate import allocate, merge_tail_candidates, tail_moves
 from bucketing.fit import Grid
+from bucketing.fit_passes import AllocationTotals
 from bucketing.quota import Shuffle
-from dataprep.report.stream_fit import StreamedAllocation
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PlanMeta
@@ -88,7 +88,7 @@ class BucketRows:
         m = min(num_rows, sample)
         self.d, self.t = np.empty(m, np.float64), np.empty(m, np.int64)
         self.exact = self.pick is not None
-        self.alloc = StreamedAllocation.of(grid)
+        self.alloc = AllocationTotals.of(grid)
         nb = grid.num_buckets
         empty = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
         self._cand: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]] = [empty] * nb
@@ -150,7 +150,7 @@ class BucketRows:
             return False
         self._moved_rows = np.asarray(sorted(moves), dtype=np.int64)
         self._moved_to = np.asarray([moves[r] for r in self._moved_rows.tolist()], dtype=np.int32)
-        self.alloc = StreamedAllocation.of(self.grid)
+        self.alloc = AllocationTotals.of(self.grid)
         return True
 
     def add_seconds(self, b: RowBlock) -> None:

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from bucketing.allocate import allocate
 from bucketing.budget import padded_budget_batch_sizes
-from bucketing.fit import Grid, fit_buckets, grid_from_spec
+from bucketing.fit import Grid, grid_from_spec
+from bucketing.fit_passes import fit_buckets
 from manifests.buckets_file import parse_buckets
 from manifests.errors import ManifestError
 

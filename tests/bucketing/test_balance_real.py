@@ -15,7 +15,7 @@ import pytest
 from bucketing.allocate import assign
 from bucketing.budget import cost_equal_batch_sizes, padded_budget_batch_sizes
 from bucketing.costmodel import CostModel
-from bucketing.fit import fit_buckets
+from bucketing.fit_passes import fit_buckets
 from bucketing.steps_report import epoch_report, plan_in_memory
 from tests.conftest import shared_file
 

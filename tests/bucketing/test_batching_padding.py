@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from bucketing.allocate import allocate
 from bucketing.batching import BucketGrouping, _block_offers, _even_out, form_batches, form_batches_cumulative
-from bucketing.fit import fit_buckets
+from bucketing.fit_passes import fit_buckets
 from bucketing.padding import PaddingSums, measure, padding_report
 
 

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bucketing.allocate import allocate, fit_spec
-from bucketing.fit import (OVERFLOW_MIN_ROWS, OVERFLOW_RATIO, SPLIT_MIN_SHARE, equal_occupancy_cuts, fit_buckets,
+from bucketing.allocate import allocate
+from bucketing.fit_passes import fit_buckets, fit_spec
+from bucketing.fit import (OVERFLOW_MIN_ROWS, OVERFLOW_RATIO, SPLIT_MIN_SHARE, equal_occupancy_cuts,
                            grid_from_spec, merge_sparse_bins, split_wide_bins)
 from manifests.buckets_file import parse_buckets
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dataprep.cli import app
-from bucketing.allocate import fit_spec
+from bucketing.fit_passes import fit_spec
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.hash_cache import manifest_hash
 from manifests.manifest_write import write_manifest
@@ -74,6 +74,10 @@ def test_strict_and_user_errors(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--max-rate: must be >= 140" in r.output and len(r.output.strip().splitlines()) == 1
     r = runner.invoke(app, ["fit-buckets", str(m), "--min-duration", "1000", "-o", str(tmp_path / "b.json")])
     assert r.exit_code == 2 and "no rows left" in r.output
+    (tmp_path / "a-file").write_text("x")  # held in memory (no spill folder): the output's folder, one line
+    r = runner.invoke(app, ["fit-buckets", str(m), "-o", str(tmp_path / "a-file" / "b.json")])
+    assert r.exit_code == 2 and "cannot make the output's folder there" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
 
 
 @pytest.mark.shared

@@ -297,9 +297,10 @@ def test_fit_buckets_under_a_file_is_one_line(tmp_path: Path) -> None:
     """Every command that spills makes its folder with the one function: fit-buckets too."""
     m, _ = write_plan_inputs(tmp_path, 200, seed=1, num_buckets=4)
     (tmp_path / "a-file").write_text("x")
-    res = CliRunner().invoke(app, ["fit-buckets", str(m), "-o", str(tmp_path / "a-file" / "buckets.json")])
+    res = CliRunner().invoke(app, ["fit-buckets", str(m), "-o", str(tmp_path / "a-file" / "buckets.json"),
+                                   "--memory-limit", "16KiB"])
     assert res.exit_code == 2, res.output
-    assert "cannot make the spill directory there" in res.output
+    assert "cannot make" in res.output
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
 
 

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from dataprep.planning.build import build_plan
 
 from dataprep.planning.options import PlanOptions
-from dataprep.report.aggregates import (MAX_GROUPS, CorpusGroups, Histogram, bucket_aggregates, collect_report,
-                                        corpora, grid_histogram, rejects_aggregates, tps_cut_table)
-from dataprep.report.filters import Thresholds, apply_filters
+from dataprep.report.aggregates import (MAX_GROUPS, CorpusGroups, Histogram, collect_report, corpora, grid_histogram,
+                                        rejects_aggregates, tps_cut_table)
+from dataprep.report.buckets_section import SCHEME_SAMPLE_ROWS, bucket_rows, bucket_section
+from dataprep.report.stream_sections import RowBlock
+from dataprep.analysis.filters import Thresholds, apply_filters
 from dataprep.testing import write_plan_inputs
 from manifests.buckets_file import read_buckets
 from manifests.errors import DataprepError, ManifestError
@@ -157,8 +159,14 @@ def test_padding_on_a_sample_keeps_rows_and_hours_per_bucket_exact(inputs: dict[
     df = pl.read_parquet(inputs["kept"])
     d, t = df["duration"].to_numpy(), df["num_tokens"].to_numpy().astype(np.int64)
     spec = read_buckets(inputs["buckets"])
-    full = bucket_aggregates(d, t, spec, "b")
-    part = bucket_aggregates(d, t, spec, "b", sample=1500)
+    block = RowBlock(0, d, t)
+
+    def section(sample: int):
+        rows = bucket_rows(df.height, spec, sample)
+        rows.add(block)
+        return bucket_section(rows, spec, "b", lambda: iter([block]))
+
+    full, part = section(SCHEME_SAMPLE_ROWS), section(1500)
     assert (full.measured_rows, part.measured_rows, part.rows) == (df.height, 1500, df.height)
     assert [b["utterances"] for b in part.buckets] == [b["utterances"] for b in full.buckets]
     assert [b["hours"] for b in part.buckets] == pytest.approx([b["hours"] for b in full.buckets], abs=1e-4)
@@ -167,7 +175,7 @@ def test_padding_on_a_sample_keeps_rows_and_hours_per_bucket_exact(inputs: dict[
 
 
 def test_long_epochs_are_drawn_as_windows_of_steps() -> None:
-    from dataprep.report.aggregates import MAX_STEP_POINTS, _step_rows
+    from dataprep.report.plan_section import MAX_STEP_POINTS, _step_rows
 
     rng = np.random.default_rng(2)
     S, W = 2 * MAX_STEP_POINTS + 7, 4

@@ -17,14 +17,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bucketing.allocate import assign, fit_spec
+from bucketing.allocate import assign
+from bucketing.fit_passes import fit_spec
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from dataprep.planning.build import build_plan
 from dataprep.planning.options import PlanOptions
 from dataprep.planning.simulate import read_epoch_batches
-from dataprep.report.aggregates import bucket_rows, bucket_section, collect_report, row_blocks, share_table
-from dataprep.report.padding import batch_sizes_for, spec_padding_report
+import dataprep.report.aggregates as aggregates
+from dataprep.report.aggregates import collect_report, row_blocks
+from dataprep.report.buckets_section import bucket_rows, bucket_section
+from dataprep.report.plan_section import share_table
+from dataprep.analysis.padding import batch_sizes_for, spec_padding_report
 from dataprep.report.stream_sections import (SHARE_BYTES_PER_ROW, CorpusShares, RowBlock, planned_times,
                                              sample_rows, spill_planned_rows)
 from dataprep.testing import write_plan_inputs
@@ -144,10 +148,18 @@ def test_planned_rows_spilled_by_range_count_the_epochs_rows(planned: dict[str, 
             np.testing.assert_array_equal(np.concatenate(got), want)
 
 
-def test_a_report_in_small_ranges_and_blocks_equals_the_default(planned: dict[str, Path]) -> None:
+def test_a_report_in_small_ranges_and_blocks_equals_the_default(planned: dict[str, Path],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the default limit the rows are held (nothing spilled); under a tiny one they are
+    spilled and read back in ranges of 211 rows: the same report."""
+    spills: list[Path] = []
+    real = aggregates.spill_dir
+    monkeypatch.setattr(aggregates, "spill_dir", lambda where: spills.append(real(where)) or spills[-1])
     full = collect_report(planned["kept"], plan=planned["plan"], world_sizes=[2])
+    assert not spills
     tiny = collect_report(planned["kept"], plan=planned["plan"], world_sizes=[2],
                           memory_limit=SHARE_BYTES_PER_ROW * 211, block_rows=97)
+    assert len(spills) == 1
     assert asdict(tiny) == asdict(full)
     assert not list(planned["kept"].parent.glob(".*spill*"))  # the spill files are removed
     # the shares: every epoch's planned rows joined to the manifest, hours in row order

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dataprep.report.aggregates import HIST_TOP, Histogram, corpus_aggregates, grid_histogram, tps_cut_table
-from dataprep.report.stats import QUANTILES, compute_stats
+from dataprep.analysis.stats import QUANTILES, compute_stats
 from dataprep.report.stream_sections import RowBlock
 from manifests.manifest_write import write_manifest
-from tests.report.test_stats_stream import same
+from tests.analysis.test_stats_stream import same
 
 special = st.sampled_from([math.nan, None])  # infinities: a compiled manifest holds none
 number = st.one_of(st.floats(0.01, 90.0), st.integers(0, 40).map(float), special)

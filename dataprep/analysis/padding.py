@@ -2,7 +2,7 @@
 waste (:func:`bucketing.padding.padding_report`) and, for given world sizes, the steps
 ``plan-batches`` would make (:func:`bucketing.steps_report.steps_report`). I/O around the
 pure core; ``dataprep padding`` prints what this returns. A manifest over the memory limit is
-measured from spill files (:mod:`dataprep.report.stream_padding`, the same figures)."""
+measured from spill files (:mod:`dataprep.analysis.stream_padding`, the same figures)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from bucketing.fit import grid_from_spec
 from bucketing.padding import padding_report
 from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
-from dataprep.report.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
+from dataprep.analysis.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.corpus_codes import read_corpus_codes
 from manifests.errors import DataprepError, OptionError
@@ -47,8 +47,8 @@ def manifest_padding_report(
     ``steps`` per world size when ``world_sizes`` are given and the manifest's hash.
     ``options``: the keyword options of :func:`spec_padding_report`. A manifest whose columns
     would need more than ``memory_limit`` bytes in memory (default: half the machine's;
-    :data:`dataprep.report.stream_padding.IN_MEMORY_BYTES_PER_ROW` per row) is read from
-    spill files (:mod:`dataprep.report.stream_padding`: the same figures)."""
+    :data:`dataprep.analysis.stream_padding.IN_MEMORY_BYTES_PER_ROW` per row) is read from
+    spill files (:mod:`dataprep.analysis.stream_padding`: the same figures)."""
     check_int("memory_limit", memory_limit, ge=1, le=2**62, optional=True)
     limit = memory_limit if memory_limit is not None else default_memory_limit()
     spec = read_buckets(buckets)
@@ -73,7 +73,7 @@ def manifest_padding_report(
 
 def _spilled(manifest: str | os.PathLike[str], spec: BucketSpec, rows: int, limit: int,
              **options: Any) -> dict[str, Any]:
-    """:func:`dataprep.report.stream_padding.spilled_padding_report` after the checks of
+    """:func:`dataprep.analysis.stream_padding.spilled_padding_report` after the checks of
     :func:`spec_padding_report`."""
     check_padding_options(rows, **options)
     budget, bs = batch_sizes_for(spec, options.pop("budget", None))

@@ -1,4 +1,4 @@
-"""``dataprep padding`` from spill files (dataprep/report/stream_padding.py) gives the in-memory
+"""``dataprep padding`` from spill files (dataprep/analysis/stream_padding.py) gives the in-memory
 report, figure for figure; rows in = rows in the report."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import bucketing.padding as padding
-from bucketing.allocate import fit_spec
+from bucketing.fit_passes import fit_spec
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
 from dataprep.cli import app
-from dataprep.report.padding import batch_sizes_for, manifest_padding_report
-from dataprep.report.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
+from dataprep.analysis.padding import batch_sizes_for, manifest_padding_report
+from dataprep.analysis.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
 from manifests.manifest_write import write_manifest

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dataprep.report.files import filter_manifest
-from dataprep.report.filters import Thresholds, apply_filters
+from dataprep.analysis.stats_and_filter import filter_manifest
+from dataprep.analysis.filters import Thresholds, apply_filters
 from manifests.hash_cache import manifest_hash
 from manifests.manifest_read import read_manifest, read_metadata
 from manifests.manifest_write import RowGroupWriter, write_manifest, write_parquet_stream, write_rejects

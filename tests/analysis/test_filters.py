@@ -1,4 +1,4 @@
-"""``dataprep.report.filters`` and ``dataprep filter``: conservation, first-failing reason, counts,
+"""``dataprep.analysis.filters`` and ``dataprep filter``: conservation, first-failing reason, counts,
 kept order, rejects file contents; on random frames and on ../shared/data."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dataprep.cli import app
-from dataprep.report.filters import FILTER_NAMES, Thresholds, apply_filters
+from dataprep.analysis.filters import FILTER_NAMES, Thresholds, apply_filters
 from manifests.errors import DataprepError
 from manifests.hash_cache import manifest_hash
 from manifests.manifest_read import read_manifest, read_metadata
@@ -25,7 +25,7 @@ from tests.conftest import manifest_from_csv
 runner = CliRunner()
 PROMPT = 9
 
-# The rules, restated independently of dataprep.report.filters: name -> (column, row fails?)
+# The rules, restated independently of dataprep.analysis.filters: name -> (column, row fails?)
 RULES = {
     "max_tps": ("tps", lambda v, b: v > b),
     "min_tps": ("tps", lambda v, b: v < b),

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from dataprep.report.stats import (DEFAULT_THRESHOLDS, DURATION_BIN_EDGES, QUANTILES, CorpusStats, DurationBinStats,
+from dataprep.analysis.stats import (DEFAULT_THRESHOLDS, DURATION_BIN_EDGES, QUANTILES, CorpusStats, DurationBinStats,
                                    LanguageStats, ManifestStats, ThresholdCount, bin_labels, duration_bin_index)
 
 _QUANTILE_COLUMNS = ("duration", "num_tokens", "tps")

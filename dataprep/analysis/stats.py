@@ -8,7 +8,7 @@ selected values, never the corpus; :func:`compute_stats` is one frame as one blo
 
 Quantiles use linear interpolation between order statistics (numpy's default for the
 quantile table, polars' ``quantile`` / ``median`` per language and duration bin), selected
-exactly (:mod:`dataprep.report.exact`), so every figure equals ``numpy.percentile`` /
+exactly (:mod:`dataprep.analysis.exact`), so every figure equals ``numpy.percentile`` /
 polars over the whole column; hours are correctly rounded sums (``math.fsum``). Nulls and
 NaNs are ignored by the quantiles (a null TPS still counts in its group's size, as polars
 counts it); an empty selection gives ``None``. The result does not depend on the blocks.
@@ -27,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataprep.report.exact import (SELECT_BUDGET, ExactSums, OrderSelector, float_keys, numpy_percentiles, numpy_ranks,
+from dataprep.analysis.exact import (SELECT_BUDGET, ExactSums, OrderSelector, float_keys, numpy_percentiles, numpy_ranks,
                                    polars_quantile, polars_ranks)
 
 #: Quantile levels reported for duration, num_tokens and tps, in percent.
@@ -219,7 +219,7 @@ class Block:
         return self._bins[key]
 
     def keys(self, name: str) -> npt.NDArray[np.uint64]:
-        """:func:`~dataprep.report.exact.float_keys` of every row of a numeric column (NaN rows: garbage)."""
+        """:func:`~dataprep.analysis.exact.float_keys` of every row of a numeric column (NaN rows: garbage)."""
         if name not in self._keys:
             x = self.column(name)
             self._keys[name] = float_keys(np.where(np.isnan(x), 0.0, x))

@@ -1,4 +1,5 @@
-"""The streamed fit (``fit-buckets`` in bounded memory) writes the in-memory fit's bytes."""
+"""The one fit writes the same bytes held in memory (one block) and spilled (tiny limits:
+small blocks, sorted ranges of 256 values), and the spill runs when it must."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from bucketing.allocate import fit_spec
+import dataprep.analysis.buckets as fit_module
+from bucketing.fit_passes import MIN_SORT_ROWS, Passes, fit_blocks, fit_spec
 from dataprep.cli import app
-from dataprep.report.stream_fit import streamed_fit_spec
+from dataprep.analysis.buckets import manifest_blocks
 from manifests.buckets_file import write_buckets
 from manifests.hash_cache import manifest_hash
 from manifests.manifest_write import write_manifest
@@ -58,10 +60,11 @@ OPTIONS = st.fixed_dictionaries({
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31), n=st.integers(1, 1200), kind=st.integers(0, 3), opts=OPTIONS,
-       limit=st.sampled_from([1, 1 << 30]))
-def test_streamed_equals_in_memory(tmp_path: Path, seed: int, n: int, kind: int, opts: dict, limit: int) -> None:
-    """Random corpora, options and memory limits (1 byte: sorted ranges of 256 values, split
-    down to single values where one holds more)."""
+       block=st.sampled_from([97, 1024]))
+def test_spilled_equals_held(tmp_path: Path, seed: int, n: int, kind: int, opts: dict, block: int) -> None:
+    """Random corpora and options: held in memory (one block) and spilled (blocks of ``block``
+    rows, sorted ranges of 256 values, split down to single values where one holds more) write
+    the same bytes; the spill files were written; the arrays' entry (:func:`fit_spec`) agrees."""
     d, t = _corpus(seed, n, kind)
     with tempfile.TemporaryDirectory(dir=tmp_path) as work:
         w = Path(work)
@@ -69,17 +72,22 @@ def test_streamed_equals_in_memory(tmp_path: Path, seed: int, n: int, kind: int,
         write_manifest(_frame(d, t), m)
         kw = dict(max_duration_budget=600.0, max_frames_budget=None, max_tokens_budget=None, frame_shift=0.01,
                   manifest_hash="h", **opts)
+        held = Passes.held(n)
+        spilled = Passes(SpillFiles(w), block, MIN_SORT_ROWS)
         try:
-            want, alloc = fit_spec(d, t, **kw)
-        except ValueError as exc:  # e.g. the caps leave nothing: the same message streamed
+            want, alloc = fit_blocks(manifest_blocks(m, held.block), held, **kw)
+        except ValueError as exc:  # e.g. the caps leave nothing: the same message spilled
             with pytest.raises(ValueError, match=re.escape(str(exc))):
-                streamed_fit_spec(m, w, limit, **kw)
+                fit_blocks(manifest_blocks(m, block), spilled, **kw)
             return
-        got, sa = streamed_fit_spec(m, w, limit, **kw)
+        got, sa = fit_blocks(manifest_blocks(m, block), spilled, **kw)
+        assert spilled.files.written_bytes() >= 16 * (n - alloc.num_dropped)  # d and t of the rows within the caps
+        assert held.files.written_bytes() == 0 and not (Path() / "d").exists()
         write_buckets(want, w / "a.json")
         write_buckets(got, w / "b.json")
-        assert (w / "a.json").read_bytes() == (w / "b.json").read_bytes()
-        assert sa.dropped == {k: v.shape[0] for k, v in alloc.dropped.items()}
+        write_buckets(fit_spec(d, t, **kw)[0], w / "c.json")
+        assert (w / "a.json").read_bytes() == (w / "b.json").read_bytes() == (w / "c.json").read_bytes()
+        assert sa.dropped == alloc.dropped
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -98,15 +106,20 @@ def test_sorted_runs_sort(tmp_path: Path, values: list[float], max_rows: int) ->
         assert np.array_equal(got, np.sort(x))
 
 
-def test_cli_tiny_memory_limit_same_bytes(tmp_path: Path) -> None:
-    """fit-buckets under the default limit and under 64 KiB (sorted ranges of 256 durations)
-    writes the in-memory fit's bytes and prints the same lines."""
+def test_cli_tiny_memory_limit_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fit-buckets under the default limit (held, no spill) and under 64 KiB (spilled: sorted
+    ranges of 256 durations) writes the same bytes and prints the same lines."""
     d, t = _corpus(5, 4000, 0)
     m = tmp_path / "m.parquet"
     write_manifest(_frame(d, t), m)
+    spills: list[Path] = []
+    real = fit_module.spill_dir
+    monkeypatch.setattr(fit_module, "spill_dir", lambda out: spills.append(real(out)) or spills[-1])
     args = ["fit-buckets", str(m), "--num-buckets", "10", "--max-duration", "40", "--min-duration", "1"]
     a = runner.invoke(app, [*args, "-o", str(tmp_path / "a.json")])
+    assert not spills  # held: nothing spilled
     b = runner.invoke(app, [*args, "-o", str(tmp_path / "b.json"), "--memory-limit", "64KiB"])
+    assert len(spills) == 1  # spilled
     assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     assert a.output == b.output.replace("b.json", "a.json")  # the same table and left-out lines

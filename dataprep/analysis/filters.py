@@ -11,7 +11,7 @@ Filters, in the order that decides a rejected row's ``reason`` (its FIRST failin
 - ``min_tokens``: fails when ``num_tokens < min_tokens`` (tokens incl. prompt)
 - ``max_tokens``: fails when ``num_tokens > max_tokens``
 
-A manifest too large for memory is filtered block by block (:func:`dataprep.report.files.filter_manifest`):
+A manifest too large for memory is filtered block by block (:func:`dataprep.analysis.stats_and_filter.filter_manifest`):
 every rule is row by row, so the blocks' kept and rejected rows, in order, are the whole
 frame's, and their :class:`FilterSummary` adds up. Bounds are inclusive for kept rows (``tps == max_tps`` is kept). A null or NaN value fails
 every filter set on its column (it cannot be shown to pass). Filters left ``None`` are not

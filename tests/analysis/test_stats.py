@@ -1,4 +1,4 @@
-"""``dataprep.report.stats`` and ``dataprep stats``: every figure checked against an independent
+"""``dataprep.analysis.stats`` and ``dataprep stats``: every figure checked against an independent
 computation (csv + numpy + statistics), on generated frames and on ../shared/data."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dataprep.cli import app
-from dataprep.report.stats import DURATION_BIN_EDGES, QUANTILES, bin_labels, compute_stats, duration_bin_index
+from dataprep.analysis.stats import DURATION_BIN_EDGES, QUANTILES, bin_labels, compute_stats, duration_bin_index
 from manifests.errors import DataprepError
 from manifests.hash_cache import manifest_hash
 from manifests.manifest_write import write_manifest

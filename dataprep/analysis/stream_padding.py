@@ -4,8 +4,8 @@ the in-memory path (:func:`bucketing.padding.padding_report`), figure for figure
 Both paths measure every scheme from rows read one part or one bucket at a time
 (:func:`bucketing.padding.schemes_report`); here the rows come from spill files:
 
-1. the 1D duration grid: the streamed exact fit (:func:`dataprep.report.stream_fit.streamed_fit_spec`,
-   one bucket per duration bin, equal occupancy as ``fit_buckets`` in memory);
+1. the 1D duration grid: the one fit (:func:`bucketing.fit_passes.fit_blocks`, one bucket per
+   duration bin);
 2. the 1D and the 2D buckets: the out-of-core planner's spill
    (:func:`dataprep.planning.spill_manifest`: allocation in blocks, rows spilled
    by bucket, tails carried as edits; no ids, the corpus codes for the per-corpus table);
@@ -46,7 +46,8 @@ from bucketing.padding import BucketedRows, scatter_count, scatter_part, schemes
 from bucketing.plan import EpochPlan
 from bucketing.steps_report import steps_rows
 from dataprep.planning import SpilledCorpus, carry_spilled, plan_epoch_figures, spill_manifest
-from dataprep.report.stream_fit import streamed_fit_spec
+from bucketing.fit_passes import fit_blocks
+from dataprep.analysis.buckets import HELD_BYTES_PER_ROW, fit_passes, manifest_blocks
 from manifests.corpus_codes import corpus_names, iter_corpus_codes
 from manifests.manifest_read import iter_manifest
 from manifests.spill import SpillFiles, check_free_disk, remove_spill, spill_dir
@@ -123,11 +124,12 @@ def spilled_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt
     try:
         check_free_disk(root, num_rows * DISK_BYTES_PER_ROW, "the padding report's spill files")
         nd = grid.num_duration_bins
-        spec1, _ = streamed_fit_spec(manifest, _sub(root, "fit"), memory_limit, num_buckets=nd, num_subbuckets=1,
-                                     min_duration=None, max_duration=None, strict=False,
-                                     max_duration_budget=budget, max_frames_budget=None, max_tokens_budget=None,
-                                     frame_shift=0.01, manifest_hash=None, outlier_fence=DEFAULT_OUTLIER_FENCE,
-                                     token_fence=DEFAULT_TOKEN_FENCE)
+        passes = fit_passes(num_rows, memory_limit,
+                            None if num_rows * HELD_BYTES_PER_ROW <= memory_limit else _sub(root, "fit"))
+        spec1, _ = fit_blocks(manifest_blocks(manifest, passes.block), passes, num_buckets=nd, num_subbuckets=1,
+                              min_duration=None, max_duration=None, strict=False, max_duration_budget=budget,
+                              max_frames_budget=None, max_tokens_budget=None, frame_shift=0.01, manifest_hash=None,
+                              outlier_fence=DEFAULT_OUTLIER_FENCE, token_fence=DEFAULT_TOKEN_FENCE)
         grid1 = grid_from_spec(spec1)
         bs1 = padded_budget_batch_sizes(grid1.max_duration, max_duration_budget=budget)
         one_d = spilled_buckets(spill_manifest(manifest, grid1, bs1, _sub(root, "1d"), strict=False,

@@ -1,42 +1,34 @@
-"""``fit-buckets`` in memory bounded by a budget, not by the corpus: the same ``buckets.json``
-bytes as the in-memory fit (:func:`bucketing.allocate.fit_spec`), exactly (no sample).
+"""The fit, once for every size: equal-occupancy bins (:mod:`bucketing.fit`) and the
+allocation (:mod:`bucketing.allocate`) from rows fed block by block, held in a column store:
+:class:`HeldColumns` in memory, or spill files (:class:`manifests.spill.SpillFiles`) for a
+corpus over the memory limit. The same floats either way, at any block size (no sample).
 
-Passes (blocks of the manifest, then of raw spill files under ``root``):
+Passes: 1. the blocks: checks, rows outside the caps counted, durations and tokens stored;
+2. the durations ascending (:func:`manifests.spill.sorted_runs`, ranges of at most
+``sort_rows``): quartiles, fence, the running sum at the last row of each distinct duration
+(``np.cumsum`` continued run to run), searched by :func:`bucketing.fit.duration_bounds`;
+3. the (duration bin, token count) cells, seconds summed in row order (``np.add.at``);
+4. the allocation, block by block, seconds per bucket summed in row order.
 
-1. the manifest, block by block (:func:`manifests.manifest_read.iter_manifest`): checks, rows outside
-   the caps counted (their durations spilled, summed at the end as NumPy sums them), the
-   durations and tokens of the other rows spilled;
-2. the durations in ascending order (:func:`manifests.spill.sorted_runs`, an external sort
-   in ranges of at most the budget's rows): the quartiles and the fence are order
-   statistics read as they pass; the running sum of the sorted durations (``np.cumsum``,
-   continued from run to run, so the same floats) is kept at the last row of each distinct
-   duration within the fence, spilled; the equal-occupancy cuts then search that file
-   memory-mapped (:func:`bucketing.fit.duration_bounds`);
-3. the token cells (duration bin, token count): seconds summed in row order with
-   ``np.add.at``, as ``np.bincount`` sums them, so the same floats;
-4. the allocation, block by block (it is per row), with seconds per bucket summed in row order.
-
-Memory: one block, the ranges of the sort, the cells and the per-bucket totals. Disk: 16
-bytes per row (durations, tokens) plus 16 per distinct duration.
+Memory: one block, a range of the sort, the cells, the per-bucket totals (plus the store when
+held). Spilled: 16 bytes of disk per row plus 16 per distinct duration.
 """
 
 from __future__ import annotations
 
 import math
-import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow.compute as pc
 
 from bucketing.allocate import Allocation, allocate, fitted_spec
-from bucketing.fit import (NO_ROWS, Grid, TokenCells, check_fences, duration_bounds, finish_fit, merge_sparse_bins,
-                           overflow_level_runs, quartile_ranks, tukey_fence)
+from bucketing.fit import (DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, NO_ROWS, FitResult, Grid, TokenCells,
+                           check_fences, duration_bounds, finish_fit, merge_sparse_bins, overflow_level_runs,
+                           quartile_ranks, tukey_fence)
 from manifests.buckets_file import BucketSpec
-from manifests.errors import DataprepError
-from manifests.manifest_read import iter_manifest
+from bucketing.held_columns import HeldColumns
 from manifests.spill import SpillFiles, sorted_runs
 
 #: Bytes of working memory per row of a block (Arrow columns, NumPy copies, masks, allocation).
@@ -49,7 +41,7 @@ MIN_SORT_ROWS = 256
 
 
 @dataclass
-class StreamedAllocation:
+class AllocationTotals:
     """What the allocation gave, summed over blocks: rows and seconds per bucket (seconds in
     row order), rows and seconds left out per reason, rows moved, token bounds after any raise."""
 
@@ -60,8 +52,12 @@ class StreamedAllocation:
     dropped_seconds: dict[str, float] = field(default_factory=dict)
     moved: int = 0
 
+    @property
+    def num_dropped(self) -> int:
+        return sum(self.dropped.values())
+
     @classmethod
-    def of(cls, grid: Grid) -> StreamedAllocation:
+    def of(cls, grid: Grid) -> AllocationTotals:
         """Nothing added yet, for ``grid``'s buckets."""
         nb = grid.num_buckets
         return cls(np.zeros(nb, np.int64), np.zeros(nb, np.float64), grid.max_tokens.astype(np.int64))
@@ -89,26 +85,43 @@ def block_rows(memory_limit: int) -> int:
     return int(min(max(memory_limit // (4 * BLOCK_BYTES_PER_ROW), 1 << 10), 1 << 20))
 
 
-def streamed_fit_spec(manifest: str | os.PathLike[str], root: Path, memory_limit: int, *, num_buckets: int,
-                      num_subbuckets: int, min_duration: float | None, max_duration: float | None, strict: bool,
-                      max_duration_budget: float | None, max_frames_budget: int | None,
-                      max_tokens_budget: int | None, frame_shift: float, manifest_hash: str | None,
-                      outlier_fence: float | None, token_fence: float | None
-                      ) -> tuple[BucketSpec, StreamedAllocation]:
-    """:func:`bucketing.allocate.fit_spec` of the manifest's rows, streamed (module docstring);
-    spill files go under ``root`` (the caller removes it). Raises :class:`ValueError` with
-    fit_spec's messages, :class:`DataprepError` for missing values."""
+def sort_rows(memory_limit: int, block: int) -> int:
+    """Values per range of the sort of pass 2 for ``memory_limit`` bytes and blocks of ``block`` rows."""
+    return max(memory_limit // SORT_BYTES_PER_ROW - block, MIN_SORT_ROWS)
+
+
+Blocks = Iterable[tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]]
+
+
+@dataclass(frozen=True)
+class Passes:
+    """Where the rows are held and in what pieces: ``files`` (:class:`HeldColumns` or spill
+    files), ``block`` rows per block of passes 3 and 4, ``sort_rows`` values per range of pass 2."""
+
+    files: SpillFiles
+    block: int
+    sort_rows: int
+
+    @classmethod
+    def held(cls, num_rows: int) -> Passes:
+        """Everything in memory, one block, one sorted range."""
+        return cls(HeldColumns(), max(num_rows, 1), max(num_rows, MIN_SORT_ROWS))
+
+
+def fit_grid(blocks: Blocks, passes: Passes, *, num_buckets: int, num_subbuckets: int, min_duration: float | None,
+             max_duration: float | None, outlier_fence: float | None, token_fence: float | None
+             ) -> tuple[FitResult, _Scan]:
+    """Passes 1-3 (module docstring) over ``blocks`` of (durations s, tokens): the fitted grid
+    and what the scan saw. Raises :class:`ValueError` for bad durations or options."""
     if num_buckets < 1 or num_subbuckets < 1:
         raise ValueError("num_buckets and num_subbuckets must be >= 1")
-    block = block_rows(memory_limit)
-    files = SpillFiles(root)
-    scan = _scan(manifest, files, block, min_duration, max_duration)
+    files, block = passes.files, passes.block
+    scan = _scan(blocks, files, min_duration, max_duration)
     files.close()
     check_fences(outlier_fence, token_fence)
     if scan.n_in == 0:
         raise ValueError(NO_ROWS)
-    sort_rows = max(memory_limit // SORT_BYTES_PER_ROW - block, MIN_SORT_ROWS)
-    n_bulk, overflow_from, over = _sorted_pass(files, scan.n_in, sort_rows, block, outlier_fence)
+    n_bulk, overflow_from, over = _sorted_pass(files, scan.n_in, passes.sort_rows, block, outlier_fence)
     files.close()
     dbounds, notes = duration_bounds(files.map("dv", np.float64), files.map("dcum", np.float64), num_buckets,
                                      scan.n_in - n_bulk, overflow_from, over, outlier_fence)
@@ -118,7 +131,20 @@ def streamed_fit_spec(manifest: str | os.PathLike[str], root: Path, memory_limit
             float(files.map("above", np.float64).sum() / 3600.0))
     fit = finish_fit(dbounds, notes, cells, scan.num_rows, caps, num_buckets, num_subbuckets, min_duration,
                      outlier_fence, token_fence, scan.n_in - n_bulk, overflow_from, int(over.shape[0]))
-    alloc = _allocate(files, scan, fit.grid, strict, block)
+    return fit, scan
+
+
+def fit_blocks(blocks: Blocks, passes: Passes, *, num_buckets: int, num_subbuckets: int,
+               min_duration: float | None, max_duration: float | None, strict: bool,
+               max_duration_budget: float | None, max_frames_budget: int | None, max_tokens_budget: int | None,
+               frame_shift: float, manifest_hash: str | None, outlier_fence: float | None,
+               token_fence: float | None) -> tuple[BucketSpec, AllocationTotals]:
+    """``buckets.json``'s content from ``blocks`` of (durations s, tokens): fit (passes 1-3),
+    allocate (pass 4), size batches by the padded budget; and the allocation's totals."""
+    fit, scan = fit_grid(blocks, passes, num_buckets=num_buckets, num_subbuckets=num_subbuckets,
+                         min_duration=min_duration, max_duration=max_duration, outlier_fence=outlier_fence,
+                         token_fence=token_fence)
+    alloc = _allocate(passes.files, scan, fit.grid, strict, passes.block)
     if min_duration is not None:
         alloc.drop("min_duration", scan.below, scan.below_seconds)
     alloc.drop("exceeds_bucket" if strict else "max_duration", scan.above, scan.above_seconds)
@@ -128,10 +154,53 @@ def streamed_fit_spec(manifest: str | os.PathLike[str], root: Path, memory_limit
     return spec, alloc
 
 
+def _columns(duration: npt.ArrayLike, num_tokens: npt.ArrayLike | None, num_subbuckets: int
+             ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """Durations and tokens as arrays (zeros when 1D without tokens), of one length."""
+    d = np.asarray(duration, dtype=np.float64)
+    if num_tokens is None:
+        if num_subbuckets > 1:
+            raise ValueError("num_tokens is required for 2D fitting (num_subbuckets > 1)")
+        return d, np.zeros(d.shape[0], dtype=np.int64)
+    t = np.asarray(num_tokens, dtype=np.int64)
+    if d.shape != t.shape:
+        raise ValueError("duration and num_tokens have different lengths")
+    return d, t
+
+
+def fit_buckets(duration: npt.ArrayLike, num_tokens: npt.ArrayLike | None, num_buckets: int = 30,
+                num_subbuckets: int = 2, min_duration: float | None = None, max_duration: float | None = None, *,
+                outlier_fence: float | None = DEFAULT_OUTLIER_FENCE,
+                token_fence: float | None = DEFAULT_TOKEN_FENCE) -> FitResult:
+    """The equal-occupancy grid of columns in memory (:func:`fit_grid`, one block):
+    ``num_buckets`` duration bins x ``num_subbuckets`` token sub-bins; ``num_tokens`` may be
+    None for 1D. Caps (s, inclusive) and fences (k, None = off): :mod:`bucketing.fit`."""
+    d, t = _columns(duration, num_tokens, num_subbuckets)
+    return fit_grid([(d, t)], Passes.held(d.shape[0]), num_buckets=num_buckets, num_subbuckets=num_subbuckets,
+                    min_duration=min_duration, max_duration=max_duration, outlier_fence=outlier_fence,
+                    token_fence=token_fence)[0]
+
+
+def fit_spec(duration: npt.ArrayLike, num_tokens: npt.ArrayLike | None, *, num_buckets: int = 30,
+             num_subbuckets: int = 2, min_duration: float | None = None, max_duration: float | None = None,
+             strict: bool = False, max_duration_budget: float | None = 600.0, max_frames_budget: int | None = None,
+             max_tokens_budget: int | None = None, frame_shift: float = 0.01, manifest_hash: str | None = None,
+             outlier_fence: float | None = DEFAULT_OUTLIER_FENCE, token_fence: float | None = DEFAULT_TOKEN_FENCE
+             ) -> tuple[BucketSpec, AllocationTotals]:
+    """:func:`fit_blocks` of columns in memory (one block): the content of ``buckets.json`` and
+    the allocation's totals."""
+    d, t = _columns(duration, num_tokens, num_subbuckets)
+    return fit_blocks([(d, t)], Passes.held(d.shape[0]), num_buckets=num_buckets, num_subbuckets=num_subbuckets,
+                      min_duration=min_duration, max_duration=max_duration, strict=strict,
+                      max_duration_budget=max_duration_budget, max_frames_budget=max_frames_budget,
+                      max_tokens_budget=max_tokens_budget, frame_shift=frame_shift, manifest_hash=manifest_hash,
+                      outlier_fence=outlier_fence, token_fence=token_fence)
+
+
 @dataclass
 class _Scan:
     num_rows: int = 0
-    n_in: int = 0  # rows within the caps (spilled as d, t)
+    n_in: int = 0  # rows within the caps (stored as d, t)
     below: int = 0
     above: int = 0
     below_seconds: float = 0.0
@@ -140,32 +209,27 @@ class _Scan:
     t_max: int = 0
 
 
-def _scan(manifest: str | os.PathLike[str], files: SpillFiles, block: int, min_duration: float | None,
-          max_duration: float | None) -> _Scan:
-    """Pass 1: checks (the in-memory fit's messages and order), caps, the spill of d and t."""
+def _scan(blocks: Blocks, files: SpillFiles, min_duration: float | None, max_duration: float | None) -> _Scan:
+    """Pass 1: checks, caps, the store of d and t. A bad duration stops the storing, not the
+    reading (a reader may raise for what it sees later, first)."""
     s = _Scan()
-    null_t = null_d = 0
     bad = False
     t_min, t_max = np.iinfo(np.int64).max, np.iinfo(np.int64).min
-    for table in iter_manifest(manifest, ["duration", "num_tokens"], block):
-        s.num_rows += table.num_rows
-        nt, nd = table.column("num_tokens").null_count, table.column("duration").null_count
-        null_t, null_d = null_t + nt, null_d + nd
-        if null_t or null_d or bad:
-            continue  # an error follows: count the rest, spill nothing
-        d = table.column("duration").to_numpy().astype(np.float64, copy=False)
-        t = pc.cast(table.column("num_tokens"), "int64").to_numpy()
+    for d, t in blocks:
+        s.num_rows += d.shape[0]
+        if bad:
+            continue
         if not np.isfinite(d).all() or (d <= 0).any():
             bad = True
             continue
         below = d < min_duration if min_duration is not None else None
         above = d > max_duration if max_duration is not None else None
         keep = None
-        for mask, col, attr in ((below, "below", "below"), (above, "above", "above")):
+        for mask, col in ((below, "below"), (above, "above")):
             if mask is not None and mask.any():
                 files.append(col, d[mask])
-                setattr(s, attr, getattr(s, attr) + int(mask.sum()))
-                setattr(s, f"{attr}_seconds", getattr(s, f"{attr}_seconds") + float(d[mask].sum()))
+                setattr(s, col, getattr(s, col) + int(mask.sum()))
+                setattr(s, f"{col}_seconds", getattr(s, f"{col}_seconds") + float(d[mask].sum()))
                 keep = ~mask if keep is None else keep & ~mask
         if keep is not None:
             d, t = d[keep], t[keep]
@@ -174,10 +238,6 @@ def _scan(manifest: str | os.PathLike[str], files: SpillFiles, block: int, min_d
             files.append("t", t)
             s.n_in += d.shape[0]
             t_min, t_max = min(t_min, int(t.min())), max(t_max, int(t.max()))
-    if null_t:
-        raise DataprepError(f"{manifest}: {null_t} rows have no num_tokens (compile with a tokenizer)")
-    if null_d:
-        raise DataprepError(f"{manifest}: {null_d} rows have no duration")
     if bad:
         raise ValueError("durations must be finite and > 0")
     s.t_min, s.t_max = (t_min, t_max) if s.n_in else (0, 0)
@@ -187,7 +247,7 @@ def _scan(manifest: str | os.PathLike[str], files: SpillFiles, block: int, min_d
 def _sorted_pass(files: SpillFiles, n_in: int, sort_rows: int, block: int, outlier_fence: float | None
                  ) -> tuple[int, float | None, npt.NDArray[np.float64]]:
     """Pass 2: (rows within the fence, the fence or None, the overflow bins' bounds) as
-    ``_overflow_split`` and ``overflow_bounds`` give them, and the spill of each distinct
+    Tukey's fence and :func:`bucketing.fit.merge_sparse_bins` give them, and the spill of each distinct
     duration within the fence (``dv``) with the running sum of the sorted durations at its
     last row (``dcum``). Rows beyond the fence are only read for their bins' longest."""
     p1, p3 = quartile_ranks(n_in)
@@ -273,9 +333,9 @@ def _token_cells(files: SpillFiles, s: _Scan, dbounds: npt.NDArray[np.float64], 
     return TokenCells(keys[present], w[present], c[present], s.t_min, span, h)
 
 
-def _allocate(files: SpillFiles, s: _Scan, grid: Grid, strict: bool, block: int) -> StreamedAllocation:
+def _allocate(files: SpillFiles, s: _Scan, grid: Grid, strict: bool, block: int) -> AllocationTotals:
     """Pass 4: the allocation of the rows within the caps, block by block (it is per row)."""
-    out = StreamedAllocation.of(grid)
+    out = AllocationTotals.of(grid)
     for a in range(0, s.n_in, block):
         d = files.read_range("d", np.float64, a, min(a + block, s.n_in))
         t = files.read_range("t", np.int64, a, min(a + block, s.n_in))

@@ -1,20 +1,21 @@
-"""The report stage's library entries, one per command, manifest in and files out:
-:func:`filter_manifest` (``dataprep filter``) and :func:`stats_report` (``dataprep stats``).
-The pure parts are :mod:`~dataprep.report.filters` and :mod:`~dataprep.report.stats`."""
+"""The entries of ``dataprep filter`` (:func:`filter_manifest`) and ``dataprep stats``
+(:func:`stats_report`), manifest in and files out. The pure parts are
+:mod:`~dataprep.analysis.filters` and :mod:`~dataprep.analysis.stats`."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataprep.report.exact import SELECT_BUDGET
-from dataprep.report.filters import FilterResult, FilterSummary, Thresholds, apply_filters
-from dataprep.report.stats import ManifestStats, stream_stats
+from dataprep.analysis.exact import SELECT_BUDGET
+from dataprep.analysis.filters import FilterResult, FilterSummary, Thresholds, apply_filters
+from dataprep.analysis.stats import ManifestStats, stream_stats
 from manifests.atomic_files import write_json
 from manifests.content_hash import ContentHasher
 from manifests.errors import DataprepError
@@ -116,14 +117,15 @@ def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[
     return summary
 
 
-def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[str] | None = None,
-                 plots: str | os.PathLike[str] | None = None, *, block_rows: int = STATS_BLOCK_ROWS,
+def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[str] | None = None, *,
+                 consumers: Sequence[Any] = (), block_rows: int = STATS_BLOCK_ROWS,
                  budget: int = SELECT_BUDGET) -> tuple[ManifestStats, list[Path]]:
-    """The figures of ``manifest`` (:func:`~dataprep.report.stats.stream_stats`, read in
+    """The figures of ``manifest`` (:func:`~dataprep.analysis.stats.stream_stats`, read in
     blocks of ``block_rows`` rows: memory bounded by a block, the groups and ``budget``
     selected values, not by the manifest); with ``json_path`` also written as JSON with the
-    manifest's name and content hash, with ``plots`` the PNGs written into that folder (needs
-    matplotlib). Returns the figures and the files written."""
+    manifest's name and content hash. ``consumers`` see every pass's blocks too (what
+    :func:`~dataprep.analysis.stats.stream_stats` takes: the PNG plots' aggregates). Returns
+    the figures and the files written."""
     manifest = Path(manifest)
     refuse_same_paths({"MANIFEST": manifest}, {"--json": json_path})
     check_int("block_rows", block_rows, ge=1, le=None)
@@ -132,14 +134,9 @@ def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[
     names = pq.read_schema(manifest).names
     columns = [c for c in STATS_COLUMNS if c in names or c not in OPTIONAL_STATS_COLUMNS]
     columns += [c for c in OPTIONAL_STATS_COLUMNS if c in names and c not in columns]
-    agg = None
-    if plots is not None:
-        from dataprep.report.plots import PlotAggregates  # lazy: matplotlib is an extra
-
-        agg = PlotAggregates(budget=budget)
     strings = [c for c in OPTIONAL_STATS_COLUMNS if c in columns]
     stats = stream_stats(lambda: iter_manifest(manifest, columns, block_rows, dictionary=strings),
-                         budget=budget, consumers=[agg] if agg is not None else [])
+                         budget=budget, consumers=list(consumers))
     written: list[Path] = []
     if json_path is not None:
         doc = stats.to_json()
@@ -149,8 +146,4 @@ def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[
             doc["blend"] = blend.get("tree")
         write_json(doc, json_path)
         written.append(Path(json_path))
-    if plots is not None:
-        from dataprep.report.plots import write_plots  # lazy: matplotlib is an extra
-
-        written += [Path(p) for p in write_plots(agg, plots)]
     return stats, written

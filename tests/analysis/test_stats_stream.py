@@ -1,5 +1,5 @@
-"""Streamed statistics (``dataprep.report.exact``, :func:`stream_stats`) against today's
-in-memory polars figures (``tests/report/today_stats.py``), on random frames cut into blocks
+"""Streamed statistics (``dataprep.analysis.exact``, :func:`stream_stats`) against today's
+in-memory polars figures (``tests/analysis/today_stats.py``), on random frames cut into blocks
 of a few rows: counts, quantiles, orders and thresholds equal bit for bit; sums correctly
 rounded (``math.fsum``), so equal to polars' to its own rounding."""
 
@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dataprep.report.exact import (ExactSums, OrderSelector, float_keys, key_floats, numpy_percentiles, numpy_ranks,
+from dataprep.analysis.exact import (ExactSums, OrderSelector, float_keys, key_floats, numpy_percentiles, numpy_ranks,
                                    polars_quantile, polars_ranks)
-from dataprep.report.files import stats_report
-from dataprep.report.stats import QUANTILES, compute_stats, stream_stats
+from dataprep.analysis.stats_and_filter import stats_report
+from dataprep.analysis.stats import QUANTILES, compute_stats, stream_stats
 from manifests.manifest_write import write_manifest
-from tests.report.today_stats import compute_stats_today
+from tests.analysis.today_stats import compute_stats_today
 
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 special = st.sampled_from([math.nan, math.inf, None, 0.0])

@@ -1,22 +1,34 @@
 """manifest -> ``buckets.json`` (``dataprep fit-buckets``): :class:`FitOptions`, checked once
-here, and :func:`fit_buckets_file`, which fits as :func:`bucketing.allocate.fit_spec` does,
-streamed in bounded memory (:mod:`dataprep.report.stream_fit`)."""
+here, and :func:`fit_buckets_file`, which feeds the manifest's blocks to the one fit
+(:func:`bucketing.fit_passes.fit_blocks`): held in memory when the corpus fits the memory
+limit (one block, nothing spilled), else in blocks and spill files sized by the limit."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow.compute as pc
 
 from bucketing.budget import cost_equal_spec
 from bucketing.costmodel import CostModel
 from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE
-from dataprep.report.stream_fit import streamed_fit_spec
+from bucketing.fit_passes import BLOCK_BYTES_PER_ROW, SORT_BYTES_PER_ROW, Passes, block_rows, fit_blocks, sort_rows
 from manifests.buckets_file import BucketSpec, write_buckets
 from manifests.errors import DataprepError
 from manifests.hash_cache import manifest_hash
+from manifests.manifest_read import iter_manifest, manifest_num_rows
 from manifests.options import check_bool, check_int, check_number
 from manifests.outputs import refuse_directory_outputs, refuse_same_paths
-from manifests.spill import default_memory_limit, remove_spill, spill_dir
+from manifests.spill import SpillFiles, default_memory_limit, remove_spill, spill_dir
+
+#: Bytes per row of a corpus fitted in memory: one block (:data:`BLOCK_BYTES_PER_ROW`), the
+#: durations and tokens held (16), their sorted copy and running sums (:data:`SORT_BYTES_PER_ROW`).
+HELD_BYTES_PER_ROW = BLOCK_BYTES_PER_ROW + 16 + SORT_BYTES_PER_ROW
 
 
 @dataclass(frozen=True)
@@ -30,9 +42,10 @@ class FitOptions:
     (plain equal occupancy). ``cost_equal``: then resize every bucket's batch so its predicted
     step time (:class:`bucketing.costmodel.CostModel`) is the same, never above the budget's
     size (:func:`bucketing.budget.cost_equal_spec`): full batches of any buckets balance.
-    ``memory_limit``: bytes the fit may hold (>= 1; None: half the machine's memory): the
-    fit streams the manifest (:mod:`dataprep.report.stream_fit`), whatever its size, in
-    blocks and sorted ranges sized by it; the same bytes at any limit."""
+    ``memory_limit``: bytes the fit may hold (>= 1; None: half the machine's memory): a
+    corpus of :data:`HELD_BYTES_PER_ROW` a row within it is one block held in memory, a larger
+    one is read in blocks and sorted ranges sized by it from spill files; the same bytes at
+    any limit."""
 
     num_buckets: int = 30
     num_subbuckets: int = 2
@@ -76,12 +89,40 @@ class FitResult:
     moved: int = 0
 
 
+def manifest_blocks(manifest: str | os.PathLike[str], block: int
+                    ) -> Iterator[tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]]:
+    """(durations s, tokens) of ``manifest`` in blocks of ``block`` rows; rows without tokens
+    or duration: one line, after every block is counted (nothing more is yielded past one)."""
+    null_t = null_d = 0
+    for table in iter_manifest(manifest, ["duration", "num_tokens"], block):
+        null_t += table.column("num_tokens").null_count
+        null_d += table.column("duration").null_count
+        if null_t or null_d:
+            continue
+        yield (table.column("duration").to_numpy().astype(np.float64, copy=False),
+               pc.cast(table.column("num_tokens"), "int64").to_numpy())
+    if null_t:
+        raise DataprepError(f"{manifest}: {null_t} rows have no num_tokens (compile with a tokenizer)")
+    if null_d:
+        raise DataprepError(f"{manifest}: {null_d} rows have no duration")
+
+
+def fit_passes(rows: int, memory_limit: int, root: Path | None) -> Passes:
+    """How a fit of ``rows`` rows runs in ``memory_limit`` bytes: held in memory, one block
+    (``root`` None: the corpus fits, :data:`HELD_BYTES_PER_ROW` a row), or in blocks and sorted
+    ranges sized by the limit from spill files under ``root``."""
+    if root is None:
+        return Passes.held(rows)
+    block = block_rows(memory_limit)
+    return Passes(SpillFiles(root), block, sort_rows(memory_limit, block))
+
+
 def fit_buckets_file(manifest: str | os.PathLike[str], output: str | os.PathLike[str],
                      options: FitOptions = FitOptions()) -> FitResult:
     """Fit equal-occupancy duration x token buckets on ``manifest``, size batches by the padded
     budget and write ``buckets.json`` to ``output`` (atomically, never over the manifest).
-    Streamed (:mod:`dataprep.report.stream_fit`) in ``options.memory_limit``: the bytes of
-    :func:`bucketing.allocate.fit_spec` on the whole columns; spill files next to ``output``."""
+    In ``options.memory_limit`` (:class:`FitOptions`); spill files, when the corpus does not
+    fit, next to ``output``."""
     if not isinstance(options, FitOptions):
         raise DataprepError(f"fit_buckets_file: options must be FitOptions, got {type(options).__name__}")
     refuse_same_paths({"MANIFEST": manifest}, {"-o": output})
@@ -89,12 +130,19 @@ def fit_buckets_file(manifest: str | os.PathLike[str], output: str | os.PathLike
     o = options
     limit = o.memory_limit if o.memory_limit is not None else default_memory_limit()
     content_hash = manifest_hash(manifest)  # a missing or unreadable manifest: one line, nothing created
-    root = spill_dir(output)
+    parent = Path(output).resolve().parent
+    try:  # before the work: a folder that cannot be made fails now, in one line
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataprepError(f"{parent}: cannot make the output's folder there ({exc.strerror})") from None
+    rows = manifest_num_rows(manifest)
+    root = None if rows * HELD_BYTES_PER_ROW <= limit else spill_dir(output)
+    passes = fit_passes(rows, limit, root)
     try:
-        spec, sa = streamed_fit_spec(
-            manifest, root, limit, num_buckets=o.num_buckets, num_subbuckets=o.num_subbuckets,
-            min_duration=o.min_duration, max_duration=o.max_duration, strict=o.strict,
-            max_duration_budget=o.max_duration_budget, max_frames_budget=o.max_frames_budget,
+        spec, sa = fit_blocks(
+            manifest_blocks(manifest, passes.block), passes, num_buckets=o.num_buckets,
+            num_subbuckets=o.num_subbuckets, min_duration=o.min_duration, max_duration=o.max_duration,
+            strict=o.strict, max_duration_budget=o.max_duration_budget, max_frames_budget=o.max_frames_budget,
             max_tokens_budget=o.max_tokens_budget, frame_shift=o.frame_shift, manifest_hash=content_hash,
             outlier_fence=o.duration_fence if o.fences else None, token_fence=o.token_fence if o.fences else None)
     except DataprepError:
@@ -102,7 +150,8 @@ def fit_buckets_file(manifest: str | os.PathLike[str], output: str | os.PathLike
     except ValueError as exc:
         raise DataprepError(f"{manifest}: {exc}") from None
     finally:
-        remove_spill(root)
+        if root is not None:
+            remove_spill(root)
     if o.cost_equal:
         spec = cost_equal_spec(spec, CostModel())
     write_buckets(spec, output)
