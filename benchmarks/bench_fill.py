@@ -24,7 +24,7 @@ sizes (600 s), seed 0, one epoch. Columns:
 
 Goals (``--goals``, issue 22): bal <= 1.05, > 1.10 on <= 2% of steps, straggler <= 2%, fill
 within 3% of the bound; then lower bounds that no layout of the plan's batches can beat
-(``bucketing.balance.spread_bound`` for bal and straggler, ``steps_over_bound`` for > 1.10): a
+(``bucketing.step_figures.spread_bound`` for bal and straggler, ``steps_over_bound`` for > 1.10): a
 goal above its bound is out of reach for those batches. ``--baseline REF``: the same corpora and rows planned by the library as
 of git ``REF`` (``git archive`` into a temporary folder, this script rerun against it on the
 corpora made here; rows marked ``[REF]``).
@@ -53,10 +53,10 @@ sys.path.insert(0, str(LIB))
 sys.path.insert(0, str(LIB / "benchmarks"))
 
 from bench_plan import CORPORA, PROMPT, SHARED, synthetic  # noqa: E402
-from bucketing.balance import plan_report  # noqa: E402
+from bucketing.step_figures import plan_report  # noqa: E402
 
 try:
-    from bucketing.balance import spread_bound, steps_over_bound
+    from bucketing.step_figures import spread_bound, steps_over_bound
 except ImportError:  # --baseline: a library older than the bounds (none printed)
     spread_bound = steps_over_bound = None
 from bucketing.budget import cost_equal_batch_sizes, padded_budget_batch_sizes  # noqa: E402
@@ -138,7 +138,7 @@ def over_seeds(c: Corpus, fit, bs: np.ndarray, W: int, args, cost: CostModel) ->
 
 def bounds(c: Corpus, fit, bs: np.ndarray, W: int, tolerance: float, cost: CostModel) -> str:
     """One line: what no layout of this plan's batches can beat (its epoch's batches, any steps
-    of W: :func:`bucketing.balance.spread_bound`, :func:`bucketing.balance.steps_over_bound`)."""
+    of W: :func:`bucketing.step_figures.spread_bound`, :func:`bucketing.step_figures.steps_over_bound`)."""
     ep = plan_in_memory(c.duration, c.tokens, fit.grid, bs, W, tolerance, cost=cost)
     sizes = ep.sizes()
     pad = sizes * ep.max_duration

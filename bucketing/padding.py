@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bucketing.allocate import allocate, assign
-from bucketing.batching import (DEFAULT_AUDIO_WEIGHT, DEFAULT_SORT_BY, DEFAULT_WINDOW, Batches, BucketGrouping, Cut,
-                                allocated_totals, cut_batches, form_batches_cumulative, resolve_sort)
+from bucketing.batching import Batches, Cut, allocated_totals, cut_batches, form_batches_cumulative
+from bucketing.bucket_order import DEFAULT_AUDIO_WEIGHT, DEFAULT_SORT_BY, DEFAULT_WINDOW, BucketGrouping, resolve_sort
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import (
     COMPARED_TARGETS,
@@ -149,7 +149,7 @@ def group_json(names: list[str], totals: npt.NDArray[np.int64], epochs: int = 1)
 #: Rows per part of the fixed schemes' scatter shuffle: ``ceil(rows / SCATTER_ROWS)`` parts.
 SCATTER_ROWS = 1 << 20
 #: Rows of a bucket ordered and measured at once (whole batches,
-#: :meth:`bucketing.batching.BucketGrouping.order_chunks`): bounds the grouping's and dynamic
+#: :meth:`bucketing.bucket_order.BucketGrouping.order_chunks`): bounds the grouping's and dynamic
 #: resolution's transients; the figures do not depend on it beyond the float sums' order.
 CHUNK_ROWS = 1 << 19
 #: Utterances sampled for the rate-vs-duration plot.

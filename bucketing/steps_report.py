@@ -2,7 +2,7 @@
 
 Pure core: rows (durations s, tokens), the bucket grid and batch sizes in; per world size, one
 epoch planned in memory with :func:`bucketing.plan.plan_epoch` (one bucket per step, and
-balanced steps at a tolerance) and its :class:`bucketing.balance.PlanReport`, the packing bound
+balanced steps at a tolerance) and its :class:`bucketing.step_figures.PlanReport`, the packing bound
 and padding out; :func:`steps_rows` measures the epochs of any planner (the out-of-core one
 too). Used by ``dataprep padding --world-sizes`` and ``benchmarks/bench_fill.py``.
 """
@@ -17,14 +17,15 @@ import numpy as np
 import numpy.typing as npt
 
 from bucketing.allocate import assign
-from bucketing.balance import DEFAULT_BALANCE, PlanReport, plan_report
+from bucketing.balance import DEFAULT_BALANCE
+from bucketing.step_figures import PlanReport, plan_report
 from bucketing.costmodel import CostModel
 from bucketing.fit import Grid
 from bucketing.plan import EpochPlan, PlanInputs, plan_epoch
 
 
 def epoch_report(ep: EpochPlan, batch_sizes: npt.ArrayLike, cost: CostModel | None = None) -> PlanReport:
-    """:func:`bucketing.balance.plan_report` of one planned epoch (rank-major arrays)."""
+    """:func:`bucketing.step_figures.plan_report` of one planned epoch (rank-major arrays)."""
     W, S = ep.world_size, ep.num_steps
 
     def m(x: npt.NDArray[Any]) -> npt.NDArray[Any]:

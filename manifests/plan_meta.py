@@ -61,7 +61,7 @@ class FileRef:
 
 @dataclass(frozen=True)
 class StepsReport:
-    """How full and how balanced a plan's steps are (:func:`bucketing.balance.plan_report`).
+    """How full and how balanced a plan's steps are (:func:`bucketing.step_figures.plan_report`).
 
     ``steps``; ``fill``: Σ batch size ÷ Σ the batches' buckets' batch sizes (0..1);
     ``mean_batch`` utterances; ``straggler``: mean over steps of max ÷ mean predicted rank time

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from bucketing.balance import DEFAULT_BALANCE
-from bucketing.batching import DEFAULT_AUDIO_WEIGHT
+from bucketing.bucket_order import DEFAULT_AUDIO_WEIGHT
 from bucketing.dynres import DynResConfig
 from dataprep.cli import dynres as dyn
 from dataprep.cli.app import (app, build_options, defaults_of, option_flags, out,

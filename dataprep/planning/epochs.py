@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.balance import DEFAULT_BALANCE, PlanReport
+from bucketing.balance import DEFAULT_BALANCE
+from bucketing.step_figures import PlanReport
 from bucketing.costmodel import CostModel
 from bucketing.dynres import (DynResConfig, ResolutionTotals, batch_targets, comparison_rows, policy_totals,
                               resolution_totals, resolve)

@@ -1,5 +1,5 @@
 """An epoch laid out from a spilled corpus (:class:`EpochLayout`): each bucket's rows ordered
-into batches in parts of whole windows (:meth:`bucketing.batching.BucketGrouping.order_chunks`,
+into batches in parts of whole windows (:meth:`bucketing.bucket_order.BucketGrouping.order_chunks`,
 the rng draws of :func:`bucketing.plan.plan_epoch` in its order), laid out with their ids in
 the epoch's position columns, per-batch figures taken on the way; then balanced steps
 (:func:`balanced_or_none`: :func:`bucketing.balance.balance_steps`, ``layout_order``,
@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bucketing.balance import balance_steps, layout_order
-from bucketing.batching import (BucketGrouping, Cut, cut_batches, even_batch_counts, even_batch_starts,
-                                gather_segments, run_positions)
+from bucketing.batching import Cut, cut_batches, even_batch_counts, even_batch_starts, gather_segments, run_positions
+from bucketing.bucket_order import BucketGrouping
 from bucketing.costmodel import CostModel
 from bucketing.padding import group_padding
 from bucketing.fit import Grid
@@ -31,7 +31,7 @@ from dataprep.planning.spill import SpilledCorpus
 from manifests.errors import DataprepError
 from manifests.spill import SpillFiles, record_dtype
 
-#: Rows of a bucket ordered at once (:meth:`bucketing.batching.BucketGrouping.order_chunks`,
+#: Rows of a bucket ordered at once (:meth:`bucketing.bucket_order.BucketGrouping.order_chunks`,
 #: rounded to whole windows): sort keys and 2D candidates of a part, about 150 bytes a row.
 ORDER_ROWS = 1 << 19
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bucketing.balance import PlanReport, plan_report
+from bucketing.step_figures import PlanReport, plan_report
 from bucketing.costmodel import CostModel
 from bucketing.simulate import SimResult, StrategyResult, simulate, simulate_strategy
 from manifests.errors import DataprepError, ManifestError, OptionError
@@ -103,7 +103,7 @@ def simulate_plan(
 def plan_steps_report(plan_dir: str | os.PathLike[str], cost: CostModel | None = None, epoch: int = 0,
                       batches: dict[str, np.ndarray] | None = None) -> PlanReport:
     """Fill, straggler, same-bucket share and padded-audio balance of one epoch of a written
-    plan, at its own world size and step layout (:func:`bucketing.balance.plan_report`);
+    plan, at its own world size and step layout (:func:`bucketing.step_figures.plan_report`);
     ``batches`` as in :func:`simulate_plan`."""
     meta = read_plan_meta(plan_dir)
     m = batches if batches is not None else read_epoch_batches(plan_dir, epoch)

@@ -17,12 +17,10 @@ from bucketing.balance import (
     balance_steps,
     batch_cost,
     goals_unmet,
-    plan_report,
     reach_goals,
     same_bucket_runs,
-    spread_bound,
-    steps_over_bound,
 )
+from bucketing.step_figures import plan_report, spread_bound, steps_over_bound
 from bucketing.batching import even_batch_counts, form_batches
 from bucketing.budget import cost_equal_batch_sizes, cost_equal_spec, padded_budget_batch_sizes
 from bucketing.costmodel import CostModel

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bucketing.allocate import allocate
-from bucketing.batching import BucketGrouping, _block_offers, _even_out, form_batches, form_batches_cumulative
+from bucketing.batching import form_batches, form_batches_cumulative
+from bucketing.bucket_order import BucketGrouping, _block_offers, _even_out
 from bucketing.fit_passes import fit_buckets
 from bucketing.padding import PaddingSums, measure, padding_report
 
