@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dataprep.cli.app import alias, app, out, user_errors
+from dataprep.cli.app import alias, app, option_flags, out, user_errors
 from manifests.outputs import refuse_same_paths
 
 export_app = typer.Typer(name="export", help="Export buckets, batch sizes and manifests for NeMo or Lhotse.",
@@ -67,9 +67,10 @@ def pack_cmd(
 
     size = alias("--container-size", container_size, "--shard-size", shard_size) or "1GiB"
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
-    result = pack(manifest, out_dir, layout, container_size=parse_bytes(size),
-                  num_parts=alias("--num-parts", num_parts, "--num-shards", num_shards),
-                  part_index=alias("--part-index", part_index, "--shard-index", shard_index), buckets=buckets)
+    with option_flags():
+        result = pack(manifest, out_dir, layout, container_size=parse_bytes(size),
+                      num_parts=alias("--num-parts", num_parts, "--num-shards", num_shards),
+                      part_index=alias("--part-index", part_index, "--shard-index", shard_index), buckets=buckets)
     out.print(f"{layout}: {len(result.written)} containers written, {len(result.skipped)} already done, "
               f"of {result.num_parts} -> {out_dir}/")
     if result.rejected:

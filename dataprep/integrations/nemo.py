@@ -77,8 +77,8 @@ def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset:
     if manifest is None:
         raise DataprepError("config: plan_dir is set but manifest (the compiled manifest of the plan) is not")
     channel = _get(config, "channel_selector")
-    if channel is not None and (isinstance(channel, bool) or not isinstance(channel, int)):
-        raise DataprepError(f"config: channel_selector must be a channel number with a plan (got {channel!r})")
+    with _config_errors():  # a channel number: a plan replays one channel of each row
+        check_int("channel_selector", channel, ge=0, le=None, optional=True)
     sample_rate, num_workers = _get(config, "sample_rate", 16000), _get(config, "num_workers", 0)
     pin_memory, iterable = _get(config, "pin_memory", False), _get(config, "force_iterable_dataset", False)
     with _config_errors():  # checked as given: never coerced

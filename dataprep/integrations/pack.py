@@ -35,6 +35,7 @@ from manifests.atomic_files import atomic_path
 from manifests.audio import AudioError, AudioReader, load_audio
 from manifests.content_hash import file_sha256
 from manifests.errors import DataprepError
+from manifests.options import check_choice, check_int
 from manifests.hash_cache import manifest_hash
 from manifests.manifest_read import read_manifest
 from manifests.manifest_write import write_rejects
@@ -259,10 +260,8 @@ def pack(
     each (default: total bytes / ``container_size``, rounded up), only part ``part_index`` when
     given. Finished parts (marker with this fingerprint, files unchanged) are skipped; a folder
     packed with another fingerprint is refused."""
-    if layout not in LAYOUTS:
-        raise DataprepError(f"--layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
-    if isinstance(container_size, bool) or not isinstance(container_size, int) or container_size < 1:
-        raise DataprepError(f"--container-size {container_size!r}: need at least 1 byte")
+    check_choice("layout", layout, LAYOUTS)
+    check_int("container_size", container_size, ge=1, le=None)
     check_split(num_parts, part_index)
     out = Path(output)
     if out.exists() and not out.is_dir():

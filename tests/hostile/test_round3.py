@@ -170,7 +170,8 @@ def test_train_model_checks_its_arguments(tmp_path: Path, kwargs: dict, field: s
                                        ({"sample_rate": "16000"}, "config: sample_rate"),
                                        ({"pin_memory": "yes"}, "config: pin_memory"),
                                        ({"force_iterable_dataset": 1}, "config: force_iterable_dataset"),
-                                       ({"channel_selector": True}, "channel_selector")])
+                                       ({"channel_selector": True}, "config: channel_selector: must be an integer"),
+                                       ({"channel_selector": -1}, "config: channel_selector: must be >= 0")])
 def test_nemo_config_values_are_not_coerced(corpus: Corpus, plan: Path, cfg: dict, match: str) -> None:
     pytest.importorskip("lhotse")
     from dataprep.integrations.nemo import get_plan_dataloader

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from dataprep.cli import app
 from dataprep.integrations.pack import marker_folder, pack
 from dataprep.training.audio import AudioReader, load_audio
-from manifests.errors import DataprepError
+from manifests.errors import DataprepError, OptionError
 from manifests.manifest_read import read_manifest, read_metadata
 from tests.training._consumer import Corpus, shared_corpus
 
@@ -157,8 +157,12 @@ def test_resumable_atomic_shards_and_refusals(corpus: Corpus, tmp_path: Path) ->
     assert keys == read_manifest(corpus.manifest).height
     with pytest.raises(DataprepError, match="written by a different run"):
         pack(corpus.manifest, out, "webdataset", num_parts=2)
-    with pytest.raises(DataprepError, match="--layout"):
+    with pytest.raises(OptionError, match="^layout: must be nemo-tarred, shar or webdataset, got 'zip'"):
         pack(corpus.manifest, tmp_path / "x", "zip")
+    with pytest.raises(OptionError, match="^container_size: must be >= 1, got 0"):
+        pack(corpus.manifest, tmp_path / "x", "webdataset", container_size=0)
+    res = CliRunner().invoke(app, ["pack", str(corpus.manifest), "-o", str(tmp_path / "y"), "--layout", "zip"])
+    assert res.exit_code == 2 and res.output.strip() == "error: --layout: must be nemo-tarred, shar or webdataset, got 'zip'"
 
 
 @pytest.mark.nemo
