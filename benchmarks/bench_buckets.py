@@ -4,20 +4,12 @@
 
 On LibriSpeech train-clean-100 and Common Voice id/ps (../shared/data), tokens from a
 1024-piece sentencepiece model trained on their transcripts + 9 prompt tokens, 30x2 buckets,
-a padded budget of 600 s of audio per batch:
-
-- ours: `fit_spec` (equal seconds over all rows, outlier fences: far-out durations in
-  overflow buckets, one per 1.5x of length, token outliers moved to a later bin by flexible allocation) and
-  `form_batches` with its default in-bucket grouping (audio-weighted cost, box peeling in
-  small buckets), plus the plain-shuffle variant (window=1) and the grid without fences for
-  reference;
-- Lhotse: `DynamicBucketingSampler` with NeMo's `FixedBucketBatchSizeConstraint2D` logic
-  (strict 2D, re-stated here: NeMo is not a dependency), bins as NeMo estimates them from
-  the first 10k cuts (Lhotse's `estimate_duration_buckets`, then equal-count token sub-bins),
-  batch size floor(600 / bin duration); rows no bucket holds are dropped, as NeMo filters them.
-
-Then the median time to fit 30x2 buckets on N synthetic rows. Figures are medians over
---repeats seeds (padding) / runs (timing).
+600 s of padded audio per batch, prints the padding of: ours (`fit_spec` with outlier fences
+and `form_batches`; also the plain shuffle, window=1, and the grid without fences); Lhotse's
+`DynamicBucketingSampler` with NeMo's `FixedBucketBatchSizeConstraint2D` logic (re-stated here:
+NeMo is not a dependency; bins as NeMo estimates them from the first 10k cuts, batch size
+floor(600 / bin duration), rows no bucket holds dropped). Then the median time to fit 30x2
+buckets on --rows synthetic rows. Medians over --repeats seeds (padding) / runs (timing).
 """
 
 from __future__ import annotations

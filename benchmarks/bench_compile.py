@@ -6,17 +6,12 @@
 
 Prints, each figure the median of ``--repeats`` runs:
 
-1. compile rows/s on a generated NeMo JSONL with durations present (transcripts from
-   ``dataprep.testing.sample_corpus``, a 1024-piece sentencepiece model trained on them),
-   through the streaming ``compile_to_files`` (what ``dataprep compile`` runs), broken down
-   into read (time inside the source reader), tokenize (``Tokenizers.count``), other checks
-   and spooling, and write (after the last chunk: duplicate ids, hash, manifest); each run in a
-   fresh process, whose peak RSS (``ru_maxrss``) is reported (bounded: compare --rows 1000000
-   with --rows 10000000); wall and CPU seconds (CPU time
-   is the steadier figure on a shared machine). Then the ``dataprep compile`` CLI once.
+1. ``compile_to_files`` rows/s on a generated NeMo JSONL (durations present), split into read,
+   tokenize, other checks and spooling, and write; wall and CPU seconds and the peak RSS
+   (``ru_maxrss``) of a fresh process per run; then the ``dataprep compile`` CLI once.
 2. ``probe_headers`` files/s on generated WAV and FLAC files, with 1 and 8 threads.
-3. tokenization throughput of ``Tokenizers.count`` as a ratio of raw sentencepiece
-   ``encode(texts, num_threads=...)`` on the same texts (goal >= 0.9).
+3. ``Tokenizers.count`` throughput as a ratio of raw sentencepiece ``encode(texts, num_threads=...)``
+   on the same texts (goal >= 0.9).
 """
 
 from __future__ import annotations

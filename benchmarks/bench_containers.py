@@ -3,26 +3,14 @@ Lhotse reading the same data as Shar; and header probing of members inside tars.
 
     python benchmarks/bench_containers.py [--utterances 2000] [--repeats 3] [--work DIR] [--core 0]
 
-Corpus (built once in --work): utterances of 1-8 s at 16 kHz, FLAC; two thirds are clips cut
-from the real recordings in ../shared/data/audio (speech, music, tones in WAV / FLAC / AIFF /
-MP3, resampled and mixed to mono) and one third synthetic tones (``dataprep.testing.write_tone``).
-It is compiled (``dataprep compile``), bucketed (``fit-buckets``, 8 x 2) and planned
-(``plan-batches``, one rank), then packed (``dataprep pack --buckets``) into WebDataset tar shards
-(compiled back, planned again) and into Lhotse Shar.
-
-Measured on one core (the process is pinned to --core; one thread everywhere), medians of
---repeats runs, utterances/s read and decoded to float32 samples:
-
-- (a) our loader (``BatchBuilder.read_audio``) over the loose files, following the plan's batches;
-- (b) the same over the packed tar shards: one ``pread`` per member, decoded from memory;
-- (c) Lhotse: ``CutSet.from_shar`` iterated in order with ``cut.load_audio()`` (its best case);
-- (d) ``PlanSampler`` over the packed tar shards following the plan's batches, each cut's audio
-  loaded by Lhotse (``cut.load_audio()``: the member's byte range read lazily, decoded from memory);
-- (e) ``get_plan_dataloader`` (NeMo's drop-in, one process) over the NeMo-tarred copy, a dataset
-  that loads each batch's audio with Lhotse.
-
-Goals: (b) >= 0.8 x (c), (d) >= 0.8 x (c). Also member header probing in tars (``probe_members``, one thread):
-files/s (goal >= 2,000), next to loose-file header probing (``probe_headers``).
+Corpus (built once in --work): 1-8 s 16 kHz FLAC utterances, clips of ../shared/data/audio and
+synthetic tones, compiled, bucketed, planned, then packed into WebDataset tars and Lhotse Shar.
+Prints utterances/s read and decoded to float32 on one pinned core, medians of --repeats:
+(a) our loader over the loose files, following the plan; (b) the same over the tar shards;
+(c) Lhotse ``CutSet.from_shar`` with ``cut.load_audio()``; (d) ``PlanSampler`` over the tar
+shards, audio loaded by Lhotse; (e) ``get_plan_dataloader`` over a NeMo-tarred copy. Goals:
+(b), (d) >= 0.8 x (c). Then member header probing in tars (``probe_members``, one thread),
+files/s (goal >= 2,000), next to loose-file probing (``probe_headers``).
 """
 
 from __future__ import annotations

@@ -3,22 +3,13 @@ each with batch sizes made for its own shape, and feature throughput at a fracti
 
     python benchmarks/bench_dynres.py [--data ../shared/data] [--targets 800,1000,1200,1600] [--seeds 1]
 
-On LibriSpeech train-clean-100 and Common Voice id/ps (../shared/data), tokens as in
-bench_buckets.py, 30x2 buckets fitted by `fit_spec`. Batch sizes: the canary-1b estimate at
-80 GiB (`oomptimize --estimate`), for 2D at each bucket's longest utterance at 100 Hz, for
-dynamic resolution at each bucket's real shape (`bucket_frames`: F, or what the 70 Hz clamp or
-the 50 Hz floor gives). Batches are formed as `dataprep padding` and the planner form them;
-per policy:
-
-- `encoder frames`: batch size x batch length (frames), summed over the epoch, relative to 2D
-  (the compute proxy; goal at F = 1000 on LibriSpeech: <= 0.80);
-- `mean batch`: utterances per batch relative to 2D (goal >= 1.25);
-- `frame padding`; `off >10%`: share of real frames at a rate more than 10% off 100 Hz;
-  `clamped` (utterances) and `fell back` (batches).
-
-Then feature extraction (Canary-1B front end, dither off, CPU): audio seconds per second at a
-fractional hop (each utterance of a 12 s batch at F = 1000 frames) against NeMo's fixed hop
-on the same batch, median of --repeats (goal >= 0.9).
+On LibriSpeech train-clean-100 and Common Voice id/ps, 30x2 buckets fitted by `fit_spec`, batch
+sizes of the canary-1b estimate at 80 GiB for each policy's shape, prints per policy: `encoder
+frames` (batch size x batch length summed over the epoch, relative to 2D; goal at F = 1000 on
+LibriSpeech <= 0.80), `mean batch` relative to 2D (goal >= 1.25), `frame padding`, `off >10%`
+(share of real frames at a rate more than 10% off 100 Hz), `clamped` (utterances) and `fell
+back` (batches). Then feature extraction (Canary-1B front end, CPU): audio s/s at a fractional
+hop against NeMo's fixed hop on the same batch, median of --repeats (goal >= 0.9).
 """
 
 from __future__ import annotations

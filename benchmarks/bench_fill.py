@@ -4,33 +4,14 @@ side by side at the same world size, the same buckets and batch sizes, the same 
 
     python benchmarks/bench_fill.py                       # LibriSpeech 100 h, Common Voice id+ps, 10M synthetic
     python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 32
-    python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 0 --worlds 8,32 --cost-equal
-        # also with cost-equal batch sizes (fit-buckets --cost-equal), rows marked "cost-equal"
-    python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 0 --worlds 8,32 --cost-equal --goals \\
-        --baseline main   # each balanced row's goals met / unmet, then the same rows planned by main's code
-    python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 0 --worlds 8,32 --seeds 5
-        # each balanced row planned with seeds 0-4 too: goal checks met and median figures
+    python benchmarks/bench_fill.py --synthetic-rows 0 --lhotse-max-world 0 --worlds 8,32 --cost-equal --goals
 
-Corpora: ../shared/data CSVs; tokens = sentencepiece (1024 pieces, trained on both corpora's
-transcripts) + a 9-token prompt; 30x2 buckets (``fit_buckets`` defaults), padded-budget batch
-sizes (600 s), seed 0, one epoch. Columns:
-
-- ``steps``: steps per epoch (every rank); ``fill``: mean batch ÷ mean batch at W = 1 (the same
-  formed batches); ``bound``: the packing bound B / (W ⌈B / W⌉), B = batches at W = 1;
-- ``bal``: mean over steps of max ÷ mean padded audio seconds (batch size × longest) over ranks,
-  ``>1.10``: share of steps above 1.10; ``strag``: mean over steps of max ÷ mean predicted rank
-  time − 1 (``bucketing.costmodel.CostModel`` defaults); ``same``: share of steps whose ranks
-  all draw one bucket; ``pad a/t``: audio / token padding; ``drop``: utterances not trained.
-
-Goals (``--goals``, issue 22): bal <= 1.05, > 1.10 on <= 2% of steps, straggler <= 2%, fill
-within 3% of the bound; then lower bounds that no layout of the plan's batches can beat
-(``bucketing.step_figures.spread_bound`` for bal and straggler, ``steps_over_bound`` for > 1.10): a
-goal above its bound is out of reach for those batches. ``--baseline REF``: the same corpora and rows planned by the library as
-of git ``REF`` (``git archive`` into a temporary folder, this script rerun against it on the
-corpora made here; rows marked ``[REF]``).
-
-Lhotse: every rank's sampler is iterated (each rank walks the whole corpus, so W=128 is slow);
-steps = the fewest batches any rank yields (the rest would hang DDP: counted as dropped).
+Prints one row per corpus, world size and policy: ``steps``, ``fill`` / ``bound``, ``bal``,
+``>1.10``, ``strag``, ``same`` (share of steps whose ranks all draw one bucket), ``pad a/t``,
+``drop`` (utterances not trained; the other columns and the goals: docs/benchmarks.md).
+``--cost-equal`` adds rows with cost-equal batch sizes; ``--goals`` each balanced row's goals
+met / unmet and their lower bounds; ``--seeds N`` medians over seeds; ``--baseline REF`` the rows
+planned by git ``REF``'s code. Lhotse's steps: the fewest batches any rank's sampler yields.
 """
 
 from __future__ import annotations

@@ -5,15 +5,12 @@
     python benchmarks/bench_html_report.py --manifest-only --code ../previous-checkout  # a baseline
     python benchmarks/bench_html_report.py --code ../previous-checkout --code .  # both, same inputs
 
-The manifest is :func:`bench_plan.synthetic` (real duration / speaking-rate pairs of
-../shared/data, resampled; lognormal fits without it) with TPS, two languages and two
-corpora added; buckets by :func:`bench_plan.buckets_for` (30 x 2, 600 s padded budget); the
-plan is ``plan-batches``' default (balanced steps, 1 epoch). The report runs as a user runs
-it (``python -m dataprep.cli report``) in a fresh subprocess on 2 cores, so its wall time
-(Vega's bundle built once per process included) and peak RSS (VmHWM) are its own. Then the
-page is opened --repeats times in headless chromium (Debian's, driven by playwright):
-"interactive" is the time from navigation start until every chart is drawn and the tables
-sort (``window.__report.ms``). Targets (issue 25): <= 60 s, <= 2 GiB, <= 5 MB, <= 2 s.
+Inputs: :func:`bench_plan.synthetic` with TPS, two languages and two corpora added, buckets by
+:func:`bench_plan.buckets_for` (30 x 2, 600 s padded budget), ``plan-batches``' default plan.
+Prints the report's wall time and peak RSS (VmHWM), run as a user runs it in a fresh subprocess
+on 2 cores, the page's size, and its "interactive" time in headless chromium (navigation start
+until every chart is drawn and the tables sort, ``window.__report.ms``), median of --repeats.
+Targets: <= 60 s, <= 2 GiB, <= 5 MB, <= 2 s.
 """
 
 from __future__ import annotations

@@ -3,27 +3,13 @@
     python benchmarks/bench_integrations.py [--utterances 10000000] [--work DIR]
         [--nemo-python /path/to/python-with-nemo] [--export-rows 1000000]
 
-The plan is the one of ``benchmarks/bench_loader.py`` (built there, once, in --work: a compiled
-manifest of N utterances over a few real 35 s FLAC files, 30 x 2 buckets, 8 ranks, the real
-planner). Each figure is the median of fresh processes (imports not counted, warm caches; the
-one-time manifest row cache build is printed separately):
-
-- PyTorch ``PlanBatchSampler``: ``next(iter(DataLoader(dataset, batch_sampler=sampler)))`` with a
-  dataset that returns row numbers (the sampler's own cost);
-- Lhotse ``PlanSampler``: the first step's ``CutSet`` (mapped rows, audio headers, cuts) through
-  a ``PlanDataLoader`` with a dataset that returns the CutSet;
-- NeMo ``get_plan_dataloader`` (with ``--nemo-python``, an interpreter where NeMo imports): the
-  same CutSet through the loader NeMo's ``_setup_dataloader_from_config`` would get.
-
-``--export-rows N`` also times ``export nemo`` and ``export lhotse`` of an N-row manifest and of
-one tenth of it in child processes and prints their peak RSS: memory that does not grow with N.
-
-Measured on 2 shared (busy) cores, NeMo 3.0.0, Lhotse 1.33.0, torch 2.13.0 CPU, 10M utterances,
-8 ranks, median of 5 fresh processes: PlanBatchSampler 70 ms, PlanSampler 202 ms, NeMo
-get_plan_dataloader 297 ms (goal <= 500 ms); row cache build 13-28 s, 1.25 GiB (once per
-manifest content). Exports, peak RSS of the exporting process (imports included) at 100K -> 1M
-rows: nemo 288 -> 342 MiB (52 s at 1M), lhotse 460 -> 486 MiB (102 s at 1M); what grows is the
-per-row bucket assignment (about 60 bytes per row), not the rows.
+The plan is the one of ``benchmarks/bench_loader.py`` (built there, once, in --work). Prints the
+median over fresh processes (imports not counted, warm caches) of the time to the first batch of:
+PyTorch ``PlanBatchSampler`` (a dataset returning row numbers); Lhotse ``PlanSampler`` (the first
+step's ``CutSet`` through a ``PlanDataLoader``); NeMo ``get_plan_dataloader`` (with
+``--nemo-python``, an interpreter where NeMo imports; goal <= 500 ms). The one-time row cache
+build is printed apart. ``--export-rows N`` also times ``export nemo`` and ``export lhotse`` of an
+N-row manifest and of one tenth of it in child processes and prints their peak RSS.
 """
 
 from __future__ import annotations

@@ -2,19 +2,12 @@
 
     python benchmarks/bench_loader.py [--utterances 10000000] [--world-size 8] [--work DIR]
 
-Builds (once, kept in --work): a compiled manifest of N utterances whose audio points at a
-few real 35 s FLAC files (``write_tone``), buckets (30 x 2, 600 s padded budget) and a plan
-made by the real planner (``dataprep.planning.build_plan``, the code of
-``dataprep plan-batches``). Then prints medians of:
-
-- the one-time column cache build (per manifest content, shared by ranks and runs), cold;
-- time to first batch, metadata only: open rank 0's shard, seek, map the manifest columns
-  (warm cache) and gather the first batch's rows, in a fresh process (imports not counted)
-  and repeated in this one;
-- time to first batch with audio: the same plus reading, resampling and log-mel of batch 0;
-- metadata path per batch: read ids/rows from the shard + gather the manifest rows (numpy
-  takes from the mapped columns), and the same with the Python strings the audio reader and
-  tokenizer then need (audio paths, texts, langs).
+Builds (once, kept in --work) a compiled manifest of N utterances pointing at a few real 35 s
+FLAC files, 30 x 2 buckets (600 s padded budget) and a plan by ``dataprep.planning.build_plan``.
+Prints medians of: the one-time column cache build, cold; the time to the first batch, metadata
+only (open rank 0's shard, seek, map the columns, gather the rows), in a fresh process and in
+this one; the same with audio (read, resample, log-mel of batch 0); the metadata path per batch,
+with and without the Python strings the audio reader and tokenizer need.
 """
 
 from __future__ import annotations

@@ -3,13 +3,9 @@
     python benchmarks/bench_oom.py [--data ../shared/data] [--models canary-1b,canary-1b-flash,parakeet-tdt-0.6b]
                                    [--exact-buckets 2] [--skip-headline]
 
-1. Wall time to estimate 30x2 LibriSpeech train-clean-100 buckets (``fit_spec``; tokens:
-   sentencepiece as ``bench_buckets.load``, + 9 prompt tokens) for an 80 GiB GPU, per model:
-   after = the fitted estimate (one tagged trace per model, model construction included);
-   before = full traces per bucket (``exact_trace``), timed on ``--exact-buckets`` buckets
-   (the largest and evenly spaced others) and extrapolated to all buckets, because the full
-   run takes tens of minutes. The max error of the fitted peak vs the full traces is taken on
-   those buckets at the fitted batch size (held-out shapes: the fit traced none of them).
+1. Wall time to estimate 30x2 LibriSpeech train-clean-100 buckets for an 80 GiB GPU, per model:
+   the fitted estimate against full traces per bucket (``exact_trace``, timed on
+   ``--exact-buckets`` buckets and extrapolated), and the fitted peak's max error on those buckets.
 2. The transducer (parakeet-tdt-0.6b) at 40 s, U = 200: estimated peak, batched vs
    sample-wise, at B = 16, 64, 256, 1024, and the largest batch within the 80 GiB budget.
 3. The headline: mean batch and padded seconds per step with canary-1b-flash batch sizes

@@ -3,18 +3,11 @@
     python benchmarks/bench_padding_baseline.py               # both corpora, 20 seeds
     python benchmarks/bench_padding_baseline.py --rows 2000 --seeds 2   # a toy run
 
-The fixed 30 s / 40 s schemes batch the rows no longer than L in a shuffled order; their audio
-padding, batches and mean batch size do not depend on the order, their token padding does.
-`padding` shuffles all N rows at once (a permutation of N in memory). Compared, per corpus of
-../shared/data (LibriSpeech train-clean-100, Common Voice id/ps; tokens as bench_buckets.py):
-
-- global: the report's own batches (``form_batches``, window 1), as today;
-- scatter: every row draws one of 16 parts (in row order, so it streams), each part is
-  shuffled: a uniformly random permutation in memory bounded by a part;
-- buffer: a 10,000-row shuffle buffer over the manifest's order (what streaming loaders do),
-  and over the same rows sorted by duration (a manifest in that order).
-
-Prints the mean and standard deviation over seeds of the token padding.
+The fixed 30 s / 40 s schemes batch the rows no longer than L in a shuffled order; only their
+token padding depends on the order. Per corpus of ../shared/data (tokens as bench_buckets.py),
+prints the mean and standard deviation over seeds of the token padding under: a global shuffle
+(``form_batches``, window 1); a scatter to 16 parts in row order, each part shuffled; a
+10,000-row shuffle buffer over the manifest's order and over the rows sorted by duration.
 """
 
 from __future__ import annotations

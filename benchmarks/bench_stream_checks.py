@@ -5,26 +5,13 @@
     python benchmarks/bench_stream_checks.py --ops rows                # the row cache build only
     python benchmarks/bench_stream_checks.py --baseline /path/to/older/checkout   # old vs new
 
-Builds once per size (kept in ``--work``): a compiled manifest of N rows whose durations and
-token counts resample the shared corpora (``bench_plan.synthetic``), one audio file per
-utterance (``/data/spk<k>/utt-<i>.flac``: the large-dictionary case), ~15 characters of text
-per second and ``lang`` "en"; buckets (30 x 2, 600 s budget) and an 8-rank plan by the real
-planner. Then, each measurement in a fresh subprocess (its own peak, imports not timed):
-
-- ``cache build``: ``ColumnCache.open`` on an empty cache folder (the manifest's content
-  hash already verified, so only the build is timed);
-- ``cache open``: the same on the warm cache, plus one gather (what every rank does at start);
-- ``rows build``: ``ManifestRows.open`` (the row cache Lhotse/NeMo cuts read: every column)
-  on an empty cache folder (the build alone: a first batch's records then touch up to ~100 MiB
-  of the mapped file's pages, page cache shared by the ranks, the same with either layout);
-- ``verify``: ``dataprep verify PLAN --manifest M`` (every shard's SHA-256 and every manifest
-  row hashed again).
-
-``--baseline DIR`` runs the same measurements with the code of another checkout (e.g. one
-from before the streamed caches) side by side. Prints medians of ``--repeats``: wall and CPU
-seconds (user + system: the figure to trust on a shared machine), peak RSS (the child's
-``VmHWM``; ``ru_maxrss`` where /proc is missing) and its growth over the RSS after imports.
-Run it with ``nice`` on a shared machine.
+Builds once per size (kept in ``--work``) a manifest of N rows (``bench_plan.synthetic``, one audio
+file per utterance), buckets and an 8-rank plan. Each measurement in a fresh subprocess: ``cache
+build`` (``ColumnCache.open``, empty cache), ``cache open`` (warm, plus one gather), ``rows build``
+(``ManifestRows.open``, empty cache) and ``verify`` (``dataprep verify PLAN --manifest M``).
+Prints medians of ``--repeats``: wall and CPU seconds (the figure to trust on a shared machine),
+peak RSS (``VmHWM``; ``ru_maxrss`` where /proc is missing) and its growth over the RSS after
+imports; ``--baseline DIR`` the same with another checkout's code. Run it with ``nice``.
 """
 
 from __future__ import annotations

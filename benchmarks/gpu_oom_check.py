@@ -1,13 +1,10 @@
 """Measured vs estimated batch sizes and peak memory, per bucket (the OOMptimizer on a GPU).
 
 Runs each ``--models`` entry (``name`` or ``name:loss_mode``; default canary-1b-flash, then
-the parakeet-tdt-0.6b transducer batched and sample-wise) within one time limit.
-
-Fits 30x2 buckets on LibriSpeech train-clean-100 (durations from the shared CSV; tokens
-from a sentencepiece BPE model trained here on dev-clean transcripts, plus a 10-token
-prompt) or reads ``--buckets``; takes a subset (the largest bucket and evenly spaced
-others); estimates each bucket without the GPU, then runs the real CUDA search (one
-subprocess per probe) starting from the estimated batch size; prints one row per bucket:
+the parakeet-tdt-0.6b transducer batched and sample-wise) within one time limit: fits 30x2
+buckets on LibriSpeech train-clean-100 (or reads ``--buckets``), takes the largest bucket and
+evenly spaced others, estimates each without the GPU, then runs the real CUDA search (one
+subprocess per probe) from the estimated batch size; prints one row per bucket:
 
     bucket  max_s  max_tok  bs_meas  bs_est  peak_meas_GiB  peak_est_GiB  est/meas  step_s
 

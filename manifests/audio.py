@@ -2,18 +2,14 @@
 
 The one reader of audio for the loader, pack and every other consumer:
 
-- :func:`not_regular`: why a path cannot be audio without opening it (a FIFO would block a
-  reader forever), or ``None``;
-- :class:`AudioReader`: the bytes of a row held in a container, one ranged read: a tar member is
-  one ``pread`` at its recorded ``member_offset`` / ``member_size`` (descriptors kept open, at most
-  ``max_open``), a Hugging Face Parquet row is taken from its row group (the last group read is
-  kept: a batch's rows sit together); ``None`` for a loose file, read from its path;
-- :func:`load_audio`: samples of ``offset`` s for ``duration`` s (seek + read, never the whole
-  file), from the path or from bytes held in memory, decoded by soundfile exactly as the loose
-  file is: mixed to mono (``channel="mix"``), one channel (``channel=k``) or every channel
-  (``channel="all"``, shape frames x channels), resampled with soxr when ``sample_rate`` is given;
-- :func:`process_reader`: this process's :class:`AudioReader` (a forked DataLoader worker opens
-  its own), for readers that hold no reader of their own (Lhotse sources of container rows).
+- :func:`not_regular`: why a path cannot be audio without opening it (a FIFO would block), or ``None``;
+- :class:`AudioReader`: a container row's bytes in one ranged read (a tar member: one ``pread`` at
+  ``member_offset`` / ``member_size``, at most ``max_open`` descriptors; a Hugging Face Parquet row:
+  from its row group, the last one kept); ``None`` for a loose file, read from its path;
+- :func:`load_audio`: samples of ``offset`` s for ``duration`` s (seek + read, never the whole file),
+  decoded by soundfile alike from a path or bytes: mono mix (``channel="mix"``), one channel
+  (``channel=k``) or all (``channel="all"``, frames x channels), resampled by soxr to ``sample_rate``;
+- :func:`process_reader`: this process's :class:`AudioReader` (a forked DataLoader worker opens its own).
 
 Every failure is an :class:`AudioError` of one line naming the utterance and the file.
 """

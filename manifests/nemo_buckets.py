@@ -8,12 +8,10 @@ NeMo (Lhotse dataloader) keeps buckets in its ``train_ds`` options, the YAML tha
     bucket_batch_size: [352, 301, 210, ...]                         # optional, one per bin
     max_tps: 18.5                                                   # optional
 
-The keys may sit at the top of the file or under ``train_ds`` / ``model.train_ds``. Bins are
-inclusive upper bounds in bucket order, as in ``buckets.json``; a token bound of 2**31 - 1
-or more (what we write for an unbounded bucket) reads as unbounded. ``max_tps`` and the
-origin are kept in the ``fit`` record. :func:`nemo_to_buckets_json` turns the options into a
-``buckets.json`` object, which :func:`manifests.buckets_file.read_buckets` then validates as
-any other (this module does not import that one).
+The keys sit at the top of the file or under ``train_ds`` / ``model.train_ds``. Bins are
+inclusive upper bounds in bucket order; a token bound of 2**31 - 1 or more reads as unbounded.
+``max_tps`` and the origin are kept in the ``fit`` record. :func:`nemo_to_buckets_json` gives a
+``buckets.json`` object, validated by :func:`manifests.buckets_file.read_buckets` (not imported here).
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ as they are now (a hash recorded is never trusted: the file is hashed again). Fi
 first (atomically), the marker last, so a killed part leaves no marker and is redone.
 
 Marker (JSON): ``version`` (1), ``part_index``, ``num_parts``, ``fingerprint_id`` (SHA-256 of the
-fingerprint's canonical JSON), ``fingerprint``, ``files`` ({name: SHA-256}) and the job's own
-keys. Markers written before the rename are read as well: keys ``shard_index`` / ``num_shards``
-and pack's file names ``shard-0000i-of-0000n.done.json``.
+fingerprint's canonical JSON), ``fingerprint``, ``files`` ({name: SHA-256}), the job's own keys;
+also read: keys ``shard_index`` / ``num_shards`` and pack's names ``shard-0000i-of-0000n.done.json``.
 
 The checks of a split (number of parts, part index, worker count) live here only
 (:func:`check_split`), with the flags' names in their one-line errors.

@@ -1,21 +1,16 @@
 """One rank's position in a plan: :class:`PlanCursor`, the one cursor every sampler and loader uses.
 
-A cursor opens a plan for one rank and knows the steps that rank's shard really holds:
-``first_step .. num_steps - 1`` (``first_step`` is 0, or ``replan.at_step`` for a re-planned
-plan, whose shards start there). It yields the rank's :class:`~manifests.plan_files.PlanBatch`
-es from ``next_step`` up to (not including) ``stop_step``, one per global step, and refuses a
-start or stop outside the plan with a one-line :class:`~manifests.errors.DataprepError`.
-
-``len(cursor)`` is the number of batches the next iteration yields (``stop_step - next_step``).
-``state_dict()`` is ``{"plan_hash", "rank", "next_step"}``; ``load_state_dict()`` validates
-every field without coercion (``"5"``, ``5.0`` and ``True`` are not steps) and refuses a state of
-another plan, except the parent's state at exactly the step a re-planned plan starts at. Every
-rank's state is the same but for ``rank``, so rank 0's saved state resumes any rank.
-
-DataLoader workers: worker ``w`` of ``n`` takes the batches at positions ``i % n == w`` counted
-from the step the iteration starts at (:meth:`PlanCursor.worker_steps`); the DataLoader returns
-them in step order, so the batches never depend on the number of workers. Torch-free: the worker
-is read from ``torch.utils.data`` only when that module is already loaded.
+A cursor opens a plan for one rank; its shard holds steps ``first_step .. num_steps - 1``
+(``first_step`` is 0, or ``replan.at_step`` for a re-planned plan). It yields the rank's
+:class:`~manifests.plan_files.PlanBatch` es from ``next_step`` up to (not including) ``stop_step``,
+one per global step, and refuses a start or stop outside the plan with a one-line
+:class:`~manifests.errors.DataprepError`; ``len(cursor)`` is ``stop_step - next_step``.
+``state_dict()`` is ``{"plan_hash", "rank", "next_step"}``; ``load_state_dict()`` validates every
+field without coercion (``"5"``, ``5.0`` and ``True`` are not steps) and refuses another plan's
+state but the parent's at exactly the step a re-planned plan starts at; rank 0's state resumes
+any rank. DataLoader worker ``w`` of ``n`` takes the batches at positions ``i % n == w`` from the
+first step (:meth:`PlanCursor.worker_steps`), returned in step order: the batches never depend on
+the number of workers. Torch-free: ``torch.utils.data`` is read only when already loaded.
 """
 
 from __future__ import annotations

@@ -1,40 +1,17 @@
 """Plan directories: the writer the planner uses and the reader any trainer imports.
 
-A plan directory holds ``plan.json`` and one Parquet shard per rank
-(``rank-00000.parquet`` ...). One shard row is one batch::
-
-    epoch          int32    epoch number (0-based)
-    step           int64    global step, the same on every rank (0 .. total steps - 1; a
-                            re-planned plan starts at its ``replan.at_step``)
-    step_in_epoch  int64    step inside its epoch
-    bucket         int32    bucket index in buckets.json (the same on every rank at a step,
-                            except in balanced plans: ``plan-batches --balance``)
-    size           int32    utterances in the batch
-    max_duration   float64  longest utterance in the batch, seconds
-    max_tokens     int32    most tokens of an utterance in the batch
-    ids            list<string>  utterance ids
-    rows           list<int64>   row numbers in the compiled manifest
-    target_frames  int32    (shard version 2 only: plans made with ``--dynamic-resolution``)
-                            frames every utterance of the batch is featurized to: the
-                            plan's constant ``--target-frames F`` or the longest at the
-                            base rate (:mod:`bucketing.dynres`)
-
-The shard's key-value metadata ``speech_dataprep.plan`` holds its ``version``: 1 without
-``target_frames``, 2 with it. Readers take both (``PlanBatch.target_frames`` is None for 1).
+A plan directory holds ``plan.json`` and one Parquet shard per rank (``rank-00000.parquet`` ...);
+one shard row is one batch: ``epoch`` int32, ``step`` int64 (global, the same on every rank),
+``step_in_epoch`` int64, ``bucket`` int32, ``size`` int32, ``max_duration`` float64 (seconds),
+``max_tokens`` int32, ``ids`` list<string>, ``rows`` list<int64> (manifest row numbers) and, in
+shard version 2 (``--dynamic-resolution``), ``target_frames`` int32; the key-value metadata
+``speech_dataprep.plan`` holds the ``version`` (readers take 1 and 2). See docs/file-formats.md.
 
 Pages carry CRC checksums, verified on every read; ``plan.json`` records each shard's size,
-footer SHA-256 (checked on every open) and full SHA-256 (checked by ``dataprep verify``).
-Rows are in step order and row groups hold a fixed number of steps (a group never spans
-two epochs), with min/max statistics on ``step``: a reader seeks to step ``k`` by reading
-the footer and then only the row groups from the one holding ``k``. Needs pyarrow only (no
-torch, nothing else of this project)::
-
-    import pyarrow.parquet as pq
-    f = pq.ParquetFile("plan/rank-00003.parquet")
-    t = f.read(columns=["step", "bucket", "ids", "rows"])   # or f.read_row_group(i)
-
-The whole directory is written into a temporary sibling folder and renamed into place, so
-a crash never leaves a half-written plan.
+footer SHA-256 (checked on every open) and full SHA-256 (checked by ``dataprep verify``). Rows are
+in step order; a row group holds a fixed number of steps (never two epochs) with min/max
+statistics on ``step``, so a reader seeks to step ``k`` from the footer. Needs pyarrow only. The
+directory is written into a temporary sibling and renamed into place: never half-written.
 """
 
 from __future__ import annotations

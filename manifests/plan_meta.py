@@ -1,21 +1,17 @@
 """``plan.json``, typed: what a plan was made from and what it holds.
 
 :class:`PlanMeta` is written by the planner (through :class:`manifests.plan_files.PlanWriter`)
-and read, validated field by field, by every consumer (training, simulate, exports). Its JSON
-form is the file's content; :meth:`PlanMeta.to_json` gives exactly the dict that is written
-(keys sorted on disk), so the file's bytes do not depend on this class.
+and read, validated field by field, by every consumer; :meth:`PlanMeta.to_json` gives exactly
+the dict that is written (keys sorted on disk), so the file's bytes do not depend on this class.
 
-Fields (units): ``world_size`` ranks, ``seed``, ``epochs``, ``num_steps`` (global steps over
-all epochs, equal on every rank), ``steps_per_epoch``, ``interleave`` (random | ascending),
-``inputs`` (the manifest's file name, content hash and row count; the buckets file's name and
-SHA-256), ``buckets`` (the buckets.json entries the plan used), ``allocation``, ``per_epoch``,
-``per_bucket``, ``padding`` (ratios and seconds / tokens), ``fallbacks``, ``shards`` (file
-name and SHA-256 per rank) and ``plan_hash`` (SHA-256 of the rest, keys sorted).
-
-Optional (absent from plans made with ``--balance 0`` and not re-planned, so those keep their
-bytes): ``balance`` (:class:`BalanceInfo`: tolerance, fill, straggler, same-bucket share, ...)
-and ``replan`` (:class:`ReplanInfo`: the parent plan's hash and world size, the step ``at_step``
-from which this plan's shards hold the batches; steps before it were the parent's).
+Fields (units): ``world_size`` ranks, ``seed``, ``epochs``, ``num_steps`` (global steps over all
+epochs, equal on every rank), ``steps_per_epoch``, ``interleave`` (random | ascending), ``inputs``
+(manifest file name, content hash, row count; buckets file name and SHA-256), ``buckets``,
+``allocation``, ``per_epoch``, ``per_bucket``, ``padding`` (ratios and seconds / tokens),
+``fallbacks``, ``shards`` (file name and SHA-256 per rank), ``plan_hash`` (SHA-256 of the rest,
+keys sorted). Optional (absent from plans made with ``--balance 0`` and not re-planned):
+``balance`` (:class:`BalanceInfo`) and ``replan`` (:class:`ReplanInfo`: the parent's hash and
+world size, ``at_step`` from which this plan's shards hold the batches).
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """Manifest row -> a record of a foreign format, in one place: a NeMo manifest line, a Lhotse cut dict.
 
 Used by ``dataprep export`` (:mod:`dataprep.integrations.export`), the Lhotse cut builder
-(:mod:`dataprep.integrations.cuts`) and ``dataprep pack`` (whose rows point at the packed member),
-so every writer keeps the same fields. Pure: no I/O, no Lhotse import; a row is a dict of
-manifest columns.
+(:mod:`dataprep.integrations.cuts`) and ``dataprep pack``, so every writer keeps the same fields.
+Pure: no I/O, no Lhotse import; a row is a dict of manifest columns.
 
 - :func:`nemo_line`: ``audio_filepath``, ``offset`` (segments only: an explicit offset, even 0,
   is a segment to NeMo and to compile), ``duration``, ``text`` (``""`` when null), ``lang`` /
   ``source_lang`` / ``target_lang`` / ``taskname`` / ``corpus`` where set, ``sampling_rate`` for a
-  whole mono file whose rate is known (NeMo then trusts ``duration`` without a header read), then
-  every ``extra`` field the row does not already set.
-- :func:`cut_dict`: the dict Lhotse's ``cut.to_dict()`` gives for a ``MonoCut`` (one channel) or a
-  ``MultiCut`` (a list of channels) with one supervision covering the cut (``start`` 0, the text,
-  ``language`` = ``lang``) and ``custom`` = :func:`custom_for_row` plus the caller's keys;
-  :func:`recording_dict` the ``Recording`` it holds.
+  whole mono file of known rate, then every ``extra`` field the row does not already set.
+- :func:`cut_dict`: Lhotse's ``cut.to_dict()`` of a ``MonoCut`` (one channel) or ``MultiCut``
+  with one supervision covering the cut (``start`` 0, the text, ``language`` = ``lang``) and
+  ``custom`` = :func:`custom_for_row` plus the caller's keys; :func:`recording_dict` its ``Recording``.
 """
 
 from __future__ import annotations

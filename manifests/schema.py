@@ -6,9 +6,8 @@ tokens including the fixed prompt, ``tps`` = num_tokens / duration (tokens per s
 
 Schema version 2 adds the container addressing columns (:data:`CONTAINER_FIELDS`) for audio
 inside tar shards (container path, byte offset and size of the member's data) or Parquet files
-(file, row group, row in the group). They are written only by manifests that hold such rows: a
-manifest of loose files keeps exactly the version-1 columns (and content hash) and is marked
-version 1, so files written before version 2 and after it read alike.
+(file, row group, row in the group), written only by manifests that hold such rows: a manifest
+of loose files keeps exactly the version-1 columns, content hash and version number.
 
 Schema version 3 adds ``corpus`` (last column): the name of the corpus a row came from, in a
 manifest compiled from many corpora (NeMo ``input_cfg``); written only when a row has one, so

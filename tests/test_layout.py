@@ -2,7 +2,8 @@
 equal to the file's table) over the import graph (imports at any level); in fresh
 interpreters, ``dataprep -> bucketing -> manifests``, only ``training/`` and ``integrations/``
 load torch, and ``cli/`` is loaded by no stage. Also: every module opens with a docstring
-saying what it is for, ``__all__`` in every package, and no import circles."""
+saying what it is for (at most 15 lines; no module over 600 lines, benchmarks included),
+``__all__`` in every package, and no import circles."""
 
 from __future__ import annotations
 
@@ -81,6 +82,32 @@ def _source_files() -> list[Path]:
 @pytest.mark.parametrize("path", _source_files(), ids=lambda p: str(p.relative_to(REPO)))
 def test_every_module_opens_with_a_docstring(path: Path) -> None:
     assert ast.get_docstring(ast.parse(path.read_text())), f"{path} has no module docstring"
+
+
+MAX_DOCSTRING_LINES = 15
+MAX_MODULE_LINES = 600
+
+
+def _project_files() -> list[Path]:
+    """Every module of the packages and every script of ``benchmarks/``."""
+    return _source_files() + sorted((REPO / "benchmarks").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _project_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_module_docstrings_are_short(path: Path) -> None:
+    """The opening docstring says what the module holds, its units and invariants, in at most
+    15 source lines (quotes included); the rest belongs in docs/."""
+    tree = ast.parse(path.read_text())
+    doc = tree.body[0] if ast.get_docstring(tree, clean=False) is not None else None
+    lines = doc.end_lineno - doc.lineno + 1 if doc and doc.end_lineno else 0
+    assert lines <= MAX_DOCSTRING_LINES, \
+        f"{path.relative_to(REPO)}: module docstring of {lines} lines (> {MAX_DOCSTRING_LINES})"
+
+
+@pytest.mark.parametrize("path", _project_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_is_over_600_lines(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(REPO)}: {lines} lines (> {MAX_MODULE_LINES}): split it by job"
 
 
 def _module_name(path: Path, root: Path) -> str:

@@ -2,23 +2,15 @@
 
 Pure NumPy, no I/O. Every result is independent of how the values are split into blocks:
 
-- :class:`ExactSums`: per-group sums, correctly rounded (equal to ``math.fsum`` of the
-  group's values): each finite value is split into its integer mantissa and binary exponent
-  and the mantissas are added exactly per (group, exponent); infinities and NaN are counted
-  apart (a NaN, or both infinities, make the sum NaN). Memory: 2 x 2,100 int64 per group.
-  (A pairwise float sum, polars' or numpy's, depends on the order and split of the values;
-  this one does not, and it equals theirs to their own rounding.)
+- :class:`ExactSums`: per-group sums, correctly rounded (equal to ``math.fsum``): mantissas
+  added exactly per (group, binary exponent); infinities and NaN counted apart (a NaN, or both
+  infinities, make the sum NaN). Memory: 2 x 2,100 int64 per group.
 - :class:`OrderSelector`: the k-th smallest values of each group, exactly, over a few passes
-  of the same values (radix selection on order-preserving 64-bit keys, 16 bits a pass; a bin
-  small enough is collected and its values selected in memory; the pass counting a larger
-  bin's next 16 bits also keeps each of those bins' smallest and largest value and collects
-  windows where the wanted ranks likely fall, so it usually resolves them). Memory: 65,536
-  counts per group, 65,536 counts, minima and maxima per bin being refined, and at most
-  ``budget`` collected values.
-- :func:`numpy_percentiles` and :func:`polars_quantile`: the interpolation of
-  ``numpy.percentile`` (linear) and of polars' ``quantile(interpolation="linear")`` /
-  ``median()`` from the order statistics they use, bit for bit (:func:`numpy_ranks` and
-  :func:`polars_ranks` say which ranks to select).
+  (radix selection on order-preserving 64-bit keys, 16 bits a pass). Memory: 65,536 counts per
+  group, 65,536 counts, minima and maxima per bin being refined, at most ``budget`` values.
+- :func:`numpy_percentiles` and :func:`polars_quantile`: ``numpy.percentile`` (linear) and
+  polars' ``quantile(interpolation="linear")`` / ``median()`` from their order statistics, bit
+  for bit (:func:`numpy_ranks` and :func:`polars_ranks` say which ranks to select).
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """Named outlier filters on a compiled manifest: kept rows, rejected rows with a reason.
 
 Pure: a polars frame and :class:`Thresholds` in, a :class:`FilterResult` out. No I/O.
-
 Filters, in the order that decides a rejected row's ``reason`` (its FIRST failing filter):
-
-- ``max_tps``: fails when ``tps > max_tps`` (tokens / second)
-- ``min_tps``: fails when ``tps < min_tps``
-- ``min_duration``: fails when ``duration < min_duration`` (seconds)
-- ``max_duration``: fails when ``duration > max_duration``
-- ``min_tokens``: fails when ``num_tokens < min_tokens`` (tokens incl. prompt)
-- ``max_tokens``: fails when ``num_tokens > max_tokens``
-
-A manifest too large for memory is filtered block by block (:func:`dataprep.analysis.stats_and_filter.filter_manifest`):
-every rule is row by row, so the blocks' kept and rejected rows, in order, are the whole
-frame's, and their :class:`FilterSummary` adds up. Bounds are inclusive for kept rows (``tps == max_tps`` is kept). A null or NaN value fails
-every filter set on its column (it cannot be shown to pass). Filters left ``None`` are not
-applied. Invariants: ``kept.height + rejected.height == df.height``; kept rows keep the
-input order; rejected rows too.
+``max_tps``, ``min_tps`` (tokens / second), ``min_duration``, ``max_duration`` (seconds),
+``min_tokens``, ``max_tokens`` (tokens incl. prompt); ``max_X`` fails when the value is above
+it, ``min_X`` when below: bounds are inclusive for kept rows (``tps == max_tps`` is kept).
+A null or NaN value fails every filter set on its column; filters left ``None`` are not
+applied. Every rule is row by row, so a manifest filtered block by block
+(:func:`dataprep.analysis.stats_and_filter.filter_manifest`) gives the whole frame's rows and
+its :class:`FilterSummary` adds up. Invariants: ``kept.height + rejected.height == df.height``;
+kept rows keep the input order; rejected rows too.
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """The small tables ``dataprep report`` draws: aggregates of a manifest, its rejects, its
 buckets and its plan, never its rows.
 
-Every table here is bounded by its bins, buckets, steps, ranks or groups, not by the corpus:
-the page stays a few MB whatever the row count. Every section is streamed: duration, tokens
-and TPS are read in blocks (the stats' passes, then one pass binning them with NumPy),
-strings grouped block by block; the same pass feeds the buckets section (the padding's
-sample, each row's bucket) and spills each row's corpus and duration for the plan's corpus
-shares (:mod:`dataprep.report.stream_sections`); sections 2 and 3 are drawn by
-:mod:`~dataprep.report.buckets_section` and :mod:`~dataprep.report.plan_section`. Figures
-reuse the library's own:
-:func:`dataprep.analysis.stats.stream_stats` (quantiles, TPS by duration),
-:func:`dataprep.analysis.padding.spec_padding_report` (padding per scheme and per bucket),
+Every table is bounded by its bins, buckets, steps, ranks or groups, not by the corpus: the
+page stays a few MB whatever the row count. Every section is streamed: duration, tokens and
+TPS are read in blocks (the stats' passes, then one binning pass), strings grouped block by
+block; the same pass feeds the buckets section and spills each row's corpus and duration for
+the plan's corpus shares (:mod:`dataprep.report.stream_sections`); sections 2 and 3 are drawn
+by :mod:`~dataprep.report.buckets_section` and :mod:`~dataprep.report.plan_section`. Figures
+reuse :func:`dataprep.analysis.stats.stream_stats`, :func:`dataprep.analysis.padding.spec_padding_report`,
 :func:`dataprep.planning.simulate.simulate_plan` / :func:`~dataprep.planning.simulate.plan_steps_report`
-(simulated world sizes, fill and straggler) and :class:`bucketing.costmodel.CostModel` (step times).
+and :class:`bucketing.costmodel.CostModel`.
 
 Units: durations and hours in seconds / hours, TPS in tokens per second, shares in 0..1.
 """

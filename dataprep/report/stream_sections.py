@@ -1,26 +1,17 @@
 """Sections 2 (buckets) and 3 (plan) of ``dataprep report`` fed block by block, in memory
-bounded by a budget, not by the corpus: the same tables as whole arrays give.
+bounded by a budget, not by the corpus: the same tables as whole arrays give. Rows come as
+:class:`RowBlock` s from the report's binning pass; the cores here take arrays only.
 
-The manifest's rows come as :class:`RowBlock` s from the report's one binning pass (and a
-second pass where said); the cores here take arrays only.
+- :class:`BucketRows` (section 2): the rows the padding is measured on (all up to the sample
+  size, else the seeded sample :func:`sample_rows` draws) and every row's bucket exactly as
+  :func:`bucketing.allocate.assign` gives it (the carry runs after the pass on each bucket's
+  :func:`bucketing.allocate.tail_candidates`); a second pass sums each bucket's seconds.
+- :class:`CorpusShares` (section 3): per epoch and corpus, utterances planned (exact) and their
+  seconds summed in manifest row order (:func:`share_range_rows`, :func:`planned_times`,
+  :func:`spill_planned_rows`).
 
-- :class:`BucketRows` (section 2): the rows the padding is measured on (all of them up to the
-  sample size, else the seeded uniform sample :func:`sample_rows` draws) and, past the sample,
-  every row's bucket exactly as :func:`bucketing.allocate.assign` gives it: the allocation is
-  per row (block by block, as the fit does); the carried tails need of each bucket
-  only its :func:`bucketing.allocate.tail_candidates` (at most half a batch) and its size, so
-  the carry runs on those after the pass; a second pass sums each bucket's seconds in row
-  order (``np.add.at``, as a weighted ``np.bincount`` adds) with the carried rows in their
-  new buckets (skipped when no row was carried).
-- :class:`CorpusShares` (section 3): per epoch and corpus, utterances planned (exact) and
-  their seconds summed in manifest row order, from each row's corpus and duration read back
-  in ranges of rows (:func:`share_range_rows`) and how many times the epoch plans each row
-  of the range (:func:`planned_times`: the epoch's planned rows, spilled by range in one
-  pass over its batches, :func:`spill_planned_rows`).
-
-Memory: one block; the sample (16 bytes a row of it); the candidates (half a batch per
-bucket); a range of rows (:data:`SHARE_BYTES_PER_ROW` each) and one row group of a shard.
-Disk (section 3): :data:`SPILL_BYTES_PER_ROW`.
+Memory: one block; the sample (16 bytes a row of it); half a batch per bucket; a range of rows
+(:data:`SHARE_BYTES_PER_ROW` each) and one shard row group. Disk: :data:`SPILL_BYTES_PER_ROW`.
 """
 
 from __future__ import annotations

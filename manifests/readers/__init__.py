@@ -2,31 +2,16 @@
 containers: NeMo tarred datasets, Lhotse Shar, WebDataset tars, Hugging Face audio Parquet.
 
 :func:`iter_source` streams a source as polars frames with exactly the columns of
-:data:`manifests.schema.REJECTS_POLARS_SCHEMA`, in source order, one row per non-blank
-input line (per utterance for Kaldi, per row for Parquet). A row that parsed has
-``reason``/``detail`` null; one that did not has ``reason`` in ``malformed_line``,
-``non_utf8``, ``missing_field`` and ``detail`` = ``"<file>:<line>: <problem>"``.
-
-Conventions:
-
-- ``origin`` is ``<source path as given>:<line>`` with 1-based line numbers counting every
-  line of the file (blank ones and the CSV header included); Parquet: ``path:<row + 1>``;
-  Kaldi: the ``text`` file and line (orphan ``segments`` lines: that file and line).
-- ``id``: the source's id; where there is none (NeMo, CSV without ``id``) it is the audio
-  path *as written in the source*, plus ``#<offset:.3f>`` when the offset is non-zero
-  (``a.wav``, ``a.wav#12.500``).
-- ``audio_path`` is absolute: relative paths are joined to ``audio_root`` or to the source
-  file's folder (joined, not normalized); absolute paths and URLs are kept. Null if absent.
-- ``offset`` defaults to 0.0; ``duration``, ``sample_rate``, ``channels`` are null unless the
-  source gives them; ``num_tokens``/``tps`` are always null (compile fills them).
-- ``lang`` falls back to ``target_lang``, then ``source_lang``.
-- ``extra``: a JSON object (sorted keys) of the unmapped source fields, null when none.
-- Numbers may be JSON numbers or numeric strings; anything else (``"abc"``, a list) is a
-  ``malformed_line``. String fields must be strings. A null counts as absent.
-- Blank lines are skipped; a UTF-8 BOM, CRLF endings, a missing final newline and gzip
-  (``.gz``, detected by magic bytes) are handled for every line-based format.
-- Container formats (:mod:`._containers`) yield the container columns too
-  (:data:`manifests.schema.FULL_REJECTS_POLARS_SCHEMA`); see there for their reasons.
+:data:`manifests.schema.REJECTS_POLARS_SCHEMA` (containers: ``FULL_REJECTS_POLARS_SCHEMA``), in
+source order, one row per non-blank line (per utterance for Kaldi, per row for Parquet). A parsed
+row has ``reason``/``detail`` null; else ``reason`` is ``malformed_line``, ``non_utf8`` or
+``missing_field`` and ``detail`` ``"<file>:<line>: <problem>"``. ``origin``: ``<source path>:<line>``
+(1-based, every line counted; Parquet ``path:<row + 1>``); ``id``: the source's, else the audio
+path as written plus ``#<offset:.3f>`` when the offset is non-zero; ``audio_path`` absolute (joined
+to ``audio_root`` or the source's folder, not normalized; URLs kept); ``offset`` 0.0 by default;
+``num_tokens``/``tps`` null (compile fills them); ``extra`` a JSON object (sorted keys) of the
+unmapped fields, or null. Numbers: JSON numbers or numeric strings; a null counts as absent. BOM,
+CRLF, no final newline and gzip (by magic bytes) are handled. Conventions: docs/compile.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """NeMo ``input_cfg`` blends: many corpora, nested groups, weights, tags, temperatures.
 
-A blend file is NeMo's ``input_cfg`` YAML: a list of datasets (or a mapping holding
-``input_cfg`` and ``reweight_temperature``), each ``type`` one of ``nemo``
-(``manifest_filepath``), ``nemo_tarred`` (``manifest_filepath`` + ``tarred_audio_filepaths``),
-``lhotse`` (``cuts_path``), ``lhotse_shar`` (``shar_path``) or ``group`` (``input_cfg``, nested),
-with an optional ``weight``, ``tags``, ``text_field`` and ``lang_field``. Relative paths
-resolve against the blend file's folder. NeMo's semantics, as in its
-``nemo/collections/common/data/lhotse/cutset.py``:
-
-- weights: every item of a list has one or none has; a level's weights ``w`` become
-  ``w^T / sum(w^T)`` with that level's temperature ``T`` (``reweight_temperature``: a scalar
-  for every level, or one value per nesting level, the top list first; an item's own value
-  replaces it for the levels below it). A leaf's probability is the product down its path.
-- tags: ``corpus`` names the corpus (default: a stable name from its path); ``lang``,
-  ``source_lang``, ``target_lang``, ``taskname`` / ``task`` fill the row's missing fields; the
-  others go into ``extra`` where the row lacks them (a row's own field wins; an inner group's
-  tag wins over an outer one's).
-- ``text_field`` / ``lang_field``: the keys holding the text and the language (NeMo types).
-
+A blend file is NeMo's ``input_cfg`` YAML: a list of datasets (or a mapping holding ``input_cfg``
+and ``reweight_temperature``), each ``type`` one of ``nemo``, ``nemo_tarred``, ``lhotse``,
+``lhotse_shar`` or ``group`` (nested), with optional ``weight``, ``tags``, ``text_field`` and
+``lang_field``; relative paths resolve against the file's folder (docs/many-corpora.md). NeMo's
+semantics (``nemo/collections/common/data/lhotse/cutset.py``): every item of a list has a weight
+or none has; a level's weights ``w`` become ``w^T / sum(w^T)`` with its temperature ``T`` (a
+scalar, or one per nesting level, top first; an item's own replaces it below it); a leaf's
+probability is the product down its path. Tags: ``corpus`` names the corpus (default: a stable
+name from its path); ``lang``, ``source_lang``, ``target_lang``, ``taskname`` / ``task`` fill missing
+fields, others go into ``extra`` (the row's own field wins; an inner group's over an outer one's).
 :func:`read_blend` checks the file (one-line ``FILE: field: problem`` errors) and returns a
-:class:`Blend`: its leaves in file order and the tree (:meth:`Blend.tree`) that compile
-records in the manifest's metadata and the planner weighs corpora by.
+:class:`Blend`: its leaves in file order and the tree (:meth:`Blend.tree`) compile records.
 """
 
 from __future__ import annotations
