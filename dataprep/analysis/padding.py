@@ -1,8 +1,8 @@
 """The padding report of a manifest and a buckets.json: what each batching scheme would
-waste (:func:`bucketing.padding.padding_report`) and, for given world sizes, the steps
-``plan-batches`` would make (:func:`bucketing.steps_report.steps_report`). I/O around the
-pure core; ``dataprep padding`` prints what this returns. A manifest over the memory limit is
-measured from spill files (:mod:`dataprep.analysis.stream_padding`, the same figures)."""
+waste and, for given world sizes, the steps ``plan-batches`` would make, in memory bounded by
+``--memory-limit`` (:func:`dataprep.analysis.stream_padding.stream_padding_report`: held in
+memory when the corpus fits, spilled to disk otherwise; the same figures). Options checked
+here (:func:`check_padding_options`); ``dataprep padding`` prints what this returns."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from bucketing.fit import grid_from_spec
 from bucketing.padding import padding_report
 from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
-from dataprep.analysis.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
+from dataprep.analysis.stream_padding import stream_padding_report
 from manifests.buckets_file import BucketSpec, read_buckets
 from manifests.corpus_codes import read_corpus_codes
 from manifests.errors import DataprepError, OptionError
@@ -29,38 +29,23 @@ from manifests.options import check_bool, check_int, check_number
 from manifests.spill import default_memory_limit
 
 
-def duration_and_tokens(path: str | os.PathLike[str]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
-    """Durations (s) and token counts of a compiled manifest; one line if any is missing."""
-    df = read_manifest(path, columns=["duration", "num_tokens"])
-    if df["num_tokens"].null_count():
-        raise DataprepError(f"{path}: {df['num_tokens'].null_count()} rows have no num_tokens (compile with a tokenizer)")
-    if df["duration"].null_count():
-        raise DataprepError(f"{path}: {df['duration'].null_count()} rows have no duration")
-    return df["duration"].to_numpy(), df["num_tokens"].to_numpy().astype(np.int64)
-
-
 def manifest_padding_report(
     manifest: str | os.PathLike[str], buckets: str | os.PathLike[str], *, memory_limit: int | None = None,
     **options: Any
 ) -> dict[str, Any]:
-    """The JSON-ready padding report (see :func:`bucketing.padding.padding_report`), plus
-    ``steps`` per world size when ``world_sizes`` are given and the manifest's hash.
-    ``options``: the keyword options of :func:`spec_padding_report`. A manifest whose columns
-    would need more than ``memory_limit`` bytes in memory (default: half the machine's;
-    :data:`dataprep.analysis.stream_padding.IN_MEMORY_BYTES_PER_ROW` per row) is read from
-    spill files (:mod:`dataprep.analysis.stream_padding`: the same figures)."""
+    """The JSON-ready padding report (:func:`bucketing.padding.schemes_report`), plus ``steps``
+    per world size when ``world_sizes`` are given and the manifest's hash. ``options``: those
+    of :func:`check_padding_options`. ``memory_limit``: bytes (default: half the machine's); a
+    manifest over it (:data:`dataprep.analysis.stream_padding.IN_MEMORY_BYTES_PER_ROW` a row)
+    spills to disk."""
     check_int("memory_limit", memory_limit, ge=1, le=2**62, optional=True)
     limit = memory_limit if memory_limit is not None else default_memory_limit()
     spec = read_buckets(buckets)
     rows = manifest_num_rows(manifest)
+    check_padding_options(rows, **options)
+    budget, bs = batch_sizes_for(spec, options.pop("budget", None))
     try:
-        if rows * IN_MEMORY_BYTES_PER_ROW <= limit:
-            d, t = duration_and_tokens(manifest)
-            got = read_corpus_codes(manifest)  # many corpora: the 2D scheme per corpus too
-            codes, names = got if got is not None else (None, [])
-            report = spec_padding_report(d, t, spec, corpus_of_row=codes, corpora=names, **options)
-        else:
-            report = _spilled(manifest, spec, rows, limit, **options)
+        report = stream_padding_report(manifest, grid_from_spec(spec), bs, rows, limit, budget=budget, **options)
     except PlanError as exc:
         raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
     except OptionError:
@@ -69,15 +54,6 @@ def manifest_padding_report(
         raise DataprepError(f"{manifest}: {exc}") from None
     report["manifest_hash"] = manifest_hash(manifest)
     return report
-
-
-def _spilled(manifest: str | os.PathLike[str], spec: BucketSpec, rows: int, limit: int,
-             **options: Any) -> dict[str, Any]:
-    """:func:`dataprep.analysis.stream_padding.spilled_padding_report` after the checks of
-    :func:`spec_padding_report`."""
-    check_padding_options(rows, **options)
-    budget, bs = batch_sizes_for(spec, options.pop("budget", None))
-    return spilled_padding_report(manifest, grid_from_spec(spec), bs, rows, limit, budget=budget, **options)
 
 
 def batch_sizes_for(spec: BucketSpec, budget: float | None = None) -> tuple[float, npt.NDArray[np.int64]]:
