@@ -9,8 +9,8 @@ run from another checkout (e.g. one before streaming) in the same run.
     python benchmarks/bench_stream.py --rows 10000000 --repeats 1 --only padding --world-sizes 128 --baseline ../main
 
 ``padding`` reads a ``buckets.json`` fitted once on the manifest (``fit-buckets --num-buckets
-30``, kept in ``--dir``); both paths run it under ``--padding-memory-limit`` when given (a
-corpus over it spills to disk; default: the machine's); ``--world-sizes`` adds the steps per
+30``, kept in ``--dir``); both paths run it under ``--padding-memory-limit`` (default 1GiB; a
+corpus over it spills to disk, 10M rows do); ``--world-sizes`` adds the steps per
 world size to both (``padding --world-sizes``: epoch 0 planned per world size).
 
 The manifest is synthetic, drawn as ``benchmarks/bench_plan.py`` draws its rows (real
@@ -104,7 +104,7 @@ def main() -> None:
                     help="skip the baseline above this size (the whole-frame path needs the manifest in memory)")
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "bench_stream")
     ap.add_argument("--only", choices=["stats", "filter", "padding"], help="measure one command")
-    ap.add_argument("--padding-memory-limit", help="padding --memory-limit, e.g. 64MiB (both paths)")
+    ap.add_argument("--padding-memory-limit", default="1GiB", help="padding --memory-limit (both paths)")
     ap.add_argument("--world-sizes", help="padding --world-sizes, e.g. 128 (both paths)")
     args = ap.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +128,7 @@ def main() -> None:
                 "filter --max-tps 25": ["filter", str(manifest), "--max-tps", "25", "-o", "kept.parquet",
                                         "--rejects", "rejects.parquet"],
                 "padding": ["padding", str(manifest), "--buckets", str(buckets), "--json", "padding.json",
-                            *(["--memory-limit", args.padding_memory_limit] if args.padding_memory_limit else []),
+                            "--memory-limit", args.padding_memory_limit,
                             *(["--world-sizes", args.world_sizes] if args.world_sizes else [])],
             }
             for name, cmd in commands.items():

@@ -5,9 +5,9 @@ spilled by bucket and measured one part or one bucket at a time
 held in memory (:class:`manifests.spill.SpillFiles` ``memory``), a larger one spills to files
 next to the manifest, removed at the end (about :data:`DISK_BYTES_PER_ROW` a row). Passes:
 
-1. the 1D duration grid (:func:`bucketing.fit_passes.fit_grid`); the 1D and the 2D buckets:
-   the planner's spill (:func:`dataprep.planning.spill_manifest`, no ids, corpus codes), the
-   2D tails carried as edits (:func:`dataprep.planning.carry_spilled`);
+1. the 1D duration grid (:func:`bucketing.fit_passes.fit_grid`);
+2. the 1D and the 2D buckets: the planner's spill (:func:`dataprep.planning.spill_manifest`,
+   no ids, corpus codes), the 2D tails carried (:func:`dataprep.planning.carry_spilled`);
 3. the fixed schemes: each row of at most ``L`` s to its scatter part (:func:`spill_fixed`);
 4. the 2D rows' durations and rates in batch order (the rate-vs-duration samples).
 
@@ -29,7 +29,7 @@ from bucketing.batching import TOTALS_BLOCK
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
-from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, Grid, grid_from_spec
+from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, Grid
 from bucketing.padding import BucketedRows, scatter_count, scatter_part, schemes_report
 from bucketing.plan import EpochPlan
 from bucketing.steps_report import steps_rows
