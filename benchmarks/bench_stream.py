@@ -9,10 +9,9 @@ run from another checkout (e.g. one before streaming) in the same run.
     python benchmarks/bench_stream.py --rows 10000000 --repeats 1 --only padding --world-sizes 128 --baseline ../main
 
 ``padding`` reads a ``buckets.json`` fitted once on the manifest (``fit-buckets --num-buckets
-30``, kept in ``--dir``); this checkout runs it under ``--padding-memory-limit`` (default 1GiB:
-the spilled path), the baseline without the option (its path for the machine); ``--world-sizes`` adds the steps
-per world size to both (``padding --world-sizes``: epoch 0 planned per world size, out of core
-under the limit), and their ``steps`` are compared too.
+30``, kept in ``--dir``); both paths run it under ``--padding-memory-limit`` (default 1GiB; a
+corpus over it spills to disk, 10M rows do); ``--world-sizes`` adds the steps per
+world size to both (``padding --world-sizes``: epoch 0 planned per world size).
 
 The manifest is synthetic, drawn as ``benchmarks/bench_plan.py`` draws its rows (real
 (duration, characters per second) pairs of ../shared/data with 5% jitter, tokens = chars / 3.5
@@ -24,9 +23,8 @@ its wall time, CPU time (user + system, all threads: steadier than wall time on 
 machine) and peak RSS (the child's own VmHWM, as ``ru_maxrss`` would also count the parent's
 pages from before the exec) are printed, then the medians over ``--repeats``. Times include
 the interpreter's start and imports (a few seconds).
-The outputs of the two paths are compared byte for byte (filter's files, stats' JSON); for
-padding, the figures of the bucketed schemes (``1d-budget``, ``2d``, per bucket), which the
-spilled path reproduces (the fixed and cumulative schemes' draws changed with it).
+The outputs of the two paths are compared byte for byte (filter's files, stats' JSON, padding's
+JSON).
 """
 
 from __future__ import annotations
@@ -106,7 +104,7 @@ def main() -> None:
                     help="skip the baseline above this size (the whole-frame path needs the manifest in memory)")
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "bench_stream")
     ap.add_argument("--only", choices=["stats", "filter", "padding"], help="measure one command")
-    ap.add_argument("--padding-memory-limit", default="1GiB", help="this checkout's padding --memory-limit")
+    ap.add_argument("--padding-memory-limit", default="1GiB", help="padding --memory-limit (both paths)")
     ap.add_argument("--world-sizes", help="padding --world-sizes, e.g. 128 (both paths)")
     args = ap.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -130,7 +128,7 @@ def main() -> None:
                 "filter --max-tps 25": ["filter", str(manifest), "--max-tps", "25", "-o", "kept.parquet",
                                         "--rejects", "rejects.parquet"],
                 "padding": ["padding", str(manifest), "--buckets", str(buckets), "--json", "padding.json",
-                            *(["--memory-limit", args.padding_memory_limit] if label == "new" else []),
+                            "--memory-limit", args.padding_memory_limit,
                             *(["--world-sizes", args.world_sizes] if args.world_sizes else [])],
             }
             for name, cmd in commands.items():
@@ -143,18 +141,11 @@ def main() -> None:
                           f"{runs[-1]['rss_gib']:5.2f} GiB", flush=True)
                 rows_out.append((n, name, label, *(statistics.median(r[k] for r in runs) for k in ("wall", "cpu", "rss_gib"))))
         if len(paths) == 2:
-            outputs = [f for f in ("stats.json", "kept.parquet", "rejects.parquet")
+            outputs = [f for f in ("stats.json", "kept.parquet", "rejects.parquet", "padding.json")
                        if (args.dir / f"out-new-{n}" / f).exists() and (args.dir / f"out-old-{n}" / f).exists()]
             same = [f for f in outputs
                     if filecmp.cmp(args.dir / f"out-new-{n}" / f, args.dir / f"out-old-{n}" / f, shallow=False)]
             print(f"  {n:>12,} identical outputs (new vs old): {', '.join(same) or 'none'}", flush=True)
-            pads = [args.dir / f"out-{x}-{n}" / "padding.json" for x in ("new", "old")]
-            if all(p.exists() for p in pads):
-                a, b = (json.loads(p.read_text()) for p in pads)
-                keys = [k for k in ("1d-budget", "2d") if a["schemes"][k] == b["schemes"][k]]
-                keys += ["steps"] if "steps" in a and a["steps"] == b.get("steps") else []
-                print(f"  {n:>12,} padding: same figures (new vs old): {', '.join(keys) or 'none'}, per bucket "
-                      f"{'same' if a['per_bucket'] == b['per_bucket'] else 'differ'}", flush=True)
     print(f"\nmedians of {args.repeats} run(s), 2 threads")
     print(f"{'rows':>12}  {'command':<20} {'path':<4} {'wall (s)':>9} {'CPU (s)':>8} {'CPU us/row':>10} "
           f"{'peak RSS (GiB)':>15}")

@@ -9,8 +9,9 @@ buckets) and ``2d-dynamic-resolution`` (frame padding left after :mod:`bucketing
 ``frame_padding_base``, ``clamped_share``, ``fallback_share``, ``off_rate_share``).
 Bucketed batches are formed by :func:`bucketing.batching.form_batches`, as the planner forms
 them. Each scheme is measured one scatter part or one bucket at a time (a bucket in chunks of
-whole batches, :data:`CHUNK_ROWS`) by :func:`schemes_report`, from columns
-(:func:`padding_report`) or from spill files, with the same figures.
+whole batches, :data:`CHUNK_ROWS`) by :func:`schemes_report`, from columns in memory
+(:func:`padding_report`: a sample, benchmarks) or from ``dataprep padding``'s spill
+(:mod:`dataprep.analysis.stream_padding`), with the same figures.
 """
 
 from __future__ import annotations

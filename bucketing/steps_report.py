@@ -4,7 +4,7 @@ Pure core: rows (durations s, tokens), the bucket grid and batch sizes in; per w
 epoch planned in memory with :func:`bucketing.plan.plan_epoch` (one bucket per step, and
 balanced steps at a tolerance) and its :class:`bucketing.step_figures.PlanReport`, the packing bound
 and padding out; :func:`steps_rows` measures the epochs of any planner (the out-of-core one
-too). Used by ``dataprep padding --world-sizes`` and ``benchmarks/bench_fill.py``.
+too: ``dataprep padding --world-sizes``). Used by ``benchmarks/bench_fill.py``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The padding report of a manifest and a buckets.json: what each batching scheme would
-waste (:func:`bucketing.padding.padding_report`) and, for given world sizes, the steps
-``plan-batches`` would make (:func:`bucketing.steps_report.steps_report`). I/O around the
-pure core; ``dataprep padding`` prints what this returns. A manifest over the memory limit is
-measured from spill files (:mod:`dataprep.analysis.stream_padding`, the same figures)."""
+waste and, for given world sizes, the steps ``plan-batches`` would make, in memory bounded by
+``--memory-limit`` (:func:`dataprep.analysis.stream_padding.stream_padding_report`: held in
+memory when the corpus fits, spilled to disk otherwise; the same figures). Options checked
+here (:func:`check_padding_options`); ``dataprep padding`` prints what this returns."""
 
 from __future__ import annotations
 
@@ -18,49 +18,32 @@ from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from bucketing.padding import padding_report
 from bucketing.plan import PlanError
-from bucketing.steps_report import steps_report
-from dataprep.analysis.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
+from dataprep.analysis.stream_padding import stream_padding_report
 from manifests.buckets_file import BucketSpec, read_buckets
-from manifests.corpus_codes import read_corpus_codes
 from manifests.errors import DataprepError, OptionError
 from manifests.hash_cache import manifest_hash
-from manifests.manifest_read import manifest_num_rows, read_manifest
+from manifests.manifest_read import manifest_num_rows
 from manifests.options import check_bool, check_int, check_number
 from manifests.spill import default_memory_limit
-
-
-def duration_and_tokens(path: str | os.PathLike[str]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
-    """Durations (s) and token counts of a compiled manifest; one line if any is missing."""
-    df = read_manifest(path, columns=["duration", "num_tokens"])
-    if df["num_tokens"].null_count():
-        raise DataprepError(f"{path}: {df['num_tokens'].null_count()} rows have no num_tokens (compile with a tokenizer)")
-    if df["duration"].null_count():
-        raise DataprepError(f"{path}: {df['duration'].null_count()} rows have no duration")
-    return df["duration"].to_numpy(), df["num_tokens"].to_numpy().astype(np.int64)
 
 
 def manifest_padding_report(
     manifest: str | os.PathLike[str], buckets: str | os.PathLike[str], *, memory_limit: int | None = None,
     **options: Any
 ) -> dict[str, Any]:
-    """The JSON-ready padding report (see :func:`bucketing.padding.padding_report`), plus
-    ``steps`` per world size when ``world_sizes`` are given and the manifest's hash.
-    ``options``: the keyword options of :func:`spec_padding_report`. A manifest whose columns
-    would need more than ``memory_limit`` bytes in memory (default: half the machine's;
-    :data:`dataprep.analysis.stream_padding.IN_MEMORY_BYTES_PER_ROW` per row) is read from
-    spill files (:mod:`dataprep.analysis.stream_padding`: the same figures)."""
+    """The JSON-ready padding report (:func:`bucketing.padding.schemes_report`), plus ``steps``
+    per world size when ``world_sizes`` are given and the manifest's hash. ``options``: those
+    of :func:`check_padding_options`. ``memory_limit``: bytes (default: half the machine's); a
+    manifest over it (:data:`dataprep.analysis.stream_padding.IN_MEMORY_BYTES_PER_ROW` a row)
+    spills to disk."""
     check_int("memory_limit", memory_limit, ge=1, le=2**62, optional=True)
     limit = memory_limit if memory_limit is not None else default_memory_limit()
     spec = read_buckets(buckets)
     rows = manifest_num_rows(manifest)
+    check_padding_options(rows, **options)
+    budget, bs = batch_sizes_for(spec, options.pop("budget", None))
     try:
-        if rows * IN_MEMORY_BYTES_PER_ROW <= limit:
-            d, t = duration_and_tokens(manifest)
-            got = read_corpus_codes(manifest)  # many corpora: the 2D scheme per corpus too
-            codes, names = got if got is not None else (None, [])
-            report = spec_padding_report(d, t, spec, corpus_of_row=codes, corpora=names, **options)
-        else:
-            report = _spilled(manifest, spec, rows, limit, **options)
+        report = stream_padding_report(manifest, grid_from_spec(spec), bs, rows, limit, budget=budget, **options)
     except PlanError as exc:
         raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
     except OptionError:
@@ -71,25 +54,15 @@ def manifest_padding_report(
     return report
 
 
-def _spilled(manifest: str | os.PathLike[str], spec: BucketSpec, rows: int, limit: int,
-             **options: Any) -> dict[str, Any]:
-    """:func:`dataprep.analysis.stream_padding.spilled_padding_report` after the checks of
-    :func:`spec_padding_report`."""
-    check_padding_options(rows, **options)
-    budget, bs = batch_sizes_for(spec, options.pop("budget", None))
-    return spilled_padding_report(manifest, grid_from_spec(spec), bs, rows, limit, budget=budget, **options)
-
-
 def batch_sizes_for(spec: BucketSpec, budget: float | None = None) -> tuple[float, npt.NDArray[np.int64]]:
     """``(budget, batch sizes)``: the padded seconds per batch (default: the one buckets.json
     was sized with, else 600) and the buckets' batch sizes, all sized by that budget when any
     bucket has none."""
     if budget is None:
         budget = float(spec.batch_size_source.get("max_duration", 600.0))
-    sizes = [b.batch_size for b in spec.buckets]
-    if any(s is None for s in sizes):
+    if any(b.batch_size is None for b in spec.buckets):
         return budget, padded_budget_batch_sizes(grid_from_spec(spec).max_duration, max_duration_budget=budget)
-    return budget, np.asarray(sizes, dtype=np.int64)
+    return budget, spec.batch_sizes()
 
 
 def check_padding_options(rows: int, *, budget: float | None = None, cumulative_budget: float | None = None,
@@ -97,7 +70,7 @@ def check_padding_options(rows: int, *, budget: float | None = None, cumulative_
                           audio_weight: float | None = None, carry: bool = True,
                           dynamic_resolution: DynResConfig | None = None, world_sizes: Sequence[int] = (),
                           balance: float = 0.0) -> None:
-    """Every option of :func:`spec_padding_report` checked (finite, in range, never coerced);
+    """Every option of the padding report checked (finite, in range, never coerced);
     ``window`` and each world size bounded by the manifest's ``rows``."""
     check_number("budget", budget, gt=0, optional=True)
     check_number("cumulative_budget", cumulative_budget, gt=0, optional=True)
@@ -115,42 +88,16 @@ def check_padding_options(rows: int, *, budget: float | None = None, cumulative_
         raise OptionError("world_sizes", f"must be <= the number of rows ({rows}) of the manifest, got {max(world_sizes)}")
 
 
-def spec_padding_report(
-    d: npt.NDArray[np.float64],
-    t: npt.NDArray[np.int64],
-    spec: BucketSpec,
-    *,
-    budget: float | None = None,
-    cumulative_budget: float | None = None,
-    strict: bool = False,
-    seed: int = 0,
-    window: int | None = None,
-    sort_by: str | None = None,
-    audio_weight: float | None = None,
-    carry: bool = True,
-    dynamic_resolution: DynResConfig | None = None,
-    world_sizes: Sequence[int] = (),
-    balance: float = 0.0,
-    corpus_of_row: npt.NDArray[Any] | None = None,
-    corpora: Sequence[str] = (),
-) -> dict[str, Any]:
-    """The padding report of rows already read (durations s, tokens) under a parsed buckets
-    file, plus ``steps`` per world size when ``world_sizes`` are given.
-
-    ``budget`` and the batch sizes: :func:`batch_sizes_for`. Every value is checked here (finite,
-    in range, never coerced); ``window`` and each world size are bounded by the rows, before
-    anything is allocated per window or per rank. Raises :class:`bucketing.plan.PlanError` when
-    the rows cannot be planned."""
-    check_padding_options(int(d.shape[0]), budget=budget, cumulative_budget=cumulative_budget, strict=strict,
-                          seed=seed, window=window, sort_by=sort_by, audio_weight=audio_weight, carry=carry,
-                          dynamic_resolution=dynamic_resolution, world_sizes=world_sizes, balance=balance)
-    grid = grid_from_spec(spec)
+def spec_padding_report(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], spec: BucketSpec, *,
+                        budget: float | None = None, dynamic_resolution: DynResConfig | None = None,
+                        **options: Any) -> dict[str, Any]:
+    """The padding report of rows already in memory (durations s, tokens; the HTML report's
+    sample) under a parsed buckets file: :func:`bucketing.padding.padding_report`, the same
+    per-bucket measure (:func:`bucketing.padding.schemes_report`) as a manifest's. ``budget``
+    and the batch sizes: :func:`batch_sizes_for`; ``options``: those of
+    :func:`check_padding_options` but ``world_sizes``, checked here. Raises
+    :class:`bucketing.plan.PlanError` when the rows cannot be planned."""
+    check_padding_options(int(d.shape[0]), budget=budget, **options)
     budget, bs = batch_sizes_for(spec, budget)
-    report = padding_report(d, t, grid, bs, budget=budget, cumulative_budget=cumulative_budget,
-                            strict=strict, seed=seed, window=window, sort_by=sort_by,
-                            audio_weight=audio_weight, carry=carry, dynamic_resolution=dynamic_resolution,
-                            corpus_of_row=corpus_of_row, corpora=corpora)
-    if world_sizes:
-        report["steps"] = steps_report(d, t, grid, bs, list(world_sizes), balance, seed=seed, strict=strict,
-                                       carry=carry)
-    return report
+    return padding_report(d, t, grid_from_spec(spec), bs, budget=budget, dynamic_resolution=dynamic_resolution,
+                          **options)

@@ -1,30 +1,18 @@
-"""``dataprep padding`` in memory bounded by a budget, not by the corpus: the same report as
-the in-memory path (:func:`bucketing.padding.padding_report`), figure for figure.
+"""``dataprep padding``: the padding report of a manifest in memory bounded by
+``--memory-limit``, one path for every size (:func:`stream_padding_report`): the rows are
+spilled by bucket and measured one part or one bucket at a time
+(:func:`bucketing.padding.schemes_report`); a corpus that fits is one block and its spill is
+held in memory (:class:`manifests.spill.SpillFiles` ``memory``), a larger one spills to files
+next to the manifest, removed at the end (about :data:`DISK_BYTES_PER_ROW` a row). Passes:
 
-Both paths measure every scheme from rows read one part or one bucket at a time
-(:func:`bucketing.padding.schemes_report`); here the rows come from spill files:
-
-1. the 1D duration grid: the one fit (:func:`bucketing.fit_passes.fit_blocks`, one bucket per
-   duration bin);
-2. the 1D and the 2D buckets: the out-of-core planner's spill
-   (:func:`dataprep.planning.spill_manifest`: allocation in blocks, rows spilled
-   by bucket, tails carried as edits; no ids, the corpus codes for the per-corpus table);
-3. the fixed schemes: one pass that appends each row of at most ``L`` s to its scatter part
-   (:func:`bucketing.padding.scatter_part`, a hash of the row: the parts the in-memory path
-   draws);
+1. the 1D duration grid (:func:`bucketing.fit_passes.fit_grid`);
+2. the 1D and the 2D buckets: the planner's spill (:func:`dataprep.planning.spill_manifest`,
+   no ids, corpus codes), the 2D tails carried (:func:`dataprep.planning.carry_spilled`);
+3. the fixed schemes: each row of at most ``L`` s to its scatter part (:func:`spill_fixed`);
 4. the 2D rows' durations and rates in batch order (the rate-vs-duration samples).
 
-Memory: one block of the manifest, then one bucket (the planner's bound,
-:func:`dataprep.planning.spill.planning_bytes`) or one scatter part
-(:data:`bucketing.padding.SCATTER_ROWS` rows). Disk: about 85 bytes per row in all (the fit's
-16, the 1D and 2D spills' 20 each and 4 more for corpus codes, 12 per fixed length, the rate
-store's 16), under a directory next to the manifest, removed at the end.
-
-``--world-sizes``: the 2D spill is made without carrying tails, then carried as edits
-(:func:`dataprep.planning.carry_spilled`); each world size's epoch 0 is planned out
-of core from it (:func:`spilled_steps`: per-batch figures, one bucket in memory at a time, and
-a position file of 4 bytes per row), the same figures as ``steps_report`` in memory.
-"""
+``--world-sizes``: epoch 0 per world size planned from the 2D spill
+(:func:`dataprep.planning.plan_epoch_figures`, :func:`spilled_steps`)."""
 
 from __future__ import annotations
 
@@ -41,20 +29,21 @@ from bucketing.batching import TOTALS_BLOCK
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
-from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, Grid, grid_from_spec
+from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, Grid
 from bucketing.padding import BucketedRows, scatter_count, scatter_part, schemes_report
 from bucketing.plan import EpochPlan
 from bucketing.steps_report import steps_rows
 from dataprep.planning import SpilledCorpus, carry_spilled, plan_epoch_figures, spill_manifest
-from bucketing.fit_passes import fit_blocks
+from bucketing.fit_passes import fit_grid
 from dataprep.analysis.buckets import HELD_BYTES_PER_ROW, fit_passes, manifest_blocks
 from manifests.corpus_codes import corpus_names, iter_corpus_codes
 from manifests.manifest_read import iter_manifest
 from manifests.spill import SpillFiles, check_free_disk, remove_spill, spill_dir
 
-#: Bytes of memory per row that the in-memory padding report takes (columns, both
-#: allocations, rows grouped by bucket, orders, the rate store): a larger corpus is spilled.
-IN_MEMORY_BYTES_PER_ROW = 160
+#: Bytes of memory per row of a padding report held in memory (the fit held,
+#: :data:`dataprep.analysis.buckets.HELD_BYTES_PER_ROW`, then the spills' columns, about 85,
+#: and one bucket's transients): a larger corpus spills to disk.
+IN_MEMORY_BYTES_PER_ROW = HELD_BYTES_PER_ROW
 #: Bytes of disk per row of the spill files (module docstring), checked free before spilling.
 DISK_BYTES_PER_ROW = 90
 
@@ -72,7 +61,7 @@ def spilled_buckets(corpus: SpilledCorpus) -> BucketedRows:
 
 def spilled_steps(uncarried: SpilledCorpus, carried: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64],
                   world_sizes: list[int], balance: float, *, seed: int = 0) -> list[dict[str, Any]]:
-    """:func:`bucketing.steps_report.steps_report`'s rows from epochs planned out of core
+    """:func:`bucketing.steps_report.steps_rows` of epochs planned by the planner
     (:func:`dataprep.planning.plan_epoch_figures`) on the 2D spill, without and
     with its tails carried (``carried`` is ``uncarried`` where they are not): balanced epochs
     and a world size whose every bucket fills a step take the carried one, as
@@ -98,6 +87,10 @@ def spill_fixed(manifest: str | os.PathLike[str], files: SpillFiles, lengths: tu
         for i, length in enumerate(lengths):
             ok = np.flatnonzero(d <= length)
             excluded[i] += d.shape[0] - ok.shape[0]
+            if parts == 1:  # every row draws part 0
+                files.append(f"f{i}.0.d", d[ok])
+                files.append(f"f{i}.0.t", t[ok])
+                continue
             part = scatter_part(ok + base, seed, 10 + i, parts)
             order = np.argsort(part, kind="stable")
             cut = np.searchsorted(part[order], np.arange(parts + 1))
@@ -110,38 +103,43 @@ def spill_fixed(manifest: str | os.PathLike[str], files: SpillFiles, lengths: tu
     return excluded
 
 
-def spilled_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray[np.int64], num_rows: int,
-                           memory_limit: int, *, budget: float, cumulative_budget: float | None = None,
-                           strict: bool = False, seed: int = 0, window: int | None = None,
-                           sort_by: str | None = None, audio_weight: float | None = None, carry: bool = True,
-                           dynamic_resolution: DynResConfig | None = None,
-                           fixed_lengths: tuple[float, ...] = (30.0, 40.0), world_sizes: Sequence[int] = (),
-                           balance: float = 0.0) -> dict[str, Any]:
-    """The padding report of ``manifest`` (:func:`bucketing.padding.padding_report`'s
-    figures) from spill files (module docstring), with ``steps`` per world size when
-    ``world_sizes`` are given (:func:`spilled_steps`); options already checked."""
-    root = spill_dir(manifest)
+def stream_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray[np.int64], num_rows: int,
+                          memory_limit: int, *, budget: float, cumulative_budget: float | None = None,
+                          strict: bool = False, seed: int = 0, window: int | None = None,
+                          sort_by: str | None = None, audio_weight: float | None = None, carry: bool = True,
+                          dynamic_resolution: DynResConfig | None = None,
+                          fixed_lengths: tuple[float, ...] = (30.0, 40.0), world_sizes: Sequence[int] = (),
+                          balance: float = 0.0) -> dict[str, Any]:
+    """The padding report of ``manifest`` (:func:`bucketing.padding.schemes_report`'s figures,
+    module docstring), with ``steps`` per world size when ``world_sizes`` are given
+    (:func:`spilled_steps`); options already checked. The spill is held in memory when the
+    corpus fits ``memory_limit`` (:data:`IN_MEMORY_BYTES_PER_ROW` a row), else written to
+    files next to the manifest (:func:`spills_to_disk`), removed at the end."""
+    root = spill_dir(manifest) if spills_to_disk(num_rows, memory_limit) else None
+
+    def store(name: str) -> Path:
+        return Path(os.devnull) if root is None else _sub(root, name)
+
     try:
-        check_free_disk(root, num_rows * DISK_BYTES_PER_ROW, "the padding report's spill files")
+        if root is not None:
+            check_free_disk(root, num_rows * DISK_BYTES_PER_ROW, "the padding report's spill files")
         nd = grid.num_duration_bins
         passes = fit_passes(num_rows, memory_limit,
-                            None if num_rows * HELD_BYTES_PER_ROW <= memory_limit else _sub(root, "fit"))
-        spec1, _ = fit_blocks(manifest_blocks(manifest, passes.block), passes, num_buckets=nd, num_subbuckets=1,
-                              min_duration=None, max_duration=None, strict=False, max_duration_budget=budget,
-                              max_frames_budget=None, max_tokens_budget=None, frame_shift=0.01, manifest_hash=None,
-                              outlier_fence=DEFAULT_OUTLIER_FENCE, token_fence=DEFAULT_TOKEN_FENCE)
-        grid1 = grid_from_spec(spec1)
+                            None if num_rows * HELD_BYTES_PER_ROW <= memory_limit else store("fit"))
+        grid1 = fit_grid(manifest_blocks(manifest, passes.block), passes, num_buckets=nd, num_subbuckets=1,
+                         min_duration=None, max_duration=None, outlier_fence=DEFAULT_OUTLIER_FENCE,
+                         token_fence=DEFAULT_TOKEN_FENCE)[0].grid
         bs1 = padded_budget_batch_sizes(grid1.max_duration, max_duration_budget=budget)
-        one_d = spilled_buckets(spill_manifest(manifest, grid1, bs1, _sub(root, "1d"), strict=False,
-                                               memory_limit=memory_limit, ids=False))
+        one_d = spilled_buckets(spill_manifest(manifest, grid1, bs1, store("1d"), strict=False,
+                                               memory_limit=memory_limit, ids=False, memory=root is None))
         names = corpus_names(manifest)
         codes = None if names is None else iter_corpus_codes(manifest, names, TOTALS_BLOCK)
-        uncarried = spill_manifest(manifest, grid, bs, _sub(root, "2d"), strict=strict,
-                                   memory_limit=memory_limit, ids=False, codes=codes)
+        uncarried = spill_manifest(manifest, grid, bs, store("2d"), strict=strict, memory_limit=memory_limit,
+                                   ids=False, codes=codes, memory=root is None)
         carried = carry_spilled(uncarried, grid, bs, manifest, memory_limit) if carry and not strict else uncarried
         two_d = spilled_buckets(carried)
         K = scatter_count(num_rows)
-        fixed = SpillFiles(_sub(root, "fixed"))
+        fixed = SpillFiles(store("fixed"), memory=None if root is not None else {})
         excluded = spill_fixed(manifest, fixed, fixed_lengths, seed, K)
 
         def fixed_parts(length: float, salt: int) -> tuple[int, Iterator[tuple[npt.NDArray[Any], npt.NDArray[Any]]]]:
@@ -149,7 +147,8 @@ def spilled_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt
             return excluded[i], ((fixed.read(f"f{i}.{j}.d", np.float64), fixed.read(f"f{i}.{j}.t", np.int32))
                                  for j in range(K))
 
-        report = schemes_report(num_rows, fixed_parts, grid1, one_d, grid, bs, two_d, SpillFiles(_sub(root, "rates")),
+        rates = SpillFiles(store("rates"), memory=None if root is not None else {})
+        report = schemes_report(num_rows, fixed_parts, grid1, one_d, grid, bs, two_d, rates,
                                 budget=budget, cumulative_budget=cumulative_budget, fixed_lengths=fixed_lengths,
                                 seed=seed, window=window, sort_by=sort_by, audio_weight=audio_weight,
                                 dynamic_resolution=dynamic_resolution, corpora=names)
@@ -157,7 +156,14 @@ def spilled_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt
             report["steps"] = spilled_steps(uncarried, carried, grid, bs, list(world_sizes), balance, seed=seed)
         return report
     finally:
-        remove_spill(root)
+        if root is not None:
+            remove_spill(root)
+
+
+def spills_to_disk(num_rows: int, memory_limit: int) -> bool:
+    """Whether the padding report of ``num_rows`` rows spills to disk: holding its spill in
+    memory would need more than ``memory_limit`` bytes (:data:`IN_MEMORY_BYTES_PER_ROW` a row)."""
+    return num_rows * IN_MEMORY_BYTES_PER_ROW > memory_limit
 
 
 def _sub(root: Path, name: str) -> Path:

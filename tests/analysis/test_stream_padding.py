@@ -1,5 +1,6 @@
-"""``dataprep padding`` from spill files (dataprep/analysis/stream_padding.py) gives the in-memory
-report, figure for figure; rows in = rows in the report."""
+"""``dataprep padding`` (dataprep/analysis/stream_padding.py) spilled to disk under a tiny
+memory limit gives the report held in memory at the default one, figure for figure (and the
+steps of :func:`bucketing.steps_report.steps_report`); rows in = rows in the report."""
 
 from __future__ import annotations
 
@@ -21,13 +22,28 @@ from bucketing.fit import grid_from_spec
 from bucketing.plan import PlanError
 from bucketing.steps_report import steps_report
 from dataprep.cli import app
+import dataprep.analysis.stream_padding as stream_padding
 from dataprep.analysis.padding import batch_sizes_for, manifest_padding_report
-from dataprep.analysis.stream_padding import IN_MEMORY_BYTES_PER_ROW, spilled_padding_report
+from dataprep.analysis.stream_padding import IN_MEMORY_BYTES_PER_ROW
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
 from manifests.manifest_write import write_manifest
 
 runner = CliRunner()
+
+
+@pytest.fixture
+def spills(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The spill folders the padding report makes (one per report spilled to disk)."""
+    made: list[Path] = []
+    real = stream_padding.spill_dir
+
+    def spy(where: object) -> Path:
+        made.append(real(where))  # type: ignore[arg-type]
+        return made[-1]
+
+    monkeypatch.setattr(stream_padding, "spill_dir", spy)
+    return made
 
 
 def _manifest(path: Path, seed: int, n: int, corpora: int) -> tuple[np.ndarray, np.ndarray]:
@@ -57,12 +73,13 @@ def _check_counts(rep: dict, n: int) -> None:
        num_buckets=st.integers(1, 6), sub=st.integers(1, 3), strict=st.booleans(), carry=st.booleans(),
        window=st.sampled_from([None, 1, 3]), sort_by=st.sampled_from([None, "tokens", "none"]),
        dyn=st.booleans(), parts=st.sampled_from([7, 1000, 1 << 22]), chunk=st.sampled_from([5, 64, 1 << 19]),
-       limit=st.sampled_from([1 << 16, 1 << 30]))
-def test_spilled_equals_in_memory(tmp_path: Path, seed: int, n: int, corpora: int, num_buckets: int, sub: int,
-                                  strict: bool, carry: bool, window: int | None, sort_by: str | None, dyn: bool,
-                                  parts: int, chunk: int, limit: int) -> None:
-    """Random corpora and options, scatter parts and bucket chunks of a few rows (both paths
-    read the same constants), tiny and large limits: the same report."""
+       tiny=st.sampled_from([1 << 16, None]))
+def test_spilled_equals_in_memory(tmp_path: Path, spills: list[Path], seed: int, n: int, corpora: int,
+                                  num_buckets: int, sub: int, strict: bool, carry: bool, window: int | None,
+                                  sort_by: str | None, dyn: bool, parts: int, chunk: int, tiny: int | None) -> None:
+    """Random corpora and options, scatter parts and bucket chunks of a few rows, a tiny limit
+    (below what the rows need in memory) and the default one: the same report, spilled to
+    disk at the tiny limit only."""
     with tempfile.TemporaryDirectory(dir=tmp_path) as work, pytest.MonkeyPatch.context() as mp:
         mp.setattr(padding, "SCATTER_ROWS", parts)
         mp.setattr(padding, "CHUNK_ROWS", chunk)
@@ -70,23 +87,25 @@ def test_spilled_equals_in_memory(tmp_path: Path, seed: int, n: int, corpora: in
         d, t = _manifest(w / "m.parquet", seed, n, corpora)
         spec, _ = fit_spec(d, t, num_buckets=num_buckets, num_subbuckets=sub, max_duration_budget=120.0)
         write_buckets(spec, w / "b.json")
-        opts = dict(seed=seed % 1000, strict=strict, carry=carry, window=window, sort_by=sort_by,
-                    dynamic_resolution=DynResConfig() if dyn else None)
+        opts = dict(seed=seed % 1000, strict=strict, carry=carry, window=None if window is None else min(window, n),
+                    sort_by=sort_by, dynamic_resolution=DynResConfig() if dyn else None)
+        spills.clear()
         want = manifest_padding_report(w / "m.parquet", w / "b.json", **opts)
-        spec = read_buckets(w / "b.json")
-        budget, bs = batch_sizes_for(spec)
+        assert spills == []  # held in memory at the default limit
+        limit = min(tiny or n * IN_MEMORY_BYTES_PER_ROW, n * IN_MEMORY_BYTES_PER_ROW) - 1
         try:
-            got = spilled_padding_report(w / "m.parquet", grid_from_spec(spec), bs, n, limit, budget=budget, **opts)
-        except Exception as exc:  # a bucket over a tiny limit: the planner's one-line refusal
-            assert limit == 1 << 16 and "--memory-limit: bucket" in str(exc), exc
+            got = manifest_padding_report(w / "m.parquet", w / "b.json", memory_limit=limit, **opts)
+        except DataprepError as exc:  # a bucket over a tiny limit: the planner's one-line refusal
+            assert "--memory-limit: bucket" in str(exc), exc
             return
-        got["manifest_hash"] = want["manifest_hash"]
+        finally:
+            assert len(spills) == 1  # spilled to disk
         assert got == want
         _check_counts(got, n)
         assert not [p for p in w.iterdir() if ".spill-" in p.name]  # spill files removed
 
 
-def test_cli_tiny_memory_limit_same_report(tmp_path: Path) -> None:
+def test_cli_tiny_memory_limit_same_report(tmp_path: Path, spills: list[Path]) -> None:
     """The command as a user runs it: under a limit the corpus does not fit, the same JSON
     and the same tables, --world-sizes too; a world size over the rows is one line in both."""
     n = 3000
@@ -97,7 +116,9 @@ def test_cli_tiny_memory_limit_same_report(tmp_path: Path) -> None:
     args = ["padding", str(m), "--buckets", str(tmp_path / "b.json"), "--world-sizes", "8,32"]
     limit = f"{n * IN_MEMORY_BYTES_PER_ROW // 2}B"
     a = runner.invoke(app, [*args, "--json", str(tmp_path / "a.json")])
+    assert spills == []
     b = runner.invoke(app, [*args, "--json", str(tmp_path / "b2.json"), "--memory-limit", limit])
+    assert len(spills) == 1
     assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
     ra, rb = json.loads((tmp_path / "a.json").read_text()), json.loads((tmp_path / "b2.json").read_text())
     assert ra == rb and [(r["world_size"], r["balance"]) for r in rb["steps"]] == [(8, 0.0), (8, 0.05), (32, 0.0),
@@ -115,11 +136,11 @@ def test_cli_tiny_memory_limit_same_report(tmp_path: Path) -> None:
 @given(seed=st.integers(0, 2**31), n=st.integers(1, 400), num_buckets=st.integers(1, 5), sub=st.integers(1, 2),
        world=st.integers(1, 48), balance=st.sampled_from([0.0, 0.05, 0.3]), strict=st.booleans(),
        carry=st.booleans())
-def test_spilled_steps_equal_in_memory(tmp_path: Path, seed: int, n: int, num_buckets: int, sub: int, world: int,
+def test_spilled_steps_equal_in_memory(tmp_path: Path, spills: list[Path], seed: int, n: int, num_buckets: int, sub: int, world: int,
                                        balance: float, strict: bool, carry: bool) -> None:
-    """Random corpora, world sizes and seeds under a limit below what the rows need in memory
-    (so the report spills): the same ``steps`` as :func:`bucketing.steps_report.steps_report`
-    in memory, or the same one-line error."""
+    """Random corpora, world sizes and seeds at the default limit (held in memory) and under a
+    limit below what the rows need in memory (spilled to disk): the same ``steps`` as
+    :func:`bucketing.steps_report.steps_report`, or the same one-line error."""
     world = min(world, n)
     with tempfile.TemporaryDirectory(dir=tmp_path) as work:
         w = Path(work)
@@ -132,14 +153,18 @@ def test_spilled_steps_equal_in_memory(tmp_path: Path, seed: int, n: int, num_bu
             want: object = steps_report(d, t, grid_from_spec(read_buckets(w / "b.json")), bs, [world], balance, **opts)
         except PlanError as exc:
             want = f"cannot plan: {exc}"
-        try:
-            got: object = manifest_padding_report(w / "m.parquet", w / "b.json", world_sizes=[world], balance=balance,
-                                                  memory_limit=n * IN_MEMORY_BYTES_PER_ROW - 1, **opts)["steps"]
-        except DataprepError as exc:
-            if "--memory-limit: bucket" in str(exc):  # a bucket over the tiny limit: the planner's refusal
-                return
-            got = str(exc).split(": ", 1)[1]
-        assert got == want
+        for limit in (None, n * IN_MEMORY_BYTES_PER_ROW - 1):
+            spills.clear()
+            try:
+                got: object = manifest_padding_report(w / "m.parquet", w / "b.json", world_sizes=[world],
+                                                      balance=balance, memory_limit=limit, **opts)["steps"]
+            except DataprepError as exc:
+                if "--memory-limit: bucket" in str(exc):  # a bucket over the tiny limit: the planner's refusal
+                    assert limit is not None
+                    continue
+                got = str(exc).split(": ", 1)[1]
+            assert got == want
+            assert len(spills) == (limit is not None)
         assert not [p for p in w.iterdir() if ".spill-" in p.name]
 
 
