@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow.compute as pc
 
 from bucketing.budget import cost_equal_spec
 from bucketing.costmodel import CostModel
 from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE
 from bucketing.fit_passes import BLOCK_BYTES_PER_ROW, SORT_BYTES_PER_ROW, Passes, block_rows, fit_blocks, sort_rows
+from manifests.arrow_views import numeric_values
 from manifests.buckets_file import BucketSpec, write_buckets
 from manifests.errors import DataprepError
 from manifests.hash_cache import manifest_hash
@@ -99,8 +99,7 @@ def manifest_blocks(manifest: str | os.PathLike[str], block: int
         null_d += table.column("duration").null_count
         if null_t or null_d:
             continue
-        yield (table.column("duration").to_numpy().astype(np.float64, copy=False),
-               pc.cast(table.column("num_tokens"), "int64").to_numpy())
+        yield numeric_values(table.column("duration"), np.float64), numeric_values(table.column("num_tokens"), np.int64)
     if null_t:
         raise DataprepError(f"{manifest}: {null_t} rows have no num_tokens (compile with a tokenizer)")
     if null_d:

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from dataprep.analysis.exact import (SELECT_BUDGET, ExactSums, OrderSelector, float_keys, numpy_percentiles, numpy_ranks,
                                    polars_quantile, polars_ranks)
+from manifests.arrow_views import null_mask, numeric_values
 
 #: Quantile levels reported for duration, num_tokens and tps, in percent.
 QUANTILES: tuple[int, ...] = (0, 1, 5, 25, 50, 75, 95, 99, 100)
@@ -228,9 +229,8 @@ class Block:
 
 def _floats(col: pa.ChunkedArray) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
     """(values as float64 with NaN for null, where null)."""
-    col = pc.cast(col, pa.float64())
-    null = np.asarray(col.is_null().to_numpy(), dtype=bool)
-    return np.asarray(pc.fill_null(col, math.nan).to_numpy(), dtype=np.float64), null
+    null = null_mask(col)
+    return numeric_values(col, np.float64, math.nan), np.zeros(len(col), bool) if null is None else null
 
 
 class _Codes:
@@ -256,7 +256,7 @@ class _Codes:
             if not pa.types.is_dictionary(chunk.type):
                 chunk = pc.dictionary_encode(chunk)
             values = [*chunk.dictionary.to_pylist(), None]
-            idx = np.asarray(pc.fill_null(chunk.indices, len(values) - 1).to_numpy(zero_copy_only=False), np.int64)
+            idx = numeric_values(chunk.indices, np.int64, len(values) - 1)
             lut = np.full(len(values), -1, np.int64)
             new = []
             for k in np.flatnonzero(np.bincount(idx, minlength=len(values))):

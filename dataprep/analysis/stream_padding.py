@@ -36,6 +36,7 @@ from bucketing.steps_report import steps_rows
 from dataprep.planning import SpilledCorpus, carry_spilled, plan_epoch_figures, spill_manifest
 from bucketing.fit_passes import fit_grid
 from dataprep.analysis.buckets import HELD_BYTES_PER_ROW, fit_passes, manifest_blocks
+from manifests.arrow_views import numeric_values
 from manifests.corpus_codes import corpus_names, iter_corpus_codes
 from manifests.manifest_read import iter_manifest
 from manifests.spill import SpillFiles, check_free_disk, remove_spill, spill_dir
@@ -82,8 +83,8 @@ def spill_fixed(manifest: str | os.PathLike[str], files: SpillFiles, lengths: tu
     excluded = [0] * len(lengths)
     base = 0
     for table in iter_manifest(manifest, ["duration", "num_tokens"], TOTALS_BLOCK):
-        d = table.column("duration").to_numpy().astype(np.float64, copy=False)
-        t = table.column("num_tokens").to_numpy().astype(np.int32, copy=False)
+        d = numeric_values(table.column("duration"), np.float64)
+        t = numeric_values(table.column("num_tokens"), np.int32)
         for i, length in enumerate(lengths):
             ok = np.flatnonzero(d <= length)
             excluded[i] += d.shape[0] - ok.shape[0]
