@@ -6,7 +6,8 @@ columns (a batch is a run of one bucket's positions). On disk, once those files 
 page cache every scattered read goes to the disk, so they are read once, sequentially, from
 their end (each truncated behind the reads: one copy at a time), every run appended to its
 ranks' group. A group (whole ranks, or a range of steps of one rank) holds at most a memory
-budget of records (:func:`group_bytes`) and is read whole to write its shards.
+budget of records (:func:`group_bytes`) and is read whole to write its shards. Position
+columns held in memory are not moved: every group reads its runs of them in place.
 
 Columns (:class:`manifests.spill.SpillFiles`): ``pos.rec`` / ``pos.data`` (rows beside id
 offsets, id bytes) in, ``rg{g}.rec`` / ``rg{g}.data`` out; a group's are removed once read.
@@ -21,7 +22,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from bucketing.batching import run_positions
-from manifests.spill import SpillFiles
+from manifests.spill import SpillFiles, record_dtype
 
 #: Rows of the position files moved at once (about 70 bytes of memory each: records, ids,
 #: their gather and copy).
@@ -31,7 +32,8 @@ MOVE_ROWS = 1 << 21
 MAX_GROUPS = 128
 #: Bounds of a group's bytes in memory whatever the memory limit.
 MIN_GROUP_BYTES, MAX_GROUP_BYTES = 1 << 20, 1 << 30
-#: Most bytes of a group read from position files held in memory (the read is a copy).
+#: Most bytes of a group's records when the position columns are held in memory (read in
+#: place: what bounds the ranks written at once).
 MEMORY_GROUP_BYTES = 16 << 20
 
 
@@ -94,9 +96,13 @@ class RankGroupedPositions:
     run_start: npt.NDArray[np.int64]
     run_size: npt.NDArray[np.int64]
     run_off: npt.NDArray[np.int64] | None
+    #: the position columns' rows and ids when held in memory (every group's runs are theirs)
+    whole: tuple[npt.NDArray[np.integer], pa.LargeStringArray] | None = None
 
     def load(self, g: int) -> GroupRecords:
         """Group ``g``'s rows and ids read whole; its files removed."""
+        if self.whole is not None:
+            return GroupRecords(self, *self.whole)
         name = f"rg{g}"
         n, _ = self.files.count_records(name, self.key_dtype)
         rows, ids = self.files.read_record_range(name, self.key_dtype, 0, n) if n else \
@@ -108,6 +114,8 @@ class RankGroupedPositions:
         """Delete every group file left (a plan that stopped before writing them all)."""
         for g in range(len(self.groups)):
             self.files.remove(f"rg{g}.rec", f"rg{g}.data")
+        self.files.remove("pos.rec", "pos.data")
+        self.whole = None
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,7 @@ class GroupRecords:
 def group_bytes(memory_limit: int, in_memory: bool = False) -> int:
     """Bytes of one group's records in memory under ``memory_limit``: an eighth of it, within
     :data:`MIN_GROUP_BYTES` and :data:`MAX_GROUP_BYTES` (:data:`MEMORY_GROUP_BYTES` at most
-    when the position files are in memory: a group read is a copy beside them)."""
+    when the position columns are in memory)."""
     most = MEMORY_GROUP_BYTES if in_memory else MAX_GROUP_BYTES
     return int(min(most, max(MIN_GROUP_BYTES, memory_limit // 8)))
 
@@ -141,11 +149,14 @@ def move_to_groups(files: SpillFiles, key_dtype: np.dtype[np.integer], batch_siz
     module docstring). ``batch_size``: rows of each rank-major batch; ``start``/``size``: runs
     of positions, batch after batch (``run_off``: CSR runs of each batch; None: one run a
     batch); ``part``: steps a shard part holds. The position files are consumed (truncated
-    while read, then removed)."""
+    while read, then removed); held in memory, they are read in place (no copy) until
+    :meth:`RankGroupedPositions.remove`."""
     total = int(size.sum())
     count, data_bytes = files.count_records("pos", key_dtype)
     row_bytes = key_dtype.itemsize + 8 + -(-data_bytes // max(1, count))
     groups = rank_groups(batch_size, W, part, max(budget // row_bytes, -(-total // MAX_GROUPS), 1))
+    if files.in_memory:
+        return RankGroupedPositions(files, key_dtype, groups, start, size, run_off, _records_in_place(files, key_dtype))
     first_batch = np.array([g.first for g in groups], dtype=np.int64)
     new_start = np.empty(start.shape[0], dtype=np.int64)
     filled = np.zeros(len(groups), dtype=np.int64)
@@ -177,6 +188,20 @@ def move_to_groups(files: SpillFiles, key_dtype: np.dtype[np.integer], batch_siz
     files.close()
     files.remove("pos.rec", "pos.data")
     return RankGroupedPositions(files, key_dtype, groups, new_start, size, run_off)
+
+
+def _records_in_place(files: SpillFiles, key_dtype: np.dtype[np.integer]
+                      ) -> tuple[npt.NDArray[np.integer], pa.LargeStringArray]:
+    """The pairs of the position columns held in memory: their keys (a view of the records)
+    and strings over their bytes (the byte offsets the one copy)."""
+    rec = files.read("pos.rec", record_dtype(key_dtype))
+    if rec.shape[0] == 0:
+        return np.empty(0, key_dtype), pa.array([], pa.large_string())
+    data = files.read("pos.data", np.uint8)
+    off = np.ascontiguousarray(rec["off"])
+    strings = pa.LargeStringArray.from_buffers(off.shape[0] - 1, pa.py_buffer(off),
+                                               pa.py_buffer(data if data.shape[0] else np.zeros(1, np.uint8)))
+    return rec["key"][:-1], strings
 
 
 def _blocks(sizes: npt.NDArray[np.int64], rows: int) -> list[tuple[int, int]]:
