@@ -122,16 +122,37 @@ class SpillFiles:
         self._open: dict[str, BinaryIO | None] = {}
         self._bytes: dict[str, int] = {}
         self._records: dict[str, np.dtype[Any]] = {}
+        self._reserved: dict[str, tuple[npt.NDArray[np.uint8], int]] = {}  # in memory: buffer, bytes filled
 
     @property
     def in_memory(self) -> bool:
         return self.memory is not None
+
+    def reserve(self, name: str, nbytes: int) -> None:
+        """Start column ``name`` afresh with room for ``nbytes`` bytes: in memory, one buffer its
+        appends fill (read whole without joining chunks; pages never filled take no memory)
+        until one overflows it, then chunks as usual. On disk: nothing."""
+        if self.memory is None:
+            return
+        self._open[name] = None
+        self.memory[name] = []
+        self._reserved[name] = (np.empty(max(0, int(nbytes)), np.uint8), 0)
 
     def append(self, name: str, values: npt.NDArray[np.generic]) -> None:
         if self.memory is not None:
             if name not in self._open:
                 self._open[name] = None
                 self.memory[name] = []
+            got = self._reserved.get(name)
+            if got is not None:
+                buf, at = got
+                b = np.ascontiguousarray(values).view(np.uint8).reshape(-1)
+                if at + b.shape[0] <= buf.shape[0]:
+                    buf[at:at + b.shape[0]] = b
+                    self._reserved[name] = (buf, at + b.shape[0])
+                    self.memory[name][:] = [buf[:at + b.shape[0]]]
+                    return
+                del self._reserved[name]  # overflowed: chunks from here on
             a = np.array(values, copy=True, order="C")  # the caller may reuse its array
             if a.size:
                 self.memory[name].append(a.view(np.uint8).reshape(-1))
@@ -217,6 +238,7 @@ class SpillFiles:
             if f is not None:
                 f.close()
         self._open.clear()
+        self._reserved.clear()
         self._bytes.clear()
 
     def written_bytes(self) -> int:
@@ -232,6 +254,7 @@ class SpillFiles:
             f = self._open.pop(name, None)
             if f is not None:
                 f.close()
+            self._reserved.pop(name, None)
             if self.memory is not None:
                 self.memory.pop(name, None)
             else:
