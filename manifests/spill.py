@@ -97,6 +97,21 @@ def retained_heap() -> Iterator[None]:
         trim(0)
 
 
+@contextlib.contextmanager
+def system_arrow_pool() -> Iterator[None]:
+    """Inside, Arrow allocates from the system allocator (glibc: big blocks mapped and unmapped
+    when freed, the rest given back by ``malloc_trim``) instead of its default pool (mimalloc),
+    which keeps what a pass over a manifest freed (its decoded pages and taken columns) beside
+    the columns that pass keeps: a plan held in memory peaks 5-10% lower (2M rows: 0.35 ->
+    0.32 GiB), in the same time. Process-wide while inside."""
+    before = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(before)
+
+
 def give_back_memory(heap: bool = True) -> None:
     """Hand freed memory back to the system: Arrow's pool's (the blocks of a pass over a
     manifest) and, with ``heap``, glibc's free heap (``malloc_trim``; not inside
