@@ -16,6 +16,7 @@ offsets, id bytes) in, ``rg{g}.rec`` / ``rg{g}.data`` out; a group's are removed
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -96,13 +97,13 @@ class RankGroupedPositions:
     run_start: npt.NDArray[np.int64]
     run_size: npt.NDArray[np.int64]
     run_off: npt.NDArray[np.int64] | None
-    #: the position columns' rows and ids when held in memory (every group's runs are theirs)
-    whole: tuple[npt.NDArray[np.integer], pa.LargeStringArray] | None = None
+    #: the position columns when held in memory (every group's runs are theirs)
+    whole: InPlaceRecords | None = None
 
-    def load(self, g: int) -> GroupRecords:
+    def load(self, g: int) -> GroupRecords | InPlaceRecords:
         """Group ``g``'s rows and ids read whole; its files removed."""
         if self.whole is not None:
-            return GroupRecords(self, *self.whole)
+            return self.whole
         name = f"rg{g}"
         n, _ = self.files.count_records(name, self.key_dtype)
         rows, ids = self.files.read_record_range(name, self.key_dtype, 0, n) if n else \
@@ -134,6 +135,32 @@ class GroupRecords:
         return self.rows[at], self.ids.take(pa.array(at)).cast(pa.string())
 
 
+@dataclass(frozen=True)
+class InPlaceRecords:
+    """The position columns held in memory, read in place: ``rec`` (:func:`record_dtype`,
+    ending with the total) and ``data`` (the ids' bytes); runs as in the columns."""
+
+    where: RankGroupedPositions
+    rec: npt.NDArray[Any]
+    data: npt.NDArray[np.uint8]
+
+    def batches(self, lo: int, hi: int) -> tuple[npt.NDArray[np.integer], pa.Array]:
+        """Rows and ids of rank-major batches ``lo:hi``, batch after batch (the ids' bytes
+        gathered for these rows only: no offsets of the whole columns)."""
+        w = self.where
+        r0, r1 = (lo, hi) if w.run_off is None else (int(w.run_off[lo]), int(w.run_off[hi]))
+        at = run_positions(w.run_start[r0:r1], w.run_size[r0:r1])
+        first, end = self.rec["off"][at], self.rec["off"][at + 1]
+        off = np.zeros(at.shape[0] + 1, dtype=np.int64)
+        np.cumsum(end - first, out=off[1:])
+        gather = np.arange(int(off[-1]), dtype=np.int64) + np.repeat(first - off[:-1], end - first)
+        data = self.data[gather] if gather.shape[0] else np.zeros(1, np.uint8)
+        offsets = off.astype(np.int32) if off[-1] < 2**31 else off
+        kind = pa.StringArray if off[-1] < 2**31 else pa.LargeStringArray
+        ids = kind.from_buffers(at.shape[0], pa.py_buffer(offsets), pa.py_buffer(data))
+        return self.rec["key"][at], ids if kind is pa.StringArray else ids.cast(pa.string())
+
+
 def group_bytes(memory_limit: int, in_memory: bool = False) -> int:
     """Bytes of one group's records in memory under ``memory_limit``: an eighth of it, within
     :data:`MIN_GROUP_BYTES` and :data:`MAX_GROUP_BYTES` (:data:`MEMORY_GROUP_BYTES` at most
@@ -156,7 +183,9 @@ def move_to_groups(files: SpillFiles, key_dtype: np.dtype[np.integer], batch_siz
     row_bytes = key_dtype.itemsize + 8 + -(-data_bytes // max(1, count))
     groups = rank_groups(batch_size, W, part, max(budget // row_bytes, -(-total // MAX_GROUPS), 1))
     if files.in_memory:
-        return RankGroupedPositions(files, key_dtype, groups, start, size, run_off, _records_in_place(files, key_dtype))
+        grouped = RankGroupedPositions(files, key_dtype, groups, start, size, run_off)
+        grouped.whole = _records_in_place(files, key_dtype, grouped)
+        return grouped
     first_batch = np.array([g.first for g in groups], dtype=np.int64)
     new_start = np.empty(start.shape[0], dtype=np.int64)
     filled = np.zeros(len(groups), dtype=np.int64)
@@ -190,18 +219,12 @@ def move_to_groups(files: SpillFiles, key_dtype: np.dtype[np.integer], batch_siz
     return RankGroupedPositions(files, key_dtype, groups, new_start, size, run_off)
 
 
-def _records_in_place(files: SpillFiles, key_dtype: np.dtype[np.integer]
-                      ) -> tuple[npt.NDArray[np.integer], pa.LargeStringArray]:
-    """The pairs of the position columns held in memory: their keys (a view of the records)
-    and strings over their bytes (the byte offsets the one copy)."""
+def _records_in_place(files: SpillFiles, key_dtype: np.dtype[np.integer], where: RankGroupedPositions) -> InPlaceRecords:
+    """The position columns held in memory as :class:`InPlaceRecords` (views, no copy)."""
     rec = files.read("pos.rec", record_dtype(key_dtype))
     if rec.shape[0] == 0:
-        return np.empty(0, key_dtype), pa.array([], pa.large_string())
-    data = files.read("pos.data", np.uint8)
-    off = np.ascontiguousarray(rec["off"])
-    strings = pa.LargeStringArray.from_buffers(off.shape[0] - 1, pa.py_buffer(off),
-                                               pa.py_buffer(data if data.shape[0] else np.zeros(1, np.uint8)))
-    return rec["key"][:-1], strings
+        rec = np.zeros(1, record_dtype(key_dtype))
+    return InPlaceRecords(where, rec, files.read("pos.data", np.uint8))
 
 
 def _blocks(sizes: npt.NDArray[np.int64], rows: int) -> list[tuple[int, int]]:
