@@ -376,9 +376,6 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
                 int(k), batch_sizes, grid.duration_bin)
         out.counts += np.diff(cut)
         base += table.num_rows
-        if memory:  # the block's transients given back: the heap holds the spill, not them as well
-            del table, d, t, alloc, rows, b, order, index, id_col, c
-            give_back_memory()
     files.close()
     give_back_memory(heap=memory)  # the pass's blocks: what stays is the spill (and, in memory, its columns)
     out.num_rows = base
