@@ -9,7 +9,6 @@ predicted frame padding, clamped and fallback shares, overall and per bucket."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import time
@@ -41,7 +40,8 @@ from manifests.hash_cache import manifest_hash
 from manifests.manifest_read import manifest_num_rows
 from manifests.plan_files import PlanWriter
 from manifests.plan_meta import BalanceInfo, FileRef, ManifestRef, PlanMeta
-from manifests.spill import check_free_disk, default_memory_limit, give_back_memory, remove_spill, retained_heap, spill_dir
+from manifests.spill import (check_free_disk, default_memory_limit, give_back_memory, remove_spill, retained_heap,
+                             spill_dir, system_arrow_pool)
 
 
 def check_shape_policy(spec: BucketSpec, dynamic_resolution: DynResConfig | None, where: str = "buckets.json") -> None:
@@ -116,8 +116,9 @@ def build_plan(
     root = spill_dir(out_dir) if on_disk else None
     try:
         # on disk: bucket-sized arrays reused, not zeroed afresh (see retained_heap); in memory the
-        # spill's own columns fill the heap, and freed blocks given back keep the peak the corpus's
-        with retained_heap() if root is not None else contextlib.nullcontext():
+        # spill's own columns fill the heap, and freed blocks given back (Arrow's too: the system
+        # allocator) keep the peak the corpus's
+        with retained_heap() if root is not None else system_arrow_pool():
             clock.begin("reading the manifest, spilling it" if on_disk else "reading the manifest")
             corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, options, strict=options.strict,
                                               epochs=epochs, limit=limit,

@@ -223,7 +223,7 @@ class EpochLoop:
             except (DataprepError, PlanError) as exc:
                 raise error(e, exc) from None
             if final:  # the ids are in the position columns now: the spill's go before the shards are written
-                self.corpus.drop_all_ids()
+                self.corpus.drop_laid_out()
             if self.weighted is not None and lay.groups is not None:
                 self.weighted.add_totals(lay.groups)
             if self.dynres is not None and figures is not None:

@@ -87,6 +87,7 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
     else:
         grouping = BucketGrouping("both").with_totals(draw.total_d, draw.total_t)
         counts = draw.counts
+    _reserve_positions(corpus, files, int(counts.sum()))
     C = draw.num_corpora if draw is not None and corpus.has_codes else 0
     groups = np.zeros((5, C), np.int64) if C else None
     if W is not None:
@@ -143,6 +144,23 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
     files.close()
     cut = cut_batches(counts, bs, rng, batch_counts=None if W is None else nb)
     return _Formed(cut, mx_d, sm_d, mx_t, sm_t, counts, groups)
+
+
+def _reserve_positions(corpus: SpilledCorpus, files: SpillFiles, entries: int) -> None:
+    """In memory, room for the epoch's position columns of ``entries`` rows in one buffer each
+    (no copy when they are read whole): the records exactly, the id bytes at the spill's mean
+    length plus a tenth (a column that outgrows its room goes on in chunks)."""
+    if not files.in_memory:
+        return
+    key = np.dtype(corpus.row_dtype)
+    if not corpus.has_ids:
+        files.reserve("pos.rows", entries * key.itemsize)
+        return
+    files.reserve("pos.rec", (entries + 1) * record_dtype(key).itemsize)
+    live = np.flatnonzero(corpus.counts).tolist()
+    ids = sum(files.count_strings(f"b{k}.ids") for k in live)
+    data = sum(files.read(f"b{k}.ids.off", np.int64)[-1:].sum() for k in live)
+    files.reserve("pos.data", int(entries * data / max(ids, 1) * 1.1) + (1 << 16))
 
 
 def _position_rows(corpus: SpilledCorpus, starts: npt.NDArray[np.int64],

@@ -6,7 +6,8 @@ columns (a batch is a run of one bucket's positions). On disk, once those files 
 page cache every scattered read goes to the disk, so they are read once, sequentially, from
 their end (each truncated behind the reads: one copy at a time), every run appended to its
 ranks' group. A group (whole ranks, or a range of steps of one rank) holds at most a memory
-budget of records (:func:`group_bytes`) and is read whole to write its shards.
+budget of records (:func:`group_bytes`) and is read whole to write its shards. Position
+columns held in memory are not moved: every group reads its runs of them in place.
 
 Columns (:class:`manifests.spill.SpillFiles`): ``pos.rec`` / ``pos.data`` (rows beside id
 offsets, id bytes) in, ``rg{g}.rec`` / ``rg{g}.data`` out; a group's are removed once read.
@@ -15,13 +16,14 @@ offsets, id bytes) in, ``rg{g}.rec`` / ``rg{g}.data`` out; a group's are removed
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from bucketing.batching import run_positions
-from manifests.spill import SpillFiles
+from manifests.spill import SpillFiles, record_dtype
 
 #: Rows of the position files moved at once (about 70 bytes of memory each: records, ids,
 #: their gather and copy).
@@ -31,7 +33,8 @@ MOVE_ROWS = 1 << 21
 MAX_GROUPS = 128
 #: Bounds of a group's bytes in memory whatever the memory limit.
 MIN_GROUP_BYTES, MAX_GROUP_BYTES = 1 << 20, 1 << 30
-#: Most bytes of a group read from position files held in memory (the read is a copy).
+#: Most bytes of a group's records when the position columns are held in memory (read in
+#: place: what bounds the ranks written at once).
 MEMORY_GROUP_BYTES = 16 << 20
 
 
@@ -94,9 +97,13 @@ class RankGroupedPositions:
     run_start: npt.NDArray[np.int64]
     run_size: npt.NDArray[np.int64]
     run_off: npt.NDArray[np.int64] | None
+    #: the position columns when held in memory (every group's runs are theirs)
+    whole: InPlaceRecords | None = None
 
-    def load(self, g: int) -> GroupRecords:
+    def load(self, g: int) -> GroupRecords | InPlaceRecords:
         """Group ``g``'s rows and ids read whole; its files removed."""
+        if self.whole is not None:
+            return self.whole
         name = f"rg{g}"
         n, _ = self.files.count_records(name, self.key_dtype)
         rows, ids = self.files.read_record_range(name, self.key_dtype, 0, n) if n else \
@@ -108,6 +115,8 @@ class RankGroupedPositions:
         """Delete every group file left (a plan that stopped before writing them all)."""
         for g in range(len(self.groups)):
             self.files.remove(f"rg{g}.rec", f"rg{g}.data")
+        self.files.remove("pos.rec", "pos.data")
+        self.whole = None
 
 
 @dataclass(frozen=True)
@@ -126,10 +135,36 @@ class GroupRecords:
         return self.rows[at], self.ids.take(pa.array(at)).cast(pa.string())
 
 
+@dataclass(frozen=True)
+class InPlaceRecords:
+    """The position columns held in memory, read in place: ``rec`` (:func:`record_dtype`,
+    ending with the total) and ``data`` (the ids' bytes); runs as in the columns."""
+
+    where: RankGroupedPositions
+    rec: npt.NDArray[Any]
+    data: npt.NDArray[np.uint8]
+
+    def batches(self, lo: int, hi: int) -> tuple[npt.NDArray[np.integer], pa.Array]:
+        """Rows and ids of rank-major batches ``lo:hi``, batch after batch (the ids' bytes
+        gathered for these rows only: no offsets of the whole columns)."""
+        w = self.where
+        r0, r1 = (lo, hi) if w.run_off is None else (int(w.run_off[lo]), int(w.run_off[hi]))
+        at = run_positions(w.run_start[r0:r1], w.run_size[r0:r1])
+        first, end = self.rec["off"][at], self.rec["off"][at + 1]
+        off = np.zeros(at.shape[0] + 1, dtype=np.int64)
+        np.cumsum(end - first, out=off[1:])
+        gather = np.arange(int(off[-1]), dtype=np.int64) + np.repeat(first - off[:-1], end - first)
+        data = self.data[gather] if gather.shape[0] else np.zeros(1, np.uint8)
+        offsets = off.astype(np.int32) if off[-1] < 2**31 else off
+        kind = pa.StringArray if off[-1] < 2**31 else pa.LargeStringArray
+        ids = kind.from_buffers(at.shape[0], pa.py_buffer(offsets), pa.py_buffer(data))
+        return self.rec["key"][at], ids if kind is pa.StringArray else ids.cast(pa.string())
+
+
 def group_bytes(memory_limit: int, in_memory: bool = False) -> int:
     """Bytes of one group's records in memory under ``memory_limit``: an eighth of it, within
     :data:`MIN_GROUP_BYTES` and :data:`MAX_GROUP_BYTES` (:data:`MEMORY_GROUP_BYTES` at most
-    when the position files are in memory: a group read is a copy beside them)."""
+    when the position columns are in memory)."""
     most = MEMORY_GROUP_BYTES if in_memory else MAX_GROUP_BYTES
     return int(min(most, max(MIN_GROUP_BYTES, memory_limit // 8)))
 
@@ -141,11 +176,16 @@ def move_to_groups(files: SpillFiles, key_dtype: np.dtype[np.integer], batch_siz
     module docstring). ``batch_size``: rows of each rank-major batch; ``start``/``size``: runs
     of positions, batch after batch (``run_off``: CSR runs of each batch; None: one run a
     batch); ``part``: steps a shard part holds. The position files are consumed (truncated
-    while read, then removed)."""
+    while read, then removed); held in memory, they are read in place (no copy) until
+    :meth:`RankGroupedPositions.remove`."""
     total = int(size.sum())
     count, data_bytes = files.count_records("pos", key_dtype)
     row_bytes = key_dtype.itemsize + 8 + -(-data_bytes // max(1, count))
     groups = rank_groups(batch_size, W, part, max(budget // row_bytes, -(-total // MAX_GROUPS), 1))
+    if files.in_memory:
+        grouped = RankGroupedPositions(files, key_dtype, groups, start, size, run_off)
+        grouped.whole = _records_in_place(files, key_dtype, grouped)
+        return grouped
     first_batch = np.array([g.first for g in groups], dtype=np.int64)
     new_start = np.empty(start.shape[0], dtype=np.int64)
     filled = np.zeros(len(groups), dtype=np.int64)
@@ -177,6 +217,14 @@ def move_to_groups(files: SpillFiles, key_dtype: np.dtype[np.integer], batch_siz
     files.close()
     files.remove("pos.rec", "pos.data")
     return RankGroupedPositions(files, key_dtype, groups, new_start, size, run_off)
+
+
+def _records_in_place(files: SpillFiles, key_dtype: np.dtype[np.integer], where: RankGroupedPositions) -> InPlaceRecords:
+    """The position columns held in memory as :class:`InPlaceRecords` (views, no copy)."""
+    rec = files.read("pos.rec", record_dtype(key_dtype))
+    if rec.shape[0] == 0:
+        rec = np.zeros(1, record_dtype(key_dtype))
+    return InPlaceRecords(where, rec, files.read("pos.data", np.uint8))
 
 
 def _blocks(sizes: npt.NDArray[np.int64], rows: int) -> list[tuple[int, int]]:

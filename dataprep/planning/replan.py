@@ -16,7 +16,6 @@ records its target frames, ``plan.json`` the predicted figures of the re-planned
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from collections.abc import Iterator
@@ -41,7 +40,7 @@ from manifests.hash_cache import require_manifest_hash
 from manifests.options import check_int
 from manifests.plan_files import PlanShard, PlanWriter
 from manifests.plan_meta import PlanMeta, ReplanInfo, read_plan_meta
-from manifests.spill import remove_spill, retained_heap, spill_dir
+from manifests.spill import remove_spill, retained_heap, spill_dir, system_arrow_pool
 
 
 def epoch_of_step(meta: PlanMeta, step: int) -> int:
@@ -81,8 +80,9 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     root = spill_dir(out_dir) if spills_to_disk(manifest, options) else None
     try:
         # on disk: bucket-sized arrays reused, not zeroed afresh (see retained_heap); in memory the
-        # spill's own columns fill the heap, and freed blocks given back keep the peak the corpus's
-        with retained_heap() if root is not None else contextlib.nullcontext():
+        # spill's own columns fill the heap, and freed blocks given back (Arrow's too: the system
+        # allocator) keep the peak the corpus's
+        with retained_heap() if root is not None else system_arrow_pool():
             corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, parent, strict=strict,
                                               epochs=meta.epochs - e0, limit=limit,
                                               world_size=None if tol > 0 else world_size,

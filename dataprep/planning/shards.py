@@ -12,7 +12,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from bucketing.batching import gather_segments
-from dataprep.planning.rank_files import GroupRecords, group_bytes, move_to_groups
+from dataprep.planning.rank_files import GroupRecords, InPlaceRecords, group_bytes, move_to_groups
 from dataprep.planning.layout import EpochLayout
 from dataprep.planning.spill import SpilledCorpus
 from manifests.plan_files import PlanWriter, shard_table
@@ -49,7 +49,8 @@ def write_epoch_spilled(writer: PlanWriter, layout: EpochLayout, corpus: Spilled
         for g, group in enumerate(grouped.groups):
             records = grouped.load(g)
 
-            def parts(r: int, steps: range = group.steps, records: GroupRecords = records) -> Iterator[pa.Table]:
+            def parts(r: int, steps: range = group.steps,
+                      records: GroupRecords | InPlaceRecords = records) -> Iterator[pa.Table]:
                 for c in range(steps.start, steps.stop, part):
                     lo, hi = r * S + c, r * S + min(steps.stop, c + part)
                     off = np.zeros(hi - lo + 1, dtype=np.int64)

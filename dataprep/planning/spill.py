@@ -179,6 +179,14 @@ class SpilledCorpus:
         for k in range(self.counts.shape[0]):
             self.drop_ids(k)
 
+    def drop_laid_out(self) -> None:
+        """Remove what no layout reads once the plan's last epoch is laid out: every bucket's
+        id files and, held in memory, all its columns (the epoch's position columns stay)."""
+        self.drop_all_ids()
+        if self.memory is not None:
+            for name in [n for n in self.memory if not n.startswith("pos.")]:
+                del self.memory[name]
+
     def drop_ids(self, k: int) -> None:
         """Remove bucket ``k``'s id files (after its last :meth:`ids_in_parts`)."""
         self.files.remove(f"b{k}.ids.off", f"b{k}.ids.data")

@@ -78,3 +78,30 @@ def test_every_batch_reads_back_its_rows_and_ids(tmp_path_factory, n, W, seed, b
     for i, w in enumerate(want):
         assert got[i] == (keys[w].tolist(), ids.take(pa.array(w)).to_pylist())
     assert not list(root.iterdir())  # each group's files removed once read
+
+
+def test_position_columns_in_memory_are_read_in_place() -> None:
+    rng = np.random.default_rng(3)
+    n, W, S = 200, 4, 5
+    keys = rng.permutation(n).astype(np.int32)
+    ids = pa.array([f"utt-{k}-" + "x" * int(rng.integers(0, 9)) for k in keys.tolist()])
+    memory: dict = {}
+    files = SpillFiles(Path("/nonexistent"), memory)
+    for a in range(0, n, 64):  # several chunks, as an epoch's layout appends them
+        files.append_records("pos", keys[a:a + 64], ids.slice(a, 64))
+    files.close()
+    batch_size = np.diff(np.r_[0, np.sort(rng.integers(0, n + 1, W * S - 1)), n])
+    order = rng.permutation(W * S)
+    first = np.cumsum(batch_size) - batch_size
+    start, size = first[order], batch_size[order]
+    grouped = move_to_groups(SpillFiles(Path("/nonexistent"), memory), np.dtype(np.int32), size, start, size, None,
+                             W, 1, 64)
+    assert len(grouped.groups) > 1 and not any(k.startswith("rg") for k in memory)  # nothing moved
+    for g, group in enumerate(grouped.groups):
+        records = grouped.load(g)
+        for i in range(group.first, group.end):
+            rows, batch_ids = records.batches(i, i + 1)
+            w = run_positions(start[i:i + 1], size[i:i + 1])
+            assert (rows.tolist(), batch_ids.to_pylist()) == (keys[w].tolist(), ids.take(pa.array(w)).to_pylist())
+    grouped.remove()
+    assert not memory

@@ -72,3 +72,22 @@ def test_a_whole_column_in_memory_is_read_only_and_a_new_append_starts_afresh(tm
     SpillFiles(tmp_path, mem.memory).append("x", np.arange(2.0))  # another object: as a file opened "wb"
     assert mem.read("x", np.float64).tolist() == [0.0, 1.0]
     assert mem.written_bytes() == 16 and not list(tmp_path.iterdir())
+
+
+@settings(max_examples=30, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), max_size=6), room=st.integers(0, 200))
+def test_a_reserved_column_reads_as_chunks_do(sizes: list[int], room: int) -> None:
+    plain, reserved = SpillFiles(Path("/nowhere"), {}), SpillFiles(Path("/nowhere"), {})
+    reserved.reserve("x", room)
+    for i, n in enumerate(sizes):
+        a = np.arange(n, dtype=np.int32) + 100 * i
+        plain.append("x", a)
+        reserved.append("x", a)
+        a[:] = -1  # the caller's array reused: the column kept its values
+    plain.close()
+    reserved.close()
+    assert reserved.read("x", np.int32).tolist() == plain.read("x", np.int32).tolist()
+    if 4 * sum(sizes) <= room:  # it fits its room: one chunk, read whole without a join
+        assert len(reserved.memory["x"]) <= 1  # type: ignore[index]
+    reserved.remove("x")
+    assert not reserved.memory
