@@ -34,6 +34,7 @@ from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_
 from dataprep.planning.options import PlanOptions
 from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows
 from dataprep.planning.weights import WeightedEpochs, blend_of
+from manifests.arrow_views import numeric_values
 from manifests.buckets_file import parse_buckets
 from manifests.errors import DataprepError, OptionError
 from manifests.hash_cache import require_manifest_hash
@@ -143,7 +144,7 @@ def _unseen_blocks(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: in
     """The manifest rows of the parent's batches of ``epoch`` at steps >= ``at_step`` on every
     rank (what no rank has seen of that epoch), one row group of one shard at a time."""
     for t in _unseen_tables(plan_dir, meta, at_step, epoch, ["epoch", "rows"]):
-        yield pc.list_flatten(t.column("rows")).to_numpy().astype(np.int64)
+        yield numeric_values(pc.list_flatten(t.column("rows")), np.int64)
 
 
 def _unseen_tables(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int, epoch: int,

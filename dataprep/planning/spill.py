@@ -26,6 +26,7 @@ from bucketing.batching import TOTALS_BLOCK, block_totals
 from bucketing.padding import GROUP_TICKS_PER_SECOND, exact_bincount
 from bucketing.quota import corpus_indices
 from bucketing.fit import Grid
+from manifests.arrow_views import numeric_values
 from manifests.errors import DataprepError, ManifestError
 from manifests.manifest_read import iter_manifest, manifest_num_rows
 from manifests.spill import SpillFiles, give_back_memory
@@ -335,8 +336,8 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     for table in iter_manifest(manifest, ["id", "duration", "num_tokens"] if ids else ["duration", "num_tokens"],
                                TOTALS_BLOCK):
         c = None if codes is None else next(codes)
-        d = table.column("duration").to_numpy().astype(np.float64, copy=False)
-        t = pc.fill_null(table.column("num_tokens"), 0).to_numpy().astype(np.int32, copy=False)
+        d = numeric_values(table.column("duration"), np.float64)
+        t = numeric_values(table.column("num_tokens"), np.int32)
         alloc = allocate(d, t, grid, strict=strict)
         x, y = block_totals(d, t, alloc.bucket >= 0)
         out.total_d, out.total_t = out.total_d + x, out.total_t + y
