@@ -34,7 +34,7 @@ from dataprep.compile.validate import (
     stop_if_strict,
 )
 from dataprep.tokenize import Tokenizers
-from manifests.atomic_files import sweep_stale_temps, temp_prefix
+from manifests.atomic_files import glob_escape, sweep_stale_temps, temp_prefix
 from manifests.errors import DataprepError
 from manifests.schema import conform, has_containers, has_corpus, manifest_schema
 
@@ -127,15 +127,17 @@ def open_parquet(path: str | os.PathLike[str]) -> pq.ParquetFile:
 
 @contextlib.contextmanager
 def spool_folder(near: str | os.PathLike[str]) -> Iterator[Path]:
-    """A temporary folder next to ``near`` (same disk as the output), removed afterwards."""
+    """A temporary folder next to ``near`` (same disk as the output), removed afterwards, also
+    when a signal (SIGTERM unwinds as an exception) lands between its making and its use: every
+    spool of this process for ``near`` is removed, so no window leaves one behind."""
     target = Path(near)
     target.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale_temps(target)  # spools of killed runs
-    folder = Path(tempfile.mkdtemp(prefix=temp_prefix(target), suffix=".spool", dir=target.parent))
     try:
-        yield folder
+        yield Path(tempfile.mkdtemp(prefix=temp_prefix(target), suffix=".spool", dir=target.parent))
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        for folder in target.parent.glob(glob_escape(temp_prefix(target)) + "*.spool"):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def spool_chunks(
