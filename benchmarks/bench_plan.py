@@ -1,38 +1,16 @@
-"""Planner benchmark: 10M-utterance plan at W=128, Lhotse's sampler side by side, and the
-tail-worker simulator on the shared corpora.
+"""Planner benchmark: a synthetic plan at W=128 (wall time, µs an utterance, peak RSS, plan
+and disk bytes an utterance), Lhotse's sampler side by side, the tail-worker simulator.
 
-    python benchmarks/bench_plan.py                 # 10M rows, W=128, 1 epoch, 3 runs
-    python benchmarks/bench_plan.py --rows 1000000 --runs 1 --skip-lhotse
-    python benchmarks/bench_plan.py --runs 1 --balance 0.05 --skip-lhotse --skip-simulator   # balanced steps
-    python benchmarks/bench_plan.py --corpora 50 --skip-lhotse --skip-simulator   # weighted vs unweighted
+    python benchmarks/bench_plan.py --rows 10000000 --runs 3 --balance 0.05 --skip-lhotse --skip-simulator
     python benchmarks/bench_plan.py --rows 100000000 --runs 1 --balance 0.05 --memory-limit 2GiB \
-        --skip-lhotse --skip-simulator          # out of core (spill files next to the plan)
-    python benchmarks/bench_plan.py --rows 10000000,40000000,100000000 --runs 1 --balance 0.05 \
-        --memory-limit 2GiB --skip-lhotse --skip-simulator   # a table: rows x (time, us/utt, RSS, B/utt)
-    python benchmarks/bench_plan.py --rows 10000000 --runs 1 --balance 0.05 --memory-limit 900MiB --replan \
-        --skip-lhotse --skip-simulator          # and replan at the middle step onto W/2, out of core
-    python benchmarks/bench_plan.py --rows 1000000000 --runs 1 --balance 0.05 --memory-limit 4GiB \
-        --skip-lhotse --skip-simulator --dir /big/disk   # a billion: ~70 GB of disk in --dir (checked first)
-    python benchmarks/bench_plan.py --rows 100000000 --runs 1 --balance 0.05 --memory-limit 2GiB \
-        --page-cache-limit 1500MiB --skip-lhotse --skip-simulator   # spill files beyond the page cache, as
-                                                # at a billion on 24 GiB (a memory cgroup: usually as root)
+        --skip-lhotse --skip-simulator          # past the limit: spill files next to the plan
+    python benchmarks/bench_plan.py --corpora 50 ...   # weighted vs the same rows unweighted (ratio)
+    python benchmarks/bench_plan.py --replan ...       # and replan at the middle step onto W/2
+    python benchmarks/bench_plan.py --page-cache-limit 1500MiB ...  # in a memory cgroup (root)
 
-``--corpora C`` splits the rows into C corpora of Zipf-like sizes (a ``corpus`` column and, as
-``compile input_cfg.yaml`` records it, a blend weighted by hours with ``--temperature`` 0.3)
-and plans both the weighted manifest and the same rows without corpora: time and peak RSS of
-the weighted plan as a ratio of the unweighted one (the issue's goal: <= 1.2x).
-
-The manifest is generated and written in blocks of 5M rows (memory: a block), the buckets
-fitted on the first block; ``--memory-limit`` is passed to the planner (a corpus that fits it
-is spilled in memory, a larger one to disk next to the plan).
-
-Prints medians. The synthetic manifest resamples real (duration, characters per second)
-pairs of ../shared/data (LibriSpeech train-clean-100 + Common Voice id/ps) with 5% lognormal
-jitter; tokens = chars / 3.5 + a 9-token prompt. Without ../shared/data it uses lognormal
-fits of the same corpora. The plan runs in a fresh subprocess (2 threads) so its wall time
-and peak RSS are its own: reading the manifest, allocating, planning, writing every shard.
-Peak RSS is the child's VmHWM (ru_maxrss would report the parent's size from before the
-exec, which holds the 10M-row frame, as the child's peak).
+Rows resample real (duration, characters per second) pairs of ../shared/data with 5% jitter
+(tokens = chars / 3.5 + 9), written in blocks of 5M; buckets fitted on the first block. The
+plan runs in a fresh subprocess (2 threads): its wall time and VmHWM are its own. Medians.
 """
 
 from __future__ import annotations

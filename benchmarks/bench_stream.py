@@ -1,30 +1,15 @@
-"""``dataprep stats``, ``dataprep filter --max-tps 25`` and ``dataprep padding`` on large
-manifests: time and peak RSS per size, the streamed path (this checkout) and, with ``--baseline``, the same commands
-run from another checkout (e.g. one before streaming) in the same run.
+"""``dataprep stats``, ``filter --max-tps 25`` and ``padding`` on a synthetic manifest: wall
+time, CPU time and peak RSS per size, this checkout and (``--baseline DIR``) another one side
+by side, outputs compared byte for byte.
 
     python benchmarks/bench_stream.py --rows 10000000                         # 10M, 3 repeats
     python benchmarks/bench_stream.py --rows 10000000 --baseline ../main      # old vs new
-    python benchmarks/bench_stream.py --rows 40000000 --repeats 1 --dir /big/disk --only stats
-    python benchmarks/bench_stream.py --rows 10000000 --repeats 1 --only padding --baseline ../main
-    python benchmarks/bench_stream.py --rows 10000000 --repeats 1 --only padding --world-sizes 128 --baseline ../main
+    python benchmarks/bench_stream.py --rows 10000000 --repeats 1 --only padding --world-sizes 128
 
-``padding`` reads a ``buckets.json`` fitted once on the manifest (``fit-buckets --num-buckets
-30``, kept in ``--dir``); both paths run it under ``--padding-memory-limit`` (default 1GiB; a
-corpus over it spills to disk, 10M rows do); ``--world-sizes`` adds the steps per
-world size to both (``padding --world-sizes``: epoch 0 planned per world size).
-
-The manifest is synthetic, drawn as ``benchmarks/bench_plan.py`` draws its rows (real
-(duration, characters per second) pairs of ../shared/data with 5% jitter, tokens = chars / 3.5
-+ a 9-token prompt), plus ``tps``, a language (en / id / ps) and an audio path per row; it is
-generated and written in blocks (memory: a block) and kept in ``--dir`` for the next run.
-
-Each measurement is one fresh subprocess running the command as a user types it (2 threads);
-its wall time, CPU time (user + system, all threads: steadier than wall time on a shared
-machine) and peak RSS (the child's own VmHWM, as ``ru_maxrss`` would also count the parent's
-pages from before the exec) are printed, then the medians over ``--repeats``. Times include
-the interpreter's start and imports (a few seconds).
-The outputs of the two paths are compared byte for byte (filter's files, stats' JSON, padding's
-JSON).
+``padding`` reads a ``buckets.json`` fitted once (30 buckets, kept in ``--dir`` with the
+manifest); both checkouts run it under ``--padding-memory-limit`` (default 1GiB). Rows are drawn
+as bench_plan.py draws them, plus ``tps``, a language and an audio path. Each measurement is a
+fresh subprocess (2 threads) running the command as a user types it; medians over ``--repeats``.
 """
 
 from __future__ import annotations

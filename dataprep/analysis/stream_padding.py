@@ -1,18 +1,14 @@
 """``dataprep padding``: the padding report of a manifest in memory bounded by
-``--memory-limit``, one path for every size (:func:`stream_padding_report`): the rows are
-spilled by bucket and measured one part or one bucket at a time
-(:func:`bucketing.padding.schemes_report`); a corpus that fits is one block and its spill is
-held in memory (:class:`manifests.spill.SpillFiles` ``memory``), a larger one spills to files
-next to the manifest, removed at the end (about :data:`DISK_BYTES_PER_ROW` a row). Passes:
+``--memory-limit``, one path for every size (:func:`stream_padding_report`): rows spilled by
+bucket, measured one part or one bucket at a time (:func:`bucketing.padding.schemes_report`);
+a corpus that fits is one block held in memory (:class:`manifests.spill.SpillFiles`
+``memory``), a larger one spills next to the manifest (about :data:`DISK_BYTES_PER_ROW` a row).
 
-1. the 1D duration grid (:func:`bucketing.fit_passes.fit_grid`);
-2. the 1D and the 2D buckets: the planner's spill (:func:`dataprep.planning.spill_manifest`,
-   no ids, corpus codes), the 2D tails carried (:func:`dataprep.planning.carry_spilled`);
-3. the fixed schemes: each row of at most ``L`` s to its scatter part (:func:`spill_fixed`);
-4. the 2D rows' durations and rates in batch order (the rate-vs-duration samples).
-
-``--world-sizes``: epoch 0 per world size planned from the 2D spill
-(:func:`dataprep.planning.plan_epoch_figures`, :func:`spilled_steps`)."""
+Passes: the 1D duration grid (:func:`bucketing.fit_passes.fit_grid`); the 1D and 2D buckets,
+the planner's spill (:func:`dataprep.planning.spill_manifest`) with the 2D tails carried; the
+fixed schemes, each row of at most ``L`` s to its scatter part (:func:`spill_fixed`); the 2D
+rows' durations and rates in batch order. ``--world-sizes``: epoch 0 per world size planned
+from the 2D spill (:func:`dataprep.planning.plan_epoch_figures`, :func:`spilled_steps`)."""
 
 from __future__ import annotations
 
