@@ -57,7 +57,7 @@ def plan_batches_cmd(
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="Re-weighting temperature T (weights become w^T / sum w^T at every level, as NeMo's reweight_temperature); replaces the blend's.")] = None,
     epoch_utterances: Annotated[Optional[int], typer.Option("--epoch-utterances", help="Weighted plans: utterances per epoch (default: the manifest's rows in a bucket).")] = None,
     epoch_hours: Annotated[Optional[float], typer.Option("--epoch-hours", help="Weighted plans: about this many hours per epoch.")] = None,
-    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the planner may hold, e.g. 4GiB (default: half the machine's). A larger corpus is planned out of core (the same plan; memory bounded by its largest bucket; spill files next to -o).", show_default=False)] = None,
+    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the planner may hold, e.g. 4GiB (default: half the machine's). A corpus within it is held in memory; a larger one is spilled by bucket next to -o (the same plan; memory bounded by its largest bucket).", show_default=False)] = None,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
 
@@ -77,7 +77,7 @@ def plan_batches_cmd(
                             temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
                             memory_limit=limit)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
-    label = "planning out of core" if _out_of_core(manifest, options) else "planning"
+    label = "planning, spilled to disk" if _spills(manifest, options) else "planning"
     with progress_counter(f"{label} (shards written)", total=epochs * world_size) as advance, option_flags(PLAN_FLAGS):
         meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1),
                           on_phase=lambda what: advance(0, description=f"{label}: {what}"))
@@ -95,7 +95,7 @@ def replan_cmd(
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="Carry bucket tails in the later epochs (as plan-batches).")] = _PLAN.carry,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help="Cost coefficient NAME=VALUE for a balanced plan.")] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together in the re-plan (divides --world-size; default the plan's).")] = None,
-    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the re-plan may hold, e.g. 4GiB (default: half the machine's). A larger corpus is re-planned out of core (the same plan; spill files next to -o).", show_default=False)] = None,
+    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the re-plan may hold, e.g. 4GiB (default: half the machine's). A corpus within it is held in memory; a larger one is spilled next to -o (the same plan).", show_default=False)] = None,
 ) -> None:
     """Continue a plan at --at-step on --world-size ranks: steps before it stay consumed; the
     rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned
@@ -110,9 +110,9 @@ def replan_cmd(
     print_plan(meta, out_dir)
 
 
-def _out_of_core(manifest: Path, options: PlanOptions) -> bool:
-    """Whether the plan runs out of core (False when the manifest cannot be read: the
-    planner's own one-line error says why)."""
+def _spills(manifest: Path, options: PlanOptions) -> bool:
+    """Whether the plan spills to disk, past ``--memory-limit`` (False when the manifest cannot
+    be read: the planner's own one-line error says why)."""
     try:
         return spills_to_disk(manifest, options)
     except (OSError, DataprepError, ValueError):

@@ -31,9 +31,9 @@ class PlanOptions:
     weight (> 0; replaces the blend the manifest records), ``temperature`` (>= 0; replaces every
     level's), the epoch size ``epoch_utterances`` (>= 1) or about ``epoch_hours`` (> 0) of audio
     (default: the rows in a bucket).
-    ``memory_limit``: bytes the planner may hold (>= 1; None: half the machine's memory); a
-    corpus whose in-memory plan would need more is planned out of core
-    (:mod:`dataprep.planning.spill`), in memory bounded by its largest bucket.
+    ``memory_limit``: bytes the planner may hold (>= 1; None: half the machine's memory); the
+    spill (:mod:`dataprep.planning.spill`) is held in memory for a corpus within it and
+    written to disk for a larger one, in memory bounded by its largest bucket.
     """
 
     world_size: int
