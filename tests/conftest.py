@@ -44,14 +44,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-    # the longest groups first (the docs pages, a minute each), so no worker is left running one
-    # alone at the end while the other idles
-    items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FIRST))
-
-
-#: files whose groups run longest (``--durations``): scheduled first
-SLOW_FIRST = ("tests/test_docs_examples.py::test_page_blocks_run", "tests/integrations/test_nemo_packed.py",
-              "tests/training/test_train_replan.py", "tests/test_readme_examples.py", "tests/cli/test_replan_cli.py")
 
 
 @pytest.hookimpl(hookwrapper=True)
