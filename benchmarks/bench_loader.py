@@ -7,7 +7,8 @@ FLAC files, 30 x 2 buckets (600 s padded budget) and a plan by ``dataprep.planni
 Prints medians of: the one-time column cache build, cold; the time to the first batch, metadata
 only (open rank 0's shard, seek, map the columns, gather the rows), in a fresh process and in
 this one; the same with audio (read, resample, log-mel of batch 0); the metadata path per batch,
-with and without the Python strings the audio reader and tokenizer need.
+with and without the Python strings the audio reader and tokenizer need; ``dataprep lookup``'s
+library call (one rank's step traced to its manifest rows, row cache warm) at random steps.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bucketing.fit_passes import fit_spec
+from dataprep.integrations.lookup import lookup_step
 from dataprep.training import BatchBuilder, ColumnCache
 from manifests.plan_files import PlanShard
 from dataprep.planning import PlanOptions, build_plan
@@ -123,6 +125,14 @@ def main() -> None:
             if n:
                 out.append((time.perf_counter() - t) / n)
 
+    lookup_step(plan, 0, [0], manifest, cache)  # the row cache, built once per manifest
+    rng = np.random.default_rng(0)
+    lookups = []
+    for step in rng.integers(0, shard.num_steps, args.repeats * 3).tolist():
+        t = time.perf_counter()
+        lookup_step(plan, step, [step % args.world_size], manifest, cache)
+        lookups.append(time.perf_counter() - t)
+
     print(f"plan: {args.utterances:,} utterances, world size {args.world_size}, "
           f"{shard.num_steps:,} steps on rank 0, median batch {int(np.median(sizes))} utterances")
     print(f"manifest column cache build (one-time per manifest content, cold): {build_s:.2f} s")
@@ -134,6 +144,8 @@ def main() -> None:
     print(f"metadata path per batch (shard ids/rows + manifest gather, no audio): "
           f"median {statistics.median(per_batch) * 1e3:.3f} ms (goal <= 0.2 ms); "
           f"with audio paths, texts, langs as Python strings {statistics.median(with_strings) * 1e3:.3f} ms")
+    print(f"lookup of one rank's step (plan + manifest hash checked, shard seek, row cache gather): "
+          f"median {statistics.median(lookups) * 1e3:.1f} ms over {len(lookups)} random steps (goal <= 50 ms)")
 
 
 _FRESH = """
