@@ -89,9 +89,10 @@ def plan_batches_cmd(
 def replan_cmd(
     plan_dir: Annotated[Path, typer.Argument(help="Plan directory to continue (written by plan-batches or replan).")],
     at_step: Annotated[int, typer.Option("--at-step", help="First global step not yet trained (the checkpoint's next step).")],
-    world_size: Annotated[int, typer.Option("--world-size", "-w", help="Number of ranks from that step on.")],
     out_dir: Annotated[Path, typer.Option("-o", "--output", help="New plan directory (replaced if it holds a plan).")],
+    world_size: Annotated[Optional[int], typer.Option("--world-size", "-w", help="Number of ranks from that step on (default: the plan's).", show_default=False)] = None,
     manifest: Annotated[Optional[Path], typer.Option("--manifest", help="The plan's manifest (default: its recorded file name next to the plan directory).")] = None,
+    exclude: Annotated[Optional[Path], typer.Option("--exclude", help="Ids never to train on from --at-step on: one id per line, or a Parquet file with an `id` column (a rejects file). Every other row stays exactly once per epoch.", show_default=False)] = None,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="Carry bucket tails in the later epochs (as plan-batches).")] = _PLAN.carry,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help="Cost coefficient NAME=VALUE for a balanced plan.")] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together in the re-plan (divides --world-size; default the plan's).")] = None,
@@ -99,15 +100,25 @@ def replan_cmd(
 ) -> None:
     """Continue a plan at --at-step on --world-size ranks: steps before it stay consumed; the
     rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned
-    (keeping the plan's sync groups and dynamic resolution)."""
-    options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, carry=carry, cost=_cost(coef),
+    (keeping the plan's sync groups and dynamic resolution). With --exclude, the ids it lists are
+    never seen again (bad audio or labels found mid-run, the batches behind a loss spike)."""
+    parent = read_plan_meta(plan_dir)
+    options = build_options(PlanOptions, PLAN_FLAGS, world_size=parent.world_size if world_size is None else world_size,
+                            carry=carry, cost=_cost(coef),
                             sync_group=sync_group,
                             memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit))
-    man = manifest if manifest is not None else default_manifest(plan_dir, read_plan_meta(plan_dir))
-    refuse_same_paths({"PLAN": plan_dir, "--manifest": man}, {"-o": out_dir})
+    man = manifest if manifest is not None else default_manifest(plan_dir, parent)
+    refuse_same_paths({"PLAN": plan_dir, "--manifest": man, **({"--exclude": exclude} if exclude else {})},
+                      {"-o": out_dir})
     with option_flags(PLAN_FLAGS):  # --at-step is checked against the plan by replan()
-        meta = replan(plan_dir, man, out_dir, options, at_step=at_step)
+        meta = replan(plan_dir, man, out_dir, options, at_step=at_step, exclude=exclude)
     print_plan(meta, out_dir)
+    excluded = meta.extra.get("excluded")
+    if exclude is not None and isinstance(excluded, dict):
+        unknown = excluded.get("unknown_ids", 0)
+        out.print(f"excluded from step {at_step} on: {len(excluded['rows']):,} utterance(s)"
+                  + (f"; {unknown:,} id(s) of the exclusion files are not in the manifest" if unknown else ""),
+                  markup=False)
 
 
 def _spills(manifest: Path, options: PlanOptions) -> bool:
@@ -276,5 +287,10 @@ def verify_cmd(
         from dataprep.planning import check_quotas
 
         quota = f"; every corpus's quota in {check_quotas(plan_dir, manifest)} whole epoch(s)"
+    from dataprep.planning.exclude import check_exclusions
+
+    excluded, from_step = check_exclusions(plan_dir, meta)
+    quota += f"; no batch from step {from_step} on holds one of its {excluded:,} excluded utterance(s)" \
+        if excluded else ""
     out.print(f"plan {plan_dir}: ok ({meta.world_size} shards, {meta.num_steps} steps, plan hash "
               f"{meta.plan_hash[:16]}){'; manifest ok' if manifest is not None else ''}{quota}")

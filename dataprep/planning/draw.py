@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from bucketing.batching import bucket_sums
 from bucketing.quota import QuotaSampler
+from dataprep.planning.exclude import is_excluded
 from dataprep.planning.spill import SpilledCorpus
 
 @dataclass(frozen=True)
@@ -99,3 +100,13 @@ def draw_rows(corpus: SpilledCorpus, blocks: Callable[[], Iterator[npt.NDArray[n
     files.close()
     return _epoch_draw(corpus, lambda k: corpus.files.read(f"x{k}", np.int32), num_corpora, write=False), \
         listed - placed
+
+
+def draw_without(corpus: SpilledCorpus, excluded: npt.NDArray[np.int64], num_corpora: int) -> EpochDraw:
+    """An epoch of every row once except ``excluded`` (sorted, unique manifest row numbers; a
+    re-plan's ``--exclude``), as an :class:`EpochDraw`; memory: one bucket's rows."""
+    def times(k: int) -> npt.NDArray[np.int32]:
+        own = corpus.column(k, "rows", corpus.row_dtype).astype(np.int64, copy=False)
+        return (~is_excluded(own, excluded)).astype(np.int32)
+
+    return _epoch_draw(corpus, times, num_corpora)

@@ -20,6 +20,7 @@ import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,7 +33,9 @@ from bucketing.fit import grid_from_spec
 from dataprep.planning.build import memory_limit_of, spill_for_plan, spills_to_disk
 from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_extra
 from dataprep.planning.options import PlanOptions
-from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows
+from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows, draw_without
+from dataprep.planning.exclude import (EXCLUDED_KEY, exclusion_entry, excluded_rows, is_excluded,
+                                       read_excluded_ids, recorded_exclusions)
 from dataprep.planning.weights import WeightedEpochs, blend_of
 from manifests.arrow_views import numeric_values
 from manifests.buckets_file import parse_buckets
@@ -51,12 +54,17 @@ def epoch_of_step(meta: PlanMeta, step: int) -> int:
 
 
 def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-           options: PlanOptions, *, at_step: int) -> PlanMeta:
+           options: PlanOptions, *, at_step: int, exclude: str | os.PathLike[str] | None = None) -> PlanMeta:
     """Re-plan ``plan_dir`` from ``at_step`` on for ``options.world_size`` ranks into ``out_dir``
     (module docstring). ``manifest`` must be the parent's (by content hash). Of ``options``
     only ``world_size``, ``carry``, ``cost``, ``row_group_steps`` and ``sync_group`` apply: seed,
     epochs, interleave, strictness, balance and dynamic resolution are the parent plan's
-    (``options.dynamic_resolution``, if given, must equal the parent's)."""
+    (``options.dynamic_resolution``, if given, must equal the parent's).
+
+    ``exclude``: a file of ids (:func:`dataprep.planning.exclude.read_excluded_ids`) never seen
+    from ``at_step`` on: the rest of that epoch is the unseen rows without them, every later
+    epoch every other row once; with the parent's own exclusions (kept), recorded in
+    ``plan.json``. A weighted plan's quotas are not re-drawn: refused there."""
     if not isinstance(options, PlanOptions):
         raise DataprepError(f"replan: options must be PlanOptions, got {type(options).__name__}")
     check_int("at_step", at_step, le=None)  # its range is the plan's, checked below
@@ -77,6 +85,10 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     parent = _parent_weighting(meta, options)
     blend = blend_of(manifest, parent, tree=recorded.get("tree")) if isinstance(recorded, dict) else None
     num_corpora = 0 if blend is None else len(blend.probabilities)
+    excluded, excluded_entry = _exclusions(plan_dir, meta, manifest, exclude, at_step)
+    if excluded.shape[0] and blend is not None:
+        raise DataprepError(f"{exclude or plan_dir}: excluding rows from a weighted plan is not supported (its "
+                            "quotas would have to be drawn again); re-plan the filtered manifest instead")
     limit = memory_limit_of(options)
     root = spill_dir(out_dir) if spills_to_disk(manifest, options) else None
     try:
@@ -92,8 +104,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             options.check_rows(corpus.num_rows)  # before any per-rank allocation
             if weighted is not None:
                 _check_recorded_quotas(meta, weighted)
-            rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0), num_corpora,
-                                    block_rows=max(1, limit // (2 * ROW_COUNT_BYTES)))
+            rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0, excluded),
+                                    num_corpora, block_rows=max(1, limit // (2 * ROW_COUNT_BYTES)))
             if stray:
                 raise DataprepError(f"{plan_dir}: {stray} of the rows the plan has not trained are in no bucket of "
                                     "the re-plan's allocation (another manifest?)")
@@ -109,10 +121,12 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
                             target_frames=dynres_config is not None) as writer:
                 loop.run(writer, range(e0, meta.epochs), at_step, totals, last=meta.epochs - 1, rest=e0,
-                         draw_of=lambda e: rest if e == e0 else None if weighted is None
+                         draw_of=lambda e: rest if e == e0 else draw_without(corpus, excluded, num_corpora)
+                         if excluded.shape[0] else None if weighted is None
                          else draw_epoch(corpus, weighted.sampler, e), error=error)
+                extra = {**plan_extra(weighted, loop.dynres), **excluded_entry}
                 return writer.finish(_replan_meta(meta, world_size, at_step, totals, corpus.carried, corpus.carry,
-                                                  tol, group, plan_extra(weighted, loop.dynres)))
+                                                  tol, group, extra))
     finally:
         if root is not None:
             remove_spill(root)
@@ -139,12 +153,33 @@ def _replan_meta(meta: PlanMeta, world_size: int, at_step: int, totals: EpochTot
     )
 
 
-def _unseen_blocks(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int,
-                   epoch: int) -> Iterator[npt.NDArray[np.int64]]:
+def _unseen_blocks(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int, epoch: int,
+                   excluded: npt.NDArray[np.int64]) -> Iterator[npt.NDArray[np.int64]]:
     """The manifest rows of the parent's batches of ``epoch`` at steps >= ``at_step`` on every
-    rank (what no rank has seen of that epoch), one row group of one shard at a time."""
+    rank (what no rank has seen of that epoch) but ``excluded``, one row group of one shard at a time."""
     for t in _unseen_tables(plan_dir, meta, at_step, epoch, ["epoch", "rows"]):
-        yield numeric_values(pc.list_flatten(t.column("rows")), np.int64)
+        rows = numeric_values(pc.list_flatten(t.column("rows")), np.int64)
+        yield rows[~is_excluded(rows, excluded)] if excluded.shape[0] else rows
+
+
+def _exclusions(plan_dir: str | os.PathLike[str], meta: PlanMeta, manifest: str | os.PathLike[str],
+                exclude: str | os.PathLike[str] | None, at_step: int) -> tuple[npt.NDArray[np.int64], dict[str, Any]]:
+    """The rows excluded from ``at_step`` on (the parent's and ``exclude``'s) and the re-plan's
+    ``plan.json`` entry for them (empty when none)."""
+    parent, from_step = recorded_exclusions(meta, f"{plan_dir}/plan.json")
+    previous = meta.extra.get(EXCLUDED_KEY) or {}
+    if exclude is None:
+        return parent, ({} if from_step is None else {EXCLUDED_KEY: previous})
+    ids = read_excluded_ids(exclude)
+    if ids.len() == 0:
+        raise DataprepError(f"{exclude}: lists no ids to exclude")
+    rows, unknown = excluded_rows(manifest, ids)
+    if rows.shape[0] == 0:
+        raise DataprepError(f"{exclude}: none of its {ids.len():,} ids is in the plan's manifest {manifest}")
+    both = np.union1d(parent, rows).astype(np.int64)
+    files = [*previous.get("files", []), Path(exclude).name]
+    start = at_step if from_step is None else min(from_step, at_step)
+    return both, {EXCLUDED_KEY: exclusion_entry(both, start, files, unknown + int(previous.get("unknown_ids", 0)))}
 
 
 def _unseen_tables(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int, epoch: int,
