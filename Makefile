@@ -24,7 +24,7 @@ demo: install
 # SPEECH_DATAPREP_FULL_SUITE=1 a test skipped for a missing module fails instead.
 test: install-dev
 	venv="$$(PYTHON=$(PYTHON) bash .ci/nemo-venv)" && \
-	SPEECH_DATAPREP_FULL_SUITE=1 "$$venv/bin/python" -m pytest -n 2 --dist loadgroup -rs --durations=10
+	SPEECH_DATAPREP_FULL_SUITE=1 "$$venv/bin/python" -m pytest -n 2 --dist loadgroup -rs --durations=30
 
 # only the NeMo-marked tests, in the same venv
 test-nemo: install-dev
