@@ -5,6 +5,7 @@ and print; everything they do can be done from Python without them."""
 from __future__ import annotations
 
 from dataprep.cli import buckets  # noqa: F401  (fit-buckets, padding)
+from dataprep.cli import calibrate  # noqa: F401  (calibrate)
 from dataprep.cli import compile  # noqa: F401  (train-tokenizer, compile, merge)
 from dataprep.cli import export  # noqa: F401  (export nemo|lhotse)
 from dataprep.cli import html_report  # noqa: F401  (report)

@@ -1,0 +1,138 @@
+"""``dataprep calibrate``: the cost model and each rank's speed recovered from synthetic step
+timings of a known model; plan-batches / replan --cost-model plan with exactly that model; bad
+step logs and cost-model files are one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from bucketing.costmodel import CostModel
+from dataprep.planning.build import build_plan
+from dataprep.planning.calibrate import calibrate, read_cost_model, write_calibration
+from dataprep.planning.options import PlanOptions
+from dataprep.planning.replan import replan
+from dataprep.testing import write_plan_inputs
+from manifests.errors import DataprepError
+from manifests.plan_files import PlanShard
+
+W = 4
+TRUE = CostModel(overhead=0.05, per_frame=3e-6, per_frame2=1e-9, per_token=4e-5, per_token2=1e-7)
+
+
+class Run:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.manifest, self.buckets = write_plan_inputs(root, 3000, seed=1, num_buckets=6)
+        self.plan = root / "plan"
+        build_plan(self.manifest, self.buckets, self.plan, PlanOptions(world_size=W, epochs=2))
+
+    def log(self, path: Path, speeds: list[float], noise: float, seed: int = 0) -> Path:
+        """Step times of :data:`TRUE` times each rank's speed, with relative noise."""
+        rng = np.random.default_rng(seed)
+        frames = []
+        for r in range(W):
+            t = PlanShard(self.plan, r).read(columns=["step", "size", "max_duration", "max_tokens"])
+            sec = TRUE.step_time(t["size"].to_numpy(), t["max_duration"].to_numpy(), t["max_tokens"].to_numpy())
+            sec = sec * speeds[r] * (1 + rng.normal(0, noise, sec.shape[0]))
+            frames.append(pl.DataFrame({"rank": np.full(sec.shape[0], r), "step": t["step"].to_numpy(),
+                                        "forward_backward_s": sec * 0.9, "optimizer_s": sec * 0.1,
+                                        "data_wait_s": np.full(sec.shape[0], 0.001)}))
+        pl.concat(frames).write_parquet(path)
+        return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return Run(tmp_path_factory.mktemp("calibrate"))
+
+
+def _predictions(run: Run, cost: CostModel) -> np.ndarray:
+    t = PlanShard(run.plan, 0).read(columns=["size", "max_duration", "max_tokens"])
+    return cost.step_time(t["size"].to_numpy(), t["max_duration"].to_numpy(), t["max_tokens"].to_numpy())
+
+
+def test_a_known_model_is_recovered_from_its_timings(run: Run, tmp_path: Path) -> None:
+    cal = calibrate(run.plan, run.log(tmp_path / "log.parquet", [1.0] * W, noise=0.01))
+    truth, got = _predictions(run, TRUE), _predictions(run, cal.cost)
+    assert np.median(np.abs(got - truth) / truth) < 0.01
+    assert cal.median_rel_error < 0.015 and cal.rows == W * PlanShard(run.plan, 0).num_steps
+    assert cal.cost.overhead == pytest.approx(TRUE.overhead, rel=0.1)
+    assert cal.cost.per_frame2 == pytest.approx(TRUE.per_frame2, rel=0.1)
+    assert all(s == pytest.approx(1.0, abs=0.01) for s in cal.rank_speed)
+    assert cal.data_wait_share == pytest.approx(0.001 / (0.001 + np.mean(truth)), rel=0.3)
+
+
+def test_a_slow_rank_is_found_and_does_not_bend_the_model(run: Run, tmp_path: Path) -> None:
+    cal = calibrate(run.plan, run.log(tmp_path / "log.parquet", [1.0, 1.0, 1.0, 1.5], noise=0.01))
+    assert cal.rank_speed[3] == pytest.approx(1.5, rel=0.02)
+    assert all(s == pytest.approx(1.0, abs=0.02) for s in cal.rank_speed[:3])
+    truth, got = _predictions(run, TRUE), _predictions(run, cal.cost)
+    assert np.median(np.abs(got - truth) / truth) < 0.02
+
+
+def test_plan_batches_and_replan_use_the_calibrated_model(run: Run, tmp_path: Path) -> None:
+    slow = CostModel(overhead=0.5, per_frame=1e-7, per_frame2=5e-9, per_token=1e-3, per_token2=1e-6)
+    logged = run.log(tmp_path / "log.parquet", [1.0] * W, noise=0.0)
+    cal = calibrate(run.plan, logged)
+    out = tmp_path / "costmodel.json"
+    write_calibration(cal, run.plan, logged, out)
+    assert read_cost_model(out) == cal.cost
+    obj = json.loads(out.read_text())
+    obj["cost_model"] = {**obj["cost_model"], **{k: getattr(slow, k) for k in obj["cost_model"]}}
+    out.write_text(json.dumps(obj))
+    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "plan-batches", str(run.manifest), "-b",
+                          str(run.buckets), "--world-size", str(W), "--epochs", "2", "--cost-model", str(out), "-o",
+                          str(tmp_path / "cli")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    build_plan(run.manifest, run.buckets, tmp_path / "lib", PlanOptions(world_size=W, epochs=2, cost=slow))
+    build_plan(run.manifest, run.buckets, tmp_path / "default", PlanOptions(world_size=W, epochs=2))
+    names = sorted(p.name for p in (tmp_path / "lib").iterdir())
+    same = [(tmp_path / "cli" / n).read_bytes() == (tmp_path / "lib" / n).read_bytes() for n in names]
+    assert all(same)
+    assert any((tmp_path / "default" / n).read_bytes() != (tmp_path / "lib" / n).read_bytes() for n in names)
+    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "replan", str(run.plan), "--at-step", "5",
+                          "--manifest", str(run.manifest), "--cost-model", str(out), "-o", str(tmp_path / "re-cli")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    replan(run.plan, run.manifest, tmp_path / "re-lib", PlanOptions(world_size=W, cost=slow), at_step=5)
+    assert all((tmp_path / "re-cli" / n).read_bytes() == (tmp_path / "re-lib" / n).read_bytes() for n in names)
+    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "calibrate", str(run.plan), str(logged), "-o",
+                          str(tmp_path / "again.json")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "median error" in res.stdout and "slowest rank" in res.stdout
+
+
+def test_bad_logs_and_cost_models_are_one_line_errors(run: Run, tmp_path: Path) -> None:
+    good = pl.read_parquet(run.log(tmp_path / "log.parquet", [1.0] * W, noise=0.0))
+    cases = {
+        "no-step.parquet": (good.drop("step"), "integer `step` column"),
+        "no-seconds.parquet": (good.drop("optimizer_s"), "needs `step_s`"),
+        "dup.parquet": (pl.concat([good, good.head(1)]), "logged 2 times"),
+        "nan.parquet": (good.with_columns(pl.when(pl.col("step") == 3).then(float("nan"))
+                                          .otherwise(pl.col("optimizer_s")).alias("optimizer_s")), "not finite"),
+        "rank.parquet": (good.with_columns(pl.when(pl.col("rank") == 1).then(W).otherwise(pl.col("rank"))
+                                           .alias("rank")), f"the plan {W} ranks"),
+        "step.parquet": (good.with_columns(pl.col("step") + 10_000), "is not in the plan"),
+        "few.parquet": (good.head(3), "at least"),
+    }
+    for name, (frame, match) in cases.items():
+        frame.write_parquet(tmp_path / name)
+        with pytest.raises(DataprepError, match=match):
+            calibrate(run.plan, tmp_path / name)
+    (tmp_path / "text.parquet").write_text("rank,step\n")
+    with pytest.raises(DataprepError, match="not a readable Parquet"):
+        calibrate(run.plan, tmp_path / "text.parquet")
+    for text, match in (("{", "not a JSON"), ('{"kind": "x"}', "not a cost model"),
+                        ('{"kind": "speech-dataprep cost model", "cost_model": {"overhead": 1}}', "expected the keys"),
+                        (json.dumps({"kind": "speech-dataprep cost model", "cost_model": {
+                            **{k: 0.0 for k in CostModel.names()}, "frame_shift": True}}), "expected a number")):
+        (tmp_path / "cm.json").write_text(text)
+        with pytest.raises(DataprepError, match=match):
+            read_cost_model(tmp_path / "cm.json")
