@@ -19,7 +19,7 @@ from manifests.outputs import refuse_same_paths
 @user_errors
 def calibrate_cmd(
     plan_dir: Annotated[Path, typer.Argument(help="The plan the run trained on.")],
-    log: Annotated[Path, typer.Argument(help="Step log (Parquet): rank, step and step_s (or forward_backward_s + optimizer_s) seconds per rank and step; data_wait_s optional.")],
+    log: Annotated[Path, typer.Argument(help="Step log (Parquet): rank, step and step_s (or forward_backward_s + optimizer_s) seconds per rank and step, data_wait_s optional; or a folder of them (dataprep train's checkpoint folder: steps-rank-*.parquet).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="costmodel.json to write (plan-batches / replan --cost-model read it).")],
     frame_shift: Annotated[float, typer.Option("--frame-shift", help="Seconds per audio frame of the model (not fitted).")] = CostModel().frame_shift,
 ) -> None:

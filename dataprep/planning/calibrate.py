@@ -36,6 +36,8 @@ from manifests.plan_meta import read_plan_meta
 
 #: the fitted coefficients, in :class:`CostModel`'s order (``frame_shift`` is given, not fitted)
 FITTED = ("overhead", "per_frame", "per_frame2", "per_token", "per_token2")
+#: the step logs of a folder (``dataprep train`` writes one per rank beside its checkpoint)
+STEP_LOG_GLOB = "steps-rank-*.parquet"
 #: ``costmodel.json``'s kind marker
 KIND = "speech-dataprep cost model"
 #: fewest logged (rank, step) rows a fit takes
@@ -67,10 +69,14 @@ class Calibration:
 
 def read_step_log(path: str | os.PathLike[str]) -> pl.DataFrame:
     """The step log's ``rank``, ``step``, ``compute_s`` and ``data_wait_s`` (null where absent),
-    every field checked (integers, finite seconds >= 0, one row per rank and step)."""
+    every field checked (integers, finite seconds >= 0, one row per rank and step). ``path``: a
+    Parquet file, or a folder of them (``dataprep train``'s ``steps-rank-0000r.parquet``)."""
+    files = sorted(Path(path).glob(STEP_LOG_GLOB)) if Path(path).is_dir() else [Path(path)]
+    if not files:
+        raise DataprepError(f"{path}: a folder without step logs ({STEP_LOG_GLOB})")
     try:
-        schema = pq.read_schema(path)
-        table = pq.read_table(path)
+        table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+        schema = table.schema
     except FileNotFoundError:
         raise DataprepError(f"{path}: no such file") from None
     except (OSError, pa.ArrowException) as exc:

@@ -11,7 +11,9 @@ Rank 0 prints a JSON line a step (loss, padding, utterances/s ...). ``<dir>/last
 there (``dataprep replan``: its parent must be the checkpoint's plan). Dropout is seeded per
 (seed, step, rank): a resumed run computes what the uninterrupted one would. A folder holding
 a run is refused without ``--resume`` or ``--overwrite``. Beside ``last.pt``: ``log.jsonl``,
-``skipped-rank-0000r.jsonl`` (``--skip-bad-audio``), ``trace-rank-0000r.jsonl`` (``--trace``).
+``skipped-rank-0000r.jsonl`` (``--skip-bad-audio``), ``trace-rank-0000r.jsonl`` (``--trace``),
+``steps-rank-0000r.parquet`` (each step's data wait, forward + backward, optimizer seconds: the
+log ``dataprep calibrate`` fits the cost model to).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -48,6 +52,9 @@ from manifests.plan_cursor import argument_validator, resume_world_size
 from manifests.plan_meta import PlanMeta, read_plan_meta
 
 
+#: a rank's step log (``steps-rank-0000r.parquet``): the seconds of each of its steps
+STEP_TIMES_SCHEMA = pa.schema([("rank", pa.int32()), ("step", pa.int64()), ("data_wait_s", pa.float64()),
+                               ("forward_backward_s", pa.float64()), ("optimizer_s", pa.float64())])
 #: fewest feature frames a step feeds the encoder: its BatchNorm needs more than one value per
 #: channel, i.e. more than 8 frames (one after the 8x subsampling) for a batch of one utterance
 MIN_FRAMES = 16
@@ -141,10 +148,12 @@ def _resume(ckpt_path: Path, meta: PlanMeta, model: torch.nn.Module, opt: torch.
 
 
 def _optimizer_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, device: torch.device,
-                    n_mels: int) -> torch.Tensor:
-    """Forward, backward and one optimizer step on ``batch``; the loss."""
+                    n_mels: int) -> tuple[torch.Tensor, float, float]:
+    """Forward, backward and one optimizer step on ``batch``; the loss and the seconds of
+    forward + backward (DDP's gradient all-reduce included) and of the optimizer step."""
     from oom.models import loss as model_loss
 
+    t0 = time.perf_counter()
     if batch.size:
         feats, flens = batch.features.to(device, non_blocking=True), batch.feature_lens.to(device)
         if feats.shape[1] < MIN_FRAMES:  # a tiny clip alone in its batch: pad frames (lengths stay real)
@@ -158,8 +167,38 @@ def _optimizer_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
                                 torch.tensor([2], device=device))
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    t1 = _synchronized(device)
     opt.step()
-    return loss
+    t2 = _synchronized(device)
+    return loss, t1 - t0, t2 - t1
+
+
+def _synchronized(device: torch.device) -> float:
+    """The time once ``device``'s queued work is done (seconds, ``time.perf_counter``)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _write_step_times(path: Path, rows: list[dict[str, Any]]) -> None:
+    """A rank's step log (what ``dataprep calibrate`` reads), atomically."""
+    table = pa.Table.from_pylist(rows, schema=STEP_TIMES_SCHEMA)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def _read_step_times(path: Path, before_step: int) -> list[dict[str, Any]]:
+    """The rows of a rank's step log before ``before_step`` (a resumed run keeps them)."""
+    if not path.exists():
+        return []
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataprepError(f"{path}: not a readable step log ({str(exc).splitlines()[0][:160]}); "
+                            "remove it to start the log afresh") from None
+    if table.schema.remove_metadata() != STEP_TIMES_SCHEMA:
+        raise DataprepError(f"{path}: columns differ from a step log's ({', '.join(STEP_TIMES_SCHEMA.names)})")
+    return [r for r in table.to_pylist() if r["step"] < before_step]
 
 
 def _step_line(step: int, batch: Batch, loss: torch.Tensor, device: torch.device,
@@ -190,6 +229,8 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
         stop = min(meta.num_steps, cfg.steps if cfg.steps is not None else meta.num_steps)
         trace = _read_lines(_rank_file(cfg, "trace", rank), start) if cfg.trace else []
         skipped = _read_lines(_rank_file(cfg, "skipped", rank), start)
+        times_path = Path(cfg.checkpoint_dir) / f"steps-rank-{rank:05d}.parquet"
+        times = _read_step_times(times_path, start)
         log = _read_lines(Path(cfg.checkpoint_dir) / "log.jsonl", start) if rank == 0 else []
         n_skipped_before = len(skipped)
         loader = make_loader(PlanDataset(cfg.plan_dir, rank, builder, start, stop), cfg.workers, cfg.prefetch)
@@ -205,11 +246,14 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
                 _write_lines(_rank_file(cfg, "trace", rank), trace)
             if skipped:
                 _write_lines(_rank_file(cfg, "skipped", rank), skipped)
+            _write_step_times(times_path, times)
             dist.barrier()
 
         step = start
         t_prev = time.perf_counter()
+        t_done = time.perf_counter()
         for batch in loader:
+            t_ready = time.perf_counter()
             if batch.step != step:
                 raise DataprepError(f"{cfg.plan_dir}: rank {rank} expected step {step}, shard gave {batch.step}")
             torch.manual_seed(hash((cfg.seed, step, rank)) & 0x7FFFFFFF)
@@ -217,7 +261,9 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
                 trace.append({"step": step, "epoch": batch.epoch, "bucket": batch.bucket, "ids": batch.ids,
                               "sha256": batch_digest(batch)})
             skipped.extend(batch.skipped)
-            loss = _optimizer_step(ddp, opt, batch, device, n_mels)
+            loss, fb_s, opt_s = _optimizer_step(ddp, opt, batch, device, n_mels)
+            times.append({"rank": rank, "step": step, "data_wait_s": t_ready - t_done, "forward_backward_s": fb_s,
+                          "optimizer_s": opt_s})
             line, t_prev = _step_line(step, batch, loss, device, t_prev)
             if rank == 0:
                 log.append(line)
@@ -226,6 +272,7 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
             step += 1
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < stop:
                 save(step)
+            t_done = time.perf_counter()
         if step != stop:
             raise DataprepError(f"{cfg.plan_dir}: rank {rank} ran {step - start} steps, expected {stop - start}")
         save(step)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from dataprep.planning.calibrate import MIN_ROWS, calibrate
 from dataprep.testing import write_tone
 from manifests.manifest_read import read_manifest
 from tests.training._consumer import Corpus, build_corpus, invoke, runner
@@ -63,6 +64,13 @@ def test_ranks_step_together_and_see_each_utterance_once_per_epoch(corpus: Corpu
     for x in log:
         assert math.isfinite(x["loss"]) and 0 <= x["padding_audio"] < 1 and 0 <= x["padding_tokens"] < 1
         assert x["utterances"] >= world_size and x["utt_per_s"] > 0
+    for r in range(world_size):  # each rank's step times: what `dataprep calibrate` fits
+        times = pq.read_table(tmp_path / f"steps-rank-{r:05d}.parquet").to_pylist()
+        assert [t["step"] for t in times] == list(range(meta["num_steps"])) and {t["rank"] for t in times} == {r}
+        assert all(t["forward_backward_s"] > 0 and t["optimizer_s"] > 0 and t["data_wait_s"] >= 0 for t in times)
+    if world_size * meta["num_steps"] >= MIN_ROWS:
+        cal = calibrate(plan, tmp_path)  # the checkpoint folder's step logs
+        assert cal.rows == world_size * meta["num_steps"] and len(cal.rank_speed) == world_size
 
 
 def test_resume_continues_at_the_exact_next_batch(corpus: Corpus, tmp_path: Path) -> None:
@@ -81,6 +89,8 @@ def test_resume_continues_at_the_exact_next_batch(corpus: Corpus, tmp_path: Path
     assert [x["step"] for x in b] == list(range(n))
     # model, optimizer and dropout seeds restored: the resumed run computes the same losses
     assert [x["loss"] for x in b[k:]] == pytest.approx([x["loss"] for x in a[k:]], rel=1e-4)
+    steps = pq.read_table(part / "steps-rank-00001.parquet", columns=["step"]).column("step").to_pylist()
+    assert steps == list(range(n))  # the step log kept the first run's steps and added the rest
 
 
 def test_world_size_must_match_the_plan(corpus: Corpus, tmp_path: Path) -> None:
