@@ -1,19 +1,17 @@
 """The thin DDP training loop over a plan: how any trainer consumes ``plan/``; checkpoints.
 
-Each rank reads only its shard through :mod:`dataprep.training.loader` and runs one optimizer
-step per plan step; every rank has the same steps. Backend: gloo on CPU, nccl on GPU.
-``dataprep train --nproc N`` spawns N local processes; under ``torchrun`` each process is one
-rank. The process count must equal the plan's world size.
+Each rank reads only its shard (:mod:`dataprep.training.loader`) and runs one optimizer step
+per plan step; every rank has the same steps. Backend: gloo on CPU, nccl on GPU. ``dataprep
+train --nproc N`` spawns N local processes; under ``torchrun`` each process is one rank; the
+process count must equal the plan's world size. Rank 0 prints a JSON line a step.
 
-Rank 0 prints a JSON line a step (loss, padding, utterances/s ...). ``<dir>/last.pt``
-(:mod:`dataprep.training.checkpoint`) holds ``next_step``, ``model``, ``optimizer`` (AdamW),
-``plan_hash``, ``config`` and ``content_sha256``; ``--resume`` continues at exactly that step, also on a plan re-planned
-there (``dataprep replan``: its parent must be the checkpoint's plan). Dropout is seeded per
-(seed, step, rank): a resumed run computes what the uninterrupted one would. A folder holding
-a run is refused without ``--resume`` or ``--overwrite``. Beside ``last.pt``: ``log.jsonl``,
-``skipped-rank-0000r.jsonl`` (``--skip-bad-audio``), ``trace-rank-0000r.jsonl`` (``--trace``),
-``steps-rank-0000r.parquet`` (each step's data wait, forward + backward, optimizer seconds: the
-log ``dataprep calibrate`` fits the cost model to).
+``<dir>/last.pt`` (:mod:`dataprep.training.checkpoint`) holds ``next_step``, ``model``,
+``optimizer`` (AdamW), ``plan_hash``, ``config``, ``content_sha256``; ``--resume`` continues at
+exactly that step, also on a plan re-planned there. Dropout is seeded per (seed, step, rank). A
+folder holding a run is refused without ``--resume`` or ``--overwrite``. Beside ``last.pt``:
+``log.jsonl``, ``skipped-rank-0000r.jsonl`` (``--skip-bad-audio``), ``trace-rank-0000r.jsonl``
+(``--trace``), ``steps-rank-0000r.parquet`` (each step's data wait, forward + backward and
+optimizer seconds: what ``dataprep calibrate`` fits the cost model to).
 """
 
 from __future__ import annotations
