@@ -34,7 +34,7 @@ def manifest_padding_report(
     """The JSON-ready padding report (:func:`bucketing.padding.schemes_report`), plus ``steps``
     per world size when ``world_sizes`` are given and the manifest's hash. ``options``: those
     of :func:`check_padding_options`. ``memory_limit``: bytes (default: half the machine's); a
-    manifest over it (:data:`dataprep.analysis.stream_padding.IN_MEMORY_BYTES_PER_ROW` a row)
+    manifest over it (:data:`dataprep.analysis.stream_padding.PADDING_BYTES_PER_ROW` a row)
     spills to disk."""
     check_int("memory_limit", memory_limit, ge=1, le=2**62, optional=True)
     limit = memory_limit if memory_limit is not None else default_memory_limit()

@@ -40,7 +40,7 @@ from manifests.spill import SpillFiles, check_free_disk, remove_spill, spill_dir
 #: Bytes of memory per row of a padding report held in memory (the fit held,
 #: :data:`dataprep.analysis.buckets.HELD_BYTES_PER_ROW`, then the spills' columns, about 85,
 #: and one bucket's transients): a larger corpus spills to disk.
-IN_MEMORY_BYTES_PER_ROW = HELD_BYTES_PER_ROW
+PADDING_BYTES_PER_ROW = HELD_BYTES_PER_ROW
 #: Bytes of disk per row of the spill files (module docstring), checked free before spilling.
 DISK_BYTES_PER_ROW = 90
 
@@ -110,7 +110,7 @@ def stream_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt.
     """The padding report of ``manifest`` (:func:`bucketing.padding.schemes_report`'s figures,
     module docstring), with ``steps`` per world size when ``world_sizes`` are given
     (:func:`spilled_steps`); options already checked. The spill is held in memory when the
-    corpus fits ``memory_limit`` (:data:`IN_MEMORY_BYTES_PER_ROW` a row), else written to
+    corpus fits ``memory_limit`` (:data:`PADDING_BYTES_PER_ROW` a row), else written to
     files next to the manifest (:func:`spills_to_disk`), removed at the end."""
     root = spill_dir(manifest) if spills_to_disk(num_rows, memory_limit) else None
 
@@ -159,8 +159,8 @@ def stream_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt.
 
 def spills_to_disk(num_rows: int, memory_limit: int) -> bool:
     """Whether the padding report of ``num_rows`` rows spills to disk: holding its spill in
-    memory would need more than ``memory_limit`` bytes (:data:`IN_MEMORY_BYTES_PER_ROW` a row)."""
-    return num_rows * IN_MEMORY_BYTES_PER_ROW > memory_limit
+    memory would need more than ``memory_limit`` bytes (:data:`PADDING_BYTES_PER_ROW` a row)."""
+    return num_rows * PADDING_BYTES_PER_ROW > memory_limit
 
 
 def _sub(root: Path, name: str) -> Path:

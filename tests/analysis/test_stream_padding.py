@@ -24,7 +24,7 @@ from bucketing.steps_report import steps_report
 from dataprep.cli import app
 import dataprep.analysis.stream_padding as stream_padding
 from dataprep.analysis.padding import batch_sizes_for, manifest_padding_report
-from dataprep.analysis.stream_padding import IN_MEMORY_BYTES_PER_ROW
+from dataprep.analysis.stream_padding import PADDING_BYTES_PER_ROW
 from manifests.buckets_file import read_buckets, write_buckets
 from manifests.errors import DataprepError
 from manifests.manifest_write import write_manifest
@@ -92,7 +92,7 @@ def test_spilled_equals_in_memory(tmp_path: Path, spills: list[Path], seed: int,
         spills.clear()
         want = manifest_padding_report(w / "m.parquet", w / "b.json", **opts)
         assert spills == []  # held in memory at the default limit
-        limit = min(tiny or n * IN_MEMORY_BYTES_PER_ROW, n * IN_MEMORY_BYTES_PER_ROW) - 1
+        limit = min(tiny or n * PADDING_BYTES_PER_ROW, n * PADDING_BYTES_PER_ROW) - 1
         try:
             got = manifest_padding_report(w / "m.parquet", w / "b.json", memory_limit=limit, **opts)
         except DataprepError as exc:  # a bucket over a tiny limit: the planner's one-line refusal
@@ -114,7 +114,7 @@ def test_cli_tiny_memory_limit_same_report(tmp_path: Path, spills: list[Path]) -
     fit = runner.invoke(app, ["fit-buckets", str(m), "--num-buckets", "6", "-o", str(tmp_path / "b.json")])
     assert fit.exit_code == 0, fit.output
     args = ["padding", str(m), "--buckets", str(tmp_path / "b.json"), "--world-sizes", "8,32"]
-    limit = f"{n * IN_MEMORY_BYTES_PER_ROW // 2}B"
+    limit = f"{n * PADDING_BYTES_PER_ROW // 2}B"
     a = runner.invoke(app, [*args, "--json", str(tmp_path / "a.json")])
     assert spills == []
     b = runner.invoke(app, [*args, "--json", str(tmp_path / "b2.json"), "--memory-limit", limit])
@@ -153,7 +153,7 @@ def test_spilled_steps_equal_in_memory(tmp_path: Path, spills: list[Path], seed:
             want: object = steps_report(d, t, grid_from_spec(read_buckets(w / "b.json")), bs, [world], balance, **opts)
         except PlanError as exc:
             want = f"cannot plan: {exc}"
-        for limit in (None, n * IN_MEMORY_BYTES_PER_ROW - 1):
+        for limit in (None, n * PADDING_BYTES_PER_ROW - 1):
             spills.clear()
             try:
                 got: object = manifest_padding_report(w / "m.parquet", w / "b.json", world_sizes=[world],
@@ -180,7 +180,7 @@ def test_too_little_disk_for_the_spill_is_one_line(tmp_path: Path, monkeypatch: 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda where: usage(1 << 40, (1 << 40) - 1000, 1000))
     res = runner.invoke(app, ["padding", str(m), "--buckets", str(tmp_path / "b.json"),
-                              "--memory-limit", f"{n * IN_MEMORY_BYTES_PER_ROW // 2}B"])
+                              "--memory-limit", f"{n * PADDING_BYTES_PER_ROW // 2}B"])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
     assert "spill files need about" in res.output
     assert not [p for p in tmp_path.iterdir() if ".spill-" in p.name]
