@@ -8,6 +8,7 @@ saying what it is for (at most 15 lines; no module over 600 lines, benchmarks in
 from __future__ import annotations
 
 import ast
+import functools
 import pkgutil
 import re
 import subprocess
@@ -147,6 +148,12 @@ def import_graph(root: Path, packages: list[str]) -> dict[str, set[str]]:
     return graph
 
 
+@functools.cache
+def _repo_graph() -> dict[str, set[str]]:
+    """The project's import graph, parsed once per session (read-only to the tests)."""
+    return import_graph(REPO, [pkg.__name__ for pkg in PACKAGES])
+
+
 def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
     """One import circle of ``graph`` (modules, first = last), or None. An edge to a module of
     an enclosing package is not followed into that package's ``__init__`` re-exports."""
@@ -176,7 +183,7 @@ def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_circles() -> None:
     """Imports between our modules, function-level ones and ``__main__`` files included, form no cycle."""
-    circle = find_circle(import_graph(REPO, [pkg.__name__ for pkg in PACKAGES]))
+    circle = find_circle(_repo_graph())
     assert circle is None, "import circle: " + " -> ".join(circle or [])
 
 
@@ -197,7 +204,7 @@ def test_the_circle_check_sees_function_level_imports(tmp_path: Path) -> None:
 def test_entry_points_import_no_cli_but_their_own() -> None:
     """A ``__main__`` outside ``dataprep/cli`` must not import the CLI (the training stage
     is run as ``torchrun -m dataprep.cli train``)."""
-    graph = import_graph(REPO, [pkg.__name__ for pkg in PACKAGES])
+    graph = _repo_graph()
     for mod, deps in graph.items():
         if mod.endswith("__main__") and not mod.startswith("dataprep.cli"):
             assert not any(d.startswith("dataprep.cli") for d in deps), mod
@@ -292,7 +299,7 @@ def test_contributing_states_the_same_table() -> None:
 
 def test_the_table_covers_every_room() -> None:
     rooms = {room for row in MAY_IMPORT for room in row}
-    graph = import_graph(REPO, [pkg.__name__ for pkg in PACKAGES])
+    graph = _repo_graph()
     assert {_room(m) for m in graph} - {"dataprep"} <= rooms
 
 
@@ -300,7 +307,7 @@ def test_the_table_covers_every_room() -> None:
 def test_each_row_imports_only_what_it_may(row: tuple[str, ...]) -> None:
     """Every import of the row's modules (at any level, ``__main__`` files included) lands in
     its own rooms or in one its "may import" names."""
-    graph = import_graph(REPO, [pkg.__name__ for pkg in PACKAGES])
+    graph = _repo_graph()
     allowed = _allowed(row)
     wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() if _room(m) in row
                    for d in deps if _room(d) not in allowed)
