@@ -61,8 +61,14 @@ TPS_POSITIONS = 240
 #: examples kept per reject reason, and characters kept of each field
 REJECT_EXAMPLES = 3
 EXAMPLE_CHARS = 160
-#: the corpus of a row: its ``origin`` without the trailing ``:line`` (or ``:member``)
-CORPUS_EXPR = pl.col("origin").fill_null("(unknown)").str.replace(r":[^:/]*$", "")
+#: the source file of a row: its ``origin`` without the trailing ``:line`` (or ``:member``)
+SOURCE_EXPR = pl.col("origin").fill_null("(unknown)").str.replace(r":[^:/]*$", "")
+
+
+def corpus_expr(columns: Sequence[str]) -> pl.Expr:
+    """The corpus of a row: its ``corpus`` column (the blend's names) where the manifest has
+    one, else its source file (:data:`SOURCE_EXPR`)."""
+    return pl.col("corpus").fill_null(SOURCE_EXPR) if "corpus" in columns else SOURCE_EXPR
 
 
 def _zero_nan(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -136,6 +142,8 @@ class CorpusAggregates:
     tps_cut: list[dict[str, float]]
     grid2d: dict[str, Any]
     stats: ManifestStats
+    #: whether corpora are named by the manifest's ``corpus`` column (else by source file)
+    corpus_column: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,8 +159,9 @@ class Corpora:
     order: npt.NDArray[np.int32]
 
 
-#: the columns the corpus groups are read from (``lang`` / ``task``: "-" where absent)
-GROUP_COLUMNS = ("origin", "lang", "task")
+#: the columns the corpus groups are read from (``lang`` / ``task``: "-" where absent; ``corpus``
+#: names the corpus where present, else the source file in ``origin`` does)
+GROUP_COLUMNS = ("origin", "lang", "task", "corpus")
 
 
 class CorpusGroups:
@@ -173,9 +182,9 @@ class CorpusGroups:
         appearance (:attr:`Corpora.order` maps them to the sorted names)."""
         f = block if isinstance(block, pl.DataFrame) else pl.from_arrow(block)
         assert isinstance(f, pl.DataFrame)
-        keys = f.select(CORPUS_EXPR.alias("corpus"),
+        keys = f.select(corpus_expr(f.columns).alias("corpus"),
                         *[(pl.col(c).cast(pl.String) if c in f.columns else pl.lit(None, pl.String)).fill_null("-")
-                          .alias(c) for c in GROUP_COLUMNS[1:]],
+                          .alias(c) for c in ("lang", "task")],
                         pl.col("duration").cast(pl.Float64).fill_nan(None),
                         pl.col("num_tokens").cast(pl.Float64).fill_nan(None).cast(pl.Int64))
         part = (keys.group_by("corpus", "lang", "task", maintain_order=True)
@@ -423,7 +432,8 @@ def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None 
         manifest=Path(manifest).name, content_hash=manifest_hash(manifest),
         totals={"utterances": n, "hours": _r(stats.hours, 4), "tokens": ext.tokens},
         groups=corp.groups, histograms=[h.histogram(c) for h, c in zip(hists, SECTION1_COLUMNS)],
-        tps_cut=cut.table(n, stats.hours) if cut is not None else [], grid2d=grid.table(spec), stats=stats)
+        tps_cut=cut.table(n, stats.hours) if cut is not None else [], grid2d=grid.table(spec), stats=stats,
+        corpus_column="corpus" in present)
     return agg, corp
 
 
