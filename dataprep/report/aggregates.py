@@ -176,12 +176,15 @@ class CorpusGroups:
         self.keep_codes = codes
         self._parts: list[pl.DataFrame] = []
         self._index: dict[str, int] = {}  # corpus -> code in order of first appearance
+        #: whether the rows name their corpus (a ``corpus`` column), else their source files do
+        self.named = False
 
     def add(self, block: pa.Table | pl.DataFrame) -> npt.NDArray[np.int32] | None:
         """Group the block; with ``codes``, return its rows' corpora as codes in order of first
         appearance (:attr:`Corpora.order` maps them to the sorted names)."""
         f = block if isinstance(block, pl.DataFrame) else pl.from_arrow(block)
         assert isinstance(f, pl.DataFrame)
+        self.named = self.named or "corpus" in f.columns
         keys = f.select(corpus_expr(f.columns).alias("corpus"),
                         *[(pl.col(c).cast(pl.String) if c in f.columns else pl.lit(None, pl.String)).fill_null("-")
                           .alias(c) for c in ("lang", "task")],
@@ -209,7 +212,8 @@ class CorpusGroups:
     def result(self) -> Corpora:
         """The groups, largest first (more than :data:`MAX_GROUPS`: the smallest summed into
         one ``(other: N groups)`` row), the corpora's names in order and the map of codes to
-        them (no rows' codes)."""
+        them (no rows' codes). Source files (no ``corpus`` column) are named by the shortest
+        end of their paths that tells them apart (``train.jsonl``, ``a/train.jsonl``)."""
         g = (pl.concat(self._parts)
              .group_by("corpus", "lang", "task", maintain_order=True)
              .agg(pl.col("utterances").sum(), (pl.col("seconds").sum() / 3600).alias("hours"), pl.col("tokens").sum())
@@ -228,7 +232,33 @@ class CorpusGroups:
         order = np.zeros(len(self._index), np.int32)  # first-appearance code -> index into the sorted names
         if self.keep_codes:
             order[[self._index[n] for n in names]] = np.arange(len(names), dtype=np.int32)
+        if not self.named:
+            short = short_paths(names)
+            names = [short[n] for n in names]
+            groups = [{**g, "corpus": short.get(g["corpus"], g["corpus"])} for g in groups]
         return Corpora(names, np.zeros(0, np.int32), groups, order)
+
+
+def short_paths(paths: Sequence[str]) -> dict[str, str]:
+    """Each path -> its shortest end (last folder levels) that no other path of ``paths`` ends
+    with: distinct paths keep distinct names."""
+    parts = {p: p.split("/") for p in paths}
+    out: dict[str, str] = {}
+    k = 1
+    left = list(paths)
+    while left:
+        ends = {p: "/".join(parts[p][-k:]) for p in paths}
+        seen: dict[str, int] = {}
+        for e in ends.values():
+            seen[e] = seen.get(e, 0) + 1
+        rest = []
+        for p in left:
+            if seen[ends[p]] == 1 or k >= len(parts[p]):
+                out[p] = ends[p]
+            else:
+                rest.append(p)
+        left, k = rest, k + 1
+    return out
 
 
 def corpora(manifest: str | os.PathLike[str], *, codes: bool = True, block_rows: int = REPORT_BLOCK_ROWS) -> Corpora:

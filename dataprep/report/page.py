@@ -169,8 +169,9 @@ def corpus_section(page: Page, c: CorpusAggregates, rejects: list[RejectsAggrega
                [("corpus", named), ("lang", "lang"), ("task", "task"), ("utterances", "utterances"),
                 ("hours", "hours"), ("tokens", "tokens"), ("share", "share of hours")], c.groups,
                "" if c.corpus_column else "The manifest has no corpus column: corpora are named by the file "
-               "each row was compiled from.", percent=("share",))
-    groups = [{**g, "group": f"{_short(g['corpus'], c.corpus_column)} · {g['lang']} · {g['task']}"} for g in c.groups]
+               "each row was compiled from (the shortest end of its path that tells the files apart).",
+               percent=("share",))
+    groups = [{**g, "group": f"{g['corpus']} · {g['lang']} · {g['task']}"} for g in c.groups]
     page.chart(alt.Chart(_data(alt, groups)).mark_bar().encode(
         x=alt.X("hours:Q", title="hours"), y=alt.Y("group:N", sort="-x", title=None),
         color=alt.Color("lang:N", title="lang"),
@@ -207,10 +208,6 @@ def corpus_section(page: Page, c: CorpusAggregates, rejects: list[RejectsAggrega
                   f"{'holds' if len(rejects) == 1 else 'hold'} no rows.", "line rejects-none")
     page.close_section()
 
-
-def _short(corpus: str, named: bool) -> str:
-    """A corpus's label on a chart axis: its name, or its source file's name without folders."""
-    return corpus if named else corpus.rsplit("/", 1)[-1]
 
 
 def _round(x: float | None, digits: int = 3) -> float | None:
