@@ -39,9 +39,11 @@ class BucketAggregates:
     #: rows the padding was measured on, of ``rows``
     measured_rows: int
     rows: int
-    #: rows carried up to a later bucket (a bucket's tail of at most half a batch), buckets
-    #: left empty by it (``emptied``: every row carried on) and buckets no row falls in
+    #: rows carried up to a later bucket (a bucket's tail of at most half a batch); buckets
+    #: holding no row (``empty``): left empty by the carry (``emptied``: every row carried on)
+    #: or with no row in their range (``unfilled``)
     carried: int = 0
+    empty: int = 0
     emptied: int = 0
     unfilled: int = 0
 
@@ -107,5 +109,6 @@ def bucket_section(rows: BucketRows, spec: BucketSpec, name: str,
                 "batches": v["num_batches"], "mean_batch": v["mean_batch_size"], "excluded": v.get("excluded", 0)}
                for k, v in rep["schemes"].items()]
     return BucketAggregates(name, dict(spec.batch_size_source), table, schemes, breakdown, rows.d.shape[0], n,
-                            carried=carried, emptied=int(((final == 0) & (before > 0)).sum()),
+                            carried=carried, empty=int((final == 0).sum()),
+                            emptied=int(((final == 0) & (before > 0)).sum()),
                             unfilled=int((before == 0).sum()))

@@ -321,9 +321,8 @@ def buckets_section(page: Page, b: BucketAggregates, c: CorpusAggregates) -> Non
     ).properties(width=WIDE - 150, height=220), "Padding per bucket",
                "Audio and token padding of each bucket's batches (2D scheme). Audio padding: "
                + GLOSSARY["audio padding"])
-    empty = len(b.buckets) - len(nonempty)
-    if empty:
-        page.line(_empty_buckets_text(b, empty), "line empty-buckets")
+    if b.empty:
+        page.line(_empty_buckets_text(b), "line empty-buckets")
     page.table("Per bucket", [("bucket", "bucket"), ("min_duration", "> duration (s)"),
                               ("max_duration", "<= duration (s)"), ("max_tokens", "<= tokens"),
                               ("utterances", "utterances"), ("hours", "hours"), ("batch_size", "batch size"),
@@ -356,8 +355,8 @@ def buckets_section(page: Page, b: BucketAggregates, c: CorpusAggregates) -> Non
     page.close_section()
 
 
-def _empty_buckets_text(b: BucketAggregates, empty: int) -> str:
-    """Why ``empty`` of the buckets hold no utterances: carried rows, or none in their range."""
+def _empty_buckets_text(b: BucketAggregates) -> str:
+    """Why some buckets hold no utterances: carried rows, or none in their range."""
     why = []
     if b.emptied:
         why.append(f"{b.emptied} lost all their rows to carrying ({b.carried:,} rows carried up in all: a bucket's "
@@ -366,7 +365,7 @@ def _empty_buckets_text(b: BucketAggregates, empty: int) -> str:
                    "corpus a whole sub-bucket is such a tail)")
     if b.unfilled:
         why.append(f"{b.unfilled} have no utterance in their duration x tokens range")
-    return f"{empty} of {len(b.buckets)} buckets hold no utterances: " + "; ".join(why) + \
+    return f"{b.empty} of {len(b.buckets)} buckets hold no utterances: " + "; ".join(why) + \
         ". They are left out of the padding chart; a larger corpus fills them."
 
 

@@ -30,7 +30,7 @@ from manifests.manifest_write import write_manifest, write_rejects
 from manifests.plan_meta import read_plan_meta
 
 pytest.importorskip("altair", reason="the report extra (altair) is not installed")
-from dataprep.report.page import render_page  # noqa: E402
+from dataprep.report.page import render_page
 
 WEIGHTS = {"c0": 3.0, "c1": 1.0, "c2": 1.0}
 
@@ -55,14 +55,14 @@ def blend(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def charts(page: str) -> dict[str, dict[str, Any]]:
     """Each chart's Vega-Lite spec by its caption."""
     specs = json.loads(re.search(r'<script type="application/json" id="report-specs">(.*?)</script>', page,
-                                 re.S).group(1))
+                                 re.DOTALL).group(1))
     return {html.unescape(t): specs[cid] for t, cid in
             re.findall(r'<figcaption>([^<]*)</figcaption><div class="chart" id="(chart-\d+)">', page)}
 
 
 def table(page: str, caption: str) -> tuple[list[str], list[list[str]]]:
     """A table's headers and cells (text) by its caption."""
-    m = re.search(re.escape(caption) + r"</figcaption>.*?<thead>(.*?)</thead><tbody>(.*?)</tbody>", page, re.S)
+    m = re.search(re.escape(caption) + r"</figcaption>.*?<thead>(.*?)</thead><tbody>(.*?)</tbody>", page, re.DOTALL)
     assert m, caption
     heads = [html.unescape(h) for h in re.findall(r"<th[^>]*>(.*?)</th>", m.group(1))]
     rows = [[html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r)] for r in re.findall(r"<tr>(.*?)</tr>",
@@ -170,6 +170,7 @@ def test_empty_buckets_are_explained_with_the_rows_carried(blend: dict[str, Any]
     assert b.emptied == int(((after == 0) & (before > 0)).sum()) > 0
     assert b.unfilled == int((before == 0).sum())
     empty = int((after == 0).sum())
+    assert b.empty == empty
     assert (f"{empty} of {len(b.buckets)} buckets hold no utterances: {b.emptied} lost all their rows to carrying "
             f"({b.carried:,} rows carried up in all") in html.unescape(blend["html"])
 
@@ -191,7 +192,7 @@ def test_streamed_empty_bucket_counts_equal_the_in_memory_ones(blend: dict[str, 
     one = bucket_section(held, spec, "b", blocks)
     two = bucket_section(streamed, spec, "b", blocks)
     assert streamed.exact and not held.exact
-    assert (one.carried, one.emptied, one.unfilled) == (two.carried, two.emptied, two.unfilled)
+    assert (one.carried, one.empty, one.emptied, one.unfilled) == (two.carried, two.empty, two.emptied, two.unfilled)
 
 
 def test_every_figure_name_is_defined_on_the_page(blend: dict[str, Any]) -> None:
