@@ -38,7 +38,8 @@ def report_cmd(
     """Write one HTML file (scripts and data inline: opens without a network, a few MB at most
     whatever the corpus) with the corpus (totals per corpus / language / task, distributions,
     a --max-tps slider, rejects by reason), the buckets (duration x tokens with the grid, batch
-    sizes and their source, padding per scheme) and the plan (steps, balance, ranks, simulate)."""
+    sizes and their source, padding per bucket and per scheme, empty buckets explained), the plan
+    (steps, balance, ranks, a blend's target against achieved shares, simulate) and a glossary."""
     sizes = parse_world_sizes("--world-sizes", world_sizes)
     inputs = {"MANIFEST": manifest, "--buckets": buckets, "--plan": plan,
               **{f"--rejects {p}": p for p in rejects or []}}

@@ -61,8 +61,14 @@ TPS_POSITIONS = 240
 #: examples kept per reject reason, and characters kept of each field
 REJECT_EXAMPLES = 3
 EXAMPLE_CHARS = 160
-#: the corpus of a row: its ``origin`` without the trailing ``:line`` (or ``:member``)
-CORPUS_EXPR = pl.col("origin").fill_null("(unknown)").str.replace(r":[^:/]*$", "")
+#: the source file of a row: its ``origin`` without the trailing ``:line`` (or ``:member``)
+SOURCE_EXPR = pl.col("origin").fill_null("(unknown)").str.replace(r":[^:/]*$", "")
+
+
+def corpus_expr(columns: Sequence[str]) -> pl.Expr:
+    """The corpus of a row: its ``corpus`` column (the blend's names) where the manifest has
+    one, else its source file (:data:`SOURCE_EXPR`)."""
+    return pl.col("corpus").fill_null(SOURCE_EXPR) if "corpus" in columns else SOURCE_EXPR
 
 
 def _zero_nan(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -136,6 +142,8 @@ class CorpusAggregates:
     tps_cut: list[dict[str, float]]
     grid2d: dict[str, Any]
     stats: ManifestStats
+    #: whether corpora are named by the manifest's ``corpus`` column (else by source file)
+    corpus_column: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,8 +159,9 @@ class Corpora:
     order: npt.NDArray[np.int32]
 
 
-#: the columns the corpus groups are read from (``lang`` / ``task``: "-" where absent)
-GROUP_COLUMNS = ("origin", "lang", "task")
+#: the columns the corpus groups are read from (``lang`` / ``task``: "-" where absent; ``corpus``
+#: names the corpus where present, else the source file in ``origin`` does)
+GROUP_COLUMNS = ("origin", "lang", "task", "corpus")
 
 
 class CorpusGroups:
@@ -167,15 +176,18 @@ class CorpusGroups:
         self.keep_codes = codes
         self._parts: list[pl.DataFrame] = []
         self._index: dict[str, int] = {}  # corpus -> code in order of first appearance
+        #: whether the rows name their corpus (a ``corpus`` column), else their source files do
+        self.named = False
 
     def add(self, block: pa.Table | pl.DataFrame) -> npt.NDArray[np.int32] | None:
         """Group the block; with ``codes``, return its rows' corpora as codes in order of first
         appearance (:attr:`Corpora.order` maps them to the sorted names)."""
         f = block if isinstance(block, pl.DataFrame) else pl.from_arrow(block)
         assert isinstance(f, pl.DataFrame)
-        keys = f.select(CORPUS_EXPR.alias("corpus"),
+        self.named = self.named or "corpus" in f.columns
+        keys = f.select(corpus_expr(f.columns).alias("corpus"),
                         *[(pl.col(c).cast(pl.String) if c in f.columns else pl.lit(None, pl.String)).fill_null("-")
-                          .alias(c) for c in GROUP_COLUMNS[1:]],
+                          .alias(c) for c in ("lang", "task")],
                         pl.col("duration").cast(pl.Float64).fill_nan(None),
                         pl.col("num_tokens").cast(pl.Float64).fill_nan(None).cast(pl.Int64))
         part = (keys.group_by("corpus", "lang", "task", maintain_order=True)
@@ -200,7 +212,8 @@ class CorpusGroups:
     def result(self) -> Corpora:
         """The groups, largest first (more than :data:`MAX_GROUPS`: the smallest summed into
         one ``(other: N groups)`` row), the corpora's names in order and the map of codes to
-        them (no rows' codes)."""
+        them (no rows' codes). Source files (no ``corpus`` column) are named by the shortest
+        end of their paths that tells them apart (``train.jsonl``, ``a/train.jsonl``)."""
         g = (pl.concat(self._parts)
              .group_by("corpus", "lang", "task", maintain_order=True)
              .agg(pl.col("utterances").sum(), (pl.col("seconds").sum() / 3600).alias("hours"), pl.col("tokens").sum())
@@ -219,7 +232,33 @@ class CorpusGroups:
         order = np.zeros(len(self._index), np.int32)  # first-appearance code -> index into the sorted names
         if self.keep_codes:
             order[[self._index[n] for n in names]] = np.arange(len(names), dtype=np.int32)
+        if not self.named:
+            short = short_paths(names)
+            names = [short[n] for n in names]
+            groups = [{**g, "corpus": short.get(g["corpus"], g["corpus"])} for g in groups]
         return Corpora(names, np.zeros(0, np.int32), groups, order)
+
+
+def short_paths(paths: Sequence[str]) -> dict[str, str]:
+    """Each path -> its shortest end (last folder levels) that no other path of ``paths`` ends
+    with: distinct paths keep distinct names."""
+    parts = {p: p.split("/") for p in paths}
+    out: dict[str, str] = {}
+    k = 1
+    left = list(paths)
+    while left:
+        ends = {p: "/".join(parts[p][-k:]) for p in paths}
+        seen: dict[str, int] = {}
+        for e in ends.values():
+            seen[e] = seen.get(e, 0) + 1
+        rest = []
+        for p in left:
+            if seen[ends[p]] == 1 or k >= len(parts[p]):
+                out[p] = ends[p]
+            else:
+                rest.append(p)
+        left, k = rest, k + 1
+    return out
 
 
 def corpora(manifest: str | os.PathLike[str], *, codes: bool = True, block_rows: int = REPORT_BLOCK_ROWS) -> Corpora:
@@ -423,7 +462,8 @@ def corpus_aggregates(manifest: str | os.PathLike[str], spec: BucketSpec | None 
         manifest=Path(manifest).name, content_hash=manifest_hash(manifest),
         totals={"utterances": n, "hours": _r(stats.hours, 4), "tokens": ext.tokens},
         groups=corp.groups, histograms=[h.histogram(c) for h, c in zip(hists, SECTION1_COLUMNS)],
-        tps_cut=cut.table(n, stats.hours) if cut is not None else [], grid2d=grid.table(spec), stats=stats)
+        tps_cut=cut.table(n, stats.hours) if cut is not None else [], grid2d=grid.table(spec), stats=stats,
+        corpus_column="corpus" in present)
     return agg, corp
 
 

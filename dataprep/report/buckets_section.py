@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from bucketing.allocate import allocate
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from bucketing.plan import PlanError
@@ -38,6 +39,13 @@ class BucketAggregates:
     #: rows the padding was measured on, of ``rows``
     measured_rows: int
     rows: int
+    #: rows carried up to a later bucket (a bucket's tail of at most half a batch); buckets
+    #: holding no row (``empty``): left empty by the carry (``emptied``: every row carried on)
+    #: or with no row in their range (``unfilled``)
+    carried: int = 0
+    empty: int = 0
+    emptied: int = 0
+    unfilled: int = 0
 
 
 def batch_size_origin(source: dict[str, Any]) -> str:
@@ -62,6 +70,7 @@ def bucket_section(rows: BucketRows, spec: BucketSpec, name: str,
     bucket are always exact (every row allocated and tails carried as the padding report
     does; ``blocks`` gives the rows again when carried tails need a second pass)."""
     n = rows.num_rows
+    grid = grid_from_spec(spec)
     try:
         rep = spec_padding_report(rows.d, rows.t, spec, dynamic_resolution=DynResConfig())
         if rows.exact:
@@ -71,12 +80,17 @@ def bucket_section(rows: BucketRows, spec: BucketSpec, name: str,
             exact_h = rows.seconds / 3600.0
             rep["per_bucket"] = [{**pb, "num_rows": int(rows.counts[i]), "hours": float(exact_h[i])}
                                  for i, pb in enumerate(rep["per_bucket"])]
+            carried, allocated = rows.carried, rows.allocated
+        else:  # every row is in memory: the same allocation the padding report carried from
+            al = allocate(rows.d, rows.t, grid).bucket
+            carried, allocated = int(rep["carried"]), np.bincount(al[al >= 0], minlength=grid.num_buckets)
     except PlanError as exc:
         raise DataprepError(f"{name}: cannot plan: {exc}") from None
     except ValueError as exc:
         raise DataprepError(f"{name}: {exc}") from None
     origin = batch_size_origin(spec.batch_size_source)
-    grid = grid_from_spec(spec)
+    final = np.asarray([pb["num_rows"] for pb in rep["per_bucket"]], dtype=np.int64)
+    before = allocated if allocated is not None else final
     table, breakdown = [], []
     for b, pb in zip(spec.buckets, rep["per_bucket"]):
         lo = grid.min_duration[b.index]
@@ -94,4 +108,7 @@ def bucket_section(rows: BucketRows, spec: BucketSpec, name: str,
     schemes = [{"scheme": k, "audio_padding": v["audio_padding"], "token_padding": v["token_padding"],
                 "batches": v["num_batches"], "mean_batch": v["mean_batch_size"], "excluded": v.get("excluded", 0)}
                for k, v in rep["schemes"].items()]
-    return BucketAggregates(name, dict(spec.batch_size_source), table, schemes, breakdown, rows.d.shape[0], n)
+    return BucketAggregates(name, dict(spec.batch_size_source), table, schemes, breakdown, rows.d.shape[0], n,
+                            carried=carried, empty=int((final == 0).sum()),
+                            emptied=int(((final == 0) & (before > 0)).sum()),
+                            unfilled=int((before == 0).sum()))

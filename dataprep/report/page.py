@@ -21,7 +21,8 @@ from typing import Any
 
 from dataprep.report.aggregates import CorpusAggregates, RejectsAggregates, ReportData
 from dataprep.report.buckets_section import BucketAggregates, batch_size_origin
-from dataprep.report.plan_section import PlanAggregates
+from dataprep.report.page_assets import CSS, GLOSSARY, JS, term_id
+from dataprep.report.plan_section import MAX_SHARE_EPOCHS, PlanAggregates
 from manifests.atomic_files import atomic_path
 from manifests.errors import DataprepError
 
@@ -70,7 +71,10 @@ class Page:
     def table(self, title: str, columns: Sequence[tuple[str, str]], rows: Iterable[dict[str, Any]],
               note: str = "", percent: Sequence[str] = ()) -> None:
         """A sortable table; ``columns`` are (key, header); numbers right-aligned, the keys in
-        ``percent`` (shares 0..1) shown as percentages."""
+        ``percent`` (shares 0..1) shown as percentages. A column with no value in any row is
+        left out."""
+        rows = list(rows)
+        columns = [(k, h) for k, h in columns if any(r.get(k) is not None for r in rows)]
         head = "".join(f'<th scope="col">{_e(h)}</th>' for _, h in columns)
         body = "".join("<tr>" + "".join(_td(r.get(k), k in percent) for k, _ in columns) + "</tr>" for r in rows)
         self.parts.append(f'<figure class="fig" data-kind="table"><figcaption>{_e(title)}</figcaption>'
@@ -78,10 +82,15 @@ class Page:
                           f'<tbody>{body}</tbody></table></div>{_note(note)}</figure>')
 
     def figures(self, items: Sequence[tuple[str, Any]]) -> None:
-        """A row of headline figures (label, value)."""
-        cells = "".join(f'<div class="kpi"><div class="v">{_e(_fmt(v))}</div><div class="k">{_e(k)}</div></div>'
+        """A row of headline figures (label, value); a label of the glossary links to its
+        definition and shows it on hover."""
+        cells = "".join(f'<div class="kpi"><div class="v">{_e(_fmt(v))}</div><div class="k">{_term(k)}</div></div>'
                         for k, v in items)
         self.parts.append(f'<div class="kpis">{cells}</div>')
+
+    def line(self, text: str, cls: str = "line") -> None:
+        """A line of text in the section."""
+        self.parts.append(f'<p class="{cls}">{_e(text)}</p>')
 
     def open_section(self, sid: str, title: str, intro: str) -> None:
         self.parts.append(f'<details open class="section" id="{sid}"><summary><h2>{_e(title)}</h2></summary>'
@@ -93,6 +102,22 @@ class Page:
 
 def _e(s: Any) -> str:
     return html.escape(str(s), quote=True)
+
+
+def _term(label: str) -> str:
+    """``label``, linked to its glossary entry (definition as the tooltip) when it has one;
+    a label "term (detail)" links its term."""
+    term = label.split(" (")[0]
+    if term not in GLOSSARY:
+        return _e(label)
+    return f'<a class="term" href="#{term_id(term)}" title="{_e(GLOSSARY[term])}">{_e(label)}</a>'
+
+
+def glossary(terms: Sequence[str] = tuple(GLOSSARY)) -> str:
+    """The page's glossary: each term and its definition, visible."""
+    items = "".join(f'<dt id="{term_id(t)}">{_e(t)}</dt><dd>{_e(GLOSSARY[t])}</dd>' for t in terms)
+    return (f'<section class="terms" id="terms"><h2>Terms</h2><p class="intro">What the figures on this page '
+            f'mean.</p><dl class="terms">{items}</dl></section>')
 
 
 def _note(note: str) -> str:
@@ -120,7 +145,8 @@ def _td(v: Any, percent: bool = False) -> str:
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.2f}%"
+    """A share 0..1 as a percentage (2 decimals; never "-0.00%")."""
+    return "-" if x is None else f"{100 * x + 0.0:.2f}%".replace("-0.00%", "0.00%")
 
 
 def _data(alt: Any, rows: list[dict[str, Any]]) -> Any:
@@ -134,14 +160,18 @@ def corpus_section(page: Page, c: CorpusAggregates, rejects: list[RejectsAggrega
     page.open_section("corpus", "Corpus",
                       f"{c.manifest} (content hash {c.content_hash[:12]}...): what the manifest holds, "
                       "its distributions, what a TPS cutoff would keep, and what was rejected.")
+    rejected = sum(r.rows for r in rejects)
     page.figures([("utterances", c.totals["utterances"]), ("hours", c.totals["hours"]),
-                  ("tokens", c.totals["tokens"]), ("corpora / lang / task groups", len(c.groups)),
-                  ("rejected rows", sum(r.rows for r in rejects) if rejects else None)])
+                  ("tokens", c.totals["tokens"]), ("corpus / lang / task groups", len(c.groups)),
+                  *([("rejected rows", rejected)] if rejected else [])])
+    named = "corpus" if c.corpus_column else "corpus (source file)"
     page.table("Per corpus, language and task (largest first)",
-               [("corpus", "corpus (source)"), ("lang", "lang"), ("task", "task"), ("utterances", "utterances"),
+               [("corpus", named), ("lang", "lang"), ("task", "task"), ("utterances", "utterances"),
                 ("hours", "hours"), ("tokens", "tokens"), ("share", "share of hours")], c.groups,
+               "" if c.corpus_column else "The manifest has no corpus column: corpora are named by the file "
+               "each row was compiled from (the shortest end of its path that tells the files apart).",
                percent=("share",))
-    groups = [{**g, "group": f"{g['corpus'].rsplit('/', 1)[-1]} · {g['lang']} · {g['task']}"} for g in c.groups]
+    groups = [{**g, "group": f"{g['corpus']} · {g['lang']} · {g['task']}"} for g in c.groups]
     page.chart(alt.Chart(_data(alt, groups)).mark_bar().encode(
         x=alt.X("hours:Q", title="hours"), y=alt.Y("group:N", sort="-x", title=None),
         color=alt.Color("lang:N", title="lang"),
@@ -171,9 +201,13 @@ def corpus_section(page: Page, c: CorpusAggregates, rejects: list[RejectsAggrega
                  "p50": _round(b.tps_median), "p90": _round(b.tps_p90)} for b in c.stats.tps_by_duration])
     if c.tps_cut:
         tps_cut_chart(page, alt, c)
-    if rejects:
+    if rejected:
         rejects_part(page, alt, rejects)
+    elif rejects:
+        page.line(f"No rows rejected: {', '.join(r.file for r in rejects)} "
+                  f"{'holds' if len(rejects) == 1 else 'hold'} no rows.", "line rejects-none")
     page.close_section()
+
 
 
 def _round(x: float | None, digits: int = 3) -> float | None:
@@ -201,8 +235,8 @@ def tps_cut_chart(page: Page, alt: Any, c: CorpusAggregates) -> None:
                  alt.Tooltip("kept_hours:Q", format=",.2f", title="hours kept"),
                  alt.Tooltip("hours_share:Q", format=".2%", title="hours kept (share)")],
     ).transform_filter(alt.datum.max_tps == cut)
-    label = base.mark_text(align="right", fontSize=13, fontWeight="bold").encode(
-        x=alt.value(WIDE - 160), y=alt.value(200), text=alt.Text("label:N"),
+    label = base.mark_text(align="right", baseline="bottom", dx=-6, dy=-8, fontSize=13, fontWeight="bold").encode(
+        x=alt.value("width"), y=alt.value("height"), text=alt.Text("label:N"),
     ).transform_filter(alt.datum.max_tps == cut).transform_calculate(
         label="'keeps ' + format(datum.kept, ',') + ' utterances (' + format(datum.share, '.2%') + '), '"
               " + format(datum.kept_hours, ',.1f') + ' h'")
@@ -224,7 +258,7 @@ def tps_cut_chart(page: Page, alt: Any, c: CorpusAggregates) -> None:
 
 
 def rejects_part(page: Page, alt: Any, rejects: list[RejectsAggregates]) -> None:
-    rows = [{"file": r.file, **x} for r in rejects for x in r.reasons]
+    rows = [{"file": r.file, **x} for r in rejects for x in r.reasons if x["rows"]]
     page.chart(alt.Chart(_data(alt, rows)).mark_bar().encode(
         x=alt.X("rows:Q", title="rejected rows"), y=alt.Y("reason:N", sort="-x", title=None),
         color=alt.Color("file:N", title="rejects file"),
@@ -274,6 +308,21 @@ def buckets_section(page: Page, b: BucketAggregates, c: CorpusAggregates) -> Non
                  alt.Tooltip("utterances:Q", format=","), alt.Tooltip("audio_padding:Q", format=".2%"),
                  alt.Tooltip("token_padding:Q", format=".2%")],
     ).properties(width=WIDE - 150, height=200), "Batch size per bucket")
+    nonempty = [x for x in b.buckets if x["utterances"]]
+    padding = [{**x, "kind": k, "padding": x[f"{k}_padding"]} for x in nonempty for k in ("audio", "token")]
+    page.chart(alt.Chart(_data(alt, padding)).mark_bar().encode(
+        x=alt.X("bucket:O", title="bucket (those holding utterances)", axis=alt.Axis(labelOverlap=True)),
+        xOffset=alt.XOffset("kind:N", sort=["audio", "token"]),
+        y=alt.Y("padding:Q", title="padding", axis=alt.Axis(format="%")),
+        color=alt.Color("kind:N", title="padding of", scale=alt.Scale(domain=["audio", "token"],
+                                                                      range=["#3b75af", "#f58518"])),
+        tooltip=["bucket:Q", "kind:N", alt.Tooltip("padding:Q", format=".2%"), "min_duration:Q", "max_duration:Q",
+                 "max_tokens:Q", alt.Tooltip("utterances:Q", format=","), "batch_size:Q", "batches:Q"],
+    ).properties(width=WIDE - 150, height=220), "Padding per bucket",
+               "Audio and token padding of each bucket's batches (2D scheme). Audio padding: "
+               + GLOSSARY["audio padding"])
+    if b.empty:
+        page.line(_empty_buckets_text(b), "line empty-buckets")
     page.table("Per bucket", [("bucket", "bucket"), ("min_duration", "> duration (s)"),
                               ("max_duration", "<= duration (s)"), ("max_tokens", "<= tokens"),
                               ("utterances", "utterances"), ("hours", "hours"), ("batch_size", "batch size"),
@@ -306,6 +355,20 @@ def buckets_section(page: Page, b: BucketAggregates, c: CorpusAggregates) -> Non
     page.close_section()
 
 
+def _empty_buckets_text(b: BucketAggregates) -> str:
+    """Why some buckets hold no utterances: carried rows, or none in their range."""
+    why = []
+    if b.emptied:
+        why.append(f"{b.emptied} lost all their rows to carrying ({b.carried:,} rows carried up in all: a bucket's "
+                   "tail beyond a multiple of its batch size, when at most half a batch, moves to the next "
+                   "sub-bucket of its duration that holds its tokens, so no small batch is formed; on a small "
+                   "corpus a whole sub-bucket is such a tail)")
+    if b.unfilled:
+        why.append(f"{b.unfilled} have no utterance in their duration x tokens range")
+    return f"{b.empty} of {len(b.buckets)} buckets hold no utterances: " + "; ".join(why) + \
+        ". They are left out of the padding chart; a larger corpus fills them."
+
+
 def _source_text(src: dict[str, Any]) -> str:
     what = batch_size_origin(src)
     extra = {"budget": f" (padded budget {src.get('max_duration', '?')} s per batch)",
@@ -328,30 +391,7 @@ def plan_section(page: Page, p: PlanAggregates) -> None:
                   ("idle", _pct(e0["idle"])), ("same-bucket steps", _pct(e0["same_bucket"])),
                   ("balance (max/mean)", round(e0["balance_mean"], 3)), ("audio padding", _pct(s["padding_audio"])),
                   ("token padding", _pct(s["padding_tokens"])), ("dropped rows", s["dropped_rows"])])
-    unit = "step" if p.step_window == 1 else f"window of {p.step_window} steps"
-    base = alt.Chart(_data(alt, p.steps))
-    tips = [alt.Tooltip("step:Q", title="first step" if p.step_window > 1 else "step"), "bucket:Q",
-            alt.Tooltip("buckets:Q", title="buckets at the step"), alt.Tooltip("batch:Q", title="mean batch"),
-            alt.Tooltip("time_max:Q", title="step time (s)", format=".3f"),
-            alt.Tooltip("time_mean:Q", title="mean rank time (s)", format=".3f"),
-            alt.Tooltip("balance:Q", title="balance", format=".3f")]
-    x = alt.X("step:Q", title="step of epoch 0")
-    times = base.transform_fold(["time_max", "time_mean"], as_=["figure", "seconds"]).transform_calculate(
-        rank="datum.figure == 'time_max' ? 'slowest rank' : 'mean rank'").mark_line(
-        interpolate="step-after").encode(x=x, y=alt.Y("seconds:Q", title="predicted time (s)"),
-                                         color=alt.Color("rank:N", title=None))
-    hover = base.mark_point(opacity=0, size=30).encode(x=x, y="time_max:Q", tooltip=tips)
-    batch = base.mark_bar().encode(x=x, y=alt.Y("batch:Q", title="mean batch"),
-                                   color=alt.Color("bucket:Q", title="bucket (rank 0)",
-                                                   scale=alt.Scale(scheme="viridis")), tooltip=tips)
-    bal = base.mark_line(color="#e4572e", interpolate="step-after").encode(
-        x=x, y=alt.Y("balance:Q", title="balance (max/mean)", scale=alt.Scale(zero=False)), tooltip=tips)
-    page.chart(alt.vconcat(alt.layer(times, hover).properties(width=WIDE - 150, height=180),
-                           batch.properties(width=WIDE - 150, height=120),
-                           bal.properties(width=WIDE - 150, height=100)).resolve_scale(color="independent"),
-               "Steps over epoch 0",
-               f"One point per {unit}: step time = slowest rank; balance = max / mean padded audio seconds "
-               "(batch size x longest utterance) over the ranks.")
+    steps_chart(page, alt, p)
     page.chart(alt.Chart(_data(alt, p.ranks)).mark_bar().encode(
         x=alt.X("rank:O", axis=alt.Axis(labelOverlap=True)), y=alt.Y("predicted_s:Q", title="predicted busy time (s)"),
         tooltip=["rank:Q", "batches:Q", alt.Tooltip("utterances:Q", format=","),
@@ -360,6 +400,8 @@ def plan_section(page: Page, p: PlanAggregates) -> None:
     page.table("Per rank totals, epoch 0", [("rank", "rank"), ("batches", "batches"), ("utterances", "utterances"),
                                             ("padded_hours", "padded hours"), ("predicted_s", "predicted busy (s)")],
                p.ranks)
+    if p.targets:
+        targets_part(page, alt, p)
     if p.shares:
         page.chart(alt.Chart(_data(alt, p.shares)).mark_bar().encode(
             x=alt.X("epoch:O"), y=alt.Y("hours_share:Q", title="share of hours", axis=alt.Axis(format="%")),
@@ -384,66 +426,74 @@ def plan_section(page: Page, p: PlanAggregates) -> None:
     page.close_section()
 
 
+def targets_part(page: Page, alt: Any, p: PlanAggregates) -> None:
+    """A weighted blend: each corpus's target probability against the share it got."""
+    bars = [{"corpus": t["corpus"], "what": what, "share": t[key], "weight": t["weight"], "target": t["target"],
+             "achieved": t["achieved"]}
+            for t in p.targets for what, key in (("target", "target"), ("achieved (epoch 0)", "achieved"))]
+    page.chart(alt.Chart(_data(alt, bars)).mark_bar().encode(
+        x=alt.X("corpus:N", title=None, sort=None), xOffset=alt.XOffset("what:N", sort=["target", "achieved (epoch 0)"]),
+        y=alt.Y("share:Q", title="share of the epoch's utterances", axis=alt.Axis(format="%")),
+        color=alt.Color("what:N", title=None, scale=alt.Scale(domain=["target", "achieved (epoch 0)"],
+                                                              range=["#9aa5b1", "#3b75af"])),
+        tooltip=["corpus:N", "weight:N", alt.Tooltip("target:Q", format=".2%"),
+                 alt.Tooltip("achieved:Q", format=".2%", title="achieved (epoch 0)")],
+    ).properties(width=WIDE - 350, height=200), "Blend: target against achieved share per corpus")
+    page.table("Blend: target and achieved per corpus",
+               [("corpus", "corpus"), ("weight", "weight"), ("target", "target"), ("achieved", "achieved (epoch 0)"),
+                ("achieved_min", "fewest (epochs)"), ("achieved_max", "most (epochs)"),
+                ("difference", "achieved - target"), ("quota", "quota / epoch"), ("rows", "rows"),
+                ("hours_share", "share of hours (epoch 0)")], p.targets,
+               "Target: the corpus's probability in the blend (weights down its path, raised to each level's "
+               "temperature, normalized); achieved: its share of the utterances each epoch planned "
+               f"(fewest and most over {_epochs(p)}).",
+               percent=("target", "achieved", "achieved_min", "achieved_max", "difference", "hours_share"))
+
+
+def _epochs(p: PlanAggregates) -> str:
+    n = min(p.summary["epochs"], MAX_SHARE_EPOCHS)
+    return "its epoch" if n == 1 else f"the {'first ' if n < p.summary['epochs'] else ''}{n} epochs"
+
+
+def steps_chart(page: Page, alt: Any, p: PlanAggregates) -> None:
+    """Epoch 0 step by step: predicted step times, mean batch coloured by rank 0's bucket
+    (categorical colours) and balance; every step (or window) spans [step, end) on an axis
+    of whole steps from 0 to the epoch's last step's end."""
+    unit = "step" if p.step_window == 1 else f"window of {p.step_window} steps"
+    last = p.steps[-1]["end"] if p.steps else 1
+    # the step lines end at the last step's end: its values repeated there
+    ends = p.steps + ([{**p.steps[-1], "step": last}] if p.steps else [])
+    tips = [alt.Tooltip("step:Q", title="first step" if p.step_window > 1 else "step"), "bucket:N",
+            alt.Tooltip("buckets:Q", title="buckets at the step"), alt.Tooltip("batch:Q", title="mean batch"),
+            alt.Tooltip("time_max:Q", title="step time (s)", format=".3f"),
+            alt.Tooltip("time_mean:Q", title="mean rank time (s)", format=".3f"),
+            alt.Tooltip("balance:Q", title="balance", format=".3f")]
+    x = alt.X("step:Q", title="step of epoch 0", scale=alt.Scale(domain=[0, last], nice=False),
+              axis=alt.Axis(tickMinStep=1, format="d"))
+    lines = alt.Chart(_data(alt, ends))
+    times = lines.transform_fold(["time_max", "time_mean"], as_=["figure", "seconds"]).transform_calculate(
+        rank="datum.figure == 'time_max' ? 'slowest rank' : 'mean rank'").mark_line(
+        interpolate="step-after").encode(x=x, y=alt.Y("seconds:Q", title="predicted time (s)"),
+                                         color=alt.Color("rank:N", title=None))
+    base = alt.Chart(_data(alt, p.steps))
+    hover = base.mark_rect(opacity=0).encode(x=x, x2="end:Q", tooltip=tips)
+    batch = base.mark_rect(stroke="white", strokeWidth=0.5).encode(
+        x=x, x2="end:Q", y=alt.Y("batch:Q", title="mean batch"), y2=alt.datum(0),
+        color=alt.Color("bucket:N", title="bucket (rank 0)", scale=alt.Scale(scheme="tableau20"),
+                        legend=alt.Legend(columns=3, symbolLimit=60)), tooltip=tips)
+    bal = lines.mark_line(color="#e4572e", interpolate="step-after").encode(
+        x=x, y=alt.Y("balance:Q", title="balance (max/mean)", scale=alt.Scale(zero=False)))
+    page.chart(alt.vconcat(alt.layer(times, hover).properties(width=WIDE - 150, height=180),
+                           batch.properties(width=WIDE - 150, height=120),
+                           alt.layer(bal, hover).properties(width=WIDE - 150, height=100)
+                           ).resolve_scale(color="independent"),
+               "Steps over epoch 0",
+               f"One bar or level per {unit}, from its first step to the next ({last:,} steps in all): step time = "
+               "slowest rank; colour = rank 0's bucket; balance = max / mean padded audio seconds "
+               "(batch size x longest utterance) over the ranks.")
+
+
 # --- the page ------------------------------------------------------------------------------
-
-_CSS = """
-:root{--fg:#1d2430;--mut:#5b6573;--line:#d9dee5;--bg:#fff;--acc:#3b75af}
-*{box-sizing:border-box}body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);
-background:var(--bg);margin:0 auto;max-width:1000px;padding:16px 24px 48px}
-h1{font-size:22px;margin:8px 0 4px}h2{display:inline;font-size:18px;margin:0}
-header p{margin:2px 0;color:var(--mut)}nav{margin:10px 0 4px}nav a{margin-right:14px;color:var(--acc)}
-details.section{border-top:2px solid var(--line);padding:8px 0 4px;margin-top:14px}
-summary{cursor:pointer;padding:4px 0}.intro{color:var(--mut);margin:4px 0 8px}
-.fig{margin:14px 0;break-inside:avoid;page-break-inside:avoid}figcaption{font-weight:600;margin-bottom:6px}
-.note{color:var(--mut);font-size:12.5px;margin:4px 0}
-.kpis{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0}.kpi{border:1px solid var(--line);border-radius:6px;
-padding:6px 12px;min-width:110px}.kpi .v{font-size:18px;font-weight:600}.kpi .k{color:var(--mut);font-size:12px}
-.scroll{max-height:420px;overflow:auto;border:1px solid var(--line);border-radius:4px}
-table{border-collapse:collapse;width:100%;font-size:12.5px}th,td{padding:3px 8px;border-bottom:1px solid var(--line);
-text-align:left;vertical-align:top}td.n{text-align:right;font-variant-numeric:tabular-nums}
-th{position:sticky;top:0;background:#f4f6f9;cursor:pointer;user-select:none;white-space:nowrap}
-th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
-td{word-break:break-word}td.n{white-space:nowrap}.vega-bindings{margin:6px 0 0 40px}.vega-bind-name{font-weight:600}
-.chart{overflow-x:auto}
-@media print{@page{size:A4;margin:12mm}body{max-width:none;padding:0;font-size:11px}nav{display:none}
-.scroll{max-height:none;overflow:visible;border:0}th{position:static}summary{list-style:none}
-.vega-bindings{display:none}details.section{break-before:page}details.section:first-of-type{break-before:auto}
-.chart{overflow:visible}.chart svg{max-width:100%;height:auto}}
-"""
-
-_JS = r"""
-(function(){
-  var state = window.__report = {ready:false, errors:[], charts:0};
-  window.addEventListener('error', function(e){ state.errors.push(String(e.message || e)); });
-  var specs = JSON.parse(document.getElementById('report-specs').textContent);
-  var jobs = Object.keys(specs).map(function(id){
-    return vegaEmbed('#' + id, specs[id], {renderer:'svg', actions:false})
-      .then(function(){ state.charts += 1; })
-      .catch(function(e){ state.errors.push(id + ': ' + e); });
-  });
-  Promise.all(jobs).then(function(){ state.ready = true; state.ms = performance.now();
-    document.body.setAttribute('data-ready', '1'); });
-  function key(td){ var v = td.getAttribute('data-v'); return v === null ? td.textContent : parseFloat(v); }
-  document.querySelectorAll('table.sortable').forEach(function(table){
-    table.querySelectorAll('th').forEach(function(th, col){
-      th.addEventListener('click', function(){
-        var asc = th.getAttribute('aria-sort') !== 'ascending';
-        table.querySelectorAll('th').forEach(function(o){ o.removeAttribute('aria-sort'); });
-        th.setAttribute('aria-sort', asc ? 'ascending' : 'descending');
-        var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
-        rows.sort(function(a, b){
-          var x = key(a.cells[col]), y = key(b.cells[col]);
-          var c = (typeof x === 'number' && typeof y === 'number') ? x - y : String(x).localeCompare(String(y));
-          return asc ? c : -c; });
-        rows.forEach(function(r){ body.appendChild(r); });
-      });
-    });
-  });
-  window.addEventListener('beforeprint', function(){
-    document.querySelectorAll('details').forEach(function(d){ d.open = true; }); });
-})();
-"""
-
 
 def render_page(data: ReportData, title: str = "speech-dataprep report") -> str:
     """The whole page as a string."""
@@ -454,7 +504,7 @@ def render_page(data: ReportData, title: str = "speech-dataprep report") -> str:
     if data.plan is not None:
         plan_section(page, data.plan)
     nav = [("corpus", "Corpus")] + ([("buckets", "Buckets")] if data.buckets else []) + \
-        ([("plan", "Plan")] if data.plan else [])
+        ([("plan", "Plan")] if data.plan else []) + [("terms", "Terms")]
     inputs = [f"manifest {data.corpus.manifest}"] + [f"rejects {r.file}" for r in data.rejects] + \
         ([f"buckets {data.buckets.file}"] if data.buckets else [])
     specs = json.dumps(page.specs, separators=(",", ":"), sort_keys=True, ensure_ascii=False).replace("<", "\\u003c")
@@ -462,12 +512,13 @@ def render_page(data: ReportData, title: str = "speech-dataprep report") -> str:
         '<!doctype html><html lang="en"><head><meta charset="utf-8">',
         f'<meta name="generator" content="{GENERATOR}">',
         '<meta name="viewport" content="width=device-width,initial-scale=1">',
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
         f"<header><h1>{_e(title)}</h1><p>{_e(' · '.join(inputs))}</p></header>",
         "<nav>" + "".join(f'<a href="#{i}">{_e(t)}</a>' for i, t in nav) + "</nav>",
         *page.parts,
+        glossary(),
         f'<script type="application/json" id="report-specs">{specs}</script>',
-        f"<script>{vega_bundle()}</script><script>{_JS}</script></body></html>\n",
+        f"<script>{vega_bundle()}</script><script>{JS}</script></body></html>\n",
     ])
 
 

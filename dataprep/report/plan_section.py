@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -57,12 +57,14 @@ class PlanAggregates:
     ranks: list[dict[str, Any]]
     shares: list[dict[str, Any]]
     simulate: list[dict[str, Any]]
+    #: per corpus of a weighted blend: its weight, target probability and the shares achieved
+    targets: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _step_rows(bucket: npt.NDArray[Any], size: npt.NDArray[Any], max_d: npt.NDArray[Any],
                times: npt.NDArray[np.float64]) -> tuple[list[dict[str, Any]], int]:
     """Per step (or window of steps when the epoch has more than :data:`MAX_STEP_POINTS`):
-    rank 0's bucket, buckets at the step, mean batch size, predicted step time (max over
+    its first step and the next one's (``end``: the epoch's steps for the last), rank 0's bucket, buckets at the step, mean batch size, predicted step time (max over
     ranks) and mean rank time, and balance (max / mean padded audio seconds)."""
     S = bucket.shape[0]
     padded = size * max_d
@@ -80,7 +82,8 @@ def _step_rows(bucket: npt.NDArray[Any], size: npt.NDArray[Any], max_d: npt.NDAr
                    else np.add.reduceat(v, starts) / np.diff(np.append(starts, S))) for k, v in per.items()}
     else:
         starts = np.arange(S)
-    rows = [{"step": int(s), "bucket": int(round(per["bucket"][i])), "buckets": int(per["buckets"][i]),
+    ends = np.append(starts[1:], S)
+    rows = [{"step": int(s), "end": int(ends[i]), "bucket": int(round(per["bucket"][i])), "buckets": int(per["buckets"][i]),
              "batch": _r(per["batch"][i], 2), "time_max": _r(per["time_max"][i], 4),
              "time_mean": _r(per["time_mean"][i], 4), "balance": _r(per["balance"][i], 4)}
             for i, s in enumerate(starts)]
@@ -108,17 +111,55 @@ def share_table(n: npt.NDArray[np.int64], seconds: npt.NDArray[np.float64], name
     return out
 
 
+def _leaf_weights(node: Any, path: tuple[float, ...] = ()) -> dict[str, str]:
+    """Each corpus of a blend tree (``plan.json``'s ``weights.tree``) with its weight down its
+    path ("0.7 × 960" when nested; "-" where a list mixes without weights)."""
+    if not isinstance(node, dict):
+        return {}
+    here = path + ((node["weight"],) if isinstance(node.get("weight"), (int, float)) else ())
+    if "corpus" in node:
+        return {str(node["corpus"]): " × ".join(f"{w:g}" for w in here) or "-"}
+    out: dict[str, str] = {}
+    for child in node.get("children") or []:
+        out.update(_leaf_weights(child, here))
+    return out
+
+
+def target_table(weights: dict[str, Any], n: npt.NDArray[np.int64], seconds: npt.NDArray[np.float64],
+                 names: Sequence[str]) -> list[dict[str, Any]]:
+    """Per corpus of a weighted plan (``weights``: ``plan.json``'s ``weights``): its weight in
+    the blend, the target probability ``p`` and quota per epoch, and the shares of each
+    epoch's planned utterances it got (epoch 0, and the fewest and most over the epochs of
+    ``n``), with epoch 0's share of hours; ``achieved - target`` in share points."""
+    leaf = _leaf_weights(weights.get("tree"))
+    index = {c: i for i, c in enumerate(names)}
+    out = []
+    for c in weights.get("corpora") or []:
+        name = str(c["corpus"])
+        i = index.get(name)
+        share = (n[:, i] / np.maximum(n.sum(axis=1), 1)) if i is not None else np.zeros(n.shape[0])
+        hours = (seconds[0, i] / seconds[0].sum()) if i is not None and n.shape[0] and seconds[0].sum() else 0.0
+        target = float(c["probability"])
+        out.append({"corpus": name, "weight": leaf.get(name, "-"), "target": _r(target), "quota": int(c["quota"]),
+                    "rows": int(c["rows"]), "achieved": _r(float(share[0]) if share.size else 0.0),
+                    "achieved_min": _r(float(share.min()) if share.size else 0.0),
+                    "achieved_max": _r(float(share.max()) if share.size else 0.0),
+                    "hours_share": _r(float(hours)), "difference": _r((float(share[0]) if share.size else 0.0) - target)})
+    return out
+
+
 def corpus_shares(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: CorpusCodes, rows: SpillFiles,
-                  num_rows: int, memory_limit: int) -> list[dict[str, Any]]:
+                  num_rows: int, memory_limit: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Per epoch (the first :data:`MAX_SHARE_EPOCHS`) and corpus: the share of the epoch's
-    planned utterances and hours; empty for a single-corpus manifest. ``rows``: each row's
+    planned utterances and hours, and for a weighted plan each corpus's target against what it
+    got (:func:`target_table`); both empty for a single-corpus manifest. ``rows``: each row's
     corpus code and duration (:func:`spill_rows`), read back in ranges of
     :func:`share_range_rows` rows, each joined to the epoch's planned rows of that range
     (spilled by range: :func:`spill_planned_rows`; hours summed in manifest row order,
     :class:`CorpusShares`)."""
     names = corp.names
     if len(names) < 2:
-        return []
+        return [], []
     acc = CorpusShares(min(meta.epochs, MAX_SHARE_EPOCHS), len(names))
     step = share_range_rows(memory_limit)
     for e in range(acc.n.shape[0]):
@@ -133,7 +174,9 @@ def corpus_shares(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpus
             acc.add(e, code, d, planned_times(planned, k, b - a))
         if not isinstance(planned, HeldColumns):
             remove_spill(planned.root)
-    return share_table(acc.n, acc.seconds, names)
+    weights = meta.extra.get("weights")
+    targets = target_table(weights, acc.n, acc.seconds, names) if isinstance(weights, dict) else []
+    return share_table(acc.n, acc.seconds, names), targets
 
 
 def plan_aggregates(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: CorpusCodes, rows: SpillFiles,
@@ -158,6 +201,6 @@ def plan_aggregates(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corp
                "padding_audio": meta.padding.get("audio"), "padding_tokens": meta.padding.get("tokens"),
                "dropped_rows": meta.fallbacks.get("dropped_rows", 0), "moved_rows": meta.fallbacks.get("moved_rows", 0),
                "plan_hash": meta.plan_hash, "epoch0": rep}
-    shares = corpus_shares(plan_dir, meta, corp, rows, num_rows, memory_limit)
+    shares, targets = corpus_shares(plan_dir, meta, corp, rows, num_rows, memory_limit)
     return PlanAggregates(summary, steps, window, ranks, shares,
-                          [{k: (_r(v, 6) if isinstance(v, float) else v) for k, v in s.items()} for s in sims])
+                          [{k: (_r(v, 6) if isinstance(v, float) else v) for k, v in s.items()} for s in sims], targets)

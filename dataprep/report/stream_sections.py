@@ -85,6 +85,8 @@ class BucketRows:
         self._cand: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]] = [empty] * nb
         self._moved_rows = np.empty(0, np.int64)
         self._moved_to = np.empty(0, np.int32)
+        #: rows per bucket before the tails are carried (set by :meth:`carry`)
+        self.allocated: npt.NDArray[np.int64] | None = None
 
     def add(self, b: RowBlock) -> None:
         """Pass 1: the block's rows of the sample; past it, their buckets, counts, seconds and
@@ -115,12 +117,18 @@ class BucketRows:
     def seconds(self) -> npt.NDArray[np.float64]:
         return self.alloc.seconds
 
+    @property
+    def carried(self) -> int:
+        """Rows :meth:`carry` moved to a later bucket."""
+        return int(self._moved_rows.shape[0])
+
     def carry(self) -> bool:
         """After pass 1: the tails carried bucket after bucket (:func:`bucketing.allocate.tail_moves`
         on each bucket's candidates and the rows carried in, with the bucket's size); the
         counts follow them. True when rows moved: :meth:`add_seconds` must sum again."""
         if not self.exact:
             return False
+        self.allocated = self.counts.copy()
         nb, dbin = self.grid.num_buckets, self.grid.duration_bin
         incoming: list[list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]]] = \
             [[] for _ in range(nb)]

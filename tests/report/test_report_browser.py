@@ -1,9 +1,12 @@
 """The demo's report opened in a real browser (Debian's headless chromium, driven by
-playwright): no JavaScript error, every section draws its charts and tables, tables sort,
-the --max-tps slider moves, hover shows values, and opening the file requests nothing."""
+playwright): no JavaScript error, every section draws its charts and tables, nothing
+overflows the window at a desktop and a phone size, step charts tick at whole steps up to
+the last, bucket ids get a categorical legend, tables sort, the --max-tps slider moves,
+hover shows values, opening the file requests nothing, and the docs' picture is drawn."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,9 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 SECTIONS = ("corpus", "buckets", "plan")
+#: a laptop and a phone (CSS pixels)
+VIEWPORTS = ({"width": 1366, "height": 768}, {"width": 390, "height": 844})
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img" / "report_png.py"
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +56,8 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
-def _open(browser: Any, path: Path) -> tuple[Any, list[str], list[str]]:
-    page = browser.new_page(viewport={"width": 1100, "height": 900})
+def _open(browser: Any, path: Path, viewport: dict[str, int] | None = None) -> tuple[Any, list[str], list[str]]:
+    page = browser.new_page(viewport=viewport or {"width": 1100, "height": 900})
     errors: list[str] = []
     requests: list[str] = []
     page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
@@ -122,3 +128,60 @@ def test_opening_the_report_requests_nothing_but_itself(demo_report: Path, brows
     assert page.evaluate("window.__report.errors") == [] and errors == []
     assert demo_report.stat().st_size < 5 * 1024 * 1024
     page.close()
+
+
+@pytest.mark.parametrize("viewport", VIEWPORTS, ids=lambda v: f"{v['width']}x{v['height']}")
+def test_nothing_overflows_and_every_chart_draws_at_desktop_and_phone_sizes(demo_report: Path, browser: Any,
+                                                                            viewport: dict[str, int]) -> None:
+    page, errors, _ = _open(browser, demo_report, viewport)
+    assert page.evaluate("window.__report.errors") == [] and errors == []
+    width = viewport["width"]
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    figs = page.evaluate("""() => Array.from(document.querySelectorAll('figure.fig, .kpis, p, dl')).map(f => {
+        const r = f.getBoundingClientRect(), svg = f.querySelector('svg');
+        return {what: (f.querySelector('figcaption') || f).textContent.slice(0, 60), left: r.left, right: r.right,
+                scroll: f.scrollWidth, client: f.clientWidth,
+                svg: svg ? svg.getBoundingClientRect().right : null,
+                marks: f.querySelectorAll('svg g.role-mark > [role="graphics-symbol"]').length,
+                chart: f.dataset.kind === 'chart'}; })""")
+    for f in figs:
+        assert f["left"] >= 0 and f["right"] <= width, f
+        assert f["scroll"] <= f["client"] + 1, f  # nothing cut inside a figure (tables scroll in their box)
+        if f["chart"]:
+            assert f["svg"] is not None and f["svg"] <= f["right"] + 0.5 and f["marks"] > 0, f
+    page.close()
+
+
+def test_step_charts_tick_whole_steps_to_the_last_and_buckets_get_categories(demo_report: Path,
+                                                                             browser: Any) -> None:
+    page, errors, _ = _open(browser, demo_report)
+    steps = int(page.get_by_role("figure", name="Steps over epoch 0", exact=True).locator(".note").text_content()
+                .split("(")[1].split(" steps")[0].replace(",", ""))
+    axes = page.evaluate("""() => {
+        const f = Array.from(document.querySelectorAll('figure.fig'))
+            .find(x => x.querySelector('figcaption').textContent === 'Steps over epoch 0');
+        return {x: Array.from(f.querySelectorAll('g[aria-label^="X-axis"]')).map(a =>
+                    Array.from(a.querySelectorAll('.role-axis-label text')).map(t => t.textContent)),
+                legends: Array.from(f.querySelectorAll('g[aria-label*="legend"]')).map(g => g.getAttribute('aria-label'))};
+    }""")
+    assert len(axes["x"]) == 3
+    for labels in axes["x"]:
+        assert all(t.isdigit() for t in labels), labels  # whole steps, never 0.2 or 0.5
+        assert int(labels[0]) == 0 and int(labels[-1]) == steps  # the last step drawn to its end
+    bucket = [g for g in axes["legends"] if "bucket (rank 0)" in g]
+    assert bucket and bucket[0].startswith("Symbol legend"), axes["legends"]  # categories, not a gradient
+    assert errors == []
+    page.close()
+
+
+def test_the_docs_picture_is_drawn_from_the_report(demo_report: Path, browser: Any, tmp_path: Path) -> None:
+    """docs/img/report.png is written by docs/img/report_png.py; its drawing runs here."""
+    spec = importlib.util.spec_from_file_location("report_png", DOCS_IMG)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.screenshot(browser, demo_report, tmp_path / "report.png")
+    from PIL import Image
+
+    with Image.open(tmp_path / "report.png") as im:
+        assert im.size[0] == mod.VIEWPORT["width"] and im.size[1] > 3000 and im.mode == "P"
