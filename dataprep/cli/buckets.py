@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.table import Table
+from dataprep.cli.fmt import Table, plural
 
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.bucket_order import DEFAULT_AUDIO_WEIGHT
@@ -70,13 +70,13 @@ def fit_buckets_cmd(
     spec = res.spec
     out.print(_bucket_table(spec))
     for reason, (rows, secs) in sorted(res.dropped.items()):
-        out.print(f"left out: {rows:,} rows ({secs / 3600:.2f} h), reason {reason}")
+        out.print(f"left out: {plural(rows, 'row')} ({secs / 3600:.2f} h), reason {reason}")
     if res.moved:
-        out.print(f"moved to a longer-duration bin for their tokens: {res.moved:,} rows "
+        out.print(f"moved to a longer-duration bin for their tokens: {plural(res.moved, 'row')} "
                   f"(token outliers; they train there, none dropped)")
     for note in spec.fit.get("notes", []):
         out.print(f"note: {note}")
-    out.print(f"wrote {output} ({len(spec.buckets)} buckets)")
+    out.print(f"wrote {output} ({plural(len(spec.buckets), 'bucket')})")
 
 
 @app.command("padding")

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import polars as pl
 import typer
-from rich.table import Table
+from dataprep.cli.fmt import Table
 
 from dataprep.cli.app import alias, app, check_range, option_flags, out, user_errors
 from dataprep.cli.progress import progress_counter

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
+from dataprep.cli.fmt import Table
 
 from dataprep.cli.app import app, build_options, err, out, user_errors
 from dataprep.analysis import FilterSummary, ManifestStats, Thresholds, filter_manifest, stats_report
