@@ -59,7 +59,7 @@ def pack_cmd(
     shard_size: Annotated[Optional[str], typer.Option("--shard-size", hidden=True, help="Old name of --container-size.", show_default=False)] = None,
     num_shards: Annotated[Optional[int], typer.Option("--num-shards", hidden=True, help="Old name of --num-parts.", show_default=False)] = None,
     shard_index: Annotated[Optional[int], typer.Option("--shard-index", hidden=True, help="Old name of --part-index.", show_default=False)] = None,
-    buckets: Annotated[Optional[Path], typer.Option(help="buckets.json: members ordered by bucket first (else by duration and tokens).", show_default=False)] = None,
+    buckets: Annotated[Optional[Path], typer.Option("--buckets", "-b", help="buckets.json: members ordered by bucket first (else by duration and tokens).", show_default=False)] = None,
 ) -> None:
     """Write the manifest's audio into tar containers NeMo, Lhotse or WebDataset read, with each layout's
     manifest (compile-ready). Atomic per container; finished ones are skipped (resumable)."""

@@ -91,7 +91,7 @@ def replan_cmd(
     at_step: Annotated[int, typer.Option("--at-step", help="First global step not yet trained (the checkpoint's next step).")],
     world_size: Annotated[int, typer.Option("--world-size", "-w", help="Number of ranks from that step on.")],
     out_dir: Annotated[Path, typer.Option("-o", "--output", help="New plan directory (replaced if it holds a plan).")],
-    manifest: Annotated[Optional[Path], typer.Option("--manifest", help="The plan's manifest (default: its recorded file name next to the plan directory).")] = None,
+    manifest: Annotated[Optional[Path], typer.Option("--manifest", "-m", help="The plan's manifest (default: its recorded file name next to the plan directory).")] = None,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="Carry bucket tails in the later epochs (as plan-batches).")] = _PLAN.carry,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help="Cost coefficient NAME=VALUE for a balanced plan.")] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together in the re-plan (divides --world-size; default the plan's).")] = None,
@@ -195,7 +195,7 @@ def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
 @user_errors
 def simulate_cmd(
     plan_dir: Annotated[Path, typer.Argument(help="Plan directory written by plan-batches.")],
-    manifest: Annotated[Optional[Path], typer.Option("--manifest", help="The plan's manifest (recompute batch lengths).")] = None,
+    manifest: Annotated[Optional[Path], typer.Option("--manifest", "-m", help="The plan's manifest (recompute batch lengths).")] = None,
     world_sizes: Annotated[str, typer.Option("--world-sizes", help="Comma-separated world sizes to simulate besides the plan's.")] = ",".join(map(str, DEFAULT_WORLD_SIZES)),
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE ({', '.join(CostModel.names())}).")] = None,
     epoch: Annotated[int, typer.Option("--epoch", help="Epoch to simulate.")] = 0,

@@ -14,6 +14,7 @@ import typer
 
 from dataprep.cli.app import app, build_options, defaults_of, option_flags, out, user_errors
 from dataprep.training_config import TrainConfig
+from manifests.optional import require
 from manifests.outputs import refuse_same_paths
 
 ManifestOpt = Annotated[Path, typer.Option("--manifest", "-m", help="The compiled manifest the buckets / plan were made from.")]
@@ -59,6 +60,7 @@ def train_cmd(
     refuse_same_paths({"PLAN": plan_dir, "--manifest": manifest, **{f"--tokenizer {t}": t.partition("=")[2] or t
                                                                   for t in tokenizer}},
                       {"--checkpoint-dir": checkpoint_dir})
+    require("torch", "dataprep train")
     from dataprep.training import train
 
     with option_flags(TRAIN_FLAGS):

@@ -24,6 +24,7 @@ from dataprep.report.buckets_section import BucketAggregates, batch_size_origin
 from dataprep.report.plan_section import PlanAggregates
 from manifests.atomic_files import atomic_path
 from manifests.errors import DataprepError
+from manifests.optional import require
 
 #: the marker of a page this tool wrote (an existing -o without it is not replaced)
 GENERATOR = "speech-dataprep report"
@@ -33,13 +34,8 @@ WIDE = 900
 
 def _libs() -> Any:
     """``altair``, or a one-line error naming the extra to install."""
-    try:
-        import altair as alt
-        import vl_convert  # noqa: F401
-    except ImportError:
-        raise DataprepError("dataprep report needs altair and vl-convert-python, which are not installed: install "
-                            "the report extra (pip install 'speech-dataprep[report]')") from None
-    return alt
+    require("vl_convert", "dataprep report")
+    return require("altair", "dataprep report")
 
 
 @functools.lru_cache(maxsize=1)
