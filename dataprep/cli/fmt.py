@@ -23,11 +23,11 @@ class Table(rich_table.Table):
 
 def plural(n: int | float, word: str, many: str | None = None) -> str:
     """``"1 batch"``, ``"2 batches"``: ``n`` (thousands separated) and ``word`` or its plural
-    (``many``, else ``word + "es"`` after s, x, z, ch, sh, else ``word + "s"``)."""
+    (``many``, else ``word + "es"`` after s, x, z, sh, tch: batches; else ``word + "s"``: epochs)."""
     if n == 1:
         return f"{n:,} {word}"
     if many is None:
-        many = word + ("es" if word.endswith(("s", "x", "z", "ch", "sh")) else "s")
+        many = word + ("es" if word.endswith(("s", "x", "z", "sh", "tch")) else "s")
     return f"{n:,} {many}"
 
 

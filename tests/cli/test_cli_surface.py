@@ -240,8 +240,8 @@ def test_model_names_are_the_built_in_models() -> None:
 
 
 def test_plurals_and_no_negative_zero(corpus: Corpus, plan: Path, tmp_path: Path) -> None:
-    assert (plural(1, "batch"), plural(2, "batch"), plural(1, "container"), plural(1500, "row")) == \
-        ("1 batch", "2 batches", "1 container", "1,500 rows")
+    assert (plural(1, "batch"), plural(2, "batch"), plural(1, "container"), plural(1500, "row"), plural(4, "epoch")) == \
+        ("1 batch", "2 batches", "1 container", "1,500 rows", "4 epochs")
     assert (pct(-0.0001), pct(-0.00004, 2), pct(-0.02), pct(0.1234)) == ("0.0%", "0.00%", "-2.0%", "12.3%")
     res = runner.invoke(app, ["simulate", str(plan), "--world-sizes", "1,2,3,5,6,7,8,64"])
     assert res.exit_code == 0, res.output
