@@ -60,8 +60,8 @@ class OomOptions:
     def __post_init__(self) -> None:
         check_str("model", self.model)
         if ":" not in self.model and self.model not in MODEL_NAMES:
-            raise OptionError("model", f"unknown model {self.model!r}: one of {', '.join(MODEL_NAMES)}, "
-                                       "or pkg.module:factory")
+            raise OptionError("model", f"{self.model!r}: not a known model ({', '.join(MODEL_NAMES)}) "
+                                       "nor 'package.module:function'")
         check_bool("estimate", self.estimate)
         check_str("device", self.device)
         check_int("gpu_memory", self.gpu_memory, ge=1, le=MAX_MEMORY, optional=True)

@@ -60,17 +60,25 @@ OFF_TERMINAL_WIDTH = 10_000
 
 
 class _Console(Console):
-    """A rich console as wide as its lines off a terminal (a pipe, a file, CI, Slurm): tables
-    keep every figure whole there instead of fitting 80 columns; on a terminal, its width."""
+    """A rich console as wide as its lines off a terminal (a pipe, a file, CI, Slurm; colours
+    forced or not): tables keep every figure whole there instead of fitting 80 columns (or
+    $COLUMNS); on a terminal, its width."""
 
     @property
     def size(self) -> ConsoleDimensions:
         dims = super().size
-        return dims if self.is_terminal else ConsoleDimensions(OFF_TERMINAL_WIDTH, dims.height)
+        return dims if self._on_a_terminal() else ConsoleDimensions(OFF_TERMINAL_WIDTH, dims.height)
 
     @size.setter
     def size(self, new_size: tuple[int, int]) -> None:
         self._width, self._height = new_size
+
+    def _on_a_terminal(self) -> bool:
+        isatty = getattr(self.file, "isatty", None)
+        try:
+            return bool(isatty is not None and isatty())
+        except ValueError:  # a closed file
+            return False
 
 
 #: Tables and reports go to stdout; progress and errors to stderr.
