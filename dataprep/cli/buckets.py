@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from dataprep.cli.fmt import Table, plural
 
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.bucket_order import DEFAULT_AUDIO_WEIGHT
@@ -14,6 +13,7 @@ from bucketing.dynres import DynResConfig
 from dataprep.cli import dynres as dyn
 from dataprep.cli.app import (alias, app, build_options, defaults_of, option_flags, out,
                               parse_memory_limit, parse_world_sizes, user_errors)
+from dataprep.cli.fmt import Table, plural
 from dataprep.analysis import FitOptions, fit_buckets_file, manifest_padding_report
 from manifests.atomic_files import write_json
 from manifests.buckets_file import BucketSpec

@@ -10,9 +10,9 @@ from typing import Annotated, Optional
 
 import polars as pl
 import typer
-from dataprep.cli.fmt import Table
 
 from dataprep.cli.app import alias, app, check_range, defaults_of, option_flags, out, user_errors
+from dataprep.cli.fmt import Table
 from dataprep.cli.progress import progress_counter
 from dataprep.compile.validate import DEFAULT_MAX_PLAUSIBLE_DURATION, CompileOptions
 

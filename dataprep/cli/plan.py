@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from dataprep.cli.fmt import Table, pct, plural
 
 from bucketing.costmodel import CostModel
 from bucketing.dynres import LONGEST
 from dataprep.cli.app import app, build_options, parse_memory_limit, check_range, defaults_of, option_flags, out, parse_world_sizes, user_errors
+from dataprep.cli.fmt import Table, pct, plural
 from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan, simulate_plan
