@@ -23,11 +23,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from manifests.errors import DataprepError, OptionError
 from oom.search import ProbeResult
 
 
-class ProbeCrashed(RuntimeError):
-    """A probe that failed without an OOM record on every attempt."""
+class ProbeCrashed(DataprepError, RuntimeError):
+    """A probe that failed without an OOM record on every attempt (one line: the last error)."""
 
 
 def _child_env() -> dict[str, str]:
@@ -176,19 +177,36 @@ def step_probe(
     return {"peak_bytes": peak, "step_seconds": later[len(later) // 2]}
 
 
+#: where a CUDA device is absent: what to do instead
+NO_GPU_HINT = ("run on a machine with a GPU, or size without one: --estimate --gpu-memory 80GiB "
+               "(your GPU's memory)")
+
+
 def device_info(device: str) -> dict[str, Any]:
     """Name and total memory (bytes) of a CUDA device, queried in a subprocess so that this
-    process never holds a CUDA context (it would take memory from the probes)."""
+    process never holds a CUDA context (it would take memory from the probes). No such device
+    (a CPU build of torch, no GPU visible, an index past the last): :class:`OptionError` on
+    ``device``, one line saying why and what to do instead."""
     code = (
         "import json, sys, torch\n"
-        "p = torch.cuda.get_device_properties(torch.device(sys.argv[1]))\n"
+        "d = torch.device(sys.argv[1])\n"
+        "n = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
+        "if n == 0 or (d.index or 0) >= n:\n"
+        "    why = (f'this torch ({torch.__version__}) is built without CUDA' if torch.version.cuda is None\n"
+        "           else f'only {n} CUDA device(s) visible' if n else 'no CUDA device is visible')\n"
+        "    print(json.dumps({'absent': why}))\n"
+        "    sys.exit(0)\n"
+        "p = torch.cuda.get_device_properties(d)\n"
         "print(json.dumps({'name': p.name, 'total_memory': int(p.total_memory)}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, device], env=_child_env(), capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = (proc.stderr or "").strip().splitlines()[-1:] or ["unknown error"]
         raise ProbeCrashed(f"cannot query {device}: {tail[0]}")
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    info = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    if "absent" in info:
+        raise OptionError("device", f"{device}: {info['absent']}; {NO_GPU_HINT}")
+    return info
 
 
 if __name__ == "__main__":

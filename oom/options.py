@@ -12,6 +12,10 @@ from manifests.options import check_bool, check_choice, check_int, check_number,
 from manifests.units import parse_bytes
 
 LOSS_MODES = ("batched", "sample-wise")
+#: the built-in models (:data:`oom.models.CONFIGS` and :data:`oom.transducer.TRANSDUCER_CONFIGS`,
+#: named here without torch for ``--help`` and the check); any other ``--model`` is ``pkg.module:factory``
+MODEL_NAMES = ("canary-1b", "canary-1b-flash", "canary-180m-flash", "parakeet-rnnt-0.6b", "parakeet-tdt-0.6b",
+               "parakeet-tdt-1.1b", "small", "tiny", "tiny-rnnt", "tiny-tdt")
 #: Largest device memory accepted (bytes): 1 PiB
 MAX_MEMORY = 2**50
 
@@ -55,6 +59,9 @@ class OomOptions:
 
     def __post_init__(self) -> None:
         check_str("model", self.model)
+        if ":" not in self.model and self.model not in MODEL_NAMES:
+            raise OptionError("model", f"{self.model!r}: not a known model ({', '.join(MODEL_NAMES)}) "
+                                       "nor 'package.module:function'")
         check_bool("estimate", self.estimate)
         check_str("device", self.device)
         check_int("gpu_memory", self.gpu_memory, ge=1, le=MAX_MEMORY, optional=True)

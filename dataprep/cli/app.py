@@ -15,16 +15,35 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
+from rich.markup import escape
+from typer.core import TyperGroup
 
+from dataprep.cli import fmt  # noqa: F401  (--help shows no type for plain flags)
 from manifests.errors import DataprepError, OptionError
+from manifests.optional import missing_dependency
 from manifests.options import check_number
 from manifests.units import parse_bytes
 
+#: ``dataprep --help`` lists the commands in the order a corpus goes through them (README's table)
+PIPELINE_ORDER = ("train-tokenizer", "compile", "merge", "pack", "stats", "filter", "report", "fit-buckets",
+                  "padding", "oomptimize", "plan-batches", "simulate", "replan", "verify", "lookup", "train",
+                  "calibrate", "export")
+
+
+class _PipelineGroup(TyperGroup):
+    """The top-level group: its commands listed in :data:`PIPELINE_ORDER` (any other last)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        rank = {name: i for i, name in enumerate(PIPELINE_ORDER)}
+        return sorted(super().list_commands(ctx), key=lambda name: rank.get(name, len(rank)))
+
+
 app = typer.Typer(
+    cls=_PipelineGroup,
     name="dataprep",
     help=(
         "Offline data preparation for speech model training: compile manifests, measure "
@@ -37,9 +56,59 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
+#: Width of a line written off a terminal: wide enough that no table ever cuts a figure
+OFF_TERMINAL_WIDTH = 10_000
+
+
+class _Console(Console):
+    """A rich console as wide as its lines off a terminal (a pipe, a file, CI, Slurm; colours
+    forced or not): tables keep every figure whole there instead of fitting 80 columns (or
+    $COLUMNS); on a terminal, its width."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        dims = super().size
+        return dims if self._on_a_terminal() else ConsoleDimensions(OFF_TERMINAL_WIDTH, dims.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+    def _on_a_terminal(self) -> bool:
+        isatty = getattr(self.file, "isatty", None)
+        try:
+            return bool(isatty is not None and isatty())
+        except ValueError:  # a closed file
+            return False
+
+
 #: Tables and reports go to stdout; progress and errors to stderr.
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = _Console(highlight=False, soft_wrap=True)
+err = _Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _version() -> str:
+    """The installed package's version (its metadata), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("speech-dataprep")
+    except PackageNotFoundError:
+        from dataprep import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"speech-dataprep {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    pass
 
 F = TypeVar("F", bound=Callable[..., Any])
 O = TypeVar("O")
@@ -69,9 +138,10 @@ def user_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         previous = _exit_on_sigterm()
         try:
-            return fn(*args, **kwargs)
+            with _missing_extras():
+                return fn(*args, **kwargs)
         except DataprepError as exc:
-            err.print(f"[bold red]error:[/] {exc}", markup=True)
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
             raise typer.Exit(2) from None
         except FileNotFoundError as exc:
             err.print(f"[bold red]error:[/] {exc.filename or exc}: no such file", markup=True)
@@ -91,6 +161,19 @@ def user_errors(fn: F) -> F:
                 signal.signal(signal.SIGTERM, previous)
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _missing_extras() -> Iterator[None]:
+    """Inside, an optional module found missing (lhotse, torch, ...: :data:`manifests.optional.INSTALL`)
+    comes out as the one-line :class:`~manifests.optional.MissingDependency` naming what to install."""
+    try:
+        yield
+    except ImportError as exc:
+        missing = missing_dependency(exc, "this command")
+        if missing is None:
+            raise
+        raise missing from None
 
 
 def flag_of(field: str, flags: Mapping[str, str] | None = None) -> str:

@@ -6,14 +6,14 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.table import Table
 
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.bucket_order import DEFAULT_AUDIO_WEIGHT
 from bucketing.dynres import DynResConfig
 from dataprep.cli import dynres as dyn
-from dataprep.cli.app import (app, build_options, defaults_of, option_flags, out,
+from dataprep.cli.app import (alias, app, build_options, defaults_of, option_flags, out,
                               parse_memory_limit, parse_world_sizes, user_errors)
+from dataprep.cli.fmt import Table, plural
 from dataprep.analysis import FitOptions, fit_buckets_file, manifest_padding_report
 from manifests.atomic_files import write_json
 from manifests.buckets_file import BucketSpec
@@ -70,23 +70,28 @@ def fit_buckets_cmd(
     spec = res.spec
     out.print(_bucket_table(spec))
     for reason, (rows, secs) in sorted(res.dropped.items()):
-        out.print(f"left out: {rows:,} rows ({secs / 3600:.2f} h), reason {reason}")
+        out.print(f"left out: {plural(rows, 'row')} ({secs / 3600:.2f} h), reason {reason}")
     if res.moved:
-        out.print(f"moved to a longer-duration bin for their tokens: {res.moved:,} rows "
+        out.print(f"moved to a longer-duration bin for their tokens: {plural(res.moved, 'row')} "
                   f"(token outliers; they train there, none dropped)")
     for note in spec.fit.get("notes", []):
         out.print(f"note: {note}")
-    out.print(f"wrote {output} ({len(spec.buckets)} buckets)")
+    out.print(f"wrote {output} ({plural(len(spec.buckets), 'bucket')})")
+
+
+#: manifest_padding_report argument -> flag where the flag is not ``--argument-name``
+PADDING_FLAGS = {"budget": "--max-duration-budget"}
 
 
 @app.command("padding")
 @user_errors
 def padding_cmd(
     manifest: Annotated[Path, typer.Argument(help="Compiled manifest (Parquet).")],
-    buckets: Annotated[Path, typer.Option("--buckets", help="buckets.json (fitted or hand-written).")],
+    buckets: Annotated[Path, typer.Option("--buckets", "-b", help="buckets.json (fitted or hand-written).")],
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON.")] = None,
     plots: Annotated[Optional[Path], typer.Option("--plots", help="Folder for grid.png and schemes.png.")] = None,
-    budget: Annotated[Optional[float], typer.Option(help="Padded seconds per batch (default: buckets.json's).")] = None,
+    max_duration_budget: Annotated[Optional[float], typer.Option("--max-duration-budget", help="Padded seconds of audio per batch, as fit-buckets --max-duration-budget (default: the one buckets.json was sized with).", show_default=False)] = None,
+    budget: Annotated[Optional[float], typer.Option("--budget", hidden=True, help="Old name of --max-duration-budget.", show_default=False)] = None,
     cumulative_budget: Annotated[Optional[float], typer.Option(help="Real seconds per batch, 1D cumulative scheme (Canary-1B: 360).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Allocate as NeMo strict 2D.")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the shuffles.")] = 0,
@@ -109,7 +114,8 @@ def padding_cmd(
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"--json": json_out})
     dynres = dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
     ws = parse_world_sizes("--world-sizes", world_sizes) if world_sizes else []
-    with option_flags():  # the library checks every value; errors name the flag
+    budget = alias("--max-duration-budget", max_duration_budget, "--budget", budget)
+    with option_flags(PADDING_FLAGS):  # the library checks every value; errors name the flag
         report = manifest_padding_report(manifest, buckets, budget=budget, cumulative_budget=cumulative_budget,
                                          strict=strict, seed=seed, window=window, sort_by=sort_by,
                                          audio_weight=audio_weight, carry=carry, dynamic_resolution=dynres,

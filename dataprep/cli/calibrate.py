@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from bucketing.costmodel import CostModel
 from dataprep.cli.app import app, out, user_errors
+from dataprep.cli.fmt import Table, pct, plural
 from manifests.outputs import refuse_same_paths
 
 
@@ -31,9 +31,9 @@ def calibrate_cmd(
     refuse_same_paths({"PLAN": plan_dir, "LOG": log}, {"-o": output})
     cal = calibrate(plan_dir, log, frame_shift)
     write_calibration(cal, plan_dir, log, output)
-    out.print(f"calibrated on {cal.rows:,} rank-steps: median error {cal.median_rel_error:.1%}, "
-              f"p90 {cal.p90_rel_error:.1%}" + ("" if cal.data_wait_share is None
-                                                 else f"; data wait {cal.data_wait_share:.1%} of step time"),
+    out.print(f"calibrated on {plural(cal.rows, 'rank-step')}: median error {pct(cal.median_rel_error)}, "
+              f"p90 {pct(cal.p90_rel_error)}" + ("" if cal.data_wait_share is None
+                                                 else f"; data wait {pct(cal.data_wait_share)} of step time"),
               markup=False)
     coefs = Table(title="cost model (seconds per batch)", title_justify="left")
     for f in fields(CostModel):

@@ -10,15 +10,17 @@ from typing import Annotated, Optional
 
 import polars as pl
 import typer
-from rich.table import Table
 
-from dataprep.cli.app import alias, app, check_range, option_flags, out, user_errors
+from dataprep.cli.app import alias, app, check_range, defaults_of, option_flags, out, user_errors
+from dataprep.cli.fmt import Table
 from dataprep.cli.progress import progress_counter
-from dataprep.compile.validate import DEFAULT_MAX_PLAUSIBLE_DURATION
+from dataprep.compile.validate import DEFAULT_MAX_PLAUSIBLE_DURATION, CompileOptions
 
 SourcesArg = Annotated[list[Path], typer.Argument(help="Source manifests: NeMo JSONL, Lhotse cuts JSONL(.gz), Kaldi data dir, CSV/TSV, Parquet (Hugging Face audio Parquet too), Lhotse Shar dir, WebDataset tars; NeMo tarred manifests with --tarred-audio (brace syntax 'manifest__OP_0..7_CL_.json' accepted).", show_default=False)]
 FormatOpt = Annotated[str, typer.Option("--format", help="Source format: auto, nemo, lhotse, kaldi, csv, tsv, parquet, hf-parquet, shar, webdataset.")]
 TextFieldOpt = Annotated[str, typer.Option(help="Field holding the decoder's target text (e.g. 'answer' for speech translation).")]
+
+_COMPILE = defaults_of(CompileOptions)
 
 
 @app.command("train-tokenizer")
@@ -30,7 +32,7 @@ def train_tokenizer_cmd(
     model_type: Annotated[str, typer.Option(help="unigram, bpe, char or word.")] = "unigram",
     fmt: FormatOpt = "auto",
     text_field: TextFieldOpt = "text",
-    threads: Annotated[int, typer.Option(help="Trainer threads.")] = 2,
+    threads: Annotated[int, typer.Option(help="Trainer threads (the model depends on them: the same number reproduces a model).")] = 2,
 ) -> None:
     """Train a sentencepiece model on the sources' transcripts (when you have none)."""
     from dataprep.tokenize import train_model
@@ -63,7 +65,8 @@ def compile_cmd(
     text_field: TextFieldOpt = "text",
     audio_root: Annotated[Optional[Path], typer.Option(help="Resolve relative audio paths against this folder (default: the source's folder).")] = None,
     probe: Annotated[str, typer.Option(help="auto: read audio headers only where the source has no duration; always: verify every file; never.")] = "auto",
-    threads: Annotated[int, typer.Option(help="Threads for audio header reads.")] = 8,
+    probe_threads: Annotated[Optional[int], typer.Option("--probe-threads", help=f"Threads for audio header reads (I/O bound; default {_COMPILE.probe_threads}).", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", hidden=True, help="Old name of --probe-threads.", show_default=False)] = None,
     mismatch_tolerance: Annotated[float, typer.Option(help="Seconds a manifest duration may differ from the header with --probe always.")] = 0.05,
     max_plausible_duration: Annotated[float, typer.Option(help="Reject rows longer than this many seconds (reason implausible_duration): a typo or a unit error, not a recording.")] = DEFAULT_MAX_PLAUSIBLE_DURATION,
     strict: Annotated[bool, typer.Option(help="Stop at the first bad row with a one-line error instead of writing it to the rejects file.")] = False,
@@ -86,12 +89,14 @@ def compile_cmd(
     check_range("--prompt-tokens", prompt_tokens, ge=0)
     check_range("--mismatch-tolerance", mismatch_tolerance, ge=0)
     check_range("--max-plausible-duration", max_plausible_duration, gt=0)
-    check_range("--threads", threads, ge=1)
+    probe_threads = alias("--probe-threads", probe_threads, "--threads", threads)
+    probe_threads = _COMPILE.probe_threads if probe_threads is None else probe_threads
+    check_range("--probe-threads", probe_threads, ge=1)
     num_parts = alias("--num-parts", num_parts, "--num-shards", num_shards)
     part_index = alias("--part-index", part_index, "--shard-index", shard_index)
     opts = CompileOptions(prompt_tokens=prompt_tokens, prompt_format=prompt_format, fmt=fmt, text_field=text_field,
                           audio_root=str(audio_root) if audio_root else None, probe=probe,  # type: ignore[arg-type]
-                          probe_threads=threads, mismatch_tolerance=mismatch_tolerance, strict=strict,
+                          probe_threads=probe_threads, mismatch_tolerance=mismatch_tolerance, strict=strict,
                           tarred_audio=tuple(tarred_audio or ()), max_plausible_duration=max_plausible_duration)
     rejects_path = rejects or default_rejects_path(output)
     refuse_same_paths({**{f"SOURCE {s}": s for s in sources}, **{f"--tokenizer {t}": t.partition("=")[2] or t

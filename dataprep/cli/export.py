@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from dataprep.cli.app import alias, app, option_flags, out, user_errors
+from dataprep.cli.fmt import plural
 from manifests.outputs import refuse_same_paths
 
 export_app = typer.Typer(name="export", help="Export buckets, batch sizes and manifests for NeMo or Lhotse.",
@@ -31,7 +32,7 @@ def export_nemo_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_d
 
     refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects})
     cfg = export_nemo(plan_or_buckets, manifest, out_dir, channel=channel, rejects=rejects)
-    out.print(f"{cfg['num_buckets']} buckets -> {out_dir / 'bucketing.yaml'}, manifest.jsonl, bucket-*.jsonl")
+    out.print(f"{plural(cfg['num_buckets'], 'bucket')} -> {out_dir / 'bucketing.yaml'}, manifest.jsonl, bucket-*.jsonl")
 
 
 @export_app.command("lhotse")
@@ -43,7 +44,7 @@ def export_lhotse_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out
 
     refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects})
     bins = export_lhotse(plan_or_buckets, manifest, out_dir, channel=channel, rejects=rejects)
-    out.print(f"{bins['num_cuts']} cuts -> {out_dir / 'cuts.jsonl.gz'}; {len(bins['duration_bins'])} bins -> {out_dir / 'bins.json'}")
+    out.print(f"{plural(bins['num_cuts'], 'cut')} -> {out_dir / 'cuts.jsonl.gz'}; {plural(len(bins['duration_bins']), 'bin')} -> {out_dir / 'bins.json'}")
 
 
 @app.command("pack")
@@ -58,7 +59,7 @@ def pack_cmd(
     shard_size: Annotated[Optional[str], typer.Option("--shard-size", hidden=True, help="Old name of --container-size.", show_default=False)] = None,
     num_shards: Annotated[Optional[int], typer.Option("--num-shards", hidden=True, help="Old name of --num-parts.", show_default=False)] = None,
     shard_index: Annotated[Optional[int], typer.Option("--shard-index", hidden=True, help="Old name of --part-index.", show_default=False)] = None,
-    buckets: Annotated[Optional[Path], typer.Option(help="buckets.json: members ordered by bucket first (else by duration and tokens).", show_default=False)] = None,
+    buckets: Annotated[Optional[Path], typer.Option("--buckets", "-b", help="buckets.json: members ordered by bucket first (else by duration and tokens).", show_default=False)] = None,
 ) -> None:
     """Write the manifest's audio into tar containers NeMo, Lhotse or WebDataset read, with each layout's
     manifest (compile-ready). Atomic per container; finished ones are skipped (resumable)."""
@@ -71,10 +72,10 @@ def pack_cmd(
         result = pack(manifest, out_dir, layout, container_size=parse_bytes(size),
                       num_parts=alias("--num-parts", num_parts, "--num-shards", num_shards),
                       part_index=alias("--part-index", part_index, "--shard-index", shard_index), buckets=buckets)
-    out.print(f"{layout}: {len(result.written)} containers written, {len(result.skipped)} already done, "
+    out.print(f"{layout}: {plural(len(result.written), 'container')} written, {len(result.skipped)} already done, "
               f"of {result.num_parts} -> {out_dir}/")
     if result.rejected:
         from dataprep.integrations.pack import rejects_path
 
-        out.print(f"{result.rejected} row(s) not packed (audio changed since compile) -> {rejects_path(out_dir)}")
+        out.print(f"{plural(result.rejected, 'row')} not packed (audio changed since compile) -> {rejects_path(out_dir)}")
     out.print(f"compile it with: {result.compile_hint}")

@@ -27,7 +27,7 @@ def report_cmd(
         typer.Option("--rejects", help="Rejects file(s) of compile or filter (repeat the option for several)."),
     ] = None,
     buckets: Annotated[
-        Optional[Path], typer.Option("--buckets", help="buckets.json (default with --plan: the plan's buckets).")
+        Optional[Path], typer.Option("--buckets", "-b", help="buckets.json (default with --plan: the plan's buckets).")
     ] = None,
     plan: Annotated[Optional[Path], typer.Option("--plan", help="Plan directory of this manifest.")] = None,
     world_sizes: Annotated[

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from dataprep.cli.app import app, option_flags, out, user_errors
+from dataprep.cli.fmt import Table, plural
 
 
 @app.command("lookup")
@@ -37,12 +37,11 @@ def lookup_cmd(
         return
     for b in batches:
         table = Table(title=f"step {b.step}, rank {b.rank}: epoch {b.epoch} (step {b.step_in_epoch} of the epoch), "
-                            f"bucket {b.bucket}, {len(b.utterances)} utterance{'s' if len(b.utterances) != 1 else ''}, "
+                            f"bucket {b.bucket}, {plural(len(b.utterances), 'utterance')}, "
                             f"{b.audio_seconds:.1f} s of audio", title_justify="left")
         corpora = any(u["corpus"] for u in b.utterances)
         for name in ("#", "id", *(["corpus"] if corpora else []), "duration (s)", "tokens", "audio"):
-            table.add_column(name, justify="right" if name in ("#", "duration (s)", "tokens") else "left",
-                             overflow="fold")
+            table.add_column(name, justify="right" if name in ("#", "duration (s)", "tokens") else "left")
         for i, u in enumerate(b.utterances):
             table.add_row(str(i), Text(str(u["id"])), *([Text(u["corpus"] or "-")] if corpora else []),
                           f"{u['duration']:.2f}", str(u["num_tokens"]), Text(_where(u)))

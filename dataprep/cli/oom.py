@@ -16,8 +16,9 @@ from bucketing.costmodel import CostModel
 from manifests.errors import DataprepError
 from manifests.hash_cache import default_cache_dir
 from manifests.nemo_buckets import write_nemo_buckets
+from manifests.optional import require
 from manifests.units import parse_bytes
-from oom.options import OomOptions
+from oom.options import MODEL_NAMES, OomOptions
 
 
 #: OomOptions field -> flag where the flag is not ``--field-name``
@@ -29,7 +30,7 @@ _D = defaults_of(OomOptions)
 @user_errors
 def oomptimize_cmd(
     buckets: Annotated[Path, typer.Argument(help="buckets.json to size (bounds: max_duration s, max_tokens).")],
-    model: Annotated[str, typer.Option("--model", help="canary-1b, canary-1b-flash, canary-180m-flash, parakeet-rnnt-0.6b, parakeet-tdt-0.6b, parakeet-tdt-1.1b, small, tiny, or pkg.module:factory.")],
+    model: Annotated[str, typer.Option("--model", help=f"{', '.join(MODEL_NAMES)}, or pkg.module:factory.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the sized buckets.json (may be the input).")],
     estimate: Annotated[bool, typer.Option("--estimate", help="Estimate peak memory without a GPU (needs --gpu-memory).")] = _D.estimate,
     device: Annotated[str, typer.Option("--device", help="Device the probes run on (cuda, cuda:1; cpu = dry run).")] = _D.device,
@@ -66,10 +67,7 @@ def oomptimize_cmd(
                             memory_fraction=memory_fraction, margin=margin, tolerance=tolerance, max_batch=max_batch,
                             max_tps=max_tps, cache_dir=cdir, loss_mode=loss_mode, exact_trace=exact_trace,
                             explain=explain, dynamic_resolution=dynres if dynamic_resolution else None)
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise DataprepError("oomptimize needs torch: install the torch extra (pip install 'speech-dataprep[torch]')") from None
+    require("torch", "oomptimize")
     from oom.optimize import oomptimize as run
 
     spec = read_buckets(buckets)

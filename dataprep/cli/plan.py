@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from bucketing.costmodel import CostModel
 from bucketing.dynres import LONGEST
 from dataprep.cli.app import app, build_options, parse_memory_limit, check_range, defaults_of, option_flags, out, parse_world_sizes, user_errors
+from dataprep.cli.fmt import Table, pct, plural
 from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan, simulate_plan
@@ -92,7 +92,7 @@ def replan_cmd(
     at_step: Annotated[int, typer.Option("--at-step", help="First global step not yet trained (the checkpoint's next step).")],
     out_dir: Annotated[Path, typer.Option("-o", "--output", help="New plan directory (replaced if it holds a plan).")],
     world_size: Annotated[Optional[int], typer.Option("--world-size", "-w", help="Number of ranks from that step on (default: the plan's).", show_default=False)] = None,
-    manifest: Annotated[Optional[Path], typer.Option("--manifest", help="The plan's manifest (default: its recorded file name next to the plan directory).")] = None,
+    manifest: Annotated[Optional[Path], typer.Option("--manifest", "-m", help="The plan's manifest (default: its recorded file name next to the plan directory).")] = None,
     exclude: Annotated[Optional[Path], typer.Option("--exclude", help="Ids never to train on from --at-step on: one id per line, or a Parquet file with an `id` column (a rejects file). Every other row stays exactly once per epoch.", show_default=False)] = None,
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="Carry bucket tails in the later epochs (as plan-batches).")] = _PLAN.carry,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help="Cost coefficient NAME=VALUE for a balanced plan.")] = None,
@@ -118,8 +118,8 @@ def replan_cmd(
     excluded = meta.extra.get("excluded")
     if exclude is not None and isinstance(excluded, dict):
         unknown = excluded.get("unknown_ids", 0)
-        out.print(f"excluded from step {at_step} on: {len(excluded['rows']):,} utterance(s)"
-                  + (f"; {unknown:,} id(s) of the exclusion files are not in the manifest" if unknown else ""),
+        out.print(f"excluded from step {at_step} on: {plural(len(excluded['rows']), 'utterance')}"
+                  + (f"; {plural(unknown, 'id')} of the exclusion files not in the manifest" if unknown else ""),
                   markup=False)
 
 
@@ -161,9 +161,9 @@ def corpus_table(weighted: dict) -> Table:
 def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
     """The plan summary a user reads after plan-batches."""
     spe = meta.steps_per_epoch
-    out.print(f"plan: {out_dir}  world size {meta.world_size}, seed {meta.seed}, {meta.epochs} epoch(s)")
+    out.print(f"plan: {out_dir}  world size {meta.world_size}, seed {meta.seed}, {plural(meta.epochs, 'epoch')}")
     if meta.sync_group is not None and meta.sync_group != meta.world_size:
-        out.print(f"sync groups of {meta.sync_group} rank(s): {meta.world_size // meta.sync_group} groups, "
+        out.print(f"sync groups of {plural(meta.sync_group, 'rank')}: {plural(meta.world_size // meta.sync_group, 'group')}, "
                   "each with its own step order")
     if meta.replan is not None:
         rp = meta.replan
@@ -194,17 +194,17 @@ def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
         print_policy_comparison([{**r, "encoder_frames": r["encoder_frames"] // meta.epochs} for r in dr.get("compare", [])])
     fb = meta.fallbacks
     left_out = sum(len(v) for v in meta.allocation["left_out"].values())
-    out.print(f"fallbacks: {fb['moved_rows']} rows moved to a containing bucket, {fb['dropped_rows']} dropped, "
-              f"{fb['broken_sync_steps']} unsynchronized steps; {fb['resplit_buckets']} bucket tails re-split "
-              f"(sync kept); {left_out} rows outside the bucket grid")
+    out.print(f"fallbacks: {plural(fb['moved_rows'], 'row')} moved to a containing bucket, {fb['dropped_rows']} dropped, "
+              f"{plural(fb['broken_sync_steps'], 'unsynchronized step')}; {plural(fb['resplit_buckets'], 'bucket tail')} "
+              f"re-split (sync kept); {plural(left_out, 'row')} outside the bucket grid")
     if meta.balance is not None:
         bl = meta.balance
         mode = f"balanced within {bl.tolerance:g}" if bl.tolerance > 0 else "one bucket per step"
         out.print(f"steps ({mode}): fill {bl.fill:.1%} of the buckets' batch sizes (mean batch {bl.mean_batch:.1f}), "
                   f"same-bucket steps {bl.same_bucket:.1%}, predicted straggler {bl.straggler:.1%} "
                   f"(idle {bl.idle:.1%}), padded audio max/mean {bl.balance_mean:.3f} "
-                  f"(> 1.10 on {bl.balance_over_1_10:.1%} of steps); {bl.split_batches} batch(es) split, "
-                  f"{bl.unbalanced_steps} step(s) over the tolerance")
+                  f"(> 1.10 on {bl.balance_over_1_10:.1%} of steps); {plural(bl.split_batches, 'batch')} split, "
+                  f"{plural(bl.unbalanced_steps, 'step')} over the tolerance")
     out.print(f"plan hash: {meta.plan_hash}")
 
 
@@ -212,7 +212,7 @@ def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
 @user_errors
 def simulate_cmd(
     plan_dir: Annotated[Path, typer.Argument(help="Plan directory written by plan-batches.")],
-    manifest: Annotated[Optional[Path], typer.Option("--manifest", help="The plan's manifest (recompute batch lengths).")] = None,
+    manifest: Annotated[Optional[Path], typer.Option("--manifest", "-m", help="The plan's manifest (recompute batch lengths).")] = None,
     world_sizes: Annotated[str, typer.Option("--world-sizes", help="Comma-separated world sizes to simulate besides the plan's.")] = ",".join(map(str, DEFAULT_WORLD_SIZES)),
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE ({', '.join(CostModel.names())}).")] = None,
     epoch: Annotated[int, typer.Option("--epoch", help="Epoch to simulate.")] = 0,
@@ -235,7 +235,7 @@ def simulate_cmd(
         results = simulate_plan(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
     out.print(f"tail-worker simulation, epoch {epoch}; cost model: {cost}")
     rep = plan_steps_report(plan_dir, cost, epoch)
-    out.print(f"plan's steps (world size {results[0].world_size}): {rep.steps} steps, fill {rep.fill:.1%} of the "
+    out.print(f"plan's steps (world size {results[0].world_size}): {plural(rep.steps, 'step')}, fill {rep.fill:.1%} of the "
               f"buckets' batch sizes (mean batch {rep.mean_batch:.1f}), same-bucket steps {rep.same_bucket:.1%}, "
               f"predicted straggler {rep.straggler:.1%}, padded audio max/mean {rep.balance_mean:.3f} "
               f"(> 1.10 on {rep.balance_over_1_10:.1%} of steps)")
@@ -244,10 +244,11 @@ def simulate_cmd(
             "epoch_s_unsync", "speedup")
     out.print("  ".join(f"{h:>14}" for h in head))
     for r in results:
-        cells = (r.world_size, r.steps_sync, r.steps_unsync, f"{r.idle_sync:.1%}", f"{r.idle_unsync:.1%}",
-                 f"{r.time_sync:.1f}", f"{r.time_unsync:.1f}", f"{r.speedup:.1%}")
+        cells = (r.world_size, r.steps_sync, r.steps_unsync, pct(r.idle_sync), pct(r.idle_unsync),
+                 f"{r.time_sync:.1f}", f"{r.time_unsync:.1f}", pct(r.speedup))
         note = "" if r.representative else (
-            f"  (only {r.batches_per_bucket:.0f} batches per bucket for {r.world_size} ranks: too small a corpus to say)")
+            f"  (only {plural(round(r.batches_per_bucket), 'batch', 'batches')} per bucket for {plural(r.world_size, 'rank')}: "
+            "too small a corpus to say)")
         out.print("  ".join(f"{c:>14}" for c in cells) + note)
     if strategies:
         with option_flags(SIM_FLAGS):
@@ -257,7 +258,7 @@ def simulate_cmd(
         head = ("strategy", "group", "epoch_s", "utt/s", "idle", "staleness")
         out.print("  ".join(f"{h:>10}" for h in head))
         for r in res:
-            cells = (r.strategy, r.group_size, f"{r.time:.1f}", f"{r.utt_per_s:.1f}", f"{r.idle:.1%}", r.staleness)
+            cells = (r.strategy, r.group_size, f"{r.time:.1f}", f"{r.utt_per_s:.1f}", pct(r.idle), r.staleness)
             out.print("  ".join(f"{c:>10}" for c in cells))
 
 
@@ -292,11 +293,11 @@ def verify_cmd(
     if manifest is not None and "weights" in meta.extra:
         from dataprep.planning import check_quotas
 
-        quota = f"; every corpus's quota in {check_quotas(plan_dir, manifest)} whole epoch(s)"
+        quota = f"; every corpus's quota in {plural(check_quotas(plan_dir, manifest), 'whole epoch')}"
     from dataprep.planning.exclude import check_exclusions
 
     excluded, from_step = check_exclusions(plan_dir, meta)
-    quota += f"; no batch from step {from_step} on holds one of its {excluded:,} excluded utterance(s)" \
+    quota += f"; no batch from step {from_step} on holds one of its {plural(excluded, 'excluded utterance')}" \
         if excluded else ""
-    out.print(f"plan {plan_dir}: ok ({meta.world_size} shards, {meta.num_steps} steps, plan hash "
+    out.print(f"plan {plan_dir}: ok ({plural(meta.world_size, 'shard')}, {plural(meta.num_steps, 'step')}, plan hash "
               f"{meta.plan_hash[:16]}){'; manifest ok' if manifest is not None else ''}{quota}")

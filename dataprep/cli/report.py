@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from dataprep.cli.app import app, build_options, err, out, user_errors
+from dataprep.cli.fmt import Table
 from dataprep.analysis import FilterSummary, ManifestStats, Thresholds, filter_manifest, stats_report
 from manifests.manifest_write import default_rejects_path
 

@@ -38,6 +38,7 @@ from dataprep.compile.validate import (
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
 from manifests.manifest_write import reasons_count
+from manifests.optional import require
 from manifests.parted_run import check_split
 from manifests.schema import conform
 
@@ -158,10 +159,7 @@ def compile_ray(
 
     Same manifest, rejects and provenance as :func:`dataprep.compile.single.compile_sources`.
     """
-    try:
-        import ray
-    except ImportError:
-        raise DataprepError("--executor ray needs Ray: pip install 'speech-dataprep[ray]'") from None
+    ray = require("ray", "--executor ray")
     tokenizers = Tokenizers.from_specs(tokenizer_specs)  # fail early, on the driver, on a bad model
     if opts.strict:
         raise DataprepError("--strict is not supported with --executor ray (run it locally)")

@@ -47,6 +47,7 @@ from manifests.manifest_write import write_rejects
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PLAN_JSON, PlanMeta, read_plan_meta
 from manifests.records import nemo_line, openable_recording
+from manifests.optional import require
 
 #: manifest column -> NeMo JSONL key, written where not null
 #: rows per streamed manifest batch
@@ -355,6 +356,7 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
                   out_dir: str | os.PathLike[str], *, channel: int | None = None,
                   rejects: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Write ``cuts.jsonl.gz`` and ``bins.json`` (see the module docstring); return the bins."""
+    require("lhotse", "export lhotse")
     inputs = load_inputs(plan_or_buckets, manifest)
     check_covered(inputs, rejects)
     stats = _Stats(len(inputs.spec.buckets))

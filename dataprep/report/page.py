@@ -25,6 +25,7 @@ from dataprep.report.page_assets import CSS, GLOSSARY, JS, term_id
 from dataprep.report.plan_section import MAX_SHARE_EPOCHS, PlanAggregates
 from manifests.atomic_files import atomic_path
 from manifests.errors import DataprepError
+from manifests.optional import require
 
 #: the marker of a page this tool wrote (an existing -o without it is not replaced)
 GENERATOR = "speech-dataprep report"
@@ -34,13 +35,8 @@ WIDE = 900
 
 def _libs() -> Any:
     """``altair``, or a one-line error naming the extra to install."""
-    try:
-        import altair as alt
-        import vl_convert  # noqa: F401
-    except ImportError:
-        raise DataprepError("dataprep report needs altair and vl-convert-python, which are not installed: install "
-                            "the report extra (pip install 'speech-dataprep[report]')") from None
-    return alt
+    require("vl_convert", "dataprep report")
+    return require("altair", "dataprep report")
 
 
 @functools.lru_cache(maxsize=1)

@@ -27,6 +27,7 @@ from dataprep.analysis.exact import SELECT_BUDGET, ExactSums, OrderSelector, pol
 from dataprep.analysis.stats import DURATION_BIN_EDGES, Block, bin_labels, stream_stats
 from manifests.atomic_files import atomic_path
 from manifests.errors import DataprepError
+from manifests.optional import require
 
 PLOT_FILES: tuple[str, ...] = ("duration_hist.png", "tps_by_duration.png", "tokens_vs_duration.png")
 
@@ -35,15 +36,8 @@ _DPI = 110
 
 def _matplotlib() -> tuple[Any, Any]:
     """``(Figure, FigureCanvasAgg)``, or a one-line error naming the extra to install."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise DataprepError(
-            "--plots needs matplotlib, which is not installed: install the plots extra "
-            "(pip install 'speech-dataprep[plots]')"
-        ) from None
-    return Figure, FigureCanvasAgg
+    canvas = require("matplotlib.backends.backend_agg", "--plots").FigureCanvasAgg
+    return require("matplotlib.figure", "--plots").Figure, canvas
 
 
 def _save(fig: Any, canvas_cls: Any, path: Path) -> None:

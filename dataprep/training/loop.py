@@ -40,7 +40,7 @@ from dataprep.training.checkpoint import load_checkpoint, save_checkpoint
 from dataprep.training.features import FeatureConfig
 from dataprep.training.loader import PlanDataset, make_loader
 from dataprep.training_config import TrainConfig
-from manifests.errors import DataprepError
+from manifests.errors import DataprepError, OptionError
 from dataprep.tokenize import require_recorded_tokenizer
 from manifests.atomic_files import atomic_path
 from manifests.hash_cache import require_manifest_hash
@@ -90,6 +90,19 @@ def check_plan(cfg: TrainConfig, world_size: int) -> PlanMeta:
                             f"process(es) were started; use --nproc {meta.world_size} or re-plan")
     require_manifest_hash(cfg.manifest, meta.manifest.content_hash, "the plan's manifest")
     return meta
+
+
+def _require_cuda(cfg: TrainConfig, last_local_rank: int) -> None:
+    """With ``device="cuda"``: one line (:class:`OptionError` on ``device``) unless this machine
+    has a CUDA device for every local rank up to ``last_local_rank``."""
+    if cfg.device != "cuda":
+        return
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n > last_local_rank:
+        return
+    why = (f"this torch ({torch.__version__}) is built without CUDA" if torch.version.cuda is None
+           else f"{n} CUDA device(s) visible, {last_local_rank + 1} needed" if n else "no CUDA device is visible")
+    raise OptionError("device", f"cuda: {why}; train with --device cpu (or auto: CUDA where there is one)")
 
 
 def _init_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, local_rank: int) -> torch.device:
@@ -309,6 +322,7 @@ def train(cfg: TrainConfig, nproc: int = 1) -> dict[str, Any]:
         raise DataprepError(f"train: cfg must be a TrainConfig, got {type(cfg).__name__}")
     check_int("nproc", nproc, ge=1)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    _require_cuda(cfg, int(os.environ.get("LOCAL_RANK", "0")) if torchrun else nproc - 1)
     if not (torchrun and cfg.overwrite and os.environ["RANK"] != "0"):  # rank 0 alone removes an old run
         require_free_checkpoint_dir(cfg.checkpoint_dir, cfg.resume, cfg.overwrite)
     Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)

@@ -80,7 +80,7 @@ def test_each_epoch_gives_each_corpus_its_quota(compiled: tuple[Path, Path], tmp
     _ok("plan-batches", str(manifest), "--buckets", str(buckets), "-w", "2", "--epochs", "4", "-o", str(again))
     for f in ("rank-00000.parquet", "rank-00001.parquet"):
         assert (again / f).read_bytes() == (tmp_path / "plan" / f).read_bytes()
-    assert "every corpus's quota in 4 whole epoch(s)" in _ok("verify", str(again), "--manifest", str(manifest))
+    assert "every corpus's quota in 4 whole epochs" in _ok("verify", str(again), "--manifest", str(manifest))
 
 
 def test_weights_and_temperature_override(compiled: tuple[Path, Path], tmp_path: Path) -> None:
@@ -138,7 +138,7 @@ def test_replan_of_a_weighted_plan_keeps_each_epochs_quota(compiled: tuple[Path,
     epoch1 = np.sort(np.concatenate([*consumed, new[1]]))
     assert np.array_equal(epoch1, np.sort(old[1]))  # the rest of epoch 1: exactly the unseen multiset
     assert np.array_equal(np.sort(new[2]), np.sort(old[2]))  # later epochs: the same quota draws
-    assert "quota in 1 whole epoch(s)" in _ok("verify", str(tmp_path / "re"), "--manifest", str(manifest))
+    assert "quota in 1 whole epoch" in _ok("verify", str(tmp_path / "re"), "--manifest", str(manifest))
 
 
 def test_check_quotas_finds_a_wrong_count(compiled: tuple[Path, Path], tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from tests.training._consumer import Corpus
     ("--mismatch-tolerance", "nan", "finite"),
     ("--max-plausible-duration", "0", "must be > 0"),
     ("--max-plausible-duration", "inf", "finite"),
-    ("--threads", "0", "must be >= 1"),
+    ("--probe-threads", "0", "must be >= 1"),
     ("--workers", "0", "must be >= 1"),
     ("--num-parts", "0", "must be >= 1"),
     ("--part-index", "-1", "must be >= 0"),
@@ -75,7 +75,8 @@ def test_train_options(corpus: Corpus, plan: Path, tmp_path: Path, option: str, 
 
 
 def test_padding_and_simulate_options(corpus: Corpus, plan: Path) -> None:
-    refused("padding", corpus.manifest, "--buckets", corpus.buckets, "--budget", "-1", match="--budget")
+    refused("padding", corpus.manifest, "--buckets", corpus.buckets, "--max-duration-budget", "-1",
+            match="--max-duration-budget")
     refused("padding", corpus.manifest, "--buckets", corpus.buckets, "--window", "0", match="--window")
     refused("simulate", plan, "--world-sizes", "2,0", match="--world-sizes")
     refused("simulate", plan, "--epoch", "-1", match="--epoch")

@@ -220,7 +220,7 @@ def test_old_pack_flags_are_hidden_aliases_and_old_markers_are_read(corpus: Corp
     out = tmp_path / "wds"
     text = invoke("pack", str(corpus.manifest), "-o", str(out), "--num-shards", "2", "--shard-index", "0",
                   "--shard-size", "1MB")
-    assert "1 containers written" in text and sorted(p.name for p in out.glob("*.tar")) == ["shard-000000.tar"]
+    assert "1 container written" in text and sorted(p.name for p in out.glob("*.tar")) == ["shard-000000.tar"]
     # the marker as the pack before the rename named and wrote it
     new = marker_folder(out) / "part-00000-of-00002.done.json"
     m = json.loads(new.read_text())

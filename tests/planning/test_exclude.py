@@ -141,9 +141,9 @@ def test_cli_replan_exclude_then_verify(parent: Parent, tmp_path: Path) -> None:
     res = _cli("replan", str(parent.plan), "--at-step", "4", "--exclude", str(ids), "-o", str(tmp_path / "re"),
                cwd=parent.root)
     assert res.returncode == 0, res.stderr
-    assert "excluded from step 4 on: 4 utterance(s)" in res.stdout
+    assert "excluded from step 4 on: 4 utterances" in res.stdout
     assert read_plan_meta(tmp_path / "re").world_size == W  # the plan's world size by default
     res = _cli("verify", str(tmp_path / "re"), cwd=parent.root)
-    assert res.returncode == 0 and "no batch from step 4 on holds one of its 4 excluded utterance(s)" in res.stdout, res.stderr
+    assert res.returncode == 0 and "no batch from step 4 on holds one of its 4 excluded utterances" in res.stdout, res.stderr
     res = _cli("replan", str(parent.plan), "--at-step", "4", "--exclude", str(ids), "-o", str(ids), cwd=parent.root)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
