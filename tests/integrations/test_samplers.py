@@ -267,3 +267,75 @@ def test_importing_the_lhotse_sampler_loads_no_training_stage() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, timeout=300)
     assert res.stdout.strip() == "[]"
+
+
+class CutIds(Dataset[list[str]]):
+    """A Lhotse-style dataset: a step's CutSet -> its cut ids."""
+
+    def __getitem__(self, cuts: Any) -> list[str]:  # type: ignore[override]
+        return [c.id for c in cuts]
+
+
+def test_replan_mid_run_then_resume_serves_exactly_the_replanned_steps(rich: Rich, cache: Path, tmp_path: Path) -> None:
+    """A 2-rank run stopped at step k, re-planned at k for 3 ranks: every sampler's and loader's
+    state of the parent resumes on the re-plan (also with the parent's other world size), its
+    ``len`` is the re-plan's steps from k, and the batches served are exactly the re-plan's
+    shard from k; a parent state at another step, or a re-plan state before k, is refused."""
+    from dataprep.integrations.lhotse import PlanDataLoader, PlanSampler
+    from dataprep.planning.replan import replan
+    from manifests.plan_cursor import PlanStateError
+
+    n = len(plan_ids(rich.plan, 0))
+    k = n // 2
+    re = tmp_path / "re"
+    meta = replan(rich.plan, rich.manifest, re, PlanOptions(world_size=3), at_step=k)
+    torch_parent = PlanBatchSampler(rich.plan, 1)
+    head = iter(torch_parent)
+    for _ in range(k):
+        next(head)
+    lhotse_parent = PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2, cache_dir=cache)
+    head_cuts = iter(lhotse_parent)
+    for _ in range(k):
+        next(head_cuts)
+    loader_parent = PlanDataLoader(CutIds(), PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2, cache_dir=cache))
+    head_ids = iter(loader_parent)
+    for _ in range(k):
+        next(head_ids)
+    states = [s.state_dict() for s in (torch_parent, lhotse_parent, loader_parent)]
+    assert [s["next_step"] for s in states] == [k, k, k] and states[1]["world_size"] == 2
+    for rank in range(3):
+        want_rows = [b.rows.tolist() for b in open_shard(re, rank)]
+        want_ids = plan_ids(re, rank)
+        assert len(want_ids) == meta.num_steps - k
+        torch_sampler = PlanBatchSampler(re, rank)
+        torch_sampler.load_state_dict(states[0])
+        assert len(torch_sampler) == meta.num_steps - k and list(torch_sampler) == want_rows
+        lhotse_sampler = PlanSampler(re, rich.manifest, rank=rank, world_size=3, cache_dir=cache)
+        lhotse_sampler.load_state_dict(states[1])
+        assert len(lhotse_sampler) == meta.num_steps - k
+        assert [[c.id for c in cs] for cs in lhotse_sampler] == want_ids
+        loader = PlanDataLoader(CutIds(), PlanSampler(re, rich.manifest, rank=rank, world_size=3, cache_dir=cache))
+        loader.load_state_dict(states[2])
+        assert len(loader) == meta.num_steps - k and list(loader) == want_ids
+    for state in states[:2]:
+        with pytest.raises(PlanStateError, match=f"re-planned at step {k}"):
+            PlanSampler(re, rich.manifest, rank=0, world_size=3, cache_dir=cache).load_state_dict(
+                {**state, "next_step": k - 1})
+    lhotse_re = PlanSampler(re, rich.manifest, rank=0, world_size=3, cache_dir=cache)
+    with pytest.raises(PlanStateError, match=f"next_step: {k - 1} is outside the plan's steps {k}"):
+        lhotse_re.load_state_dict({**lhotse_re.state_dict(), "next_step": k - 1})
+    with pytest.raises(PlanStateError, match="world_size: 3 in the state, expected 2"):  # the parent had 2 ranks
+        lhotse_re.load_state_dict({**states[1], "world_size": 3})
+
+
+@pytest.mark.parametrize("epoch", [-1, 2**31, 10**400, True, 1.0, "1", None])
+def test_lhotse_set_epoch_is_checked(rich: Rich, cache: Path, epoch: Any) -> None:
+    from dataprep.integrations.lhotse import PlanSampler
+    from manifests.plan_cursor import PlanStateError
+
+    sampler = PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2, cache_dir=cache)
+    with pytest.raises(PlanStateError, match="set_epoch: epoch: ") as exc:
+        sampler.set_epoch(epoch)
+    assert "\n" not in str(exc.value) and sampler.epoch == 0
+    sampler.set_epoch(3)
+    assert sampler.epoch == 3
