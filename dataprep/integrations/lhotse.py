@@ -183,7 +183,8 @@ class EndOfPlanGuard:
     """Mixin of the plan's DataLoaders: ``iter()`` once the plan's last step was returned (after a
     full pass, or a state restored at the end) raises :class:`PlanEnded` at once, before any
     batch: a trainer that knows the loader's length (0 then) would otherwise start empty epochs
-    without ever asking for a batch."""
+    without ever asking for a batch. ``state_dict()`` is the step after the last batch returned
+    (the sampler runs ahead by the workers' prefetch)."""
 
     plan_sampler: PlanSampler
     _returned_step: int
@@ -203,6 +204,16 @@ class EndOfPlanGuard:
             self._returned_step = step
             yield batch
 
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's state at the step after the last batch returned to the trainer."""
+        return {**self.plan_sampler.state_dict(), "next_step": self._returned_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state["next_step"]`` on the next iteration (the workers get the sampler
+        with that step); a malformed state or one of another plan is refused, changing nothing."""
+        self.plan_sampler.load_state_dict(state)
+        self._returned_step = self.plan_sampler.next_step
+
 
 class PlanDataLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
     """A map-style ``DataLoader(dataset, sampler=plan_sampler, batch_size=None)`` whose
@@ -215,19 +226,11 @@ class PlanDataLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
         self.plan_sampler = sampler
         self._returned_step = sampler.next_step
 
-    def state_dict(self) -> dict[str, Any]:
-        """The sampler's state at the step after the last batch returned to the trainer."""
-        return {**self.plan_sampler.state_dict(), "next_step": self._returned_step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at ``state["next_step"]`` on the next iteration."""
-        self.plan_sampler.load_state_dict(state)
-        self._returned_step = self.plan_sampler.next_step
-
 
 class PlanIterableLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
     """A ``DataLoader`` over ``IterableDatasetWrapper(dataset, plan_sampler)`` (the sampler in the
-    workers) that stops with :class:`PlanEnded` when iterated again past the plan's end."""
+    workers) that stops with :class:`PlanEnded` when iterated again past the plan's end; its
+    ``state_dict()`` is exact, as :class:`PlanDataLoader` 's."""
 
     def __init__(self, dataset: Any, sampler: PlanSampler, **kwargs: Any) -> None:
         from lhotse.dataset import IterableDatasetWrapper

@@ -339,3 +339,24 @@ def test_lhotse_set_epoch_is_checked(rich: Rich, cache: Path, epoch: Any) -> Non
     assert "\n" not in str(exc.value) and sampler.epoch == 0
     sampler.set_epoch(3)
     assert sampler.epoch == 3
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_plan_iterable_loader_state_resumes_exactly(rich: Rich, cache: Path, workers: int) -> None:
+    """The iterable loader (NeMo's ``force_iterable_dataset``) has a state too: without one a
+    resumed trainer silently started the plan again at its first step."""
+    from dataprep.integrations.lhotse import PlanIterableLoader, PlanSampler
+
+    want = plan_ids(rich.plan, 1)
+    k = 3
+    first = PlanIterableLoader(CutIds(), PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2, cache_dir=cache),
+                               num_workers=workers)
+    it = iter(first)
+    head = [next(it) for _ in range(k)]
+    state = first.state_dict()
+    assert state["next_step"] == k and head == want[:k]
+    del it
+    resumed = PlanIterableLoader(CutIds(), PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2,
+                                                       cache_dir=cache), num_workers=workers)
+    resumed.load_state_dict(state)
+    assert list(resumed) == want[k:]
