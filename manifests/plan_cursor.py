@@ -1,16 +1,17 @@
 """One rank's position in a plan: :class:`PlanCursor`, the one cursor every sampler and loader uses.
 
-A cursor opens a plan for one rank; its shard holds steps ``first_step .. num_steps - 1``
-(``first_step`` is 0, or ``replan.at_step`` for a re-planned plan). It yields the rank's
+A cursor opens a plan for one rank (refused where ``torch.distributed`` runs this process as
+another rank); its shard holds steps ``first_step .. num_steps - 1`` (``first_step`` is 0, or
+``replan.at_step`` for a re-planned plan). It yields the rank's
 :class:`~manifests.plan_files.PlanBatch` es from ``next_step`` up to (not including) ``stop_step``,
 one per global step, and refuses a start or stop outside the plan with a one-line
 :class:`~manifests.errors.DataprepError`; ``len(cursor)`` is ``stop_step - next_step``.
-``state_dict()`` is ``{"plan_hash", "rank", "next_step"}``; ``load_state_dict()`` validates every
-field without coercion (``"5"``, ``5.0`` and ``True`` are not steps) and refuses another plan's
-state but the parent's at exactly the step a re-planned plan starts at; rank 0's state resumes
-any rank. DataLoader worker ``w`` of ``n`` takes the batches at positions ``i % n == w`` from the
-first step (:meth:`PlanCursor.worker_steps`), returned in step order: the batches never depend on
-the number of workers. Torch-free: ``torch.utils.data`` is read only when already loaded.
+``state_dict()`` is ``{"plan_hash", "rank", "next_step"}``; :func:`check_state` and
+:func:`resume_point` are the one validation of a state or checkpoint (no coercion; another
+plan's state refused but the parent's at exactly the step a re-plan starts at; rank 0's state
+resumes any rank). DataLoader worker ``w`` of ``n`` takes the batches at positions
+``i % n == w`` from the first step (:meth:`PlanCursor.worker_steps`), in step order: the
+batches never depend on the number of workers. Torch-free: torch is read only when loaded.
 """
 
 from __future__ import annotations
