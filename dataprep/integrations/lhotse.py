@@ -174,9 +174,12 @@ class PlanEnded(SystemExit):
 def plan_end_line(sampler: PlanSampler) -> str:
     """The line :class:`PlanEnded` stops with: the steps trained and the ``max_steps`` to set."""
     c = sampler.cursor
+    fresh = (f"; a trainer whose step count started at 0 on this re-planned plan: {c.stop_step - c.first_step}"
+             if c.first_step else "")
     return (f"error: {c.plan_dir}: the plan ends at step {c.stop_step} and rank {c.rank} has had every batch "
             f"(steps {c.first_step}..{c.stop_step - 1}); the trainer asked for more: set trainer.max_steps to "
-            f"{c.stop_step - c.first_step} (plan.json num_steps {c.meta.num_steps}) instead of max_epochs: -1")
+            f"{c.stop_step} (plan.json num_steps: the steps are global, a resumed trainer's step count "
+            f"continues{fresh}) instead of max_epochs: -1")
 
 
 class EndOfPlanGuard:

@@ -281,7 +281,7 @@ def test_replan_mid_run_then_resume_serves_exactly_the_replanned_steps(rich: Ric
     state of the parent resumes on the re-plan (also with the parent's other world size), its
     ``len`` is the re-plan's steps from k, and the batches served are exactly the re-plan's
     shard from k; a parent state at another step, or a re-plan state before k, is refused."""
-    from dataprep.integrations.lhotse import PlanDataLoader, PlanSampler
+    from dataprep.integrations.lhotse import PlanDataLoader, PlanEnded, PlanSampler
     from dataprep.planning.replan import replan
     from manifests.plan_cursor import PlanStateError
 
@@ -317,6 +317,10 @@ def test_replan_mid_run_then_resume_serves_exactly_the_replanned_steps(rich: Ric
         loader = PlanDataLoader(CutIds(), PlanSampler(re, rich.manifest, rank=rank, world_size=3, cache_dir=cache))
         loader.load_state_dict(states[2])
         assert len(loader) == meta.num_steps - k and list(loader) == want_ids
+        with pytest.raises(PlanEnded) as ended:  # the steps are global: a resumed trainer's count continues at k
+            iter(loader)
+        assert f"set trainer.max_steps to {meta.num_steps} " in str(ended.value)
+        assert f"started at 0 on this re-planned plan: {meta.num_steps - k})" in str(ended.value)
     for state in states[:2]:
         with pytest.raises(PlanStateError, match=f"re-planned at step {k}"):
             PlanSampler(re, rich.manifest, rank=0, world_size=3, cache_dir=cache).load_state_dict(
