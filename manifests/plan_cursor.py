@@ -72,9 +72,7 @@ def resume_point(meta: PlanMeta, plan_hash: str, step: int, v: Validator, stop_s
     if step != parent.at_step:
         raise v.fail("next_step", f"{number_text(step)} of the parent plan, but the plan was re-planned at step "
                                   f"{parent.at_step}; re-plan with --at-step {number_text(step)}")
-    if step > stop:
-        raise v.fail("next_step", f"{step} is past the last step {stop} this sampler serves")
-    return parent.parent_world_size
+    return parent.parent_world_size  # at_step is this plan's first step: within any stop step
 
 
 def check_state(meta: PlanMeta, state: Any, v: Validator, others: Collection[str] = (),
@@ -85,7 +83,8 @@ def check_state(meta: PlanMeta, state: Any, v: Validator, others: Collection[str
     if not isinstance(state, Mapping):
         error = type(v.fail("", ""))  # the validator's error class, without a field name
         raise error(f"{v.where}: expected a dict, got {type(state).__name__}")
-    unknown = sorted(repr(k)[:60] for k in state if not isinstance(k, str) or (k not in STATE_KEYS and k not in others))
+    unknown = sorted(repr(k)[:60] if isinstance(k, str) else f"({type(k).__name__} key)"
+                     for k in state if not isinstance(k, str) or (k not in STATE_KEYS and k not in others))
     if unknown:
         raise v.fail(unknown[0], "unexpected key (not a state of this sampler)")
     plan_hash = v.hex_(v.key(state, "plan_hash"), "plan_hash")

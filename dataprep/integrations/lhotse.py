@@ -138,7 +138,7 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
                 raise v.fail(key, f"{number_text(state_dict[key])} in the state, expected {want}")
         for key in ("drop_last", "shuffle"):
             if state_dict.get(key) is not False:
-                raise v.fail(key, f"expected false (a plan's batches are fixed), got {repr(state_dict.get(key))[:60]}")
+                raise v.fail(key, f"expected false (a plan's batches are fixed), got {_brief(state_dict.get(key))}")
         v.int_(v.key(state_dict, "epoch"), "epoch", lo=0, hi=MAX_EPOCH)
         v.obj(v.key(state_dict, "diagnostics"), "diagnostics")
         lhotse_state = {k: val for k, val in state_dict.items() if k not in ("plan_hash", "next_step")}
@@ -164,6 +164,14 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
         state = self.__dict__.copy()
         state["_rows"], state["_it"] = None, None
         return state
+
+
+def _brief(x: Any) -> str:
+    """``repr(x)`` cut to 60 characters; a value without one (an integer past 4300 digits) by its type."""
+    try:
+        return repr(x)[:60]
+    except (ValueError, RecursionError):
+        return f"a {type(x).__name__}"
 
 
 class PlanEnded(SystemExit):

@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
 from dataprep.planning.options import PlanOptions
@@ -364,3 +366,37 @@ def test_plan_iterable_loader_state_resumes_exactly(rich: Rich, cache: Path, wor
                                                        cache_dir=cache), num_workers=workers)
     resumed.load_state_dict(state)
     assert list(resumed) == want[k:]
+
+
+_HUGE = st.sampled_from([400, 5000]).map(lambda n: 10**n) | st.sampled_from([400, 5000]).map(lambda n: -(10**n))
+_GARBAGE = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=20), _HUGE),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5) | st.integers(0, 3), c, max_size=3),
+    max_leaves=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_garbage_lhotse_states_are_refused_in_one_line_or_resume_exactly(rich: Rich, cache: Path,
+                                                                         data: st.DataObject) -> None:
+    """Lhotse's part of a state (epoch, drop_last, world_size, seed, shuffle, diagnostics) and the
+    cursor's, each right or garbage: a one-line PlanStateError that changes nothing, or exactly
+    the plan's batches from the state's step; never Lhotse's AssertionError or a raw KeyError."""
+    from dataprep.integrations.lhotse import PlanSampler
+    from manifests.plan_cursor import PlanStateError
+
+    sampler = PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2, cache_dir=cache)
+    want = plan_ids(rich.plan, 1)
+    good = {**sampler.state_dict(), "next_step": data.draw(st.integers(0, len(want)))}
+    state: dict[Any, Any] = {k: data.draw(st.just(v) | _GARBAGE) if data.draw(st.booleans()) else v
+                             for k, v in good.items()}
+    for key in data.draw(st.lists(st.sampled_from(sorted(good)), max_size=1)):
+        state.pop(key)
+    try:
+        sampler.load_state_dict(state)
+    except PlanStateError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(f"{rich.plan}: sampler state") and len(str(exc)) < 400
+        assert sampler.next_step == 0 and sampler.epoch == 0
+        return
+    assert type(state["next_step"]) is int and sampler.next_step == state["next_step"]
+    assert [[c.id for c in cs] for cs in sampler] == want[state["next_step"]:]
