@@ -128,7 +128,8 @@ def _load_problem(exc: BaseException) -> str:
 
 def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
     """Read a checkpoint safely (``weights_only=True``: no code runs from the file), verify its
-    content hash and check its fields; :class:`DataprepError` as ``FILE: field: problem``."""
+    content hash and check its fields' types; :class:`DataprepError` as ``FILE: field: problem``.
+    Whether ``next_step`` and ``plan_hash`` resume a plan is :func:`manifests.plan_cursor.resume_point` 's."""
     if path.is_dir():
         raise DataprepError(f"{path}: is a directory, not a checkpoint file")
     if not path.is_file():
@@ -156,8 +157,6 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str,
             raise DataprepError(f"{path}: {key}: missing")
         if not isinstance(ckpt[key], kind) or isinstance(ckpt[key], bool):
             raise DataprepError(f"{path}: {key}: expected {kind.__name__}, got {type(ckpt[key]).__name__}")
-    if ckpt["next_step"] < 0:
-        raise DataprepError(f"{path}: next_step: must be >= 0, got {ckpt['next_step']}")
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt["model"].items()):
         raise DataprepError(f"{path}: model: expected a state dict of named tensors")
     return ckpt

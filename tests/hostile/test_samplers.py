@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dataprep.planning.build import build_plan
 from dataprep.planning.options import PlanOptions
@@ -88,3 +90,61 @@ def test_train_config_bounds_workers_and_prefetch(tmp_path: Path, field: str, va
     with pytest.raises(OptionError, match=f"{field}: must be <= "):
         TrainConfig(plan_dir=str(tmp_path), manifest=str(tmp_path / "m.parquet"), tokenizer=["spm.model"],
                     checkpoint_dir=str(tmp_path / "ck"), **{field: value})
+
+
+_HUGE = st.sampled_from([400, 600]).map(lambda n: 10**n) | st.sampled_from([400, 600]).map(lambda n: -(10**n))
+_GARBAGE = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=20), _HUGE),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3), max_leaves=6)
+
+
+@pytest.fixture(scope="module")
+def replanned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
+    """(plan, its re-plan at step k for 3 ranks, k)."""
+    from dataprep.planning.replan import replan
+
+    root = tmp_path_factory.mktemp("ckpt-plans")
+    manifest, buckets = write_plan_inputs(root, 300, seed=9, num_buckets=3)
+    meta = build_plan(manifest, buckets, root / "plan", PlanOptions(world_size=2))
+    k = meta.num_steps // 2
+    replan(root / "plan", manifest, root / "re", PlanOptions(world_size=3), at_step=k)
+    return root / "plan", root / "re", k
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_garbage_checkpoints_are_one_line_naming_the_file_or_resume_exactly(
+        replanned: tuple[Path, Path, int], tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+    """The loop's resume (:func:`dataprep.training.loop._resume`, the real one) on a checkpoint
+    sealed with its hash but holding garbage: a DataprepError of one line naming the file, or the
+    plan's next step with the model's weights."""
+    import torch
+
+    from dataprep.training.checkpoint import save_checkpoint
+    from dataprep.training.loop import _resume
+    from manifests.plan_meta import read_plan_meta
+
+    plan, re, k = replanned
+    target = data.draw(st.sampled_from([plan, re]))
+    meta, parent = read_plan_meta(target), read_plan_meta(plan)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    good = {"next_step": data.draw(st.integers(meta.first_step, meta.num_steps)), "model": model.state_dict(),
+            "optimizer": opt.state_dict(), "plan_hash": meta.plan_hash, "config": {}}
+    fields = {key: data.draw(st.just(v) | _GARBAGE) if data.draw(st.booleans()) else v for key, v in good.items()}
+    if data.draw(st.booleans()):
+        fields["plan_hash"] = data.draw(st.sampled_from([parent.plan_hash, "0" * 64]))
+    path = tmp_path_factory.mktemp("ck") / "last.pt"
+    save_checkpoint(path, fields)
+    try:
+        step = _resume(path, meta, torch.nn.Linear(3, 2), torch.optim.AdamW(torch.nn.Linear(3, 2).parameters()),
+                       "cpu")
+    except DataprepError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(f"{path}: ") and len(str(exc)) < 400, str(exc)
+        return
+    assert type(fields["next_step"]) is int and step == fields["next_step"]
+    if fields["plan_hash"] == meta.plan_hash:
+        assert meta.first_step <= step <= meta.num_steps
+    else:  # the re-plan's parent at exactly the step the plan was re-planned at
+        assert target == re and fields["plan_hash"] == parent.plan_hash and step == k

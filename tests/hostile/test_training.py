@@ -68,7 +68,7 @@ def _sealed(p: Path, fields: dict) -> None:
     (lambda p, real: _sealed(p, {k: v for k, v in real.items() if k != "next_step"}), "next_step: missing"),
     (lambda p, real: _sealed(p, {**real, "next_step": "2"}), "next_step: expected int"),
     (lambda p, real: _sealed(p, {**real, "next_step": True}), "next_step: expected int"),
-    (lambda p, real: _sealed(p, {**real, "next_step": -1}), "next_step: must be >= 0"),
+    (lambda p, real: _sealed(p, {**real, "next_step": -1}), "next_step: -1 is outside the plan's steps"),
     (lambda p, real: _sealed(p, {**real, "next_step": 10**6}), "next_step: 1000000 is outside the plan's steps"),
     (lambda p, real: _sealed(p, {**real, "next_step": 10**600}), "next_step: (an integer of about 601 digits) is outside"),
     (lambda p, real: torch.save({**real, "next_step": 10**5000}, p), "not a readable checkpoint"),
