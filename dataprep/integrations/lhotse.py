@@ -24,7 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from lhotse import CutSet
-from lhotse.dataset.sampling.base import CutSampler, SamplingDiagnostics, attach_dataloading_info
+from lhotse.dataset.sampling.base import (
+    CutSampler,
+    SamplingDiagnostics,
+    attach_dataloading_info,
+)
 from torch.utils.data import DataLoader
 
 from dataprep.integrations.cuts import cut_for_row

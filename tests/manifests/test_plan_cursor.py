@@ -294,7 +294,7 @@ def test_a_shard_read_outside_the_plan_is_refused(plans: Plans) -> None:
     rshard = PlanShard(plans.replanned, 0)
     with pytest.raises(ManifestError, match=rf"start step 0 is outside the plan's steps {plans.at}\.\."):
         list(rshard.iter_batches(0))
-    assert [b.step for b in rshard][0] == plans.at  # the default start is the plan's first step
+    assert next(b.step for b in rshard) == plans.at  # the default start is the plan's first step
     for epoch in (plans.meta.epochs, -1, 10**12, True, 0.0):
         with pytest.raises(ManifestError, match="is not one of the plan's epochs"):
             shard.read_epoch(epoch, ["rows"])  # type: ignore[arg-type]
