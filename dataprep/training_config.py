@@ -19,6 +19,8 @@ DEVICES = ("auto", "cpu", "cuda")
 FEATURE_SETS = ("ours", "nemo", "canary-1b")
 #: torch.manual_seed's range
 SEED_RANGE = (-(2**63), 2**64 - 1)
+#: most DataLoader worker processes per rank and batches prepared ahead (each held in memory)
+MAX_WORKERS, MAX_PREFETCH = 1024, 256
 
 
 def _path(name: str, value: Any, optional: bool = False) -> str | None:
@@ -82,8 +84,8 @@ class TrainConfig:
         check_int("steps", self.steps, ge=0, le=None, optional=True)
         check_number("lr", self.lr, gt=0)
         check_int("seed", self.seed, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-        check_int("workers", self.workers, ge=0)
-        check_int("prefetch", self.prefetch, ge=0)
+        check_int("workers", self.workers, ge=0, le=MAX_WORKERS)
+        check_int("prefetch", self.prefetch, ge=0, le=MAX_PREFETCH)
         check_int("checkpoint_every", self.checkpoint_every, ge=0, le=None)
         check_choice("device", self.device, DEVICES)
         check_choice("features", self.features, FEATURE_SETS)

@@ -41,6 +41,7 @@ from manifests.errors import ManifestError
 from manifests.hash_cache import file_facts
 from manifests.outputs import require_replaceable_plan_dir
 from manifests.plan_meta import PLAN_JSON, FileRef, PlanMeta, plan_hash_of, read_plan_meta
+from manifests.validation import number_text
 
 META_KIND = b"speech_dataprep.kind"
 META_PLAN = b"speech_dataprep.plan"  # JSON: version, rank, world_size
@@ -304,17 +305,24 @@ class PlanShard:
         if file_meta.get(META_KIND) != b"plan-shard":
             raise ManifestError(f"{self.path}: not a plan shard")
         try:
-            self.version = json.loads(file_meta.get(META_PLAN, b"{}")).get("version")
+            plan_meta = json.loads(file_meta.get(META_PLAN, b"{}"))
+            self.version = plan_meta.get("version")
         except (ValueError, AttributeError):
             raise ManifestError(f"{self.path}: unreadable {META_PLAN.decode()} metadata") from None
         if self.version not in SHARD_VERSIONS:
             raise ManifestError(f"{self.path}: unsupported shard version {self.version!r} "
                                 f"(this tool reads {', '.join(map(str, SHARD_VERSIONS))})")
+        for key, want in (("rank", rank), ("world_size", meta.world_size)):
+            got = plan_meta.get(key)
+            if got != want or isinstance(got, bool):
+                raise ManifestError(f"{self.path}: the shard is {key} {str(got)[:40]} of its plan, {want} is opened "
+                                    f"(a shard of another rank or plan put in its place)")
         if self._file.schema_arrow.remove_metadata() not in (SHARD_SCHEMA, SHARD_SCHEMA_TARGET_FRAMES):
             raise ManifestError(f"{self.path}: columns differ from a plan shard's")
         self.has_target_frames = "target_frames" in self._file.schema_arrow.names
         self.rank = rank
         self._manifest_rows = meta.manifest.rows
+        self.first_step, self.end_step, self.epochs = meta.first_step, meta.num_steps, meta.epochs
         md = self._file.metadata
         step_col = md.schema.to_arrow_schema().get_field_index("step")
         self._first = np.empty(md.num_row_groups, dtype=np.int64)
@@ -333,12 +341,26 @@ class PlanShard:
         """Batches (= steps) in this shard, over all epochs."""
         return int(self._file.metadata.num_rows)
 
-    def row_groups_from(self, start_step: int) -> list[int]:
-        """Row groups holding steps ``>= start_step`` (from the footer statistics only)."""
-        return [int(i) for i in np.flatnonzero(self._last >= start_step)]
+    def start(self, start_step: int | None) -> int:
+        """``start_step``, or the plan's first step for None; a step outside ``first_step ..
+        num_steps`` of the plan is refused (one line), never read as an empty or whole shard."""
+        if start_step is None:
+            return self.first_step
+        if isinstance(start_step, bool) or not isinstance(start_step, (int, np.integer)):
+            raise ManifestError(f"{self.path}: start step: expected an integer, got {type(start_step).__name__}")
+        if not self.first_step <= start_step <= self.end_step:
+            raise ManifestError(f"{self.path}: start step {number_text(int(start_step))} is outside the plan's steps "
+                                f"{self.first_step}..{self.end_step}")
+        return int(start_step)
 
-    def read(self, start_step: int = 0, columns: Sequence[str] | None = None) -> pa.Table:
-        """Batches from ``start_step`` on, as a table; reads no row group before it."""
+    def row_groups_from(self, start_step: int | None = None) -> list[int]:
+        """Row groups holding steps ``>= start_step`` (from the footer statistics only)."""
+        return [int(i) for i in np.flatnonzero(self._last >= self.start(start_step))]
+
+    def read(self, start_step: int | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+        """Batches from ``start_step`` (default: the plan's first) on, as a table; reads no row
+        group before it."""
+        start_step = self.start(start_step)
         groups = self.row_groups_from(start_step)
         cols = None if columns is None else list(dict.fromkeys(["step", *columns]))
         if groups:
@@ -350,9 +372,10 @@ class PlanShard:
             table = empty if cols is None else empty.select(cols)
         return table if columns is None else table.select(list(columns))
 
-    def iter_tables(self, start_step: int = 0, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+    def iter_tables(self, start_step: int | None = None, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
         """The batches of :meth:`read`, one row group at a time (memory: one row group of
         ``columns``, whatever the shard's size); each table checked like every read."""
+        start_step = self.start(start_step)
         cols = None if columns is None else list(dict.fromkeys(["step", *columns]))
         for g in self.row_groups_from(start_step):
             table = self._read(lambda: self._file.read_row_group(g, columns=cols))
@@ -360,8 +383,10 @@ class PlanShard:
             table = table.slice(int(np.searchsorted(steps, start_step)))
             yield table if columns is None else table.select(list(columns))
 
-    def iter_batches(self, start_step: int = 0) -> Iterator[PlanBatch]:
-        """Yield batches from ``start_step`` on, one row group read at a time."""
+    def iter_batches(self, start_step: int | None = None) -> Iterator[PlanBatch]:
+        """Yield batches from ``start_step`` (default: the plan's first) on, one row group read
+        at a time."""
+        start_step = self.start(start_step)
         for g in self.row_groups_from(start_step):
             t = self._read(lambda: self._file.read_row_group(
                 g, columns=["epoch", "step", "step_in_epoch", "bucket", "ids", "rows"]
@@ -406,7 +431,11 @@ class PlanShard:
         return table
 
     def read_epoch(self, epoch: int, columns: Sequence[str]) -> pa.Table:
-        """Batches of one epoch (the given columns), checked like every read."""
+        """Batches of one epoch (the given columns), checked like every read; an epoch the plan
+        does not hold is refused."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < self.epochs:
+            raise ManifestError(f"{self.path}: epoch {str(epoch)[:40] if not isinstance(epoch, int) else number_text(epoch)} "
+                                f"is not one of the plan's epochs 0..{self.epochs - 1}")
         return self._read(lambda: pq.read_table(self.path, columns=list(columns), filters=[("epoch", "=", epoch)],
                                                 page_checksum_verification=True))
 

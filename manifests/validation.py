@@ -61,9 +61,9 @@ class Validator:
 
     def _within(self, v: Any, name: str, lo: float | None, hi: float | None) -> Any:
         if lo is not None and v < lo:
-            raise self.fail(name, f"must be >= {lo:g}, got {v:g}")
+            raise self.fail(name, f"must be >= {number_text(lo, 'g')}, got {number_text(v, 'g')}")
         if hi is not None and v > hi:
-            raise self.fail(name, f"must be <= {hi:,}, got {v:,}")
+            raise self.fail(name, f"must be <= {number_text(hi, ',')}, got {number_text(v, ',')}")
         return v
 
     def float_(self, x: Any, name: str, lo: float | None = None) -> float:
@@ -82,9 +82,21 @@ class Validator:
         return s
 
 
+def number_text(x: float, spec: str = "") -> str:
+    """``format(x, spec)`` for a message; an integer too large for that (past a float or
+    Python's 4300-digit limit) as its sign and size, e.g. ``-(an integer of 401 digits)``."""
+    if isinstance(x, int) and x.bit_length() > 1000:
+        digits = int(x.bit_length() * 0.30103) + 1
+        return f"{'-' if x < 0 else ''}(an integer of about {digits} digits)"
+    return format(x, spec)
+
+
 def _show(x: Any) -> str:
     """A value for an error message: short, one line."""
-    text = json.dumps(x, ensure_ascii=True, default=repr) if not isinstance(x, float) else repr(x)
+    try:
+        text = json.dumps(x, ensure_ascii=True, default=repr) if not isinstance(x, float) else repr(x)
+    except (ValueError, TypeError, RecursionError):  # an integer past 4300 digits, a key JSON has no form for
+        text = f"a {type(x).__name__}"
     return text if len(text) <= 60 else text[:57] + "..."
 
 

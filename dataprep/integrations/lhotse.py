@@ -16,6 +16,7 @@ so batches do not depend on the number of workers.
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Iterator
@@ -23,7 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from lhotse import CutSet
-from lhotse.dataset.sampling.base import CutSampler, attach_dataloading_info
+from lhotse.dataset.sampling.base import (
+    CutSampler,
+    SamplingDiagnostics,
+    attach_dataloading_info,
+)
 from torch.utils.data import DataLoader
 
 from dataprep.integrations.cuts import cut_for_row
@@ -31,9 +36,12 @@ from dataprep.integrations.rows import ManifestRows
 from manifests.hash_cache import require_manifest_hash
 from manifests.plan_cursor import PlanCursor, PlanStateError
 from manifests.plan_files import PlanBatch
+from manifests.validation import number_text
 
 #: the warning IterableDatasetWrapper gives for a sampler with a rank: a plan's sampler has one on purpose
 _WRAPPER_WARNING = r"We detected you're trying to use a CutSampler with rank"
+#: the largest trainer epoch a sampler takes (a plan is one pass: the trainer's epoch 0)
+MAX_EPOCH = 2**31 - 1
 #: the keys of Lhotse's own sampler state (``CutSampler.state_dict``) besides the cursor's
 _LHOTSE_KEYS = ("epoch", "drop_last", "world_size", "seed", "shuffle", "diagnostics")
 
@@ -126,29 +134,48 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue at ``state_dict["next_step"]`` (the next ``iter()`` does not reset it); a
         malformed state or one of another plan is a :class:`~manifests.plan_cursor.PlanStateError`."""
-        step = self.cursor.check_state(state_dict, others=_LHOTSE_KEYS)
+        step, state_world_size = self.cursor.check_state(state_dict, others=_LHOTSE_KEYS)
         v = self.cursor.state_validator()
-        for key, mine in (("world_size", self.world_size), ("seed", self.seed)):
-            if v.int_(v.key(state_dict, key), key) != mine:
-                raise v.fail(key, f"{state_dict[key]} in the state, this sampler has {mine}")
+        # the world size of the state's plan: this one's, or a re-plan parent's at its last step
+        for key, want in (("world_size", state_world_size), ("seed", self.seed)):
+            if v.int_(v.key(state_dict, key), key) != want:
+                raise v.fail(key, f"{number_text(state_dict[key])} in the state, expected {want}")
         for key in ("drop_last", "shuffle"):
             if state_dict.get(key) is not False:
-                raise v.fail(key, f"expected false (a plan's batches are fixed), got {state_dict.get(key)!r}")
-        v.int_(v.key(state_dict, "epoch"), "epoch", lo=0)
+                raise v.fail(key, f"expected false (a plan's batches are fixed), got {_brief(state_dict.get(key))}")
+        v.int_(v.key(state_dict, "epoch"), "epoch", lo=0, hi=MAX_EPOCH)
         v.obj(v.key(state_dict, "diagnostics"), "diagnostics")
         lhotse_state = {k: val for k, val in state_dict.items() if k not in ("plan_hash", "next_step")}
-        try:
+        lhotse_state["world_size"] = self.world_size  # checked above against the state's own plan
+        try:  # on a scratch object first: a refused state changes nothing
+            SamplingDiagnostics().load_state_dict(copy.deepcopy(lhotse_state["diagnostics"]))
+            lhotse_state["diagnostics"] = copy.deepcopy(lhotse_state["diagnostics"])
             super().load_state_dict(lhotse_state)
-        except (AssertionError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (AssertionError, KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
             raise PlanStateError(f"{self.plan_dir}: sampler state: Lhotse's diagnostics do not fit this sampler "
-                                 f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+                                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
         self.cursor.seek(step)
         self._it = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The trainer's epoch (Lhotse's protocol; a new epoch starts again at the first step):
+        an ``int`` in ``0 .. MAX_EPOCH``, refused in one line otherwise."""
+        v = self.cursor.state_validator("set_epoch")
+        v.int_(epoch, "epoch", lo=0, hi=MAX_EPOCH)
+        super().set_epoch(epoch)
 
     def __getstate__(self) -> dict[str, Any]:  # to worker processes: no mapped file, no open iterator
         state = self.__dict__.copy()
         state["_rows"], state["_it"] = None, None
         return state
+
+
+def _brief(x: Any) -> str:
+    """``repr(x)`` cut to 60 characters; a value without one (an integer past 4300 digits) by its type."""
+    try:
+        return repr(x)[:60]
+    except (ValueError, RecursionError):
+        return f"a {type(x).__name__}"
 
 
 class PlanEnded(SystemExit):
@@ -159,16 +186,20 @@ class PlanEnded(SystemExit):
 def plan_end_line(sampler: PlanSampler) -> str:
     """The line :class:`PlanEnded` stops with: the steps trained and the ``max_steps`` to set."""
     c = sampler.cursor
+    fresh = (f"; a trainer whose step count started at 0 on this re-planned plan: {c.stop_step - c.first_step}"
+             if c.first_step else "")
     return (f"error: {c.plan_dir}: the plan ends at step {c.stop_step} and rank {c.rank} has had every batch "
             f"(steps {c.first_step}..{c.stop_step - 1}); the trainer asked for more: set trainer.max_steps to "
-            f"{c.stop_step - c.first_step} (plan.json num_steps {c.meta.num_steps}) instead of max_epochs: -1")
+            f"{c.stop_step} (plan.json num_steps: the steps are global, a resumed trainer's step count "
+            f"continues{fresh}) instead of max_epochs: -1")
 
 
 class EndOfPlanGuard:
     """Mixin of the plan's DataLoaders: ``iter()`` once the plan's last step was returned (after a
     full pass, or a state restored at the end) raises :class:`PlanEnded` at once, before any
     batch: a trainer that knows the loader's length (0 then) would otherwise start empty epochs
-    without ever asking for a batch."""
+    without ever asking for a batch. ``state_dict()`` is the step after the last batch returned
+    (the sampler runs ahead by the workers' prefetch)."""
 
     plan_sampler: PlanSampler
     _returned_step: int
@@ -188,6 +219,16 @@ class EndOfPlanGuard:
             self._returned_step = step
             yield batch
 
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's state at the step after the last batch returned to the trainer."""
+        return {**self.plan_sampler.state_dict(), "next_step": self._returned_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state["next_step"]`` on the next iteration (the workers get the sampler
+        with that step); a malformed state or one of another plan is refused, changing nothing."""
+        self.plan_sampler.load_state_dict(state)
+        self._returned_step = self.plan_sampler.next_step
+
 
 class PlanDataLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
     """A map-style ``DataLoader(dataset, sampler=plan_sampler, batch_size=None)`` whose
@@ -200,19 +241,11 @@ class PlanDataLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
         self.plan_sampler = sampler
         self._returned_step = sampler.next_step
 
-    def state_dict(self) -> dict[str, Any]:
-        """The sampler's state at the step after the last batch returned to the trainer."""
-        return {**self.plan_sampler.state_dict(), "next_step": self._returned_step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at ``state["next_step"]`` on the next iteration."""
-        self.plan_sampler.load_state_dict(state)
-        self._returned_step = self.plan_sampler.next_step
-
 
 class PlanIterableLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
     """A ``DataLoader`` over ``IterableDatasetWrapper(dataset, plan_sampler)`` (the sampler in the
-    workers) that stops with :class:`PlanEnded` when iterated again past the plan's end."""
+    workers) that stops with :class:`PlanEnded` when iterated again past the plan's end; its
+    ``state_dict()`` is exact, as :class:`PlanDataLoader` 's."""
 
     def __init__(self, dataset: Any, sampler: PlanSampler, **kwargs: Any) -> None:
         from lhotse.dataset import IterableDatasetWrapper

@@ -29,6 +29,10 @@ HASH_FIELD = "content_sha256"
 REQUIRED = (("next_step", int), ("model", dict), ("optimizer", dict), ("plan_hash", str))
 
 
+#: the largest integer a checkpoint may hold, in bits (its decimal text stays under Python's 4300 digits)
+MAX_INT_BITS = 4096
+
+
 class _Unhashable(TypeError):
     """A value the canonical serialisation has no tag for."""
 
@@ -56,6 +60,8 @@ def _feed(h: Any, obj: Any) -> None:
     elif isinstance(obj, bool):
         h.update(b"B" + bytes([obj]))
     elif isinstance(obj, int):
+        if obj.bit_length() > MAX_INT_BITS:  # past Python's decimal conversion limit: no checkpoint holds one
+            raise _Unhashable(f"an integer of {obj.bit_length()} bits")
         h.update(_chunk(b"I", str(obj).encode()))
     elif isinstance(obj, float):
         h.update(b"F" + struct.pack("<d", obj))
@@ -107,16 +113,31 @@ def save_checkpoint(path: Path, fields: dict[str, Any]) -> None:
     torch.save({**fields, HASH_FIELD: content_sha256(fields)}, path)
 
 
+def _load_problem(exc: BaseException) -> str:
+    """One line of why ``torch.load`` refused a file: the weights-only unpickler's own reason
+    (``Unsupported global: ...``) rather than its advice to load with ``weights_only=False``."""
+    lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+    if not lines:
+        return type(exc).__name__
+    for i, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:
+            reason = line.split("WeightsUnpickler error:", 1)[1].strip() or (lines[i + 1] if i + 1 < len(lines) else "")
+            return f"refused by the weights-only loader: {reason[:160]}"
+    return lines[0][:160]
+
+
 def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
     """Read a checkpoint safely (``weights_only=True``: no code runs from the file), verify its
-    content hash and check its fields; :class:`DataprepError` as ``FILE: field: problem``."""
+    content hash and check its fields' types; :class:`DataprepError` as ``FILE: field: problem``.
+    Whether ``next_step`` and ``plan_hash`` resume a plan is :func:`manifests.plan_cursor.resume_point` 's."""
+    if path.is_dir():
+        raise DataprepError(f"{path}: is a directory, not a checkpoint file")
     if not path.is_file():
         raise DataprepError(f"{path}: no checkpoint to resume from")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:  # noqa: BLE001  (any undecodable or unsafe file is the same user error)
-        text = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        raise DataprepError(f"{path}: not a readable checkpoint ({text})") from None
+        raise DataprepError(f"{path}: not a readable checkpoint ({_load_problem(exc)})") from None
     if not isinstance(ckpt, dict):
         raise DataprepError(f"{path}: expected a checkpoint dict, got {type(ckpt).__name__}")
     stored = ckpt.get(HASH_FIELD)
@@ -126,6 +147,8 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str,
         actual = content_sha256(ckpt)
     except _Unhashable as exc:
         raise DataprepError(f"{path}: not a checkpoint this tool wrote (holds {exc})") from None
+    except RecursionError:
+        raise DataprepError(f"{path}: not a checkpoint this tool wrote (values nested too deep)") from None
     if actual != stored:
         raise DataprepError(f"{path}: {HASH_FIELD}: the tensors and fields do not match the stored hash "
                             "(damaged file)")
@@ -134,8 +157,6 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> dict[str,
             raise DataprepError(f"{path}: {key}: missing")
         if not isinstance(ckpt[key], kind) or isinstance(ckpt[key], bool):
             raise DataprepError(f"{path}: {key}: expected {kind.__name__}, got {type(ckpt[key]).__name__}")
-    if ckpt["next_step"] < 0:
-        raise DataprepError(f"{path}: next_step: must be >= 0, got {ckpt['next_step']}")
     if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ckpt["model"].items()):
         raise DataprepError(f"{path}: model: expected a state dict of named tensors")
     return ckpt

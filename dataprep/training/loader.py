@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 from torch.utils.data import DataLoader, IterableDataset
 
 from dataprep.training.batches import Batch, BatchBuilder
+from dataprep.training_config import MAX_PREFETCH, MAX_WORKERS
+from manifests.options import check_int, check_number
 from manifests.plan_cursor import PlanCursor
 from manifests.plan_files import PlanBatch
 
@@ -98,7 +100,11 @@ def make_loader(dataset: PlanDataset, num_workers: int = 0, prefetch_depth: int 
                 timeout_s: float = 600.0) -> Iterable[Batch]:
     """Batches of ``dataset`` in step order, prepared ahead: in ``num_workers`` DataLoader
     worker processes, or (``num_workers=0``) in one background thread ``prefetch_depth`` ahead.
-    A worker that delivers nothing for ``timeout_s`` seconds is an error, not a hang."""
+    A worker that delivers nothing for ``timeout_s`` seconds is an error, not a hang. Sizes are
+    bounded before anything starts (:data:`~dataprep.training_config.MAX_WORKERS`, ``MAX_PREFETCH``)."""
+    check_int("num_workers", num_workers, ge=0, le=MAX_WORKERS)
+    check_int("prefetch_depth", prefetch_depth, ge=0, le=MAX_PREFETCH)
+    check_number("timeout_s", timeout_s, gt=0)
     if num_workers > 0:
         # forkserver, not fork: a worker forked from a process whose thread pools (Polars, Arrow,
         # OpenMP) hold locks can deadlock; the dataset is pickled to each worker instead

@@ -46,7 +46,7 @@ from manifests.atomic_files import atomic_path
 from manifests.hash_cache import require_manifest_hash
 from manifests.options import check_int
 from manifests.outputs import require_free_checkpoint_dir
-from manifests.plan_cursor import argument_validator, resume_world_size
+from manifests.plan_cursor import argument_validator, resume_point
 from manifests.plan_meta import PlanMeta, read_plan_meta
 
 
@@ -146,9 +146,7 @@ def _resume(ckpt_path: Path, meta: PlanMeta, model: torch.nn.Module, opt: torch.
     """Load model and optimizer state from ``ckpt_path``; the plan step to continue at."""
     ckpt = load_checkpoint(ckpt_path, device)
     next_step = ckpt["next_step"]
-    resume_world_size(meta, ckpt["plan_hash"], next_step, argument_validator(str(ckpt_path)))
-    if not next_step <= meta.num_steps:
-        raise DataprepError(f"{ckpt_path}: next_step: {next_step} is past the plan's {meta.num_steps} steps")
+    resume_point(meta, ckpt["plan_hash"], next_step, argument_validator(str(ckpt_path)))
     try:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])

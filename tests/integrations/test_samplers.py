@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
 from dataprep.planning.options import PlanOptions
@@ -267,3 +269,134 @@ def test_importing_the_lhotse_sampler_loads_no_training_stage() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, timeout=300)
     assert res.stdout.strip() == "[]"
+
+
+class CutIds(Dataset[list[str]]):
+    """A Lhotse-style dataset: a step's CutSet -> its cut ids."""
+
+    def __getitem__(self, cuts: Any) -> list[str]:  # type: ignore[override]
+        return [c.id for c in cuts]
+
+
+def test_replan_mid_run_then_resume_serves_exactly_the_replanned_steps(rich: Rich, cache: Path, tmp_path: Path) -> None:
+    """A 2-rank run stopped at step k, re-planned at k for 3 ranks: every sampler's and loader's
+    state of the parent resumes on the re-plan (also with the parent's other world size), its
+    ``len`` is the re-plan's steps from k, and the batches served are exactly the re-plan's
+    shard from k; a parent state at another step, or a re-plan state before k, is refused."""
+    from dataprep.integrations.lhotse import PlanDataLoader, PlanEnded, PlanSampler
+    from dataprep.planning.replan import replan
+    from manifests.plan_cursor import PlanStateError
+
+    n = len(plan_ids(rich.plan, 0))
+    k = n // 2
+    re = tmp_path / "re"
+    meta = replan(rich.plan, rich.manifest, re, PlanOptions(world_size=3), at_step=k)
+    torch_parent = PlanBatchSampler(rich.plan, 1)
+    head = iter(torch_parent)
+    for _ in range(k):
+        next(head)
+    lhotse_parent = PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2, cache_dir=cache)
+    head_cuts = iter(lhotse_parent)
+    for _ in range(k):
+        next(head_cuts)
+    loader_parent = PlanDataLoader(CutIds(), PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2, cache_dir=cache))
+    head_ids = iter(loader_parent)
+    for _ in range(k):
+        next(head_ids)
+    states = [s.state_dict() for s in (torch_parent, lhotse_parent, loader_parent)]
+    assert [s["next_step"] for s in states] == [k, k, k] and states[1]["world_size"] == 2
+    for rank in range(3):
+        want_rows = [b.rows.tolist() for b in open_shard(re, rank)]
+        want_ids = plan_ids(re, rank)
+        assert len(want_ids) == meta.num_steps - k
+        torch_sampler = PlanBatchSampler(re, rank)
+        torch_sampler.load_state_dict(states[0])
+        assert len(torch_sampler) == meta.num_steps - k and list(torch_sampler) == want_rows
+        lhotse_sampler = PlanSampler(re, rich.manifest, rank=rank, world_size=3, cache_dir=cache)
+        lhotse_sampler.load_state_dict(states[1])
+        assert len(lhotse_sampler) == meta.num_steps - k
+        assert [[c.id for c in cs] for cs in lhotse_sampler] == want_ids
+        loader = PlanDataLoader(CutIds(), PlanSampler(re, rich.manifest, rank=rank, world_size=3, cache_dir=cache))
+        loader.load_state_dict(states[2])
+        assert len(loader) == meta.num_steps - k and list(loader) == want_ids
+        with pytest.raises(PlanEnded) as ended:  # the steps are global: a resumed trainer's count continues at k
+            iter(loader)
+        assert f"set trainer.max_steps to {meta.num_steps} " in str(ended.value)
+        assert f"started at 0 on this re-planned plan: {meta.num_steps - k})" in str(ended.value)
+    for state in states[:2]:
+        with pytest.raises(PlanStateError, match=f"re-planned at step {k}"):
+            PlanSampler(re, rich.manifest, rank=0, world_size=3, cache_dir=cache).load_state_dict(
+                {**state, "next_step": k - 1})
+    lhotse_re = PlanSampler(re, rich.manifest, rank=0, world_size=3, cache_dir=cache)
+    with pytest.raises(PlanStateError, match=f"next_step: {k - 1} is outside the plan's steps {k}"):
+        lhotse_re.load_state_dict({**lhotse_re.state_dict(), "next_step": k - 1})
+    with pytest.raises(PlanStateError, match="world_size: 3 in the state, expected 2"):  # the parent had 2 ranks
+        lhotse_re.load_state_dict({**states[1], "world_size": 3})
+
+
+@pytest.mark.parametrize("epoch", [-1, 2**31, 10**400, True, 1.0, "1", None])
+def test_lhotse_set_epoch_is_checked(rich: Rich, cache: Path, epoch: Any) -> None:
+    from dataprep.integrations.lhotse import PlanSampler
+    from manifests.plan_cursor import PlanStateError
+
+    sampler = PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2, cache_dir=cache)
+    with pytest.raises(PlanStateError, match="set_epoch: epoch: ") as exc:
+        sampler.set_epoch(epoch)
+    assert "\n" not in str(exc.value) and sampler.epoch == 0
+    sampler.set_epoch(3)
+    assert sampler.epoch == 3
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_plan_iterable_loader_state_resumes_exactly(rich: Rich, cache: Path, workers: int) -> None:
+    """The iterable loader (NeMo's ``force_iterable_dataset``) has a state too: without one a
+    resumed trainer silently started the plan again at its first step."""
+    from dataprep.integrations.lhotse import PlanIterableLoader, PlanSampler
+
+    want = plan_ids(rich.plan, 1)
+    k = 3
+    first = PlanIterableLoader(CutIds(), PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2, cache_dir=cache),
+                               num_workers=workers)
+    it = iter(first)
+    head = [next(it) for _ in range(k)]
+    state = first.state_dict()
+    assert state["next_step"] == k and head == want[:k]
+    del it
+    resumed = PlanIterableLoader(CutIds(), PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2,
+                                                       cache_dir=cache), num_workers=workers)
+    resumed.load_state_dict(state)
+    assert list(resumed) == want[k:]
+
+
+_HUGE = st.sampled_from([400, 5000]).map(lambda n: 10**n) | st.sampled_from([400, 5000]).map(lambda n: -(10**n))
+_GARBAGE = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=20), _HUGE),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5) | st.integers(0, 3), c, max_size=3),
+    max_leaves=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_garbage_lhotse_states_are_refused_in_one_line_or_resume_exactly(rich: Rich, cache: Path,
+                                                                         data: st.DataObject) -> None:
+    """Lhotse's part of a state (epoch, drop_last, world_size, seed, shuffle, diagnostics) and the
+    cursor's, each right or garbage: a one-line PlanStateError that changes nothing, or exactly
+    the plan's batches from the state's step; never Lhotse's AssertionError or a raw KeyError."""
+    from dataprep.integrations.lhotse import PlanSampler
+    from manifests.plan_cursor import PlanStateError
+
+    sampler = PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2, cache_dir=cache)
+    want = plan_ids(rich.plan, 1)
+    good = {**sampler.state_dict(), "next_step": data.draw(st.integers(0, len(want)))}
+    state: dict[Any, Any] = {k: data.draw(st.just(v) | _GARBAGE) if data.draw(st.booleans()) else v
+                             for k, v in good.items()}
+    for key in data.draw(st.lists(st.sampled_from(sorted(good)), max_size=1)):
+        state.pop(key)
+    try:
+        sampler.load_state_dict(state)
+    except PlanStateError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(f"{rich.plan}: sampler state") and len(str(exc)) < 400
+        assert sampler.next_step == 0 and sampler.epoch == 0
+        return
+    assert type(state["next_step"]) is int and sampler.next_step == state["next_step"]
+    assert [[c.id for c in cs] for cs in sampler] == want[state["next_step"]:]

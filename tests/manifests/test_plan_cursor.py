@@ -4,6 +4,8 @@ and hostile states or arguments are one-line DataprepErrors, never coerced."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,10 @@ from dataprep.planning.build import build_plan
 from dataprep.planning.options import PlanOptions
 from dataprep.planning.replan import replan
 from dataprep.testing import write_plan_inputs
-from manifests.errors import DataprepError
+from manifests.errors import DataprepError, ManifestError
 from manifests.plan_cursor import STATE_KEYS, PlanCursor, PlanStateError
 from manifests.plan_files import PlanShard
+from manifests.plan_meta import plan_hash_of
 
 W, W2 = 2, 3
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -195,3 +198,103 @@ def test_hostile_steps_and_world_size_are_refused(plans: Plans, kwargs: dict[str
         cursor.seek(True)  # type: ignore[arg-type]
     with pytest.raises(DataprepError, match="worker 2 is outside"):
         cursor.worker_steps(2, 2)
+
+
+# --------------------------------------------------------------------------- garbage states
+
+#: values of no particular type: scalars (huge integers past Python's 4300-digit limit included)
+#: and small nested lists and dicts
+_HUGE = st.sampled_from([400, 5000]).map(lambda n: 10**n) | st.sampled_from([400, 5000]).map(lambda n: -(10**n))
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=70),
+                     st.binary(max_size=8), _HUGE, st.sampled_from([2**63, "0" * 64]))
+_GARBAGE = st.recursive(_SCALARS, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+                        max_leaves=6)
+
+
+def _garbage_state(data: st.DataObject, meta: Any, parent_hash: str | None) -> Any:
+    """A state near a real one: each field right, near the plan's bounds, or garbage; keys dropped
+    or added at random; sometimes no dict at all."""
+    hashes = [meta.plan_hash, "0" * 64, *([parent_hash] if parent_hash else [])]
+    state: dict[Any, Any] = {
+        "plan_hash": data.draw(st.sampled_from(hashes) | _GARBAGE),
+        "rank": data.draw(st.integers(-2, 4) | _HUGE | _GARBAGE),
+        "next_step": data.draw(st.integers(meta.first_step - 2, meta.num_steps + 2) | _HUGE | _GARBAGE),
+    }
+    for key in data.draw(st.lists(st.sampled_from(STATE_KEYS), max_size=2)):
+        state.pop(key, None)
+    for key in data.draw(st.lists(st.sampled_from(["epoch", "Rank", "", 1, None, ("x",)]), max_size=1)):
+        state[key] = data.draw(_GARBAGE)
+    return data.draw(st.just(state) | _GARBAGE)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_garbage_states_are_one_line_refusals_or_resume_exactly(plans: Plans, data: st.DataObject) -> None:
+    """Any state a trainer could hand back: a one-line PlanStateError that changes nothing, or a
+    resume whose batches are exactly the uninterrupted run's from that step; never a raw
+    KeyError / TypeError / OverflowError, never other batches."""
+    replanned = data.draw(st.booleans())
+    plan, meta, world = (plans.replanned, plans.rmeta, W2) if replanned else (plans.plan, plans.meta, W)
+    rank = data.draw(st.integers(0, world - 1))
+    state = _garbage_state(data, meta, plans.meta.plan_hash if replanned else None)
+    cursor = PlanCursor(plan, rank)
+    try:
+        cursor.load_state_dict(state)
+    except PlanStateError as exc:
+        msg = str(exc)
+        assert "\n" not in msg and msg.startswith(f"{plan}: sampler state") and len(msg) < 400, msg
+        assert cursor.next_step == meta.first_step
+        return
+    assert isinstance(state, dict) and set(state) == set(STATE_KEYS)
+    step = state["next_step"]
+    assert type(step) is int and type(state["rank"]) is int
+    if state["plan_hash"] == meta.plan_hash:
+        assert meta.first_step <= step <= meta.num_steps and 0 <= state["rank"] < world
+    else:  # the re-plan parent's state at exactly the step the plan was re-planned at
+        assert replanned and state["plan_hash"] == plans.meta.plan_hash and step == plans.at
+        assert 0 <= state["rank"] < W
+    assert cursor.next_step == step and len(cursor) == meta.num_steps - step
+    assert run(cursor) == shard_batches(plan, rank)[step - meta.first_step:]
+
+
+def _swap_shards(plan: Path, dst: Path) -> None:
+    """Copy ``plan`` with the files of ranks 0 and 1 swapped and ``plan.json`` made to match
+    (shard facts swapped, plan_hash recomputed): a plan every file check accepts."""
+    shutil.copytree(plan, dst)
+    a, b = dst / "rank-00000.parquet", dst / "rank-00001.parquet"
+    tmp = dst / "swap"
+    a.rename(tmp), b.rename(a), tmp.rename(b)
+    obj = json.loads((dst / "plan.json").read_text())
+    s0, s1 = obj["shards"][0], obj["shards"][1]
+    obj["shards"][0], obj["shards"][1] = {**s1, "file": s0["file"]}, {**s0, "file": s1["file"]}
+    obj["plan_hash"] = plan_hash_of(obj)
+    (dst / "plan.json").write_text(json.dumps(obj))
+
+
+def test_a_shard_of_another_rank_is_refused(plans: Plans, tmp_path: Path) -> None:
+    swapped = tmp_path / "swapped"
+    _swap_shards(plans.plan, swapped)
+    for rank, other in ((0, 1), (1, 0)):
+        with pytest.raises(ManifestError, match=rf"rank-0000{rank}\.parquet: the shard is rank {other} of its plan, "
+                                                rf"{rank} is opened") as exc:
+            list(PlanCursor(swapped, rank))
+        assert "\n" not in str(exc.value)
+        with pytest.raises(ManifestError, match=f"the shard is rank {other}"):
+            PlanShard(swapped, rank)
+
+
+def test_a_shard_read_outside_the_plan_is_refused(plans: Plans) -> None:
+    shard = PlanShard(plans.plan, 0)
+    for start in (-1, plans.meta.num_steps + 1, 10**5000, np.int64(-1)):
+        for read in (shard.iter_batches, shard.read, shard.iter_tables):
+            with pytest.raises(ManifestError, match="start step .* is outside the plan's steps") as exc:
+                list(read(start)) if read is not shard.read else read(start)
+            assert "\n" not in str(exc.value)
+    assert shard.read(plans.meta.num_steps).num_rows == 0  # the end itself: nothing left, not an error
+    rshard = PlanShard(plans.replanned, 0)
+    with pytest.raises(ManifestError, match=rf"start step 0 is outside the plan's steps {plans.at}\.\."):
+        list(rshard.iter_batches(0))
+    assert next(b.step for b in rshard) == plans.at  # the default start is the plan's first step
+    for epoch in (plans.meta.epochs, -1, 10**12, True, 0.0):
+        with pytest.raises(ManifestError, match="is not one of the plan's epochs"):
+            shard.read_epoch(epoch, ["rows"])  # type: ignore[arg-type]
