@@ -123,7 +123,7 @@ def plan_shapes(plan_dir: str | os.PathLike[str], log: pl.DataFrame) -> pl.DataF
         if rank >= meta.world_size:
             raise DataprepError(f"{plan_dir}: the log has rank {rank}, the plan {meta.world_size} ranks")
         steps = log.filter(pl.col("rank") == rank)
-        first = int(steps["step"].min())  # type: ignore[arg-type]
+        first = max(int(steps["step"].min()), meta.first_step)  # type: ignore[arg-type]  # earlier ones: refused below
         wanted = pl.Series(steps["step"])
         for t in PlanShard(plan_dir, rank, meta).iter_tables(first, columns=cols):
             got = pl.from_arrow(t)

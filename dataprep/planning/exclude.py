@@ -128,7 +128,7 @@ def check_exclusions(plan_dir: str | os.PathLike[str], meta: PlanMeta) -> tuple[
         return 0, None
     for rank in range(meta.world_size):
         shard = PlanShard(plan_dir, rank, meta)
-        for t in shard.iter_tables(from_step, columns=["rows"]):
+        for t in shard.iter_tables(max(from_step, meta.first_step), columns=["rows"]):
             rows = numeric_values(pc.list_flatten(t.column("rows")), np.int64)
             bad = is_excluded(rows, excluded)
             if bad.any():
