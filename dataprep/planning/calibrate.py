@@ -125,6 +125,8 @@ def plan_shapes(plan_dir: str | os.PathLike[str], log: pl.DataFrame) -> pl.DataF
         steps = log.filter(pl.col("rank") == rank)
         first = max(int(steps["step"].min()), meta.first_step)  # type: ignore[arg-type]  # earlier ones: refused below
         wanted = pl.Series(steps["step"])
+        if first >= meta.num_steps:  # every logged step past the plan: refused below
+            continue
         for t in PlanShard(plan_dir, rank, meta).iter_tables(first, columns=cols):
             got = pl.from_arrow(t)
             assert isinstance(got, pl.DataFrame)
