@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# step failed with exit status {rc}", file=sys.stderr)
             return rc
     print(f"\n# open {out / 'report.html'} in a browser: the corpus, its buckets and its plan on one page")
+    print(f"# the same steps by hand (README.md, Start here): cd {out}")
     print(json.dumps({"demo": str(out), "report": str(out / "report.html"), "ok": True}))
     return 0
 
