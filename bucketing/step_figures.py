@@ -4,7 +4,8 @@
 step time max ÷ mean - 1, :class:`bucketing.costmodel.CostModel`, seconds), idle share, same-
 bucket steps and the padded-seconds balance. :func:`spread_bound` and :func:`steps_over_bound`
 are lower bounds over every layout of given per-batch values in steps of ``world_size``: what
-``benchmarks/bench_fill.py --goals`` prints beside the achieved figures. Pure NumPy, no I/O.
+``benchmarks/bench_fill.py --goals`` prints beside the achieved figures; :func:`step_warnings`
+says where a plan will be poor (few steps an epoch, ranks the corpus cannot fill). Pure NumPy, no I/O.
 """
 
 from __future__ import annotations
@@ -110,3 +111,35 @@ def _without_company(x: npt.NDArray[np.float64], W: int, limit: float) -> int:
 
 
 __all__ = ["PlanReport", "plan_report", "spread_bound", "steps_over_bound"]
+
+
+#: an epoch of fewer steps than this makes a poor plan (warned): each step weighs much of the epoch
+MIN_STEPS_PER_EPOCH = 20
+#: a predicted straggler above this is warned: ranks wait that much of a step for the slowest
+MAX_STRAGGLER = 0.15
+
+
+def step_warnings(world_size: int, steps: int, straggler: float | None = None) -> list[str]:
+    """One-line warnings where a plan of ``steps`` steps an epoch on ``world_size`` ranks will be
+    poor: few steps an epoch (below :data:`MIN_STEPS_PER_EPOCH`), a predicted straggler above
+    :data:`MAX_STRAGGLER` (the corpus cannot fill the ranks with batches of one length)."""
+    out = []
+    if steps < MIN_STEPS_PER_EPOCH:
+        fits = world_size * steps // MIN_STEPS_PER_EPOCH
+        advice = (f"about {fits} rank(s) at most give {MIN_STEPS_PER_EPOCH}+ steps" if fits >= 1
+                  else f"the corpus holds too few batches for {MIN_STEPS_PER_EPOCH} steps on any world size")
+        out.append(f"world size {world_size}: only {steps} step(s) an epoch, so each step is "
+                   f"{1 / max(steps, 1):.0%} of it (learning-rate schedules, checkpoints and these figures rest "
+                   f"on few steps); {advice}, or add data")
+    if straggler is not None and straggler > MAX_STRAGGLER:
+        out.append(f"world size {world_size}: predicted straggler {straggler:.0%}: ranks wait about that share of "
+                   "each step for the slowest, as the corpus cannot fill this many ranks with batches of one "
+                   "length; plan for fewer ranks or a larger corpus")
+    return out
+
+
+def steps_rows_warnings(rows: list[dict[str, float]]) -> list[str]:
+    """:func:`step_warnings` of each world size of ``padding --world-sizes`` rows
+    (:func:`bucketing.steps_report.steps_rows`), from its last (balanced) row."""
+    last = {int(r["world_size"]): r for r in rows}
+    return [w for W, r in last.items() for w in step_warnings(W, int(r["steps"]), float(r["straggler"]))]

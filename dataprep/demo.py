@@ -67,7 +67,8 @@ def make_demo_corpus(out: Path, num_utterances: int = 2000, seed: int = 0) -> Pa
 
 
 def demo_steps(out: Path) -> list[list[str]]:
-    """The commands the demo runs, in order, as a user types them."""
+    """The commands the demo runs, in order, as a user types them: README.md's "Start here" steps
+    (the same flags; ``tests/test_readme_walk.py`` holds them equal), then ``report``."""
     o = str(out)
     return [
         ["train-tokenizer", f"{o}/train.jsonl", "--vocab-size", "256", "-o", f"{o}/spm.model"],
@@ -78,11 +79,12 @@ def demo_steps(out: Path) -> list[list[str]]:
          "--rejects", f"{o}/rejects.parquet"],
         ["fit-buckets", f"{o}/kept.parquet", "--num-buckets", "30", "--num-subbuckets", "2",
          "--max-duration-budget", "600", "-o", f"{o}/buckets.json"],
-        ["padding", f"{o}/kept.parquet", "--buckets", f"{o}/buckets.json", "--json", f"{o}/padding.json",
-         "--plots", f"{o}/plots"],
+        ["padding", f"{o}/kept.parquet", "--buckets", f"{o}/buckets.json", "--world-sizes", "8,32,128",
+         "--json", f"{o}/padding.json", "--plots", f"{o}/plots"],
         ["plan-batches", f"{o}/kept.parquet", "--buckets", f"{o}/buckets.json", "--world-size", "4",
          "--seed", "0", "--epochs", "2", "-o", f"{o}/plan"],
         ["simulate", f"{o}/plan"],
+        ["verify", f"{o}/plan", "--manifest", f"{o}/kept.parquet"],
         ["report", f"{o}/kept.parquet", "--rejects", f"{o}/compile-rejects.parquet", "--rejects",
          f"{o}/rejects.parquet", "--buckets", f"{o}/buckets.json", "--plan", f"{o}/plan", "-o", f"{o}/report.html"],
     ]
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# step failed with exit status {rc}", file=sys.stderr)
             return rc
     print(f"\n# open {out / 'report.html'} in a browser: the corpus, its buckets and its plan on one page")
+    print(f"# the same steps by hand (README.md, Start here): cd {out}")
     print(json.dumps({"demo": str(out), "report": str(out / "report.html"), "ok": True}))
     return 0
 

@@ -2,13 +2,16 @@
 
     python examples/pytorch_sampler.py PLAN_DIR MANIFEST [RANK]
 """
-import json
 import sys
 
 import pyarrow.parquet as pq
 import soundfile
-import torch
-from torch.utils.data import DataLoader, Dataset
+
+try:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+except ModuleNotFoundError:
+    sys.exit("this example needs torch: pip install torch==2.13.0 (the CPU build), then pip install -e '.[torch]'")
 
 from dataprep.integrations.torch import PlanBatchSampler
 
@@ -32,19 +35,28 @@ class Utterances(Dataset):
 
 def collate(items):
     ids, audio = zip(*items)
-    return list(ids), torch.nn.utils.rnn.pad_sequence(audio, batch_first=True)
+    lengths = torch.tensor([len(a) for a in audio])
+    return list(ids), torch.nn.utils.rnn.pad_sequence(audio, batch_first=True), lengths
+
+
+def describe(step, ids, audio, lengths):
+    padding = 1 - lengths.sum().item() / audio.numel()
+    return f"step {step}: {len(ids)} utterances, padded to {audio.shape[1]:,} samples ({padding:.0%} padding)"
 
 
 plan_dir, manifest = sys.argv[1], sys.argv[2]
 rank = int(sys.argv[3]) if len(sys.argv) > 3 else 0  # torch.distributed.get_rank() under DDP
 sampler = PlanBatchSampler(plan_dir, rank)
+print(f"rank {rank}: {len(sampler)} batches in the plan")
 loader = DataLoader(Utterances(manifest), batch_sampler=sampler, collate_fn=collate)
-for ids, audio in loader:
-    print(json.dumps(ids))  # your training step here
-    if len(sampler) == 2:  # e.g. checkpoint: sampler.state_dict() holds the next step
+for step, (ids, audio, lengths) in enumerate(loader):
+    print(describe(step, ids, audio, lengths))  # your training step here
+    if step == 2:  # e.g. checkpoint: sampler.state_dict() holds the next step
         checkpoint = {"sampler": sampler.state_dict()}
         break
 resumed = PlanBatchSampler(plan_dir, rank)
 resumed.load_state_dict(checkpoint["sampler"])  # continues at exactly the next batch
-for ids, audio in DataLoader(Utterances(manifest), batch_sampler=resumed, collate_fn=collate):
-    print(json.dumps(ids))
+first, batches, utterances = resumed.next_step, 0, 0
+for ids, audio, lengths in DataLoader(Utterances(manifest), batch_sampler=resumed, collate_fn=collate):
+    batches, utterances = batches + 1, utterances + len(ids)
+print(f"resumed at step {first}: {batches} more batches, {utterances:,} utterances, to the end of the plan")

@@ -165,6 +165,7 @@ def test_page_blocks_run(page: Path, demo_workspace: Path, tmp_path: Path) -> No
     (ws / "audio").symlink_to(demo_workspace / "audio")
     for name in ("examples", "benchmarks"):
         (ws / name).symlink_to(REPO / name)
+    (tmp_path / "examples").symlink_to(REPO / "examples")  # README's walk: demo-out/ beside examples/
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     env = _env(bin_dir)

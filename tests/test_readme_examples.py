@@ -1,6 +1,7 @@
 """The trainer examples of ``docs/trainers.md``: each block marked ``<!-- doc-test: file examples/NAME -->``
 is that ``examples/`` file verbatim (``tests/test_docs_examples.py`` checks every page's markers),
-and each file runs on a real-audio corpus and prints exactly the plan's batches."""
+and each file runs on a real-audio corpus and prints exactly the plan's batches (``pytorch_sampler.py``, the
+README's last step: a readable summary of them, and one line naming the extra without torch)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,13 @@ def test_example_runs_and_replays_the_plan(rich: Rich, name: str) -> None:
     res = subprocess.run([sys.executable, str(REPO / "examples" / name), *args], capture_output=True, text=True,
                          check=False, env=env, cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    got = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("[\"")]
     plan = [b.ids for b in open_shard(rich.plan, 0)]
+    if name == "pytorch_sampler.py":  # a readable summary: three steps, then the resumed rest counted
+        sizes = [len(ids) for ids in plan]
+        assert res.stdout.splitlines() == [f"rank 0: {len(plan)} batches in the plan"] + [
+            line for line in res.stdout.splitlines() if line.startswith("step ")] + [
+            f"resumed at step 3: {len(plan) - 3} more batches, {sum(sizes[3:]):,} utterances, to the end of the plan"]
+        assert [int(line.split()[2]) for line in res.stdout.splitlines()[1:4]] == sizes[:3]
+        return
+    got = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("[\"")]
     assert got == (plan + plan if name == "lhotse_sampler.py" else plan)

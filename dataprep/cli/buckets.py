@@ -10,6 +10,7 @@ import typer
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.bucket_order import DEFAULT_AUDIO_WEIGHT
 from bucketing.dynres import DynResConfig
+from bucketing.step_figures import steps_rows_warnings
 from dataprep.cli import dynres as dyn
 from dataprep.cli.app import (alias, app, build_options, defaults_of, option_flags, out,
                               parse_memory_limit, parse_world_sizes, user_errors)
@@ -178,6 +179,8 @@ def _print_padding(report: dict[str, Any], dynres: DynResConfig) -> None:
                        f"{r['balance_mean']:.3f}", f"{r['balance_over_1_10']:.1%}", f"{r['padding_audio']:.2%}",
                        f"{r['padding_tokens']:.2%}")
         out.print(st)
+        for w in steps_rows_warnings(report["steps"]):
+            out.print(f"warning: {w}")
 
 
 def print_policy_comparison(rows: list[dict[str, Any]]) -> None:

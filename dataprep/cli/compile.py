@@ -122,6 +122,8 @@ def compile_cmd(
                   f"{result.rows_kept:,} kept, {result.rows_rejected:,} rejected -> {output}/")
         return
     _print_summary(result.rows_in, result.rows_kept, result.hours, result.reasons)
+    for line in result.notes():
+        out.print(line)
     out.print(f"manifest -> {output} (content hash {result.content_hash[:16]})")
     out.print(f"rejects  -> {rejects_path}")
 
@@ -156,5 +158,7 @@ def merge_cmd(
     refuse_same_paths({"PARTS": parts}, {"-o": output, "--rejects": rejects_path})
     result = merge_parts(parts, output, rejects_path)
     _print_summary(result.rows_in, result.rows_kept, result.hours, result.reasons)
+    for line in result.notes():
+        out.print(line)
     out.print(f"merged {result.num_parts} parts; manifest -> {output} (content hash {result.content_hash[:16]})")
     out.print(f"rejects  -> {rejects_path}")

@@ -15,9 +15,9 @@ from dataprep.cli.app import app, build_options, parse_memory_limit, check_range
 from dataprep.cli.fmt import Table, pct, plural
 from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli import dynres as dyn
-from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan, simulate_plan
+from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan
 from dataprep.planning import spills_to_disk
-from dataprep.planning import plan_steps_report, simulate_strategies
+from dataprep.planning.simulate import plan_steps_report, plan_warnings, simulate_strategies, simulate_with_warnings
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
 from manifests.outputs import refuse_same_paths
@@ -205,6 +205,8 @@ def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
                   f"(idle {bl.idle:.1%}), padded audio max/mean {bl.balance_mean:.3f} "
                   f"(> 1.10 on {bl.balance_over_1_10:.1%} of steps); {plural(bl.split_batches, 'batch')} split, "
                   f"{plural(bl.unbalanced_steps, 'step')} over the tolerance")
+    for w in plan_warnings(meta):
+        out.print(f"warning: {w}", markup=False)
     out.print(f"plan hash: {meta.plan_hash}")
 
 
@@ -232,7 +234,7 @@ def simulate_cmd(
     slow = _slow_ranks(slow_rank or [])
     strategies = [x.strip() for x in strategy.split(",") if x.strip()] if strategy else []
     with option_flags(SIM_FLAGS):  # the library checks every value (finite, in range)
-        results = simulate_plan(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
+        results, warnings = simulate_with_warnings(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
     out.print(f"tail-worker simulation, epoch {epoch}; cost model: {cost}")
     rep = plan_steps_report(plan_dir, cost, epoch)
     out.print(f"plan's steps (world size {results[0].world_size}): {plural(rep.steps, 'step')}, fill {rep.fill:.1%} of the "
@@ -250,6 +252,8 @@ def simulate_cmd(
             f"  (only {plural(round(r.batches_per_bucket), 'batch', 'batches')} per bucket for {plural(r.world_size, 'rank')}: "
             "too small a corpus to say)")
         out.print("  ".join(f"{c:>14}" for c in cells) + note)
+    for w in warnings:
+        out.print(f"warning: {w}", markup=False)
     if strategies:
         with option_flags(SIM_FLAGS):
             res = simulate_strategies(plan_dir, strategies, cost, group_size, slow, exchange, epoch)

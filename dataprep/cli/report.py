@@ -14,6 +14,7 @@ import typer
 from dataprep.cli.app import app, build_options, err, out, user_errors
 from dataprep.cli.fmt import Table
 from dataprep.analysis import FilterSummary, ManifestStats, Thresholds, filter_manifest, stats_report
+from dataprep.analysis.blend_tree import blend_lines
 from manifests.manifest_write import default_rejects_path
 
 
@@ -98,6 +99,8 @@ def stats_command(
         written += [Path(p) for p in write_plots(agg, plots)]
     for table in stats_tables(stats):
         out.print(table)
+    for line in blend_lines(manifest, stats.corpora):
+        out.print(line)
     for path in written:
         err.print(f"wrote {path}")
 

@@ -8,15 +8,18 @@ raising :class:`manifests.errors.DataprepError`.
 
 Modules: :mod:`.validate` (per-chunk validation, rejects), :mod:`.probe` (audio headers),
 :mod:`.spool` (spooling accepted rows, duplicate ids), :mod:`.single` (the one-process
-compile), :mod:`.parts` (hashed parts, markers, merge), :mod:`.executors` (pool and Ray).
+compile), :mod:`.parts` (hashed parts, markers, merge), :mod:`.executors` (pool and Ray),
+:mod:`.audio_checks` (rows whose audio was not checked).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from dataprep.compile.audio_checks import UncheckedAudio, require_audio, unchecked_audio
 from dataprep.compile.parts import merge_parts, resolve_part, run_part
 from manifests.parted_run import check_split
 from dataprep.compile.probe import probe_headers
@@ -30,6 +33,7 @@ from manifests.outputs import refuse_directory_outputs
 __all__ = [
     "EXECUTORS",
     "PROBE_MODES",
+    "UncheckedAudio",
     "CompileOptions",
     "CompileResult",
     "CompileSummary",
@@ -40,6 +44,8 @@ __all__ = [
     "merge_parts",
     "probe_headers",
     "process_chunk",
+    "require_audio",
+    "unchecked_audio",
 ]
 
 EXECUTORS: tuple[str, ...] = ("local", "ray")
@@ -80,9 +86,25 @@ def compile(  # noqa: A001 - the stage's name
 
     ``rejects`` defaults to :func:`manifests.manifest_write.default_rejects_path` of ``output``.
     ``on_chunk`` / ``on_probe`` count rows read / headers probed (not from pool workers);
-    ``on_part`` gets each finished part of a pool run.
+    ``on_part`` gets each finished part of a pool run. The summary's ``audio`` counts the kept
+    rows whose audio was not checked (:func:`unchecked_audio`; not for a one-part run).
     """
     opts = opts or CompileOptions()
+    summary = _compile(sources, tokenizer_specs, output, rejects, opts, executor=executor, workers=workers,
+                       num_parts=num_parts, part_index=part_index, env=env, on_chunk=on_chunk,
+                       on_probe=on_probe, on_part=on_part)
+    if summary.part_index is not None or summary.audio is not None:
+        return summary
+    return dataclasses.replace(summary, audio=unchecked_audio(output, opts.probe))
+
+
+def _compile(
+    sources: Sequence[str | os.PathLike[str]], tokenizer_specs: Sequence[str], output: str | os.PathLike[str],
+    rejects: str | os.PathLike[str] | None, opts: CompileOptions, *, executor: str, workers: int,
+    num_parts: int | None, part_index: int | None, env: Mapping[str, str] | None, on_chunk: Progress | None,
+    on_probe: Progress | None, on_part: Callable[[CompileSummary], None] | None,
+) -> CompileSummary:
+    """:func:`compile` without the audio check of its output."""
     _check(executor, workers, num_parts, part_index)
     rejects_path = Path(rejects) if rejects is not None else default_rejects_path(output)
     part = resolve_part(num_parts, part_index, os.environ if env is None else env)

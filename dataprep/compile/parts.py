@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataprep import __version__
+from dataprep.compile.audio_checks import unchecked_audio
 from dataprep.compile.single import CompileSummary
 from dataprep.compile.spool import AcceptedSpool, finish_spool, open_parquet, spool_chunks, spool_folder
 from dataprep.compile.validate import (
@@ -363,4 +364,4 @@ def merge_parts(
         write_rejects(rej, tmp_rejects, provenance)
     reasons = reasons_count(rej)
     return CompileSummary(rows_in, kept, seconds / 3600, reasons, provenance, written.content_hash,
-                          num_parts=len(markers))
+                          num_parts=len(markers), audio=unchecked_audio(output, str(provenance.get("probe", "auto"))))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from dataprep.compile.audio_checks import UncheckedAudio
 from dataprep.compile.spool import AcceptedSpool, finish_spool, spool_chunks, spool_folder
 from dataprep.compile.validate import (
     ROW,
@@ -49,8 +50,8 @@ class CompileSummary:
     """What a compile wrote, whatever ran it. ``hours``: total duration of kept rows / 3600.
 
     A one-part run (``part_index`` set) writes a part into a folder, not a manifest: its
-    ``content_hash`` is empty, ``hours`` 0 and ``reasons`` empty; ``skipped`` says it was
-    already done. ``num_parts``: the parts a parted compile or a merge combined (1 otherwise).
+    ``content_hash`` is empty, ``hours`` 0, ``reasons`` empty and ``audio`` None; ``skipped``
+    says it was already done. ``num_parts``: the parts a parted compile or a merge combined (1 otherwise).
     """
 
     rows_in: int
@@ -62,6 +63,12 @@ class CompileSummary:
     num_parts: int = 1
     part_index: int | None = None
     skipped: bool = False
+    #: kept rows whose audio was not checked (:mod:`dataprep.compile.audio_checks`); None for a part
+    audio: UncheckedAudio | None = None
+
+    def notes(self) -> list[str]:
+        """Lines a user reads after the counts: what was not checked, and why."""
+        return self.audio.lines() if self.audio is not None else []
 
     @property
     def rows_rejected(self) -> int:

@@ -42,6 +42,8 @@ PROBE_MODES: tuple[str, ...] = ("auto", "always", "never")
 
 #: column of the global input row number (keeps outputs in input order; never in a manifest)
 ROW = "__row"
+#: column of whether a row is a segment of its file (the source gave an offset, 0 included; never in a manifest)
+SEGMENT = "__segment"
 #: accepted rows with their global input row (spool files and parts), container columns included
 #: (null for loose files; dropped from the outputs when no row has a container)
 PART_SCHEMA = pa.schema([*FULL_MANIFEST_SCHEMA, pa.field(ROW, pa.int64(), nullable=False)])
@@ -148,6 +150,10 @@ def process_chunk(
     on_probe: Callable[[int], None] | None = None,
 ) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
     """Validate, probe and tokenize one chunk of reader rows. Returns (accepted, rejects)."""
+    # a row whose source gives an offset (0 included: NeMo's explicit offset, a Kaldi segment, a
+    # Lhotse cut or supervision) is a segment of its file; the readers leave it null otherwise
+    chunk = chunk.with_columns(pl.col("offset").is_not_null().alias(SEGMENT),
+                               pl.col("offset").fill_null(0.0))
     rejects: list[pl.DataFrame] = [chunk.filter(pl.col("reason").is_not_null())]
     df = chunk.filter(pl.col("reason").is_null())
 
@@ -158,11 +164,10 @@ def process_chunk(
     df, bad = _reject(df, d.is_not_null() & (d.is_nan() | d.is_infinite() | (d <= 0)), "invalid_duration",
                       _at(pl.concat_str([pl.lit("duration "), d.cast(pl.String), pl.lit(" s is not a positive number")])))
     rejects.append(bad)
-    o = pl.col("offset").fill_null(0.0)
+    o = pl.col("offset")
     df, bad = _reject(df, o.is_nan() | o.is_infinite() | (o < 0), "invalid_duration",
-                      _at(pl.concat_str([pl.lit("offset "), pl.col("offset").cast(pl.String), pl.lit(" s is negative or not a number")])))
+                      _at(pl.concat_str([pl.lit("offset "), o.cast(pl.String), pl.lit(" s is negative or not a number")])))
     rejects.append(bad)
-    df = df.with_columns(pl.col("offset").fill_null(0.0))
     df, bad = _reject(df, d.is_null() & pl.col("audio_path").is_null(), "missing_field",
                       _at("no duration and no audio path to probe"))
     rejects.append(bad)
@@ -195,8 +200,8 @@ def process_chunk(
         df = df.with_columns(pl.col("__pieces") + pl.Series(extra_pieces))
     df = df.with_columns(
         (pl.col("__pieces") + opts.fixed_prompt_tokens).cast(pl.Int32).alias("num_tokens"),
-    ).with_columns((pl.col("num_tokens") / pl.col("duration")).alias("tps")).drop("__pieces")
-    return df, [r.drop("__audio_bytes", strict=False) for r in rejects if r.height]
+    ).with_columns((pl.col("num_tokens") / pl.col("duration")).alias("tps")).drop("__pieces", SEGMENT)
+    return df, [r.drop("__audio_bytes", SEGMENT, strict=False) for r in rejects if r.height]
 
 
 def _probe(
@@ -233,13 +238,15 @@ def _probe(
     rejects.append(bad.with_columns(pl.col("probe_reason").alias("reason")))
     fd, o, d = pl.col("file_duration"), pl.col("offset"), pl.col("duration")
     df = df.with_columns(pl.when(d.is_null()).then(fd - o).otherwise(d).alias("duration"))
-    tol = opts.mismatch_tolerance
-    df, bad = _reject(df, fd.is_not_null() & ((d <= 0) | (o + d > fd + tol)), "segment_out_of_range",
+    tol, seg = opts.mismatch_tolerance, pl.col(SEGMENT)
+    # a segment is bounded by its file (offset + duration <= the header's length); a whole file's
+    # duration is compared with the header's (--probe always; auto reads only rows without one)
+    df, bad = _reject(df, fd.is_not_null() & seg & ((d <= 0) | (o + d > fd + tol)), "segment_out_of_range",
                       _at(pl.concat_str([pl.lit("segment "), _fmt(o), pl.lit("+"), _fmt(d),
                                          pl.lit(" s exceeds the audio ("), _fmt(fd), pl.lit(" s)")])))
     rejects.append(bad)
     if opts.probe == "always":
-        df, bad = _reject(df, fd.is_not_null() & (o == 0) & ((d - fd).abs() > tol), "duration_mismatch",
+        df, bad = _reject(df, fd.is_not_null() & ~seg & ((d - fd).abs() > tol), "duration_mismatch",
                           _at(pl.concat_str([pl.lit("manifest says "), _fmt(d), pl.lit(" s, audio header says "),
                                              _fmt(fd), pl.lit(" s")])))
         rejects.append(bad)

@@ -16,6 +16,7 @@ in the DataLoader worker); exports write it as :func:`manifests.records.openable
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
@@ -36,6 +37,8 @@ def audio_header(path: str) -> tuple[int, int, int]:
     except FileNotFoundError:
         raise DataprepError(f"{path}: audio file not found") from None
     except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
+        if not os.path.exists(path):  # libsndfile says "System error" for a missing MP3
+            raise DataprepError(f"{path}: audio file not found") from None
         problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataprepError(f"{path}: cannot read the audio header ({problem})") from None
     return int(info.samplerate), int(info.frames), int(info.channels)

@@ -7,8 +7,8 @@ syntax, to merge into ``train_ds``: ``bucket_duration_bins``, ``bucket_batch_siz
 ``bucket-NNN.jsonl``; a NeMo tarred dataset is exported as NeMo reads tarred audio
 (``manifest_<k>.json`` per tar), other containers are refused naming the ``dataprep pack`` to
 run. ``export_lhotse`` writes ``cuts.jsonl.gz`` (:func:`manifests.records.cut_dict`) and
-``bins.json`` (for :func:`lhotse_constraint` + ``DynamicBucketingSampler``).
-
+``bins.json`` (for :func:`lhotse_constraint` + ``DynamicBucketingSampler``). A manifest
+naming no audio, or audio not there, is refused first (:func:`require_audio`).
 ``max_tps`` is the largest TPS NeMo measures on an exported row. Rows in no bucket are a
 one-line error, or go to ``rejects=`` (``exceeds_bucket``). Streamed in :data:`BATCH_ROWS`-row
 batches; the folder is swapped in whole; equal inputs give equal bytes.
@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from bucketing.allocate import allocate
 from bucketing.fit import grid_from_spec
+from dataprep.compile.audio_checks import require_audio
 from dataprep.integrations.cuts import cut_dict_for_row, row_header
 from manifests.atomic_files import current_umask, write_json
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
@@ -289,6 +290,7 @@ def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
     """Write NeMo bucketing options and manifests (see the module docstring); return the options.
     ``channel``: NeMo's ``channel_selector`` for multi-channel audio (default 0 when there is any)."""
     inputs = load_inputs(plan_or_buckets, manifest)
+    require_audio(inputs.manifest_path, "export nemo")
     tarred = nemo_tar_shards(inputs.manifest_path)
     check_covered(inputs, rejects)
     if tarred is not None:
@@ -358,6 +360,7 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
     """Write ``cuts.jsonl.gz`` and ``bins.json`` (see the module docstring); return the bins."""
     require("lhotse", "export lhotse")
     inputs = load_inputs(plan_or_buckets, manifest)
+    require_audio(inputs.manifest_path, "export lhotse")
     check_covered(inputs, rejects)
     stats = _Stats(len(inputs.spec.buckets))
     with export_dir(out_dir) as tmp:

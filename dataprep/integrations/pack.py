@@ -31,6 +31,7 @@ import polars as pl
 import soundfile
 
 from dataprep import __version__
+from dataprep.compile.audio_checks import require_audio
 from manifests.atomic_files import atomic_path
 from manifests.audio import AudioError, AudioReader, load_audio
 from manifests.content_hash import file_sha256
@@ -269,6 +270,7 @@ def pack(
     df = read_manifest(manifest)
     if not df.height:
         raise DataprepError(f"{manifest}: no rows to pack")
+    require_audio(manifest, "pack")
     refuse_folder_over_inputs(out, "-o", _inputs(df, manifest, buckets))
     order = _order(df, buckets)
     df = df[order].with_columns(_member_names(df["id"][order], order).alias("__member"),

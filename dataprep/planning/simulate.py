@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bucketing.step_figures import PlanReport, plan_report
+from bucketing.step_figures import PlanReport, plan_report, step_warnings
 from bucketing.costmodel import CostModel
 from bucketing.simulate import SimResult, StrategyResult, simulate, simulate_strategy
 from manifests.errors import DataprepError, ManifestError, OptionError
@@ -17,7 +17,7 @@ from manifests.hash_cache import require_manifest_hash
 from manifests.manifest_read import read_manifest
 from manifests.options import MAX_COUNT, check_int, check_number
 from manifests.plan_files import PlanShard
-from manifests.plan_meta import read_plan_meta
+from manifests.plan_meta import PlanMeta, read_plan_meta
 
 DEFAULT_WORLD_SIZES = (2, 16, 128)
 #: Largest ``slow`` factor and ``exchange`` time (seconds) a simulation takes: beyond them the
@@ -98,6 +98,44 @@ def simulate_plan(
         results.append(simulate(m["bucket"].ravel(), times.ravel(), w, seed=seed,
                                 sync_matrix=times if w == W else None, overhead=cost.overhead))
     return results
+
+
+def simulate_with_warnings(
+    plan_dir: str | os.PathLike[str],
+    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+    cost: CostModel | None = None,
+    manifest: str | os.PathLike[str] | None = None,
+    epoch: int = 0,
+    seed: int = 0,
+) -> tuple[list[SimResult], list[str]]:
+    """:func:`simulate_plan` at the world sizes the epoch's batches can fill (other ones are
+    skipped), and one-line warnings: each world size skipped, and why speedups at world sizes
+    with fewer batches per bucket than ranks say little (re-split tails, not training)."""
+    for w in world_sizes:
+        check_int("world_sizes", w, ge=1, le=MAX_COUNT)
+    W = read_plan_meta(plan_dir).world_size
+    m = read_epoch_batches(plan_dir, epoch)
+    batches = int((m["size"] > 0).sum())
+    fill = [w for w in world_sizes if w <= batches or w == W]
+    warnings = [f"world size {w} skipped: epoch {epoch} holds {batches:,} batches, fewer than {w} ranks to fill"
+                for w in dict.fromkeys(world_sizes) if w not in fill]
+    results = simulate_plan(plan_dir, fill, cost, manifest=manifest, epoch=epoch, seed=seed, batches=m)
+    thin = [r for r in results if not r.representative]
+    if thin:
+        per = min(r.batches_per_bucket for r in thin)
+        warnings.append(f"world size(s) {', '.join(str(r.world_size) for r in thin)}: about {per:.0f} batch(es) per "
+                        "bucket, fewer than ranks: synchronized steps are mostly a bucket's batches split over "
+                        "idle ranks, so their speedups (negative ones included) describe this small corpus, not "
+                        "training at that scale")
+    return results, warnings
+
+
+def plan_warnings(meta: PlanMeta) -> list[str]:
+    """Where a written plan will be poor (:func:`bucketing.step_figures.step_warnings`): few
+    steps an epoch, a straggler beyond what its world size can be filled for."""
+    spe = meta.steps_per_epoch
+    return step_warnings(meta.world_size, min(spe) if spe else 0,
+                         meta.balance.straggler if meta.balance is not None else None)
 
 
 def plan_steps_report(plan_dir: str | os.PathLike[str], cost: CostModel | None = None, epoch: int = 0,

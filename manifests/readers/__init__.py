@@ -8,7 +8,7 @@ row has ``reason``/``detail`` null; else ``reason`` is ``malformed_line``, ``non
 ``missing_field`` and ``detail`` ``"<file>:<line>: <problem>"``. ``origin``: ``<source path>:<line>``
 (1-based, every line counted; Parquet ``path:<row + 1>``); ``id``: the source's, else the audio
 path as written plus ``#<offset:.3f>`` when the offset is non-zero; ``audio_path`` absolute (joined
-to ``audio_root`` or the source's folder, not normalized; URLs kept); ``offset`` 0.0 by default;
+to ``audio_root`` or the source's folder); ``offset`` null where the source gives none (a whole file);
 ``num_tokens``/``tps`` null (compile fills them); ``extra`` a JSON object (sorted keys) of the
 unmapped fields, or null. Numbers: JSON numbers or numeric strings; a null counts as absent. BOM,
 CRLF, no final newline and gzip (by magic bytes) are handled. Conventions: docs/compile.md.

@@ -114,7 +114,6 @@ def finish(
         detail.alias("detail"),
     )
     out = out.with_columns(
-        pl.col("offset").fill_null(0.0),
         pl.coalesce("lang", "target_lang", "source_lang").alias("lang"),
         pl.col("sample_rate").round(0).cast(pl.Int32, strict=False),
         pl.col("channels").round(0).cast(pl.Int16, strict=False),

@@ -50,7 +50,7 @@ def test_nemo_round_trip_fields_ids_and_extra(tmp_path: Path) -> None:
     df = read_all(src)
     assert df["id"].to_list() == ["a.wav", "sub/b.flac#12.500", "/abs/c.wav"]
     assert df["audio_path"].to_list() == [str(tmp_path / "a.wav"), str(tmp_path / "sub/b.flac"), "/abs/c.wav"]
-    assert df["offset"].to_list() == [0.0, 12.5, 0.0]
+    assert df["offset"].to_list() == [None, 12.5, None]  # no offset: the whole file
     assert df["duration"].to_list() == [1.25, 3.0, 2.5]
     assert df["text"].to_list() == ["hello", "hello", "numeric string duration"]
     assert df["lang"].to_list() == ["en", "de", None]  # lang, else target_lang, else source_lang
@@ -82,6 +82,7 @@ def test_explicit_offset_zero_is_a_segment_of_its_own(tmp_path: Path) -> None:
                                                            "text": "segment"},
             {"audio_filepath": "y.wav", "offset": None, "text": "whole too"}]
     src = write_jsonl(tmp_path / "m.jsonl", rows)
+    assert read_all(src)["offset"].to_list() == [None, 0.0, None]  # the segment keeps its 0
     assert read_all(src)["id"].to_list() == ["x.wav", "x.wav#0.000", "y.wav"]
 
 
@@ -236,7 +237,7 @@ def test_kaldi_without_segments_uses_utt2dur(tmp_path: Path) -> None:
     df = read_all(d)
     assert df["duration"].to_list() == [1.5, None]
     assert df["reason"].to_list() == [None, "malformed_line"]
-    assert df["id"].to_list() == ["u1", "u2"] and df["offset"].to_list() == [0.0, 0.0]
+    assert df["id"].to_list() == ["u1", "u2"] and df["offset"].to_list() == [None, None]  # whole files: no segments file
 
 
 # --- CSV / TSV / Parquet --------------------------------------------------------------------
