@@ -97,8 +97,9 @@ def _unlisted(idx: TarIndex, used: set[str], audio_only: bool) -> pl.DataFrame:
 
 def _container_rejects(idx: TarIndex) -> pl.DataFrame:
     """Reject rows for what no member row can carry: the cut-off tail of a tar without its
-    end-of-archive block (one ``truncated_container`` row: members after the cut are unknown)
-    and every entry that is not a regular file (``not_a_file``, one row each)."""
+    end-of-archive block (one ``truncated_container`` row: members after the cut are unknown),
+    data after the end-of-archive block (one ``trailing_data`` row: tars joined end to end, the
+    members after the first end are not read) and every entry that is not a regular file (``not_a_file``, one row each)."""
     tar = _abs(idx.path)
     rows: dict[str, list[object]] = {"id": [], "audio_path": [], "origin": [], "reason": [], "detail": []}
 
@@ -108,6 +109,8 @@ def _container_rejects(idx: TarIndex) -> pl.DataFrame:
 
     if idx.problem is not None:
         add("", idx.path, "truncated_container", f"{idx.problem}; members after it are lost")
+    if idx.trailing is not None:
+        add("", idx.path, "trailing_data", idx.trailing)
     for _, name, kind in idx.others:
         add(name, f"{idx.path}:{name}", "not_a_file", f"a {kind}, not a file: its bytes are not in the tar")
     if not rows["id"]:
@@ -268,7 +271,8 @@ def _wds_keys(idx: TarIndex) -> tuple[dict[str, dict[str, int]], dict[str, tuple
     """Group a WebDataset tar's entries by key, in tar order: key -> {extension: member index}
     (the first member of each extension), and key -> (reason, problem) for keys that cannot be
     read as one sample: members not next to each other (``duplicate_key``: the key repeated
-    later), a member name or an audio extension given twice (``duplicate_member``), a member
+    later), a member name, an extension (in any case) or an audio extension given twice
+    (``duplicate_member``), a member
     that is not a file (``not_a_file``)."""
     entries = sorted([(p, i, idx.names[i], None) for i, p in enumerate(idx.positions)]
                      + [(p, -1, name, kind) for p, name, kind in idx.others])
@@ -287,6 +291,9 @@ def _wds_keys(idx: TarIndex) -> tuple[dict[str, dict[str, int]], dict[str, tuple
             problems.setdefault(key, ("duplicate_member", f"member '{name}' appears twice in the tar"))
         elif kind is not None:
             problems.setdefault(key, ("not_a_file", f"member '{name}' is a {kind}, not a file"))
+        elif ext in groups.get(key, {}):  # names that differ in case only: one extension twice
+            problems.setdefault(key, ("duplicate_member", f"members '{idx.names[groups[key][ext]]}' and '{name}' "
+                                                          f"are both its .{ext}: which one is meant cannot be told"))
         names.add(name)
         exts = groups.setdefault(key, {})
         last = key
@@ -335,8 +342,8 @@ def iter_webdataset(path: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
             yield _wds_frame(rows, path)
     finally:
         os.close(fd)
-    if idx.problem is not None:
-        yield _container_rejects(TarIndex(idx.path, problem=idx.problem))
+    if idx.problem is not None or idx.trailing is not None:
+        yield _container_rejects(TarIndex(idx.path, problem=idx.problem, trailing=idx.trailing))
 
 
 def _wds_row(fd: int, idx: TarIndex, tar: str, tar_abs: str, key: str, exts: dict[str, int]) -> dict[str, object]:
