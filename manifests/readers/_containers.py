@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from manifests.containers import AUDIO_EXTENSIONS, TarIndex, index_tar, read_range
 from manifests.errors import DataprepError
 from manifests.readers._jsonl import iter_lhotse, iter_nemo
-from manifests.readers._normalize import FIELDS, finish
+from manifests.readers._normalize import FIELDS, corpus_from_extra, finish
 from manifests.readers._tabular import (
     _labels,
     _raw_from_columns,
@@ -191,7 +191,7 @@ def _shard_problems(df: pl.DataFrame, tars: Sequence[str]) -> pl.DataFrame:
 
 
 def iter_nemo_tarred(
-    manifests: Sequence[str], tars: Sequence[str], *, text_field: str, chunk_rows: int
+    manifests: Sequence[str], tars: Sequence[str], *, text_field: str, chunk_rows: int, corpus_field: bool = True
 ) -> Iterator[pl.DataFrame]:
     """A NeMo tarred dataset: manifest lines matched to members of ``tars`` as NeMo does.
 
@@ -200,7 +200,8 @@ def iter_nemo_tarred(
     member is the one of that tar whose file name, extension included, equals the file name of
     the line's ``audio_filepath`` (never a member of the same stem: ``a.flac`` is not ``a.wav``'s
     audio); a name held by several members is a ``duplicate_member``. Unlisted audio members,
-    a tar's cut-off tail and its non-file entries end as rejects.
+    a tar's cut-off tail and its non-file entries end as rejects. ``corpus_field``: as
+    :func:`manifests.readers.iter_source`'s.
     """
     if not tars:
         raise DataprepError("--tarred-audio: no tar files given")
@@ -221,7 +222,8 @@ def iter_nemo_tarred(
             df = _attach_members(df, members.drop("ext", "stem"), "__base", pl.col("__tar"), "base")
             for s, names in df.filter(pl.col("member").is_not_null()).group_by("__shard").agg("member").iter_rows():
                 store.used[int(s)].update(names)
-            yield conform(df, FULL_REJECTS_POLARS_SCHEMA)
+            out = conform(df, FULL_REJECTS_POLARS_SCHEMA)
+            yield corpus_from_extra(out) if corpus_field else out
     yield from store.unlisted(audio_only=True)
 
 
