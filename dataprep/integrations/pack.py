@@ -3,14 +3,15 @@
 Layouts (part ``i`` = one container): ``nemo-tarred`` (``audio_<i>.tar`` + ``manifest_<i>.json``
 of :func:`manifests.records.nemo_line`, ``shard_id`` = i), ``shar`` (``recording.<i:06d>.tar``
 + ``cuts.<i:06d>.jsonl.gz`` of :func:`manifests.records.cut_dict`) and ``webdataset``
-(``shard-<i:06d>.tar``, ``<key>.<ext>`` + ``<key>.json``). Every layout's manifest is
-compile-ready and keeps every field of a row, its id as ``source_id``. Whole files keep their
-bytes; segments are cut and written as FLAC. Rows are ordered by bucket, duration and tokens
-and cut into containers of about ``container_size`` bytes. Each part is written atomically,
-then a :class:`manifests.parted_run.PartedRun` marker in ``.<name>.pack/`` beside the output,
-so a run splits over machines (``part_index``) and resumes. An output folder over the inputs
-is refused first (:func:`manifests.outputs.refuse_folder_over_inputs`); a source that no
-longer matches its row goes to ``<out>.rejects.parquet`` (``audio_changed``).
+(``shard-<i:06d>.tar``, ``<key>.<ext>`` + ``<key>.json`` of :func:`manifests.records.webdataset_meta`).
+Every layout's manifest is compile-ready and keeps every field of a row, its id as
+``source_id``. Whole files keep their bytes; segments are cut and written as FLAC. Rows are
+ordered by bucket, duration and tokens and cut every ``container_size`` estimated bytes; the
+split is recorded (``split.json``) and reused by a resume. Each part is written atomically, then
+a :class:`manifests.parted_run.PartedRun` marker in ``.<name>.pack/`` beside the output, so a
+run splits over machines (``part_index``) and resumes. An output folder over the inputs is
+refused first (:func:`manifests.outputs.refuse_folder_over_inputs`); a source that no longer
+matches what compile recorded goes to ``<out>.rejects.parquet`` (``audio_changed``).
 """
 
 from __future__ import annotations
@@ -181,8 +182,9 @@ def _check_member(row: dict[str, Any]) -> None:
         raise AudioChanged(f"{where}: container not found") from None
     except (OSError, tarfile.TarError) as exc:
         raise AudioChanged(f"{where}: no tar header before byte {offset} now ({exc})") from None
-    long_name = len(header.name) >= 99 and member.startswith(header.name[:90])  # a PAX / GNU long name
-    if header.size != size or not (header.name == member or long_name):
+    # a long or non-ASCII name lives in a PAX / GNU header before this one, which holds a stand-in
+    extended = len(member) >= 99 or not member.isascii()
+    if header.size != size or not (header.name == member or extended):
         raise AudioChanged(f"{where}: the tar now holds {header.name!r} ({header.size} bytes) at byte {offset}, "
                            f"{member!r} ({size} bytes) when compiled")
 
