@@ -19,8 +19,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import itertools
 import json
-import math
 import os
 import tarfile
 from collections.abc import Callable
@@ -399,7 +399,7 @@ def _recorded_split(path: Path, key: dict[str, Any], rows: int) -> list[int] | N
         return None
     bounds = recorded.get("bounds")
     ok = (isinstance(bounds, list) and len(bounds) >= 2 and all(type(b) is int for b in bounds)
-          and bounds[0] == 0 and bounds[-1] == rows and all(a <= b for a, b in zip(bounds, bounds[1:])))
+          and bounds[0] == 0 and bounds[-1] == rows and all(a <= b for a, b in itertools.pairwise(bounds)))
     return bounds if ok else None
 
 

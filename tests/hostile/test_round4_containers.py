@@ -53,11 +53,11 @@ def _reasons(frames: object) -> dict[str, str | None]:
 def test_compressed_tar_is_one_line(tmp_path: Path, clips: list[bytes], fmt: str) -> None:
     if fmt == "webdataset":
         tar = _tar(tmp_path / "w.tar", _wds_members(clips, range(3)), "w:gz")
-        run = lambda: list(iter_source(tar, "webdataset"))  # noqa: E731
+        run = lambda: list(iter_source(tar, "webdataset"))
     else:
         manifest, members = _nemo(tmp_path, clips)
         tar = _tar(tmp_path / "audio_0.tar", members, "w:gz")
-        run = lambda: list(iter_nemo_tarred([str(manifest)], [str(tar)], text_field="text", chunk_rows=10))  # noqa: E731
+        run = lambda: list(iter_nemo_tarred([str(manifest)], [str(tar)], text_field="text", chunk_rows=10))
     with pytest.raises(DataprepError, match=r"^\S*audio_0.tar: a gzip-compressed tar: .*decompress it first|"
                                             r"^\S*w.tar: a gzip-compressed tar: .*decompress it first") as err:
         run()
@@ -100,7 +100,7 @@ def test_declared_size_past_the_file_and_byte_cuts_are_found(tmp_path: Path, cli
     members = _wds_members(clips, range(3)) if fmt == "webdataset" else members
     full = _tar(tmp_path / "full.tar", members).read_bytes()
     with tarfile.open(tmp_path / "full.tar") as tf:
-        last = [m for m in tf.getmembers() if m.name.endswith("2.wav")][0]
+        last = next(m for m in tf.getmembers() if m.name.endswith("2.wav"))
     first_id, last_id = ("k0", "k2") if fmt == "webdataset" else ("u0.wav", "u2.wav")
     cases = {"inflated": None, "in_data": last.offset_data + 10, "in_header": last.offset + 100,
              "at_header": last.offset}
@@ -115,7 +115,7 @@ def test_declared_size_past_the_file_and_byte_cuts_are_found(tmp_path: Path, cli
         got = _reasons(frames)
         assert got[tar.name] == "truncated_container", (name, got)
         # the cut member is a reject (or, for WebDataset, gone with the tail the container row names)
-        assert got.get(last_id, "truncated_container") != None, (name, got)  # noqa: E711
+        assert got.get(last_id, "truncated_container") != None, (name, got)
         assert got[first_id] is None, (name, got)  # a whole member before the cut is kept
 
 

@@ -6,7 +6,6 @@ writes the same bytes as one left alone; ``--container-size`` containers hold ab
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import signal
@@ -175,7 +174,7 @@ def test_sigkill_then_resume_writes_the_bytes_of_an_uninterrupted_run(tmp_path: 
     proc.wait()
     done = len(list(marker_folder(killed).glob("*.done.json")))
     assert 3 <= done < 12, done  # killed midway
-    res = subprocess.run(_pack_cmd(manifest, killed, "--num-parts", "12"), capture_output=True, text=True)
+    res = subprocess.run(_pack_cmd(manifest, killed, "--num-parts", "12"), capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
     assert f"{12 - done} containers written, {done} already done" in res.stdout + res.stderr
     assert _files(killed) == _files(whole)
@@ -197,8 +196,10 @@ def test_resume_after_the_audio_changed_keeps_the_first_runs_parts(tmp_path: Pat
     audio[-1].unlink()
     rest = pack(manifest, out, "webdataset", container_size=size)
     assert rest.num_parts == n and rest.skipped == [0]
-    keys = [m.split(".")[0] for t in sorted(out.glob("*.tar")) for m in tarfile.open(t).getnames()
-            if m.endswith(".json")]
+    keys = []
+    for t in sorted(out.glob("*.tar")):
+        with tarfile.open(t) as tf:
+            keys += [m.split(".")[0] for m in tf.getnames() if m.endswith(".json")]
     rej = pl.read_parquet(rejects_path(out))
     assert sorted(keys + rej["id"].to_list()) == sorted(f"u{i}" for i in range(len(audio)))
     assert rej["reason"].to_list() == ["audio_changed"]
@@ -218,7 +219,8 @@ def test_container_size_is_met(tmp_path: Path) -> None:
     for layout in LAYOUTS:
         out = tmp_path / layout
         res = subprocess.run([sys.executable, "-m", "dataprep.cli", "pack", str(manifest), "-o", str(out),
-                              "--layout", layout, "--container-size", "500KB"], capture_output=True, text=True)
+                              "--layout", layout, "--container-size", "500KB"], capture_output=True, text=True,
+                             check=False)
         assert res.returncode == 0, res.stderr
         tars = sorted(out.glob("*.tar"))
         sizes = [t.stat().st_size for t in tars]

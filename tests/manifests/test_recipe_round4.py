@@ -85,5 +85,5 @@ def test_compiled_row_keeps_its_channel_in_cuts_and_pack(recipe: Path, tmp_path:
     out = tmp_path / "packed"
     pack(manifest, out, "shar", num_parts=1)
     back = pl.concat(list(iter_source(out, "shar")))
-    right = back.filter(pl.col("id") == [k for k in back["id"] if k.startswith("right")][0]).row(0, named=True)
+    right = back.filter(pl.col("id") == next(k for k in back["id"] if k.startswith("right"))).row(0, named=True)
     assert right["channels"] == 1 and json.loads(right["extra"]) == {"source_id": "right"}
