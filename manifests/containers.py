@@ -106,7 +106,9 @@ class TarIndex:
     ``problem``: a one-line reason the tar could not be read to its end, or has no
     end-of-archive block where its members end (cut at a member boundary or inside a header:
     members after the cut are lost); ``None`` if it was read to a proper end.
-    ``others``: entries that are neither regular files nor folders (symlinks, hard links,
+    ``trailing``: a one-line reason when bytes other than zeros follow the end-of-archive block
+    (tars joined end to end: readers stop at the first end block, the members after it are not
+    read); ``others``: entries that are neither regular files nor folders (symlinks, hard links,
     devices), as (position, name, kind); ``positions``: each regular member's position among
     all non-folder entries (to merge the two lists in tar order).
     """
@@ -117,6 +119,7 @@ class TarIndex:
     sizes: list[int] = field(default_factory=list)
     truncated: set[str] = field(default_factory=set)
     problem: str | None = None
+    trailing: str | None = None
     others: list[tuple[int, str, str]] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
 
@@ -149,13 +152,46 @@ def _end_problem(path: str | os.PathLike[str], offset: int, members: int) -> str
     return f"{what} at byte {offset} after {members} members without an end-of-archive block (cut or damaged)"
 
 
+#: leading bytes of compressed files (gzip, bzip2, xz, zstd): a compressed tar has no member at a byte offset
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def _refuse_compressed(path: str | os.PathLike[str]) -> None:
+    """One line when ``path`` is a compressed tar: members are read in place by byte range."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(6)
+    except OSError:
+        return  # index_tar says why it cannot be read
+    kind = next((k for magic, k in _COMPRESSED.items() if head.startswith(magic)), None)
+    if kind is not None:
+        raise DataprepError(f"{path}: a {kind}-compressed tar: members are read in place by byte offset, which "
+                            "compression prevents; decompress it first (e.g. gunzip -c X.tar.gz > X.tar)")
+
+
+def _trailing_problem(path: str | os.PathLike[str], end: int) -> str | None:
+    """Why bytes after the end-of-archive block at ``end`` matter (not all zeros); None if they are zeros."""
+    with open(path, "rb") as fh:
+        fh.seek(end)
+        at = end
+        while chunk := fh.read(1 << 20):
+            if chunk.count(0) != len(chunk):
+                first = at + next(i for i, b in enumerate(chunk) if b)
+                return (f"has data at byte {first} after its end-of-archive block at byte {end} "
+                        "(tars joined end to end?): the members there are not read")
+            at += len(chunk)
+    return None
+
+
 def index_tar(path: str | os.PathLike[str]) -> TarIndex:
     """The regular-file members of a tar and where their data lies, from the headers only.
 
     A member whose data runs past the end of the file is listed and flagged ``truncated``;
     a header that cannot be parsed, or a missing end-of-archive block, stops the listing with
-    ``problem`` set; links and other non-file entries go to ``others``.
+    ``problem`` set; data after the end-of-archive block sets ``trailing``; links and other
+    non-file entries go to ``others``. A compressed tar is refused (:class:`DataprepError`).
     """
+    _refuse_compressed(path)
     idx = TarIndex(str(path))
     size = os.path.getsize(path)
     pos = 0
@@ -169,6 +205,8 @@ def index_tar(path: str | os.PathLike[str]) -> TarIndex:
                     break
                 if info is None:
                     idx.problem = _end_problem(path, tf.offset, pos)
+                    if idx.problem is None:
+                        idx.trailing = _trailing_problem(path, tf.offset + 512)
                     break
                 if info.isdir():
                     continue

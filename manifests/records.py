@@ -8,6 +8,7 @@ Pure: no I/O, no Lhotse import; a row is a dict of manifest columns.
   is a segment to NeMo and to compile), ``duration``, ``text`` (``""`` when null), ``lang`` /
   ``source_lang`` / ``target_lang`` / ``taskname`` / ``corpus`` where set, ``sampling_rate`` for a
   whole mono file of known rate, then every ``extra`` field the row does not already set.
+- :func:`webdataset_meta`: the same fields as a WebDataset ``.json`` member.
 - :func:`cut_dict`: Lhotse's ``cut.to_dict()`` of a ``MonoCut`` (one channel) or ``MultiCut``
   with one supervision covering the cut (``start`` 0, the text, ``language`` = ``lang``) and
   ``custom`` = :func:`custom_for_row` plus the caller's keys; :func:`recording_dict` its ``Recording``.
@@ -25,8 +26,9 @@ from manifests.errors import DataprepError
 #: manifest columns written to a NeMo line (manifest name -> NeMo key)
 NEMO_KEYS = {"lang": "lang", "source_lang": "source_lang", "target_lang": "target_lang", "task": "taskname",
              "corpus": "corpus"}
-#: manifest columns copied into ``cut.custom`` (manifest name -> custom key, NeMo's names)
-CUSTOM_COLUMNS = {"source_lang": "source_lang", "target_lang": "target_lang", "task": "taskname", "corpus": "corpus"}
+#: manifest columns copied into ``cut.custom`` (manifest name -> custom key, NeMo's names): the
+#: NeMo keys but ``lang``, which a cut keeps as its supervision's ``language``
+CUSTOM_COLUMNS = {k: v for k, v in NEMO_KEYS.items() if k != "lang"}
 #: the source type of a row held in a container, inside our process (read lazily by
 #: :class:`dataprep.integrations.lhotse_source.ContainerSource`); never written to a file
 CONTAINER_SOURCE = "container"
@@ -35,8 +37,9 @@ CONTAINER_ADDRESS = ("container", "member_offset", "member_size", "row_group", "
 
 
 #: ``extra`` keys a writer sets itself from the row as it is written, never copied: a NeMo tarred
-#: line's ``shard_id``, ``sampling_rate`` (true only of a whole mono file)
-LAYOUT_KEYS = ("shard_id", "sampling_rate")
+#: line's ``shard_id``, ``sampling_rate`` (true only of a whole mono file), the row's ``channel``
+#: (:func:`row_channel`: the cut's channel)
+LAYOUT_KEYS = ("shard_id", "sampling_rate", "channel")
 
 
 def extra_fields(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -52,6 +55,19 @@ def extra_fields(row: Mapping[str, Any]) -> dict[str, Any]:
         raise DataprepError(f"utterance {row['id']!r}: extra is not a JSON object")
     return {k: v for k, v in value.items() if k not in LAYOUT_KEYS}
 
+
+
+def row_channel(row: Mapping[str, Any]) -> int | None:
+    """The one channel of a multi-channel file a row is (``extra.channel``: a Lhotse supervision's
+    ``channel``); ``None`` when the row is every channel of its file."""
+    if not row.get("extra"):
+        return None
+    try:
+        value = json.loads(row["extra"])
+    except json.JSONDecodeError:
+        return None
+    channel = value.get("channel") if isinstance(value, dict) else None
+    return channel if isinstance(channel, int) and not isinstance(channel, bool) else None
 
 
 def nemo_line(row: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -71,6 +87,16 @@ def nemo_line(row: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     for k, v in extra_fields(row).items():
         rec.setdefault(k, v)
     return rec, writes_rate
+
+
+def webdataset_meta(row: Mapping[str, Any], custom: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A WebDataset sample's ``.json`` member: :func:`nemo_line`'s fields less the audio address
+    (``audio_filepath``, ``offset``, ``sampling_rate``: the member itself is the audio), with
+    ``custom``'s keys added."""
+    line, _ = nemo_line(row)
+    for key in ("audio_filepath", "offset", "sampling_rate"):
+        line.pop(key, None)
+    return {**line, **(custom or {})}
 
 
 def custom_for_row(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,10 +146,12 @@ def cut_dict(row: Mapping[str, Any], recording: Mapping[str, Any], channel: int 
              custom: Mapping[str, Any] | None = None, *, cut_id: str | None = None, start: float | None = None,
              duration: float | None = None) -> dict[str, Any]:
     """A row as Lhotse's ``cut.to_dict()`` (module docstring). ``channel``: one channel of the
-    recording (a ``MonoCut``), ``None`` = every channel (a ``MultiCut`` when there are several).
+    recording (a ``MonoCut``), ``None`` = the row's own (:func:`row_channel`), else every channel
+    (a ``MultiCut`` when there are several).
     ``cut_id`` / ``start`` / ``duration`` default to the row's ``id`` / ``offset`` / ``duration``."""
     ids: Sequence[int] = recording["channel_ids"]
     n = len(ids)
+    channel = row_channel(row) if channel is None else channel
     if channel is not None and (isinstance(channel, bool) or not 0 <= channel < n):
         raise DataprepError(f"utterance {row['id']!r}: {row['audio_path']}: has {n} channel(s), "
                             f"--channel {channel} asked for")

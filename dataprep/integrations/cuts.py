@@ -4,8 +4,8 @@ Used by :class:`dataprep.integrations.lhotse.PlanSampler` and ``dataprep export 
 cut's fields are :func:`manifests.records.cut_dict`'s (shared with ``dataprep pack``); here
 only the recording is found: sample rate, channels and length from the manifest for a probed
 whole-file row, else from the file's header (``soundfile.info``, cached per file). A
-``MonoCut`` (``channel=k`` picks one channel) or a ``MultiCut`` of every channel
-(``channel=None``) spans the row's ``offset`` and ``duration``.
+``MonoCut`` (``channel=k`` picks one channel; by default the row's own, ``extra.channel``) or
+a ``MultiCut`` of every channel spans the row's ``offset`` and ``duration``.
 
 Audio addressing lives in :func:`recording_dict_for_row` only. A row inside a container (a tar
 member, a Parquet audio row) gets a ``container`` source
@@ -26,7 +26,7 @@ import soundfile
 
 from manifests.audio import process_reader
 from manifests.errors import DataprepError
-from manifests.records import CONTAINER_ADDRESS, CONTAINER_SOURCE, cut_dict, recording_dict
+from manifests.records import CONTAINER_ADDRESS, CONTAINER_SOURCE, cut_dict, recording_dict, row_channel
 
 
 @lru_cache(maxsize=1 << 16)
@@ -75,7 +75,7 @@ def recording_dict_for_row(row: Mapping[str, Any]) -> dict[str, Any]:
         raise DataprepError(f"utterance {row['id']!r}: no audio path")
     offset = float(row.get("offset") or 0.0)
     sr, ch = row.get("sample_rate"), row.get("channels")
-    if offset == 0.0 and sr and ch:  # a whole file whose header compile read: no I/O
+    if offset == 0.0 and sr and ch and row_channel(row) is None:  # a whole file whose header compile read: no I/O
         duration = float(row["duration"])
         num_samples = compute_num_samples(duration, int(sr))
     else:

@@ -3,22 +3,24 @@
 Layouts (part ``i`` = one container): ``nemo-tarred`` (``audio_<i>.tar`` + ``manifest_<i>.json``
 of :func:`manifests.records.nemo_line`, ``shard_id`` = i), ``shar`` (``recording.<i:06d>.tar``
 + ``cuts.<i:06d>.jsonl.gz`` of :func:`manifests.records.cut_dict`) and ``webdataset``
-(``shard-<i:06d>.tar``, ``<key>.<ext>`` + ``<key>.json``). Every layout's manifest is
-compile-ready and keeps every field of a row, its id as ``source_id``. Whole files keep their
-bytes; segments are cut and written as FLAC. Rows are ordered by bucket, duration and tokens
-and cut into containers of about ``container_size`` bytes. Each part is written atomically,
-then a :class:`manifests.parted_run.PartedRun` marker in ``.<name>.pack/`` beside the output,
-so a run splits over machines (``part_index``) and resumes. An output folder over the inputs
-is refused first (:func:`manifests.outputs.refuse_folder_over_inputs`); a source that no
-longer matches its row goes to ``<out>.rejects.parquet`` (``audio_changed``).
+(``shard-<i:06d>.tar``, ``<key>.<ext>`` + ``<key>.json`` of :func:`manifests.records.webdataset_meta`).
+Every layout's manifest is compile-ready and keeps every field of a row, its id as
+``source_id``. Whole files keep their bytes; segments are cut and written as FLAC. Rows are
+ordered by bucket, duration and tokens and cut every ``container_size`` estimated bytes; the
+split is recorded (``split.json``) and reused by a resume. Each part is written atomically, then
+a :class:`manifests.parted_run.PartedRun` marker in ``.<name>.pack/`` beside the output, so a
+run splits over machines (``part_index``) and resumes. An output folder over the inputs is
+refused first (:func:`manifests.outputs.refuse_folder_over_inputs`); a source that no longer
+matches what compile recorded goes to ``<out>.rejects.parquet`` (``audio_changed``).
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
+import itertools
 import json
-import math
 import os
 import tarfile
 from collections.abc import Callable
@@ -32,7 +34,7 @@ import soundfile
 
 from dataprep import __version__
 from dataprep.compile.audio_checks import require_audio
-from manifests.atomic_files import atomic_path
+from manifests.atomic_files import atomic_path, write_json
 from manifests.audio import AudioError, AudioReader, load_audio
 from manifests.content_hash import file_sha256
 from manifests.errors import DataprepError
@@ -42,7 +44,7 @@ from manifests.manifest_read import read_manifest
 from manifests.manifest_write import write_rejects
 from manifests.outputs import refuse_folder_over_inputs
 from manifests.parted_run import PartedRun, check_split
-from manifests.records import cut_dict, extra_fields, nemo_line, recording_dict
+from manifests.records import cut_dict, extra_fields, nemo_line, recording_dict, row_channel, webdataset_meta
 
 LAYOUTS: tuple[str, ...] = ("nemo-tarred", "shar", "webdataset")
 #: seconds a whole-file row may differ from its header before it is cut as a segment
@@ -112,22 +114,47 @@ def _order(df: pl.DataFrame, buckets: str | os.PathLike[str] | None) -> np.ndarr
     return np.lexsort(keys)
 
 
-def _estimated_bytes(df: pl.DataFrame) -> np.ndarray:
-    """Bytes each row will take in a container (file or member size; 16-bit PCM for segments)."""
+#: bytes a member adds beside its data: its 512-byte header and on average half a 512-byte block
+#: of padding, and for Shar and WebDataset its ``.json`` member (header, a few hundred bytes, padding)
+MEMBER_OVERHEAD = {"nemo-tarred": 768, "shar": 768 + 1280, "webdataset": 768 + 1280}
+
+
+def _estimated_bytes(df: pl.DataFrame, layout: str) -> np.ndarray:
+    """Bytes each row will take in its container: its share of the file (or member) it is cut
+    from, at that file's bytes per second (its size over its length: the header's for a file
+    that rows are segments of, else the latest end of a row in it), plus
+    :data:`MEMBER_OVERHEAD`; 16-bit PCM when the file's size cannot be had."""
     pcm = (df["duration"] * df["sample_rate"].fill_null(16000) * 2 * df["channels"].fill_null(1)).to_numpy()
-    out = pcm.astype(np.int64)
-    size = df["member_size"].to_numpy() if "member_size" in df.columns else np.full(df.height, -1)
-    loose = df["container"].is_null().to_numpy() if "container" in df.columns else np.ones(df.height, bool)
-    offsets = df["offset"].fill_null(0.0).to_numpy()
-    paths = df["audio_path"].to_list()
-    for i in np.flatnonzero(loose & (offsets == 0)):
+    held = df["container"].is_not_null() if "container" in df.columns else pl.Series([False] * df.height)
+    frame = df.select(pl.col("audio_path").alias("key"),  # a member's audio_path names it: one key per file or member
+                      pl.col("offset").fill_null(0.0).alias("offset"),
+                      (pl.col("offset").fill_null(0.0) + pl.col("duration")).alias("end"),
+                      pl.col("duration"), pl.lit(held).alias("held"),
+                      (pl.col("member_size") if "member_size" in df.columns else pl.lit(None, pl.Int64)).alias("msize"))
+    files = frame.group_by("key", maintain_order=True).agg(
+        pl.col("end").max().alias("file_end"), pl.col("held").first(), pl.col("msize").first(),
+        ((pl.col("offset") > 0) | (pl.len() > 1)).any().alias("cut"))
+    sizes, ends = [], []
+    for path, is_held, msize, end, cut in files.select("key", "held", "msize", "file_end", "cut").iter_rows():
+        # one stat (and for a file cut into segments one header read) per file, not per row
+        if is_held:
+            sizes.append(float(msize) if msize is not None and msize >= 0 else np.nan)
+            ends.append(end)
+            continue
+        size, length = np.nan, end
         try:
-            out[i] = os.stat(paths[i]).st_size
-        except OSError:
-            pass
-    has = ~np.isnan(size.astype(float)) & (size.astype(float) >= 0)
-    out[has] = size[has]
-    return np.maximum(out, 1)
+            size = float(os.stat(path).st_size)
+            length = max(end, soundfile.info(path).duration) if cut else end
+        except (OSError, TypeError, ValueError, RuntimeError, soundfile.LibsndfileError):
+            pass  # a file gone or unreadable: estimated as PCM (pack then rejects it)
+        sizes.append(size)
+        ends.append(length)
+    files = files.with_columns(pl.Series("file_bytes", sizes, dtype=pl.Float64),
+                               pl.Series("file_end", ends, dtype=pl.Float64))
+    share = frame.join(files.select("key", "file_end", "file_bytes"), on="key", how="left", maintain_order="left")
+    est = (share["file_bytes"] * share["duration"] / share["file_end"]).to_numpy()
+    est = np.where(np.isfinite(est) & (est > 0), est, pcm)
+    return np.maximum(est.astype(np.int64), 1) + MEMBER_OVERHEAD[layout]
 
 
 class AudioChanged(DataprepError):
@@ -139,15 +166,43 @@ def rejects_path(out: Path) -> Path:
     return out.parent / f"{out.name}.rejects.parquet"
 
 
+def _check_member(row: dict[str, Any]) -> None:
+    """Raise :class:`AudioChanged` unless the tar header just before a member row's data still
+    declares what compile recorded: a valid header of ``member_size`` bytes named as the member
+    (a tar rewritten or reordered since compile would hand over another member's bytes)."""
+    container, offset, size = row.get("container"), row.get("member_offset"), row.get("member_size")
+    if container is None or offset is None or offset < 512 or size is None:
+        return  # a loose file or a Parquet row: no tar header to check
+    member = str(row["audio_path"])[len(str(container)) + 1:]
+    where = f"{row['origin']}: {row['audio_path']}"
+    try:
+        with open(container, "rb") as fh:
+            fh.seek(int(offset) - 512)
+            header = tarfile.TarInfo.frombuf(fh.read(512), tarfile.ENCODING, "surrogateescape")
+    except FileNotFoundError:
+        raise AudioChanged(f"{where}: container not found") from None
+    except (OSError, tarfile.TarError) as exc:
+        raise AudioChanged(f"{where}: no tar header before byte {offset} now ({exc})") from None
+    # a long or non-ASCII name lives in a PAX / GNU header before this one, which holds a stand-in
+    extended = len(member) >= 99 or not member.isascii()
+    if header.size != size or not (header.name == member or extended):
+        raise AudioChanged(f"{where}: the tar now holds {header.name!r} ({header.size} bytes) at byte {offset}, "
+                           f"{member!r} ({size} bytes) when compiled")
+
+
 def _check_unchanged(row: dict[str, Any], info: Any) -> None:
     """Raise :class:`AudioChanged` when a source's header disagrees with the manifest: shorter than
-    the row's end (beyond the decoder's tolerance), another sample rate or channel count."""
+    the row's end (beyond the decoder's tolerance), another sample rate or channel count (or
+    fewer channels than the row's own, :func:`manifests.records.row_channel`)."""
     offset, duration = float(row["offset"] or 0.0), float(row["duration"])
     seconds = info.frames / info.samplerate
     where = f"{row['origin']}: {row['audio_path']}"
+    channel = row_channel(row)
     if row.get("sample_rate") and int(row["sample_rate"]) != info.samplerate:
         raise AudioChanged(f"{where}: {info.samplerate} Hz now, {row['sample_rate']} Hz when compiled")
-    if row.get("channels") and int(row["channels"]) != info.channels:
+    if channel is not None and channel >= info.channels:
+        raise AudioChanged(f"{where}: {info.channels} channel(s) now, the row is channel {channel}")
+    if channel is None and row.get("channels") and int(row["channels"]) != info.channels:
         raise AudioChanged(f"{where}: {info.channels} channel(s) now, {row['channels']} when compiled")
     if seconds < offset + duration - WHOLE_FILE_TOLERANCE:
         raise AudioChanged(f"{where}: {seconds:.3f} s long now, the manifest reads {offset:.3f} s + {duration:.3f} s")
@@ -155,8 +210,10 @@ def _check_unchanged(row: dict[str, Any], info: Any) -> None:
 
 def _member_audio(row: dict[str, Any], source: AudioReader) -> tuple[bytes, str, int, int, int]:
     """(bytes, extension, sample rate, frames, channels) of a row as it goes into a container:
-    the source bytes when the row is the whole file, else its segment as FLAC (same bit depth).
-    :class:`AudioChanged` when the source no longer reads or no longer matches the manifest."""
+    the source bytes when the row is the whole file, else its segment (its own channel only,
+    :func:`manifests.records.row_channel`) as FLAC (same bit depth). :class:`AudioChanged` when
+    the source no longer reads or no longer matches the manifest."""
+    _check_member(row)
     try:
         data = source.file_bytes(row)
     except AudioError as exc:
@@ -169,14 +226,15 @@ def _member_audio(row: dict[str, Any], source: AudioReader) -> tuple[bytes, str,
     offset, duration = float(row["offset"] or 0.0), float(row["duration"])
     file_seconds = info.frames / info.samplerate
     ext = _FORMAT_EXT.get(info.format)
-    if offset == 0 and abs(file_seconds - duration) <= WHOLE_FILE_TOLERANCE and ext is not None:
+    channel = row_channel(row)
+    if offset == 0 and abs(file_seconds - duration) <= WHOLE_FILE_TOLERANCE and ext is not None and channel is None:
         return data, ext, info.samplerate, info.frames, info.channels
     wide = info.subtype == "PCM_24"
-    samples = load_audio(row["id"], row["audio_path"], offset, duration, data=data, channel="all",
-                         dtype="int32" if wide else "int16")
+    samples = load_audio(row["id"], row["audio_path"], offset, duration, data=data,
+                         channel="all" if channel is None else channel, dtype="int32" if wide else "int16")
     buf = io.BytesIO()
     soundfile.write(buf, samples, info.samplerate, format="FLAC", subtype="PCM_24" if wide else "PCM_16")
-    return buf.getvalue(), "flac", info.samplerate, samples.shape[0], info.channels
+    return buf.getvalue(), "flac", info.samplerate, samples.shape[0], 1 if samples.ndim == 1 else samples.shape[1]
 
 
 def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -191,16 +249,6 @@ def source_id(row: dict[str, Any]) -> Any:
     """The id a packed member records: the row's ``source_id`` when it came from a pack already (the
     first id is kept through repacks), else its id."""
     return extra_fields(row).get("source_id", row["id"])
-
-
-def _wds_meta(row: dict[str, Any], duration: float) -> dict[str, Any]:
-    """A WebDataset ``.json`` member: ``source_id``, ``text``, ``duration``, languages, ``task``, and
-    every ``extra`` field (the WebDataset reader takes unknown keys back into ``extra``)."""
-    meta: dict[str, Any] = {**extra_fields(row), "source_id": source_id(row), "text": row["text"], "duration": duration}
-    for k in ("lang", "source_lang", "target_lang", "task"):
-        if row.get(k) is not None:
-            meta[k] = row[k]
-    return meta
 
 
 def _write_container(rows: list[dict[str, Any]], layout: str, out: Path, i: int,
@@ -221,8 +269,10 @@ def _write_container(rows: list[dict[str, Any]], layout: str, out: Path, i: int,
             seconds = frames / rate
             duration = min(float(row["duration"]), seconds)
             _add(tf, f"{stem}.{ext}", data)
+            fields = extra_fields(row)  # the layout keys (shard_id, a channel now cut out) are the member's own
             packed = {**row, "audio_path": f"{stem}.{ext}", "offset": 0.0, "duration": duration,
-                      "sample_rate": rate, "channels": channels}  # the row as its member now holds it
+                      "sample_rate": rate, "channels": channels,
+                      "extra": json.dumps(fields, ensure_ascii=False) if fields else None}  # as its member holds it
             if layout == "nemo-tarred":
                 line, _ = nemo_line(packed)
                 lines.append(json.dumps({**line, "shard_id": i, "source_id": source_id(row)}, ensure_ascii=False))
@@ -233,13 +283,14 @@ def _write_container(rows: list[dict[str, Any]], layout: str, out: Path, i: int,
                 cut = cut_dict(packed, recording, custom={"source_id": source_id(row)}, cut_id=stem)
                 lines.append(json.dumps(cut, ensure_ascii=False))
             else:
-                _add(tf, f"{stem}.json", json.dumps(_wds_meta(row, duration), ensure_ascii=False).encode())
+                meta = webdataset_meta(packed, {"source_id": source_id(row)})
+                _add(tf, f"{stem}.json", json.dumps(meta, ensure_ascii=False).encode())
     if layout == "webdataset":
         return [tar_path], changed
     body = ("\n".join(lines) + "\n" if lines else "").encode()
     with atomic_path(manifest_path) as tmp:
         if layout == "shar":
-            with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+            with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:  # no temp name inside
                 gz.write(body)
         else:
             tmp.write_bytes(body)
@@ -275,19 +326,23 @@ def pack(
     order = _order(df, buckets)
     df = df[order].with_columns(_member_names(df["id"][order], order).alias("__member"),
                                 pl.Series("__row", order, dtype=pl.Int64))
-    sizes = _estimated_bytes(df)
-    total = int(sizes.sum())
-    n = num_parts if num_parts is not None else max(1, math.ceil(total / container_size))
+    key = {"tool": f"speech-dataprep {__version__}", "manifest_hash": manifest_hash(manifest), "layout": layout,
+           "order": "bucket, duration, num_tokens, row",
+           "buckets_sha256": file_sha256(buckets) if buckets is not None else None,
+           "asked": {"num_parts": num_parts} if num_parts is not None else {"container_size": container_size}}
+    split_file = marker_folder(out) / "split.json"
+    bounds = _recorded_split(split_file, key, df.height)
+    if bounds is None:
+        bounds = _split(_estimated_bytes(df, layout), num_parts, container_size)
+    n = len(bounds) - 1
     check_split(n, part_index, max_parts=df.height, max_what="the number of rows")
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    part = np.minimum((starts * n) // max(total, 1), n - 1).astype(np.int64)
-    if len(np.unique(part)) != n:  # a few huge rows left a container empty: equal row counts instead
-        part = np.minimum(np.arange(df.height) * n // df.height, n - 1)
-    fp = {"tool": f"speech-dataprep {__version__}", "manifest_hash": manifest_hash(manifest), "layout": layout,
-          "num_shards": n, "order": "bucket, duration, num_tokens, row",
-          "buckets_sha256": file_sha256(buckets) if buckets is not None else None}
+    part = np.searchsorted(np.asarray(bounds), np.arange(df.height), side="right") - 1
+    fp = {**{k: v for k, v in key.items() if k != "asked"}, "num_shards": n,
+          "split_sha256": hashlib.sha256(json.dumps(bounds).encode()).hexdigest()}
     run = PartedRun(marker_folder(out), fp, n, files_folder=out)
     run.check_folder()
+    if _recorded_split(split_file, key, df.height) != bounds:
+        write_json({**key, "bounds": bounds}, split_file)
     out.mkdir(parents=True, exist_ok=True)
     todo = [part_index] if part_index is not None else list(range(n))
     written, skipped = [], []
@@ -314,6 +369,40 @@ def pack(
     rejected = _gather_rejects(run, out)
     return PackSummary(layout, n, written, skipped, int(sum(int((part == i).sum()) for i in todo)) - rejected,
                        compile_hint(out, layout, n), rejected)
+
+
+def _split(sizes: np.ndarray, num_parts: int | None, container_size: int) -> list[int]:
+    """Where each part starts in pack order, and the end (part count + 1 row positions). With
+    ``num_parts``: parts of about equal estimated bytes (equal row counts when a few huge rows
+    would leave one empty). Else parts cut in order every ``container_size`` bytes: a row goes
+    to the part its middle byte falls in, so every part but the last holds the size give or take
+    half a row at each end (a row larger than the size is a part of its own)."""
+    total = int(sizes.sum())
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    if num_parts is not None:
+        part = np.minimum((starts * num_parts) // max(total, 1), num_parts - 1).astype(np.int64)
+        if len(np.unique(part)) != num_parts:
+            part = np.minimum(np.arange(len(sizes)) * num_parts // max(len(sizes), 1), num_parts - 1)
+    else:
+        part = np.unique((starts + sizes // 2) // container_size, return_inverse=True)[1]
+    n = int(part[-1]) + 1 if len(part) else 1
+    return [int(b) for b in np.searchsorted(part, np.arange(n), side="left")] + [len(sizes)]
+
+
+def _recorded_split(path: Path, key: dict[str, Any], rows: int) -> list[int] | None:
+    """The part boundaries an earlier run of the same manifest, layout, order and request recorded
+    (so a resume cuts the parts as the run it resumes did, whatever happened to the audio since);
+    ``None`` when there is none for ``key``."""
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(recorded, dict) or {k: recorded.get(k) for k in key} != key:
+        return None
+    bounds = recorded.get("bounds")
+    ok = (isinstance(bounds, list) and len(bounds) >= 2 and all(type(b) is int for b in bounds)
+          and bounds[0] == 0 and bounds[-1] == rows and all(a <= b for a, b in itertools.pairwise(bounds)))
+    return bounds if ok else None
 
 
 def _inputs(df: pl.DataFrame, manifest: str | os.PathLike[str], buckets: str | os.PathLike[str] | None) -> list[str]:

@@ -30,6 +30,7 @@ from manifests.containers import expand_paths
 from manifests.readers._blend import Blend, Leaf, check_exists, is_blend_path, iter_blend, read_blend
 from manifests.readers._jsonl import iter_lhotse, iter_lhotse_recipe, iter_nemo
 from manifests.readers._kaldi import iter_kaldi
+from manifests.readers._normalize import corpus_from_extra
 from manifests.readers._lines import open_binary
 from manifests.readers._containers import (
     is_hf_audio,
@@ -165,9 +166,12 @@ def iter_source(
     text_field: str = "text",
     audio_root: str | Path | None = None,
     chunk_rows: int = 500_000,
+    corpus_field: bool = True,
 ) -> Iterator[pl.DataFrame]:
     """Stream ``path`` as frames of at most ``chunk_rows`` rows in the rejects schema (plus the
     container columns for the container formats; NeMo tarred datasets: :func:`iter_nemo_tarred`).
+    ``corpus_field``: a row's string ``corpus`` field goes to a ``corpus`` column
+    (:func:`corpus_from_extra`); off for a blend's corpora, which the blend names.
 
     Memory is bounded by ``chunk_rows`` (and a 16 MiB read block), except for Kaldi lookup
     files, which are read whole. Frames are never empty; an empty source yields none.
@@ -213,18 +217,18 @@ def iter_source(
         frames = iter_parquet(p, text_field=text_field, audio_root=audio_root, chunk_rows=chunk_rows)
     for frame in frames:
         if frame.height:
-            yield frame
+            yield corpus_from_extra(frame) if corpus_field and fmt != "input_cfg" else frame
 
 
 def iter_leaf(leaf: Leaf, *, chunk_rows: int = 500_000) -> Iterator[pl.DataFrame]:
     """One corpus of an ``input_cfg`` blend read with its reader (NeMo brace paths expanded)."""
     if leaf.type == "nemo_tarred":
         yield from iter_nemo_tarred(expand_paths(list(leaf.paths)), expand_paths(list(leaf.tars)),
-                                    text_field=leaf.text_field, chunk_rows=chunk_rows)
+                                    text_field=leaf.text_field, chunk_rows=chunk_rows, corpus_field=False)
         return
     if leaf.type == "lhotse_shar":
-        yield from iter_source(leaf.paths[0], "shar", chunk_rows=chunk_rows)
+        yield from iter_source(leaf.paths[0], "shar", chunk_rows=chunk_rows, corpus_field=False)
         return
     fmt = "nemo" if leaf.type == "nemo" else "lhotse"
     for path in expand_paths(list(leaf.paths)):
-        yield from iter_source(path, fmt, text_field=leaf.text_field, chunk_rows=chunk_rows)
+        yield from iter_source(path, fmt, text_field=leaf.text_field, chunk_rows=chunk_rows, corpus_field=False)

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from manifests.containers import AUDIO_EXTENSIONS, TarIndex, index_tar, read_range
 from manifests.errors import DataprepError
 from manifests.readers._jsonl import iter_lhotse, iter_nemo
-from manifests.readers._normalize import FIELDS, finish
+from manifests.readers._normalize import FIELDS, corpus_from_extra, finish
 from manifests.readers._tabular import (
     _labels,
     _raw_from_columns,
@@ -97,8 +97,9 @@ def _unlisted(idx: TarIndex, used: set[str], audio_only: bool) -> pl.DataFrame:
 
 def _container_rejects(idx: TarIndex) -> pl.DataFrame:
     """Reject rows for what no member row can carry: the cut-off tail of a tar without its
-    end-of-archive block (one ``truncated_container`` row: members after the cut are unknown)
-    and every entry that is not a regular file (``not_a_file``, one row each)."""
+    end-of-archive block (one ``truncated_container`` row: members after the cut are unknown),
+    data after the end-of-archive block (one ``trailing_data`` row: tars joined end to end, the
+    members after the first end are not read) and every entry that is not a regular file (``not_a_file``, one row each)."""
     tar = _abs(idx.path)
     rows: dict[str, list[object]] = {"id": [], "audio_path": [], "origin": [], "reason": [], "detail": []}
 
@@ -108,6 +109,8 @@ def _container_rejects(idx: TarIndex) -> pl.DataFrame:
 
     if idx.problem is not None:
         add("", idx.path, "truncated_container", f"{idx.problem}; members after it are lost")
+    if idx.trailing is not None:
+        add("", idx.path, "trailing_data", idx.trailing)
     for _, name, kind in idx.others:
         add(name, f"{idx.path}:{name}", "not_a_file", f"a {kind}, not a file: its bytes are not in the tar")
     if not rows["id"]:
@@ -188,7 +191,7 @@ def _shard_problems(df: pl.DataFrame, tars: Sequence[str]) -> pl.DataFrame:
 
 
 def iter_nemo_tarred(
-    manifests: Sequence[str], tars: Sequence[str], *, text_field: str, chunk_rows: int
+    manifests: Sequence[str], tars: Sequence[str], *, text_field: str, chunk_rows: int, corpus_field: bool = True
 ) -> Iterator[pl.DataFrame]:
     """A NeMo tarred dataset: manifest lines matched to members of ``tars`` as NeMo does.
 
@@ -197,7 +200,8 @@ def iter_nemo_tarred(
     member is the one of that tar whose file name, extension included, equals the file name of
     the line's ``audio_filepath`` (never a member of the same stem: ``a.flac`` is not ``a.wav``'s
     audio); a name held by several members is a ``duplicate_member``. Unlisted audio members,
-    a tar's cut-off tail and its non-file entries end as rejects.
+    a tar's cut-off tail and its non-file entries end as rejects. ``corpus_field``: as
+    :func:`manifests.readers.iter_source`'s.
     """
     if not tars:
         raise DataprepError("--tarred-audio: no tar files given")
@@ -218,7 +222,8 @@ def iter_nemo_tarred(
             df = _attach_members(df, members.drop("ext", "stem"), "__base", pl.col("__tar"), "base")
             for s, names in df.filter(pl.col("member").is_not_null()).group_by("__shard").agg("member").iter_rows():
                 store.used[int(s)].update(names)
-            yield conform(df, FULL_REJECTS_POLARS_SCHEMA)
+            out = conform(df, FULL_REJECTS_POLARS_SCHEMA)
+            yield corpus_from_extra(out) if corpus_field else out
     yield from store.unlisted(audio_only=True)
 
 
@@ -268,7 +273,8 @@ def _wds_keys(idx: TarIndex) -> tuple[dict[str, dict[str, int]], dict[str, tuple
     """Group a WebDataset tar's entries by key, in tar order: key -> {extension: member index}
     (the first member of each extension), and key -> (reason, problem) for keys that cannot be
     read as one sample: members not next to each other (``duplicate_key``: the key repeated
-    later), a member name or an audio extension given twice (``duplicate_member``), a member
+    later), a member name, an extension (in any case) or an audio extension given twice
+    (``duplicate_member``), a member
     that is not a file (``not_a_file``)."""
     entries = sorted([(p, i, idx.names[i], None) for i, p in enumerate(idx.positions)]
                      + [(p, -1, name, kind) for p, name, kind in idx.others])
@@ -287,6 +293,9 @@ def _wds_keys(idx: TarIndex) -> tuple[dict[str, dict[str, int]], dict[str, tuple
             problems.setdefault(key, ("duplicate_member", f"member '{name}' appears twice in the tar"))
         elif kind is not None:
             problems.setdefault(key, ("not_a_file", f"member '{name}' is a {kind}, not a file"))
+        elif ext in groups.get(key, {}):  # names that differ in case only: one extension twice
+            problems.setdefault(key, ("duplicate_member", f"members '{idx.names[groups[key][ext]]}' and '{name}' "
+                                                          f"are both its .{ext}: which one is meant cannot be told"))
         names.add(name)
         exts = groups.setdefault(key, {})
         last = key
@@ -335,8 +344,8 @@ def iter_webdataset(path: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
             yield _wds_frame(rows, path)
     finally:
         os.close(fd)
-    if idx.problem is not None:
-        yield _container_rejects(TarIndex(idx.path, problem=idx.problem))
+    if idx.problem is not None or idx.trailing is not None:
+        yield _container_rejects(TarIndex(idx.path, problem=idx.problem, trailing=idx.trailing))
 
 
 def _wds_row(fd: int, idx: TarIndex, tar: str, tar_abs: str, key: str, exts: dict[str, int]) -> dict[str, object]:

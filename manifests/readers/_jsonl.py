@@ -282,11 +282,15 @@ _LHOTSE_MAPPED = ["id", "start", "duration", "channel", "recording", "supervisio
 _LHOTSE_CUSTOM_MAPPED = ["source_lang", "target_lang", "taskname", "num_tokens"]
 
 
-def _with_extra(select: str, mapped: list[str]) -> str:
-    """``select`` plus ``extra``: the object's keys not in ``mapped``, sorted, as JSON."""
-    patch = _sql_str(json.dumps({k: None for k in mapped}))
-    return (select + ", CASE WHEN o IS NOT NULL THEN "
-            + SORTED_OBJECT_SQL.format(rest=f"json_merge_patch(o, {patch})") + " END AS extra")
+def _sorted_union_sql(a: str, b: str) -> str:
+    """SQL of the JSON objects ``a`` and ``b`` as one (``b``'s keys win), keys sorted as
+    :data:`SORTED_OBJECT_SQL` writes them, null values kept (a merge patch would drop them);
+    NULL when both are empty."""
+    pa = f"list_zip(json_keys({a}), json_extract({a}, '$.*'))"
+    pb = f"list_zip(json_keys({b}), json_extract({b}, '$.*'))"
+    pairs = f"list_concat(list_filter({pa}, lambda x: NOT list_contains(json_keys({b}), x[1])), {pb})"
+    return (f"CASE WHEN len({pairs}) = 0 THEN NULL ELSE '{{' || array_to_string(list_transform(list_sort({pairs}), "
+            "lambda x: to_json(x[1]) || ':' || x[2]::VARCHAR), ',') || '}' END")
 
 
 def _parsed(con: duckdb.DuckDBPyConnection, chunk: pl.DataFrame, select: str, path: Path) -> pl.DataFrame:
@@ -315,8 +319,8 @@ def iter_lhotse(path: Path, *, audio_root: str | Path | None, chunk_rows: int,
     cpatch = _sql_str(json.dumps({k: None for k in _LHOTSE_CUSTOM_MAPPED}))
     custom = (f"CASE WHEN json_type(o, '$.custom') = 'OBJECT' THEN json_merge_patch(json_extract(o, '$.custom'), "
               f"{cpatch}) ELSE '{{}}' END")
-    rest = f"json_merge_patch(json_merge_patch(o, {patch}), {custom})"
-    select = (_LHOTSE_SELECT + ", CASE WHEN o IS NOT NULL THEN " + SORTED_OBJECT_SQL.format(rest=rest) + " END AS extra")
+    rest = _sorted_union_sql(f"json_merge_patch(o, {patch})", custom)
+    select = _LHOTSE_SELECT + f", CASE WHEN o IS NOT NULL THEN {rest} END AS extra"
     base = base_dir_for(path, audio_root)
     con = duckdb.connect()
     try:
@@ -355,7 +359,8 @@ _RECORDING_SELECT = """
     json_extract_string(o, '$.sources[0].source') AS rec_audio,
     json_extract_string(o, '$.sources[0].type') AS rec_source_type,
     json_extract_string(o, '$.sampling_rate') AS rec_rate, json_type(o, '$.sampling_rate') AS rec_rate__t,
-    CAST(coalesce(json_array_length(o, '$.channel_ids'), 1) AS VARCHAR) AS rec_channels
+    CAST(coalesce(json_array_length(o, '$.channel_ids'), 1) AS VARCHAR) AS rec_channels,
+    TRY_CAST(json_extract_string(o, '$.duration') AS DOUBLE) AS rec_duration
 """
 _SUPERVISION_SELECT = """
     json_extract_string(o, '$.id') AS id, json_type(o, '$.id') AS id__t,
@@ -365,9 +370,31 @@ _SUPERVISION_SELECT = """
     json_extract_string(o, '$.text') AS text, json_type(o, '$.text') AS text__t,
     json_extract_string(o, '$.language') AS lang, json_type(o, '$.language') AS lang__t,
     CAST(CASE json_type(o, '$.channel') WHEN 'ARRAY' THEN json_array_length(o, '$.channel') ELSE 1 END AS VARCHAR)
-        AS channels
+        AS channels,
+    CASE WHEN json_type(o, '$.channel') IN ('UBIGINT', 'BIGINT') THEN CAST(json_extract(o, '$.channel') AS BIGINT)
+        END AS sup_channel,
+    json_extract_string(o, '$.custom.source_lang') AS source_lang, json_type(o, '$.custom.source_lang') AS source_lang__t,
+    json_extract_string(o, '$.custom.target_lang') AS target_lang, json_type(o, '$.custom.target_lang') AS target_lang__t,
+    json_extract_string(o, '$.custom.taskname') AS task, json_type(o, '$.custom.taskname') AS task__t
 """
-_SUPERVISION_MAPPED = ["id", "recording_id", "start", "duration", "text", "language", "channel"]
+_SUPERVISION_MAPPED = ["id", "recording_id", "start", "duration", "text", "language", "channel", "custom"]
+#: seconds a supervision may end past its recording's ``duration`` (rounding), else ``segment_out_of_range``
+RECIPE_END_TOLERANCE = 1e-3
+
+
+def _supervision_select() -> str:
+    """The supervision fields and ``extra``: the supervision's other keys with its ``custom`` keys
+    flattened beside them (where Lhotse keeps a cut's custom fields: ``pnc``, ... reach the
+    trainer; the languages and ``taskname`` are columns), and an integer ``channel`` (left
+    out again by :func:`_mono_channel_dropped` when the recording has one channel)."""
+    patch = _sql_str(json.dumps({k: None for k in _SUPERVISION_MAPPED}))
+    cpatch = _sql_str(json.dumps({k: None for k in _LHOTSE_CUSTOM_MAPPED}))
+    custom = (f"CASE WHEN json_type(o, '$.custom') = 'OBJECT' THEN json_merge_patch(json_extract(o, '$.custom'), "
+              f"{cpatch}) ELSE '{{}}' END")
+    channel = ("CASE WHEN json_type(o, '$.channel') IN ('UBIGINT', 'BIGINT') "
+               "THEN json_object('channel', json_extract(o, '$.channel')) ELSE '{}' END")
+    rest = _sorted_union_sql(f"json_merge_patch(o, {patch})", f"json_merge_patch({custom}, {channel})")
+    return _SUPERVISION_SELECT + f", CASE WHEN o IS NOT NULL THEN {rest} END AS extra"
 
 
 def _recordings(path: Path, con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
@@ -383,19 +410,34 @@ def _recordings(path: Path, con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     return recs.filter(pl.col("rec_id").is_not_null()).unique("rec_id", keep="first", maintain_order=True)
 
 
+def _mono_channel_dropped(extra: pl.Expr, mono: pl.Expr) -> pl.Expr:
+    """``extra`` (sorted, compact JSON) without its integer ``channel`` key where ``mono``: channel
+    0 of a one-channel recording is the file itself. Inside a JSON string a quote is escaped, so
+    ``"channel":`` after ``{`` or ``,`` is a key."""
+    key = r'"channel":-?\d+'
+    dropped = (extra.str.replace(f"^\\{{{key}\\}}$", "").str.replace(f",{key}", "")
+               .str.replace(f"^\\{{{key},", "{"))
+    return pl.when(mono & extra.str.contains('"channel":', literal=True)).then(
+        pl.when(dropped != "").then(dropped)).otherwise(extra)
+
+
 def iter_lhotse_recipe(supervisions: Path, recordings: Path, *, audio_root: str | Path | None,
                        chunk_rows: int) -> Iterator[pl.DataFrame]:
     """A Lhotse recipe's ``supervisions.jsonl(.gz)`` with its ``recordings.jsonl(.gz)`` (what
     ``lhotse prepare`` writes): one row per supervision, cut from its recording (``audio_path``
     = the recording's file source, ``offset`` = the supervision's ``start``). A supervision
     whose recording is absent, or has no file source, is a ``missing_field`` /
-    ``malformed_line`` reject; ``speaker``, ``gender``, ``custom``... go to ``extra``.
+    ``malformed_line`` reject; one that starts before its recording or ends past its
+    ``duration`` (beyond :data:`RECIPE_END_TOLERANCE`), or names a channel the recording lacks,
+    is ``segment_out_of_range``. ``source_lang`` / ``target_lang`` / task from ``custom`` (NeMo's
+    names); ``speaker``, ``gender``, the rest of ``custom``... go to ``extra`` (``custom``
+    flattened, as a cut's), with ``channel`` when the recording has several.
     """
     labels = {"id": "id", "audio": "recordings[recording_id].sources[0].source", "offset": "start",
               "duration": "duration", "sample_rate": "recordings[recording_id].sampling_rate",
-              "channels": "channel", "text": "text", "lang": "language", "source_lang": "source_lang",
-              "target_lang": "target_lang", "task": "task"}
-    select = _with_extra(_SUPERVISION_SELECT, _SUPERVISION_MAPPED)
+              "channels": "channel", "text": "text", "lang": "language", "source_lang": "custom.source_lang",
+              "target_lang": "custom.target_lang", "task": "custom.taskname"}
+    select = _supervision_select()
     base = base_dir_for(recordings, audio_root)
     con = duckdb.connect()
     try:
@@ -406,6 +448,25 @@ def iter_lhotse_recipe(supervisions: Path, recordings: Path, *, audio_root: str 
             origin = pl.format("{}:{}", pl.lit(str(supervisions)), pl.col("lineno"))
             no_rec = pl.col("ok").fill_null(False) & pl.col("rec_audio").is_null() & pl.col("rec_source_type").is_null()
             bad_source = pl.col("rec_source_type").is_not_null() & (pl.col("rec_source_type") != "file")
+            start = pl.col("offset").cast(pl.Float64, strict=False)
+            end = start + pl.col("duration").cast(pl.Float64, strict=False)
+            outside = pl.col("rec_duration").is_not_null() & (
+                (start < 0) | (end > pl.col("rec_duration") + RECIPE_END_TOLERANCE)).fill_null(False)
+            no_channel = (pl.col("sup_channel") >= pl.col("rec_channels").cast(pl.Int64, strict=False)).fill_null(False)
+            mono = pl.col("rec_channels").cast(pl.Int64, strict=False).fill_null(1) <= 1
+            df = df.with_columns(
+                _mono_channel_dropped(pl.col("extra"), mono).alias("extra"),
+                pl.when(pl.col("reason").is_null() & outside).then(pl.lit("segment_out_of_range"))
+                .when(pl.col("reason").is_null() & no_channel).then(pl.lit("segment_out_of_range"))
+                .otherwise(pl.col("reason")).alias("reason"),
+                pl.when(pl.col("reason").is_null() & outside).then(pl.format(
+                    "{}: supervision {} s + {} s lies outside its recording '{}' ({} s)", origin, pl.col("offset"),
+                    pl.col("duration"), pl.col("recording_id"), pl.col("rec_duration")))
+                .when(pl.col("reason").is_null() & no_channel).then(pl.format(
+                    "{}: supervision channel {} of recording '{}', which has {} channel(s)", origin,
+                    pl.col("sup_channel"), pl.col("recording_id"), pl.col("rec_channels")))
+                .otherwise(pl.col("detail")).alias("detail"),
+            )
             df = df.with_columns(
                 origin.alias("origin"),
                 pl.col("rec_audio").alias("audio"),

@@ -141,3 +141,27 @@ def base_dir_for(source: Path, audio_root: str | Path | None) -> str:
     """The folder relative audio paths resolve against: ``audio_root`` or the source's folder."""
     base = Path(audio_root) if audio_root is not None else source.parent
     return str(base.expanduser().resolve())
+
+
+def corpus_from_extra(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with a string ``corpus`` field of ``extra`` moved to the ``corpus`` column (where
+    the row has none): the key every writer gives a row's corpus (NeMo lines, cut ``custom``,
+    WebDataset ``.json``), so a packed or exported blend reads back with its corpora. Rows
+    without one are untouched; a frame without any is returned as it is (no column added)."""
+    if "extra" not in frame.columns:
+        return frame
+    has = frame["extra"].str.contains('"corpus"', literal=True).fill_null(False)
+    if not has.any():
+        return frame
+    own = frame["corpus"] if "corpus" in frame.columns else pl.Series("corpus", [None] * frame.height, pl.String)
+    pick = pl.DataFrame({"extra": frame["extra"], "take": has & own.is_null()})  # noqa: F841 (scanned by DuckDB)
+    con = duckdb.connect()
+    try:
+        moved = con.sql(
+            "SELECT CASE WHEN take AND json_type(extra, '$.corpus') = 'VARCHAR' THEN json_extract_string(extra, '$.corpus') "
+            "END AS c, CASE WHEN take AND json_type(extra, '$.corpus') = 'VARCHAR' THEN "
+            "nullif(CAST(json_merge_patch(extra, '{\"corpus\":null}') AS VARCHAR), '{}') ELSE extra END AS e "
+            "FROM pick").pl()
+    finally:
+        con.close()
+    return frame.with_columns(pl.coalesce(own, moved["c"]).alias("corpus"), moved["e"].alias("extra"))
