@@ -88,8 +88,9 @@ def unchecked_audio(manifest: str | os.PathLike[str], probe: str = "auto", *,
 
 
 def require_audio(manifest: str | os.PathLike[str], command: str) -> None:
-    """Refuse, in one line naming the fix, a manifest whose rows name no audio or whose audio files
-    (a sample of those no header was read for) do not exist: ``command`` reads the audio."""
+    """Refuse, in one line naming the fix, a manifest whose rows name no audio or most of whose
+    audio files (a sample of those no header was read for) do not exist, i.e. the audio is not
+    mounted: ``command`` reads the audio. A few absent files are the command's per-row rejects."""
     u = unchecked_audio(manifest)
     name = Path(manifest)
     if u.no_path:
@@ -97,7 +98,7 @@ def require_audio(manifest: str | os.PathLike[str], command: str) -> None:
             f"{name}: {u.no_path:,} of {u.rows:,} rows name no audio file (a metadata-only manifest): {command} "
             "reads the audio; compile a source that names each row's audio (NeMo audio_filepath, an 'audio' "
             "column), or plan from this manifest as it is")
-    if u.absent:
+    if u.absent * 2 > u.sampled:  # most of it absent: not mounted (a few: pack rejects those rows, each)
         raise DataprepError(
             f"{name}: {u.absent:,} of {u.sampled:,} sampled audio files do not exist (e.g. {u.first_absent}): "
             f"{command} reads the audio; mount it where the manifest says, or compile again with --audio-root DIR")
