@@ -17,6 +17,7 @@ from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan, simulate_plan
 from dataprep.planning import spills_to_disk
+from dataprep.planning.simulate import MAX_EXCHANGE_S, MAX_SLOW_FACTOR
 from dataprep.planning import plan_steps_report, simulate_strategies
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
@@ -206,7 +207,7 @@ def simulate_cmd(
     exchange: Annotated[float, typer.Option("--exchange", help="Seconds per ADPSGD pairwise weight exchange (one per step).")] = 0.005,
 ) -> None:
     """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not."""
-    check_range("--exchange", exchange, ge=0)  # refused even where no --strategy uses it
+    check_range("--exchange", exchange, ge=0, le=MAX_EXCHANGE_S)  # refused even where no --strategy uses it
     ws = parse_world_sizes("--world-sizes", world_sizes)
     try:
         cost = CostModel().with_overrides(coef or [])
@@ -255,6 +256,7 @@ def _slow_ranks(pairs: list[str]) -> dict[int, float]:
             slow[int(rank)] = float(factor)
         except ValueError:
             raise DataprepError(f"--slow-rank {pair!r}: expected RANK=FACTOR, e.g. 3=1.5") from None
+        check_range("--slow-rank", slow[int(rank)], gt=0, le=MAX_SLOW_FACTOR)  # before the simulation runs
     return slow
 
 
