@@ -22,7 +22,7 @@ from rich.console import Console
 
 from manifests.errors import DataprepError, OptionError
 from manifests.options import check_number
-from manifests.units import parse_bytes
+from manifests.units import machine_memory, parse_bytes
 
 app = typer.Typer(
     name="dataprep",
@@ -155,8 +155,6 @@ def parse_world_sizes(option: str, text: str) -> list[int]:
 
 
 def parse_memory_limit(text: str) -> int:
-    """``--memory-limit``'s value (``4GiB``, ``512MB``, bytes) in bytes, or a one-line error."""
-    try:
-        return parse_bytes(text)
-    except DataprepError as exc:
-        raise DataprepError(f"--memory-limit: {exc}") from None
+    """``--memory-limit``'s value (``4GiB``, ``512MB``, bytes, ``50%`` of the machine's memory) in
+    bytes, or a one-line error."""
+    return parse_bytes(text, machine_memory(), flag="--memory-limit", of="the machine's memory")

@@ -21,6 +21,7 @@ from dataprep.planning.simulate import MAX_EXCHANGE_S, MAX_SLOW_FACTOR
 from dataprep.planning import plan_steps_report, simulate_strategies
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
+from manifests.options import check_needs
 from manifests.outputs import refuse_same_paths
 from manifests.plan_files import verify_plan
 from manifests.plan_meta import PlanMeta, read_plan_meta
@@ -68,6 +69,8 @@ def plan_batches_cmd(
 
     # the rate flags are checked even without --dynamic-resolution: a bad value is never ignored
     dynres = dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
+    dyn.refuse_unused(dynamic_resolution, "--dynamic-resolution", target_frames, frames_per_second, min_rate,
+                      max_rate, floor_rate)
     dynres = dynres if dynamic_resolution else None
     with option_flags(PLAN_FLAGS):
         pairs = parse_weights(weights)
@@ -215,6 +218,9 @@ def simulate_cmd(
         raise DataprepError(str(exc)) from None
     slow = _slow_ranks(slow_rank or [])
     strategies = [x.strip() for x in strategy.split(",") if x.strip()] if strategy else []
+    check_needs("--slow-rank", bool(slow), "--strategy", bool(strategies))
+    check_needs("--exchange", exchange != 0.005, "--strategy adpsgd or hybrid", bool({"adpsgd", "hybrid"} & set(strategies)))
+    check_needs("--group-size", group_size is not None, "--strategy hybrid", "hybrid" in strategies)
     with option_flags(SIM_FLAGS):  # the library checks every value (finite, in range)
         results = simulate_plan(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
     out.print(f"tail-worker simulation, epoch {epoch}; cost model: {cost}")

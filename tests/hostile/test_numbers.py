@@ -213,3 +213,111 @@ def test_every_yaml_reader_uses_the_guarded_loader(blend: tuple[Path, Path], tmp
                   f"{manifest.parent / 'big.json'}, weight: 1, tags: *t}}\n")
     res = runner.invoke(app, ["compile", str(ok), "--tokenizer", str(spm), "-o", str(tmp_path / "y.parquet")])
     assert res.exit_code == 0, res.output
+
+
+# --- options that need another, formats by suffix ------------------------------------------------
+
+@pytest.mark.parametrize("cmd,args,match", [
+    ("plan-batches", ["--target-frames", "1000"], "--target-frames: only matters with --dynamic-resolution"),
+    ("plan-batches", ["--min-rate", "60"], "--min-rate: only matters with --dynamic-resolution"),
+    ("simulate", ["--group-size", "2"], "--group-size: only matters with --strategy hybrid"),
+    ("simulate", ["--slow-rank", "0=2"], "--slow-rank: only matters with --strategy"),
+    ("simulate", ["--strategy", "sync", "--exchange", "0.1"], "--exchange: only matters with --strategy adpsgd"),
+    ("padding", ["--balance", "0.2"], "--balance: only matters with --world-sizes"),
+    ("oomptimize", ["--exact-trace"], "--exact-trace: only matters with --estimate"),
+    ("oomptimize", ["--estimate", "--frames-per-second", "50"], "--frames-per-second: only matters with"),
+])
+def test_an_option_without_its_enabling_flag_is_refused(blend: tuple[Path, Path], tmp_path: Path, cmd: str,
+                                                        args: list[str], match: str) -> None:
+    manifest, buckets = blend
+    plan = tmp_path / "plan"
+    if cmd == "simulate":
+        assert _plan(blend, plan).exit_code == 0
+    base = {"plan-batches": [manifest, "-b", buckets, "-w", "1", "-o", tmp_path / "p"],
+            "simulate": [plan],
+            "padding": [manifest, "--buckets", buckets],
+            "oomptimize": [buckets, "--model", "tiny", "--gpu-memory", "8GiB", "-o", tmp_path / "o.json"]}[cmd]
+    refused(cmd, *base, *args, match=match)
+
+
+def test_the_buckets_format_follows_the_suffix_every_reader_uses(blend: tuple[Path, Path], tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    _, buckets = blend
+    base = ["oomptimize", buckets, "--model", "tiny", "--estimate", "--gpu-memory", "8GiB"]
+    refused(*base, "--format", "nemo", "-o", tmp_path / "o.json", match=("--format", "'o.json'"))
+    refused(*base, "--format", "json", "-o", tmp_path / "o.yaml", match=("--format", "'o.yaml'"))
+    res = runner.invoke(app, [str(a) for a in (*base, "-o", tmp_path / "o.yaml")])  # NeMo YAML, by its suffix
+    assert res.exit_code == 0, res.output
+    assert "bucket_duration_bins" in yaml.safe_load((tmp_path / "o.yaml").read_text())
+    manifest, _ = blend
+    plan = runner.invoke(app, ["plan-batches", str(manifest), "-b", str(tmp_path / "o.yaml"), "-w", "1", "-o",
+                               str(tmp_path / "p")])
+    assert plan.exit_code == 0, plan.output
+    refused("fit-buckets", manifest, "-o", tmp_path / "b.yaml", match=("b.yaml", "name it .json"))
+
+
+# --- missing columns, rejects files, sizes and their hints --------------------------------------
+
+def _without(manifest: Path, column: str, out: Path) -> Path:
+    """``manifest`` less ``column``, written (with its content hash) as the tool writes manifests."""
+    import pyarrow.parquet as pq
+
+    from manifests.manifest_read import read_metadata
+    from manifests.manifest_write import write_parquet_stream
+
+    t = pq.read_table(manifest).drop([column]).replace_schema_metadata(None)
+    write_parquet_stream(lambda: [t], out, t.schema, "manifest", read_metadata(manifest)["provenance"])
+    return out
+
+
+def test_a_missing_tps_is_computed_and_a_missing_underivable_column_refused(blend: tuple[Path, Path],
+                                                                             tmp_path: Path) -> None:
+    from manifests.manifest_read import read_manifest
+
+    manifest, buckets = blend
+    no_tps = _without(manifest, "tps", tmp_path / "no_tps.parquet")
+    for name, m in (("a", manifest), ("b", no_tps)):
+        res = runner.invoke(app, ["stats", str(m), "--json", str(tmp_path / f"{name}.json")])
+        assert res.exit_code == 0, res.output
+        res = runner.invoke(app, ["filter", str(m), "--max-tps", "9", "-o", str(tmp_path / f"{name}.parquet"),
+                                  "--rejects", str(tmp_path / f"{name}.rej.parquet")])
+        assert res.exit_code == 0, res.output
+    stats = [json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab"]
+    assert [{k: v for k, v in s.items() if k != "manifest"} for s in stats][0] == \
+           [{k: v for k, v in s.items() if k != "manifest"} for s in stats][1]
+    assert read_manifest(tmp_path / "a.parquet").equals(read_manifest(tmp_path / "b.parquet"))  # tps = tokens / s
+    no_tokens = _without(manifest, "num_tokens", tmp_path / "no_tokens.parquet")
+    refused("stats", no_tokens, match=(str(no_tokens), "lacks column(s) num_tokens"))
+
+
+@pytest.mark.parametrize("kind", ["nemo", "lhotse"])
+def test_export_refuses_a_rejects_file(blend: tuple[Path, Path], tmp_path: Path, kind: str) -> None:
+    manifest, buckets = blend
+    rejects = manifest.with_name("m.rejects.parquet")  # compile's
+    assert rejects.is_file()
+    refused("export", kind, buckets, "-m", rejects, "-o", tmp_path / "ex", match=(str(rejects), "rejects file"))
+
+
+@pytest.mark.parametrize("value,match", [
+    ("50%", None),  # of the machine's memory, as the hint for a bad size says
+    ("abc", "e.g. 80GiB, 40GB, 5%"), ("inf%", "(0, 100]"), ("nan%", "(0, 100]"), ("150%", "(0, 100]"),
+    ("9" * 400 + "GiB", "too large"),
+])
+def test_memory_sizes_parse_the_grammar_their_hints_show(blend: tuple[Path, Path], tmp_path: Path, value: str,
+                                                         match: str | None) -> None:
+    manifest, buckets = blend
+    args = ["plan-batches", manifest, "-b", buckets, "-w", "1", "-o", tmp_path / "p", "--memory-limit", value]
+    if match is None:
+        res = runner.invoke(app, [str(a) for a in args])
+        assert res.exit_code == 0, res.output
+    else:
+        refused(*args, match=("--memory-limit", match))
+
+
+def test_a_size_without_a_total_neither_takes_nor_suggests_a_percentage(blend: tuple[Path, Path],
+                                                                        tmp_path: Path) -> None:
+    _, buckets = blend
+    base = ["oomptimize", buckets, "--model", "tiny", "--estimate", "-o", tmp_path / "o.json"]
+    line = refused(*base, "--gpu-memory", "lots", match=("--gpu-memory", "e.g. 80GiB"))
+    assert "%" not in line
+    refused(*base, "--gpu-memory", "50%", match=("--gpu-memory", "not accepted here"))
