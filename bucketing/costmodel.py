@@ -26,6 +26,13 @@ from manifests.errors import OptionError
 from manifests.options import check_number
 
 
+#: (low, high) of each coefficient: ``overhead`` > 0 s (a step takes time, so ratios of step times
+#: are defined), the others >= 0, a frame 0.1 ms to 1 s. Past these a value is a typo, and
+#: within them a step time and sums of billions of them stay finite in float64.
+BOUNDS = {"overhead": (0.0, 3600.0), "per_frame": (0.0, 1.0), "per_frame2": (0.0, 1.0), "per_token": (0.0, 1.0),
+          "per_token2": (0.0, 1.0), "frame_shift": (1e-4, 1.0)}
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Coefficients of the step-time model (seconds; see the module docstring)."""
@@ -38,9 +45,10 @@ class CostModel:
     frame_shift: float = 0.01  # s per frame
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # every coefficient finite and >= 0; a frame lasts > 0 s
-            check_number(f.name, getattr(self, f.name), ge=None if f.name == "frame_shift" else 0,
-                         gt=0 if f.name == "frame_shift" else None)
+        for f in fields(self):  # finite and within BOUNDS: every step time finite and > 0
+            lo, hi = BOUNDS[f.name]
+            check_number(f.name, getattr(self, f.name), gt=0 if f.name == "overhead" else None,
+                         ge=None if f.name == "overhead" else lo, le=hi)
 
     def step_time(
         self,

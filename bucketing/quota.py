@@ -16,6 +16,7 @@ Vectorized over rows; Python loops over corpora and their stream's cycles only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,11 @@ class QuotaError(ValueError):
     """A blend or weights that cannot give quotas (unknown corpus, bad weight, ...)."""
 
 
+#: Most utterances one epoch may hold (its rows are drawn into int64 arrays): 2**40, far past any
+#: corpus; a weighted plan's epoch is bounded by its rows too (``dataprep.planning.weights``).
+MAX_EPOCH_SIZE = 2**40
+
+
 def reweight(weights: Sequence[float], temperature: float) -> npt.NDArray[np.float64]:
     """NeMo's ``temperature_reweighting``: ``w^T / sum(w^T)`` (weights > 0)."""
     w = np.asarray(weights, dtype=np.float64)
@@ -35,15 +41,25 @@ def reweight(weights: Sequence[float], temperature: float) -> npt.NDArray[np.flo
         raise QuotaError(f"weights must be finite and > 0, got {w.tolist()}")
     if not (temperature >= 0 and np.isfinite(temperature)):
         raise QuotaError(f"temperature must be finite and >= 0, got {temperature}")
-    wt = w ** float(temperature)
-    return wt / wt.sum()
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        wt = w ** float(temperature)
+        total = wt.sum()
+        if not (np.isfinite(total) and total > 0):  # w^T overflows (or all underflow): the same
+            wt = np.exp(float(temperature) * (np.log(w) - np.log(w).max()))  # ratios, scaled by max^T
+            total = wt.sum()
+        p = wt / total
+    if not np.isfinite(p).all():
+        raise QuotaError(f"weights {w.tolist()} at temperature {temperature:g} give no finite probabilities")
+    return p
 
 
 def _level(temps: Any, depth: int) -> float:
+    if isinstance(temps, (list, tuple)):
+        temps = temps[depth] if depth < len(temps) else None
     if temps is None:
         return 1.0
-    if isinstance(temps, (list, tuple)):
-        return float(temps[depth]) if depth < len(temps) else 1.0
+    if isinstance(temps, bool) or not isinstance(temps, (int, float)):
+        raise QuotaError(f"temperature must be a number, got {temps!r}")
     return float(temps)
 
 
@@ -98,15 +114,23 @@ def quotas(probabilities: npt.ArrayLike, epoch_size: int) -> npt.NDArray[np.int6
     p = np.asarray(probabilities, dtype=np.float64)
     if epoch_size < 1:
         raise QuotaError(f"epoch size must be >= 1 utterance, got {epoch_size}")
+    if epoch_size > MAX_EPOCH_SIZE:
+        raise QuotaError(f"epoch size must be <= {MAX_EPOCH_SIZE} utterances, got {epoch_size}")
+    if not (np.isfinite(p).all() and (p >= 0).all() and p.sum() <= 1 + 1e-9):
+        raise QuotaError(f"probabilities must be finite, >= 0 and sum to at most 1, got {p.tolist()}")
     return np.floor(p * int(epoch_size) + 0.5).astype(np.int64)
 
 
 def epoch_size_for_hours(probabilities: npt.ArrayLike, mean_seconds: npt.ArrayLike, hours: float) -> int:
     """The ``N`` whose quotas hold about ``hours`` of audio: ``hours * 3600 / sum(p_c * mean_c)``."""
     per_utt = float(np.dot(np.asarray(probabilities, np.float64), np.asarray(mean_seconds, np.float64)))
-    if not (hours > 0 and per_utt > 0):
-        raise QuotaError(f"epoch hours must be > 0, got {hours}")
-    return max(1, int(round(hours * 3600.0 / per_utt)))
+    if not (hours > 0 and math.isfinite(hours) and per_utt > 0 and math.isfinite(per_utt)):
+        raise QuotaError(f"epoch hours must be finite and > 0, got {hours}")
+    n = hours * 3600.0 / per_utt
+    if not n <= MAX_EPOCH_SIZE:
+        raise QuotaError(f"{hours:g} hours of {per_utt:g} s utterances is {n:.3g} utterances per epoch, "
+                         f"more than {MAX_EPOCH_SIZE}")
+    return max(1, int(round(n)))
 
 
 #: Rounds of :class:`Shuffle` (each xors one half of the word with a keyed hash of the other).

@@ -102,7 +102,7 @@ def parse_buckets(obj: Any, where: str = "buckets.json") -> BucketSpec:
     """Validate a decoded ``buckets.json`` object field by field, without coercion; raise
     :class:`ManifestError` as ``FILE: field: problem``."""
     v = Validator(where)
-    obj = v.obj(obj, "buckets.json")
+    obj = v.obj(obj, "(file)")
     version = v.int_(obj.get("version", BUCKETS_VERSION), "version")
     if version != BUCKETS_VERSION:
         raise v.fail("version", f"unsupported version {version} (this tool reads {BUCKETS_VERSION})")
@@ -152,5 +152,8 @@ def read_buckets(path: str | os.PathLike[str]) -> BucketSpec:
 
 
 def write_buckets(spec: BucketSpec, path: str | os.PathLike[str]) -> None:
-    """Write ``buckets.json`` atomically."""
+    """Write ``buckets.json`` atomically (a ``.yaml`` name refused: readers take it for NeMo's YAML)."""
+    if is_nemo_buckets_path(path):
+        raise ManifestError(f"{path}: a buckets.json named .yaml / .yml would be read as NeMo's bucketing YAML "
+                            "(by its suffix); name it .json")
     write_json(spec.to_json(), path)

@@ -53,10 +53,42 @@ def read_manifest(path: str | os.PathLike[str], columns: list[str] | None = None
     if columns is not None and optional:
         names = pq.read_schema(path).names
         columns = [*columns, *(c for c in optional if c in names and c not in columns)]
+    read, derive = _columns_to_read(path, columns)
     try:
-        return pl.read_parquet(path, columns=columns)
+        df = pl.read_parquet(path, columns=read)
     except (OSError, pl.exceptions.PolarsError, pa.ArrowException) as exc:
         raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
+    return pl.from_arrow(_derived(df.to_arrow(), columns)) if derive else df  # type: ignore[return-value]
+
+
+#: columns computed from others when a manifest lacks them: name -> (the columns it needs)
+DERIVED = {"tps": ("num_tokens", "duration")}
+
+
+def _columns_to_read(path: str | os.PathLike[str], columns: list[str] | None) -> tuple[list[str] | None, bool]:
+    """The columns to read for ``columns`` (None: all) and whether one is derived
+    (:data:`DERIVED`: ``tps`` = ``num_tokens / duration``); a one-line error for a column the
+    file lacks and no rule derives."""
+    names = set(pq.read_schema(path).names)
+    if columns is None:  # every column: the derivable ones the file lacks computed too
+        return None, any(c not in names and set(need) <= names for c, need in DERIVED.items())
+    derive = [c for c in columns if c not in names and c in DERIVED and set(DERIVED[c]) <= names]
+    missing = [c for c in columns if c not in names and c not in derive]
+    if missing:
+        raise ManifestError(f"{path}: lacks column(s) {', '.join(missing)} (not a manifest `dataprep compile` "
+                            "wrote? compile it again)")
+    need = [c for d in derive for c in DERIVED[d]]
+    return [*(c for c in columns if c not in derive), *(c for c in need if c not in columns)], bool(derive)
+
+
+def _derived(t: pa.Table, columns: list[str] | None) -> pa.Table:
+    """``t`` with the :data:`DERIVED` columns of ``columns`` computed, in ``columns``' order."""
+    import pyarrow.compute as pc
+
+    if "tps" not in t.column_names:
+        t = t.append_column("tps", pc.divide(pc.cast(t.column("num_tokens"), pa.float64()),
+                                             pc.cast(t.column("duration"), pa.float64())))
+    return t.select(columns) if columns is not None else t
 
 
 def iter_manifest(path: str | os.PathLike[str], columns: list[str] | None, rows: int,
@@ -66,9 +98,11 @@ def iter_manifest(path: str | os.PathLike[str], columns: list[str] | None, rows:
     group being decoded, not the file (no pre-buffering of the whole file's column chunks).
     ``dictionary``: string columns read dictionary-encoded (a few distinct values: faster)."""
     check_manifest_file(path)
+    read, derive = _columns_to_read(path, columns)
     try:
         pf = pq.ParquetFile(path, pre_buffer=False, read_dictionary=list(dictionary) or None)
-        yield from rebatch(pf.iter_batches(batch_size=rows, columns=columns), rows)
+        for t in rebatch(pf.iter_batches(batch_size=rows, columns=read), rows):
+            yield _derived(t, columns) if derive else t
     except (OSError, pa.ArrowException) as exc:
         raise ManifestError(f"{path}: rows cannot be read ({str(exc).strip().splitlines()[0][:160]})") from None
 

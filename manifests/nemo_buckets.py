@@ -23,6 +23,7 @@ from typing import Any
 from collections.abc import Mapping, Sequence
 
 from manifests.atomic_files import atomic_path
+from manifests.errors import OptionError
 from manifests.validation import Validator, load_yaml_file
 
 #: a token bound at or above this reads as unbounded (what a bucket without max_tokens exports as)
@@ -34,6 +35,19 @@ YAML_SUFFIXES = (".yaml", ".yml")
 def is_nemo_buckets_path(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` names a NeMo YAML options file (by suffix)."""
     return Path(path).suffix.lower() in YAML_SUFFIXES
+
+
+def buckets_format(path: str | os.PathLike[str], fmt: str | None = None) -> str:
+    """The format a buckets file at ``path`` is written in, as every reader picks it: ``nemo``
+    (bucketing YAML) for a ``.yaml`` / ``.yml`` name, else ``json``. A ``fmt`` given must agree
+    (:class:`~manifests.errors.OptionError` on ``format`` otherwise)."""
+    by_suffix = "nemo" if is_nemo_buckets_path(path) else "json"
+    if fmt is not None and fmt != by_suffix:
+        want = "a .yaml name" if fmt == "nemo" else "a name not ending in .yaml / .yml"
+        raise OptionError("format", f"{fmt} does not match {Path(path).name!r}, which readers take for "
+                                    f"{'NeMo bucketing YAML' if by_suffix == 'nemo' else 'buckets.json'} "
+                                    f"by its suffix; give {want} or --format {by_suffix}")
+    return by_suffix
 
 
 def _options(v: Validator, obj: Any) -> dict[str, Any]:
@@ -117,6 +131,7 @@ def write_nemo_buckets(buckets: Sequence[Mapping[str, Any]], path: str | os.Path
     """Write ``buckets`` (``buckets.json``'s list) as NeMo bucketing YAML atomically (each bin one line)."""
     import yaml
 
+    buckets_format(path, "nemo")
     text = yaml.safe_dump(nemo_bucket_options(buckets, max_tps), default_flow_style=None, sort_keys=False,
                           width=1 << 30)
     with atomic_path(path) as tmp:

@@ -80,3 +80,10 @@ def check_str(field: str, value: Any, *, optional: bool = False) -> None:
         return
     if not isinstance(value, str) or not value:
         raise OptionError(field, f"must be a non-empty string, got {value!r}")
+
+
+def check_needs(flag: str, given: bool, needs: str, enabled: bool) -> None:
+    """A flag that only matters with another (``needs``, e.g. ``--dynamic-resolution``) refused
+    when given without it: it would be ignored without a word."""
+    if given and not enabled:
+        raise OptionError(flag, f"only matters with {needs}; add {needs} or drop {flag}")

@@ -125,15 +125,62 @@ def load_json_file(path: str | os.PathLike[str], missing: str = "no such file") 
         raise ManifestError(f"{p}: not valid JSON ({str(exc).splitlines()[0][:120] if str(exc) else 'too deeply nested'})") from None
 
 
+#: Most nodes a YAML file may expand to, aliases counted at every place they stand (a few
+#: thousand in any real config; a "billion laughs" of nested aliases is refused, not walked).
+MAX_YAML_NODES = 100_000
+
+
 def load_yaml_file(path: str | os.PathLike[str], missing: str = "no such file") -> Any:
     """Decode a YAML file with the safe loader (plain data only: no tags that build objects,
-    ``NaN`` / ``.inf`` refused by the :class:`Validator` checks that follow); one-line errors."""
+    ``NaN`` / ``.inf`` refused by the :class:`Validator` checks that follow); one-line errors.
+    Aliases are allowed where the file expands to at most :data:`MAX_YAML_NODES` nodes; an alias
+    inside the node it names (a cycle) is refused."""
     import yaml
 
     p = Path(path)
     raw = _read_bytes(p, missing, "YAML")
     try:
-        return yaml.safe_load(raw.decode("utf-8"))
+        loader = yaml.SafeLoader(raw.decode("utf-8"))
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _check_yaml_nodes(node, p)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
     except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
         first = str(exc).splitlines()[0][:120] if str(exc) else "too deeply nested"
         raise ManifestError(f"{p}: not valid YAML ({first})") from None
+
+
+def _check_yaml_nodes(root: Any, p: Path) -> None:
+    """Refuse a composed YAML graph with a cycle or expanding to over :data:`MAX_YAML_NODES`
+    nodes: an iterative walk, each distinct node once (its expanded size memoized)."""
+    import yaml
+
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        kids = ([x for pair in node.value for x in pair] if isinstance(node, yaml.MappingNode)
+                else node.value if isinstance(node, yaml.SequenceNode) else [])
+        if done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            if size[key] > MAX_YAML_NODES:
+                raise ManifestError(f"{p}: its aliases expand to more than {MAX_YAML_NODES:,} nodes "
+                                    f"(line {node.start_mark.line + 1}); refused")
+            continue
+        if key in size:
+            continue
+        on_path.add(key)
+        stack.append((node, True))
+        for k in kids:
+            if id(k) in on_path:
+                raise ManifestError(f"{p}: line {k.start_mark.line + 1}: an alias refers to a node that holds it "
+                                    "(a cycle); refused")
+            if id(k) not in size:
+                stack.append((k, False))

@@ -74,7 +74,7 @@ def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[
     flags = {"kept": [False, False], "rejected": [False, False]}  # (containers, corpus) of each output
     if optional:
         needed = {c for _, c, _, _ in thresholds.active()} | set(optional)
-        for r in split([c for c in names if c in needed]):
+        for r in split([c for c in names if c in needed] + sorted(needed - set(names))):  # lacking: derived or refused
             for key, part in (("kept", r.kept), ("rejected", r.rejected)):
                 flags[key] = [flags[key][0] or has_containers(part), flags[key][1] or has_corpus(part)]
     kept_pl, kept_pa = output_schemas("manifest", *flags["kept"])

@@ -26,7 +26,7 @@ from dataprep.cli import fmt  # noqa: F401  (--help shows no type for plain flag
 from manifests.errors import DataprepError, OptionError
 from manifests.optional import missing_dependency
 from manifests.options import check_number
-from manifests.units import parse_bytes
+from manifests.units import machine_memory, parse_bytes
 
 #: ``dataprep --help`` lists the commands in the order a corpus goes through them (README's table)
 PIPELINE_ORDER = ("train-tokenizer", "compile", "merge", "pack", "stats", "filter", "report", "fit-buckets",
@@ -238,8 +238,6 @@ def parse_world_sizes(option: str, text: str) -> list[int]:
 
 
 def parse_memory_limit(text: str) -> int:
-    """``--memory-limit``'s value (``4GiB``, ``512MB``, bytes) in bytes, or a one-line error."""
-    try:
-        return parse_bytes(text)
-    except DataprepError as exc:
-        raise DataprepError(f"--memory-limit: {exc}") from None
+    """``--memory-limit``'s value (``4GiB``, ``512MB``, bytes, ``50%`` of the machine's memory) in
+    bytes, or a one-line error."""
+    return parse_bytes(text, machine_memory(), flag="--memory-limit", of="the machine's memory")

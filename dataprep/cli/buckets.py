@@ -19,6 +19,7 @@ from dataprep.analysis import FitOptions, fit_buckets_file, manifest_padding_rep
 from manifests.atomic_files import write_json
 from manifests.buckets_file import BucketSpec
 from manifests.outputs import refuse_same_paths
+from manifests.options import check_needs
 
 
 def _bucket_table(spec: BucketSpec) -> Table:
@@ -116,6 +117,7 @@ def padding_cmd(
     dynres = dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
     ws = parse_world_sizes("--world-sizes", world_sizes) if world_sizes else []
     budget = alias("--max-duration-budget", max_duration_budget, "--budget", budget)
+    check_needs("--balance", balance != DEFAULT_BALANCE, "--world-sizes", bool(ws))
     with option_flags(PADDING_FLAGS):  # the library checks every value; errors name the flag
         report = manifest_padding_report(manifest, buckets, budget=budget, cumulative_budget=cumulative_budget,
                                          strict=strict, seed=seed, window=window, sort_by=sort_by,

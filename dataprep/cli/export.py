@@ -69,7 +69,7 @@ def pack_cmd(
     size = alias("--container-size", container_size, "--shard-size", shard_size) or "1GiB"
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
     with option_flags():
-        result = pack(manifest, out_dir, layout, container_size=parse_bytes(size),
+        result = pack(manifest, out_dir, layout, container_size=parse_bytes(size, flag="--container-size"),
                       num_parts=alias("--num-parts", num_parts, "--num-shards", num_shards),
                       part_index=alias("--part-index", part_index, "--shard-index", shard_index), buckets=buckets)
     out.print(f"{layout}: {plural(len(result.written), 'container')} written, {len(result.skipped)} already done, "

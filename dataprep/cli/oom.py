@@ -14,8 +14,9 @@ from manifests.buckets_file import read_buckets, write_buckets
 from bucketing.budget import cost_equal_spec
 from bucketing.costmodel import CostModel
 from manifests.errors import DataprepError
+from manifests.options import check_needs
 from manifests.hash_cache import default_cache_dir
-from manifests.nemo_buckets import write_nemo_buckets
+from manifests.nemo_buckets import buckets_format, write_nemo_buckets
 from manifests.optional import require
 from manifests.units import parse_bytes
 from oom.options import MODEL_NAMES, OomOptions
@@ -45,7 +46,7 @@ def oomptimize_cmd(
     loss_mode: Annotated[str, typer.Option("--loss-mode", help="Transducers: batched (whole joint) or sample-wise (joint + loss + gradient per sample).")] = _D.loss_mode,
     exact_trace: Annotated[bool, typer.Option("--exact-trace", help="With --estimate: full traces per bucket instead of the fitted estimate (slow).")] = _D.exact_trace,
     explain: Annotated[bool, typer.Option("--explain", help="Per bucket, the memory at the peak by class (parameters, gradients, optimizer, activations, attention, joint).")] = _D.explain,
-    out_format: Annotated[str, typer.Option("--format", help="json: buckets.json; nemo: NeMo's bucketing YAML (bucket_duration_bins, bucket_batch_size) for NeMo's own sampler.")] = "json",
+    out_format: Annotated[str | None, typer.Option("--format", help="json: buckets.json; nemo: NeMo's bucketing YAML (bucket_duration_bins, bucket_batch_size) for NeMo's own sampler (default: nemo for a .yaml / .yml -o, else json; must agree with it).")] = None,
     dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution", help="Size each bucket at its dynamic-resolution shape (--target-frames; as plan-batches --dynamic-resolution with the same options).")] = False,
     target_frames: dyn.TargetFramesOpt = dyn.DYNRES_DEFAULTS.target_frames,
     frames_per_second: dyn.FramesPerSecondOpt = dyn.DYNRES_DEFAULTS.frames_per_second,
@@ -57,13 +58,18 @@ def oomptimize_cmd(
     """Set each bucket's batch size to the largest one whose full training step (forward,
     loss, backward, AdamW step, bf16 autocast) fits in memory, and record how in
     batch_size_source."""
-    if out_format not in ("json", "nemo"):
+    if out_format not in (None, "json", "nemo"):
         raise DataprepError(f"--format must be json or nemo (got {out_format!r})")
+    with option_flags({"format": "--format"}):
+        out_format = buckets_format(output, out_format)
     cdir = None if no_cache else str(cache_dir or default_cache_dir() / "oom")
     # the rate flags are checked even without --dynamic-resolution: a bad value is never ignored
     dynres = dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
+    dyn.refuse_unused(dynamic_resolution, "--dynamic-resolution", target_frames, frames_per_second, min_rate,
+                      max_rate, floor_rate)
+    check_needs("--exact-trace", exact_trace, "--estimate", estimate)
     options = build_options(OomOptions, OOM_FLAGS, model=model, estimate=estimate, device=device,
-                            gpu_memory=parse_bytes(gpu_memory) if gpu_memory is not None else None,
+                            gpu_memory=parse_bytes(gpu_memory, flag="--gpu-memory") if gpu_memory is not None else None,
                             memory_fraction=memory_fraction, margin=margin, tolerance=tolerance, max_batch=max_batch,
                             max_tps=max_tps, cache_dir=cdir, loss_mode=loss_mode, exact_trace=exact_trace,
                             explain=explain, dynamic_resolution=dynres if dynamic_resolution else None)

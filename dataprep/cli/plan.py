@@ -17,9 +17,11 @@ from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan
 from dataprep.planning import spills_to_disk
-from dataprep.planning.simulate import plan_steps_report, plan_warnings, simulate_strategies, simulate_with_warnings
+from dataprep.planning.simulate import (MAX_EXCHANGE_S, MAX_SLOW_FACTOR, plan_steps_report, plan_warnings,
+                                       simulate_strategies, simulate_with_warnings)
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
+from manifests.options import check_needs
 from manifests.outputs import refuse_same_paths
 from manifests.plan_files import verify_plan
 from manifests.plan_meta import PlanMeta, read_plan_meta
@@ -68,6 +70,8 @@ def plan_batches_cmd(
 
     # the rate flags are checked even without --dynamic-resolution: a bad value is never ignored
     dynres = dyn.dynres_config(target_frames, frames_per_second, min_rate, max_rate, floor_rate)
+    dyn.refuse_unused(dynamic_resolution, "--dynamic-resolution", target_frames, frames_per_second, min_rate,
+                      max_rate, floor_rate)
     dynres = dynres if dynamic_resolution else None
     with option_flags(PLAN_FLAGS):
         pairs = parse_weights(weights)
@@ -225,7 +229,7 @@ def simulate_cmd(
     exchange: Annotated[float, typer.Option("--exchange", help="Seconds per ADPSGD pairwise weight exchange (one per step).")] = 0.005,
 ) -> None:
     """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not."""
-    check_range("--exchange", exchange, ge=0)  # refused even where no --strategy uses it
+    check_range("--exchange", exchange, ge=0, le=MAX_EXCHANGE_S)  # refused even where no --strategy uses it
     ws = parse_world_sizes("--world-sizes", world_sizes)
     try:
         cost = CostModel().with_overrides(coef or [])
@@ -233,6 +237,9 @@ def simulate_cmd(
         raise DataprepError(str(exc)) from None
     slow = _slow_ranks(slow_rank or [])
     strategies = [x.strip() for x in strategy.split(",") if x.strip()] if strategy else []
+    check_needs("--slow-rank", bool(slow), "--strategy", bool(strategies))
+    check_needs("--exchange", exchange != 0.005, "--strategy adpsgd or hybrid", bool({"adpsgd", "hybrid"} & set(strategies)))
+    check_needs("--group-size", group_size is not None, "--strategy hybrid", "hybrid" in strategies)
     with option_flags(SIM_FLAGS):  # the library checks every value (finite, in range)
         results, warnings = simulate_with_warnings(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
     out.print(f"tail-worker simulation, epoch {epoch}; cost model: {cost}")
@@ -277,6 +284,7 @@ def _slow_ranks(pairs: list[str]) -> dict[int, float]:
             slow[int(rank)] = float(factor)
         except ValueError:
             raise DataprepError(f"--slow-rank {pair!r}: expected RANK=FACTOR, e.g. 3=1.5") from None
+        check_range("--slow-rank", slow[int(rank)], gt=0, le=MAX_SLOW_FACTOR)  # before the simulation runs
     return slow
 
 

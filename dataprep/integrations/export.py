@@ -45,6 +45,7 @@ from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.hash_cache import require_manifest_hash
 from manifests.manifest_write import write_rejects
+from manifests.manifest_read import check_manifest_file
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PLAN_JSON, PlanMeta, read_plan_meta
 from manifests.records import nemo_line, openable_recording
@@ -90,6 +91,7 @@ def load_inputs(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
     manifest = Path(manifest)
     if not manifest.is_file():
         raise DataprepError(f"{manifest}: no such manifest")
+    check_manifest_file(manifest)  # a rejects file (or any other Parquet) is not a manifest to export
     num_rows = pq.ParquetFile(manifest).metadata.num_rows
     if src.is_dir() or src.name == PLAN_JSON:
         plan_dir = src if src.is_dir() else src.parent

@@ -162,20 +162,40 @@ def weighting(manifest: str | os.PathLike[str], blend: Blend, rows: npt.NDArray[
     sums: the epoch size for ``--epoch-hours`` does not depend on how they were summed)."""
     names = list(blend.probabilities)
     p = np.asarray([blend.probabilities[n] for n in names], dtype=np.float64)
-    if opts.epoch_utterances is not None:
-        n = opts.epoch_utterances
-    elif opts.epoch_hours is not None:
-        mean = micros / GROUP_TICKS_PER_SECOND / np.maximum(rows, 1)
-        n = epoch_size_for_hours(p, mean, opts.epoch_hours)
-    else:
-        n = int(rows.sum())
-    q = quotas(p, n)
+    flag = "--epoch-utterances"
     try:
-        sampler = QuotaSampler(rows, q, opts.seed)
-    except QuotaError:
-        empty = [names[c] for c in np.flatnonzero((rows == 0) & (q > 0))]
-        raise DataprepError(f"{manifest}: corpus {empty[0]!r} has a quota but no row in a bucket") from None
+        if opts.epoch_utterances is not None:
+            n = opts.epoch_utterances
+        elif opts.epoch_hours is not None:
+            flag = "--epoch-hours"
+            mean = micros / GROUP_TICKS_PER_SECOND / np.maximum(rows, 1)
+            n = epoch_size_for_hours(p, mean, opts.epoch_hours)
+        else:
+            n = int(rows.sum())
+        most = MAX_EPOCH_FACTOR * max(int(rows.sum()), 1)
+        if n > most:
+            raise QuotaError(f"an epoch of {n} utterances is more than {MAX_EPOCH_FACTOR} times the "
+                             f"{int(rows.sum())} rows in a bucket")
+        q = quotas(p, n)
+    except QuotaError as exc:
+        raise DataprepError(f"{manifest}: {flag}: {exc}") from None
+    repeats = q // np.maximum(rows, 1)
+    if (repeats > MAX_REPEATS).any():
+        c = int(np.argmax(repeats))
+        raise DataprepError(f"{manifest}: corpus {names[c]!r} would take each of its {int(rows[c])} rows "
+                            f"{int(repeats[c])} times an epoch (its quota {int(q[c])}), more than {MAX_REPEATS}; "
+                            "lower its weight or the epoch size")
+    empty = [names[c] for c in np.flatnonzero((rows == 0) & (q > 0))]
+    if empty:
+        raise DataprepError(f"{manifest}: corpus {empty[0]!r} has a quota but no row in a bucket")
+    sampler = QuotaSampler(rows, q, opts.seed)
     return WeightedEpochs(names, p, q, rows, sampler, blend.source, blend.tree, opts.temperature, n)
+
+
+#: Most utterances a weighted epoch may hold, as a multiple of the rows it draws from
+MAX_EPOCH_FACTOR = 1024
+#: Most times one row may be taken in one epoch (times are counted in int32 per row)
+MAX_REPEATS = 2**20
 
 
 #: manifest rows whose corpus codes ``check_quotas`` holds at once (int32: 256 MiB); a bigger

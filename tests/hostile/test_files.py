@@ -56,7 +56,7 @@ def _with(**fields: object) -> str:
     ('{"version": 1}', "buckets", "missing"),
     ('{"version": 1, "buckets": [{}]}', "buckets[0].max_duration", "missing"),
     ('{"version": 1, "buckets": [3]}', "buckets[0]", "expected an object"),
-    ('[1, 2]', "buckets.json", "expected an object"),
+    ('[1, 2]', "(file)", "expected an object"),  # not the default name buckets.json
     ('{"version": 1, "buckets": [', "not valid JSON", ""),
     ('{"version": 1, "buckets": [{"max_duration": 5}], "fit": 3}', "fit", "expected an object"),
 ])
