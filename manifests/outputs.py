@@ -1,7 +1,10 @@
 """Output safety, one set of rules for every command.
 
-- :func:`refuse_same_paths`: an output may not be one of the command's inputs nor another of
-  its outputs (compared after resolving links, and by inode where both exist).
+- :func:`refuse_same_paths`: an output may not be one of the command's inputs, a file an input
+  expands to (:func:`input_files`: a blend's corpora and tars, a folder's files, a brace
+  pattern's members), nor another of its outputs; compared by real path (links followed) and
+  by inode (hard links). An output that is a block device or a socket is refused; character
+  devices, pipes and stdout are written through (:func:`manifests.atomic_files.output_kind`).
 - :func:`refuse_folder_over_inputs`: an output folder may not hold (at any depth) a file the
   command reads, nor be an input's folder, compared after resolving links (of folders and files).
 - :func:`require_replaceable_plan_dir`: a plan directory is replaced only when it is empty or
@@ -19,11 +22,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from manifests.atomic_files import atomic_path
-from manifests.errors import ManifestError
+from manifests.errors import DataprepError, ManifestError
 
 PathLike = str | os.PathLike[str]
 _PLAN_FILE = re.compile(r"^(plan\.json|rank-\d{5}\.parquet)$")
@@ -40,15 +44,76 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
+def _folder_files(folder: Path) -> list[str]:
+    with contextlib.suppress(OSError):
+        return sorted(str(p) for p in folder.iterdir() if p.is_file())
+    return []
+
+
+def input_files(path: PathLike) -> list[str]:
+    """The files reading the input ``path`` opens besides ``path`` itself: a folder's files (a
+    Kaldi data dir, Lhotse Shar or recipe folder, a plan, parts), an ``input_cfg`` blend's
+    corpora (manifests, tars, Shar folders' files; brace patterns expanded), a brace pattern's
+    members (``audio__OP_0..7_CL_.tar``). A blend that cannot be read gives only itself here
+    (its reader reports it)."""
+    from manifests.containers import expand_paths
+    from manifests.readers import is_blend_path, read_blend
+
+    p = Path(path)
+    text = os.fspath(path)
+    if ("_OP_" in text or "{" in text) and not p.exists():
+        return [x for x in expand_paths([text]) if x != text]
+    if p.is_dir():
+        return _folder_files(p)
+    if not (is_blend_path(p) and p.is_file()):
+        return []
+    try:
+        blend = read_blend(p)
+    except DataprepError:
+        return []
+    files: list[str] = []
+    for leaf in blend.leaves:
+        for f in expand_paths([*leaf.paths, *leaf.tars]):
+            files.extend(_folder_files(Path(f)) if Path(f).is_dir() else [f])
+    return files
+
+
+def _key(p: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(p)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
 def refuse_same_paths(inputs: Mapping[str, PathLike | None], outputs: Mapping[str, PathLike | None]) -> None:
-    """Raise unless every output differs from every input and from every other output.
-    Keys name the option (``"-o"``, ``"--rejects"``, ``"MANIFEST"``) in the one-line error."""
+    """Raise unless every output differs from every input, from every file an input expands
+    to (:func:`input_files`) and from every other output; refuse an output that is a block
+    device or a socket. Keys name the option (``"-o"``, ``"--rejects"``, ``"MANIFEST"``) in
+    the one-line error."""
     outs = [(name, Path(p)) for name, p in outputs.items() if p is not None]
     ins = [(name, Path(p)) for name, p in inputs.items() if p is not None]
     for oname, o in outs:
+        with contextlib.suppress(OSError):
+            mode = os.stat(o).st_mode
+            if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+                raise ManifestError(f"{o}: {oname}: is a {'block device' if stat.S_ISBLK(mode) else 'socket'}, "
+                                    "not a regular file; refusing to write to it (give a file path)")
         for iname, i in ins:
             if _same(o, i):
                 raise ManifestError(f"{o}: {oname}: is also the input {iname}; refusing to overwrite an input")
+    by_path: dict[str, tuple[str, str]] = {}
+    by_inode: dict[tuple[int, int], tuple[str, str]] = {}
+    for iname, i in ins:
+        for f in input_files(i):
+            by_path.setdefault(os.path.realpath(f), (iname, f))
+            if (key := _key(f)) is not None:
+                by_inode.setdefault(key, (iname, f))
+    for oname, o in outs:
+        hit = by_path.get(os.path.realpath(o)) or (by_inode.get(k) if (k := _key(str(o))) else None)
+        if hit is not None:
+            raise ManifestError(f"{o}: {oname}: is also an input: {hit[1]}, read through {hit[0]}; "
+                                "refusing to overwrite an input")
     for k, (aname, a) in enumerate(outs):
         for bname, b in outs[k + 1:]:
             if _same(a, b):

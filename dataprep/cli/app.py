@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import functools
 import types
 import signal
@@ -19,8 +18,9 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
-from manifests.errors import DataprepError, OptionError
+from manifests.errors import DataprepError, OptionError, os_error_line
 from manifests.options import check_number
 from manifests.units import parse_bytes
 
@@ -37,9 +37,10 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-#: Tables and reports go to stdout; progress and errors to stderr.
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+#: Tables and reports go to stdout; progress and errors to stderr. No console markup: what is
+#: printed holds user text (paths, corpus names), shown as given even with ``[`` in it.
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 F = TypeVar("F", bound=Callable[..., Any])
 O = TypeVar("O")
@@ -61,9 +62,16 @@ def _exit_on_sigterm() -> Any:
     return signal.SIG_DFL if previous is None else previous  # None: a handler not set from Python
 
 
+def print_error(message: object) -> None:
+    """Print ``error: MESSAGE`` on stderr, one line; ``message`` is shown as given (paths and
+    corpus names holding ``[`` are user text, never console markup)."""
+    err.print(Text.assemble(("error:", "bold red"), " ", str(message)))
+
+
 def user_errors(fn: F) -> F:
-    """Turn :class:`DataprepError` (and missing files, a full disk) into ``error: ...`` and exit 2; SIGTERM
-    into a clean exit (status 143) that removes temporary files."""
+    """Turn :class:`DataprepError` and every OS error (a missing file, a full disk, a read-only
+    file system, a permission, ...) into one line ``error: ...`` and exit 2; SIGTERM into a
+    clean exit (status 143) that removes temporary files."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -71,17 +79,13 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except DataprepError as exc:
-            err.print(f"[bold red]error:[/] {exc}", markup=True)
+            print_error(exc)
             raise typer.Exit(2) from None
         except FileNotFoundError as exc:
-            err.print(f"[bold red]error:[/] {exc.filename or exc}: no such file", markup=True)
+            print_error(f"{exc.filename or exc}: no such file")
             raise typer.Exit(2) from None
-        except OSError as exc:  # a full disk mid-run: what was being written is a temp file, removed
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            where = f"{exc.filename}: " if exc.filename else ""
-            err.print(f"[bold red]error:[/] {where}no space left on the device ({exc.strerror}); "
-                      "nothing was half-written: free some, or write to a larger disk", markup=True)
+        except OSError as exc:  # at an output, what was being written is a temp file, removed
+            print_error(os_error_line(exc))
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err.print("interrupted")
