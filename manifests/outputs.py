@@ -86,11 +86,13 @@ def _key(p: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
 
 
-def refuse_same_paths(inputs: Mapping[str, PathLike | None], outputs: Mapping[str, PathLike | None]) -> None:
+def refuse_same_paths(inputs: Mapping[str, PathLike | None], outputs: Mapping[str, PathLike | None], *,
+                      folders: Iterable[str] = ()) -> None:
     """Raise unless every output differs from every input, from every file an input expands
     to (:func:`input_files`) and from every other output; refuse an output that is a block
-    device or a socket. Keys name the option (``"-o"``, ``"--rejects"``, ``"MANIFEST"``) in
-    the one-line error."""
+    device or a socket. ``folders``: the keys of outputs that are folders replaced whole (an
+    export): none may hold an input (:func:`refuse_folder_over_inputs`). Keys name the option
+    (``"-o"``, ``"--rejects"``, ``"MANIFEST"``) in the one-line error."""
     outs = [(name, Path(p)) for name, p in outputs.items() if p is not None]
     ins = [(name, Path(p)) for name, p in inputs.items() if p is not None]
     for oname, o in outs:
@@ -114,6 +116,10 @@ def refuse_same_paths(inputs: Mapping[str, PathLike | None], outputs: Mapping[st
         if hit is not None:
             raise ManifestError(f"{o}: {oname}: is also an input: {hit[1]}, read through {hit[0]}; "
                                 "refusing to overwrite an input")
+    for oname in folders:
+        if outputs.get(oname) is not None:
+            refuse_folder_over_inputs(outputs[oname], oname, [*(str(i) for _, i in ins),  # type: ignore[arg-type]
+                                                              *(f for _, f in by_path.values())])
     for k, (aname, a) in enumerate(outs):
         for bname, b in outs[k + 1:]:
             if _same(a, b):

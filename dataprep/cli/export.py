@@ -29,7 +29,8 @@ def export_nemo_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_d
     """bucket_duration_bins, bucket_batch_size, max_tps (bucketing.yaml) and NeMo JSONL manifests."""
     from dataprep.integrations.export import export_nemo
 
-    refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects})
+    refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects},
+                      folders=("-o",))
     cfg = export_nemo(plan_or_buckets, manifest, out_dir, channel=channel, rejects=rejects)
     out.print(f"{cfg['num_buckets']} buckets -> {out_dir / 'bucketing.yaml'}, manifest.jsonl, bucket-*.jsonl")
 
@@ -41,7 +42,8 @@ def export_lhotse_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out
     """A Lhotse CutSet (cuts.jsonl.gz) and the bins / batch sizes for DynamicBucketingSampler (bins.json)."""
     from dataprep.integrations.export import export_lhotse
 
-    refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects})
+    refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects},
+                      folders=("-o",))
     bins = export_lhotse(plan_or_buckets, manifest, out_dir, channel=channel, rejects=rejects)
     out.print(f"{bins['num_cuts']} cuts -> {out_dir / 'cuts.jsonl.gz'}; {len(bins['duration_bins'])} bins -> {out_dir / 'bins.json'}")
 

@@ -191,3 +191,15 @@ def test_progress_labels_are_not_markup(monkeypatch: pytest.MonkeyPatch) -> None
         advance(1, description="corpus [/y]")
         advance(1)
     assert "[/y]" in buf.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["nemo", "lhotse"])
+def test_an_export_folder_holding_its_own_input_is_never_replaced(corpus: Corpus, plan: Path, tmp_path: Path,
+                                                                  kind: str) -> None:
+    exp = tmp_path / "exp"
+    invoke("export", kind, str(plan), "--manifest", str(corpus.manifest), "-o", str(exp))
+    inside = exp / "kept.parquet"
+    inside.write_bytes(corpus.manifest.read_bytes())
+    refused("export", kind, corpus.buckets, "--manifest", inside, "-o", exp,
+            match=("-o: holds", "refusing to write where the inputs live"))
+    assert inside.read_bytes() == corpus.manifest.read_bytes()
