@@ -26,7 +26,7 @@ import stat
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from manifests.atomic_files import atomic_path
+from manifests.atomic_files import atomic_path, output_kind
 from manifests.errors import DataprepError, ManifestError
 
 PathLike = str | os.PathLike[str]
@@ -198,5 +198,5 @@ def publish_together(first: PathLike, *rest: PathLike) -> Iterator[tuple[Path, .
     with contextlib.ExitStack() as stack:
         tmps = [stack.enter_context(atomic_path(t)) for t in targets]  # renamed in reverse order on exit
         yield tuple(tmps)
-        if targets[0].exists():
+        if output_kind(targets[0]) == "file" and targets[0].exists():  # a device or stdout is written through
             targets[0].unlink()

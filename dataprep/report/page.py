@@ -22,7 +22,7 @@ from typing import Any
 from dataprep.report.aggregates import CorpusAggregates, RejectsAggregates, ReportData
 from dataprep.report.buckets_section import BucketAggregates, batch_size_origin
 from dataprep.report.plan_section import PlanAggregates
-from manifests.atomic_files import atomic_path
+from manifests.atomic_files import atomic_path, output_kind
 from manifests.errors import DataprepError
 
 #: the marker of a page this tool wrote (an existing -o without it is not replaced)
@@ -483,7 +483,7 @@ def is_report(path: str | os.PathLike[str]) -> bool:
 def write_page(data: ReportData, output: str | os.PathLike[str]) -> int:
     """Write the page atomically; an existing file is replaced only when this tool wrote it.
     Returns the page's size in bytes."""
-    if os.path.lexists(output) and (os.path.isdir(output) or not is_report(output)):
+    if os.path.isdir(output) or (os.path.lexists(output) and output_kind(output) == "file" and not is_report(output)):
         raise DataprepError(f"{output}: -o: exists and is not a report this tool wrote; refusing to replace it")
     text = render_page(data).encode("utf-8")
     with atomic_path(output) as tmp:

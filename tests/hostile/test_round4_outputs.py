@@ -89,6 +89,9 @@ def test_a_full_character_device_is_one_line_and_never_replaced(corpus: Corpus, 
 def test_a_null_device_and_a_pipe_are_written_through(corpus: Corpus, tmp_path: Path) -> None:
     null = _node(tmp_path / "null", 3)
     invoke("stats", str(corpus.manifest), "--json", str(null))
+    invoke("filter", str(corpus.manifest), "-o", str(null))  # a pair published together: the manifest first
+    invoke("compile", str(corpus.source), "--tokenizer", str(corpus.spm), "--probe", "never", "-o",
+           str(tmp_path / "m.parquet"), "--rejects", str(null))
     assert stat.S_ISCHR(os.stat(null).st_mode)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
