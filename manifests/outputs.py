@@ -52,7 +52,8 @@ def _folder_files(folder: Path) -> list[str]:
 
 def input_files(path: PathLike) -> list[str]:
     """The files reading the input ``path`` opens besides ``path`` itself: a folder's files (a
-    Kaldi data dir, Lhotse Shar or recipe folder, a plan, parts), an ``input_cfg`` blend's
+    Kaldi data dir, Lhotse Shar or recipe folder, a plan, parts), the recordings manifest of a
+    Lhotse supervisions manifest, an ``input_cfg`` blend's
     corpora (manifests, tars, Shar folders' files; brace patterns expanded), a brace pattern's
     members (``audio__OP_0..7_CL_.tar``). A blend that cannot be read gives only itself here
     (its reader reports it)."""
@@ -66,7 +67,8 @@ def input_files(path: PathLike) -> list[str]:
     if p.is_dir():
         return _folder_files(p)
     if not (is_blend_path(p) and p.is_file()):
-        return []
+        partner = p.with_name(p.name.replace("supervisions", "recordings")) if "supervisions" in p.name else p
+        return [str(partner)] if partner != p and partner.is_file() else []  # a Lhotse recipe's pair
     try:
         blend = read_blend(p)
     except DataprepError:

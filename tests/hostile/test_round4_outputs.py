@@ -67,6 +67,11 @@ def test_an_output_that_is_a_file_of_a_source_folder_is_refused(corpus: Corpus, 
     refused("compile", kaldi, "--tokenizer", corpus.spm, "-o", tmp_path / "m.parquet",
             "--rejects", kaldi / "wav.scp", match="read through SOURCE")
     assert (kaldi / "text").read_text() == "u1 hello\n" and (kaldi / "wav.scp").read_text() == "u1 /a/u1.wav\n"
+    sups, recs = tmp_path / "x_supervisions_dev.jsonl", tmp_path / "x_recordings_dev.jsonl"
+    sups.write_text('{"id": "s1", "recording_id": "r1", "start": 0, "duration": 1}\n')
+    recs.write_text('{"id": "r1", "sources": [], "sampling_rate": 16000, "num_samples": 16000, "duration": 1}\n')
+    refused("compile", sups, "--tokenizer", corpus.spm, "-o", recs, match=("is also an input", recs.name))
+    assert recs.read_text().startswith('{"id": "r1"')
 
 
 def _node(path: Path, minor: int) -> Path:
