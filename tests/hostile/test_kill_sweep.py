@@ -73,3 +73,16 @@ def test_a_killed_spilled_run_is_swept_by_the_next_one(tmp_path: Path, command: 
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in out.iterdir()) == sorted(["plan", foreign.name, elsewhere.name])
     assert (foreign / "data").read_text() == "keep"
+
+
+def test_a_killed_exports_folders_are_swept_by_the_next_export(tmp_path: Path) -> None:
+    """An export folder is written beside ``-o`` and renamed into place: what a killed export
+    left there (named with its pid) goes with the next export to that folder."""
+    m, b = write_plan_inputs(tmp_path, 200, seed=1, num_buckets=4)
+    dead = _dead_pid()
+    half = tmp_path / f".exp.{dead}.abc.tmp"
+    half.mkdir()
+    (half / "manifest.jsonl").write_text("half")
+    res = CliRunner().invoke(app, ["export", "nemo", str(b), "--manifest", str(m), "-o", str(tmp_path / "exp")])
+    assert res.exit_code == 0, res.output
+    assert not half.exists() and (tmp_path / "exp" / "bucketing.yaml").exists()
