@@ -63,7 +63,10 @@ def input_files(path: PathLike) -> list[str]:
     p = Path(path)
     text = os.fspath(path)
     if ("_OP_" in text or "{" in text) and not p.exists():
-        return [x for x in expand_paths([text]) if x != text]
+        try:
+            return [x for x in expand_paths([text]) if x != text]
+        except DataprepError:
+            return []  # not a pattern its reader takes: the reader says so
     if p.is_dir():
         return _folder_files(p)
     if not (is_blend_path(p) and p.is_file()):
@@ -71,12 +74,12 @@ def input_files(path: PathLike) -> list[str]:
         return [str(partner)] if partner != p and partner.is_file() else []  # a Lhotse recipe's pair
     try:
         blend = read_blend(p)
-    except DataprepError:
-        return []
-    files: list[str] = []
-    for leaf in blend.leaves:
-        for f in expand_paths([*leaf.paths, *leaf.tars]):
-            files.extend(_folder_files(Path(f)) if Path(f).is_dir() else [f])
+        files: list[str] = []
+        for leaf in blend.leaves:
+            for f in expand_paths([*leaf.paths, *leaf.tars]):
+                files.extend(_folder_files(Path(f)) if Path(f).is_dir() else [f])
+    except (DataprepError, OSError):
+        return []  # a blend that cannot be read: its reader says why
     return files
 
 

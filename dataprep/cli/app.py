@@ -63,9 +63,11 @@ def _exit_on_sigterm() -> Any:
 
 
 def print_error(message: object) -> None:
-    """Print ``error: MESSAGE`` on stderr, one line; ``message`` is shown as given (paths and
-    corpus names holding ``[`` are user text, never console markup)."""
-    err.print(Text.assemble(("error:", "bold red"), " ", str(message)))
+    """Print ``error: MESSAGE`` on stderr, one line: ``message`` is shown as given (paths and
+    corpus names holding ``[`` are user text, never console markup), a character that is not
+    printable (a newline in a file name) as its escape."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
+    err.print(Text.assemble(("error:", "bold red"), " ", text))
 
 
 def user_errors(fn: F) -> F:

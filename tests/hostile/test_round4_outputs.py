@@ -18,6 +18,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.hostile.conftest import refused
 from tests.training._consumer import Corpus, invoke
@@ -211,3 +213,21 @@ def test_an_export_folder_holding_its_own_input_is_never_replaced(corpus: Corpus
     refused("export", kind, corpus.buckets, "--manifest", inside, "-o", exp,
             match=("-o: holds", "refusing to write where the inputs live"))
     assert inside.read_bytes() == corpus.manifest.read_bytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from("[]/=#ab \\\n\t\x1b\u200b"), max_size=40))
+def test_any_error_text_is_printed_as_given_on_one_line(text: str) -> None:
+    import importlib
+
+    from rich.console import Console
+
+    app_module = importlib.import_module("dataprep.cli.app")  # the module, not the typer app of that name
+    buf = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(app_module, "err", Console(file=buf, markup=False, highlight=False, soft_wrap=True, width=80))
+        app_module.print_error(text)
+    shown = buf.getvalue()
+    assert shown.count("\n") == 1 and shown.startswith("error: ")
+    if text.isprintable():
+        assert shown == f"error: {text}\n"
