@@ -65,8 +65,10 @@ def make_owned_dir(target: str | os.PathLike[str], suffix: str) -> Path:
     :data:`OWNER_FILE` (this host and pid): what :func:`sweep_stale_temps` removes once its
     process is gone (a ``kill -9``)."""
     t = Path(target)
-    folder = Path(tempfile.mkdtemp(prefix=temp_prefix(t), suffix=suffix, dir=t.parent))
-    (folder / OWNER_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n")
+    staging = Path(tempfile.mkdtemp(prefix=temp_prefix(t), suffix=".tmp", dir=t.parent))  # swept as a temp
+    (staging / OWNER_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n")
+    folder = staging.with_name(staging.name.removesuffix(".tmp") + suffix)
+    os.rename(staging, folder)  # a kill at any point leaves a temp or an owned folder, both swept
     return folder
 
 
