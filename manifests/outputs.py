@@ -4,15 +4,14 @@
   (:func:`input_files`: a blend's corpora and tars, a folder's files, a brace pattern's
   members) nor another output; by real path (links followed) and inode (hard links). A block
   device or socket is refused (devices, pipes, stdout: written through, ``output_kind``).
-- :func:`refuse_folder_over_inputs`: an output folder may not hold (at any depth) a file the
-  command reads, nor be an input's folder, compared after resolving links (of folders and files).
+- :func:`refuse_folder_over_inputs`: an output folder may not hold (at any depth, links
+  resolved) a file the command reads, nor be an input's folder.
 - :func:`require_replaceable_plan_dir` / :func:`require_free_checkpoint_dir`: a plan directory
   is replaced only when it holds nothing but a plan's files; a checkpoint directory holding a
   run needs ``--resume`` or ``--overwrite``.
-- :func:`publish_together`: outputs that belong together (a manifest and its rejects) are
-  written to temporary files and become visible together or not at all.
-- temporary files and folders carry the writer's pid (:func:`manifests.atomic_files.temp_prefix`):
-  removed on every exit path, and by the next run after a kill (``sweep_stale_temps``).
+- :func:`publish_together`: a manifest and its rejects become visible together or not at all.
+- temporary files and folders carry the writer's pid (``temp_prefix``): removed on every exit
+  path, and by the next run after a kill (:func:`manifests.atomic_files.sweep_stale_temps`).
 """
 
 from __future__ import annotations
