@@ -29,14 +29,24 @@ def _dead_pid() -> int:
     return int(done.stdout)
 
 
-def _kill_while_spilling(args: list[str], where: Path) -> None:
-    """Run ``dataprep ARGS``, SIGKILL it once a spill folder appears in ``where``."""
+def _is(p: Path, seen: str) -> bool:
+    if seen == ".spill":
+        return ".spill" in p.name
+    try:  # the plan's temporary folder, its shards being written (not a spill folder being made)
+        return p.name.endswith(".tmp") and any(q.name.startswith(".rank-") for q in p.iterdir())
+    except OSError:
+        return False
+
+
+def _kill_while_spilling(args: list[str], where: Path, seen: str = ".spill") -> None:
+    """Run ``dataprep ARGS``, SIGKILL it once a folder whose name holds ``seen`` appears in
+    ``where`` (a spill folder; ``.tmp``: the plan being written)."""
     proc = subprocess.Popen([sys.executable, "-m", "dataprep.cli", *args], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if any(".spill" in p.name for p in where.iterdir()):
+        if any(_is(p, seen) for p in where.iterdir()):
             break
         time.sleep(0.005)
     if proc.poll() is not None:
@@ -45,8 +55,9 @@ def _kill_while_spilling(args: list[str], where: Path) -> None:
     proc.wait(60)
 
 
-@pytest.mark.parametrize("command", ["plan-batches", "replan"])
-def test_a_killed_spilled_run_is_swept_by_the_next_one(tmp_path: Path, command: str) -> None:
+@pytest.mark.parametrize(("command", "seen"), [("plan-batches", ".spill"), ("replan", ".spill"),
+                                             ("plan-batches", ".tmp")])
+def test_a_killed_spilled_run_is_swept_by_the_next_one(tmp_path: Path, command: str, seen: str) -> None:
     m, b = write_plan_inputs(tmp_path, 60_000, seed=3, num_buckets=8)
     runner = CliRunner()
     out = tmp_path / "out"
@@ -59,9 +70,10 @@ def test_a_killed_spilled_run_is_swept_by_the_next_one(tmp_path: Path, command: 
                                   "-o", str(base)])
         assert res.exit_code == 0, res.output
         args = ["replan", str(base), "--manifest", str(m), "--at-step", "5", "--world-size", "3"]
-    _kill_while_spilling([*args, "-o", str(out / "plan"), "--memory-limit", "1MiB"], out)
+    _kill_while_spilling([*args, "-o", str(out / "plan"), "--memory-limit", "1MiB"], out, seen)
     left = [p for p in out.iterdir() if ".spill" in p.name]
     assert left and all((p / OWNER_FILE).exists() for p in left)  # what SIGKILL leaves
+    assert seen == ".spill" or any(p.name.endswith(".tmp") for p in out.iterdir())  # and the plan half-written
     dead = _dead_pid()
     foreign = out / f".plan.{dead}.mine.spill"  # not made by this tool (no owner file): kept
     foreign.mkdir()
