@@ -1,17 +1,17 @@
 """Output safety, one set of rules for every command.
 
-- :func:`refuse_same_paths`: an output may not be one of the command's inputs nor another of
-  its outputs (compared after resolving links, and by inode where both exist).
-- :func:`refuse_folder_over_inputs`: an output folder may not hold (at any depth) a file the
-  command reads, nor be an input's folder, compared after resolving links (of folders and files).
-- :func:`require_replaceable_plan_dir`: a plan directory is replaced only when it is empty or
-  holds nothing but a previous plan's files (``plan.json``, ``rank-NNNNN.parquet``).
-- :func:`require_free_checkpoint_dir`: a checkpoint directory that holds a run is refused
-  unless the run is resumed or ``--overwrite`` is given.
-- :func:`publish_together`: outputs that belong together (a manifest and its rejects) are
-  written to temporary files and become visible together or not at all.
-- temporary files and folders carry the writer's pid (:func:`manifests.atomic_files.temp_prefix`) and are
-  removed on every exit path, and by the next run after a kill (:func:`manifests.atomic_files.sweep_stale_temps`).
+- :func:`refuse_same_paths`: an output may not be an input, a file an input expands to
+  (:func:`input_files`: a blend's corpora and tars, a folder's files, a brace pattern's
+  members) nor another output; by real path (links followed) and inode (hard links). A block
+  device or socket is refused (devices, pipes, stdout: written through, ``output_kind``).
+- :func:`refuse_folder_over_inputs`: an output folder may not hold (at any depth, links
+  resolved) a file the command reads, nor be an input's folder.
+- :func:`require_replaceable_plan_dir` / :func:`require_free_checkpoint_dir`: a plan directory
+  is replaced only when it holds nothing but a plan's files; a checkpoint directory holding a
+  run needs ``--resume`` or ``--overwrite``.
+- :func:`publish_together`: a manifest and its rejects become visible together or not at all.
+- temporary files and folders carry the writer's pid (``temp_prefix``): removed on every exit
+  path, and by the next run after a kill (:func:`manifests.atomic_files.sweep_stale_temps`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from manifests.atomic_files import atomic_path
-from manifests.errors import ManifestError
+from manifests.atomic_files import atomic_path, output_kind
+from manifests.errors import DataprepError, ManifestError
 
 PathLike = str | os.PathLike[str]
 _PLAN_FILE = re.compile(r"^(plan\.json|rank-\d{5}\.parquet)$")
@@ -40,15 +41,87 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def refuse_same_paths(inputs: Mapping[str, PathLike | None], outputs: Mapping[str, PathLike | None]) -> None:
-    """Raise unless every output differs from every input and from every other output.
-    Keys name the option (``"-o"``, ``"--rejects"``, ``"MANIFEST"``) in the one-line error."""
+def _folder_files(folder: Path) -> list[str]:
+    with contextlib.suppress(OSError):
+        return sorted(str(p) for p in folder.iterdir() if p.is_file())
+    return []
+
+
+def input_files(path: PathLike) -> list[str]:
+    """The files reading the input ``path`` opens besides ``path`` itself: a folder's files (a
+    Kaldi data dir, Lhotse Shar or recipe folder, a plan, parts), the recordings manifest of a
+    Lhotse supervisions manifest, an ``input_cfg`` blend's
+    corpora (manifests, tars, Shar folders' files; brace patterns expanded), a brace pattern's
+    members (``audio__OP_0..7_CL_.tar``). A blend that cannot be read gives only itself here
+    (its reader reports it)."""
+    from manifests.containers import expand_paths
+    from manifests.readers import is_blend_path, read_blend
+
+    p = Path(path)
+    text = os.fspath(path)
+    if ("_OP_" in text or "{" in text) and not p.exists():
+        try:
+            return [x for x in expand_paths([text]) if x != text]
+        except DataprepError:
+            return []  # not a pattern its reader takes: the reader says so
+    if p.is_dir():
+        return _folder_files(p)
+    if not (is_blend_path(p) and p.is_file()):
+        partner = p.with_name(p.name.replace("supervisions", "recordings")) if "supervisions" in p.name else p
+        return [str(partner)] if partner != p and partner.is_file() else []  # a Lhotse recipe's pair
+    try:
+        blend = read_blend(p)
+        files: list[str] = []
+        for leaf in blend.leaves:
+            for f in expand_paths([*leaf.paths, *leaf.tars]):
+                files.extend(_folder_files(Path(f)) if Path(f).is_dir() else [f])
+    except (DataprepError, OSError):
+        return []  # a blend that cannot be read: its reader says why
+    return files
+
+
+def _key(p: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(p)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+def refuse_same_paths(inputs: Mapping[str, PathLike | None], outputs: Mapping[str, PathLike | None], *,
+                      folders: Iterable[str] = ()) -> None:
+    """Raise unless every output differs from every input, from every file an input expands
+    to (:func:`input_files`) and from every other output; refuse an output that is a block
+    device or a socket. ``folders``: the keys of outputs that are folders replaced whole (an
+    export): none may hold an input (:func:`refuse_folder_over_inputs`). Keys name the option
+    (``"-o"``, ``"--rejects"``, ``"MANIFEST"``) in the one-line error."""
     outs = [(name, Path(p)) for name, p in outputs.items() if p is not None]
     ins = [(name, Path(p)) for name, p in inputs.items() if p is not None]
     for oname, o in outs:
+        with contextlib.suppress(OSError):
+            mode = os.stat(o).st_mode
+            if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+                raise ManifestError(f"{o}: {oname}: is a {'block device' if stat.S_ISBLK(mode) else 'socket'}, "
+                                    "not a regular file; refusing to write to it (give a file path)")
         for iname, i in ins:
             if _same(o, i):
                 raise ManifestError(f"{o}: {oname}: is also the input {iname}; refusing to overwrite an input")
+    by_path: dict[str, tuple[str, str]] = {}
+    by_inode: dict[tuple[int, int], tuple[str, str]] = {}
+    for iname, i in ins:
+        for f in input_files(i):
+            by_path.setdefault(os.path.realpath(f), (iname, f))
+            if (key := _key(f)) is not None:
+                by_inode.setdefault(key, (iname, f))
+    for oname, o in outs:
+        hit = by_path.get(os.path.realpath(o)) or (by_inode.get(k) if (k := _key(str(o))) else None)
+        if hit is not None:
+            raise ManifestError(f"{o}: {oname}: is also an input: {hit[1]}, read through {hit[0]}; "
+                                "refusing to overwrite an input")
+    for oname in folders:
+        if outputs.get(oname) is not None:
+            refuse_folder_over_inputs(outputs[oname], oname, [*(str(i) for _, i in ins),  # type: ignore[arg-type]
+                                                              *(f for _, f in by_path.values())])
     for k, (aname, a) in enumerate(outs):
         for bname, b in outs[k + 1:]:
             if _same(a, b):
@@ -127,5 +200,5 @@ def publish_together(first: PathLike, *rest: PathLike) -> Iterator[tuple[Path, .
     with contextlib.ExitStack() as stack:
         tmps = [stack.enter_context(atomic_path(t)) for t in targets]  # renamed in reverse order on exit
         yield tuple(tmps)
-        if targets[0].exists():
+        if output_kind(targets[0]) == "file" and targets[0].exists():  # a device or stdout is written through
             targets[0].unlink()

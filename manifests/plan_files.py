@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from manifests.arrow_views import numpy_view, single_chunk
 from manifests.atomic_files import atomic_path, current_umask, fsync_file, sweep_stale_temps, temp_prefix, write_json
 from manifests.content_hash import file_sha256
-from manifests.errors import ManifestError
+from manifests.errors import ManifestError, OutputError, os_error_line
 from manifests.hash_cache import file_facts
 from manifests.outputs import require_replaceable_plan_dir
 from manifests.plan_meta import PLAN_JSON, FileRef, PlanMeta, plan_hash_of, read_plan_meta
@@ -152,9 +152,13 @@ class PlanWriter:
         require_replaceable_plan_dir(self.out_dir)
         self.world_size = int(world_size)
         self.row_group_steps = int(row_group_steps)
-        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        sweep_stale_temps(self.out_dir)
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix=temp_prefix(self.out_dir), suffix=".tmp", dir=self.out_dir.parent))
+        try:
+            self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+            sweep_stale_temps(self.out_dir)
+            self.tmp_dir = Path(tempfile.mkdtemp(prefix=temp_prefix(self.out_dir), suffix=".tmp",
+                                                 dir=self.out_dir.parent))
+        except OSError as exc:  # a read-only disk, a permission, a parent that is a file: one line naming -o
+            raise OutputError(os_error_line(exc, self.out_dir)) from None
         self._stack = contextlib.ExitStack()
         self._writers: list[pq.ParquetWriter | None] = [None] * self.world_size
         self._closed = [False] * self.world_size  # shards finished early (write_ranks' ``close``)

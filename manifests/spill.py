@@ -13,7 +13,6 @@ import contextlib
 import ctypes
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,6 +22,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from manifests.arrow_views import string_buffers
+from manifests.atomic_files import make_owned_dir, sweep_stale_temps
 from manifests.errors import DataprepError
 
 
@@ -51,11 +51,15 @@ _DEFAULT_TRIM, _DEFAULT_MMAP_MAX = 128 * 1024, 65536
 
 def spill_dir(out_dir: str | os.PathLike[str]) -> Path:
     """A fresh spill directory next to ``out_dir`` (same disk), the one every command that spills
-    uses; the caller removes it with :func:`remove_spill`. A parent that cannot hold it: one line."""
-    parent = Path(out_dir).resolve().parent
+    uses; the caller removes it with :func:`remove_spill`. Named ``.<name>.<pid>.*.spill`` and
+    holding an owner file (:func:`manifests.atomic_files.make_owned_dir`): the folders of killed
+    runs (``kill -9``) next to it are swept first. A parent that cannot hold it: one line."""
+    target = Path(out_dir).resolve()
+    parent = target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{Path(out_dir).name}.spill-", dir=parent))
+        sweep_stale_temps(target)
+        return make_owned_dir(target, ".spill")
     except OSError as exc:
         raise DataprepError(f"{parent}: cannot make the spill directory there ({exc.strerror}); "
                             "spill files go next to the output (or the manifest)") from None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import functools
 import types
 import signal
@@ -19,11 +18,11 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console, ConsoleDimensions
-from rich.markup import escape
+from rich.text import Text
 from typer.core import TyperGroup
 
 from dataprep.cli import fmt  # noqa: F401  (--help shows no type for plain flags)
-from manifests.errors import DataprepError, OptionError
+from manifests.errors import DataprepError, OptionError, os_error_line
 from manifests.optional import missing_dependency
 from manifests.options import check_number
 from manifests.units import machine_memory, parse_bytes
@@ -82,9 +81,10 @@ class _Console(Console):
             return False
 
 
-#: Tables and reports go to stdout; progress and errors to stderr.
-out = _Console(highlight=False, soft_wrap=True)
-err = _Console(stderr=True, highlight=False, soft_wrap=True)
+#: Tables and reports go to stdout; progress and errors to stderr. No console markup: what is
+#: printed holds user text (paths, corpus names), shown as given even with ``[`` in it.
+out = _Console(highlight=False, soft_wrap=True, markup=False)
+err = _Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
 def _version() -> str:
@@ -130,9 +130,18 @@ def _exit_on_sigterm() -> Any:
     return signal.SIG_DFL if previous is None else previous  # None: a handler not set from Python
 
 
+def print_error(message: object) -> None:
+    """Print ``error: MESSAGE`` on stderr, one line: ``message`` is shown as given (paths and
+    corpus names holding ``[`` are user text, never console markup), a character that is not
+    printable (a newline in a file name) as its escape."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
+    err.print(Text.assemble(("error:", "bold red"), " ", text))
+
+
 def user_errors(fn: F) -> F:
-    """Turn :class:`DataprepError` (and missing files, a full disk) into ``error: ...`` and exit 2; SIGTERM
-    into a clean exit (status 143) that removes temporary files."""
+    """Turn :class:`DataprepError` and every OS error (a missing file, a full disk, a read-only
+    file system, a permission, ...) into one line ``error: ...`` and exit 2; SIGTERM into a
+    clean exit (status 143) that removes temporary files."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -141,17 +150,13 @@ def user_errors(fn: F) -> F:
             with _missing_extras():
                 return fn(*args, **kwargs)
         except DataprepError as exc:
-            err.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
+            print_error(exc)
             raise typer.Exit(2) from None
         except FileNotFoundError as exc:
-            err.print(f"[bold red]error:[/] {exc.filename or exc}: no such file", markup=True)
+            print_error(f"{exc.filename or exc}: no such file")
             raise typer.Exit(2) from None
-        except OSError as exc:  # a full disk mid-run: what was being written is a temp file, removed
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            where = f"{exc.filename}: " if exc.filename else ""
-            err.print(f"[bold red]error:[/] {where}no space left on the device ({exc.strerror}); "
-                      "nothing was half-written: free some, or write to a larger disk", markup=True)
+        except OSError as exc:  # at an output, what was being written is a temp file, removed
+            print_error(os_error_line(exc))
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err.print("interrupted")

@@ -100,7 +100,8 @@ def compile_cmd(
                           tarred_audio=tuple(tarred_audio or ()), max_plausible_duration=max_plausible_duration)
     rejects_path = rejects or default_rejects_path(output)
     refuse_same_paths({**{f"SOURCE {s}": s for s in sources}, **{f"--tokenizer {t}": t.partition("=")[2] or t
-                                                                 for t in tokenizer}},
+                                                                 for t in tokenizer},
+                       **{f"--tarred-audio {t}": t for t in tarred_audio or ()}},
                       {"-o": output, "--rejects": None if part_index is not None else rejects_path})
     pooled = executor == "local" and part_index is None and (workers != 1 or num_parts is not None) \
         and "SLURM_ARRAY_TASK_ID" not in os.environ  # only picks the progress bars shown

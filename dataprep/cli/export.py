@@ -30,7 +30,8 @@ def export_nemo_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_d
     """bucket_duration_bins, bucket_batch_size, max_tps (bucketing.yaml) and NeMo JSONL manifests."""
     from dataprep.integrations.export import export_nemo
 
-    refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects})
+    refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects},
+                      folders=("-o",))
     cfg = export_nemo(plan_or_buckets, manifest, out_dir, channel=channel, rejects=rejects)
     out.print(f"{plural(cfg['num_buckets'], 'bucket')} -> {out_dir / 'bucketing.yaml'}, manifest.jsonl, bucket-*.jsonl")
 
@@ -42,7 +43,8 @@ def export_lhotse_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out
     """A Lhotse CutSet (cuts.jsonl.gz) and the bins / batch sizes for DynamicBucketingSampler (bins.json)."""
     from dataprep.integrations.export import export_lhotse
 
-    refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects})
+    refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects},
+                      folders=("-o",))
     bins = export_lhotse(plan_or_buckets, manifest, out_dir, channel=channel, rejects=rejects)
     out.print(f"{plural(bins['num_cuts'], 'cut')} -> {out_dir / 'cuts.jsonl.gz'}; {plural(len(bins['duration_bins']), 'bin')} -> {out_dir / 'bins.json'}")
 

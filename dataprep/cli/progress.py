@@ -14,7 +14,7 @@ from dataprep.cli.app import err
 def progress_counter(description: str, total: int | None = None) -> Iterator[Callable[..., None]]:
     """Yield ``advance(n, description=None)``; shows a bar (or a counter when ``total`` is
     unknown) on stderr, only when stderr is a terminal."""
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    columns = [SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn()]
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task(description, total=total)

@@ -40,7 +40,7 @@ from bucketing.allocate import allocate
 from bucketing.fit import grid_from_spec
 from dataprep.compile.audio_checks import require_audio
 from dataprep.integrations.cuts import cut_dict_for_row, row_header
-from manifests.atomic_files import current_umask, write_json
+from manifests.atomic_files import current_umask, sweep_stale_temps, temp_prefix, write_json
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.hash_cache import require_manifest_hash
@@ -165,13 +165,14 @@ def export_dir(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     if out.exists() and not is_export:
         raise DataprepError(f"{out}: exists and is not an export folder; refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    sweep_stale_temps(out)  # a killed export's folders (named with its pid)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), suffix=".tmp", dir=out.parent))
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~current_umask())
         old = None
         if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            old = Path(tempfile.mkdtemp(prefix=temp_prefix(out), suffix=".old", dir=out.parent))
             os.replace(out, old / "export")
         os.replace(tmp, out)
         if old is not None:

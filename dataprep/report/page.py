@@ -23,7 +23,7 @@ from dataprep.report.aggregates import CorpusAggregates, RejectsAggregates, Repo
 from dataprep.report.buckets_section import BucketAggregates, batch_size_origin
 from dataprep.report.page_assets import CSS, GLOSSARY, JS, term_id
 from dataprep.report.plan_section import MAX_SHARE_EPOCHS, PlanAggregates
-from manifests.atomic_files import atomic_path
+from manifests.atomic_files import atomic_path, output_kind
 from manifests.errors import DataprepError
 from manifests.optional import require
 
@@ -530,7 +530,7 @@ def is_report(path: str | os.PathLike[str]) -> bool:
 def write_page(data: ReportData, output: str | os.PathLike[str]) -> int:
     """Write the page atomically; an existing file is replaced only when this tool wrote it.
     Returns the page's size in bytes."""
-    if os.path.lexists(output) and (os.path.isdir(output) or not is_report(output)):
+    if os.path.isdir(output) or (os.path.lexists(output) and output_kind(output) == "file" and not is_report(output)):
         raise DataprepError(f"{output}: -o: exists and is not a report this tool wrote; refusing to replace it")
     text = render_page(data).encode("utf-8")
     with atomic_path(output) as tmp:

@@ -127,7 +127,7 @@ def test_cli_tiny_memory_limit_same_bytes(tmp_path: Path, monkeypatch: pytest.Mo
     want, _ = fit_spec(d, t, num_buckets=10, min_duration=1.0, max_duration=40.0, manifest_hash=manifest_hash(m))
     write_buckets(want, tmp_path / "mem.json")
     assert (tmp_path / "mem.json").read_bytes() == (tmp_path / "a.json").read_bytes()
-    assert not [p for p in tmp_path.iterdir() if ".spill-" in p.name]  # spill files removed
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".spill")]  # spill files removed
 
 
 @pytest.mark.parametrize("case", ["no_tokens", "bad_duration", "memory_limit", "no_rows"])

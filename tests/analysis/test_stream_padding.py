@@ -102,7 +102,7 @@ def test_spilled_equals_in_memory(tmp_path: Path, spills: list[Path], seed: int,
             assert len(spills) == 1  # spilled to disk
         assert got == want
         _check_counts(got, n)
-        assert not [p for p in w.iterdir() if ".spill-" in p.name]  # spill files removed
+        assert not [p for p in w.iterdir() if p.name.endswith(".spill")]  # spill files removed
 
 
 def test_cli_tiny_memory_limit_same_report(tmp_path: Path, spills: list[Path]) -> None:
@@ -125,7 +125,7 @@ def test_cli_tiny_memory_limit_same_report(tmp_path: Path, spills: list[Path]) -
                                                                                       (32, 0.05)]
     _check_counts(ra, n)
     assert a.output == b.output.replace("b2.json", "a.json")
-    assert not [p for p in tmp_path.iterdir() if ".spill-" in p.name]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".spill")]
     for extra in ([], ["--memory-limit", limit]):
         c = runner.invoke(app, [*args[:-1], f"8,{n + 1}", *extra])
         assert c.exit_code == 2 and "--world-sizes: must be <= the number of rows (3000)" in c.output, c.output
@@ -165,7 +165,7 @@ def test_spilled_steps_equal_in_memory(tmp_path: Path, spills: list[Path], seed:
                 got = str(exc).split(": ", 1)[1]
             assert got == want
             assert len(spills) == (limit is not None)
-        assert not [p for p in w.iterdir() if ".spill-" in p.name]
+        assert not [p for p in w.iterdir() if p.name.endswith(".spill")]
 
 
 def test_too_little_disk_for_the_spill_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,4 +183,4 @@ def test_too_little_disk_for_the_spill_is_one_line(tmp_path: Path, monkeypatch: 
                               "--memory-limit", f"{n * PADDING_BYTES_PER_ROW // 2}B"])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
     assert "spill files need about" in res.output
-    assert not [p for p in tmp_path.iterdir() if ".spill-" in p.name]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".spill")]

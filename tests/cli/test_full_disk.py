@@ -1,5 +1,6 @@
-"""A disk that fills up mid-write: every command says so in one line (exit 2), and the
-temporary file it was writing is gone, the target untouched."""
+"""A disk that fills up mid-write, and every other OS error at an output: every command says
+so in one line naming the output (exit 2), the temporary file it was writing is gone, the
+target untouched."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path, code: int) -
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"] and target.read_text() == "before"
 
 
-def test_other_os_errors_are_not_disguised(tmp_path: Path) -> None:
-    res = CliRunner().invoke(_command(tmp_path / "out.json", errno.EIO), [])
-    assert res.exit_code != 2 and isinstance(res.exception, OSError) and res.exception.errno == errno.EIO
+@pytest.mark.parametrize(("code", "words"), [(errno.EIO, "input/output error"), (errno.EROFS, "read-only file system"),
+                                           (errno.EACCES, "permission denied")])
+def test_other_os_errors_are_one_line_and_not_disguised(tmp_path: Path, code: int, words: str) -> None:
+    target = tmp_path / "out.json"
+    res = CliRunner().invoke(_command(target, code), [])
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {target}: {words}"), res.output
+    assert "no space" not in res.output and list(tmp_path.iterdir()) == []

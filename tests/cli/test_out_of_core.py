@@ -38,7 +38,7 @@ def _same_plan(a: Path, b: Path, world_size: int) -> None:
 
 
 def _no_spill_left(folder: Path) -> None:
-    assert not [p for p in folder.iterdir() if ".spill-" in p.name]
+    assert not [p for p in folder.iterdir() if p.name.endswith(".spill")]
 
 
 @contextlib.contextmanager
@@ -50,7 +50,7 @@ def _spilled(folder: Path) -> Iterator[list[int]]:
     finish = PlanWriter.finish
 
     def watched(self: PlanWriter, meta):  # type: ignore[no-untyped-def]
-        seen.append(sum(f.stat().st_size for d in folder.iterdir() if ".spill-" in d.name
+        seen.append(sum(f.stat().st_size for d in folder.iterdir() if d.name.endswith(".spill")
                         for f in d.rglob("*") if f.is_file()))
         return finish(self, meta)
 
@@ -245,7 +245,7 @@ def test_the_disk_is_checked_again_once_the_spill_is_written(tmp_path: Path, mon
                               "--memory-limit", "100KiB", "-o", str(tmp_path / "p")])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
     assert "the position files and the plan (besides the spill files written) need about" in res.output
-    assert len(asked) == 2 and ".spill-" in asked[1].name
+    assert len(asked) == 2 and asked[1].name.endswith(".spill")
     assert not (tmp_path / "p").exists()
     _no_spill_left(tmp_path)
 
