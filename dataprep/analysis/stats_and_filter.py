@@ -36,6 +36,14 @@ STATS_BLOCK_ROWS = 1 << 18
 FILTER_BLOCK_ROWS = 1 << 18
 
 
+def _filtered(manifest: Path, block: pl.DataFrame, thresholds: Thresholds) -> FilterResult:
+    """:func:`apply_filters` of a block of ``manifest``, its refusal naming the file."""
+    try:
+        return apply_filters(block, thresholds)
+    except DataprepError as exc:
+        raise DataprepError(f"{manifest}: {exc}") from None
+
+
 def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[str], thresholds: Thresholds,
                     rejects: str | os.PathLike[str] | None = None, *,
                     block_rows: int = FILTER_BLOCK_ROWS) -> FilterSummary:
@@ -65,10 +73,10 @@ def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[
         seen = False
         for t in iter_manifest(manifest, columns, block_rows):
             seen = True
-            yield apply_filters(pl.from_arrow(t), thresholds)  # type: ignore[arg-type]
+            yield _filtered(manifest, pl.from_arrow(t), thresholds)  # type: ignore[arg-type]
         if not seen:  # no rows: still one (empty) block, so missing columns are refused
             empty = schema.empty_table()
-            yield apply_filters(pl.from_arrow(empty.select(columns) if columns else empty), thresholds)  # type: ignore[arg-type]
+            yield _filtered(manifest, pl.from_arrow(empty.select(columns) if columns else empty), thresholds)  # type: ignore[arg-type]
 
     optional = [c for c in ("container", CORPUS_COLUMN) if c in names]
     flags = {"kept": [False, False], "rejected": [False, False]}  # (containers, corpus) of each output

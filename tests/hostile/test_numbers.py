@@ -22,6 +22,7 @@ from manifests.errors import DataprepError, ManifestError
 from manifests.validation import MAX_YAML_NODES, load_json_file, load_yaml_file
 from tests.compile.test_blend import _nemo
 from tests.hostile.conftest import refused
+from tests.training._consumer import Corpus
 from dataprep.testing import WORDS
 
 runner = CliRunner()
@@ -288,6 +289,13 @@ def test_a_missing_tps_is_computed_and_a_missing_underivable_column_refused(blen
     assert read_manifest(tmp_path / "a.parquet").equals(read_manifest(tmp_path / "b.parquet"))  # tps = tokens / s
     no_tokens = _without(manifest, "num_tokens", tmp_path / "no_tokens.parquet")
     refused("stats", no_tokens, match=(str(no_tokens), "lacks column(s) num_tokens"))
+
+
+def test_filter_names_the_manifest_lacking_a_column_a_filter_needs(corpus: Corpus, tmp_path: Path) -> None:
+    """A one-corpus manifest (no ``corpus`` column: the filter's column pass is skipped)."""
+    no_duration = _without(corpus.manifest, "duration", tmp_path / "no_duration.parquet")
+    refused("filter", no_duration, "--max-duration", "20", "-o", tmp_path / "f.parquet",
+            match=(str(no_duration), "lacks column(s) duration"))
 
 
 @pytest.mark.parametrize("kind", ["nemo", "lhotse"])
