@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from manifests.atomic_files import atomic_path, output_kind
-from manifests.errors import DataprepError, ManifestError
+from manifests.errors import DataprepError, ManifestError, OutputError
 
 PathLike = str | os.PathLike[str]
 _PLAN_FILE = re.compile(r"^(plan\.json|rank-\d{5}\.parquet)$")
@@ -189,6 +189,23 @@ def require_free_checkpoint_dir(path: PathLike, resume: bool, overwrite: bool) -
         (p / name).unlink()
 
 
+def require_replaceable_parquet(path: PathLike) -> None:
+    """Refuse to replace ``path`` when it is a regular file that is not a Parquet file (an
+    audio file, a source, a config given as ``-o`` by mistake): only a manifest or rejects file,
+    what this tool writes there, is replaced. A device or our stdout is written through."""
+    p = Path(path)
+    if output_kind(p) != "file" or not p.is_file():
+        return
+    try:
+        with p.open("rb") as f:
+            magic = f.read(4)
+    except OSError:
+        return  # unreadable: the write itself gives the one-line error
+    if magic not in (b"", b"PAR1"):  # an empty file holds nothing to lose
+        raise OutputError(f"{p}: exists and is not a Parquet file (a manifest or rejects file this tool wrote); "
+                          "refusing to replace it: remove it or give another path")
+
+
 @contextlib.contextmanager
 def publish_together(first: PathLike, *rest: PathLike) -> Iterator[tuple[Path, ...]]:
     """Temporary paths for outputs that belong together; on success they are renamed into
@@ -197,6 +214,8 @@ def publish_together(first: PathLike, *rest: PathLike) -> Iterator[tuple[Path, .
     A kill at any point leaves the old pair, or no ``first``, or the new pair. On an exception
     nothing is changed."""
     targets = [Path(first), *map(Path, rest)]
+    for t in targets:
+        require_replaceable_parquet(t)
     with contextlib.ExitStack() as stack:
         tmps = [stack.enter_context(atomic_path(t)) for t in targets]  # renamed in reverse order on exit
         yield tuple(tmps)

@@ -231,3 +231,26 @@ def test_any_error_text_is_printed_as_given_on_one_line(text: str) -> None:
     assert shown.count("\n") == 1 and shown.startswith("error: ")
     if text.isprintable():
         assert shown == f"error: {text}\n"
+
+
+def test_compile_and_filter_never_replace_a_file_that_is_not_parquet(tmp_path: Path) -> None:
+    """``-o`` naming an audio file a row refers to (or any file that is not a manifest) is
+    refused in one line and the file kept; a previous manifest is replaced as before."""
+    import soundfile
+
+    from dataprep.testing import write_nemo_manifest, write_tone
+    from dataprep.tokenize import train_model
+
+    audio = write_tone(tmp_path / "a.flac", 1.0, sample_rate=16000, seed=1)
+    source = write_nemo_manifest(tmp_path / "src.jsonl", [{"audio_filepath": str(audio), "duration": 1.0,
+                                                           "text": "the of and"}])
+    spm = tmp_path / "spm.model"
+    train_model(["the of and to in is was"] * 20, spm, vocab_size=16, threads=1)
+    before = audio.read_bytes()
+    line = refused("compile", source, "--tokenizer", spm, "-o", audio, "--rejects", tmp_path / "r.parquet",
+                   match=(str(audio), "not a Parquet file"))
+    assert audio.read_bytes() == before and soundfile.info(str(audio)).frames == 16000, line
+    invoke("compile", str(source), "--tokenizer", str(spm), "-o", str(tmp_path / "m.parquet"))
+    invoke("compile", str(source), "--tokenizer", str(spm), "-o", str(tmp_path / "m.parquet"))  # its own: replaced
+    refused("filter", tmp_path / "m.parquet", "-o", tmp_path / "f.parquet", "--rejects", source,
+            match=(str(source), "not a Parquet file"))
