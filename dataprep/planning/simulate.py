@@ -36,6 +36,7 @@ def read_epoch_batches(plan_dir: str | os.PathLike[str], epoch: int = 0, rows: b
     """Per-batch columns of one epoch over all ranks, as (steps, ranks) matrices, and with
     ``rows`` each rank's ``rows`` (Arrow lists: every row of the epoch, 8 bytes each)."""
     meta = read_plan_meta(plan_dir)
+    _check_epoch(epoch, meta.epochs)
     W = meta.world_size
     cols = ["epoch", "step", "bucket", "size", "max_duration", "max_tokens", *(["rows"] if rows else [])]
     parts = []

@@ -39,6 +39,8 @@ def float_flags() -> list[tuple[str, str]]:
             if typing.get_origin(hint) is not typing.Annotated:
                 continue
             base, meta, *_ = typing.get_args(hint)
+            if getattr(meta, "hidden", False):  # an old name kept as a hidden alias: errors name the new one
+                continue
             if base is float or base == typing.Optional[float]:
                 flag = next((d for d in getattr(meta, "param_decls", ()) or () if d.startswith("--")),
                             "--" + pname.replace("_", "-"))
@@ -68,6 +70,7 @@ def _base(cmd: str, flag: str, c: Corpus, plan: Path, tmp: Path) -> list[str]:
         "plan-batches": [str(c.manifest), "-b", str(c.buckets), "-w", "1", "-o", str(tmp / "p"), *dynres],
         "simulate": [str(plan), "--world-sizes", "2", *(["--strategy", "sync"] if flag == "--slow-rank" else [])],
         "filter": [str(c.manifest), "-o", str(tmp / "f.parquet")],
+        "calibrate": [str(plan), missing + ".parquet", "-o", str(tmp / "costmodel.json")],
         "train": [missing, "--manifest", str(c.manifest), "--tokenizer", str(c.spm), "--checkpoint-dir",
                   str(tmp / "ck"), "--device", "cpu", "--quiet"],
     }[cmd]

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from dataprep.cli import app
 from dataprep.testing import write_plan_inputs
 from manifests.atomic_files import OWNER_FILE
+from tests.training._consumer import Corpus
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,10 +88,10 @@ def test_a_killed_spilled_run_is_swept_by_the_next_one(tmp_path: Path, command: 
     assert (foreign / "data").read_text() == "keep"
 
 
-def test_a_killed_exports_folders_are_swept_by_the_next_export(tmp_path: Path) -> None:
+def test_a_killed_exports_folders_are_swept_by_the_next_export(corpus: Corpus, tmp_path: Path) -> None:
     """An export folder is written beside ``-o`` and renamed into place: what a killed export
     left there (named with its pid) goes with the next export to that folder."""
-    m, b = write_plan_inputs(tmp_path, 200, seed=1, num_buckets=4)
+    m, b = corpus.manifest, corpus.buckets  # real audio: an export reads it
     dead = _dead_pid()
     half = tmp_path / f".exp.{dead}.abc.tmp"
     half.mkdir()
