@@ -208,7 +208,8 @@ def require_replaceable_parquet(path: PathLike) -> None:
 
 @contextlib.contextmanager
 def publish_together(first: PathLike, *rest: PathLike) -> Iterator[tuple[Path, ...]]:
-    """Temporary paths for outputs that belong together; on success they are renamed into
+    """Temporary paths for Parquet outputs that belong together (a manifest and its rejects: an
+    existing target must be Parquet, :func:`require_replaceable_parquet`); on success they are renamed into
     place so that ``first`` (the file consumers open, e.g. the manifest) never pairs with stale
     companions: the old ``first`` is removed, the companions renamed, ``first`` renamed last.
     A kill at any point leaves the old pair, or no ``first``, or the new pair. On an exception

@@ -85,21 +85,21 @@ def test_export_output_equal_to_an_input(corpus: Corpus, plan: Path) -> None:
 
 def test_publish_together_on_an_error_changes_nothing(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
-    a.write_text("old a")
-    b.write_text("old b")
+    a.write_text("PAR1 old a")  # what it replaces is Parquet (a manifest, its rejects): the magic is checked
+    b.write_text("PAR1 old b")
     with pytest.raises(RuntimeError), publish_together(a, b) as (ta, tb):
         ta.write_text("new a")
         tb.write_text("new b")
         raise RuntimeError("boom")
-    assert (a.read_text(), b.read_text()) == ("old a", "old b")
+    assert (a.read_text(), b.read_text()) == ("PAR1 old a", "PAR1 old b")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
 def test_a_kill_between_the_renames_never_pairs_new_and_old(tmp_path: Path) -> None:
     """The writer process is killed (os._exit, no cleanup) right after the companion's rename."""
     m, r = tmp_path / "m.parquet", tmp_path / "m.rejects.parquet"
-    m.write_text("old manifest")
-    r.write_text("old rejects")
+    m.write_text("PAR1 old manifest")  # Parquet's magic: publish_together replaces only Parquet files
+    r.write_text("PAR1 old rejects")
     code = f"""
 import os
 import manifests.atomic_files as mio
