@@ -115,7 +115,7 @@ def save_checkpoint(path: Path, fields: dict[str, Any]) -> None:
 
 def _load_problem(exc: BaseException) -> str:
     """One line of why ``torch.load`` refused a file: the weights-only unpickler's own reason
-    (``Unsupported global: ...``) rather than its advice to load with ``weights_only=False``."""
+    (``Unsupported global: ...``), not torch's advice to switch the safe mode off (never taken)."""
     lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
     if not lines:
         return type(exc).__name__
