@@ -193,7 +193,8 @@ def calibrate(plan_dir: str | os.PathLike[str], log_path: str | os.PathLike[str]
     for _ in range(SPEED_ROUNDS):  # the model on speed-normalized times, then each rank's speed under it
         coef = nonnegative_fit(x, y / speed[rank_of])
         ratio = y / np.maximum(x @ coef, 1e-300)
-        speed = np.array([np.median(ratio[rank_of == i]) for i in range(ranks.shape[0])])
+        speed = (pl.DataFrame({"rank": rank_of, "ratio": ratio}).group_by("rank").agg(pl.col("ratio").median())
+                 .sort("rank")["ratio"].to_numpy().copy())  # normalised in place below
         speed /= np.median(speed)  # the typical rank runs at the model's speed
     if not coef.any():
         raise DataprepError(f"{log_path}: no non-negative cost model explains these times")

@@ -57,17 +57,15 @@ def read_excluded_ids(path: str | os.PathLike[str]) -> pl.Series:
         if ids.null_count:
             raise DataprepError(f"{path}: column `id` has {ids.null_count} null(s)")
         return pl.Series("id", ids.cast(pa.large_string()).to_pylist(), dtype=pl.String).unique()
-    lines = path.read_bytes().splitlines()
-    ids = []
-    for n, line in enumerate(lines, 1):
-        try:
-            text = line.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            raise DataprepError(f"{path}:{n}: not UTF-8 text (one id per line, or a Parquet file with an `id` "
-                                "column)") from None
-        if text:
-            ids.append(text)
-    return pl.Series("id", ids, dtype=pl.String).unique()
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataprepError(f"{path}:{line}: not UTF-8 text (one id per line, or a Parquet file with an `id` "
+                            "column)") from None
+    ids = pl.Series("id", text.splitlines(), dtype=pl.String).str.strip_chars()
+    return ids.filter(ids != "").unique()
 
 
 def excluded_rows(manifest: str | os.PathLike[str], ids: pl.Series) -> tuple[npt.NDArray[np.int64], int]:
