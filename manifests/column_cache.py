@@ -198,7 +198,7 @@ class ColumnCache:
     def open(cls, manifest: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> ColumnCache:
         """Open (building on first use) the memory-mapped columns of a compiled manifest."""
         return open_or_build_cache(manifest, cache_dir, f"v{CACHE_VERSION}.arrow",
-                                   lambda path, rows: _open_cache(path, rows, str(manifest)), build_column_cache,
+                                   lambda path: _open_cache(path, str(manifest)), build_column_cache,
                                    "the loader's column cache")
 
     def gather(self, rows: npt.NDArray[np.int64], ids: Sequence[str]) -> RowsMeta:
@@ -293,26 +293,26 @@ def open_or_build_cache(
     manifest: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str] | None,
     suffix: str,
-    open_fn: Callable[[Path, int], T | None],
+    open_fn: Callable[[Path], T | None],
     build_fn: Callable[[str | os.PathLike[str], Path], None],
     what: str,
 ) -> T:
     """The mapped cache file ``<cache_dir>/<content hash>.<suffix>`` of a compiled manifest:
-    ``open_fn(path, num_rows)`` maps it (``None``: missing or not whole); on a miss one process
-    builds it with ``build_fn(manifest, path)`` under a file lock while the others wait, then all
-    map it. ``what`` names the cache in the one-line errors."""
+    ``open_fn(path)`` maps it (``None``: missing or not whole); on a miss one process builds it
+    with ``build_fn(manifest, path)`` under a file lock while the others wait, then all map it.
+    ``what`` names the cache in the one-line errors. The manifest's footer is not parsed here:
+    its verified content hash names the file, and that hash covers its schema and rows."""
     digest = manifest_hash(manifest)  # recomputed from the rows unless the file is unchanged since verified
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = cache / f"{digest}.{suffix}"
-    num_rows = pq.ParquetFile(manifest).metadata.num_rows
-    table = open_fn(path, num_rows)
+    table = open_fn(path)
     if table is None:
         cache.mkdir(parents=True, exist_ok=True)
         with file_lock(path.with_name(path.name + ".lock")):
-            table = open_fn(path, num_rows)  # another rank may have built it while we waited
+            table = open_fn(path)  # another rank may have built it while we waited
             if table is None:
                 build_fn(manifest, path)
-                table = open_fn(path, num_rows)
+                table = open_fn(path)
         if table is None:
             raise DataprepError(f"{path}: {what} of {manifest} cannot be read back")
     return table
@@ -430,14 +430,15 @@ class CacheInvalid(Exception):
     """A cache file that is present but not a whole, current cache of the manifest."""
 
 
-def check_cache_facts(schema: pa.Schema, key: str, version: int, expected: pa.Schema, path: Path,
-                      num_rows: int, batches: Sequence[pa.RecordBatch], *, nulls: bool) -> None:
+def check_cache_facts(schema: pa.Schema, key: str, version: int, expected: pa.Schema | None, path: Path,
+                      batches: Sequence[pa.RecordBatch], *, nulls: bool) -> dict[str, Any]:
     """Check a mapped cache file against what it must be: the facts recorded under metadata
     ``key`` (layout ``version``, the manifest hash ``path``'s name gives, rows), its columns
-    (``expected``, metadata aside), the record batches' total rows and that each holds together
-    (buffers long enough for its lengths and offsets; no nulls unless ``nulls``). No column is
-    read: Arrow's check reads only a string column's end offsets, a few pages per record batch.
-    Raises :class:`CacheInvalid` with the reason."""
+    (``expected``, metadata aside; None: not checked here), that ``batches`` hold together
+    (buffers long enough for their lengths and offsets; no nulls unless ``nulls``) and, when
+    they are every batch of the file, that they hold the recorded rows. No column is read:
+    Arrow's check reads only a string column's end offsets, a few pages per record batch.
+    Returns the facts; raises :class:`CacheInvalid` with the reason."""
     try:
         facts = json.loads((schema.metadata or {}).get(key.encode(), b"{}"))
     except ValueError:
@@ -447,11 +448,16 @@ def check_cache_facts(schema: pa.Schema, key: str, version: int, expected: pa.Sc
         raise CacheInvalid(f"layout version {got!r}, this tool writes {version}")
     if facts.get("content_hash") != _hash_of(path):
         raise CacheInvalid("made from another manifest (its recorded content hash differs from its name)")
-    if schema.remove_metadata() != expected.remove_metadata():
+    if expected is not None and schema.remove_metadata() != expected.remove_metadata():
         raise CacheInvalid("columns differ from the cache's")
-    total = sum(b.num_rows for b in batches)
-    if facts.get("rows") != num_rows or total != num_rows:
-        raise CacheInvalid(f"holds {total} rows, the manifest has {num_rows}")
+    if type(facts.get("rows")) is not int or facts["rows"] < 0:
+        raise CacheInvalid(f"records {str(facts.get('rows'))[:40]} rows")
+    check_batches(batches, nulls=nulls)
+    return facts
+
+
+def check_batches(batches: Iterable[pa.RecordBatch], *, nulls: bool) -> None:
+    """Each of ``batches`` holds together (and has no nulls unless ``nulls``), else :class:`CacheInvalid`."""
     for b in batches:
         try:
             b.validate()
@@ -478,7 +484,7 @@ def not_whole(kind: str, exc: Exception) -> CacheInvalid:
     return CacheInvalid(f"not a whole Arrow IPC {kind} ({str(exc).strip().splitlines()[0][:120] if str(exc) else exc})")
 
 
-def _read_cache(path: Path, num_rows: int, manifest: str) -> ColumnCache:
+def _read_cache(path: Path, manifest: str) -> ColumnCache:
     """The mapped cache, every stored fact checked against what it must be: format version,
     the manifest hash its name gives, row count, schema, each batch's buffers, null counts and
     place in the mapping (metadata only: no value is read). Raises ``FileNotFoundError`` or
@@ -493,11 +499,14 @@ def _read_cache(path: Path, num_rows: int, manifest: str) -> ColumnCache:
         raise
     except (OSError, pa.ArrowInvalid) as exc:
         raise not_whole("stream", exc) from None
-    check_cache_facts(schema, CACHE_META, CACHE_VERSION, CACHE_SCHEMA, path, num_rows, batches, nulls=False)
+    facts = check_cache_facts(schema, CACHE_META, CACHE_VERSION, CACHE_SCHEMA, path, batches, nulls=False)
+    total = sum(b.num_rows for b in batches)
+    if total != facts["rows"]:
+        raise CacheInvalid(f"holds {total} rows where its facts say the manifest has {facts['rows']}")
     return ColumnCache(pa.Table.from_batches(batches, schema), manifest, mapped)
 
 
-def _open_cache(path: Path, num_rows: int, manifest: str) -> ColumnCache | None:
+def _open_cache(path: Path, manifest: str) -> ColumnCache | None:
     """The mapped cache table, or ``None`` when the file is missing or is not a whole, current
     cache of this manifest (then logged with the reason, and rebuilt by the caller)."""
-    return open_or_none(lambda: _read_cache(path, num_rows, manifest), path, "the loader's column cache", log)
+    return open_or_none(lambda: _read_cache(path, manifest), path, "the loader's column cache", log)

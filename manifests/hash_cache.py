@@ -86,18 +86,19 @@ def manifest_hash(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str
     its metadata kept) is refused. ``cache_dir`` None: :func:`default_cache_dir` (resolved at
     each call) plus an in-process memo; a given ``cache_dir`` is the only place read or
     written (no memo shared with other directories)."""
-    recorded = recorded_hash(path)
-    if not recorded:
-        raise ManifestError(f"{path}: no content hash in its metadata (write it with `dataprep compile`)")
     facts = file_facts(path)
     key = _facts_key(facts)
     memo = _VERIFIED if cache_dir is None else {}
-    if memo.get(key) == recorded:
-        return recorded
     entry = _verified_entry(facts, cache_dir)
-    if _cached_verification(entry, facts, recorded):
-        memo[key] = recorded
-        return recorded
+    # the facts hold the footer's SHA-256, so a verified entry's hash IS the one recorded there:
+    # the footer (megabytes at a billion rows) is parsed only when no verification matches
+    known = memo.get(key) or _cached_verification(entry, facts, None)
+    if known:
+        memo[key] = known
+        return known
+    recorded = recorded_hash(path)
+    if not recorded:
+        raise ManifestError(f"{path}: no content hash in its metadata (write it with `dataprep compile`)")
     # ranks of one machine opening the same copied manifest: one recomputes, the others wait
     # for its verification instead of hashing every row again
     with file_lock(entry.parent.with_name("content-hash-locks") / f"{entry.stem}.lock"):
@@ -111,12 +112,14 @@ def manifest_hash(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str
     return got
 
 
-def _cached_verification(entry: Path, facts: Mapping[str, Any], recorded: str) -> bool:
-    """``entry`` says these facts were verified to hash to ``recorded``."""
+def _cached_verification(entry: Path, facts: Mapping[str, Any], recorded: str | None) -> str:
+    """The hash ``entry`` says these facts were verified to hash to (``recorded``, when given), else ""."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         cached = json.loads(entry.read_text(encoding="utf-8"))
-        return bool(cached.get("facts") == facts and cached.get("content_hash") == recorded)
-    return False
+        got = cached.get("content_hash")
+        if cached.get("facts") == facts and isinstance(got, str) and got and recorded in (None, got):
+            return got
+    return ""
 
 
 def require_manifest_hash(path: str | os.PathLike[str], expected: str, what: str) -> None:

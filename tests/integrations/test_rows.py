@@ -1,4 +1,4 @@
-"""The row cache (rows.v2) that Lhotse/NeMo cuts read: streamed build, mapped read, refusals."""
+"""The row cache that Lhotse/NeMo cuts and lookup read: streamed build, fixed batches fetched on use, refusals."""
 
 from __future__ import annotations
 
@@ -6,13 +6,15 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dataprep.integrations.rows import ROWS_CACHE_VERSION, ROWS_META, ManifestRows, build_rows_cache
+from dataprep.integrations.rows import (ROWS_CACHE_VERSION, ROWS_META, ROWS_PER_BATCH, ManifestRows, build_rows_cache,
+                                        index_path)
 from manifests.column_cache import write_ipc_file
 from manifests.errors import DataprepError
 from manifests.hash_cache import manifest_hash
@@ -42,8 +44,10 @@ def test_records_are_the_manifest_rows_over_any_block_size(manifest: tuple[Path,
     cache = tmp_path_factory.mktemp("c")
     build_rows_cache(path, _cache_path(path, cache), batch_rows=batch_rows)
     got = ManifestRows.open(path, cache)
-    assert got.num_rows == ROWS and len(got._batches) == -(-ROWS // batch_rows)  # one record batch per block
+    assert got.num_rows == ROWS and got.batch_rows == batch_rows
     assert got.records(picks) == [rows[i] for i in picks]  # values, None where null, Python types
+    assert got.records(picks, ["duration", "id"]) == [{"duration": rows[i]["duration"], "id": rows[i]["id"]}
+                                                      for i in picks]
 
 
 def test_a_row_past_the_manifest_is_a_one_line_error(manifest: tuple[Path, list[dict[str, object]]],
@@ -55,7 +59,7 @@ def test_a_row_past_the_manifest_is_a_one_line_error(manifest: tuple[Path, list[
 @pytest.mark.parametrize(("facts", "why"), [
     ({"version": 1}, "layout version 1"),
     ({"content_hash": "0" * 64}, "another manifest"),
-    ({"rows": ROWS + 1}, "the manifest has"),
+    ({"rows": ROWS + 1}, f"not {ROWS + 1} rows in batches of"),
 ])
 def test_a_cache_whose_facts_differ_is_refused_and_rebuilt(manifest: tuple[Path, list[dict[str, object]]],
                                                            tmp_path: Path, caplog: pytest.LogCaptureFixture,
@@ -69,22 +73,42 @@ def test_a_cache_whose_facts_differ_is_refused_and_rebuilt(manifest: tuple[Path,
     assert why in caplog.text and "row cache is refused" in caplog.text and "rebuilding" in caplog.text
     assert got.records([5]) == [rows[5]]
     meta = pa.ipc.open_file(pa.memory_map(str(cache_file))).schema.metadata[ROWS_META.encode()]
-    assert json.loads(meta) == {"version": ROWS_CACHE_VERSION, "content_hash": manifest_hash(path), "rows": ROWS}
+    assert json.loads(meta).items() >= {"version": ROWS_CACHE_VERSION, "content_hash": manifest_hash(path),
+                                        "rows": ROWS, "batch_rows": ROWS_PER_BATCH}.items()
 
 
-def test_other_columns_and_a_truncated_file_are_refused(manifest: tuple[Path, list[dict[str, object]]],
-                                                         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_layout_break_or_a_foreign_index_is_rebuilt_and_a_damaged_index_is_one_line(
+        manifest: tuple[Path, list[dict[str, object]]], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path, rows = manifest
     cache_file = _cache_path(path, tmp_path)
     build_rows_cache(path, cache_file, batch_rows=16)
     with pa.memory_map(str(cache_file)) as src:
         reader = pa.ipc.open_file(src)
         schema = reader.schema
-        batches = [reader.get_batch(i).drop_columns(["extra"]) for i in range(reader.num_record_batches)]
-    write_ipc_file(cache_file, batches[0].schema.with_metadata(schema.metadata), batches)  # facts right, a column gone
+        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+    write_ipc_file(cache_file, schema, [batches[0].slice(0, 8), batches[0].slice(8), *batches[1:]])  # facts right
     with caplog.at_level(logging.WARNING, logger="dataprep.integrations.rows"):
         assert ManifestRows.open(path, tmp_path).records([3]) == [rows[3]]
-    assert "columns differ" in caplog.text
+    assert "not 70 rows in batches of 16" in caplog.text
+    for damage, why in ((lambda a: a[:-6], "not the one written with it"), (lambda a: a * 0, "not the one written")):
+        np.save(index_path(cache_file), damage(np.load(index_path(cache_file))))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="dataprep.integrations.rows"):
+            assert ManifestRows.open(path, tmp_path).records([ROWS - 1]) == [rows[ROWS - 1]]
+        assert why in caplog.text and "rebuilding" in caplog.text
+    index_path(cache_file).unlink()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dataprep.integrations.rows"):
+        assert ManifestRows.open(path, tmp_path).records([ROWS - 1]) == [rows[ROWS - 1]]
+    assert "buffer index is missing" in caplog.text
+    # an index whose header is right but whose positions point past a buffer: found on the read
+    good = np.load(index_path(cache_file))
+    bad = good.copy()
+    bad[6 + 3::6] += 10 ** 9  # every values/offsets buffer's size
+    bad[6 + 2::6] += 10 ** 9  # and position: past the mapping
+    np.save(index_path(cache_file), bad)
+    with pytest.raises(DataprepError, match=r"the row cache of .* is damaged \(a value outside its buffer\); delete"):
+        ManifestRows.open(path, tmp_path).records([3])
     data = cache_file.read_bytes()
     cache_file.write_bytes(data[: len(data) // 2])  # as a copy cut short could leave it
     caplog.clear()
@@ -100,9 +124,11 @@ def test_other_columns_and_a_truncated_file_are_refused(manifest: tuple[Path, li
 def test_the_build_is_atomic_and_replaces_the_older_layout(manifest: tuple[Path, list[dict[str, object]]],
                                                            tmp_path: Path) -> None:
     path, _ = manifest
-    old = _cache_path(path, tmp_path, 1)
-    old.write_bytes(b"a rows.v1 cache: never read")
+    olds = [_cache_path(path, tmp_path, v) for v in range(1, ROWS_CACHE_VERSION)]
+    for old in olds:
+        old.write_bytes(b"a cache of an older layout: never read")
     assert ManifestRows.open(path, tmp_path).num_rows == ROWS
-    assert not old.exists()
+    assert not any(old.exists() for old in olds)
     left = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock"))
-    assert left == [_cache_path(path, tmp_path).name]  # no temporary file left behind
+    cache_file = _cache_path(path, tmp_path)
+    assert left == sorted([cache_file.name, index_path(cache_file).name])  # no temporary file left behind
