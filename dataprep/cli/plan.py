@@ -55,6 +55,7 @@ def plan_batches_cmd(
     balance: Annotated[float, typer.Option("--balance", help="Balanced steps: full batches whose predicted step times agree within this relative tolerance, one bucket's where the data allows, several buckets' otherwise; 0 = one bucket per step on every rank (identical buckets, smaller batches at fine-tuning scale).")] = _PLAN.balance,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help=f"Cost coefficient NAME=VALUE for --balance ({', '.join(CostModel.names())}).")] = None,
     cost_model: Annotated[Optional[Path], typer.Option("--cost-model", help="costmodel.json written by `dataprep calibrate`: balance steps by the step times a run measured (--coef overrides single coefficients).", show_default=False)] = None,
+    cost_equal: Annotated[Optional[bool], typer.Option("--cost-equal/--no-cost-equal", help="Size every bucket's batch for the same predicted step time (the buckets' sizes as memory caps). Default: on with --cost-model, off without.", show_default=False)] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together (divides --world-size; default all): each group of consecutive ranks draws the steps in its own order (1 = independent learners, for ADPSGD).")] = None,
     weights: Annotated[Optional[list[str]], typer.Option("--weights", help="CORPUS=WEIGHT, once per corpus of the manifest's corpus column: a weighted plan (replaces the blend the manifest records).")] = None,
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="Re-weighting temperature T (weights become w^T / sum w^T at every level, as NeMo's reweight_temperature); replaces the blend's.")] = None,
@@ -78,7 +79,8 @@ def plan_batches_cmd(
     limit = None if memory_limit is None else parse_memory_limit(memory_limit)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
-                            cost=_cost(coef, cost_model), sync_group=sync_group, dynamic_resolution=dynres, weights=pairs,
+                            cost=_cost(coef, cost_model), cost_equal=cost_model is not None if cost_equal is None else cost_equal,
+                            sync_group=sync_group, dynamic_resolution=dynres, weights=pairs,
                             temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
                             memory_limit=limit)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
@@ -101,6 +103,7 @@ def replan_cmd(
     carry: Annotated[bool, typer.Option("--carry/--no-carry", help="Carry bucket tails in the later epochs (as plan-batches).")] = _PLAN.carry,
     coef: Annotated[Optional[list[str]], typer.Option("--coef", help="Cost coefficient NAME=VALUE for a balanced plan.")] = None,
     cost_model: Annotated[Optional[Path], typer.Option("--cost-model", help="costmodel.json written by `dataprep calibrate`: balance the rest of the run by the step times measured so far.", show_default=False)] = None,
+    cost_equal: Annotated[Optional[bool], typer.Option("--cost-equal/--no-cost-equal", help="Re-size every bucket's batch for the same predicted step time (the plan's sizes as memory caps). Default: on with --cost-model, off without.", show_default=False)] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together in the re-plan (divides --world-size; default the plan's).")] = None,
     memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the re-plan may hold, e.g. 4GiB (default: half the machine's). A corpus within it is held in memory; a larger one is spilled next to -o (the same plan).", show_default=False)] = None,
 ) -> None:
@@ -111,7 +114,7 @@ def replan_cmd(
     parent = read_plan_meta(plan_dir)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=parent.world_size if world_size is None else world_size,
                             carry=carry, cost=_cost(coef, cost_model),
-                            sync_group=sync_group,
+                            cost_equal=cost_model is not None if cost_equal is None else cost_equal, sync_group=sync_group,
                             memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit))
     man = manifest if manifest is not None else default_manifest(plan_dir, parent)
     refuse_same_paths({"PLAN": plan_dir, "--manifest": man, **({"--exclude": exclude} if exclude else {})},

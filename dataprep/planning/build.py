@@ -27,6 +27,7 @@ from bucketing.fit import Grid, grid_from_spec
 from bucketing.plan import PlanError, check_one_step
 from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_extra
 from dataprep.planning.options import PlanOptions
+from dataprep.planning.calibrate import cost_equal_sizes
 from dataprep.planning.carry import carry_spilled
 from dataprep.planning.disk import disk_bytes
 from dataprep.planning.draw import draw_epoch
@@ -106,6 +107,7 @@ def build_plan(
     clock = _Clock(timings, on_phase)
     W, epochs = options.world_size, options.epochs
     spec = read_buckets(buckets)
+    spec = cost_equal_sizes(spec, options.cost, str(buckets)) if options.cost_equal else spec
     bs = spec.batch_sizes()
     check_shape_policy(spec, options.dynamic_resolution, str(buckets))
     grid = grid_from_spec(spec)

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from bucketing.costmodel import CostModel
 from manifests.atomic_files import write_json
+from manifests.buckets_file import BucketSpec
 from manifests.errors import DataprepError, OptionError
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import read_plan_meta
@@ -245,3 +246,20 @@ def read_cost_model(path: str | os.PathLike[str]) -> CostModel:
         return CostModel(**{k: float(v) for k, v in coefs.items()})
     except OptionError as exc:
         raise DataprepError(f"{path}: cost_model.{exc.field}: {exc.problem}") from None
+
+
+def cost_equal_sizes(spec: BucketSpec, cost: CostModel | None, where: str) -> BucketSpec:
+    """``spec`` with every bucket's batch sized for the same predicted step time under ``cost``
+    (None: the built-in model), never above its memory cap: a bucket's recorded
+    ``memory_batch_size`` (a spec already made cost-equal), else its batch size
+    (:func:`bucketing.budget.cost_equal_spec`; the model's times, not an OOM search's)."""
+    from dataclasses import replace
+
+    from bucketing.budget import cost_equal_spec
+
+    caps = tuple(replace(b, batch_size=b.extra.get("memory_batch_size", b.batch_size),
+                         extra={k: v for k, v in b.extra.items() if k != "oom_step_seconds"}) for b in spec.buckets)
+    try:
+        return cost_equal_spec(replace(spec, buckets=caps), cost or CostModel())
+    except ValueError as exc:
+        raise DataprepError(f"{where}: cost-equal sizes: {exc}") from None

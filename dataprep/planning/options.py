@@ -25,6 +25,8 @@ class PlanOptions:
     ``row_group_steps``: steps per Parquet row group (>= 1). ``carry``: a bucket's leftover rows
     fill the next bucket. ``balance``: relative tolerance of balanced steps (>= 0; 0 = one
     bucket per step). ``cost``: the step-time model for ``balance`` (None: defaults).
+    ``cost_equal``: batch sizes re-derived for the same predicted step time under ``cost``, the
+    buckets' sizes as memory caps (:func:`bucketing.budget.cost_equal_spec`).
     ``sync_group``: ranks synchronized together (divides ``world_size``; None = all).
     ``dynamic_resolution``: record per batch its target frames (None: off).
     Weighted plans (many corpora, :mod:`dataprep.planning.weights`): ``weights`` corpus ->
@@ -45,6 +47,7 @@ class PlanOptions:
     carry: bool = True
     balance: float = DEFAULT_BALANCE
     cost: CostModel | None = None
+    cost_equal: bool = False
     sync_group: int | None = None
     dynamic_resolution: DynResConfig | None = None
     weights: Mapping[str, float] | None = None
@@ -64,6 +67,7 @@ class PlanOptions:
         check_number("balance", self.balance, ge=0)
         if self.cost is not None and not isinstance(self.cost, CostModel):
             raise OptionError("cost", f"must be a CostModel, got {type(self.cost).__name__}")
+        check_bool("cost_equal", self.cost_equal)
         check_int("sync_group", self.sync_group, ge=1, le=MAX_COUNT, optional=True)
         if self.sync_group is not None and self.world_size % self.sync_group:
             raise OptionError("sync_group", f"must divide the world size {self.world_size}, got {self.sync_group}")

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
+from dataprep.planning.calibrate import cost_equal_sizes
 from dataprep.planning.build import memory_limit_of, spill_for_plan, spills_to_disk
 from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_extra
 from dataprep.planning.options import PlanOptions
@@ -57,7 +58,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
            options: PlanOptions, *, at_step: int, exclude: str | os.PathLike[str] | None = None) -> PlanMeta:
     """Re-plan ``plan_dir`` from ``at_step`` on for ``options.world_size`` ranks into ``out_dir``
     (module docstring). ``manifest`` must be the parent's (by content hash). Of ``options``
-    only ``world_size``, ``carry``, ``cost``, ``row_group_steps`` and ``sync_group`` apply: seed,
+    only ``world_size``, ``carry``, ``cost``, ``cost_equal`` (the parent's sizes as memory caps),
+    ``row_group_steps`` and ``sync_group`` apply: seed,
     epochs, interleave, strictness, balance and dynamic resolution are the parent plan's
     (``options.dynamic_resolution``, if given, must equal the parent's).
 
@@ -76,7 +78,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     dynres_config = _dynres_config(plan_dir, meta, options)
     require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
     spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
-    bs = meta.batch_sizes
+    spec = cost_equal_sizes(spec, cost, f"{plan_dir}/plan.json") if options.cost_equal else spec
+    bs = spec.batch_sizes()
     grid = grid_from_spec(spec)
     tol = meta.balance.tolerance if meta.balance is not None else 0.0
     strict = bool(meta.allocation.get("strict", False))
@@ -125,8 +128,9 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
                          if excluded.shape[0] else None if weighted is None
                          else draw_epoch(corpus, weighted.sampler, e), error=error)
                 extra = {**plan_extra(weighted, loop.dynres), **excluded_entry}
-                return writer.finish(_replan_meta(meta, world_size, at_step, totals, corpus.carried, corpus.carry,
-                                                  tol, group, extra))
+                return writer.finish(dataclasses.replace(_replan_meta(
+                    meta, world_size, at_step, totals, corpus.carried, corpus.carry, tol, group, extra),
+                    buckets=spec.to_json()["buckets"]))
     finally:
         if root is not None:
             remove_spill(root)

@@ -1,5 +1,6 @@
 """``dataprep calibrate``: the cost model and each rank's speed recovered from synthetic step
-timings of a known model; plan-batches / replan --cost-model plan with exactly that model; bad
+timings of a known model; plan-batches / replan --cost-model plan with exactly that model and
+cost-equal sizes by default; bad
 step logs and cost-model files are one-line errors."""
 
 from __future__ import annotations
@@ -77,7 +78,17 @@ def test_a_slow_rank_is_found_and_does_not_bend_the_model(run: Run, tmp_path: Pa
     assert np.median(np.abs(got - truth) / truth) < 0.02
 
 
-def test_plan_batches_and_replan_use_the_calibrated_model(run: Run, tmp_path: Path) -> None:
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dataprep.cli", *args], capture_output=True, text=True)
+
+
+def _same(a: Path, b: Path) -> bool:
+    names = sorted(p.name for p in a.iterdir())
+    return names == sorted(p.name for p in b.iterdir()) and all((a / n).read_bytes() == (b / n).read_bytes()
+                                                                 for n in names)
+
+
+def test_plan_batches_and_replan_use_the_calibrated_model_with_cost_equal_sizes(run: Run, tmp_path: Path) -> None:
     slow = CostModel(overhead=0.5, per_frame=1e-7, per_frame2=5e-9, per_token=1e-3, per_token2=1e-6)
     logged = run.log(tmp_path / "log.parquet", [1.0] * W, noise=0.0)
     cal = calibrate(run.plan, logged)
@@ -87,24 +98,35 @@ def test_plan_batches_and_replan_use_the_calibrated_model(run: Run, tmp_path: Pa
     obj = json.loads(out.read_text())
     obj["cost_model"] = {**obj["cost_model"], **{k: getattr(slow, k) for k in obj["cost_model"]}}
     out.write_text(json.dumps(obj))
-    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "plan-batches", str(run.manifest), "-b",
-                          str(run.buckets), "--world-size", str(W), "--epochs", "2", "--cost-model", str(out), "-o",
-                          str(tmp_path / "cli")], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    build_plan(run.manifest, run.buckets, tmp_path / "lib", PlanOptions(world_size=W, epochs=2, cost=slow))
+    plan = ["plan-batches", str(run.manifest), "-b", str(run.buckets), "--world-size", str(W), "--epochs", "2",
+            "--cost-model", str(out)]
+    assert (res := _cli(*plan, "-o", str(tmp_path / "cli"))).returncode == 0, res.stderr
+    assert (res := _cli(*plan, "--no-cost-equal", "-o", str(tmp_path / "cli-sizes"))).returncode == 0, res.stderr
+    build_plan(run.manifest, run.buckets, tmp_path / "lib", PlanOptions(world_size=W, epochs=2, cost=slow,
+                                                                       cost_equal=True))
+    build_plan(run.manifest, run.buckets, tmp_path / "lib-sizes", PlanOptions(world_size=W, epochs=2, cost=slow))
     build_plan(run.manifest, run.buckets, tmp_path / "default", PlanOptions(world_size=W, epochs=2))
-    names = sorted(p.name for p in (tmp_path / "lib").iterdir())
-    same = [(tmp_path / "cli" / n).read_bytes() == (tmp_path / "lib" / n).read_bytes() for n in names]
-    assert all(same)
-    assert any((tmp_path / "default" / n).read_bytes() != (tmp_path / "lib" / n).read_bytes() for n in names)
-    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "replan", str(run.plan), "--at-step", "5",
-                          "--manifest", str(run.manifest), "--cost-model", str(out), "-o", str(tmp_path / "re-cli")],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    replan(run.plan, run.manifest, tmp_path / "re-lib", PlanOptions(world_size=W, cost=slow), at_step=5)
-    assert all((tmp_path / "re-cli" / n).read_bytes() == (tmp_path / "re-lib" / n).read_bytes() for n in names)
-    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "calibrate", str(run.plan), str(logged), "-o",
-                          str(tmp_path / "again.json")], capture_output=True, text=True)
+    assert _same(tmp_path / "cli", tmp_path / "lib") and _same(tmp_path / "cli-sizes", tmp_path / "lib-sizes")
+    assert not _same(tmp_path / "default", tmp_path / "lib-sizes") and not _same(tmp_path / "lib", tmp_path / "lib-sizes")
+    # cost-equal: every bucket's full batch predicted the same time (within one utterance), never above its cap
+    buckets = json.loads((tmp_path / "lib" / "plan.json").read_text())["buckets"]
+    caps = [b["batch_size"] for b in json.loads(run.buckets.read_text())["buckets"]]
+    assert [b["memory_batch_size"] for b in buckets] == caps and all(b["batch_size"] <= c for b, c in zip(buckets, caps))
+    sizes = np.asarray([b["batch_size"] for b in buckets])
+    md, mt = np.asarray([b["max_duration"] for b in buckets]), np.asarray([b["max_tokens"] for b in buckets])
+    full, one_more = slow.step_time(sizes, md, mt), slow.step_time(sizes + 1, md, mt)
+    assert one_more.min() > full.max() * 0.999 or (sizes == caps).any()
+    assert _cli("verify", str(tmp_path / "lib"), "--manifest", str(run.manifest)).returncode == 0
+    replan_args = ["replan", str(run.plan), "--at-step", "5", "--manifest", str(run.manifest), "--cost-model", str(out)]
+    assert (res := _cli(*replan_args, "-o", str(tmp_path / "re-cli"))).returncode == 0, res.stderr
+    replan(run.plan, run.manifest, tmp_path / "re-lib", PlanOptions(world_size=W, cost=slow, cost_equal=True), at_step=5)
+    assert _same(tmp_path / "re-cli", tmp_path / "re-lib")
+    assert json.loads((tmp_path / "re-lib" / "plan.json").read_text())["buckets"] == buckets
+    assert (res := _cli("verify", str(tmp_path / "re-lib"), "--manifest", str(run.manifest))).returncode == 0, res.stderr
+    assert (res := _cli(*replan_args, "--no-cost-equal", "-o", str(tmp_path / "re-cli-sizes"))).returncode == 0
+    replan(run.plan, run.manifest, tmp_path / "re-lib-sizes", PlanOptions(world_size=W, cost=slow), at_step=5)
+    assert _same(tmp_path / "re-cli-sizes", tmp_path / "re-lib-sizes")
+    res = _cli("calibrate", str(run.plan), str(logged), "-o", str(tmp_path / "again.json"))
     assert res.returncode == 0, res.stderr
     assert "median error" in res.stdout and "slowest rank" in res.stdout
 
