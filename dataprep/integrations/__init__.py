@@ -8,6 +8,7 @@ __all__ = [
     "export",
     "lhotse",
     "lhotse_source",
+    "lightning",
     "nemo",
     "pack",
     "rows",

@@ -1,20 +1,17 @@
 """Every column of a compiled manifest, memory-mapped, for consumers that build whole records.
 
-The loader maps only its columns (:class:`manifests.column_cache.ColumnCache`); samplers that
-hand out Lhotse cuts and ``dataprep lookup`` need all of them. :class:`ManifestRows` converts
-the manifest once into an uncompressed Arrow IPC file (``<cache dir>/<content hash>.rows.v3.arrow``)
-of record batches of exactly ``batch_rows`` rows (the last shorter), so row ``r`` is in batch
-``r // batch_rows``, plus its buffer index (``.rows.v3.index.npy``: per batch and column, the
-byte position and size of the validity, values/offsets and string data buffers in the file).
-Opening reads the file's footer, its last batch and the index header (constant time in the
-corpus); a read
-takes each column's values straight from the mapping, rows checked against their buffers' sizes:
-no record batch is fetched, whatever batches the rows fall in.
-
-The build streams one block at a time (memory: a block, not the corpus) under the column
-cache's rules: one builder under a file lock; the index written, then the data file renamed
-into place; layout version, manifest content hash, rows, batch size and an id shared with the
-index in the schema metadata, checked on open; a pair that fails is logged and rebuilt.
+The loader maps only its columns (:class:`manifests.column_cache.ColumnCache`); Lhotse cuts and
+``dataprep lookup`` need all of them. :class:`ManifestRows` converts the manifest once into an
+uncompressed Arrow IPC file (``<cache dir>/<content hash>.rows.v3.arrow``) of record batches of
+exactly ``batch_rows`` rows (the last shorter: row ``r`` is in batch ``r // batch_rows``) and a
+buffer index beside it (``.rows.v3.index.npy``: per batch and column, byte position and size of
+its validity, values/offsets and string data buffers). Opening reads the footer, the last batch
+and the index header (constant time in the corpus); a read gathers each column's values from
+the mapping, checked against their buffers' sizes, without fetching a record batch.
+The build streams a block at a time (memory: a block) under the column cache's rules (one
+builder under a file lock; the index written, then the data file renamed into place; version,
+content hash, rows, batch size and an id shared with the index recorded and checked on open; a
+pair that fails is logged and rebuilt).
 """
 
 from __future__ import annotations

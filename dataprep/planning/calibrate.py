@@ -5,8 +5,8 @@ seconds the rank computed, ``step_s``, or ``forward_backward_s`` + ``optimizer_s
 ``data_wait_s`` (optional) is reported, never fitted. Each row is joined to the rank's batch at
 that step in the plan (``size``, ``max_duration`` s, ``max_tokens``), and the coefficients of
 :class:`bucketing.costmodel.CostModel` are fitted by non-negative least squares on relative
-error (every subset of the five terms solved, the best non-negative one kept: exact for five
-terms), alternating with each rank's speed (median of measured / predicted over its steps,
+error (every subset of the five terms with the overhead solved, the best non-negative one kept:
+exact for five terms), alternating with each rank's speed (median of measured / predicted over its steps,
 the median rank 1.0; 1.2 = 20% slower: another GPU type, a slow host) so one slow rank does not
 bend the model. Also out: the residuals (speeds applied) and the step time per bucket,
 measured and predicted. The plan's
@@ -154,7 +154,8 @@ def design(size: npt.NDArray[Any], max_duration: npt.NDArray[Any], max_tokens: n
 
 def nonnegative_fit(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """Coefficients >= 0 minimizing the squared *relative* error of ``x @ c`` against ``y`` (> 0):
-    every subset of columns solved by least squares (columns scaled), the best non-negative kept."""
+    every subset of columns holding the first (the per-step overhead: every step has one, and a
+    cost model needs it > 0) solved by least squares (columns scaled), the best positive one kept."""
     w = x / y[:, None]  # relative error: each row divided by its measured time
     scale = np.linalg.norm(w, axis=0)
     scale[scale == 0] = 1.0
@@ -162,10 +163,10 @@ def nonnegative_fit(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> n
     target = np.ones(y.shape[0])
     best, best_err = np.zeros(x.shape[1]), float(target @ target)
     for k in range(1, x.shape[1] + 1):
-        for subset in itertools.combinations(range(x.shape[1]), k):
-            cols = list(subset)
+        for subset in itertools.combinations(range(1, x.shape[1]), k - 1):
+            cols = [0, *subset]
             c, *_ = np.linalg.lstsq(ws[:, cols], target, rcond=None)
-            if (c < 0).any():
+            if (c < 0).any() or c[0] <= 0:
                 continue
             r = ws[:, cols] @ c - target
             err = float(r @ r)

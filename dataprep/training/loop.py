@@ -189,14 +189,14 @@ def _synchronized(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _write_step_times(path: Path, rows: list[dict[str, Any]]) -> None:
+def write_step_times(path: Path, rows: list[dict[str, Any]]) -> None:
     """A rank's step log (what ``dataprep calibrate`` reads), atomically."""
     table = pa.Table.from_pylist(rows, schema=STEP_TIMES_SCHEMA)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
 
 
-def _read_step_times(path: Path, before_step: int) -> list[dict[str, Any]]:
+def read_step_times(path: Path, before_step: int) -> list[dict[str, Any]]:
     """The rows of a rank's step log before ``before_step`` (a resumed run keeps them)."""
     if not path.exists():
         return []
@@ -239,7 +239,7 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
         trace = _read_lines(_rank_file(cfg, "trace", rank), start) if cfg.trace else []
         skipped = _read_lines(_rank_file(cfg, "skipped", rank), start)
         times_path = Path(cfg.checkpoint_dir) / f"steps-rank-{rank:05d}.parquet"
-        times = _read_step_times(times_path, start)
+        times = read_step_times(times_path, start)
         log = _read_lines(Path(cfg.checkpoint_dir) / "log.jsonl", start) if rank == 0 else []
         n_skipped_before = len(skipped)
         loader = make_loader(PlanDataset(cfg.plan_dir, rank, builder, start, stop), cfg.workers, cfg.prefetch)
@@ -255,7 +255,7 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
                 _write_lines(_rank_file(cfg, "trace", rank), trace)
             if skipped:
                 _write_lines(_rank_file(cfg, "skipped", rank), skipped)
-            _write_step_times(times_path, times)
+            write_step_times(times_path, times)
             dist.barrier()
 
         step = start

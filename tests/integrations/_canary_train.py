@@ -1,11 +1,13 @@
 """Train a tiny NeMo Canary (``EncDecMultiTaskModel``, canary2 prompt) on a plan with Lightning.
 
-    python -m tests.integrations._canary_train PLAN MANIFEST SPM WORKDIR MAX_STEPS
+    python -m tests.integrations._canary_train PLAN MANIFEST SPM WORKDIR MAX_STEPS [STEP_LOG_DIR]
 
 Prints one JSON line per training step (``{"step": i, "ids": [...]}``) from the batches the model
 received. ``MAX_STEPS`` -1 means NeMo's usual ``max_epochs: -1`` with no step limit: the run ends
-when the plan does (one line from :class:`dataprep.integrations.lhotse.PlanEnded`). Test helper
-of ``tests/integrations/test_nemo_packed.py`` (run in a subprocess: it exits like a trainer)."""
+when the plan does (one line from :class:`dataprep.integrations.lhotse.PlanEnded`). With
+``STEP_LOG_DIR``, :class:`dataprep.integrations.lightning.StepTimeLog` writes the step log there.
+Test helper of ``tests/integrations/test_nemo_packed.py`` and ``test_lightning_steps.py`` (run in
+a subprocess: it exits like a trainer)."""
 
 from __future__ import annotations
 
@@ -63,13 +65,14 @@ def _vocab_files(folder: Path) -> None:
                                       encoding="utf-8")
 
 
-def main(plan: str, manifest: str, spm: str, work: str, max_steps: int) -> None:
+def main(plan: str, manifest: str, spm: str, work: str, max_steps: int, step_log: str | None = None) -> None:
     import lightning.pytorch as pl
     import nemo.collections.asr.models.aed_multitask_models as aed
     import pyarrow.parquet as pq
     from nemo.collections.common.tokenizers.canary_tokenizer import CanaryTokenizer
     from omegaconf import OmegaConf
 
+    from dataprep.integrations.lightning import StepTimeLog
     from dataprep.integrations.nemo import get_plan_dataloader
 
     aed.get_lhotse_dataloader_from_config = get_plan_dataloader  # the one line of examples/nemo_canary.py
@@ -94,9 +97,10 @@ def main(plan: str, manifest: str, spm: str, work: str, max_steps: int) -> None:
 
     trainer = pl.Trainer(max_steps=max_steps, max_epochs=-1, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[Ids()], num_sanity_val_steps=0, use_distributed_sampler=False)
+                         callbacks=[Ids(), *([StepTimeLog(step_log)] if step_log else [])], num_sanity_val_steps=0,
+                         use_distributed_sampler=False)
     trainer.fit(model)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5], int(sys.argv[5]))
+    main(*sys.argv[1:5], int(sys.argv[5]), *sys.argv[6:7])

@@ -158,3 +158,17 @@ def test_bad_logs_and_cost_models_are_one_line_errors(run: Run, tmp_path: Path) 
         (tmp_path / "cm.json").write_text(text)
         with pytest.raises(DataprepError, match=match):
             read_cost_model(tmp_path / "cm.json")
+
+
+def test_times_without_a_visible_overhead_still_give_a_model_with_one(run: Run, tmp_path: Path) -> None:
+    """A CPU run whose per-step overhead drowns in noise: the fit keeps an overhead > 0 (a cost
+    model needs one) instead of refusing the log."""
+    rng = np.random.default_rng(3)
+    frames = []
+    for r in range(W):
+        t = PlanShard(run.plan, r).read(columns=["step", "size", "max_duration"])
+        sec = t["size"].to_numpy() * t["max_duration"].to_numpy() * 1e-3 * (1 + rng.normal(0, 0.05, t.num_rows))
+        frames.append(pl.DataFrame({"rank": np.full(t.num_rows, r), "step": t["step"].to_numpy(), "step_s": sec}))
+    pl.concat(frames).write_parquet(tmp_path / "log.parquet")
+    cal = calibrate(run.plan, tmp_path / "log.parquet")
+    assert cal.cost.overhead > 0 and cal.median_rel_error < 0.1

@@ -1,0 +1,55 @@
+"""The Lightning step log (:class:`dataprep.integrations.lightning.StepTimeLog`) on a tiny NeMo
+Canary trained by Lightning over ``get_plan_dataloader``: one row per step with its three times,
+and ``dataprep calibrate`` fits a cost model from it. Marked ``nemo``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.integrations._rich import Rich, rich_corpus
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.nemo
+nemo = pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
+
+from dataprep.training.loop import STEP_TIMES_SCHEMA  # noqa: E402
+from manifests.plan_meta import read_plan_meta  # noqa: E402
+from tests.training._consumer import invoke  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rich(tmp_path_factory: pytest.TempPathFactory) -> Rich:
+    return rich_corpus(tmp_path_factory)
+
+
+def test_a_tiny_canary_runs_step_log_calibrates(rich: Rich, tmp_path: Path) -> None:
+    plan = tmp_path / "plan"
+    invoke("plan-batches", str(rich.manifest), "--buckets", str(rich.buckets), "--world-size", "1", "--seed", "0",
+           "--epochs", "3", "-o", str(plan))
+    steps = read_plan_meta(plan).num_steps
+    logs = tmp_path / "steps"
+    (tmp_path / "run").mkdir()
+    run = subprocess.run([sys.executable, "-m", "tests.integrations._canary_train", str(plan), str(rich.manifest),
+                          str(rich.spm), str(tmp_path / "run"), str(steps), str(logs)], capture_output=True, text=True,
+                         timeout=600, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    trained = [json.loads(x)["step"] for x in run.stdout.splitlines() if x.startswith("{")]
+    assert trained == list(range(steps)) and steps >= 8
+    table = pq.read_table(logs / "steps-rank-00000.parquet")
+    assert table.schema.remove_metadata() == STEP_TIMES_SCHEMA
+    rows = table.to_pylist()
+    assert [r["step"] for r in rows] == list(range(steps)) and {r["rank"] for r in rows} == {0}
+    assert all(r["forward_backward_s"] > 0 and r["optimizer_s"] > 0 and r["data_wait_s"] >= 0 for r in rows)
+    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "calibrate", str(plan), str(logs), "-o",
+                          str(tmp_path / "costmodel.json")], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr
+    model = json.loads((tmp_path / "costmodel.json").read_text())
+    assert model["fit"]["rows"] == steps and "median error" in res.stdout
