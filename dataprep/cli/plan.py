@@ -17,6 +17,7 @@ from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan
 from dataprep.planning import spills_to_disk
+from dataprep.planning.options import parse_rank_speed
 from dataprep.planning.simulate import (MAX_EXCHANGE_S, MAX_SLOW_FACTOR, plan_steps_report, plan_warnings,
                                        simulate_strategies, simulate_with_warnings)
 from dataprep.cli.progress import progress_counter
@@ -28,6 +29,9 @@ from manifests.plan_meta import PlanMeta, read_plan_meta
 
 #: PlanOptions field -> flag where the flag is not ``--field-name``
 PLAN_FLAGS = {"at_step": "--at-step", "cost": "--coef"}
+RANK_SPEED_HELP = ("Ranks of different speeds (mixed GPU types): 1,1,0.7,... (one per rank, 0.5 = twice as slow), "
+                   "a costmodel.json of `dataprep calibrate` (its measured rank speeds) or a text file of them; "
+                   "a slower rank gets smaller batches so a step's ranks finish together (balanced steps only).")
 #: simulate_plan / simulate_strategies argument -> flag
 SIM_FLAGS = {"slow": "--slow-rank", "cost": "--coef"}
 _PLAN = defaults_of(PlanOptions)
@@ -61,6 +65,7 @@ def plan_batches_cmd(
     epoch_utterances: Annotated[Optional[int], typer.Option("--epoch-utterances", help="Weighted plans: utterances per epoch (default: the manifest's rows in a bucket).")] = None,
     epoch_hours: Annotated[Optional[float], typer.Option("--epoch-hours", help="Weighted plans: about this many hours per epoch.")] = None,
     memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the planner may hold, e.g. 4GiB (default: half the machine's). A corpus within it is held in memory; a larger one is spilled by bucket next to -o (the same plan; memory bounded by its largest bucket).", show_default=False)] = None,
+    rank_speed: Annotated[Optional[str], typer.Option("--rank-speed", help=RANK_SPEED_HELP, show_default=False)] = None,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
 
@@ -80,7 +85,7 @@ def plan_batches_cmd(
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
                             cost=_cost(coef, cost_model), sync_group=sync_group, dynamic_resolution=dynres, weights=pairs,
                             temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
-                            memory_limit=limit)
+                            memory_limit=limit, rank_speed=None if rank_speed is None else parse_rank_speed(rank_speed))
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
     label = "planning, spilled to disk" if _spills(manifest, options) else "planning"
     with progress_counter(f"{label} (shards written)", total=epochs * world_size) as advance, option_flags(PLAN_FLAGS):
@@ -103,6 +108,7 @@ def replan_cmd(
     cost_model: Annotated[Optional[Path], typer.Option("--cost-model", help="costmodel.json written by `dataprep calibrate`: balance the rest of the run by the step times measured so far.", show_default=False)] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together in the re-plan (divides --world-size; default the plan's).")] = None,
     memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the re-plan may hold, e.g. 4GiB (default: half the machine's). A corpus within it is held in memory; a larger one is spilled next to -o (the same plan).", show_default=False)] = None,
+    rank_speed: Annotated[Optional[str], typer.Option("--rank-speed", help=RANK_SPEED_HELP + " Default: the plan's, where the world size stays.", show_default=False)] = None,
 ) -> None:
     """Continue a plan at --at-step on --world-size ranks: steps before it stay consumed; the
     rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned
@@ -111,7 +117,7 @@ def replan_cmd(
     parent = read_plan_meta(plan_dir)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=parent.world_size if world_size is None else world_size,
                             carry=carry, cost=_cost(coef, cost_model),
-                            sync_group=sync_group,
+                            sync_group=sync_group, rank_speed=None if rank_speed is None else parse_rank_speed(rank_speed),
                             memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit))
     man = manifest if manifest is not None else default_manifest(plan_dir, parent)
     refuse_same_paths({"PLAN": plan_dir, "--manifest": man, **({"--exclude": exclude} if exclude else {})},

@@ -133,7 +133,8 @@ def build_plan(
             loop = EpochLoop(corpus, grid, bs, W, options.seed, options.interleave, options.balance,
                              options.cost or CostModel(), options.group, limit, options.row_group_steps,
                              str(manifest), weighted,
-                             DynResTotals(config, len(spec.buckets)) if config is not None else None)
+                             DynResTotals(config, len(spec.buckets)) if config is not None else None,
+                             options.speeds)
             with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps,
                             target_frames=config is not None) as writer:
                 loop.run(writer, range(epochs), 0, totals, last=epochs - 1,
@@ -151,7 +152,7 @@ def build_plan(
                                   world_size=W, seed=options.seed, epochs=epochs, interleave=options.interleave,
                                   balance=totals.balance_info(options.balance), sync_group=options.group)
                 meta = writer.finish(dataclasses.replace(meta, extra={**meta.extra,
-                                                                      **plan_extra(weighted, loop.dynres)}))
+                                                                      **plan_extra(weighted, loop.dynres, options.rank_speed)}))
     finally:
         if root is not None:
             remove_spill(root)

@@ -20,6 +20,7 @@ from bucketing.dynres import (DynResConfig, ResolutionTotals, batch_targets, com
                               resolution_totals, resolve)
 from bucketing.fit import Grid
 from bucketing.plan import EpochPlan, PlanError
+from bucketing.speeds import RankSpeeds
 from bucketing.steps_report import epoch_report
 from dataprep.planning.draw import EpochDraw
 from dataprep.planning.layout import EpochLayout, balanced_or_none, plan_epoch_identical_spilled
@@ -164,11 +165,14 @@ class DynResTotals:
                 "compare": comparison_rows(self.compare)}
 
 
-def plan_extra(weighted: WeightedEpochs | None, dynres: DynResTotals | None) -> dict[str, Any]:
+def plan_extra(weighted: WeightedEpochs | None, dynres: DynResTotals | None,
+               rank_speed: tuple[float, ...] | None = None) -> dict[str, Any]:
     """``plan.json``'s optional sections: ``weights`` of a weighted plan, ``dynamic_resolution``
-    of one with dynamic resolution."""
+    of one with dynamic resolution, ``rank_speed`` of one for ranks of different speeds."""
     return {**({"weights": weighted.to_json()} if weighted is not None else {}),
-            **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {})}
+            **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {}),
+            **({"rank_speed": [float(s) for s in rank_speed]}
+               if rank_speed is not None and RankSpeeds.of(rank_speed) is not None else {})}
 
 
 @dataclass
@@ -176,8 +180,8 @@ class EpochLoop:
     """How every epoch of one plan (or re-plan) is laid out and written: the spilled
     ``corpus`` (``grid``'s buckets, batch sizes ``bs``), ``world_size`` ranks, the seed,
     interleave, balance ``tolerance`` (0: one bucket per step), step-time ``cost``, sync
-    ``group``, the memory ``limit`` (bytes), shard row groups, and the figures it adds to
-    (``weighted``, ``dynres``)."""
+    ``group``, the memory ``limit`` (bytes), shard row groups, the figures it adds to
+    (``weighted``, ``dynres``) and the ranks' ``speeds`` (None: alike)."""
 
     corpus: SpilledCorpus
     grid: Grid
@@ -193,6 +197,7 @@ class EpochLoop:
     manifest: str
     weighted: WeightedEpochs | None = None
     dynres: DynResTotals | None = None
+    speeds: RankSpeeds | None = None
 
     def run(self, writer: PlanWriter, epochs: range, first_step: int, totals: EpochTotals, *,
             draw_of: Callable[[int], EpochDraw | None], last: int, rest: int | None = None,
@@ -249,7 +254,7 @@ class EpochLoop:
             figures = None if dynres is None else DynResTotals(dynres.config, dynres.num_buckets)
             lay = balanced_or_none(c, self.bs, self.world_size, self.seed, e, interleave=self.interleave,
                                    tolerance=tolerance, cost=self.cost, group=self.group, final=final, draw=draw,
-                                   measure=None if figures is None else figures.add_batches)
+                                   measure=None if figures is None else figures.add_batches, speeds=self.speeds)
             if lay is not None:
                 return lay, figures
         figures = None if dynres is None else DynResTotals(dynres.config, dynres.num_buckets)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.balance import balance_steps, layout_order
+from bucketing.balance import BalancedSteps, balance_steps, layout_order
 from bucketing.batching import Cut, cut_batches, even_batch_counts, even_batch_starts, gather_segments, run_positions
 from bucketing.bucket_order import BucketGrouping
 from bucketing.costmodel import CostModel
@@ -26,6 +26,7 @@ from bucketing.fit import Grid
 from bucketing.groups import group_order, regroup
 from bucketing.plan import EpochPlan, Interleave, check_one_step
 from bucketing.plan_summary import ROW_DTYPE, BatchSources, FormedBatches, plan_identical_layout
+from bucketing.speeds import RankSpeeds, speed_batches, speed_rank_order, speed_steps
 from dataprep.planning.draw import EpochDraw, drawn_entries
 from dataprep.planning.spill import SpilledCorpus
 from manifests.errors import DataprepError
@@ -61,6 +62,7 @@ class _Formed:
     sum_t: npt.NDArray[np.int64]
     counts: npt.NDArray[np.int64]  # entries per bucket
     groups: npt.NDArray[np.int64] | None = None  # weighted: bucketing.padding.group_padding per corpus
+    klass: npt.NDArray[np.int64] | None = None  # rank speeds: each batch's speed class (cut order)
 
 
 #: What an out-of-core plan measures per batch beside its figures (dynamic resolution:
@@ -71,14 +73,18 @@ BatchMeasure = Callable[[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDA
 
 
 def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | None, rng: np.random.Generator,
-                  final: bool, draw: EpochDraw | None = None, measure: BatchMeasure | None = None) -> _Formed:
+                  final: bool, draw: EpochDraw | None = None, measure: BatchMeasure | None = None,
+                  speeds: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
+                  ) -> _Formed:
     """Each bucket's rows ordered into batches and laid out in the epoch's position files
     (rows beside ids, or rows alone when the corpus has no ids), the figures of each batch
     taken on the way; batches then drawn (:func:`bucketing.batching.cut_batches`). ``W``:
     near-equal batches filling whole steps (balanced); None: full batches and a short last
     one (:func:`bucketing.batching.form_batches` with no world size). ``draw``: a weighted
     epoch's entries instead of every row once, and the per-corpus totals of its batches.
-    ``measure``: called on each part's formed batches."""
+    ``measure``: called on each part's formed batches. ``speeds``: rank speeds'
+    :func:`bucketing.speeds.speed_batches` (batches per bucket, sizes, classes) instead of
+    near-equal batches."""
     files = corpus.files
     files.remove("pos.rec", "pos.data", "pos.rows")
     if draw is None:
@@ -90,7 +96,10 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
     _reserve_positions(corpus, files, int(counts.sum()))
     C = draw.num_corpora if draw is not None and corpus.has_codes else 0
     groups = np.zeros((5, C), np.int64) if C else None
-    if W is not None:
+    if speeds is not None:
+        nb, speed_sizes = speeds[0], speeds[1]
+        starts_in_bucket = np.cumsum(speed_sizes) - speed_sizes - np.repeat(np.cumsum(counts) - counts, nb)
+    elif W is not None:
         nb = even_batch_counts(counts, bs, W)  # near-equal batches filling whole steps (as plan_epoch)
         starts_in_bucket = even_batch_starts(counts, nb)  # a bucket's k-th batch starts at k q + min(k, r)
     else:
@@ -142,6 +151,12 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
             files.append_records("pos", rows[p[a:a + ORDER_ROWS]], ids)
         del rows, p
     files.close()
+    if speeds is not None:  # as cut_batches with batch counts: each bucket's batches drawn at random
+        bb = np.repeat(np.arange(nb.shape[0], dtype=np.int64), nb)
+        starts = (np.cumsum(counts) - counts)[bb] + starts_in_bucket
+        perm = np.lexsort((rng.random(bb.shape[0]), bb))
+        cut = Cut(starts, speeds[1], perm, bb[perm].astype(np.int32))
+        return _Formed(cut, mx_d, sm_d, mx_t, sm_t, counts, groups, speeds[2])
     cut = cut_batches(counts, bs, rng, batch_counts=None if W is None else nb)
     return _Formed(cut, mx_d, sm_d, mx_t, sm_t, counts, groups)
 
@@ -177,7 +192,7 @@ def _position_rows(corpus: SpilledCorpus, starts: npt.NDArray[np.int64],
 def balanced_or_none(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
                      interleave: str, tolerance: float, cost: CostModel, group: int,
                      final: bool = False, draw: EpochDraw | None = None,
-                     measure: BatchMeasure | None = None) -> EpochLayout | None:
+                     measure: BatchMeasure | None = None, speeds: RankSpeeds | None = None) -> EpochLayout | None:
     """:func:`bucketing.plan.plan_epoch` (balanced) then
     :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays; None where the
     rows cannot fill whole balanced steps (the caller lays the epoch out one bucket per step).
@@ -187,10 +202,12 @@ def balanced_or_none(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, s
     error. ``draw``: a weighted epoch (:func:`draw_epoch`), planned over its entries; the
     layout then carries the per-corpus totals (:attr:`EpochLayout.groups`). ``measure``:
     called on the epoch's batches as laid out (formed ones, then the pieces steps cut: the
-    formed batch taken away, each piece added)."""
+    formed batch taken away, each piece added). ``speeds``: ranks of different speeds
+    (:mod:`bucketing.speeds`): batches sized by each rank's speed, a step's batches dealt by
+    predicted time ÷ speed."""
     drop = final and corpus.memory is None
     lay = _balanced_spilled(corpus, bs, W, seed, epoch, interleave=interleave, tolerance=tolerance, cost=cost,
-                            group=group, final=drop, draw=draw, measure=measure)
+                            group=group, final=drop, draw=draw, measure=measure, speeds=speeds)
     if lay is None and drop:
         raise DataprepError(f"the rows cannot fill whole balanced steps of {W} ranks out of core "
                             "(fewer utterances than steps x ranks); plan with a larger --memory-limit")
@@ -227,16 +244,21 @@ class _Stash:
 def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
                       interleave: str, tolerance: float, cost: CostModel, group: int,
                       final: bool = False, draw: EpochDraw | None = None,
-                      measure: BatchMeasure | None = None) -> EpochLayout | None:
+                      measure: BatchMeasure | None = None, speeds: RankSpeeds | None = None) -> EpochLayout | None:
     """:func:`balanced_or_none` (``final``: remove each bucket's ids once laid out)."""
     counts = corpus.counts if draw is None else draw.counts
     if int(counts.sum()) < W:
         raise DataprepError(f"{int(counts.sum())} utterances cannot fill one step of {W} ranks")
     rng = np.random.default_rng([seed, epoch, 0])
+    sized = None if speeds is None else speed_batches(counts, bs, speeds)
+    if speeds is not None and sized is None:
+        return None
     # per batch, each stage's arrays are freed once the next has what it needs (at a billion
     # rows an epoch has ~20M batches: every 8-byte array held is ~160 MB)
-    formed = _form_spilled(corpus, bs, W, rng, final, draw, measure)
+    formed = _form_spilled(corpus, bs, W, rng, final, draw, measure, sized)
+    del sized
     groups, bucket, perm = formed.groups, formed.cut.bucket, formed.cut.perm
+    klass = None if formed.klass is None else formed.klass[perm]
     sizes, start = formed.cut.sizes[perm], formed.cut.starts[perm]
     mx_d, mx_t, sm_d, sm_t = formed.max_d[perm], formed.max_t[perm], formed.sum_d[perm], formed.sum_t[perm]
     del formed, perm
@@ -247,13 +269,20 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
     stash = _Stash(corpus.files, "layout.")
     stash.put(start=start, mx_d=mx_d, mx_t=mx_t, sm_d=sm_d, sm_t=sm_t)
     del start, mx_d, mx_t, sm_d, sm_t
-    steps = balance_steps(bucket, off, times, W, tolerance, cost.overhead, padded=padded)
+    if speeds is None or klass is None:
+        steps = balance_steps(bucket, off, times, W, tolerance, cost.overhead, padded=padded)
+    else:
+        seg_step, S = speed_steps(klass, times, speeds)
+        steps = BalancedSteps(off, seg_step, bucket.astype(np.int32), S, 0)
     del times, padded
     if steps is None:
         stash.drop()
         return None
     rng_steps = np.random.default_rng([seed, epoch, 1]) if interleave == "random" else None
-    order = layout_order(steps, W, rng_steps, np.random.default_rng([seed, epoch, 2]))
+    rng_ranks = np.random.default_rng([seed, epoch, 2])
+    order = layout_order(steps, W, rng_steps, rng_ranks, None if speeds is None or klass is None else
+                         speed_rank_order(steps.seg_step, klass, speeds, steps.num_steps, rng_ranks))
+    del klass
     start, mx_d, mx_t, sm_d, sm_t = stash.take("start", "mx_d", "mx_t", "sm_d", "sm_t")
     seg_size = np.diff(steps.seg_offsets)
     if seg_size.shape[0] == sizes.shape[0]:  # no batch cut into pieces: the segments are the batches
@@ -299,6 +328,8 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
     f_mx_d, f_mx_t = s_mx_d[order], s_mx_t[order]
     del s_mx_d, s_mx_t, order
     t = cost.step_time(f_size, f_mx_d, f_mx_t).reshape(W, -1)  # counted before sync groups reorder steps
+    if speeds is not None:
+        t /= speeds.rank_speed()[:, None]  # each rank's time at its speed
     unbalanced = int((t.max(0) > (1 + tolerance) * t.mean(0)).sum())
     del t
     regroup = group_order(W, steps.num_steps, group, seed, epoch)

@@ -32,7 +32,8 @@ from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from dataprep.planning.build import memory_limit_of, spill_for_plan, spills_to_disk
 from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_extra
-from dataprep.planning.options import PlanOptions
+from bucketing.speeds import RankSpeeds
+from dataprep.planning.options import PlanOptions, replan_speeds
 from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows, draw_without
 from dataprep.planning.exclude import (EXCLUDED_KEY, exclusion_entry, excluded_rows, is_excluded,
                                        read_excluded_ids, recorded_exclusions)
@@ -57,7 +58,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
            options: PlanOptions, *, at_step: int, exclude: str | os.PathLike[str] | None = None) -> PlanMeta:
     """Re-plan ``plan_dir`` from ``at_step`` on for ``options.world_size`` ranks into ``out_dir``
     (module docstring). ``manifest`` must be the parent's (by content hash). Of ``options``
-    only ``world_size``, ``carry``, ``cost``, ``row_group_steps`` and ``sync_group`` apply: seed,
+    only ``world_size``, ``carry``, ``cost``, ``row_group_steps``, ``sync_group`` and
+    ``rank_speed`` (default: the parent's where the world size stays) apply: seed,
     epochs, interleave, strictness, balance and dynamic resolution are the parent plan's
     (``options.dynamic_resolution``, if given, must equal the parent's).
 
@@ -86,6 +88,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     blend = blend_of(manifest, parent, tree=recorded.get("tree")) if isinstance(recorded, dict) else None
     num_corpora = 0 if blend is None else len(blend.probabilities)
     excluded, excluded_entry = _exclusions(plan_dir, meta, manifest, exclude, at_step)
+    speeds = replan_speeds(options, meta.extra.get("rank_speed"), meta.world_size, tol)
     if excluded.shape[0] and blend is not None:
         raise DataprepError(f"{exclude or plan_dir}: excluding rows from a weighted plan is not supported (its "
                             "quotas would have to be drawn again); re-plan the filtered manifest instead")
@@ -112,7 +115,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             totals = EpochTotals(len(spec.buckets))
             loop = EpochLoop(corpus, grid, bs, world_size, meta.seed, meta.interleave, tol, cost or CostModel(),
                              group, limit, row_group_steps, str(manifest), weighted,
-                             DynResTotals(dynres_config, len(spec.buckets)) if dynres_config is not None else None)
+                             DynResTotals(dynres_config, len(spec.buckets)) if dynres_config is not None else None,
+                             None if speeds is None else RankSpeeds.of(speeds))
 
             def error(e: int, exc: Exception) -> DataprepError:
                 return DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {world_size} "
@@ -124,7 +128,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
                          draw_of=lambda e: rest if e == e0 else draw_without(corpus, excluded, num_corpora)
                          if excluded.shape[0] else None if weighted is None
                          else draw_epoch(corpus, weighted.sampler, e), error=error)
-                extra = {**plan_extra(weighted, loop.dynres), **excluded_entry}
+                extra = {**plan_extra(weighted, loop.dynres, speeds), **excluded_entry}
                 return writer.finish(_replan_meta(meta, world_size, at_step, totals, corpus.carried, corpus.carry,
                                                   tol, group, extra))
     finally:
