@@ -33,7 +33,7 @@ RANK_SPEED_HELP = ("Ranks of different speeds (mixed GPU types): 1,1,0.7,... (on
                    "a costmodel.json of `dataprep calibrate` (its measured rank speeds) or a text file of them; "
                    "a slower rank gets smaller batches so a step's ranks finish together (balanced steps only).")
 #: simulate_plan / simulate_strategies argument -> flag
-SIM_FLAGS = {"slow": "--slow-rank", "cost": "--coef"}
+SIM_FLAGS = {"slow": "--slow-rank", "cost": "--coef", "rank_speed": "--rank-speed"}
 _PLAN = defaults_of(PlanOptions)
 
 
@@ -233,6 +233,7 @@ def simulate_cmd(
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="Ranks per synchronous group for hybrid (default: the plan's --sync-group, else 8).")] = None,
     slow_rank: Annotated[Optional[list[str]], typer.Option("--slow-rank", help="RANK=FACTOR: that rank's batches take FACTOR times longer (e.g. 3=1.5).")] = None,
     exchange: Annotated[float, typer.Option("--exchange", help="Seconds per ADPSGD pairwise weight exchange (one per step).")] = 0.005,
+    rank_speed: Annotated[Optional[str], typer.Option("--rank-speed", help="The ranks' speeds to simulate the plan's steps with (as plan-batches --rank-speed; default: the plan's, else alike).", show_default=False)] = None,
 ) -> None:
     """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not."""
     check_range("--exchange", exchange, ge=0, le=MAX_EXCHANGE_S)  # refused even where no --strategy uses it
@@ -242,14 +243,17 @@ def simulate_cmd(
     except ValueError as exc:
         raise DataprepError(str(exc)) from None
     slow = _slow_ranks(slow_rank or [])
+    speed = None if rank_speed is None else parse_rank_speed(rank_speed)
     strategies = [x.strip() for x in strategy.split(",") if x.strip()] if strategy else []
     check_needs("--slow-rank", bool(slow), "--strategy", bool(strategies))
     check_needs("--exchange", exchange != 0.005, "--strategy adpsgd or hybrid", bool({"adpsgd", "hybrid"} & set(strategies)))
     check_needs("--group-size", group_size is not None, "--strategy hybrid", "hybrid" in strategies)
     with option_flags(SIM_FLAGS):  # the library checks every value (finite, in range)
-        results, warnings = simulate_with_warnings(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
+        results, warnings = simulate_with_warnings(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed,
+                                                   speed=speed)
     out.print(f"tail-worker simulation, epoch {epoch}; cost model: {cost}")
-    rep = plan_steps_report(plan_dir, cost, epoch)
+    with option_flags(SIM_FLAGS):
+        rep = plan_steps_report(plan_dir, cost, epoch, speed=speed)
     out.print(f"plan's steps (world size {results[0].world_size}): {plural(rep.steps, 'step')}, fill {rep.fill:.1%} of the "
               f"buckets' batch sizes (mean batch {rep.mean_batch:.1f}), same-bucket steps {rep.same_bucket:.1%}, "
               f"predicted straggler {rep.straggler:.1%}, padded audio max/mean {rep.balance_mean:.3f} "
@@ -269,7 +273,7 @@ def simulate_cmd(
         out.print(f"warning: {w}", markup=False)
     if strategies:
         with option_flags(SIM_FLAGS):
-            res = simulate_strategies(plan_dir, strategies, cost, group_size, slow, exchange, epoch)
+            res = simulate_strategies(plan_dir, strategies, cost, group_size, slow, exchange, epoch, speed)
         out.print(f"strategies (exchange {exchange:g} s per ADPSGD step"
                   + (", slow " + ", ".join(f"rank {r} x{f:g}" for r, f in slow.items()) if slow else "") + ")")
         head = ("strategy", "group", "epoch_s", "utt/s", "idle", "staleness")

@@ -64,12 +64,12 @@ class EpochTotals:
         return sum(self.steps_per_epoch)
 
     def add(self, ep: EpochPlan, first_step: int, batch_sizes: npt.NDArray[np.int64] | None = None,
-            cost: CostModel | None = None) -> None:
+            cost: CostModel | None = None, speed: npt.NDArray[np.float64] | None = None) -> None:
         self.real_s, self.pad_s = self.real_s + ep.real_seconds, self.pad_s + ep.padded_seconds
         self.real_t, self.pad_t = self.real_t + ep.real_tokens, self.pad_t + ep.padded_tokens
         bucket_of_batch = ep.bucket_of_batch()
         if batch_sizes is not None:
-            self.reports.append(epoch_report(ep, batch_sizes, cost))
+            self.reports.append(epoch_report(ep, batch_sizes, cost, speed))
         self.split_batches += ep.split_batches
         self.unbalanced_steps += ep.unbalanced_steps
         self.batches += np.bincount(bucket_of_batch, minlength=self.num_buckets)
@@ -240,7 +240,7 @@ class EpochLoop:
                                 lambda r: on_progress(i * W + r + 1, n * W) if on_progress else None,
                                 None if config is None else batch_targets(lay.ep.max_duration, config),
                                 memory_limit=self.limit, last=final)
-            totals.add(lay.ep, first, self.bs, self.cost)
+            totals.add(lay.ep, first, self.bs, self.cost, None if self.speeds is None else self.speeds.rank_speed())
             first += lay.ep.num_steps
             lap("write")
 
