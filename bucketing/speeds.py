@@ -57,24 +57,37 @@ class RankSpeeds:
         return self.speed[self.rank_class]
 
 
+def slot_shares(speeds: RankSpeeds, full_cost: npt.NDArray[np.float64], overhead: float) -> npt.NDArray[np.float64]:
+    """(buckets, classes): the share of a full batch's rows a class's batch holds in each
+    bucket so that its predicted time is its speed times the full batch's (``full_cost`` s per
+    bucket, the per-step ``overhead`` s staying whole): ``(f c - o) / (c - o)``, within
+    [1/64, 1] (``f`` where ``c`` is all overhead)."""
+    c = np.asarray(full_cost, dtype=np.float64)[:, None]
+    f = speeds.speed[None, :]
+    work = c - overhead
+    share = np.where(work > 1e-12, (f * c - overhead) / np.maximum(work, 1e-12), f)
+    return np.clip(share, 1.0 / 64, 1.0)
+
+
 def speed_batch_counts(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np.int64],
-                       speeds: RankSpeeds) -> npt.NDArray[np.int64] | None:
+                       speeds: RankSpeeds, shares: npt.NDArray[np.float64] | None = None
+                       ) -> npt.NDArray[np.int64] | None:
     """Batches per bucket for :func:`speed_batches`: the fewest whose capacity holds the
     bucket's rows whichever slots of the pattern they take (``floor(n / W)`` rounds of every
     class's speed plus the slowest ``n mod W`` slots, times the batch size), then one more
     batch for each free slot of the last step where a bucket has the rows (the buckets whose
     batches stay fullest first, as :func:`bucketing.batching.even_batch_counts`). None where
-    the rows cannot fill whole steps."""
+    the rows cannot fill whole steps. ``shares``: :func:`slot_shares` (default: the speeds)."""
     c = np.asarray(counts, dtype=np.int64)
     bs = np.asarray(batch_sizes, dtype=np.float64)
     W = speeds.world_size
-    g = np.sort(speeds.speed[speeds.pattern])  # slowest slots first
-    round_cap = float(g.sum())
+    share = _shares(speeds, shares, c.shape[0])
+    g = np.sort(share[:, speeds.pattern], axis=1)  # per bucket, slowest slots first
+    round_cap = g.sum(1)
     need = c / bs  # rows in units of a full batch
     rounds = np.floor(need / round_cap * (1 - 1e-12)).astype(np.int64)
     rem = need - rounds * round_cap
-    cum = np.cumsum(g)
-    part = np.searchsorted(cum, rem * (1 - 1e-12), side="left") + 1
+    part = (np.cumsum(g, axis=1) < (rem * (1 - 1e-12))[:, None]).sum(1) + 1
     part = np.where(rem <= 0, 0, np.minimum(part, W))
     nb = np.where(c > 0, np.minimum(rounds * W + part, c), 0).astype(np.int64)
     free = (-int(nb.sum())) % W
@@ -91,23 +104,27 @@ def speed_batch_counts(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[n
     return nb + np.bincount(pick // free, minlength=nb.shape[0])
 
 
+def _shares(speeds: RankSpeeds, shares: npt.NDArray[np.float64] | None, buckets: int) -> npt.NDArray[np.float64]:
+    return np.broadcast_to(speeds.speed[None, :], (buckets, speeds.speed.shape[0])) if shares is None else shares
+
+
 def speed_batches(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np.int64],
-                  speeds: RankSpeeds) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                  speeds: RankSpeeds, shares: npt.NDArray[np.float64] | None = None) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
                                                npt.NDArray[np.int64]] | None:
     """Batches cut from each bucket's ordered rows (bucket after bucket) for ranks of
     ``speeds``: (batches per bucket, size of each batch, class of each batch), cut order. The
     i-th batch of the epoch takes slot ``i mod W`` of the pattern (so each class holds exactly
     its ranks × steps batches); a bucket's rows are shared among its batches in proportion to
-    their classes' speeds (largest remainders; near-equal where a share would be empty). None
-    where the rows cannot fill whole steps."""
-    nb = speed_batch_counts(counts, batch_sizes, speeds)
+    their classes' ``shares`` (:func:`slot_shares`; default: their speeds; largest remainders,
+    near-equal where a share would be empty). None where the rows cannot fill whole steps."""
+    nb = speed_batch_counts(counts, batch_sizes, speeds, shares)
     if nb is None:
         return None
     c = np.asarray(counts, dtype=np.int64)
     N = int(nb.sum())
     bb = np.repeat(np.arange(nb.shape[0], dtype=np.int64), nb)
     klass = speeds.pattern[np.arange(N) % speeds.world_size]
-    g = speeds.speed[klass]
+    g = _shares(speeds, shares, nb.shape[0])[bb, klass]
     total = np.bincount(bb, weights=g, minlength=nb.shape[0])
     x = c[bb] * g / total[bb]
     sizes = np.floor(x).astype(np.int64)

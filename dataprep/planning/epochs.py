@@ -254,7 +254,9 @@ class EpochLoop:
             figures = None if dynres is None else DynResTotals(dynres.config, dynres.num_buckets)
             lay = balanced_or_none(c, self.bs, self.world_size, self.seed, e, interleave=self.interleave,
                                    tolerance=tolerance, cost=self.cost, group=self.group, final=final, draw=draw,
-                                   measure=None if figures is None else figures.add_batches, speeds=self.speeds)
+                                   measure=None if figures is None else figures.add_batches, speeds=self.speeds,
+                                   full_cost=None if self.speeds is None else
+                                   self.cost.step_time(self.bs, self.grid.max_duration, c.max_tokens))
             if lay is not None:
                 return lay, figures
         figures = None if dynres is None else DynResTotals(dynres.config, dynres.num_buckets)

@@ -26,7 +26,7 @@ from bucketing.fit import Grid
 from bucketing.groups import group_order, regroup
 from bucketing.plan import EpochPlan, Interleave, check_one_step
 from bucketing.plan_summary import ROW_DTYPE, BatchSources, FormedBatches, plan_identical_layout
-from bucketing.speeds import RankSpeeds, speed_batches, speed_rank_order, speed_steps
+from bucketing.speeds import RankSpeeds, slot_shares, speed_batches, speed_rank_order, speed_steps
 from dataprep.planning.draw import EpochDraw, drawn_entries
 from dataprep.planning.spill import SpilledCorpus
 from manifests.errors import DataprepError
@@ -192,7 +192,8 @@ def _position_rows(corpus: SpilledCorpus, starts: npt.NDArray[np.int64],
 def balanced_or_none(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
                      interleave: str, tolerance: float, cost: CostModel, group: int,
                      final: bool = False, draw: EpochDraw | None = None,
-                     measure: BatchMeasure | None = None, speeds: RankSpeeds | None = None) -> EpochLayout | None:
+                     measure: BatchMeasure | None = None, speeds: RankSpeeds | None = None,
+                     full_cost: npt.NDArray[np.float64] | None = None) -> EpochLayout | None:
     """:func:`bucketing.plan.plan_epoch` (balanced) then
     :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays; None where the
     rows cannot fill whole balanced steps (the caller lays the epoch out one bucket per step).
@@ -204,10 +205,12 @@ def balanced_or_none(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, s
     called on the epoch's batches as laid out (formed ones, then the pieces steps cut: the
     formed batch taken away, each piece added). ``speeds``: ranks of different speeds
     (:mod:`bucketing.speeds`): batches sized by each rank's speed, a step's batches dealt by
-    predicted time ÷ speed."""
+    predicted time ÷ speed; ``full_cost``: each bucket's full batch's predicted time (s), which
+    sizes a slow rank's batch so its time, overhead included, scales with its speed."""
     drop = final and corpus.memory is None
     lay = _balanced_spilled(corpus, bs, W, seed, epoch, interleave=interleave, tolerance=tolerance, cost=cost,
-                            group=group, final=drop, draw=draw, measure=measure, speeds=speeds)
+                            group=group, final=drop, draw=draw, measure=measure, speeds=speeds,
+                            full_cost=full_cost)
     if lay is None and drop:
         raise DataprepError(f"the rows cannot fill whole balanced steps of {W} ranks out of core "
                             "(fewer utterances than steps x ranks); plan with a larger --memory-limit")
@@ -244,13 +247,15 @@ class _Stash:
 def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
                       interleave: str, tolerance: float, cost: CostModel, group: int,
                       final: bool = False, draw: EpochDraw | None = None,
-                      measure: BatchMeasure | None = None, speeds: RankSpeeds | None = None) -> EpochLayout | None:
+                      measure: BatchMeasure | None = None, speeds: RankSpeeds | None = None,
+                      full_cost: npt.NDArray[np.float64] | None = None) -> EpochLayout | None:
     """:func:`balanced_or_none` (``final``: remove each bucket's ids once laid out)."""
     counts = corpus.counts if draw is None else draw.counts
     if int(counts.sum()) < W:
         raise DataprepError(f"{int(counts.sum())} utterances cannot fill one step of {W} ranks")
     rng = np.random.default_rng([seed, epoch, 0])
-    sized = None if speeds is None else speed_batches(counts, bs, speeds)
+    sized = None if speeds is None else speed_batches(
+        counts, bs, speeds, None if full_cost is None else slot_shares(speeds, full_cost, cost.overhead))
     if speeds is not None and sized is None:
         return None
     # per batch, each stage's arrays are freed once the next has what it needs (at a billion
