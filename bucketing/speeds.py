@@ -72,36 +72,43 @@ def slot_shares(speeds: RankSpeeds, full_cost: npt.NDArray[np.float64], overhead
 def speed_batch_counts(counts: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np.int64],
                        speeds: RankSpeeds, shares: npt.NDArray[np.float64] | None = None
                        ) -> npt.NDArray[np.int64] | None:
-    """Batches per bucket for :func:`speed_batches`: the fewest whose capacity holds the
-    bucket's rows whichever slots of the pattern they take (``floor(n / W)`` rounds of every
-    class's speed plus the slowest ``n mod W`` slots, times the batch size), then one more
-    batch for each free slot of the last step where a bucket has the rows (the buckets whose
-    batches stay fullest first, as :func:`bucketing.batching.even_batch_counts`). None where
-    the rows cannot fill whole steps. ``shares``: :func:`slot_shares` (default: the speeds)."""
+    """Batches per bucket for :func:`speed_batches`: bucket after bucket, the fewest whose
+    slots (the pattern from where the previous bucket ended) hold its rows (each slot its
+    class's share of the batch size); the last step's free slots then go to the last bucket
+    that has the rows for them (the buckets after it laid out again). None where the rows
+    cannot fill whole steps. ``shares``: :func:`slot_shares` (default: the speeds). Loops over
+    buckets, each an array step over one round of W slots."""
     c = np.asarray(counts, dtype=np.int64)
-    bs = np.asarray(batch_sizes, dtype=np.float64)
     W = speeds.world_size
-    share = _shares(speeds, shares, c.shape[0])
-    g = np.sort(share[:, speeds.pattern], axis=1)  # per bucket, slowest slots first
-    round_cap = g.sum(1)
-    need = c / bs  # rows in units of a full batch
-    rounds = np.floor(need / round_cap * (1 - 1e-12)).astype(np.int64)
-    rem = need - rounds * round_cap
-    part = (np.cumsum(g, axis=1) < (rem * (1 - 1e-12))[:, None]).sum(1) + 1
-    part = np.where(rem <= 0, 0, np.minimum(part, W))
-    nb = np.where(c > 0, np.minimum(rounds * W + part, c), 0).astype(np.int64)
-    free = (-int(nb.sum())) % W
-    if free == 0:
-        return nb
-    j = np.arange(1, free + 1, dtype=np.int64)
-    n_after = nb[:, None] + j[None, :]
-    ok = (n_after <= c[:, None]) & (c[:, None] > 0)
-    fill = np.where(ok, c[:, None] / (n_after * bs[:, None]), -1.0)
-    flat = fill.ravel()
-    pick = np.lexsort((np.arange(flat.shape[0]), -flat))[:free]  # falls with j: prefixes per bucket
-    if (flat[pick] <= 0).any():
-        return None
-    return nb + np.bincount(pick // free, minlength=nb.shape[0])
+    extra = np.zeros(c.shape[0], dtype=np.int64)
+    nb = _sequential_counts(c, np.asarray(batch_sizes, dtype=np.float64), speeds,
+                            _shares(speeds, shares, c.shape[0]), extra)
+    for k in np.flatnonzero(c)[::-1].tolist():  # the last bucket with the rows takes the free slots
+        free = (-int(nb.sum())) % W
+        if free == 0:
+            return nb
+        if c[k] >= nb[k] + free:
+            extra[k] += free
+            nb = _sequential_counts(c, np.asarray(batch_sizes, dtype=np.float64), speeds,
+                                    _shares(speeds, shares, c.shape[0]), extra)
+    return nb if int(nb.sum()) % W == 0 else None
+
+
+def _sequential_counts(c: npt.NDArray[np.int64], bs: npt.NDArray[np.float64], speeds: RankSpeeds,
+                       share: npt.NDArray[np.float64], extra: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """:func:`speed_batch_counts` before the free slots, plus ``extra`` batches per bucket."""
+    W = speeds.world_size
+    nb = np.zeros(c.shape[0], dtype=np.int64)
+    at = 0
+    for k in np.flatnonzero(c).tolist():
+        g = share[k, speeds.pattern[(at + np.arange(W)) % W]]  # the slots from here on, one round
+        need = c[k] / bs[k]  # rows in units of a full batch
+        rounds = int(np.floor(need / g.sum() * (1 - 1e-12)))
+        rem = need - rounds * g.sum()
+        part = 0 if rem <= 0 else min(int((np.cumsum(g) < rem * (1 - 1e-12)).sum()) + 1, W)
+        nb[k] = min(rounds * W + part, int(c[k])) + extra[k]
+        at += int(nb[k])
+    return nb
 
 
 def _shares(speeds: RankSpeeds, shares: npt.NDArray[np.float64] | None, buckets: int) -> npt.NDArray[np.float64]:
