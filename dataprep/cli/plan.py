@@ -66,6 +66,8 @@ def plan_batches_cmd(
     epoch_hours: Annotated[Optional[float], typer.Option("--epoch-hours", help="Weighted plans: about this many hours per epoch.")] = None,
     memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the planner may hold, e.g. 4GiB (default: half the machine's). A corpus within it is held in memory; a larger one is spilled by bucket next to -o (the same plan; memory bounded by its largest bucket).", show_default=False)] = None,
     rank_speed: Annotated[Optional[str], typer.Option("--rank-speed", help=RANK_SPEED_HELP, show_default=False)] = None,
+    weight_window: Annotated[Optional[int], typer.Option("--weight-window", help="Weighted plans: order each epoch's steps so every this many consecutive steps hold each corpus within --weight-tolerance of its share (balanced steps, random interleave, no sync groups); windows over it are counted in plan.json.", show_default=False)] = None,
+    weight_tolerance: Annotated[float, typer.Option("--weight-tolerance", help="With --weight-window: a corpus's share of a window's utterances may differ from its share of the epoch by this much (absolute, e.g. 0.05 = 5 points).")] = _PLAN.weight_tolerance,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
 
@@ -85,7 +87,10 @@ def plan_batches_cmd(
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
                             cost=_cost(coef, cost_model), sync_group=sync_group, dynamic_resolution=dynres, weights=pairs,
                             temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
-                            memory_limit=limit, rank_speed=None if rank_speed is None else parse_rank_speed(rank_speed))
+                            memory_limit=limit, rank_speed=None if rank_speed is None else parse_rank_speed(rank_speed),
+                            weight_window=weight_window, weight_tolerance=weight_tolerance)
+    check_needs("--weight-tolerance", weight_tolerance != _PLAN.weight_tolerance, "--weight-window",
+                weight_window is not None)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
     label = "planning, spilled to disk" if _spills(manifest, options) else "planning"
     with progress_counter(f"{label} (shards written)", total=epochs * world_size) as advance, option_flags(PLAN_FLAGS):
@@ -192,6 +197,15 @@ def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
     weighted = meta.extra.get("weights")
     if weighted:
         out.print(corpus_table(weighted))
+    win = meta.extra.get("weight_window")
+    if isinstance(win, dict):
+        out.print(f"weight windows of {plural(win['window'], 'step')}: worst gap {win['worst_gap']:.1%} of a corpus's "
+                  f"share (tolerance {win['tolerance']:.1%}); {win['windows_over']} of {win['windows']} windows over it"
+                  + (f"; epochs {win['unordered_epochs']} not ordered (one bucket per step)"
+                     if win["unordered_epochs"] else ""), markup=False)
+    speeds = meta.extra.get("rank_speed")
+    if isinstance(speeds, list):
+        out.print(f"rank speeds: {', '.join(f'{s:g}' for s in speeds)} (batches sized by speed)", markup=False)
     dr = meta.extra.get("dynamic_resolution")
     if dr:
         c = dr["config"]

@@ -25,7 +25,7 @@ from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import Grid, grid_from_spec
 from bucketing.plan import PlanError, check_one_step
-from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_extra
+from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_extra, window_totals
 from dataprep.planning.options import PlanOptions
 from dataprep.planning.carry import carry_spilled
 from dataprep.planning.disk import disk_bytes
@@ -134,7 +134,8 @@ def build_plan(
                              options.cost or CostModel(), options.group, limit, options.row_group_steps,
                              str(manifest), weighted,
                              DynResTotals(config, len(spec.buckets)) if config is not None else None,
-                             options.speeds)
+                             options.speeds, window_totals(options.weight_window, options.weight_tolerance,
+                                                           weighted, str(manifest)))
             with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps,
                             target_frames=config is not None) as writer:
                 loop.run(writer, range(epochs), 0, totals, last=epochs - 1,
@@ -152,7 +153,8 @@ def build_plan(
                                   world_size=W, seed=options.seed, epochs=epochs, interleave=options.interleave,
                                   balance=totals.balance_info(options.balance), sync_group=options.group)
                 meta = writer.finish(dataclasses.replace(meta, extra={**meta.extra,
-                                                                      **plan_extra(weighted, loop.dynres, options.rank_speed)}))
+                                                                      **plan_extra(weighted, loop.dynres, options.rank_speed,
+                                                                                 loop.window)}))
     finally:
         if root is not None:
             remove_spill(root)

@@ -166,13 +166,53 @@ class DynResTotals:
 
 
 def plan_extra(weighted: WeightedEpochs | None, dynres: DynResTotals | None,
-               rank_speed: tuple[float, ...] | None = None) -> dict[str, Any]:
+               rank_speed: tuple[float, ...] | None = None, window: WindowTotals | None = None) -> dict[str, Any]:
     """``plan.json``'s optional sections: ``weights`` of a weighted plan, ``dynamic_resolution``
-    of one with dynamic resolution, ``rank_speed`` of one for ranks of different speeds."""
+    of one with dynamic resolution, ``rank_speed`` of one for ranks of different speeds,
+    ``weight_window`` of one whose steps keep the weights in every window."""
     return {**({"weights": weighted.to_json()} if weighted is not None else {}),
+            **({"weight_window": window.to_json()} if window is not None else {}),
             **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {}),
             **({"rank_speed": [float(s) for s in rank_speed]}
                if rank_speed is not None and RankSpeeds.of(rank_speed) is not None else {})}
+
+
+@dataclass
+class WindowTotals:
+    """A weighted plan's windows (``weight_window`` steps, ``tolerance``): per epoch laid out in
+    ordered steps, its worst window and the windows over the tolerance; epochs not so ordered
+    (one bucket per step where balanced steps cannot be filled) are counted apart."""
+
+    window: int
+    tolerance: float
+    worst: float = 0.0
+    windows: int = 0
+    over: int = 0
+    unordered_epochs: list[int] = field(default_factory=list)
+
+    def add(self, epoch: int, gaps: npt.NDArray[np.float64] | None) -> None:
+        if gaps is None:
+            self.unordered_epochs.append(epoch)
+            return
+        self.worst = max(self.worst, float(gaps.max(initial=0.0)))
+        self.windows += int(gaps.shape[0])
+        self.over += int((gaps > self.tolerance + 1e-12).sum())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"window": self.window, "tolerance": self.tolerance, "worst_gap": round(self.worst, 6),
+                "windows": self.windows, "windows_over": self.over, "unordered_epochs": self.unordered_epochs}
+
+
+def window_totals(window: int | None, tolerance: float, weighted: WeightedEpochs | None,
+                  where: str) -> WindowTotals | None:
+    """The :class:`WindowTotals` of a plan asked for ``window`` (None: not asked); refused
+    for a plan that is not weighted (``where`` names its manifest)."""
+    if window is None:
+        return None
+    if weighted is None:
+        raise DataprepError(f"{where}: --weight-window keeps corpus weights in every window: the plan is not "
+                            "weighted (give --weights CORPUS=W ..., or a manifest compiled from a weighted blend)")
+    return WindowTotals(window, tolerance)
 
 
 @dataclass
@@ -198,6 +238,7 @@ class EpochLoop:
     weighted: WeightedEpochs | None = None
     dynres: DynResTotals | None = None
     speeds: RankSpeeds | None = None
+    window: WindowTotals | None = None
 
     def run(self, writer: PlanWriter, epochs: range, first_step: int, totals: EpochTotals, *,
             draw_of: Callable[[int], EpochDraw | None], last: int, rest: int | None = None,
@@ -231,6 +272,8 @@ class EpochLoop:
                 self.corpus.drop_laid_out()
             if self.weighted is not None and lay.groups is not None:
                 self.weighted.add_totals(lay.groups)
+            if self.window is not None:
+                self.window.add(e, lay.windows)
             if self.dynres is not None and figures is not None:
                 self.dynres.merge(figures)
             lap("plan")
@@ -256,7 +299,8 @@ class EpochLoop:
                                    tolerance=tolerance, cost=self.cost, group=self.group, final=final, draw=draw,
                                    measure=None if figures is None else figures.add_batches, speeds=self.speeds,
                                    full_cost=None if self.speeds is None else
-                                   self.cost.step_time(self.bs, self.grid.max_duration, c.max_tokens))
+                                   self.cost.step_time(self.bs, self.grid.max_duration, c.max_tokens),
+                                   window=None if self.window is None else self.window.window)
             if lay is not None:
                 return lay, figures
         figures = None if dynres is None else DynResTotals(dynres.config, dynres.num_buckets)

@@ -26,6 +26,7 @@ from bucketing.fit import Grid
 from bucketing.groups import group_order, regroup
 from bucketing.plan import EpochPlan, Interleave, check_one_step
 from bucketing.plan_summary import ROW_DTYPE, BatchSources, FormedBatches, plan_identical_layout
+from bucketing.quota import window_order
 from bucketing.speeds import RankSpeeds, slot_shares, speed_batches, speed_rank_order, speed_steps
 from dataprep.planning.draw import EpochDraw, drawn_entries
 from dataprep.planning.spill import SpilledCorpus
@@ -48,6 +49,8 @@ class EpochLayout:
     groups: npt.NDArray[np.int64] | None = None  # weighted: bucketing.padding.group_padding per corpus
     #: one bucket per step: (CSR offsets, positions) of the batches whose ``start`` is -1
     explicit: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
+    #: weight windows: each window's largest gap from the target shares (bucketing.quota.window_deviation)
+    windows: npt.NDArray[np.float64] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class _Formed:
     counts: npt.NDArray[np.int64]  # entries per bucket
     groups: npt.NDArray[np.int64] | None = None  # weighted: bucketing.padding.group_padding per corpus
     klass: npt.NDArray[np.int64] | None = None  # rank speeds: each batch's speed class (cut order)
+    mix: npt.NDArray[np.int32] | None = None  # weight windows: (batches, corpora) utterances (cut order)
 
 
 #: What an out-of-core plan measures per batch beside its figures (dynamic resolution:
@@ -74,8 +78,8 @@ BatchMeasure = Callable[[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDA
 
 def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | None, rng: np.random.Generator,
                   final: bool, draw: EpochDraw | None = None, measure: BatchMeasure | None = None,
-                  speeds: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
-                  ) -> _Formed:
+                  speeds: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None,
+                  mix: bool = False) -> _Formed:
     """Each bucket's rows ordered into batches and laid out in the epoch's position files
     (rows beside ids, or rows alone when the corpus has no ids), the figures of each batch
     taken on the way; batches then drawn (:func:`bucketing.batching.cut_batches`). ``W``:
@@ -84,7 +88,7 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
     epoch's entries instead of every row once, and the per-corpus totals of its batches.
     ``measure``: called on each part's formed batches. ``speeds``: rank speeds'
     :func:`bucketing.speeds.speed_batches` (batches per bucket, sizes, classes) instead of
-    near-equal batches."""
+    near-equal batches. ``mix``: count each batch's utterances per corpus (a weighted epoch)."""
     files = corpus.files
     files.remove("pos.rec", "pos.data", "pos.rows")
     if draw is None:
@@ -107,6 +111,7 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
         starts_in_bucket = (np.arange(int(nb.sum())) - np.repeat(np.cumsum(nb) - nb, nb)) * np.repeat(bs, nb)
     # per batch (cut order: bucket after bucket): longest, most tokens, sums, filled while each bucket is ordered
     n_cut = int(nb.sum())
+    mixes = np.zeros((n_cut, C), np.int32) if mix and groups is not None else None
     mx_d, sm_d = np.empty(n_cut), np.empty(n_cut)
     mx_t, sm_t = np.empty(n_cut, np.int64), np.empty(n_cut, np.int64)
     at = 0
@@ -132,6 +137,9 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
                                         mx_t[sl], dk, tk, c[p], C)
             if measure is not None:
                 measure(dk, np.append(loc, p.shape[0]), mx_d[sl], np.full(loc.shape[0], k, np.int64), 1)
+            if mixes is not None and c is not None:
+                bi = np.repeat(np.arange(loc.shape[0]), np.diff(np.append(loc, p.shape[0])))
+                mixes[sl] = np.bincount(bi * C + c[p], minlength=loc.shape[0] * C).reshape(-1, C)
             pos += p.shape[0]
             at += loc.shape[0]
             parts.append(p)
@@ -156,9 +164,9 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
         starts = (np.cumsum(counts) - counts)[bb] + starts_in_bucket
         perm = np.lexsort((rng.random(bb.shape[0]), bb))
         cut = Cut(starts, speeds[1], perm, bb[perm].astype(np.int32))
-        return _Formed(cut, mx_d, sm_d, mx_t, sm_t, counts, groups, speeds[2])
+        return _Formed(cut, mx_d, sm_d, mx_t, sm_t, counts, groups, speeds[2], mixes)
     cut = cut_batches(counts, bs, rng, batch_counts=None if W is None else nb)
-    return _Formed(cut, mx_d, sm_d, mx_t, sm_t, counts, groups)
+    return _Formed(cut, mx_d, sm_d, mx_t, sm_t, counts, groups, mix=mixes)
 
 
 def _reserve_positions(corpus: SpilledCorpus, files: SpillFiles, entries: int) -> None:
@@ -193,7 +201,8 @@ def balanced_or_none(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, s
                      interleave: str, tolerance: float, cost: CostModel, group: int,
                      final: bool = False, draw: EpochDraw | None = None,
                      measure: BatchMeasure | None = None, speeds: RankSpeeds | None = None,
-                     full_cost: npt.NDArray[np.float64] | None = None) -> EpochLayout | None:
+                     full_cost: npt.NDArray[np.float64] | None = None,
+                     window: int | None = None) -> EpochLayout | None:
     """:func:`bucketing.plan.plan_epoch` (balanced) then
     :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays; None where the
     rows cannot fill whole balanced steps (the caller lays the epoch out one bucket per step).
@@ -206,11 +215,14 @@ def balanced_or_none(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, s
     formed batch taken away, each piece added). ``speeds``: ranks of different speeds
     (:mod:`bucketing.speeds`): batches sized by each rank's speed, a step's batches dealt by
     predicted time ÷ speed; ``full_cost``: each bucket's full batch's predicted time (s), which
-    sizes a slow rank's batch so its time, overhead included, scales with its speed."""
+    sizes a slow rank's batch so its time, overhead included, scales with its speed. ``window``:
+    a weighted epoch's steps ordered so every ``window`` consecutive ones hold each corpus
+    near its share of the epoch (:func:`bucketing.quota.window_order`; the gaps in
+    :attr:`EpochLayout.windows`)."""
     drop = final and corpus.memory is None
     lay = _balanced_spilled(corpus, bs, W, seed, epoch, interleave=interleave, tolerance=tolerance, cost=cost,
                             group=group, final=drop, draw=draw, measure=measure, speeds=speeds,
-                            full_cost=full_cost)
+                            full_cost=full_cost, window=window)
     if lay is None and drop:
         raise DataprepError(f"the rows cannot fill whole balanced steps of {W} ranks out of core "
                             "(fewer utterances than steps x ranks); plan with a larger --memory-limit")
@@ -248,7 +260,8 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
                       interleave: str, tolerance: float, cost: CostModel, group: int,
                       final: bool = False, draw: EpochDraw | None = None,
                       measure: BatchMeasure | None = None, speeds: RankSpeeds | None = None,
-                      full_cost: npt.NDArray[np.float64] | None = None) -> EpochLayout | None:
+                      full_cost: npt.NDArray[np.float64] | None = None,
+                      window: int | None = None) -> EpochLayout | None:
     """:func:`balanced_or_none` (``final``: remove each bucket's ids once laid out)."""
     counts = corpus.counts if draw is None else draw.counts
     if int(counts.sum()) < W:
@@ -260,10 +273,11 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
         return None
     # per batch, each stage's arrays are freed once the next has what it needs (at a billion
     # rows an epoch has ~20M batches: every 8-byte array held is ~160 MB)
-    formed = _form_spilled(corpus, bs, W, rng, final, draw, measure, sized)
+    formed = _form_spilled(corpus, bs, W, rng, final, draw, measure, sized, mix=window is not None)
     del sized
     groups, bucket, perm = formed.groups, formed.cut.bucket, formed.cut.perm
     klass = None if formed.klass is None else formed.klass[perm]
+    mix = None if formed.mix is None else formed.mix[perm]
     sizes, start = formed.cut.sizes[perm], formed.cut.starts[perm]
     mx_d, mx_t, sm_d, sm_t = formed.max_d[perm], formed.max_t[perm], formed.sum_d[perm], formed.sum_t[perm]
     del formed, perm
@@ -283,11 +297,6 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
     if steps is None:
         stash.drop()
         return None
-    rng_steps = np.random.default_rng([seed, epoch, 1]) if interleave == "random" else None
-    rng_ranks = np.random.default_rng([seed, epoch, 2])
-    order = layout_order(steps, W, rng_steps, rng_ranks, None if speeds is None or klass is None else
-                         speed_rank_order(steps.seg_step, klass, speeds, steps.num_steps, rng_ranks))
-    del klass
     start, mx_d, mx_t, sm_d, sm_t = stash.take("start", "mx_d", "mx_t", "sm_d", "sm_t")
     seg_size = np.diff(steps.seg_offsets)
     if seg_size.shape[0] == sizes.shape[0]:  # no batch cut into pieces: the segments are the batches
@@ -300,6 +309,7 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
         seg_start = start[parent] + (seg_lo - off[parent])
         s_mx_d, s_mx_t, s_sm_d, s_sm_t = mx_d[parent], mx_t[parent], sm_d[parent], sm_t[parent]
         pieces = np.flatnonzero(seg_size != sizes[parent])
+        mix = None if mix is None else mix[parent]
         del seg_lo
     del start, sm_d, sm_t, off, sizes
     split: dict[int, list[npt.NDArray[np.float64]]] = {}  # formed batch -> its pieces' durations
@@ -309,6 +319,8 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
             dk, tk32, *ck = corpus.lookup_columns(int(steps.seg_bucket[i]), piece_rows,
                                                   ("d", "t", "c") if groups is not None else ("d", "t"))
             tk = tk32.astype(np.int64)
+            if mix is not None:
+                mix[i] = np.bincount(ck[0], minlength=mix.shape[1])
             s_mx_d[i], s_mx_t[i] = dk.max(), tk.max()
             s_sm_d[i], s_sm_t[i] = np.add.reduceat(dk, [0])[0], tk.sum()
             if groups is not None:  # the piece's rows pad to its own longest, not the formed batch's
@@ -324,6 +336,18 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
         dk = np.concatenate(parts)
         measure(dk, np.array([0, dk.shape[0]]), mx_d[j:j + 1], bucket[j:j + 1].astype(np.int64), -1)  # type: ignore[misc]
     del mx_d, mx_t, bucket, parent
+    pos = windows = None
+    if mix is not None:  # weight windows: the steps' order by their corpus mix
+        step_mix = np.stack([np.bincount(steps.seg_step, weights=mix[:, j], minlength=steps.num_steps)
+                             for j in range(mix.shape[1])], axis=1).astype(np.int64)
+        pos, windows = window_order(step_mix, step_mix.sum(0) / max(int(step_mix.sum()), 1), int(window or 1),
+                                    np.random.default_rng([seed, epoch, 3]))
+        del step_mix, mix
+    rng_steps = np.random.default_rng([seed, epoch, 1]) if interleave == "random" else None
+    rng_ranks = np.random.default_rng([seed, epoch, 2])
+    order = layout_order(steps, W, rng_steps, rng_ranks, None if speeds is None or klass is None else
+                         speed_rank_order(steps.seg_step, klass, speeds, steps.num_steps, rng_ranks), pos)
+    del klass
     # rank-major batches
     real_seconds, real_tokens = float(s_sm_d[order].sum()), int(s_sm_t.sum())
     del s_sm_d, s_sm_t
@@ -350,7 +374,7 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
                    dropped=np.empty(0, np.int64), real_seconds=real_seconds, real_tokens=real_tokens,
                    batch_bucket=f_bucket.astype(np.int32), split_batches=steps.split_batches,
                    unbalanced_steps=unbalanced)
-    return EpochLayout(ep, f_start, f_size, groups)
+    return EpochLayout(ep, f_start, f_size, groups, windows=windows)
 
 
 def plan_epoch_figures(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int,

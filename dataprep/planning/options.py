@@ -17,6 +17,8 @@ from manifests.errors import DataprepError, OptionError
 from manifests.options import MAX_COUNT, check_bool, check_choice, check_int, check_number, check_str
 
 INTERLEAVES = ("random", "ascending")
+#: Default ``weight_tolerance``: a corpus's share of every window within 5 points of its target
+DEFAULT_WEIGHT_TOLERANCE = 0.05
 
 
 def check_rank_speed(speeds: object, world_size: int) -> None:
@@ -50,6 +52,9 @@ class PlanOptions:
     written to disk for a larger one, in memory bounded by its largest bucket.
     ``rank_speed``: each rank's relative speed (finite, > 0; one per rank; None or all equal:
     every rank alike), for balanced steps only (:mod:`bucketing.speeds`).
+    ``weight_window``: a weighted plan's steps ordered so every that many consecutive steps hold
+    each corpus within ``weight_tolerance`` (absolute share, (0, 1]) of its share of the epoch
+    (:func:`bucketing.quota.window_order`; balanced steps, random interleave, no sync groups).
     """
 
     world_size: int
@@ -69,6 +74,8 @@ class PlanOptions:
     epoch_hours: float | None = None
     memory_limit: int | None = None
     rank_speed: tuple[float, ...] | None = None
+    weight_window: int | None = None
+    weight_tolerance: float = DEFAULT_WEIGHT_TOLERANCE
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, ge=1)
@@ -103,6 +110,16 @@ class PlanOptions:
             if self.balance == 0 and len(set(self.rank_speed)) > 1:
                 raise OptionError("rank_speed", "needs balanced steps (--balance > 0): one bucket per step "
                                                 "gives every rank the same batch")
+        check_int("weight_window", self.weight_window, ge=1, optional=True)
+        check_number("weight_tolerance", self.weight_tolerance, gt=0, le=1)
+        if self.weight_window is not None:
+            if self.balance == 0:
+                raise OptionError("weight_window", "needs balanced steps (--balance > 0)")
+            if self.interleave != "random":
+                raise OptionError("weight_window", "orders the steps itself: use --interleave random")
+            if self.sync_group is not None and self.sync_group != self.world_size:
+                raise OptionError("weight_window", "sync groups draw the steps in their own orders; "
+                                                   "give no --sync-group")
 
     @property
     def speeds(self) -> RankSpeeds | None:

@@ -31,7 +31,7 @@ from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from dataprep.planning.build import memory_limit_of, spill_for_plan, spills_to_disk
-from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_extra
+from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, WindowTotals, plan_extra
 from bucketing.speeds import RankSpeeds
 from dataprep.planning.options import PlanOptions, replan_speeds
 from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows, draw_without
@@ -116,7 +116,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             loop = EpochLoop(corpus, grid, bs, world_size, meta.seed, meta.interleave, tol, cost or CostModel(),
                              group, limit, row_group_steps, str(manifest), weighted,
                              DynResTotals(dynres_config, len(spec.buckets)) if dynres_config is not None else None,
-                             None if speeds is None else RankSpeeds.of(speeds))
+                             None if speeds is None else RankSpeeds.of(speeds), _window(meta, weighted))
 
             def error(e: int, exc: Exception) -> DataprepError:
                 return DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {world_size} "
@@ -128,12 +128,20 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
                          draw_of=lambda e: rest if e == e0 else draw_without(corpus, excluded, num_corpora)
                          if excluded.shape[0] else None if weighted is None
                          else draw_epoch(corpus, weighted.sampler, e), error=error)
-                extra = {**plan_extra(weighted, loop.dynres, speeds), **excluded_entry}
+                extra = {**plan_extra(weighted, loop.dynres, speeds, loop.window), **excluded_entry}
                 return writer.finish(_replan_meta(meta, world_size, at_step, totals, corpus.carried, corpus.carry,
                                                   tol, group, extra))
     finally:
         if root is not None:
             remove_spill(root)
+
+
+def _window(meta: PlanMeta, weighted: WeightedEpochs | None) -> WindowTotals | None:
+    """The parent's weight windows (``plan.json``'s ``weight_window``), kept."""
+    recorded = meta.extra.get("weight_window")
+    if not isinstance(recorded, dict) or weighted is None:
+        return None
+    return WindowTotals(int(recorded["window"]), float(recorded["tolerance"]))
 
 
 def _replan_meta(meta: PlanMeta, world_size: int, at_step: int, totals: EpochTotals, carried: int, carry: bool,
