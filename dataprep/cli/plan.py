@@ -18,6 +18,7 @@ from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan
 from dataprep.planning import spills_to_disk
 from dataprep.planning.options import parse_rank_speed
+from dataprep.planning.stages import parse_stage
 from dataprep.planning.simulate import (MAX_EXCHANGE_S, MAX_SLOW_FACTOR, plan_steps_report, plan_warnings,
                                        simulate_strategies, simulate_with_warnings)
 from dataprep.cli.progress import progress_counter
@@ -28,7 +29,7 @@ from manifests.plan_files import verify_plan
 from manifests.plan_meta import PlanMeta, read_plan_meta
 
 #: PlanOptions field -> flag where the flag is not ``--field-name``
-PLAN_FLAGS = {"at_step": "--at-step", "cost": "--coef"}
+PLAN_FLAGS = {"at_step": "--at-step", "cost": "--coef", "stages": "--stage"}
 RANK_SPEED_HELP = ("Ranks of different speeds (mixed GPU types): 1,1,0.7,... (one per rank, 0.5 = twice as slow), "
                    "a costmodel.json of `dataprep calibrate` (its measured rank speeds) or a text file of them; "
                    "a slower rank gets smaller batches so a step's ranks finish together (balanced steps only).")
@@ -67,6 +68,7 @@ def plan_batches_cmd(
     memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the planner may hold, e.g. 4GiB (default: half the machine's). A corpus within it is held in memory; a larger one is spilled by bucket next to -o (the same plan; memory bounded by its largest bucket).", show_default=False)] = None,
     rank_speed: Annotated[Optional[str], typer.Option("--rank-speed", help=RANK_SPEED_HELP, show_default=False)] = None,
     weight_window: Annotated[Optional[int], typer.Option("--weight-window", help="Weighted plans: order each epoch's steps so every this many consecutive steps hold each corpus within --weight-tolerance of its share (balanced steps, random interleave, no sync groups); windows over it are counted in plan.json.", show_default=False)] = None,
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", help="EPOCHS:weights.yaml, once per stage in order: a staged blend (multi-stage data balancing), each stage that many epochs weighted by the file's corpus: weight mapping (replaces --weights; --epochs defaults to the stages' sum).", show_default=False)] = None,
     weight_tolerance: Annotated[float, typer.Option("--weight-tolerance", help="With --weight-window: a corpus's share of a window's utterances may differ from its share of the epoch by this much (absolute, e.g. 0.05 = 5 points).")] = _PLAN.weight_tolerance,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
@@ -83,12 +85,16 @@ def plan_batches_cmd(
     with option_flags(PLAN_FLAGS):
         pairs = parse_weights(weights)
     limit = None if memory_limit is None else parse_memory_limit(memory_limit)
+    with option_flags(PLAN_FLAGS):
+        stages = tuple(parse_stage(s) for s in stage) if stage else None
+    if stages is not None and epochs == _PLAN.epochs:
+        epochs = sum(n for n, _ in stages)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
                             cost=_cost(coef, cost_model), sync_group=sync_group, dynamic_resolution=dynres, weights=pairs,
                             temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
                             memory_limit=limit, rank_speed=None if rank_speed is None else parse_rank_speed(rank_speed),
-                            weight_window=weight_window, weight_tolerance=weight_tolerance)
+                            weight_window=weight_window, weight_tolerance=weight_tolerance, stages=stages)
     check_needs("--weight-tolerance", weight_tolerance != _PLAN.weight_tolerance, "--weight-window",
                 weight_window is not None)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
@@ -203,6 +209,10 @@ def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
                   f"share (tolerance {win['tolerance']:.1%}); {win['windows_over']} of {win['windows']} windows over it"
                   + (f"; epochs {win['unordered_epochs']} not ordered (one bucket per step)"
                      if win["unordered_epochs"] else ""), markup=False)
+    for st in meta.extra.get("stages") or []:
+        quotas = ", ".join(f"{c['corpus']} {c['quota']}" for c in st["weights"]["corpora"])
+        out.print(f"stage: epochs {st['epochs'][0]}-{st['epochs'][1]} from step {st['first_step']}: quotas {quotas}",
+                  markup=False)
     speeds = meta.extra.get("rank_speed")
     if isinstance(speeds, list):
         out.print(f"rank speeds: {', '.join(f'{s:g}' for s in speeds)} (batches sized by speed)", markup=False)

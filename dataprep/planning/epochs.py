@@ -21,6 +21,7 @@ from bucketing.dynres import (DynResConfig, ResolutionTotals, batch_targets, com
 from bucketing.fit import Grid
 from bucketing.plan import EpochPlan, PlanError
 from bucketing.speeds import RankSpeeds
+from dataprep.planning.stages import StagedWeights
 from bucketing.steps_report import epoch_report
 from dataprep.planning.draw import EpochDraw
 from dataprep.planning.layout import EpochLayout, balanced_or_none, plan_epoch_identical_spilled
@@ -177,6 +178,16 @@ def plan_extra(weighted: WeightedEpochs | None, dynres: DynResTotals | None,
                if rank_speed is not None and RankSpeeds.of(rank_speed) is not None else {})}
 
 
+def stages_extra(staged: StagedWeights | None, totals: EpochTotals, epochs: int,
+                 known: dict[int, int] | None = None) -> dict[str, Any]:
+    """``plan.json``'s ``stages`` of a staged plan (:mod:`dataprep.planning.stages`);
+    ``known``: first steps of epochs a re-plan keeps from its parent."""
+    if staged is None:
+        return {}
+    first = {p["epoch"]: p["first_step"] for p in totals.per_epoch}
+    return {"stages": staged.to_json({**first, **(known or {})}, epochs)}
+
+
 @dataclass
 class WindowTotals:
     """A weighted plan's windows (``weight_window`` steps, ``tolerance``): per epoch laid out in
@@ -239,6 +250,7 @@ class EpochLoop:
     dynres: DynResTotals | None = None
     speeds: RankSpeeds | None = None
     window: WindowTotals | None = None
+    stages: StagedWeights | None = None
 
     def run(self, writer: PlanWriter, epochs: range, first_step: int, totals: EpochTotals, *,
             draw_of: Callable[[int], EpochDraw | None], last: int, rest: int | None = None,
@@ -270,7 +282,9 @@ class EpochLoop:
                 raise error(e, exc) from None
             if final:  # the ids are in the position columns now: the spill's go before the shards are written
                 self.corpus.drop_laid_out()
-            if self.weighted is not None and lay.groups is not None:
+            if self.stages is not None and lay.groups is not None:
+                self.stages.add_totals(e, lay.groups)
+            elif self.weighted is not None and lay.groups is not None:
                 self.weighted.add_totals(lay.groups)
             if self.window is not None:
                 self.window.add(e, lay.windows)

@@ -55,6 +55,8 @@ class PlanOptions:
     ``weight_window``: a weighted plan's steps ordered so every that many consecutive steps hold
     each corpus within ``weight_tolerance`` (absolute share, (0, 1]) of its share of the epoch
     (:func:`bucketing.quota.window_order`; balanced steps, random interleave, no sync groups).
+    ``stages``: (epochs, weights) per stage (:mod:`dataprep.planning.stages`; replaces
+    ``weights``; the stages' epochs are the plan's).
     """
 
     world_size: int
@@ -76,6 +78,7 @@ class PlanOptions:
     rank_speed: tuple[float, ...] | None = None
     weight_window: int | None = None
     weight_tolerance: float = DEFAULT_WEIGHT_TOLERANCE
+    stages: tuple[tuple[int, Mapping[str, float]], ...] | None = None
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, ge=1)
@@ -110,6 +113,16 @@ class PlanOptions:
             if self.balance == 0 and len(set(self.rank_speed)) > 1:
                 raise OptionError("rank_speed", "needs balanced steps (--balance > 0): one bucket per step "
                                                 "gives every rank the same batch")
+        if self.stages is not None:
+            from dataprep.planning.stages import check_stages
+
+            check_stages(self.stages, self.epochs)
+            if self.weights is not None:
+                raise OptionError("stages", "each stage gives its weights: give --stage or --weights, not both")
+            for _, weights in self.stages:
+                for name, w in weights.items():
+                    check_str("stages", name)
+                    check_number("stages", w, gt=0)
         check_int("weight_window", self.weight_window, ge=1, optional=True)
         check_number("weight_tolerance", self.weight_tolerance, gt=0, le=1)
         if self.weight_window is not None:

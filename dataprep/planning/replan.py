@@ -31,7 +31,8 @@ from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from dataprep.planning.build import memory_limit_of, spill_for_plan, spills_to_disk
-from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, WindowTotals, plan_extra
+from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, WindowTotals, plan_extra, stages_extra
+from dataprep.planning.stages import recorded_stages, staged_weights
 from bucketing.speeds import RankSpeeds
 from dataprep.planning.options import PlanOptions, replan_speeds
 from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows, draw_without
@@ -107,6 +108,9 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             options.check_rows(corpus.num_rows)  # before any per-rank allocation
             if weighted is not None:
                 _check_recorded_quotas(meta, weighted)
+            stages = recorded_stages(meta.extra.get("stages"))
+            staged = None if stages is None or weighted is None else staged_weights(
+                manifest, stages, weighted.names, *corpus.corpus_sums(len(weighted.names)), parent)
             rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0, excluded),
                                     num_corpora, block_rows=max(1, limit // (2 * ROW_COUNT_BYTES)))
             if stray:
@@ -116,7 +120,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             loop = EpochLoop(corpus, grid, bs, world_size, meta.seed, meta.interleave, tol, cost or CostModel(),
                              group, limit, row_group_steps, str(manifest), weighted,
                              DynResTotals(dynres_config, len(spec.buckets)) if dynres_config is not None else None,
-                             None if speeds is None else RankSpeeds.of(speeds), _window(meta, weighted))
+                             None if speeds is None else RankSpeeds.of(speeds), _window(meta, weighted), staged)
 
             def error(e: int, exc: Exception) -> DataprepError:
                 return DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {world_size} "
@@ -127,8 +131,11 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
                 loop.run(writer, range(e0, meta.epochs), at_step, totals, last=meta.epochs - 1, rest=e0,
                          draw_of=lambda e: rest if e == e0 else draw_without(corpus, excluded, num_corpora)
                          if excluded.shape[0] else None if weighted is None
-                         else draw_epoch(corpus, weighted.sampler, e), error=error)
-                extra = {**plan_extra(weighted, loop.dynres, speeds, loop.window), **excluded_entry}
+                         else draw_epoch(corpus, (weighted if staged is None else staged.of(e)).sampler, e),
+                         error=error)
+                known = {e: meta.first_step_of_epoch[e] for e in range(e0 + 1)}
+                extra = {**plan_extra(weighted, loop.dynres, speeds, loop.window),
+                         **stages_extra(staged, totals, meta.epochs, known), **excluded_entry}
                 return writer.finish(_replan_meta(meta, world_size, at_step, totals, corpus.carried, corpus.carry,
                                                   tol, group, extra))
     finally:
