@@ -547,14 +547,19 @@ def layout(steps: BalancedSteps, world_size: int, rng_steps: np.random.Generator
 
 
 def layout_order(steps: BalancedSteps, world_size: int, rng_steps: np.random.Generator | None,
-                 rng_ranks: np.random.Generator) -> npt.NDArray[np.int64]:
-    """The segment of each rank-major batch of :func:`layout` (per batch only)."""
+                 rng_ranks: np.random.Generator, rank: npt.NDArray[np.int64] | None = None,
+                 pos: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.int64]:
+    """The segment of each rank-major batch of :func:`layout` (per batch only). ``rank``: each
+    segment's rank, given (ranks of different speeds, :func:`bucketing.speeds.speed_rank_order`);
+    ``pos``: each step's position, given (:func:`bucketing.quota.window_order`)."""
     W, S = int(world_size), steps.num_steps
     n = S * W
-    pos = rng_steps.permutation(S) if rng_steps is not None else np.arange(S)  # step -> position
-    within = np.lexsort((rng_ranks.random(n), steps.seg_step))  # segments grouped by step, shuffled inside
-    rank = np.empty(n, dtype=np.int64)
-    rank[within] = np.tile(np.arange(W, dtype=np.int64), S)
+    if pos is None:
+        pos = rng_steps.permutation(S) if rng_steps is not None else np.arange(S)  # step -> position
+    if rank is None:
+        within = np.lexsort((rng_ranks.random(n), steps.seg_step))  # segments grouped by step, shuffled inside
+        rank = np.empty(n, dtype=np.int64)
+        rank[within] = np.tile(np.arange(W, dtype=np.int64), S)
     order = np.empty(n, dtype=np.int64)
     order[rank * S + pos[steps.seg_step]] = np.arange(n, dtype=np.int64)
     return order

@@ -368,3 +368,64 @@ class QuotaSampler:
             taken[members] = self.full[c]
             taken[members[self.streams[c].drawn_rows(epoch)]] += 1
         return np.repeat(np.arange(order.shape[0], dtype=order.dtype), taken)
+
+
+#: Mix levels per over-represented corpus that :func:`window_order` tries (the order whose
+#: worst window is closest to the target is kept)
+WINDOW_LEVELS = (1, 2, 4, 8, 16)
+
+
+def window_deviation(counts: npt.NDArray[np.integer], target: npt.NDArray[np.float64], window: int
+                     ) -> npt.NDArray[np.float64]:
+    """Per window of ``window`` consecutive steps (rows of ``counts``: utterances per corpus
+    per step, in step order; the whole run where it is shorter), the largest absolute gap
+    between a corpus's share of the window's utterances and its ``target`` share."""
+    S = counts.shape[0]
+    K = min(int(window), S)
+    cs = np.zeros((S + 1, counts.shape[1]), dtype=np.int64)
+    np.cumsum(counts, axis=0, out=cs[1:])
+    win = cs[K:] - cs[:-K]
+    share = win / np.maximum(win.sum(1, keepdims=True), 1)
+    return np.abs(share - np.asarray(target, dtype=np.float64)[None, :]).max(1)
+
+
+def window_order(counts: npt.NDArray[np.integer], target: npt.NDArray[np.float64], window: int,
+                 rng: np.random.Generator) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """An order of the steps (``counts``: utterances per corpus per step) in which every
+    ``window`` consecutive steps hold each corpus near its ``target`` share: (position of each
+    step, every window's :func:`window_deviation` in that order). Steps are grouped by the corpus they
+    hold most above its target and by how far (``levels`` quantiles of that gap), each group
+    shuffled, and the groups interleaved evenly (a group of m steps has its j-th at about
+    ``(j + u) / m`` of the run, ``u`` drawn per group), so every stretch of the run holds each
+    group, and so each mix, in its share of the run. Of :data:`WINDOW_LEVELS`, the order with
+    the smallest worst window is kept. Vectorized; deterministic for a given ``rng``."""
+    S = int(counts.shape[0])
+    if S == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    c = np.asarray(counts, dtype=np.float64)
+    gap = c / np.maximum(c.sum(1, keepdims=True), 1) - np.asarray(target, dtype=np.float64)[None, :]
+    over = np.argmax(gap, axis=1)
+    size = gap[np.arange(S), over]
+    noise, offsets = rng.random(S), rng.random(S + 1)
+    best: tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]] | None = None
+    for levels in WINDOW_LEVELS:
+        # level: quantile of the gap among the steps over-representing the same corpus
+        by = np.lexsort((np.arange(S), size, over))
+        first = np.searchsorted(over[by], over[by], side="left")
+        n_same = np.bincount(over, minlength=c.shape[1])[over[by]]
+        level = np.empty(S, dtype=np.int64)
+        level[by] = (np.arange(S) - first) * levels // np.maximum(n_same, 1)
+        group = over * levels + level
+        in_group = np.lexsort((noise, group))  # each group shuffled
+        g_sorted = group[in_group]
+        g_first = np.searchsorted(g_sorted, g_sorted, side="left")
+        m = np.bincount(group)[g_sorted]
+        ideal = (np.arange(S) - g_first + offsets[g_sorted % (S + 1)]) / m
+        order = in_group[np.lexsort((g_sorted, ideal))]
+        dev = window_deviation(c[order].astype(np.int64), target, window)
+        if best is None or float(dev.max()) < float(best[1].max()) - 1e-12:
+            pos = np.empty(S, dtype=np.int64)
+            pos[order] = np.arange(S)
+            best = (pos, dev)
+    assert best is not None
+    return best

@@ -19,15 +19,18 @@ from manifests.plan_meta import StepsReport as PlanReport
 
 def plan_report(bucket: npt.NDArray[np.integer], size: npt.NDArray[np.integer], max_duration: npt.NDArray[np.floating],
                 max_tokens: npt.NDArray[np.integer], batch_sizes: npt.NDArray[np.integer],
-                cost: CostModel | None = None) -> PlanReport:
+                cost: CostModel | None = None, speed: npt.NDArray[np.floating] | None = None) -> PlanReport:
     """Report of a (steps, ranks) layout: every argument but ``batch_sizes`` (per bucket) is a
-    (steps, ranks) matrix of the batches (rank-major plans: ``x.reshape(W, S).T``)."""
+    (steps, ranks) matrix of the batches (rank-major plans: ``x.reshape(W, S).T``). ``speed``:
+    each rank's relative speed (its times divided by it; None: all alike)."""
     cost = cost or CostModel()
     b = np.asarray(bucket)
     sz = np.asarray(size, dtype=np.float64)
     if b.size == 0:
         return PlanReport(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     times = cost.step_time(sz, max_duration, max_tokens)
+    if speed is not None:
+        times = times / np.asarray(speed, dtype=np.float64)[None, :]
     tmax, tmean = times.max(1), times.mean(1)
     padded = sz * np.asarray(max_duration, dtype=np.float64)
     ratio = padded.max(1) / np.maximum(padded.mean(1), 1e-12)

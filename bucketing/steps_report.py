@@ -24,15 +24,17 @@ from bucketing.fit import Grid
 from bucketing.plan import EpochPlan, PlanInputs, plan_epoch
 
 
-def epoch_report(ep: EpochPlan, batch_sizes: npt.ArrayLike, cost: CostModel | None = None) -> PlanReport:
-    """:func:`bucketing.step_figures.plan_report` of one planned epoch (rank-major arrays)."""
+def epoch_report(ep: EpochPlan, batch_sizes: npt.ArrayLike, cost: CostModel | None = None,
+                 speed: npt.NDArray[np.floating] | None = None) -> PlanReport:
+    """:func:`bucketing.step_figures.plan_report` of one planned epoch (rank-major arrays);
+    ``speed``: each rank's relative speed."""
     W, S = ep.world_size, ep.num_steps
 
     def m(x: npt.NDArray[Any]) -> npt.NDArray[Any]:
         return x.reshape(W, S).T
 
     return plan_report(m(ep.bucket_of_batch()), m(ep.sizes()), m(ep.max_duration), m(ep.max_tokens),
-                       np.asarray(batch_sizes), cost)
+                       np.asarray(batch_sizes), cost, speed)
 
 
 def plan_in_memory(duration: npt.ArrayLike, num_tokens: npt.ArrayLike, grid: Grid, batch_sizes: npt.ArrayLike,

@@ -17,6 +17,8 @@ from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan
 from dataprep.planning import spills_to_disk
+from dataprep.planning.options import parse_rank_speed
+from dataprep.planning.stages import parse_stage
 from dataprep.planning.simulate import (MAX_EXCHANGE_S, MAX_SLOW_FACTOR, plan_steps_report, plan_warnings,
                                        simulate_strategies, simulate_with_warnings)
 from dataprep.cli.progress import progress_counter
@@ -27,9 +29,12 @@ from manifests.plan_files import verify_plan
 from manifests.plan_meta import PlanMeta, read_plan_meta
 
 #: PlanOptions field -> flag where the flag is not ``--field-name``
-PLAN_FLAGS = {"at_step": "--at-step", "cost": "--coef"}
+PLAN_FLAGS = {"at_step": "--at-step", "cost": "--coef", "stages": "--stage"}
+RANK_SPEED_HELP = ("Ranks of different speeds (mixed GPU types): 1,1,0.7,... (one per rank, 0.5 = twice as slow), "
+                   "a costmodel.json of `dataprep calibrate` (its measured rank speeds) or a text file of them; "
+                   "a slower rank gets smaller batches so a step's ranks finish together (balanced steps only).")
 #: simulate_plan / simulate_strategies argument -> flag
-SIM_FLAGS = {"slow": "--slow-rank", "cost": "--coef"}
+SIM_FLAGS = {"slow": "--slow-rank", "cost": "--coef", "rank_speed": "--rank-speed"}
 _PLAN = defaults_of(PlanOptions)
 
 
@@ -62,6 +67,10 @@ def plan_batches_cmd(
     epoch_utterances: Annotated[Optional[int], typer.Option("--epoch-utterances", help="Weighted plans: utterances per epoch (default: the manifest's rows in a bucket).")] = None,
     epoch_hours: Annotated[Optional[float], typer.Option("--epoch-hours", help="Weighted plans: about this many hours per epoch.")] = None,
     memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the planner may hold, e.g. 4GiB (default: half the machine's). A corpus within it is held in memory; a larger one is spilled by bucket next to -o (the same plan; memory bounded by its largest bucket).", show_default=False)] = None,
+    rank_speed: Annotated[Optional[str], typer.Option("--rank-speed", help=RANK_SPEED_HELP, show_default=False)] = None,
+    weight_window: Annotated[Optional[int], typer.Option("--weight-window", help="Weighted plans: order each epoch's steps so every this many consecutive steps hold each corpus within --weight-tolerance of its share (balanced steps, random interleave, no sync groups); windows over it are counted in plan.json.", show_default=False)] = None,
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", help="EPOCHS:weights.yaml, once per stage in order: a staged blend (multi-stage data balancing), each stage that many epochs weighted by the file's corpus: weight mapping (replaces --weights; --epochs defaults to the stages' sum).", show_default=False)] = None,
+    weight_tolerance: Annotated[float, typer.Option("--weight-tolerance", help="With --weight-window: a corpus's share of a window's utterances may differ from its share of the epoch by this much (absolute, e.g. 0.05 = 5 points).")] = _PLAN.weight_tolerance,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
 
@@ -77,12 +86,19 @@ def plan_batches_cmd(
     with option_flags(PLAN_FLAGS):
         pairs = parse_weights(weights)
     limit = None if memory_limit is None else parse_memory_limit(memory_limit)
+    with option_flags(PLAN_FLAGS):
+        stages = tuple(parse_stage(s) for s in stage) if stage else None
+    if stages is not None and epochs == _PLAN.epochs:
+        epochs = sum(n for n, _ in stages)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
                             cost=_cost(coef, cost_model), cost_equal=cost_model is not None if cost_equal is None else cost_equal,
                             sync_group=sync_group, dynamic_resolution=dynres, weights=pairs,
                             temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
-                            memory_limit=limit)
+                            memory_limit=limit, rank_speed=None if rank_speed is None else parse_rank_speed(rank_speed),
+                            weight_window=weight_window, weight_tolerance=weight_tolerance, stages=stages)
+    check_needs("--weight-tolerance", weight_tolerance != _PLAN.weight_tolerance, "--weight-window",
+                weight_window is not None)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
     label = "planning, spilled to disk" if _spills(manifest, options) else "planning"
     with progress_counter(f"{label} (shards written)", total=epochs * world_size) as advance, option_flags(PLAN_FLAGS):
@@ -106,6 +122,7 @@ def replan_cmd(
     cost_equal: Annotated[Optional[bool], typer.Option("--cost-equal/--no-cost-equal", help="Re-size every bucket's batch for the same predicted step time (the plan's sizes as memory caps). Default: on with --cost-model, off without.", show_default=False)] = None,
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together in the re-plan (divides --world-size; default the plan's).")] = None,
     memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the re-plan may hold, e.g. 4GiB (default: half the machine's). A corpus within it is held in memory; a larger one is spilled next to -o (the same plan).", show_default=False)] = None,
+    rank_speed: Annotated[Optional[str], typer.Option("--rank-speed", help=RANK_SPEED_HELP + " Default: the plan's, where the world size stays.", show_default=False)] = None,
 ) -> None:
     """Continue a plan at --at-step on --world-size ranks: steps before it stay consumed; the
     rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned
@@ -115,6 +132,7 @@ def replan_cmd(
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=parent.world_size if world_size is None else world_size,
                             carry=carry, cost=_cost(coef, cost_model),
                             cost_equal=cost_model is not None if cost_equal is None else cost_equal, sync_group=sync_group,
+                            rank_speed=None if rank_speed is None else parse_rank_speed(rank_speed),
                             memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit))
     man = manifest if manifest is not None else default_manifest(plan_dir, parent)
     refuse_same_paths({"PLAN": plan_dir, "--manifest": man, **({"--exclude": exclude} if exclude else {})},
@@ -189,6 +207,19 @@ def print_plan(meta: PlanMeta, out_dir: Path | str) -> None:
     weighted = meta.extra.get("weights")
     if weighted:
         out.print(corpus_table(weighted))
+    win = meta.extra.get("weight_window")
+    if isinstance(win, dict):
+        out.print(f"weight windows of {plural(win['window'], 'step')}: worst gap {win['worst_gap']:.1%} of a corpus's "
+                  f"share (tolerance {win['tolerance']:.1%}); {win['windows_over']} of {win['windows']} windows over it"
+                  + (f"; epochs {win['unordered_epochs']} not ordered (one bucket per step)"
+                     if win["unordered_epochs"] else ""), markup=False)
+    for st in meta.extra.get("stages") or []:
+        quotas = ", ".join(f"{c['corpus']} {c['quota']}" for c in st["weights"]["corpora"])
+        out.print(f"stage: epochs {st['epochs'][0]}-{st['epochs'][1]} from step {st['first_step']}: quotas {quotas}",
+                  markup=False)
+    speeds = meta.extra.get("rank_speed")
+    if isinstance(speeds, list):
+        out.print(f"rank speeds: {', '.join(f'{s:g}' for s in speeds)} (batches sized by speed)", markup=False)
     dr = meta.extra.get("dynamic_resolution")
     if dr:
         c = dr["config"]
@@ -230,6 +261,7 @@ def simulate_cmd(
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="Ranks per synchronous group for hybrid (default: the plan's --sync-group, else 8).")] = None,
     slow_rank: Annotated[Optional[list[str]], typer.Option("--slow-rank", help="RANK=FACTOR: that rank's batches take FACTOR times longer (e.g. 3=1.5).")] = None,
     exchange: Annotated[float, typer.Option("--exchange", help="Seconds per ADPSGD pairwise weight exchange (one per step).")] = 0.005,
+    rank_speed: Annotated[Optional[str], typer.Option("--rank-speed", help="The ranks' speeds to simulate the plan's steps with (as plan-batches --rank-speed; default: the plan's, else alike).", show_default=False)] = None,
 ) -> None:
     """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not."""
     check_range("--exchange", exchange, ge=0, le=MAX_EXCHANGE_S)  # refused even where no --strategy uses it
@@ -239,14 +271,17 @@ def simulate_cmd(
     except ValueError as exc:
         raise DataprepError(str(exc)) from None
     slow = _slow_ranks(slow_rank or [])
+    speed = None if rank_speed is None else parse_rank_speed(rank_speed)
     strategies = [x.strip() for x in strategy.split(",") if x.strip()] if strategy else []
     check_needs("--slow-rank", bool(slow), "--strategy", bool(strategies))
     check_needs("--exchange", exchange != 0.005, "--strategy adpsgd or hybrid", bool({"adpsgd", "hybrid"} & set(strategies)))
     check_needs("--group-size", group_size is not None, "--strategy hybrid", "hybrid" in strategies)
     with option_flags(SIM_FLAGS):  # the library checks every value (finite, in range)
-        results, warnings = simulate_with_warnings(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
+        results, warnings = simulate_with_warnings(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed,
+                                                   speed=speed)
     out.print(f"tail-worker simulation, epoch {epoch}; cost model: {cost}")
-    rep = plan_steps_report(plan_dir, cost, epoch)
+    with option_flags(SIM_FLAGS):
+        rep = plan_steps_report(plan_dir, cost, epoch, speed=speed)
     out.print(f"plan's steps (world size {results[0].world_size}): {plural(rep.steps, 'step')}, fill {rep.fill:.1%} of the "
               f"buckets' batch sizes (mean batch {rep.mean_batch:.1f}), same-bucket steps {rep.same_bucket:.1%}, "
               f"predicted straggler {rep.straggler:.1%}, padded audio max/mean {rep.balance_mean:.3f} "
@@ -266,7 +301,7 @@ def simulate_cmd(
         out.print(f"warning: {w}", markup=False)
     if strategies:
         with option_flags(SIM_FLAGS):
-            res = simulate_strategies(plan_dir, strategies, cost, group_size, slow, exchange, epoch)
+            res = simulate_strategies(plan_dir, strategies, cost, group_size, slow, exchange, epoch, speed)
         out.print(f"strategies (exchange {exchange:g} s per ADPSGD step"
                   + (", slow " + ", ".join(f"rank {r} x{f:g}" for r, f in slow.items()) if slow else "") + ")")
         head = ("strategy", "group", "epoch_s", "utt/s", "idle", "staleness")

@@ -25,7 +25,9 @@ from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import Grid, grid_from_spec
 from bucketing.plan import PlanError, check_one_step
-from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_extra
+from dataprep.planning.epochs import (DynResTotals, EpochLoop, EpochTotals, plan_extra, stages_extra,
+                                     window_totals)
+from dataprep.planning.stages import staged_weights
 from dataprep.planning.options import PlanOptions
 from dataprep.planning.calibrate import cost_equal_sizes
 from dataprep.planning.carry import carry_spilled
@@ -112,6 +114,9 @@ def build_plan(
     check_shape_policy(spec, options.dynamic_resolution, str(buckets))
     grid = grid_from_spec(spec)
     limit = memory_limit_of(options)
+    stages = options.stages
+    if stages is not None:  # the spill's corpora and stage 0's quotas from its weights
+        options = dataclasses.replace(options, weights=dict(stages[0][1]), stages=None)
     blend = blend_of(manifest, options) if wants_weights(manifest, options) else None
     config = options.dynamic_resolution
     on_disk = spills_to_disk(manifest, options)
@@ -126,6 +131,8 @@ def build_plan(
                                               epochs=epochs, limit=limit,
                                               world_size=None if options.balance > 0 else W)
             options.check_rows(corpus.num_rows)  # before any per-rank allocation
+            staged = None if stages is None or weighted is None else staged_weights(
+                manifest, stages, weighted.names, *corpus.corpus_sums(len(weighted.names)), options)
             clock("read")
             try:  # before one shard writer per rank is opened (seconds at a huge --world-size)
                 check_one_step(int(corpus.counts.sum()), W)
@@ -135,11 +142,14 @@ def build_plan(
             loop = EpochLoop(corpus, grid, bs, W, options.seed, options.interleave, options.balance,
                              options.cost or CostModel(), options.group, limit, options.row_group_steps,
                              str(manifest), weighted,
-                             DynResTotals(config, len(spec.buckets)) if config is not None else None)
+                             DynResTotals(config, len(spec.buckets)) if config is not None else None,
+                             options.speeds, window_totals(options.weight_window, options.weight_tolerance,
+                                                           weighted, str(manifest)), staged)
             with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps,
                             target_frames=config is not None) as writer:
                 loop.run(writer, range(epochs), 0, totals, last=epochs - 1,
-                         draw_of=lambda e: None if weighted is None else draw_epoch(corpus, weighted.sampler, e),
+                         draw_of=lambda e: None if weighted is None else draw_epoch(
+                             corpus, (weighted if staged is None else staged.of(e)).sampler, e),
                          on_progress=on_progress, begin=clock.begin, lap=clock,
                          error=lambda e, exc: DataprepError(f"{manifest}: cannot plan: {exc}"))
                 if totals.num_steps == 0:
@@ -153,7 +163,9 @@ def build_plan(
                                   world_size=W, seed=options.seed, epochs=epochs, interleave=options.interleave,
                                   balance=totals.balance_info(options.balance), sync_group=options.group)
                 meta = writer.finish(dataclasses.replace(meta, extra={**meta.extra,
-                                                                      **plan_extra(weighted, loop.dynres)}))
+                                                                      **plan_extra(weighted, loop.dynres, options.rank_speed,
+                                                                                 loop.window),
+                                                                      **stages_extra(staged, totals, epochs)}))
     finally:
         if root is not None:
             remove_spill(root)

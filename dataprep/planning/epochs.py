@@ -20,6 +20,8 @@ from bucketing.dynres import (DynResConfig, ResolutionTotals, batch_targets, com
                               resolution_totals, resolve)
 from bucketing.fit import Grid
 from bucketing.plan import EpochPlan, PlanError
+from bucketing.speeds import RankSpeeds
+from dataprep.planning.stages import StagedWeights
 from bucketing.steps_report import epoch_report
 from dataprep.planning.draw import EpochDraw
 from dataprep.planning.layout import EpochLayout, balanced_or_none, plan_epoch_identical_spilled
@@ -63,12 +65,12 @@ class EpochTotals:
         return sum(self.steps_per_epoch)
 
     def add(self, ep: EpochPlan, first_step: int, batch_sizes: npt.NDArray[np.int64] | None = None,
-            cost: CostModel | None = None) -> None:
+            cost: CostModel | None = None, speed: npt.NDArray[np.float64] | None = None) -> None:
         self.real_s, self.pad_s = self.real_s + ep.real_seconds, self.pad_s + ep.padded_seconds
         self.real_t, self.pad_t = self.real_t + ep.real_tokens, self.pad_t + ep.padded_tokens
         bucket_of_batch = ep.bucket_of_batch()
         if batch_sizes is not None:
-            self.reports.append(epoch_report(ep, batch_sizes, cost))
+            self.reports.append(epoch_report(ep, batch_sizes, cost, speed))
         self.split_batches += ep.split_batches
         self.unbalanced_steps += ep.unbalanced_steps
         self.batches += np.bincount(bucket_of_batch, minlength=self.num_buckets)
@@ -164,11 +166,64 @@ class DynResTotals:
                 "compare": comparison_rows(self.compare)}
 
 
-def plan_extra(weighted: WeightedEpochs | None, dynres: DynResTotals | None) -> dict[str, Any]:
+def plan_extra(weighted: WeightedEpochs | None, dynres: DynResTotals | None,
+               rank_speed: tuple[float, ...] | None = None, window: WindowTotals | None = None) -> dict[str, Any]:
     """``plan.json``'s optional sections: ``weights`` of a weighted plan, ``dynamic_resolution``
-    of one with dynamic resolution."""
+    of one with dynamic resolution, ``rank_speed`` of one for ranks of different speeds,
+    ``weight_window`` of one whose steps keep the weights in every window."""
     return {**({"weights": weighted.to_json()} if weighted is not None else {}),
-            **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {})}
+            **({"weight_window": window.to_json()} if window is not None else {}),
+            **({"dynamic_resolution": dynres.to_json()} if dynres is not None else {}),
+            **({"rank_speed": [float(s) for s in rank_speed]}
+               if rank_speed is not None and RankSpeeds.of(rank_speed) is not None else {})}
+
+
+def stages_extra(staged: StagedWeights | None, totals: EpochTotals, epochs: int,
+                 known: dict[int, int] | None = None) -> dict[str, Any]:
+    """``plan.json``'s ``stages`` of a staged plan (:mod:`dataprep.planning.stages`);
+    ``known``: first steps of epochs a re-plan keeps from its parent."""
+    if staged is None:
+        return {}
+    first = {p["epoch"]: p["first_step"] for p in totals.per_epoch}
+    return {"stages": staged.to_json({**first, **(known or {})}, epochs)}
+
+
+@dataclass
+class WindowTotals:
+    """A weighted plan's windows (``weight_window`` steps, ``tolerance``): per epoch laid out in
+    ordered steps, its worst window and the windows over the tolerance; epochs not so ordered
+    (one bucket per step where balanced steps cannot be filled) are counted apart."""
+
+    window: int
+    tolerance: float
+    worst: float = 0.0
+    windows: int = 0
+    over: int = 0
+    unordered_epochs: list[int] = field(default_factory=list)
+
+    def add(self, epoch: int, gaps: npt.NDArray[np.float64] | None) -> None:
+        if gaps is None:
+            self.unordered_epochs.append(epoch)
+            return
+        self.worst = max(self.worst, float(gaps.max(initial=0.0)))
+        self.windows += int(gaps.shape[0])
+        self.over += int((gaps > self.tolerance + 1e-12).sum())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"window": self.window, "tolerance": self.tolerance, "worst_gap": round(self.worst, 6),
+                "windows": self.windows, "windows_over": self.over, "unordered_epochs": self.unordered_epochs}
+
+
+def window_totals(window: int | None, tolerance: float, weighted: WeightedEpochs | None,
+                  where: str) -> WindowTotals | None:
+    """The :class:`WindowTotals` of a plan asked for ``window`` (None: not asked); refused
+    for a plan that is not weighted (``where`` names its manifest)."""
+    if window is None:
+        return None
+    if weighted is None:
+        raise DataprepError(f"{where}: --weight-window keeps corpus weights in every window: the plan is not "
+                            "weighted (give --weights CORPUS=W ..., or a manifest compiled from a weighted blend)")
+    return WindowTotals(window, tolerance)
 
 
 @dataclass
@@ -176,8 +231,8 @@ class EpochLoop:
     """How every epoch of one plan (or re-plan) is laid out and written: the spilled
     ``corpus`` (``grid``'s buckets, batch sizes ``bs``), ``world_size`` ranks, the seed,
     interleave, balance ``tolerance`` (0: one bucket per step), step-time ``cost``, sync
-    ``group``, the memory ``limit`` (bytes), shard row groups, and the figures it adds to
-    (``weighted``, ``dynres``)."""
+    ``group``, the memory ``limit`` (bytes), shard row groups, the figures it adds to
+    (``weighted``, ``dynres``) and the ranks' ``speeds`` (None: alike)."""
 
     corpus: SpilledCorpus
     grid: Grid
@@ -193,6 +248,9 @@ class EpochLoop:
     manifest: str
     weighted: WeightedEpochs | None = None
     dynres: DynResTotals | None = None
+    speeds: RankSpeeds | None = None
+    window: WindowTotals | None = None
+    stages: StagedWeights | None = None
 
     def run(self, writer: PlanWriter, epochs: range, first_step: int, totals: EpochTotals, *,
             draw_of: Callable[[int], EpochDraw | None], last: int, rest: int | None = None,
@@ -224,8 +282,12 @@ class EpochLoop:
                 raise error(e, exc) from None
             if final:  # the ids are in the position columns now: the spill's go before the shards are written
                 self.corpus.drop_laid_out()
-            if self.weighted is not None and lay.groups is not None:
+            if self.stages is not None and lay.groups is not None:
+                self.stages.add_totals(e, lay.groups)
+            elif self.weighted is not None and lay.groups is not None:
                 self.weighted.add_totals(lay.groups)
+            if self.window is not None:
+                self.window.add(e, lay.windows)
             if self.dynres is not None and figures is not None:
                 self.dynres.merge(figures)
             lap("plan")
@@ -235,7 +297,7 @@ class EpochLoop:
                                 lambda r: on_progress(i * W + r + 1, n * W) if on_progress else None,
                                 None if config is None else batch_targets(lay.ep.max_duration, config),
                                 memory_limit=self.limit, last=final)
-            totals.add(lay.ep, first, self.bs, self.cost)
+            totals.add(lay.ep, first, self.bs, self.cost, None if self.speeds is None else self.speeds.rank_speed())
             first += lay.ep.num_steps
             lap("write")
 
@@ -249,7 +311,10 @@ class EpochLoop:
             figures = None if dynres is None else DynResTotals(dynres.config, dynres.num_buckets)
             lay = balanced_or_none(c, self.bs, self.world_size, self.seed, e, interleave=self.interleave,
                                    tolerance=tolerance, cost=self.cost, group=self.group, final=final, draw=draw,
-                                   measure=None if figures is None else figures.add_batches)
+                                   measure=None if figures is None else figures.add_batches, speeds=self.speeds,
+                                   full_cost=None if self.speeds is None else
+                                   self.cost.step_time(self.bs, self.grid.max_duration, c.max_tokens),
+                                   window=None if self.window is None else self.window.window)
             if lay is not None:
                 return lay, figures
         figures = None if dynres is None else DynResTotals(dynres.config, dynres.num_buckets)

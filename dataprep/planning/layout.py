@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bucketing.balance import balance_steps, layout_order
+from bucketing.balance import BalancedSteps, balance_steps, layout_order
 from bucketing.batching import Cut, cut_batches, even_batch_counts, even_batch_starts, gather_segments, run_positions
 from bucketing.bucket_order import BucketGrouping
 from bucketing.costmodel import CostModel
@@ -26,6 +26,8 @@ from bucketing.fit import Grid
 from bucketing.groups import group_order, regroup
 from bucketing.plan import EpochPlan, Interleave, check_one_step
 from bucketing.plan_summary import ROW_DTYPE, BatchSources, FormedBatches, plan_identical_layout
+from bucketing.quota import window_order
+from bucketing.speeds import RankSpeeds, slot_shares, speed_batches, speed_rank_order, speed_steps
 from dataprep.planning.draw import EpochDraw, drawn_entries
 from dataprep.planning.spill import SpilledCorpus
 from manifests.errors import DataprepError
@@ -47,6 +49,8 @@ class EpochLayout:
     groups: npt.NDArray[np.int64] | None = None  # weighted: bucketing.padding.group_padding per corpus
     #: one bucket per step: (CSR offsets, positions) of the batches whose ``start`` is -1
     explicit: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
+    #: weight windows: each window's largest gap from the target shares (bucketing.quota.window_deviation)
+    windows: npt.NDArray[np.float64] | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class _Formed:
     sum_t: npt.NDArray[np.int64]
     counts: npt.NDArray[np.int64]  # entries per bucket
     groups: npt.NDArray[np.int64] | None = None  # weighted: bucketing.padding.group_padding per corpus
+    klass: npt.NDArray[np.int64] | None = None  # rank speeds: each batch's speed class (cut order)
+    mix: npt.NDArray[np.int32] | None = None  # weight windows: (batches, corpora) utterances (cut order)
 
 
 #: What an out-of-core plan measures per batch beside its figures (dynamic resolution:
@@ -71,14 +77,18 @@ BatchMeasure = Callable[[npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDA
 
 
 def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | None, rng: np.random.Generator,
-                  final: bool, draw: EpochDraw | None = None, measure: BatchMeasure | None = None) -> _Formed:
+                  final: bool, draw: EpochDraw | None = None, measure: BatchMeasure | None = None,
+                  speeds: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None,
+                  mix: bool = False) -> _Formed:
     """Each bucket's rows ordered into batches and laid out in the epoch's position files
     (rows beside ids, or rows alone when the corpus has no ids), the figures of each batch
     taken on the way; batches then drawn (:func:`bucketing.batching.cut_batches`). ``W``:
     near-equal batches filling whole steps (balanced); None: full batches and a short last
     one (:func:`bucketing.batching.form_batches` with no world size). ``draw``: a weighted
     epoch's entries instead of every row once, and the per-corpus totals of its batches.
-    ``measure``: called on each part's formed batches."""
+    ``measure``: called on each part's formed batches. ``speeds``: rank speeds'
+    :func:`bucketing.speeds.speed_batches` (batches per bucket, sizes, classes) instead of
+    near-equal batches. ``mix``: count each batch's utterances per corpus (a weighted epoch)."""
     files = corpus.files
     files.remove("pos.rec", "pos.data", "pos.rows")
     if draw is None:
@@ -90,7 +100,10 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
     _reserve_positions(corpus, files, int(counts.sum()))
     C = draw.num_corpora if draw is not None and corpus.has_codes else 0
     groups = np.zeros((5, C), np.int64) if C else None
-    if W is not None:
+    if speeds is not None:
+        nb, speed_sizes = speeds[0], speeds[1]
+        starts_in_bucket = np.cumsum(speed_sizes) - speed_sizes - np.repeat(np.cumsum(counts) - counts, nb)
+    elif W is not None:
         nb = even_batch_counts(counts, bs, W)  # near-equal batches filling whole steps (as plan_epoch)
         starts_in_bucket = even_batch_starts(counts, nb)  # a bucket's k-th batch starts at k q + min(k, r)
     else:
@@ -98,6 +111,7 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
         starts_in_bucket = (np.arange(int(nb.sum())) - np.repeat(np.cumsum(nb) - nb, nb)) * np.repeat(bs, nb)
     # per batch (cut order: bucket after bucket): longest, most tokens, sums, filled while each bucket is ordered
     n_cut = int(nb.sum())
+    mixes = np.zeros((n_cut, C), np.int32) if mix and groups is not None else None
     mx_d, sm_d = np.empty(n_cut), np.empty(n_cut)
     mx_t, sm_t = np.empty(n_cut, np.int64), np.empty(n_cut, np.int64)
     at = 0
@@ -123,6 +137,9 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
                                         mx_t[sl], dk, tk, c[p], C)
             if measure is not None:
                 measure(dk, np.append(loc, p.shape[0]), mx_d[sl], np.full(loc.shape[0], k, np.int64), 1)
+            if mixes is not None and c is not None:
+                bi = np.repeat(np.arange(loc.shape[0]), np.diff(np.append(loc, p.shape[0])))
+                mixes[sl] = np.bincount(bi * C + c[p], minlength=loc.shape[0] * C).reshape(-1, C)
             pos += p.shape[0]
             at += loc.shape[0]
             parts.append(p)
@@ -142,8 +159,14 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
             files.append_records("pos", rows[p[a:a + ORDER_ROWS]], ids)
         del rows, p
     files.close()
+    if speeds is not None:  # as cut_batches with batch counts: each bucket's batches drawn at random
+        bb = np.repeat(np.arange(nb.shape[0], dtype=np.int64), nb)
+        starts = (np.cumsum(counts) - counts)[bb] + starts_in_bucket
+        perm = np.lexsort((rng.random(bb.shape[0]), bb))
+        cut = Cut(starts, speeds[1], perm, bb[perm].astype(np.int32))
+        return _Formed(cut, mx_d, sm_d, mx_t, sm_t, counts, groups, speeds[2], mixes)
     cut = cut_batches(counts, bs, rng, batch_counts=None if W is None else nb)
-    return _Formed(cut, mx_d, sm_d, mx_t, sm_t, counts, groups)
+    return _Formed(cut, mx_d, sm_d, mx_t, sm_t, counts, groups, mix=mixes)
 
 
 def _reserve_positions(corpus: SpilledCorpus, files: SpillFiles, entries: int) -> None:
@@ -177,7 +200,9 @@ def _position_rows(corpus: SpilledCorpus, starts: npt.NDArray[np.int64],
 def balanced_or_none(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
                      interleave: str, tolerance: float, cost: CostModel, group: int,
                      final: bool = False, draw: EpochDraw | None = None,
-                     measure: BatchMeasure | None = None) -> EpochLayout | None:
+                     measure: BatchMeasure | None = None, speeds: RankSpeeds | None = None,
+                     full_cost: npt.NDArray[np.float64] | None = None,
+                     window: int | None = None) -> EpochLayout | None:
     """:func:`bucketing.plan.plan_epoch` (balanced) then
     :func:`bucketing.groups.regroup`, from the spill files and per-batch arrays; None where the
     rows cannot fill whole balanced steps (the caller lays the epoch out one bucket per step).
@@ -187,10 +212,17 @@ def balanced_or_none(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, s
     error. ``draw``: a weighted epoch (:func:`draw_epoch`), planned over its entries; the
     layout then carries the per-corpus totals (:attr:`EpochLayout.groups`). ``measure``:
     called on the epoch's batches as laid out (formed ones, then the pieces steps cut: the
-    formed batch taken away, each piece added)."""
+    formed batch taken away, each piece added). ``speeds``: ranks of different speeds
+    (:mod:`bucketing.speeds`): batches sized by each rank's speed, a step's batches dealt by
+    predicted time ÷ speed; ``full_cost``: each bucket's full batch's predicted time (s), which
+    sizes a slow rank's batch so its time, overhead included, scales with its speed. ``window``:
+    a weighted epoch's steps ordered so every ``window`` consecutive ones hold each corpus
+    near its share of the epoch (:func:`bucketing.quota.window_order`; the gaps in
+    :attr:`EpochLayout.windows`)."""
     drop = final and corpus.memory is None
     lay = _balanced_spilled(corpus, bs, W, seed, epoch, interleave=interleave, tolerance=tolerance, cost=cost,
-                            group=group, final=drop, draw=draw, measure=measure)
+                            group=group, final=drop, draw=draw, measure=measure, speeds=speeds,
+                            full_cost=full_cost, window=window)
     if lay is None and drop:
         raise DataprepError(f"the rows cannot fill whole balanced steps of {W} ranks out of core "
                             "(fewer utterances than steps x ranks); plan with a larger --memory-limit")
@@ -227,16 +259,25 @@ class _Stash:
 def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int, *,
                       interleave: str, tolerance: float, cost: CostModel, group: int,
                       final: bool = False, draw: EpochDraw | None = None,
-                      measure: BatchMeasure | None = None) -> EpochLayout | None:
+                      measure: BatchMeasure | None = None, speeds: RankSpeeds | None = None,
+                      full_cost: npt.NDArray[np.float64] | None = None,
+                      window: int | None = None) -> EpochLayout | None:
     """:func:`balanced_or_none` (``final``: remove each bucket's ids once laid out)."""
     counts = corpus.counts if draw is None else draw.counts
     if int(counts.sum()) < W:
         raise DataprepError(f"{int(counts.sum())} utterances cannot fill one step of {W} ranks")
     rng = np.random.default_rng([seed, epoch, 0])
+    sized = None if speeds is None else speed_batches(
+        counts, bs, speeds, None if full_cost is None else slot_shares(speeds, full_cost, cost.overhead))
+    if speeds is not None and sized is None:
+        return None
     # per batch, each stage's arrays are freed once the next has what it needs (at a billion
     # rows an epoch has ~20M batches: every 8-byte array held is ~160 MB)
-    formed = _form_spilled(corpus, bs, W, rng, final, draw, measure)
+    formed = _form_spilled(corpus, bs, W, rng, final, draw, measure, sized, mix=window is not None)
+    del sized
     groups, bucket, perm = formed.groups, formed.cut.bucket, formed.cut.perm
+    klass = None if formed.klass is None else formed.klass[perm]
+    mix = None if formed.mix is None else formed.mix[perm]
     sizes, start = formed.cut.sizes[perm], formed.cut.starts[perm]
     mx_d, mx_t, sm_d, sm_t = formed.max_d[perm], formed.max_t[perm], formed.sum_d[perm], formed.sum_t[perm]
     del formed, perm
@@ -247,13 +288,15 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
     stash = _Stash(corpus.files, "layout.")
     stash.put(start=start, mx_d=mx_d, mx_t=mx_t, sm_d=sm_d, sm_t=sm_t)
     del start, mx_d, mx_t, sm_d, sm_t
-    steps = balance_steps(bucket, off, times, W, tolerance, cost.overhead, padded=padded)
+    if speeds is None or klass is None:
+        steps = balance_steps(bucket, off, times, W, tolerance, cost.overhead, padded=padded)
+    else:
+        seg_step, S = speed_steps(klass, times, speeds)
+        steps = BalancedSteps(off, seg_step, bucket.astype(np.int32), S, 0)
     del times, padded
     if steps is None:
         stash.drop()
         return None
-    rng_steps = np.random.default_rng([seed, epoch, 1]) if interleave == "random" else None
-    order = layout_order(steps, W, rng_steps, np.random.default_rng([seed, epoch, 2]))
     start, mx_d, mx_t, sm_d, sm_t = stash.take("start", "mx_d", "mx_t", "sm_d", "sm_t")
     seg_size = np.diff(steps.seg_offsets)
     if seg_size.shape[0] == sizes.shape[0]:  # no batch cut into pieces: the segments are the batches
@@ -266,6 +309,7 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
         seg_start = start[parent] + (seg_lo - off[parent])
         s_mx_d, s_mx_t, s_sm_d, s_sm_t = mx_d[parent], mx_t[parent], sm_d[parent], sm_t[parent]
         pieces = np.flatnonzero(seg_size != sizes[parent])
+        mix = None if mix is None else mix[parent]
         del seg_lo
     del start, sm_d, sm_t, off, sizes
     split: dict[int, list[npt.NDArray[np.float64]]] = {}  # formed batch -> its pieces' durations
@@ -275,6 +319,8 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
             dk, tk32, *ck = corpus.lookup_columns(int(steps.seg_bucket[i]), piece_rows,
                                                   ("d", "t", "c") if groups is not None else ("d", "t"))
             tk = tk32.astype(np.int64)
+            if mix is not None:
+                mix[i] = np.bincount(ck[0], minlength=mix.shape[1])
             s_mx_d[i], s_mx_t[i] = dk.max(), tk.max()
             s_sm_d[i], s_sm_t[i] = np.add.reduceat(dk, [0])[0], tk.sum()
             if groups is not None:  # the piece's rows pad to its own longest, not the formed batch's
@@ -290,6 +336,18 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
         dk = np.concatenate(parts)
         measure(dk, np.array([0, dk.shape[0]]), mx_d[j:j + 1], bucket[j:j + 1].astype(np.int64), -1)  # type: ignore[misc]
     del mx_d, mx_t, bucket, parent
+    pos = windows = None
+    if mix is not None:  # weight windows: the steps' order by their corpus mix
+        step_mix = np.stack([np.bincount(steps.seg_step, weights=mix[:, j], minlength=steps.num_steps)
+                             for j in range(mix.shape[1])], axis=1).astype(np.int64)
+        pos, windows = window_order(step_mix, step_mix.sum(0) / max(int(step_mix.sum()), 1), int(window or 1),
+                                    np.random.default_rng([seed, epoch, 3]))
+        del step_mix, mix
+    rng_steps = np.random.default_rng([seed, epoch, 1]) if interleave == "random" else None
+    rng_ranks = np.random.default_rng([seed, epoch, 2])
+    order = layout_order(steps, W, rng_steps, rng_ranks, None if speeds is None or klass is None else
+                         speed_rank_order(steps.seg_step, klass, speeds, steps.num_steps, rng_ranks), pos)
+    del klass
     # rank-major batches
     real_seconds, real_tokens = float(s_sm_d[order].sum()), int(s_sm_t.sum())
     del s_sm_d, s_sm_t
@@ -299,6 +357,8 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
     f_mx_d, f_mx_t = s_mx_d[order], s_mx_t[order]
     del s_mx_d, s_mx_t, order
     t = cost.step_time(f_size, f_mx_d, f_mx_t).reshape(W, -1)  # counted before sync groups reorder steps
+    if speeds is not None:
+        t /= speeds.rank_speed()[:, None]  # each rank's time at its speed
     unbalanced = int((t.max(0) > (1 + tolerance) * t.mean(0)).sum())
     del t
     regroup = group_order(W, steps.num_steps, group, seed, epoch)
@@ -314,7 +374,7 @@ def _balanced_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int, 
                    dropped=np.empty(0, np.int64), real_seconds=real_seconds, real_tokens=real_tokens,
                    batch_bucket=f_bucket.astype(np.int32), split_batches=steps.split_batches,
                    unbalanced_steps=unbalanced)
-    return EpochLayout(ep, f_start, f_size, groups)
+    return EpochLayout(ep, f_start, f_size, groups, windows=windows)
 
 
 def plan_epoch_figures(corpus: SpilledCorpus, grid: Grid, bs: npt.NDArray[np.int64], W: int, seed: int, epoch: int,

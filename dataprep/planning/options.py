@@ -3,16 +3,32 @@ which files to read and write, checked once, here, whatever the caller (CLI or P
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
-from manifests.errors import OptionError
+from bucketing.speeds import RankSpeeds
+from manifests.errors import DataprepError, OptionError
 from manifests.options import MAX_COUNT, check_bool, check_choice, check_int, check_number, check_str
 
 INTERLEAVES = ("random", "ascending")
+#: Default ``weight_tolerance``: a corpus's share of every window within 5 points of its target
+DEFAULT_WEIGHT_TOLERANCE = 0.05
+
+
+def check_rank_speed(speeds: object, world_size: int) -> None:
+    """``speeds``: one finite number > 0 per rank."""
+    if not isinstance(speeds, (tuple, list)):
+        raise OptionError("rank_speed", f"must be a list of numbers, one per rank, got {speeds!r}")
+    if len(speeds) != world_size:
+        raise OptionError("rank_speed", f"must give one speed per rank ({world_size}), got {len(speeds)}")
+    for s in speeds:
+        check_number("rank_speed", s, gt=0)
 
 
 @dataclass(frozen=True)
@@ -36,6 +52,13 @@ class PlanOptions:
     ``memory_limit``: bytes the planner may hold (>= 1; None: half the machine's memory); the
     spill (:mod:`dataprep.planning.spill`) is held in memory for a corpus within it and
     written to disk for a larger one, in memory bounded by its largest bucket.
+    ``rank_speed``: each rank's relative speed (finite, > 0; one per rank; None or all equal:
+    every rank alike), for balanced steps only (:mod:`bucketing.speeds`).
+    ``weight_window``: a weighted plan's steps ordered so every that many consecutive steps hold
+    each corpus within ``weight_tolerance`` (absolute share, (0, 1]) of its share of the epoch
+    (:func:`bucketing.quota.window_order`; balanced steps, random interleave, no sync groups).
+    ``stages``: (epochs, weights) per stage (:mod:`dataprep.planning.stages`; replaces
+    ``weights``; the stages' epochs are the plan's).
     """
 
     world_size: int
@@ -55,6 +78,10 @@ class PlanOptions:
     epoch_utterances: int | None = None
     epoch_hours: float | None = None
     memory_limit: int | None = None
+    rank_speed: tuple[float, ...] | None = None
+    weight_window: int | None = None
+    weight_tolerance: float = DEFAULT_WEIGHT_TOLERANCE
+    stages: tuple[tuple[int, Mapping[str, float]], ...] | None = None
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, ge=1)
@@ -85,6 +112,36 @@ class PlanOptions:
         if self.dynamic_resolution is not None and not isinstance(self.dynamic_resolution, DynResConfig):
             raise OptionError("dynamic_resolution", f"must be a DynResConfig, got {type(self.dynamic_resolution).__name__}")
         check_int("memory_limit", self.memory_limit, ge=1, le=2**62, optional=True)
+        if self.rank_speed is not None:
+            check_rank_speed(self.rank_speed, self.world_size)
+            if self.balance == 0 and len(set(self.rank_speed)) > 1:
+                raise OptionError("rank_speed", "needs balanced steps (--balance > 0): one bucket per step "
+                                                "gives every rank the same batch")
+        if self.stages is not None:
+            from dataprep.planning.stages import check_stages
+
+            check_stages(self.stages, self.epochs)
+            if self.weights is not None:
+                raise OptionError("stages", "each stage gives its weights: give --stage or --weights, not both")
+            for _, weights in self.stages:
+                for name, w in weights.items():
+                    check_str("stages", name)
+                    check_number("stages", w, gt=0)
+        check_int("weight_window", self.weight_window, ge=1, optional=True)
+        check_number("weight_tolerance", self.weight_tolerance, gt=0, le=1)
+        if self.weight_window is not None:
+            if self.balance == 0:
+                raise OptionError("weight_window", "needs balanced steps (--balance > 0)")
+            if self.interleave != "random":
+                raise OptionError("weight_window", "orders the steps itself: use --interleave random")
+            if self.sync_group is not None and self.sync_group != self.world_size:
+                raise OptionError("weight_window", "sync groups draw the steps in their own orders; "
+                                                   "give no --sync-group")
+
+    @property
+    def speeds(self) -> RankSpeeds | None:
+        """The ranks' speed classes (None: every rank alike)."""
+        return None if self.rank_speed is None else RankSpeeds.of(self.rank_speed)
 
     @property
     def group(self) -> int:
@@ -97,3 +154,68 @@ class PlanOptions:
         if self.world_size > rows:
             raise OptionError("world_size", f"must be <= the number of rows ({rows}) of the manifest, "
                                             f"got {self.world_size}")
+
+
+def parse_rank_speed(value: str) -> tuple[float, ...]:
+    """``--rank-speed``: speeds as ``1,1,0.7,...`` (one per rank, relative: 0.5 takes twice as
+    long), or a file: a ``costmodel.json`` of ``dataprep calibrate`` (its ``rank_speed`` are
+    time factors, 1.2 = 20% slower: the speed is their inverse; a rank the log lacks runs at
+    1), or text of numbers separated by commas or lines. Bad input: a one-line error naming
+    the file (and line)."""
+    text = value.strip()
+    if text and all(_is_number(p) for p in text.split(",")):
+        return tuple(float(p) for p in text.split(","))
+    path = Path(value)
+    try:
+        body = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataprepError(f"--rank-speed: {value}: neither speeds (1,1,0.7) nor a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataprepError(f"{path}: cannot read rank speeds ({exc})") from None
+    if body.lstrip().startswith("{"):
+        try:
+            obj = json.loads(body)
+        except ValueError as exc:
+            raise DataprepError(f"{path}: not JSON ({exc})") from None
+        factors = obj.get("rank_speed") if isinstance(obj, dict) else None
+        if not isinstance(factors, list) or not factors:
+            raise DataprepError(f"{path}: no rank_speed list (a costmodel.json of `dataprep calibrate`)")
+        out = []
+        for i, f in enumerate(factors):
+            if f is None:
+                out.append(1.0)
+            elif isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f <= 0:
+                raise DataprepError(f"{path}: rank_speed[{i}]: expected a number > 0, got {f!r}")
+            else:
+                out.append(1.0 / float(f))
+        return tuple(out)
+    speeds: list[float] = []
+    for line_no, line in enumerate(body.splitlines(), 1):
+        for part in (p.strip() for p in line.split("#")[0].split(",")):
+            if not part:
+                continue
+            if not _is_number(part):
+                raise DataprepError(f"{path}:{line_no}: not a speed: {part!r}")
+            speeds.append(float(part))
+    if not speeds:
+        raise DataprepError(f"{path}: lists no speeds")
+    return tuple(speeds)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def replan_speeds(options: PlanOptions, parent_speeds: object, parent_world: int,
+                  tolerance: float) -> tuple[float, ...] | None:
+    """A re-plan's rank speeds: ``options.rank_speed``, else the parent's (``plan.json``'s
+    ``rank_speed``) where the world size stays; refused for a plan of one bucket per step."""
+    speeds = options.rank_speed
+    if speeds is None and isinstance(parent_speeds, list) and options.world_size == parent_world:
+        speeds = tuple(float(s) for s in parent_speeds)
+    if speeds is not None and tolerance == 0 and RankSpeeds.of(speeds) is not None:
+        raise OptionError("rank_speed", "needs balanced steps; the plan has one bucket per step (--balance 0)")
+    return speeds

@@ -32,8 +32,10 @@ from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from dataprep.planning.calibrate import cost_equal_sizes
 from dataprep.planning.build import memory_limit_of, spill_for_plan, spills_to_disk
-from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, plan_extra
-from dataprep.planning.options import PlanOptions
+from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, WindowTotals, plan_extra, stages_extra
+from dataprep.planning.stages import recorded_stages, staged_weights
+from bucketing.speeds import RankSpeeds
+from dataprep.planning.options import PlanOptions, replan_speeds
 from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows, draw_without
 from dataprep.planning.exclude import (EXCLUDED_KEY, exclusion_entry, excluded_rows, is_excluded,
                                        read_excluded_ids, recorded_exclusions)
@@ -59,7 +61,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     """Re-plan ``plan_dir`` from ``at_step`` on for ``options.world_size`` ranks into ``out_dir``
     (module docstring). ``manifest`` must be the parent's (by content hash). Of ``options``
     only ``world_size``, ``carry``, ``cost``, ``cost_equal`` (the parent's sizes as memory caps),
-    ``row_group_steps`` and ``sync_group`` apply: seed,
+    ``row_group_steps``, ``sync_group`` and ``rank_speed`` (default: the parent's where the world
+    size stays) apply: seed,
     epochs, interleave, strictness, balance and dynamic resolution are the parent plan's
     (``options.dynamic_resolution``, if given, must equal the parent's).
 
@@ -89,6 +92,7 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     blend = blend_of(manifest, parent, tree=recorded.get("tree")) if isinstance(recorded, dict) else None
     num_corpora = 0 if blend is None else len(blend.probabilities)
     excluded, excluded_entry = _exclusions(plan_dir, meta, manifest, exclude, at_step)
+    speeds = replan_speeds(options, meta.extra.get("rank_speed"), meta.world_size, tol)
     if excluded.shape[0] and blend is not None:
         raise DataprepError(f"{exclude or plan_dir}: excluding rows from a weighted plan is not supported (its "
                             "quotas would have to be drawn again); re-plan the filtered manifest instead")
@@ -107,6 +111,9 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             options.check_rows(corpus.num_rows)  # before any per-rank allocation
             if weighted is not None:
                 _check_recorded_quotas(meta, weighted)
+            stages = recorded_stages(meta.extra.get("stages"))
+            staged = None if stages is None or weighted is None else staged_weights(
+                manifest, stages, weighted.names, *corpus.corpus_sums(len(weighted.names)), parent)
             rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0, excluded),
                                     num_corpora, block_rows=max(1, limit // (2 * ROW_COUNT_BYTES)))
             if stray:
@@ -115,7 +122,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             totals = EpochTotals(len(spec.buckets))
             loop = EpochLoop(corpus, grid, bs, world_size, meta.seed, meta.interleave, tol, cost or CostModel(),
                              group, limit, row_group_steps, str(manifest), weighted,
-                             DynResTotals(dynres_config, len(spec.buckets)) if dynres_config is not None else None)
+                             DynResTotals(dynres_config, len(spec.buckets)) if dynres_config is not None else None,
+                             None if speeds is None else RankSpeeds.of(speeds), _window(meta, weighted), staged)
 
             def error(e: int, exc: Exception) -> DataprepError:
                 return DataprepError(f"{plan_dir}: cannot re-plan epoch {e} from step {at_step} for {world_size} "
@@ -126,14 +134,25 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
                 loop.run(writer, range(e0, meta.epochs), at_step, totals, last=meta.epochs - 1, rest=e0,
                          draw_of=lambda e: rest if e == e0 else draw_without(corpus, excluded, num_corpora)
                          if excluded.shape[0] else None if weighted is None
-                         else draw_epoch(corpus, weighted.sampler, e), error=error)
-                extra = {**plan_extra(weighted, loop.dynres), **excluded_entry}
+                         else draw_epoch(corpus, (weighted if staged is None else staged.of(e)).sampler, e),
+                         error=error)
+                known = {e: meta.first_step_of_epoch[e] for e in range(e0 + 1)}
+                extra = {**plan_extra(weighted, loop.dynres, speeds, loop.window),
+                         **stages_extra(staged, totals, meta.epochs, known), **excluded_entry}
                 return writer.finish(dataclasses.replace(_replan_meta(
                     meta, world_size, at_step, totals, corpus.carried, corpus.carry, tol, group, extra),
                     buckets=spec.to_json()["buckets"]))
     finally:
         if root is not None:
             remove_spill(root)
+
+
+def _window(meta: PlanMeta, weighted: WeightedEpochs | None) -> WindowTotals | None:
+    """The parent's weight windows (``plan.json``'s ``weight_window``), kept."""
+    recorded = meta.extra.get("weight_window")
+    if not isinstance(recorded, dict) or weighted is None:
+        return None
+    return WindowTotals(int(recorded["window"]), float(recorded["tolerance"]))
 
 
 def _replan_meta(meta: PlanMeta, world_size: int, at_step: int, totals: EpochTotals, carried: int, carry: bool,

@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from bucketing.step_figures import PlanReport, plan_report, step_warnings
 from bucketing.costmodel import CostModel
@@ -18,6 +19,7 @@ from manifests.manifest_read import read_manifest
 from manifests.options import MAX_COUNT, check_int, check_number
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PlanMeta, read_plan_meta
+from dataprep.planning.options import check_rank_speed
 
 DEFAULT_WORLD_SIZES = (2, 16, 128)
 #: Largest ``slow`` factor and ``exchange`` time (seconds) a simulation takes: beyond them the
@@ -61,6 +63,7 @@ def simulate_plan(
     epoch: int = 0,
     seed: int = 0,
     batches: dict[str, np.ndarray] | None = None,
+    speed: Sequence[float] | None = None,
 ) -> list[SimResult]:
     """Tail-worker simulation of one epoch of a plan: at the plan's world size with its own
     step layout, and at each of ``world_sizes`` by re-dealing the same batches (one bucket
@@ -68,7 +71,8 @@ def simulate_plan(
 
     With ``manifest`` (which must be the plan's, by content hash), batch lengths are
     recomputed from it instead of read from the shards. ``batches``: that epoch's
-    :func:`read_epoch_batches`, when the caller has read them already.
+    :func:`read_epoch_batches`, when the caller has read them already. ``speed``: each rank's
+    relative speed at the plan's world size (default: the plan's ``rank_speed``, else alike).
     """
     for w in world_sizes:  # before anything is read or allocated (an array per world size)
         check_int("world_sizes", w, ge=1, le=MAX_COUNT)
@@ -94,10 +98,11 @@ def simulate_plan(
             max_d[:, r] = np.maximum.reduceat(d[rows], starts)
             max_t[:, r] = np.maximum.reduceat(tk[rows], starts)
     times = cost.step_time(m["size"], max_d, max_t)
+    own = times / rank_speeds(meta, speed)[None, :]  # the plan's steps on its ranks
     results = []
     for w in dict.fromkeys([W, *world_sizes]):
         results.append(simulate(m["bucket"].ravel(), times.ravel(), w, seed=seed,
-                                sync_matrix=times if w == W else None, overhead=cost.overhead))
+                                sync_matrix=own if w == W else None, overhead=cost.overhead))
     return results
 
 
@@ -108,6 +113,7 @@ def simulate_with_warnings(
     manifest: str | os.PathLike[str] | None = None,
     epoch: int = 0,
     seed: int = 0,
+    speed: Sequence[float] | None = None,
 ) -> tuple[list[SimResult], list[str]]:
     """:func:`simulate_plan` at the world sizes the epoch's batches can fill (other ones are
     skipped), and one-line warnings: each world size skipped, and why speedups at world sizes
@@ -120,7 +126,7 @@ def simulate_with_warnings(
     fill = [w for w in world_sizes if w <= batches or w == W]
     warnings = [f"world size {w} skipped: epoch {epoch} holds {batches:,} batches, fewer than {w} ranks to fill"
                 for w in dict.fromkeys(world_sizes) if w not in fill]
-    results = simulate_plan(plan_dir, fill, cost, manifest=manifest, epoch=epoch, seed=seed, batches=m)
+    results = simulate_plan(plan_dir, fill, cost, manifest=manifest, epoch=epoch, seed=seed, batches=m, speed=speed)
     thin = [r for r in results if not r.representative]
     if thin:
         per = min(r.batches_per_bucket for r in thin)
@@ -139,14 +145,27 @@ def plan_warnings(meta: PlanMeta) -> list[str]:
                          meta.balance.straggler if meta.balance is not None else None)
 
 
+def rank_speeds(meta: PlanMeta, speed: Sequence[float] | None = None) -> npt.NDArray[np.float64]:
+    """Each rank's relative speed: ``speed`` (one finite number > 0 per rank of the plan), else
+    the plan's ``rank_speed`` (``plan-batches --rank-speed``), else 1 for every rank."""
+    if speed is None:
+        recorded = meta.extra.get("rank_speed")
+        speed = recorded if isinstance(recorded, list) and len(recorded) == meta.world_size else None
+    if speed is None:
+        return np.ones(meta.world_size)
+    check_rank_speed(list(speed), meta.world_size)
+    return np.asarray(speed, dtype=np.float64)
+
+
 def plan_steps_report(plan_dir: str | os.PathLike[str], cost: CostModel | None = None, epoch: int = 0,
-                      batches: dict[str, np.ndarray] | None = None) -> PlanReport:
+                      batches: dict[str, np.ndarray] | None = None, speed: Sequence[float] | None = None) -> PlanReport:
     """Fill, straggler, same-bucket share and padded-audio balance of one epoch of a written
     plan, at its own world size and step layout (:func:`bucketing.step_figures.plan_report`);
-    ``batches`` as in :func:`simulate_plan`."""
+    ``batches`` and ``speed`` as in :func:`simulate_plan`."""
     meta = read_plan_meta(plan_dir)
     m = batches if batches is not None else read_epoch_batches(plan_dir, epoch)
-    return plan_report(m["bucket"], m["size"], m["max_duration"], m["max_tokens"], meta.batch_sizes, cost)
+    return plan_report(m["bucket"], m["size"], m["max_duration"], m["max_tokens"], meta.batch_sizes, cost,
+                       rank_speeds(meta, speed))
 
 
 def simulate_strategies(
@@ -157,12 +176,13 @@ def simulate_strategies(
     slow: dict[int, float] | None = None,
     exchange: float = 0.005,
     epoch: int = 0,
+    speed: Sequence[float] | None = None,
 ) -> list[StrategyResult]:
     """One epoch of a plan under each of ``strategies`` (sync | adpsgd | hybrid,
     :func:`bucketing.simulate.simulate_strategy`); ``group_size`` for hybrid defaults to the
     plan's ``sync_group`` (else 8 when it divides the world size, else all ranks). ``slow``:
     ``{rank: factor}``, a rank of the plan and a finite factor in (0, :data:`MAX_SLOW_FACTOR`];
-    ``exchange``: seconds in [0, :data:`MAX_EXCHANGE_S`]."""
+    ``exchange``: seconds in [0, :data:`MAX_EXCHANGE_S`]; ``speed`` as in :func:`simulate_plan`."""
     if cost is not None and not isinstance(cost, CostModel):
         raise OptionError("cost", f"must be a CostModel, got {type(cost).__name__}")
     cost = cost or CostModel()
@@ -179,7 +199,7 @@ def simulate_strategies(
     if group_size is None:
         group_size = meta.sync_group or (8 if W % 8 == 0 and W > 8 else W)
     m = read_epoch_batches(plan_dir, epoch)
-    times = cost.step_time(m["size"], m["max_duration"], m["max_tokens"])
+    times = cost.step_time(m["size"], m["max_duration"], m["max_tokens"]) / rank_speeds(meta, speed)[None, :]
     out = []
     for st in strategies:
         try:

@@ -218,7 +218,10 @@ def check_quotas(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[s
     if not isinstance(recorded, dict):
         raise DataprepError(f"{plan_dir}: not a weighted plan")
     names = [c["corpus"] for c in recorded["corpora"]]
-    want = np.asarray([c["quota"] for c in recorded["corpora"]], dtype=np.int64)
+    want = np.tile(np.asarray([c["quota"] for c in recorded["corpora"]], dtype=np.int64), (meta.epochs, 1))
+    for st in meta.extra.get("stages") or []:  # a staged plan: each stage's epochs, its quotas
+        quota = {c["corpus"]: int(c["quota"]) for c in st["weights"]["corpora"]}
+        want[st["epochs"][0]:st["epochs"][1] + 1] = [quota[n] for n in names]
     blocks = iter_corpus_codes(manifest, names, block_rows)
     if blocks is None:
         raise DataprepError(f"{manifest}: has no corpus column, the plan's manifest has")
@@ -244,8 +247,8 @@ def check_quotas(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[s
         if got[e, c]:
             raise DataprepError(f"{plan_dir}: epoch {e}: {int(got[e, c])} utterances of a corpus the plan's "
                                 f"weights do not list (plan made from another manifest?)")
-        if not np.array_equal(got[e, :c], want):
-            k = int(np.flatnonzero(got[e, :c] != want)[0])
+        if not np.array_equal(got[e, :c], want[e]):
+            k = int(np.flatnonzero(got[e, :c] != want[e])[0])
             raise DataprepError(f"{plan_dir}: epoch {e}: corpus {names[k]!r} has {int(got[e, k])} utterances, "
-                                f"its quota is {int(want[k])}")
+                                f"its quota is {int(want[e, k])}")
     return int(whole.sum())
