@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 from bucketing.batching import bucket_sums
 from bucketing.quota import QuotaSampler
-from dataprep.planning.exclude import is_excluded
+from dataprep.planning.exclude import ExcludedDraw, is_excluded
 from dataprep.planning.spill import SpilledCorpus
 
 @dataclass(frozen=True)
@@ -110,3 +110,11 @@ def draw_without(corpus: SpilledCorpus, excluded: npt.NDArray[np.int64], num_cor
         return (~is_excluded(own, excluded)).astype(np.int32)
 
     return _epoch_draw(corpus, times, num_corpora)
+
+
+def draw_weighted_without(corpus: SpilledCorpus, draw: ExcludedDraw, sampler: QuotaSampler, names: list[str],
+                          epoch: int) -> EpochDraw:
+    """A weighted epoch of ``sampler``'s quotas drawn from the rows ``draw`` leaves (a re-plan's
+    ``--exclude``, :class:`dataprep.planning.exclude.ExcludedDraw`), as :func:`draw_epoch`."""
+    remaining = draw.sampler(sampler, names)
+    return _epoch_draw(corpus, lambda k: draw.times(k, remaining, epoch), sampler.sizes.shape[0])

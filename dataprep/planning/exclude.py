@@ -5,14 +5,15 @@ Parquet file with an ``id`` column (a rejects file, a manifest). Ids become mani
 by streaming the manifest's ``id`` column block by block (memory: the ids asked and one block).
 The re-plan records the excluded rows (sorted, unique) in ``plan.json`` under ``excluded``, so a
 later re-plan keeps them out too and ``dataprep verify`` checks that no batch at or after the
-step they were excluded from holds one.
+step they were excluded from holds one. A weighted plan's later epochs draw each corpus's quota
+again from its remaining rows (:class:`ExcludedDraw`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -21,11 +22,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from bucketing.quota import QuotaSampler
 from manifests.arrow_views import numeric_values
 from manifests.errors import DataprepError
 from manifests.manifest_read import iter_manifest
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PlanMeta
+
+if TYPE_CHECKING:
+    from dataprep.planning.spill import SpilledCorpus
 
 #: manifest rows per block while ids are matched to row numbers
 ID_BLOCK_ROWS = 1 << 20
@@ -133,3 +138,51 @@ def check_exclusions(plan_dir: str | os.PathLike[str], meta: PlanMeta) -> tuple[
                 raise DataprepError(f"{shard.path}: holds excluded manifest row {int(rows[bad][0])} at or after "
                                     f"step {from_step}")
     return int(excluded.shape[0]), from_step
+
+
+class ExcludedDraw:
+    """A weighted re-plan's epochs without ``excluded`` rows: each corpus's quota drawn again
+    from its remaining rows (:class:`bucketing.quota.QuotaSampler` of the remaining sizes; a
+    remaining row's index is its index among them), so every corpus still gives exactly its
+    quota per epoch and an under-sampled one covers all its remaining rows before any repeats.
+    The excluded rows of each corpus are found once, one bucket of the spill at a time."""
+
+    def __init__(self, corpus: SpilledCorpus, excluded: npt.NDArray[np.int64], num_corpora: int) -> None:
+        self.corpus, self.excluded = corpus, excluded
+        found: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(num_corpora)]
+        for k in np.flatnonzero(corpus.counts).tolist():
+            own = corpus.column(k, "rows", corpus.row_dtype).astype(np.int64, copy=False)
+            hit = is_excluded(own, excluded)
+            if hit.any():
+                codes = corpus.column(k, "c", np.int32)[hit]
+                for c in np.unique(codes).tolist():
+                    found[c].append(own[hit][codes == c])
+        #: per corpus, its excluded manifest rows that lie in a bucket (ascending)
+        self.by_corpus = [np.sort(np.concatenate(f)) if f else np.zeros(0, np.int64) for f in found]
+        self._samplers: dict[int, QuotaSampler] = {}
+
+    def sampler(self, parent: QuotaSampler, names: list[str]) -> QuotaSampler:
+        """``parent``'s quotas and seed over the remaining rows of each corpus."""
+        got = self._samplers.get(id(parent))
+        if got is None:
+            left = parent.sizes - np.asarray([b.shape[0] for b in self.by_corpus], dtype=np.int64)
+            gone = np.flatnonzero((left == 0) & (parent.quota > 0))
+            if gone.shape[0]:
+                c = int(gone[0])
+                raise DataprepError(f"every row of corpus {names[c]!r} is excluded; its quota of "
+                                    f"{int(parent.quota[c]):,} utterances an epoch cannot be drawn")
+            got = self._samplers[id(parent)] = QuotaSampler(left, parent.quota, parent.seed)
+        return got
+
+    def times(self, k: int, sampler: QuotaSampler, epoch: int) -> npt.NDArray[np.int64]:
+        """Times each row of bucket ``k`` (its column order) is taken in ``epoch`` by ``sampler``
+        (of :meth:`sampler`): 0 for an excluded row."""
+        own = self.corpus.column(k, "rows", self.corpus.row_dtype).astype(np.int64, copy=False)
+        codes = self.corpus.column(k, "c", np.int32).copy()
+        index = self.corpus.column(k, "i", self.corpus.row_dtype).astype(np.int64)
+        for c in np.unique(codes[codes >= 0]).tolist():
+            if self.by_corpus[c].shape[0]:
+                at = codes == c
+                index[at] -= np.searchsorted(self.by_corpus[c], own[at])
+        codes[is_excluded(own, self.excluded)] = -1
+        return sampler.times(codes, index, epoch)

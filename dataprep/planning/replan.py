@@ -36,8 +36,8 @@ from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, Windo
 from dataprep.planning.stages import recorded_stages, staged_weights
 from bucketing.speeds import RankSpeeds
 from dataprep.planning.options import PlanOptions, replan_speeds
-from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows, draw_without
-from dataprep.planning.exclude import (EXCLUDED_KEY, exclusion_entry, excluded_rows, is_excluded,
+from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows, draw_weighted_without, draw_without
+from dataprep.planning.exclude import (EXCLUDED_KEY, ExcludedDraw, exclusion_entry, excluded_rows, is_excluded,
                                        read_excluded_ids, recorded_exclusions)
 from dataprep.planning.weights import WeightedEpochs, blend_of
 from manifests.arrow_views import numeric_values
@@ -69,7 +69,9 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     ``exclude``: a file of ids (:func:`dataprep.planning.exclude.read_excluded_ids`) never seen
     from ``at_step`` on: the rest of that epoch is the unseen rows without them, every later
     epoch every other row once; with the parent's own exclusions (kept), recorded in
-    ``plan.json``. A weighted plan's quotas are not re-drawn: refused there."""
+    ``plan.json``. A weighted plan's later epochs draw each corpus's quota again from its
+    remaining rows (:class:`dataprep.planning.exclude.ExcludedDraw`); the rest of ``at_step``'s
+    epoch is its unseen rows without the excluded ones."""
     if not isinstance(options, PlanOptions):
         raise DataprepError(f"replan: options must be PlanOptions, got {type(options).__name__}")
     check_int("at_step", at_step, le=None)  # its range is the plan's, checked below
@@ -93,9 +95,6 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     num_corpora = 0 if blend is None else len(blend.probabilities)
     excluded, excluded_entry = _exclusions(plan_dir, meta, manifest, exclude, at_step)
     speeds = replan_speeds(options, meta.extra.get("rank_speed"), meta.world_size, tol)
-    if excluded.shape[0] and blend is not None:
-        raise DataprepError(f"{exclude or plan_dir}: excluding rows from a weighted plan is not supported (its "
-                            "quotas would have to be drawn again); re-plan the filtered manifest instead")
     limit = memory_limit_of(options)
     root = spill_dir(out_dir) if spills_to_disk(manifest, options) else None
     try:
@@ -114,8 +113,11 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             stages = recorded_stages(meta.extra.get("stages"))
             staged = None if stages is None or weighted is None else staged_weights(
                 manifest, stages, weighted.names, *corpus.corpus_sums(len(weighted.names)), parent)
-            rest, stray = draw_rows(corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0, excluded),
-                                    num_corpora, block_rows=max(1, limit // (2 * ROW_COUNT_BYTES)))
+            gone = ExcludedDraw(corpus, excluded, num_corpora) if excluded.shape[0] and weighted is not None else None
+            # excluding from an epoch's first step: that epoch is drawn whole again, its quotas exact
+            rest, stray = (None, 0) if gone is not None and at_step == meta.first_step_of_epoch[e0] else draw_rows(
+                corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0, excluded), num_corpora,
+                block_rows=max(1, limit // (2 * ROW_COUNT_BYTES)))
             if stray:
                 raise DataprepError(f"{plan_dir}: {stray} of the rows the plan has not trained are in no bucket of "
                                     "the re-plan's allocation (another manifest?)")
@@ -132,9 +134,11 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
                             target_frames=dynres_config is not None) as writer:
                 loop.run(writer, range(e0, meta.epochs), at_step, totals, last=meta.epochs - 1, rest=e0,
-                         draw_of=lambda e: rest if e == e0 else draw_without(corpus, excluded, num_corpora)
-                         if excluded.shape[0] else None if weighted is None
-                         else draw_epoch(corpus, (weighted if staged is None else staged.of(e)).sampler, e),
+                         draw_of=lambda e: rest if e == e0 and rest is not None else None if weighted is None and not excluded.shape[0]
+                         else draw_without(corpus, excluded, num_corpora) if weighted is None
+                         else draw_epoch(corpus, (weighted if staged is None else staged.of(e)).sampler, e)
+                         if not excluded.shape[0] else draw_weighted_without(
+                             corpus, gone, (weighted if staged is None else staged.of(e)).sampler, weighted.names, e),
                          error=error)
                 known = {e: meta.first_step_of_epoch[e] for e in range(e0 + 1)}
                 extra = {**plan_extra(weighted, loop.dynres, speeds, loop.window),

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from dataprep.planning.build import build_plan, spills_to_disk
 from dataprep.planning.exclude import check_exclusions, read_excluded_ids
@@ -113,7 +115,7 @@ def test_a_parquet_rejects_file_names_the_ids(parent: Parent, tmp_path: Path) ->
     assert meta.extra["excluded"]["rows"] == [10, 11, 12]
 
 
-def test_bad_exclusion_files_and_weighted_plans_are_refused_in_one_line(parent: Parent, tmp_path: Path) -> None:
+def test_bad_exclusion_files_are_refused_in_one_line(parent: Parent, tmp_path: Path) -> None:
     (tmp_path / "latin1.txt").write_bytes(b"u00001\ncaf\xe9\n")
     pl.DataFrame({"name": ["x"]}).write_parquet(tmp_path / "noid.parquet")
     write_ids(tmp_path / "none.txt", ["zzz", "yyy"])
@@ -123,12 +125,65 @@ def test_bad_exclusion_files_and_weighted_plans_are_refused_in_one_line(parent: 
         with pytest.raises(DataprepError, match=match):
             replan(parent.plan, parent.manifest, tmp_path / "re", PlanOptions(world_size=2), at_step=1,
                    exclude=tmp_path / name)
-    manifest, buckets = write_plan_inputs(tmp_path / "w", 300, seed=2, num_buckets=3, corpora=2)
-    plan = tmp_path / "wplan"
-    build_plan(manifest, buckets, plan, PlanOptions(world_size=2, epochs=2, weights={"c0": 1.0, "c1": 2.0}))
-    ids = pl.read_parquet(manifest)["id"].to_list()[:3]
-    with pytest.raises(DataprepError, match="weighted plan is not supported"):
-        replan(plan, manifest, tmp_path / "wre", PlanOptions(world_size=2), at_step=1,
+
+
+@pytest.fixture(scope="module")
+def weighted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    root = tmp_path_factory.mktemp("wexclude")
+    manifest, buckets = write_plan_inputs(root, 400, seed=2, num_buckets=3, corpora=3)
+    plan = root / "plan"
+    build_plan(manifest, buckets, plan, PlanOptions(world_size=2, epochs=3, weights={"c0": 1.0, "c1": 2.0, "c2": 4.0}))
+    return manifest, plan, read_plan_meta(plan).extra["weights"]
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(at=st.floats(0.05, 0.95), share=st.floats(0.01, 0.3), seed=st.integers(0, 2**16))
+@example(at=0.0, share=0.1, seed=1)  # from step 0: the first epoch drawn again
+def test_a_weighted_replan_excludes_and_draws_each_quota_again(weighted: tuple[Path, Path, dict],
+                                                                tmp_path_factory: pytest.TempPathFactory,
+                                                                at: float, share: float, seed: int) -> None:
+    """Steps before K unchanged; no excluded row at or after K; every later epoch gives each
+    corpus exactly its quota from its remaining rows (all of them before any repeats, or each
+    row floor(k) or ceil(k) times); the rest of K's epoch is its unseen rows less the excluded."""
+    manifest, plan, recorded = weighted
+    tmp = tmp_path_factory.mktemp("wre")
+    m = pl.read_parquet(manifest, columns=["id", "corpus"])
+    rng = np.random.default_rng(seed)
+    gone = set(rng.choice(m.height, max(1, int(share * m.height)), replace=False).tolist())
+    meta = read_plan_meta(plan)
+    k = int(at * (meta.num_steps - 1))
+    out = replan(plan, manifest, tmp / "re", PlanOptions(world_size=2), at_step=k,
+                 exclude=write_ids(tmp / "x.txt", [m["id"][i] for i in sorted(gone)]))
+    assert not [r for e, st_, rows in batches(tmp / "re") for r in rows if r in gone]
+    assert [c["quota"] for c in out.extra["weights"]["corpora"]] == [c["quota"] for c in recorded["corpora"]]
+    quota = {c["corpus"]: c["quota"] for c in recorded["corpora"]}
+    corpus_of = m["corpus"].to_list()
+    e0 = max(e for e, s0 in enumerate(meta.first_step_of_epoch) if s0 <= k)
+    parent_rest = collections.Counter(r for e, st_, rows in batches(plan) if e == e0 and st_ >= k for r in rows)
+    new = batches(tmp / "re")
+    boundary = k == meta.first_step_of_epoch[e0]  # then K's epoch is drawn whole again
+    if not boundary:
+        assert collections.Counter(r for e, _, rows in new if e == e0 for r in rows) == collections.Counter(
+            {r: n for r, n in parent_rest.items() if r not in gone})
+    for e in range(e0 + (not boundary), meta.epochs):
+        taken = collections.Counter(r for ep, _, rows in new if ep == e for r in rows)
+        for name, q in quota.items():
+            left = [i for i in range(m.height) if corpus_of[i] == name and i not in gone]
+            times = [taken.get(i, 0) for i in left]
+            assert sum(times) == q  # exactly the quota
+            lo = q // len(left)
+            assert set(times) <= {lo, lo + 1}  # every remaining row floor or ceil times: all before repeats
+    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "verify", str(tmp / "re"), "--manifest",
+                          str(manifest)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_weighted_corpus_excluded_whole_is_one_line(weighted: tuple[Path, Path, dict], tmp_path: Path) -> None:
+    manifest, plan, _ = weighted
+    m = pl.read_parquet(manifest, columns=["id", "corpus"])
+    ids = m.filter(pl.col("corpus") == "c1")["id"].to_list()
+    with pytest.raises(DataprepError, match="every row of corpus 'c1' is excluded; its quota of"):
+        replan(plan, manifest, tmp_path / "re", PlanOptions(world_size=2), at_step=1,
                exclude=write_ids(tmp_path / "w.txt", ids))
 
 
