@@ -21,6 +21,25 @@ INTERLEAVES = ("random", "ascending")
 DEFAULT_WEIGHT_TOLERANCE = 0.05
 
 
+def check_stages(stages: object, epochs: int) -> None:
+    """``stages``: (epochs >= 1, weights) pairs whose epochs sum to the plan's, each weighing
+    the same corpora."""
+    if not isinstance(stages, (tuple, list)) or not stages:
+        raise OptionError("stages", f"must be (epochs, weights) pairs, got {stages!r}")
+    names = None
+    for st in stages:
+        if not isinstance(st, (tuple, list)) or len(st) != 2 or not isinstance(st[1], Mapping) or not st[1]:
+            raise OptionError("stages", f"must be (epochs, weights) pairs, got {st!r}")
+        if isinstance(st[0], bool) or not isinstance(st[0], int) or st[0] < 1:
+            raise OptionError("stages", f"a stage's epochs must be an integer >= 1, got {st[0]!r}")
+        if names is not None and set(st[1]) != names:
+            raise OptionError("stages", f"every stage must weigh the same corpora ({', '.join(sorted(names))})")
+        names = set(st[1])
+    total = sum(st[0] for st in stages)
+    if total != epochs:
+        raise OptionError("stages", f"the stages' epochs ({total}) must be the plan's epochs ({epochs})")
+
+
 def check_rank_speed(speeds: object, world_size: int) -> None:
     """``speeds``: one finite number > 0 per rank."""
     if not isinstance(speeds, (tuple, list)):
@@ -118,8 +137,6 @@ class PlanOptions:
                 raise OptionError("rank_speed", "needs balanced steps (--balance > 0): one bucket per step "
                                                 "gives every rank the same batch")
         if self.stages is not None:
-            from dataprep.planning.stages import check_stages
-
             check_stages(self.stages, self.epochs)
             if self.weights is not None:
                 raise OptionError("stages", "each stage gives its weights: give --stage or --weights, not both")

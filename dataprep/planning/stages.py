@@ -49,25 +49,6 @@ def parse_stage(text: str) -> tuple[int, dict[str, float]]:
     return int(count), out
 
 
-def check_stages(stages: object, epochs: int) -> None:
-    """``stages``: (epochs >= 1, weights) pairs whose epochs sum to the plan's, each weighing
-    the same corpora."""
-    if not isinstance(stages, (tuple, list)) or not stages:
-        raise OptionError("stages", f"must be (epochs, weights) pairs, got {stages!r}")
-    names = None
-    for st in stages:
-        if not isinstance(st, (tuple, list)) or len(st) != 2 or not isinstance(st[1], Mapping) or not st[1]:
-            raise OptionError("stages", f"must be (epochs, weights) pairs, got {st!r}")
-        if isinstance(st[0], bool) or not isinstance(st[0], int) or st[0] < 1:
-            raise OptionError("stages", f"a stage's epochs must be an integer >= 1, got {st[0]!r}")
-        if names is not None and set(st[1]) != names:
-            raise OptionError("stages", f"every stage must weigh the same corpora ({', '.join(sorted(names))})")
-        names = set(st[1])
-    total = sum(st[0] for st in stages)
-    if total != epochs:
-        raise OptionError("stages", f"the stages' epochs ({total}) must be the plan's epochs ({epochs})")
-
-
 @dataclass
 class StagedWeights:
     """Each stage's first epoch and :class:`WeightedEpochs` (the corpora in one order)."""
