@@ -16,6 +16,7 @@ from bucketing.quota import QuotaSampler
 from dataprep.planning.exclude import ExcludedDraw, is_excluded
 from dataprep.planning.spill import SpilledCorpus
 
+
 @dataclass(frozen=True)
 class EpochDraw:
     """An epoch's entries per bucket when they are not every row once (a weighted epoch,

@@ -13,8 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dataprep.integrations.rows import (ROWS_CACHE_VERSION, ROWS_META, ROWS_PER_BATCH, ManifestRows, build_rows_cache,
-                                        index_path)
+from dataprep.integrations.rows import (
+    ROWS_CACHE_VERSION,
+    ROWS_META,
+    ROWS_PER_BATCH,
+    ManifestRows,
+    build_rows_cache,
+    index_path,
+)
 from manifests.column_cache import write_ipc_file
 from manifests.errors import DataprepError
 from manifests.hash_cache import manifest_hash
