@@ -10,6 +10,7 @@ __all__ = [
     "lhotse_source",
     "nemo",
     "pack",
+    "prefetch",
     "rows",
     "torch",
 ]
