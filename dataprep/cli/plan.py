@@ -17,8 +17,9 @@ from dataprep.cli.buckets import print_policy_comparison
 from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan
 from dataprep.planning import spills_to_disk
-from dataprep.planning.simulate import (MAX_EXCHANGE_S, MAX_SLOW_FACTOR, plan_steps_report, plan_warnings,
-                                       simulate_strategies, simulate_with_warnings)
+from dataprep.planning.simulate import (MAX_EXCHANGE_S, MAX_SLOW_FACTOR, StoreReads, plan_steps_report,
+                                       plan_warnings, simulate_strategies, simulate_with_warnings, store_reads)
+from dataprep.planning.step_reads import StoreModel
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
 from manifests.options import check_needs
@@ -29,7 +30,7 @@ from manifests.plan_meta import PlanMeta, read_plan_meta
 #: PlanOptions field -> flag where the flag is not ``--field-name``
 PLAN_FLAGS = {"at_step": "--at-step", "cost": "--coef"}
 #: simulate_plan / simulate_strategies argument -> flag
-SIM_FLAGS = {"slow": "--slow-rank", "cost": "--coef"}
+SIM_FLAGS = {"slow": "--slow-rank", "cost": "--coef", "store": "--store"}
 _PLAN = defaults_of(PlanOptions)
 
 
@@ -227,8 +228,10 @@ def simulate_cmd(
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="Ranks per synchronous group for hybrid (default: the plan's --sync-group, else 8).")] = None,
     slow_rank: Annotated[Optional[list[str]], typer.Option("--slow-rank", help="RANK=FACTOR: that rank's batches take FACTOR times longer (e.g. 3=1.5).")] = None,
     exchange: Annotated[float, typer.Option("--exchange", help="Seconds per ADPSGD pairwise weight exchange (one per step).")] = 0.005,
+    store: Annotated[Optional[list[str]], typer.Option("--store", help=f"Store model NAME=VALUE for the reads per step (with --manifest; {', '.join(StoreModel.names())}).")] = None,
 ) -> None:
-    """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not."""
+    """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not;
+    with --manifest, also the requests and bytes each rank-step reads from a store."""
     check_range("--exchange", exchange, ge=0, le=MAX_EXCHANGE_S)  # refused even where no --strategy uses it
     ws = parse_world_sizes("--world-sizes", world_sizes)
     try:
@@ -240,6 +243,9 @@ def simulate_cmd(
     check_needs("--slow-rank", bool(slow), "--strategy", bool(strategies))
     check_needs("--exchange", exchange != 0.005, "--strategy adpsgd or hybrid", bool({"adpsgd", "hybrid"} & set(strategies)))
     check_needs("--group-size", group_size is not None, "--strategy hybrid", "hybrid" in strategies)
+    check_needs("--store", bool(store), "--manifest", manifest is not None)
+    with option_flags(SIM_FLAGS):
+        store_model = StoreModel().with_overrides(store or [])
     with option_flags(SIM_FLAGS):  # the library checks every value (finite, in range)
         results, warnings = simulate_with_warnings(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed)
     out.print(f"tail-worker simulation, epoch {epoch}; cost model: {cost}")
@@ -261,6 +267,8 @@ def simulate_cmd(
         out.print("  ".join(f"{c:>14}" for c in cells) + note)
     for w in warnings:
         out.print(f"warning: {w}", markup=False)
+    if manifest is not None:
+        print_store_reads(store_reads(plan_dir, manifest, epoch, store_model))
     if strategies:
         with option_flags(SIM_FLAGS):
             res = simulate_strategies(plan_dir, strategies, cost, group_size, slow, exchange, epoch)
@@ -271,6 +279,19 @@ def simulate_cmd(
         for r in res:
             cells = (r.strategy, r.group_size, f"{r.time:.1f}", f"{r.utt_per_s:.1f}", pct(r.idle), r.staleness)
             out.print("  ".join(f"{c:>10}" for c in cells))
+
+
+def print_store_reads(r: StoreReads) -> None:
+    """The reads per rank-step and what the store model predicts, as ``simulate`` prints them."""
+    s = r.store
+    out.print(f"store reads per rank-step (neighbours coalesced): requests mean {r.requests.mean():.1f} max "
+              f"{int(r.requests.max())}, {r.nbytes.mean() / 1e6:.2f} MB mean, objects mean {r.objects.mean():.1f}; "
+              f"fetched / used {r.fetched_per_used:.3f}"
+              + (f"; {plural(r.unpriced, 'Parquet audio row')} not counted" if r.unpriced else ""))
+    rate = "no limit" if s.request_rate is None else f"{s.request_rate:g} req/s"
+    out.print(f"store model (latency {s.latency_s * 1e3:g} ms, {s.bandwidth / 1e6:g} MB/s, {rate}, "
+              f"{s.concurrency} in flight per rank): first batch {r.first_batch_s:.3f} s, input "
+              f"{r.steps_per_s:.1f} steps/s = {r.utt_per_s:.0f} utterances/s on the slowest rank")
 
 
 def _slow_ranks(pairs: list[str]) -> dict[int, float]:

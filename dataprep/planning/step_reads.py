@@ -10,11 +10,13 @@ time to first batch and input throughput per rank. Units: bytes, seconds. Pure a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import numpy.typing as npt
 
+from manifests.errors import OptionError
 from manifests.options import check_int, check_number
 
 #: Largest gap (bytes) between two ranges of one object read as one request: a tar member's
@@ -87,6 +89,29 @@ class StoreModel:
         check_number("bandwidth", self.bandwidth, gt=0)
         check_number("request_rate", self.request_rate, gt=0, optional=True)
         check_int("concurrency", self.concurrency, ge=1, le=4096)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def with_overrides(self, pairs: Iterable[str]) -> StoreModel:
+        """``NAME=VALUE`` overrides (``latency_s=0.05``, ``request_rate=3500``); an
+        :class:`~manifests.errors.OptionError` names a bad one."""
+        out = self
+        for pair in pairs:
+            name, sep, value = pair.partition("=")
+            name = name.strip()
+            if not sep or name not in self.names():
+                raise OptionError("store", f"{pair!r}: expected NAME=VALUE with NAME in {', '.join(self.names())}")
+            try:
+                number: float = int(value) if name == "concurrency" else float(value)
+            except ValueError:
+                raise OptionError("store", f"{pair!r}: {value!r} is not a number") from None
+            try:
+                out = replace(out, **{name: number})
+            except OptionError as exc:
+                raise OptionError("store", f"{pair!r}: {exc.problem}") from None
+        return out
 
     def step_seconds(self, requests: npt.ArrayLike, nbytes: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """Seconds to read steps of ``requests`` requests and ``nbytes`` bytes each, the

@@ -256,3 +256,35 @@ def test_a_cut_short_container_is_one_line_at_its_step(planned: tuple[Path, Path
         assert "\n" not in str(err.value)
     finally:
         shutil.copy(keep, victim)
+
+
+def test_simulate_counts_what_the_prefetch_reads(planned: tuple[Path, Path]) -> None:
+    from dataprep.planning.simulate import store_reads
+    from dataprep.planning.step_reads import StoreModel
+
+    manifest, plan = planned
+    columns = ColumnCache.open(manifest)
+    reads = store_reads(plan, manifest, store=StoreModel(latency_s=0.02, bandwidth=1e8, concurrency=4))
+    for rank in (0, 1):
+        reader = Counting()
+        drain(StepPrefetcher(PlanCursor(plan, rank), columns, PrefetchOptions(prefetch_steps=2), reader=reader),
+              plan, rank)
+        assert int(reads.requests[:, rank].sum()) == len(reader.calls)
+        assert int(reads.nbytes[:, rank].sum()) == sum(n for _, _, n in reader.calls)
+    assert 1.0 <= reads.fetched_per_used <= 1.05
+    first = reads.requests[0].max()
+    assert reads.first_batch_s >= 0.02 * np.ceil(first / 4)
+    assert reads.utt_per_s > 0 and reads.steps_per_s > 0
+
+
+def test_simulate_prints_the_store_reads(planned: tuple[Path, Path]) -> None:
+    manifest, plan = planned
+    text = invoke("simulate", str(plan), "--manifest", str(manifest), "--store", "latency_s=0.05",
+                  "--store", "request_rate=100")
+    assert "store reads per rank-step" in text and "latency 50 ms" in text and "100 req/s" in text
+    from typer.testing import CliRunner
+
+    from dataprep.cli import app
+
+    res = CliRunner().invoke(app, ["simulate", str(plan), "-m", str(manifest), "--store", "latency=1"])
+    assert res.exit_code == 2 and res.output.strip().splitlines()[-1].startswith("error: --store: 'latency=1'")
