@@ -228,10 +228,11 @@ def simulate_cmd(
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="Ranks per synchronous group for hybrid (default: the plan's --sync-group, else 8).")] = None,
     slow_rank: Annotated[Optional[list[str]], typer.Option("--slow-rank", help="RANK=FACTOR: that rank's batches take FACTOR times longer (e.g. 3=1.5).")] = None,
     exchange: Annotated[float, typer.Option("--exchange", help="Seconds per ADPSGD pairwise weight exchange (one per step).")] = 0.005,
-    store: Annotated[Optional[list[str]], typer.Option("--store", help=f"Store model NAME=VALUE for the reads per step (with --manifest; {', '.join(StoreModel.names())}).")] = None,
+    reads: Annotated[bool, typer.Option("--reads", help="Also the requests and bytes each rank-step reads from a store, and the time to first batch and input throughput a store model predicts (needs --manifest).")] = False,
+    store: Annotated[Optional[list[str]], typer.Option("--store", help=f"Store model NAME=VALUE for --reads ({', '.join(StoreModel.names())}).")] = None,
 ) -> None:
     """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not;
-    with --manifest, also the requests and bytes each rank-step reads from a store."""
+    with --reads, also what each rank-step reads from a store."""
     check_range("--exchange", exchange, ge=0, le=MAX_EXCHANGE_S)  # refused even where no --strategy uses it
     ws = parse_world_sizes("--world-sizes", world_sizes)
     try:
@@ -243,7 +244,8 @@ def simulate_cmd(
     check_needs("--slow-rank", bool(slow), "--strategy", bool(strategies))
     check_needs("--exchange", exchange != 0.005, "--strategy adpsgd or hybrid", bool({"adpsgd", "hybrid"} & set(strategies)))
     check_needs("--group-size", group_size is not None, "--strategy hybrid", "hybrid" in strategies)
-    check_needs("--store", bool(store), "--manifest", manifest is not None)
+    check_needs("--reads", reads, "--manifest", manifest is not None)
+    check_needs("--store", bool(store), "--reads", reads)
     with option_flags(SIM_FLAGS):
         store_model = StoreModel().with_overrides(store or [])
     with option_flags(SIM_FLAGS):  # the library checks every value (finite, in range)
@@ -267,7 +269,7 @@ def simulate_cmd(
         out.print("  ".join(f"{c:>14}" for c in cells) + note)
     for w in warnings:
         out.print(f"warning: {w}", markup=False)
-    if manifest is not None:
+    if reads and manifest is not None:
         print_store_reads(store_reads(plan_dir, manifest, epoch, store_model))
     if strategies:
         with option_flags(SIM_FLAGS):

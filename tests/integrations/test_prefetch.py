@@ -279,12 +279,12 @@ def test_simulate_counts_what_the_prefetch_reads(planned: tuple[Path, Path]) -> 
 
 def test_simulate_prints_the_store_reads(planned: tuple[Path, Path]) -> None:
     manifest, plan = planned
-    text = invoke("simulate", str(plan), "--manifest", str(manifest), "--store", "latency_s=0.05",
+    text = invoke("simulate", str(plan), "--manifest", str(manifest), "--reads", "--store", "latency_s=0.05",
                   "--store", "request_rate=100")
     assert "store reads per rank-step" in text and "latency 50 ms" in text and "100 req/s" in text
     from typer.testing import CliRunner
 
     from dataprep.cli import app
 
-    res = CliRunner().invoke(app, ["simulate", str(plan), "-m", str(manifest), "--store", "latency=1"])
+    res = CliRunner().invoke(app, ["simulate", str(plan), "-m", str(manifest), "--reads", "--store", "latency=1"])
     assert res.exit_code == 2 and res.output.strip().splitlines()[-1].startswith("error: --store: 'latency=1'")
