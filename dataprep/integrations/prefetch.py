@@ -16,7 +16,6 @@ read those bytes (:func:`manifests.audio.load_audio` ``data=``, a Lhotse in-memo
 from __future__ import annotations
 
 import copy
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -26,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dataprep.planning.step_reads import DEFAULT_MAX_GAP, coalesce
+from manifests import storage
 from manifests.column_cache import ColumnCache, RowsMeta
-from manifests.containers import read_range
 from manifests.errors import DataprepError
 from manifests.options import check_int
 from manifests.plan_cursor import PlanCursor
@@ -60,17 +59,9 @@ class PrefetchOptions:
 
 
 def read_ranges(path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-    """The bytes of ``(offset, length)`` ranges of the file ``path``, in order."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return [read_range(fd, off, n) for off, n in ranges]
-    finally:
-        os.close(fd)
-
-
-def object_size(path: str) -> int:
-    """Size in bytes of the file ``path``."""
-    return os.path.getsize(path)
+    """The bytes of ``(offset, length)`` ranges of ``path`` (a file or a URL), one request each
+    (the ranges come coalesced): :func:`manifests.storage.read_ranges`, length and ETag checked."""
+    return storage.read_ranges(path, ranges, gap=0)
 
 
 @dataclass
@@ -111,6 +102,8 @@ class StepPrefetcher:
         self._steps: OrderedDict[int, _Step] = OrderedDict()
         self._held = 0
         self.peak_bytes = 0  # most bytes held at once (fetched or in flight, not yet taken)
+        self.fetched_bytes = 0  # bytes read so far, and in how many requests
+        self.requests = 0
         self._error: BaseException | None = None
         self._done = False
         self._stop = False
@@ -184,11 +177,9 @@ class StepPrefetcher:
         names = self.columns.containers
         return [names[c] for c in codes.tolist()]
 
-    def _size(self, path: str) -> int:
-        try:
-            return object_size(path)
-        except OSError as exc:
-            raise DataprepError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    @staticmethod
+    def _size(path: str) -> int:
+        return storage.stat(path).size
 
     def _submit(self, step: _Step) -> None:
         step.futures = [self._pool.submit(self._fetch, o, s, e) for o, s, e in zip(step.objects, step.starts, step.ends)]
@@ -197,6 +188,9 @@ class StepPrefetcher:
         data = self.reader(path, [(start, end - start)])[0]
         if len(data) != end - start:
             raise DataprepError(f"{path}: bytes {start}..{end - 1} cut short ({len(data)} of {end - start} bytes)")
+        with self._cond:
+            self.fetched_bytes += len(data)
+            self.requests += 1
         return data
 
     # ------------------------------------------------------------------ the consumer

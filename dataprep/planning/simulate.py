@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,7 @@ from bucketing.step_figures import PlanReport, plan_report, step_warnings
 from bucketing.costmodel import CostModel
 from bucketing.simulate import SimResult, StrategyResult, simulate, simulate_strategy
 from dataprep.planning.step_reads import DEFAULT_MAX_GAP, StoreModel, coalesce
+from manifests import storage
 from manifests.errors import DataprepError, ManifestError, OptionError
 from manifests.hash_cache import require_manifest_hash
 from manifests.manifest_read import read_manifest
@@ -219,14 +221,9 @@ class StoreReads:
 
 
 def _object_sizes(names: list[str]) -> np.ndarray:
-    """Sizes (bytes) of whole loose files."""
-    out = np.zeros(len(names), np.int64)
-    for i, n in enumerate(names):  # a stat per file: I/O, not arithmetic
-        try:
-            out[i] = os.path.getsize(n)
-        except OSError as exc:
-            raise DataprepError(f"{n}: cannot read its size ({exc.strerror or exc})") from None
-    return out
+    """Sizes (bytes) of whole loose files (local or URLs), asked with bounded concurrency."""
+    with ThreadPoolExecutor(storage.MAX_CONCURRENCY) as pool:  # a stat per file: I/O, not arithmetic
+        return np.fromiter(pool.map(lambda n: storage.stat(n).size, names), np.int64, count=len(names))
 
 
 def _addresses(manifest: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
