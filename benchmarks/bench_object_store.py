@@ -4,10 +4,11 @@
 
 Corpus (built once in --work): 16 kHz FLAC clips of ../shared/data/audio recordings cut to the
 durations of LibriSpeech dev-clean (its metadata CSV), compiled, packed as Lhotse Shar
-(``dataprep pack --layout shar``), compiled again from the Shar folder, uploaded to moto's S3 on
+(``dataprep pack --layout shar --buckets``: a bucket's members stored together), compiled again
+from the Shar folder, uploaded to moto's S3 on
 loopback behind a proxy adding --latency-ms to every request (``python -m
 dataprep.testing_store``, pinned to another core); the packed manifest's containers are
-rewritten to their ``s3://`` URLs and planned (one rank). On one pinned core, each side's
+rewritten to their ``s3://`` URLs and planned (one rank, ``--container-block``). On one pinned core, each side's
 first pass: (a) ``PlanSampler(prefetch_steps=K)`` + ``PlanDataLoader`` decoding every cut;
 (b) Lhotse ``CutSet.from_shar`` over the same URLs (read through ``manifests.storage``, one
 GET per object, the client ours uses), decoding every cut. Prints utterances/s, time to first
@@ -81,7 +82,8 @@ def build(work: Path, n: int) -> dict[str, Path]:
         dp("fit-buckets", str(p["loose"]), "--num-buckets", "8", "--num-subbuckets", "2",
            "--max-duration-budget", "200", "-o", str(p["buckets"]))
     if not p["packed"].exists():
-        dp("pack", str(p["loose"]), "-o", str(p["shar"]), "--layout", "shar", "--container-size", "16MB")
+        dp("pack", str(p["loose"]), "-o", str(p["shar"]), "--layout", "shar", "--container-size", "16MB",
+           "--buckets", str(p["buckets"]))
         dp("compile", str(p["shar"]), "--tokenizer", str(p["spm"]), "-o", str(p["packed"]))
     return p
 
@@ -102,7 +104,7 @@ def start_store(latency_ms: float, core: int) -> tuple[subprocess.Popen[str], di
     return proc, {**DUMMY_ENV, "AWS_ENDPOINT_URL": line.partition("=")[2]}
 
 
-def upload(p: dict[str, Path], work: Path, env: dict[str, str]) -> tuple[Path, Path, list[str], list[str]]:
+def upload(p: dict[str, Path], work: Path, env: dict[str, str], block: int) -> tuple[Path, Path, list[str], list[str]]:
     """Upload the Shar folder; the packed manifest with its containers as URLs; a one-rank plan.
     Returns (URL manifest, plan, cuts URLs, recording URLs)."""
     import boto3
@@ -124,8 +126,9 @@ def upload(p: dict[str, Path], work: Path, env: dict[str, str]) -> tuple[Path, P
     m = m.with_columns(pl.col("container").str.replace(str(p["shar"]) + "/", url, literal=True))
     manifest, plan = work / "packed-s3.parquet", work / "plan-s3"
     write_manifest(m, manifest)
+    blocks = ["--container-block", str(block)] if block else []
     r = CliRunner().invoke(app, ["plan-batches", str(manifest), "--buckets", str(p["buckets"]), "--world-size", "1",
-                                 "--seed", "0", "-o", str(plan)])
+                                 "--seed", "0", "-o", str(plan), *blocks])
     if r.exit_code != 0:
         raise SystemExit(r.output)
     cuts = [url + f.name for f in files if f.name.startswith("cuts.")]
@@ -214,6 +217,7 @@ def main() -> None:
     ap.add_argument("--utterances", type=int, default=2000)
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--prefetch-steps", type=int, default=8)
+    ap.add_argument("--container-block", type=int, default=1, help="plan-batches --container-block (0: off)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_object_store"))
     ap.add_argument("--core", type=int, default=0, help="the core the readers run on (the store gets another)")
     args = ap.parse_args()
@@ -226,7 +230,7 @@ def main() -> None:
     proc, env = start_store(args.latency_ms, store_core)
     try:
         os.environ.update(env)
-        manifest, plan, cuts, recs = upload(paths, args.work, env)
+        manifest, plan, cuts, recs = upload(paths, args.work, env, args.container_block)
         from dataprep.integrations.rows import ManifestRows
         from manifests.column_cache import ColumnCache
 
@@ -241,7 +245,8 @@ def main() -> None:
         proc.kill()
     mb = sum(f.stat().st_size for f in paths["shar"].glob("recording.*")) / 1e6
     print(f"\n{a['utt']:.0f} utterances, {mb:.0f} MB of FLAC in {len(recs)} Shar tars in S3 on loopback, "
-          f"+{args.latency_ms:g} ms per request; readers on one core, store on another\n")
+          f"+{args.latency_ms:g} ms per request; plan --container-block {args.container_block}, prefetch "
+          f"{args.prefetch_steps} steps; readers on one core, store on another\n")
     print("| measure | plan-order reads + prefetch (ours) | Lhotse Shar reader | ours / Lhotse | goal |")
     print("|---|---|---|---|---|")
     for name, x, y, goal in (("utterances/s read (cuts with their audio bytes)", a, b, ">= 2"),

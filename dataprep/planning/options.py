@@ -31,6 +31,8 @@ class PlanOptions:
     weight (> 0; replaces the blend the manifest records), ``temperature`` (>= 0; replaces every
     level's), the epoch size ``epoch_utterances`` (>= 1) or about ``epoch_hours`` (> 0) of audio
     (default: the rows in a bucket).
+    ``container_block``: order each bucket in shuffled blocks of this many containers
+    (:mod:`dataprep.planning.container_blocks`; None: a full shuffle, grouped in windows).
     ``memory_limit``: bytes the planner may hold (>= 1; None: half the machine's memory); the
     spill (:mod:`dataprep.planning.spill`) is held in memory for a corpus within it and
     written to disk for a larger one, in memory bounded by its largest bucket.
@@ -52,6 +54,7 @@ class PlanOptions:
     epoch_utterances: int | None = None
     epoch_hours: float | None = None
     memory_limit: int | None = None
+    container_block: int | None = None
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, ge=1)
@@ -81,6 +84,7 @@ class PlanOptions:
         if self.dynamic_resolution is not None and not isinstance(self.dynamic_resolution, DynResConfig):
             raise OptionError("dynamic_resolution", f"must be a DynResConfig, got {type(self.dynamic_resolution).__name__}")
         check_int("memory_limit", self.memory_limit, ge=1, le=2**62, optional=True)
+        check_int("container_block", self.container_block, ge=1, optional=True)
 
     @property
     def group(self) -> int:
