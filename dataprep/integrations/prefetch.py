@@ -7,8 +7,9 @@ thread. A step's rows are addressed through the manifest's column cache: a tar m
 of one object; a step's ranges of one object within :data:`~dataprep.planning.step_reads.
 DEFAULT_MAX_GAP` bytes are one request and a range two rows share is read once
 (:func:`~dataprep.planning.step_reads.coalesce`), so no byte is fetched twice for one step.
-Requests run on ``io_threads`` threads; the bytes held (fetched or in flight, not yet taken)
-stay within ``prefetch_bytes``, a step larger than that being read alone. ``take(step)``
+Requests run on ``io_threads`` daemon threads, the first step's alone (the first batch's
+bandwidth unshared); the bytes held (fetched or in flight, not yet taken) stay within
+``prefetch_bytes``, a step larger than that being read alone. ``take(step)``
 gives each row's bytes (``None`` for a Parquet row: read where it is decoded). The decoders
 read those bytes (:func:`manifests.audio.load_audio` ``data=``, a Lhotse in-memory source).
 """
@@ -16,10 +17,12 @@ read those bytes (:func:`manifests.audio.load_audio` ``data=``, a Lhotse in-memo
 from __future__ import annotations
 
 import copy
+import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +65,40 @@ def read_ranges(path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
     """The bytes of ``(offset, length)`` ranges of ``path`` (a file or a URL), one request each
     (the ranges come coalesced): :func:`manifests.storage.read_ranges`, length and ETag checked."""
     return storage.read_ranges(path, ranges, gap=0)
+
+
+class _DaemonPool:
+    """``n`` daemon threads running submitted calls: a process that stops iterating (or exits)
+    never waits for reads in flight, as it would for a ``ThreadPoolExecutor`` 's threads."""
+
+    def __init__(self, n: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._stop = False
+        self._n = n
+        for i in range(n):
+            threading.Thread(target=self._work, name=f"dataprep-fetch-{i}", daemon=True).start()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fut, fn, args = job
+            if self._stop:
+                fut.cancel()
+            elif fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args))
+                except BaseException as exc:  # noqa: BLE001  (raised where the result is asked for)
+                    fut.set_exception(exc)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        self._jobs.put((fut, fn, args))
+        return fut
+
+    def shutdown(self) -> None:
+        """Cancel what has not started; the threads end once their call returns."""
+        self._stop = True
+        for _ in range(self._n):
+            self._jobs.put(None)
 
 
 @dataclass
@@ -108,12 +145,13 @@ class StepPrefetcher:
         self._done = False
         self._stop = False
         self._cond = threading.Condition()
-        self._pool = ThreadPoolExecutor(options.io_threads, thread_name_prefix="dataprep-fetch")
+        self._pool = _DaemonPool(options.io_threads)
         self._thread = threading.Thread(target=self._run, name="dataprep-prefetch", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ the reading thread
     def _run(self) -> None:
+        first = True
         try:
             for pb in self._cursor.iter_batches(self._worker):
                 step = self._plan(pb)
@@ -129,6 +167,9 @@ class StepPrefetcher:
                     self._submit(step)  # futures made before a consumer can see the step
                     self._steps[pb.step] = step
                     self._cond.notify_all()
+                if first:  # the first step read alone: the steps after it do not share its bandwidth
+                    wait(step.futures)
+                    first = False
         except BaseException as exc:  # noqa: BLE001  (raised in the consumer, at the step it stops)
             with self._cond:
                 self._error = exc
@@ -230,7 +271,7 @@ class StepPrefetcher:
             self._steps.clear()
             self._held = 0
             self._cond.notify_all()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
 
     def __del__(self) -> None:
         try:
