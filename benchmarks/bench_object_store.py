@@ -2,17 +2,15 @@
 
     python benchmarks/bench_object_store.py [--utterances 2000] [--latency-ms 20] [--prefetch-steps 8] [--work DIR]
 
-Corpus (built once in --work): 16 kHz FLAC clips of ../shared/data/audio recordings cut to the
-durations of LibriSpeech dev-clean (its metadata CSV), compiled, packed as Lhotse Shar
-(``dataprep pack --layout shar --buckets``: a bucket's members stored together), compiled again
-from the Shar folder, uploaded to moto's S3 on
-loopback behind a proxy adding --latency-ms to every request (``python -m
-dataprep.testing_store``, pinned to another core); the packed manifest's containers are
-rewritten to their ``s3://`` URLs and planned (one rank, ``--container-block``). On one pinned core, each side's
-first pass: (a) ``PlanSampler(prefetch_steps=K)`` + ``PlanDataLoader`` decoding every cut;
-(b) Lhotse ``CutSet.from_shar`` over the same URLs (read through ``manifests.storage``, one
-GET per object, the client ours uses), decoding every cut. Prints utterances/s, time to first
-batch and bytes fetched / bytes used (goals: (a)/(b) >= 2, first batch <= 1 s, <= 1.05).
+Corpus (built once in --work): 16 kHz FLAC clips of ../shared/data/audio cut to LibriSpeech
+dev-clean's durations, compiled, packed as Shar (``pack --layout shar --buckets``), compiled
+again, uploaded to moto's S3 on loopback behind a proxy adding --latency-ms a request (``python
+-m dataprep.testing_store``, on another core), containers rewritten to ``s3://`` URLs, planned
+for one rank (``--container-block``). On one pinned core, first pass each: ours is
+``PlanSampler(prefetch_steps=K)`` + ``PlanDataLoader``; Lhotse's is ``CutSet.from_shar`` over the
+same URLs (opened with ``manifests.storage``, one GET per object); reads alone, then decoded.
+Prints utterances/s, time to first batch and bytes fetched / used (goals: ours >= 2x Lhotse's
+reads, first batch <= 1 s, <= 1.05).
 """
 
 from __future__ import annotations
