@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
-from manifests import storage
+from manifests import storage, store_facts
 
 from manifests.errors import DataprepError
 
@@ -203,6 +203,27 @@ def index_tar(path: str | os.PathLike[str]) -> TarIndex:
     ``problem`` set; data after the end-of-archive block sets ``trailing``; links and other
     non-file entries go to ``others``. A compressed tar is refused (:class:`DataprepError`).
     """
+    if storage.is_url(os.fspath(path)):
+        return _index_url(os.fspath(path))
+    return _index_tar(path)
+
+
+def _index_url(url: str) -> TarIndex:
+    """:func:`index_tar` of a tar in a store, remembered under its ETag / version (a rerun on an
+    unchanged tar reads none of its headers again)."""
+    info = storage.stat(url)
+    hit = store_facts.cache_get("tar-index", url, info)
+    if hit is not None:
+        return TarIndex(url, hit["names"], hit["offsets"], hit["sizes"], set(hit["truncated"]), hit["problem"],
+                        hit["trailing"], [tuple(o) for o in hit["others"]], hit["positions"])  # type: ignore[misc]
+    idx = _index_tar(url)
+    store_facts.cache_put("tar-index", url, info, {
+        "names": idx.names, "offsets": idx.offsets, "sizes": idx.sizes, "truncated": sorted(idx.truncated),
+        "problem": idx.problem, "trailing": idx.trailing, "others": idx.others, "positions": idx.positions})
+    return idx
+
+
+def _index_tar(path: str | os.PathLike[str]) -> TarIndex:
     _refuse_compressed(path)
     idx = TarIndex(os.fspath(path))
     pos = 0

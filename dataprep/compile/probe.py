@@ -218,6 +218,20 @@ def _info_of(name: str, source: Any) -> tuple[str, float | None, int | None, int
     return name, frames / rate, rate, int(hdr.channels), None, None
 
 
+def _member_url(name: str, container: str, offset: int, size: int, info: storage.ObjectInfo) -> tuple[Any, ...]:
+    """Header of a tar member in a store, cached under the tar's ETag / version (``info``)."""
+    key = f"{container}#{offset}+{size}"
+    hit = store_facts.cache_get("member-probe", key, info)
+    if hit is not None:
+        return (name, *hit[1:])
+    fh = storage.open_range(container, offset, size, 16 << 10, errors_later=True)
+    res = _info_of(name, fh)
+    storage.check_reads(fh)
+    if res[4] is None:
+        store_facts.cache_put("member-probe", key, info, list(res))
+    return res
+
+
 def probe_members(
     rows: pl.DataFrame, *, threads: int = 8, on_progress: Callable[[int], None] | None = None
 ) -> pl.DataFrame:
@@ -235,6 +249,12 @@ def probe_members(
     sizes = rows["member_size"].to_list()
     fds: dict[str, int] = {}
     missing: set[str] = set()
+    stats: dict[str, storage.ObjectInfo] = {}
+    for c in {c for c in containers if c is not None and storage.is_url(c)}:
+        if storage.exists(c):
+            stats[c] = storage.stat(c)
+        else:
+            missing.add(c)
     for c, b in zip(containers, data):
         if b is None and c is not None and c not in fds and c not in missing and not storage.is_url(c):
             try:
@@ -250,10 +270,7 @@ def probe_members(
         if c in missing or c is None or offsets[i] is None:
             return name, None, None, None, "missing_audio", f"{name}: container not found"
         if storage.is_url(c):  # range reads of the member's header (never the member, never the tar)
-            fh = storage.open_range(c, int(offsets[i]), int(sizes[i]), 16 << 10, errors_later=True)
-            res = _info_of(name, fh)
-            storage.check_reads(fh)
-            return res
+            return _member_url(name, c, int(offsets[i]), int(sizes[i]), stats[c])
         return _info_of(name, RangeFile(fds[c], int(offsets[i]), int(sizes[i])))
 
     results = []

@@ -119,7 +119,9 @@ def _tar(members: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def test_input_cfg_with_nemo_tarred_shards_in_the_store(s3: LoopbackS3, tiny_spm: str, tmp_path: Path) -> None:
+def test_input_cfg_with_nemo_tarred_shards_in_the_store(s3: LoopbackS3, tiny_spm: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPEECH_DATAPREP_CACHE", str(tmp_path / "cache"))
     wavs = _wavs(tmp_path)
     for shard in (0, 1):
         _put(s3, f"tarred/audio_{shard}.tar", _tar({f"s{shard}_{i}.wav": wavs[i] for i in range(2)}))
@@ -138,6 +140,10 @@ def test_input_cfg_with_nemo_tarred_shards_in_the_store(s3: LoopbackS3, tiny_spm
     assert kept.height == 4
     assert kept["container"].to_list() == [f"{s3.bucket}/tarred/audio_{s}.tar" for s in (0, 0, 1, 1)]
     assert kept["duration"].to_list() == pytest.approx(SECONDS[:2] * 2)
+    s3.reset_counts()
+    storage.reset_clients()
+    _run("compile", str(cfg), "--tokenizer", tiny_spm, "-o", str(out))
+    assert s3.counts()["GET"] <= 4, s3.counts()  # tar indexes and member headers cached by ETag
     tar0 = storage.read_bytes(f"{s3.bucket}/tarred/audio_0.tar")
     row = kept.row(1, named=True)
     assert tar0[row["member_offset"]:row["member_offset"] + row["member_size"]] == wavs[1]
