@@ -574,12 +574,10 @@ def open_output(path: str | os.PathLike[str], *, chunk: int = 8 << 20) -> Iterat
     except Exception as exc:  # noqa: BLE001
         raise StoreError(f"{text}: {_first_line(exc)}") from None
     try:
-        with writer:
+        with writer:  # an exception aborts the multipart upload: no object appears
             yield writer  # type: ignore[misc]
-    except Exception as exc:  # noqa: BLE001 - the writer aborted its upload; say which object
-        if isinstance(exc, DataprepError) and not type(exc).__module__.startswith("obstore"):
-            raise
-        if type(exc).__module__.startswith("obstore") or isinstance(exc, OSError):
+    except Exception as exc:
+        if type(exc).__module__.startswith("obstore"):  # the store's own failure: one line naming the object
             raise StoreError(f"{text}: {_first_line(exc)} (nothing was written)") from None
         raise
     forget(text)

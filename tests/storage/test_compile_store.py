@@ -172,3 +172,14 @@ def test_unsupported_remote_schemes_are_refused_in_one_line(tmp_path: Path, tiny
     cfg.write_text("- type: nemo\n  manifest_filepath: ais://bucket/x.json\n  weight: 1.0\n")
     res = runner.invoke(app, ["compile", str(cfg), "--tokenizer", tiny_spm, "-o", str(tmp_path / "m.parquet")])
     assert res.exit_code == 2 and "only s3://, gs:// and az:// URLs are read" in res.output
+
+
+def test_store_audio_not_probed_is_checked_for_existence(s3: LoopbackS3, tiny_spm: str, tmp_path: Path) -> None:
+    """A local manifest with s3:// audio and durations (--probe auto reads no header): the summary
+    says how many of the sampled objects are absent, asked of the store (not taken as local paths)."""
+    _put(s3, "loose/a.wav", _wavs(tmp_path)[0])
+    src = tmp_path / "m.jsonl"
+    src.write_bytes(_lines([{"audio_filepath": f"{s3.bucket}/loose/a.wav", "duration": 1.0, "text": "here"},
+                            {"audio_filepath": f"{s3.bucket}/loose/gone.wav", "duration": 1.0, "text": "gone"}]))
+    text = _run("compile", str(src), "--tokenizer", tiny_spm, "-o", str(tmp_path / "m.parquet"))
+    assert f"audio missing: 1 of 2 sampled files do not exist (e.g. {s3.bucket}/loose/gone.wav)" in " ".join(text.split())
