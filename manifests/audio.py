@@ -189,12 +189,14 @@ class AudioReader:
             if column is None:
                 try:
                     pf = self._parquet.get(container)
-                    if pf is None:
-                        pf = pq.ParquetFile(container)
+                    if pf is None:  # a store's Parquet: its footer and row group by range requests
+                        pf = pq.ParquetFile(storage.open_input(container) if storage.is_url(container) else container)
                         self._parquet[container] = pf
                         if len(self._parquet) > self.max_open:
                             self._parquet.popitem(last=False)
                     column = pf.read_row_group(row_group, columns=["audio"]).column("audio").combine_chunks().field("bytes")
+                except storage.StoreError:
+                    raise  # the store failed past its retries: one line, never a row's "changed audio"
                 except (OSError, ValueError, KeyError) as exc:
                     raise AudioError(f"utterance {utt_id!r}: {container}: cannot read row group {row_group} "
                                      f"({_first_line(exc)})") from None

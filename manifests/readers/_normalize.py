@@ -139,14 +139,15 @@ def finish(
 
 
 def relabel(frames: Iterable[pl.DataFrame], local: str, source: str) -> Iterator[pl.DataFrame]:
-    """``frames`` read from ``local`` (a store object's local copy) with ``origin`` and ``detail``
-    naming ``source`` (the URL the user gave) instead; unchanged when the two are the same."""
+    """``frames`` read from ``local`` (a store object's local copy) with ``origin``, ``detail``
+    and the container columns (a Hugging Face Parquet holds its audio) naming ``source`` (the
+    URL the user gave) instead; unchanged when the two are the same."""
     for frame in frames:
         if local == source:
             yield frame
             continue
         yield frame.with_columns(pl.col(c).str.replace_all(local, source, literal=True)
-                                 for c in ("origin", "detail") if c in frame.columns)
+                                 for c in ("origin", "detail", "audio_path", "container") if c in frame.columns)
 
 
 def base_dir_for(source: Path, audio_root: str | Path | None) -> str:

@@ -99,3 +99,24 @@ def test_a_pack_killed_while_uploading_leaves_nothing_complete_and_a_rerun_finis
     _run("pack", compiled, "-o", out, "--layout", "nemo-tarred")
     names = [storage.name(u) for u, _ in storage.list_prefix(out + "/")]
     assert any(n.endswith(".tar") for n in names) and any(n.endswith(".json") for n in names)
+
+
+def test_hugging_face_parquet_in_the_store_compiles_and_packs(s3: LoopbackS3, tiny_spm: str, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dataprep.testing import write_tone
+
+    tones = [write_tone(tmp_path / f"t{i}.wav", s, seed=i) for i, s in enumerate(SECONDS)]
+    audio = [{"bytes": t.read_bytes(), "path": t.name} for t in tones]
+    table = pa.table({"audio": pa.array(audio, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+                      "sentence": [f"hugging face row {i}" for i in range(len(tones))]})
+    pq.write_table(table, tmp_path / "train-00000.parquet", row_group_size=2)
+    src = f"{s3.bucket}/hf/train-00000.parquet"
+    storage.upload(tmp_path / "train-00000.parquet", src)
+    _run("compile", src, "--tokenizer", tiny_spm, "-o", f"{s3.bucket}/hf.parquet")
+    kept = pl.read_parquet(io.BytesIO(storage.read_bytes(f"{s3.bucket}/hf.parquet")))
+    assert set(kept["container"].to_list()) == {src}  # the URL, never the local copy
+    assert kept["duration"].to_list() == pytest.approx(SECONDS)
+    _run("pack", f"{s3.bucket}/hf.parquet", "-o", f"{s3.bucket}/hf-packed", "--layout", "nemo-tarred")
+    assert any(u.endswith(".tar") for u, _ in storage.list_prefix(f"{s3.bucket}/hf-packed/"))
