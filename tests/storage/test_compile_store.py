@@ -58,7 +58,8 @@ def corpus(s3: LoopbackS3, tmp_path: Path) -> str:
 
 def test_compile_from_and_to_the_store(corpus: str, s3: LoopbackS3, tiny_spm: str) -> None:
     out = f"{s3.bucket}/compiled/train.parquet"
-    text = _run("compile", corpus, "--tokenizer", tiny_spm, "-o", out)
+    spm = _put(s3, "models/spm.model", Path(tiny_spm).read_bytes())
+    text = _run("compile", corpus, "--tokenizer", f"en={spm}", "--tokenizer", spm, "-o", out)
     assert f"manifest -> {out}" in text and f"rejects  -> {s3.bucket}/compiled/train.rejects.parquet" in text
     kept = _read(out)
     assert kept["duration"].to_list() == pytest.approx(SECONDS)
