@@ -3,7 +3,7 @@
 Reads: :func:`stat` (size, ETag, version), :func:`read_ranges` (``(offset, length)`` byte ranges;
 neighbours closer than ``gap`` bytes are one request, a call's requests run in parallel),
 :func:`read_bytes`, :func:`open_input` (seekable; each read a range request: a header probe never
-reads the whole object), :func:`fetch_local` (a local copy cached by ETag). Writes:
+reads the whole object; a local copy: :func:`manifests.store_facts.fetch_local`). Writes:
 :func:`write_atomic` (a local temporary file renamed by :mod:`manifests.atomic_files`, or
 uploaded) and :func:`open_output` (a stream); an object is completed only when whole (multipart
 upload aborted on any error). Invariants: URL reads are checked for length and, by ``If-Match``,
@@ -140,12 +140,16 @@ _stores: dict[str, Any] = {}
 _infos: dict[str, ObjectInfo] = {}
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+#: called by :func:`reset_clients` (a cache of facts about objects closes its database)
+ON_RESET: list[Any] = []
 
 
 def reset_clients() -> None:
     """Forget every client, remembered object and the retry policy (read again from the
     environment): after the environment's credentials, endpoint or ``DATAPREP_STORE_*`` change."""
     global RETRY
+    for hook in ON_RESET:
+        hook()
     with _lock:
         _stores.clear()
         _infos.clear()
@@ -178,10 +182,8 @@ def _store(root: str) -> Any:
         ep = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if ep and ep.startswith("http://"):
             kw["client_options"]["allow_http"] = True
-    elif scheme == "gcs":
-        root = "gs://" + root.partition("://")[2]
-    elif scheme == "azure":
-        root = "az://" + root.partition("://")[2]
+    elif scheme in ("gcs", "azure"):
+        root = {"gcs": "gs", "azure": "az"}[scheme] + "://" + root.partition("://")[2]
     try:
         store = from_url(root, **kw)
     except Exception as exc:  # noqa: BLE001 - obstore's config errors have no common base we can name
@@ -402,6 +404,26 @@ def exists(path: str | os.PathLike[str]) -> bool:
     return True
 
 
+def is_folder(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a local folder, or a URL prefix holding at least one object."""
+    text = os.fspath(path)
+    if not is_url(text):
+        return os.path.isdir(local_path(text))
+    root, key = split_url(text)
+    store = _store(root)
+    obs = _obstore()
+
+    def once() -> bool:
+        return any(bool(chunk) for chunk in obs.list(store, prefix=key.rstrip("/") + "/", chunk_size=1))
+
+    return bool(_retrying(text, once))
+
+
+def exists_or_folder(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a file, an object, a folder or a non-empty URL prefix."""
+    return exists(path) or is_folder(path)
+
+
 def list_prefix(prefix: str) -> list[tuple[str, ObjectInfo]]:
     """Every object under a URL prefix (``s3://b/folder/``), sorted by URL, with its info."""
     root, key = split_url(prefix)
@@ -422,9 +444,12 @@ def list_prefix(prefix: str) -> list[tuple[str, ObjectInfo]]:
 class _RangeFile(io.RawIOBase):
     """A read-only, seekable view of an object whose every read is one range request."""
 
-    def __init__(self, path: str, info: ObjectInfo) -> None:
-        self.path, self.info, self.pos = path, info, 0
+    def __init__(self, path: str, info: ObjectInfo, offset: int = 0, size: int | None = None,
+                 later: bool = False) -> None:
+        self.path, self.info, self.pos, self.base, self.later = path, info, 0, offset, later
+        self.size = info.size - offset if size is None else size
         self.name = path
+        self.error: StoreError | None = None
 
     def readable(self) -> bool:
         return True
@@ -436,55 +461,56 @@ class _RangeFile(io.RawIOBase):
         return self.pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.info.size}[whence]
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
         self.pos = max(0, base + offset)
         return self.pos
 
     def readinto(self, buf: Any) -> int:
-        n = max(0, min(len(buf), self.info.size - self.pos))
+        n = max(0, min(len(buf), self.size - self.pos, self.info.size - self.base - self.pos))
         if n == 0:
             return 0
-        data = _get_span(self.path, self.pos, self.pos + n, self.info)
+        start = self.base + self.pos
+        try:
+            data = _get_span(self.path, start, start + n, self.info)
+        except StoreError as exc:
+            self.error = exc
+            if self.later:  # a C reader calling back (soundfile) would print it: check_reads raises it
+                return 0
+            raise
         buf[:n] = data
         self.pos += n
         return n
 
 
-def open_input(path: str | os.PathLike[str], buffer_size: int = 64 * 1024) -> IO[bytes]:
+def check_reads(fh: Any) -> None:
+    """Raise the store error a read of ``fh`` (from :func:`open_input` / :func:`open_range`) met,
+    if any: a C library reading through callbacks (soundfile) turns it into a short read."""
+    err = getattr(getattr(fh, "raw", None), "error", None)
+    if err is not None:
+        raise err
+
+
+def open_range(path: str, offset: int, size: int, buffer_size: int = 64 * 1024, *,
+               errors_later: bool = False) -> IO[bytes]:
+    """A binary, seekable file of the ``size`` bytes at ``offset`` of the URL ``path`` (a tar
+    member), read by range requests of ``buffer_size`` bytes, pinned to the object's ETag.
+    ``errors_later``: as :func:`open_input`'s."""
+    return io.BufferedReader(_RangeFile(path, _known(path), offset, size, errors_later), buffer_size=buffer_size)
+
+
+def open_input(path: str | os.PathLike[str], buffer_size: int = 64 * 1024, *,
+               errors_later: bool = False) -> IO[bytes]:
     """A binary, seekable file of ``path``: a local file opened, a URL read by range requests
-    of ``buffer_size`` bytes (what soundfile needs to probe a header, never the whole object)."""
+    of ``buffer_size`` bytes (what soundfile needs to probe a header, never the whole object).
+    ``errors_later``: a failed read returns no bytes and :func:`check_reads` raises its error
+    (for a C reader that calls back, e.g. soundfile: an exception there would be swallowed)."""
     text = os.fspath(path)
     if not is_url(text):
         try:
             return open(local_path(text), "rb")
         except OSError as exc:
             raise StoreError(os_error_line(exc, text)) from None
-    return io.BufferedReader(_RangeFile(text, stat(text)), buffer_size=buffer_size)
-
-
-def fetch_local(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """A local file holding ``path``'s bytes: a local path itself; a URL's object downloaded
-    once into ``<cache_dir>/objects/`` under its ETag (a rerun on an unchanged object reads only
-    its ``HEAD``), checked for length before it is kept."""
-    text = os.fspath(path)
-    if not is_url(text):
-        return Path(local_path(text))
-    from manifests.atomic_files import atomic_path
-    import hashlib
-    from manifests.hash_cache import default_cache_dir
-    info = stat(text)
-    tag = info.version or info.etag or f"size{info.size}"
-    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    dest = folder / "objects" / f"{hashlib.sha256(f'{text}|{tag}'.encode()).hexdigest()[:32]}-{name(text)[-80:]}"
-    if dest.is_file() and dest.stat().st_size == info.size:
-        return dest
-    step = 16 << 20
-    with atomic_path(dest, fsync=False) as tmp, open(tmp, "wb") as out:
-        for off in range(0, info.size, step * 4):
-            ranges = [(o, min(step, info.size - o)) for o in range(off, min(info.size, off + step * 4), step)]
-            for chunk in read_ranges(text, ranges, gap=0, info=info):
-                out.write(chunk)
-    return dest
+    return io.BufferedReader(_RangeFile(text, stat(text), later=errors_later), buffer_size=buffer_size)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -548,12 +574,10 @@ def open_output(path: str | os.PathLike[str], *, chunk: int = 8 << 20) -> Iterat
     except Exception as exc:  # noqa: BLE001
         raise StoreError(f"{text}: {_first_line(exc)}") from None
     try:
-        with writer:
+        with writer:  # an exception aborts the multipart upload: no object appears
             yield writer  # type: ignore[misc]
-    except Exception as exc:  # noqa: BLE001 - the writer aborted its upload; say which object
-        if isinstance(exc, DataprepError) and not type(exc).__module__.startswith("obstore"):
-            raise
-        if type(exc).__module__.startswith("obstore") or isinstance(exc, OSError):
+    except Exception as exc:
+        if type(exc).__module__.startswith("obstore"):  # the store's own failure: one line naming the object
             raise StoreError(f"{text}: {_first_line(exc)} (nothing was written)") from None
         raise
     forget(text)

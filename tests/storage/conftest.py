@@ -49,3 +49,14 @@ def s3(loopback_s3: LoopbackS3, request: pytest.FixtureRequest) -> Iterator[Loop
     loopback_s3.reset_counts()
     yield loopback_s3
     loopback_s3.clear_faults()
+
+
+@pytest.fixture(scope="session")
+def tiny_spm(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 200-piece sentencepiece model (local: a tokenizer is read from disk)."""
+    from dataprep.testing import sample_corpus
+    from dataprep.tokenize import train_model
+
+    path = tmp_path_factory.mktemp("spm") / "tiny.model"
+    train_model(sample_corpus(2000)[1], path, vocab_size=200)
+    return str(path)

@@ -11,7 +11,7 @@ import pytest
 import soundfile
 
 from dataprep.testing_store import LoopbackS3, Rule
-from manifests import storage
+from manifests import storage, store_facts
 from manifests.errors import DataprepError
 
 BLOB = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
@@ -156,10 +156,10 @@ def test_upload_survives_faults(s3: LoopbackS3) -> None:
 
 def test_list_prefix_and_fetch_local_cached_by_etag(blob_url: str, s3: LoopbackS3, tmp_path: Path) -> None:
     assert [u for u, _ in storage.list_prefix(storage.parent(blob_url) + "/")] == [blob_url]
-    first = storage.fetch_local(blob_url, tmp_path)
+    first = store_facts.fetch_local(blob_url, tmp_path)
     assert first.read_bytes() == BLOB
     s3.reset_counts()
-    assert storage.fetch_local(blob_url, tmp_path) == first
+    assert store_facts.fetch_local(blob_url, tmp_path) == first
     assert s3.counts() == {"HEAD": 1}  # a rerun on an unchanged object reads only its HEAD
 
 
