@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import soundfile
 
+from manifests import storage
 from manifests.containers import read_range
 from manifests.errors import DataprepError
 
@@ -155,7 +156,18 @@ class AudioReader:
             return fd
 
     def member(self, utt_id: str, container: str, offset: int, size: int) -> bytes:
-        """The ``size`` bytes at ``offset`` of the tar ``container`` (one ``pread``)."""
+        """The ``size`` bytes at ``offset`` of the tar ``container`` (one ``pread``, or one range
+        request of a store URL: a store fault past its retries is a :class:`StoreError` line)."""
+        if storage.is_url(container):
+            if not storage.exists(container):
+                raise AudioError(f"utterance {utt_id!r}: {container}: container not found")
+            try:
+                return storage.read_ranges(container, [(offset, size)])[0]
+            except storage.StoreError as exc:
+                if "past the object's end" in str(exc):
+                    raise AudioError(f"utterance {utt_id!r}: {container}: member at byte {offset} is cut short "
+                                     "(truncated tar?)") from None
+                raise
         try:
             data = read_range(self._fd(utt_id, container), offset, size)
         except FileNotFoundError:
@@ -177,12 +189,14 @@ class AudioReader:
             if column is None:
                 try:
                     pf = self._parquet.get(container)
-                    if pf is None:
-                        pf = pq.ParquetFile(container)
+                    if pf is None:  # a store's Parquet: its footer and row group by range requests
+                        pf = pq.ParquetFile(storage.open_input(container) if storage.is_url(container) else container)
                         self._parquet[container] = pf
                         if len(self._parquet) > self.max_open:
                             self._parquet.popitem(last=False)
                     column = pf.read_row_group(row_group, columns=["audio"]).column("audio").combine_chunks().field("bytes")
+                except storage.StoreError:
+                    raise  # the store failed past its retries: one line, never a row's "changed audio"
                 except (OSError, ValueError, KeyError) as exc:
                     raise AudioError(f"utterance {utt_id!r}: {container}: cannot read row group {row_group} "
                                      f"({_first_line(exc)})") from None
@@ -215,6 +229,10 @@ class AudioReader:
         if data is not None:
             return data
         path = row["audio_path"]
+        if storage.is_url(path):
+            if not storage.exists(path):
+                raise AudioError(f"utterance {row['id']!r}: {path}: audio object not found")
+            return storage.read_bytes(path)
         problem = not_regular(path)
         if problem is not None:
             raise AudioError(f"utterance {row['id']!r}: {path}: {problem}")
@@ -229,8 +247,9 @@ class AudioReader:
     def samples(self, row: Mapping[str, Any], sample_rate: int | None = None, *, channel: Channel = "mix",
                 dtype: str = "float32") -> npt.NDArray[Any]:
         """:func:`load_audio` of a manifest row (its ``offset`` / ``duration``), wherever it lives."""
+        data = self.file_bytes(row) if storage.is_url(str(row["audio_path"])) else self.held_of_row(row)
         return load_audio(row["id"], row["audio_path"], float(row.get("offset") or 0.0), row.get("duration"),
-                          sample_rate, data=self.held_of_row(row), channel=channel, dtype=dtype)
+                          sample_rate, data=data, channel=channel, dtype=dtype)
 
     def close(self) -> None:
         """Close every descriptor held."""

@@ -16,6 +16,9 @@ import re
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import IO
+
+from manifests import storage, store_facts
 
 from manifests.errors import DataprepError
 
@@ -64,7 +67,7 @@ def _check_brace_count(pattern: str) -> None:
     if count > MAX_BRACE_PATHS:
         raise DataprepError(f"{pattern}: names more than {MAX_BRACE_PATHS} paths (a typo in a brace range?)")
     folder = os.path.dirname(pattern[:pattern.find("{")]) or "."
-    if count > 1 and os.path.isdir(folder):
+    if count > 1 and not storage.is_url(pattern) and os.path.isdir(folder):
         with os.scandir(folder) as it:
             entries = sum(1 for _ in zip(range(count), it))
         if count > entries:
@@ -141,9 +144,14 @@ def _kind(info: tarfile.TarInfo) -> str:
             else "fifo" if info.isfifo() else "special entry")
 
 
+def _open(path: str | os.PathLike[str], buffer_size: int = 1 << 16) -> IO[bytes]:
+    """A local file, or an object read by range requests of ``buffer_size`` bytes."""
+    return storage.open_input(path, buffer_size) if storage.is_url(os.fspath(path)) else open(path, "rb")
+
+
 def _end_problem(path: str | os.PathLike[str], offset: int, members: int) -> str | None:
     """Why the tar has no end-of-archive block (a 512-byte block of zeros) at ``offset``; None if it has."""
-    with open(path, "rb") as fh:
+    with _open(path, 4096) as fh:
         fh.seek(offset)
         block = fh.read(512)
     if len(block) == 512 and block.count(0) == 512:
@@ -159,7 +167,7 @@ _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x
 def _refuse_compressed(path: str | os.PathLike[str]) -> None:
     """One line when ``path`` is a compressed tar: members are read in place by byte range."""
     try:
-        with open(path, "rb") as fh:
+        with _open(path, 4096) as fh:
             head = fh.read(6)
     except OSError:
         return  # index_tar says why it cannot be read
@@ -171,7 +179,7 @@ def _refuse_compressed(path: str | os.PathLike[str]) -> None:
 
 def _trailing_problem(path: str | os.PathLike[str], end: int) -> str | None:
     """Why bytes after the end-of-archive block at ``end`` matter (not all zeros); None if they are zeros."""
-    with open(path, "rb") as fh:
+    with _open(path) as fh:
         fh.seek(end)
         at = end
         while chunk := fh.read(1 << 20):
@@ -183,6 +191,10 @@ def _trailing_problem(path: str | os.PathLike[str], end: int) -> str | None:
     return None
 
 
+#: bytes read per request when a tar in a store is indexed (a header is 512; small members come along)
+TAR_HEADER_READ = 8192
+
+
 def index_tar(path: str | os.PathLike[str]) -> TarIndex:
     """The regular-file members of a tar and where their data lies, from the headers only.
 
@@ -191,12 +203,34 @@ def index_tar(path: str | os.PathLike[str]) -> TarIndex:
     ``problem`` set; data after the end-of-archive block sets ``trailing``; links and other
     non-file entries go to ``others``. A compressed tar is refused (:class:`DataprepError`).
     """
+    if storage.is_url(os.fspath(path)):
+        return _index_url(os.fspath(path))
+    return _index_tar(path)
+
+
+def _index_url(url: str) -> TarIndex:
+    """:func:`index_tar` of a tar in a store, remembered under its ETag / version (a rerun on an
+    unchanged tar reads none of its headers again)."""
+    info = storage.stat(url)
+    hit = store_facts.cache_get("tar-index", url, info)
+    if hit is not None:
+        return TarIndex(url, hit["names"], hit["offsets"], hit["sizes"], set(hit["truncated"]), hit["problem"],
+                        hit["trailing"], [tuple(o) for o in hit["others"]], hit["positions"])  # type: ignore[misc]
+    idx = _index_tar(url)
+    store_facts.cache_put("tar-index", url, info, {
+        "names": idx.names, "offsets": idx.offsets, "sizes": idx.sizes, "truncated": sorted(idx.truncated),
+        "problem": idx.problem, "trailing": idx.trailing, "others": idx.others, "positions": idx.positions})
+    return idx
+
+
+def _index_tar(path: str | os.PathLike[str]) -> TarIndex:
     _refuse_compressed(path)
-    idx = TarIndex(str(path))
-    size = os.path.getsize(path)
+    idx = TarIndex(os.fspath(path))
     pos = 0
     try:
-        with tarfile.open(path, mode="r:") as tf:
+        size = storage.stat(path).size
+        # a URL's headers are read by range requests of TAR_HEADER_READ bytes: a member's data is skipped
+        with _open(path, TAR_HEADER_READ) as fh, tarfile.open(fileobj=fh, mode="r:") as tf:
             while True:
                 try:
                     info = tf.next()
@@ -221,6 +255,8 @@ def index_tar(path: str | os.PathLike[str]) -> TarIndex:
                 pos += 1
                 if info.offset_data + info.size > size:
                     idx.truncated.add(info.name)
+    except storage.StoreError:
+        raise  # the store failed (after its retries): one line, not a broken tar
     except (tarfile.ReadError, OSError, EOFError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         idx.problem = idx.problem or (f"not a readable tar ({msg})" if not idx.names

@@ -20,6 +20,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from manifests.storage import is_url, name
 from manifests.atomic_files import atomic_path
 from manifests.content_hash import ContentHasher
 from manifests.hash_cache import remember_verified
@@ -189,6 +190,9 @@ def write_rejects(
 def default_rejects_path(output: str | os.PathLike[str]) -> Path:
     """Where a command writing ``output`` puts its rejected rows by default:
     ``<output stem>.rejects.parquet`` next to it (``kept.parquet`` -> ``kept.rejects.parquet``)."""
+    if is_url(os.fspath(output)):  # a store URL keeps its scheme (Path would make s3://b s3:/b)
+        text = os.fspath(output)
+        return text[: len(text) - len(name(text))] + Path(name(text)).stem + ".rejects.parquet"  # type: ignore[return-value]
     out = Path(output)
     return out.with_name(out.stem + ".rejects.parquet")
 

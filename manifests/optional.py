@@ -24,6 +24,7 @@ INSTALL: dict[str, str] = {
     "nemo": "pip install 'nemo-toolkit[asr]'",
     "lightning": "pip install 'nemo-toolkit[asr]'",
     "datasets": "pip install datasets",
+    "obstore": "pip install 'speech-dataprep[store]'",
 }
 #: pip's name where it is not the module's
 _PACKAGE = {"vl_convert": "vl-convert-python", "nemo": "nemo-toolkit"}

@@ -9,7 +9,7 @@
 - :func:`require_replaceable_plan_dir` / :func:`require_free_checkpoint_dir`: a plan directory
   is replaced only when it holds nothing but a plan's files; a checkpoint directory holding a
   run needs ``--resume`` or ``--overwrite``.
-- :func:`publish_together`: a manifest and its rejects become visible together or not at all.
+- :func:`publish_together`: a manifest and its rejects together or not at all (:func:`staged`: URLs).
 - temporary files and folders carry the writer's pid (``temp_prefix``): removed on every exit
   path, and by the next run after a kill (:func:`manifests.atomic_files.sweep_stale_temps`).
 """
@@ -222,3 +222,26 @@ def publish_together(first: PathLike, *rest: PathLike) -> Iterator[tuple[Path, .
         yield tuple(tmps)
         if output_kind(targets[0]) == "file" and targets[0].exists():  # a device or stdout is written through
             targets[0].unlink()
+
+
+@contextlib.contextmanager
+def staged(outputs: Mapping[str, PathLike | None]) -> Iterator[dict[str, PathLike | None]]:
+    """Local stand-ins for outputs that are store URLs (``s3://...``): each written into a local
+    staging folder, then uploaded whole (:func:`manifests.storage.upload`) in the order given,
+    so the last (the file consumers open: a manifest after its rejects) appears last; on an
+    exception nothing is uploaded. Local outputs and ``None`` pass through unchanged."""
+    from manifests import storage
+
+    remote = {k: os.fspath(v) for k, v in outputs.items() if v is not None and storage.is_url(os.fspath(v))}
+    if not remote:
+        yield dict(outputs)
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dataprep-staged.") as tmp:
+        local = {k: (os.path.join(tmp, f"{i}-{storage.name(remote[k])}") if k in remote else v)
+                 for i, (k, v) in enumerate(outputs.items())}
+        yield local
+        for k, url in remote.items():
+            if os.path.exists(str(local[k])):
+                storage.upload(str(local[k]), url)

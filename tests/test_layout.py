@@ -247,7 +247,7 @@ MAY_IMPORT: dict[tuple[str, ...], frozenset[str] | str] = {
     ("dataprep.integrations",): BELOW_CLI,
     ("dataprep.cli",): STAGES,
     ("dataprep.tokenize",): frozenset({"manifests"}),
-    ("dataprep.testing", "dataprep.demo"): frozenset({"bucketing", "manifests"}),
+    ("dataprep.testing", "dataprep.testing_store", "dataprep.demo"): frozenset({"bucketing", "manifests"}),
 }
 
 

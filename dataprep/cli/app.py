@@ -147,8 +147,10 @@ def user_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         previous = _exit_on_sigterm()
         try:
-            with _missing_extras():
-                return fn(*args, **kwargs)
+            from dataprep.cli.urls import url_arguments  # s3:// gs:// az:// path arguments
+
+            with _missing_extras(), url_arguments(kwargs, out.print) as local_kwargs:
+                return fn(*args, **local_kwargs)
         except DataprepError as exc:
             print_error(exc)
             raise typer.Exit(2) from None

@@ -16,7 +16,7 @@ from dataprep.cli.fmt import Table
 from dataprep.cli.progress import progress_counter
 from dataprep.compile.validate import DEFAULT_MAX_PLAUSIBLE_DURATION, CompileOptions
 
-SourcesArg = Annotated[list[Path], typer.Argument(help="Source manifests: NeMo JSONL, Lhotse cuts JSONL(.gz), Kaldi data dir, CSV/TSV, Parquet (Hugging Face audio Parquet too), Lhotse Shar dir, WebDataset tars; NeMo tarred manifests with --tarred-audio (brace syntax 'manifest__OP_0..7_CL_.json' accepted).", show_default=False)]
+SourcesArg = Annotated[list[str], typer.Argument(help="Source manifests (local paths or s3:// gs:// az:// URLs): NeMo JSONL, Lhotse cuts JSONL(.gz), Kaldi data dir, CSV/TSV, Parquet (Hugging Face audio Parquet too), Lhotse Shar dir, WebDataset tars; NeMo tarred manifests with --tarred-audio (brace syntax 'manifest__OP_0..7_CL_.json' accepted).", show_default=False)]
 FormatOpt = Annotated[str, typer.Option("--format", help="Source format: auto, nemo, lhotse, kaldi, csv, tsv, parquet, hf-parquet, shar, webdataset.")]
 TextFieldOpt = Annotated[str, typer.Option(help="Field holding the decoder's target text (e.g. 'answer' for speech translation).")]
 
@@ -57,13 +57,13 @@ def train_tokenizer_cmd(
 def compile_cmd(
     sources: SourcesArg,
     tokenizer: Annotated[list[str], typer.Option(help="Sentencepiece model, or LANG=MODEL once per language (chosen by lang, else target_lang, as NeMo does).")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Compiled manifest (Parquet).")],
-    rejects: Annotated[Optional[Path], typer.Option(help="Rejected rows with their reason (Parquet). Default: <output stem>.rejects.parquet next to -o.")] = None,
+    output: Annotated[str, typer.Option("-o", "--output", help="Compiled manifest (Parquet; a path or an s3:// gs:// az:// URL).")],
+    rejects: Annotated[Optional[str], typer.Option(help="Rejected rows with their reason (Parquet). Default: <output stem>.rejects.parquet next to -o.")] = None,
     prompt_tokens: Annotated[int, typer.Option(help="Fixed decoder prompt length added to every utterance's tokens (a custom format; see --prompt-format).")] = 0,
     prompt_format: Annotated[Optional[str], typer.Option(help="Count tokens as NeMo's prompt formatter does: canary2 (pieces + 10 + decodercontext), canary (pieces + 6), none (pieces).", show_default=False)] = None,
     fmt: FormatOpt = "auto",
     text_field: TextFieldOpt = "text",
-    audio_root: Annotated[Optional[Path], typer.Option(help="Resolve relative audio paths against this folder (default: the source's folder).")] = None,
+    audio_root: Annotated[Optional[str], typer.Option(help="Resolve relative audio paths against this folder or URL (default: the source's folder).")] = None,
     probe: Annotated[str, typer.Option(help="auto: read audio headers only where the source has no duration; always: verify every file; never.")] = "auto",
     probe_threads: Annotated[Optional[int], typer.Option("--probe-threads", help=f"Threads for audio header reads (I/O bound; default {_COMPILE.probe_threads}).", show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", hidden=True, help="Old name of --probe-threads.", show_default=False)] = None,

@@ -19,8 +19,9 @@ from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, defa
 from dataprep.planning import spills_to_disk
 from dataprep.planning.options import parse_rank_speed
 from dataprep.planning.stages import parse_stage
-from dataprep.planning.simulate import (MAX_EXCHANGE_S, MAX_SLOW_FACTOR, plan_steps_report, plan_warnings,
-                                       simulate_strategies, simulate_with_warnings)
+from dataprep.planning.simulate import (MAX_EXCHANGE_S, MAX_SLOW_FACTOR, StoreReads, plan_steps_report,
+                                       plan_warnings, simulate_strategies, simulate_with_warnings, store_reads)
+from dataprep.planning.step_reads import StoreModel
 from dataprep.cli.progress import progress_counter
 from manifests.errors import DataprepError
 from manifests.options import check_needs
@@ -34,7 +35,7 @@ RANK_SPEED_HELP = ("Ranks of different speeds (mixed GPU types): 1,1,0.7,... (on
                    "a costmodel.json of `dataprep calibrate` (its measured rank speeds) or a text file of them; "
                    "a slower rank gets smaller batches so a step's ranks finish together (balanced steps only).")
 #: simulate_plan / simulate_strategies argument -> flag
-SIM_FLAGS = {"slow": "--slow-rank", "cost": "--coef", "rank_speed": "--rank-speed"}
+SIM_FLAGS = {"slow": "--slow-rank", "cost": "--coef", "rank_speed": "--rank-speed", "store": "--store"}
 _PLAN = defaults_of(PlanOptions)
 
 
@@ -71,6 +72,7 @@ def plan_batches_cmd(
     weight_window: Annotated[Optional[int], typer.Option("--weight-window", help="Weighted plans: order each epoch's steps so every this many consecutive steps hold each corpus within --weight-tolerance of its share (balanced steps, random interleave, no sync groups); windows over it are counted in plan.json.", show_default=False)] = None,
     stage: Annotated[Optional[list[str]], typer.Option("--stage", help="EPOCHS:weights.yaml, once per stage in order: a staged blend (multi-stage data balancing), each stage that many epochs weighted by the file's corpus: weight mapping (replaces --weights; --epochs defaults to the stages' sum).", show_default=False)] = None,
     weight_tolerance: Annotated[float, typer.Option("--weight-tolerance", help="With --weight-window: a corpus's share of a window's utterances may differ from its share of the epoch by this much (absolute, e.g. 0.05 = 5 points).")] = _PLAN.weight_tolerance,
+    container_block: Annotated[Optional[int], typer.Option("--container-block", help="Order each bucket in shuffled blocks of this many containers (tar shards; a loose file is one), in stored order inside a block: a rank-step then reads at most twice as many containers, at a price in randomness printed after the plan.", show_default=False)] = None,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
 
@@ -96,7 +98,8 @@ def plan_batches_cmd(
                             sync_group=sync_group, dynamic_resolution=dynres, weights=pairs,
                             temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
                             memory_limit=limit, rank_speed=None if rank_speed is None else parse_rank_speed(rank_speed),
-                            weight_window=weight_window, weight_tolerance=weight_tolerance, stages=stages)
+                            weight_window=weight_window, weight_tolerance=weight_tolerance, stages=stages,
+                            container_block=container_block)
     check_needs("--weight-tolerance", weight_tolerance != _PLAN.weight_tolerance, "--weight-window",
                 weight_window is not None)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
@@ -105,6 +108,11 @@ def plan_batches_cmd(
         meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1),
                           on_phase=lambda what: advance(0, description=f"{label}: {what}"))
     print_plan(meta, out_dir)
+    blocks = meta.extra.get("container_blocks")
+    if blocks:
+        out.print(f"container blocks of {blocks['containers']}: a row's batch mates come from about "
+                  f"{blocks['mates_rows']:,.0f} rows (its block) instead of {blocks['bucket_rows']:,.0f} (its bucket); "
+                  "`dataprep simulate --reads` counts the containers each rank-step touches")
 
 
 @app.command("replan")
@@ -262,8 +270,11 @@ def simulate_cmd(
     slow_rank: Annotated[Optional[list[str]], typer.Option("--slow-rank", help="RANK=FACTOR: that rank's batches take FACTOR times longer (e.g. 3=1.5).")] = None,
     exchange: Annotated[float, typer.Option("--exchange", help="Seconds per ADPSGD pairwise weight exchange (one per step).")] = 0.005,
     rank_speed: Annotated[Optional[str], typer.Option("--rank-speed", help="The ranks' speeds to simulate the plan's steps with (as plan-batches --rank-speed; default: the plan's, else alike).", show_default=False)] = None,
+    reads: Annotated[bool, typer.Option("--reads", help="Also the requests and bytes each rank-step reads from a store, and the time to first batch and input throughput a store model predicts (needs --manifest).")] = False,
+    store: Annotated[Optional[list[str]], typer.Option("--store", help=f"Store model NAME=VALUE for --reads ({', '.join(StoreModel.names())}).")] = None,
 ) -> None:
-    """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not."""
+    """Tail-worker simulation: idle fraction of ranks waiting for the slowest, synchronized vs not;
+    with --reads, also what each rank-step reads from a store."""
     check_range("--exchange", exchange, ge=0, le=MAX_EXCHANGE_S)  # refused even where no --strategy uses it
     ws = parse_world_sizes("--world-sizes", world_sizes)
     try:
@@ -276,6 +287,10 @@ def simulate_cmd(
     check_needs("--slow-rank", bool(slow), "--strategy", bool(strategies))
     check_needs("--exchange", exchange != 0.005, "--strategy adpsgd or hybrid", bool({"adpsgd", "hybrid"} & set(strategies)))
     check_needs("--group-size", group_size is not None, "--strategy hybrid", "hybrid" in strategies)
+    check_needs("--reads", reads, "--manifest", manifest is not None)
+    check_needs("--store", bool(store), "--reads", reads)
+    with option_flags(SIM_FLAGS):
+        store_model = StoreModel().with_overrides(store or [])
     with option_flags(SIM_FLAGS):  # the library checks every value (finite, in range)
         results, warnings = simulate_with_warnings(plan_dir, ws, cost, manifest=manifest, epoch=epoch, seed=seed,
                                                    speed=speed)
@@ -299,6 +314,8 @@ def simulate_cmd(
         out.print("  ".join(f"{c:>14}" for c in cells) + note)
     for w in warnings:
         out.print(f"warning: {w}", markup=False)
+    if reads and manifest is not None:
+        print_store_reads(store_reads(plan_dir, manifest, epoch, store_model))
     if strategies:
         with option_flags(SIM_FLAGS):
             res = simulate_strategies(plan_dir, strategies, cost, group_size, slow, exchange, epoch, speed)
@@ -309,6 +326,19 @@ def simulate_cmd(
         for r in res:
             cells = (r.strategy, r.group_size, f"{r.time:.1f}", f"{r.utt_per_s:.1f}", pct(r.idle), r.staleness)
             out.print("  ".join(f"{c:>10}" for c in cells))
+
+
+def print_store_reads(r: StoreReads) -> None:
+    """The reads per rank-step and what the store model predicts, as ``simulate`` prints them."""
+    s = r.store
+    out.print(f"store reads per rank-step (neighbours coalesced): requests mean {r.requests.mean():.1f} max "
+              f"{int(r.requests.max())}, {r.nbytes.mean() / 1e6:.2f} MB mean, objects mean {r.objects.mean():.1f}; "
+              f"fetched / used {r.fetched_per_used:.3f}"
+              + (f"; {plural(r.unpriced, 'Parquet audio row')} not counted" if r.unpriced else ""))
+    rate = "no limit" if s.request_rate is None else f"{s.request_rate:g} req/s"
+    out.print(f"store model (latency {s.latency_s * 1e3:g} ms, {s.bandwidth / 1e6:g} MB/s, {rate}, "
+              f"{s.concurrency} in flight per rank): first batch {r.first_batch_s:.3f} s, input "
+              f"{r.steps_per_s:.1f} steps/s = {r.utt_per_s:.0f} utterances/s on the slowest rank")
 
 
 def _slow_ranks(pairs: list[str]) -> dict[int, float]:

@@ -28,7 +28,8 @@ from dataprep.compile.validate import PROBE_MODES, CompileOptions, ProbeMode, pr
 from dataprep.tokenize import Tokenizers
 from manifests.errors import DataprepError
 from manifests.manifest_write import default_rejects_path
-from manifests.outputs import refuse_directory_outputs
+from manifests import storage, store_facts
+from manifests.outputs import refuse_directory_outputs, staged
 
 __all__ = [
     "EXECUTORS",
@@ -90,12 +91,29 @@ def compile(  # noqa: A001 - the stage's name
     rows whose audio was not checked (:func:`unchecked_audio`; not for a one-part run).
     """
     opts = opts or CompileOptions()
-    summary = _compile(sources, tokenizer_specs, output, rejects, opts, executor=executor, workers=workers,
-                       num_parts=num_parts, part_index=part_index, env=env, on_chunk=on_chunk,
-                       on_probe=on_probe, on_part=on_part)
-    if summary.part_index is not None or summary.audio is not None:
-        return summary
-    return dataclasses.replace(summary, audio=unchecked_audio(output, opts.probe))
+    tokenizer_specs = [_local_spec(spec) for spec in tokenizer_specs]
+    rejects = rejects if rejects is not None else default_rejects_path(output)
+    if storage.is_url(os.fspath(output)) and (part_index is not None or "SLURM_ARRAY_TASK_ID" in (env or os.environ)
+                                              and num_parts is not None):
+        raise DataprepError(f"{output}: -o: a part's folder is written locally (merge its parts to a URL instead)")
+    with staged({"--rejects": rejects, "-o": output}) as local:  # a URL: written here, uploaded whole, -o last
+        summary = _compile(sources, tokenizer_specs, local["-o"], local["--rejects"], opts, executor=executor,
+                           workers=workers, num_parts=num_parts, part_index=part_index, env=env, on_chunk=on_chunk,
+                           on_probe=on_probe, on_part=on_part)
+        if summary.part_index is not None or summary.audio is not None:
+            return summary
+        return dataclasses.replace(summary, audio=unchecked_audio(local["-o"], opts.probe))  # type: ignore[arg-type]
+
+
+def _local_spec(spec: str) -> str:
+    """A tokenizer spec (``MODEL`` or ``LANG=MODEL``) whose model is a store URL read from its
+    local copy (cached by ETag; the manifest records the model's content hash, not its path)."""
+    lang, sep, model = spec.partition("=") if not storage.is_url(spec) else ("", "", spec)
+    model = model if sep else spec
+    if not storage.is_url(model):
+        return spec
+    local = str(store_facts.fetch_local(model))
+    return f"{lang}={local}" if sep else local
 
 
 def _compile(

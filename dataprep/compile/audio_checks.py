@@ -19,6 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
+from manifests import storage, store_facts
 from manifests.errors import DataprepError
 
 #: most distinct audio files a check stats (spread evenly over the manifest)
@@ -61,8 +62,12 @@ class UncheckedAudio:
 
 
 def _absent(paths: list[str], threads: int = 8) -> list[str]:
+    """The paths that name no file; store URLs asked of their store by one listing per folder."""
+    urls = [p for p in paths if storage.is_url(p)]
+    listed = store_facts.infos(urls) if urls else {}
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        exists = list(pool.map(os.path.exists, paths))
+        exists = list(pool.map(lambda p: listed[p] is not None or storage.exists(p) if p in listed
+                               else os.path.exists(p), paths))
     return [p for p, e in zip(paths, exists) if not e]
 
 

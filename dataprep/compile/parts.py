@@ -44,6 +44,7 @@ from dataprep.compile.validate import (
     iter_rows,
 )
 from dataprep.tokenize import Tokenizers
+from manifests import storage
 from manifests.arrow_views import string_buffers
 from manifests.atomic_files import atomic_path
 from manifests.errors import DataprepError
@@ -215,7 +216,7 @@ def run_part(
     if folder.exists() and not folder.is_dir():
         raise DataprepError(f"{folder}: exists and is not a folder (a parted compile writes parts into a folder)")
     for src in expand_sources(sources):
-        if not Path(src).exists():
+        if not (storage.exists_or_folder(src) if storage.is_url(src) else Path(src).exists()):
             raise DataprepError(f"{src}: no such file or directory")
     tokenizers = Tokenizers.from_specs(tokenizer_specs)
     provenance = compile_provenance(sources, tokenizers, opts)

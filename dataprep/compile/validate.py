@@ -26,6 +26,7 @@ from dataprep import __version__
 from dataprep.compile.probe import PROBE_SCHEMA, probe_headers, probe_members
 from dataprep.compile.prompts import CONTEXT_FIELD, prompt_format_tokens
 from dataprep.tokenize import Tokenizers
+from manifests import storage, store_facts
 from manifests.containers import expand_paths
 from manifests.content_hash import file_sha256
 from manifests.errors import DataprepError
@@ -102,12 +103,19 @@ def source_files(sources: Sequence[str | os.PathLike[str]]) -> list[str]:
     """Every source file named, NeMo's brace syntax expanded (what provenance fingerprints)."""
     out: list[str] = []
     for s in sources:
-        out.extend([str(s)] if Path(s).exists() else expand_paths([str(s)]))
+        out.extend([str(s)] if _exists(s) else expand_paths([str(s)]))
     return out
+
+
+def _exists(path: str | os.PathLike[str]) -> bool:
+    """Whether a source exists: a file or folder, an object or a non-empty URL prefix."""
+    return storage.exists_or_folder(os.fspath(path)) if storage.is_url(os.fspath(path)) else Path(path).exists()
 
 
 def source_fingerprint(path: str | os.PathLike[str]) -> str:
     """SHA-256 of a source file, or of a directory's files (names and contents, sorted)."""
+    if storage.is_url(os.fspath(path)):
+        return store_facts.fingerprint(os.fspath(path))
     p = Path(path)
     if p.is_dir():
         digest = hashlib.sha256()
@@ -282,7 +290,7 @@ def iter_rows(sources: Sequence[str | os.PathLike[str]], opts: CompileOptions) -
                 start += chunk.height
         return
     for src in sources:
-        if not Path(src).exists():
+        if not _exists(src):
             raise DataprepError(f"{src}: no such file or directory")
         for chunk in iter_source(src, opts.fmt, text_field=opts.text_field, audio_root=opts.audio_root,
                                  chunk_rows=opts.chunk_rows):
@@ -320,7 +328,7 @@ def compile_provenance(
     if blends:
         extra["blend"] = blend_provenance(blends[0])
     if opts.tarred_audio:
-        extra["tarred_audio"] = [{"path": t, "sha256": source_fingerprint(t) if Path(t).exists() else None}
+        extra["tarred_audio"] = [{"path": t, "sha256": source_fingerprint(t) if _exists(t) else None}
                                  for t in expand_paths(opts.tarred_audio)]
     return {
         **extra,

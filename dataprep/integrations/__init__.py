@@ -11,6 +11,7 @@ __all__ = [
     "lightning",
     "nemo",
     "pack",
+    "prefetch",
     "rows",
     "torch",
 ]

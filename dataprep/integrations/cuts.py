@@ -48,9 +48,15 @@ def audio_header(path: str) -> tuple[int, int, int]:
 def member_header(name: str, container: str, member_offset: int | None, member_size: int | None,
                   row_group: int | None, group_row: int | None) -> tuple[int, int, int]:
     """(sample rate, frames, channels) of the audio held at a container address (one ranged read)."""
+    data = process_reader().held(name, container, member_offset, member_size, row_group, group_row)
+    assert data is not None  # a container is always set
+    return bytes_header(name, data)
+
+
+def bytes_header(name: str, data: bytes) -> tuple[int, int, int]:
+    """(sample rate, frames, channels) of an audio file held in memory."""
     import io
 
-    data = process_reader().held(name, container, member_offset, member_size, row_group, group_row)
     try:
         info = soundfile.info(io.BytesIO(data))
     except (soundfile.LibsndfileError, RuntimeError, OSError) as exc:
@@ -66,8 +72,9 @@ def row_header(row: Mapping[str, Any]) -> tuple[int, int, int]:
     return audio_header(row["audio_path"])
 
 
-def recording_dict_for_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``Recording.to_dict()`` of the file a manifest row's audio lives in."""
+def recording_dict_for_row(row: Mapping[str, Any], data: bytes | None = None) -> dict[str, Any]:
+    """The ``Recording.to_dict()`` of the file a manifest row's audio lives in; with ``data``
+    (that file's bytes, already fetched) its header is read from them and its source holds them."""
     from lhotse.utils import compute_num_samples
 
     path = row["audio_path"]
@@ -79,12 +86,15 @@ def recording_dict_for_row(row: Mapping[str, Any]) -> dict[str, Any]:
         duration = float(row["duration"])
         num_samples = compute_num_samples(duration, int(sr))
     else:
-        sr, frames, ch = row_header(row)
+        sr, frames, ch = row_header(row) if data is None else bytes_header(str(path), data)
         num_samples, duration = frames, frames / sr
     # Lhotse rounds a supervision's end to 8 decimals: a recording length rounded up the same
     # way (far below one sample) keeps a supervision that ends with the file inside it
     duration = math.ceil(duration * 1e8) / 1e8
     held = row.get("container") is not None  # schema v2: a tar member or a Parquet audio row
+    if data is not None:
+        return recording_dict(path, source_type="memory", source=data,  # type: ignore[arg-type]
+                              sampling_rate=int(sr), num_samples=num_samples, duration=duration, channels=int(ch))
     return recording_dict(path, source_type=CONTAINER_SOURCE if held else "file", source=path,
                           sampling_rate=int(sr), num_samples=num_samples, duration=duration, channels=int(ch),
                           address={k: row.get(k) for k in CONTAINER_ADDRESS} if held else None)
@@ -106,13 +116,15 @@ def cut_dict_for_row(row: Mapping[str, Any], channel: int | None = None,
     return cut_dict(row, recording_dict_for_row(row), channel, custom)
 
 
-def cut_for_row(row: Mapping[str, Any], channel: int | None = None, custom: Mapping[str, Any] | None = None) -> Any:
-    """One manifest row as a Lhotse cut (see the module docstring); ``custom`` adds keys."""
+def cut_for_row(row: Mapping[str, Any], channel: int | None = None, custom: Mapping[str, Any] | None = None,
+                data: bytes | None = None) -> Any:
+    """One manifest row as a Lhotse cut (see the module docstring); ``custom`` adds keys;
+    ``data``: the bytes of the row's audio file, already fetched (an in-memory source)."""
     from lhotse import MonoCut, MultiCut, Recording, SupervisionSegment
 
     from dataprep.integrations.lhotse_source import source_from_dict
 
-    d = cut_dict_for_row(row, channel, custom)
+    d = cut_dict(row, recording_dict_for_row(row, data), channel, custom)
     r = d["recording"]
     rec = Recording(**{**r, "sources": [source_from_dict(s) for s in r["sources"]]})
     cls = MultiCut if d["type"] == "MultiCut" else MonoCut

@@ -32,9 +32,11 @@ from lhotse.dataset.sampling.base import (
 from torch.utils.data import DataLoader
 
 from dataprep.integrations.cuts import cut_for_row
+from dataprep.integrations.prefetch import DEFAULT_PREFETCH_BYTES, PrefetchOptions, StepPrefetcher
 from dataprep.integrations.rows import ManifestRows
+from manifests.column_cache import ColumnCache
 from manifests.hash_cache import require_manifest_hash
-from manifests.plan_cursor import PlanCursor, PlanStateError
+from manifests.plan_cursor import PlanCursor, PlanStateError, dataloader_worker
 from manifests.plan_files import PlanBatch
 from manifests.validation import number_text
 
@@ -53,12 +55,16 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
     the plan's first); ``channel`` picks one channel of multi-channel audio (default: a
     ``MultiCut`` of all); ``cache_dir`` is where the manifest row cache lives (default
     ``$SPEECH_DATAPREP_CACHE``). Rank, steps, state checks and the worker split are the
-    :class:`~manifests.plan_cursor.PlanCursor` 's.
+    :class:`~manifests.plan_cursor.PlanCursor` 's. ``prefetch_steps`` > 0 reads the audio bytes
+    of that many next steps ahead in a background thread, at most ``prefetch_bytes`` held
+    (:mod:`dataprep.integrations.prefetch`); the cuts then hold their bytes in memory.
     """
 
     def __init__(self, plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], rank: int,
                  world_size: int, start_step: int | None = None, channel: int | None = None,
-                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+                 cache_dir: str | os.PathLike[str] | None = None, prefetch_steps: int = 0,
+                 prefetch_bytes: int = DEFAULT_PREFETCH_BYTES) -> None:
+        self.prefetch = PrefetchOptions(prefetch_steps, prefetch_bytes)
         self.cursor = PlanCursor(plan_dir, rank, start_step, world_size=world_size)
         super().__init__(shuffle=False, drop_last=False, world_size=world_size, rank=rank, seed=0)
         self.plan_dir = self.cursor.plan_dir
@@ -68,6 +74,7 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
         self.cache_dir = cache_dir
         self._rows: ManifestRows | None = None
         self._it: Iterator[PlanBatch] | None = None
+        self._prefetcher: StepPrefetcher | None = None
 
     @property
     def start_step(self) -> int:
@@ -84,15 +91,26 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
         # a restored state survives iter() until the first batch (DataLoader calls iter() twice)
         if not self._just_restored_state:
             self.cursor.rewind()
-        self._it = None
+        self._reset()
         return self
+
+    def _reset(self) -> None:
+        """Drop the iteration in progress and what its prefetch holds."""
+        self._it = None
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
 
     def __next__(self) -> CutSet:
         self.allow_iter_to_reset_state()
         if self._it is None:
-            self._it = self.cursor.iter_batches()  # this DataLoader worker's share
+            worker = dataloader_worker()
+            if self.prefetch.on:  # from the step this iteration starts at (a restored one included)
+                columns = ColumnCache.open(self.manifest, self.cache_dir)
+                self._prefetcher = StepPrefetcher(self.cursor, columns, self.prefetch, worker)
+            self._it = self.cursor.iter_batches(worker)  # this DataLoader worker's share
         pb = next(self._it)  # StopIteration ends the plan
-        cuts = self.cuts_of(pb)
+        cuts = self.cuts_of(pb, None if self._prefetcher is None else self._prefetcher.take(pb.step))
         self._log_diagnostics(cuts)
         for fn in self._transforms:
             cuts = fn(cuts)
@@ -102,14 +120,16 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
     def _next_batch(self) -> CutSet:
         return next(self)
 
-    def cuts_of(self, pb: PlanBatch) -> CutSet:
+    def cuts_of(self, pb: PlanBatch, held: list[bytes | None] | None = None) -> CutSet:
         """The ``CutSet`` of one plan batch (its rows, in order; ``custom`` adds ``plan_step``,
-        and ``plan_target_frames`` for a dynamic-resolution plan)."""
+        and ``plan_target_frames`` for a dynamic-resolution plan); ``held``: each row's audio
+        bytes, already fetched (``None`` where not)."""
         if self._rows is None:
             self._rows = ManifestRows.open(self.manifest, self.cache_dir)
         rows = self._rows.records(pb.rows)
         custom = {"plan_step": pb.step, **({} if pb.target_frames is None else {"plan_target_frames": pb.target_frames})}
-        return CutSet.from_cuts(cut_for_row(r, self.channel, custom) for r in rows)
+        data = held if held is not None else [None] * len(rows)
+        return CutSet.from_cuts(cut_for_row(r, self.channel, custom, d) for r, d in zip(rows, data))
 
     def __len__(self) -> int:
         """Batches left from the next step to the end of the plan."""
@@ -155,7 +175,7 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
             raise PlanStateError(f"{self.plan_dir}: sampler state: Lhotse's diagnostics do not fit this sampler "
                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
         self.cursor.seek(step)
-        self._it = None
+        self._reset()
 
     def set_epoch(self, epoch: int) -> None:
         """The trainer's epoch (Lhotse's protocol; a new epoch starts again at the first step):
@@ -166,7 +186,7 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
 
     def __getstate__(self) -> dict[str, Any]:  # to worker processes: no mapped file, no open iterator
         state = self.__dict__.copy()
-        state["_rows"], state["_it"] = None, None
+        state["_rows"], state["_it"], state["_prefetcher"] = None, None, None
         return state
 
 

@@ -4,7 +4,8 @@ that replays a plan instead of re-bucketing online.
 Same signature: ``(config, global_rank, world_size, dataset, tokenizer=None)``. The config (a
 dict or an OmegaConf ``train_ds``) adds ``plan_dir`` and ``manifest``; ``sample_rate`` (default
 16000), ``channel_selector``, ``num_workers``, ``pin_memory``, ``force_iterable_dataset`` and
-``seed`` are read as NeMo reads them; bucketing, batch size and filters are the plan's. A
+``seed`` are read as NeMo reads them, ``prefetch_steps`` / ``prefetch_bytes`` as ``PlanSampler``
+takes them; bucketing, batch size and filters are the plan's. A
 config without ``plan_dir`` goes to NeMo's own function. The ``dataset`` gets, per step, the
 ``CutSet`` of this rank's utterances (:class:`dataprep.integrations.lhotse.PlanSampler`); a
 dynamic-resolution plan's batches also carry ``target_frames``. The loader's ``state_dict()``
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from dataprep.integrations.lhotse import PlanDataLoader, PlanIterableLoader, PlanSampler
+from dataprep.integrations.prefetch import DEFAULT_PREFETCH_BYTES, PrefetchOptions
 from manifests.errors import DataprepError, OptionError
 from manifests.options import check_bool, check_int, check_sample_rate
 from manifests.plan_meta import read_plan_meta
@@ -87,8 +89,10 @@ def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset:
         check_bool("pin_memory", pin_memory)
         check_bool("force_iterable_dataset", iterable)
     seed = _seed(config)
+    with _config_errors():
+        prefetch = PrefetchOptions(_get(config, "prefetch_steps", 0), _get(config, "prefetch_bytes", DEFAULT_PREFETCH_BYTES))
     sampler = PlanSampler(str(_get(config, "plan_dir")), str(manifest), rank=global_rank, world_size=world_size,
-                          channel=channel)
+                          channel=channel, prefetch_steps=prefetch.prefetch_steps, prefetch_bytes=prefetch.prefetch_bytes)
     if "dynamic_resolution" in read_plan_meta(str(_get(config, "plan_dir"))).extra:
         dataset = WithTargetFrames(dataset)
     sampler.map(partial(_resample, sampling_rate=sample_rate))

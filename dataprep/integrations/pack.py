@@ -34,6 +34,7 @@ import soundfile
 
 from dataprep import __version__
 from dataprep.compile.audio_checks import require_audio
+from manifests import storage
 from manifests.atomic_files import atomic_path, write_json
 from manifests.audio import AudioError, AudioReader, load_audio
 from manifests.content_hash import file_sha256
@@ -143,8 +144,11 @@ def _estimated_bytes(df: pl.DataFrame, layout: str) -> np.ndarray:
             continue
         size, length = np.nan, end
         try:
-            size = float(os.stat(path).st_size)
-            length = max(end, soundfile.info(path).duration) if cut else end
+            if storage.is_url(str(path)):  # the object's size only: no audio read to estimate
+                size = float(storage.stat(str(path)).size)
+            else:
+                size = float(os.stat(path).st_size)
+                length = max(end, soundfile.info(path).duration) if cut else end
         except (OSError, TypeError, ValueError, RuntimeError, soundfile.LibsndfileError):
             pass  # a file gone or unreadable: estimated as PCM (pack then rejects it)
         sizes.append(size)
@@ -176,9 +180,17 @@ def _check_member(row: dict[str, Any]) -> None:
     member = str(row["audio_path"])[len(str(container)) + 1:]
     where = f"{row['origin']}: {row['audio_path']}"
     try:
-        with open(container, "rb") as fh:
-            fh.seek(int(offset) - 512)
-            header = tarfile.TarInfo.frombuf(fh.read(512), tarfile.ENCODING, "surrogateescape")
+        if storage.is_url(str(container)):  # one range request for the header in the store
+            if not storage.exists(str(container)):
+                raise FileNotFoundError(container)
+            block = storage.read_ranges(str(container), [(int(offset) - 512, 512)])[0]
+        else:
+            with open(container, "rb") as fh:
+                fh.seek(int(offset) - 512)
+                block = fh.read(512)
+        header = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+    except storage.StoreError:
+        raise  # the store failed past its retries: one line, the pack stops
     except FileNotFoundError:
         raise AudioChanged(f"{where}: container not found") from None
     except (OSError, tarfile.TarError) as exc:

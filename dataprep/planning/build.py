@@ -25,6 +25,7 @@ from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import Grid, grid_from_spec
 from bucketing.plan import PlanError, check_one_step
+from dataprep.planning.container_blocks import ContainerBlocks, container_codes
 from dataprep.planning.epochs import (DynResTotals, EpochLoop, EpochTotals, plan_extra, stages_extra,
                                      window_totals)
 from dataprep.planning.stages import staged_weights
@@ -133,6 +134,8 @@ def build_plan(
             options.check_rows(corpus.num_rows)  # before any per-rank allocation
             staged = None if stages is None or weighted is None else staged_weights(
                 manifest, stages, weighted.names, *corpus.corpus_sums(len(weighted.names)), options)
+            if options.container_block is not None:
+                corpus.blocks = ContainerBlocks(container_codes(str(manifest)), options.container_block)
             clock("read")
             try:  # before one shard writer per rank is opened (seconds at a huge --world-size)
                 check_one_step(int(corpus.counts.sum()), W)
@@ -162,10 +165,11 @@ def build_plan(
                                   corpus.allocation_entry(options.strict, corpus.carry), totals,
                                   world_size=W, seed=options.seed, epochs=epochs, interleave=options.interleave,
                                   balance=totals.balance_info(options.balance), sync_group=options.group)
+                blocks = {} if corpus.blocks is None else {"container_blocks": corpus.blocks.entry()}
                 meta = writer.finish(dataclasses.replace(meta, extra={**meta.extra,
                                                                       **plan_extra(weighted, loop.dynres, options.rank_speed,
                                                                                  loop.window),
-                                                                      **stages_extra(staged, totals, epochs)}))
+                                                                      **stages_extra(staged, totals, epochs), **blocks}))
     finally:
         if root is not None:
             remove_spill(root)

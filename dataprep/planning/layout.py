@@ -125,7 +125,12 @@ def _form_spilled(corpus: SpilledCorpus, bs: npt.NDArray[np.int64], W: int | Non
         c = None if entries is None or groups is None else corpus.column(int(k), "c", np.int32)[entries]
         parts = []
         pos = 0
-        for p in grouping.order_chunks(cnt, size, rng, d, t, ORDER_ROWS, batches=None if W is None else int(nb[k])):
+        if corpus.blocks is None:
+            chunks = grouping.order_chunks(cnt, size, rng, d, t, ORDER_ROWS, batches=None if W is None else int(nb[k]))
+        else:  # one part: the bucket in blocks of containers
+            rows_k = corpus.column(int(k), "rows", corpus.row_dtype)
+            chunks = iter([corpus.blocks.order(rows_k if entries is None else rows_k[entries], d, rng)])
+        for p in chunks:
             dk, tk32 = d[p], t[p]
             tk = tk32.astype(np.int64)
             loc = first[np.searchsorted(first, pos):np.searchsorted(first, pos + p.shape[0])] - pos

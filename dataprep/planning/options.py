@@ -68,6 +68,8 @@ class PlanOptions:
     weight (> 0; replaces the blend the manifest records), ``temperature`` (>= 0; replaces every
     level's), the epoch size ``epoch_utterances`` (>= 1) or about ``epoch_hours`` (> 0) of audio
     (default: the rows in a bucket).
+    ``container_block``: order each bucket in shuffled blocks of this many containers
+    (:mod:`dataprep.planning.container_blocks`; None: a full shuffle, grouped in windows).
     ``memory_limit``: bytes the planner may hold (>= 1; None: half the machine's memory); the
     spill (:mod:`dataprep.planning.spill`) is held in memory for a corpus within it and
     written to disk for a larger one, in memory bounded by its largest bucket.
@@ -101,6 +103,7 @@ class PlanOptions:
     weight_window: int | None = None
     weight_tolerance: float = DEFAULT_WEIGHT_TOLERANCE
     stages: tuple[tuple[int, Mapping[str, float]], ...] | None = None
+    container_block: int | None = None
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, ge=1)
@@ -154,6 +157,7 @@ class PlanOptions:
             if self.sync_group is not None and self.sync_group != self.world_size:
                 raise OptionError("weight_window", "sync groups draw the steps in their own orders; "
                                                    "give no --sync-group")
+        check_int("container_block", self.container_block, ge=1, optional=True)
 
     @property
     def speeds(self) -> RankSpeeds | None:

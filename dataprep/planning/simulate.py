@@ -1,18 +1,25 @@
 """The tail-worker simulation of a written plan: read one epoch's batches from the rank
 shards, cost each with :class:`bucketing.costmodel.CostModel`, and compare synchronized and
-unsynchronized step times with :func:`bucketing.simulate.simulate`."""
+unsynchronized step times with :func:`bucketing.simulate.simulate`. With the manifest, what
+each rank-step reads from a store (:func:`store_reads`: requests and bytes, coalesced as the
+prefetch reads them) and what a :class:`~dataprep.planning.step_reads.StoreModel` predicts."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+import polars as pl
 
 from bucketing.step_figures import PlanReport, plan_report, step_warnings
 from bucketing.costmodel import CostModel
 from bucketing.simulate import SimResult, StrategyResult, simulate, simulate_strategy
+from dataprep.planning.step_reads import DEFAULT_MAX_GAP, StoreModel, coalesce
+from manifests import storage
 from manifests.errors import DataprepError, ManifestError, OptionError
 from manifests.hash_cache import require_manifest_hash
 from manifests.manifest_read import read_manifest
@@ -207,3 +214,93 @@ def simulate_strategies(
         except ValueError as exc:
             raise DataprepError(f"{plan_dir}: {exc}") from None
     return out
+
+
+@dataclass(frozen=True)
+class StoreReads:
+    """What one epoch of a plan reads from a store, per rank-step (one rank's batch of one
+    step): ``requests`` and ``nbytes`` (steps x ranks), ``used`` (bytes of the rows' audio,
+    shared ranges once), ``objects`` (containers or files touched); and the store model's time
+    to first batch (s, the slowest rank's first step read alone) and input throughput of the
+    slowest rank (steps/s, utterances/s). Parquet audio rows are not counted (``unpriced``)."""
+
+    requests: np.ndarray
+    nbytes: np.ndarray
+    used: np.ndarray
+    objects: np.ndarray
+    rows: np.ndarray
+    unpriced: int
+    store: StoreModel
+    first_batch_s: float
+    steps_per_s: float
+    utt_per_s: float
+
+    @property
+    def fetched_per_used(self) -> float:
+        return float(self.nbytes.sum() / max(1, self.used.sum()))
+
+
+def _object_sizes(names: list[str]) -> np.ndarray:
+    """Sizes (bytes) of whole loose files (local or URLs), asked with bounded concurrency."""
+    with ThreadPoolExecutor(storage.MAX_CONCURRENCY) as pool:  # a stat per file: I/O, not arithmetic
+        return np.fromiter(pool.map(lambda n: storage.stat(n).size, names), np.int64, count=len(names))
+
+
+def _addresses(manifest: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per manifest row: object code, byte range ``[start, end)`` and whether it is priced."""
+    df = read_manifest(manifest, columns=["audio_path"], optional=["container", "member_offset", "member_size"])
+    n = df.height
+    container = df["container"] if "container" in df.columns else pl.Series([None] * n, dtype=pl.String)
+    off = (df["member_offset"] if "member_offset" in df.columns else pl.Series([None] * n, dtype=pl.Int64))
+    size = (df["member_size"] if "member_size" in df.columns else pl.Series([None] * n, dtype=pl.Int64))
+    tar = (container.is_not_null() & off.is_not_null() & (off.fill_null(-1) >= 0)).to_numpy()
+    loose = container.is_null().to_numpy()
+    name = pl.Series(np.where(loose, df["audio_path"].to_numpy(), container.fill_null("").to_numpy()))
+    uniq, code = np.unique(name.to_numpy().astype(str), return_inverse=True)
+    code = code.reshape(-1).astype(np.int64)
+    start = np.where(tar, off.fill_null(0).to_numpy(), 0).astype(np.int64)
+    end = np.where(tar, start + size.fill_null(0).to_numpy(), 0).astype(np.int64)
+    if loose.any():
+        files = np.unique(code[loose])
+        sizes = _object_sizes([str(uniq[i]) for i in files.tolist()])
+        end[loose] = sizes[np.searchsorted(files, code[loose])]
+    return code, start, end, tar | loose
+
+
+def store_reads(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], epoch: int = 0,
+                store: StoreModel | None = None, max_gap: int = DEFAULT_MAX_GAP,
+                batches: dict[str, np.ndarray] | None = None) -> StoreReads:
+    """Requests and bytes of every rank-step of one epoch (each step's ranges of one object
+    within ``max_gap`` bytes one request: :func:`~dataprep.planning.step_reads.coalesce`,
+    as the prefetch reads them) and the ``store`` model's predictions (:class:`StoreReads`)."""
+    store = store or StoreModel()
+    if not isinstance(store, StoreModel):
+        raise OptionError("store", f"must be a StoreModel, got {type(store).__name__}")
+    meta = read_plan_meta(plan_dir)
+    require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
+    m = batches if batches is not None and "rows" in batches else read_epoch_batches(plan_dir, epoch)
+    code, start, end, priced = _addresses(manifest)
+    objects_total = int(code.max()) + 1 if code.size else 1
+    S, W = m["size"].shape
+    shape = (S, W)
+    req, nbytes, used, objs, nrows = (np.zeros(shape, np.int64) for _ in range(5))
+    for r, col in enumerate(m["rows"]):  # type: ignore[arg-type]
+        rows = col.values.to_numpy()
+        step = np.repeat(np.arange(S), np.diff(col.offsets.to_numpy()))
+        nrows[:, r] = np.bincount(step, minlength=S)
+        keep = priced[rows]
+        rows, step = rows[keep], step[keep]
+        key = step.astype(np.int64) * objects_total + code[rows]
+        got = coalesce(key, start[rows], end[rows], max_gap)
+        req[:, r] = np.bincount(got.obj // objects_total, minlength=S)
+        nbytes[:, r] = np.bincount(got.obj // objects_total, weights=got.end - got.start, minlength=S)
+        exact = coalesce(key, start[rows], end[rows], 0)
+        used[:, r] = np.bincount(exact.obj // objects_total, weights=exact.end - exact.start, minlength=S)
+        objs[:, r] = np.bincount(np.unique(key) // objects_total, minlength=S)
+    unpriced = int((~priced).sum())
+    first = float(store.step_seconds(req[0], nbytes[0]).max()) if S else 0.0
+    rates = [store.steps_per_second(req[:, r], nbytes[:, r]) for r in range(W)]
+    slow = int(np.argmin(rates)) if rates else 0
+    steps_per_s = float(rates[slow]) if rates else 0.0
+    utt = steps_per_s * float(nrows[:, slow].mean()) if S else 0.0
+    return StoreReads(req, nbytes, used, objs, nrows, unpriced, store, first, steps_per_s, utt)

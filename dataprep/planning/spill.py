@@ -84,6 +84,7 @@ class SpilledCorpus:
     has_codes: bool = False  # ``b{k}.c`` spilled (corpus codes)
     has_index: bool = False  # ``b{k}.i`` spilled (each row's index in its corpus, :attr:`row_dtype`)
     unknown_corpus: bool = False  # a row's corpus code is -1 (a corpus not among the names given)
+    blocks: Any = None  # a bucket's rows in blocks of containers (:mod:`dataprep.planning.container_blocks`)
     #: Row numbers on disk (``b{k}.rows``, the position files' records): int32 below 2**31
     #: rows (4 bytes a row less to write and read twice), else int64.
     row_dtype: type = np.int64

@@ -147,36 +147,39 @@ class BatchBuilder:
                 out[i] = [bos, *pieces, eos]
         return out
 
-    def _load(self, args: tuple[str, str, float, float, str | None, int, int, int, int]
+    def _load(self, args: tuple[str, str, float, float, str | None, int, int, int, int, bytes | None]
               ) -> npt.NDArray[np.float32] | AudioError:
-        utt, path, offset, duration, container, m_offset, m_size, group, row = args
+        utt, path, offset, duration, container, m_offset, m_size, group, row, held = args
         try:
-            data = self.containers.held(utt, container, m_offset, m_size, group, row)
+            data = held if held is not None else self.containers.held(utt, container, m_offset, m_size, group, row)
             return load_audio(utt, path, offset, duration, data=data)
         except AudioError as exc:
             if self.skip_bad_audio:
                 return exc
             raise
 
-    def read_audio(self, meta: RowsMeta) -> list[npt.NDArray[np.float32] | AudioError]:
-        """Mono 16 kHz samples of each row of ``meta`` (loose files or ranged reads of containers),
-        in order; an :class:`AudioError` in place of a row that failed when ``skip_bad_audio``."""
-        jobs = [(u, p, float(o), float(d), c, int(mo), int(ms), int(g), int(r)) for u, p, o, d, c, mo, ms, g, r in
+    def read_audio(self, meta: RowsMeta, held: Sequence[bytes | None] | None = None
+                   ) -> list[npt.NDArray[np.float32] | AudioError]:
+        """Mono 16 kHz samples of each row of ``meta`` (loose files or ranged reads of containers,
+        or ``held``: each row's audio bytes already fetched, ``None`` where not), in order; an
+        :class:`AudioError` in place of a row that failed when ``skip_bad_audio``."""
+        data = [None] * len(meta) if held is None else held
+        jobs = [(u, p, float(o), float(d), c, int(mo), int(ms), int(g), int(r), h) for u, p, o, d, c, mo, ms, g, r, h in
                 zip(meta.ids, meta.audio_paths, meta.offsets, meta.durations, meta.container_paths,
-                    meta.member_offsets, meta.member_sizes, meta.row_groups, meta.group_rows)]
+                    meta.member_offsets, meta.member_sizes, meta.row_groups, meta.group_rows, data)]
         if self._pool is not None and self._pool_pid == os.getpid():
             return list(self._pool.map(self._load, jobs))
         return list(map(self._load, jobs))
 
-    def build(self, pb: PlanBatch) -> Batch:
-        """The tensor batch of one plan batch."""
+    def build(self, pb: PlanBatch, held: Sequence[bytes | None] | None = None) -> Batch:
+        """The tensor batch of one plan batch (``held``: its rows' audio bytes, already fetched)."""
         meta = self.columns.gather(pb.rows, pb.ids)
         if self._mel is None:
             self._mel = LogMel(self.features)
         if self.io_threads > 1 and (self._pool is None or self._pool_pid != os.getpid()):
             self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="dataprep-audio")
             self._pool_pid = os.getpid()
-        waves = self.read_audio(meta)
+        waves = self.read_audio(meta, held)
         keep = [i for i, w in enumerate(waves) if not isinstance(w, AudioError)]
         skipped = [{"id": meta.ids[i], "audio_path": meta.audio_paths[i], "error": str(w),
                     "step": str(pb.step)} for i, w in enumerate(waves) if isinstance(w, AudioError)]

@@ -19,10 +19,11 @@ from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from dataprep.integrations.prefetch import PrefetchOptions, StepPrefetcher
 from dataprep.training.batches import Batch, BatchBuilder
 from dataprep.training_config import MAX_PREFETCH, MAX_WORKERS
 from manifests.options import check_int, check_number
-from manifests.plan_cursor import PlanCursor
+from manifests.plan_cursor import PlanCursor, dataloader_worker
 from manifests.plan_files import PlanBatch
 
 T = TypeVar("T")
@@ -32,13 +33,16 @@ class PlanDataset(IterableDataset[Batch]):
     """Rank ``rank``'s batches of the plan in ``plan_dir``, from global step ``start_step``
     (default: the plan's first) up to (not including) ``stop_step`` (default: its end). Yields
     :class:`Batch`; use ``batch_size=None`` with a DataLoader (see :func:`make_loader`). Steps,
-    rank and the worker split are the :class:`~manifests.plan_cursor.PlanCursor` 's."""
+    rank and the worker split are the :class:`~manifests.plan_cursor.PlanCursor` 's. ``prefetch``:
+    read the audio of the next steps ahead (:mod:`dataprep.integrations.prefetch`; default off)."""
 
     def __init__(self, plan_dir: str | os.PathLike[str], rank: int, builder: BatchBuilder,
-                 start_step: int | None = None, stop_step: int | None = None) -> None:
+                 start_step: int | None = None, stop_step: int | None = None,
+                 prefetch: PrefetchOptions | None = None) -> None:
         super().__init__()
         self.cursor = PlanCursor(plan_dir, rank, start_step, stop_step)
         self.builder = builder
+        self.prefetch = prefetch or PrefetchOptions()
 
     def __len__(self) -> int:
         """Batches one iteration yields (all workers together)."""
@@ -50,8 +54,16 @@ class PlanDataset(IterableDataset[Batch]):
         return self.cursor.iter_batches()
 
     def __iter__(self) -> Iterator[Batch]:
-        for pb in self.plan_batches():
-            yield self.builder.build(pb)
+        batches = self.plan_batches()
+        if not self.prefetch.on:
+            yield from map(self.builder.build, batches)
+            return
+        ahead = StepPrefetcher(self.cursor, self.builder.columns, self.prefetch, dataloader_worker())
+        try:
+            for pb in batches:
+                yield self.builder.build(pb, ahead.take(pb.step))
+        finally:
+            ahead.close()
 
 
 def _identity(x: T) -> T:

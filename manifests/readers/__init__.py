@@ -30,7 +30,8 @@ from manifests.containers import expand_paths
 from manifests.readers._blend import Blend, Leaf, check_exists, is_blend_path, iter_blend, read_blend
 from manifests.readers._jsonl import iter_lhotse, iter_lhotse_recipe, iter_nemo
 from manifests.readers._kaldi import iter_kaldi
-from manifests.readers._normalize import corpus_from_extra
+from manifests import storage, store_facts
+from manifests.readers._normalize import corpus_from_extra, relabel
 from manifests.readers._lines import open_binary
 from manifests.readers._containers import (
     is_hf_audio,
@@ -176,8 +177,12 @@ def iter_source(
     Memory is bounded by ``chunk_rows`` (and a 16 MiB read block), except for Kaldi lookup
     files, which are read whole. Frames are never empty; an empty source yields none.
     """
-    p = Path(path)
     check_int("chunk_rows", chunk_rows, ge=1, le=None)
+    if storage.is_url(str(path)):
+        yield from _iter_url(str(path), fmt, text_field=text_field, audio_root=audio_root, chunk_rows=chunk_rows,
+                             corpus_field=corpus_field)
+        return
+    p = Path(path)
     if fmt == "auto":
         fmt = detect_format(p)
     if fmt not in SOURCE_FORMATS:
@@ -218,6 +223,30 @@ def iter_source(
     for frame in frames:
         if frame.height:
             yield corpus_from_extra(frame) if corpus_field and fmt != "input_cfg" else frame
+
+
+#: formats read from a store's local copy (the others hold audio or folders: read in place or refused)
+_COPIED_FORMATS = ("nemo", "lhotse", "csv", "tsv", "parquet", "hf-parquet")
+
+
+def _iter_url(url: str, fmt: str, *, text_field: str, audio_root: str | Path | None, chunk_rows: int,
+              corpus_field: bool) -> Iterator[pl.DataFrame]:
+    """A source in a store: a Shar folder read in place (its tars indexed by range reads), a
+    manifest file read from its local copy (:func:`manifests.storage.fetch_local`, cached by
+    ETag) with relative audio paths resolved against the URL's folder and rows naming the URL."""
+    if fmt in ("auto", "shar") and not storage.exists(url):
+        if not storage.is_folder(url):
+            raise DataprepError(f"{url}: no such object or folder")
+        yield from iter_shar(url, chunk_rows=chunk_rows)
+        return
+    local = store_facts.fetch_local(url)
+    kind = detect_format(local) if fmt == "auto" else fmt
+    if kind not in _COPIED_FORMATS:
+        raise DataprepError(f"{url}: {kind} sources are not read from a store (read are NeMo and Lhotse JSONL, "
+                            "CSV/TSV, Parquet, Lhotse Shar folders and NeMo tarred datasets); copy it locally")
+    root = audio_root if audio_root is not None else storage.parent(url)
+    yield from relabel(iter_source(local, kind, text_field=text_field, audio_root=root, chunk_rows=chunk_rows,
+                                   corpus_field=corpus_field), str(local), url)
 
 
 def iter_leaf(leaf: Leaf, *, chunk_rows: int = 500_000) -> Iterator[pl.DataFrame]:

@@ -26,6 +26,8 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from manifests import storage
+from manifests.storage import is_url
 from manifests.errors import ManifestError
 from manifests.readers._jsonl import SORTED_OBJECT_SQL
 from manifests.validation import Validator, load_yaml_file
@@ -106,8 +108,10 @@ class _Parser:
 
     def _path(self, raw: Any, name: str) -> str:
         s = self.v.str_(raw, name)
-        if "://" in s:
-            raise self.v.fail(name, f"remote paths are not read ({s[:80]!r}); copy the data locally")
+        if is_url(s):
+            return s
+        if "://" in s or s.startswith("pipe:"):
+            raise self.v.fail(name, f"only s3://, gs:// and az:// URLs are read ({s[:80]!r}); copy the data locally")
         p = Path(s).expanduser()
         return str(p if p.is_absolute() else self.path.parent / p)
 
@@ -241,5 +245,5 @@ def check_exists(blend: Blend) -> None:
     """A one-line error for a leaf whose files are missing."""
     for leaf in blend.leaves:
         for p in leaf.paths:
-            if not Path(p).exists() and "_OP_" not in p and "{" not in p:
+            if "_OP_" not in p and "{" not in p and not (storage.exists_or_folder(p) if is_url(p) else Path(p).exists()):
                 raise ManifestError(f"{blend.path}: corpus {leaf.corpus}: {p}: no such file or directory")

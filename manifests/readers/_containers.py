@@ -20,16 +20,18 @@ import json
 import os
 import re
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from manifests import storage, store_facts
 from manifests.containers import AUDIO_EXTENSIONS, TarIndex, index_tar, read_range
 from manifests.errors import DataprepError
 from manifests.readers._jsonl import iter_lhotse, iter_nemo
-from manifests.readers._normalize import FIELDS, corpus_from_extra, finish
+from manifests.readers._normalize import FIELDS, corpus_from_extra, finish, relabel
 from manifests.readers._tabular import (
     _labels,
     _raw_from_columns,
@@ -42,11 +44,17 @@ from manifests.schema import FULL_REJECTS_POLARS_SCHEMA, conform
 HF_TEXT_COLUMNS = ("text", "sentence", "transcription")
 #: bytes of audio per chunk of a Hugging Face Parquet (rows per chunk follow from it)
 HF_CHUNK_BYTES = 64 << 20
+#: tars of a store indexed at once (each a chain of header range reads)
+TAR_INDEX_THREADS = 8
 _WDS_KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 
 
 def _abs(path: str | os.PathLike[str]) -> str:
-    return str(Path(path).expanduser().resolve())
+    return os.fspath(path) if storage.is_url(os.fspath(path)) else str(Path(path).expanduser().resolve())
+
+
+def _isfile(path: str) -> bool:
+    return storage.exists(path) if storage.is_url(path) else os.path.isfile(path)
 
 
 def _index_frame(idx: TarIndex, shard: int | None = None) -> pl.DataFrame:
@@ -155,11 +163,15 @@ class _Tars:
     def get(self, shard: int) -> TarIndex | None:
         if shard not in self._idx:
             path = self.tars[shard]
-            self._idx[shard] = index_tar(path) if os.path.isfile(path) else None
+            self._idx[shard] = index_tar(path) if _isfile(path) else None
             self.used.setdefault(shard, set())
         return self._idx[shard]
 
     def members(self, shards: Sequence[int]) -> pl.DataFrame:
+        todo = [s for s in shards if 0 <= s < len(self.tars) and s not in self._idx and storage.is_url(self.tars[s])]
+        if len(todo) > 1:  # tars in a store: their headers read in parallel, bounded
+            with ThreadPoolExecutor(min(len(todo), TAR_INDEX_THREADS)) as pool:
+                list(pool.map(self.get, todo))
         frames = [_index_frame(idx, s) for s in shards if 0 <= s < len(self.tars) and (idx := self.get(s)) is not None]
         empty = _index_frame(TarIndex(""), 0).clear()
         return pl.concat([empty, *frames]) if frames else empty
@@ -185,7 +197,7 @@ def _shard_problems(df: pl.DataFrame, tars: Sequence[str]) -> pl.DataFrame:
     df = _set_problem(df, pl.col("__shard").is_null() | pl.col("__tar").is_null(), "missing_shard",
                       pl.format("shard_id {} names no tar ({} given)", pl.col("__shard").cast(pl.String).fill_null("<none>"),
                                 pl.lit(len(tars))))
-    exists = {t: os.path.isfile(t) for t in tars}
+    exists = {t: _isfile(t) for t in tars}
     return _set_problem(df, pl.col("__tar").replace_strict(exists, default=True, return_dtype=pl.Boolean).not_(),
                         "missing_shard", pl.format("{}: no such tar shard", pl.col("__tar")))
 
@@ -207,11 +219,12 @@ def iter_nemo_tarred(
         raise DataprepError("--tarred-audio: no tar files given")
     store = _Tars(tars)
     for mi, manifest in enumerate(manifests):
-        mpath = Path(manifest)
-        if not mpath.is_file():
+        if not (storage.exists(manifest) if storage.is_url(manifest) else Path(manifest).is_file()):
             raise DataprepError(f"{manifest}: no such tarred-dataset manifest")
+        mpath = store_facts.fetch_local(manifest)
         default = mi if len(manifests) == len(tars) else (0 if len(tars) == 1 else None)
-        for frame in iter_nemo(mpath, text_field=text_field, audio_root=None, chunk_rows=chunk_rows):
+        for frame in relabel(iter_nemo(mpath, text_field=text_field, audio_root=None, chunk_rows=chunk_rows),
+                             str(mpath), manifest):
             sid = frame["extra"].str.json_path_match("$.shard_id").cast(pl.Int64, strict=False)
             df = frame.with_columns(sid.fill_null(default).alias("__shard") if default is not None else sid.alias("__shard"),
                                     pl.col("audio_path").str.split("/").list.last().alias("__base"))
@@ -227,21 +240,27 @@ def iter_nemo_tarred(
     yield from store.unlisted(audio_only=True)
 
 
-def iter_shar(folder: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
-    """A Lhotse Shar directory: ``cuts.NNNNNN.jsonl(.gz)`` with ``recording.NNNNNN.tar``; each cut's
-    audio is the member ``<cut id>.<audio ext>`` of its shard's recording tar."""
-    cuts = sorted(p for p in folder.iterdir() if re.fullmatch(r"cuts\.\d+\.jsonl(\.gz)?", p.name))
+def iter_shar(folder: Path | str, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
+    """A Lhotse Shar directory (or URL prefix): ``cuts.NNNNNN.jsonl(.gz)`` with ``recording.NNNNNN.tar``;
+    each cut's audio is the member ``<cut id>.<audio ext>`` of its shard's recording tar."""
+    text = os.fspath(folder)
+    names = ([storage.name(u) for u, _ in storage.list_prefix(text.rstrip("/") + "/")] if storage.is_url(text)
+             else [p.name for p in Path(text).iterdir()])
+    cuts = sorted(storage.join(text, n) for n in names if re.fullmatch(r"cuts\.\d+\.jsonl(\.gz)?", n))
     if not cuts:
         raise DataprepError(f"{folder}: no cuts.NNNNNN.jsonl(.gz) files (not a Lhotse Shar directory)")
-    tars = [str(folder / f"recording.{p.name.split('.')[1]}.tar") for p in cuts]
+    tars = [storage.join(text, f"recording.{storage.name(p).split('.')[1]}.tar") for p in cuts]
     # recording tars without their cuts file: every audio member of them ends as unlisted_member
-    orphans = sorted(str(p) for p in folder.glob("recording.*.tar") if str(p) not in tars)
+    orphans = sorted(t for n in names if re.fullmatch(r"recording\..*\.tar", n)
+                     and (t := storage.join(text, n)) not in tars)
     store = _Tars(tars + orphans)
-    for si, cut_file in enumerate(cuts):
-        for frame in iter_lhotse(cut_file, audio_root=None, chunk_rows=chunk_rows, source_types=("file", "shar")):
+    for si, cut_name in enumerate(cuts):
+        cut_file = store_facts.fetch_local(cut_name)
+        for frame in relabel(iter_lhotse(cut_file, audio_root=None, chunk_rows=chunk_rows,
+                                         source_types=("file", "shar")), str(cut_file), cut_name):
             df = _with_shard_paths(frame.with_columns(pl.lit(si, pl.Int64).alias("__shard")), tars)
             df = _shard_problems(df, tars)
-            members = store.members([si]) if os.path.isfile(tars[si]) else store.members([])
+            members = store.members([si]) if _isfile(tars[si]) else store.members([])
             members = members.filter(pl.col("ext").is_in(list(AUDIO_EXTENSIONS))).drop("ext", "base")
             df = _attach_members(df, members, "id", pl.col("__tar"), "stem")
             store.used.setdefault(si, set()).update(df["member"].drop_nulls().to_list())

@@ -9,12 +9,13 @@ value column ``<field>`` plus a type column ``<field>__t`` naming the source typ
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import duckdb
 import polars as pl
 
+from manifests.storage import is_url
 from manifests.schema import REJECTS_POLARS_SCHEMA, conform
 
 NUMBER_FIELDS = ("offset", "duration", "sample_rate", "channels")
@@ -137,8 +138,22 @@ def finish(
     return conform(out, REJECTS_POLARS_SCHEMA)
 
 
+def relabel(frames: Iterable[pl.DataFrame], local: str, source: str) -> Iterator[pl.DataFrame]:
+    """``frames`` read from ``local`` (a store object's local copy) with ``origin``, ``detail``
+    and the container columns (a Hugging Face Parquet holds its audio) naming ``source`` (the
+    URL the user gave) instead; unchanged when the two are the same."""
+    for frame in frames:
+        if local == source:
+            yield frame
+            continue
+        yield frame.with_columns(pl.col(c).str.replace_all(local, source, literal=True)
+                                 for c in ("origin", "detail", "audio_path", "container") if c in frame.columns)
+
+
 def base_dir_for(source: Path, audio_root: str | Path | None) -> str:
     """The folder relative audio paths resolve against: ``audio_root`` or the source's folder."""
+    if audio_root is not None and is_url(str(audio_root)):
+        return str(audio_root).rstrip("/")
     base = Path(audio_root) if audio_root is not None else source.parent
     return str(base.expanduser().resolve())
 
