@@ -18,8 +18,6 @@ Any other fence (no language, ``json``, ``bash`` ...) fails the test, so no bloc
 
 from __future__ import annotations
 
-import fcntl
-import os
 import re
 import shutil
 import subprocess
@@ -28,6 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import docs_demo_root
+from tests.docs_demo import build
+from tests.docs_demo import env as docs_env
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -120,37 +122,12 @@ def test_the_classifier_catches_an_unmarked_block(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="session")
 def demo_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``python -m dataprep.demo`` once per session: the corpus, tokenizer, manifests, buckets
-    and plan. Under xdist the workers share it: the first builds it under a file lock in the
-    run's common temporary folder, the others wait and reuse it (pages never write into it)."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    root = shared / "docs-demo"
-    root.mkdir(exist_ok=True)
-    ws = root / "ws"
-    with open(root / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "ready").exists():
-            shutil.rmtree(ws, ignore_errors=True)
-            (root / "bin").mkdir(exist_ok=True)
-            res = subprocess.run([sys.executable, "-m", "dataprep.demo", str(ws)], capture_output=True, text=True,
-                                 env=_env(root / "bin"), cwd=REPO, timeout=600, check=False)
-            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-            (root / "ready").touch()
+    """``python -m dataprep.demo`` once per run: the corpus, tokenizer, manifests, buckets and
+    plan. The workers share it (:mod:`tests.docs_demo`: built under a file lock, started in the
+    background when the pages are collected); pages never write into it."""
+    ws, failed = build(docs_demo_root(tmp_path_factory))
+    assert not failed, failed
     return ws
-
-
-def _env(bin_dir: Path, cache: Path | None = None) -> dict[str, str]:
-    """PATH with a ``dataprep`` that runs this checkout; PYTHONPATH to it; a private cache."""
-    shim = bin_dir / "dataprep"
-    if not shim.exists():
-        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dataprep.cli "$@"\n')
-        shim.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "PYTHONHASHSEED": "0", "COLUMNS": "120"}
-    env["SPEECH_DATAPREP_CACHE"] = str(cache or bin_dir / "cache")
-    return env
 
 
 PAGES_WITH_RUNS = [p for p in PAGES if any(b.kind == "run" for b in page_blocks(p))]
@@ -168,7 +145,7 @@ def test_page_blocks_run(page: Path, demo_workspace: Path, tmp_path: Path) -> No
     (tmp_path / "examples").symlink_to(REPO / "examples")  # README's walk: demo-out/ beside examples/
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    env = _env(bin_dir)
+    env = docs_env(bin_dir)
     for b in page_blocks(page):
         if b.kind != "run":
             continue
