@@ -71,7 +71,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         os.close(os.open(root / "started", os.O_CREAT | os.O_EXCL))
     except FileExistsError:
         return
-    _BUILDERS.append(subprocess.Popen([sys.executable, str(REPO / "tests" / "docs_demo.py"), str(root)],
+    _BUILDERS.append(subprocess.Popen([sys.executable, "-m", "tests.docs_demo", str(root)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO))
 
 

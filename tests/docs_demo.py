@@ -1,6 +1,6 @@
 """The demo workspace the docs pages share (``python -m dataprep.demo``), built once per run
 under a file lock in the run's common temporary folder, and the environment the pages' blocks
-run in. ``python tests/docs_demo.py ROOT`` builds it (what ``tests/conftest.py`` starts in the
+run in. ``python -m tests.docs_demo ROOT`` builds it (what ``tests/conftest.py`` starts in the
 background as soon as the docs pages are collected, so no worker waits for it idle)."""
 
 from __future__ import annotations

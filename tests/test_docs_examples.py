@@ -6,7 +6,9 @@ Convention (one rule for every page):
   ``python -m dataprep.demo`` writes (``train.jsonl``, ``audio/``, ``spm.model``,
   ``manifest.parquet``, ``kept.parquet``, ``buckets.json``, ``plan/`` ...), the one shared
   workspace of this module; ``examples/`` and ``benchmarks/`` are linked into it. Blocks of one
-  page share their copy, so a page reads as one session.
+  page share their copy, so a page reads as one session. ``dataprep`` there runs each command
+  in a process of its own forked from one that imported the CLI once (:mod:`tests.cli_server`:
+  the same output and exit status, without an interpreter's start per command).
 - ``<!-- doc-test: not-run: REASON -->`` on the line before a fence: not run (a GPU, a cluster,
   an install, a full-size benchmark); the reason is required.
 - ``<!-- doc-test: file examples/NAME.py -->``: the block is that file verbatim; the file is
@@ -22,11 +24,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.cli_server import write_shim
 from tests.conftest import docs_demo_root
 from tests.docs_demo import build
 from tests.docs_demo import env as docs_env
@@ -136,22 +140,34 @@ PAGES_WITH_RUNS = [p for p in PAGES if any(b.kind == "run" for b in page_blocks(
 @pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.xdist_group(f"docs:{p.name}"))
                                   for p in PAGES_WITH_RUNS], ids=lambda p: str(p.relative_to(REPO)))
 def test_page_blocks_run(page: Path, demo_workspace: Path, tmp_path: Path) -> None:
-    """The page's runnable blocks, in order, in its own copy of the demo workspace."""
-    ws = tmp_path / "ws"
-    shutil.copytree(demo_workspace, ws, ignore=shutil.ignore_patterns("audio"))
-    (ws / "audio").symlink_to(demo_workspace / "audio")
-    for name in ("examples", "benchmarks"):
-        (ws / name).symlink_to(REPO / name)
-    (tmp_path / "examples").symlink_to(REPO / "examples")  # README's walk: demo-out/ beside examples/
+    """The page's runnable blocks, in order, in its own copy of the demo workspace; each
+    ``dataprep`` a process forked by a server that imported the CLI once (:mod:`tests.cli_server`)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    sock = Path(tempfile.mkdtemp(prefix="cli-", dir="/tmp")) / "s"  # short: a socket path has 107 bytes
+    write_shim(bin_dir / "dataprep", str(sock))
     env = docs_env(bin_dir)
-    for b in page_blocks(page):
-        if b.kind != "run":
-            continue
-        cmd = ["bash", "-euo", "pipefail", "-c", b.code] if b.lang == "sh" else [sys.executable, "-c", b.code]
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ws, timeout=600, check=False)
-        assert res.returncode == 0, f"{b.where} failed ({res.returncode}):\n{b.code}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    server = subprocess.Popen([sys.executable, "-m", "tests.cli_server", str(sock)], env=env, cwd=REPO,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        ws = tmp_path / "ws"
+        shutil.copytree(demo_workspace, ws, ignore=shutil.ignore_patterns("audio"))
+        (ws / "audio").symlink_to(demo_workspace / "audio")
+        for name in ("examples", "benchmarks"):
+            (ws / name).symlink_to(REPO / name)
+        (tmp_path / "examples").symlink_to(REPO / "examples")  # README's walk: demo-out/ beside examples/
+        assert server.stdout is not None and server.stdout.readline() == "ready\n", "the CLI server did not start"
+        for b in page_blocks(page):
+            if b.kind != "run":
+                continue
+            cmd = ["bash", "-euo", "pipefail", "-c", b.code] if b.lang == "sh" else [sys.executable, "-c", b.code]
+            res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ws, timeout=600, check=False)
+            assert res.returncode == 0, \
+                f"{b.where} failed ({res.returncode}):\n{b.code}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        shutil.rmtree(sock.parent, ignore_errors=True)
 
 
 def _anchor(heading: str) -> str:
