@@ -17,8 +17,8 @@ demo: install
 	$(PYTHON) -m dataprep.demo $(DEMO_DIR)
 
 # the whole suite, NeMo, Lightning and Ray tests included (what CI runs), on two workers (a file's
-# tests stay on one, so its fixtures are built once, but for the docs pages, each its own group:
-# tests/conftest.py): in a NeMo venv (about
+# tests stay on one, so its fixtures are built once, but for the docs pages, each its own group,
+# their shared demo built in the background from the start: tests/conftest.py): in a NeMo venv (about
 # 2 GB) that sees the dev install, so torch, numpy and lhotse stay as pinned; made once per
 # NeMo requirement, Python and torch under the cache (.ci/nemo-venv), then reused. With
 # SPEECH_DATAPREP_FULL_SUITE=1 a test skipped for a missing module fails instead.

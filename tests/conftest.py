@@ -1,9 +1,12 @@
-"""Shared fixtures: where ../shared/data is, and a sentencepiece model trained on it."""
+"""Shared fixtures: where ../shared/data is, and a sentencepiece model trained on it; the
+xdist groups of ``make test``; the docs pages' demo started in the background."""
 
 from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -44,6 +47,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+def docs_demo_root(factory: pytest.TempPathFactory) -> Path:
+    """Where the docs pages' demo workspace is built: the run's temporary folder, the one the
+    workers share under xdist (:mod:`tests.docs_demo`)."""
+    base = factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "docs-demo"
+
+
+_BUILDERS: list[subprocess.Popen[bytes]] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """When docs pages will run, the first process to get here starts building their demo in
+    the background (it holds the workspace's lock while it builds): the pages come late in the
+    run, by then it is ready, and no worker waits for it idle."""
+    if not any(i.nodeid.startswith("tests/test_docs_examples.py::test_page_blocks_run") for i in session.items):
+        return
+    root = docs_demo_root(session.config._tmp_path_factory)  # type: ignore[attr-defined]
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(root / "started", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return
+    _BUILDERS.append(subprocess.Popen([sys.executable, "-m", "tests.docs_demo", str(root)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -6,7 +6,9 @@ Convention (one rule for every page):
   ``python -m dataprep.demo`` writes (``train.jsonl``, ``audio/``, ``spm.model``,
   ``manifest.parquet``, ``kept.parquet``, ``buckets.json``, ``plan/`` ...), the one shared
   workspace of this module; ``examples/`` and ``benchmarks/`` are linked into it. Blocks of one
-  page share their copy, so a page reads as one session.
+  page share their copy, so a page reads as one session. ``dataprep`` there runs each command
+  in a process of its own forked from one that imported the CLI once (:mod:`tests.cli_server`:
+  the same output and exit status, without an interpreter's start per command).
 - ``<!-- doc-test: not-run: REASON -->`` on the line before a fence: not run (a GPU, a cluster,
   an install, a full-size benchmark); the reason is required.
 - ``<!-- doc-test: file examples/NAME.py -->``: the block is that file verbatim; the file is
@@ -18,16 +20,20 @@ Any other fence (no language, ``json``, ``bash`` ...) fails the test, so no bloc
 
 from __future__ import annotations
 
-import fcntl
-import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.cli_server import write_shim
+from tests.conftest import docs_demo_root
+from tests.docs_demo import build
+from tests.docs_demo import env as docs_env
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -120,37 +126,12 @@ def test_the_classifier_catches_an_unmarked_block(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="session")
 def demo_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``python -m dataprep.demo`` once per session: the corpus, tokenizer, manifests, buckets
-    and plan. Under xdist the workers share it: the first builds it under a file lock in the
-    run's common temporary folder, the others wait and reuse it (pages never write into it)."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    root = shared / "docs-demo"
-    root.mkdir(exist_ok=True)
-    ws = root / "ws"
-    with open(root / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "ready").exists():
-            shutil.rmtree(ws, ignore_errors=True)
-            (root / "bin").mkdir(exist_ok=True)
-            res = subprocess.run([sys.executable, "-m", "dataprep.demo", str(ws)], capture_output=True, text=True,
-                                 env=_env(root / "bin"), cwd=REPO, timeout=600, check=False)
-            assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-            (root / "ready").touch()
+    """``python -m dataprep.demo`` once per run: the corpus, tokenizer, manifests, buckets and
+    plan. The workers share it (:mod:`tests.docs_demo`: built under a file lock, started in the
+    background when the pages are collected); pages never write into it."""
+    ws, failed = build(docs_demo_root(tmp_path_factory))
+    assert not failed, failed
     return ws
-
-
-def _env(bin_dir: Path, cache: Path | None = None) -> dict[str, str]:
-    """PATH with a ``dataprep`` that runs this checkout; PYTHONPATH to it; a private cache."""
-    shim = bin_dir / "dataprep"
-    if not shim.exists():
-        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dataprep.cli "$@"\n')
-        shim.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "PYTHONHASHSEED": "0", "COLUMNS": "120"}
-    env["SPEECH_DATAPREP_CACHE"] = str(cache or bin_dir / "cache")
-    return env
 
 
 PAGES_WITH_RUNS = [p for p in PAGES if any(b.kind == "run" for b in page_blocks(p))]
@@ -159,22 +140,34 @@ PAGES_WITH_RUNS = [p for p in PAGES if any(b.kind == "run" for b in page_blocks(
 @pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.xdist_group(f"docs:{p.name}"))
                                   for p in PAGES_WITH_RUNS], ids=lambda p: str(p.relative_to(REPO)))
 def test_page_blocks_run(page: Path, demo_workspace: Path, tmp_path: Path) -> None:
-    """The page's runnable blocks, in order, in its own copy of the demo workspace."""
-    ws = tmp_path / "ws"
-    shutil.copytree(demo_workspace, ws, ignore=shutil.ignore_patterns("audio"))
-    (ws / "audio").symlink_to(demo_workspace / "audio")
-    for name in ("examples", "benchmarks"):
-        (ws / name).symlink_to(REPO / name)
-    (tmp_path / "examples").symlink_to(REPO / "examples")  # README's walk: demo-out/ beside examples/
+    """The page's runnable blocks, in order, in its own copy of the demo workspace; each
+    ``dataprep`` a process forked by a server that imported the CLI once (:mod:`tests.cli_server`)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    env = _env(bin_dir)
-    for b in page_blocks(page):
-        if b.kind != "run":
-            continue
-        cmd = ["bash", "-euo", "pipefail", "-c", b.code] if b.lang == "sh" else [sys.executable, "-c", b.code]
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ws, timeout=600, check=False)
-        assert res.returncode == 0, f"{b.where} failed ({res.returncode}):\n{b.code}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    sock = Path(tempfile.mkdtemp(prefix="cli-", dir="/tmp")) / "s"  # short: a socket path has 107 bytes
+    write_shim(bin_dir / "dataprep", str(sock))
+    env = docs_env(bin_dir)
+    server = subprocess.Popen([sys.executable, "-m", "tests.cli_server", str(sock)], env=env, cwd=REPO,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        ws = tmp_path / "ws"
+        shutil.copytree(demo_workspace, ws, ignore=shutil.ignore_patterns("audio"))
+        (ws / "audio").symlink_to(demo_workspace / "audio")
+        for name in ("examples", "benchmarks"):
+            (ws / name).symlink_to(REPO / name)
+        (tmp_path / "examples").symlink_to(REPO / "examples")  # README's walk: demo-out/ beside examples/
+        assert server.stdout is not None and server.stdout.readline() == "ready\n", "the CLI server did not start"
+        for b in page_blocks(page):
+            if b.kind != "run":
+                continue
+            cmd = ["bash", "-euo", "pipefail", "-c", b.code] if b.lang == "sh" else [sys.executable, "-c", b.code]
+            res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ws, timeout=600, check=False)
+            assert res.returncode == 0, \
+                f"{b.where} failed ({res.returncode}):\n{b.code}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        shutil.rmtree(sock.parent, ignore_errors=True)
 
 
 def _anchor(heading: str) -> str:

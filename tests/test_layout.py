@@ -33,13 +33,15 @@ def _modules(pkg: ModuleType) -> list[str]:
                              if not m.name.endswith("__main__")]
 
 
-def _loaded_after(imports: list[str]) -> set[str]:
-    """Top-level packages (and ``dataprep`` sub-packages) loaded by importing ``imports``."""
-    code = "import sys\n" + "".join(f"import {m}\n" for m in imports) + \
-        "print(' '.join(sorted({'.'.join(n.split('.')[:2]) if n.startswith('dataprep.') else n.split('.')[0] " \
-        "for n in sys.modules})))"
+def _loaded_after(*stages: list[str]) -> list[set[str]]:
+    """Top-level packages (and ``dataprep`` sub-packages) loaded in one fresh interpreter after
+    importing each of ``stages`` in turn (a set per stage: what that stage and those before it
+    loaded, so a rule checked on a later stage is checked on more than it names)."""
+    names = "{'.'.join(n.split('.')[:2]) if n.startswith('dataprep.') else n.split('.')[0] for n in sys.modules}"
+    code = "import sys\n" + "".join("".join(f"import {m}\n" for m in stage) + f"print(' '.join(sorted({names})))\n"
+                                    for stage in stages)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
-    return set(out.stdout.split())
+    return [set(line.split()) for line in out.stdout.splitlines()]
 
 
 def _torch_free(mods: list[str]) -> list[str]:
@@ -48,32 +50,47 @@ def _torch_free(mods: list[str]) -> list[str]:
                                        for p in ("dataprep.training", "dataprep.integrations"))]
 
 
+@functools.cache
+def _torch_free_loads() -> dict[str, set[str]]:
+    """In one fresh interpreter, what is loaded after manifests, then bucketing, then every
+    torch-free dataprep module but the CLI's (the stages), then the CLI's."""
+    stages = [m for m in _torch_free(_modules(dataprep)) if not m.startswith("dataprep.cli")]
+    cli = [m for m in _torch_free(_modules(dataprep)) if m.startswith("dataprep.cli")]
+    loaded = _loaded_after(_modules(manifests), _modules(bucketing), stages, cli)
+    return dict(zip(("manifests", "bucketing", "stages", "cli"), loaded))
+
+
+@functools.cache
+def _torch_loads() -> dict[str, set[str]]:
+    """In one fresh interpreter, what is loaded after oom, then the training stage."""
+    return dict(zip(("oom", "training"), _loaded_after(_modules(oom), ["dataprep.training"])))
+
+
 @pytest.mark.parametrize("pkg,forbidden", [
     (manifests, {"dataprep", "bucketing", "oom", "torch"}),
     (bucketing, {"dataprep", "oom", "torch"}),
 ])
 def test_lower_layers_import_nothing_above_them(pkg: ModuleType, forbidden: set[str]) -> None:
-    assert not _loaded_after(_modules(pkg)) & forbidden
+    assert not _torch_free_loads()[pkg.__name__] & forbidden
 
 
 def test_oom_never_imports_dataprep() -> None:
-    assert "dataprep" not in _loaded_after(_modules(oom))
+    assert "dataprep" not in _torch_loads()["oom"]
 
 
 def test_only_training_and_integrations_import_torch() -> None:
     """Every dataprep module outside training/ and integrations/ (CLI included) loads without torch."""
-    loaded = _loaded_after(_torch_free(_modules(dataprep)))
+    loaded = _torch_free_loads()["cli"]
     assert "torch" not in loaded
     assert not {"dataprep.training", "dataprep.integrations"} & loaded
 
 
 def test_stages_never_import_the_cli() -> None:
-    stages = [m for m in _torch_free(_modules(dataprep)) if not m.startswith("dataprep.cli")]
-    assert "dataprep.cli" not in _loaded_after(stages)
+    assert "dataprep.cli" not in _torch_free_loads()["stages"]
 
 
 def test_the_training_stage_does_not_load_the_cli() -> None:
-    assert "dataprep.cli" not in _loaded_after(["dataprep.training"])
+    assert "dataprep.cli" not in _torch_loads()["training"]
 
 
 def _source_files() -> list[Path]:

@@ -2,7 +2,8 @@
 waste and, for given world sizes, the steps ``plan-batches`` would make, in memory bounded by
 ``--memory-limit`` (:func:`dataprep.analysis.stream_padding.stream_padding_report`: held in
 memory when the corpus fits, spilled to disk otherwise; the same figures). Options checked
-here (:func:`check_padding_options`); ``dataprep padding`` prints what this returns."""
+here (:func:`check_padding_options`); ``dataprep padding`` prints what this returns, and
+``dataprep report`` shows it (of its sample past a million rows)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import numpy.typing as npt
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
-from bucketing.padding import padding_report
 from bucketing.plan import PlanError
 from dataprep.analysis.stream_padding import stream_padding_report
 from manifests.buckets_file import BucketSpec, read_buckets
@@ -28,28 +28,30 @@ from manifests.spill import default_memory_limit
 
 
 def manifest_padding_report(
-    manifest: str | os.PathLike[str], buckets: str | os.PathLike[str], *, memory_limit: int | None = None,
-    **options: Any
+    manifest: str | os.PathLike[str], buckets: str | os.PathLike[str] | BucketSpec, *,
+    memory_limit: int | None = None, name: str | os.PathLike[str] | None = None, **options: Any
 ) -> dict[str, Any]:
     """The JSON-ready padding report (:func:`bucketing.padding.schemes_report`), plus ``steps``
-    per world size when ``world_sizes`` are given and the manifest's hash. ``options``: those
-    of :func:`check_padding_options`. ``memory_limit``: bytes (default: half the machine's); a
-    manifest over it (:data:`dataprep.analysis.stream_padding.PADDING_BYTES_PER_ROW` a row)
-    spills to disk."""
+    per world size when ``world_sizes`` are given and the manifest's hash. ``buckets``: a
+    buckets.json or a parsed one; ``options``: those of :func:`check_padding_options`.
+    ``memory_limit``: bytes (default: half the machine's); a manifest over it
+    (:data:`dataprep.analysis.stream_padding.PADDING_BYTES_PER_ROW` a row) spills to disk.
+    ``name``: what an error names (default: ``manifest``)."""
     check_int("memory_limit", memory_limit, ge=1, le=2**62, optional=True)
     limit = memory_limit if memory_limit is not None else default_memory_limit()
-    spec = read_buckets(buckets)
+    spec = buckets if isinstance(buckets, BucketSpec) else read_buckets(buckets)
+    name = manifest if name is None else name
     rows = manifest_num_rows(manifest)
     check_padding_options(rows, **options)
     budget, bs = batch_sizes_for(spec, options.pop("budget", None))
     try:
         report = stream_padding_report(manifest, grid_from_spec(spec), bs, rows, limit, budget=budget, **options)
     except PlanError as exc:
-        raise DataprepError(f"{manifest}: cannot plan: {exc}") from None
+        raise DataprepError(f"{name}: cannot plan: {exc}") from None
     except OptionError:
         raise  # names the option (the CLI shows its flag)
     except ValueError as exc:
-        raise DataprepError(f"{manifest}: {exc}") from None
+        raise DataprepError(f"{name}: {exc}") from None
     report["manifest_hash"] = manifest_hash(manifest)
     return report
 
@@ -87,17 +89,3 @@ def check_padding_options(rows: int, *, budget: float | None = None, cumulative_
     if world_sizes and max(world_sizes) > rows:
         raise OptionError("world_sizes", f"must be <= the number of rows ({rows}) of the manifest, got {max(world_sizes)}")
 
-
-def spec_padding_report(d: npt.NDArray[np.float64], t: npt.NDArray[np.int64], spec: BucketSpec, *,
-                        budget: float | None = None, dynamic_resolution: DynResConfig | None = None,
-                        **options: Any) -> dict[str, Any]:
-    """The padding report of rows already in memory (durations s, tokens; the HTML report's
-    sample) under a parsed buckets file: :func:`bucketing.padding.padding_report`, the same
-    per-bucket measure (:func:`bucketing.padding.schemes_report`) as a manifest's. ``budget``
-    and the batch sizes: :func:`batch_sizes_for`; ``options``: those of
-    :func:`check_padding_options` but ``world_sizes``, checked here. Raises
-    :class:`bucketing.plan.PlanError` when the rows cannot be planned."""
-    check_padding_options(int(d.shape[0]), budget=budget, **options)
-    budget, bs = batch_sizes_for(spec, budget)
-    return padding_report(d, t, grid_from_spec(spec), bs, budget=budget, dynamic_resolution=dynamic_resolution,
-                          **options)

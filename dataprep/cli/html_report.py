@@ -33,7 +33,7 @@ def report_cmd(
     world_sizes: Annotated[
         str, typer.Option("--world-sizes", help="World sizes simulated for the plan section, comma-separated.")
     ] = ",".join(map(str, DEFAULT_WORLD_SIZES)),
-    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the report may hold, e.g. 4GiB (default: half the machine's). The manifest is read in blocks; with --plan each row's corpus and duration and each epoch's planned rows are spilled next to the manifest (16 bytes per utterance) and joined in ranges of at most 8M rows, fewer when this limit is lower (the same page at any limit).", show_default=False)] = None,
+    memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the report may hold, e.g. 4GiB (default: half the machine's). The manifest is read in blocks; the padding is measured as dataprep padding --memory-limit measures it; with --plan each row's corpus and duration and each epoch's planned rows are spilled next to the manifest (16 bytes per utterance) and joined in ranges of at most 8M rows, fewer when this limit is lower (the same page at any limit).", show_default=False)] = None,
 ) -> None:
     """Write one HTML file (scripts and data inline: opens without a network, a few MB at most
     whatever the corpus) with the corpus (totals per corpus / language / task, distributions,

@@ -7,7 +7,7 @@ TPS are read in blocks (the stats' passes, then one binning pass), strings group
 block; the same pass feeds the buckets section and spills each row's corpus and duration for
 the plan's corpus shares (:mod:`dataprep.report.stream_sections`); sections 2 and 3 are drawn
 by :mod:`~dataprep.report.buckets_section` and :mod:`~dataprep.report.plan_section`. Figures
-reuse :func:`dataprep.analysis.stats.stream_stats`, :func:`dataprep.analysis.padding.spec_padding_report`,
+reuse :func:`dataprep.analysis.stats.stream_stats`, :func:`dataprep.analysis.padding.manifest_padding_report`,
 :func:`dataprep.planning.simulate.simulate_plan` / :func:`~dataprep.planning.simulate.plan_steps_report`
 and :class:`bucketing.costmodel.CostModel`.
 
@@ -522,7 +522,8 @@ def collect_report(
     A plan must be of this manifest (content hash) and, when ``buckets`` is given too, of
     that buckets file (SHA-256); without ``buckets`` the plan's own buckets are shown.
     Memory: blocks of ``block_rows`` rows and what each section keeps (bounded by its bins,
-    buckets, sample and steps), and with a plan ranges of rows (:func:`share_range_rows` of
+    buckets, sample and steps), the padding report's (bounded by ``memory_limit``: held or
+    spilled as ``dataprep padding``'s), and with a plan ranges of rows (:func:`share_range_rows` of
     ``memory_limit`` bytes, default half the machine's) for the corpus shares, held in memory
     when every row's share fits the limit (:data:`SPILL_BYTES_PER_ROW` +
     :data:`SHARE_BYTES_PER_ROW` a row), else read back from spill files next to the manifest
@@ -563,7 +564,8 @@ def collect_report(
             consumers.append(lambda b: spill_rows(held, b))
         corpus, corp = corpus_aggregates(manifest, spec, consumers=consumers, codes=files is not None,
                                          block_rows=block_rows)
-        section2 = (bucket_section(brows, spec, spec_name or "", lambda: row_blocks(manifest, block_rows))
+        section2 = (bucket_section(brows, spec, manifest, lambda: row_blocks(manifest, block_rows),
+                                   name=spec_name or "", memory_limit=limit)
                     if brows is not None and spec is not None else None)
         section3 = None
         if files is not None and meta is not None and plan is not None:

@@ -1,25 +1,28 @@
 """Section 2 of ``dataprep report``, the buckets: per bucket its bounds, rows, hours, batch
 size and where it came from, padding and any OOM breakdown, and the padding of every scheme.
 Rows and hours per bucket are exact (every row allocated, tails carried); the padding is
-measured on a seeded uniform sample past :data:`SCHEME_SAMPLE_ROWS` rows."""
+``dataprep padding``'s (:func:`dataprep.analysis.manifest_padding_report`, memory bounded by
+the report's limit) of the manifest, or past :data:`SCHEME_SAMPLE_ROWS` rows of a seeded
+uniform sample written as a small manifest next to it."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import polars as pl
 
-from bucketing.allocate import allocate
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
-from bucketing.plan import PlanError
-from dataprep.analysis.padding import batch_sizes_for, spec_padding_report
+from dataprep.analysis.padding import batch_sizes_for, manifest_padding_report
 from dataprep.report.plan_section import _r
 from dataprep.report.stream_sections import BucketRows, RowBlock
 from manifests.buckets_file import BucketSpec
-from manifests.errors import DataprepError
+from manifests.manifest_write import write_manifest
+from manifests.spill import remove_spill, spill_dir
 
 #: rows the padding per scheme is measured on (a uniform sample beyond it; 1M rows keep the
 #: schemes' padding within a few hundredths of a percent of the full figure and take ~4 s)
@@ -61,33 +64,41 @@ def bucket_rows(num_rows: int, spec: BucketSpec, sample: int = SCHEME_SAMPLE_ROW
     return BucketRows(num_rows, grid_from_spec(spec), bs, sample)
 
 
-def bucket_section(rows: BucketRows, spec: BucketSpec, name: str,
-                   blocks: Callable[[], Iterable[RowBlock]]) -> BucketAggregates:
-    """Padding per scheme (fixed, 1D, 2D, dynamic resolution) and per bucket for the rows
-    fed to ``rows`` (every block of the manifest) under ``spec``. Beyond ``sample`` rows the
-    padding is measured on a uniform sample of that many (a seeded draw: padding is a ratio
-    per batch, and a bucket's batches look alike at any corpus size); rows and hours per
-    bucket are always exact (every row allocated and tails carried as the padding report
-    does; ``blocks`` gives the rows again when carried tails need a second pass)."""
+def bucket_section(rows: BucketRows, spec: BucketSpec, manifest: str | os.PathLike[str],
+                   blocks: Callable[[], Iterable[RowBlock]], *, name: str = "",
+                   memory_limit: int | None = None) -> BucketAggregates:
+    """Padding per scheme (fixed, 1D, 2D, dynamic resolution) and per bucket of ``manifest``
+    (its rows fed to ``rows``, every block) under ``spec`` (named ``name``), as ``dataprep
+    padding`` gives it at its defaults. Beyond the sample size the padding is measured on a
+    uniform sample (a seeded draw, written as a manifest to a spill folder next to
+    ``manifest`` and removed: padding is a ratio per batch, and a bucket's batches look alike
+    at any corpus size); rows and hours per bucket are always exact (every row allocated and
+    tails carried as the padding report does; ``blocks`` gives the rows again when carried
+    tails need a second pass). ``memory_limit``: bytes, as ``dataprep padding``'s."""
     n = rows.num_rows
     grid = grid_from_spec(spec)
-    try:
-        rep = spec_padding_report(rows.d, rows.t, spec, dynamic_resolution=DynResConfig())
-        if rows.exact:
-            if rows.carry():
-                for block in blocks():
-                    rows.add_seconds(block)
-            exact_h = rows.seconds / 3600.0
-            rep["per_bucket"] = [{**pb, "num_rows": int(rows.counts[i]), "hours": float(exact_h[i])}
-                                 for i, pb in enumerate(rep["per_bucket"])]
-            carried, allocated = rows.carried, rows.allocated
-        else:  # every row is in memory: the same allocation the padding report carried from
-            al = allocate(rows.d, rows.t, grid).bucket
-            carried, allocated = int(rep["carried"]), np.bincount(al[al >= 0], minlength=grid.num_buckets)
-    except PlanError as exc:
-        raise DataprepError(f"{name}: cannot plan: {exc}") from None
-    except ValueError as exc:
-        raise DataprepError(f"{name}: {exc}") from None
+    options = {"memory_limit": memory_limit, "dynamic_resolution": DynResConfig()}
+    if rows.exact:
+        if rows.carry():
+            for block in blocks():
+                rows.add_seconds(block)
+        root = spill_dir(manifest)
+        try:
+            sample = root / "padding-sample.parquet"
+            write_manifest(pl.DataFrame({"id": pl.int_range(rows.measured, eager=True).cast(pl.String),
+                                         "duration": rows.d, "num_tokens": rows.t}), sample)
+            rep = manifest_padding_report(sample, spec, name=f"{manifest} (the padding's sample)", **options)
+        finally:
+            remove_spill(root)
+        exact_h = rows.seconds / 3600.0
+        rep["per_bucket"] = [{**pb, "num_rows": int(rows.counts[i]), "hours": float(exact_h[i])}
+                             for i, pb in enumerate(rep["per_bucket"])]
+        carried = rows.carried
+    else:  # every row measured: the padding report carried from the same allocation
+        rows.carry()
+        rep = manifest_padding_report(manifest, spec, **options)
+        carried = int(rep["carried"])
+    allocated = rows.allocated
     origin = batch_size_origin(spec.batch_size_source)
     final = np.asarray([pb["num_rows"] for pb in rep["per_bucket"]], dtype=np.int64)
     before = allocated if allocated is not None else final
@@ -108,7 +119,7 @@ def bucket_section(rows: BucketRows, spec: BucketSpec, name: str,
     schemes = [{"scheme": k, "audio_padding": v["audio_padding"], "token_padding": v["token_padding"],
                 "batches": v["num_batches"], "mean_batch": v["mean_batch_size"], "excluded": v.get("excluded", 0)}
                for k, v in rep["schemes"].items()]
-    return BucketAggregates(name, dict(spec.batch_size_source), table, schemes, breakdown, rows.d.shape[0], n,
+    return BucketAggregates(name, dict(spec.batch_size_source), table, schemes, breakdown, rows.measured, n,
                             carried=carried, empty=int((final == 0).sum()),
                             emptied=int(((final == 0) & (before > 0)).sum()),
                             unfilled=int((before == 0).sum()))

@@ -1,18 +1,18 @@
-"""Sections 2 (buckets) and 3 (plan) of ``dataprep report`` fed block by block, in memory
-bounded by a budget, not by the corpus: the same tables as whole arrays give. Rows come as
-:class:`RowBlock` s from the report's binning pass; the cores here take arrays only.
+"""Sections 2 (buckets) and 3 (plan) of ``dataprep report`` fed block by block (the
+:class:`RowBlock` s of the report's binning pass), in memory bounded by a budget, not by the
+corpus: the same tables as whole arrays give.
 
-- :class:`BucketRows` (section 2): the rows the padding is measured on (all up to the sample
-  size, else the seeded sample :func:`sample_rows` draws) and every row's bucket exactly as
-  :func:`bucketing.allocate.assign` gives it (the carry runs after the pass on each bucket's
-  :func:`bucketing.allocate.tail_candidates`); a second pass sums each bucket's seconds.
+- :class:`BucketRows` (section 2): rows per bucket before the carry; past the sample size, the
+  seeded sample :func:`sample_rows` draws (the padding's rows) and every row's bucket exactly
+  as :func:`bucketing.allocate.assign` gives it (the carry runs after the pass on each
+  bucket's :func:`bucketing.allocate.tail_candidates`); a second pass sums each bucket's seconds.
 - :class:`CorpusShares` (section 3): per epoch and corpus, utterances planned (exact) and their
   seconds summed in manifest row order (:func:`share_range_rows`, :func:`planned_times`,
   :func:`spill_planned_rows`).
 
-Memory: one block; the sample (16 bytes a row of it); half a batch per bucket; a range of rows
-(:data:`SHARE_BYTES_PER_ROW` each) and one shard row group. Disk: :data:`SPILL_BYTES_PER_ROW`.
-"""
+Memory: one block; past the sample size, the sample (16 bytes a row) and half a batch per
+bucket; a range of rows (:data:`SHARE_BYTES_PER_ROW` each), a shard row group. Disk:
+:data:`SPILL_BYTES_PER_ROW`."""
 
 from __future__ import annotations
 
@@ -66,19 +66,22 @@ def sample_rows(num_rows: int, sample: int) -> npt.NDArray[np.int64] | None:
 
 
 class BucketRows:
-    """Section 2's rows, block by block (module docstring): :attr:`d` / :attr:`t` the padding's
-    rows; past the sample (:attr:`exact`), :attr:`counts` and :attr:`seconds` per bucket
-    after the carried tails, as ``assign(d, t, grid, batch_sizes)`` of whole arrays and a
-    weighted ``np.bincount`` give them (bit for bit). Call :meth:`add` on every block in
-    order, then :meth:`carry`; when it returns True, :meth:`add_seconds` on every block again."""
+    """Section 2's rows, block by block (module docstring): :attr:`counts` per bucket as
+    ``allocate`` gives them; past the sample (:attr:`exact`), :attr:`d` / :attr:`t` the
+    sample's rows, and :attr:`counts` and :attr:`seconds` per bucket after the carried tails,
+    as ``assign(d, t, grid, batch_sizes)`` of whole arrays and a weighted ``np.bincount`` give
+    them (bit for bit). Call :meth:`add` on every block in order, then :meth:`carry`; when it
+    returns True, :meth:`add_seconds` on every block again."""
 
     def __init__(self, num_rows: int, grid: Grid, batch_sizes: npt.NDArray[np.int64], sample: int) -> None:
         self.num_rows = num_rows
         self.grid, self.bs = grid, np.asarray(batch_sizes, dtype=np.int64)
         self.pick = sample_rows(num_rows, sample)
-        m = min(num_rows, sample)
-        self.d, self.t = np.empty(m, np.float64), np.empty(m, np.int64)
         self.exact = self.pick is not None
+        #: rows the padding is measured on: the sample's, or every row (read from the manifest)
+        self.measured = min(num_rows, sample)
+        m = sample if self.exact else 0
+        self.d, self.t = np.empty(m, np.float64), np.empty(m, np.int64)
         self.alloc = AllocationTotals.of(grid)
         nb = grid.num_buckets
         empty = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64))
@@ -89,17 +92,16 @@ class BucketRows:
         self.allocated: npt.NDArray[np.int64] | None = None
 
     def add(self, b: RowBlock) -> None:
-        """Pass 1: the block's rows of the sample; past it, their buckets, counts, seconds and
-        the tails' candidates."""
-        h = b.duration.shape[0]
+        """Pass 1: the block's buckets, counts and seconds; past the sample, its rows of the
+        sample and the tails' candidates."""
+        al = allocate(b.duration, b.tokens, self.grid)
+        self.alloc.add(al, b.duration)  # the last bucket's bound raised where a row needed it, too
         if self.pick is None:
-            self.d[b.start:b.start + h], self.t[b.start:b.start + h] = b.duration, b.tokens
             return
+        h = b.duration.shape[0]
         lo, hi = np.searchsorted(self.pick, [b.start, b.start + h])
         at = self.pick[lo:hi] - b.start
         self.d[lo:hi], self.t[lo:hi] = b.duration[at], b.tokens[at]
-        al = allocate(b.duration, b.tokens, self.grid)
-        self.alloc.add(al, b.duration)  # the last bucket's bound raised where a row needed it, too
         nb = self.grid.num_buckets
         rows = np.flatnonzero(al.bucket >= 0)
         rows = rows[np.argsort(al.bucket[rows], kind="stable")]
@@ -126,9 +128,9 @@ class BucketRows:
         """After pass 1: the tails carried bucket after bucket (:func:`bucketing.allocate.tail_moves`
         on each bucket's candidates and the rows carried in, with the bucket's size); the
         counts follow them. True when rows moved: :meth:`add_seconds` must sum again."""
+        self.allocated = self.counts.copy()
         if not self.exact:
             return False
-        self.allocated = self.counts.copy()
         nb, dbin = self.grid.num_buckets, self.grid.duration_bin
         incoming: list[list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]]] = \
             [[] for _ in range(nb)]

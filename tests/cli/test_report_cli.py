@@ -10,9 +10,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import dataprep.analysis.stream_padding as stream_padding
+import dataprep.report.stream_sections as stream_sections
 from dataprep.cli import app
+from dataprep.cli.app import parse_memory_limit
 from dataprep.planning.build import build_plan
 from dataprep.planning.options import PlanOptions
+from dataprep.report.aggregates import collect_report
 from dataprep.testing import write_plan_inputs
 
 pytest.importorskip("altair", reason="the report extra (altair) is not installed")
@@ -32,8 +36,8 @@ def _run(*args: object) -> tuple[int, str]:
     return r.exit_code, r.output
 
 
-def test_writes_one_self_contained_page_with_equal_bytes_for_equal_inputs(inputs: dict[str, Path],
-                                                                          tmp_path: Path) -> None:
+def test_writes_one_self_contained_page_with_equal_bytes_for_equal_inputs(inputs: dict[str, Path], tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "r.html"
     args = (inputs["kept"], "--buckets", inputs["buckets"], "--plan", inputs["plan"], "--world-sizes", "2,4")
     code, text = _run(*args, "-o", out)
@@ -53,7 +57,8 @@ def test_writes_one_self_contained_page_with_equal_bytes_for_equal_inputs(inputs
     code, text = _run(*args, "-o", out)  # its own page is replaced
     assert code == 0, text
     assert out.read_bytes() == first
-    code, text = _run(*args, "--memory-limit", "2KiB", "-o", out)  # the plan joined in ranges of 73 rows
+    monkeypatch.setattr(stream_sections, "SHARE_RANGE_ROWS", 73)
+    code, text = _run(*args, "--memory-limit", "80KiB", "-o", out)  # spilled, the plan joined in ranges of 73 rows
     assert code == 0, text
     assert out.read_bytes() == first
 
@@ -86,3 +91,30 @@ def test_refuses_with_one_line(case: str, inputs: dict[str, Path], tmp_path: Pat
     if case == "input":
         assert inputs["kept"].read_bytes() == before
     assert not (inputs["plan"] / "r.html").exists()
+
+
+@pytest.mark.parametrize("limit", [None, "80KiB"])
+def test_the_padding_figures_are_those_of_dataprep_padding(limit: str | None, inputs: dict[str, Path],
+                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Section 2's padding is ``dataprep padding``'s of the same manifest and buckets, per
+    scheme and per bucket (and its carried rows), held in memory or spilled to disk under the
+    report's limit (``80KiB``), as ``dataprep padding``'s."""
+    extra = [] if limit is None else ["--memory-limit", limit]
+    res = runner.invoke(app, ["padding", str(inputs["kept"]), "--buckets", str(inputs["buckets"]),
+                              "--json", str(tmp_path / "p.json"), *extra])
+    assert res.exit_code == 0, res.output
+    want = json.loads((tmp_path / "p.json").read_text())
+    spills: list[Path] = []
+    real = stream_padding.spill_dir
+    monkeypatch.setattr(stream_padding, "spill_dir", lambda where: spills.append(real(where)) or spills[-1])
+    got = collect_report(inputs["kept"], buckets=inputs["buckets"],
+                         memory_limit=None if limit is None else parse_memory_limit(limit)).buckets
+    assert len(spills) == (limit is not None)
+    assert got is not None and got.measured_rows == got.rows == 2000
+    assert {s["scheme"]: s for s in got.schemes} == {
+        k: {"scheme": k, "audio_padding": v["audio_padding"], "token_padding": v["token_padding"],
+            "batches": v["num_batches"], "mean_batch": v["mean_batch_size"], "excluded": v["excluded"]}
+        for k, v in want["schemes"].items()}
+    assert [(b["utterances"], b["audio_padding"], b["token_padding"], b["batches"]) for b in got.buckets] == \
+        [(b["num_rows"], b["audio_padding"], b["token_padding"], b["num_batches"]) for b in want["per_bucket"]]
+    assert got.carried == want["carried"]

@@ -164,7 +164,7 @@ def test_padding_on_a_sample_keeps_rows_and_hours_per_bucket_exact(inputs: dict[
     def section(sample: int):
         rows = bucket_rows(df.height, spec, sample)
         rows.add(block)
-        return bucket_section(rows, spec, "b", lambda: iter([block]))
+        return bucket_section(rows, spec, inputs["kept"], lambda: iter([block]))
 
     full, part = section(SCHEME_SAMPLE_ROWS), section(1500)
     assert (full.measured_rows, part.measured_rows, part.rows) == (df.height, 1500, df.height)

@@ -189,8 +189,8 @@ def test_streamed_empty_bucket_counts_equal_the_in_memory_ones(blend: dict[str, 
     for blk in blocks():
         held.add(blk)
         streamed.add(blk)
-    one = bucket_section(held, spec, "b", blocks)
-    two = bucket_section(streamed, spec, "b", blocks)
+    one = bucket_section(held, spec, blend["kept"], blocks)
+    two = bucket_section(streamed, spec, blend["kept"], blocks)
     assert streamed.exact and not held.exact
     assert (one.carried, one.empty, one.emptied, one.unfilled) == (two.carried, two.empty, two.emptied, two.unfilled)
 

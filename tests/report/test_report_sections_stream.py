@@ -7,6 +7,7 @@ budget of one row per range equals one under the default."""
 from __future__ import annotations
 
 import re
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,13 @@ from dataprep.planning.build import build_plan
 from dataprep.planning.options import PlanOptions
 from dataprep.planning.simulate import read_epoch_batches
 import dataprep.report.aggregates as aggregates
+import dataprep.report.stream_sections as stream_sections
 from dataprep.report.aggregates import collect_report, row_blocks
 from dataprep.report.buckets_section import bucket_rows, bucket_section
 from dataprep.report.plan_section import share_table
-from dataprep.analysis.padding import batch_sizes_for, spec_padding_report
-from dataprep.report.stream_sections import (SHARE_BYTES_PER_ROW, CorpusShares, RowBlock, planned_times,
-                                             sample_rows, spill_planned_rows)
+from dataprep.analysis.padding import batch_sizes_for, manifest_padding_report
+from dataprep.report.stream_sections import (SHARE_BYTES_PER_ROW, SPILL_BYTES_PER_ROW, CorpusShares, RowBlock,
+                                             planned_times, sample_rows, spill_planned_rows)
 from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError
 from manifests.manifest_write import write_manifest
@@ -38,12 +40,19 @@ from manifests.plan_meta import read_plan_meta
 from manifests.spill import SpillFiles
 
 
-def today_buckets(d: np.ndarray, t: np.ndarray, spec: Any, sample: int) -> list[dict[str, Any]]:
-    """Per-bucket rows of section 2 from whole arrays, as the report computed them before it
-    streamed: padding of a seeded sample, rows and hours of every row assigned."""
+def write_rows(d: np.ndarray, t: np.ndarray, path: Path) -> Path:
+    """Durations (s) and tokens as a manifest (the other columns null)."""
+    write_manifest(pl.DataFrame({"id": [f"u{i}" for i in range(d.shape[0])], "duration": d, "num_tokens": t}), path)
+    return path
+
+
+def today_buckets(d: np.ndarray, t: np.ndarray, spec: Any, sample: int, work: Path) -> list[dict[str, Any]]:
+    """Per-bucket rows of section 2 from whole arrays: ``dataprep padding``'s figures of the
+    report's seeded sample (written as a manifest here), rows and hours of every row assigned."""
     n = d.shape[0]
     pick = sample_rows(n, sample) if n > sample else slice(None)  # the report's seeded sample
-    rep = spec_padding_report(d[pick], t[pick], spec, dynamic_resolution=DynResConfig())
+    rep = manifest_padding_report(write_rows(d[pick], t[pick], work / "sample.parquet"), spec,
+                                  dynamic_resolution=DynResConfig(), name="b")
     if n > sample:
         _, bs = batch_sizes_for(spec)
         bucket = assign(d, t, grid_from_spec(spec), bs).bucket
@@ -77,19 +86,25 @@ def test_streamed_buckets_equal_every_row_assigned(data: tuple[np.ndarray, np.nd
                                                    sample: int) -> None:
     d, t, spec = data
     n = d.shape[0]
-    rows = bucket_rows(n, spec, sample)
-    blocks = [RowBlock(a, d[a:a + block], t[a:a + block]) for a in range(0, n, block)]
-    for b in blocks:
-        rows.add(b)
-    try:
-        want = today_buckets(d, t, spec, sample)
-    except ValueError as exc:  # a NaN duration among the rows measured: the same one-line error
-        with pytest.raises(DataprepError, match=re.escape(f"b: {exc}")):
-            bucket_section(rows, spec, "b", lambda: iter(blocks))
-        return
-    got = bucket_section(rows, spec, "b", lambda: iter(blocks))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        manifest = write_rows(d, t, work / "m.parquet")
+        rows = bucket_rows(n, spec, sample)
+        blocks = list(row_blocks(manifest, block))
+        for b in blocks:
+            rows.add(b)
+        try:
+            want = today_buckets(d, t, spec, sample, work)
+        except DataprepError as exc:  # a NaN duration among the rows measured: the same one-line error
+            with pytest.raises(DataprepError, match=re.escape(str(exc).split(": ", 1)[1])):
+                bucket_section(rows, spec, manifest, lambda: iter(blocks))
+            return
+        got = bucket_section(rows, spec, manifest, lambda: iter(blocks))
+        assert not [p for p in work.iterdir() if p.name not in ("m.parquet", "sample.parquet")]  # spill removed
     assert [r["utterances"] for r in got.buckets] == [pb["num_rows"] for pb in want]
     assert [r["hours"] for r in got.buckets] == [round(pb["hours"], 4) for pb in want]
+    assert [(r["audio_padding"], r["token_padding"], r["batches"]) for r in got.buckets] == \
+        [(pb["audio_padding"], pb["token_padding"], pb["num_batches"]) for pb in want]
     if rows.exact:  # the exact seconds, bit for bit
         _, bs = batch_sizes_for(spec)
         bucket = assign(d, t, grid_from_spec(spec), bs).bucket
@@ -150,15 +165,18 @@ def test_planned_rows_spilled_by_range_count_the_epochs_rows(planned: dict[str, 
 
 def test_a_report_in_small_ranges_and_blocks_equals_the_default(planned: dict[str, Path],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under the default limit the rows are held (nothing spilled); under a tiny one they are
-    spilled and read back in ranges of 211 rows: the same report."""
+    """Under the default limit the rows are held (nothing spilled); under a small one (below
+    the shares' 44 bytes a row, above what the padding report's largest bucket needs to plan)
+    they are spilled and read back in ranges of 211 rows: the same report."""
     spills: list[Path] = []
     real = aggregates.spill_dir
     monkeypatch.setattr(aggregates, "spill_dir", lambda where: spills.append(real(where)) or spills[-1])
     full = collect_report(planned["kept"], plan=planned["plan"], world_sizes=[2])
     assert not spills
+    monkeypatch.setattr(stream_sections, "SHARE_RANGE_ROWS", 211)
+    n = read_plan_meta(planned["plan"]).manifest.rows
     tiny = collect_report(planned["kept"], plan=planned["plan"], world_sizes=[2],
-                          memory_limit=SHARE_BYTES_PER_ROW * 211, block_rows=97)
+                          memory_limit=n * (SHARE_BYTES_PER_ROW + SPILL_BYTES_PER_ROW) - 1, block_rows=97)
     assert len(spills) == 1
     assert asdict(tiny) == asdict(full)
     assert not list(planned["kept"].parent.glob(".*spill*"))  # the spill files are removed
@@ -178,7 +196,7 @@ def test_a_report_in_small_ranges_and_blocks_equals_the_default(planned: dict[st
     assert {s["corpus"] for s in full.plan.shares} == set(names)
 
 
-def test_streamed_bucket_section_of_a_file_equals_whole_arrays(planned: dict[str, Path]) -> None:
+def test_streamed_bucket_section_of_a_file_equals_whole_arrays(planned: dict[str, Path], tmp_path: Path) -> None:
     """Row blocks read from the file (a second pass for the carried tails) give today's table."""
     from manifests.buckets_file import read_buckets
 
@@ -188,8 +206,8 @@ def test_streamed_bucket_section_of_a_file_equals_whole_arrays(planned: dict[str
     rows = bucket_rows(df.height, spec, 300)
     for b in row_blocks(planned["kept"], 64):
         rows.add(b)
-    got = bucket_section(rows, spec, "b", lambda: row_blocks(planned["kept"], 64))
-    want = today_buckets(d, t, spec, 300)
+    got = bucket_section(rows, spec, planned["kept"], lambda: row_blocks(planned["kept"], 64))
+    want = today_buckets(d, t, spec, 300, tmp_path)
     assert [r["utterances"] for r in got.buckets] == [pb["num_rows"] for pb in want]
     assert [r["hours"] for r in got.buckets] == [round(pb["hours"], 4) for pb in want]
     assert [r["audio_padding"] for r in got.buckets] == [pb["audio_padding"] for pb in want]
