@@ -1,0 +1,226 @@
+"""NeMo's ``input_cfg`` idioms read as NeMo 3.0 reads them, on real manifests and real audio:
+tags (overwrite, outer group wins), two views of one manifest, one relative name in two folders,
+``${oc.env:...}``, ``6e-1``, nested files, ``[[path, weight]]``, unused keys; and their one-line
+errors. :func:`build_blend` is shared with the NeMo-marked comparison (test_blend_nemo.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from dataprep.cli import app
+from dataprep.testing import WORDS, write_nemo_manifest, write_tone
+from dataprep.tokenize import train_model
+from manifests.errors import ManifestError
+from manifests.manifest_read import read_manifest, read_metadata
+from manifests.nemo_buckets import nemo_to_buckets_json
+from manifests.nemo_yaml import load_nemo_yaml
+from manifests.readers import read_blend
+
+runner = CliRunner()
+ENV = "DATAPREP_TEST_BLEND_DATA"
+
+BLEND = """\
+reweight_temperature: [1.0, 0.5]
+use_bucketing: true
+max_duration: 20
+channel_selector: average
+input_cfg:
+  - type: group
+    weight: 6e-1
+    tags: {pnc: "yes", taskname: asr}
+    input_cfg:
+      - {type: nemo, manifest_filepath: "${oc.env:%(env)s}/a.json", weight: 3, tags: {leaf: asr, pnc: "no"}}
+      - type: nemo
+        manifest_filepath: ${oc.env:%(env)s}/a.json
+        text_field: answer
+        weight: 1
+        tags: {leaf: ast, target_lang: de, taskname: ast}
+  - type: group
+    weight: 4e-1
+    input_cfg: sub.yaml
+""" % {"env": ENV}
+SUB = "- {type: nemo, manifest_filepath: [[x/m.json, 2.0], [y/m.json, 1.0]], tags: {leaf: xy}}\n"
+
+
+def build_blend(root: Path) -> Path:
+    """A blend of 20 rows read twice (ASR view and ``text_field: answer`` view), and two folders
+    whose manifests both name ``audio/u1.flac`` (different audio), in a nested file."""
+    rows = []
+    for i in range(20):
+        path = write_tone(root / "audio_a" / f"a{i}.flac", 0.5 + 0.05 * i, seed=i)
+        rows.append({"audio_filepath": f"audio_a/a{i}.flac", "duration": 0.5 + 0.05 * i,
+                     "text": " ".join(WORDS[i:i + 3]), "answer": " ".join(WORDS[i + 50:i + 52]),
+                     "source_lang": "en", "target_lang": "en", **({"pnc": "no"} if i < 10 else {})})
+        assert path.exists()
+    write_nemo_manifest(root / "a.json", rows)
+    for k, folder in enumerate(("x", "y")):
+        lines = []
+        for i in range(3):
+            write_tone(root / folder / "audio" / f"u{i}.flac", 0.6 + 0.1 * i + 0.01 * k, seed=10 * k + i)
+            lines.append({"audio_filepath": f"audio/u{i}.flac", "duration": 0.6 + 0.1 * i + 0.01 * k,
+                          "text": " ".join(WORDS[i + k:i + k + 2]), "source_lang": "en", "target_lang": "en"})
+        write_nemo_manifest(root / folder / "m.json", lines)
+    (root / "sub.yaml").write_text(SUB, encoding="utf-8")
+    (root / "blend.yaml").write_text(BLEND, encoding="utf-8")
+    return root / "blend.yaml"
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    root = tmp_path_factory.mktemp("idioms")
+    blend = build_blend(root)
+    train_model([" ".join(WORDS)] * 4, root / "spm.model", vocab_size=80, threads=1)
+    mp = pytest.MonkeyPatch()
+    mp.setenv(ENV, str(root))
+    try:
+        res = runner.invoke(app, ["compile", str(blend), "--tokenizer", str(root / "spm.model"), "-o",
+                                  str(root / "m.parquet")])
+    finally:
+        mp.undo()
+    assert res.exit_code == 0, res.output
+    return root, root / "m.parquet", res.output
+
+
+def test_tags_overwrite_fields_and_the_outer_group_wins(compiled: tuple[Path, Path, str]) -> None:
+    df = read_manifest(compiled[1])
+    views = df.filter(pl.col("corpus").is_in(["a", "a.answer"]))
+    pnc = [json.loads(e)["pnc"] for e in views["extra"]]
+    assert len(pnc) == 40 and set(pnc) == {"yes"}  # 10 rows said "no", the leaf tag said "no": the group's wins
+    assert set(views["task"]) == {"asr"}  # the AST view's own taskname loses to its group's, as in NeMo
+    ast = df.filter(pl.col("corpus") == "a.answer")
+    assert set(ast["target_lang"]) == {"de"} and set(ast["lang"]) == {"de"}  # lang follows the tagged target
+
+
+def test_two_views_and_two_folders_keep_every_row(compiled: tuple[Path, Path, str]) -> None:
+    root, out, _ = compiled
+    df = read_manifest(out)
+    assert dict(df.group_by("corpus").len().iter_rows()) == {"a": 20, "a.answer": 20, "m": 3, "y/m": 3}
+    assert df["id"].n_unique() == df.height == 46
+    a, ans = df.filter(pl.col("corpus") == "a"), df.filter(pl.col("corpus") == "a.answer")
+    assert ans["id"].to_list() == ["a.answer:" + i for i in a["id"]]  # the second view's ids qualified
+    assert ans["text"].to_list() != a["text"].to_list() and ans["text"][0] == " ".join(WORDS[50:52])
+    y = df.filter(pl.col("corpus") == "y/m")
+    assert y["id"][0] == "y/m:audio/u0.flac" and y["audio_path"][0] == str(root / "y" / "audio" / "u0.flac")
+    assert pl.read_parquet(out.with_name("m.rejects.parquet")).height == 0
+    tree = read_metadata(out)["provenance"]["blend"]["tree"]
+    assert [c["weight"] for c in tree["children"]] == [0.6, 0.4]  # 6e-1 is a float, as OmegaConf reads it
+    assert tree["children"][1]["children"][0] == {"weight": None, "temperature": 1.0, "children": [
+        {"weight": 2.0, "corpus": "m"}, {"weight": 1.0, "corpus": "y/m"}]}
+
+
+def test_unused_keys_and_renamed_corpora_are_one_warning_line_each(compiled: tuple[Path, Path, str]) -> None:
+    lines = [ln for ln in compiled[2].splitlines() if ln.startswith("warning: ")]
+    assert len(lines) == 2, compiled[2]
+    assert "use_bucketing" in lines[0] and "max_duration" in lines[0] and "channel_selector" in lines[0]
+    assert "a.answer" in lines[1] and "y/m" in lines[1]
+
+
+def test_weighted_plan_of_two_views(compiled: tuple[Path, Path, str], tmp_path: Path) -> None:
+    root, out, _ = compiled
+    (tmp_path / "b.json").write_text(json.dumps({"version": 1, "buckets": [
+        {"index": 0, "max_duration": 2.0, "batch_size": 4}]}), encoding="utf-8")
+    res = runner.invoke(app, ["plan-batches", str(out), "--buckets", str(tmp_path / "b.json"), "--world-size", "1",
+                              "--epoch-utterances", "40", "-o", str(tmp_path / "plan")])
+    assert res.exit_code == 0, res.output
+
+
+def test_true_duplicate_is_named(tmp_path: Path) -> None:
+    write_tone(tmp_path / "u.flac", 0.5)
+    write_nemo_manifest(tmp_path / "d.json", [{"audio_filepath": "u.flac", "duration": 0.5, "text": "a b"}] * 2)
+    (tmp_path / "b.yaml").write_text("- {type: nemo, manifest_filepath: d.json}\n", encoding="utf-8")
+    train_model([" ".join(WORDS)] * 4, tmp_path / "spm.model", vocab_size=60, threads=1)
+    res = runner.invoke(app, ["compile", str(tmp_path / "b.yaml"), "--tokenizer", str(tmp_path / "spm.model"),
+                              "-o", str(tmp_path / "m.parquet")])
+    assert res.exit_code == 0, res.output
+    rej = pl.read_parquet(tmp_path / "m.rejects.parquet")
+    assert rej["reason"].to_list() == ["duplicate_id"]
+    assert "duplicate id u.flac (first at " in rej["detail"][0] and "d.json:1" in rej["detail"][0]
+
+
+def test_interpolation_as_omegaconf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DP_ROOT", "/data")
+    monkeypatch.delenv("DP_UNSET", raising=False)
+    (tmp_path / "c.yaml").write_text(
+        "root: ${oc.env:DP_ROOT}\nm: ${root}/a.json\nn: ${oc.env:DP_UNSET,null}\nd: ${oc.env:DP_UNSET,'/x'}\n"
+        "w: ${oc.decode:'2.5'}\nsub:\n  a: ${..w}\n  b: ${.a}\nlit: '\\${root}'\nf: 1e-3\ng: ['${sub.b}']\n",
+        encoding="utf-8")
+    assert load_nemo_yaml(tmp_path / "c.yaml") == {
+        "root": "/data", "m": "/data/a.json", "n": None, "d": "/x", "w": 2.5, "sub": {"a": 2.5, "b": 2.5},
+        "lit": "${root}", "f": 0.001, "g": [2.5]}
+
+
+@pytest.mark.parametrize(("text", "msg"), [
+    ("a: ${oc.env:DP_UNSET}/m.json\n", "a: environment variable 'DP_UNSET' is not set"),
+    ("a: ${b}\nb: ${a}\n", "refers back to itself (a cycle)"),
+    ("a: ${nope.x}\n", "a: ${nope.x}: no such key in the file"),
+    ("a: '${oc.create:{x: 1}}'\n", "a list or mapping inside an interpolation is not read"),
+    ("a: ${oc.dict.keys:b}\nb: {}\n", "resolver 'oc.dict.keys' is not read"),
+    ("a: ${python:os.system}\n", "resolver 'python' is not read"),
+    ("a: ${b\n", "is not closed"),
+    ("a: 1\na: 2\n", "key 'a' appears twice"),
+    ("a: ${b}${b}${b}${b}${b}${b}${b}${b}\nb: ${c}${c}${c}${c}${c}${c}${c}${c}\nc: ${d}${d}${d}${d}${d}${d}${d}${d}\n"
+     "d: ${e}${e}${e}${e}${e}${e}${e}${e}\ne: ${f}${f}${f}${f}${f}${f}${f}${f}\nf: ${g}${g}${g}${g}${g}${g}${g}${g}\n"
+     "g: ${h}${h}${h}${h}${h}${h}${h}${h}\nh: xxxxxxxxxxxxxxxx\n", "characters; refused"),
+])
+def test_interpolation_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str,
+                                           msg: str) -> None:
+    monkeypatch.delenv("DP_UNSET", raising=False)
+    (tmp_path / "c.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(ManifestError) as exc:
+        load_nemo_yaml(tmp_path / "c.yaml")
+    assert msg in str(exc.value) and "\n" not in str(exc.value) and str(tmp_path / "c.yaml") in str(exc.value)
+
+
+def test_unset_variable_is_named_by_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DP_UNSET", raising=False)
+    (tmp_path / "b.yaml").write_text("- {type: nemo, manifest_filepath: '${oc.env:DP_UNSET}/a.json'}\n", encoding="utf-8")
+    res = runner.invoke(app, ["compile", str(tmp_path / "b.yaml"), "--tokenizer", str(tmp_path / "none.model"),
+                              "-o", str(tmp_path / "m.parquet")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+    assert "b.yaml: [0].manifest_filepath: environment variable 'DP_UNSET' is not set" in res.output, res.output
+
+
+@pytest.mark.parametrize(("files", "msg"), [
+    ({"b.yaml": "- {type: group, input_cfg: b.yaml}\n"}, "input_cfg[0].input_cfg: includes itself (b.yaml -> b.yaml)"),
+    ({"b.yaml": "- {type: group, input_cfg: c.yaml}\n", "c.yaml": "- {type: group, input_cfg: b.yaml}\n"},
+     "includes itself (b.yaml -> c.yaml -> b.yaml)"),
+    ({"b.yaml": "input_cfg: c.yaml\n", "c.yaml": "input_cfg: []\n"}, "c.yaml: input_cfg: a nested input_cfg file"),
+    ({"b.yaml": "- {type: group, input_cfg: nope.yaml}\n"}, "nope.yaml: no such file (the input_cfg of"),
+    ({"b.yaml": "- {type: nemo, manifest_filepath: [[a.json, 2], [b.json, '1']]}\n"},
+     "input_cfg[0].manifest_filepath[1][1]: expected a number"),
+    ({"b.yaml": "- {type: nemo_tarred, manifest_filepath: [[a.json, 2], [b.json, 1]], tarred_audio_filepaths: [a.tar]}\n"},
+     "tarred_audio_filepaths: expected a list of 2 entries"),
+])
+def test_nested_files_and_lists_errors(tmp_path: Path, files: dict[str, str], msg: str) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    with pytest.raises(ManifestError) as exc:
+        read_blend(tmp_path / "b.yaml")
+    assert msg in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_exploding_includes_are_refused(tmp_path: Path) -> None:
+    for k in range(12):  # each file lists the next twice: 2**12 datasets
+        nxt = f"f{k + 1}.yaml" if k < 11 else None
+        text = ("- {type: group, input_cfg: %s}\n" % nxt) * 2 if nxt else "- {type: nemo, manifest_filepath: a.json}\n"
+        (tmp_path / f"f{k}.yaml").write_text(text, encoding="utf-8")
+    blend = read_blend(tmp_path / "f0.yaml")  # 4096 corpora: read, each named apart
+    assert len(blend.leaves) == 2 ** 11 and len({leaf.corpus for leaf in blend.leaves}) == 2 ** 11
+
+
+def test_bucketing_yaml_batch_duration(tmp_path: Path) -> None:
+    opts = {"model": {"train_ds": {"use_bucketing": True, "bucket_duration_bins": [2.0, 5.0], "batch_duration": 60,
+                                   "quadratic_duration": 30, "max_duration": 20, "max_tps": 12, "num_workers": 2}}}
+    spec = nemo_to_buckets_json(opts, "b.yaml")
+    assert [b["batch_size"] for b in spec["buckets"]] == [int(60 // (2 + 4 / 30)), int(60 // (5 + 25 / 30))]
+    assert spec["batch_size_source"]["rule"] == "nemo batch_duration"
+    assert spec["fit"]["not_used"] == ["max_duration", "max_tps", "num_workers"]
+    with pytest.raises(ManifestError, match="fit-buckets MANIFEST --num-buckets 30 --max-duration-budget 600"):
+        nemo_to_buckets_json({"use_bucketing": True, "batch_duration": 600}, "b.yaml")
+    with pytest.raises(ManifestError, match="b.yaml: batch_duration: 1 s holds no clip of bucket 1"):
+        nemo_to_buckets_json({"bucket_duration_bins": [1.0, 5.0], "batch_duration": 1}, "b.yaml")
