@@ -6,6 +6,7 @@ errors. :func:`build_blend` is shared with the NeMo-marked comparison (test_blen
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 
 import polars as pl
@@ -29,6 +30,7 @@ reweight_temperature: [1.0, 0.5]
 use_bucketing: true
 max_duration: 20
 channel_selector: average
+force_iterable_dataset: true
 input_cfg:
   - type: group
     weight: 6e-1
@@ -44,12 +46,18 @@ input_cfg:
     weight: 4e-1
     input_cfg: sub.yaml
 """ % {"env": ENV}
-SUB = "- {type: nemo, manifest_filepath: [[x/m.json, 2.0], [y/m.json, 1.0]], tags: {leaf: xy}}\n"
+SUB = """\
+- type: nemo_tarred
+  manifest_filepath: [[x/manifest_0.json, 2.0], [y/manifest_0.json, 1.0]]
+  tarred_audio_filepaths: [[x/audio_0.tar], [y/audio_0.tar]]
+  tags: {leaf: xy}
+"""
 
 
 def build_blend(root: Path) -> Path:
-    """A blend of 20 rows read twice (ASR view and ``text_field: answer`` view), and two folders
-    whose manifests both name ``audio/u1.flac`` (different audio), in a nested file."""
+    """A blend of 20 rows read twice (ASR view and ``text_field: answer`` view), and two NeMo
+    tarred sets in two folders whose members have the same names (different audio), weighted
+    ``[[path, weight]]`` in a nested file."""
     rows = []
     for i in range(20):
         path = write_tone(root / "audio_a" / f"a{i}.flac", 0.5 + 0.05 * i, seed=i)
@@ -58,13 +66,16 @@ def build_blend(root: Path) -> Path:
                      "source_lang": "en", "target_lang": "en", **({"pnc": "no"} if i < 10 else {})})
         assert path.exists()
     write_nemo_manifest(root / "a.json", rows)
-    for k, folder in enumerate(("x", "y")):
+    for k, folder in enumerate(("x", "y")):  # NeMo tarred sets whose members have the same names
         lines = []
-        for i in range(3):
-            write_tone(root / folder / "audio" / f"u{i}.flac", 0.6 + 0.1 * i + 0.01 * k, seed=10 * k + i)
-            lines.append({"audio_filepath": f"audio/u{i}.flac", "duration": 0.6 + 0.1 * i + 0.01 * k,
-                          "text": " ".join(WORDS[i + k:i + k + 2]), "source_lang": "en", "target_lang": "en"})
-        write_nemo_manifest(root / folder / "m.json", lines)
+        (root / folder).mkdir()
+        with tarfile.open(root / folder / "audio_0.tar", "w") as tar:
+            for i in range(3):
+                clip = write_tone(root / "clips" / folder / f"u{i}.flac", 0.6 + 0.1 * i + 0.01 * k, seed=10 * k + i)
+                tar.add(clip, arcname=f"u{i}.flac")
+                lines.append({"audio_filepath": f"u{i}.flac", "duration": 0.6 + 0.1 * i + 0.01 * k, "shard_id": 0,
+                              "text": " ".join(WORDS[i + k:i + k + 2]), "source_lang": "en", "target_lang": "en"})
+        write_nemo_manifest(root / folder / "manifest_0.json", lines)
     (root / "sub.yaml").write_text(SUB, encoding="utf-8")
     (root / "blend.yaml").write_text(BLEND, encoding="utf-8")
     return root / "blend.yaml"
@@ -99,25 +110,25 @@ def test_tags_overwrite_fields_and_the_outer_group_wins(compiled: tuple[Path, Pa
 def test_two_views_and_two_folders_keep_every_row(compiled: tuple[Path, Path, str]) -> None:
     root, out, _ = compiled
     df = read_manifest(out)
-    assert dict(df.group_by("corpus").len().iter_rows()) == {"a": 20, "a.answer": 20, "m": 3, "y/m": 3}
+    assert dict(df.group_by("corpus").len().iter_rows()) == {"a": 20, "a.answer": 20, "manifest_0": 3, "y/manifest_0": 3}
     assert df["id"].n_unique() == df.height == 46
     a, ans = df.filter(pl.col("corpus") == "a"), df.filter(pl.col("corpus") == "a.answer")
     assert ans["id"].to_list() == ["a.answer:" + i for i in a["id"]]  # the second view's ids qualified
     assert ans["text"].to_list() != a["text"].to_list() and ans["text"][0] == " ".join(WORDS[50:52])
-    y = df.filter(pl.col("corpus") == "y/m")
-    assert y["id"][0] == "y/m:audio/u0.flac" and y["audio_path"][0] == str(root / "y" / "audio" / "u0.flac")
+    y = df.filter(pl.col("corpus") == "y/manifest_0")
+    assert y["id"][0] == "y/manifest_0:u0.flac" and y["container"][0] == str(root / "y" / "audio_0.tar")
     assert pl.read_parquet(out.with_name("m.rejects.parquet")).height == 0
     tree = read_metadata(out)["provenance"]["blend"]["tree"]
     assert [c["weight"] for c in tree["children"]] == [0.6, 0.4]  # 6e-1 is a float, as OmegaConf reads it
     assert tree["children"][1]["children"][0] == {"weight": None, "temperature": 1.0, "children": [
-        {"weight": 2.0, "corpus": "m"}, {"weight": 1.0, "corpus": "y/m"}]}
+        {"weight": 2.0, "corpus": "manifest_0"}, {"weight": 1.0, "corpus": "y/manifest_0"}]}
 
 
 def test_unused_keys_and_renamed_corpora_are_one_warning_line_each(compiled: tuple[Path, Path, str]) -> None:
     lines = [ln for ln in compiled[2].splitlines() if ln.startswith("warning: ")]
     assert len(lines) == 2, compiled[2]
     assert "use_bucketing" in lines[0] and "max_duration" in lines[0] and "channel_selector" in lines[0]
-    assert "a.answer" in lines[1] and "y/m" in lines[1]
+    assert "force_iterable_dataset" in lines[0] and "a.answer" in lines[1] and "y/manifest_0" in lines[1]
 
 
 def test_weighted_plan_of_two_views(compiled: tuple[Path, Path, str], tmp_path: Path) -> None:
