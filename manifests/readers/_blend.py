@@ -28,6 +28,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from manifests.containers import expand_paths
 from manifests.errors import ManifestError
 from manifests.nemo_yaml import load_nemo_yaml
 from manifests.readers._jsonl import SORTED_OBJECT_SQL
@@ -198,9 +199,12 @@ class _Parser:
             kind = "nemo_tarred"
         raw = v.key(item, key, f"{name}.")
         tars_raw = v.key(item, "tarred_audio_filepaths", f"{name}.") if kind == "nemo_tarred" else None
+        if kind == "lhotse_shar" and isinstance(raw, dict):
+            return self._shar_fields(f, raw, name, tags, fields)
+        if isinstance(raw, list) and any(isinstance(x, list) for x in raw) and (
+                kind == "lhotse_shar" or any(not isinstance(x, list) or len(x) != 1 for x in raw)):
+            return self._weighted(f, item, name, tags, fields, kind, key)
         if kind in ("nemo", "nemo_tarred") and isinstance(raw, list) and any(isinstance(x, list) for x in raw):
-            if any(not isinstance(x, list) or len(x) != 1 for x in raw):
-                return self._weighted_manifests(f, item, name, tags, fields, kind)
             # [[path], ...]: NeMo weighs each by its line count: the manifests' rows in proportion, one corpus
             raw = [x[0] for x in raw]
             if isinstance(tars_raw, list):
@@ -209,8 +213,6 @@ class _Parser:
         tars: tuple[str, ...] = ()
         if kind == "nemo_tarred":
             tars = self._paths(f, tars_raw, f"{name}.tarred_audio_filepaths")
-        if kind == "lhotse_shar" and len(paths) != 1:
-            raise v.fail(f"{name}.shar_path", "one Shar folder per dataset (write others as their own datasets)")
         text_field, lang_field = fields
         corpus = self._name(f, tags, paths, text_field, name)
         for tag in COLUMN_TAGS:
@@ -219,11 +221,11 @@ class _Parser:
         self.leaves.append(Leaf(corpus, kind, paths, tars, text_field, lang_field, tags))
         return {"corpus": corpus}
 
-    def _weighted_manifests(self, f: _File, item: dict[str, Any], name: str, tags: dict[str, Any],
-                            fields: tuple[str, str], kind: str) -> dict[str, Any]:
-        """``manifest_filepath: [[path, weight], ...]``: NeMo muxes the manifests with these weights,
-        untempered; here a group of one corpus each, its temperature 1."""
-        v, key = f.v, "manifest_filepath"
+    def _weighted(self, f: _File, item: dict[str, Any], name: str, tags: dict[str, Any],
+                  fields: tuple[str, str], kind: str, key: str) -> dict[str, Any]:
+        """``[[path, weight], ...]`` (``manifest_filepath``, ``shar_path``): NeMo muxes the paths
+        with these weights, untempered; here a group of one corpus each, its temperature 1."""
+        v = f.v
         raw = item[key]
         tars_raw = item.get("tarred_audio_filepaths") if kind == "nemo_tarred" else None
         if tars_raw is not None and (not isinstance(tars_raw, list) or len(tars_raw) != len(raw)):
@@ -241,6 +243,23 @@ class _Parser:
                 sub["tarred_audio_filepaths"] = tar[0] if isinstance(tar, list) and len(tar) == 1 else tar
             children.append({"weight": weight, **self._leaf(f, sub, ename, dict(tags), fields)})
         return {"temperature": 1.0, "children": children}
+
+    def _shar_fields(self, f: _File, raw: dict[str, Any], name: str, tags: dict[str, Any],
+                     fields: tuple[str, str]) -> dict[str, Any]:
+        """``shar_path: {cuts: [...], recording: [...]}``: the i-th cuts file's audio in the i-th
+        recording tar (brace patterns expanded); other fields are not read (named in a warning)."""
+        v, key = f.v, f"{name}.shar_path"
+        cuts = self._paths(f, v.key(raw, "cuts", f"{key}."), f"{key}.cuts")
+        recs = self._paths(f, v.key(raw, "recording", f"{key}."), f"{key}.recording")
+        n_cuts, n_recs = len(expand_paths(list(cuts))), len(expand_paths(list(recs)))
+        if n_cuts != n_recs:
+            raise v.fail(f"{key}.recording", f"{n_recs} tars for {n_cuts} cuts files (one per cuts file, in order)")
+        for other in raw:
+            if other not in ("cuts", "recording"):
+                self.unused.setdefault(f"shar_path.{other}", []).append(f"{f.path.name}:{name}")
+        corpus = self._name(f, tags, (str(Path(cuts[0]).parent),), fields[0], name)
+        self.leaves.append(Leaf(corpus, "lhotse_shar", cuts, recs, fields[0], fields[1], tags))
+        return {"corpus": corpus}
 
     def items(self, f: _File, raw: Any, name: str, temps: list[float] | float | None, tags: dict[str, Any],
               fields: tuple[str, str]) -> dict[str, Any]:

@@ -236,9 +236,18 @@ def iter_shar(folder: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
     tars = [str(folder / f"recording.{p.name.split('.')[1]}.tar") for p in cuts]
     # recording tars without their cuts file: every audio member of them ends as unlisted_member
     orphans = sorted(str(p) for p in folder.glob("recording.*.tar") if str(p) not in tars)
-    store = _Tars(tars + orphans)
+    yield from iter_shar_fields([str(p) for p in cuts], tars, chunk_rows=chunk_rows, orphans=orphans)
+
+
+def iter_shar_fields(cuts: Sequence[str], tars: Sequence[str], *, chunk_rows: int,
+                     orphans: Sequence[str] = ()) -> Iterator[pl.DataFrame]:
+    """Lhotse Shar by its fields (NeMo's ``shar_path: {cuts: [...], recording: [...]}``): the
+    cuts of the i-th cuts file are members of the i-th recording tar (``orphans``: tars without
+    cuts, every audio member an ``unlisted_member``)."""
+    tars = list(tars)
+    store = _Tars(tars + list(orphans))
     for si, cut_file in enumerate(cuts):
-        for frame in iter_lhotse(cut_file, audio_root=None, chunk_rows=chunk_rows, source_types=("file", "shar")):
+        for frame in iter_lhotse(Path(cut_file), audio_root=None, chunk_rows=chunk_rows, source_types=("file", "shar")):
             df = _with_shard_paths(frame.with_columns(pl.lit(si, pl.Int64).alias("__shard")), tars)
             df = _shard_problems(df, tars)
             members = store.members([si]) if os.path.isfile(tars[si]) else store.members([])

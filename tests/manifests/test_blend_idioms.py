@@ -224,6 +224,61 @@ def test_exploding_includes_are_refused(tmp_path: Path) -> None:
     assert len(blend.leaves) == 2 ** 11 and len({leaf.corpus for leaf in blend.leaves}) == 2 ** 11
 
 
+def write_shar(root: Path, name: str, n: int, seed: int) -> Path:
+    """A Lhotse Shar folder of ``n`` real cuts in shards of 2."""
+    lhotse = pytest.importorskip("lhotse")
+    cuts = []
+    for i in range(n):
+        clip = write_tone(root / f"{name}_src" / f"{i}.flac", 0.5 + 0.05 * i, seed=seed + i)
+        rec = lhotse.Recording.from_file(clip, recording_id=f"{name}-rec{i}")
+        sup = lhotse.SupervisionSegment(id=f"{name}-{i}", recording_id=rec.id, start=0, duration=rec.duration,
+                                        text=" ".join(WORDS[seed + i:seed + i + 2]), language="en")
+        cuts.append(lhotse.MonoCut(id=f"{name}-{i}", start=0, duration=rec.duration, channel=0, recording=rec,
+                                   supervisions=[sup], custom={"source_lang": "en", "target_lang": "en"}))
+    (root / name).mkdir()
+    lhotse.CutSet.from_cuts(cuts).to_shar(root / name, fields={"recording": "flac"}, shard_size=2)
+    return root / name
+
+
+SHAR_BLEND = """\
+- type: lhotse_shar
+  weight: 2
+  tags: {leaf: fields}
+  shar_path:
+    cuts: s1/cuts.{000000..000001}.jsonl.gz
+    recording: [s1/recording.000000.tar, s1/recording.000001.tar]
+- {type: lhotse_shar, weight: 1, shar_path: [[s2, 3.0], [s3, 1.0]], tags: {leaf: pairs}}
+- {type: lhotse_shar, weight: 1, shar_path: [s2, s3], tags: {leaf: list}}
+"""
+
+
+def build_shar_blend(root: Path) -> Path:
+    """Lhotse Shar given three NeMo ways: fields with a brace pattern, [[folder, weight]], a list."""
+    write_shar(root, "s1", 4, 0), write_shar(root, "s2", 3, 10), write_shar(root, "s3", 2, 20)
+    (root / "shar.yaml").write_text(SHAR_BLEND, encoding="utf-8")
+    return root / "shar.yaml"
+
+
+def test_shar_path_as_fields_pairs_and_list(tmp_path: Path) -> None:
+    blend = build_shar_blend(tmp_path)
+    train_model([" ".join(WORDS)] * 4, tmp_path / "spm.model", vocab_size=80, threads=1)
+    res = runner.invoke(app, ["compile", str(blend), "--tokenizer", str(tmp_path / "spm.model"), "-o",
+                              str(tmp_path / "m.parquet")])
+    assert res.exit_code == 0, res.output
+    df = read_manifest(tmp_path / "m.parquet")
+    both = f"{tmp_path.name}/s2"  # the list's corpus: named by its first folder, qualified by its parent
+    assert dict(df.group_by("corpus").len().iter_rows()) == {"s1": 4, "s2": 3, "s3": 2, both: 5}
+    assert pl.read_parquet(tmp_path / "m.rejects.parquet").height == 0
+    assert set(df.filter(pl.col("corpus") == both)["id"]) == {f"{both}:s2-{i}" for i in range(3)} | {
+        f"{both}:s3-{i}" for i in range(2)}
+    tree = read_metadata(tmp_path / "m.parquet")["provenance"]["blend"]["tree"]
+    assert tree["children"][1]["children"] == [{"weight": 3.0, "corpus": "s2"}, {"weight": 1.0, "corpus": "s3"}]
+    (tmp_path / "bad.yaml").write_text("- {type: lhotse_shar, shar_path: {cuts: s1/cuts.000000.jsonl.gz, "
+                                       "recording: [s1/recording.000000.tar, s1/recording.000001.tar]}}\n")
+    with pytest.raises(ManifestError, match=r"bad.yaml: input_cfg\[0\].shar_path.recording: 2 tars for 1 cuts files"):
+        read_blend(tmp_path / "bad.yaml")
+
+
 def test_bucketing_yaml_batch_duration(tmp_path: Path) -> None:
     opts = {"model": {"train_ds": {"use_bucketing": True, "bucket_duration_bins": [2.0, 5.0], "batch_duration": 60,
                                    "quadratic_duration": 30, "max_duration": 20, "max_tps": 12, "num_workers": 2}}}

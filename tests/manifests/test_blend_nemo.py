@@ -19,7 +19,7 @@ from dataprep.tokenize import train_model
 from manifests.manifest_read import read_manifest
 from manifests.records import custom_for_row
 from manifests.readers import read_blend
-from tests.manifests.test_blend_idioms import ENV, build_blend
+from tests.manifests.test_blend_idioms import ENV, build_blend, build_shar_blend
 
 pytestmark = pytest.mark.nemo
 pytest.importorskip("nemo.collections.common.data.lhotse", reason="nemo_toolkit is not installed (make test-nemo)")
@@ -112,3 +112,51 @@ def test_same_shares_as_nemo(both: tuple[Path, list[Any], pl.DataFrame]) -> None
         assert ours[key] == pytest.approx(p, rel=1e-12), key
     assert json.dumps(sorted(ours.values()))  # four leaves, each its own share
     assert len(ours) == 4
+
+
+def test_shar_forms_same_rows_and_shares_as_nemo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lhotse.shar import LazySharIterator
+    from nemo.collections.common.data.lhotse.cutset import read_cutset_from_config
+    from omegaconf import OmegaConf
+
+    blend = build_shar_blend(tmp_path)
+    train_model([" ".join(WORDS)] * 4, tmp_path / "spm.model", vocab_size=80, threads=1)
+    monkeypatch.chdir(tmp_path)
+    cfg = OmegaConf.create({"input_cfg": str(blend), "metadata_only": True, "force_finite": True, "shard_seed": 0})
+    cuts, _ = read_cutset_from_config(cfg)
+    theirs = Counter((c.id, c.supervisions[0].text, c.custom["leaf"]) for c in cuts)
+    res = CliRunner().invoke(app, ["compile", str(blend), "--tokenizer", str(tmp_path / "spm.model"), "-o",
+                                   str(tmp_path / "m.parquet")])
+    assert res.exit_code == 0, res.output
+    ours = Counter((row["id"].rpartition(":")[2], row["text"], json.loads(row["extra"])["leaf"])
+                   for row in read_manifest(tmp_path / "m.parquet").iter_rows(named=True))
+    assert ours == theirs and sum(ours.values()) == 14
+
+    shares: dict[str, float] = {}
+
+    def walk(node: Any, p: float) -> None:
+        from lhotse import CutSet
+        from lhotse.lazy import LazyIteratorMultiplexer
+
+        node = node.data if isinstance(node, CutSet) else node
+        if isinstance(node, LazyIteratorMultiplexer):
+            for it, w in zip(node.iterators, node.weights):
+                walk(it, p * float(w) / float(sum(node.weights)))
+        elif isinstance(node, LazySharIterator):
+            folder = Path(str(node.streams["cuts"][0])).parent.name
+            shares[folder] = shares.get(folder, 0.0) + p
+        else:
+            walk(node.iterator, p)
+
+    walk(cuts, 1.0)
+    blend_ = read_blend(blend)
+    probs = blend_probabilities(blend_.tree())
+    ours_p: dict[str, float] = {}
+    for leaf in blend_.leaves:  # the list leaf (NeMo: muxed by size) splits by its folders' cuts
+        sizes = {"s1": 1} if leaf.tars else {Path(p).name: sum(1 for _ in LazySharIterator(in_dir=p))
+                                             for p in leaf.paths}
+        for folder, n in sizes.items():
+            ours_p[folder] = ours_p.get(folder, 0.0) + probs[leaf.corpus] * n / sum(sizes.values())
+    assert ours_p.keys() == shares.keys()
+    for k, p in shares.items():
+        assert ours_p[k] == pytest.approx(p, rel=1e-12), k
