@@ -3,20 +3,14 @@
 NeMo (Lhotse dataloader) keeps buckets in its ``train_ds`` options, the YAML that
 ``estimate_duration_bins(_2d).py``, NeMo's OOMptimizer and our ``export nemo`` print::
 
-    bucket_duration_bins: [[3.9, 30], [3.9, 52], [7.1, 61], ...]   # 2D: [max s, max tokens]
-    bucket_duration_bins: [3.9, 7.1, 12.0]                          # or 1D: max s
-    bucket_batch_size: [352, 301, 210, ...]                         # optional, one per bin
-    batch_duration: 600                                             # or: seconds of audio per batch
-    max_tps: 18.5                                                   # optional
+    bucket_duration_bins: [[3.9, 30], [3.9, 52], ...]   # 2D [max s, max tokens], or 1D [3.9, 7.1]
+    bucket_batch_size: [352, 301, ...]                    # or batch_duration: 600 (s per batch)
 
-The keys sit at the top of the file or under ``train_ds`` / ``model.train_ds``; the file is read
-as NeMo reads it (:mod:`manifests.nemo_yaml`). Bins are inclusive upper bounds in bucket order; a
-token bound of 2**31 - 1 or more reads as unbounded. Without ``bucket_batch_size``,
-``batch_duration`` sizes each bucket's batch as a full batch of its longest clips fits it
-(``floor(batch_duration / d)``, ``d + d**2 / quadratic_duration`` with that key). ``max_tps``,
-the origin and the keys not used (:func:`not_used`) are kept in the ``fit`` record.
-:func:`nemo_to_buckets_json` gives a ``buckets.json`` object, validated by
-:func:`manifests.buckets_file.read_buckets` (not imported here).
+Read at the top level or under ``train_ds`` / ``model.train_ds``, as NeMo reads YAML
+(:mod:`manifests.nemo_yaml`). Bins are inclusive upper bounds in bucket order; a token bound of
+2**31 - 1 or more is unbounded. ``batch_duration`` sizes a bucket's batch as its longest clips
+fit (``d``, or ``d + d**2 / quadratic_duration``). ``max_tps``, the origin and the keys not used
+(:func:`not_used`) go in the ``fit`` record of :func:`nemo_to_buckets_json`'s ``buckets.json``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """NeMo ``input_cfg`` blends: many corpora, nested groups, weights, tags, temperatures.
 
-A blend file is NeMo's ``input_cfg`` YAML (read as NeMo reads it: :mod:`manifests.nemo_yaml`): a
-list of datasets (or a mapping holding ``input_cfg``), each ``type`` one of ``nemo``,
-``nemo_tarred``, ``lhotse``, ``lhotse_shar`` or ``group`` (its ``input_cfg`` a list or another
-YAML file); relative paths resolve against the file's folder (docs/many-corpora.md). NeMo's
-semantics (``nemo/collections/common/data/lhotse/cutset.py``): every item of a list has a weight
-or none has; a level's weights ``w`` become ``w^T / sum(w^T)`` with its temperature ``T``; a
-leaf's probability is the product down its path; ``text_field`` / ``lang_field`` pass down to the
-items that do not set their own. Tags overwrite the row's fields and an outer group's tag wins
-(NeMo sets them on the cut leaf first, then group by group outwards): ``source_lang``,
-``target_lang`` and ``taskname`` are columns, the rest (``pnc``, ``lang``, ``task``...) go into
-``extra`` (a cut's ``custom``). ``corpus`` names the corpus (default: a stable name from its
-path); every dataset, a view of a manifest listed twice included, is its own corpus, and an id
-met in an earlier corpus is qualified ``corpus:id`` (:func:`iter_blend`).
+NeMo's ``input_cfg`` YAML (read as NeMo reads it: :mod:`manifests.nemo_yaml`), a list of datasets
+(or a mapping holding one), each ``type`` ``nemo``, ``nemo_tarred``, ``lhotse``, ``lhotse_shar``
+or ``group`` (its ``input_cfg`` a list or another file); relative paths against the naming file's
+folder (docs/many-corpora.md). As ``nemo/collections/common/data/lhotse/cutset.py``: a list is
+all weighted or none; a level's weights become ``w^T / sum(w^T)``; a leaf's probability is the
+product down its path; ``text_field`` / ``lang_field`` pass down groups. Tags overwrite the row's
+fields, an outer group's winning: ``source_lang``, ``target_lang``, ``taskname`` are columns, the
+rest go into ``extra`` (a cut's ``custom``). ``corpus`` names the corpus (default: from its path);
+every dataset, a second view of a manifest included, is its own corpus, and an id an earlier
+corpus has is qualified ``corpus:id`` (:func:`iter_blend`).
 """
 
 from __future__ import annotations
