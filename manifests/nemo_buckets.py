@@ -16,10 +16,9 @@ fit (``d``, or ``d + d**2 / quadratic_duration``). ``max_tps``, the origin and t
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-from collections.abc import Mapping, Sequence
 
 from manifests.atomic_files import atomic_path
 from manifests.errors import OptionError

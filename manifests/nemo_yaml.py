@@ -31,10 +31,10 @@ FLOAT_RE = re.compile(r"""^(?:
     |\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?
     |[-+]?[0-9]+(?:_[0-9]+)*(?::[0-5]?[0-9])+\.[0-9_]*
     |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X)
+    |\.(?:nan|NaN|NAN))$""", re.VERBOSE)
 _INT_RE = re.compile(r"[-+]?(?:\d+(?:_\d+)*)")
 _GRAMMAR_FLOAT = re.compile(r"[-+]?(?:\d+(?:_\d+)*\.\d*(?:_\d+)*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|"
-                            r"\d+(?:_\d+)*[eE][-+]?\d+|inf|nan)", re.I)
+                            r"\d+(?:_\d+)*[eE][-+]?\d+|inf|nan)", re.IGNORECASE)
 _RESOLVER = re.compile(r"\s*([A-Za-z_][\w.]*)\s*:")
 
 
@@ -260,7 +260,7 @@ class _Text:
         if len(a) >= 2 and a[0] == a[-1] and a[0] in "'\"":
             inner = re.sub(r"\\(.)", r"\1", a[1:-1])
             return self.join(self.parts(inner)) if "${" in inner else inner
-        if a.startswith("[") or a.startswith("{"):
+        if a.startswith(("[", "{")):
             raise self.fail("a list or mapping inside an interpolation is not read")
         low = a.lower()
         if low == "null":

@@ -393,7 +393,7 @@ def iter_blend(blend: Blend, read: Callable[[Leaf], Iterator[pl.DataFrame]]) -> 
             if earlier.size and df["id"].null_count() < df.height:
                 h = df["id"].hash(seed=0).to_numpy()
                 pos = np.minimum(np.searchsorted(earlier, h), earlier.size - 1)
-                hit = pl.Series((earlier[pos] == h)) & df["id"].is_not_null()
+                hit = pl.Series(earlier[pos] == h) & df["id"].is_not_null()
                 if hit.any():
                     df = df.with_columns(pl.when(hit).then(pl.lit(leaf.corpus + ":") + pl.col("id"))
                                          .otherwise(pl.col("id")).alias("id"))

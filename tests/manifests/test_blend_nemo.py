@@ -17,8 +17,8 @@ from dataprep.cli import app
 from dataprep.testing import WORDS
 from dataprep.tokenize import train_model
 from manifests.manifest_read import read_manifest
-from manifests.records import custom_for_row
 from manifests.readers import read_blend
+from manifests.records import custom_for_row
 from tests.manifests.test_blend_idioms import ENV, build_blend, build_shar_blend
 
 pytestmark = pytest.mark.nemo
@@ -31,7 +31,7 @@ SLOTS = {"source_lang": None, "target_lang": None, "decodercontext": "", "emotio
 
 def _slots(custom: dict[str, Any], language: str | None) -> tuple[Any, ...]:
     """Canary 2's user-turn slot values and the answer's language, as ``canary2`` reads a cut."""
-    return (*(custom[k] if k in custom else v for k, v in SLOTS.items()),
+    return (*(custom.get(k, v) for k, v in SLOTS.items()),
             language if language is not None else custom.get("target_lang"))
 
 
