@@ -29,7 +29,7 @@ from manifests.containers import expand_paths
 from manifests.errors import ManifestError
 from manifests.nemo_yaml import load_nemo_yaml
 from manifests.readers._jsonl import SORTED_OBJECT_SQL
-from manifests.validation import MAX_YAML_NODES, Validator, _show
+from manifests.validation import Validator, _show
 
 LEAF_TYPES = ("nemo", "nemo_tarred", "lhotse", "lhotse_shar")
 #: tags that set a manifest column (tag -> column); NeMo keeps each in ``cut.custom`` under the tag
@@ -38,8 +38,10 @@ BLEND_SUFFIXES = (".yaml", ".yml")
 #: keys of a dataset / group this reader uses
 ITEM_KEYS = {"type", "weight", "tags", "input_cfg", "reweight_temperature", "text_field", "lang_field",
              "manifest_filepath", "tarred_audio_filepaths", "cuts_path", "shar_path"}
-#: nested ``input_cfg`` files one blend may read (each counted where it is included)
+#: nested ``input_cfg`` files one blend may read, and datasets it may expand to (files included
+#: twice counted twice): real blends have tens; a file listing the next twice, 20 deep, is refused
 MAX_INCLUDES = 1000
+MAX_DATASETS = 10_000
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ class _Parser:
         self.names: dict[str, str] = {}
         self.loaded: dict[Path, Any] = {path: None}
         self.including: list[Path] = [path]
+        self.depths: dict[Path, int] = {}
+        self.numbered: dict[str, int] = {}  # the last k of each numbered name base#k
         self.items_read = 0
         self.unused: dict[str, list[str]] = {}
         self.renamed: list[str] = []
@@ -155,9 +159,11 @@ class _Parser:
             sub = item.get("input_cfg") if isinstance(item, dict) else None
             if isinstance(sub, str):
                 g, sub = self.include(f, sub, f"input_cfg[{i}].input_cfg")
-                self.including.append(g.path)
-                inner.append(self.depth(g, sub))
-                self.including.pop()
+                if g.path not in self.depths:  # each file walked once (a file included twice: no blow-up)
+                    self.including.append(g.path)
+                    self.depths[g.path] = self.depth(g, sub)
+                    self.including.pop()
+                inner.append(self.depths[g.path])
             elif isinstance(sub, list):
                 inner.append(self.depth(f, sub))
         return 1 + max(inner, default=0)
@@ -176,10 +182,9 @@ class _Parser:
         candidates = [base, *([f"{base}.{text_field}"] if text_field != "text" else []),
                       *([f"{parent}/{base}"] if parent else [])]
         corpus = next((c for c in candidates if c not in self.names), None)
-        k = 2
         while corpus is None:
+            self.numbered[base] = k = self.numbered.get(base, 1) + 1
             corpus = f"{base}#{k}" if f"{base}#{k}" not in self.names else None
-            k += 1
         if corpus != base:
             self.renamed.append(f"{name} -> {corpus} ({base!r} names {self.names[base]})")
         self.names[corpus] = name
@@ -274,8 +279,8 @@ class _Parser:
         if not items:
             raise v.fail(name, "empty; expected at least one dataset")
         self.items_read += len(items)
-        if self.items_read > MAX_YAML_NODES:
-            raise v.fail(name, f"the blend expands to more than {MAX_YAML_NODES:,} datasets; refused")
+        if self.items_read > MAX_DATASETS:
+            raise v.fail(name, f"the blend expands to more than {MAX_DATASETS:,} datasets; refused")
         here, below = (temps[0], temps[1:]) if isinstance(temps, list) else (temps, temps)
         children = []
         for i, item in enumerate(items):

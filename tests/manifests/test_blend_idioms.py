@@ -214,13 +214,20 @@ def test_nested_files_and_lists_errors(tmp_path: Path, files: dict[str, str], ms
     assert msg in str(exc.value) and "\n" not in str(exc.value)
 
 
-def test_exploding_includes_are_refused(tmp_path: Path) -> None:
-    for k in range(12):  # each file lists the next twice: 2**12 datasets
-        nxt = f"f{k + 1}.yaml" if k < 11 else None
+def _doubling_files(root: Path, levels: int) -> Path:
+    """``levels`` files, each listing the next twice: 2**(levels - 1) datasets from a few lines."""
+    for k in range(levels):
+        nxt = f"f{k + 1}.yaml" if k < levels - 1 else None
         text = f"- {{type: group, input_cfg: {nxt}}}\n" * 2 if nxt else "- {type: nemo, manifest_filepath: a.json}\n"
-        (tmp_path / f"f{k}.yaml").write_text(text, encoding="utf-8")
-    blend = read_blend(tmp_path / "f0.yaml")  # 4096 corpora: read, each named apart
-    assert len(blend.leaves) == 2 ** 11 and len({leaf.corpus for leaf in blend.leaves}) == 2 ** 11
+        (root / f"f{k}.yaml").write_text(text, encoding="utf-8")
+    return root / "f0.yaml"
+
+
+def test_includes_that_explode_are_refused(tmp_path: Path) -> None:
+    blend = read_blend(_doubling_files(tmp_path, 8))  # 128 corpora: read, each named apart
+    assert len(blend.leaves) == 128 and len({leaf.corpus for leaf in blend.leaves}) == 128
+    with pytest.raises(ManifestError, match=r"expands to more than 10,000 datasets; refused"):
+        read_blend(_doubling_files(tmp_path / "big", 16) if (tmp_path / "big").mkdir() is None else None)
 
 
 def write_shar(root: Path, name: str, n: int, seed: int) -> Path:
