@@ -55,7 +55,9 @@ def _loader() -> type:
                     keys.add(key_node.value)
             return super().construct_mapping(node, deep=deep)
 
-    NemoLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    NemoLoader.yaml_implicit_resolvers = {  # OmegaConf's: no timestamps (a date stays a string)
+        k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:timestamp"]
+        for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
     NemoLoader.add_implicit_resolver("tag:yaml.org,2002:float", FLOAT_RE, list("-+0123456789."))
     return NemoLoader
 
@@ -105,8 +107,6 @@ class _Resolver:
             out = [self.value((*path, i)) for i in range(len(node))]
         elif isinstance(node, str) and "${" in node:
             out = _Text(self, path, node).whole()
-        elif isinstance(node, str) and "\\${" in node:
-            out = node.replace("\\${", "${")
         else:
             out = node
         self.busy.discard(path)
@@ -129,8 +129,10 @@ class _Resolver:
         for part in re.findall(r"[^.\[\]]+|\[[^\]]*\]", key):
             path.append(int(part[1:-1]) if part.startswith("[") and part[1:-1].strip().isdigit()
                         else part.strip("[]").strip())
-        node = self.root
+        node, resolved = self.root, False
         for i, k in enumerate(path):
+            if not resolved and isinstance(node, str) and "${" in node:  # through an interpolation, as OmegaConf
+                node, resolved = self.value(tuple(path[:i])), True
             if isinstance(node, list) and isinstance(k, str) and k.isdigit():
                 k = path[i] = int(k)
             ok = (isinstance(node, dict) and k in node) or (isinstance(node, list) and isinstance(k, int)
@@ -140,7 +142,7 @@ class _Resolver:
                     return default
                 raise self.fail(at, f"${{{key if not dots else '.' * dots + key}}}: no such key in the file")
             node = node[k]
-        return self.value(tuple(path))
+        return node if resolved else self.value(tuple(path))
 
 
 class _Text:
@@ -169,7 +171,9 @@ class _Text:
         parts: list[Any] = []
         i, lit = 0, ""
         while i < len(s):
-            if s.startswith("\\${", i):
+            if s.startswith("\\\\${", i):  # an escaped backslash before an interpolation
+                lit, i = lit + "\\", i + 2
+            elif s.startswith("\\${", i):
                 lit, i = lit + "${", i + 3
             elif s.startswith("${", i):
                 end = self.close(s, i + 2)
@@ -224,7 +228,7 @@ class _Text:
         if name == "oc.decode":
             if len(args) != 1 or not (args[0] is None or isinstance(args[0], str)):
                 raise self.fail("oc.decode takes one string")
-            return None if args[0] is None else self.element(args[0].strip())
+            return None if args[0] is None else self.element(args[0])
         if name == "oc.select":
             if not 1 <= len(args) <= 2 or not isinstance(args[0], str):
                 raise self.fail("oc.select takes a key and an optional default")

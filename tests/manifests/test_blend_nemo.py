@@ -160,3 +160,26 @@ def test_shar_forms_same_rows_and_shares_as_nemo(tmp_path: Path, monkeypatch: py
     assert ours_p.keys() == shares.keys()
     for k, p in shares.items():
         assert ours_p[k] == pytest.approx(p, rel=1e-12), k
+
+
+@pytest.mark.parametrize("text", [
+    "root: ${oc.env:DP_ROOT}\nm: ${root}/a.json\nn: ${oc.env:DP_UNSET,null}\nd: ${oc.env:DP_UNSET,'/x'}\n",
+    "e: ${oc.env:DP_UNSET,1.5}\nf: ${oc.env:DP_UNSET,true}\ng: '${oc.env:DP_ROOT}-${oc.env:DP_UNSET,7}'\n",
+    "w: ${oc.decode:'2.5'}\nv: ${oc.decode:${oc.env:DP_NUM}}\nsub:\n  a: ${..w}\n  b: ${.a}\n  c: x${.a}y\n",
+    "lit: '\\${root}'\nnums: [6e-1, 1e3, 1_000, 0x10, .5, +2, 1.5e-3, 12:30]\nl: [1, '${nums[0]}']\nt: ${l}\n",
+    "day: 2001-12-14\nyes_: yes\nsp: ${oc.decode:' 7 '}\nq: '${oc.env:DP_UNSET, \"a b\"}'\nr: ${oc.env:DP_UNSET, x y }\n",
+    "a: ${oc.select:missing,3}\nb: ${oc.select:a,4}\nc: '${oc.env:DP_UNSET,\"q,r\"}'\nd: ${oc.decode:null}\n",
+    "a: {x: 1}\nb: ${a}\nc: ${a.x}\nd: ${b.x}\ne: 'str ${a.x} and ${c}'\nf: [${c}, ${a.x}]\n".replace("[${c}, ${a.x}]",
+                                                                                                  "['${c}', '${a.x}']"),
+])
+def test_yaml_as_omegaconf_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    from omegaconf import OmegaConf
+
+    from manifests.nemo_yaml import load_nemo_yaml
+
+    monkeypatch.setenv("DP_ROOT", "/data")
+    monkeypatch.setenv("DP_NUM", "42")
+    monkeypatch.delenv("DP_UNSET", raising=False)
+    (tmp_path / "c.yaml").write_text(text, encoding="utf-8")
+    assert load_nemo_yaml(tmp_path / "c.yaml") == OmegaConf.to_container(OmegaConf.load(tmp_path / "c.yaml"),
+                                                                          resolve=True)
