@@ -369,13 +369,15 @@ def tag_rows(frame: pl.DataFrame, leaf: Leaf) -> pl.DataFrame:
     others = {k: val for k, val in leaf.tags.items() if k not in COLUMN_TAGS}
     if not others:
         return df
-    tags_json = json.dumps(others, sort_keys=True, ensure_ascii=False)
+    def lit(obj: dict[str, Any]) -> str:
+        return "'" + json.dumps(obj, sort_keys=True, ensure_ascii=False).replace("'", "''") + "'"
+
+    # each tag replaces the field whole (NeMo's setattr): the fields removed, then the tags set
+    rest = f"json_merge_patch(json_merge_patch(coalesce(extra, '{{}}'), {lit(dict.fromkeys(others))}), {lit(others)})"
     con = duckdb.connect()
     try:
         con.register("f", df.select(pl.int_range(pl.len(), dtype=pl.Int64).alias("i"), "extra"))
-        lit = "'" + tags_json.replace("'", "''") + "'"
-        merged = con.sql("SELECT " + SORTED_OBJECT_SQL.format(rest=f"json_merge_patch(coalesce(extra, '{{}}'), {lit})")
-                         + " AS extra FROM f ORDER BY i").pl()["extra"]
+        merged = con.sql("SELECT " + SORTED_OBJECT_SQL.format(rest=rest) + " AS extra FROM f ORDER BY i").pl()["extra"]
     finally:
         con.close()
     return df.with_columns(merged.alias("extra"))

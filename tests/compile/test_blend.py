@@ -128,11 +128,13 @@ def test_lang_field_and_tags_overwrite_rows(tmp_path: Path) -> None:
     from manifests.readers._blend import tag_rows
 
     src = write_nemo_manifest(tmp_path / "x.json", [
-        {"audio_filepath": "a.wav", "duration": 1.0, "text": "t", "language": "de", "pnc": "no"},
+        {"audio_filepath": "a.wav", "duration": 1.0, "text": "t", "language": "de", "pnc": "no", "z": {"k": 2}},
         {"audio_filepath": "b.wav", "duration": 1.0, "text": "t", "lang": "it"},
     ])
-    leaf = Leaf("x", "nemo", (str(src),), lang_field="language", tags={"pnc": "yes", "taskname": "ast", "z": [1]})
+    leaf = Leaf("x", "nemo", (str(src),), lang_field="language",
+                tags={"pnc": "yes", "taskname": "ast", "z": {"m": 1}})
     df = pl.concat([tag_rows(f, leaf) for f in iter_leaf(leaf)])
     assert df["lang"].to_list() == ["de", "it"] and df["task"].to_list() == ["ast", "ast"]
-    assert [json.loads(e) for e in df["extra"]] == [{"language": "de", "pnc": "yes", "z": [1]}, {"pnc": "yes", "z": [1]}]  # the tag wins, as NeMo's
+    assert [json.loads(e) for e in df["extra"]] == [  # each tag replaces the field whole, as NeMo's setattr
+        {"language": "de", "pnc": "yes", "z": {"m": 1}}, {"pnc": "yes", "z": {"m": 1}}]
     assert df["corpus"].to_list() == ["x", "x"]
