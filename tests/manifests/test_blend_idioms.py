@@ -133,11 +133,14 @@ def test_unused_keys_and_renamed_corpora_are_one_warning_line_each(compiled: tup
 
 def test_weighted_plan_of_two_views(compiled: tuple[Path, Path, str], tmp_path: Path) -> None:
     out = compiled[1]
-    (tmp_path / "b.json").write_text(json.dumps({"version": 1, "buckets": [
-        {"index": 0, "max_duration": 2.0, "batch_size": 4}]}), encoding="utf-8")
-    res = runner.invoke(app, ["plan-batches", str(out), "--buckets", str(tmp_path / "b.json"), "--world-size", "1",
+    (tmp_path / "b.yaml").write_text("train_ds:\n  use_bucketing: true\n  bucket_duration_bins: [2.0]\n"
+                                     "  batch_duration: 8\n  max_duration: 20\n  max_tps: 12\n", encoding="utf-8")
+    res = runner.invoke(app, ["plan-batches", str(out), "--buckets", str(tmp_path / "b.yaml"), "--world-size", "1",
                               "--epoch-utterances", "40", "-o", str(tmp_path / "plan")])
     assert res.exit_code == 0, res.output
+    warned = [ln for ln in res.output.splitlines() if "not used by dataprep" in ln]
+    assert len(warned) == 1 and warned[0].endswith(": max_duration, max_tps"), res.output
+    assert json.loads((tmp_path / "plan" / "plan.json").read_text())["buckets"][0]["batch_size"] == 4  # 8 s / 2 s
 
 
 def test_true_duplicate_is_named(tmp_path: Path) -> None:
