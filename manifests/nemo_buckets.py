@@ -3,31 +3,37 @@
 NeMo (Lhotse dataloader) keeps buckets in its ``train_ds`` options, the YAML that
 ``estimate_duration_bins(_2d).py``, NeMo's OOMptimizer and our ``export nemo`` print::
 
-    bucket_duration_bins: [[3.9, 30], [3.9, 52], [7.1, 61], ...]   # 2D: [max s, max tokens]
-    bucket_duration_bins: [3.9, 7.1, 12.0]                          # or 1D: max s
-    bucket_batch_size: [352, 301, 210, ...]                         # optional, one per bin
-    max_tps: 18.5                                                   # optional
+    bucket_duration_bins: [[3.9, 30], [3.9, 52], ...]   # 2D [max s, max tokens], or 1D [3.9, 7.1]
+    bucket_batch_size: [352, 301, ...]                    # or batch_duration: 600 (s per batch)
 
-The keys sit at the top of the file or under ``train_ds`` / ``model.train_ds``. Bins are
-inclusive upper bounds in bucket order; a token bound of 2**31 - 1 or more reads as unbounded.
-``max_tps`` and the origin are kept in the ``fit`` record. :func:`nemo_to_buckets_json` gives a
-``buckets.json`` object, validated by :func:`manifests.buckets_file.read_buckets` (not imported here).
+Read at the top level or under ``train_ds`` / ``model.train_ds``, as NeMo reads YAML
+(:mod:`manifests.nemo_yaml`). Bins are inclusive upper bounds in bucket order; a token bound of
+2**31 - 1 or more is unbounded. ``batch_duration`` sizes a bucket's batch as its longest clips
+fit (``d``, or ``d + d**2 / quadratic_duration``). ``max_tps``, the origin and the keys not used
+(:func:`not_used`) go in the ``fit`` record of :func:`nemo_to_buckets_json`'s ``buckets.json``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from collections.abc import Mapping, Sequence
-
 from manifests.atomic_files import atomic_path
 from manifests.errors import OptionError
-from manifests.validation import Validator, load_yaml_file
+from manifests.nemo_yaml import load_nemo_yaml
+from manifests.validation import Validator
 
 #: a token bound at or above this reads as unbounded (what a bucket without max_tokens exports as)
 UNBOUNDED_TOKENS = (1 << 31) - 1
+#: keys of the options this reader uses; the others of a train_ds (num_workers...) are named by :func:`not_used`
+USED_KEYS = {"bucket_duration_bins", "bucket_batch_size", "num_buckets", "batch_duration", "quadratic_duration"}
+#: NeMo batching options a buckets file does not carry (a plan's batches come from the buckets)
+BATCHING_KEYS = ("use_bucketing", "batch_size", "max_duration", "max_tps", "min_duration", "min_tps", "max_tokens",
+                 "min_tokens", "bucket_buffer_size", "shuffle_buffer_size", "concurrent_bucketing",
+                 "bucketing_2d_strict_mode", "use_multimodal_sampling", "token_equivalent_duration",
+                 "bucket_duration_bins_estimate", "num_cuts_for_bins_estimate", "shuffle", "seed", "shard_seed")
 #: suffixes of a NeMo options file (anything else is read as buckets.json)
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -53,13 +59,31 @@ def buckets_format(path: str | os.PathLike[str], fmt: str | None = None) -> str:
 def _options(v: Validator, obj: Any) -> dict[str, Any]:
     """The mapping holding ``bucket_duration_bins`` (top level, ``train_ds``, ``model.train_ds``)."""
     obj = v.obj(obj, "(file)")
+    found = None
     for path in ((), ("train_ds",), ("model", "train_ds")):
         node: Any = obj
         for key in path:
             node = node.get(key) if isinstance(node, dict) else None
         if isinstance(node, dict) and "bucket_duration_bins" in node:
             return node
+        if isinstance(node, dict) and found is None and "batch_duration" in node:
+            found = node
+    if found is not None:  # NeMo estimates the bins at start-up from the data
+        n = found.get("num_buckets", 30)
+        raise v.fail("bucket_duration_bins", f"missing: NeMo estimates them from the data at start-up (num_buckets "
+                                             f"{n}); fit them here: dataprep fit-buckets MANIFEST --num-buckets {n} "
+                                             f"--max-duration-budget {found['batch_duration']} -o buckets.json")
     raise v.fail("bucket_duration_bins", "missing (looked at the top level, train_ds and model.train_ds)")
+
+
+def not_used(obj: Any) -> list[str]:
+    """The keys of NeMo bucketing options (:func:`_options`' mapping) a plan does not apply, NeMo's
+    batching options first (a plan's batches come from its buckets; ``max_tps`` is kept in the
+    ``fit`` record only; ``use_bucketing: true`` is what a plan does)."""
+    opts = _options(Validator("(options)"), obj)
+    named = [k for k in BATCHING_KEYS if k in opts and not (k == "use_bucketing" and opts[k] is True)]
+    return named + sorted(
+        str(k) for k in opts if k not in USED_KEYS and k not in BATCHING_KEYS and not isinstance(opts[k], dict))
 
 
 def nemo_to_buckets_json(obj: Any, where: str = "bucketing.yaml") -> dict[str, Any]:
@@ -95,6 +119,19 @@ def nemo_to_buckets_json(obj: Any, where: str = "bucketing.yaml") -> dict[str, A
         for i, (bucket, size) in enumerate(zip(buckets, raw)):
             bucket["batch_size"] = v.int_(size, f"bucket_batch_size[{i}]", lo=1)
         source = {"rule": "nemo bucket_batch_size", "file": Path(where).name}
+    elif opts.get("batch_duration") is not None:
+        budget = v.number(opts["batch_duration"], "batch_duration", positive=True)
+        q = None if opts.get("quadratic_duration") is None else v.number(opts["quadratic_duration"],
+                                                                         "quadratic_duration", positive=True)
+        for bucket in buckets:
+            d = bucket["max_duration"]
+            size = int(budget // (d + (d * d / q if q else 0.0)))
+            if size < 1:
+                raise v.fail("batch_duration", f"{budget:g} s holds no clip of bucket {bucket['index']} "
+                                               f"(up to {d:g} s{', quadratic' if q else ''})")
+            bucket["batch_size"] = size
+        source = {"rule": "nemo batch_duration", "file": Path(where).name, "batch_duration": budget,
+                  **({"quadratic_duration": q} if q else {})}
     if opts.get("num_buckets") is not None and v.int_(opts["num_buckets"], "num_buckets") != len(buckets):
         raise v.fail("num_buckets", f"is {opts['num_buckets']} but bucket_duration_bins has {len(buckets)} bins")
     fit: dict[str, Any] = {"source": "nemo bucket_duration_bins", "file": Path(where).name}
@@ -103,12 +140,24 @@ def nemo_to_buckets_json(obj: Any, where: str = "bucketing.yaml") -> dict[str, A
         fit["max_tps"] = [v.number(x, f"max_tps[{i}]", positive=True) for i, x in enumerate(max_tps)]
     elif max_tps is not None:
         fit["max_tps"] = v.number(max_tps, "max_tps", positive=True)
+    unused = not_used(obj)
+    if unused:
+        fit["not_used"] = unused
     return {"version": 1, "buckets": buckets, "batch_size_source": source, "fit": fit}
 
 
 def read_nemo_options(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A NeMo bucketing YAML file as a ``buckets.json`` object (validate it with ``parse_buckets``)."""
-    return nemo_to_buckets_json(load_yaml_file(path), str(path))
+    return nemo_to_buckets_json(load_nemo_yaml(path), str(path))
+
+
+def nemo_options_warnings(path: str | os.PathLike[str]) -> list[str]:
+    """One line naming the keys of a NeMo bucketing YAML a plan does not use (none for buckets.json)."""
+    if not is_nemo_buckets_path(path):
+        return []
+    unused = read_nemo_options(path)["fit"].get("not_used", [])
+    return [f"{path}: not used by dataprep (NeMo loader options; a plan's batches come from the buckets): "
+            + ", ".join(unused)] if unused else []
 
 
 def nemo_bucket_options(buckets: Sequence[Mapping[str, Any]], max_tps: float | None = None) -> dict[str, Any]:

@@ -130,17 +130,20 @@ def load_json_file(path: str | os.PathLike[str], missing: str = "no such file") 
 MAX_YAML_NODES = 100_000
 
 
-def load_yaml_file(path: str | os.PathLike[str], missing: str = "no such file") -> Any:
+def load_yaml_file(path: str | os.PathLike[str], missing: str = "no such file", loader: Any = None) -> Any:
     """Decode a YAML file with the safe loader (plain data only: no tags that build objects,
     ``NaN`` / ``.inf`` refused by the :class:`Validator` checks that follow); one-line errors.
     Aliases are allowed where the file expands to at most :data:`MAX_YAML_NODES` nodes; an alias
-    inside the node it names (a cycle) is refused."""
+    inside the node it names (a cycle) is refused. ``loader``: a ``yaml.SafeLoader`` subclass
+    (:mod:`manifests.nemo_yaml`'s reads OmegaConf's numbers)."""
     import yaml
 
     p = Path(path)
     raw = _read_bytes(p, missing, "YAML")
+    if loader is not None and not issubclass(loader, yaml.SafeLoader):
+        raise TypeError("loader must be a yaml.SafeLoader subclass")
     try:
-        loader = yaml.SafeLoader(raw.decode("utf-8"))
+        loader = (loader or yaml.SafeLoader)(raw.decode("utf-8"))
         try:
             node = loader.get_single_node()
             if node is None:

@@ -85,6 +85,7 @@ def compile_cmd(
     from dataprep.compile import CompileOptions, compile
     from manifests.manifest_write import default_rejects_path
     from manifests.outputs import refuse_same_paths
+    from manifests.readers import is_blend_path, read_blend
 
     check_range("--prompt-tokens", prompt_tokens, ge=0)
     check_range("--mismatch-tolerance", mismatch_tolerance, ge=0)
@@ -103,6 +104,10 @@ def compile_cmd(
                                                                  for t in tokenizer},
                        **{f"--tarred-audio {t}": t for t in tarred_audio or ()}},
                       {"-o": output, "--rejects": None if part_index is not None else rejects_path})
+    for src in sources:  # a blend's keys it does not use, corpora it renamed: one line each
+        if is_blend_path(src) and Path(src).is_file():
+            for w in read_blend(src).warnings:
+                out.print(f"warning: {w}", markup=False)
     pooled = executor == "local" and part_index is None and (workers != 1 or num_parts is not None) \
         and "SLURM_ARRAY_TASK_ID" not in os.environ  # only picks the progress bars shown
     with contextlib.ExitStack() as bars:

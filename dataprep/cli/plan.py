@@ -14,6 +14,7 @@ from bucketing.dynres import LONGEST
 from dataprep.cli.app import app, build_options, parse_memory_limit, check_range, defaults_of, option_flags, out, parse_world_sizes, user_errors
 from dataprep.cli.fmt import Table, pct, plural
 from dataprep.cli.buckets import print_policy_comparison
+from manifests.nemo_buckets import nemo_options_warnings
 from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan
 from dataprep.planning import spills_to_disk
@@ -103,6 +104,8 @@ def plan_batches_cmd(
     check_needs("--weight-tolerance", weight_tolerance != _PLAN.weight_tolerance, "--weight-window",
                 weight_window is not None)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
+    for w in nemo_options_warnings(buckets):
+        out.print(f"warning: {w}", markup=False)
     label = "planning, spilled to disk" if _spills(manifest, options) else "planning"
     with progress_counter(f"{label} (shards written)", total=epochs * world_size) as advance, option_flags(PLAN_FLAGS):
         meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1),

@@ -38,6 +38,7 @@ from manifests.readers._containers import (
     iter_hf_parquet,
     iter_nemo_tarred,
     iter_shar,
+    iter_shar_fields,
     iter_webdataset,
 )
 from manifests.readers._tabular import iter_delimited, iter_parquet
@@ -255,8 +256,13 @@ def iter_leaf(leaf: Leaf, *, chunk_rows: int = 500_000) -> Iterator[pl.DataFrame
         yield from iter_nemo_tarred(expand_paths(list(leaf.paths)), expand_paths(list(leaf.tars)),
                                     text_field=leaf.text_field, chunk_rows=chunk_rows, corpus_field=False)
         return
+    if leaf.type == "lhotse_shar" and leaf.tars:  # shar_path: {cuts: [...], recording: [...]}
+        yield from (f for f in iter_shar_fields(expand_paths(list(leaf.paths)), expand_paths(list(leaf.tars)),
+                                                 chunk_rows=chunk_rows) if f.height)
+        return
     if leaf.type == "lhotse_shar":
-        yield from iter_source(leaf.paths[0], "shar", chunk_rows=chunk_rows, corpus_field=False)
+        for path in leaf.paths:
+            yield from iter_source(path, "shar", chunk_rows=chunk_rows, corpus_field=False)
         return
     fmt = "nemo" if leaf.type == "nemo" else "lhotse"
     for path in expand_paths(list(leaf.paths)):

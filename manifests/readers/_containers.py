@@ -253,7 +253,16 @@ def iter_shar(folder: Path | str, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
     # recording tars without their cuts file: every audio member of them ends as unlisted_member
     orphans = sorted(t for n in names if re.fullmatch(r"recording\..*\.tar", n)
                      and (t := storage.join(text, n)) not in tars)
-    store = _Tars(tars + orphans)
+    yield from iter_shar_fields(cuts, tars, chunk_rows=chunk_rows, orphans=orphans)
+
+
+def iter_shar_fields(cuts: Sequence[str], tars: Sequence[str], *, chunk_rows: int,
+                     orphans: Sequence[str] = ()) -> Iterator[pl.DataFrame]:
+    """Lhotse Shar by its fields (NeMo's ``shar_path: {cuts: [...], recording: [...]}``): the
+    cuts of the i-th cuts file are members of the i-th recording tar (``orphans``: tars without
+    cuts, every audio member an ``unlisted_member``); each a path or a store URL."""
+    tars = list(tars)
+    store = _Tars(tars + list(orphans))
     for si, cut_name in enumerate(cuts):
         cut_file = store_facts.fetch_local(cut_name)
         for frame in relabel(iter_lhotse(cut_file, audio_root=None, chunk_rows=chunk_rows,

@@ -196,7 +196,7 @@ def test_nemo_bucketing_yaml_field(corpus: Corpus, tmp_path: Path, text: str, fi
 
 @pytest.mark.parametrize("cfg,problem", [
     ("- {type: nemo, manifest_filepath: a.json, weight: .nan}\n", "must be finite"),
-    ("- {type: nemo, manifest_filepath: [[a.json, 2.0]]}\n", "write each as its own dataset"),
+    ("- {type: nemo, manifest_filepath: [[a.json, 2.0], [b.json]]}\n", "expected [path, weight]"),
     ("- {type: nemo, manifest_filepath: 'ais://b/a.json'}\n", "only s3://, gs:// and az:// URLs are read"),
     ("- {type: nemo, manifest_filepath: missing.json}\n", "no such file or directory"),
     ("input_cfg: 3\n", "input_cfg: expected a list"),
