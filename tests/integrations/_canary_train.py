@@ -4,7 +4,7 @@
 
 Prints one JSON line per training step (``{"step": i, "ids": [...]}``) from the batches the model
 received. ``MAX_STEPS`` -1 means NeMo's usual ``max_epochs: -1`` with no step limit: the run ends
-when the plan does (one line from :class:`dataprep.integrations.lhotse.PlanEnded`). Test helper
+when the plan does (``fit()`` returns; one line, :func:`dataprep.integrations.lhotse.plan_end_line`). Test helper
 of ``tests/integrations/test_nemo_packed.py`` (run in a subprocess: it exits like a trainer)."""
 
 from __future__ import annotations

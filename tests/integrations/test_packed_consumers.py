@@ -221,22 +221,33 @@ def test_audio_changed_since_compile_is_rejected_not_packed(rich: Rich, tmp_path
     assert len(by_source(back)) == df.height - rejects.height
 
 
-def test_a_loader_asked_past_the_plan_stops_with_one_line(rich: Rich) -> None:
+def test_a_loader_asked_past_the_plan_ends_the_run(rich: Rich, capsys: pytest.CaptureFixture[str]) -> None:
+    """The plan is one pass: ``len()`` stays the pass's; another ``iter()`` raises PlanEnded (a
+    StopIteration: Lightning's fit loop returns) and rank 0 prints one line; a loader restored
+    at the end yields nothing on its first pass (Lightning asks for it outside its loop)."""
     class Identity:
         def __getitem__(self, cuts: object) -> object:
             return cuts
 
+    n = len(list(open_shard(rich.plan, 0)))
     loader = PlanDataLoader(Identity(), PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2))
-    assert len(list(loader)) == len(list(open_shard(rich.plan, 0)))
-    assert len(loader) == 0  # what a trainer sees: it would run empty epochs
+    assert len(loader) == n and len(list(loader)) == n
+    assert len(loader) == n  # the pass's length, fixed through it
+    capsys.readouterr()
     with pytest.raises(PlanEnded) as info:
         iter(loader)  # raised by iter() itself, before any batch is asked for
-    line = str(info.value)
+    assert isinstance(info.value, StopIteration)
     num_steps = json.loads((rich.plan / "plan.json").read_text())["num_steps"]
-    assert "\n" not in line and f"set trainer.max_steps to {num_steps} " in line
-    # resumed at the end: the first epoch already stops
+    line = f"{rich.plan}: the plan's end: rank 0 trained every batch up to step {num_steps} (plan.json num_steps {num_steps}); stopping the run"
+    assert str(info.value) == line and capsys.readouterr().err == line + "\n"
     state = loader.state_dict()
+    assert (state["next_step"], state["pass_start"]) == (num_steps, 0)
     again = PlanDataLoader(Identity(), PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2))
     again.load_state_dict(state)
+    assert len(again) == n and list(again) == []
     with pytest.raises(PlanEnded):
         iter(again)
+    other = PlanDataLoader(Identity(), PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2))
+    other.load_state_dict(state)
+    capsys.readouterr()
+    assert list(other) == [] and capsys.readouterr().err == ""  # one line: rank 0's
