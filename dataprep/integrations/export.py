@@ -251,7 +251,8 @@ def _pack_hint(manifest: Path) -> str:
 def nemo_tar_shards(manifest: Path) -> tuple[dict[str, int], str] | None:
     """For a manifest held in NeMo-named tars: each tar's shard id and NeMo's brace pattern of
     them (``audio__OP_0..3_CL_.tar``); ``None`` for loose files. One line naming ``dataprep pack``
-    for rows NeMo cannot read as a tarred dataset."""
+    for rows NeMo cannot read as a tarred dataset (a mix of loose and tarred rows is
+    :func:`dataprep.integrations.export_blend.export_nemo_blend` 's)."""
     names = pq.ParquetFile(manifest).schema_arrow.names
     if "container" not in names:
         return None
@@ -260,13 +261,15 @@ def nemo_tar_shards(manifest: Path) -> tuple[dict[str, int], str] | None:
     n_held = pc.sum(held).as_py() or 0
     if n_held == 0:
         return None
-    if n_held < t.num_rows:
-        raise DataprepError(f"{manifest}: {t.num_rows - n_held} loose file(s) and {n_held} row(s) inside containers: "
-                            f"NeMo reads one kind per dataset; run: {_pack_hint(manifest)}")
-    if t.column("member_offset").null_count:
+    if t.column("member_offset").null_count > t.num_rows - n_held:
         raise DataprepError(f"{manifest}: rows held in Parquet files: NeMo reads tarred audio only; "
                             f"run: {_pack_hint(manifest)}")
-    tars = sorted(set(t.column("container").to_pylist()))
+    return tar_pattern(manifest, sorted(set(t.column("container").drop_null().to_pylist())))
+
+
+def tar_pattern(manifest: Path, tars: list[str]) -> tuple[dict[str, int], str]:
+    """Each of ``tars``' shard id and NeMo's brace pattern of them; one line naming ``dataprep
+    pack`` where NeMo cannot read them as one tarred dataset."""
     parts = [NEMO_TAR.match(x) for x in tars]
     bad = next((x for x, m in zip(tars, parts) if m is None), None)
     if bad is not None:
@@ -287,6 +290,14 @@ def nemo_tar_shards(manifest: Path) -> tuple[dict[str, int], str] | None:
     return ids, f"{head}_OP_{body}_CL_{tail}"
 
 
+def is_mixed(manifest: Path) -> bool:
+    """Whether ``manifest`` holds loose files and tar members both."""
+    if "container" not in pq.ParquetFile(manifest).schema_arrow.names:
+        return False
+    held = pq.read_table(manifest, columns=["container"]).column("container")
+    return 0 < held.null_count < len(held)
+
+
 def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.PathLike[str],
                 out_dir: str | os.PathLike[str], *, channel: int | None = None,
                 rejects: str | os.PathLike[str] | None = None) -> dict[str, Any]:
@@ -294,6 +305,12 @@ def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
     ``channel``: NeMo's ``channel_selector`` for multi-channel audio (default 0 when there is any)."""
     inputs = load_inputs(plan_or_buckets, manifest)
     require_audio(inputs.manifest_path, "export nemo")
+    from dataprep.integrations.export_blend import blend_tree, export_nemo_blend
+
+    tree = blend_tree(inputs.manifest_path)
+    if tree is not None or is_mixed(inputs.manifest_path):
+        check_covered(inputs, rejects)
+        return export_nemo_blend(inputs, out_dir, tree, channel)
     tarred = nemo_tar_shards(inputs.manifest_path)
     check_covered(inputs, rejects)
     if tarred is not None:
@@ -319,8 +336,17 @@ def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
                 multi = multi or (not writes_rate and _channels(row) > 1)
             stats.add(kept_bucket, _tokens(table)[keep], tps)
         cfg = bucketing_config(inputs.spec, stats, channel if channel is not None else (0 if multi else None))
-        (tmp / "bucketing.yaml").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        cfg["manifest_filepath"] = str(Path(out_dir).resolve() / "manifest.jsonl")
+        cfg["written"] = ["manifest.jsonl", "bucket-*.jsonl"]
+        write_config(tmp, cfg)
     return cfg
+
+
+def write_config(folder: Path, cfg: dict[str, Any]) -> None:
+    """``bucketing.yaml`` (JSON syntax: YAML reads it) of ``cfg`` less ``written`` (what the
+    export wrote besides it, for the message)."""
+    text = json.dumps({k: v for k, v in cfg.items() if k != "written"}, indent=2, sort_keys=True)
+    (folder / "bucketing.yaml").write_text(text + "\n", encoding="utf-8")
 
 
 def _export_nemo_tarred(inputs: ExportInputs, out_dir: str | os.PathLike[str], tarred: tuple[dict[str, int], str],
@@ -352,8 +378,9 @@ def _export_nemo_tarred(inputs: ExportInputs, out_dir: str | os.PathLike[str], t
         body = tar_pattern[tar_pattern.index("_OP_"):tar_pattern.index("_CL_") + 4]
         cfg.update(is_tarred=True, shard_manifests=True, skip_missing_manifest_entries=True,
                    tarred_audio_filepaths=tar_pattern,
-                   manifest_filepath=str(Path(out_dir).resolve() / f"manifest_{body}.json"))
-        (tmp / "bucketing.yaml").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+                   manifest_filepath=str(Path(out_dir).resolve() / f"manifest_{body}.json"),
+                   written=[f"manifest_{body}.json"])
+        write_config(tmp, cfg)
     return cfg
 
 
