@@ -105,3 +105,22 @@ def test_nemo_reads_the_exported_input_cfg_into_the_same_rows_and_shares(exporte
     ours = blend_probabilities(_tree(root / "m.parquet"))
     assert leaves(cuts.data, 1.0, []) == pytest.approx(list(ours.values()), rel=1e-9)
     assert Counter(c.corpus for c in cuts) == Counter(src["corpus"].to_list())
+
+
+@pytest.mark.nemo
+def test_nemo_reads_the_loose_exports_bucketing_yaml_as_its_config(exported: tuple[Path, str], tmp_path: Path) -> None:
+    """The loose export's ``bucketing.yaml`` is a whole NeMo data config: NeMo's reader takes it
+    as ``train_ds`` (no ``IncompleteConfigError``: it names ``manifest_filepath``)."""
+    pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
+    from nemo.collections.common.data.lhotse.cutset import read_cutset_from_config
+    from nemo.collections.common.data.lhotse.dataloader import make_structured_with_schema_warnings
+    from omegaconf import OmegaConf
+
+    root, _ = exported
+    invoke("fit-buckets", str(root / "t.parquet"), "-o", str(tmp_path / "b.json"), "--num-buckets", "2",
+           "--max-duration-budget", "4")
+    invoke("export", "nemo", str(tmp_path / "b.json"), "-m", str(root / "t.parquet"), "-o", str(tmp_path / "n"))
+    config = make_structured_with_schema_warnings(OmegaConf.load(tmp_path / "n" / "bucketing.yaml"))
+    cuts, tarred = read_cutset_from_config(config)
+    src = read_manifest(root / "t.parquet")
+    assert not tarred and sorted(c.supervisions[0].text for c in cuts) == sorted(src["text"])
