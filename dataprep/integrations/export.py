@@ -6,7 +6,9 @@ syntax, to merge into ``train_ds``: ``bucket_duration_bins``, ``bucket_batch_siz
 ``max_tps`` ...), ``manifest.jsonl`` (:func:`manifests.records.nemo_line`) and
 ``bucket-NNN.jsonl``; a NeMo tarred dataset is exported as NeMo reads tarred audio
 (``manifest_<k>.json`` per tar), other containers are refused naming the ``dataprep pack`` to
-run. ``export_lhotse`` writes ``cuts.jsonl.gz`` (:func:`manifests.records.cut_dict`) and
+run; a blend, or loose and tarred rows mixed, as an ``input_cfg``
+(:mod:`dataprep.integrations.export_blend`). ``export_lhotse`` writes ``cuts.jsonl.gz``
+(:func:`manifests.records.cut_dict`), or for rows held in containers a Lhotse Shar set in ``shar/``, and
 ``bins.json`` (for :func:`lhotse_constraint` + ``DynamicBucketingSampler``). A manifest
 naming no audio, or audio not there, is refused first (:func:`require_audio`).
 ``max_tps`` is the largest TPS NeMo measures on an exported row. Rows in no bucket are a
@@ -48,12 +50,14 @@ from manifests.manifest_write import write_rejects
 from manifests.manifest_read import check_manifest_file
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PLAN_JSON, PlanMeta, read_plan_meta
-from manifests.records import nemo_line, openable_recording
+from manifests.records import nemo_line
 from manifests.optional import require
 
 #: manifest column -> NeMo JSONL key, written where not null
 #: rows per streamed manifest batch
 BATCH_ROWS = 65_536
+#: cuts per Shar shard of a Lhotse export of container rows
+SHAR_SHARD_CUTS = 1000
 #: files that mark a folder as an export (the only non-empty folders an export replaces)
 EXPORT_MARKERS = ("bucketing.yaml", "bins.json")
 
@@ -393,20 +397,24 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
     require_audio(inputs.manifest_path, "export lhotse")
     check_covered(inputs, rejects)
     stats = _Stats(len(inputs.spec.buckets))
+    shar = has_containers(inputs.manifest_path)
     with export_dir(out_dir) as tmp:
-        with open(tmp / "cuts.jsonl.gz", "wb") as raw, \
-                gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
-            for table, bucket in iter_manifest(inputs.manifest_path, inputs.bucket):
-                keep = bucket >= 0
-                kept_bucket = bucket[keep]
-                tps = 0.0
-                for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
-                    cut = cut_dict_for_row(row, channel, {"bucket": b})
-                    cut["recording"] = openable_recording(cut["recording"])
-                    gz.write((json.dumps(cut, sort_keys=True, ensure_ascii=False) + "\n").encode())
-                    if row["num_tokens"] is not None:
-                        tps = max(tps, int(row["num_tokens"]) / cut["duration"])
-                stats.add(kept_bucket, _tokens(table)[keep], tps)
+        if shar:  # a folder of its own: Lhotse's from_shar takes every NAME.json beside it for a field
+            (tmp / "shar").mkdir()
+            _write_shar(inputs, tmp / "shar", channel, stats)
+        else:
+            with open(tmp / "cuts.jsonl.gz", "wb") as raw, \
+                    gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
+                for table, bucket in iter_manifest(inputs.manifest_path, inputs.bucket):
+                    keep = bucket >= 0
+                    kept_bucket = bucket[keep]
+                    tps = 0.0
+                    for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
+                        cut = cut_dict_for_row(row, channel, {"bucket": b})
+                        gz.write((json.dumps(cut, sort_keys=True, ensure_ascii=False) + "\n").encode())
+                        if row["num_tokens"] is not None:
+                            tps = max(tps, int(row["num_tokens"]) / cut["duration"])
+                    stats.add(kept_bucket, _tokens(table)[keep], tps)
         bins = {
             "duration_bins": duration_bins(inputs.spec, stats.max_tokens),
             "bucket_batch_size": [int(b.batch_size) for b in inputs.spec.buckets],  # type: ignore[arg-type]
@@ -415,7 +423,36 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
             "token_field": "custom.num_tokens",
         }
         write_json(bins, tmp / "bins.json")
-    return bins
+    return {**bins, "written": ["shar/cuts.*.jsonl.gz", "shar/recording.*.tar"] if shar else ["cuts.jsonl.gz"]}
+
+
+def has_containers(manifest: Path) -> bool:
+    """Whether any row of ``manifest`` is held in a container (a tar member or a Parquet row)."""
+    if "container" not in pq.ParquetFile(manifest).schema_arrow.names:
+        return False
+    held = pq.read_table(manifest, columns=["container"]).column("container")
+    return held.null_count < len(held)
+
+
+def _write_shar(inputs: ExportInputs, folder: Path, channel: int | None, stats: _Stats) -> None:
+    """The covered rows as a Lhotse Shar set (``cuts.NNNNNN.jsonl.gz`` + ``recording.NNNNNN.tar``,
+    audio as FLAC through Lhotse's own ``SharWriter``): what Lhotse's ``CutSet.from_shar`` and our
+    ``compile`` both read, where a tar member has no plain Lhotse source."""
+    from lhotse.shar import SharWriter
+
+    from dataprep.integrations.cuts import cut_for_row
+
+    with SharWriter(str(folder), fields={"recording": "flac"}, shard_size=SHAR_SHARD_CUTS) as writer:
+        for table, bucket in iter_manifest(inputs.manifest_path, inputs.bucket):
+            keep = bucket >= 0
+            kept_bucket = bucket[keep]
+            tps = 0.0
+            for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
+                cut = cut_for_row(row, channel, {"bucket": b})
+                writer.write(cut)
+                if row["num_tokens"] is not None:
+                    tps = max(tps, int(row["num_tokens"]) / cut.duration)
+            stats.add(kept_bucket, _tokens(table)[keep], tps)
 
 
 def lhotse_constraint(duration_bins: list[Any], batch_sizes: list[int]) -> Any:
