@@ -24,6 +24,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dataprep.integrations.export_io import (
+    Stats,
+    bucketing_config,
+    export_dir,
+    iter_manifest,
+    nemo_duration,
+    pack_hint,
+    row_channels,
+    row_tokens,
+    tar_pattern,
+    write_config,
+)
 from manifests.errors import DataprepError
 from manifests.manifest_read import read_metadata
 from manifests.records import nemo_line
@@ -45,8 +57,6 @@ def _corpora(node: dict[str, Any]) -> list[str]:
 
 def _kinds(manifest: Path, tree: dict[str, Any] | None) -> tuple[pa.Array, dict[str, str], dict[str, list[str]]]:
     """Each row's corpus, each corpus's kind (``nemo`` / ``nemo_tarred``) and its tars."""
-    from dataprep.integrations.export import _pack_hint
-
     names = pq.ParquetFile(manifest).schema_arrow.names
     cols = [c for c in ("corpus", "container", "member_offset") if c in names]
     t = pq.read_table(manifest, columns=cols)
@@ -70,10 +80,10 @@ def _kinds(manifest: Path, tree: dict[str, Any] | None) -> tuple[pa.Array, dict[
     for r in per.iter_rows(named=True):
         if r["parquet"]:
             raise DataprepError(f"{manifest}: corpus {r['corpus']}: rows held in Parquet files: NeMo reads tarred "
-                                f"audio only; run: {_pack_hint(manifest)}")
+                                f"audio only; run: {pack_hint(manifest)}")
         if 0 < r["held"] < r["rows"]:
             raise DataprepError(f"{manifest}: corpus {r['corpus']}: {r['rows'] - r['held']} loose file(s) and "
-                                f"{r['held']} tar member(s); NeMo reads one kind per dataset; run: {_pack_hint(manifest)}")
+                                f"{r['held']} tar member(s); NeMo reads one kind per dataset; run: {pack_hint(manifest)}")
         kinds[r["corpus"]] = "nemo_tarred" if r["held"] else "nemo"
         tars[r["corpus"]] = list(r["tars"])
     return corpus, kinds, tars
@@ -103,18 +113,6 @@ def _temp(node: dict[str, Any]) -> float:
 def export_nemo_blend(inputs: Any, out_dir: str | os.PathLike[str], tree: dict[str, Any] | None,
                       channel: int | None) -> dict[str, Any]:
     """Write ``input_cfg.yaml``, ``bucketing.yaml`` and each corpus's manifests (module docstring)."""
-    from dataprep.integrations.export import (
-        _channels,
-        _Stats,
-        _tokens,
-        bucketing_config,
-        export_dir,
-        iter_manifest,
-        nemo_duration,
-        tar_pattern,
-        write_config,
-    )
-
     manifest, out = inputs.manifest_path, Path(out_dir).resolve()
     corpus, kinds, tars = _kinds(manifest, tree)
     order = list(kinds) if tree is None else _corpora(tree)
@@ -125,7 +123,7 @@ def export_nemo_blend(inputs: Any, out_dir: str | os.PathLike[str], tree: dict[s
     shards = {c: tar_pattern(manifest, tars[c]) for c in order if kinds.get(c) == "nemo_tarred"}
     if tree is None:
         tree = {"temperature": None, "children": [{"weight": None, "corpus": c} for c in order]}
-    stats = _Stats(len(inputs.spec.buckets))
+    stats = Stats(len(inputs.spec.buckets))
     multi, start = False, 0
     with export_dir(out_dir) as tmp, contextlib.ExitStack() as stack:
         files: dict[tuple[str, int], IO[str]] = {}
@@ -155,8 +153,8 @@ def export_nemo_blend(inputs: Any, out_dir: str | os.PathLike[str], tree: dict[s
                 files[key].write(json.dumps(rec, ensure_ascii=False) + "\n")
                 if row["num_tokens"] is not None:
                     tps = max(tps, int(row["num_tokens"]) / nemo_duration(row, writes_rate))
-                multi = multi or (not writes_rate and _channels(row) > 1)
-            stats.add(bucket[keep], _tokens(table)[keep], tps)
+                multi = multi or (not writes_rate and row_channels(row) > 1)
+            stats.add(bucket[keep], row_tokens(table)[keep], tps)
         leaves: dict[str, dict[str, Any]] = {}
         for c in order:
             if c in shards:
