@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from bucketing.allocate import allocate
 from bucketing.fit import grid_from_spec
 from dataprep.compile.audio_checks import require_audio
+from dataprep.integrations.cuts import cut_dict_for_row
 from dataprep.integrations.export_io import (
     Stats,
     bucketing_config,
@@ -45,17 +46,16 @@ from dataprep.integrations.export_io import (
     tar_pattern,
     write_config,
 )
-from dataprep.integrations.cuts import cut_dict_for_row
 from manifests.atomic_files import write_json
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.hash_cache import require_manifest_hash
-from manifests.manifest_write import write_rejects
 from manifests.manifest_read import check_manifest_file
+from manifests.manifest_write import write_rejects
+from manifests.optional import require
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PLAN_JSON, PlanMeta, read_plan_meta
 from manifests.records import nemo_line
-from manifests.optional import require
 
 #: cuts per Shar shard of a Lhotse export of container rows
 SHAR_SHARD_CUTS = 1000

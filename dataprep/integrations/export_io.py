@@ -25,6 +25,7 @@ from manifests.atomic_files import current_umask, sweep_stale_temps, temp_prefix
 from manifests.buckets_file import BucketSpec
 from manifests.errors import DataprepError
 
+
 #: manifest column -> NeMo JSONL key, written where not null
 def is_2d(spec: BucketSpec) -> bool:
     return any(b.max_tokens is not None for b in spec.buckets)

@@ -27,7 +27,7 @@ from dataprep.integrations.nemo import get_plan_dataloader
 class CutIdsAndAudio(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """A batch: the cuts' ids and their audio read (Lhotse's ``collate_audio``)."""
 
-    def __getitem__(self, cuts):  # noqa: ANN001, ANN204
+    def __getitem__(self, cuts):
         from lhotse.dataset.collation import collate_audio
 
         audio, lens = collate_audio(cuts)
@@ -40,15 +40,15 @@ class Tiny(pl.LightningModule):
         self.config, self.tag = config, tag
         self.lin = torch.nn.Linear(1, 1)
 
-    def train_dataloader(self):  # noqa: ANN201
+    def train_dataloader(self):
         return get_plan_dataloader(self.config, self.global_rank, self.trainer.world_size, CutIdsAndAudio())
 
-    def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+    def training_step(self, batch, batch_idx):
         print(json.dumps({**self.tag, "rank": self.global_rank, "step": self.trainer.global_step,
                           "ids": batch["ids"]}), flush=True)
         return self.lin(batch["lens"].float()[:, None] / 16000).sum()
 
-    def configure_optimizers(self):  # noqa: ANN201
+    def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 

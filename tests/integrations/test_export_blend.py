@@ -113,7 +113,9 @@ def test_nemo_reads_the_loose_exports_bucketing_yaml_as_its_config(exported: tup
     as ``train_ds`` (no ``IncompleteConfigError``: it names ``manifest_filepath``)."""
     pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
     from nemo.collections.common.data.lhotse.cutset import read_cutset_from_config
-    from nemo.collections.common.data.lhotse.dataloader import make_structured_with_schema_warnings
+    from nemo.collections.common.data.lhotse.dataloader import (
+        make_structured_with_schema_warnings,
+    )
     from omegaconf import OmegaConf
 
     root, _ = exported

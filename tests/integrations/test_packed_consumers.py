@@ -22,6 +22,7 @@ import pytest
 
 from dataprep.integrations.cuts import cut_for_row
 from dataprep.integrations.lhotse import PlanDataLoader, PlanEnded, PlanSampler
+from manifests.plan_cursor import PlanStateError
 from dataprep.integrations.pack import pack, rejects_path
 from manifests.audio import AudioReader
 from manifests.errors import DataprepError
@@ -259,6 +260,10 @@ def test_a_loader_asked_past_the_plan_ends_the_run(rich: Rich, capsys: pytest.Ca
     state = loader.state_dict()
     assert (state["next_step"], state["pass_start"]) == (num_steps, 0)
     again = PlanDataLoader(Identity(), PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2))
+    for bad in ("0", 1.0, -1, num_steps + 1):  # refused in one line, changing nothing
+        with pytest.raises(PlanStateError, match="pass_start"):
+            again.load_state_dict({**state, "pass_start": bad})
+        assert again.state_dict()["next_step"] == 0
     again.load_state_dict(state)
     assert len(again) == n and list(again) == []
     with pytest.raises(PlanEnded):
