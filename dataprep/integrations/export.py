@@ -4,7 +4,7 @@ Input: a plan directory (each utterance's bucket from epoch 0) or a ``buckets.js
 compiled manifest. ``export_nemo`` writes ``bucketing.yaml`` (JSON syntax, a whole
 ``train_ds``: bins, batch sizes, ``max_tps``, ``manifest_filepath``), ``manifest.jsonl``
 (:func:`manifests.records.nemo_line`) and ``bucket-NNN.jsonl``; NeMo-named tars as NeMo reads
-them (``manifest_<k>.json`` per tar); a blend, or loose and tarred rows mixed, as an
+them (``manifest_<k>.json`` per tar); a blend (loose and tarred corpora may mix) as an
 ``input_cfg`` (:mod:`dataprep.integrations.export_blend`); other containers are refused naming
 ``dataprep pack``. ``export_lhotse`` writes ``cuts.jsonl.gz``, or a Lhotse Shar set in ``shar/``
 for rows held in containers, and ``bins.json`` (:func:`lhotse_constraint`). ``max_tps`` is the
@@ -137,8 +137,8 @@ def check_covered(inputs: ExportInputs, rejects: str | os.PathLike[str] | None) 
 def nemo_tar_shards(manifest: Path) -> tuple[dict[str, int], str] | None:
     """For a manifest held in NeMo-named tars: each tar's shard id and NeMo's brace pattern of
     them (``audio__OP_0..3_CL_.tar``); ``None`` for loose files. One line naming ``dataprep pack``
-    for rows NeMo cannot read as a tarred dataset (a mix of loose and tarred rows is
-    :func:`dataprep.integrations.export_blend.export_nemo_blend` 's)."""
+    for rows NeMo cannot read as one tarred dataset (a blend's corpora may mix kinds:
+    :func:`dataprep.integrations.export_blend.export_nemo_blend`)."""
     names = pq.ParquetFile(manifest).schema_arrow.names
     if "container" not in names:
         return None
@@ -147,18 +147,14 @@ def nemo_tar_shards(manifest: Path) -> tuple[dict[str, int], str] | None:
     n_held = pc.sum(held).as_py() or 0
     if n_held == 0:
         return None
-    if t.column("member_offset").null_count > t.num_rows - n_held:
+    if n_held < t.num_rows:
+        raise DataprepError(f"{manifest}: {t.num_rows - n_held} loose file(s) and {n_held} row(s) inside containers: "
+                            f"NeMo reads one kind per dataset; compile them as a blend (input_cfg) or run: "
+                            f"{pack_hint(manifest)}")
+    if t.column("member_offset").null_count:
         raise DataprepError(f"{manifest}: rows held in Parquet files: NeMo reads tarred audio only; "
                             f"run: {pack_hint(manifest)}")
     return tar_pattern(manifest, sorted(set(t.column("container").drop_null().to_pylist())))
-
-
-def is_mixed(manifest: Path) -> bool:
-    """Whether ``manifest`` holds loose files and tar members both."""
-    if "container" not in pq.ParquetFile(manifest).schema_arrow.names:
-        return False
-    held = pq.read_table(manifest, columns=["container"]).column("container")
-    return 0 < held.null_count < len(held)
 
 
 def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.PathLike[str],
@@ -171,7 +167,7 @@ def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
     from dataprep.integrations.export_blend import blend_tree, export_nemo_blend
 
     tree = blend_tree(inputs.manifest_path)
-    if tree is not None or is_mixed(inputs.manifest_path):
+    if tree is not None:
         check_covered(inputs, rejects)
         return export_nemo_blend(inputs, out_dir, tree, channel)
     tarred = nemo_tar_shards(inputs.manifest_path)

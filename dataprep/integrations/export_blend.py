@@ -1,15 +1,14 @@
-"""``export nemo`` of a blend, or of loose files and tar members mixed: NeMo's ``input_cfg``.
+"""``export nemo`` of a blend (loose and tarred corpora may mix): NeMo's ``input_cfg``.
 
-A manifest compiled from an ``input_cfg`` (``corpus`` column, blend tree in its metadata), or
-one mixing loose files and NeMo-named tar members, exports as ``input_cfg.yaml``: the recorded
+A manifest compiled from an ``input_cfg`` (``corpus`` column, blend tree in its metadata)
+exports as ``input_cfg.yaml``: the recorded
 tree as NeMo reads it (one top ``group``; each list's ``reweight_temperature`` and each item's
 ``weight`` as recorded), a dataset per corpus with ``tags: {corpus: NAME}`` and its rows in
 ``corpus-NNN/`` (``manifest.jsonl`` for loose files, ``manifest_<k>.json`` per tar for tar
 members, ``type: nemo_tarred``). The tags that filled fields at compile are in the rows' own
 fields. ``bucketing.yaml`` names ``input_cfg`` and, when loose and tarred corpora mix, sets
 ``force_iterable_dataset: true`` (NeMo refuses the mix otherwise). A corpus mixing both kinds,
-or held in Parquet containers, is refused naming ``dataprep pack``. Mixed loose and tarred
-rows without a recorded blend are two corpora, ``loose`` and ``tarred``, unweighted.
+or held in Parquet containers, is refused naming ``dataprep pack``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -55,17 +53,14 @@ def _corpora(node: dict[str, Any]) -> list[str]:
     return [n for c in node.get("children", []) for n in (_corpora(c) if "children" in c else [str(c["corpus"])])]
 
 
-def _kinds(manifest: Path, tree: dict[str, Any] | None) -> tuple[pa.Array, dict[str, str], dict[str, list[str]]]:
+def _kinds(manifest: Path) -> tuple[pa.Array, dict[str, str], dict[str, list[str]]]:
     """Each row's corpus, each corpus's kind (``nemo`` / ``nemo_tarred``) and its tars."""
     names = pq.ParquetFile(manifest).schema_arrow.names
     cols = [c for c in ("corpus", "container", "member_offset") if c in names]
     t = pq.read_table(manifest, columns=cols)
     n = t.num_rows
     held = t.column("container") if "container" in names else pa.nulls(n, pa.string())
-    if tree is None:
-        corpus = pa.array(np.where(held.is_valid().to_numpy(zero_copy_only=False), "tarred", "loose"))
-    else:
-        corpus = t.column("corpus").combine_chunks()
+    corpus = t.column("corpus").combine_chunks()
     import polars as pl
 
     df = pl.DataFrame({"corpus": corpus, "container": held,
@@ -110,19 +105,17 @@ def _temp(node: dict[str, Any]) -> float:
     return 1.0 if t is None else float(t)
 
 
-def export_nemo_blend(inputs: Any, out_dir: str | os.PathLike[str], tree: dict[str, Any] | None,
+def export_nemo_blend(inputs: Any, out_dir: str | os.PathLike[str], tree: dict[str, Any],
                       channel: int | None) -> dict[str, Any]:
     """Write ``input_cfg.yaml``, ``bucketing.yaml`` and each corpus's manifests (module docstring)."""
     manifest, out = inputs.manifest_path, Path(out_dir).resolve()
-    corpus, kinds, tars = _kinds(manifest, tree)
-    order = list(kinds) if tree is None else _corpora(tree)
+    corpus, kinds, tars = _kinds(manifest)
+    order = _corpora(tree)
     missing = sorted(set(kinds) - set(order))
     if missing:
         raise DataprepError(f"{manifest}: corpus {missing[0]!r} is in the rows but not in the recorded blend")
     folder = {c: CORPUS_DIR.format(i) for i, c in enumerate(order)}
     shards = {c: tar_pattern(manifest, tars[c]) for c in order if kinds.get(c) == "nemo_tarred"}
-    if tree is None:
-        tree = {"temperature": None, "children": [{"weight": None, "corpus": c} for c in order]}
     stats = Stats(len(inputs.spec.buckets))
     multi, start = False, 0
     with export_dir(out_dir) as tmp, contextlib.ExitStack() as stack:
