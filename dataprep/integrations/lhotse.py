@@ -208,11 +208,12 @@ class EndOfPlanGuard:
     _returned_step: int
     _pass_start: int
     _iterated: bool
+    _announced: bool
 
     def _start_guard(self, sampler: PlanSampler) -> None:
         self.plan_sampler = sampler
         self._returned_step = self._pass_start = sampler.next_step
-        self._iterated = False
+        self._iterated = self._announced = False
 
     def __len__(self) -> int:
         return self.plan_sampler.cursor.stop_step - self._pass_start
@@ -220,8 +221,9 @@ class EndOfPlanGuard:
     def __iter__(self) -> Iterator[Any]:
         sampler = self.plan_sampler
         if self._returned_step >= sampler.cursor.stop_step:
-            if sampler.rank == 0:
+            if sampler.rank == 0 and not self._announced:  # once: a loader restored at the end ends in two calls
                 print(plan_end_line(sampler), file=sys.stderr, flush=True)
+                self._announced = True
             if self._iterated:
                 raise PlanEnded(plan_end_line(sampler))
             self._iterated = True

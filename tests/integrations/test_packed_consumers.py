@@ -265,9 +265,11 @@ def test_a_loader_asked_past_the_plan_ends_the_run(rich: Rich, capsys: pytest.Ca
             again.load_state_dict({**state, "pass_start": bad})
         assert again.state_dict()["next_step"] == 0
     again.load_state_dict(state)
+    capsys.readouterr()
     assert len(again) == n and list(again) == []
     with pytest.raises(PlanEnded):
         iter(again)
+    assert capsys.readouterr().err == line + "\n"  # one line for the two calls
     other = PlanDataLoader(Identity(), PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2))
     other.load_state_dict(state)
     capsys.readouterr()
