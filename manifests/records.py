@@ -133,15 +133,6 @@ def container_source_dict(name: str, container: str, member_offset: int | None, 
     return {"type": "command", "channels": list(channels), "source": command}
 
 
-def openable_recording(recording: Mapping[str, Any]) -> dict[str, Any]:
-    """``recording`` with every in-process ``container`` source replaced by
-    :func:`container_source_dict` (what an export writes)."""
-    sources = [container_source_dict(s["source"], s["container"], s.get("member_offset"), s.get("member_size"),
-                                     s["channels"]) if s["type"] == CONTAINER_SOURCE else dict(s)
-               for s in recording["sources"]]
-    return {**recording, "sources": sources}
-
-
 def cut_dict(row: Mapping[str, Any], recording: Mapping[str, Any], channel: int | None = None,
              custom: Mapping[str, Any] | None = None, *, cut_id: str | None = None, start: float | None = None,
              duration: float | None = None) -> dict[str, Any]:

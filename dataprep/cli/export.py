@@ -27,26 +27,29 @@ RejectsOpt = Annotated[Optional[Path], typer.Option(help="Write rows that are in
 @user_errors
 def export_nemo_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_dir: OutOpt,
                     channel: ChannelOpt = None, rejects: RejectsOpt = None) -> None:
-    """bucket_duration_bins, bucket_batch_size, max_tps (bucketing.yaml) and NeMo JSONL manifests."""
+    """bucket_duration_bins, bucket_batch_size, max_tps (bucketing.yaml) and NeMo JSONL manifests
+    (a blend, or loose and tarred rows mixed: an input_cfg.yaml NeMo reads)."""
     from dataprep.integrations.export import export_nemo
 
     refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects},
                       folders=("-o",))
     cfg = export_nemo(plan_or_buckets, manifest, out_dir, channel=channel, rejects=rejects)
-    out.print(f"{plural(cfg['num_buckets'], 'bucket')} -> {out_dir / 'bucketing.yaml'}, manifest.jsonl, bucket-*.jsonl")
+    out.print(f"{plural(cfg['num_buckets'], 'bucket')} -> {out_dir / 'bucketing.yaml'}, {', '.join(cfg['written'])}")
 
 
 @export_app.command("lhotse")
 @user_errors
 def export_lhotse_cmd(plan_or_buckets: PlanOrBuckets, manifest: ManifestOpt, out_dir: OutOpt,
                       channel: ChannelOpt = None, rejects: RejectsOpt = None) -> None:
-    """A Lhotse CutSet (cuts.jsonl.gz) and the bins / batch sizes for DynamicBucketingSampler (bins.json)."""
+    """A Lhotse CutSet (cuts.jsonl.gz; a Shar set for rows held in containers) and the bins / batch sizes
+    for DynamicBucketingSampler (bins.json)."""
     from dataprep.integrations.export import export_lhotse
 
     refuse_same_paths({"PLAN_OR_BUCKETS": plan_or_buckets, "--manifest": manifest}, {"-o": out_dir, "--rejects": rejects},
                       folders=("-o",))
     bins = export_lhotse(plan_or_buckets, manifest, out_dir, channel=channel, rejects=rejects)
-    out.print(f"{plural(bins['num_cuts'], 'cut')} -> {out_dir / 'cuts.jsonl.gz'}; {plural(len(bins['duration_bins']), 'bin')} -> {out_dir / 'bins.json'}")
+    out.print(f"{plural(bins['num_cuts'], 'cut')} -> {out_dir}/ ({', '.join(bins['written'])}); "
+              f"{plural(len(bins['duration_bins']), 'bin')} -> {out_dir / 'bins.json'}")
 
 
 @app.command("pack")

@@ -67,4 +67,14 @@ def train_cmd(
     with option_flags(TRAIN_FLAGS):
         summary = train(cfg, nproc=nproc)
     if summary.get("rank", 0) == 0:
-        out.print(f"trained to step {summary['next_step']}; checkpoint -> {checkpoint_dir / 'last.pt'}")
+        out.print(end_line(plan_dir, summary["next_step"], steps) + f"; checkpoint -> {checkpoint_dir / 'last.pt'}")
+
+
+def end_line(plan_dir: Path, next_step: int, steps: int | None) -> str:
+    """Why the run stopped: the plan's end (whatever ``--steps`` asked beyond it) or ``--steps``."""
+    from manifests.plan_meta import read_plan_meta
+
+    n = read_plan_meta(plan_dir).num_steps
+    if next_step >= n:
+        return f"trained to step {next_step}: the plan's end (plan.json num_steps {n})"
+    return f"trained to step {next_step} (--steps {steps}; the plan goes on to step {n}: --resume continues)"

@@ -10,7 +10,7 @@ a ``MultiCut`` of every channel spans the row's ``offset`` and ``duration``.
 Audio addressing lives in :func:`recording_dict_for_row` only. A row inside a container (a tar
 member, a Parquet audio row) gets a ``container`` source
 (:class:`dataprep.integrations.lhotse_source.ContainerSource`: read when the audio is loaded,
-in the DataLoader worker); exports write it as :func:`manifests.records.openable_recording`.
+in the DataLoader worker); ``to_dict`` writes it as :func:`manifests.records.container_source_dict`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,15 @@
 """Exports for NeMo and Lhotse users: train with the same buckets and batch sizes elsewhere.
 
-Input: a plan directory (each utterance's bucket from epoch 0) or a ``buckets.json`` (flexible
-allocation), with the compiled manifest. ``export_nemo`` writes ``bucketing.yaml`` (JSON
-syntax, to merge into ``train_ds``: ``bucket_duration_bins``, ``bucket_batch_size``,
-``max_tps`` ...), ``manifest.jsonl`` (:func:`manifests.records.nemo_line`) and
-``bucket-NNN.jsonl``; a NeMo tarred dataset is exported as NeMo reads tarred audio
-(``manifest_<k>.json`` per tar), other containers are refused naming the ``dataprep pack`` to
-run. ``export_lhotse`` writes ``cuts.jsonl.gz`` (:func:`manifests.records.cut_dict`) and
-``bins.json`` (for :func:`lhotse_constraint` + ``DynamicBucketingSampler``). A manifest
-naming no audio, or audio not there, is refused first (:func:`require_audio`).
-``max_tps`` is the largest TPS NeMo measures on an exported row. Rows in no bucket are a
-one-line error, or go to ``rejects=`` (``exceeds_bucket``). Streamed in :data:`BATCH_ROWS`-row
-batches; the folder is swapped in whole; equal inputs give equal bytes.
+Input: a plan directory (each utterance's bucket from epoch 0) or a ``buckets.json``, with the
+compiled manifest. ``export_nemo`` writes ``bucketing.yaml`` (JSON syntax, a whole
+``train_ds``: bins, batch sizes, ``max_tps``, ``manifest_filepath``), ``manifest.jsonl``
+(:func:`manifests.records.nemo_line`) and ``bucket-NNN.jsonl``; NeMo-named tars as NeMo reads
+them (``manifest_<k>.json`` per tar); a blend (loose and tarred corpora may mix) as an
+``input_cfg`` (:mod:`dataprep.integrations.export_blend`); other containers are refused naming
+``dataprep pack``. ``export_lhotse`` writes ``cuts.jsonl.gz``, or a Lhotse Shar set in ``shar/``
+for rows held in containers, and ``bins.json`` (:func:`lhotse_constraint`). ``max_tps`` is the
+largest TPS NeMo measures on an exported row; rows in no bucket are a one-line error, or go to
+``rejects=``. Streamed in :data:`~dataprep.integrations.export_io.BATCH_ROWS`-row batches; the folder is swapped in whole.
 """
 
 from __future__ import annotations
@@ -19,12 +17,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import math
 import os
-import re
-import shutil
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -39,25 +32,33 @@ import pyarrow.parquet as pq
 from bucketing.allocate import allocate
 from bucketing.fit import grid_from_spec
 from dataprep.compile.audio_checks import require_audio
-from dataprep.integrations.cuts import cut_dict_for_row, row_header
-from manifests.atomic_files import current_umask, sweep_stale_temps, temp_prefix, write_json
+from dataprep.integrations.cuts import cut_dict_for_row
+from dataprep.integrations.export_io import (
+    Stats,
+    bucketing_config,
+    duration_bins,
+    export_dir,
+    iter_manifest,
+    nemo_duration,
+    pack_hint,
+    row_channels,
+    row_tokens,
+    tar_pattern,
+    write_config,
+)
+from manifests.atomic_files import write_json
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.errors import DataprepError, ManifestError
 from manifests.hash_cache import require_manifest_hash
-from manifests.manifest_write import write_rejects
 from manifests.manifest_read import check_manifest_file
+from manifests.manifest_write import write_rejects
+from manifests.optional import require
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import PLAN_JSON, PlanMeta, read_plan_meta
-from manifests.records import nemo_line, openable_recording
-from manifests.optional import require
+from manifests.records import nemo_line
 
-#: manifest column -> NeMo JSONL key, written where not null
-#: rows per streamed manifest batch
-BATCH_ROWS = 65_536
-#: files that mark a folder as an export (the only non-empty folders an export replaces)
-EXPORT_MARKERS = ("bucketing.yaml", "bins.json")
-
-
+#: cuts per Shar shard of a Lhotse export of container rows
+SHAR_SHARD_CUTS = 1000
 @dataclass(frozen=True)
 class ExportInputs:
     """Buckets, the manifest's path and each manifest row's bucket (-1 = in no bucket)."""
@@ -116,29 +117,6 @@ def load_inputs(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
     return ExportInputs(spec, manifest, bucket, origin)
 
 
-def is_2d(spec: BucketSpec) -> bool:
-    return any(b.max_tokens is not None for b in spec.buckets)
-
-
-def duration_bins(spec: BucketSpec, max_tokens: npt.NDArray[np.int64] | None = None) -> list[Any]:
-    """NeMo ``bucket_duration_bins``: ``[[max_duration, max_tokens], ...]`` (2D) or ``[max_duration, ...]``."""
-    if not is_2d(spec):
-        return [float(b.max_duration) for b in spec.buckets]
-    big = np.iinfo(np.int32).max
-    mt = [big if b.max_tokens is None else int(b.max_tokens) for b in spec.buckets]
-    if max_tokens is not None:
-        mt = [max(a, int(c)) for a, c in zip(mt, max_tokens)]
-    return [[float(b.max_duration), int(t)] for b, t in zip(spec.buckets, mt)]
-
-
-def iter_manifest(path: Path, bucket: npt.NDArray[np.int32]) -> Iterator[tuple[pa.Table, npt.NDArray[np.int32]]]:
-    """The manifest in batches of :data:`BATCH_ROWS` rows with their buckets (bounded memory)."""
-    start = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
-        yield pa.Table.from_batches([batch]), bucket[start:start + batch.num_rows]
-        start += batch.num_rows
-
-
 def check_covered(inputs: ExportInputs, rejects: str | os.PathLike[str] | None) -> int:
     """Rows in no bucket: a one-line error, or (``rejects`` given) written there; returns their count."""
     missing = np.flatnonzero(inputs.bucket < 0)
@@ -156,102 +134,11 @@ def check_covered(inputs: ExportInputs, rejects: str | os.PathLike[str] | None) 
     return int(missing.size)
 
 
-@contextlib.contextmanager
-def export_dir(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
-    """A temporary sibling folder that replaces ``out_dir`` whole when the block succeeds
-    (and is removed when it fails). Refuses to replace a non-empty folder that is not an export."""
-    out = Path(out_dir)
-    is_export = out.is_dir() and (not any(out.iterdir()) or any((out / m).exists() for m in EXPORT_MARKERS))
-    if out.exists() and not is_export:
-        raise DataprepError(f"{out}: exists and is not an export folder; refusing to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale_temps(out)  # a killed export's folders (named with its pid)
-    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), suffix=".tmp", dir=out.parent))
-    try:
-        yield tmp
-        os.chmod(tmp, 0o777 & ~current_umask())
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=temp_prefix(out), suffix=".old", dir=out.parent))
-            os.replace(out, old / "export")
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-class _Stats:
-    """Per-bucket most tokens and the largest TPS NeMo will measure, accumulated over batches."""
-
-    def __init__(self, num_buckets: int) -> None:
-        self.max_tokens = np.zeros(num_buckets, dtype=np.int64)
-        self.max_tps = 0.0
-        self.rows = 0
-
-    def add(self, bucket: npt.NDArray[np.int32], tokens: npt.NDArray[np.int64], tps: float) -> None:
-        np.maximum.at(self.max_tokens, bucket, tokens)
-        self.max_tps = max(self.max_tps, tps)
-        self.rows += len(bucket)
-
-    @property
-    def exported_max_tps(self) -> float:
-        """``max_tps`` for NeMo: the largest TPS, nudged up so float noise never drops that row."""
-        return float(np.nextafter(self.max_tps * (1 + 1e-12), math.inf)) if self.rows else float("inf")
-
-
-def nemo_duration(row: dict[str, Any], writes_rate: bool) -> float:
-    """The cut duration NeMo's manifest reader will give ``row``: its duration when
-    ``sampling_rate`` is written, else cut short by the audio header's length (as Lhotse's
-    ``truncate`` does)."""
-    duration = float(row["duration"])
-    if writes_rate or row["audio_path"] is None:
-        return duration
-    sr, frames, _ = row_header(row)
-    return min(duration, frames / sr - float(row["offset"] or 0.0))
-
-
-def bucketing_config(spec: BucketSpec, stats: _Stats, channel_selector: int | None) -> dict[str, Any]:
-    """The NeMo ``train_ds`` bucketing options for these buckets."""
-    cfg: dict[str, Any] = {
-        "use_lhotse": True,
-        "use_bucketing": True,
-        "num_buckets": len(spec.buckets),
-        "bucket_duration_bins": duration_bins(spec, stats.max_tokens),
-        "bucket_batch_size": [int(b.batch_size) for b in spec.buckets],  # type: ignore[arg-type]
-        "max_tps": stats.exported_max_tps,
-        "bucketing_2d_strict_mode": False,
-        "batch_duration": None,
-        "batch_size": None,
-    }
-    if channel_selector is not None:
-        cfg["channel_selector"] = channel_selector
-    return cfg
-
-
-def _tokens(table: pa.Table) -> npt.NDArray[np.int64]:
-    """``num_tokens`` of a manifest batch (null as 0)."""
-    return np.nan_to_num(table.column("num_tokens").to_numpy(zero_copy_only=False).astype(np.float64)).astype(np.int64)
-
-
-def _channels(row: dict[str, Any]) -> int:
-    if row["channels"] is not None and float(row["offset"] or 0.0) == 0.0:
-        return int(row["channels"])
-    return row_header(row)[2] if row["audio_path"] is not None else 1
-
-
-#: the tar names NeMo's tarred reader takes a shard id from (its own pattern)
-NEMO_TAR = re.compile(r"^(.*/audio[^/]*_)(\d+)([^/]*\.tar)$")
-
-
-def _pack_hint(manifest: Path) -> str:
-    return f"dataprep pack {manifest} -o DIR --layout nemo-tarred, compile DIR and export that"
-
-
 def nemo_tar_shards(manifest: Path) -> tuple[dict[str, int], str] | None:
     """For a manifest held in NeMo-named tars: each tar's shard id and NeMo's brace pattern of
     them (``audio__OP_0..3_CL_.tar``); ``None`` for loose files. One line naming ``dataprep pack``
-    for rows NeMo cannot read as a tarred dataset."""
+    for rows NeMo cannot read as one tarred dataset (a blend's corpora may mix kinds:
+    :func:`dataprep.integrations.export_blend.export_nemo_blend`)."""
     names = pq.ParquetFile(manifest).schema_arrow.names
     if "container" not in names:
         return None
@@ -262,29 +149,12 @@ def nemo_tar_shards(manifest: Path) -> tuple[dict[str, int], str] | None:
         return None
     if n_held < t.num_rows:
         raise DataprepError(f"{manifest}: {t.num_rows - n_held} loose file(s) and {n_held} row(s) inside containers: "
-                            f"NeMo reads one kind per dataset; run: {_pack_hint(manifest)}")
+                            f"NeMo reads one kind per dataset; compile them as a blend (input_cfg) or run: "
+                            f"{pack_hint(manifest)}")
     if t.column("member_offset").null_count:
         raise DataprepError(f"{manifest}: rows held in Parquet files: NeMo reads tarred audio only; "
-                            f"run: {_pack_hint(manifest)}")
-    tars = sorted(set(t.column("container").to_pylist()))
-    parts = [NEMO_TAR.match(x) for x in tars]
-    bad = next((x for x, m in zip(tars, parts) if m is None), None)
-    if bad is not None:
-        raise DataprepError(f"{bad}: NeMo takes a shard id only from tars named audio..._<k>...tar; "
-                            f"run: {_pack_hint(manifest)}")
-    shapes = {(m.group(1), m.group(3), len(m.group(2)) if m.group(2).startswith("0") and len(m.group(2)) > 1 else 0)
-              for m in parts if m is not None}
-    if len(shapes) != 1:
-        raise DataprepError(f"{manifest}: its tars follow {len(shapes)} naming patterns ({tars[0]}, ...), NeMo "
-                            f"needs one; run: {_pack_hint(manifest)}")
-    head, tail, width = shapes.pop()
-    ids = {x: int(m.group(2)) for x, m in zip(tars, parts) if m is not None}
-    if len(set(ids.values())) != len(ids):
-        raise DataprepError(f"{manifest}: two tars give the same shard id; run: {_pack_hint(manifest)}")
-    k = sorted(ids.values())
-    body = (f"{k[0]:0{width}d}..{k[-1]:0{width}d}" if k == list(range(k[0], k[-1] + 1))
-            else ",".join(f"{v:0{width}d}" for v in k))
-    return ids, f"{head}_OP_{body}_CL_{tail}"
+                            f"run: {pack_hint(manifest)}")
+    return tar_pattern(manifest, sorted(set(t.column("container").drop_null().to_pylist())))
 
 
 def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.PathLike[str],
@@ -294,11 +164,17 @@ def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
     ``channel``: NeMo's ``channel_selector`` for multi-channel audio (default 0 when there is any)."""
     inputs = load_inputs(plan_or_buckets, manifest)
     require_audio(inputs.manifest_path, "export nemo")
+    from dataprep.integrations.export_blend import blend_tree, export_nemo_blend
+
+    tree = blend_tree(inputs.manifest_path)
+    if tree is not None:
+        check_covered(inputs, rejects)
+        return export_nemo_blend(inputs, out_dir, tree, channel)
     tarred = nemo_tar_shards(inputs.manifest_path)
     check_covered(inputs, rejects)
     if tarred is not None:
         return _export_nemo_tarred(inputs, out_dir, tarred, channel)
-    stats = _Stats(len(inputs.spec.buckets))
+    stats = Stats(len(inputs.spec.buckets))
     multi = False
     with export_dir(out_dir) as tmp, contextlib.ExitStack() as stack:
         main = stack.enter_context(open(tmp / "manifest.jsonl", "w", encoding="utf-8"))
@@ -316,10 +192,12 @@ def export_nemo(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Path
                 per[b].write(line)
                 if row["num_tokens"] is not None:
                     tps = max(tps, int(row["num_tokens"]) / nemo_duration(row, writes_rate))
-                multi = multi or (not writes_rate and _channels(row) > 1)
-            stats.add(kept_bucket, _tokens(table)[keep], tps)
+                multi = multi or (not writes_rate and row_channels(row) > 1)
+            stats.add(kept_bucket, row_tokens(table)[keep], tps)
         cfg = bucketing_config(inputs.spec, stats, channel if channel is not None else (0 if multi else None))
-        (tmp / "bucketing.yaml").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        cfg["manifest_filepath"] = str(Path(out_dir).resolve() / "manifest.jsonl")
+        cfg["written"] = ["manifest.jsonl", "bucket-*.jsonl"]
+        write_config(tmp, cfg)
     return cfg
 
 
@@ -327,7 +205,7 @@ def _export_nemo_tarred(inputs: ExportInputs, out_dir: str | os.PathLike[str], t
                         channel: int | None) -> dict[str, Any]:
     """:func:`export_nemo` of rows held in NeMo-named tars (the module docstring)."""
     ids, tar_pattern = tarred
-    stats = _Stats(len(inputs.spec.buckets))
+    stats = Stats(len(inputs.spec.buckets))
     multi = False
     with export_dir(out_dir) as tmp, contextlib.ExitStack() as stack:
         files: dict[int, IO[str]] = {}
@@ -344,16 +222,17 @@ def _export_nemo_tarred(inputs: ExportInputs, out_dir: str | os.PathLike[str], t
                 files[shard].write(json.dumps(rec, ensure_ascii=False) + "\n")
                 if row["num_tokens"] is not None:
                     tps = max(tps, int(row["num_tokens"]) / nemo_duration(row, writes_rate))
-                multi = multi or (not writes_rate and _channels(row) > 1)
-            stats.add(bucket[keep], _tokens(table)[keep], tps)
+                multi = multi or (not writes_rate and row_channels(row) > 1)
+            stats.add(bucket[keep], row_tokens(table)[keep], tps)
         for shard in sorted(set(ids.values()) - set(files)):  # NeMo wants a manifest per tar, even empty
             (tmp / f"manifest_{shard}.json").write_text("", encoding="utf-8")
         cfg = bucketing_config(inputs.spec, stats, channel if channel is not None else (0 if multi else None))
         body = tar_pattern[tar_pattern.index("_OP_"):tar_pattern.index("_CL_") + 4]
         cfg.update(is_tarred=True, shard_manifests=True, skip_missing_manifest_entries=True,
                    tarred_audio_filepaths=tar_pattern,
-                   manifest_filepath=str(Path(out_dir).resolve() / f"manifest_{body}.json"))
-        (tmp / "bucketing.yaml").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+                   manifest_filepath=str(Path(out_dir).resolve() / f"manifest_{body}.json"),
+                   written=[f"manifest_{body}.json"])
+        write_config(tmp, cfg)
     return cfg
 
 
@@ -365,21 +244,25 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
     inputs = load_inputs(plan_or_buckets, manifest)
     require_audio(inputs.manifest_path, "export lhotse")
     check_covered(inputs, rejects)
-    stats = _Stats(len(inputs.spec.buckets))
+    stats = Stats(len(inputs.spec.buckets))
+    shar = has_containers(inputs.manifest_path)
     with export_dir(out_dir) as tmp:
-        with open(tmp / "cuts.jsonl.gz", "wb") as raw, \
-                gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
-            for table, bucket in iter_manifest(inputs.manifest_path, inputs.bucket):
-                keep = bucket >= 0
-                kept_bucket = bucket[keep]
-                tps = 0.0
-                for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
-                    cut = cut_dict_for_row(row, channel, {"bucket": b})
-                    cut["recording"] = openable_recording(cut["recording"])
-                    gz.write((json.dumps(cut, sort_keys=True, ensure_ascii=False) + "\n").encode())
-                    if row["num_tokens"] is not None:
-                        tps = max(tps, int(row["num_tokens"]) / cut["duration"])
-                stats.add(kept_bucket, _tokens(table)[keep], tps)
+        if shar:  # a folder of its own: Lhotse's from_shar takes every NAME.json beside it for a field
+            (tmp / "shar").mkdir()
+            _write_shar(inputs, tmp / "shar", channel, stats)
+        else:
+            with open(tmp / "cuts.jsonl.gz", "wb") as raw, \
+                    gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
+                for table, bucket in iter_manifest(inputs.manifest_path, inputs.bucket):
+                    keep = bucket >= 0
+                    kept_bucket = bucket[keep]
+                    tps = 0.0
+                    for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
+                        cut = cut_dict_for_row(row, channel, {"bucket": b})
+                        gz.write((json.dumps(cut, sort_keys=True, ensure_ascii=False) + "\n").encode())
+                        if row["num_tokens"] is not None:
+                            tps = max(tps, int(row["num_tokens"]) / cut["duration"])
+                    stats.add(kept_bucket, row_tokens(table)[keep], tps)
         bins = {
             "duration_bins": duration_bins(inputs.spec, stats.max_tokens),
             "bucket_batch_size": [int(b.batch_size) for b in inputs.spec.buckets],  # type: ignore[arg-type]
@@ -388,7 +271,36 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
             "token_field": "custom.num_tokens",
         }
         write_json(bins, tmp / "bins.json")
-    return bins
+    return {**bins, "written": ["shar/cuts.*.jsonl.gz", "shar/recording.*.tar"] if shar else ["cuts.jsonl.gz"]}
+
+
+def has_containers(manifest: Path) -> bool:
+    """Whether any row of ``manifest`` is held in a container (a tar member or a Parquet row)."""
+    if "container" not in pq.ParquetFile(manifest).schema_arrow.names:
+        return False
+    held = pq.read_table(manifest, columns=["container"]).column("container")
+    return held.null_count < len(held)
+
+
+def _write_shar(inputs: ExportInputs, folder: Path, channel: int | None, stats: Stats) -> None:
+    """The covered rows as a Lhotse Shar set (``cuts.NNNNNN.jsonl.gz`` + ``recording.NNNNNN.tar``,
+    audio as FLAC through Lhotse's own ``SharWriter``): what Lhotse's ``CutSet.from_shar`` and our
+    ``compile`` both read, where a tar member has no plain Lhotse source."""
+    from lhotse.shar import SharWriter
+
+    from dataprep.integrations.cuts import cut_for_row
+
+    with SharWriter(str(folder), fields={"recording": "flac"}, shard_size=SHAR_SHARD_CUTS) as writer:
+        for table, bucket in iter_manifest(inputs.manifest_path, inputs.bucket):
+            keep = bucket >= 0
+            kept_bucket = bucket[keep]
+            tps = 0.0
+            for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
+                cut = cut_for_row(row, channel, {"bucket": b})
+                writer.write(cut)
+                if row["num_tokens"] is not None:
+                    tps = max(tps, int(row["num_tokens"]) / cut.duration)
+            stats.add(kept_bucket, row_tokens(table)[keep], tps)
 
 
 def lhotse_constraint(duration_bins: list[Any], batch_sizes: list[int]) -> Any:

@@ -8,7 +8,7 @@
 Each step's ``CutSet`` holds exactly the plan's utterances for this rank, in order
 (:func:`dataprep.integrations.cuts.cut_for_row`), rows read from the memory-mapped
 :class:`~dataprep.integrations.rows.ManifestRows`. Iterated again after the plan's last step,
-a :class:`PlanDataLoader` stops the process with one line (:class:`PlanEnded`, exit status 1).
+a :class:`PlanDataLoader` ends the run (:class:`PlanEnded`: Lightning's ``fit()`` returns).
 ``state_dict()`` is Lhotse's plus ``plan_hash`` and ``next_step``; inside
 ``IterableDatasetWrapper`` with ``n`` workers, worker ``w`` builds positions ``i % n == w``,
 so batches do not depend on the number of workers.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,8 @@ from manifests.validation import number_text
 
 #: the warning IterableDatasetWrapper gives for a sampler with a rank: a plan's sampler has one on purpose
 _WRAPPER_WARNING = r"We detected you're trying to use a CutSampler with rank"
+#: Lightning's warning for an IterableDataset loader with a length (the plan's: exact with any workers)
+_LEN_WARNING = r"Your `IterableDataset` has `__len__` defined"
 #: the largest trainer epoch a sampler takes (a plan is one pass: the trainer's epoch 0)
 MAX_EPOCH = 2**31 - 1
 #: the keys of Lhotse's own sampler state (``CutSampler.state_dict``) besides the cursor's
@@ -198,37 +201,58 @@ def _brief(x: Any) -> str:
         return f"a {type(x).__name__}"
 
 
-class PlanEnded(SystemExit):
-    """A trainer asked for batches past the end of its plan: the process stops with this one line
-    (a ``SystemExit``: Lightning tears down and re-raises it, Python prints the line, exit status 1)."""
+class PlanEnded(StopIteration):
+    """A trainer asked for another pass after the plan's last step: the clean end of training.
+    Lightning's fit loop takes a ``StopIteration`` from the next epoch's ``iter()`` as the end
+    of the run (``fit()`` returns, exit status 0); rank 0 prints :func:`plan_end_line` first.
+    A plain loop that iterates again gets this exception to catch."""
 
 
 def plan_end_line(sampler: PlanSampler) -> str:
-    """The line :class:`PlanEnded` stops with: the steps trained and the ``max_steps`` to set."""
+    """The one line a run that reached the plan's end stops with."""
     c = sampler.cursor
-    fresh = (f"; a trainer whose step count started at 0 on this re-planned plan: {c.stop_step - c.first_step}"
-             if c.first_step else "")
-    return (f"error: {c.plan_dir}: the plan ends at step {c.stop_step} and rank {c.rank} has had every batch "
-            f"(steps {c.first_step}..{c.stop_step - 1}); the trainer asked for more: set trainer.max_steps to "
-            f"{c.stop_step} (plan.json num_steps: the steps are global, a resumed trainer's step count "
-            f"continues{fresh}) instead of max_epochs: -1")
+    return (f"{c.plan_dir}: the plan's end: rank {c.rank} trained every batch up to step {c.stop_step} "
+            f"(plan.json num_steps {c.meta.num_steps}); stopping the run")
 
 
 class EndOfPlanGuard:
-    """Mixin of the plan's DataLoaders: ``iter()`` once the plan's last step was returned (after a
-    full pass, or a state restored at the end) raises :class:`PlanEnded` at once, before any
-    batch: a trainer that knows the loader's length (0 then) would otherwise start empty epochs
-    without ever asking for a batch. ``state_dict()`` is the step after the last batch returned
-    (the sampler runs ahead by the workers' prefetch)."""
+    """Mixin of the plan's DataLoaders: the plan is one pass. ``len()`` is the pass's batches
+    counted from the step it started at, fixed for the pass (after a restore too: what
+    Lightning's mid-epoch resume counts against). ``iter()`` once the plan's last step was
+    returned raises :class:`PlanEnded` (the first ``iter()`` of a loader restored at the end
+    yields nothing instead: Lightning asks for it outside its loop). ``state_dict()`` is the
+    step after the last batch returned (the sampler runs ahead by the workers' prefetch) and
+    ``pass_start``, the step the pass started at."""
 
     plan_sampler: PlanSampler
     _returned_step: int
+    _pass_start: int
+    _iterated: bool
+    _announced: bool
+
+    def _start_guard(self, sampler: PlanSampler) -> None:
+        self.plan_sampler = sampler
+        self._returned_step = self._pass_start = sampler.next_step
+        self._iterated = self._announced = False
+
+    def __len__(self) -> int:
+        return self.plan_sampler.cursor.stop_step - self._pass_start
 
     def __iter__(self) -> Iterator[Any]:
-        if self._returned_step >= self.plan_sampler.cursor.stop_step:
-            raise PlanEnded(plan_end_line(self.plan_sampler))
         sampler = self.plan_sampler
-        step = sampler.next_step if sampler._just_restored_state else sampler.start_step
+        if self._returned_step >= sampler.cursor.stop_step:
+            if sampler.rank == 0 and not self._announced:  # once: a loader restored at the end ends in two calls
+                print(plan_end_line(sampler), file=sys.stderr, flush=True)
+                self._announced = True
+            if self._iterated:
+                raise PlanEnded(plan_end_line(sampler))
+            self._iterated = True
+            return iter(())
+        self._iterated = True
+        if sampler._just_restored_state:
+            step = sampler.next_step
+        else:
+            step = self._pass_start = sampler.start_step
         return self._counted(super().__iter__(), step)  # type: ignore[misc]
 
     def _counted(self, batches: Iterator[Any], step: int) -> Iterator[Any]:
@@ -240,14 +264,24 @@ class EndOfPlanGuard:
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampler's state at the step after the last batch returned to the trainer."""
-        return {**self.plan_sampler.state_dict(), "next_step": self._returned_step}
+        """The sampler's state at the step after the last batch returned to the trainer, and
+        ``pass_start``."""
+        return {**self.plan_sampler.state_dict(), "next_step": self._returned_step, "pass_start": self._pass_start}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state["next_step"]`` on the next iteration (the workers get the sampler
-        with that step); a malformed state or one of another plan is refused, changing nothing."""
-        self.plan_sampler.load_state_dict(state)
-        self._returned_step = self.plan_sampler.next_step
+        with that step); a malformed state or one of another plan is refused, changing nothing.
+        A state without ``pass_start`` (a sampler's) counts the pass from the plan's first step."""
+        sampler = self.plan_sampler
+        start = None
+        if isinstance(state, dict) and "pass_start" in state:  # checked first: a refused state changes nothing
+            nxt = state.get("next_step")
+            start = sampler.cursor.state_validator().int_(
+                state["pass_start"], "pass_start", lo=0, hi=nxt if type(nxt) is int else None)
+            state = {k: v for k, v in state.items() if k != "pass_start"}
+        sampler.load_state_dict(state)
+        self._pass_start = min(sampler.cursor.first_step, sampler.next_step) if start is None else start
+        self._returned_step = sampler.next_step
 
 
 class PlanDataLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
@@ -258,8 +292,7 @@ class PlanDataLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
 
     def __init__(self, dataset: Any, sampler: PlanSampler, **kwargs: Any) -> None:
         super().__init__(dataset, sampler=sampler, batch_size=None, **kwargs)
-        self.plan_sampler = sampler
-        self._returned_step = sampler.next_step
+        self._start_guard(sampler)
 
 
 class PlanIterableLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
@@ -272,11 +305,12 @@ class PlanIterableLoader(EndOfPlanGuard, DataLoader):  # type: ignore[type-arg]
 
         wrapper_warning_filter()
         super().__init__(IterableDatasetWrapper(dataset=dataset, sampler=sampler), batch_size=None, **kwargs)
-        self.plan_sampler = sampler
-        self._returned_step = sampler.next_step
+        self._start_guard(sampler)
 
 
 def wrapper_warning_filter() -> None:
     """Silence ``IterableDatasetWrapper``'s warning about a sampler with a rank (a plan's sampler
-    has one on purpose: it reads that rank's shard; workers split the shard's batches)."""
+    has one on purpose: it reads that rank's shard; workers split the shard's batches) and
+    Lightning's about a length with workers (the plan's length is exact with any number)."""
     warnings.filterwarnings("ignore", message=_WRAPPER_WARNING)
+    warnings.filterwarnings("ignore", message=_LEN_WARNING)

@@ -9,8 +9,9 @@ takes them; bucketing, batch size and filters are the plan's. A
 config without ``plan_dir`` goes to NeMo's own function. The ``dataset`` gets, per step, the
 ``CutSet`` of this rank's utterances (:class:`dataprep.integrations.lhotse.PlanSampler`); a
 dynamic-resolution plan's batches also carry ``target_frames``. The loader's ``state_dict()``
-resumes at exactly the next batch; past the plan's last step it stops the run with one line
-(:class:`dataprep.integrations.lhotse.PlanEnded`). Token counts come from compile
+resumes at exactly the next batch, map-style or iterable (Lightning's checkpoints too: its
+``len()`` is the whole pass); after the plan's last step the next epoch ends the run cleanly
+(:class:`dataprep.integrations.lhotse.PlanEnded`: ``fit()`` returns, one line). Token counts come from compile
 (``--prompt-format canary2``), so ``tokenizer`` is not needed.
 """
 

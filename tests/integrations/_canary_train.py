@@ -4,10 +4,10 @@
 
 Prints one JSON line per training step (``{"step": i, "ids": [...]}``) from the batches the model
 received. ``MAX_STEPS`` -1 means NeMo's usual ``max_epochs: -1`` with no step limit: the run ends
-when the plan does (one line from :class:`dataprep.integrations.lhotse.PlanEnded`). With
-``STEP_LOG_DIR``, :class:`dataprep.integrations.lightning.StepTimeLog` writes the step log there.
-Test helper of ``tests/integrations/test_nemo_packed.py`` and ``test_lightning_steps.py`` (run in
-a subprocess: it exits like a trainer)."""
+when the plan does (``fit()`` returns; one line, :func:`dataprep.integrations.lhotse.plan_end_line`).
+With ``STEP_LOG_DIR``, :class:`dataprep.integrations.lightning.StepTimeLog` writes the step log
+there. Test helper of ``tests/integrations/test_nemo_packed.py`` and ``test_lightning_steps.py``
+(run in a subprocess: it exits like a trainer)."""
 
 from __future__ import annotations
 

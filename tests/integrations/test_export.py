@@ -53,9 +53,13 @@ def test_export_nemo_from_a_plan(corpus: Corpus, tmp_path: Path) -> None:
                                on=["audio_filepath", "offset"])
             assert joined.height == rows.height and joined["num_tokens"].max() <= t
     assert total == df.height == pl.read_ndjson(tmp_path / "a" / "manifest.jsonl").height
-    invoke("export", "nemo", str(plan), "--manifest", str(corpus.manifest), "-o", str(tmp_path / "b"))
-    for name in ("bucketing.yaml", "manifest.jsonl", "bucket-000.jsonl"):
-        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    # NeMo's config path needs the manifest (IncompleteConfigError without it): absolute, as NeMo reads it
+    assert cfg["manifest_filepath"] == str((tmp_path / "a").resolve() / "manifest.jsonl")
+    first = {name: (tmp_path / "a" / name).read_bytes() for name in ("bucketing.yaml", "manifest.jsonl", "bucket-000.jsonl")}
+    said = invoke("export", "nemo", str(plan), "--manifest", str(corpus.manifest), "-o", str(tmp_path / "a"))
+    assert said.split("bucketing.yaml, ")[1].strip() == "manifest.jsonl, bucket-*.jsonl"  # what it wrote
+    for name, data in first.items():  # equal inputs, equal bytes
+        assert (tmp_path / "a" / name).read_bytes() == data
 
 
 @pytest.mark.parametrize("source", ["buckets", "plan"])

@@ -22,6 +22,7 @@ import pytest
 
 from dataprep.integrations.cuts import cut_for_row
 from dataprep.integrations.lhotse import PlanDataLoader, PlanEnded, PlanSampler
+from manifests.plan_cursor import PlanStateError
 from dataprep.integrations.pack import pack, rejects_path
 from manifests.audio import AudioReader
 from manifests.errors import DataprepError
@@ -130,18 +131,34 @@ def test_container_cut_is_lazy_and_channel_picks_one(packed: tuple[str, Path, Pa
     assert src.to_dict()["type"] == "command"  # what an export writes
 
 
-def test_export_lhotse_of_a_packed_copy_opens_in_lhotse(packed: tuple[str, Path, Path], tmp_path: Path) -> None:
+def test_export_lhotse_of_a_packed_copy_round_trips_through_lhotse_and_compile(
+        packed: tuple[str, Path, Path], rich: Rich, tmp_path: Path) -> None:
+    """Tar members export as a Lhotse Shar set: Lhotse's ``CutSet.from_shar`` reads every cut with
+    its bucket and audio, and our ``compile`` reads the same folder back into the same rows."""
     from lhotse import CutSet
 
     from dataprep.integrations.export import export_lhotse
 
     _, manifest, plan = packed
-    export_lhotse(plan, manifest, tmp_path / "lhotse")
-    cuts = CutSet.from_file(tmp_path / "lhotse" / "cuts.jsonl.gz")
+    out = tmp_path / "lhotse"
+    said = invoke("export", "lhotse", str(plan), "-m", str(manifest), "-o", str(out))
+    assert "(shar/cuts.*.jsonl.gz, shar/recording.*.tar)" in said and not (out / "cuts.jsonl.gz").exists()
+    cuts = CutSet.from_shar(in_dir=out / "shar")
     rows = {r["id"]: r for r in read_manifest(manifest).to_dicts()}
+    n = 0
     for cut in cuts:
         live = cut_for_row(rows[cut.id]).load_audio()
-        np.testing.assert_array_equal(cut.load_audio(), live)
+        np.testing.assert_allclose(cut.load_audio(), live, atol=1e-4)
+        assert isinstance(cut.custom["bucket"], int)
+        n += 1
+    assert n == len(rows)
+    back = tmp_path / "back.parquet"
+    invoke("compile", str(out / "shar"), "--tokenizer", str(rich.spm), "-o", str(back), "--prompt-format", "canary2")
+    again = read_manifest(back)
+    assert sorted(again["id"]) == sorted(rows)
+    assert sorted(zip(again["id"], again["text"], again["num_tokens"])) == sorted(
+        (r["id"], r["text"], r["num_tokens"]) for r in rows.values())
+    assert export_lhotse(plan, manifest, tmp_path / "again")["num_cuts"] == n
 
 
 def test_export_nemo_of_a_packed_copy(packed: tuple[str, Path, Path], tmp_path: Path) -> None:
@@ -221,22 +238,39 @@ def test_audio_changed_since_compile_is_rejected_not_packed(rich: Rich, tmp_path
     assert len(by_source(back)) == df.height - rejects.height
 
 
-def test_a_loader_asked_past_the_plan_stops_with_one_line(rich: Rich) -> None:
+def test_a_loader_asked_past_the_plan_ends_the_run(rich: Rich, capsys: pytest.CaptureFixture[str]) -> None:
+    """The plan is one pass: ``len()`` stays the pass's; another ``iter()`` raises PlanEnded (a
+    StopIteration: Lightning's fit loop returns) and rank 0 prints one line; a loader restored
+    at the end yields nothing on its first pass (Lightning asks for it outside its loop)."""
     class Identity:
         def __getitem__(self, cuts: object) -> object:
             return cuts
 
+    n = len(list(open_shard(rich.plan, 0)))
     loader = PlanDataLoader(Identity(), PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2))
-    assert len(list(loader)) == len(list(open_shard(rich.plan, 0)))
-    assert len(loader) == 0  # what a trainer sees: it would run empty epochs
+    assert len(loader) == n and len(list(loader)) == n
+    assert len(loader) == n  # the pass's length, fixed through it
+    capsys.readouterr()
     with pytest.raises(PlanEnded) as info:
         iter(loader)  # raised by iter() itself, before any batch is asked for
-    line = str(info.value)
+    assert isinstance(info.value, StopIteration)
     num_steps = json.loads((rich.plan / "plan.json").read_text())["num_steps"]
-    assert "\n" not in line and f"set trainer.max_steps to {num_steps} " in line
-    # resumed at the end: the first epoch already stops
+    line = f"{rich.plan}: the plan's end: rank 0 trained every batch up to step {num_steps} (plan.json num_steps {num_steps}); stopping the run"
+    assert str(info.value) == line and capsys.readouterr().err == line + "\n"
     state = loader.state_dict()
+    assert (state["next_step"], state["pass_start"]) == (num_steps, 0)
     again = PlanDataLoader(Identity(), PlanSampler(rich.plan, rich.manifest, rank=0, world_size=2))
+    for bad in ("0", 1.0, -1, num_steps + 1):  # refused in one line, changing nothing
+        with pytest.raises(PlanStateError, match="pass_start"):
+            again.load_state_dict({**state, "pass_start": bad})
+        assert again.state_dict()["next_step"] == 0
     again.load_state_dict(state)
+    capsys.readouterr()
+    assert len(again) == n and list(again) == []
     with pytest.raises(PlanEnded):
         iter(again)
+    assert capsys.readouterr().err == line + "\n"  # one line for the two calls
+    other = PlanDataLoader(Identity(), PlanSampler(rich.plan, rich.manifest, rank=1, world_size=2))
+    other.load_state_dict(state)
+    capsys.readouterr()
+    assert list(other) == [] and capsys.readouterr().err == ""  # one line: rank 0's

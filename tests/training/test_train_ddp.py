@@ -93,6 +93,22 @@ def test_resume_continues_at_the_exact_next_batch(corpus: Corpus, tmp_path: Path
     assert steps == list(range(n))  # the step log kept the first run's steps and added the rest
 
 
+def test_the_plans_end_is_a_clean_stop_whatever_steps_says(corpus: Corpus, tmp_path: Path) -> None:
+    """``--steps`` past the plan trains to its end and exits 0 saying so; ``--resume`` of a run at
+    the end trains nothing and says the same; ``--steps`` short of it says so too."""
+    plan = corpus.plan(1)
+    n = json.loads((plan / "plan.json").read_text())["num_steps"]
+    ckpt = tmp_path / "run"
+    short = invoke(*train_args(corpus, plan, ckpt, "--steps", "2"))
+    assert f"trained to step 2 (--steps 2; the plan goes on to step {n}: --resume continues)" in short
+    for extra in (("--resume", "--steps", str(n + 1000)), ("--resume",)):
+        res = runner.invoke(app, train_args(corpus, plan, ckpt, *extra))
+        assert res.exit_code == 0, res.output
+        assert res.output.splitlines()[-1] == (f"trained to step {n}: the plan's end (plan.json num_steps {n}); "
+                                               f"checkpoint -> {ckpt / 'last.pt'}")
+    assert [x["step"] for x in read_jsonl(ckpt / "log.jsonl")] == list(range(n))
+
+
 def test_world_size_must_match_the_plan(corpus: Corpus, tmp_path: Path) -> None:
     res = runner.invoke(app, train_args(corpus, corpus.plan(2), tmp_path, "--nproc", "3"))
     assert res.exit_code == 2
