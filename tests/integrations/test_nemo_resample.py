@@ -23,7 +23,7 @@ from dataprep.training.features import FeatureConfig
 from manifests.errors import OptionError
 from manifests.manifest_read import read_manifest
 from manifests.plan_files import open_shard
-from tests.integrations._speechlike import RATES, SpeechCorpus, build
+from tests.integrations._speechlike import RATES, SpeechCorpus, speech_corpus
 
 pytest.importorskip("lhotse", reason="lhotse is not installed: pip install 'speech-dataprep[lhotse]'")
 
@@ -37,7 +37,7 @@ PRE = {"sample_rate": 16000, "window_size": 0.025, "window_stride": 0.01, "featu
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> SpeechCorpus:
-    return build(tmp_path_factory.mktemp("nemo-resample"))
+    return speech_corpus(tmp_path_factory)
 
 
 def _rows(corpus: SpeechCorpus) -> list[dict[str, Any]]:
