@@ -111,3 +111,27 @@ def test_our_loader_gives_nemos_lhotse_features(corpus: SpeechCorpus) -> None:
     print("max |our features - NeMo's| per source rate:", worst)
     assert max(worst["lhotse"].values()) < 1e-3, worst
     assert worst["soxr"][16000] < 1e-3 and min(v for k, v in worst["soxr"].items() if k != 16000) > 1e-2, worst
+
+
+def test_train_resampler_flag(corpus: SpeechCorpus, tmp_path: Path) -> None:
+    """``dataprep train --resampler lhotse`` trains the same batches on other tensors than the
+    default soxr; an unknown name is one line naming the flag."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dataprep.cli import app
+    from tests.training._consumer import invoke
+
+    args = ["train", str(corpus.plan), "--manifest", str(corpus.manifest), "--tokenizer", str(corpus.spm),
+            "--cache-dir", str(corpus.root / "cache"), "--quiet", "--trace", "--steps", "2"]
+    traces = {}
+    for name in ("soxr", "lhotse"):
+        invoke(*args, "--checkpoint-dir", str(tmp_path / name), "--resampler", name)
+        lines = (tmp_path / name / "trace-rank-00000.jsonl").read_text().splitlines()
+        traces[name] = [json.loads(x) for x in lines]
+        assert [t["step"] for t in traces[name]] == [0, 1]
+    assert [t["ids"] for t in traces["soxr"]] == [t["ids"] for t in traces["lhotse"]]
+    assert traces["soxr"] != traces["lhotse"]
+    res = CliRunner().invoke(app, [*args, "--checkpoint-dir", str(tmp_path / "bad"), "--resampler", "sox"])
+    assert res.exit_code == 2 and res.output.startswith("error: --resampler: must be soxr or lhotse, got 'sox'")
