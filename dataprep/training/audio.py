@@ -26,8 +26,8 @@ from dataprep.training.features import SAMPLE_RATE
 from dataprep.training_config import RESAMPLERS
 from manifests.audio import AudioError, AudioReader, not_regular
 from manifests.audio import load_audio as _load
-from manifests.options import check_choice
 from manifests.optional import require
+from manifests.options import check_choice
 
 __all__ = ["RESAMPLERS", "AudioError", "AudioReader", "load_audio"]
 

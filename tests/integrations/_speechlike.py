@@ -26,7 +26,7 @@ def speechlike(seconds: float, sample_rate: int, seed: int) -> np.ndarray:
     """A voiced source (harmonics of a wobbling 90-160 Hz pitch up to Nyquist, gated into
     syllables) plus fricative noise bursts: float32 in [-0.5, 0.5]."""
     rng = np.random.default_rng(seed)
-    n = int(round(seconds * sample_rate))
+    n = round(seconds * sample_rate)
     t = np.arange(n) / sample_rate
     f0 = rng.uniform(90, 160) * (1 + 0.08 * np.sin(2 * np.pi * rng.uniform(2, 5) * t))
     phase = 2 * np.pi * np.cumsum(f0) / sample_rate
@@ -63,7 +63,7 @@ def build(root: Path, *, vocab_size: int = 128, max_duration_budget: float = 3.0
     a half-sample tie at 22.05 kHz); the real clips of :data:`SHARED_CLIPS` when present. The
     tokenizer is trained on real transcripts (LibriSpeech dev-clean) where present."""
     texts = real_transcripts()
-    words = " ".join(texts).split() or "one two three four five six seven eight nine zero".split()
+    words = " ".join(texts).split() or ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "zero"]
     rows: list[dict[str, object]] = []
     for i, sr in enumerate(RATES):
         whole = root / "audio" / f"whole-{sr}.flac"

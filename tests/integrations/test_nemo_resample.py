@@ -85,9 +85,13 @@ def _ours(corpus: SpeechCorpus, resampler: str) -> dict[str, torch.Tensor]:
 @pytest.mark.nemo
 def test_our_loader_gives_nemos_lhotse_features(corpus: SpeechCorpus) -> None:
     pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
-    from nemo.collections.asr.data.audio_to_text_lhotse import LhotseSpeechToTextBpeDataset
+    from nemo.collections.asr.data.audio_to_text_lhotse import (
+        LhotseSpeechToTextBpeDataset,
+    )
     from nemo.collections.asr.modules import AudioToMelSpectrogramPreprocessor
-    from nemo.collections.common.tokenizers.sentencepiece_tokenizer import SentencePieceTokenizer
+    from nemo.collections.common.tokenizers.sentencepiece_tokenizer import (
+        SentencePieceTokenizer,
+    )
 
     from dataprep.integrations.nemo import get_plan_dataloader
 
