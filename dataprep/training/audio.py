@@ -29,7 +29,7 @@ from manifests.audio import load_audio as _load
 from manifests.optional import require
 from manifests.options import check_choice
 
-__all__ = ["RESAMPLERS", "AudioError", "AudioReader", "load_audio"]
+__all__ = ["RESAMPLERS", "AudioError", "AudioReader", "half_up", "load_audio"]
 
 Resampler = Literal["soxr", "lhotse"]
 #: Lhotse reads a segment this close (s) to the whole recording to the recording's end
