@@ -17,6 +17,8 @@ from manifests.options import check_bool, check_choice, check_int, check_number,
 DEVICES = ("auto", "cpu", "cuda")
 #: the log-mel front ends of our loop (:meth:`dataprep.training.features.FeatureConfig.named`)
 FEATURE_SETS = ("ours", "nemo", "canary-1b")
+#: how the loop resamples audio to 16 kHz (:func:`dataprep.training.audio.load_audio`)
+RESAMPLERS = ("soxr", "lhotse")
 #: torch.manual_seed's range
 SEED_RANGE = (-(2**63), 2**64 - 1)
 #: most DataLoader worker processes per rank and batches prepared ahead (each held in memory)
@@ -44,7 +46,8 @@ class TrainConfig:
     hung collective / rank is reported (> 0). ``cache_dir``: memory-mapped manifest columns
     (None: the tool's cache directory). ``features``: the log-mel front end, one of
     :data:`FEATURE_SETS` (``nemo``: NeMo's preprocessor defaults, ``canary-1b``: Canary-1B's
-    config), with the model's mel count.
+    config), with the model's mel count. ``resampler``: ``soxr`` (HQ) or ``lhotse`` (the samples
+    NeMo's Lhotse dataloader gives, :func:`dataprep.training.audio.load_audio`).
     """
 
     plan_dir: str
@@ -67,6 +70,7 @@ class TrainConfig:
     quiet: bool = False
     dynamic_resolution: bool = True  # use the plan's dynamic resolution when it has one
     features: str = "ours"  # ours | nemo | canary-1b (FeatureConfig.named, the model's mel count)
+    resampler: str = "soxr"  # soxr | lhotse (NeMo's Lhotse dataloader's samples)
     overwrite: bool = False  # replace a run already in checkpoint_dir
     allow_other_tokenizer: bool = False  # train with a tokenizer other than the manifest's
     extra: dict[str, Any] = field(default_factory=dict)
@@ -89,6 +93,7 @@ class TrainConfig:
         check_int("checkpoint_every", self.checkpoint_every, ge=0, le=None)
         check_choice("device", self.device, DEVICES)
         check_choice("features", self.features, FEATURE_SETS)
+        check_choice("resampler", self.resampler, RESAMPLERS)
         check_number("timeout_s", self.timeout_s, gt=0)
         for name in ("resume", "skip_bad_audio", "trace", "quiet", "dynamic_resolution", "overwrite",
                      "allow_other_tokenizer"):

@@ -28,6 +28,7 @@ EXAMPLES = {
     "lightning_datamodule.py": ("torch", "lightning"),
     "lhotse_sampler.py": ("torch", "lhotse"),
     "nemo_canary.py": ("torch", "lhotse", "nemo.collections.asr"),
+    "nemo_parakeet.py": ("torch", "lhotse", "nemo.collections.asr"),
 }
 
 
@@ -54,7 +55,7 @@ def test_example_runs_and_replays_the_plan(rich: Rich, name: str) -> None:
     for mod in EXAMPLES[name]:
         if importlib.util.find_spec(mod.split(".")[0]) is None:
             pytest.skip(f"{mod} is not installed")
-    args = [str(rich.plan), str(rich.manifest)] + ([str(rich.spm)] if name == "nemo_canary.py" else [])
+    args = [str(rich.plan), str(rich.manifest)] + ([str(rich.spm)] if name.startswith("nemo_") else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     res = subprocess.run([sys.executable, str(REPO / "examples" / name), *args], capture_output=True, text=True,
                          check=False, env=env, cwd=REPO, timeout=600)
@@ -68,4 +69,12 @@ def test_example_runs_and_replays_the_plan(rich: Rich, name: str) -> None:
         assert [int(line.split()[2]) for line in res.stdout.splitlines()[1:4]] == sizes[:3]
         return
     got = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("[\"")]
+    if name == "nemo_parakeet.py":  # each batch's transcripts, once per model class
+        import polars as pl
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(rich.spm))
+        text = dict(pl.read_parquet(rich.manifest, columns=["id", "text"]).iter_rows())
+        assert got == [[sp.decode(sp.encode(text[i])) for i in ids] for ids in plan] * 3
+        return
     assert got == (plan + plan if name == "lhotse_sampler.py" else plan)

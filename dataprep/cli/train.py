@@ -48,6 +48,7 @@ def train_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-step lines on stdout.")] = _D.quiet,
     dynamic_resolution: Annotated[bool, typer.Option("--dynamic-resolution/--no-dynamic-resolution", help="For a plan made with --dynamic-resolution: featurize each utterance at the rate that gives its batch's target frames (off: 10 ms hop, ordinary padding).")] = _D.dynamic_resolution,
     features: Annotated[str, typer.Option("--features", help="Log-mel front end: ours, nemo (NeMo's AudioToMelSpectrogramPreprocessor defaults) or canary-1b (Canary-1B's preprocessor config); the model's mel count.")] = _D.features,
+    resampler: Annotated[str, typer.Option("--resampler", help="Resampling to 16 kHz: soxr (HQ) or lhotse (the samples NeMo's Lhotse dataloader gives).")] = _D.resampler,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run already in --checkpoint-dir (refused without this or --resume).")] = _D.overwrite,
     allow_other_tokenizer: Annotated[bool, typer.Option("--allow-other-tokenizer", help="Train with a tokenizer other than the one the manifest was compiled with.")] = _D.allow_other_tokenizer,
 ) -> None:
@@ -57,7 +58,8 @@ def train_cmd(
                         workers=workers, prefetch=prefetch, skip_bad_audio=skip_bad_audio,
                         checkpoint_every=checkpoint_every, trace=trace, device=device, timeout_s=timeout,
                         cache_dir=cache_dir, quiet=quiet, dynamic_resolution=dynamic_resolution,
-                        features=features, overwrite=overwrite, allow_other_tokenizer=allow_other_tokenizer)
+                        features=features, resampler=resampler, overwrite=overwrite,
+                        allow_other_tokenizer=allow_other_tokenizer)
     refuse_same_paths({"PLAN": plan_dir, "--manifest": manifest, **{f"--tokenizer {t}": t.partition("=")[2] or t
                                                                   for t in tokenizer}},
                       {"--checkpoint-dir": checkpoint_dir})

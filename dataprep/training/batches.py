@@ -28,11 +28,12 @@ import torch
 
 from bucketing.dynres import DynResConfig
 from dataprep.tokenize import Tokenizers
-from dataprep.training.audio import AudioError, AudioReader, load_audio
+from dataprep.training.audio import RESAMPLERS, AudioError, AudioReader, load_audio
 from manifests.column_cache import ColumnCache, RowsMeta
 from dataprep.training.dynres import collate_dynamic_resolution
 from dataprep.training.features import FeatureConfig, LogMel
 from manifests.errors import DataprepError
+from manifests.options import check_choice
 from manifests.plan_files import PlanBatch
 
 
@@ -86,13 +87,15 @@ class BatchBuilder:
     ``dynamic_resolution``: the plan's rates (``plan.json``'s ``dynamic_resolution.config``);
     used for batches that carry ``target_frames`` unless ``evaluation`` (eval loaders keep the
     fixed 10 ms hop). ``features``: the log-mel front end (default :meth:`FeatureConfig.ours`,
-    80 mels)."""
+    80 mels). ``resampler``: how audio reaches 16 kHz (:func:`~dataprep.training.audio.load_audio`)."""
 
     def __init__(self, manifest: str | os.PathLike[str], tokenizer: Sequence[str], *,
                  features: FeatureConfig | None = None,
                  skip_bad_audio: bool = False, cache_dir: str | os.PathLike[str] | None = None,
                  io_threads: int = 4, dynamic_resolution: DynResConfig | None = None,
-                 evaluation: bool = False) -> None:
+                 evaluation: bool = False, resampler: str = "soxr") -> None:
+        check_choice("resampler", resampler, RESAMPLERS)
+        self.resampler = resampler
         self.manifest = str(manifest)
         self.tokenizer = list(tokenizer)
         self.features = features or FeatureConfig.ours()
@@ -152,7 +155,7 @@ class BatchBuilder:
         utt, path, offset, duration, container, m_offset, m_size, group, row, held = args
         try:
             data = held if held is not None else self.containers.held(utt, container, m_offset, m_size, group, row)
-            return load_audio(utt, path, offset, duration, data=data)
+            return load_audio(utt, path, offset, duration, data=data, resampler=self.resampler)  # type: ignore[arg-type]
         except AudioError as exc:
             if self.skip_bad_audio:
                 return exc

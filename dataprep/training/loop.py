@@ -129,7 +129,7 @@ def _build(cfg: TrainConfig, device: torch.device,
     n_mels, vocab = model_input_spec(model)
     dynres = meta.extra.get("dynamic_resolution") if cfg.dynamic_resolution else None
     builder = BatchBuilder(cfg.manifest, cfg.tokenizer, features=FeatureConfig.named(cfg.features, features=n_mels),
-                           skip_bad_audio=cfg.skip_bad_audio,
+                           skip_bad_audio=cfg.skip_bad_audio, resampler=cfg.resampler,
                            cache_dir=cfg.cache_dir,
                            dynamic_resolution=DynResConfig.from_json(dynres["config"]) if dynres else None)
     require_recorded_tokenizer(builder.tokenizers, cfg.manifest, cfg.allow_other_tokenizer)
