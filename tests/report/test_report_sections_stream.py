@@ -31,8 +31,7 @@ from dataprep.report.aggregates import collect_report, row_blocks
 from dataprep.report.buckets_section import bucket_rows, bucket_section
 from dataprep.report.plan_section import share_table
 from dataprep.analysis.padding import batch_sizes_for, manifest_padding_report
-from dataprep.report.stream_sections import (SHARE_BYTES_PER_ROW, SPILL_BYTES_PER_ROW, CorpusShares, RowBlock,
-                                             planned_times, sample_rows, spill_planned_rows)
+from dataprep.report.stream_sections import (SHARE_BYTES_PER_ROW, SPILL_BYTES_PER_ROW, CorpusShares, planned_times, sample_rows, spill_planned_rows)
 from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError
 from manifests.manifest_write import write_manifest
