@@ -3,7 +3,8 @@ that replays a plan instead of re-bucketing online.
 
 Same signature: ``(config, global_rank, world_size, dataset, tokenizer=None)``. The config (a
 dict or an OmegaConf ``train_ds``) adds ``plan_dir`` and ``manifest``; ``sample_rate`` (default
-16000), ``channel_selector``, ``num_workers``, ``pin_memory``, ``force_iterable_dataset`` and
+16000), ``channel_selector`` (a channel number, or as NeMo a cut field naming each row's channel),
+``num_workers``, ``pin_memory``, ``force_iterable_dataset`` and
 ``seed`` are read as NeMo reads them, ``prefetch_steps`` / ``prefetch_bytes`` as ``PlanSampler``
 takes them; bucketing, batch size and filters are the plan's. A
 config without ``plan_dir`` goes to NeMo's own function. The ``dataset`` gets, per step, the
@@ -27,13 +28,32 @@ import torch
 from dataprep.integrations.lhotse import PlanDataLoader, PlanIterableLoader, PlanSampler
 from dataprep.integrations.prefetch import DEFAULT_PREFETCH_BYTES, PrefetchOptions
 from manifests.errors import DataprepError, OptionError
-from manifests.options import check_bool, check_int, check_sample_rate
+from manifests.options import check_bool, check_int, check_sample_rate, check_str
 from manifests.plan_meta import read_plan_meta
 
 
 def _resample(cuts: Any, sampling_rate: int) -> Any:
     """NeMo's per-cut safeguard resampling (a no-op for cuts already at ``sampling_rate``)."""
     return cuts.resample(sampling_rate)
+
+
+def _select_channels(cuts: Any, field: str) -> Any:
+    """NeMo's ``channel_selector: FIELD``: each cut keeps the channel its ``custom[FIELD]`` names
+    (a mono cut stays as it is); a cut without the field, or naming a channel its audio lacks,
+    is one line naming the cut."""
+    from lhotse import CutSet
+
+    def one(cut: Any) -> Any:
+        custom = cut.custom or {}
+        if field not in custom:
+            raise DataprepError(f"config: channel_selector: cut {cut.id} has no field {field!r} naming its channel")
+        idx = custom[field]
+        if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < cut.num_channels:
+            raise DataprepError(f"config: channel_selector: cut {cut.id}: {field}={idx!r} is not one of its "
+                                f"{cut.num_channels} channel(s)")
+        return cut if cut.num_channels == 1 else cut.with_channels(idx)
+
+    return CutSet.from_cuts(one(c) for c in cuts)
 
 
 def _get(config: Any, key: str, default: Any = None) -> Any:
@@ -80,7 +100,11 @@ def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset:
     if manifest is None:
         raise DataprepError("config: plan_dir is set but manifest (the compiled manifest of the plan) is not")
     channel = _get(config, "channel_selector")
+    field = channel if isinstance(channel, str) else None  # NeMo's: the cut's custom field naming its channel
     with _config_errors():  # a channel number: a plan replays one channel of each row
+        if field is not None:
+            check_str("channel_selector", field)
+            channel = None
         check_int("channel_selector", channel, ge=0, le=None, optional=True)
     sample_rate, num_workers = _get(config, "sample_rate", 16000), _get(config, "num_workers", 0)
     pin_memory, iterable = _get(config, "pin_memory", False), _get(config, "force_iterable_dataset", False)
@@ -96,6 +120,8 @@ def get_plan_dataloader(config: Any, global_rank: int, world_size: int, dataset:
                           channel=channel, prefetch_steps=prefetch.prefetch_steps, prefetch_bytes=prefetch.prefetch_bytes)
     if "dynamic_resolution" in read_plan_meta(str(_get(config, "plan_dir"))).extra:
         dataset = WithTargetFrames(dataset)
+    if field is not None:
+        sampler.map(partial(_select_channels, field=field))
     sampler.map(partial(_resample, sampling_rate=sample_rate))
     if iterable:
         from lhotse.dataset.dataloading import make_worker_init_fn
