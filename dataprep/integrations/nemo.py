@@ -2,18 +2,16 @@
 that replays a plan instead of re-bucketing online.
 
 Same signature: ``(config, global_rank, world_size, dataset, tokenizer=None)``. The config (a
-dict or an OmegaConf ``train_ds``) adds ``plan_dir`` and ``manifest``; ``sample_rate`` (default
-16000), ``channel_selector`` (a channel number, or as NeMo a cut field naming each row's channel),
-``num_workers``, ``pin_memory``, ``force_iterable_dataset`` and
-``seed`` are read as NeMo reads them, ``prefetch_steps`` / ``prefetch_bytes`` as ``PlanSampler``
-takes them; bucketing, batch size and filters are the plan's. A
-config without ``plan_dir`` goes to NeMo's own function. The ``dataset`` gets, per step, the
-``CutSet`` of this rank's utterances (:class:`dataprep.integrations.lhotse.PlanSampler`); a
-dynamic-resolution plan's batches also carry ``target_frames``. The loader's ``state_dict()``
-resumes at exactly the next batch, map-style or iterable (Lightning's checkpoints too: its
-``len()`` is the whole pass); after the plan's last step the next epoch ends the run cleanly
-(:class:`dataprep.integrations.lhotse.PlanEnded`: ``fit()`` returns, one line). Token counts come from compile
-(``--prompt-format canary2``), so ``tokenizer`` is not needed.
+dict or an OmegaConf ``train_ds``) adds ``plan_dir`` and ``manifest``; ``sample_rate``,
+``channel_selector`` (a channel number, or as NeMo a cut field naming each row's channel),
+``num_workers``, ``pin_memory``, ``force_iterable_dataset`` and ``seed`` are read as NeMo reads
+them, ``prefetch_steps`` / ``prefetch_bytes`` as ``PlanSampler`` takes them; bucketing, batch size
+and filters are the plan's; a config without ``plan_dir`` goes to NeMo's own function. The
+``dataset`` gets each step's ``CutSet`` of this rank (dynamic-resolution plans add
+``target_frames``). ``state_dict()`` resumes at exactly the next batch, map-style or iterable
+(``len()`` is the whole pass, as Lightning counts it); after the plan's last step the run ends
+cleanly (:class:`dataprep.integrations.lhotse.PlanEnded`: ``fit()`` returns, one line). Token
+counts come from compile (``--prompt-format canary2``), so ``tokenizer`` is not needed.
 """
 
 from __future__ import annotations

@@ -112,7 +112,8 @@ def test_bit_flip_in_a_data_page(corpus: Corpus, plan: Path, plan_copy: Path, tm
     invoke("export", "nemo", str(plan_copy), "--manifest", str(corpus.manifest), "-o", str(tmp_path / "x"))
     invoke("export", "nemo", str(plan), "--manifest", str(corpus.manifest), "-o", str(tmp_path / "y"))
     for f in (tmp_path / "y").iterdir():
-        assert (tmp_path / "x" / f.name).read_bytes() == f.read_bytes(), f.name
+        got = (tmp_path / "x" / f.name).read_bytes().replace(str(tmp_path / "x").encode(), str(tmp_path / "y").encode())
+        assert got == f.read_bytes(), f.name  # bucketing.yaml names its manifest_filepath (absolute)
 
 
 def test_verify_accepts_an_intact_plan(corpus: Corpus, plan: Path) -> None:

@@ -20,7 +20,7 @@ from tests.training._consumer import invoke
 BLEND = {"reweight_temperature": 0.5, "input_cfg": [
     {"type": "group", "weight": 0.7, "tags": {"taskname": "asr"}, "input_cfg": [
         {"type": "nemo", "manifest_filepath": "ls_en.json", "weight": 100.0, "tags": {"corpus": "librispeech"}},
-        {"type": "nemo", "manifest_filepath": "mls_fr.json", "weight": 5.0, "tags": {"lang": "fr", "source": "mls"}},
+        {"type": "nemo", "manifest_filepath": "mls_fr.json", "weight": 5.0, "tags": {"source": "mls"}},
     ]},
     {"type": "nemo_tarred", "manifest_filepath": "packed/manifest__OP_0..1_CL_.json",
      "tarred_audio_filepaths": "packed/audio__OP_0..1_CL_.tar", "weight": 0.3, "tags": {"corpus": "tarred_de"}},
@@ -35,7 +35,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
     root = tmp_path_factory.mktemp("export-blend")
     _nemo(root, "ls_en", 12, "en")
-    _nemo(root, "mls_fr", 5, "", pnc="yes")
+    _nemo(root, "mls_fr", 5, "fr", pnc="yes")
     _nemo(root, "tar_src", 8, "de")
     train_model([" ".join(WORDS)] * 4, root / "spm.model", vocab_size=60, threads=1)
     invoke("compile", str(root / "tar_src.json"), "--tokenizer", str(root / "spm.model"), "-o", str(root / "t.parquet"))
