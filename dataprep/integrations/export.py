@@ -18,6 +18,7 @@ import contextlib
 import gzip
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -245,7 +246,7 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
     require_audio(inputs.manifest_path, "export lhotse")
     check_covered(inputs, rejects)
     stats = Stats(len(inputs.spec.buckets))
-    shar = has_containers(inputs.manifest_path)
+    shar = held_in_containers(inputs.manifest_path)
     with export_dir(out_dir) as tmp:
         if shar:  # a folder of its own: Lhotse's from_shar takes every NAME.json beside it for a field
             (tmp / "shar").mkdir()
@@ -253,16 +254,12 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
         else:
             with open(tmp / "cuts.jsonl.gz", "wb") as raw, \
                     gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
-                for table, bucket in iter_manifest(inputs.manifest_path, inputs.bucket):
-                    keep = bucket >= 0
-                    kept_bucket = bucket[keep]
-                    tps = 0.0
-                    for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
-                        cut = cut_dict_for_row(row, channel, {"bucket": b})
-                        gz.write((json.dumps(cut, sort_keys=True, ensure_ascii=False) + "\n").encode())
-                        if row["num_tokens"] is not None:
-                            tps = max(tps, int(row["num_tokens"]) / cut["duration"])
-                    stats.add(kept_bucket, row_tokens(table)[keep], tps)
+                def write(row: dict[str, Any], b: int) -> float:
+                    cut = cut_dict_for_row(row, channel, {"bucket": b})
+                    gz.write((json.dumps(cut, sort_keys=True, ensure_ascii=False) + "\n").encode())
+                    return float(cut["duration"])
+
+                _export_covered(inputs, stats, write)
         bins = {
             "duration_bins": duration_bins(inputs.spec, stats.max_tokens),
             "bucket_batch_size": [int(b.batch_size) for b in inputs.spec.buckets],  # type: ignore[arg-type]
@@ -274,12 +271,13 @@ def export_lhotse(plan_or_buckets: str | os.PathLike[str], manifest: str | os.Pa
     return {**bins, "written": ["shar/cuts.*.jsonl.gz", "shar/recording.*.tar"] if shar else ["cuts.jsonl.gz"]}
 
 
-def has_containers(manifest: Path) -> bool:
-    """Whether any row of ``manifest`` is held in a container (a tar member or a Parquet row)."""
-    if "container" not in pq.ParquetFile(manifest).schema_arrow.names:
+def held_in_containers(manifest: Path) -> bool:
+    """Whether any row of ``manifest`` is held in a container (a tar member or a Parquet row):
+    the ``container`` column read a block at a time, stopping at the first held row."""
+    pf = pq.ParquetFile(manifest)
+    if "container" not in pf.schema_arrow.names:
         return False
-    held = pq.read_table(manifest, columns=["container"]).column("container")
-    return held.null_count < len(held)
+    return any(b.column(0).null_count < b.num_rows for b in pf.iter_batches(columns=["container"]))
 
 
 def _write_shar(inputs: ExportInputs, folder: Path, channel: int | None, stats: Stats) -> None:
@@ -291,16 +289,27 @@ def _write_shar(inputs: ExportInputs, folder: Path, channel: int | None, stats: 
     from dataprep.integrations.cuts import cut_for_row
 
     with SharWriter(str(folder), fields={"recording": "flac"}, shard_size=SHAR_SHARD_CUTS) as writer:
-        for table, bucket in iter_manifest(inputs.manifest_path, inputs.bucket):
-            keep = bucket >= 0
-            kept_bucket = bucket[keep]
-            tps = 0.0
-            for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
-                cut = cut_for_row(row, channel, {"bucket": b})
-                writer.write(cut)
-                if row["num_tokens"] is not None:
-                    tps = max(tps, int(row["num_tokens"]) / cut.duration)
-            stats.add(kept_bucket, row_tokens(table)[keep], tps)
+        def write(row: dict[str, Any], b: int) -> float:
+            cut = cut_for_row(row, channel, {"bucket": b})
+            writer.write(cut)
+            return float(cut.duration)
+
+        _export_covered(inputs, stats, write)
+
+
+def _export_covered(inputs: ExportInputs, stats: Stats, write: Callable[[dict[str, Any], int], float]) -> None:
+    """Each row the plan covers (bucket >= 0), block by block, passed to ``write(row, bucket)``,
+    which writes its cut and returns its duration (seconds); ``stats`` gathers the buckets, tokens
+    and highest tokens per second."""
+    for table, bucket in iter_manifest(inputs.manifest_path, inputs.bucket):
+        keep = bucket >= 0
+        kept_bucket = bucket[keep]
+        tps = 0.0
+        for row, b in zip(table.filter(pa.array(keep)).to_pylist(), kept_bucket.tolist()):
+            duration = write(row, b)
+            if row["num_tokens"] is not None:
+                tps = max(tps, int(row["num_tokens"]) / duration)
+        stats.add(kept_bucket, row_tokens(table)[keep], tps)
 
 
 def lhotse_constraint(duration_bins: list[Any], batch_sizes: list[int]) -> Any:
