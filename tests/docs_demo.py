@@ -1,16 +1,25 @@
-"""The demo workspace the docs pages share (``python -m dataprep.demo``), built once per run
-under a file lock in the run's common temporary folder, and the environment the pages' blocks
-run in. ``python -m tests.docs_demo ROOT`` builds it (what ``tests/conftest.py`` starts in the
-background as soon as the docs pages are collected, so no worker waits for it idle)."""
+"""The demo workspace the docs pages share, built once per run under a file lock in the run's
+common temporary folder: the demo corpus (:func:`dataprep.demo.make_demo_corpus`), README's
+"Start here" walk run as written, then the demo's last step (``dataprep report``); and the
+environment the pages' blocks run in. ``python -m tests.docs_demo ROOT`` builds it (what
+``tests/conftest.py`` starts in the background as soon as the docs pages are collected, so no
+worker waits for it idle)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+from tests.cli_server import write_shim
+from tests.doc_blocks import readme_walk
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,9 +37,31 @@ def env(bin_dir: Path, cache: Path | None = None) -> dict[str, str]:
     return out
 
 
+@contextlib.contextmanager
+def serving(bin_dir: Path) -> Iterator[dict[str, str]]:
+    """The environment of :func:`env` whose ``dataprep`` is a process forked by a server that
+    imported the CLI once (:mod:`tests.cli_server`), for as long as the context lasts."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    sock = Path(tempfile.mkdtemp(prefix="cli-", dir="/tmp")) / "s"  # short: a socket path has 107 bytes
+    write_shim(bin_dir / "dataprep", str(sock))
+    out = env(bin_dir)
+    server = subprocess.Popen([sys.executable, "-m", "tests.cli_server", str(sock)], env=out, cwd=REPO,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "ready\n", "the CLI server did not start"
+        yield out
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        shutil.rmtree(sock.parent, ignore_errors=True)
+
+
 def build(root: Path) -> tuple[Path, str]:
     """``root/ws``, built unless another process built it: ``(workspace, "")``, or the failed
-    build's output tail as the second item (nothing marked ready)."""
+    command's output tail as the second item (nothing marked ready). The walk's output is kept
+    in ``ws/walk.out``."""
+    from dataprep.demo import demo_steps, make_demo_corpus
+
     ws = root / "ws"
     root.mkdir(parents=True, exist_ok=True)
     with open(root / "lock", "w") as lock:
@@ -38,11 +69,19 @@ def build(root: Path) -> tuple[Path, str]:
         if (root / "ready").exists():
             return ws, ""
         shutil.rmtree(ws, ignore_errors=True)
-        (root / "bin").mkdir(exist_ok=True)
-        res = subprocess.run([sys.executable, "-m", "dataprep.demo", str(ws)], capture_output=True, text=True,
-                             env=env(root / "bin"), cwd=REPO, timeout=600, check=False)
-        if res.returncode != 0:
-            return ws, res.stdout[-2000:] + res.stderr[-3000:]
+        ws.mkdir()
+        make_demo_corpus(ws)
+        if not (root / "examples").exists():
+            (root / "examples").symlink_to(REPO / "examples")  # the walk runs ../examples/, as demo-out/ does
+        report = "dataprep " + shlex.join(demo_steps(Path("."))[-1])
+        with serving(root / "bin") as commands:
+            for code in (readme_walk().code, report):
+                res = subprocess.run(["bash", "-euo", "pipefail", "-c", code], capture_output=True, text=True,
+                                     env=commands, cwd=ws, timeout=600, check=False)
+                if res.returncode != 0:
+                    return ws, f"{code}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+                with open(ws / "walk.out", "a", encoding="utf-8") as out:
+                    out.write(res.stdout)
         (root / "ready").touch()
     return ws, ""
 

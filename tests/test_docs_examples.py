@@ -24,68 +24,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.cli_server import write_shim
+from tests.doc_blocks import FENCE, FILE_MARK, PAGES, REPO, Block, page_blocks, readme_walk
 from tests.conftest import docs_demo_root
-from tests.docs_demo import build
-from tests.docs_demo import env as docs_env
-
-REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-RUN_LANGS = {"sh", "python"}
-SAMPLE_LANGS = {"text"}
-_FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
-_MARK = re.compile(r"<!-- doc-test: (.*?) -->")
-_NOT_RUN = re.compile(r"not-run: (\S.*)")
-_FILE = re.compile(r"file (examples/[\w.]+\.py)")
-
-
-@dataclass(frozen=True)
-class Block:
-    page: Path
-    line: int
-    lang: str
-    code: str
-    mark: str | None  # the doc-test marker on the line before the fence, if any
-
-    @property
-    def where(self) -> str:
-        return f"{self.page.relative_to(REPO)}:{self.line}"
-
-    @property
-    def kind(self) -> str:
-        """``run``, ``not-run``, ``file`` or ``sample``; raises on a block no rule covers."""
-        if self.mark is not None:
-            if self.lang not in RUN_LANGS:
-                raise AssertionError(f"{self.where}: a doc-test marker on a ```{self.lang} block")
-            if _NOT_RUN.fullmatch(self.mark):
-                return "not-run"
-            if _FILE.fullmatch(self.mark):
-                return "file"
-            raise AssertionError(f"{self.where}: unknown marker {self.mark!r} (not-run: REASON | file examples/X.py)")
-        if self.lang in RUN_LANGS:
-            return "run"
-        if self.lang in SAMPLE_LANGS:
-            return "sample"
-        raise AssertionError(f"{self.where}: fence ```{self.lang or '(none)'}: use sh, python (run) or text (sample)")
-
-
-def page_blocks(page: Path) -> list[Block]:
-    """The fenced blocks of ``page`` in order, each with the marker on the line before it."""
-    text = page.read_text(encoding="utf-8")
-    out = []
-    for m in _FENCE.finditer(text):
-        before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1]
-        mark = _MARK.fullmatch(before.strip())
-        out.append(Block(page, text.count("\n", 0, m.start()) + 1, m.group(1).strip(), m.group(2),
-                         mark.group(1) if mark else None))
-    return out
-
+from tests.docs_demo import build, serving
 
 def all_blocks() -> list[Block]:
     return [b for p in PAGES for b in page_blocks(p)]
@@ -103,10 +48,10 @@ def test_every_block_is_run_or_marked() -> None:
 
 def test_marked_files_are_verbatim() -> None:
     files = [b for b in all_blocks() if b.kind == "file"]
-    assert {_FILE.fullmatch(b.mark).group(1) for b in files} == {  # type: ignore[union-attr]
+    assert {FILE_MARK.fullmatch(b.mark).group(1) for b in files} == {  # type: ignore[union-attr]
         f"examples/{p.name}" for p in (REPO / "examples").glob("*.py")}
     for b in files:
-        path = REPO / _FILE.fullmatch(b.mark).group(1)  # type: ignore[union-attr]
+        path = REPO / FILE_MARK.fullmatch(b.mark).group(1)  # type: ignore[union-attr]
         assert b.code == path.read_text(encoding="utf-8"), b.where
 
 
@@ -126,15 +71,30 @@ def test_the_classifier_catches_an_unmarked_block(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="session")
 def demo_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``python -m dataprep.demo`` once per run: the corpus, tokenizer, manifests, buckets and
-    plan. The workers share it (:mod:`tests.docs_demo`: built under a file lock, started in the
-    background when the pages are collected); pages never write into it."""
+    """The demo workspace, once per run: the demo corpus, then README's "Start here" walk run as
+    written and ``dataprep report`` (:mod:`tests.docs_demo`: built under a file lock, started in
+    the background when the pages are collected, shared by the workers); pages never write into it."""
     ws, failed = build(docs_demo_root(tmp_path_factory))
     assert not failed, failed
     return ws
 
 
-PAGES_WITH_RUNS = [p for p in PAGES if any(b.kind == "run" for b in page_blocks(p))]
+def _page_runs(page: Path) -> list[Block]:
+    """The page's blocks this module runs: README's walk is the demo workspace's build."""
+    walk = readme_walk()
+    return [b for b in page_blocks(page) if b.kind == "run" and b != walk]
+
+
+def test_readme_walk_built_the_demo_workspace(demo_workspace: Path) -> None:
+    """README's walk ran to its end (the build fails on the first failing command): its last
+    outputs are there, and the demo's last step, the report page."""
+    assert readme_walk().code.rstrip().splitlines()[-1].startswith("python ../examples/pytorch_sampler.py")
+    for name in ("plan/plan.json", "padding.json", "stats.json", "report.html", "walk.out"):
+        assert (demo_workspace / name).is_file(), name
+    assert "step" in (demo_workspace / "walk.out").read_text()  # the sampler example's lines
+
+
+PAGES_WITH_RUNS = [p for p in PAGES if _page_runs(p)]
 
 
 @pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.xdist_group(f"docs:{p.name}"))
@@ -142,32 +102,18 @@ PAGES_WITH_RUNS = [p for p in PAGES if any(b.kind == "run" for b in page_blocks(
 def test_page_blocks_run(page: Path, demo_workspace: Path, tmp_path: Path) -> None:
     """The page's runnable blocks, in order, in its own copy of the demo workspace; each
     ``dataprep`` a process forked by a server that imported the CLI once (:mod:`tests.cli_server`)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    sock = Path(tempfile.mkdtemp(prefix="cli-", dir="/tmp")) / "s"  # short: a socket path has 107 bytes
-    write_shim(bin_dir / "dataprep", str(sock))
-    env = docs_env(bin_dir)
-    server = subprocess.Popen([sys.executable, "-m", "tests.cli_server", str(sock)], env=env, cwd=REPO,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-    try:
-        ws = tmp_path / "ws"
-        shutil.copytree(demo_workspace, ws, ignore=shutil.ignore_patterns("audio"))
-        (ws / "audio").symlink_to(demo_workspace / "audio")
-        for name in ("examples", "benchmarks"):
-            (ws / name).symlink_to(REPO / name)
-        (tmp_path / "examples").symlink_to(REPO / "examples")  # README's walk: demo-out/ beside examples/
-        assert server.stdout is not None and server.stdout.readline() == "ready\n", "the CLI server did not start"
-        for b in page_blocks(page):
-            if b.kind != "run":
-                continue
+    ws = tmp_path / "ws"
+    shutil.copytree(demo_workspace, ws, ignore=shutil.ignore_patterns("audio"))
+    (ws / "audio").symlink_to(demo_workspace / "audio")
+    for name in ("examples", "benchmarks"):
+        (ws / name).symlink_to(REPO / name)
+    (tmp_path / "examples").symlink_to(REPO / "examples")  # demo-out/ beside examples/, as in the repository
+    with serving(tmp_path / "bin") as env:
+        for b in _page_runs(page):
             cmd = ["bash", "-euo", "pipefail", "-c", b.code] if b.lang == "sh" else [sys.executable, "-c", b.code]
             res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ws, timeout=600, check=False)
             assert res.returncode == 0, \
                 f"{b.where} failed ({res.returncode}):\n{b.code}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-        shutil.rmtree(sock.parent, ignore_errors=True)
 
 
 def _anchor(heading: str) -> str:
@@ -178,7 +124,7 @@ def _anchor(heading: str) -> str:
 def test_links_between_pages_resolve() -> None:
     """Every relative link of README.md and docs/ names an existing file, and its #anchor a heading there."""
     for page in PAGES:
-        text = _FENCE.sub("", page.read_text(encoding="utf-8"))
+        text = FENCE.sub("", page.read_text(encoding="utf-8"))
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if re.match(r"[a-z]+://", target):
                 continue
@@ -186,5 +132,5 @@ def test_links_between_pages_resolve() -> None:
             path = (page.parent / file) if file else page
             assert path.exists(), f"{page.relative_to(REPO)}: link to missing {target}"
             if anchor:
-                headings = re.findall(r"^#+ (.*)$", _FENCE.sub("", path.read_text(encoding="utf-8")), re.MULTILINE)
+                headings = re.findall(r"^#+ (.*)$", FENCE.sub("", path.read_text(encoding="utf-8")), re.MULTILINE)
                 assert anchor in {_anchor(h) for h in headings}, f"{page.relative_to(REPO)}: no heading for {target}"

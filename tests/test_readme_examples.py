@@ -17,7 +17,7 @@ import pytest
 from manifests.plan_files import open_shard
 from tests.integrations._rich import Rich, rich_corpus
 
-from tests.test_docs_examples import page_blocks
+from tests.doc_blocks import page_blocks
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "trainers.md"

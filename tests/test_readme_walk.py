@@ -1,7 +1,7 @@
 """README's "Start here" walk is what ``make demo`` runs, and its last step reads as a user expects.
 
-``tests/test_docs_examples.py`` runs the walk's block as written, in the demo folder beside
-``examples/`` (as ``demo-out/`` lies in the repository); here: the walk's commands equal
+The docs pages' demo workspace is the walk's block run as written, in a folder beside
+``examples/`` (as ``demo-out/`` lies in the repository: :mod:`tests.docs_demo`); here: the walk's commands equal
 :func:`dataprep.demo.demo_steps` flag for flag (so token counts, padding and hashes in the docs
 are the demo's), and the sampler example without torch says in one line what to install.
 """
@@ -16,16 +16,12 @@ import sys
 from pathlib import Path
 
 from dataprep.demo import demo_steps
-from tests.test_docs_examples import REPO, page_blocks
+from tests.doc_blocks import REPO, readme_walk
 
 
 def _walk() -> list[list[str]]:
-    """The commands of README's first runnable block after "## Start here", one argv each."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    start = text.index("## Start here")
-    block = next(b for b in page_blocks(REPO / "README.md") if b.kind == "run"
-                 and text.count("\n", 0, start) < b.line)
-    lines = re.sub(r"\\\n\s*", "", block.code).splitlines()
+    """The commands of README's walk (:func:`tests.doc_blocks.readme_walk`), one argv each."""
+    lines = re.sub(r"\\\n\s*", "", readme_walk().code).splitlines()
     return [shlex.split(line, comments=True) for line in lines if line.strip()]
 
 

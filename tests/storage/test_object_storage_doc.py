@@ -11,7 +11,7 @@ from dataprep.testing import write_tone
 from dataprep.testing_store import LoopbackS3
 from manifests import storage
 from tests.docs_demo import env as _env
-from tests.test_docs_examples import REPO, page_blocks
+from tests.doc_blocks import REPO, page_blocks
 
 PAGE = REPO / "docs" / "object-storage.md"
 MARK = "run by tests/storage/test_object_storage_doc.py"
