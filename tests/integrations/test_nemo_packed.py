@@ -113,36 +113,27 @@ def _train(plan: Path, manifest: Path, rich: Rich, work: Path, max_steps: int) -
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def test_a_tiny_canary_trains_three_steps_on_the_plan_of_the_pack(packed: tuple[str, Path, Path], rich: Rich,
-                                                                   tmp_path: Path) -> None:
+def test_a_tiny_canary_trains_on_the_plan_of_the_pack(packed: tuple[str, Path, Path], rich: Rich,
+                                                      tmp_path: Path) -> None:
     """NeMo's own model (``EncDecMultiTaskModel``, canary2), Lightning and ``get_plan_dataloader``:
-    the ids of each step are the plan's."""
-    _, manifest, _ = packed
-    plan = tmp_path / "plan1"
-    invoke("plan-batches", str(manifest), "--buckets", str(rich.buckets), "--world-size", "1", "--seed", "0",
-           "-o", str(plan))
-    run = _train(plan, manifest, rich, tmp_path / "run", 3)
-    assert run.returncode == 0, run.stderr[-3000:]
-    steps = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
-    assert [s["ids"] for s in steps] == [b.ids for b in open_shard(plan, 0)][:3]
-    assert [s["step"] for s in steps] == [0, 1, 2]
-
-
-def test_a_canary_run_to_the_plans_end_exits_0_with_one_line(packed: tuple[str, Path, Path], rich: Rich,
-                                                        tmp_path: Path) -> None:
-    """NeMo's usual ``max_epochs: -1`` without ``max_steps``: every step of the plan, then one
-    line and exit status 0 (``fit()`` returns)."""
+    the ids of each step are the plan's. On the Shar pack, NeMo's usual ``max_epochs: -1``
+    without ``max_steps``: every step of the plan, then one line and exit status 0 (``fit()``
+    returns; the guard is the loader's, not the layout's, so once is enough); on the tarred pack,
+    three steps (``max_steps``)."""
     layout, manifest, _ = packed
-    if layout != "shar":
-        pytest.skip("once is enough (the guard is the loader's, not the layout's)")
     plan = tmp_path / "plan1"
     invoke("plan-batches", str(manifest), "--buckets", str(rich.buckets), "--world-size", "1", "--seed", "0",
            "-o", str(plan))
-    run = _train(plan, manifest, rich, tmp_path / "run", -1)
-    n = json.loads((plan / "plan.json").read_text())["num_steps"]
+    to_end = layout == "shar"
+    run = _train(plan, manifest, rich, tmp_path / "run", -1 if to_end else 3)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert len([x for x in run.stdout.splitlines() if x.startswith("{")]) == n
-    ends = [x for x in run.stderr.splitlines() if "the plan's end" in x]
-    assert ends == [f"{plan}: the plan's end: rank 0 trained every batch up to step {n} (plan.json num_steps {n}); "
-                    "stopping the run"]
+    n = json.loads((plan / "plan.json").read_text())["num_steps"]
+    steps = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
+    expected = [b.ids for b in open_shard(plan, 0)][:n if to_end else 3]
+    assert [s["ids"] for s in steps] == expected
+    assert [s["step"] for s in steps] == list(range(len(expected)))
     assert "Traceback" not in run.stderr
+    if to_end:
+        ends = [x for x in run.stderr.splitlines() if "the plan's end" in x]
+        assert ends == [f"{plan}: the plan's end: rank 0 trained every batch up to step {n} (plan.json num_steps {n}); "
+                        "stopping the run"]
