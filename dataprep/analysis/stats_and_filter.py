@@ -24,7 +24,7 @@ from manifests.manifest_read import check_manifest_file, iter_manifest
 from manifests.manifest_write import RowGroupWriter, default_rejects_path, file_metadata, output_schemas
 from manifests.options import check_int
 from manifests.outputs import publish_together, refuse_same_paths
-from manifests.schema import CORPUS_COLUMN, conform, has_containers, has_corpus, schema_version
+from manifests.schema import CORPUS_COLUMN, MODALITY_COLUMN, conform, has_containers, has_corpus, has_modality, schema_version
 
 #: the columns ``stats`` reads (the optional ones when the manifest has them)
 STATS_COLUMNS = ["duration", "num_tokens", "tps", "lang"]
@@ -78,13 +78,14 @@ def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[
             empty = schema.empty_table()
             yield _filtered(manifest, pl.from_arrow(empty.select(columns) if columns else empty), thresholds)  # type: ignore[arg-type]
 
-    optional = [c for c in ("container", CORPUS_COLUMN) if c in names]
-    flags = {"kept": [False, False], "rejected": [False, False]}  # (containers, corpus) of each output
+    optional = [c for c in ("container", CORPUS_COLUMN, MODALITY_COLUMN) if c in names]
+    flags = {"kept": [False] * 3, "rejected": [False] * 3}  # (containers, corpus, modality) of each output
     if optional:
         needed = {c for _, c, _, _ in thresholds.active()} | set(optional)
         for r in split([c for c in names if c in needed] + sorted(needed - set(names))):  # lacking: derived or refused
             for key, part in (("kept", r.kept), ("rejected", r.rejected)):
-                flags[key] = [flags[key][0] or has_containers(part), flags[key][1] or has_corpus(part)]
+                has = (has_containers(part), has_corpus(part), has_modality(part))
+                flags[key] = [a or b for a, b in zip(flags[key], has)]
     kept_pl, kept_pa = output_schemas("manifest", *flags["kept"])
     rej_pl, rej_pa = output_schemas("rejects", *flags["rejected"])
 

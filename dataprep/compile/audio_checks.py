@@ -19,6 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
+from manifests.schema import MODALITY_COLUMN
 from manifests import storage, store_facts
 from manifests.errors import DataprepError
 
@@ -73,9 +74,12 @@ def _absent(paths: list[str], threads: int = 8) -> list[str]:
 
 def unchecked_audio(manifest: str | os.PathLike[str], probe: str = "auto", *,
                     sample: int = SAMPLE_FILES) -> UncheckedAudio:
-    """Count ``manifest``'s rows whose audio was not checked (module docstring); columns scanned lazily."""
+    """Count ``manifest``'s rows whose audio was not checked (module docstring); columns scanned
+    lazily. Text-only rows (``modality`` text) have no audio: they are not counted."""
     lf = pl.scan_parquet(manifest)
     names = lf.collect_schema().names()
+    if MODALITY_COLUMN in names:
+        lf = lf.filter(pl.col(MODALITY_COLUMN) != "text")
     loose = pl.col("container").is_null() if "container" in names else pl.lit(True)
     has_path = pl.col("audio_path").is_not_null()
     not_read = has_path & pl.col("sample_rate").is_null()
