@@ -13,6 +13,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bucketing.token_equivalents import TokenEquivalentOptions
 from dataprep.analysis.exact import SELECT_BUDGET
 from dataprep.analysis.filters import FilterResult, FilterSummary, Thresholds, apply_filters
 from dataprep.analysis.stats import ManifestStats, stream_stats
@@ -28,7 +29,7 @@ from manifests.schema import CORPUS_COLUMN, MODALITY_COLUMN, conform, has_contai
 
 #: the columns ``stats`` reads (the optional ones when the manifest has them)
 STATS_COLUMNS = ["duration", "num_tokens", "tps", "lang"]
-OPTIONAL_STATS_COLUMNS = ["lang", "corpus"]
+OPTIONAL_STATS_COLUMNS = ["lang", "corpus", "modality"]
 #: rows per block ``stats`` reads (about 10 MB of its columns; its keys, bins and masks a few
 #: times that): 1M-row blocks cost 0.13 GiB more for the same time (synthetic 10M rows)
 STATS_BLOCK_ROWS = 1 << 18
@@ -128,13 +129,15 @@ def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[
 
 def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[str] | None = None, *,
                  consumers: Sequence[Any] = (), block_rows: int = STATS_BLOCK_ROWS,
-                 budget: int = SELECT_BUDGET) -> tuple[ManifestStats, list[Path]]:
+                 budget: int = SELECT_BUDGET,
+                 token_options: TokenEquivalentOptions | None = None) -> tuple[ManifestStats, list[Path]]:
     """The figures of ``manifest`` (:func:`~dataprep.analysis.stats.stream_stats`, read in
     blocks of ``block_rows`` rows: memory bounded by a block, the groups and ``budget``
     selected values, not by the manifest); with ``json_path`` also written as JSON with the
     manifest's name and content hash. ``consumers`` see every pass's blocks too (what
     :func:`~dataprep.analysis.stats.stream_stats` takes: the PNG plots' aggregates). Returns
-    the figures and the files written."""
+    the figures and the files written. ``token_options``: token-equivalents at its audio token
+    rate reported too (:mod:`bucketing.token_equivalents`)."""
     manifest = Path(manifest)
     refuse_same_paths({"MANIFEST": manifest}, {"--json": json_path})
     check_int("block_rows", block_rows, ge=1, le=None)
@@ -145,7 +148,8 @@ def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[
     columns += [c for c in OPTIONAL_STATS_COLUMNS if c in names and c not in columns]
     strings = [c for c in OPTIONAL_STATS_COLUMNS if c in columns]
     stats = stream_stats(lambda: iter_manifest(manifest, columns, block_rows, dictionary=strings),
-                         budget=budget, consumers=list(consumers))
+                         budget=budget, consumers=list(consumers),
+                         audio_token_rate=None if token_options is None else token_options.audio_token_rate)
     written: list[Path] = []
     if json_path is not None:
         doc = stats.to_json()

@@ -109,7 +109,7 @@ def _temps(v: Validator, raw: Any, name: str) -> list[float] | float | None:
 def _stem(path: str) -> str:
     name = Path(path.rstrip("/")).name
     name = re.sub(r"(_?_OP_.*_CL_|_?\{[^}]*\})", "", name)  # NeMo brace syntax: the shared stem
-    return re.sub(r"(\.(jsonl?|gz|json))+$", "", name) or name
+    return re.sub(r"(\.(jsonl?|gz|json|txt))+$", "", name) or name
 
 
 @dataclass
