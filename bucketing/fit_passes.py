@@ -8,12 +8,8 @@ Passes: 1. the blocks: checks, rows outside the caps counted, durations and toke
 ``sort_rows``): quartiles, fence, the running sum at the last row of each distinct duration
 (``np.cumsum`` continued run to run), searched by :func:`bucketing.fit.duration_bounds`;
 3. the (duration bin, token count) cells, seconds summed in row order (``np.add.at``);
-4. the allocation, block by block, seconds per bucket summed in row order.
-
-Rows of duration 0 are text-only rows (no audio): they weigh no seconds, so they shape no
-duration bin and no cap applies to them; their tokens join the shortest bin's cells (pass 3),
-so its token bounds hold them, and pass 4 allocates them there like any row. A negative or non-finite duration is refused.
-
+4. the allocation, block by block, seconds per bucket summed in row order. Rows of duration 0
+(text-only) weigh no seconds: no cap applies, their tokens join the shortest bin's cells.
 Memory: one block, a range of the sort, the cells, the per-bucket totals (plus the store when
 held). Spilled: 16 bytes of disk per row plus 16 per distinct duration.
 """

@@ -1,21 +1,16 @@
 """NeMo's bucketing options as a bucket file: read them as buckets, write buckets as them.
 
-NeMo (Lhotse dataloader) keeps buckets in its ``train_ds`` options, the YAML that
-``estimate_duration_bins(_2d).py``, NeMo's OOMptimizer and our ``export nemo`` print::
-
-    bucket_duration_bins: [[3.9, 30], [3.9, 52], ...]   # 2D [max s, max tokens], or 1D [3.9, 7.1]
-    bucket_batch_size: [352, 301, ...]                    # or batch_duration: 600 (s per batch)
-
-Read at the top level or under ``train_ds`` / ``model.train_ds``, as NeMo reads YAML
-(:mod:`manifests.nemo_yaml`). Bins are inclusive upper bounds in bucket order; a token bound of
-2**31 - 1 or more is unbounded. ``batch_duration`` sizes a bucket's batch as its longest clips
-fit (``d``, or ``d + d**2 / quadratic_duration``). ``max_tps``, the origin and the keys not used
-(:func:`not_used`) go in the ``fit`` record of :func:`nemo_to_buckets_json`'s ``buckets.json``.
-With ``use_multimodal_sampling: true`` (speech-LLMs) a bin is ``[audio tokens, text tokens]``
-as NeMo measures a cut (``ceil(duration / token_equivalent_duration)``): a bucket's
-``max_duration`` is ``audio tokens x token_equivalent_duration``; ``batch_tokens`` sizes a batch
-as lhotse's ``TokenConstraint``: ``floor(batch_tokens / (te + te**2 / quadratic_factor))``, ``te``
-the bucket's bounds summed (:mod:`bucketing.token_equivalents`, whose formula this is).
+NeMo (Lhotse dataloader) keeps buckets in its ``train_ds`` options (the YAML NeMo's
+``estimate_duration_bins(_2d).py``, OOMptimizer and our ``export nemo`` print):
+``bucket_duration_bins`` (2D ``[[max s, max tokens], ...]`` or 1D) and ``bucket_batch_size``
+or ``batch_duration``, read at the top level or under ``train_ds`` / ``model.train_ds`` as NeMo
+reads YAML (:mod:`manifests.nemo_yaml`). A token bound of 2**31 - 1 or more is unbounded.
+``batch_duration`` sizes a bucket as its longest clips fit (``d + d**2 / quadratic_duration``).
+``use_multimodal_sampling: true``: a bin is ``[audio tokens, text tokens]`` (``max_duration`` =
+audio tokens x ``token_equivalent_duration``) and ``batch_tokens`` sizes a batch as lhotse's
+``TokenConstraint``: ``floor(batch_tokens / (te + te**2 / quadratic_factor))``, ``te`` the
+bounds summed (:mod:`bucketing.token_equivalents`' formula). ``max_tps``, the origin and the
+keys not used (:func:`not_used`) go in the ``fit`` record of :func:`nemo_to_buckets_json`.
 """
 
 from __future__ import annotations

@@ -3,20 +3,13 @@
 A compiled manifest is one Parquet file, one row per utterance, in a stable row order.
 Units: ``offset`` and ``duration`` in seconds (float64), ``num_tokens`` counts decoder
 tokens including the fixed prompt, ``tps`` = num_tokens / duration (tokens per second).
-
-Schema version 2 adds the container addressing columns (:data:`CONTAINER_FIELDS`) for audio
-inside tar shards (container path, byte offset and size of the member's data) or Parquet files
-(file, row group, row in the group), written only by manifests that hold such rows: a manifest
-of loose files keeps exactly the version-1 columns, content hash and version number.
-
-Schema version 3 adds ``corpus`` (last column): the name of the corpus a row came from, in a
-manifest compiled from many corpora (NeMo ``input_cfg``); written only when a row has one, so
-a one-corpus manifest keeps its version-1 (or 2) bytes and content hash.
-
-Schema version 4 adds ``modality`` (after ``corpus``): ``"audio"`` or ``"text"``, in a manifest
-holding text-only rows (a blend's ``txt``, ``txt_pair``, ``nemo_sft_jsonl`` corpora); absent
-means every row is audio. A text row has no audio (``audio_path`` null), ``duration`` 0.0 and no
-``tps`` (null); its ``num_tokens`` counts its prompt (context) and answer tokens.
+Optional columns, each written only by a manifest with a row that has one (else the older
+version's bytes and content hash): version 2, the container addressing columns
+(:data:`CONTAINER_FIELDS`: audio in tar shards or Parquet files); version 3, ``corpus`` (the
+corpus of a row of an ``input_cfg`` blend); version 4, ``modality`` (``"audio"`` / ``"text"``,
+in a manifest holding text-only rows; absent: every row is audio). A text row has no audio
+(``audio_path`` null), ``duration`` 0.0 and no ``tps``; its ``num_tokens`` counts its prompt
+(context) and answer tokens.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
 """Manifest statistics: totals, per language, quantiles, TPS by duration bin, threshold counts.
 
-Pure: blocks of rows with (at least) ``duration`` (s), ``num_tokens`` (tokens incl. prompt),
-``tps`` (tokens / s) and optionally ``lang`` / ``corpus`` in (polars frames or Arrow tables),
-a :class:`ManifestStats` out. No I/O. :func:`stream_stats` takes the blocks again for each
-pass (usually two) and holds one block, the groups' aggregates and a bounded number of
-selected values, never the corpus; :func:`compute_stats` is one frame as one block.
+Pure: blocks (polars or Arrow) with ``duration`` (s), ``num_tokens`` (incl. prompt), ``tps``
+(tokens / s), optionally ``lang`` / ``corpus`` / ``modality``, a :class:`ManifestStats` out.
+:func:`stream_stats` takes the blocks again for each pass (usually two), holding one block,
+the groups' aggregates and a bounded number of selected values; :func:`compute_stats`: one block.
 
-Quantiles use linear interpolation between order statistics (numpy's default for the
-quantile table, polars' ``quantile`` / ``median`` per language and duration bin), selected
-exactly (:mod:`dataprep.analysis.exact`), so every figure equals ``numpy.percentile`` /
-polars over the whole column; hours are correctly rounded sums (``math.fsum``). Nulls and
-NaNs are ignored by the quantiles (a null TPS still counts in its group's size, as polars
-counts it); an empty selection gives ``None``. The result does not depend on the blocks.
-Text-only rows (``modality`` text: duration 0, no TPS) count in the totals, languages, corpora,
-``num_tokens`` quantiles and per-modality counts, not in the duration figures (quantiles, bins,
-thresholds); with an ``audio_token_rate``, token-equivalents
-(:func:`bucketing.token_equivalents.token_equivalents`) get totals and quantiles too.
+Quantiles interpolate linearly between order statistics selected exactly
+(:mod:`dataprep.analysis.exact`): each equals ``numpy.percentile`` / polars over the whole
+column; hours are correctly rounded sums. Nulls and NaNs are ignored by the quantiles (a null
+TPS still counts in its group's size, as polars counts it); none selected gives ``None``.
+Text-only rows (``modality`` text: duration 0, no TPS) count everywhere but in the duration
+figures (quantiles, bins, thresholds); with an ``audio_token_rate``, token-equivalents
+(:mod:`bucketing.token_equivalents`) get totals and quantiles too.
 """
 
 from __future__ import annotations
