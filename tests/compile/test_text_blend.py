@@ -181,3 +181,12 @@ def test_plan_sized_by_nemo_batch_tokens(blend: Path, tmp_path: Path) -> None:
     res = runner.invoke(app, ["plan-batches", str(blend / "m.parquet"), "--buckets", str(cfg), "--world-size", "1",
                               "--audio-token-rate", "25", "-o", str(tmp_path / "p2")])
     assert res.exit_code == 2 and "disagrees with" in res.output and "Traceback" not in res.output
+
+
+def test_parted_compile_same_bytes(blend: Path, tmp_path: Path) -> None:
+    """A compile split in parts (a pool of 2 workers over 3 parts) writes the one-process bytes,
+    the modality column included."""
+    _run("compile", blend / "blend.yaml", "--tokenizer", blend / "spm.model", "--prompt-tokens", 2,
+         "--workers", 2, "--num-parts", 3, "-o", tmp_path / "m.parquet", "--rejects", tmp_path / "r.parquet")
+    assert (tmp_path / "m.parquet").read_bytes() == (blend / "m.parquet").read_bytes()
+    assert (tmp_path / "r.parquet").read_bytes() == (blend / "r.parquet").read_bytes()
