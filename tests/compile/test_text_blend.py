@@ -190,3 +190,9 @@ def test_parted_compile_same_bytes(blend: Path, tmp_path: Path) -> None:
          "--workers", 2, "--num-parts", 3, "-o", tmp_path / "m.parquet", "--rejects", tmp_path / "r.parquet")
     assert (tmp_path / "m.parquet").read_bytes() == (blend / "m.parquet").read_bytes()
     assert (tmp_path / "r.parquet").read_bytes() == (blend / "r.parquet").read_bytes()
+
+
+def test_pack_refuses_text_rows_in_one_line(blend: Path, tmp_path: Path) -> None:
+    res = runner.invoke(app, ["pack", str(blend / "m.parquet"), "-o", str(tmp_path / "packed")])
+    assert res.exit_code == 2 and "109 rows are text-only" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "packed").exists()
