@@ -199,7 +199,9 @@ def process_chunk(
     langs = df.select(lang_for_tokens).to_series()  # a Series: no Python str per row
     pieces = tokenizers.count(df["text"].to_list(), langs, opts.tokenizer_threads)
     df = df.with_columns(pl.Series("__pieces", pieces))
-    ctx = _context_pieces(df, text_row, tokenizers, opts)  # -1: no tokenizer for the context's language
+    # a blend with text or conversation corpora (rows with a modality): a row's context counts too
+    in_mixed = pl.col(MODALITY_COLUMN).is_not_null() if MODALITY_COLUMN in df.columns else pl.lit(False)
+    ctx = _context_pieces(df, in_mixed, tokenizers, opts)  # -1: no tokenizer for the context's language
     df = df.with_columns(pl.when(ctx < 0).then(-1).otherwise(pl.col("__pieces") + ctx).alias("__pieces"))
     df, bad = _reject(df, pl.col("__pieces") < 0, "no_tokenizer",
                       _at(pl.concat_str([pl.lit("no tokenizer for language "), lang_for_tokens.fill_null("<none>")])))
@@ -219,15 +221,15 @@ def process_chunk(
     return df, [r.drop("__audio_bytes", SEGMENT, strict=False) for r in rejects if r.height]
 
 
-def _context_pieces(df: pl.DataFrame, text_row: pl.Expr, tokenizers: Tokenizers, opts: CompileOptions) -> pl.Series:
-    """Pieces of each text row's context (``extra``'s :data:`CONTEXT_KEY`: a pair's source, a
+def _context_pieces(df: pl.DataFrame, rows: pl.Expr, tokenizers: Tokenizers, opts: CompileOptions) -> pl.Series:
+    """Pieces of the context of ``rows`` (``extra``'s :data:`CONTEXT_KEY`: a pair's source, a
     conversation's system prompt and user turns), by the tokenizer of its source language
-    (else its language); 0 for other rows, -1 where no tokenizer has that language. A text
+    (else its language); 0 for other rows, -1 where no tokenizer has that language. Such a
     row's tokens: context + answer + the prompt's."""
     pieces = np.zeros(df.height, dtype=np.int64)
-    if not df.height or not df.select(text_row.any()).item():
+    if not df.height or not df.select(rows.any()).item():
         return pl.Series(pieces)
-    ctx = df.select(pl.when(text_row).then(pl.col("extra").str.json_path_match(f"$.{CONTEXT_KEY}"))).to_series()
+    ctx = df.select(pl.when(rows).then(pl.col("extra").str.json_path_match(f"$.{CONTEXT_KEY}"))).to_series()
     has = (ctx.is_not_null() & (ctx != "")).fill_null(False)
     if has.any():
         langs = df.select(pl.coalesce("source_lang", "lang", "target_lang")).to_series().filter(has)

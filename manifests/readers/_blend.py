@@ -2,7 +2,7 @@
 
 NeMo's ``input_cfg`` YAML (read as NeMo reads it: :mod:`manifests.nemo_yaml`), a list of datasets
 (or a mapping holding one), each ``type`` ``nemo``, ``nemo_tarred``, ``lhotse``, ``lhotse_shar``,
-a text-only type (:data:`TEXT_TYPES`, rows read by :mod:`._text`) or ``group`` (its ``input_cfg``
+a text type (:data:`TEXT_TYPES`, ``multimodal_conversation``: read by :mod:`._text`) or ``group`` (its ``input_cfg``
 a list or another file); relative paths against the naming file's folder (docs/many-corpora.md). As ``nemo/collections/common/data/lhotse/cutset.py``: a list is
 all weighted or none; a level's weights become ``w^T / sum(w^T)``; a leaf's probability is the
 product down its path; ``text_field`` / ``lang_field`` pass down groups. Tags overwrite the row's
@@ -32,7 +32,7 @@ from manifests.errors import ManifestError
 from manifests.schema import MODALITY_COLUMN
 from manifests.nemo_yaml import load_nemo_yaml
 from manifests.readers._jsonl import SORTED_OBJECT_SQL
-from manifests.readers._text import TEXT_TYPES, text_options
+from manifests.readers._text import CONVERSATION_TYPES, TEXT_TYPES, text_options
 from manifests.validation import Validator, _show
 
 LEAF_TYPES = ("nemo", "nemo_tarred", "lhotse", "lhotse_shar")
@@ -65,8 +65,9 @@ class Leaf:
 
     @property
     def is_text(self) -> bool:
-        """Whether the corpus is text-only (no audio: :data:`TEXT_TYPES`)."""
-        return self.type in TEXT_TYPES
+        """Whether :mod:`._text` reads the corpus (text-only or conversations: rows with their
+        ``modality``)."""
+        return self.type in (*TEXT_TYPES, *CONVERSATION_TYPES)
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,11 @@ class _Parser:
             targets = self._paths(f, v.key(item, "target_paths", f"{name}."), f"{name}.target_paths")
             if len(paths) != len(targets):
                 raise v.fail(f"{name}.target_paths", f"{len(targets)} files for {len(paths)} source_paths (one per source)")
+        elif kind in CONVERSATION_TYPES:
+            if item.get("tarred_audio_filepaths") is not None:
+                raise v.fail(f"{name}.tarred_audio_filepaths", "not read for conversations (their audio in tars); "
+                                                               "give the JSONL with audio files")
+            paths = self._paths(f, v.key(item, "manifest_filepath", f"{name}."), f"{name}.manifest_filepath")
         else:
             paths = self._paths(f, v.key(item, "paths", f"{name}."), f"{name}.paths")
         text = text_options(kind, item)
@@ -232,7 +238,7 @@ class _Parser:
     def _leaf(self, f: _File, item: dict[str, Any], name: str, tags: dict[str, Any],
               fields: tuple[str, str]) -> dict[str, Any]:
         v, kind = f.v, item["type"]
-        if kind in TEXT_TYPES:
+        if kind in (*TEXT_TYPES, *CONVERSATION_TYPES):
             return self._text_leaf(f, item, name, tags, fields)
         key = {"nemo": "manifest_filepath", "nemo_tarred": "manifest_filepath", "lhotse": "cuts_path",
                "lhotse_shar": "shar_path"}[kind]
@@ -328,9 +334,9 @@ class _Parser:
             iname = f"{name}[{i}]"
             item = v.obj(item, iname)
             kind = v.str_(v.key(item, "type", f"{iname}."), f"{iname}.type")
-            if kind not in (*LEAF_TYPES, *TEXT_TYPES, "group"):
+            if kind not in (*LEAF_TYPES, *TEXT_TYPES, *CONVERSATION_TYPES, "group"):
                 raise v.fail(f"{iname}.type", f"{kind!r} is not read (expected one of "
-                                              f"{', '.join((*LEAF_TYPES, *TEXT_TYPES))}, group)")
+                                              f"{', '.join((*LEAF_TYPES, *TEXT_TYPES, *CONVERSATION_TYPES))}, group)")
             self._unused(f, item, iname)
             weight = None if item.get("weight") is None else v.number(item["weight"], f"{iname}.weight", positive=True)
             own = dict(v.obj(item.get("tags") or {}, f"{iname}.tags"))
@@ -408,7 +414,9 @@ def tag_rows(frame: pl.DataFrame, leaf: Leaf) -> pl.DataFrame:
         df = df.with_columns(derived.fill_null(False).alias("__derived")).with_columns(**tagged)
         df = df.with_columns(pl.when("__derived").then(pl.coalesce("target_lang", "source_lang"))
                              .otherwise(pl.col("lang")).alias("lang")).drop("__derived")
-    others = {k: val for k, val in leaf.tags.items() if k not in COLUMN_TAGS}
+    # a conversation's system_prompt / context tags are turns (its extra.context holds their text)
+    others = {k: val for k, val in leaf.tags.items() if k not in COLUMN_TAGS
+              and not (leaf.type in CONVERSATION_TYPES and k in ("system_prompt", "context"))}
     if not others:
         return df
     def lit(obj: dict[str, Any]) -> str:

@@ -1,15 +1,15 @@
-"""Text-only corpora of an ``input_cfg`` blend, as NeMo's text adapters read them.
+"""Text corpora and conversations of an ``input_cfg`` blend, as NeMo's adapters read them.
 
-``txt`` (a row per non-blank line, the line the answer), ``txt_jsonl`` (a row per line, the
-answer its ``text_field``), ``txt_pair`` (the i-th lines of a source and a target file: context
-the source, answer the target) and ``nemo_sft_jsonl`` (a row per conversation: context the
-``system`` prompt and the ``User`` turns, answer the other turns, joined by a space). Rows are in
-the rejects schema plus ``modality`` ``"text"``: ``audio_path`` null, ``duration`` 0.0, ``text``
-the answer, the context (if any) in ``extra`` under :data:`CONTEXT_KEY` (compile counts its
-tokens too), ``lang`` the leaf's ``language`` (``target_language`` for pairs, ``source_lang``
-the source's). ``id``: ``<file name>:<line>`` (the path when names repeat within the corpus).
-Blank lines are no rows (as in every line reader); a line only one file of a pair has, bad
-JSON, a missing field and non-UTF-8 are rejects naming ``file:line``.
+``txt`` (a row per non-blank line: the answer), ``txt_jsonl`` (its ``text_field``), ``txt_pair``
+(the i-th source and target lines: context the source, answer the target), ``nemo_sft_jsonl``
+(a conversation: context ``system`` and the ``User`` turns, answer the others, joined by a
+space) and ``multimodal_conversation`` (:func:`iter_conversations`: at most one audio turn).
+Rows in the rejects schema plus ``modality``; a text row: ``audio_path`` null, ``duration``
+0.0; ``text`` the answer, the context in ``extra`` under :data:`CONTEXT_KEY` (compile counts
+its tokens too); ``lang`` the leaf's ``language`` (pairs: ``target_language``, ``source_lang``
+the source's). ``id``: ``<file name>:<line>`` (the path where names repeat; a conversation's
+own). Blank lines are no rows; a line only one file of a pair has, bad JSON, a missing field
+and non-UTF-8 are rejects naming ``file:line``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from manifests.errors import ManifestError
 
 from manifests.readers._jsonl import SORTED_OBJECT_SQL, _key_path, _parse_errors, _query, _sql_str
 from manifests.readers._lines import iter_lines
+from manifests.readers._normalize import resolve_paths
 from manifests.schema import MODALITY_COLUMN, REJECTS_POLARS_SCHEMA, conform
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
 #: NeMo's data types for text-only corpora this reader takes
 TEXT_TYPES = ("txt", "txt_jsonl", "txt_pair", "nemo_sft_jsonl")
+#: NeMo's multimodal conversations (text turns and at most one audio turn a row here)
+CONVERSATION_TYPES = ("multimodal_conversation",)
 #: ``extra`` key of a text row's context (prompt) text: its tokens count with the answer's
 CONTEXT_KEY = "context"
 #: the NeMo SFT role whose turns are context (every other role answers), as NeMo's default prompt
@@ -165,6 +168,86 @@ def iter_nemo_sft(paths: list[str], language: str | None, chunk_rows: int) -> It
         yield _rows(df, path, prefix, pl.col("ans"), language, pl.col("ex"), reason, detail)
 
 
+def _conversation_select(tags: dict[str, Any]) -> str:
+    """DuckDB columns of a ``multimodal_conversation`` line: field types, the audio turns (count,
+    the first's value / duration / offset), the answer and the object with its context added."""
+    turns = "json_extract(o, '$.conversations[*]')"
+    kind = "json_extract_string(t, '$.type')"
+    audio = f"list_filter({turns}, lambda t: {kind} = 'audio')"
+    texts = ("array_to_string(list_transform(list_filter(" + turns + ", lambda t: " + kind + " = 'text' AND ({cond})), "
+             "lambda t: json_extract_string(t, '$.value')), ' ')")
+    user = f"json_extract_string(t, '$.from') = '{SFT_USER}'"
+    first = f"({turns})[1]"
+    lead = []  # NeMo's adapter prepends these tags as text turns
+    if tags.get("system_prompt"):
+        lead.append(f"CASE WHEN lower(json_extract_string({first}, '$.from')) IS DISTINCT FROM 'system' "
+                    f"THEN {_sql_str(str(tags['system_prompt']))} END")
+    if tags.get("context"):
+        lead.append(f"CASE WHEN json_extract_string({first}, '$.type') = 'audio' AND "
+                    f"json_extract_string({first}, '$.from') = '{SFT_USER}' THEN {_sql_str(str(tags['context']))} END")
+    ctx = f"trim(concat_ws(' ', {', '.join([*lead, texts.format(cond=user)])}))"
+    rest = f"CASE WHEN {ctx} <> '' THEN json_merge_patch(o, json_object('{CONTEXT_KEY}', {ctx})) ELSE o END"
+    return f"""
+    json_type(o, '$.conversations') AS ct,
+    json_type(o, '$.id') AS it, json_extract_string(o, '$.id') AS cid,
+    list_bool_or(list_transform({turns},
+        lambda t: json_type(t, '$.value') IS DISTINCT FROM 'VARCHAR'
+               OR json_type(t, '$.from') IS DISTINCT FROM 'VARCHAR'
+               OR {kind} IS NULL OR {kind} NOT IN ('text', 'audio'))) AS bad_turn,
+    len({audio}) AS n_audio,
+    json_extract_string({audio}[1], '$.value') AS audio,
+    json_extract_string({audio}[1], '$.duration') AS dur, json_type({audio}[1], '$.duration') AS dur_t,
+    json_extract_string({audio}[1], '$.offset') AS off, json_type({audio}[1], '$.offset') AS off_t,
+    {texts.format(cond=f"NOT ({user})")} AS ans,
+    CASE WHEN o IS NOT NULL THEN {SORTED_OBJECT_SQL.format(rest=rest)} END AS ex
+"""
+
+
+def _number(col: str, typ: str) -> pl.Expr:
+    """A JSON number field: null where absent, NaN where not a number (refused by the caller)."""
+    t = pl.col(typ)
+    return pl.when(t.is_null() | (t == "NULL")).then(None).otherwise(
+        pl.col(col).cast(pl.Float64, strict=False).fill_null(float("nan")))
+
+
+def iter_conversations(paths: list[str], language: str | None, tags: dict[str, Any],
+                       chunk_rows: int) -> Iterator[pl.DataFrame]:
+    """``multimodal_conversation`` (NeMo JSONL, audio paths relative to the manifest's folder):
+    a row per conversation, its ``id`` the line's; with one audio turn an audio row (its path,
+    ``offset``, ``duration``: probed where absent), with none a text row; more is a
+    ``malformed_line`` reject. Context: the ``User`` text turns, after the ``system_prompt`` tag
+    (unless the first turn is the system's) and the ``context`` tag (when the first turn is the
+    user's audio), as NeMo's adapter prepends them; the answer: the other text turns."""
+    select = _conversation_select(tags)
+    for path, prefix, df in _json_rows(paths, select, chunk_rows):
+        where = pl.format("{}:{}", pl.lit(path), pl.col("lineno"))
+        dur, off = _number("dur", "dur_t"), _number("off", "off_t")
+        reason, detail = _first(
+            (pl.col("ct").is_null() | (pl.col("ct") == "NULL"), "missing_field",
+             pl.format("{}: missing field 'conversations'", where)),
+            (pl.col("ct") != "ARRAY", "malformed_line",
+             pl.format("{}: field 'conversations' is not a list (got {})", where, pl.col("ct"))),
+            (pl.col("it").is_null() | (pl.col("it") != "VARCHAR"), "missing_field",
+             pl.format("{}: missing string field 'id'", where)),
+            (pl.col("bad_turn"), "malformed_line",
+             pl.format("{}: a turn lacks a string 'from' or 'value', or its 'type' is not text or audio", where)),
+            (pl.col("n_audio") > 1, "malformed_line",
+             pl.format("{}: {} audio turns: a row holds one (split the conversation)", where, pl.col("n_audio"))),
+            (dur.is_nan() | off.is_nan(), "malformed_line",
+             pl.format("{}: an audio turn's 'duration' or 'offset' is not a number", where)))
+        rows = _rows(df, path, prefix, pl.col("ans"), language, pl.col("ex"), reason, detail)
+        audio = pl.col("n_audio") == 1
+        base = str(Path(path).parent.resolve())
+        yield rows.with_columns(df.select(
+            pl.when(pl.col("it") == "VARCHAR").then(pl.col("cid"))
+            .otherwise(pl.format("{}:{}", pl.lit(prefix), pl.col("lineno"))).alias("id"),
+            pl.when(audio).then(resolve_paths(pl.col("audio"), base)).alias("audio_path"),
+            pl.when(audio).then(off).alias("offset"),
+            pl.when(audio).then(dur).otherwise(0.0).alias("duration"),
+            pl.when(audio).then(pl.lit("audio")).otherwise(pl.lit("text")).alias(MODALITY_COLUMN),
+        ))
+
+
 def _zip_lines(source: str, target: str, chunk_rows: int) -> Iterator[pl.DataFrame]:
     """The lines of two files joined by line number (``s_*`` / ``t_*`` columns, null where one
     file has no such non-blank line), in chunks of about ``chunk_rows``."""
@@ -226,6 +309,8 @@ def iter_text_leaf(leaf: Leaf, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
         frames = iter_txt(paths, lang, chunk_rows)
     elif leaf.type == "txt_jsonl":
         frames = iter_txt_jsonl(paths, lang, leaf.text_field, chunk_rows)
+    elif leaf.type in CONVERSATION_TYPES:
+        frames = iter_conversations(paths, lang, leaf.tags, chunk_rows)
     else:
         frames = iter_nemo_sft(paths, lang, chunk_rows)
     for frame in frames:
@@ -236,5 +321,5 @@ def iter_text_leaf(leaf: Leaf, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
 def text_options(kind: str, item: dict[str, Any]) -> dict[str, Any]:
     """The options of a text leaf this reader uses (``language`` ...), from its ``input_cfg`` item."""
     keys = {"txt": ("language",), "txt_jsonl": ("language",), "nemo_sft_jsonl": ("language",),
-            "txt_pair": ("source_language", "target_language")}[kind]
+            "multimodal_conversation": ("language",), "txt_pair": ("source_language", "target_language")}[kind]
     return {k: item[k] for k in keys if item.get(k) is not None}

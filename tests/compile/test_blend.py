@@ -111,6 +111,8 @@ def test_one_corpus_manifest_keeps_version_1(corpora: Path, tmp_path: Path) -> N
     ([{"type": "txt_pair", "source_paths": "a.txt", "target_paths": "b.txt", "questions_path": "q.txt"}],
      "input_cfg[0].questions_path: not read"),
     ([{"type": "txt", "paths": "a.txt", "language": 3}], "input_cfg[0].language: expected a non-empty string"),
+    ([{"type": "multimodal_conversation", "manifest_filepath": "c.jsonl", "tarred_audio_filepaths": "c.tar"}],
+     "input_cfg[0].tarred_audio_filepaths: not read for conversations"),
     ([{"type": "nemo", "manifest_filepath": "a.json", "weight": "2"}], "input_cfg[0].weight: expected a number"),
     ({"reweight_temperature": [1.0, 0.5], "input_cfg": [{"type": "nemo", "manifest_filepath": "a.json"}]},
      "reweight_temperature: 2 values for 1 nesting levels"),

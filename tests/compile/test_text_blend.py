@@ -196,3 +196,44 @@ def test_pack_refuses_text_rows_in_one_line(blend: Path, tmp_path: Path) -> None
     res = runner.invoke(app, ["pack", str(blend / "m.parquet"), "-o", str(tmp_path / "packed")])
     assert res.exit_code == 2 and "109 rows are text-only" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "packed").exists()
+
+
+def test_multimodal_conversations(blend: Path, tmp_path: Path) -> None:
+    """``multimodal_conversation``: one audio turn an audio row (its duration probed where the line
+    gives none), none a text row; the tags NeMo prepends as turns count in the context."""
+    texts = read_shared_csv("librispeech.dev-clean.csv")["text"].to_list()[500:506]
+    audio = [write_tone(tmp_path / "conv" / f"c{i}.flac", 1.5 + i, sample_rate=16000, seed=40 + i) for i in range(3)]
+    lines = [
+        {"id": "a0", "conversations": [{"from": "User", "type": "audio", "value": "conv/c0.flac", "duration": 1.5},
+                                       {"from": "Assistant", "type": "text", "value": texts[0]}]},
+        {"id": "a1", "conversations": [{"from": "User", "type": "text", "value": "Transcribe:"},
+                                       {"from": "User", "type": "audio", "value": "conv/c1.flac"},
+                                       {"from": "Assistant", "type": "text", "value": texts[1]}]},
+        {"id": "t0", "conversations": [{"from": "User", "type": "text", "value": texts[2].lower()},
+                                       {"from": "Assistant", "type": "text", "value": texts[2]}]},
+        {"id": "x0", "conversations": [{"from": "User", "type": "audio", "value": "conv/c0.flac", "duration": 1.5},
+                                       {"from": "User", "type": "audio", "value": "conv/c2.flac", "duration": 3.5},
+                                       {"from": "Assistant", "type": "text", "value": texts[3]}]},
+        {"conversations": [{"from": "Assistant", "type": "text", "value": texts[4]}]},
+        {"id": "x2", "conversations": [{"from": "User", "type": "audio", "value": "conv/c2.flac", "duration": "long"},
+                                       {"from": "Assistant", "type": "text", "value": texts[5]}]},
+    ]
+    (tmp_path / "conv.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump([{
+        "type": "multimodal_conversation", "manifest_filepath": "conv.jsonl", "audio_locator_tag": "<|audio|>",
+        "tags": {"system_prompt": "You transcribe.", "context": "Listen:"}}]), encoding="utf-8")
+    _run("compile", tmp_path / "b.yaml", "--tokenizer", blend / "spm.model", "-o", tmp_path / "m.parquet")
+    m, r = read_manifest(tmp_path / "m.parquet"), pl.read_parquet(tmp_path / "m.rejects.parquet")
+    assert m["id"].to_list() == ["a0", "a1", "t0"] and m["modality"].to_list() == ["audio", "audio", "text"]
+    assert m["audio_path"].to_list()[:2] == [str(audio[0]), str(audio[1])]
+    assert m["duration"].to_list() == pytest.approx([1.5, 2.5, 0.0], abs=1e-3)  # a1's probed from its header
+    details = [d.split("conv.jsonl:", 1)[1] for d in r["detail"]]
+    assert details == ["4: 2 audio turns: a row holds one (split the conversation)", "5: missing string field 'id'",
+                       "6: an audio turn's 'duration' or 'offset' is not a number"]
+    assert r["reason"].to_list() == ["malformed_line", "missing_field", "malformed_line"]
+    sp = spm.SentencePieceProcessor(model_file=str(blend / "spm.model"))
+    ctx = [json.loads(e).get("context") for e in m["extra"]]
+    assert ctx == ["You transcribe. Listen:", "You transcribe. Transcribe:", f"You transcribe. {texts[2].lower()}"]
+    for row, c in zip(m.iter_rows(named=True), ctx):
+        assert row["num_tokens"] == len(sp.encode(c)) + len(sp.encode(row["text"]))
+    assert "system_prompt" not in m["extra"][0]  # the tags NeMo turns into turns are in the context, not fields
