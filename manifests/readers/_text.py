@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -29,9 +29,6 @@ from manifests.readers._jsonl import SORTED_OBJECT_SQL, _key_path, _parse_errors
 from manifests.readers._lines import iter_lines
 from manifests.readers._normalize import resolve_paths
 from manifests.schema import MODALITY_COLUMN, REJECTS_POLARS_SCHEMA, conform
-
-if TYPE_CHECKING:
-    from manifests.readers._blend import Leaf
 
 #: NeMo's data types for text-only corpora this reader takes
 TEXT_TYPES = ("txt", "txt_jsonl", "txt_pair", "nemo_sft_jsonl")
@@ -295,9 +292,9 @@ def iter_txt_pair(sources: list[str], targets: list[str], source_language: str |
                         source_lang=source_language)
 
 
-def iter_text_leaf(leaf: Leaf, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
-    """The rows of a blend's text-only corpus, brace paths expanded; a pair's expanded lists
-    must match one to one."""
+def iter_text_leaf(leaf: Any, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
+    """The rows of a blend's text corpus (a ``manifests.readers._blend.Leaf``: not imported,
+    it imports this module), brace paths expanded; a pair's expanded lists match one to one."""
     paths, lang = expand_paths(list(leaf.paths)), leaf.text.get("language")
     if leaf.type == "txt_pair":
         targets = expand_paths(list(leaf.targets))
