@@ -8,8 +8,8 @@ Passes: 1. the blocks: checks, rows outside the caps counted, durations and toke
 ``sort_rows``): quartiles, fence, the running sum at the last row of each distinct duration
 (``np.cumsum`` continued run to run), searched by :func:`bucketing.fit.duration_bounds`;
 3. the (duration bin, token count) cells, seconds summed in row order (``np.add.at``);
-4. the allocation, block by block, seconds per bucket summed in row order.
-
+4. the allocation, block by block, seconds per bucket summed in row order. Rows of duration 0
+(text-only) weigh no seconds: no cap applies, their tokens join the shortest bin's cells.
 Memory: one block, a range of the sort, the cells, the per-bucket totals (plus the store when
 held). Spilled: 16 bytes of disk per row plus 16 per distinct duration.
 """
@@ -17,7 +17,7 @@ held). Spilled: 16 bytes of disk per row plus 16 per distinct duration.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -207,6 +207,7 @@ class _Scan:
     above_seconds: float = 0.0
     t_min: int = 0
     t_max: int = 0
+    n_text: int = 0  # rows of duration 0 (text-only; stored as their tokens, "t0")
 
 
 def _scan(blocks: Blocks, files: SpillFiles, min_duration: float | None, max_duration: float | None) -> _Scan:
@@ -219,9 +220,15 @@ def _scan(blocks: Blocks, files: SpillFiles, min_duration: float | None, max_dur
         s.num_rows += d.shape[0]
         if bad:
             continue
-        if not np.isfinite(d).all() or (d <= 0).any():
+        if not np.isfinite(d).all() or (d < 0).any():
             bad = True
             continue
+        text = d == 0
+        if text.any():
+            files.append("t0", t[text])
+            s.n_text += int(text.sum())
+            t_min, t_max = min(t_min, int(t[text].min())), max(t_max, int(t[text].max()))
+            d, t = d[~text], t[~text]
         below = d < min_duration if min_duration is not None else None
         above = d > max_duration if max_duration is not None else None
         keep = None
@@ -239,8 +246,8 @@ def _scan(blocks: Blocks, files: SpillFiles, min_duration: float | None, max_dur
             s.n_in += d.shape[0]
             t_min, t_max = min(t_min, int(t.min())), max(t_max, int(t.max()))
     if bad:
-        raise ValueError("durations must be finite and > 0")
-    s.t_min, s.t_max = (t_min, t_max) if s.n_in else (0, 0)
+        raise ValueError("durations must be finite and > 0 (0: text-only rows)")
+    s.t_min, s.t_max = (t_min, t_max) if s.n_in or s.n_text else (0, 0)
     return s
 
 
@@ -309,9 +316,7 @@ def _token_cells(files: SpillFiles, s: _Scan, dbounds: npt.NDArray[np.float64], 
     w = np.zeros(keys.shape[0], dtype=np.float64)
     c = np.zeros(keys.shape[0], dtype=np.int64)
     hold = -1
-    for a in range(0, s.n_in, block):
-        d = files.read_range("d", np.float64, a, min(a + block, s.n_in))
-        t = files.read_range("t", np.int64, a, min(a + block, s.n_in))
+    for d, t in _stored(files, s, block):
         dbin = np.searchsorted(dbounds, d, side="left").astype(np.int64)
         if fenced and overflow_bins:
             up = t[dbin < nd - overflow_bins]
@@ -333,11 +338,19 @@ def _token_cells(files: SpillFiles, s: _Scan, dbounds: npt.NDArray[np.float64], 
     return TokenCells(keys[present], w[present], c[present], s.t_min, span, h)
 
 
-def _allocate(files: SpillFiles, s: _Scan, grid: Grid, strict: bool, block: int) -> AllocationTotals:
-    """Pass 4: the allocation of the rows within the caps, block by block (it is per row)."""
-    out = AllocationTotals.of(grid)
+def _stored(files: SpillFiles, s: _Scan, block: int) -> Iterator[tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]]:
+    """The stored rows in blocks: those within the caps, then the text-only rows (duration 0)."""
     for a in range(0, s.n_in, block):
-        d = files.read_range("d", np.float64, a, min(a + block, s.n_in))
-        t = files.read_range("t", np.int64, a, min(a + block, s.n_in))
+        yield (files.read_range("d", np.float64, a, min(a + block, s.n_in)),
+               files.read_range("t", np.int64, a, min(a + block, s.n_in)))
+    for a in range(0, s.n_text, block):
+        t = files.read_range("t0", np.int64, a, min(a + block, s.n_text))
+        yield np.zeros(t.shape[0], np.float64), t
+
+
+def _allocate(files: SpillFiles, s: _Scan, grid: Grid, strict: bool, block: int) -> AllocationTotals:
+    """Pass 4: the allocation of the stored rows, block by block (it is per row)."""
+    out = AllocationTotals.of(grid)
+    for d, t in _stored(files, s, block):
         out.add(allocate(d, t, grid, strict=strict), d)
     return out

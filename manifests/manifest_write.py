@@ -28,6 +28,7 @@ from manifests.rebatch import Rebatcher
 from manifests.schema import (
     CONTAINER_POLARS_SCHEMA,
     CORPUS_COLUMN,
+    MODALITY_COLUMN,
     META_CONTENT_HASH,
     META_KIND,
     META_PROVENANCE,
@@ -37,6 +38,7 @@ from manifests.schema import (
     conform,
     has_containers,
     has_corpus,
+    has_modality,
     manifest_schema,
     rejects_schema,
     schema_version,
@@ -141,13 +143,16 @@ class RowGroupWriter:
             self._writer.close()
 
 
-def output_schemas(kind: str, containers: bool, corpus: bool) -> tuple[dict[str, pl.DataType], pa.Schema]:
+def output_schemas(kind: str, containers: bool, corpus: bool,
+                   modality: bool = False) -> tuple[dict[str, pl.DataType], pa.Schema]:
     """The polars and Arrow schemas of a ``"manifest"`` or ``"rejects"`` file, with or without
-    the container columns and ``corpus`` (what :func:`write_manifest` / :func:`write_rejects`
-    write for a frame with rows in containers / naming their corpus)."""
+    the container columns, ``corpus`` and ``modality`` (what :func:`write_manifest` /
+    :func:`write_rejects` write for a frame with rows in containers / naming their corpus /
+    holding text rows)."""
     base = POLARS_SCHEMA if kind == "manifest" else REJECTS_POLARS_SCHEMA
-    schema = {**base, **(CONTAINER_POLARS_SCHEMA if containers else {}), **({CORPUS_COLUMN: pl.String()} if corpus else {})}
-    return schema, (manifest_schema if kind == "manifest" else rejects_schema)(containers, corpus)
+    schema = {**base, **(CONTAINER_POLARS_SCHEMA if containers else {}), **({CORPUS_COLUMN: pl.String()} if corpus else {}),
+              **({MODALITY_COLUMN: pl.String()} if modality else {})}
+    return schema, (manifest_schema if kind == "manifest" else rejects_schema)(containers, corpus, modality)
 
 
 def _write_parquet(
@@ -173,7 +178,7 @@ def write_manifest(
     columns (schema version 2) when any row has a ``container``. For a manifest too large for
     memory, stream it with :func:`write_parquet_stream` (same bytes).
     """
-    schema, arrow = output_schemas("manifest", has_containers(df), has_corpus(df))
+    schema, arrow = output_schemas("manifest", has_containers(df), has_corpus(df), has_modality(df))
     return _write_parquet(conform(df, schema), path, arrow, "manifest", provenance, row_group_size)
 
 
@@ -183,7 +188,7 @@ def write_rejects(
 ) -> str:
     """Write a rejects file (manifest columns + ``reason`` + ``detail``, plus the container
     columns when any row has a ``container``) atomically."""
-    schema, arrow = output_schemas("rejects", has_containers(df), has_corpus(df))
+    schema, arrow = output_schemas("rejects", has_containers(df), has_corpus(df), has_modality(df))
     return _write_parquet(conform(df, schema), path, arrow, "rejects", provenance, row_group_size)
 
 

@@ -1,16 +1,16 @@
 """NeMo's bucketing options as a bucket file: read them as buckets, write buckets as them.
 
-NeMo (Lhotse dataloader) keeps buckets in its ``train_ds`` options, the YAML that
-``estimate_duration_bins(_2d).py``, NeMo's OOMptimizer and our ``export nemo`` print::
-
-    bucket_duration_bins: [[3.9, 30], [3.9, 52], ...]   # 2D [max s, max tokens], or 1D [3.9, 7.1]
-    bucket_batch_size: [352, 301, ...]                    # or batch_duration: 600 (s per batch)
-
-Read at the top level or under ``train_ds`` / ``model.train_ds``, as NeMo reads YAML
-(:mod:`manifests.nemo_yaml`). Bins are inclusive upper bounds in bucket order; a token bound of
-2**31 - 1 or more is unbounded. ``batch_duration`` sizes a bucket's batch as its longest clips
-fit (``d``, or ``d + d**2 / quadratic_duration``). ``max_tps``, the origin and the keys not used
-(:func:`not_used`) go in the ``fit`` record of :func:`nemo_to_buckets_json`'s ``buckets.json``.
+NeMo (Lhotse dataloader) keeps buckets in its ``train_ds`` options (the YAML NeMo's
+``estimate_duration_bins(_2d).py``, OOMptimizer and our ``export nemo`` print):
+``bucket_duration_bins`` (2D ``[[max s, max tokens], ...]`` or 1D) and ``bucket_batch_size``
+or ``batch_duration``, read at the top level or under ``train_ds`` / ``model.train_ds`` as NeMo
+reads YAML (:mod:`manifests.nemo_yaml`). A token bound of 2**31 - 1 or more is unbounded.
+``batch_duration`` sizes a bucket as its longest clips fit (``d + d**2 / quadratic_duration``).
+``use_multimodal_sampling: true``: a bin is ``[audio tokens, text tokens]`` (``max_duration`` =
+audio tokens x ``token_equivalent_duration``) and ``batch_tokens`` sizes a batch as lhotse's
+``TokenConstraint``: ``floor(batch_tokens / (te + te**2 / quadratic_factor))``, ``te`` the
+bounds summed (:mod:`bucketing.token_equivalents`' formula). ``max_tps``, the origin and the
+keys not used (:func:`not_used`) go in the ``fit`` record of :func:`nemo_to_buckets_json`.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from manifests.validation import Validator
 #: a token bound at or above this reads as unbounded (what a bucket without max_tokens exports as)
 UNBOUNDED_TOKENS = (1 << 31) - 1
 #: keys of the options this reader uses; the others of a train_ds (num_workers...) are named by :func:`not_used`
-USED_KEYS = {"bucket_duration_bins", "bucket_batch_size", "num_buckets", "batch_duration", "quadratic_duration"}
+USED_KEYS = {"bucket_duration_bins", "bucket_batch_size", "num_buckets", "batch_duration", "quadratic_duration",
+             "use_multimodal_sampling", "token_equivalent_duration", "batch_tokens", "quadratic_factor",
+             "measure_total_length"}
 #: NeMo batching options a buckets file does not carry (a plan's batches come from the buckets)
 BATCHING_KEYS = ("use_bucketing", "batch_size", "max_duration", "max_tps", "min_duration", "min_tps", "max_tokens",
                  "min_tokens", "bucket_buffer_size", "shuffle_buffer_size", "concurrent_bucketing",
-                 "bucketing_2d_strict_mode", "use_multimodal_sampling", "token_equivalent_duration",
-                 "bucket_duration_bins_estimate", "num_cuts_for_bins_estimate", "shuffle", "seed", "shard_seed")
+                 "bucketing_2d_strict_mode", "bucket_duration_bins_estimate", "num_cuts_for_bins_estimate", "shuffle", "seed", "shard_seed")
 #: suffixes of a NeMo options file (anything else is read as buckets.json)
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -82,8 +83,34 @@ def not_used(obj: Any) -> list[str]:
     ``fit`` record only; ``use_bucketing: true`` is what a plan does)."""
     opts = _options(Validator("(options)"), obj)
     named = [k for k in BATCHING_KEYS if k in opts and not (k == "use_bucketing" and opts[k] is True)]
+    if opts.get("use_multimodal_sampling") is not True:  # NeMo ignores them then; so does a plan
+        named += [k for k in ("token_equivalent_duration", "batch_tokens", "quadratic_factor", "measure_total_length")
+                  if k in opts]
     return named + sorted(
         str(k) for k in opts if k not in USED_KEYS and k not in BATCHING_KEYS and not isinstance(opts[k], dict))
+
+
+def multimodal_options(v: Validator, opts: dict[str, Any]) -> dict[str, Any] | None:
+    """NeMo's multimodal sampling options (None without ``use_multimodal_sampling: true``):
+    ``token_equivalent_duration`` (s per token, required), ``batch_tokens``, ``quadratic_factor``;
+    ``measure_total_length: false`` is refused (a row's token-equivalents count its prompt and
+    answer tokens: NeMo's default, true)."""
+    mm = opts.get("use_multimodal_sampling")
+    if mm is None or mm is False:
+        return None
+    if mm is not True:
+        raise v.fail("use_multimodal_sampling", f"expected true or false, got {mm!r}")
+    out: dict[str, Any] = {"token_equivalent_duration": v.number(
+        v.key(opts, "token_equivalent_duration", ""), "token_equivalent_duration", positive=True)}
+    if opts.get("batch_tokens") is not None:
+        out["batch_tokens"] = v.int_(opts["batch_tokens"], "batch_tokens", lo=1)
+    if opts.get("quadratic_factor") is not None:
+        out["quadratic_factor"] = v.number(opts["quadratic_factor"], "quadratic_factor", positive=True)
+    total = opts.get("measure_total_length", True)
+    if total is not True:
+        raise v.fail("measure_total_length", f"{total!r} is not read: a row's token-equivalents count its prompt "
+                                             "and answer tokens with its audio (true, NeMo's default)")
+    return out
 
 
 def nemo_to_buckets_json(obj: Any, where: str = "bucketing.yaml") -> dict[str, Any]:
@@ -95,6 +122,11 @@ def nemo_to_buckets_json(obj: Any, where: str = "bucketing.yaml") -> dict[str, A
     if not bins:
         raise v.fail("bucket_duration_bins", "empty; expected at least one bin")
     two_d = isinstance(bins[0], list)
+    mm = multimodal_options(v, opts)
+    if mm is not None and not two_d:
+        raise v.fail("bucket_duration_bins", "1D bins with use_multimodal_sampling bound a row's token-equivalents, "
+                                             "not its audio and its tokens: give 2D bins [audio tokens, text tokens] "
+                                             "(or fit them: dataprep fit-buckets)")
     buckets: list[dict[str, Any]] = []
     for i, b in enumerate(bins):
         name = f"bucket_duration_bins[{i}]"
@@ -103,6 +135,8 @@ def nemo_to_buckets_json(obj: Any, where: str = "bucketing.yaml") -> dict[str, A
             if len(pair) != 2:
                 raise v.fail(name, f"expected [max_duration, max_tokens], got {len(pair)} values")
             d = v.number(pair[0], f"{name}[0]", positive=True)
+            if mm is not None:  # audio tokens (NeMo's ceil(duration / token_equivalent_duration)) as seconds
+                d = d * mm["token_equivalent_duration"]
             t = v.number(pair[1], f"{name}[1]", lo=1)
             if t != int(t):
                 raise v.fail(f"{name}[1]", f"expected a whole number of tokens, got {pair[1]!r}")
@@ -119,6 +153,24 @@ def nemo_to_buckets_json(obj: Any, where: str = "bucketing.yaml") -> dict[str, A
         for i, (bucket, size) in enumerate(zip(buckets, raw)):
             bucket["batch_size"] = v.int_(size, f"bucket_batch_size[{i}]", lo=1)
         source = {"rule": "nemo bucket_batch_size", "file": Path(where).name}
+    elif mm is not None and mm.get("batch_tokens") is not None:
+        budget_t, q = mm["batch_tokens"], mm.get("quadratic_factor")
+        for bucket, pair in zip(buckets, bins):
+            if bucket.get("max_tokens") is None:
+                raise v.fail(f"bucket_duration_bins[{bucket['index']}][1]", "unbounded: batch_tokens sizes a batch "
+                                                                         "by its rows' largest tokens")
+            te = float(pair[0]) + bucket["max_tokens"]  # the bin's audio tokens + text tokens
+            cost = te + (te * te / q if q else 0.0)  # lhotse TokenConstraint: n x cost <= batch_tokens
+            size = int(budget_t // cost)
+            size = size + 1 if (size + 1) * cost <= budget_t else size
+            if size < 1:
+                raise v.fail("batch_tokens", f"{budget_t} token-equivalents hold no row of bucket {bucket['index']} "
+                                             f"(up to {te:g}{', quadratic' if q else ''})")
+            bucket["batch_size"] = size
+        source = {"rule": "nemo batch_tokens", "file": Path(where).name, **mm}
+    elif mm is not None and opts.get("batch_duration") is not None:
+        raise v.fail("batch_duration", "not read with use_multimodal_sampling (NeMo sizes batches by batch_tokens "
+                                       "then): give batch_tokens or bucket_batch_size")
     elif opts.get("batch_duration") is not None:
         budget = v.number(opts["batch_duration"], "batch_duration", positive=True)
         q = None if opts.get("quadratic_duration") is None else v.number(opts["quadratic_duration"],
@@ -134,7 +186,8 @@ def nemo_to_buckets_json(obj: Any, where: str = "bucketing.yaml") -> dict[str, A
                   **({"quadratic_duration": q} if q else {})}
     if opts.get("num_buckets") is not None and v.int_(opts["num_buckets"], "num_buckets") != len(buckets):
         raise v.fail("num_buckets", f"is {opts['num_buckets']} but bucket_duration_bins has {len(buckets)} bins")
-    fit: dict[str, Any] = {"source": "nemo bucket_duration_bins", "file": Path(where).name}
+    fit: dict[str, Any] = {"source": "nemo bucket_duration_bins", "file": Path(where).name,
+                           **({"token_equivalent_duration": mm["token_equivalent_duration"]} if mm else {})}
     max_tps = opts.get("max_tps")
     if isinstance(max_tps, list):
         fit["max_tps"] = [v.number(x, f"max_tps[{i}]", positive=True) for i, x in enumerate(max_tps)]
@@ -149,6 +202,14 @@ def nemo_to_buckets_json(obj: Any, where: str = "bucketing.yaml") -> dict[str, A
 def read_nemo_options(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A NeMo bucketing YAML file as a ``buckets.json`` object (validate it with ``parse_buckets``)."""
     return nemo_to_buckets_json(load_nemo_yaml(path), str(path))
+
+
+def token_equivalent_duration(path: str | os.PathLike[str]) -> float | None:
+    """The ``token_equivalent_duration`` (s per token) of a NeMo bucketing YAML with
+    ``use_multimodal_sampling: true``; None for buckets.json or without multimodal sampling."""
+    if not is_nemo_buckets_path(path):
+        return None
+    return read_nemo_options(path)["fit"].get("token_equivalent_duration")
 
 
 def nemo_options_warnings(path: str | os.PathLike[str]) -> list[str]:

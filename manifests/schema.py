@@ -3,15 +3,13 @@
 A compiled manifest is one Parquet file, one row per utterance, in a stable row order.
 Units: ``offset`` and ``duration`` in seconds (float64), ``num_tokens`` counts decoder
 tokens including the fixed prompt, ``tps`` = num_tokens / duration (tokens per second).
-
-Schema version 2 adds the container addressing columns (:data:`CONTAINER_FIELDS`) for audio
-inside tar shards (container path, byte offset and size of the member's data) or Parquet files
-(file, row group, row in the group), written only by manifests that hold such rows: a manifest
-of loose files keeps exactly the version-1 columns, content hash and version number.
-
-Schema version 3 adds ``corpus`` (last column): the name of the corpus a row came from, in a
-manifest compiled from many corpora (NeMo ``input_cfg``); written only when a row has one, so
-a one-corpus manifest keeps its version-1 (or 2) bytes and content hash.
+Optional columns, each written only by a manifest with a row that has one (else the older
+version's bytes and content hash): version 2, the container addressing columns
+(:data:`CONTAINER_FIELDS`: audio in tar shards or Parquet files); version 3, ``corpus`` (the
+corpus of a row of an ``input_cfg`` blend); version 4, ``modality`` (``"audio"`` / ``"text"``,
+in a manifest holding text-only rows; absent: every row is audio). A text row has no audio
+(``audio_path`` null), ``duration`` 0.0 and no ``tps``; its ``num_tokens`` counts its prompt
+(context) and answer tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +18,9 @@ import polars as pl
 import pyarrow as pa
 
 #: the newest manifest schema version this tool reads and writes
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+#: the version of a manifest with ``corpus`` and no ``modality``
+SCHEMA_VERSION_CORPUS = 3
 #: the version of a manifest with container columns and no ``corpus``
 SCHEMA_VERSION_CONTAINERS = 2
 #: the version of a manifest without container columns
@@ -77,8 +77,12 @@ CONTAINER_MANIFEST_SCHEMA = pa.schema([*MANIFEST_SCHEMA, *CONTAINER_FIELDS])
 #: the corpus a row came from (schema version 3; many-corpora manifests only)
 CORPUS_FIELD = pa.field("corpus", pa.string())
 CORPUS_COLUMN = "corpus"
-#: every column a manifest may hold, in order (containers, then corpus)
-FULL_MANIFEST_SCHEMA = pa.schema([*CONTAINER_MANIFEST_SCHEMA, CORPUS_FIELD])
+#: what a row is (schema version 4; manifests holding text-only rows only): ``"audio"`` / ``"text"``
+MODALITY_FIELD = pa.field("modality", pa.string())
+MODALITY_COLUMN = "modality"
+MODALITIES: tuple[str, ...] = ("audio", "text")
+#: every column a manifest may hold, in order (containers, then corpus, then modality)
+FULL_MANIFEST_SCHEMA = pa.schema([*CONTAINER_MANIFEST_SCHEMA, CORPUS_FIELD, MODALITY_FIELD])
 
 #: Polars dtypes of the manifest columns, in schema order.
 POLARS_SCHEMA: dict[str, pl.DataType] = {
@@ -140,11 +144,12 @@ REJECTS_SCHEMA = pa.schema(
 )
 
 #: manifest / rejects columns plus the container columns: what compile carries internally
-FULL_POLARS_SCHEMA: dict[str, pl.DataType] = {**POLARS_SCHEMA, **CONTAINER_POLARS_SCHEMA, CORPUS_COLUMN: pl.String()}
+FULL_POLARS_SCHEMA: dict[str, pl.DataType] = {**POLARS_SCHEMA, **CONTAINER_POLARS_SCHEMA, CORPUS_COLUMN: pl.String(),
+                                              MODALITY_COLUMN: pl.String()}
 FULL_REJECTS_POLARS_SCHEMA: dict[str, pl.DataType] = {**REJECTS_POLARS_SCHEMA, **CONTAINER_POLARS_SCHEMA,
-                                                      CORPUS_COLUMN: pl.String()}
+                                                      CORPUS_COLUMN: pl.String(), MODALITY_COLUMN: pl.String()}
 CONTAINER_REJECTS_SCHEMA = pa.schema([*REJECTS_SCHEMA, *CONTAINER_FIELDS])
-FULL_REJECTS_SCHEMA = pa.schema([*CONTAINER_REJECTS_SCHEMA, CORPUS_FIELD])
+FULL_REJECTS_SCHEMA = pa.schema([*CONTAINER_REJECTS_SCHEMA, CORPUS_FIELD, MODALITY_FIELD])
 
 
 def _any_value(df: pl.DataFrame | pa.Table, column: str) -> bool:
@@ -167,23 +172,32 @@ def has_corpus(df: pl.DataFrame | pa.Table) -> bool:
     return _any_value(df, CORPUS_COLUMN)
 
 
-def manifest_schema(containers: bool, corpus: bool = False) -> pa.Schema:
-    """The Arrow schema of a manifest with or without container rows and ``corpus``."""
-    base = CONTAINER_MANIFEST_SCHEMA if containers else MANIFEST_SCHEMA
-    return pa.schema([*base, CORPUS_FIELD]) if corpus else base
+def has_modality(df: pl.DataFrame | pa.Table) -> bool:
+    """Whether any row of ``df`` says its modality (a non-null ``modality``: a manifest with text rows)."""
+    return _any_value(df, MODALITY_COLUMN)
 
 
-def rejects_schema(containers: bool, corpus: bool = False) -> pa.Schema:
-    """The Arrow schema of a rejects file with or without the container columns and ``corpus``."""
-    base = CONTAINER_REJECTS_SCHEMA if containers else REJECTS_SCHEMA
-    return pa.schema([*base, CORPUS_FIELD]) if corpus else base
+def _optional(base: pa.Schema, corpus: bool, modality: bool) -> pa.Schema:
+    return pa.schema([*base, *([CORPUS_FIELD] if corpus else []), *([MODALITY_FIELD] if modality else [])])
+
+
+def manifest_schema(containers: bool, corpus: bool = False, modality: bool = False) -> pa.Schema:
+    """The Arrow schema of a manifest with or without container rows, ``corpus`` and ``modality``."""
+    return _optional(CONTAINER_MANIFEST_SCHEMA if containers else MANIFEST_SCHEMA, corpus, modality)
+
+
+def rejects_schema(containers: bool, corpus: bool = False, modality: bool = False) -> pa.Schema:
+    """The Arrow schema of a rejects file with or without the container columns, ``corpus`` and ``modality``."""
+    return _optional(CONTAINER_REJECTS_SCHEMA if containers else REJECTS_SCHEMA, corpus, modality)
 
 
 def schema_version(schema: pa.Schema) -> int:
-    """The version a file of ``schema`` is marked with: 3 with ``corpus``, 2 with container
-    columns, else 1."""
-    if CORPUS_COLUMN in schema.names:
+    """The version a file of ``schema`` is marked with: 4 with ``modality``, 3 with ``corpus``,
+    2 with container columns, else 1."""
+    if MODALITY_COLUMN in schema.names:
         return SCHEMA_VERSION
+    if CORPUS_COLUMN in schema.names:
+        return SCHEMA_VERSION_CORPUS
     return SCHEMA_VERSION_CONTAINERS if "container" in schema.names else SCHEMA_VERSION_LOOSE
 
 
@@ -205,10 +219,13 @@ def conform(df: pl.DataFrame, schema: dict[str, pl.DataType] = POLARS_SCHEMA) ->
 
 
 def trim_containers(df: pl.DataFrame) -> pl.DataFrame:
-    """``df`` without its container columns when no row has a container, and without
-    ``corpus`` when no row has one (the optional columns of versions 2 and 3)."""
+    """``df`` without its container columns when no row has a container, without ``corpus``
+    when no row has one and without ``modality`` when no row has one (the optional columns of
+    versions 2, 3 and 4)."""
     if not has_corpus(df) and CORPUS_COLUMN in df.columns:
         df = df.drop(CORPUS_COLUMN)
+    if not has_modality(df) and MODALITY_COLUMN in df.columns:
+        df = df.drop(MODALITY_COLUMN)
     if has_containers(df):
         return df
     return df.drop([c for c in CONTAINER_COLUMNS if c in df.columns])

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from bucketing.budget import cost_equal_spec
 from bucketing.costmodel import CostModel
@@ -92,14 +94,22 @@ class FitResult:
 def manifest_blocks(manifest: str | os.PathLike[str], block: int
                     ) -> Iterator[tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]]:
     """(durations s, tokens) of ``manifest`` in blocks of ``block`` rows; rows without tokens
-    or duration: one line, after every block is counted (nothing more is yielded past one)."""
+    or duration: one line, after every block is counted (nothing more is yielded past one).
+    Duration 0 is a text-only row's (``modality`` text); an audio row's is refused."""
     null_t = null_d = 0
-    for table in iter_manifest(manifest, ["duration", "num_tokens"], block):
+    text = "modality" in pq.read_schema(manifest).names
+    for table in iter_manifest(manifest, ["duration", "num_tokens", *(["modality"] if text else [])], block):
         null_t += table.column("num_tokens").null_count
         null_d += table.column("duration").null_count
         if null_t or null_d:
             continue
-        yield numeric_values(table.column("duration"), np.float64), numeric_values(table.column("num_tokens"), np.int64)
+        d = numeric_values(table.column("duration"), np.float64)
+        audio = np.ones(d.shape[0], bool) if not text else \
+            ~pc.fill_null(pc.equal(table.column("modality"), "text"), False).to_numpy(zero_copy_only=False)
+        if (audio & (d == 0)).any():
+            raise DataprepError(f"{manifest}: {int((audio & (d == 0)).sum())} audio rows have duration 0 "
+                                "(durations must be finite and > 0; only text-only rows have none)")
+        yield d, numeric_values(table.column("num_tokens"), np.int64)
     if null_t:
         raise DataprepError(f"{manifest}: {null_t} rows have no num_tokens (compile with a tokenizer)")
     if null_d:

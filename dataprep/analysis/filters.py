@@ -6,7 +6,9 @@ Filters, in the order that decides a rejected row's ``reason`` (its FIRST failin
 ``min_tokens``, ``max_tokens`` (tokens incl. prompt); ``max_X`` fails when the value is above
 it, ``min_X`` when below: bounds are inclusive for kept rows (``tps == max_tps`` is kept).
 A null or NaN value fails every filter set on its column; filters left ``None`` are not
-applied. Every rule is row by row, so a manifest filtered block by block
+applied. Text-only rows (``modality`` text: no audio, duration 0, no TPS) pass the TPS and
+duration filters, as NeMo's duration filter passes text; the token filters apply to them.
+Every rule is row by row, so a manifest filtered block by block
 (:func:`dataprep.analysis.stats_and_filter.filter_manifest`) gives the whole frame's rows and
 its :class:`FilterSummary` adds up. Invariants: ``kept.height + rejected.height == df.height``;
 kept rows keep the input order; rejected rows too.
@@ -123,10 +125,15 @@ def _fmt_threshold(x: float) -> str:
     return f"{x:g}" if float(f"{x:g}") == x else repr(float(x))
 
 
-def _fails(column: str, op: str, value: float) -> pl.Expr:
+#: columns a text-only row has no value of (its filters pass it)
+AUDIO_COLUMNS = ("tps", "duration")
+
+
+def _fails(column: str, op: str, value: float, text: pl.Expr) -> pl.Expr:
     v = pl.col(column).cast(pl.Float64)
     cmp = v > value if op == ">" else v < value
-    return (v.is_null() | v.is_nan() | cmp).fill_null(True)
+    fails = (v.is_null() | v.is_nan() | cmp).fill_null(True)
+    return fails & ~text if column in AUDIO_COLUMNS else fails
 
 
 def _detail(name: str, column: str, op: str, value: float) -> pl.Expr:
@@ -173,8 +180,9 @@ def apply_filters(df: pl.DataFrame, thresholds: Thresholds) -> FilterResult:
         reason = pl.when(pl.col(fc)).then(pl.lit(name)).otherwise(reason)
         detail = pl.when(pl.col(fc)).then(_detail(name, column, op, value)).otherwise(detail)
 
+    text = (pl.col("modality") == "text").fill_null(False) if "modality" in df.columns else pl.lit(False)
     marked = df.with_columns(
-        [_fails(c, op, v).alias(fc) for (_, c, op, v), fc in zip(active, fail_cols)]
+        [_fails(c, op, v, text).alias(fc) for (_, c, op, v), fc in zip(active, fail_cols)]
     ).with_columns(reason.alias("reason"))
 
     sums = marked.select(

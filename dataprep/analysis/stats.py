@@ -1,17 +1,17 @@
 """Manifest statistics: totals, per language, quantiles, TPS by duration bin, threshold counts.
 
-Pure: blocks of rows with (at least) ``duration`` (s), ``num_tokens`` (tokens incl. prompt),
-``tps`` (tokens / s) and optionally ``lang`` / ``corpus`` in (polars frames or Arrow tables),
-a :class:`ManifestStats` out. No I/O. :func:`stream_stats` takes the blocks again for each
-pass (usually two) and holds one block, the groups' aggregates and a bounded number of
-selected values, never the corpus; :func:`compute_stats` is one frame as one block.
+Pure: blocks (polars or Arrow) with ``duration`` (s), ``num_tokens`` (incl. prompt), ``tps``
+(tokens / s), optionally ``lang`` / ``corpus`` / ``modality``, a :class:`ManifestStats` out.
+:func:`stream_stats` takes the blocks again for each pass (usually two), holding one block,
+the groups' aggregates and a bounded number of selected values; :func:`compute_stats`: one block.
 
-Quantiles use linear interpolation between order statistics (numpy's default for the
-quantile table, polars' ``quantile`` / ``median`` per language and duration bin), selected
-exactly (:mod:`dataprep.analysis.exact`), so every figure equals ``numpy.percentile`` /
-polars over the whole column; hours are correctly rounded sums (``math.fsum``). Nulls and
-NaNs are ignored by the quantiles (a null TPS still counts in its group's size, as polars
-counts it); an empty selection gives ``None``. The result does not depend on the blocks.
+Quantiles interpolate linearly between order statistics selected exactly
+(:mod:`dataprep.analysis.exact`): each equals ``numpy.percentile`` / polars over the whole
+column; hours are correctly rounded sums. Nulls and NaNs are ignored by the quantiles (a null
+TPS still counts in its group's size, as polars counts it); none selected gives ``None``.
+Text-only rows (``modality`` text: duration 0, no TPS) count everywhere but in the duration
+figures (quantiles, bins, thresholds); with an ``audio_token_rate``, token-equivalents
+(:mod:`bucketing.token_equivalents`) get totals and quantiles too.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from dataprep.analysis.exact import (SELECT_BUDGET, ExactSums, OrderSelector, float_keys, numpy_percentiles, numpy_ranks,
                                    polars_quantile, polars_ranks)
+from bucketing.token_equivalents import token_equivalents
 from manifests.arrow_views import null_mask, numeric_values
 
 #: Quantile levels reported for duration, num_tokens and tps, in percent.
@@ -113,6 +114,10 @@ class ManifestStats:
     thresholds: tuple[ThresholdCount, ...]
     extra: dict[str, Any] = field(default_factory=dict)
     corpora: tuple[CorpusStats, ...] = ()  # empty unless the manifest has a ``corpus`` column
+    #: modality -> {"utterances", "hours", "tokens"}; empty unless the manifest has a ``modality`` column
+    modalities: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: with an audio token rate: {"audio_token_rate", "total", "audio", "text", "quantiles": {"p0": ...}}
+    token_equivalents: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self, decimals: int = JSON_DECIMALS) -> dict[str, Any]:
         """A JSON-ready dict with floats rounded to ``decimals`` places (deterministic)."""
@@ -146,6 +151,10 @@ class ManifestStats:
             "thresholds": {t.name: {"count": t.count, "fraction": r(t.fraction)} for t in self.thresholds},
             **({"corpora": [{"corpus": c.corpus, "utterances": c.utterances, "hours": r(c.hours), "tokens": c.tokens}
                             for c in self.corpora]} if self.corpora else {}),
+            **({"modalities": {m: {k: (r(v) if k == "hours" else v) for k, v in f.items()}
+                               for m, f in self.modalities.items()}} if self.modalities else {}),
+            **({"token_equivalents": {k: ({q: r(x) for q, x in v.items()} if k == "quantiles" else v)
+                                      for k, v in self.token_equivalents.items()}} if self.token_equivalents else {}),
             **self.extra,
         }
 
@@ -198,6 +207,14 @@ class Block:
             raise ValueError(f"manifest frame lacks column(s) {', '.join(missing)}")
         self.height = table.num_rows
         self.duration, self.duration_null = _floats(table.column("duration"))
+        mod = table.column("modality") if "modality" in names else None
+        #: text-only rows: their duration (0) is no audio's, so NaN in ``duration`` (the raw in ``seconds``)
+        self.text = np.zeros(self.height, bool) if mod is None else \
+            pc.fill_null(pc.equal(mod, "text"), False).to_numpy(zero_copy_only=False)
+        self.has_modality = mod is not None
+        self.seconds = self.duration
+        if self.text.any():
+            self.duration = np.where(self.text, math.nan, self.duration)
         self.num_tokens, _ = _floats(table.column("num_tokens"))
         self.tps, _ = _floats(table.column("tps"))
         self.lang = table.column("lang") if "lang" in names else None
@@ -287,7 +304,8 @@ class StatsAccumulator:
 
     def __init__(self, edges: Sequence[float] = DURATION_BIN_EDGES,
                  thresholds: Sequence[tuple[str, str, float]] = DEFAULT_THRESHOLDS,
-                 quantiles: Sequence[float] = QUANTILES, budget: int = SELECT_BUDGET) -> None:
+                 quantiles: Sequence[float] = QUANTILES, budget: int = SELECT_BUDGET,
+                 audio_token_rate: float | None = None) -> None:
         for _, op, _ in thresholds:
             if op not in _CMP:
                 raise ValueError(f"threshold operator {op!r} is not one of {', '.join(_CMP)}")
@@ -309,7 +327,14 @@ class StatsAccumulator:
         self.columns = {c: OrderSelector(budget) for c in _QUANTILE_COLUMNS}
         self.lang_tps = OrderSelector(budget)
         self.bin_tps = OrderSelector(budget)
-        self._selectors = [*self.columns.values(), self.lang_tps, self.bin_tps]
+        self.has_modality = False
+        self.modality_rows = np.zeros(2, np.int64)  # audio, text
+        self.modality_tokens = np.zeros(2, np.int64)
+        self.modality_seconds = ExactSums()
+        self.rate = audio_token_rate
+        self.te = OrderSelector(budget)
+        self.te_sums = np.zeros(2, np.int64)  # audio rows', text rows'
+        self._selectors = [*self.columns.values(), self.lang_tps, self.bin_tps, self.te]
 
     @property
     def pending(self) -> bool:
@@ -327,8 +352,21 @@ class StatsAccumulator:
         self.lang_tps.add_keys(b.keys("tps")[tps_ok], lang[tps_ok])
         both = d_ok & tps_ok
         self.bin_tps.add_keys(b.keys("tps")[both], bins[both])
+        tok = ~np.isnan(b.num_tokens)
+        te = None
+        if self.rate is not None:
+            te_ok = tok & ~np.isnan(b.seconds)
+            te = token_equivalents(np.where(te_ok, b.seconds, 0.0), np.where(te_ok, b.num_tokens, 0), self.rate)
+            self.te.add_keys(float_keys(te[te_ok].astype(np.float64)))
         if pass_no:
             return
+        text = b.text.astype(np.int64)
+        self.has_modality = self.has_modality or b.has_modality
+        self.modality_rows += np.bincount(text, minlength=2)
+        self.modality_tokens = _add_counts(self.modality_tokens, text[tok], 2, weights=b.num_tokens[tok].astype(np.int64))
+        self.modality_seconds.add(b.seconds[~b.duration_null], text[~b.duration_null])
+        if te is not None:
+            self.te_sums = _add_counts(self.te_sums, text[te_ok], 2, weights=te[te_ok])
         self.rows += b.height
         ng = len(self.langs.names)
         self.lang_rows = _add_counts(self.lang_rows, lang, ng)
@@ -345,8 +383,7 @@ class StatsAccumulator:
             nc = len(self.corpora.names)
             self.corpus_rows = _add_counts(self.corpus_rows, corpus, nc)
             raw = ~b.duration_null
-            self.corpus_seconds.add(d[raw], corpus[raw])
-            tok = ~np.isnan(b.num_tokens)
+            self.corpus_seconds.add(b.seconds[raw], corpus[raw])
             self.corpus_tokens = _add_counts(self.corpus_tokens, corpus[tok], nc,
                                              weights=b.num_tokens[tok].astype(np.int64))
 
@@ -367,6 +404,8 @@ class StatsAccumulator:
         counts = self.bin_tps.counts()
         self.bin_tps.request({g: _polars_wanted(int(counts[g]), int(self.bin_tps_nulls[g]), _BIN_QUANTILES)
                               for g in range(min(counts.shape[0], self.nbins))})
+        n = int(self.te.counts()[0]) if self.te.counts().shape[0] else 0
+        self.te.request({0: [r for lo, hi, _ in numpy_ranks(n, self.quantiles) for r in (lo, hi)]} if n else {})
 
     def result(self) -> ManifestStats:
         """The figures, once no pass is pending."""
@@ -395,13 +434,23 @@ class StatsAccumulator:
                                          tps_p10=p10, tps_median=p50, tps_p90=p90))
         corpora = tuple(CorpusStats(name, int(self.corpus_rows[c]), self.corpus_seconds.total(c) / 3600.0,
                                     int(self.corpus_tokens[c])) for c, name in enumerate(self.corpora.names))
+        modalities = {name: {"utterances": int(self.modality_rows[k]), "hours": self.modality_seconds.total(k) / 3600.0,
+                             "tokens": int(self.modality_tokens[k])}
+                      for k, name in enumerate(("audio", "text"))} if self.has_modality else {}
+        te: dict[str, Any] = {}
+        if self.rate is not None:
+            m = int(self.te.counts()[0]) if self.te.counts().shape[0] else 0
+            tq = list(numpy_percentiles((self.te.value(0, lo), self.te.value(0, hi), w)
+                                        for lo, hi, w in numpy_ranks(m, self.quantiles))) if m else [None] * len(self.quantiles)
+            te = {"audio_token_rate": self.rate, "total": int(self.te_sums.sum()), "audio": int(self.te_sums[0]),
+                  "text": int(self.te_sums[1]), "quantiles": {f"p{q}": v for q, v in zip(self.quantiles, tq)}}
         return ManifestStats(
             utterances=n, hours=self.seconds.total(range(ng * nb)) / 3600.0, languages=tuple(langs),
             quantiles=quant, tps_by_duration=tuple(bins),
             thresholds=tuple(ThresholdCount(column=col, op=op, value=float(value), count=int(self.over[i]),
                                             fraction=(int(self.over[i]) / n if n else 0.0))
                              for i, (col, op, value) in enumerate(self.thresholds)),
-            corpora=corpora if self.has_corpus else (),
+            corpora=corpora if self.has_corpus else (), modalities=modalities, token_equivalents=te,
         )
 
 
@@ -445,6 +494,7 @@ def stream_stats(
     *,
     budget: int = SELECT_BUDGET,
     consumers: Sequence[BlockConsumer] = (),
+    audio_token_rate: float | None = None,
 ) -> ManifestStats:
     """:func:`compute_stats` of the rows ``blocks()`` yields (Arrow tables or polars frames), in memory bounded by one block,
     the groups and ``budget`` values, whatever the row count.
@@ -452,7 +502,7 @@ def stream_stats(
     ``blocks`` is called once per pass (usually two) and must yield the same rows each time,
     in any split. ``consumers`` see every block of every pass too (the plots' aggregates).
     """
-    acc = StatsAccumulator(edges, thresholds, quantiles, budget)
+    acc = StatsAccumulator(edges, thresholds, quantiles, budget, audio_token_rate)
     pass_no = 0
     while True:
         for df in blocks():
@@ -484,6 +534,7 @@ def compute_stats(
     thresholds : ``(column, op, value)`` with op one of ``>``, ``>=``, ``<``, ``<=``.
     quantiles : levels in percent (0..100).
 
-    Invariants: ``sum(bin.count) == utterances == sum(lang.utterances)``.
+    Invariants: ``sum(lang.utterances) == utterances`` and ``sum(bin.count)`` = the audio rows
+    (every row when the frame has no ``modality``).
     """
     return stream_stats(lambda: [df], edges, thresholds, quantiles)

@@ -13,6 +13,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bucketing.token_equivalents import TokenEquivalentOptions
 from dataprep.analysis.exact import SELECT_BUDGET
 from dataprep.analysis.filters import FilterResult, FilterSummary, Thresholds, apply_filters
 from dataprep.analysis.stats import ManifestStats, stream_stats
@@ -24,11 +25,11 @@ from manifests.manifest_read import check_manifest_file, iter_manifest
 from manifests.manifest_write import RowGroupWriter, default_rejects_path, file_metadata, output_schemas
 from manifests.options import check_int
 from manifests.outputs import publish_together, refuse_same_paths
-from manifests.schema import CORPUS_COLUMN, conform, has_containers, has_corpus, schema_version
+from manifests.schema import CORPUS_COLUMN, MODALITY_COLUMN, conform, has_containers, has_corpus, has_modality, schema_version
 
 #: the columns ``stats`` reads (the optional ones when the manifest has them)
 STATS_COLUMNS = ["duration", "num_tokens", "tps", "lang"]
-OPTIONAL_STATS_COLUMNS = ["lang", "corpus"]
+OPTIONAL_STATS_COLUMNS = ["lang", "corpus", "modality"]
 #: rows per block ``stats`` reads (about 10 MB of its columns; its keys, bins and masks a few
 #: times that): 1M-row blocks cost 0.13 GiB more for the same time (synthetic 10M rows)
 STATS_BLOCK_ROWS = 1 << 18
@@ -78,13 +79,14 @@ def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[
             empty = schema.empty_table()
             yield _filtered(manifest, pl.from_arrow(empty.select(columns) if columns else empty), thresholds)  # type: ignore[arg-type]
 
-    optional = [c for c in ("container", CORPUS_COLUMN) if c in names]
-    flags = {"kept": [False, False], "rejected": [False, False]}  # (containers, corpus) of each output
+    optional = [c for c in ("container", CORPUS_COLUMN, MODALITY_COLUMN) if c in names]
+    flags = {"kept": [False] * 3, "rejected": [False] * 3}  # (containers, corpus, modality) of each output
     if optional:
         needed = {c for _, c, _, _ in thresholds.active()} | set(optional)
         for r in split([c for c in names if c in needed] + sorted(needed - set(names))):  # lacking: derived or refused
             for key, part in (("kept", r.kept), ("rejected", r.rejected)):
-                flags[key] = [flags[key][0] or has_containers(part), flags[key][1] or has_corpus(part)]
+                has = (has_containers(part), has_corpus(part), has_modality(part))
+                flags[key] = [a or b for a, b in zip(flags[key], has)]
     kept_pl, kept_pa = output_schemas("manifest", *flags["kept"])
     rej_pl, rej_pa = output_schemas("rejects", *flags["rejected"])
 
@@ -127,13 +129,15 @@ def filter_manifest(manifest: str | os.PathLike[str], output: str | os.PathLike[
 
 def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[str] | None = None, *,
                  consumers: Sequence[Any] = (), block_rows: int = STATS_BLOCK_ROWS,
-                 budget: int = SELECT_BUDGET) -> tuple[ManifestStats, list[Path]]:
+                 budget: int = SELECT_BUDGET,
+                 token_options: TokenEquivalentOptions | None = None) -> tuple[ManifestStats, list[Path]]:
     """The figures of ``manifest`` (:func:`~dataprep.analysis.stats.stream_stats`, read in
     blocks of ``block_rows`` rows: memory bounded by a block, the groups and ``budget``
     selected values, not by the manifest); with ``json_path`` also written as JSON with the
     manifest's name and content hash. ``consumers`` see every pass's blocks too (what
     :func:`~dataprep.analysis.stats.stream_stats` takes: the PNG plots' aggregates). Returns
-    the figures and the files written."""
+    the figures and the files written. ``token_options``: token-equivalents at its audio token
+    rate reported too (:mod:`bucketing.token_equivalents`)."""
     manifest = Path(manifest)
     refuse_same_paths({"MANIFEST": manifest}, {"--json": json_path})
     check_int("block_rows", block_rows, ge=1, le=None)
@@ -144,7 +148,8 @@ def stats_report(manifest: str | os.PathLike[str], json_path: str | os.PathLike[
     columns += [c for c in OPTIONAL_STATS_COLUMNS if c in names and c not in columns]
     strings = [c for c in OPTIONAL_STATS_COLUMNS if c in columns]
     stats = stream_stats(lambda: iter_manifest(manifest, columns, block_rows, dictionary=strings),
-                         budget=budget, consumers=list(consumers))
+                         budget=budget, consumers=list(consumers),
+                         audio_token_rate=None if token_options is None else token_options.audio_token_rate)
     written: list[Path] = []
     if json_path is not None:
         doc = stats.to_json()

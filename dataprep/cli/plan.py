@@ -14,7 +14,7 @@ from bucketing.dynres import LONGEST
 from dataprep.cli.app import app, build_options, parse_memory_limit, check_range, defaults_of, option_flags, out, parse_world_sizes, user_errors
 from dataprep.cli.fmt import Table, pct, plural
 from dataprep.cli.buckets import print_policy_comparison
-from manifests.nemo_buckets import nemo_options_warnings
+from manifests.nemo_buckets import nemo_options_warnings, token_equivalent_duration
 from dataprep.cli import dynres as dyn
 from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, default_manifest, replan
 from dataprep.planning import spills_to_disk
@@ -73,6 +73,7 @@ def plan_batches_cmd(
     weight_window: Annotated[Optional[int], typer.Option("--weight-window", help="Weighted plans: order each epoch's steps so every this many consecutive steps hold each corpus within --weight-tolerance of its share (balanced steps, random interleave, no sync groups); windows over it are counted in plan.json.", show_default=False)] = None,
     stage: Annotated[Optional[list[str]], typer.Option("--stage", help="EPOCHS:weights.yaml, once per stage in order: a staged blend (multi-stage data balancing), each stage that many epochs weighted by the file's corpus: weight mapping (replaces --weights; --epochs defaults to the stages' sum).", show_default=False)] = None,
     weight_tolerance: Annotated[float, typer.Option("--weight-tolerance", help="With --weight-window: a corpus's share of a window's utterances may differ from its share of the epoch by this much (absolute, e.g. 0.05 = 5 points).")] = _PLAN.weight_tolerance,
+    audio_token_rate: Annotated[Optional[float], typer.Option("--audio-token-rate", help="Tokens per second of audio (1 / NeMo's token_equivalent_duration; 12.5 for 80 ms encoder frames): a row's size in token-equivalents, ceil(duration x RATE) + num_tokens, recorded in plan.json. Default: the --buckets YAML's token_equivalent_duration with use_multimodal_sampling.", show_default=False)] = None,
     container_block: Annotated[Optional[int], typer.Option("--container-block", help="Order each bucket in shuffled blocks of this many containers (tar shards; a loose file is one), in stored order inside a block: a rank-step then reads at most twice as many containers, at a price in randomness printed after the plan.", show_default=False)] = None,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
@@ -93,6 +94,7 @@ def plan_batches_cmd(
         stages = tuple(parse_stage(s) for s in stage) if stage else None
     if stages is not None and epochs == _PLAN.epochs:
         epochs = sum(n for n, _ in stages)
+    audio_token_rate = _audio_token_rate(audio_token_rate, buckets)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
                             cost=_cost(coef, cost_model), cost_equal=cost_model is not None if cost_equal is None else cost_equal,
@@ -100,7 +102,7 @@ def plan_batches_cmd(
                             temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
                             memory_limit=limit, rank_speed=None if rank_speed is None else parse_rank_speed(rank_speed),
                             weight_window=weight_window, weight_tolerance=weight_tolerance, stages=stages,
-                            container_block=container_block)
+                            container_block=container_block, audio_token_rate=audio_token_rate)
     check_needs("--weight-tolerance", weight_tolerance != _PLAN.weight_tolerance, "--weight-window",
                 weight_window is not None)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
@@ -116,6 +118,19 @@ def plan_batches_cmd(
         out.print(f"container blocks of {blocks['containers']}: a row's batch mates come from about "
                   f"{blocks['mates_rows']:,.0f} rows (its block) instead of {blocks['bucket_rows']:,.0f} (its bucket); "
                   "`dataprep simulate --reads` counts the containers each rank-step touches")
+
+
+def _audio_token_rate(flag: float | None, buckets: Path) -> float | None:
+    """``--audio-token-rate``, else the rate of the buckets YAML's multimodal sampling
+    (``1 / token_equivalent_duration``); both given must agree."""
+    check_range("--audio-token-rate", flag, gt=0)
+    ted = token_equivalent_duration(buckets)
+    if ted is None:
+        return flag
+    if flag is not None and abs(flag * ted - 1.0) > 1e-9:
+        raise DataprepError(f"--audio-token-rate {flag:g} disagrees with {buckets}: token_equivalent_duration {ted:g} s "
+                            f"is {1 / ted:g} tokens per second of audio")
+    return 1.0 / ted if flag is None else flag
 
 
 @app.command("replan")

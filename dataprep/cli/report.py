@@ -15,6 +15,7 @@ from dataprep.cli.app import app, build_options, err, out, user_errors
 from dataprep.cli.fmt import Table
 from dataprep.analysis import FilterSummary, ManifestStats, Thresholds, filter_manifest, stats_report
 from dataprep.analysis.blend_tree import blend_lines
+from bucketing.token_equivalents import TokenEquivalentOptions
 from manifests.manifest_write import default_rejects_path
 
 
@@ -59,6 +60,23 @@ def stats_tables(s: ManifestStats) -> list[Table]:
             corp.add_row(c.corpus, f"{c.utterances:,}", _f(c.hours), f"{c.tokens:,}")
         tables.append(corp)
 
+    if s.modalities:
+        mods = Table(title="Per modality (text rows: no audio, duration 0, no TPS)", title_justify="left")
+        for name in ("modality", "utterances", "hours", "tokens"):
+            mods.add_column(name, justify="left" if name == "modality" else "right")
+        for name, m in s.modalities.items():
+            mods.add_row(name, f"{int(m['utterances']):,}", _f(m["hours"]), f"{int(m['tokens']):,}")
+        tables.append(mods)
+    if s.token_equivalents:
+        te = s.token_equivalents
+        tet = Table(title=f"Token-equivalents (ceil(duration x {te['audio_token_rate']:g}/s) + num_tokens)",
+                    title_justify="left")
+        for name in ("total", "audio rows", "text rows", *te["quantiles"]):
+            tet.add_column(name, justify="right")
+        tet.add_row(f"{te['total']:,}", f"{te['audio']:,}", f"{te['text']:,}",
+                    *[_f(v, 0) for v in te["quantiles"].values()])
+        tables.append(tet)
+
     th = Table(title="Outliers at common thresholds", title_justify="left")
     th.add_column("condition")
     th.add_column("utterances", justify="right")
@@ -84,6 +102,12 @@ def stats_command(
             "(needs the plots extra: matplotlib).",
         ),
     ] = None,
+    audio_token_rate: Annotated[
+        Optional[float],
+        typer.Option("--audio-token-rate", help="Also report token-equivalents: ceil(duration x RATE) + num_tokens "
+                     "per row (RATE: tokens per second of audio, 1 / NeMo's token_equivalent_duration; 12.5 for "
+                     "80 ms encoder frames).", show_default=False),
+    ] = None,
 ) -> None:
     """Totals, per language, quantiles of duration / tokens / TPS, TPS by duration bin and
     outlier counts (TPS > 25, duration > 40 s, < 0.5 s), as tables on stdout."""
@@ -92,7 +116,10 @@ def stats_command(
         from dataprep.report.plots import PlotAggregates  # lazy: matplotlib is an extra
 
         agg = PlotAggregates()
-    stats, written = stats_report(manifest, json_path, consumers=[agg] if agg is not None else [])
+    token_options = None if audio_token_rate is None else build_options(
+        TokenEquivalentOptions, {}, audio_token_rate=audio_token_rate)
+    stats, written = stats_report(manifest, json_path, consumers=[agg] if agg is not None else [],
+                                  token_options=token_options)
     if agg is not None and plots is not None:
         from dataprep.report.plots import write_plots
 

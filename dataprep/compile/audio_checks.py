@@ -19,6 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
+from manifests.schema import MODALITY_COLUMN
 from manifests import storage, store_facts
 from manifests.errors import DataprepError
 
@@ -73,9 +74,12 @@ def _absent(paths: list[str], threads: int = 8) -> list[str]:
 
 def unchecked_audio(manifest: str | os.PathLike[str], probe: str = "auto", *,
                     sample: int = SAMPLE_FILES) -> UncheckedAudio:
-    """Count ``manifest``'s rows whose audio was not checked (module docstring); columns scanned lazily."""
+    """Count ``manifest``'s rows whose audio was not checked (module docstring); columns scanned
+    lazily. Text-only rows (``modality`` text) have no audio: they are not counted."""
     lf = pl.scan_parquet(manifest)
     names = lf.collect_schema().names()
+    if MODALITY_COLUMN in names:
+        lf = lf.filter(pl.col(MODALITY_COLUMN) != "text")
     loose = pl.col("container").is_null() if "container" in names else pl.lit(True)
     has_path = pl.col("audio_path").is_not_null()
     not_read = has_path & pl.col("sample_rate").is_null()
@@ -95,9 +99,17 @@ def unchecked_audio(manifest: str | os.PathLike[str], probe: str = "auto", *,
 def require_audio(manifest: str | os.PathLike[str], command: str) -> None:
     """Refuse, in one line naming the fix, a manifest whose rows name no audio or most of whose
     audio files (a sample of those no header was read for) do not exist, i.e. the audio is not
-    mounted: ``command`` reads the audio. A few absent files are the command's per-row rejects."""
-    u = unchecked_audio(manifest)
+    mounted: ``command`` reads the audio. A few absent files are the command's per-row rejects.
+    Text-only rows (``modality`` text) are refused too: they have no audio to read."""
     name = Path(manifest)
+    lf = pl.scan_parquet(manifest)
+    if MODALITY_COLUMN in lf.collect_schema().names():
+        text = int(lf.select((pl.col(MODALITY_COLUMN) == "text").sum()).collect().item() or 0)
+        if text:
+            raise DataprepError(f"{name}: {text:,} rows are text-only (modality text, a blend's text corpora): "
+                                f"{command} reads the audio; run it on a manifest of the speech rows "
+                                "(compile a blend of the speech corpora alone)")
+    u = unchecked_audio(manifest)
     if u.no_path:
         raise DataprepError(
             f"{name}: {u.no_path:,} of {u.rows:,} rows name no audio file (a metadata-only manifest): {command} "

@@ -245,7 +245,8 @@ def run_part(
         kept = _write_part(spool.tables(drop, keep_row=True), paths.part, PART_SCHEMA, "manifest_part")
     _write_part([rejects.to_arrow()], paths.rejects, PART_REJECTS_SCHEMA, "rejects_part")
     run.mark_done(part_index, (paths.part, paths.rejects), provenance=provenance, rows_in=rows_in, rows_kept=kept,
-                  rows_rejected=rejects.height, containers=spool.containers, corpus=spool.corpus)
+                  rows_rejected=rejects.height, containers=spool.containers, corpus=spool.corpus,
+                  modality=spool.modality)
     return _part_summary(rows_in, kept, provenance, num_parts, part_index, skipped=False)
 
 
@@ -356,7 +357,8 @@ def merge_parts(
             seconds += float(pc.sum(batch.column(0)).as_py() or 0.0)
     parts = [p.part for p in all_paths]
     schema = manifest_schema(any(bool(m.get("containers")) for m in markers),
-                             any(bool(m.get("corpus")) for m in markers))
+                             any(bool(m.get("corpus")) for m in markers),
+                             any(bool(m.get("modality")) for m in markers))
     with publish_together(output, rejects) as (tmp_out, tmp_rejects):  # visible together or not at all
         written = write_parquet_stream(lambda: (t.select(schema.names) for t in merged_tables(parts)), tmp_out,
                                        schema, "manifest", provenance)

@@ -159,7 +159,7 @@ def compile_to_files(
         dup_seconds = float(reject_rows.filter(pl.col("reason") == "duplicate_id")["duration"].sum() or 0.0)
         provenance = compile_provenance(sources, tokenizers, opts)
         with publish_together(output, rejects) as (tmp_out, tmp_rejects):  # visible together or not at all
-            written = write_parquet_stream(lambda: spool.tables(drop), tmp_out, manifest_schema(spool.containers, spool.corpus),
+            written = write_parquet_stream(lambda: spool.tables(drop), tmp_out, manifest_schema(spool.containers, spool.corpus, spool.modality),
                                            "manifest", provenance)
             write_rejects(reject_rows.drop(ROW), tmp_rejects, provenance)
     reasons = reasons_count(reject_rows)

@@ -36,7 +36,7 @@ from dataprep.compile.validate import (
 from dataprep.tokenize import Tokenizers
 from manifests.atomic_files import glob_escape, sweep_stale_temps, temp_prefix
 from manifests.errors import DataprepError
-from manifests.schema import conform, has_containers, has_corpus, manifest_schema
+from manifests.schema import conform, has_containers, has_corpus, has_modality, manifest_schema
 
 #: DuckDB's memory limit for the duplicate-id pass (it spills to the spool folder beyond it)
 DUPLICATES_MEMORY_LIMIT = "256MB"  # measured: 10M distinct ids in ~4 s, ~320 MiB RSS
@@ -57,6 +57,7 @@ class AcceptedSpool:
         self.seconds = 0.0  # total duration of the spooled rows
         self.containers = False  # whether any spooled row is addressed inside a container
         self.corpus = False  # whether any spooled row names its corpus
+        self.modality = False  # whether any spooled row says its modality (a manifest with text rows)
         self._last_row = -1
 
     def add(self, accepted: pl.DataFrame) -> None:
@@ -74,6 +75,7 @@ class AcceptedSpool:
         self.seconds += float(frame["duration"].sum() or 0.0)
         self.containers = self.containers or has_containers(frame)
         self.corpus = self.corpus or has_corpus(frame)
+        self.modality = self.modality or has_modality(frame)
 
     def close(self) -> None:
         if self._writer is not None:
@@ -109,7 +111,7 @@ class AcceptedSpool:
         """The spooled rows in input order, less those whose ``__row`` is in ``drop_rows``
         (with the container columns only when a spooled row has a container, or ``keep_row``)."""
         self.close()
-        schema = PART_SCHEMA if keep_row else manifest_schema(self.containers, self.corpus)
+        schema = PART_SCHEMA if keep_row else manifest_schema(self.containers, self.corpus, self.modality)
         drop = np.sort(np.asarray(drop_rows if drop_rows is not None else [], dtype=np.int64))
         for batch in open_parquet(self.path).iter_batches(batch_size=batch_rows):
             table = pa.Table.from_batches([batch])

@@ -25,6 +25,7 @@ import pyarrow as pa
 from dataprep import __version__
 from dataprep.compile.probe import PROBE_SCHEMA, probe_headers, probe_members
 from dataprep.compile.prompts import CONTEXT_FIELD, prompt_format_tokens
+from manifests.readers._text import CONTEXT_KEY
 from dataprep.tokenize import Tokenizers
 from manifests import storage, store_facts
 from manifests.containers import expand_paths
@@ -36,6 +37,7 @@ from manifests.schema import (
     FULL_POLARS_SCHEMA,
     FULL_REJECTS_POLARS_SCHEMA,
     FULL_REJECTS_SCHEMA,
+    MODALITY_COLUMN,
 )
 
 ProbeMode = Literal["auto", "always", "never"]
@@ -164,12 +166,14 @@ def process_chunk(
                                pl.col("offset").fill_null(0.0))
     rejects: list[pl.DataFrame] = [chunk.filter(pl.col("reason").is_not_null())]
     df = chunk.filter(pl.col("reason").is_null())
+    # a text-only row (a blend's text corpus): no audio, duration 0 by rule, no TPS
+    text_row = (pl.col(MODALITY_COLUMN) == "text").fill_null(False) if MODALITY_COLUMN in df.columns else pl.lit(False)
 
     df, bad = _reject(df, pl.col("text").is_null() | (pl.col("text").str.strip_chars() == ""), "empty_text",
                       _at("empty text"))
     rejects.append(bad)
     d = pl.col("duration")
-    df, bad = _reject(df, d.is_not_null() & (d.is_nan() | d.is_infinite() | (d <= 0)), "invalid_duration",
+    df, bad = _reject(df, d.is_not_null() & (d.is_nan() | d.is_infinite() | (d <= 0)) & ~text_row, "invalid_duration",
                       _at(pl.concat_str([pl.lit("duration "), d.cast(pl.String), pl.lit(" s is not a positive number")])))
     rejects.append(bad)
     o = pl.col("offset")
@@ -195,6 +199,10 @@ def process_chunk(
     langs = df.select(lang_for_tokens).to_series()  # a Series: no Python str per row
     pieces = tokenizers.count(df["text"].to_list(), langs, opts.tokenizer_threads)
     df = df.with_columns(pl.Series("__pieces", pieces))
+    # a blend with text or conversation corpora (rows with a modality): a row's context counts too
+    in_mixed = pl.col(MODALITY_COLUMN).is_not_null() if MODALITY_COLUMN in df.columns else pl.lit(False)
+    ctx = _context_pieces(df, in_mixed, tokenizers, opts)  # -1: no tokenizer for the context's language
+    df = df.with_columns(pl.when(ctx < 0).then(-1).otherwise(pl.col("__pieces") + ctx).alias("__pieces"))
     df, bad = _reject(df, pl.col("__pieces") < 0, "no_tokenizer",
                       _at(pl.concat_str([pl.lit("no tokenizer for language "), lang_for_tokens.fill_null("<none>")])))
     rejects.append(bad.drop("__pieces"))
@@ -208,8 +216,26 @@ def process_chunk(
         df = df.with_columns(pl.col("__pieces") + pl.Series(extra_pieces))
     df = df.with_columns(
         (pl.col("__pieces") + opts.fixed_prompt_tokens).cast(pl.Int32).alias("num_tokens"),
-    ).with_columns((pl.col("num_tokens") / pl.col("duration")).alias("tps")).drop("__pieces", SEGMENT)
+    ).with_columns(pl.when(~text_row).then(pl.col("num_tokens") / pl.col("duration")).alias("tps")
+                   ).drop("__pieces", SEGMENT)
     return df, [r.drop("__audio_bytes", SEGMENT, strict=False) for r in rejects if r.height]
+
+
+def _context_pieces(df: pl.DataFrame, rows: pl.Expr, tokenizers: Tokenizers, opts: CompileOptions) -> pl.Series:
+    """Pieces of the context of ``rows`` (``extra``'s :data:`CONTEXT_KEY`: a pair's source, a
+    conversation's system prompt and user turns), by the tokenizer of its source language
+    (else its language); 0 for other rows, -1 where no tokenizer has that language. Such a
+    row's tokens: context + answer + the prompt's."""
+    pieces = np.zeros(df.height, dtype=np.int64)
+    if not df.height or not df.select(rows.any()).item():
+        return pl.Series(pieces)
+    ctx = df.select(pl.when(rows).then(pl.col("extra").str.json_path_match(f"$.{CONTEXT_KEY}"))).to_series()
+    has = (ctx.is_not_null() & (ctx != "")).fill_null(False)
+    if has.any():
+        langs = df.select(pl.coalesce("source_lang", "lang", "target_lang")).to_series().filter(has)
+        counts = np.asarray(tokenizers.count(ctx.filter(has).to_list(), langs, opts.tokenizer_threads), dtype=np.int64)
+        pieces[has.to_numpy()] = np.maximum(counts, -1)
+    return pl.Series(pieces)
 
 
 def _probe(
@@ -311,7 +337,7 @@ def blend_provenance(path: str | os.PathLike[str]) -> dict[str, object]:
     blend = read_blend(path)
     corpora = []
     for leaf in blend.leaves:
-        files = expand_paths([*leaf.paths, *leaf.tars])
+        files = expand_paths([*leaf.paths, *leaf.targets, *leaf.tars])
         corpora.append({"corpus": leaf.corpus, "type": leaf.type, "tags": leaf.tags,
                         "files": [{"path": f, "sha256": source_fingerprint(f) if Path(f).exists() else None}
                                   for f in files]})

@@ -166,6 +166,8 @@ def build_plan(
                                   world_size=W, seed=options.seed, epochs=epochs, interleave=options.interleave,
                                   balance=totals.balance_info(options.balance), sync_group=options.group)
                 blocks = {} if corpus.blocks is None else {"container_blocks": corpus.blocks.entry()}
+                if options.audio_token_rate is not None:
+                    blocks["audio_token_rate"] = options.audio_token_rate
                 meta = writer.finish(dataclasses.replace(meta, extra={**meta.extra,
                                                                       **plan_extra(weighted, loop.dynres, options.rank_speed,
                                                                                  loop.window),

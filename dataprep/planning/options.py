@@ -80,6 +80,9 @@ class PlanOptions:
     (:func:`bucketing.quota.window_order`; balanced steps, random interleave, no sync groups).
     ``stages``: (epochs, weights) per stage (:mod:`dataprep.planning.stages`; replaces
     ``weights``; the stages' epochs are the plan's).
+    ``audio_token_rate``: tokens per second of audio (> 0; None: none), a row's size in
+    token-equivalents (:func:`bucketing.token_equivalents.token_equivalents`), recorded in
+    ``plan.json``.
     """
 
     world_size: int
@@ -104,6 +107,7 @@ class PlanOptions:
     weight_tolerance: float = DEFAULT_WEIGHT_TOLERANCE
     stages: tuple[tuple[int, Mapping[str, float]], ...] | None = None
     container_block: int | None = None
+    audio_token_rate: float | None = None
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, ge=1)
@@ -127,6 +131,7 @@ class PlanOptions:
                 check_str("weights", name)
                 check_number("weights", w, gt=0)
         check_number("temperature", self.temperature, ge=0, optional=True)
+        check_number("audio_token_rate", self.audio_token_rate, gt=0, optional=True)
         check_int("epoch_utterances", self.epoch_utterances, ge=1, le=None, optional=True)
         check_number("epoch_hours", self.epoch_hours, gt=0, optional=True)
         if self.epoch_utterances is not None and self.epoch_hours is not None:

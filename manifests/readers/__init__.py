@@ -30,6 +30,7 @@ from manifests.containers import expand_paths
 from manifests.readers._blend import Blend, Leaf, check_exists, is_blend_path, iter_blend, read_blend
 from manifests.readers._jsonl import iter_lhotse, iter_lhotse_recipe, iter_nemo
 from manifests.readers._kaldi import iter_kaldi
+from manifests.readers._text import iter_text_leaf
 from manifests import storage, store_facts
 from manifests.readers._normalize import corpus_from_extra, relabel
 from manifests.readers._lines import open_binary
@@ -252,6 +253,9 @@ def _iter_url(url: str, fmt: str, *, text_field: str, audio_root: str | Path | N
 
 def iter_leaf(leaf: Leaf, *, chunk_rows: int = 500_000) -> Iterator[pl.DataFrame]:
     """One corpus of an ``input_cfg`` blend read with its reader (NeMo brace paths expanded)."""
+    if leaf.is_text:
+        yield from iter_text_leaf(leaf, chunk_rows=chunk_rows)
+        return
     if leaf.type == "nemo_tarred":
         yield from iter_nemo_tarred(expand_paths(list(leaf.paths)), expand_paths(list(leaf.tars)),
                                     text_field=leaf.text_field, chunk_rows=chunk_rows, corpus_field=False)

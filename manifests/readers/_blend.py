@@ -1,9 +1,9 @@
 """NeMo ``input_cfg`` blends: many corpora, nested groups, weights, tags, temperatures.
 
 NeMo's ``input_cfg`` YAML (read as NeMo reads it: :mod:`manifests.nemo_yaml`), a list of datasets
-(or a mapping holding one), each ``type`` ``nemo``, ``nemo_tarred``, ``lhotse``, ``lhotse_shar``
-or ``group`` (its ``input_cfg`` a list or another file); relative paths against the naming file's
-folder (docs/many-corpora.md). As ``nemo/collections/common/data/lhotse/cutset.py``: a list is
+(or a mapping holding one), each ``type`` ``nemo``, ``nemo_tarred``, ``lhotse``, ``lhotse_shar``,
+a text type (:data:`TEXT_TYPES`, ``multimodal_conversation``: read by :mod:`._text`) or ``group`` (its ``input_cfg``
+a list or another file); relative paths against the naming file's folder (docs/many-corpora.md). As ``nemo/collections/common/data/lhotse/cutset.py``: a list is
 all weighted or none; a level's weights become ``w^T / sum(w^T)``; a leaf's probability is the
 product down its path; ``text_field`` / ``lang_field`` pass down groups. Tags overwrite the row's
 fields, an outer group's winning: ``source_lang``, ``target_lang``, ``taskname`` are columns, the
@@ -29,8 +29,10 @@ from manifests import storage
 from manifests.containers import expand_paths
 from manifests.storage import is_url
 from manifests.errors import ManifestError
+from manifests.schema import MODALITY_COLUMN
 from manifests.nemo_yaml import load_nemo_yaml
 from manifests.readers._jsonl import SORTED_OBJECT_SQL
+from manifests.readers._text import CONVERSATION_TYPES, TEXT_TYPES, text_options
 from manifests.validation import Validator, _show
 
 LEAF_TYPES = ("nemo", "nemo_tarred", "lhotse", "lhotse_shar")
@@ -39,7 +41,8 @@ COLUMN_TAGS = {"source_lang": "source_lang", "target_lang": "target_lang", "task
 BLEND_SUFFIXES = (".yaml", ".yml")
 #: keys of a dataset / group this reader uses
 ITEM_KEYS = {"type", "weight", "tags", "input_cfg", "reweight_temperature", "text_field", "lang_field",
-             "manifest_filepath", "tarred_audio_filepaths", "cuts_path", "shar_path"}
+             "manifest_filepath", "tarred_audio_filepaths", "cuts_path", "shar_path", "paths", "source_paths",
+             "target_paths", "language", "source_language", "target_language"}
 #: nested ``input_cfg`` files one blend may read, and datasets it may expand to (files included
 #: twice counted twice): real blends have tens; a file listing the next twice, 20 deep, is refused
 MAX_INCLUDES = 1000
@@ -57,6 +60,14 @@ class Leaf:
     text_field: str = "text"
     lang_field: str = "lang"
     tags: dict[str, Any] = field(default_factory=dict)  # merged down the path (outer wins), corpus removed
+    targets: tuple[str, ...] = ()  # txt_pair: the target files (paths: the source files)
+    text: dict[str, Any] = field(default_factory=dict)  # text types: language, source_language, target_language
+
+    @property
+    def is_text(self) -> bool:
+        """Whether :mod:`._text` reads the corpus (text-only or conversations: rows with their
+        ``modality``)."""
+        return self.type in (*TEXT_TYPES, *CONVERSATION_TYPES)
 
 
 @dataclass(frozen=True)
@@ -99,7 +110,7 @@ def _temps(v: Validator, raw: Any, name: str) -> list[float] | float | None:
 def _stem(path: str) -> str:
     name = Path(path.rstrip("/")).name
     name = re.sub(r"(_?_OP_.*_CL_|_?\{[^}]*\})", "", name)  # NeMo brace syntax: the shared stem
-    return re.sub(r"(\.(jsonl?|gz|json))+$", "", name) or name
+    return re.sub(r"(\.(jsonl?|gz|json|txt))+$", "", name) or name
 
 
 @dataclass
@@ -194,9 +205,41 @@ class _Parser:
         self.names[corpus] = name
         return corpus
 
+    def _text_leaf(self, f: _File, item: dict[str, Any], name: str, tags: dict[str, Any],
+                   fields: tuple[str, str]) -> dict[str, Any]:
+        """A text-only corpus (``paths``; ``txt_pair``: ``source_paths`` and ``target_paths``)."""
+        v, kind = f.v, item["type"]
+        targets: tuple[str, ...] = ()
+        if kind == "txt_pair":
+            if item.get("questions_path") is not None:
+                raise v.fail(f"{name}.questions_path", "not read: NeMo draws a random question per pair, so a "
+                                                       "pair's tokens are not fixed; put the question in the source lines")
+            paths = self._paths(f, v.key(item, "source_paths", f"{name}."), f"{name}.source_paths")
+            targets = self._paths(f, v.key(item, "target_paths", f"{name}."), f"{name}.target_paths")
+            if len(paths) != len(targets):
+                raise v.fail(f"{name}.target_paths", f"{len(targets)} files for {len(paths)} source_paths (one per source)")
+        elif kind in CONVERSATION_TYPES:
+            if item.get("tarred_audio_filepaths") is not None:
+                raise v.fail(f"{name}.tarred_audio_filepaths", "not read for conversations (their audio in tars); "
+                                                               "give the JSONL with audio files")
+            paths = self._paths(f, v.key(item, "manifest_filepath", f"{name}."), f"{name}.manifest_filepath")
+        else:
+            paths = self._paths(f, v.key(item, "paths", f"{name}."), f"{name}.paths")
+        text = text_options(kind, item)
+        for key, val in text.items():
+            v.str_(val, f"{name}.{key}")
+        corpus = self._name(f, tags, paths, fields[0], name)
+        for tag in COLUMN_TAGS:
+            if tags.get(tag) is not None:
+                v.str_(tags[tag], f"{name}.tags.{tag}")
+        self.leaves.append(Leaf(corpus, kind, paths, (), fields[0], fields[1], tags, targets, text))
+        return {"corpus": corpus}
+
     def _leaf(self, f: _File, item: dict[str, Any], name: str, tags: dict[str, Any],
               fields: tuple[str, str]) -> dict[str, Any]:
         v, kind = f.v, item["type"]
+        if kind in (*TEXT_TYPES, *CONVERSATION_TYPES):
+            return self._text_leaf(f, item, name, tags, fields)
         key = {"nemo": "manifest_filepath", "nemo_tarred": "manifest_filepath", "lhotse": "cuts_path",
                "lhotse_shar": "shar_path"}[kind]
         if kind == "lhotse" and item.get("shar_path") is not None:
@@ -291,8 +334,9 @@ class _Parser:
             iname = f"{name}[{i}]"
             item = v.obj(item, iname)
             kind = v.str_(v.key(item, "type", f"{iname}."), f"{iname}.type")
-            if kind not in (*LEAF_TYPES, "group"):
-                raise v.fail(f"{iname}.type", f"{kind!r} is not read (expected one of {', '.join(LEAF_TYPES)}, group)")
+            if kind not in (*LEAF_TYPES, *TEXT_TYPES, *CONVERSATION_TYPES, "group"):
+                raise v.fail(f"{iname}.type", f"{kind!r} is not read (expected one of "
+                                              f"{', '.join((*LEAF_TYPES, *TEXT_TYPES, *CONVERSATION_TYPES))}, group)")
             self._unused(f, item, iname)
             weight = None if item.get("weight") is None else v.number(item["weight"], f"{iname}.weight", positive=True)
             own = dict(v.obj(item.get("tags") or {}, f"{iname}.tags"))
@@ -370,7 +414,9 @@ def tag_rows(frame: pl.DataFrame, leaf: Leaf) -> pl.DataFrame:
         df = df.with_columns(derived.fill_null(False).alias("__derived")).with_columns(**tagged)
         df = df.with_columns(pl.when("__derived").then(pl.coalesce("target_lang", "source_lang"))
                              .otherwise(pl.col("lang")).alias("lang")).drop("__derived")
-    others = {k: val for k, val in leaf.tags.items() if k not in COLUMN_TAGS}
+    # a conversation's system_prompt / context tags are turns (its extra.context holds their text)
+    others = {k: val for k, val in leaf.tags.items() if k not in COLUMN_TAGS
+              and not (leaf.type in CONVERSATION_TYPES and k in ("system_prompt", "context"))}
     if not others:
         return df
     def lit(obj: dict[str, Any]) -> str:
@@ -395,12 +441,16 @@ def iter_blend(blend: Blend, read: Callable[[Leaf], Iterator[pl.DataFrame]]) -> 
     """Every leaf's frames in file order, each row tagged (:func:`tag_rows`); ``read`` reads a
     leaf with the source readers. A row whose id an earlier corpus has (a second view of a
     manifest, ``audio/u1.flac`` in two folders) gets the id ``corpus:id``; ids repeated within
-    one corpus stay as they are (``duplicate_id``). Memory: 8 bytes per id (a sorted hash array)."""
+    one corpus stay as they are (``duplicate_id``). Memory: 8 bytes per id (a sorted hash array).
+    A blend holding a text-only corpus marks every row's ``modality`` (``audio`` / ``text``)."""
     earlier = np.empty(0, np.uint64)
+    mixed = any(leaf.is_text for leaf in blend.leaves)
     for leaf in blend.leaves:
         mine = []
         for frame in read(leaf):
             df = tag_rows(frame, leaf)
+            if mixed and not leaf.is_text:
+                df = df.with_columns(pl.lit("audio").alias(MODALITY_COLUMN))
             if earlier.size and df["id"].null_count() < df.height:
                 h = df["id"].hash(seed=0).to_numpy()
                 pos = np.minimum(np.searchsorted(earlier, h), earlier.size - 1)
@@ -416,6 +466,6 @@ def iter_blend(blend: Blend, read: Callable[[Leaf], Iterator[pl.DataFrame]]) -> 
 def check_exists(blend: Blend) -> None:
     """A one-line error for a leaf whose files are missing."""
     for leaf in blend.leaves:
-        for p in leaf.paths:
+        for p in (*leaf.paths, *leaf.targets):
             if "_OP_" not in p and "{" not in p and not (storage.exists_or_folder(p) if is_url(p) else Path(p).exists()):
                 raise ManifestError(f"{blend.path}: corpus {leaf.corpus}: {p}: no such file or directory")

@@ -185,6 +185,12 @@ def test_tokenizer_not_a_model(corpus: Corpus, tmp_path: Path) -> None:
     ("bucket_duration_bins: [2.0, 1.0]\nbucket_batch_size: [4, 2]\n", "max_duration", "non-decreasing"),
     ("bucket_duration_bins: !!python/object/apply:os.system ['true']\n", "not valid YAML", ""),
     ("- 1\n- 2\n", "(file)", "expected an object"),
+    ("use_multimodal_sampling: true\nbucket_duration_bins: [[10, 40]]\nbatch_tokens: 100\n",
+     "token_equivalent_duration", "missing"),
+    ("use_multimodal_sampling: true\ntoken_equivalent_duration: 0.08\nbucket_duration_bins: [[10, 40]]\n"
+     "batch_tokens: 100\nmeasure_total_length: false\n", "measure_total_length", "is not read"),
+    ("use_multimodal_sampling: true\ntoken_equivalent_duration: 0.08\nbucket_duration_bins: [[10, 40]]\n"
+     "batch_tokens: 1e400\n", "batch_tokens", "integer"),
 ])
 def test_nemo_bucketing_yaml_field(corpus: Corpus, tmp_path: Path, text: str, field: str, problem: str) -> None:
     b = tmp_path / "bucketing.yaml"
@@ -201,6 +207,10 @@ def test_nemo_bucketing_yaml_field(corpus: Corpus, tmp_path: Path, text: str, fi
     ("- {type: nemo, manifest_filepath: missing.json}\n", "no such file or directory"),
     ("input_cfg: 3\n", "input_cfg: expected a list"),
     ("- {type: group, input_cfg: []}\n", "input_cfg[0].input_cfg: empty"),
+    ("- {type: txt, paths: missing.txt}\n", "no such file or directory"),
+    ("- {type: txt_pair, source_paths: [a.txt, b.txt], target_paths: a.txt}\n", "1 files for 2 source_paths"),
+    ("- {type: nemo_sft_jsonl, paths: []}\n", "input_cfg[0].paths: empty list"),
+    ("- {type: share_gpt, manifest_filepath: a.json}\n", "'share_gpt' is not read"),
 ])
 def test_input_cfg_blend(corpus: Corpus, tmp_path: Path, cfg: str, problem: str) -> None:
     path = tmp_path / "input_cfg.yaml"

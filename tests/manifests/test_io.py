@@ -40,7 +40,7 @@ def test_roundtrip_schema_and_metadata(tmp_path) -> None:
 def test_container_columns_only_when_a_row_is_in_a_container(tmp_path) -> None:
     """A loose-file manifest stays version 1 (same bytes and hash, empty container columns or
     none); one row in a container makes it version 2 with the addressing columns."""
-    from manifests.schema import CONTAINER_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_CONTAINERS
+    from manifests.schema import CONTAINER_COLUMNS, SCHEMA_VERSION, SCHEMA_VERSION_CONTAINERS, SCHEMA_VERSION_CORPUS
 
     loose = _frame()
     h1 = write_manifest(loose, tmp_path / "a.parquet")
@@ -59,7 +59,13 @@ def test_container_columns_only_when_a_row_is_in_a_container(tmp_path) -> None:
     assert h4 == h1
     write_manifest(boxed.with_columns(pl.lit("ls").alias("corpus")), tmp_path / "e.parquet")
     assert tuple(read_manifest(tmp_path / "e.parquet").columns) == MANIFEST_COLUMNS + CONTAINER_COLUMNS + ("corpus",)
-    assert read_metadata(tmp_path / "e.parquet")["schema_version"] == SCHEMA_VERSION == 3
+    assert read_metadata(tmp_path / "e.parquet")["schema_version"] == SCHEMA_VERSION_CORPUS == 3
+    # a modality column (text-only rows) is version 4, after corpus; a null one is not written
+    assert write_manifest(loose.with_columns(pl.lit(None, pl.String).alias("modality")), tmp_path / "f.parquet") == h1
+    write_manifest(boxed.with_columns(pl.lit("ls").alias("corpus"), pl.lit("audio").alias("modality")),
+                   tmp_path / "g.parquet")
+    assert read_manifest(tmp_path / "g.parquet").columns[-2:] == ["corpus", "modality"]
+    assert read_metadata(tmp_path / "g.parquet")["schema_version"] == SCHEMA_VERSION == 4
 
 
 def test_hash_depends_on_data_only(tmp_path) -> None:
