@@ -326,6 +326,9 @@ def replan_packed(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[
     if exclude is not None:
         raise DataprepError(f"{plan_dir}: --exclude is not available for a packed plan (an excluded row would "
                             "change its sequence); re-plan without it")
+    if options.cost_equal:
+        raise DataprepError(f"{plan_dir}: --cost-equal is not available for a packed plan (its batches are sized "
+                            "in sequences); re-plan with --no-cost-equal")
     require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
     entry = meta.extra["pack"]
     spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
