@@ -23,6 +23,10 @@ from manifests.options import check_int, check_number
 __all__ = ["TokenEquivalentOptions", "token_batch_sizes", "token_cost", "token_equivalents"]
 
 
+#: Default audio tokens per second of audio: one token per 80 ms encoder frame (FastConformer's 8x
+#: subsampling of 10 ms frames), as a speech-LLM's adapter hands them to the LLM.
+DEFAULT_AUDIO_TOKEN_RATE = 12.5
+
 @dataclass(frozen=True)
 class TokenEquivalentOptions:
     """``audio_token_rate``: tokens per second of audio (> 0; 12.5 for an encoder with an 80 ms

@@ -20,7 +20,7 @@ from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, defa
 from dataprep.planning import spills_to_disk
 from dataprep.planning.options import parse_rank_speed
 from dataprep.planning.stages import parse_stage
-from dataprep.planning.simulate import (MAX_EXCHANGE_S, MAX_SLOW_FACTOR, StoreReads, plan_steps_report,
+from dataprep.planning.simulate import (MAX_EXCHANGE_S, MAX_SLOW_FACTOR, StoreReads, pack_report, plan_steps_report,
                                        plan_warnings, simulate_strategies, simulate_with_warnings, store_reads)
 from dataprep.planning.step_reads import StoreModel
 from dataprep.cli.progress import progress_counter
@@ -73,7 +73,9 @@ def plan_batches_cmd(
     weight_window: Annotated[Optional[int], typer.Option("--weight-window", help="Weighted plans: order each epoch's steps so every this many consecutive steps hold each corpus within --weight-tolerance of its share (balanced steps, random interleave, no sync groups); windows over it are counted in plan.json.", show_default=False)] = None,
     stage: Annotated[Optional[list[str]], typer.Option("--stage", help="EPOCHS:weights.yaml, once per stage in order: a staged blend (multi-stage data balancing), each stage that many epochs weighted by the file's corpus: weight mapping (replaces --weights; --epochs defaults to the stages' sum).", show_default=False)] = None,
     weight_tolerance: Annotated[float, typer.Option("--weight-tolerance", help="With --weight-window: a corpus's share of a window's utterances may differ from its share of the epoch by this much (absolute, e.g. 0.05 = 5 points).")] = _PLAN.weight_tolerance,
-    audio_token_rate: Annotated[Optional[float], typer.Option("--audio-token-rate", help="Tokens per second of audio (1 / NeMo's token_equivalent_duration; 12.5 for 80 ms encoder frames): a row's size in token-equivalents, ceil(duration x RATE) + num_tokens, recorded in plan.json. Default: the --buckets YAML's token_equivalent_duration with use_multimodal_sampling.", show_default=False)] = None,
+    pack: Annotated[Optional[int], typer.Option("--pack", help="Packed plan: whole utterances fill sequences of at most N token-equivalents (te = ceil(duration x --audio-token-rate) + num_tokens), per bucket; text-only rows (duration 0) fill the gaps. Shards carry each member's sequence and cu_seqlens (version 3).", show_default=False)] = None,
+    audio_token_rate: Annotated[Optional[float], typer.Option("--audio-token-rate", help="Tokens per second of audio (1 / NeMo's token_equivalent_duration; 12.5 for 80 ms encoder frames): a row's size in token-equivalents, ceil(duration x RATE) + num_tokens, recorded in plan.json. Default: the --buckets YAML's token_equivalent_duration with use_multimodal_sampling, else 12.5 with --pack.", show_default=False)] = None,
+    sequences_per_batch: Annotated[Optional[int], typer.Option("--sequences-per-batch", help="With --pack: sequences per batch in every bucket (default: each bucket's batch size over the most utterances of audio a sequence of it holds).", show_default=False)] = None,
     container_block: Annotated[Optional[int], typer.Option("--container-block", help="Order each bucket in shuffled blocks of this many containers (tar shards; a loose file is one), in stored order inside a block: a rank-step then reads at most twice as many containers, at a price in randomness printed after the plan.", show_default=False)] = None,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
@@ -95,6 +97,7 @@ def plan_batches_cmd(
     if stages is not None and epochs == _PLAN.epochs:
         epochs = sum(n for n, _ in stages)
     audio_token_rate = _audio_token_rate(audio_token_rate, buckets)
+    check_needs("--sequences-per-batch", sequences_per_batch is not None, "--pack", pack is not None)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
                             cost=_cost(coef, cost_model), cost_equal=cost_model is not None if cost_equal is None else cost_equal,
@@ -102,7 +105,8 @@ def plan_batches_cmd(
                             temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
                             memory_limit=limit, rank_speed=None if rank_speed is None else parse_rank_speed(rank_speed),
                             weight_window=weight_window, weight_tolerance=weight_tolerance, stages=stages,
-                            container_block=container_block, audio_token_rate=audio_token_rate)
+                            container_block=container_block, pack=pack, audio_token_rate=audio_token_rate,
+                            sequences_per_batch=sequences_per_batch)
     check_needs("--weight-tolerance", weight_tolerance != _PLAN.weight_tolerance, "--weight-window",
                 weight_window is not None)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
@@ -113,6 +117,12 @@ def plan_batches_cmd(
         meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1),
                           on_phase=lambda what: advance(0, description=f"{label}: {what}"))
     print_plan(meta, out_dir)
+    packed = meta.extra.get("pack")
+    if packed:
+        out.print(f"packed: {packed['rows']:,} rows ({packed['text_rows']:,} text-only) in {packed['sequences']:,} "
+                  f"sequences of at most {packed['max_tokens']:,} token-equivalents ({packed['audio_token_rate']:g} "
+                  f"audio tokens/s): slot use {pct(packed['slot_use'])}, "
+                  f"{plural(packed['left_out_rows'], 'row')} left out", markup=False)
     blocks = meta.extra.get("container_blocks")
     if blocks:
         out.print(f"container blocks of {blocks['containers']}: a row's batch mates come from about "
@@ -319,6 +329,12 @@ def simulate_cmd(
               f"buckets' batch sizes (mean batch {rep.mean_batch:.1f}), same-bucket steps {rep.same_bucket:.1%}, "
               f"predicted straggler {rep.straggler:.1%}, padded audio max/mean {rep.balance_mean:.3f} "
               f"(> 1.10 on {rep.balance_over_1_10:.1%} of steps)")
+    packed = pack_report(plan_dir, epoch)
+    if packed is not None:
+        out.print(f"packed sequences of at most {packed.max_tokens:,} token-equivalents: {packed.sequences:,} holding "
+                  f"{packed.members:,} rows, slot use {pct(packed.slot_use, 2)} (emptiest {pct(packed.emptiest)}, "
+                  f"fullest {pct(packed.fullest)}), {packed.sequences_per_batch:.1f} sequences per batch, "
+                  f"{packed.members_per_sequence:.1f} rows per sequence", markup=False)
     out.print("speedup = 1 - epoch time synchronized / epoch time unsynchronized (same batches)")
     head = ("world_size", "steps_sync", "steps_unsync", "idle_sync", "idle_unsync", "epoch_s_sync",
             "epoch_s_unsync", "speedup")

@@ -13,6 +13,7 @@ from bucketing.balance import DEFAULT_BALANCE
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.speeds import RankSpeeds
+from bucketing.token_equivalents import DEFAULT_AUDIO_TOKEN_RATE
 from manifests.errors import DataprepError, OptionError
 from manifests.options import MAX_COUNT, check_bool, check_choice, check_int, check_number, check_str
 
@@ -80,9 +81,12 @@ class PlanOptions:
     (:func:`bucketing.quota.window_order`; balanced steps, random interleave, no sync groups).
     ``stages``: (epochs, weights) per stage (:mod:`dataprep.planning.stages`; replaces
     ``weights``; the stages' epochs are the plan's).
-    ``audio_token_rate``: tokens per second of audio (> 0; None: none), a row's size in
-    token-equivalents (:func:`bucketing.token_equivalents.token_equivalents`), recorded in
-    ``plan.json``.
+    ``audio_token_rate``: tokens per second of audio (> 0; None: none; 12.5 by default with
+    ``pack``), a row's size in token-equivalents
+    (:func:`bucketing.token_equivalents.token_equivalents`), recorded in ``plan.json``.
+    ``pack``: packed sequences of at most this many token-equivalents (>= 1; None: batches of
+    utterances); ``sequences_per_batch`` (>= 1; None: per bucket, its batch size over the most
+    utterances of audio a sequence of it holds) (:mod:`dataprep.planning.packed`).
     """
 
     world_size: int
@@ -107,7 +111,9 @@ class PlanOptions:
     weight_tolerance: float = DEFAULT_WEIGHT_TOLERANCE
     stages: tuple[tuple[int, Mapping[str, float]], ...] | None = None
     container_block: int | None = None
+    pack: int | None = None
     audio_token_rate: float | None = None
+    sequences_per_batch: int | None = None
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, ge=1)
@@ -131,7 +137,6 @@ class PlanOptions:
                 check_str("weights", name)
                 check_number("weights", w, gt=0)
         check_number("temperature", self.temperature, ge=0, optional=True)
-        check_number("audio_token_rate", self.audio_token_rate, gt=0, optional=True)
         check_int("epoch_utterances", self.epoch_utterances, ge=1, le=None, optional=True)
         check_number("epoch_hours", self.epoch_hours, gt=0, optional=True)
         if self.epoch_utterances is not None and self.epoch_hours is not None:
@@ -163,6 +168,26 @@ class PlanOptions:
                 raise OptionError("weight_window", "sync groups draw the steps in their own orders; "
                                                    "give no --sync-group")
         check_int("container_block", self.container_block, ge=1, optional=True)
+        self._check_pack()
+
+    def _check_pack(self) -> None:
+        check_int("pack", self.pack, ge=1, le=2**31 - 1, optional=True)
+        check_number("audio_token_rate", self.audio_token_rate, gt=0, le=1e6, optional=True)
+        check_int("sequences_per_batch", self.sequences_per_batch, ge=1, optional=True)
+        if self.pack is None:
+            if self.sequences_per_batch is not None:
+                raise OptionError("sequences_per_batch", "sizes packed sequences: give --pack N too")
+            return
+        if self.audio_token_rate is None:  # a packed plan sizes its rows in token-equivalents
+            object.__setattr__(self, "audio_token_rate", DEFAULT_AUDIO_TOKEN_RATE)
+        for name in ("dynamic_resolution", "weights", "temperature", "epoch_utterances", "epoch_hours", "stages",
+                     "container_block", "weight_window", "rank_speed"):
+            if getattr(self, name) is not None:
+                raise OptionError(name, "is not available with --pack (packed plans weigh no corpora and "
+                                        "record no target frames, container blocks or rank speeds)")
+        if self.cost_equal:
+            raise OptionError("cost_equal", "is not available with --pack: packed batches are sized by "
+                                            "--sequences-per-batch or the buckets' batch sizes")
 
     @property
     def speeds(self) -> RankSpeeds | None:
