@@ -16,7 +16,7 @@ without packing gives one member per sequence.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -62,10 +62,19 @@ class PackedBatch:
     def num_sequences(self) -> int:
         return int(self.cu_seqlens.shape[0]) - 1
 
+    def to(self, device: torch.device) -> PackedBatch:
+        """This batch with its tensors on ``device``."""
+        moved = {f: getattr(self, f).to(device) for f in _TENSORS}
+        return replace(self, **moved)
+
     def padding_counts(self) -> tuple[int, int, int, int]:
         """(real frames, padded frames, real tokens, slots): the stream has no padding."""
         tokens = int(self.input_ids.shape[1])
         return int(self.feature_lens.sum()), self.size * int(self.features.shape[1]), tokens, tokens
+
+
+_TENSORS = ("features", "feature_lens", "input_ids", "labels", "position_ids", "audio_mask", "cu_seqlens",
+            "member_cu_seqlens", "sequence", "audio_tokens")
 
 
 def audio_token_counts(feature_lens: torch.Tensor | npt.ArrayLike, subsampling: int) -> npt.NDArray[np.int64]:
