@@ -3,9 +3,11 @@
 A plan directory holds ``plan.json`` and one Parquet shard per rank (``rank-00000.parquet`` ...);
 one shard row is one batch: ``epoch`` int32, ``step`` int64 (global, the same on every rank),
 ``step_in_epoch`` int64, ``bucket`` int32, ``size`` int32, ``max_duration`` float64 (seconds),
-``max_tokens`` int32, ``ids`` list<string>, ``rows`` list<int64> (manifest row numbers) and, in
-shard version 2 (``--dynamic-resolution``), ``target_frames`` int32; the key-value metadata
-``speech_dataprep.plan`` holds the ``version`` (readers take 1 and 2). See docs/file-formats.md.
+``max_tokens`` int32, ``ids`` list<string>, ``rows`` list<int64> (manifest row numbers); in
+shard version 2 (``--dynamic-resolution``) ``target_frames`` int32; in version 3 (``--pack``)
+``sequence`` list<int32> (each member's packed sequence in the batch) and ``cu_seqlens``
+list<int32> (token-equivalent offsets of the sequences). The key-value metadata
+``speech_dataprep.plan`` holds the ``version`` (readers take 1-3). See docs/file-formats.md.
 
 Pages carry CRC checksums, verified on every read; ``plan.json`` records each shard's size,
 footer SHA-256 (checked on every open) and full SHA-256 (checked by ``dataprep verify``). Rows are
@@ -61,9 +63,13 @@ SHARD_SCHEMA = pa.schema(
 )
 #: shards of plans made with dynamic resolution: one more column, version 2
 SHARD_SCHEMA_TARGET_FRAMES = SHARD_SCHEMA.append(pa.field("target_frames", pa.int32(), nullable=False))
+#: shards of packed plans: each member's sequence in its batch and the sequences' te offsets, version 3
+SHARD_SCHEMA_PACKED = SHARD_SCHEMA.append(pa.field("sequence", pa.list_(pa.int32()), nullable=False)).append(
+    pa.field("cu_seqlens", pa.list_(pa.int32()), nullable=False))
 SHARD_VERSION = 1
 SHARD_VERSION_TARGET_FRAMES = 2
-SHARD_VERSIONS = (SHARD_VERSION, SHARD_VERSION_TARGET_FRAMES)
+SHARD_VERSION_PACKED = 3
+SHARD_VERSIONS = (SHARD_VERSION, SHARD_VERSION_TARGET_FRAMES, SHARD_VERSION_PACKED)
 #: Threads that flush (fsync) and hash a plan's shards at once when it is published: waits on
 #: the disk, not the CPU; concurrent flushes share the journal's commits.
 SYNC_THREADS = 16
@@ -95,6 +101,7 @@ def shard_table(
     max_tokens: npt.NDArray[np.integer],
     target_frames: npt.NDArray[np.integer] | None = None,
     step_in_epoch: int = 0,
+    packed: tuple[npt.NDArray[np.integer], npt.NDArray[np.integer], npt.NDArray[np.integer]] | None = None,
 ) -> pa.Table:
     """One epoch of one rank as a shard table (batch ``i`` = step ``first_step + i``, the
     epoch's step ``step_in_epoch + i``: a part of an epoch written in several tables).
@@ -103,6 +110,8 @@ def shard_table(
     slice of a larger CSR); ``ids`` holds the ids of ``rows[offsets[0]:offsets[-1]]`` in that
     order (e.g. ``manifest_ids.take(...)``), so the ``ids`` list column reuses its values.
     ``target_frames`` (frames per batch, dynamic resolution) adds that column (shard version 2).
+    ``packed`` = (sequence, cu_values, cu_offsets): each row's sequence in its batch (aligned
+    with ``rows``) and the batches' ``cu_seqlens`` in CSR (shard version 3).
     """
     n = int(bucket.shape[0])
     offsets = np.asarray(offsets, dtype=np.int64)
@@ -114,6 +123,11 @@ def shard_table(
     list_rows = pa.ListArray.from_arrays(off, pa.array(np.asarray(rows, dtype=np.int64)[base:end]))
     steps = np.arange(step_in_epoch, step_in_epoch + n, dtype=np.int64)
     extra = [] if target_frames is None else [pa.array(np.asarray(target_frames, dtype=np.int32))]
+    if packed is not None:
+        seq, cu, cu_off = packed
+        extra = [pa.ListArray.from_arrays(off, pa.array(np.asarray(seq, dtype=np.int32))),
+                 pa.ListArray.from_arrays(pa.array(np.asarray(cu_off, dtype=np.int32)),
+                                          pa.array(np.asarray(cu, dtype=np.int32)))]
     return pa.Table.from_arrays(
         [
             pa.array(np.full(n, epoch, dtype=np.int32)),
@@ -127,7 +141,8 @@ def shard_table(
             list_rows,
             *extra,
         ],
-        schema=SHARD_SCHEMA if target_frames is None else SHARD_SCHEMA_TARGET_FRAMES,
+        schema=SHARD_SCHEMA_PACKED if packed is not None else
+        SHARD_SCHEMA if target_frames is None else SHARD_SCHEMA_TARGET_FRAMES,
     )
 
 
@@ -136,6 +151,9 @@ class PlanWriter:
 
     ``with PlanWriter(out, world_size) as w: w.write(rank, table) ...; w.finish(meta)``.
     ``target_frames=True`` writes version-2 shards (tables from ``shard_table(..., target_frames=...)``).
+    ``packed`` (a packed plan, :mod:`dataprep.planning.packed`): ``packed.expand(table)`` turns
+    each table of sequences into one of their members (version 3) and ``packed.meta(meta)``
+    describes the members in ``plan.json``.
     ``finish`` adds ``plan_hash`` (SHA-256 over ``meta`` and every shard's bytes) and
     ``shards`` (file names and SHA-256s) to ``plan.json`` and renames the folder into
     place, replacing an older plan there; without ``finish`` nothing is published.
@@ -144,11 +162,14 @@ class PlanWriter:
     """
 
     def __init__(self, out_dir: str | os.PathLike[str], world_size: int, row_group_steps: int = 256,
-                 target_frames: bool = False, write_threads: int | None = None) -> None:
+                 target_frames: bool = False, write_threads: int | None = None, packed: Any = None) -> None:
         self.out_dir = Path(out_dir)
         self.write_threads = default_write_threads() if write_threads is None else max(1, int(write_threads))
         self.schema = SHARD_SCHEMA_TARGET_FRAMES if target_frames else SHARD_SCHEMA
         self.version = SHARD_VERSION_TARGET_FRAMES if target_frames else SHARD_VERSION
+        self.packed = packed
+        if packed is not None:
+            self.schema, self.version = SHARD_SCHEMA_PACKED, SHARD_VERSION_PACKED
         require_replaceable_plan_dir(self.out_dir)
         self.world_size = int(world_size)
         self.row_group_steps = int(row_group_steps)
@@ -179,6 +200,8 @@ class PlanWriter:
         """Append batches (rows in step order) to ``rank``'s shard."""
         if self._closed[rank]:
             raise ValueError(f"shard of rank {rank} is already closed")
+        if self.packed is not None and "sequence" not in table.column_names:
+            table = self.packed.expand(table)
         writer = self._writers[rank]
         if writer is None:
             meta = {META_KIND: b"plan-shard",
@@ -222,6 +245,11 @@ class PlanWriter:
         metadata with its shards' SHA-256s and ``plan_hash`` filled in."""
         if meta.world_size != self.world_size:
             raise ValueError(f"plan metadata says world size {meta.world_size}, the writer has {self.world_size}")
+        if self.packed is not None:
+            for rank in range(self.world_size):
+                if not self._closed[rank]:
+                    self._close(rank)
+            meta = self.packed.meta(meta)
         for rank in range(self.world_size):
             if not self._closed[rank]:
                 self._close(rank)
@@ -286,6 +314,10 @@ class PlanBatch:
     ids: list[str]
     rows: npt.NDArray[np.int64]
     target_frames: int | None = None  # frames per utterance (dynamic resolution); None = ordinary padding
+    #: packed plans (shard version 3): each member's sequence in the batch, and the sequences'
+    #: token-equivalent offsets (length sequences + 1, from 0); None for other plans
+    sequence: npt.NDArray[np.int32] | None = None
+    cu_seqlens: npt.NDArray[np.int32] | None = None
 
 
 class PlanShard:
@@ -321,9 +353,11 @@ class PlanShard:
             if got != want or isinstance(got, bool):
                 raise ManifestError(f"{self.path}: the shard is {key} {str(got)[:40]} of its plan, {want} is opened "
                                     f"(a shard of another rank or plan put in its place)")
-        if self._file.schema_arrow.remove_metadata() not in (SHARD_SCHEMA, SHARD_SCHEMA_TARGET_FRAMES):
+        if self._file.schema_arrow.remove_metadata() not in (SHARD_SCHEMA, SHARD_SCHEMA_TARGET_FRAMES,
+                                                               SHARD_SCHEMA_PACKED):
             raise ManifestError(f"{self.path}: columns differ from a plan shard's")
         self.has_target_frames = "target_frames" in self._file.schema_arrow.names
+        self.packed = "sequence" in self._file.schema_arrow.names
         self.rank = rank
         self._manifest_rows = meta.manifest.rows
         self.first_step, self.end_step, self.epochs = meta.first_step, meta.num_steps, meta.epochs
@@ -394,7 +428,8 @@ class PlanShard:
         for g in self.row_groups_from(start_step):
             t = self._read(lambda: self._file.read_row_group(
                 g, columns=["epoch", "step", "step_in_epoch", "bucket", "ids", "rows"]
-                + (["target_frames"] if self.has_target_frames else [])))
+                + (["target_frames"] if self.has_target_frames else [])
+                + (["sequence", "cu_seqlens"] if self.packed else [])))
             steps = numpy_view(t.column("step"), np.int64)
             skip = int(np.searchsorted(steps, start_step))
             rows_col = single_chunk(t.column("rows"))
@@ -407,9 +442,15 @@ class PlanShard:
             step_list = steps.tolist()
             targets = (numpy_view(t.column("target_frames"), np.int32).tolist() if self.has_target_frames
                        else [None] * t.num_rows)
+            seq = cu = seq_offs = cu_offs = None
+            if self.packed:
+                seq_col, cu_col = single_chunk(t.column("sequence")), single_chunk(t.column("cu_seqlens"))
+                seq, seq_offs = numpy_view(seq_col.values, np.int32), numpy_view(seq_col.offsets, np.int32)
+                cu, cu_offs = numpy_view(cu_col.values, np.int32), numpy_view(cu_col.offsets, np.int32)
             for i in range(skip, t.num_rows):
                 yield PlanBatch(epochs[i], step_list[i], sie[i], buckets[i], ids[i], vals[offs[i]:offs[i + 1]],
-                                targets[i])
+                                targets[i], None if seq is None else seq[seq_offs[i]:seq_offs[i + 1]],
+                                None if cu is None else cu[cu_offs[i]:cu_offs[i + 1]])
 
     def __iter__(self) -> Iterator[PlanBatch]:
         return self.iter_batches()
@@ -427,6 +468,10 @@ class PlanShard:
                     pc.any(pc.not_equal(pc.list_value_length(table.column("rows")),
                                         pc.list_value_length(table.column("ids")))).as_py():
                 raise ManifestError(f"{self.path}: a batch's ids and rows differ in length (corrupt shard)")
+        if "rows" in table.column_names and "sequence" in table.column_names:
+            if table.column("sequence").null_count or pc.any(pc.not_equal(
+                    pc.list_value_length(table.column("rows")), pc.list_value_length(table.column("sequence")))).as_py():
+                raise ManifestError(f"{self.path}: a batch's sequence and rows differ in length (corrupt shard)")
         if "rows" in table.column_names and table.num_rows:
             values = pc.list_flatten(table.column("rows"))
             if len(values) and (pc.min(values).as_py() < 0 or pc.max(values).as_py() >= self._manifest_rows):

@@ -73,6 +73,9 @@ def plan_batches_cmd(
     weight_window: Annotated[Optional[int], typer.Option("--weight-window", help="Weighted plans: order each epoch's steps so every this many consecutive steps hold each corpus within --weight-tolerance of its share (balanced steps, random interleave, no sync groups); windows over it are counted in plan.json.", show_default=False)] = None,
     stage: Annotated[Optional[list[str]], typer.Option("--stage", help="EPOCHS:weights.yaml, once per stage in order: a staged blend (multi-stage data balancing), each stage that many epochs weighted by the file's corpus: weight mapping (replaces --weights; --epochs defaults to the stages' sum).", show_default=False)] = None,
     weight_tolerance: Annotated[float, typer.Option("--weight-tolerance", help="With --weight-window: a corpus's share of a window's utterances may differ from its share of the epoch by this much (absolute, e.g. 0.05 = 5 points).")] = _PLAN.weight_tolerance,
+    pack: Annotated[Optional[int], typer.Option("--pack", help="Packed plan: whole utterances fill sequences of at most N token-equivalents (te = ceil(duration x --audio-token-rate) + num_tokens), per bucket; text-only rows (duration 0) fill the gaps. Shards carry each member's sequence and cu_seqlens (version 3).", show_default=False)] = None,
+    audio_token_rate: Annotated[float, typer.Option("--audio-token-rate", help="With --pack: audio tokens per second the LLM sees (12.5 = one per 80 ms encoder frame).")] = _PLAN.audio_token_rate,
+    sequences_per_batch: Annotated[Optional[int], typer.Option("--sequences-per-batch", help="With --pack: sequences per batch in every bucket (default: each bucket's batch size over the most utterances of audio a sequence of it holds).", show_default=False)] = None,
     container_block: Annotated[Optional[int], typer.Option("--container-block", help="Order each bucket in shuffled blocks of this many containers (tar shards; a loose file is one), in stored order inside a block: a rank-step then reads at most twice as many containers, at a price in randomness printed after the plan.", show_default=False)] = None,
 ) -> None:
     """Compile a rank-synchronized batch schedule: plan.json + one Parquet shard per rank.
@@ -100,7 +103,8 @@ def plan_batches_cmd(
                             temperature=temperature, epoch_utterances=epoch_utterances, epoch_hours=epoch_hours,
                             memory_limit=limit, rank_speed=None if rank_speed is None else parse_rank_speed(rank_speed),
                             weight_window=weight_window, weight_tolerance=weight_tolerance, stages=stages,
-                            container_block=container_block)
+                            container_block=container_block, pack=pack, audio_token_rate=audio_token_rate,
+                            sequences_per_batch=sequences_per_batch)
     check_needs("--weight-tolerance", weight_tolerance != _PLAN.weight_tolerance, "--weight-window",
                 weight_window is not None)
     refuse_same_paths({"MANIFEST": manifest, "--buckets": buckets}, {"-o": out_dir})
@@ -111,6 +115,12 @@ def plan_batches_cmd(
         meta = build_plan(manifest, buckets, out_dir, options, on_progress=lambda done, total: advance(1),
                           on_phase=lambda what: advance(0, description=f"{label}: {what}"))
     print_plan(meta, out_dir)
+    packed = meta.extra.get("pack")
+    if packed:
+        out.print(f"packed: {packed['rows']:,} rows ({packed['text_rows']:,} text-only) in {packed['sequences']:,} "
+                  f"sequences of at most {packed['max_tokens']:,} token-equivalents ({packed['audio_token_rate']:g} "
+                  f"audio tokens/s): slot use {pct(packed['slot_use'])}, "
+                  f"{plural(packed['left_out_rows'], 'row')} left out", markup=False)
     blocks = meta.extra.get("container_blocks")
     if blocks:
         out.print(f"container blocks of {blocks['containers']}: a row's batch mates come from about "

@@ -76,6 +76,7 @@ def build_plan(
     on_progress: Callable[[int, int], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
     timings: dict[str, float] | None = None,
+    packed: Any = None,
 ) -> PlanMeta:
     """Plan ``options.epochs`` epochs of ``manifest`` over ``options.world_size`` ranks into
     ``out_dir`` (the options, checked by :class:`PlanOptions`, say how).
@@ -104,9 +105,17 @@ def build_plan(
     Every plan spills its rows by bucket (:mod:`dataprep.planning.spill`): in memory when
     the corpus fits ``options.memory_limit`` (:func:`spills_to_disk`), else to files next to
     ``out_dir``, memory then bounded by the largest bucket. The same bytes either way.
+
+    ``options.pack``: a packed plan (:func:`dataprep.planning.packed.build_packed_plan`, which
+    plans its sequences through here with ``packed``: rows of fixed buckets, shards expanded).
     """
     if not isinstance(options, PlanOptions):
         raise DataprepError(f"build_plan: options must be PlanOptions, got {type(options).__name__}")
+    if options.pack is not None:
+        from dataprep.planning.packed import build_packed_plan
+
+        return build_packed_plan(manifest, buckets, out_dir, options, on_progress=on_progress, on_phase=on_phase,
+                                 timings=timings)
     clock = _Clock(timings, on_phase)
     W, epochs = options.world_size, options.epochs
     spec = read_buckets(buckets)
@@ -130,7 +139,8 @@ def build_plan(
             clock.begin("reading the manifest, spilling it" if on_disk else "reading the manifest")
             corpus, weighted = spill_for_plan(manifest, grid, bs, root, blend, options, strict=options.strict,
                                               epochs=epochs, limit=limit,
-                                              world_size=None if options.balance > 0 else W)
+                                              world_size=None if options.balance > 0 else W,
+                                              fixed_buckets=packed is not None)
             options.check_rows(corpus.num_rows)  # before any per-rank allocation
             staged = None if stages is None or weighted is None else staged_weights(
                 manifest, stages, weighted.names, *corpus.corpus_sums(len(weighted.names)), options)
@@ -149,7 +159,7 @@ def build_plan(
                              options.speeds, window_totals(options.weight_window, options.weight_tolerance,
                                                            weighted, str(manifest)), staged)
             with PlanWriter(out_dir, W, row_group_steps=options.row_group_steps,
-                            target_frames=config is not None) as writer:
+                            target_frames=config is not None, packed=packed) as writer:
                 loop.run(writer, range(epochs), 0, totals, last=epochs - 1,
                          draw_of=lambda e: None if weighted is None else draw_epoch(
                              corpus, (weighted if staged is None else staged.of(e)).sampler, e),
@@ -192,13 +202,14 @@ def spills_to_disk(manifest: str | os.PathLike[str], options: PlanOptions) -> bo
 def spill_for_plan(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray[np.int64], root: Path | None,
                    blend: Blend | None, options: PlanOptions, *, strict: bool, epochs: int,
                    limit: int, world_size: int | None = None, ids_once: bool | None = None,
-                   drawn: bool = False) -> tuple[SpilledCorpus, WeightedEpochs | None]:
+                   drawn: bool = False, fixed_buckets: bool = False) -> tuple[SpilledCorpus, WeightedEpochs | None]:
     """The spill of a plan of ``epochs`` epochs: in memory (``root`` None), or to files under
     ``root`` (the free disk checked before it for the whole plan, and after it again once the
     largest bucket is known: ``ids_once`` and ``drawn`` as
     :func:`dataprep.planning.disk.disk_bytes` takes them);
     with a ``blend``, each row's corpus and index in it too, and the blend's quotas over the
-    spilled rows (``options``: the weighting's epoch size and seed). Tails are carried
+    spilled rows (``options``: the weighting's epoch size and seed); ``fixed_buckets``: the
+    manifest's ``bucket`` column instead of an allocation. Tails are carried
     (``options.carry``, never ``strict``) as :func:`bucketing.allocate.assign` carries them:
     with ``world_size`` (one bucket per step), only where every bucket fills a step
     (``SpilledCorpus.carry`` says whether they were)."""
@@ -213,7 +224,8 @@ def spill_for_plan(manifest: str | os.PathLike[str], grid: Grid, bs: npt.NDArray
                                          drawn=drawn).peak, "the spill files and the plan")
     carry = options.carry and not strict
     corpus = spill_manifest(manifest, grid, bs, root or Path(os.devnull), strict=strict, memory_limit=limit,
-                            codes=codes, num_corpora=len(names) if blend is not None else None, memory=root is None)
+                            codes=codes, num_corpora=len(names) if blend is not None else None, memory=root is None,
+                            fixed_buckets=fixed_buckets)
     if carry and world_size is not None:
         carry = fills_steps(corpus.counts, bs, world_size)
     if carry:

@@ -12,6 +12,7 @@ from pathlib import Path
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
+from bucketing.packing import DEFAULT_AUDIO_TOKEN_RATE
 from bucketing.speeds import RankSpeeds
 from manifests.errors import DataprepError, OptionError
 from manifests.options import MAX_COUNT, check_bool, check_choice, check_int, check_number, check_str
@@ -80,6 +81,10 @@ class PlanOptions:
     (:func:`bucketing.quota.window_order`; balanced steps, random interleave, no sync groups).
     ``stages``: (epochs, weights) per stage (:mod:`dataprep.planning.stages`; replaces
     ``weights``; the stages' epochs are the plan's).
+    ``pack``: packed sequences of at most this many token-equivalents (>= 1; None: batches of
+    utterances), a row's te = ceil(duration x ``audio_token_rate``) + num_tokens (> 0, audio
+    tokens per second); ``sequences_per_batch`` (>= 1; None: per bucket, its batch size over
+    the most utterances of audio a sequence of it holds) (:mod:`dataprep.planning.packed`).
     """
 
     world_size: int
@@ -104,6 +109,9 @@ class PlanOptions:
     weight_tolerance: float = DEFAULT_WEIGHT_TOLERANCE
     stages: tuple[tuple[int, Mapping[str, float]], ...] | None = None
     container_block: int | None = None
+    pack: int | None = None
+    audio_token_rate: float = DEFAULT_AUDIO_TOKEN_RATE
+    sequences_per_batch: int | None = None
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, ge=1)
@@ -158,6 +166,25 @@ class PlanOptions:
                 raise OptionError("weight_window", "sync groups draw the steps in their own orders; "
                                                    "give no --sync-group")
         check_int("container_block", self.container_block, ge=1, optional=True)
+        self._check_pack()
+
+    def _check_pack(self) -> None:
+        check_int("pack", self.pack, ge=1, le=2**31 - 1, optional=True)
+        check_number("audio_token_rate", self.audio_token_rate, gt=0, le=1e6)
+        check_int("sequences_per_batch", self.sequences_per_batch, ge=1, optional=True)
+        if self.pack is None:
+            for name in ("sequences_per_batch", "audio_token_rate"):
+                if getattr(self, name) != getattr(PlanOptions, name):
+                    raise OptionError(name, "sizes packed sequences: give --pack N too")
+            return
+        for name in ("dynamic_resolution", "weights", "temperature", "epoch_utterances", "epoch_hours", "stages",
+                     "container_block", "weight_window", "rank_speed"):
+            if getattr(self, name) is not None:
+                raise OptionError(name, "is not available with --pack (packed plans weigh no corpora and "
+                                        "record no target frames, container blocks or rank speeds)")
+        if self.cost_equal:
+            raise OptionError("cost_equal", "is not available with --pack: packed batches are sized by "
+                                            "--sequences-per-batch or the buckets' batch sizes")
 
     @property
     def speeds(self) -> RankSpeeds | None:

@@ -21,7 +21,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bucketing.allocate import allocate, merge_tail_candidates
+from bucketing.allocate import Allocation, allocate, merge_tail_candidates
 from bucketing.batching import TOTALS_BLOCK, block_totals
 from bucketing.padding import GROUP_TICKS_PER_SECOND, exact_bincount
 from bucketing.quota import corpus_indices
@@ -313,7 +313,7 @@ def _gathered_ids(files: SpillFiles, name: str, n: int, extra: pa.Array, sources
 def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: npt.NDArray[np.int64], root: Path, *,
                    strict: bool, memory_limit: int, ids: bool = True,
                    codes: Iterator[npt.NDArray[np.int32]] | None = None,
-                   num_corpora: int | None = None, memory: bool = False) -> SpilledCorpus:
+                   num_corpora: int | None = None, memory: bool = False, fixed_buckets: bool = False) -> SpilledCorpus:
     """The module docstring's pass: allocate in blocks, spill by bucket (tails not carried:
     :func:`dataprep.planning.carry.carry_spilled`).
     A one-line error when one bucket cannot be planned within ``memory_limit`` bytes.
@@ -323,7 +323,9 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     ``num_corpora`` (the codes' range) each allocated row's index among its corpus's allocated rows (manifest
     order, :func:`bucketing.quota.corpus_indices`) too, as ``b{k}.i``: what a weighted plan
     draws by (:class:`bucketing.quota.QuotaSampler`). ``memory``: the spill's columns held in
-    memory (:class:`manifests.spill.SpillFiles` ``memory``), nothing written under ``root``."""
+    memory (:class:`manifests.spill.SpillFiles` ``memory``), nothing written under ``root``.
+    ``fixed_buckets``: each row's bucket is the manifest's ``bucket`` column, not allocated
+    (the packed sequences of :mod:`dataprep.planning.packed`)."""
     B = grid.num_buckets
     out = SpilledCorpus(root, counts=np.zeros(B, np.int64), max_tokens=grid.max_tokens.astype(np.int64).copy(),
                         has_ids=ids, has_codes=codes is not None, has_index=codes is not None and num_corpora is not None,
@@ -334,12 +336,13 @@ def spill_manifest(manifest: str | os.PathLike[str], grid: Grid, batch_sizes: np
     next_index = np.zeros(num_corpora or 0, np.int64)  # per corpus: its allocated rows so far
     out.candidates = [(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0), np.empty(0, np.int64))
                       for _ in range(B)]
-    for table in iter_manifest(manifest, ["id", "duration", "num_tokens"] if ids else ["duration", "num_tokens"],
-                               TOTALS_BLOCK):
+    for table in iter_manifest(manifest, (["id"] if ids else []) + ["duration", "num_tokens"]
+                               + (["bucket"] if fixed_buckets else []), TOTALS_BLOCK):
         c = None if codes is None else next(codes)
         d = numeric_values(table.column("duration"), np.float64)
         t = numeric_values(table.column("num_tokens"), np.int32)
-        alloc = allocate(d, t, grid, strict=strict)
+        alloc = (Allocation(numeric_values(table.column("bucket"), np.int32)) if fixed_buckets
+                 else allocate(d, t, grid, strict=strict))
         x, y = block_totals(d, t, alloc.bucket >= 0)
         out.total_d, out.total_t = out.total_d + x, out.total_t + y
         for reason, rows in alloc.dropped.items():
