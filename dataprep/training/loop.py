@@ -144,7 +144,7 @@ def _build(cfg: TrainConfig, device: torch.device,
     if shape is not None:  # packed batches; a plan without --pack: one utterance a sequence
         same_rate = pack is not None and float(pack.get("audio_token_rate", 0)) == shape.audio_token_rate
         builder: BatchBuilder = PackedBatchBuilder(cfg.manifest, cfg.tokenizer, subsampling=shape.subsampling,
-                                                   check_rate=same_rate, **kw)
+                                                   check_rate=same_rate, plan=str(cfg.plan_dir), **kw)
     else:
         builder = BatchBuilder(cfg.manifest, cfg.tokenizer, **kw)
     require_recorded_tokenizer(builder.tokenizers, cfg.manifest, cfg.allow_other_tokenizer)

@@ -84,11 +84,11 @@ def audio_token_counts(feature_lens: torch.Tensor | npt.ArrayLike, subsampling: 
 
 
 def collate_packed(batch: Batch, sequence: npt.ArrayLike, subsampling: int,
-                   planned_cu_seqlens: npt.ArrayLike | None = None) -> PackedBatch:
+                   planned_cu_seqlens: npt.ArrayLike | None = None, plan: str = "") -> PackedBatch:
     """Pack a padded :class:`Batch` (its members in plan order) into sequences ``sequence``
     (one index per member, see :func:`~dataprep.training.packing.check_sequence`); with
-    ``planned_cu_seqlens`` the real bounds are checked against the plan's."""
-    where = f"step {batch.step}"
+    ``planned_cu_seqlens`` the real bounds are checked against the plan's (errors name ``plan``)."""
+    where = f"{plan + ': ' if plan else ''}step {batch.step}"
     text = batch.token_lens.numpy()
     layout = pack_layout(sequence, audio_token_counts(batch.feature_lens, subsampling), text, where)
     if planned_cu_seqlens is not None:
@@ -129,14 +129,15 @@ class PackedBatchBuilder(BatchBuilder):
     """:class:`BatchBuilder` whose batches are :class:`PackedBatch` es for a speech-LLM whose
     encoder subsamples feature frames by ``subsampling``. ``check_rate``: the plan's
     ``cu_seqlens`` are in the model's tokens (its audio token rate is the plan's), so each
-    batch's real bounds are checked against them."""
+    batch's real bounds are checked against them (errors name ``plan``)."""
 
-    def __init__(self, *args: Any, subsampling: int, check_rate: bool = False, **kw: Any) -> None:
+    def __init__(self, *args: Any, subsampling: int, check_rate: bool = False, plan: str = "", **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.subsampling = subsampling
         self.check_rate = check_rate
+        self.plan = plan
 
     def build(self, pb: PlanBatch, held: Sequence[bytes | None] | None = None) -> PackedBatch:  # type: ignore[override]
         batch = super().build(pb, held)
         seq, planned = plan_sequences(pb, batch.ids)
-        return collate_packed(batch, seq, self.subsampling, planned if self.check_rate else None)
+        return collate_packed(batch, seq, self.subsampling, planned if self.check_rate else None, self.plan)

@@ -121,5 +121,5 @@ def check_planned(layout: PackLayout, planned: npt.ArrayLike, where: str = "batc
         s = int(bad[0])
         raise DataprepError(
             f"{where}: sequence {s}: {int(real[s])} tokens of the model, the plan packed it as {int(want[s])} "
-            f"token-equivalents ({int(members[s])} members); plan and model disagree (audio token rate, "
-            f"prompt tokens or tokenizer)")
+            f"token-equivalents ({int(members[s])} members); plan and model disagree: the model's text is "
+            f"[bos] + pieces + [eos] (compile with --prompt-tokens 2), its audio rate the plan's")
