@@ -183,8 +183,10 @@ class PackedOomOptions:
 
 
 def size_packed_buckets(spec: BucketSpec, options: PackedOomOptions) -> BucketSpec:
-    """``spec`` with each bucket's ``batch_size`` = the most sequences of ``pack`` tokens whose
-    step fits the budget (at least 1 where one fits; 0 where none does), the bytes in ``extra``."""
+    """``spec`` sized for packed batches: in each bucket's ``extra``, ``oom_sequences`` = the most
+    sequences of ``pack`` tokens whose step fits the budget (0 where none does) and the bytes;
+    its ``batch_size`` = those sequences x the members a sequence of the bucket's largest rows
+    holds (utterances, as ``plan-batches --pack`` reads a batch size: never more sequences)."""
     shape = speech_llm_shape(options.model, options.lora_rank)
     rate = options.audio_token_rate or shape.audio_token_rate
     static = sum(static_bytes(shape).values())
@@ -195,12 +197,14 @@ def size_packed_buckets(spec: BucketSpec, options: PackedOomOptions) -> BucketSp
         text = b.max_tokens if b.max_tokens is not None else math.ceil(b.max_duration * options.max_tps)
         share = audio / max(audio + text, 1)
         per = sum(sequence_bytes(shape, options.pack, share).values())
-        n = max(0, min(options.max_batch, (budget - static) // per)) if per else options.max_batch
+        n = max(0, min(options.max_batch, (budget - static) // per))
         mem = packed_memory(shape, options.pack, max(n, 1), share)
-        buckets.append(replace(b, batch_size=int(n), extra={**b.extra, "oom_pack": options.pack,
+        members = max(1, options.pack // max(audio + text, 1))
+        buckets.append(replace(b, batch_size=int(n) * members, extra={**b.extra, "oom_pack": options.pack,
+                                                            "oom_sequences": int(n),
                                                             "oom_audio_share": round(share, 4),
                                                             "oom_peak_bytes": mem["peak"], "oom_breakdown": mem}))
     source = {"rule": "speech-llm packed estimate", "model": shape.name, "pack": options.pack,
               "lora_rank": shape.lora_rank, "audio_token_rate": rate, "budget_bytes": budget,
-              "gpu": f"{options.gpu_memory / 2**30:.1f} GiB (estimate)", "unit": "sequences"}
+              "gpu": f"{options.gpu_memory / 2**30:.1f} GiB (estimate)"}
     return replace(spec, buckets=buckets, batch_size_source=source)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from manifests.errors import DataprepError
 from oom.packed_estimate import SpeechLLMShape
 
 
@@ -84,6 +85,10 @@ class SpeechLLM(nn.Module):
 
     def __init__(self, shape: SpeechLLMShape) -> None:
         super().__init__()
+        if (shape.enc_layers or shape.sub_channels or shape.tie_embeddings or shape.llm_kv_heads != shape.llm_heads
+                or shape.llm_heads * shape.head_dim != shape.llm_hidden):
+            raise DataprepError(f"model {shape.name!r}: this reference builds a convolution + linear encoder and "
+                                f"full multi-head attention only (a shape for the estimate, not to train here)")
         self.config = shape
         self.n_mels, self.vocab_size, self.subsampling = shape.n_mels, shape.vocab_size, shape.subsampling
         self.subsample = nn.Conv1d(shape.n_mels, shape.enc_dim, shape.subsampling, stride=shape.subsampling)
