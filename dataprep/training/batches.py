@@ -69,6 +69,23 @@ class Batch:
                 int(self.token_lens.sum()), b * int(self.tokens.shape[1]))
 
 
+def tokenize(tokenizers: Tokenizers, texts: Sequence[str], langs: Sequence[str | None],
+             ids: Sequence[str]) -> list[list[int]]:
+    """``[bos] + pieces + [eos]`` per text, with the model of its language."""
+    out: list[list[int]] = [[] for _ in texts]
+    by_lang: dict[str | None, list[int]] = {}
+    for i, lang in enumerate(langs):
+        by_lang.setdefault(lang, []).append(i)
+    for lang, idx in by_lang.items():
+        model = tokenizers.model_for(lang)
+        if model is None:
+            raise DataprepError(f"utterance {ids[idx[0]]!r}: no tokenizer for language {lang!r}")
+        bos, eos = max(model.bos_id(), 0), max(model.eos_id(), 0)
+        for i, pieces in zip(idx, model.encode([texts[i] for i in idx], out_type=int)):
+            out[i] = [bos, *pieces, eos]
+    return out
+
+
 def pad_stack(seqs: Sequence[torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad ``seqs`` (first dim = length) with zeros: (B, max_len, ...) and lengths (B,)."""
     lens = torch.tensor([s.shape[0] for s in seqs], dtype=torch.int64)
@@ -137,18 +154,7 @@ class BatchBuilder:
 
     def tokenize(self, texts: Sequence[str], langs: Sequence[str | None], ids: Sequence[str]) -> list[list[int]]:
         """``[bos] + pieces + [eos]`` per text, with the model of its language."""
-        out: list[list[int]] = [[] for _ in texts]
-        by_lang: dict[str | None, list[int]] = {}
-        for i, lang in enumerate(langs):
-            by_lang.setdefault(lang, []).append(i)
-        for lang, idx in by_lang.items():
-            model = self.tokenizers.model_for(lang)
-            if model is None:
-                raise DataprepError(f"utterance {ids[idx[0]]!r}: no tokenizer for language {lang!r}")
-            bos, eos = max(model.bos_id(), 0), max(model.eos_id(), 0)
-            for i, pieces in zip(idx, model.encode([texts[i] for i in idx], out_type=int)):
-                out[i] = [bos, *pieces, eos]
-        return out
+        return tokenize(self.tokenizers, texts, langs, ids)
 
     def _load(self, args: tuple[str, str, float, float, str | None, int, int, int, int, bytes | None]
               ) -> npt.NDArray[np.float32] | AudioError:

@@ -23,7 +23,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from dataprep.training.batches import Batch, BatchBuilder
+from dataprep.tokenize import Tokenizers
+from dataprep.training.batches import Batch, BatchBuilder, pad_stack, tokenize
+from dataprep.training.features import SAMPLE_RATE, FeatureConfig, LogMel
 from dataprep.training.packing import IGNORE, PackLayout, check_planned, pack_layout
 from manifests.plan_files import PlanBatch
 
@@ -123,6 +125,36 @@ def plan_sequences(pb: PlanBatch, kept: Sequence[str]) -> tuple[npt.NDArray[np.i
     keep = np.isin(np.asarray(pb.ids, dtype=object), np.asarray(list(kept), dtype=object))
     _, renumbered = np.unique(seq[keep], return_inverse=True)  # sequences emptied by skips close up
     return renumbered.astype(np.int64), None
+
+
+class PackedCuts:
+    """A Lhotse dataset: the ``CutSet`` of a step (``PlanSampler``'s: each cut's ``custom`` holds
+    ``plan_step`` and, in a packed plan, ``plan_sequence``) -> a :class:`PackedBatch`, featurized
+    and tokenized as :class:`PackedBatchBuilder` does, the audio as Lhotse loads it (resampled
+    to 16 kHz, channels averaged). ``tokenizer``: sentencepiece specs as the builder takes."""
+
+    def __init__(self, tokenizer: Sequence[str], subsampling: int, features: FeatureConfig | None = None) -> None:
+        self.tokenizer, self.subsampling = list(tokenizer), subsampling
+        self.features = features or FeatureConfig.ours()
+        self._toks: Tokenizers | None = None
+        self._mel: LogMel | None = None
+
+    def __getitem__(self, cuts: Any) -> PackedBatch:
+        cuts = list(cuts)
+        if self._toks is None or self._mel is None:
+            self._toks, self._mel = Tokenizers.from_specs(self.tokenizer), LogMel(self.features)
+        ids = [c.id for c in cuts]
+        waves = [torch.from_numpy(np.asarray(c.resample(SAMPLE_RATE).load_audio(), dtype=np.float32).mean(axis=0))
+                 for c in cuts]
+        features, feature_lens = pad_stack([self._mel(w) for w in waves], torch.float32)
+        texts = [" ".join(s.text or "" for s in c.supervisions) for c in cuts]
+        langs = [c.supervisions[0].language if c.supervisions else None for c in cuts]
+        tokens, token_lens = pad_stack([torch.tensor(t, dtype=torch.int64) for t in tokenize(self._toks, texts, langs, ids)],
+                                       torch.int64)
+        step = int(cuts[0].custom["plan_step"]) if cuts and cuts[0].custom else -1
+        batch = Batch(-1, step, -1, ids, features, feature_lens, tokens, token_lens)
+        seq = [c.custom.get("plan_sequence", i) if c.custom else i for i, c in enumerate(cuts)]
+        return collate_packed(batch, seq, self.subsampling)
 
 
 class PackedBatchBuilder(BatchBuilder):

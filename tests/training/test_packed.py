@@ -4,7 +4,6 @@ leak (the tiny speech-LLM's loss on a packed batch = the sum of its members' los
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -4,11 +4,11 @@ batches whose bounds match the plan's, the tiny speech-LLM trained on it by ``da
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from dataprep.cli import app
 from dataprep.training.features import FeatureConfig
@@ -93,3 +93,31 @@ def test_unpacked_plan_trains_one_utterance_a_sequence(packed: tuple[Corpus, Pat
     c, _, _ = packed
     invoke(*train_args(c, c.plan(1), tmp_path / "u", "--model", "tiny-speech-llm", "--steps", "2"))
     assert [x["step"] for x in read_jsonl(tmp_path / "u" / "log.jsonl")] == [0, 1]
+
+
+def test_samplers_replay_the_packed_sequences(packed: tuple[Corpus, Path, Path], tmp_path: Path) -> None:
+    """PlanBatchSampler(with_sequences=True) pairs each row with its sequence; Lhotse's PlanSampler
+    puts it on each cut, and PackedCuts turns the step's cuts into the packed batch our loader
+    builds (the same samples with ``resampler="lhotse"``)."""
+    pytest.importorskip("lhotse")
+    from dataprep.integrations.lhotse import PlanSampler
+    from dataprep.integrations.torch import PlanBatchSampler
+    from dataprep.training.packed import PackedCuts
+
+    c, manifest, plan = packed
+    shard = list(PlanShard(plan, 0))
+    pairs = list(PlanBatchSampler(plan, 0, with_sequences=True))
+    assert pairs == [list(zip(pb.rows.tolist(), pb.sequence.tolist())) for pb in shard]
+    assert list(PlanBatchSampler(plan, 0)) == [pb.rows.tolist() for pb in shard]
+    builder = PackedBatchBuilder(manifest, [str(c.spm)], features=FeatureConfig.ours(TINY.n_mels), cache_dir=tmp_path,
+                                 subsampling=TINY.subsampling, resampler="lhotse")
+    dataset = PackedCuts([str(c.spm)], TINY.subsampling, FeatureConfig.ours(TINY.n_mels))
+    sampler = PlanSampler(plan, manifest, rank=0, world_size=1, cache_dir=tmp_path)
+    for pb, cuts in zip(shard[:6], sampler):
+        assert [cut.custom["plan_sequence"] for cut in cuts] == pb.sequence.tolist()
+        ours, theirs = builder.build(pb), dataset[cuts]
+        assert theirs.ids == ours.ids and theirs.step == pb.step
+        for name in ("input_ids", "labels", "position_ids", "audio_mask", "cu_seqlens", "member_cu_seqlens",
+                     "feature_lens"):
+            assert torch.equal(getattr(theirs, name), getattr(ours, name)), name
+        torch.testing.assert_close(theirs.features, ours.features, rtol=1e-4, atol=1e-4)
