@@ -3,17 +3,15 @@
 A plan directory holds ``plan.json`` and one Parquet shard per rank (``rank-00000.parquet`` ...);
 one shard row is one batch: ``epoch`` int32, ``step`` int64 (global, the same on every rank),
 ``step_in_epoch`` int64, ``bucket`` int32, ``size`` int32, ``max_duration`` float64 (seconds),
-``max_tokens`` int32, ``ids`` list<string>, ``rows`` list<int64> (manifest row numbers); in
-shard version 2 (``--dynamic-resolution``) ``target_frames`` int32; in version 3 (``--pack``)
-``sequence`` list<int32> (each member's packed sequence in the batch) and ``cu_seqlens``
-list<int32> (token-equivalent offsets of the sequences). The key-value metadata
-``speech_dataprep.plan`` holds the ``version`` (readers take 1-3). See docs/file-formats.md.
-
-Pages carry CRC checksums, verified on every read; ``plan.json`` records each shard's size,
-footer SHA-256 (checked on every open) and full SHA-256 (checked by ``dataprep verify``). Rows are
-in step order; a row group holds a fixed number of steps (never two epochs) with min/max
-statistics on ``step``, so a reader seeks to step ``k`` from the footer. Needs pyarrow only. The
-directory is written into a temporary sibling and renamed into place: never half-written.
+``max_tokens`` int32, ``ids`` list<string>, ``rows`` list<int64> (manifest row numbers); version
+2 (``--dynamic-resolution``) adds ``target_frames`` int32, version 3 (``--pack``) ``sequence`` and
+``cu_seqlens`` list<int32>; metadata ``speech_dataprep.plan`` holds the ``version`` (readers take
+1-3). See docs/file-formats.md. Pages carry CRC checksums, verified on every read; ``plan.json``
+records each shard's size, footer SHA-256 (checked on every open) and full SHA-256 (checked by
+``dataprep verify``). Rows are in step order; a row group holds a fixed number of steps (never
+two epochs) with min/max statistics on ``step``, so a reader seeks to step ``k`` from the
+footer. Needs pyarrow only. The directory is written into a temporary sibling and renamed into
+place: never half-written.
 """
 
 from __future__ import annotations

@@ -278,17 +278,17 @@ def pack_corpus(manifest: str | os.PathLike[str], spec: BucketSpec, options: Pla
 
 
 def build_packed_plan(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str],
-                      out_dir: str | os.PathLike[str], options: PlanOptions, *,
-                      on_progress: Callable[[int, int], None] | None = None,
+                      out_dir: str | os.PathLike[str], options: PlanOptions, *, plan: Callable[..., PlanMeta],
+                      limit: int, on_progress: Callable[[int, int], None] | None = None,
                       on_phase: Callable[[str], None] | None = None,
                       timings: dict[str, float] | None = None) -> PlanMeta:
-    """A packed plan of ``manifest`` (the module docstring); ``options.pack`` is N."""
-    from dataprep.planning.build import build_plan, memory_limit_of
-
+    """A packed plan of ``manifest`` (the module docstring); ``options.pack`` is N, ``limit``
+    the bytes it may hold; ``plan``: :func:`dataprep.planning.build.build_plan`, which plans
+    the sequences."""
     spec = read_buckets(buckets)
     if on_phase is not None:
         on_phase("reading the manifest, packing sequences")
-    packed = pack_corpus(manifest, spec, options, memory_limit_of(options))
+    packed = pack_corpus(manifest, spec, options, limit)
     rows = packed.rows
     left = {k_: v.tolist() for k_, v in sorted(rows.left_out.items())}
 
@@ -304,20 +304,18 @@ def build_packed_plan(manifest: str | os.PathLike[str], buckets: str | os.PathLi
         seq_manifest, seq_buckets = packed.write_inputs(spec, root)
         inner = dataclasses.replace(options, pack=None, sequences_per_batch=None,
                                     audio_token_rate=PlanOptions.audio_token_rate, carry=False, strict=False)
-        return build_plan(seq_manifest, seq_buckets, out_dir, inner, on_progress=on_progress, on_phase=on_phase,
-                          timings=timings, packed=packed.shards(meta_fields))
+        return plan(seq_manifest, seq_buckets, out_dir, inner, on_progress=on_progress, on_phase=on_phase,
+                    timings=timings, packed=packed.shards(meta_fields))
     finally:
         remove_spill(root)
 
 
 def replan_packed(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str],
                   out_dir: str | os.PathLike[str], options: PlanOptions, meta: PlanMeta, *, at_step: int,
-                  exclude: str | os.PathLike[str] | None) -> PlanMeta:
-    """:func:`dataprep.planning.replan.replan` of a packed plan: the parent's sequences packed
-    again (the same manifest, buckets, N, rate and seed give the same ones), the unseen rows
-    mapped to their sequences and the sequences re-planned."""
-    from dataprep.planning.build import memory_limit_of
-    from dataprep.planning.replan import replan
+                  exclude: str | os.PathLike[str] | None, replan: Callable[..., PlanMeta], limit: int) -> PlanMeta:
+    """``replan`` (:func:`dataprep.planning.replan.replan`) of a packed plan: the parent's
+    sequences packed again (the same manifest, buckets, N, rate and seed give the same ones),
+    the unseen rows mapped to their sequences and the sequences re-planned."""
     from manifests.buckets_file import parse_buckets
     from manifests.hash_cache import require_manifest_hash
 
@@ -329,7 +327,7 @@ def replan_packed(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[
     spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
     how = PlanOptions(world_size=1, seed=meta.seed, strict=bool(meta.allocation.get("strict", False)),
                       pack=int(entry["max_tokens"]), audio_token_rate=float(entry["audio_token_rate"]))
-    packed = pack_corpus(manifest, spec, how, memory_limit_of(options), k=spec.batch_sizes())
+    packed = pack_corpus(manifest, spec, how, limit, k=spec.batch_sizes())
     packed.entry["sequences_per_batch_source"] = entry.get("sequences_per_batch_source", "buckets")
     root = spill_dir(out_dir)
     try:

@@ -36,6 +36,7 @@ from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, Windo
 from dataprep.planning.stages import recorded_stages, staged_weights
 from bucketing.speeds import RankSpeeds
 from dataprep.planning.options import PlanOptions, replan_speeds
+from dataprep.planning.packed import replan_packed
 from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows, draw_weighted_without, draw_without
 from dataprep.planning.exclude import (EXCLUDED_KEY, ExcludedDraw, exclusion_entry, excluded_rows, is_excluded,
                                        read_excluded_ids, recorded_exclusions)
@@ -85,9 +86,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     if not meta.first_step <= at_step < meta.num_steps:
         raise DataprepError(f"--at-step {at_step}: the plan holds steps {meta.first_step}..{meta.num_steps - 1}")
     if packed is None and "pack" in meta.extra:
-        from dataprep.planning.packed import replan_packed
-
-        return replan_packed(plan_dir, manifest, out_dir, options, meta, at_step=at_step, exclude=exclude)
+        return replan_packed(plan_dir, manifest, out_dir, options, meta, at_step=at_step, exclude=exclude,
+                             replan=replan, limit=memory_limit_of(options))
     group = _sync_group(meta, options)
     dynres_config = _dynres_config(plan_dir, meta, options)
     if packed is None:  # a packed plan's manifest was checked by replan_packed
