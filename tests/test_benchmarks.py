@@ -26,7 +26,7 @@ QUICK = {
     "bench_calibrate.py": ["--rows", "3000", "--world-size", "4", "--epochs", "1", "--repeats", "1"],
     "bench_object_store.py": ["--utterances", "40", "--latency-ms", "5", "--work", "{tmp}"],
     "bench_store_clients.py": ["--ranges", "8", "--repeats", "1", "--latency-ms", "0"],
-    "bench_pack.py": ["--rows", "2000", "--world-size", "4"],
+    "bench_pack.py": ["--rows", "2000", "--world-size", "4", "--repeats", "1"],
 }
 SLOW = {
     "bench_lookup.py": ["--utterances", "20000", "--world-size", "2", "--steps", "3", "--repeats", "1", "--work", "{tmp}"],
