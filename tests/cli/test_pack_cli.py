@@ -162,3 +162,20 @@ def test_a_corrupt_packed_batch_is_refused_in_one_line(tmp_path: Path) -> None:
     for seq, cu in (([[0, 2]], [[0, 1, 2, 3]]), ([[1, 1]], [[0, 1, 2]]), ([[0, 1]], [[0, 4]]), ([[0]], [[0, 11]])):
         with pytest.raises(ManifestError, match="corrupt shard"):
             check_packed(table(seq, cu), 10, tmp_path)
+
+
+def test_padding_compares_fixed_2d_and_packed_in_each_currency(blend, tmp_path: Path) -> None:
+    kept = blend[0].parent / "kept.parquet"
+    report = tmp_path / "padding.json"
+    text = invoke("padding", str(kept), "-b", str(blend[1]), "--pack", str(N), "--json", str(report))
+    assert "fixed vs 2D vs packed" in text and "token-equivalents" in text
+    import json
+
+    cur = json.loads(report.read_text())["currencies"]
+    assert cur["max_tokens"] == N and set(cur["schemes"]) == {"fixed-30s", "fixed-40s", "2d", "packed"}
+    packed = cur["schemes"]["packed"]
+    assert packed["te_padding"] == packed["token_padding"] and 0 <= packed["te_padding"] < 0.2
+    assert packed["num_rows"] + packed["excluded"] == 1200
+    assert all(0 <= s["te_padding"] < 1 for s in cur["schemes"].values())
+    res = runner.invoke(app, ["padding", str(kept), "-b", str(blend[1]), "--audio-token-rate", "25"])
+    assert res.exit_code == 2 and "--audio-token-rate" in res.output and "--pack" in res.output
