@@ -123,6 +123,16 @@ def sequences_per_batch(packing: Packing, speech_members: npt.NDArray[np.int64],
     return np.maximum(1, bs // np.maximum(most, 1))
 
 
+def members_at(offsets: npt.NDArray[np.int64], seqs: npt.NDArray[np.int64]
+               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Positions in the packing's members of sequences ``seqs`` (CSR ``offsets``), sequence
+    after sequence, and each sequence's count."""
+    cnt = offsets[seqs + 1] - offsets[seqs]
+    ends = np.cumsum(cnt)
+    total = int(ends[-1]) if ends.shape[0] else 0
+    return np.arange(total, dtype=np.int64) + np.repeat(offsets[seqs] - (ends - cnt), cnt), cnt
+
+
 class PackedShards:
     """Expands shard tables of sequences into their members (:meth:`expand`, thread-safe: the
     totals are integers, added under no particular order) and describes the members in
@@ -133,7 +143,6 @@ class PackedShards:
         self.rows, self.packing, self.member_rows = rows, packing, member_rows
         self.entry, self.meta_fields = entry, meta_fields
         self.us = np.round(rows.duration * _US).astype(np.int64)
-        self.totals = np.zeros(4, dtype=np.int64)  # audio real / padded (us), te real / slots
         self._parts: list[npt.NDArray[np.int64]] = []
 
     def expand(self, table: pa.Table) -> pa.Table:
@@ -143,9 +152,8 @@ class PackedShards:
         off = off - off[0]
         seqs = np.asarray(col.flatten(), dtype=np.int64)
         n, p = table.num_rows, self.packing
-        cnt = p.offsets[seqs + 1] - p.offsets[seqs]
+        pos, cnt = members_at(p.offsets, seqs)
         ends = np.cumsum(cnt)
-        pos = np.arange(int(ends[-1]) if ends.shape[0] else 0, dtype=np.int64) + np.repeat(p.offsets[seqs] - (ends - cnt), cnt)
         rows = self.member_rows[pos]
         per_batch = np.diff(off)
         m_off = np.zeros(n + 1, dtype=np.int64)
@@ -213,11 +221,7 @@ class PackedCorpus:
 
     def members_of(self, seqs: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """The manifest rows of sequences ``seqs``, sequence after sequence."""
-        off = self.packing.offsets
-        cnt = off[seqs + 1] - off[seqs]
-        ends = np.cumsum(cnt)
-        total = int(ends[-1]) if ends.shape[0] else 0
-        return self.member_rows[np.arange(total, dtype=np.int64) + np.repeat(off[seqs] - (ends - cnt), cnt)]
+        return self.member_rows[members_at(self.packing.offsets, seqs)[0]]
 
     def write_inputs(self, spec: BucketSpec, root: Path) -> tuple[Path, Path]:
         """The sequences as a manifest (one row each: total audio, total te, bucket) and the
