@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bucketing.packing import pack_sizes, token_equivalents
 from bucketing.allocate import allocate, assign
 from bucketing.batching import Batches, Cut, allocated_totals, cut_batches, form_batches_cumulative
 from bucketing.bucket_order import DEFAULT_AUDIO_WEIGHT, DEFAULT_SORT_BY, DEFAULT_WINDOW, BucketGrouping, resolve_sort
@@ -174,17 +175,20 @@ def scatter_part(rows: npt.ArrayLike, seed: int, salt: int, parts: int) -> npt.N
 
 
 def fixed_scheme(parts: Iterable[tuple[npt.NDArray[Any], npt.NDArray[Any]]], length: float, budget: float,
-                 excluded: int, seed: int, salt: int) -> dict[str, Any]:
+                 excluded: int, seed: int, salt: int, audio_token_rate: float | None = None) -> dict[str, Any]:
     """Scheme 1 (``fixed-<L>s``): the rows of at most ``length`` s, given as the parts of the
     scatter shuffle in order (each part's durations and tokens, ascending rows); each part is
     shuffled (``default_rng([seed, salt, part])``) and the parts laid end to end are cut into
     batches of ``floor(budget / length)``. Audio padding does not depend on the order (exact);
-    token padding sums integers (exact)."""
+    token padding sums integers (exact). ``audio_token_rate``: also ``te_padding``, each row
+    padded to ``length`` of audio and its batch's most tokens, in token-equivalents."""
     bs = max(1, int(np.floor(budget / length + 1e-9)))
-    real_d, n, real_t, pad_t, batches = 0.0, 0, 0, 0, 0
+    real_d, n, real_t, pad_t, batches, real_audio_te = 0.0, 0, 0, 0, 0, 0
     pending = np.empty(0, np.int64)
     for j, (d, t) in enumerate(parts):
         real_d += float(np.asarray(d, dtype=np.float64).sum())
+        if audio_token_rate is not None:
+            real_audio_te += int(token_equivalents(d, np.zeros(np.shape(d)[0], np.int64), audio_token_rate).sum())
         tt = np.asarray(t, dtype=np.int64)
         tt = tt[np.random.default_rng([seed, salt, j]).permutation(tt.shape[0])]
         n += tt.shape[0]
@@ -200,7 +204,9 @@ def fixed_scheme(parts: Iterable[tuple[npt.NDArray[Any], npt.NDArray[Any]]], len
         batches += 1
     p = Padding(audio_padding=_ratio(real_d, n * length), token_padding=_ratio(real_t, pad_t), num_batches=batches,
                 mean_batch_size=n / batches if batches else 0.0, num_rows=n)
-    return {**p.to_json(), "excluded": excluded}
+    te = {} if audio_token_rate is None else {"te_padding": round(_ratio(
+        real_audio_te + real_t, n * int(token_equivalents([length], [0], audio_token_rate)[0]) + pad_t), 6)}
+    return {**p.to_json(), "excluded": excluded, **te}
 
 
 def memory_parts(d: npt.NDArray[np.float64], t: npt.NDArray[Any], length: float, seed: int, salt: int,
@@ -258,9 +264,11 @@ class PaddingSums:
     """Per bucket: real and padded seconds, real and padded tokens (integers), batches, rows."""
 
     num_buckets: int
+    audio_token_rate: float | None = None  # also token-equivalents (te), real and padded
 
     def __post_init__(self) -> None:
         B = self.num_buckets
+        self.real_te = self.pad_te = 0
         self.real_d, self.pad_d = np.zeros(B), np.zeros(B)
         self.real_t, self.pad_t = np.zeros(B, np.int64), np.zeros(B, np.int64)
         self.batches, self.rows = np.zeros(B, np.int64), np.zeros(B, np.int64)
@@ -276,13 +284,17 @@ class PaddingSums:
         self.pad_t[k] += int((sizes * tmax).sum())
         self.batches[k] += lo.shape[0]
         self.rows[k] += d.shape[0]
+        if self.audio_token_rate is not None:  # each row padded to the batch's longest audio and most tokens
+            self.real_te += int(token_equivalents(d, t, self.audio_token_rate).sum())
+            self.pad_te += int((sizes * token_equivalents(dmax, tmax, self.audio_token_rate)).sum())
         return dmax, tmax
 
     def padding(self) -> dict[str, Any]:
         n, nb = int(self.rows.sum()), int(self.batches.sum())
-        return Padding(audio_padding=_ratio(float(self.real_d.sum()), float(self.pad_d.sum())),
-                       token_padding=_ratio(int(self.real_t.sum()), int(self.pad_t.sum())), num_batches=nb,
-                       mean_batch_size=n / nb if nb else 0.0, num_rows=n).to_json()
+        te = {} if self.audio_token_rate is None else {"te_padding": round(_ratio(self.real_te, self.pad_te), 6)}
+        return {**Padding(audio_padding=_ratio(float(self.real_d.sum()), float(self.pad_d.sum())),
+                          token_padding=_ratio(int(self.real_t.sum()), int(self.pad_t.sum())), num_batches=nb,
+                          mean_batch_size=n / nb if nb else 0.0, num_rows=n).to_json(), **te}
 
     def per_bucket(self) -> dict[str, npt.NDArray[Any]]:
         """Per-bucket audio/token padding, batches, rows, mean batch size and hours (arrays by bucket)."""
@@ -355,7 +367,7 @@ def schemes_report(num_rows: int, fixed_parts: Callable[[float, int], tuple[int,
                    store: Any, *, budget: float, cumulative_budget: float | None,
                    fixed_lengths: tuple[float, ...], seed: int, window: int | None, sort_by: str | None,
                    audio_weight: float | None, dynamic_resolution: DynResConfig | None,
-                   corpora: Sequence[str] | None) -> dict[str, Any]:
+                   corpora: Sequence[str] | None, audio_token_rate: float | None = None) -> dict[str, Any]:
     """The report from rows read one part or one bucket at a time, in memory or from spill
     files (the same figures either way: every sum is taken bucket by bucket, chunk by chunk).
 
@@ -366,14 +378,16 @@ def schemes_report(num_rows: int, fixed_parts: Callable[[float, int], tuple[int,
     (``append`` / ``read_runs`` / ``close``, :class:`bucketing.held_columns.HeldColumns` or spill files).
     Batches are formed per bucket with the draws of :func:`bucketing.batching.form_batches`
     (``default_rng([seed, 2])`` for 1D, ``[seed, 3]`` for 2D), the cumulative scheme's by
-    :func:`bucketing.batching.form_batches_cumulative` bucket after bucket (``[seed, 1]``)."""
+    :func:`bucketing.batching.form_batches_cumulative` bucket after bucket (``[seed, 1]``).
+    ``audio_token_rate``: the fixed and 2D schemes also give ``te_padding`` (token-equivalents,
+    :func:`bucketing.packing.token_equivalents`)."""
     def rng(k: int) -> np.random.Generator:
         return np.random.default_rng([seed, k])
 
     schemes: dict[str, Any] = {}
     for i, length in enumerate(fixed_lengths):
         excluded, parts = fixed_parts(length, 10 + i)
-        schemes[f"fixed-{length:g}s"] = fixed_scheme(parts, length, budget, excluded, seed, 10 + i)
+        schemes[f"fixed-{length:g}s"] = fixed_scheme(parts, length, budget, excluded, seed, 10 + i, audio_token_rate)
 
     def grouping_of(rows: BucketedRows) -> BucketGrouping:
         g = BucketGrouping(resolve_sort(DEFAULT_SORT_BY if sort_by is None else sort_by, True, True),
@@ -397,7 +411,7 @@ def schemes_report(num_rows: int, fixed_parts: Callable[[float, int], tuple[int,
 
     # 2D (and 2D + dynamic resolution, per corpus)
     B = grid.num_buckets
-    sums, g2, rng2 = PaddingSums(B), grouping_of(two_d), rng(3)
+    sums, g2, rng2 = PaddingSums(B, audio_token_rate), grouping_of(two_d), rng(3)
     dyn = dynamic_resolution
     res_totals: list[ResolutionTotals] = [ResolutionTotals() for _ in range(B)]
     pol: dict[str, ResolutionTotals] = {}
@@ -454,6 +468,36 @@ def schemes_report(num_rows: int, fixed_parts: Callable[[float, int], tuple[int,
             for i in range(B)
         ],
     }
+
+
+def packed_scheme(two_d: BucketedRows, cap: int, audio_token_rate: float) -> dict[str, Any]:
+    """Scheme ``packed``: each 2D bucket's rows packed into sequences of at most ``cap``
+    token-equivalents (:func:`bucketing.packing.pack_sizes`, one bucket at a time; rows over
+    ``cap`` are ``excluded``). ``te_padding`` = ``token_padding``: the sequences' empty slots;
+    ``audio_padding``: members padded to the longest member of their sequence."""
+    real_d = pad_d = 0.0
+    real_te = sequences = rows = excluded = 0
+    for k in np.flatnonzero(two_d.counts):
+        d, t, _ = two_d.rows_of(int(k))
+        te = token_equivalents(d, t, audio_token_rate)
+        ok = te <= cap
+        excluded += int((~ok).sum())
+        d, te = d[ok], te[ok]
+        if not te.shape[0]:
+            continue
+        seq = pack_sizes(te, cap)
+        n = int(seq.max()) + 1
+        longest = np.zeros(n)
+        np.maximum.at(longest, seq, d)
+        real_d += float(d.sum())
+        pad_d += float(longest[seq].sum())
+        real_te += int(te.sum())
+        sequences += n
+        rows += int(te.shape[0])
+    te_pad = _ratio(real_te, sequences * cap)
+    return {**Padding(audio_padding=_ratio(real_d, pad_d), token_padding=te_pad, num_batches=sequences,
+                      mean_batch_size=rows / sequences if sequences else 0.0, num_rows=rows).to_json(),
+            "te_padding": round(te_pad, 6), "excluded": excluded, "max_tokens": cap}
 
 
 def _dynamic_resolution_scheme(scheme_2d: dict[str, Any], by_bucket: list[ResolutionTotals],

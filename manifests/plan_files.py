@@ -3,17 +3,15 @@
 A plan directory holds ``plan.json`` and one Parquet shard per rank (``rank-00000.parquet`` ...);
 one shard row is one batch: ``epoch`` int32, ``step`` int64 (global, the same on every rank),
 ``step_in_epoch`` int64, ``bucket`` int32, ``size`` int32, ``max_duration`` float64 (seconds),
-``max_tokens`` int32, ``ids`` list<string>, ``rows`` list<int64> (manifest row numbers); in
-shard version 2 (``--dynamic-resolution``) ``target_frames`` int32; in version 3 (``--pack``)
-``sequence`` list<int32> (each member's packed sequence in the batch) and ``cu_seqlens``
-list<int32> (token-equivalent offsets of the sequences). The key-value metadata
-``speech_dataprep.plan`` holds the ``version`` (readers take 1-3). See docs/file-formats.md.
-
-Pages carry CRC checksums, verified on every read; ``plan.json`` records each shard's size,
-footer SHA-256 (checked on every open) and full SHA-256 (checked by ``dataprep verify``). Rows are
-in step order; a row group holds a fixed number of steps (never two epochs) with min/max
-statistics on ``step``, so a reader seeks to step ``k`` from the footer. Needs pyarrow only. The
-directory is written into a temporary sibling and renamed into place: never half-written.
+``max_tokens`` int32, ``ids`` list<string>, ``rows`` list<int64> (manifest row numbers); version
+2 (``--dynamic-resolution``) adds ``target_frames`` int32, version 3 (``--pack``) ``sequence`` and
+``cu_seqlens`` list<int32>; metadata ``speech_dataprep.plan`` holds the ``version`` (readers take
+1-3). See docs/file-formats.md. Pages carry CRC checksums, verified on every read; ``plan.json``
+records each shard's size, footer SHA-256 (checked on every open) and full SHA-256 (checked by
+``dataprep verify``). Rows are in step order; a row group holds a fixed number of steps (never
+two epochs) with min/max statistics on ``step``, so a reader seeks to step ``k`` from the
+footer. Needs pyarrow only. The directory is written into a temporary sibling and renamed into
+place: never half-written.
 """
 
 from __future__ import annotations
@@ -523,10 +521,51 @@ def verify_plan(plan_dir: str | os.PathLike[str]) -> PlanMeta:
         if got != ref.sha256:
             raise ManifestError(f"{path}: SHA-256 {got[:12]}... differs from plan.json's {ref.sha256[:12]}...")
         shard = PlanShard(plan_dir, rank, meta)
+        if shard.packed:
+            pack = meta.extra.get("pack")
+            cap = pack.get("max_tokens") if isinstance(pack, dict) else None
+            if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+                raise ManifestError(f"{Path(plan_dir) / PLAN_JSON}: pack.max_tokens: a packed plan records its "
+                                    "sequences' N (an integer >= 1)")
+            for table in shard.iter_tables(columns=["sequence", "cu_seqlens"]):
+                check_packed(table, cap, path)
         if shard.num_steps != meta.num_steps - meta.first_step:  # a re-planned plan holds first_step..
             raise ManifestError(f"{path}: holds {shard.num_steps} steps, plan.json says "
                                 f"{meta.num_steps - meta.first_step} (steps {meta.first_step}..{meta.num_steps - 1})")
     return meta
+
+
+def check_packed(table: pa.Table, cap: int, path: Path) -> None:
+    """A packed shard's batches (``sequence``, ``cu_seqlens``) hold together: each batch's
+    sequence numbers start at 0 and step by 0 or 1 (members of a sequence contiguous), its
+    ``cu_seqlens`` has one entry more than it has sequences, starts at 0 and grows by at most
+    ``cap`` (no sequence over N) and by at least 0; else a one-line error naming ``path``."""
+    if not table.num_rows:
+        return
+    seq, cu = single_chunk(table.column("sequence")), single_chunk(table.column("cu_seqlens"))
+    s_off = np.asarray(seq.offsets, dtype=np.int64)
+    s_val = np.asarray(seq.flatten(), dtype=np.int64)
+    c_off = np.asarray(cu.offsets, dtype=np.int64)
+    c_val = np.asarray(cu.flatten(), dtype=np.int64)
+    s_off, c_off = s_off - s_off[0], c_off - c_off[0]
+    size = np.diff(s_off)
+    if (size == 0).any():
+        raise ManifestError(f"{path}: a packed batch holds no rows (corrupt shard)")
+    step = np.diff(s_val)
+    inner = np.ones(step.shape[0], dtype=bool)
+    inner[s_off[1:-1] - 1] = False  # the first member of each batch after the first
+    if (s_val[s_off[:-1]] != 0).any() or ((step[inner] != 0) & (step[inner] != 1)).any():
+        raise ManifestError(f"{path}: a packed batch's sequence numbers do not start at 0 and rise by 0 or 1 "
+                            "(corrupt shard)")
+    sequences = s_val[s_off[1:] - 1] + 1
+    if (np.diff(c_off) != sequences + 1).any() or (c_val[c_off[:-1]] != 0).any():
+        raise ManifestError(f"{path}: a packed batch's cu_seqlens does not have one entry per sequence plus one, "
+                            "from 0 (corrupt shard)")
+    grow = np.diff(c_val)
+    grow[c_off[1:-1] - 1] = 0  # across batches
+    if (grow < 0).any() or (grow > cap).any():
+        raise ManifestError(f"{path}: a packed sequence's cu_seqlens step is below 0 or over the plan's N {cap} "
+                            "(corrupt shard)")
 
 
 def open_shard(plan_dir: str | os.PathLike[str], rank: int) -> PlanShard:

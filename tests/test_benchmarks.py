@@ -26,6 +26,7 @@ QUICK = {
     "bench_calibrate.py": ["--rows", "3000", "--world-size", "4", "--epochs", "1", "--repeats", "1"],
     "bench_object_store.py": ["--utterances", "40", "--latency-ms", "5", "--work", "{tmp}"],
     "bench_store_clients.py": ["--ranges", "8", "--repeats", "1", "--latency-ms", "0"],
+    "bench_pack.py": ["--rows", "2000", "--world-size", "4", "--repeats", "1"],
 }
 SLOW = {
     "bench_lookup.py": ["--utterances", "20000", "--world-size", "2", "--steps", "3", "--repeats", "1", "--work", "{tmp}"],
@@ -45,7 +46,7 @@ SLOW = {
     "bench_padding_baseline.py": ["--rows", "2000", "--seeds", "2", "--buffer", "500"],
 }
 NEEDS_SHARED_DATA = {"bench_dynres.py", "bench_fill.py", "bench_strategies.py", "bench_buckets.py",
-                     "bench_padding_baseline.py"}
+                     "bench_padding_baseline.py", "bench_pack.py"}
 
 
 def test_every_benchmark_is_listed() -> None:

@@ -17,6 +17,7 @@ import numpy.typing as npt
 from bucketing.budget import padded_budget_batch_sizes
 from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
+from bucketing.packing import DEFAULT_AUDIO_TOKEN_RATE
 from bucketing.plan import PlanError
 from dataprep.analysis.stream_padding import stream_padding_report
 from manifests.buckets_file import BucketSpec, read_buckets
@@ -71,13 +72,16 @@ def check_padding_options(rows: int, *, budget: float | None = None, cumulative_
                           strict: bool = False, seed: int = 0, window: int | None = None, sort_by: str | None = None,
                           audio_weight: float | None = None, carry: bool = True,
                           dynamic_resolution: DynResConfig | None = None, world_sizes: Sequence[int] = (),
-                          balance: float = 0.0) -> None:
+                          balance: float = 0.0, pack: int | None = None,
+                          audio_token_rate: float = DEFAULT_AUDIO_TOKEN_RATE) -> None:
     """Every option of the padding report checked (finite, in range, never coerced);
     ``window`` and each world size bounded by the manifest's ``rows``."""
     check_number("budget", budget, gt=0, optional=True)
     check_number("cumulative_budget", cumulative_budget, gt=0, optional=True)
     check_number("audio_weight", audio_weight, ge=0, optional=True)
     check_number("balance", balance, ge=0)
+    check_int("pack", pack, ge=1, le=2**31 - 1, optional=True)
+    check_number("audio_token_rate", audio_token_rate, gt=0, le=1e6)
     check_bool("strict", strict)
     check_bool("carry", carry)
     check_int("seed", seed, ge=0, le=2**63 - 1)

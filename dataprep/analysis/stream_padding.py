@@ -26,7 +26,8 @@ from bucketing.budget import padded_budget_batch_sizes
 from bucketing.costmodel import CostModel
 from bucketing.dynres import DynResConfig
 from bucketing.fit import DEFAULT_OUTLIER_FENCE, DEFAULT_TOKEN_FENCE, Grid
-from bucketing.padding import BucketedRows, scatter_count, scatter_part, schemes_report
+from bucketing.packing import DEFAULT_AUDIO_TOKEN_RATE
+from bucketing.padding import BucketedRows, packed_scheme, scatter_count, scatter_part, schemes_report
 from bucketing.plan import EpochPlan
 from bucketing.steps_report import steps_rows
 from dataprep.planning import SpilledCorpus, carry_spilled, plan_epoch_figures, spill_manifest
@@ -106,12 +107,15 @@ def stream_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt.
                           sort_by: str | None = None, audio_weight: float | None = None, carry: bool = True,
                           dynamic_resolution: DynResConfig | None = None,
                           fixed_lengths: tuple[float, ...] = (30.0, 40.0), world_sizes: Sequence[int] = (),
-                          balance: float = 0.0) -> dict[str, Any]:
+                          balance: float = 0.0, pack: int | None = None,
+                          audio_token_rate: float = DEFAULT_AUDIO_TOKEN_RATE) -> dict[str, Any]:
     """The padding report of ``manifest`` (:func:`bucketing.padding.schemes_report`'s figures,
     module docstring), with ``steps`` per world size when ``world_sizes`` are given
     (:func:`spilled_steps`); options already checked. The spill is held in memory when the
     corpus fits ``memory_limit`` (:data:`PADDING_BYTES_PER_ROW` a row), else written to
-    files next to the manifest (:func:`spills_to_disk`), removed at the end."""
+    files next to the manifest (:func:`spills_to_disk`), removed at the end. ``pack`` (N):
+    also ``currencies``: fixed, 2D and packed sequences of N (:func:`bucketing.padding.packed_scheme`)
+    compared in audio, tokens and token-equivalents at ``audio_token_rate``."""
     root = spill_dir(manifest) if spills_to_disk(num_rows, memory_limit) else None
 
     def store(name: str) -> Path:
@@ -148,7 +152,15 @@ def stream_padding_report(manifest: str | os.PathLike[str], grid: Grid, bs: npt.
         report = schemes_report(num_rows, fixed_parts, grid1, one_d, grid, bs, two_d, rates,
                                 budget=budget, cumulative_budget=cumulative_budget, fixed_lengths=fixed_lengths,
                                 seed=seed, window=window, sort_by=sort_by, audio_weight=audio_weight,
-                                dynamic_resolution=dynamic_resolution, corpora=names)
+                                dynamic_resolution=dynamic_resolution, corpora=names,
+                                audio_token_rate=None if pack is None else audio_token_rate)
+        if pack is not None:
+            compared = {k: v for k, v in report["schemes"].items() if k.startswith("fixed-") or k == "2d"}
+            compared["packed"] = packed_scheme(two_d, pack, audio_token_rate)
+            report["currencies"] = {"max_tokens": pack, "audio_token_rate": audio_token_rate,
+                                    "schemes": {k: {f: v[f] for f in ("audio_padding", "token_padding", "te_padding",
+                                                                      "num_rows", "excluded")}
+                                                for k, v in compared.items()}}
         if world_sizes:
             report["steps"] = spilled_steps(uncarried, carried, grid, bs, list(world_sizes), balance, seed=seed)
         return report

@@ -10,6 +10,7 @@ import typer
 from bucketing.balance import DEFAULT_BALANCE
 from bucketing.bucket_order import DEFAULT_AUDIO_WEIGHT
 from bucketing.dynres import DynResConfig
+from bucketing.packing import DEFAULT_AUDIO_TOKEN_RATE
 from bucketing.step_figures import steps_rows_warnings
 from dataprep.cli import dynres as dyn
 from dataprep.cli.app import (alias, app, build_options, defaults_of, option_flags, out,
@@ -110,6 +111,8 @@ def padding_cmd(
     world_sizes: Annotated[Optional[str], typer.Option("--world-sizes", help="Comma-separated world sizes: also report the steps plan-batches would make (fill, straggler, same-bucket share) with one bucket per step and with --balance.")] = None,
     balance: Annotated[float, typer.Option("--balance", help="Balance tolerance for --world-sizes (as plan-batches --balance).")] = DEFAULT_BALANCE,
     memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the report may hold, e.g. 4GiB (default: half the machine's). A larger corpus is read from spill files next to the manifest (the same figures, --world-sizes too; memory bounded by its largest bucket).", show_default=False)] = None,
+    pack: Annotated[Optional[int], typer.Option("--pack", help="Also compare fixed, 2D and packed sequences of N token-equivalents (as plan-batches --pack) in audio, tokens and token-equivalents.", show_default=False)] = None,
+    audio_token_rate: Annotated[float, typer.Option("--audio-token-rate", help="With --pack: audio tokens per second (te = ceil(duration x rate) + num_tokens).")] = DEFAULT_AUDIO_TOKEN_RATE,
 ) -> None:
     """Print what each batching scheme would waste on this manifest: fixed 30/40 s, 1D, 2D,
     2D + dynamic resolution (frame padding, clamped utterances, batches that fell back)."""
@@ -118,11 +121,12 @@ def padding_cmd(
     ws = parse_world_sizes("--world-sizes", world_sizes) if world_sizes else []
     budget = alias("--max-duration-budget", max_duration_budget, "--budget", budget)
     check_needs("--balance", balance != DEFAULT_BALANCE, "--world-sizes", bool(ws))
+    check_needs("--audio-token-rate", audio_token_rate != DEFAULT_AUDIO_TOKEN_RATE, "--pack", pack is not None)
     with option_flags(PADDING_FLAGS):  # the library checks every value; errors name the flag
         report = manifest_padding_report(manifest, buckets, budget=budget, cumulative_budget=cumulative_budget,
                                          strict=strict, seed=seed, window=window, sort_by=sort_by,
                                          audio_weight=audio_weight, carry=carry, dynamic_resolution=dynres,
-                                         world_sizes=ws, balance=balance,
+                                         world_sizes=ws, balance=balance, pack=pack, audio_token_rate=audio_token_rate,
                                          memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit))
     _print_padding(report, dynres)
     if json_out is not None:
@@ -169,6 +173,16 @@ def _print_padding(report: dict[str, Any], dynres: DynResConfig) -> None:
             pc.add_row(c["corpus"], f"{c['utterances']:,}", f"{c['hours']:.3f}", f"{100 * c['padding_audio']:.1f}%",
                        f"{100 * c['padding_tokens']:.1f}%")
         out.print(pc)
+    if "currencies" in report:
+        cur = report["currencies"]
+        ct = Table(title=f"fixed vs 2D vs packed (sequences of {cur['max_tokens']:,} token-equivalents, "
+                         f"{cur['audio_token_rate']:g} audio tokens/s): padding in each currency")
+        for col in ("scheme", "audio", "tokens", "token-equivalents", "rows", "rows left out"):
+            ct.add_column(col, justify="right")
+        for name, s in cur["schemes"].items():
+            ct.add_row(name, f"{s['audio_padding']:.2%}", f"{s['token_padding']:.2%}", f"{s['te_padding']:.2%}",
+                       f"{s['num_rows']:,}", f"{s['excluded']:,}")
+        out.print(ct)
     if "steps" in report:
         st = Table(title="steps per epoch at each world size (fill = mean batch / mean batch at W=1; bound = "
                          "B / (W ceil(B/W)); straggler = mean max/mean predicted rank time - 1)")

@@ -20,7 +20,7 @@ from dataprep.planning import DEFAULT_WORLD_SIZES, PlanOptions, build_plan, defa
 from dataprep.planning import spills_to_disk
 from dataprep.planning.options import parse_rank_speed
 from dataprep.planning.stages import parse_stage
-from dataprep.planning.simulate import (MAX_EXCHANGE_S, MAX_SLOW_FACTOR, StoreReads, plan_steps_report,
+from dataprep.planning.simulate import (MAX_EXCHANGE_S, MAX_SLOW_FACTOR, StoreReads, pack_report, plan_steps_report,
                                        plan_warnings, simulate_strategies, simulate_with_warnings, store_reads)
 from dataprep.planning.step_reads import StoreModel
 from dataprep.cli.progress import progress_counter
@@ -314,6 +314,12 @@ def simulate_cmd(
               f"buckets' batch sizes (mean batch {rep.mean_batch:.1f}), same-bucket steps {rep.same_bucket:.1%}, "
               f"predicted straggler {rep.straggler:.1%}, padded audio max/mean {rep.balance_mean:.3f} "
               f"(> 1.10 on {rep.balance_over_1_10:.1%} of steps)")
+    packed = pack_report(plan_dir, epoch)
+    if packed is not None:
+        out.print(f"packed sequences of at most {packed.max_tokens:,} token-equivalents: {packed.sequences:,} holding "
+                  f"{packed.members:,} rows, slot use {pct(packed.slot_use, 2)} (emptiest {pct(packed.emptiest)}, "
+                  f"fullest {pct(packed.fullest)}), {packed.sequences_per_batch:.1f} sequences per batch, "
+                  f"{packed.members_per_sequence:.1f} rows per sequence", markup=False)
     out.print("speedup = 1 - epoch time synchronized / epoch time unsynchronized (same batches)")
     head = ("world_size", "steps_sync", "steps_unsync", "idle_sync", "idle_unsync", "epoch_s_sync",
             "epoch_s_unsync", "speedup")

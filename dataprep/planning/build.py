@@ -30,6 +30,7 @@ from dataprep.planning.epochs import (DynResTotals, EpochLoop, EpochTotals, plan
                                      window_totals)
 from dataprep.planning.stages import staged_weights
 from dataprep.planning.options import PlanOptions
+from dataprep.planning.packed import build_packed_plan
 from dataprep.planning.calibrate import cost_equal_sizes
 from dataprep.planning.carry import carry_spilled
 from dataprep.planning.disk import disk_bytes
@@ -112,10 +113,8 @@ def build_plan(
     if not isinstance(options, PlanOptions):
         raise DataprepError(f"build_plan: options must be PlanOptions, got {type(options).__name__}")
     if options.pack is not None:
-        from dataprep.planning.packed import build_packed_plan
-
-        return build_packed_plan(manifest, buckets, out_dir, options, on_progress=on_progress, on_phase=on_phase,
-                                 timings=timings)
+        return build_packed_plan(manifest, buckets, out_dir, options, plan=build_plan, limit=memory_limit_of(options),
+                                 on_progress=on_progress, on_phase=on_phase, timings=timings)
     clock = _Clock(timings, on_phase)
     W, epochs = options.world_size, options.epochs
     spec = read_buckets(buckets)

@@ -123,6 +123,16 @@ def sequences_per_batch(packing: Packing, speech_members: npt.NDArray[np.int64],
     return np.maximum(1, bs // np.maximum(most, 1))
 
 
+def members_at(offsets: npt.NDArray[np.int64], seqs: npt.NDArray[np.int64]
+               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Positions in the packing's members of sequences ``seqs`` (CSR ``offsets``), sequence
+    after sequence, and each sequence's count."""
+    cnt = offsets[seqs + 1] - offsets[seqs]
+    ends = np.cumsum(cnt)
+    total = int(ends[-1]) if ends.shape[0] else 0
+    return np.arange(total, dtype=np.int64) + np.repeat(offsets[seqs] - (ends - cnt), cnt), cnt
+
+
 class PackedShards:
     """Expands shard tables of sequences into their members (:meth:`expand`, thread-safe: the
     totals are integers, added under no particular order) and describes the members in
@@ -133,7 +143,6 @@ class PackedShards:
         self.rows, self.packing, self.member_rows = rows, packing, member_rows
         self.entry, self.meta_fields = entry, meta_fields
         self.us = np.round(rows.duration * _US).astype(np.int64)
-        self.totals = np.zeros(4, dtype=np.int64)  # audio real / padded (us), te real / slots
         self._parts: list[npt.NDArray[np.int64]] = []
 
     def expand(self, table: pa.Table) -> pa.Table:
@@ -143,9 +152,8 @@ class PackedShards:
         off = off - off[0]
         seqs = np.asarray(col.flatten(), dtype=np.int64)
         n, p = table.num_rows, self.packing
-        cnt = p.offsets[seqs + 1] - p.offsets[seqs]
+        pos, cnt = members_at(p.offsets, seqs)
         ends = np.cumsum(cnt)
-        pos = np.arange(int(ends[-1]) if ends.shape[0] else 0, dtype=np.int64) + np.repeat(p.offsets[seqs] - (ends - cnt), cnt)
         rows = self.member_rows[pos]
         per_batch = np.diff(off)
         m_off = np.zeros(n + 1, dtype=np.int64)
@@ -189,20 +197,70 @@ class PackedShards:
                                                                  if slots else 1.0}})
 
 
-def build_packed_plan(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str],
-                      out_dir: str | os.PathLike[str], options: PlanOptions, *,
-                      on_progress: Callable[[int, int], None] | None = None,
-                      on_phase: Callable[[str], None] | None = None,
-                      timings: dict[str, float] | None = None) -> PlanMeta:
-    """A packed plan of ``manifest`` (the module docstring); ``options.pack`` is N."""
-    from dataprep.planning.build import build_plan, memory_limit_of
+@dataclasses.dataclass
+class PackedCorpus:
+    """A manifest packed for a plan: its rows, the sequences, each member's manifest row,
+    sequences per batch of each bucket (``k``), each sequence's bucket and audio (s), and
+    ``plan.json``'s ``pack`` entry."""
 
+    rows: PackedRows
+    packing: Packing
+    member_rows: npt.NDArray[np.int64]
+    k: npt.NDArray[np.int64]
+    seq_bucket: npt.NDArray[np.int64]
+    seq_audio: npt.NDArray[np.float64]
+    entry: dict[str, Any]
+    _seq: npt.NDArray[np.int64] | None = None
+
+    def sequence_of(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The sequences holding manifest ``rows`` (each once, ascending)."""
+        if self._seq is None:
+            self._seq = np.full(self.rows.duration.shape[0], -1, dtype=np.int64)
+            self._seq[self.member_rows] = np.repeat(np.arange(self.packing.num_sequences), np.diff(self.packing.offsets))
+        return np.unique(self._seq[rows])
+
+    def members_of(self, seqs: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The manifest rows of sequences ``seqs``, sequence after sequence."""
+        return self.member_rows[members_at(self.packing.offsets, seqs)[0]]
+
+    def write_inputs(self, spec: BucketSpec, root: Path) -> tuple[Path, Path]:
+        """The sequences as a manifest (one row each: total audio, total te, bucket) and the
+        buckets with ``k`` as batch sizes, under ``root``."""
+        seq_manifest, seq_buckets = root / "sequences.parquet", root / "buckets.json"
+        S = self.packing.num_sequences
+        table = pa.Table.from_arrays([pc.cast(pa.array(np.arange(S)), pa.string()), pa.array(self.seq_audio),
+                                      pa.array(self.packing.te.astype(np.int32)),
+                                      pa.array(self.seq_bucket.astype(np.int32))], schema=_SEQ_SCHEMA)
+        write_parquet_stream(lambda: [table], seq_manifest, _SEQ_SCHEMA, "manifest", {})
+        write_buckets(dataclasses.replace(spec, buckets=tuple(dataclasses.replace(b, batch_size=int(self.k[i]))
+                                                              for i, b in enumerate(spec.buckets))), seq_buckets)
+        return seq_manifest, seq_buckets
+
+    def shards(self, meta_fields: Callable[[PlanMeta], dict[str, Any]] | None = None) -> PackedShards:
+        """The shard expander of a plan of these sequences; ``meta_fields(meta)`` adds fields of
+        ``plan.json`` (always: ``per_bucket``'s utterances and sequences, dropped rows)."""
+        B = self.k.shape[0]
+        members = np.bincount(self.seq_bucket, weights=np.diff(self.packing.offsets), minlength=B).astype(np.int64)
+        sequences = np.bincount(self.seq_bucket, minlength=B)
+
+        def fields(meta: PlanMeta) -> dict[str, Any]:
+            per_bucket = [{**p, "utterances": int(members[i]), "sequences": int(sequences[i])}
+                          for i, p in enumerate(meta.per_bucket)]
+            fb = dict(meta.fallbacks)
+            dropped = {e: self.members_of(np.asarray(seqs, dtype=np.int64)).tolist()
+                       for e, seqs in fb.get("dropped", {}).items()}
+            fb.update(dropped=dropped, dropped_rows=sum(len(v) for v in dropped.values()))
+            return {"per_bucket": per_bucket, "fallbacks": fb, **(meta_fields(meta) if meta_fields else {})}
+
+        return PackedShards(self.rows, self.packing, self.member_rows, self.entry, fields)
+
+
+def pack_corpus(manifest: str | os.PathLike[str], spec: BucketSpec, options: PlanOptions, limit: int,
+                k: npt.NDArray[np.int64] | None = None) -> PackedCorpus:
+    """Read and pack ``manifest`` for ``spec``'s buckets (``options``: pack, audio_token_rate,
+    seed, strict, sequences_per_batch; ``k``: sequences per batch given, e.g. a re-plan's)."""
     N = int(options.pack)  # type: ignore[arg-type]
-    spec = read_buckets(buckets)
-    bs = spec.batch_sizes()
-    if on_phase is not None:
-        on_phase("reading the manifest, packing sequences")
-    rows = read_packed_rows(manifest, spec, options, memory_limit_of(options))
+    rows = read_packed_rows(manifest, spec, options, limit)
     use = np.flatnonzero((rows.bucket >= 0) | rows.text)
     packing = pack_rows(rows.te[use], rows.bucket[use], N, text=rows.text[use], seed=options.seed)
     if packing.num_sequences == 0:
@@ -210,48 +268,75 @@ def build_packed_plan(manifest: str | os.PathLike[str], buckets: str | os.PathLi
     member_rows = use[packing.members]
     seq_of = np.repeat(np.arange(packing.num_sequences), np.diff(packing.offsets))
     speech = np.bincount(seq_of, weights=~rows.text[member_rows], minlength=packing.num_sequences).astype(np.int64)
-    k = sequences_per_batch(packing, speech, bs, options.sequences_per_batch)
-    seq_bucket = np.maximum(packing.bucket, 0)  # text-only sequences (no audio) in the first bucket
-    seq_audio = np.bincount(seq_of, weights=rows.duration[member_rows], minlength=packing.num_sequences)
-    B = len(spec.buckets)
-    members = np.bincount(seq_bucket, weights=np.diff(packing.offsets), minlength=B).astype(np.int64)
-    left = {k_: v.tolist() for k_, v in sorted(rows.left_out.items())}
+    if k is None:
+        k = sequences_per_batch(packing, speech, spec.batch_sizes(), options.sequences_per_batch)
     entry = {"max_tokens": N, "audio_token_rate": float(options.audio_token_rate),
              "sequences": packing.num_sequences, "rows": int(member_rows.shape[0]),
-             "text_rows": int(rows.text[member_rows].sum()), "slot_use": round(float(packing.te.sum()) / (packing.num_sequences * N), 6),
+             "text_rows": int(rows.text[member_rows].sum()),
+             "slot_use": round(float(packing.te.sum()) / (packing.num_sequences * N), 6),
              "sequences_per_batch": k.tolist(),
              "sequences_per_batch_source": "option" if options.sequences_per_batch is not None else "buckets",
-             "left_out_rows": sum(len(v) for v in left.values())}
+             "left_out_rows": int(sum(v.shape[0] for v in rows.left_out.values()))}
+    return PackedCorpus(rows, packing, member_rows, k, np.maximum(packing.bucket, 0).astype(np.int64),  # text-only: bucket 0
+                        np.bincount(seq_of, weights=rows.duration[member_rows], minlength=packing.num_sequences), entry)
+
+
+def build_packed_plan(manifest: str | os.PathLike[str], buckets: str | os.PathLike[str],
+                      out_dir: str | os.PathLike[str], options: PlanOptions, *, plan: Callable[..., PlanMeta],
+                      limit: int, on_progress: Callable[[int, int], None] | None = None,
+                      on_phase: Callable[[str], None] | None = None,
+                      timings: dict[str, float] | None = None) -> PlanMeta:
+    """A packed plan of ``manifest`` (the module docstring); ``options.pack`` is N, ``limit``
+    the bytes it may hold; ``plan``: :func:`dataprep.planning.build.build_plan`, which plans
+    the sequences."""
+    spec = read_buckets(buckets)
+    if on_phase is not None:
+        on_phase("reading the manifest, packing sequences")
+    packed = pack_corpus(manifest, spec, options, limit)
+    rows = packed.rows
+    left = {k_: v.tolist() for k_, v in sorted(rows.left_out.items())}
 
     def meta_fields(meta: PlanMeta) -> dict[str, Any]:
-        per_bucket = [{**p, "utterances": int(members[i]),
-                       "sequences": int(np.count_nonzero(seq_bucket == i))} for i, p in enumerate(meta.per_bucket)]
-        fb = dict(meta.fallbacks)
-        dropped = {e: member_rows[np.concatenate([np.arange(packing.offsets[s], packing.offsets[s + 1])
-                                                  for s in seqs])].tolist() if seqs else []
-                   for e, seqs in fb.get("dropped", {}).items()}
-        fb.update(dropped=dropped, dropped_rows=sum(len(v) for v in dropped.values()))
         return {"manifest": ManifestRef(Path(manifest).name, manifest_hash(manifest), int(rows.duration.shape[0])),
                 "buckets_file": FileRef(Path(buckets).name, file_sha256(buckets)),
-                "allocation": {"strict": options.strict, "allocated_rows": int(member_rows.shape[0]), "left_out": left,
-                               "moved_to_longer_bin": rows.moved, "carried_tails": 0, "carry": False,
-                               "raised_max_tokens_rows": rows.raised},
-                "per_bucket": per_bucket, "fallbacks": fb}
+                "allocation": {"strict": options.strict, "allocated_rows": int(packed.member_rows.shape[0]),
+                               "left_out": left, "moved_to_longer_bin": rows.moved, "carried_tails": 0,
+                               "carry": False, "raised_max_tokens_rows": rows.raised}}
 
-    shards = PackedShards(rows, packing, member_rows, entry, meta_fields)
     root = spill_dir(out_dir)
     try:
-        seq_manifest, seq_buckets = root / "sequences.parquet", root / "buckets.json"
-        S = packing.num_sequences
-        table = pa.Table.from_arrays([pc.cast(pa.array(np.arange(S)), pa.string()), pa.array(seq_audio),
-                                      pa.array(packing.te.astype(np.int32)), pa.array(seq_bucket.astype(np.int32))],
-                                     schema=_SEQ_SCHEMA)
-        write_parquet_stream(lambda: [table], seq_manifest, _SEQ_SCHEMA, "manifest", {"packed_from": Path(manifest).name})
-        write_buckets(dataclasses.replace(spec, buckets=tuple(dataclasses.replace(b, batch_size=int(k[i]))
-                                                              for i, b in enumerate(spec.buckets))), seq_buckets)
+        seq_manifest, seq_buckets = packed.write_inputs(spec, root)
         inner = dataclasses.replace(options, pack=None, sequences_per_batch=None,
                                     audio_token_rate=PlanOptions.audio_token_rate, carry=False, strict=False)
-        return build_plan(seq_manifest, seq_buckets, out_dir, inner, on_progress=on_progress, on_phase=on_phase,
-                          timings=timings, packed=shards)
+        return plan(seq_manifest, seq_buckets, out_dir, inner, on_progress=on_progress, on_phase=on_phase,
+                    timings=timings, packed=packed.shards(meta_fields))
+    finally:
+        remove_spill(root)
+
+
+def replan_packed(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str],
+                  out_dir: str | os.PathLike[str], options: PlanOptions, meta: PlanMeta, *, at_step: int,
+                  exclude: str | os.PathLike[str] | None, replan: Callable[..., PlanMeta], limit: int) -> PlanMeta:
+    """``replan`` (:func:`dataprep.planning.replan.replan`) of a packed plan: the parent's
+    sequences packed again (the same manifest, buckets, N, rate and seed give the same ones),
+    the unseen rows mapped to their sequences and the sequences re-planned."""
+    from manifests.buckets_file import parse_buckets
+    from manifests.hash_cache import require_manifest_hash
+
+    if exclude is not None:
+        raise DataprepError(f"{plan_dir}: --exclude is not available for a packed plan (an excluded row would "
+                            "change its sequence); re-plan without it")
+    require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
+    entry = meta.extra["pack"]
+    spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
+    how = PlanOptions(world_size=1, seed=meta.seed, strict=bool(meta.allocation.get("strict", False)),
+                      pack=int(entry["max_tokens"]), audio_token_rate=float(entry["audio_token_rate"]))
+    packed = pack_corpus(manifest, spec, how, limit, k=spec.batch_sizes())
+    packed.entry["sequences_per_batch_source"] = entry.get("sequences_per_batch_source", "buckets")
+    root = spill_dir(out_dir)
+    try:
+        seq_manifest, _ = packed.write_inputs(spec, root)
+        return replan(plan_dir, seq_manifest, out_dir, dataclasses.replace(options, carry=False),
+                      at_step=at_step, packed=packed)
     finally:
         remove_spill(root)

@@ -36,6 +36,7 @@ from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, Windo
 from dataprep.planning.stages import recorded_stages, staged_weights
 from bucketing.speeds import RankSpeeds
 from dataprep.planning.options import PlanOptions, replan_speeds
+from dataprep.planning.packed import replan_packed
 from dataprep.planning.draw import ROW_COUNT_BYTES, draw_epoch, draw_rows, draw_weighted_without, draw_without
 from dataprep.planning.exclude import (EXCLUDED_KEY, ExcludedDraw, exclusion_entry, excluded_rows, is_excluded,
                                        read_excluded_ids, recorded_exclusions)
@@ -57,7 +58,8 @@ def epoch_of_step(meta: PlanMeta, step: int) -> int:
 
 
 def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-           options: PlanOptions, *, at_step: int, exclude: str | os.PathLike[str] | None = None) -> PlanMeta:
+           options: PlanOptions, *, at_step: int, exclude: str | os.PathLike[str] | None = None,
+           packed: Any = None) -> PlanMeta:
     """Re-plan ``plan_dir`` from ``at_step`` on for ``options.world_size`` ranks into ``out_dir``
     (module docstring). ``manifest`` must be the parent's (by content hash). Of ``options``
     only ``world_size``, ``carry``, ``cost``, ``cost_equal`` (the parent's sizes as memory caps),
@@ -71,7 +73,11 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     epoch every other row once; with the parent's own exclusions (kept), recorded in
     ``plan.json``. A weighted plan's later epochs draw each corpus's quota again from its
     remaining rows (:class:`dataprep.planning.exclude.ExcludedDraw`); the rest of ``at_step``'s
-    epoch is its unseen rows without the excluded ones."""
+    epoch is its unseen rows without the excluded ones.
+
+    A packed parent (``plan.json``'s ``pack``) is re-planned by
+    :func:`dataprep.planning.packed.replan_packed`, which calls back with ``packed`` (its
+    sequences; ``manifest`` then the sequences' manifest)."""
     if not isinstance(options, PlanOptions):
         raise DataprepError(f"replan: options must be PlanOptions, got {type(options).__name__}")
     check_int("at_step", at_step, le=None)  # its range is the plan's, checked below
@@ -79,9 +85,13 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     meta = read_plan_meta(plan_dir)
     if not meta.first_step <= at_step < meta.num_steps:
         raise DataprepError(f"--at-step {at_step}: the plan holds steps {meta.first_step}..{meta.num_steps - 1}")
+    if packed is None and "pack" in meta.extra:
+        return replan_packed(plan_dir, manifest, out_dir, options, meta, at_step=at_step, exclude=exclude,
+                             replan=replan, limit=memory_limit_of(options))
     group = _sync_group(meta, options)
     dynres_config = _dynres_config(plan_dir, meta, options)
-    require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
+    if packed is None:  # a packed plan's manifest was checked by replan_packed
+        require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
     spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")
     spec = cost_equal_sizes(spec, cost, f"{plan_dir}/plan.json") if options.cost_equal else spec
     bs = spec.batch_sizes()
@@ -106,7 +116,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
                                               epochs=meta.epochs - e0, limit=limit,
                                               world_size=None if tol > 0 else world_size,
                                               ids_once=tol > 0 and meta.epochs - e0 == 1,  # one bucket per step: kept
-                                              drawn=True)  # the unseen rest's times drawn
+                                              drawn=True,  # the unseen rest's times drawn
+                                              fixed_buckets=packed is not None)
             options.check_rows(corpus.num_rows)  # before any per-rank allocation
             if weighted is not None:
                 _check_recorded_quotas(meta, weighted)
@@ -116,7 +127,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
             gone = ExcludedDraw(corpus, excluded, num_corpora) if excluded.shape[0] and weighted is not None else None
             # excluding from an epoch's first step: that epoch is drawn whole again, its quotas exact
             rest, stray = (None, 0) if gone is not None and at_step == meta.first_step_of_epoch[e0] else draw_rows(
-                corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0, excluded), num_corpora,
+                corpus, lambda: _unseen_blocks(plan_dir, meta, at_step, e0, excluded,
+                                               None if packed is None else packed.sequence_of), num_corpora,
                 block_rows=max(1, limit // (2 * ROW_COUNT_BYTES)))
             if stray:
                 raise DataprepError(f"{plan_dir}: {stray} of the rows the plan has not trained are in no bucket of "
@@ -132,7 +144,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
                                      f"ranks: {exc}; re-plan at another step")
 
             with PlanWriter(out_dir, world_size, row_group_steps=row_group_steps,
-                            target_frames=dynres_config is not None) as writer:
+                            target_frames=dynres_config is not None,
+                            packed=None if packed is None else packed.shards()) as writer:
                 loop.run(writer, range(e0, meta.epochs), at_step, totals, last=meta.epochs - 1, rest=e0,
                          draw_of=lambda e: rest if e == e0 and rest is not None else None if weighted is None and not excluded.shape[0]
                          else draw_without(corpus, excluded, num_corpora) if weighted is None
@@ -181,11 +194,14 @@ def _replan_meta(meta: PlanMeta, world_size: int, at_step: int, totals: EpochTot
 
 
 def _unseen_blocks(plan_dir: str | os.PathLike[str], meta: PlanMeta, at_step: int, epoch: int,
-                   excluded: npt.NDArray[np.int64]) -> Iterator[npt.NDArray[np.int64]]:
+                   excluded: npt.NDArray[np.int64], sequence_of: Any = None) -> Iterator[npt.NDArray[np.int64]]:
     """The manifest rows of the parent's batches of ``epoch`` at steps >= ``at_step`` on every
-    rank (what no rank has seen of that epoch) but ``excluded``, one row group of one shard at a time."""
+    rank (what no rank has seen of that epoch) but ``excluded``, one row group of one shard at a
+    time; ``sequence_of``: a packed plan's map of rows to the sequences holding them."""
     for t in _unseen_tables(plan_dir, meta, at_step, epoch, ["epoch", "rows"]):
         rows = numeric_values(pc.list_flatten(t.column("rows")), np.int64)
+        if sequence_of is not None:
+            rows = sequence_of(rows)
         yield rows[~is_excluded(rows, excluded)] if excluded.shape[0] else rows
 
 

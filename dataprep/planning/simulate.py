@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+import pyarrow as pa
 
 from bucketing.step_figures import PlanReport, plan_report, step_warnings
 from bucketing.costmodel import CostModel
@@ -43,7 +44,9 @@ def _check_epoch(epoch: object, epochs: int) -> None:
 
 def read_epoch_batches(plan_dir: str | os.PathLike[str], epoch: int = 0, rows: bool = True) -> dict[str, np.ndarray]:
     """Per-batch columns of one epoch over all ranks, as (steps, ranks) matrices, and with
-    ``rows`` each rank's ``rows`` (Arrow lists: every row of the epoch, 8 bytes each)."""
+    ``rows`` each rank's ``rows`` (Arrow lists: every row of the epoch, 8 bytes each). A packed
+    plan's batches as sequences: ``size`` sequences, ``max_duration`` at most a sequence's
+    audio (longest member x most members), ``max_tokens`` the most token-equivalents."""
     meta = read_plan_meta(plan_dir)
     _check_epoch(epoch, meta.epochs)
     W = meta.world_size
@@ -57,9 +60,31 @@ def read_epoch_batches(plan_dir: str | os.PathLike[str], epoch: int = 0, rows: b
         raise ManifestError(f"{plan_dir}: epoch {epoch} is not in the plan (epochs: {meta.epochs})")
     out = {c: np.stack([p.column(c).to_numpy() for p in parts], axis=1)
            for c in ("bucket", "size", "max_duration", "max_tokens")}
+    if "pack" in meta.extra:  # batches of sequences, as the planner costed them
+        for r in range(W):
+            out["size"][:, r], out["max_duration"][:, r], out["max_tokens"][:, r] = _packed_figures(
+                PlanShard(plan_dir, r, meta).read_epoch(epoch, ["max_duration", "sequence", "cu_seqlens"]))
     if rows:
         out["rows"] = [p.column("rows").combine_chunks() for p in parts]  # type: ignore[assignment]
     return out
+
+
+def _packed_figures(t: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per batch of a packed shard table: sequences, an upper bound of a sequence's audio
+    (longest member x most members of a sequence, s) and its most token-equivalents."""
+    seq, cu = t.column("sequence").combine_chunks(), t.column("cu_seqlens").combine_chunks()
+    s_off, c_off = np.asarray(seq.offsets, dtype=np.int64), np.asarray(cu.offsets, dtype=np.int64)
+    s_val, c_val = np.asarray(seq.flatten(), dtype=np.int64), np.asarray(cu.flatten(), dtype=np.int64)
+    n = np.diff(c_off) - 1
+    batch = np.repeat(np.arange(n.shape[0]), np.diff(s_off))
+    first = np.concatenate([[0], np.cumsum(n)[:-1]])
+    members = np.bincount(first[batch] + s_val, minlength=int(n.sum()))
+    most_members = np.maximum.reduceat(members, first)
+    grow = np.diff(c_val)
+    keep = np.ones(grow.shape[0], dtype=bool)
+    keep[c_off[1:-1] - 1] = False
+    most_te = np.maximum.reduceat(grow[keep], first)
+    return n, t.column("max_duration").to_numpy() * most_members, most_te
 
 
 def simulate_plan(
@@ -77,7 +102,8 @@ def simulate_plan(
     per step when synchronized, random buckets per rank when not).
 
     With ``manifest`` (which must be the plan's, by content hash), batch lengths are
-    recomputed from it instead of read from the shards. ``batches``: that epoch's
+    recomputed from it instead of read from the shards. A packed plan's batches are costed as
+    its sequences (:func:`read_epoch_batches`). ``batches``: that epoch's
     :func:`read_epoch_batches`, when the caller has read them already. ``speed``: each rank's
     relative speed at the plan's world size (default: the plan's ``rank_speed``, else alike).
     """
@@ -94,6 +120,7 @@ def simulate_plan(
     max_d, max_t = m["max_duration"], m["max_tokens"]
     if manifest is not None:
         require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
+    if manifest is not None and "pack" not in meta.extra:  # packed: the sequences' figures above
         df = read_manifest(manifest, columns=["duration", "num_tokens"])
         d = df["duration"].to_numpy()
         tk = df["num_tokens"].fill_null(0).to_numpy().astype(np.int64)
@@ -173,6 +200,60 @@ def plan_steps_report(plan_dir: str | os.PathLike[str], cost: CostModel | None =
     m = batches if batches is not None else read_epoch_batches(plan_dir, epoch)
     return plan_report(m["bucket"], m["size"], m["max_duration"], m["max_tokens"], meta.batch_sizes, cost,
                        rank_speeds(meta, speed))
+
+
+@dataclass(frozen=True)
+class PackReport:
+    """Slot use of one epoch of a packed plan: ``sequences`` (over all ranks), ``members``
+    (rows), ``slot_use`` (Σ members' token-equivalents ÷ sequences × N), ``sequences_per_batch``
+    and ``members_per_sequence`` (means), ``fullest`` / ``emptiest`` sequence (share of N)."""
+
+    max_tokens: int
+    sequences: int
+    members: int
+    slot_use: float
+    sequences_per_batch: float
+    members_per_sequence: float
+    fullest: float
+    emptiest: float
+
+
+def pack_report(plan_dir: str | os.PathLike[str], epoch: int = 0) -> PackReport | None:
+    """:class:`PackReport` of ``epoch`` of a packed plan (None: the plan is not packed), read
+    from the shards' ``cu_seqlens`` a row group at a time."""
+    meta = read_plan_meta(plan_dir)
+    entry = meta.extra.get("pack")
+    if not isinstance(entry, dict):
+        return None
+    _check_epoch(epoch, meta.epochs)
+    cap = int(entry["max_tokens"])
+    seqs = members = batches = 0
+    te = np.zeros(0, dtype=np.int64)
+    parts = []
+    for r in range(meta.world_size):
+        t = PlanShard(plan_dir, r, meta).read_epoch(epoch, ["size", "cu_seqlens"])
+        cu = t.column("cu_seqlens").combine_chunks()
+        off = np.asarray(cu.offsets, dtype=np.int64)
+        val = np.asarray(cu.flatten(), dtype=np.int64)
+        grow = np.diff(val)
+        keep = np.ones(grow.shape[0], dtype=bool)
+        keep[off[1:-1] - 1] = False  # steps across batches
+        parts.append(grow[keep])
+        batches += t.num_rows
+        members += int(pc_sum(t.column("size")))
+    te = np.concatenate(parts) if parts else te
+    seqs = int(te.shape[0])
+    return PackReport(cap, seqs, members, float(te.sum()) / (seqs * cap) if seqs else 1.0,
+                      seqs / max(batches, 1), members / max(seqs, 1),
+                      float(te.max(initial=0)) / cap, float(te.min()) / cap if seqs else 0.0)
+
+
+def pc_sum(column: object) -> int:
+    """Sum of an integer Arrow column."""
+    import pyarrow.compute as pc
+
+    got = pc.sum(column).as_py()  # type: ignore[arg-type]
+    return int(got or 0)
 
 
 def simulate_strategies(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,11 @@ from manifests.spill import remove_spill, spill_dir
 #: rows the padding per scheme is measured on (a uniform sample beyond it; 1M rows keep the
 #: schemes' padding within a few hundredths of a percent of the full figure and take ~4 s)
 SCHEME_SAMPLE_ROWS = 1_000_000
+
+
+#: N of the packed sequences the report compares with fixed and 2D batches (token-equivalents,
+#: at the default audio token rate)
+REPORT_PACK = 2048
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,9 @@ class BucketAggregates:
     empty: int = 0
     emptied: int = 0
     unfilled: int = 0
+    #: fixed, 2D and packed sequences of :data:`REPORT_PACK` token-equivalents: padding in
+    #: audio, tokens and token-equivalents (``dataprep padding --pack``)
+    currencies: list[dict[str, Any]] = field(default_factory=list)
 
 
 def batch_size_origin(source: dict[str, Any]) -> str:
@@ -77,7 +85,7 @@ def bucket_section(rows: BucketRows, spec: BucketSpec, manifest: str | os.PathLi
     tails need a second pass). ``memory_limit``: bytes, as ``dataprep padding``'s."""
     n = rows.num_rows
     grid = grid_from_spec(spec)
-    options = {"memory_limit": memory_limit, "dynamic_resolution": DynResConfig()}
+    options = {"memory_limit": memory_limit, "dynamic_resolution": DynResConfig(), "pack": REPORT_PACK}
     if rows.exact:
         if rows.carry():
             for block in blocks():
@@ -119,7 +127,10 @@ def bucket_section(rows: BucketRows, spec: BucketSpec, manifest: str | os.PathLi
     schemes = [{"scheme": k, "audio_padding": v["audio_padding"], "token_padding": v["token_padding"],
                 "batches": v["num_batches"], "mean_batch": v["mean_batch_size"], "excluded": v.get("excluded", 0)}
                for k, v in rep["schemes"].items()]
+    cur = rep["currencies"]
+    currencies = [{"scheme": k, "audio_padding": v["audio_padding"], "token_padding": v["token_padding"],
+                   "te_padding": v["te_padding"], "excluded": v["excluded"]} for k, v in cur["schemes"].items()]
     return BucketAggregates(name, dict(spec.batch_size_source), table, schemes, breakdown, rows.measured, n,
                             carried=carried, empty=int((final == 0).sum()),
                             emptied=int(((final == 0) & (before > 0)).sum()),
-                            unfilled=int((before == 0).sum()))
+                            unfilled=int((before == 0).sum()), currencies=currencies)

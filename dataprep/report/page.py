@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataprep.report.aggregates import CorpusAggregates, RejectsAggregates, ReportData
-from dataprep.report.buckets_section import BucketAggregates, batch_size_origin
+from dataprep.report.buckets_section import REPORT_PACK, BucketAggregates, batch_size_origin
 from dataprep.report.page_assets import CSS, GLOSSARY, JS, term_id
 from dataprep.report.plan_section import MAX_SHARE_EPOCHS, PlanAggregates
 from manifests.atomic_files import atomic_path, output_kind
@@ -348,6 +348,15 @@ def buckets_section(page: Page, b: BucketAggregates, c: CorpusAggregates) -> Non
                "fixed-Ls: one bucket padded to L seconds; 1d-*: duration buckets; 2d: these buckets; "
                "2d-dynamic-resolution: the same batches featurized at their own rates (frame padding left)." + sampled,
                percent=("audio_padding", "token_padding"))
+    if b.currencies:
+        page.table("Fixed, 2D and packed in each currency",
+                   [("scheme", "scheme"), ("audio_padding", "audio"), ("token_padding", "tokens"),
+                    ("te_padding", "token-equivalents"), ("excluded", "rows left out")], b.currencies,
+                   f"packed: each 2D bucket's rows in sequences of at most {REPORT_PACK} token-equivalents "
+                   "(ceil(duration x 12.5) + tokens; `plan-batches --pack`); its audio padding pads members to the "
+                   "longest of their sequence, its token padding is the sequences' empty slots. Fixed and 2D: each "
+                   "row padded to its batch's longest audio and most tokens." + sampled,
+                   percent=("audio_padding", "token_padding", "te_padding"))
     page.close_section()
 
 

@@ -204,7 +204,7 @@ def test_an_unknown_shard_version_is_refused_in_one_line(tmp_path, plan_meta_jso
                             footer_sha256=file_facts(shard)["footer_sha256"])
     obj["plan_hash"] = plan_hash_of(obj)
     (tmp_path / "plan.json").write_text(json.dumps(obj))
-    with pytest.raises(ManifestError, match=rf"unsupported shard version {version} \(this tool reads 1, 2\)") as exc:
+    with pytest.raises(ManifestError, match=rf"unsupported shard version {version} \(this tool reads 1, 2, 3\)") as exc:
         open_shard(tmp_path, 0)
     assert "\n" not in str(exc.value)
 
