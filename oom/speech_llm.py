@@ -106,6 +106,8 @@ class SpeechLLM(nn.Module):
     def encode(self, features: torch.Tensor, feature_lens: torch.Tensor) -> torch.Tensor:
         """Audio tokens of every member, concatenated in member order: (sum ceil(F_m / s), hidden)."""
         s = self.subsampling
+        if features.shape[1] == 0:  # text-only members alone: no audio token
+            return features.new_zeros(0, self.config.llm_hidden)
         pad = -features.shape[1] % s
         x = F.pad(features, (0, 0, 0, pad)).transpose(1, 2)  # (M, n_mels, F) padded to a multiple of s
         x = self.subsample(x).transpose(1, 2)

@@ -121,3 +121,30 @@ def test_samplers_replay_the_packed_sequences(packed: tuple[Corpus, Path, Path],
                      "feature_lens"):
             assert torch.equal(getattr(theirs, name), getattr(ours, name)), name
         torch.testing.assert_close(theirs.features, ours.features, rtol=1e-4, atol=1e-4)
+
+
+def test_text_only_rows_of_a_blend_pack_without_audio(packed: tuple[Corpus, Path, Path], tmp_path: Path) -> None:
+    """Rows of duration 0 (text-only) read no audio, add no audio token, match the plan's
+    token-equivalents, and train."""
+    import polars as pl
+
+    from manifests.manifest_write import write_manifest
+
+    c, manifest, _ = packed
+    speech = pl.read_parquet(manifest)
+    text = speech.head(10).with_columns(pl.format("text-{}", pl.col("id")).alias("id"), pl.lit(0.0).alias("duration"),
+                                        pl.lit(0.0).alias("tps"))
+    blend, plan = tmp_path / "blend.parquet", tmp_path / "plan"
+    write_manifest(pl.concat([speech, text], how="vertical_relaxed"), blend)
+    invoke("plan-batches", str(blend), "--buckets", str(manifest.parent / "b2.json"), "--world-size", "1", "--pack", PACK,
+           "-o", str(plan))
+    builder = PackedBatchBuilder(blend, [str(c.spm)], features=FeatureConfig.ours(TINY.n_mels), cache_dir=tmp_path,
+                                 subsampling=TINY.subsampling, check_rate=True, plan=str(plan))
+    seen = 0
+    for pb in PlanShard(plan, 0):
+        b = builder.build(pb)  # real bounds checked against the plan's
+        text_only = np.array([i.startswith("text-") for i in b.ids], dtype=bool)
+        assert (b.audio_tokens.numpy()[text_only] == 0).all() and (b.audio_tokens.numpy()[~text_only] > 0).all()
+        seen += int(text_only.sum())
+    assert seen == 10
+    invoke(*packed_args(c, blend, plan, tmp_path / "ck", "--model", "tiny-speech-llm"))
