@@ -145,8 +145,9 @@ class PackedCuts:
             self._toks, self._mel = Tokenizers.from_specs(self.tokenizer), LogMel(self.features)
         ids = [c.id for c in cuts]
         waves = [torch.from_numpy(np.asarray(c.resample(SAMPLE_RATE).load_audio(), dtype=np.float32).mean(axis=0))
-                 for c in cuts]
-        features, feature_lens = pad_stack([self._mel(w) for w in waves], torch.float32)
+                 if c.duration else torch.zeros(0) for c in cuts]  # duration 0: a text-only row
+        features, feature_lens = pad_stack([self._mel(w) if len(w) else torch.zeros(0, self.features.features)
+                                            for w in waves], torch.float32)
         texts = [" ".join(s.text or "" for s in c.supervisions) for c in cuts]
         langs = [c.supervisions[0].language if c.supervisions else None for c in cuts]
         tokens, token_lens = pad_stack([torch.tensor(t, dtype=torch.int64) for t in tokenize(self._toks, texts, langs, ids)],

@@ -148,3 +148,13 @@ def test_text_only_rows_of_a_blend_pack_without_audio(packed: tuple[Corpus, Path
         seen += int(text_only.sum())
     assert seen == 10
     invoke(*packed_args(c, blend, plan, tmp_path / "ck", "--model", "tiny-speech-llm"))
+    pytest.importorskip("lhotse")
+    from dataprep.integrations.lhotse import PlanSampler
+    from dataprep.training.packed import PackedCuts
+
+    dataset = PackedCuts([str(c.spm)], TINY.subsampling, FeatureConfig.ours(TINY.n_mels))
+    lhotse_builder = PackedBatchBuilder(blend, [str(c.spm)], features=FeatureConfig.ours(TINY.n_mels),
+                                        cache_dir=tmp_path, subsampling=TINY.subsampling, resampler="lhotse")
+    for pb, cuts in zip(PlanShard(plan, 0), PlanSampler(plan, blend, rank=0, world_size=1, cache_dir=tmp_path)):
+        theirs, ours = dataset[cuts], lhotse_builder.build(pb)
+        assert torch.equal(theirs.input_ids, ours.input_ids) and torch.equal(theirs.cu_seqlens, ours.cu_seqlens)
