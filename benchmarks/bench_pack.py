@@ -80,6 +80,21 @@ def plan(man: Path, buckets: Path, out: Path, options: PlanOptions, rows: int, r
 PACK = 2048
 
 
+def synthetic(n: int, world: int, pack: int, rate: float, repeats: int) -> None:
+    """Plan time per row of a synthetic corpus of ``n`` rows, 2D vs packed."""
+    from dataprep.testing import write_plan_inputs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        kept, buckets = write_plan_inputs(root, n, seed=0, num_buckets=30, budget=BUDGET)
+        build_plan(kept, buckets, root / "warm-up", PlanOptions(world_size=world))
+        _, us2 = plan(kept, buckets, root / "2d", PlanOptions(world_size=world), n, repeats)
+        meta, usp = plan(kept, buckets, root / "packed", PlanOptions(world_size=world, pack=pack,
+                                                                     audio_token_rate=rate), n, repeats)
+        print(f"synthetic {n:,} rows: plan time 2D {us2:.2f} us/row, packed {usp:.2f} us/row ({usp / us2:.2f}x); "
+              f"packed slot use {meta['pack']['slot_use']:.2%}")
+
+
 def main() -> None:
     global PACK
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -89,6 +104,9 @@ def main() -> None:
     ap.add_argument("--audio-token-rate", type=float, default=DEFAULT_AUDIO_TOKEN_RATE)
     ap.add_argument("--world-size", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per plan (median), after one untimed")
+    ap.add_argument("--synthetic-rows", type=int, default=0,
+                    help="also time 2D vs packed plans of this many synthetic rows (dataprep.testing.write_plan_inputs, "
+                         "30x2 buckets for 600 s)")
     args = ap.parse_args()
     PACK, rate, W = args.pack, args.audio_token_rate, args.world_size
     corpora = load(args.data, rows=args.rows)
@@ -124,6 +142,8 @@ def main() -> None:
             print(f"{name:<24} {dd.shape[0]:>8,} {use:>13.2%} {meta['padding']['audio']:>9.2%} "
                   f"{meta['padding']['tokens']:>10.2%} {us:>7.2f} {us / base_us:>5.2f} "
                   f"{bal.get('straggler', 0):>9.2%} {bal.get('unbalanced_steps', 0) / max(meta['num_steps'], 1):>10.2%}")
+    if args.synthetic_rows:
+        synthetic(args.synthetic_rows, W, PACK, rate, args.repeats)
     print("packed rows: pad tokens = padding of token-equivalents in sequences of N; pad audio = members x "
           "the batch's longest audio. straggler: mean over steps of the slowest rank's predicted time over the "
           "mean - 1; unbalanced: steps over the balance tolerance (0.05)")

@@ -96,6 +96,8 @@ def plan_batches_cmd(
         stages = tuple(parse_stage(s) for s in stage) if stage else None
     if stages is not None and epochs == _PLAN.epochs:
         epochs = sum(n for n, _ in stages)
+    check_needs("--sequences-per-batch", sequences_per_batch is not None, "--pack", pack is not None)
+    check_needs("--audio-token-rate", audio_token_rate != _PLAN.audio_token_rate, "--pack", pack is not None)
     options = build_options(PlanOptions, PLAN_FLAGS, world_size=world_size, seed=seed, epochs=epochs, strict=strict,
                             interleave=interleave, row_group_steps=row_group_steps, carry=carry, balance=balance,
                             cost=_cost(coef, cost_model), cost_equal=cost_model is not None if cost_equal is None else cost_equal,

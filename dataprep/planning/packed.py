@@ -56,7 +56,7 @@ class PackedRows:
     """The manifest's rows as the packing sees them: ids, duration (s), tokens, te, each row's
     bucket (-1: left out or text) and the rows left out by reason."""
 
-    ids: pa.Array
+    ids: pa.ChunkedArray
     duration: npt.NDArray[np.float64]
     tokens: npt.NDArray[np.int32]
     te: npt.NDArray[np.int64]
@@ -109,7 +109,7 @@ def read_packed_rows(manifest: str | os.PathLike[str], spec: BucketSpec, options
         left_out["exceeds_pack"] = np.flatnonzero(over & (text | (bucket >= 0)))
     bucket[over] = -1
     text &= ~over
-    return PackedRows(pa.concat_arrays(ids), dur, tok, te, bucket, text, left_out, moved, raised)
+    return PackedRows(pa.chunked_array(ids, pa.string()), dur, tok, te, bucket, text, left_out, moved, raised)
 
 
 def sequences_per_batch(packing: Packing, speech_members: npt.NDArray[np.int64], bs: npt.NDArray[np.int64],
@@ -179,7 +179,7 @@ class PackedShards:
             [table.column("epoch"), table.column("step"), table.column("step_in_epoch"), table.column("bucket"),
              pa.array(np.diff(m_off).astype(np.int32)), pa.array(max_d.astype(np.float64)),
              pa.array(np.asarray(max_t, dtype=np.int32)),
-             pa.ListArray.from_arrays(mo, self.rows.ids.take(pa.array(rows))),
+             pa.ListArray.from_arrays(mo, self.rows.ids.take(pa.array(rows)).combine_chunks()),
              pa.ListArray.from_arrays(mo, pa.array(rows)),
              pa.ListArray.from_arrays(mo, pa.array(sequence.astype(np.int32))),
              pa.ListArray.from_arrays(pa.array(cu_off.astype(np.int32)), pa.array(cu.astype(np.int32)))],
@@ -326,6 +326,9 @@ def replan_packed(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[
     if exclude is not None:
         raise DataprepError(f"{plan_dir}: --exclude is not available for a packed plan (an excluded row would "
                             "change its sequence); re-plan without it")
+    if options.cost_equal:
+        raise DataprepError(f"{plan_dir}: --cost-equal is not available for a packed plan (its batches are sized "
+                            "in sequences); re-plan with --no-cost-equal")
     require_manifest_hash(manifest, meta.manifest.content_hash, "the plan's manifest")
     entry = meta.extra["pack"]
     spec = parse_buckets({"buckets": meta.buckets}, f"{plan_dir}/plan.json: buckets")

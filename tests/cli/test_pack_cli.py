@@ -110,6 +110,10 @@ def test_packed_plan_cli(blend, tmp_path: Path) -> None:
         rows = [x for r in range(4) for b in open_shard(out, r) if b.epoch == e and b.step < k for x in b.rows]
         rows += [x for r in range(3) for b in open_shard(re, r) if b.epoch == e for x in b.rows]
         assert sorted(rows + left) == list(range(1601))
+    for extra, flag in ((["--exclude", str(blend[0])], "--exclude"), (["--cost-equal"], "--cost-equal")):
+        res = runner.invoke(app, ["replan", str(out), "--at-step", str(k), "-o", str(tmp_path / "r2"),
+                                  "--manifest", str(blend[0]), *extra])
+        assert res.exit_code == 2 and flag in res.output and "packed plan" in res.output, res.output
 
 
 def _shard_bytes(plan: Path) -> list[str]:

@@ -225,6 +225,9 @@ def test_every_yaml_reader_uses_the_guarded_loader(blend: tuple[Path, Path], tmp
     ("simulate", ["--slow-rank", "0=2"], "--slow-rank: only matters with --strategy"),
     ("simulate", ["--strategy", "sync", "--exchange", "0.1"], "--exchange: only matters with --strategy adpsgd"),
     ("padding", ["--balance", "0.2"], "--balance: only matters with --world-sizes"),
+    ("plan-batches", ["--sequences-per-batch", "2"], "--sequences-per-batch: only matters with --pack"),
+    ("plan-batches", ["--audio-token-rate", "25"], "--audio-token-rate: only matters with --pack"),
+    ("padding", ["--audio-token-rate", "25"], "--audio-token-rate: only matters with --pack"),
     ("oomptimize", ["--exact-trace"], "--exact-trace: only matters with --estimate"),
     ("oomptimize", ["--estimate", "--frames-per-second", "50"], "--frames-per-second: only matters with"),
 ])
