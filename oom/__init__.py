@@ -12,7 +12,9 @@ __all__ = [
     "models",
     "optimize",
     "options",
+    "packed_estimate",
     "search",
+    "speech_llm",
     "step",
     "transducer",
 ]

@@ -16,6 +16,7 @@ from dataprep.cli.app import app, build_options, defaults_of, option_flags, out,
 from dataprep.training_config import TrainConfig
 from manifests.optional import require
 from oom.options import MODEL_NAMES
+from oom.packed_estimate import SPEECH_LLMS
 from manifests.outputs import refuse_same_paths
 
 ManifestOpt = Annotated[Path, typer.Option("--manifest", "-m", help="The compiled manifest the buckets / plan were made from.")]
@@ -31,7 +32,7 @@ def train_cmd(
     manifest: ManifestOpt,
     tokenizer: Annotated[list[str], typer.Option(help="Sentencepiece model, or LANG=MODEL once per language.")],
     checkpoint_dir: Annotated[Path, typer.Option(help="Checkpoints, step log, skipped ids, traces.")],
-    model: Annotated[str, typer.Option(help=f"{', '.join(MODEL_NAMES)}, or pkg.module:factory.")] = _D.model,
+    model: Annotated[str, typer.Option(help=f"{', '.join(MODEL_NAMES)}, {', '.join(SPEECH_LLMS)} (packed batches), or pkg.module:factory.")] = _D.model,
     steps: Annotated[Optional[int], typer.Option(help="Train up to this global plan step (default: the whole plan).")] = _D.steps,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from <checkpoint-dir>/last.pt at its next step.")] = _D.resume,
     nproc: Annotated[int, typer.Option(help="Local processes to spawn (= the plan's world size). Ignored under torchrun.")] = 1,

@@ -125,14 +125,17 @@ class PlanSampler(CutSampler):  # type: ignore[misc]
 
     def cuts_of(self, pb: PlanBatch, held: list[bytes | None] | None = None) -> CutSet:
         """The ``CutSet`` of one plan batch (its rows, in order; ``custom`` adds ``plan_step``,
-        and ``plan_target_frames`` for a dynamic-resolution plan); ``held``: each row's audio
-        bytes, already fetched (``None`` where not)."""
+        ``plan_target_frames`` for a dynamic-resolution plan and, for a packed plan, each cut's
+        ``plan_sequence``, its packed sequence in the batch); ``held``: each row's audio bytes,
+        already fetched (``None`` where not)."""
         if self._rows is None:
             self._rows = ManifestRows.open(self.manifest, self.cache_dir)
         rows = self._rows.records(pb.rows)
         custom = {"plan_step": pb.step, **({} if pb.target_frames is None else {"plan_target_frames": pb.target_frames})}
+        seqs = [None] * len(rows) if pb.sequence is None else pb.sequence.tolist()
         data = held if held is not None else [None] * len(rows)
-        return CutSet.from_cuts(cut_for_row(r, self.channel, custom, d) for r, d in zip(rows, data))
+        return CutSet.from_cuts(cut_for_row(r, self.channel, custom if q is None else {**custom, "plan_sequence": q}, d)
+                                for r, d, q in zip(rows, data, seqs))
 
     def __len__(self) -> int:
         """Batches left from the next step to the end of the plan."""

@@ -5,6 +5,7 @@
 - :mod:`~dataprep.training.features`: log-mel features in pure torch
 - :mod:`~dataprep.training.dynres`: dynamic-resolution features and the collate helper
 - :mod:`~dataprep.training.batches`: plan batch -> padded tensor :class:`Batch`
+- :mod:`~dataprep.training.packing` / :mod:`~dataprep.training.packed`: packed batches (speech-LLMs)
 - :mod:`~dataprep.training.loader`: :class:`PlanDataset`, prefetch, :func:`make_loader`
 - :mod:`~dataprep.training.loop`: :class:`TrainConfig`, :func:`train`, :func:`run_rank`, checkpoints
 
@@ -25,6 +26,8 @@ from manifests.column_cache import (
 from dataprep.training.dynres import DynResFeatures, collate_dynamic_resolution, time_mask_widths
 from dataprep.training.features import HOP, SAMPLE_RATE, LogMel, mel_filterbank
 from dataprep.training.loader import PlanDataset, make_loader, prefetch
+from dataprep.training.packed import PackedBatch, PackedBatchBuilder, PackedCuts, collate_packed
+from dataprep.training.packing import PackLayout, pack_layout
 from dataprep.training.loop import batch_digest, check_plan, run_rank, train
 from dataprep.training_config import TrainConfig
 
@@ -38,17 +41,23 @@ __all__ = [
     "ColumnCache",
     "DynResFeatures",
     "LogMel",
+    "PackLayout",
+    "PackedBatch",
+    "PackedBatchBuilder",
+    "PackedCuts",
     "PlanDataset",
     "RowsMeta",
     "TrainConfig",
     "batch_digest",
     "build_column_cache",
     "check_plan",
+    "collate_packed",
     "collate_dynamic_resolution",
     "default_cache_dir",
     "load_audio",
     "make_loader",
     "mel_filterbank",
+    "pack_layout",
     "pad_stack",
     "prefetch",
     "run_rank",

@@ -4,14 +4,14 @@ Audio segments are read (:mod:`dataprep.training.audio`), turned into log-mel fr
 (:mod:`dataprep.training.features`, 10 ms hop) and padded; texts are tokenized with
 sentencepiece as ``[bos] + pieces + [eos]`` and padded with 0. Manifest fields come from the
 memory-mapped column cache (:mod:`manifests.column_cache`).
-
 Dynamic resolution: for a plan whose batches carry ``target_frames``, a builder given the
 plan's :class:`~bucketing.dynres.DynResConfig` featurizes each utterance at the rate that
 brings it to the target (:func:`~dataprep.training.dynres.collate_dynamic_resolution`);
 ``Batch.rates`` holds the rates (Hz). ``evaluation=True`` builders pad at 10 ms.
 
 Bad audio raises :class:`AudioError` naming the utterance and file; with ``skip_bad_audio``
-the utterance is dropped from its batch and listed in ``Batch.skipped``.
+the utterance is dropped from its batch and listed in ``Batch.skipped``. A row of duration 0
+(text-only, in a blend) reads no audio and has 0 frames.
 """
 
 from __future__ import annotations
@@ -67,6 +67,23 @@ class Batch:
         b = self.size
         return (int(self.feature_lens.sum()), b * int(self.features.shape[1]),
                 int(self.token_lens.sum()), b * int(self.tokens.shape[1]))
+
+
+def tokenize(tokenizers: Tokenizers, texts: Sequence[str], langs: Sequence[str | None],
+             ids: Sequence[str]) -> list[list[int]]:
+    """``[bos] + pieces + [eos]`` per text, with the model of its language."""
+    out: list[list[int]] = [[] for _ in texts]
+    by_lang: dict[str | None, list[int]] = {}
+    for i, lang in enumerate(langs):
+        by_lang.setdefault(lang, []).append(i)
+    for lang, idx in by_lang.items():
+        model = tokenizers.model_for(lang)
+        if model is None:
+            raise DataprepError(f"utterance {ids[idx[0]]!r}: no tokenizer for language {lang!r}")
+        bos, eos = max(model.bos_id(), 0), max(model.eos_id(), 0)
+        for i, pieces in zip(idx, model.encode([texts[i] for i in idx], out_type=int)):
+            out[i] = [bos, *pieces, eos]
+    return out
 
 
 def pad_stack(seqs: Sequence[torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,22 +154,13 @@ class BatchBuilder:
 
     def tokenize(self, texts: Sequence[str], langs: Sequence[str | None], ids: Sequence[str]) -> list[list[int]]:
         """``[bos] + pieces + [eos]`` per text, with the model of its language."""
-        out: list[list[int]] = [[] for _ in texts]
-        by_lang: dict[str | None, list[int]] = {}
-        for i, lang in enumerate(langs):
-            by_lang.setdefault(lang, []).append(i)
-        for lang, idx in by_lang.items():
-            model = self.tokenizers.model_for(lang)
-            if model is None:
-                raise DataprepError(f"utterance {ids[idx[0]]!r}: no tokenizer for language {lang!r}")
-            bos, eos = max(model.bos_id(), 0), max(model.eos_id(), 0)
-            for i, pieces in zip(idx, model.encode([texts[i] for i in idx], out_type=int)):
-                out[i] = [bos, *pieces, eos]
-        return out
+        return tokenize(self.tokenizers, texts, langs, ids)
 
     def _load(self, args: tuple[str, str, float, float, str | None, int, int, int, int, bytes | None]
               ) -> npt.NDArray[np.float32] | AudioError:
         utt, path, offset, duration, container, m_offset, m_size, group, row, held = args
+        if duration == 0:  # a text-only row of a blend: no audio to read
+            return np.zeros(0, dtype=np.float32)
         try:
             data = held if held is not None else self.containers.held(utt, container, m_offset, m_size, group, row)
             return load_audio(utt, path, offset, duration, data=data, resampler=self.resampler)  # type: ignore[arg-type]
@@ -192,7 +200,8 @@ class BatchBuilder:
                                              config=self.dynamic_resolution, features=self._mel)
             features, feature_lens, rates = dyn.features, dyn.feature_lens, dyn.rates
         else:
-            feats = [self._mel(torch.from_numpy(waves[i])) for i in keep]  # type: ignore[arg-type]
+            feats = [self._mel(torch.from_numpy(waves[i])) if len(waves[i])  # type: ignore[arg-type]
+                     else torch.zeros(0, self.features.features) for i in keep]
             features, feature_lens = pad_stack(feats, torch.float32)
         toks = self.tokenize([meta.texts[i] for i in keep], [meta.langs[i] for i in keep],
                              [meta.ids[i] for i in keep])

@@ -39,6 +39,7 @@ from dataprep.training.batches import Batch, BatchBuilder
 from dataprep.training.checkpoint import load_checkpoint, save_checkpoint
 from dataprep.training.features import FeatureConfig
 from dataprep.training.loader import PlanDataset, make_loader
+from dataprep.training.packed import PackedBatch, PackedBatchBuilder, collate_packed
 from dataprep.training_config import TrainConfig
 from manifests.errors import DataprepError, OptionError
 from dataprep.tokenize import require_recorded_tokenizer
@@ -48,6 +49,8 @@ from manifests.options import check_int
 from manifests.outputs import require_free_checkpoint_dir
 from manifests.plan_cursor import argument_validator, resume_point
 from manifests.plan_meta import PlanMeta, read_plan_meta
+from oom.packed_estimate import SPEECH_LLMS
+from oom.speech_llm import SpeechLLM, packed_loss
 
 
 #: a rank's step log (``steps-rank-0000r.parquet``): the seconds of each of its steps
@@ -74,10 +77,13 @@ def _read_lines(path: Path, before_step: int) -> list[dict[str, Any]]:
     return [r for r in rows if int(r["step"]) < before_step]
 
 
-def batch_digest(batch: Batch) -> str:
-    """SHA-256 over a batch's tensors (features, lengths, tokens), to compare runs."""
+def batch_digest(batch: Batch | PackedBatch) -> str:
+    """SHA-256 over a batch's tensors (features, lengths, tokens; packed: the stream and its bounds), to compare runs."""
     h = hashlib.sha256()
-    for t in (batch.features, batch.feature_lens, batch.tokens, batch.token_lens):
+    tensors = ((batch.features, batch.feature_lens, batch.input_ids, batch.position_ids, batch.cu_seqlens,
+                batch.member_cu_seqlens) if isinstance(batch, PackedBatch)
+               else (batch.features, batch.feature_lens, batch.tokens, batch.token_lens))
+    for t in tensors:
         h.update(t.contiguous().numpy().tobytes())
     return h.hexdigest()
 
@@ -125,13 +131,22 @@ def _build(cfg: TrainConfig, device: torch.device,
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model).to(device)
+    shape, pack = SPEECH_LLMS.get(cfg.model), meta.extra.get("pack")
+    if pack is not None and shape is None:
+        raise DataprepError(f"{cfg.plan_dir}: a packed plan (--pack {pack.get('max_tokens')}) trains a speech-LLM: "
+                            f"--model {' or '.join(SPEECH_LLMS)}")
+    model = (SpeechLLM(shape) if shape is not None else build_model(cfg.model)).to(device)
     n_mels, vocab = model_input_spec(model)
     dynres = meta.extra.get("dynamic_resolution") if cfg.dynamic_resolution else None
-    builder = BatchBuilder(cfg.manifest, cfg.tokenizer, features=FeatureConfig.named(cfg.features, features=n_mels),
-                           skip_bad_audio=cfg.skip_bad_audio, resampler=cfg.resampler,
-                           cache_dir=cfg.cache_dir,
-                           dynamic_resolution=DynResConfig.from_json(dynres["config"]) if dynres else None)
+    kw: dict[str, Any] = {"features": FeatureConfig.named(cfg.features, features=n_mels),
+                          "skip_bad_audio": cfg.skip_bad_audio, "resampler": cfg.resampler, "cache_dir": cfg.cache_dir,
+                          "dynamic_resolution": DynResConfig.from_json(dynres["config"]) if dynres else None}
+    if shape is not None:  # packed batches; a plan without --pack: one utterance a sequence
+        same_rate = pack is not None and float(pack.get("audio_token_rate", 0)) == shape.audio_token_rate
+        builder: BatchBuilder = PackedBatchBuilder(cfg.manifest, cfg.tokenizer, subsampling=shape.subsampling,
+                                                   check_rate=same_rate, plan=str(cfg.plan_dir), **kw)
+    else:
+        builder = BatchBuilder(cfg.manifest, cfg.tokenizer, **kw)
     require_recorded_tokenizer(builder.tokenizers, cfg.manifest, cfg.allow_other_tokenizer)
     pieces = max(m.get_piece_size() for m in builder.tokenizers.models.values())
     if pieces > vocab:
@@ -156,14 +171,16 @@ def _resume(ckpt_path: Path, meta: PlanMeta, model: torch.nn.Module, opt: torch.
     return next_step
 
 
-def _optimizer_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch, device: torch.device,
+def _optimizer_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch | PackedBatch, device: torch.device,
                     n_mels: int) -> tuple[torch.Tensor, float, float]:
     """Forward, backward and one optimizer step on ``batch``; the loss and the seconds of
     forward + backward (DDP's gradient all-reduce included) and of the optimizer step."""
     from oom.models import loss as model_loss
 
     t0 = time.perf_counter()
-    if batch.size:
+    if isinstance(batch, PackedBatch):
+        loss = _packed_loss(ddp, batch, device, n_mels)
+    elif batch.size:
         feats, flens = batch.features.to(device, non_blocking=True), batch.feature_lens.to(device)
         if feats.shape[1] < MIN_FRAMES:  # a tiny clip alone in its batch: pad frames (lengths stay real)
             feats = torch.nn.functional.pad(feats, (0, 0, 0, MIN_FRAMES - feats.shape[1]))
@@ -180,6 +197,17 @@ def _optimizer_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
     opt.step()
     t2 = _synchronized(device)
     return loss, t1 - t0, t2 - t1
+
+
+def _packed_loss(ddp: torch.nn.Module, batch: PackedBatch, device: torch.device, n_mels: int) -> torch.Tensor:
+    """Mean token loss of a packed batch (every member skipped: a zero-weight step on one
+    silent member keeps DDP's all-reduce in step)."""
+    if not batch.size:
+        zero = Batch(batch.epoch, batch.step, batch.bucket, ["-"], torch.zeros(1, MIN_FRAMES, n_mels),
+                     torch.tensor([MIN_FRAMES]), torch.zeros(1, 2, dtype=torch.int64), torch.tensor([2]))
+        return 0.0 * packed_loss(ddp, collate_packed(zero, [0], 1).to(device))[0]
+    total, n = packed_loss(ddp, batch.to(device))
+    return total / max(n, 1)
 
 
 def _synchronized(device: torch.device) -> float:
@@ -210,7 +238,7 @@ def read_step_times(path: Path, before_step: int) -> list[dict[str, Any]]:
     return [r for r in table.to_pylist() if r["step"] < before_step]
 
 
-def _step_line(step: int, batch: Batch, loss: torch.Tensor, device: torch.device,
+def _step_line(step: int, batch: Batch | PackedBatch, loss: torch.Tensor, device: torch.device,
                t_prev: float) -> tuple[dict[str, Any], float]:
     """The step's log line (loss and padding summed over ranks: an all-reduce) and the time now."""
     rf, pf, rt, pt = batch.padding_counts()
