@@ -46,7 +46,6 @@ GROWING = ("manifest hash", "shard footer hash", "step footer (index)")
 #: open: its footer, last batch and index header; a row group: --row-group-steps batches; rows
 #: read: one batch): taken as their median over the sizes run
 CONSTANT = ("plan.json", "row cache open", "row group read", "rows read")
-TARGET = 1_000_000_000
 
 
 def _best(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
@@ -140,7 +139,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--row-group-steps", type=int, default=128, help="the planner's default (PlanOptions)")
+    ap.add_argument("--target", type=float, default=1e9, help="utterances of the plan projected to")
     args = ap.parse_args()
+    target = int(args.target)
     sizes = sorted(set(args.rows))
     got, steps_per_rank = {}, {}
     for n in sizes:
@@ -153,12 +154,12 @@ def main() -> None:
             print(f"  {p:<20} {w * 1e3:8.2f} / {c * 1e3:8.2f}")
 
     big = sizes[-1]
-    groups = -(-steps_per_rank[big] * (TARGET // big) // args.row_group_steps)
+    groups = max(1, -(-steps_per_rank[big] * target // (big * args.row_group_steps)))
     shard = args.work / f"synthetic-{groups}.parquet"
     synthetic_shard(shard, groups, args.row_group_steps)
     footer = pq.read_metadata(shard).serialized_size
-    manifest = args.work / f"synthetic-manifest-{-(-TARGET // ROW_GROUP_ROWS)}.parquet"
-    synthetic_manifest_footer(args.work / str(big) / "m.parquet", manifest, -(-TARGET // ROW_GROUP_ROWS))
+    manifest = args.work / f"synthetic-manifest-{-(-target // ROW_GROUP_ROWS)}.parquet"
+    synthetic_manifest_footer(args.work / str(big) / "m.parquet", manifest, -(-target // ROW_GROUP_ROWS))
     t = time.perf_counter()
     build_step_index(shard, None)
     built = time.perf_counter() - t
@@ -171,16 +172,16 @@ def main() -> None:
             synth[p].append(parts[p])
         synth["manifest hash"].append(_best(lambda: file_facts(manifest), args.repeats))
     sgot = {p: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for p, v in synth.items()}
-    print(f"\nMEASURED on synthetic files of a {TARGET:.0e}-utterance plan: a shard of {groups:,} row groups of "
+    print(f"\nMEASURED on synthetic files of a {target:.0e}-utterance plan: a shard of {groups:,} row groups of "
           f"{args.row_group_steps} steps ({steps_per_rank[big]:,} steps a rank at {big:,} utterances, scaled), "
           f"footer {footer / 2**20:.1f} MiB ({footer / groups:.0f} bytes a group); a manifest footer of "
-          f"{-(-TARGET // ROW_GROUP_ROWS)} row groups ({pq.read_metadata(manifest).serialized_size / 2**20:.1f} MiB). "
+          f"{-(-target // ROW_GROUP_ROWS)} row groups ({pq.read_metadata(manifest).serialized_size / 2**20:.1f} MiB). "
           f"The step index built once in {built:.2f} s; the whole shard footer parsed with every group's step "
           f"statistics (what a lookup did without the index): {whole[0] * 1e3:.1f} ms wall / {whole[1] * 1e3:.1f} ms CPU")
     for p in GROWING:
         print(f"  {p:<20} {sgot[p][0] * 1e3:8.2f} / {sgot[p][1] * 1e3:8.2f}")
     total = [sum(sgot[p][k] for p in GROWING) for k in (0, 1)]
-    print(f"\nlookup of one rank's step at {TARGET:.0e} utterances, PROJECTED: the parts above (measured at that "
+    print(f"\nlookup of one rank's step at {target:.0e} utterances, PROJECTED: the parts above (measured at that "
           f"size) plus those that do not grow with the plan, median over {', '.join(f'{n:,}' for n in sizes)}:")
     for p in CONSTANT:
         v = [statistics.median(got[n][p][k] for n in sizes) for k in (0, 1)]

@@ -27,6 +27,7 @@ import traceback
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -167,11 +168,15 @@ class GradSyncClock:
     end measures the slowest rank on every rank. A communication hook (DDP's default all-reduce,
     wrapped) notes when each gradient bucket is ready; the last one's time ends the rank's own
     compute. :meth:`split` gives (forward + backward, gradient sync) seconds of a step from its
-    start and the all-reduce's end. On CUDA the time is a CUDA event recorded on the stream.
+    start and the all-reduce's end. On CUDA the time is a CUDA event recorded on the stream;
+    on CPU, ``timer`` (default ``time.perf_counter``; ``time.thread_time`` gives the rank's CPU
+    seconds, what a quiet host gives when the host is shared).
     """
 
-    def __init__(self, ddp: torch.nn.Module, device: torch.device) -> None:
+    def __init__(self, ddp: torch.nn.Module, device: torch.device,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
         self.cuda = device.type == "cuda"
+        self.timer = timer
         self._t0 = 0.0
         self._start: Any = None
         self._ready: Any = None
@@ -183,7 +188,7 @@ class GradSyncClock:
         if self.cuda:
             self._start = torch.cuda.Event(enable_timing=True)
             self._start.record()
-        self._t0 = time.perf_counter()
+        self._t0 = self.timer()
         return self._t0
 
     def _hook(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses other annotations than its own
@@ -193,7 +198,7 @@ class GradSyncClock:
             self._ready = torch.cuda.Event(enable_timing=True)
             self._ready.record()
         else:
-            self._ready = time.perf_counter()
+            self._ready = self.timer()
         return allreduce_hook(state, bucket)
 
     def split(self, t_synced: float) -> tuple[float, float]:
