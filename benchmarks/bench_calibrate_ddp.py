@@ -6,8 +6,8 @@ step log: the straggler time before and after ``calibrate`` + ``replan --cost-mo
 Plans ``--rows`` synthetic utterances (``dataprep.testing.write_plan_inputs``, 8x2 buckets) for 2
 ranks and 2 epochs with the built-in, uncalibrated cost model. Each rank trains a tiny model (two
 linear layers over the batch's padded frames at 40 ms, and an embedding of its padded tokens) on
-random features of its batches' padded shapes, under DDP; rank 1 does ``--slow`` times the work per
-sample (its forward repeated: another GPU type). The thin loop's logger
+random features of its batches' padded shapes, under DDP; rank 1 does ``--slow`` times the work of
+each batch (forward + backward repeated, the extra passes without DDP's sync: another GPU type). The thin loop's logger
 (:class:`dataprep.training.loop.GradSyncClock`, ``write_step_times``) logs each rank's own
 forward + backward apart from the all-reduce's wait, in the rank's CPU seconds (one thread a
 rank; ``--wall`` for wall seconds, which a shared host's load blurs). At the middle of epoch 0 the ranks stop at a
@@ -45,30 +45,30 @@ from manifests.plan_meta import read_plan_meta  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FRAMES_PER_S = 25  # 40 ms frames: a subsampled encoder's rate
-DIM, HIDDEN = 64, 384
+DIM, HIDDEN = 64, 512
 
 
 class Tiny(torch.nn.Module):
-    """Cost ~ size x padded frames (two linear layers) + size x padded tokens (an embedding and
-    a linear layer); ``repeat`` runs the frame layers that many times (a slower rank)."""
+    """Cost ~ size x padded frames (two linear layers), size x padded frames^2 (one self-attention
+    score matrix, as an encoder's) and size x padded tokens (an embedding and a linear layer)."""
 
-    def __init__(self, repeat: float) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.enc = torch.nn.Sequential(torch.nn.Linear(DIM, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, DIM))
         self.emb = torch.nn.Embedding(64, DIM)
         self.dec = torch.nn.Linear(DIM, DIM)
-        self.repeat = repeat
 
     def forward(self, x: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
-        whole, part = int(self.repeat), self.repeat - int(self.repeat)
-        h = sum(self.enc(x).mean() for _ in range(whole))
-        if part:  # a fraction of one more pass: that share of the frames
-            h = h + self.enc(x[:, : max(1, int(x.shape[1] * part))]).mean()
-        return h + self.dec(self.emb(tok)).mean()
+        h = self.enc(x)
+        att = torch.softmax(h @ h.transpose(1, 2) / DIM**0.5, dim=-1) @ h
+        return att.mean() + self.dec(self.emb(tok)).mean()
 
 
 def _run_steps(ddp: torch.nn.Module, opt: torch.optim.Optimizer, clock: GradSyncClock, plan: Path, rank: int,
-               start: int, stop: int, rows: list[dict[str, float]]) -> None:
+               start: int, stop: int, rows: list[dict[str, float]], slow: float) -> None:
+    """Train ``start`` .. ``stop`` of ``plan``; ``slow`` > 1: that many forward + backward passes
+    of each batch (the extra ones without DDP's sync; a fraction: that share of the batch once
+    more), as a slower GPU computes the same batch."""
     gen = torch.Generator().manual_seed(rank)
     for b in PlanShard(plan, rank).iter_batches(start):
         if b.step >= stop:
@@ -79,8 +79,15 @@ def _run_steps(ddp: torch.nn.Module, opt: torch.optim.Optimizer, clock: GradSync
         x = torch.randn(size, frames, DIM, generator=gen)
         tok = torch.randint(0, 64, (size, tokens), generator=gen)
         clock.start()
-        loss = ddp(x, tok)
         opt.zero_grad(set_to_none=True)
+        extra, part = int(slow) - 1, slow - int(slow)
+        with ddp.no_sync():  # type: ignore[operator]
+            for _ in range(extra):
+                ddp(x, tok).backward()
+            if part:
+                n = max(1, round(size * part))
+                ddp(x[:n], tok[:n]).backward()
+        loss = ddp(x, tok)
         loss.backward()
         t1 = clock.timer()
         fb, sync = clock.split(t1)
@@ -98,24 +105,26 @@ def _shapes(plan: Path, rank: int) -> dict[int, tuple[float, int]]:
     return dict(zip(t["step"].to_pylist(), zip(t["max_duration"].to_pylist(), t["max_tokens"].to_pylist())))
 
 
-def _rank(rank: int, port: int, work: str, slow: float, at: int, cpu_time: bool) -> None:
+def _rank(rank: int, port: int, work: str, slow: float, at: int, cpu_time: bool, calibrated_model: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         root = Path(work)
         torch.manual_seed(0)
-        ddp = torch.nn.parallel.DistributedDataParallel(Tiny(slow if rank == 1 else 1.0))
+        ddp = torch.nn.parallel.DistributedDataParallel(Tiny())
+        slow = slow if rank == 1 else 1.0
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         clock = GradSyncClock(ddp, torch.device("cpu"), timer=time.thread_time if cpu_time else time.perf_counter)
         rows: list[dict[str, float]] = []
         plan = root / "plan"
         _shape[rank] = _shapes(plan, rank)
-        _run_steps(ddp, opt, clock, plan, rank, 0, at, rows)
+        _run_steps(ddp, opt, clock, plan, rank, 0, at, rows, slow)
         write_step_times(root / "log" / f"steps-rank-{rank:05d}.parquet", rows)
         dist.barrier()
         if rank == 0:  # what a user runs between the two parts of the job
+            model = ["--cost-model", str(root / "costmodel.json")] if calibrated_model else []
             for args in (["calibrate", str(plan), str(root / "log"), "-o", str(root / "costmodel.json")],
-                         ["replan", str(plan), "--at-step", str(at), "--cost-model", str(root / "costmodel.json"),
+                         ["replan", str(plan), "--at-step", str(at), *model,
                           "--rank-speed", str(root / "costmodel.json"), "-o", str(root / "plan2")]):
                 res = subprocess.run([sys.executable, "-m", "dataprep.cli", *args], capture_output=True, text=True,
                                      check=False, cwd=root, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -125,7 +134,7 @@ def _rank(rank: int, port: int, work: str, slow: float, at: int, cpu_time: bool)
         dist.barrier()
         plan2 = root / "plan2"
         _shape[rank] = _shapes(plan2, rank)
-        _run_steps(ddp, opt, clock, plan2, rank, at, read_plan_meta(plan2).num_steps, rows)
+        _run_steps(ddp, opt, clock, plan2, rank, at, read_plan_meta(plan2).num_steps, rows, slow)
         write_step_times(root / "log" / f"steps-rank-{rank:05d}.parquet", rows)
     finally:
         dist.destroy_process_group()
@@ -145,7 +154,7 @@ def straggling(log: Path, at: int) -> dict[str, tuple[float, float]]:
                               float(parts[1]["hi"].sum() / parts[1]["mean"].sum()))}
 
 
-def once(work: Path, rows: int, slow: float, cpu_time: bool) -> dict[str, tuple[float, float]]:
+def once(work: Path, rows: int, slow: float, cpu_time: bool, calibrated_model: bool) -> dict[str, tuple[float, float]]:
     work.mkdir(parents=True, exist_ok=True)
     manifest, buckets = write_plan_inputs(work, rows, seed=0, num_buckets=8)
     subprocess.run([sys.executable, "-m", "dataprep.cli", "plan-batches", str(manifest), "--buckets", str(buckets),
@@ -157,7 +166,7 @@ def once(work: Path, rows: int, slow: float, cpu_time: bool) -> dict[str, tuple[
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t = time.perf_counter()
-    mp.spawn(_rank, args=(port, str(work), slow, at, cpu_time), nprocs=2, join=True)
+    mp.spawn(_rank, args=(port, str(work), slow, at, cpu_time, calibrated_model), nprocs=2, join=True)
     wall = time.perf_counter() - t
     got = straggling(work / "log", at)
     print(f"{meta.num_steps} steps (re-planned at {at}), {wall:.1f} s: slowest rank / mean, per step "
@@ -172,13 +181,16 @@ def main() -> None:
     ap.add_argument("--slow", type=float, default=2.0, help="work per sample of rank 1 (rank 0: 1)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--model", choices=["calibrated", "builtin"], default="calibrated",
+                    help="replan with the calibrated cost model and rank speeds, or the rank speeds only")
     ap.add_argument("--wall", action="store_true", help="log wall seconds (default: each rank's CPU seconds, "
                     "time.thread_time: what a quiet host gives when the host is shared)")
     args = ap.parse_args()
     results = []
     for i in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
-            results.append(once((args.work or Path(tmp)) / f"run{i}", args.rows, args.slow, not args.wall))
+            results.append(once((args.work or Path(tmp)) / f"run{i}", args.rows, args.slow, not args.wall,
+                                args.model == "calibrated"))
     print(f"\nmedian of {len(results)} run(s), rank 1 doing {args.slow}x the work; slowest rank's compute / the "
           "ranks' mean, with the uncalibrated plan -> after calibrate + replan --cost-model --rank-speed; the "
           "straggler time (the excess over 1) cut by (goal >= 30%):")
