@@ -1,21 +1,17 @@
 """A real CPU DDP run (gloo, 2 ranks) whose ranks differ in speed, re-planned mid-run from its own
-step log: the straggler time before and after ``calibrate`` + ``replan --cost-model --rank-speed``.
+step log: straggling before and after ``calibrate`` + ``replan --cost-model --rank-speed``.
 
-    python benchmarks/bench_calibrate_ddp.py [--rows 3000] [--slow 2.0] [--repeats 1] [--work DIR]
+    python benchmarks/bench_calibrate_ddp.py [--rows 3000] [--slow 2.0] [--repeats 1] [--model calibrated]
 
-Plans ``--rows`` synthetic utterances (``dataprep.testing.write_plan_inputs``, 8x2 buckets) for 2
-ranks and 2 epochs with the built-in, uncalibrated cost model. Each rank trains a tiny model (two
-linear layers over the batch's padded frames at 40 ms, and an embedding of its padded tokens) on
-random features of its batches' padded shapes, under DDP; rank 1 does ``--slow`` times the work of
-each batch (forward + backward repeated, the extra passes without DDP's sync: another GPU type). The thin loop's logger
-(:class:`dataprep.training.loop.GradSyncClock`, ``write_step_times``) logs each rank's own
-forward + backward apart from the all-reduce's wait, in the rank's CPU seconds (one thread a
-rank; ``--wall`` for wall seconds, which a shared host's load blurs). At the middle of epoch 0 the ranks stop at a
-barrier, rank 0 runs ``dataprep calibrate`` on the log so far and ``dataprep replan --at-step K
---cost-model costmodel.json --rank-speed costmodel.json``, and both continue on the re-plan from
-step K. Per step, straggling is the slowest rank's compute (forward + backward + optimizer, the
-sync excluded) over the ranks' mean; printed: its mean over the steps before and after K, the
-excess over 1 (the time the fast rank waits), and how much the re-plan cut it (goal >= 30%).
+A plan of ``--rows`` synthetic utterances (8x2 buckets, 2 ranks, 2 epochs, the built-in cost model);
+each rank trains a tiny model (linear layers and one attention score matrix over the padded frames
+at 40 ms, an embedding of the padded tokens) on random features of its batches' shapes; rank 1
+runs ``--slow`` forward + backward passes a batch (the extra ones without DDP's sync). The thin
+loop's logger (``GradSyncClock``, ``write_step_times``) logs each rank's own compute apart from
+the all-reduce's wait, in CPU seconds of the rank's one thread (``--wall``: wall seconds, blurred
+by a shared host). Mid-epoch 0, rank 0 runs ``dataprep calibrate`` and ``dataprep replan --at-step K
+--cost-model --rank-speed`` (``--model builtin``: speeds only) and both ranks continue on the
+re-plan. Straggling per step: the slowest rank's compute over the ranks' mean, before and after K.
 """
 
 from __future__ import annotations

@@ -4,15 +4,13 @@ Each rank reads only its shard (:mod:`dataprep.training.loader`) and runs one op
 per plan step; every rank has the same steps. Backend: gloo on CPU, nccl on GPU. ``dataprep
 train --nproc N`` spawns N local processes; under ``torchrun`` each process is one rank; the
 process count must equal the plan's world size. Rank 0 prints a JSON line a step.
-
 ``<dir>/last.pt`` (:mod:`dataprep.training.checkpoint`) holds ``next_step``, ``model``,
 ``optimizer`` (AdamW), ``plan_hash``, ``config``, ``content_sha256``; ``--resume`` continues at
 exactly that step, also on a plan re-planned there. Dropout is seeded per (seed, step, rank). A
 folder holding a run is refused without ``--resume`` or ``--overwrite``. Beside ``last.pt``:
 ``log.jsonl``, ``skipped-rank-0000r.jsonl`` (``--skip-bad-audio``), ``trace-rank-0000r.jsonl``
-(``--trace``), ``steps-rank-0000r.parquet`` (each step's data wait, the rank's own forward +
-backward, the gradient all-reduce's wait and the optimizer step, seconds: what ``dataprep
-calibrate`` fits the cost model to; :class:`GradSyncClock` splits the compute from the wait).
+(``--trace``), ``steps-rank-0000r.parquet`` (seconds of each step's data wait, own forward +
+backward, all-reduce wait and optimizer step: what ``dataprep calibrate`` fits; :class:`GradSyncClock`).
 """
 
 from __future__ import annotations
