@@ -9,7 +9,7 @@ at 40 ms, an embedding of the padded tokens) on random features of its batches' 
 runs ``--slow`` forward + backward passes a batch (the extra ones without DDP's sync). The thin
 loop's logger (``GradSyncClock``, ``write_step_times``) logs each rank's own compute apart from
 the all-reduce's wait, in CPU seconds of the rank's one thread (``--wall``: wall seconds, blurred
-by a shared host). Mid-epoch 0, rank 0 runs ``dataprep calibrate`` and ``dataprep replan --at-step K
+by a shared host). At ``--at-step`` (mid-epoch 0), rank 0 runs ``dataprep calibrate`` and ``dataprep replan --at-step K
 --cost-model --rank-speed`` (``--model builtin``: speeds only) and both ranks continue on the
 re-plan. Straggling per step: the slowest rank's compute over the ranks' mean, before and after K.
 """
@@ -150,14 +150,16 @@ def straggling(log: Path, at: int) -> dict[str, tuple[float, float]]:
                               float(parts[1]["hi"].sum() / parts[1]["mean"].sum()))}
 
 
-def once(work: Path, rows: int, slow: float, cpu_time: bool, calibrated_model: bool) -> dict[str, tuple[float, float]]:
+def once(work: Path, rows: int, slow: float, cpu_time: bool, calibrated_model: bool,
+         at_step: int | None, cost_equal: bool) -> dict[str, tuple[float, float]]:
     work.mkdir(parents=True, exist_ok=True)
     manifest, buckets = write_plan_inputs(work, rows, seed=0, num_buckets=8)
     subprocess.run([sys.executable, "-m", "dataprep.cli", "plan-batches", str(manifest), "--buckets", str(buckets),
-                    "--world-size", "2", "--epochs", "2", "--seed", "0", "-o", str(work / "plan")],
+                    "--world-size", "2", "--epochs", "2", "--seed", "0", "-o", str(work / "plan"),
+                    *(["--cost-equal"] if cost_equal else [])],
                    check=True, capture_output=True, cwd=work, env={**os.environ, "PYTHONPATH": str(REPO)})
     meta = read_plan_meta(work / "plan")
-    at = meta.steps_per_epoch[0] // 2
+    at = meta.steps_per_epoch[0] // 2 if at_step is None else at_step
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -177,6 +179,11 @@ def main() -> None:
     ap.add_argument("--slow", type=float, default=2.0, help="work per sample of rank 1 (rank 0: 1)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--at-step", type=int, default=None,
+                    help="the step the run is calibrated and re-planned at (default: the middle of epoch 0)")
+    ap.add_argument("--cost-equal", action="store_true",
+                    help="the uncalibrated plan with --cost-equal (the built-in model's equal-time batch sizes: "
+                    "batches of different padded seconds, which the fit needs to tell overhead from per-frame cost)")
     ap.add_argument("--model", choices=["calibrated", "builtin"], default="calibrated",
                     help="replan with the calibrated cost model and rank speeds, or the rank speeds only")
     ap.add_argument("--wall", action="store_true", help="log wall seconds (default: each rank's CPU seconds, "
@@ -186,7 +193,7 @@ def main() -> None:
     for i in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             results.append(once((args.work or Path(tmp)) / f"run{i}", args.rows, args.slow, not args.wall,
-                                args.model == "calibrated"))
+                                args.model == "calibrated", args.at_step, args.cost_equal))
     print(f"\nmedian of {len(results)} run(s), rank 1 doing {args.slow}x the work; slowest rank's compute / the "
           "ranks' mean, with the uncalibrated plan -> after calibrate + replan --cost-model --rank-speed; the "
           "straggler time (the excess over 1) cut by (goal >= 30%):")
