@@ -41,6 +41,7 @@ from manifests.errors import ManifestError, OutputError, os_error_line
 from manifests.hash_cache import file_facts
 from manifests.outputs import require_replaceable_plan_dir
 from manifests.plan_meta import PLAN_JSON, FileRef, PlanMeta, plan_hash_of, read_plan_meta
+from manifests.step_index import step_footer
 from manifests.validation import number_text
 
 META_KIND = b"speech_dataprep.kind"
@@ -323,16 +324,21 @@ class PlanShard:
 
     >>> shard = PlanShard("plan/", rank=3)                     # doctest: +SKIP
     >>> for batch in shard.iter_batches(start_step=1200): ...  # doctest: +SKIP
+
+    ``at_step``: open only the row group holding that step (its metadata from the step index,
+    :mod:`manifests.step_index`, kept under ``cache_dir``), for a lookup at any plan size.
     """
 
-    def __init__(self, plan_dir: str | os.PathLike[str], rank: int, meta: PlanMeta | None = None) -> None:
+    def __init__(self, plan_dir: str | os.PathLike[str], rank: int, meta: PlanMeta | None = None, *,
+                 at_step: int | None = None, cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.path = Path(plan_dir) / shard_name(rank)
         meta = meta if meta is not None else read_plan_meta(plan_dir)
         if not 0 <= rank < meta.world_size:
             raise ManifestError(f"{self.path}: rank {rank} is not below the plan's world size {meta.world_size}")
-        check_shard_facts(self.path, meta.shards[rank])
+        facts = check_shard_facts(self.path, meta.shards[rank])
+        footer = None if at_step is None else step_footer(self.path, facts, at_step, cache_dir)
         try:
-            self._file = pq.ParquetFile(self.path, page_checksum_verification=True)
+            self._file = pq.ParquetFile(self.path, metadata=footer, page_checksum_verification=True)
         except (OSError, pa.ArrowException) as exc:
             raise ManifestError(f"{self.path}: not a readable Parquet file ({_first_line(exc)})") from None
         file_meta = self._file.schema_arrow.metadata or {}
@@ -492,9 +498,10 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines()[0][:200] if text else type(exc).__name__)
 
 
-def check_shard_facts(path: Path, ref: FileRef) -> None:
+def check_shard_facts(path: Path, ref: FileRef) -> dict[str, Any]:
     """Refuse a shard whose name, size or footer differs from what ``plan.json`` records (a
-    file copied from another plan, truncated, or rewritten): cheap, checked on every open."""
+    file copied from another plan, truncated, or rewritten): cheap, checked on every open.
+    Returns the shard's :func:`~manifests.hash_cache.file_facts`."""
     if ref.file != path.name:
         raise ManifestError(f"{path.parent / PLAN_JSON}: shards: lists {ref.file!r} where {path.name!r} belongs")
     if not path.is_file():
@@ -508,6 +515,7 @@ def check_shard_facts(path: Path, ref: FileRef) -> None:
                             f"(truncated, or a shard of another plan)")
     if facts["footer_sha256"] != ref.footer_sha256:
         raise ManifestError(f"{path}: footer differs from the one plan.json records (a shard of another plan?)")
+    return facts
 
 
 def verify_plan(plan_dir: str | os.PathLike[str]) -> PlanMeta:

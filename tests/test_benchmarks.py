@@ -29,7 +29,9 @@ QUICK = {
     "bench_pack.py": ["--rows", "2000", "--world-size", "4", "--repeats", "1"],
 }
 SLOW = {
-    "bench_lookup.py": ["--utterances", "20000", "--world-size", "2", "--steps", "3", "--repeats", "1", "--work", "{tmp}"],
+    "bench_lookup.py": ["--rows", "20000", "--world-size", "2", "--steps", "3", "--repeats", "1", "--target", "1e6",
+                        "--work", "{tmp}"],
+    "bench_calibrate_ddp.py": ["--rows", "600", "--repeats", "1"],
     "bench_stream.py": ["--rows", "5000", "--repeats", "1", "--dir", "{tmp}", "--world-sizes", "2"],
     "bench_probe.py": ["--files", "50", "--repeats", "1", "--dir", "{tmp}"],
     "bench_loader.py": ["--utterances", "2000", "--world-size", "2", "--repeats", "1", "--batches", "5",

@@ -1,7 +1,8 @@
 """Trace a plan step to its utterances (``dataprep lookup plan/ --step S [--rank R]``).
 
-Seeks, never scans: each asked rank's shard reads the one row group that holds step ``S``
-(row-group statistics on ``step``), and the step's manifest rows come from the memory-mapped
+Seeks, never scans: each asked rank's shard reads the one row group that holds step ``S`` and
+only that group's footer metadata (the shard's step index, :mod:`manifests.step_index`, kept
+under ``cache_dir`` beside the row cache), and the step's manifest rows come from the memory-mapped
 row cache (:class:`~dataprep.integrations.rows.ManifestRows`, built once per manifest and
 shared with the samplers). The manifest must be the plan's (content hash checked). One
 :class:`StepBatch` per rank: the batch's bucket, epoch and padded shape, and its utterances in
@@ -73,7 +74,7 @@ def lookup_step(plan_dir: str | os.PathLike[str], step: int, ranks: Sequence[int
     path = Path(manifest) if manifest is not None else default_manifest(plan_dir, meta)
     require_manifest_hash(path, meta.manifest.content_hash, f"the plan's manifest ({meta.manifest.file})")
     rows = ManifestRows.open(path, cache_dir)
-    return [_batch_at(PlanShard(plan_dir, r, meta), step, rows) for r in wanted]
+    return [_batch_at(PlanShard(plan_dir, r, meta, at_step=step, cache_dir=cache_dir), step, rows) for r in wanted]
 
 
 def _check_step(plan_dir: str | os.PathLike[str], meta: PlanMeta, step: int) -> None:

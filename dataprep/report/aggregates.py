@@ -35,8 +35,10 @@ from dataprep.analysis.exact import SELECT_BUDGET, ExactSums
 from dataprep.analysis.stats import QUANTILES, Block, ManifestStats, stream_stats
 from dataprep.planning.simulate import DEFAULT_WORLD_SIZES
 from dataprep.report.buckets_section import BucketAggregates, bucket_rows, bucket_section
+from dataprep.report.learn_section import StepTimeAggregates, WindowShares, step_time_aggregates, window_aggregates
 from dataprep.report.plan_section import MAX_GROUPS, PlanAggregates, _r, plan_aggregates
-from dataprep.report.stream_sections import SHARE_BYTES_PER_ROW, SPILL_BYTES_PER_ROW, RowBlock, spill_rows
+from dataprep.report.stream_sections import SHARE_BYTES_PER_ROW, SPILL_BYTES_PER_ROW, RowBlock, share_range_rows, \
+    spill_rows
 from manifests.buckets_file import BucketSpec, parse_buckets, read_buckets
 from manifests.content_hash import file_sha256
 from manifests.errors import DataprepError, ManifestError
@@ -505,6 +507,10 @@ class ReportData:
     rejects: list[RejectsAggregates]
     buckets: BucketAggregates | None
     plan: PlanAggregates | None
+    #: a run's measured step times against the plan's prediction (``--steps``)
+    step_times: StepTimeAggregates | None = None
+    #: a ``--weight-window`` plan's corpus shares per window
+    windows: WindowShares | None = None
 
 
 def collect_report(
@@ -516,6 +522,8 @@ def collect_report(
     world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
     memory_limit: int | None = None,
     block_rows: int = REPORT_BLOCK_ROWS,
+    steps: str | os.PathLike[str] | None = None,
+    cost_model: str | os.PathLike[str] | None = None,
 ) -> ReportData:
     """The aggregates of a manifest and, when given, its rejects, buckets and plan.
 
@@ -527,7 +535,13 @@ def collect_report(
     ``memory_limit`` bytes, default half the machine's) for the corpus shares, held in memory
     when every row's share fits the limit (:data:`SPILL_BYTES_PER_ROW` +
     :data:`SHARE_BYTES_PER_ROW` a row), else read back from spill files next to the manifest
-    (:data:`SPILL_BYTES_PER_ROW` a row of disk, removed at the end)."""
+    (:data:`SPILL_BYTES_PER_ROW` a row of disk, removed at the end). ``steps`` (a step log of a
+    run of the plan) and ``cost_model``: :func:`step_time_aggregates`; a plan with weight windows
+    gets its :class:`WindowShares`."""
+    if (steps is not None or cost_model is not None) and plan is None:
+        raise DataprepError("--steps / --cost-model: need --plan (the plan the run trained on)")
+    if cost_model is not None and steps is None:
+        raise DataprepError("--cost-model: needs --steps (the measured step times it is set against)")
     if any(w < 1 for w in world_sizes):
         raise DataprepError(f"world sizes must be >= 1, got {list(world_sizes)}")
     check_int("memory_limit", memory_limit, ge=1, le=2**62, optional=True)
@@ -551,6 +565,7 @@ def collect_report(
     consumers: list[Callable[[RowBlock], None]] = [brows.add] if brows is not None else []
     root = None
     files: SpillFiles | None = None
+    windows: WindowShares | None = None
     try:
         if meta is not None and plan is not None:
             if n * (SPILL_BYTES_PER_ROW + SHARE_BYTES_PER_ROW) <= limit:  # held: nothing spilled
@@ -571,7 +586,12 @@ def collect_report(
         if files is not None and meta is not None and plan is not None:
             files.close()
             section3 = plan_aggregates(plan, meta, corp, files, n, limit, world_sizes)
+            windows = window_aggregates(plan, meta, corp.order, corp.names, files, n, share_range_rows(limit),
+                                        section3.targets)
+        times = step_time_aggregates(plan, steps, cost_model) if steps is not None and plan is not None else None
     finally:
         if root is not None:
             remove_spill(root)
-    return ReportData(corpus=corpus, rejects=rejected, buckets=section2, plan=section3)
+    return ReportData(corpus=corpus, rejects=rejected, buckets=section2, plan=section3, step_times=times,
+                      windows=windows)
+

@@ -21,6 +21,7 @@ from typing import Any
 
 from dataprep.report.aggregates import CorpusAggregates, RejectsAggregates, ReportData
 from dataprep.report.buckets_section import REPORT_PACK, BucketAggregates, batch_size_origin
+from dataprep.report.learn_page import run_section, windows_section
 from dataprep.report.page_assets import CSS, GLOSSARY, JS, term_id
 from dataprep.report.plan_section import MAX_SHARE_EPOCHS, PlanAggregates
 from manifests.atomic_files import atomic_path, output_kind
@@ -508,8 +509,13 @@ def render_page(data: ReportData, title: str = "speech-dataprep report") -> str:
         buckets_section(page, data.buckets, data.corpus)
     if data.plan is not None:
         plan_section(page, data.plan)
+    if data.windows is not None:
+        windows_section(page, data.windows)
+    if data.step_times is not None:
+        run_section(page, data.step_times)
     nav = [("corpus", "Corpus")] + ([("buckets", "Buckets")] if data.buckets else []) + \
-        ([("plan", "Plan")] if data.plan else []) + [("terms", "Terms")]
+        ([("plan", "Plan")] if data.plan else []) + ([("windows", "Windows")] if data.windows else []) + \
+        ([("run", "Run")] if data.step_times else []) + [("terms", "Terms")]
     inputs = [f"manifest {data.corpus.manifest}"] + [f"rejects {r.file}" for r in data.rejects] + \
         ([f"buckets {data.buckets.file}"] if data.buckets else [])
     specs = json.dumps(page.specs, separators=(",", ":"), sort_keys=True, ensure_ascii=False).replace("<", "\\u003c")

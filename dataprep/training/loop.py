@@ -4,14 +4,13 @@ Each rank reads only its shard (:mod:`dataprep.training.loader`) and runs one op
 per plan step; every rank has the same steps. Backend: gloo on CPU, nccl on GPU. ``dataprep
 train --nproc N`` spawns N local processes; under ``torchrun`` each process is one rank; the
 process count must equal the plan's world size. Rank 0 prints a JSON line a step.
-
 ``<dir>/last.pt`` (:mod:`dataprep.training.checkpoint`) holds ``next_step``, ``model``,
 ``optimizer`` (AdamW), ``plan_hash``, ``config``, ``content_sha256``; ``--resume`` continues at
 exactly that step, also on a plan re-planned there. Dropout is seeded per (seed, step, rank). A
 folder holding a run is refused without ``--resume`` or ``--overwrite``. Beside ``last.pt``:
 ``log.jsonl``, ``skipped-rank-0000r.jsonl`` (``--skip-bad-audio``), ``trace-rank-0000r.jsonl``
-(``--trace``), ``steps-rank-0000r.parquet`` (each step's data wait, forward + backward and
-optimizer seconds: what ``dataprep calibrate`` fits the cost model to).
+(``--trace``), ``steps-rank-0000r.parquet`` (seconds of each step's data wait, own forward +
+backward, all-reduce wait and optimizer step: what ``dataprep calibrate`` fits; :class:`GradSyncClock`).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ import traceback
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -55,7 +55,10 @@ from oom.speech_llm import SpeechLLM, packed_loss
 
 #: a rank's step log (``steps-rank-0000r.parquet``): the seconds of each of its steps
 STEP_TIMES_SCHEMA = pa.schema([("rank", pa.int32()), ("step", pa.int64()), ("data_wait_s", pa.float64()),
-                               ("forward_backward_s", pa.float64()), ("optimizer_s", pa.float64())])
+                               ("forward_backward_s", pa.float64()), ("optimizer_s", pa.float64()),
+                               ("grad_sync_s", pa.float64())])
+#: a step log written before ``grad_sync_s`` (read as null there)
+_STEP_TIMES_V1 = pa.schema([f for f in STEP_TIMES_SCHEMA if f.name != "grad_sync_s"])
 #: fewest feature frames a step feeds the encoder: its BatchNorm needs more than one value per
 #: channel, i.e. more than 8 frames (one after the 8x subsampling) for a batch of one utterance
 MIN_FRAMES = 16
@@ -171,13 +174,63 @@ def _resume(ckpt_path: Path, meta: PlanMeta, model: torch.nn.Module, opt: torch.
     return next_step
 
 
+class GradSyncClock:
+    """When a rank's backward has computed its gradients, apart from the wait for the other ranks.
+
+    DDP's all-reduce makes every rank wait for the slowest, so a forward + backward timed to its
+    end measures the slowest rank on every rank. A communication hook (DDP's default all-reduce,
+    wrapped) notes when each gradient bucket is ready; the last one's time ends the rank's own
+    compute. :meth:`split` gives (forward + backward, gradient sync) seconds of a step from its
+    start and the all-reduce's end. On CUDA the time is a CUDA event recorded on the stream;
+    on CPU, ``timer`` (default ``time.perf_counter``; ``time.thread_time`` gives the rank's CPU
+    seconds, what a quiet host gives when the host is shared).
+    """
+
+    def __init__(self, ddp: torch.nn.Module, device: torch.device,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        self.cuda = device.type == "cuda"
+        self.timer = timer
+        self._t0 = 0.0
+        self._start: Any = None
+        self._ready: Any = None
+        ddp.register_comm_hook(None, self._hook)  # type: ignore[operator]
+
+    def start(self) -> float:
+        """Mark a step's start (before its forward); returns the time."""
+        self._ready = None
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        self._t0 = self.timer()
+        return self._t0
+
+    def _hook(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses other annotations than its own
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        if self.cuda:
+            self._ready = torch.cuda.Event(enable_timing=True)
+            self._ready.record()
+        else:
+            self._ready = self.timer()
+        return allreduce_hook(state, bucket)
+
+    def split(self, t_synced: float) -> tuple[float, float]:
+        """(forward + backward, gradient sync) seconds of the step started by :meth:`start`, whose
+        all-reduce had ended at ``t_synced`` (device synchronized); no bucket: all of it compute."""
+        if self._ready is None:
+            return t_synced - self._t0, 0.0
+        ready = self._t0 + self._start.elapsed_time(self._ready) / 1e3 if self.cuda else self._ready
+        ready = min(max(ready, self._t0), t_synced)
+        return ready - self._t0, t_synced - ready
+
+
 def _optimizer_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, batch: Batch | PackedBatch, device: torch.device,
-                    n_mels: int) -> tuple[torch.Tensor, float, float]:
-    """Forward, backward and one optimizer step on ``batch``; the loss and the seconds of
-    forward + backward (DDP's gradient all-reduce included) and of the optimizer step."""
+                    n_mels: int, clock: GradSyncClock) -> tuple[torch.Tensor, float, float, float]:
+    """Forward, backward and one optimizer step on ``batch``; the loss and the seconds of the
+    rank's own forward + backward, of the gradient all-reduce's wait and of the optimizer step."""
     from oom.models import loss as model_loss
 
-    t0 = time.perf_counter()
+    clock.start()
     if isinstance(batch, PackedBatch):
         loss = _packed_loss(ddp, batch, device, n_mels)
     elif batch.size:
@@ -194,9 +247,10 @@ def _optimizer_step(ddp: torch.nn.Module, opt: torch.optim.Optimizer, batch: Bat
     opt.zero_grad(set_to_none=True)
     loss.backward()
     t1 = _synchronized(device)
+    fb_s, sync_s = clock.split(t1)
     opt.step()
     t2 = _synchronized(device)
-    return loss, t1 - t0, t2 - t1
+    return loss, fb_s, sync_s, t2 - t1
 
 
 def _packed_loss(ddp: torch.nn.Module, batch: PackedBatch, device: torch.device, n_mels: int) -> torch.Tensor:
@@ -233,6 +287,8 @@ def read_step_times(path: Path, before_step: int) -> list[dict[str, Any]]:
     except (OSError, pa.ArrowException) as exc:
         raise DataprepError(f"{path}: not a readable step log ({str(exc).splitlines()[0][:160]}); "
                             "remove it to start the log afresh") from None
+    if table.schema.remove_metadata() == _STEP_TIMES_V1:
+        table = table.append_column("grad_sync_s", pa.nulls(table.num_rows, pa.float64()))
     if table.schema.remove_metadata() != STEP_TIMES_SCHEMA:
         raise DataprepError(f"{path}: columns differ from a step log's ({', '.join(STEP_TIMES_SCHEMA.names)})")
     return [r for r in table.to_pylist() if r["step"] < before_step]
@@ -261,6 +317,7 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
     try:
         meta = check_plan(cfg, world_size)
         model, ddp, opt, builder, n_mels = _build(cfg, device, meta)
+        clock = GradSyncClock(ddp, device)
         ckpt_path = Path(cfg.checkpoint_dir) / "last.pt"
         start = _resume(ckpt_path, meta, model, opt, device) if cfg.resume else 0
         stop = min(meta.num_steps, cfg.steps if cfg.steps is not None else meta.num_steps)
@@ -298,9 +355,9 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
                 trace.append({"step": step, "epoch": batch.epoch, "bucket": batch.bucket, "ids": batch.ids,
                               "sha256": batch_digest(batch)})
             skipped.extend(batch.skipped)
-            loss, fb_s, opt_s = _optimizer_step(ddp, opt, batch, device, n_mels)
+            loss, fb_s, sync_s, opt_s = _optimizer_step(ddp, opt, batch, device, n_mels, clock)
             times.append({"rank": rank, "step": step, "data_wait_s": t_ready - t_done, "forward_backward_s": fb_s,
-                          "optimizer_s": opt_s})
+                          "optimizer_s": opt_s, "grad_sync_s": sync_s})
             line, t_prev = _step_line(step, batch, loss, device, t_prev)
             if rank == 0:
                 log.append(line)
