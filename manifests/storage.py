@@ -287,16 +287,25 @@ def stat(path: str | os.PathLike[str]) -> ObjectInfo:
     return info
 
 
-def _known(path: str) -> ObjectInfo:
+def known_info(path: str | os.PathLike[str]) -> ObjectInfo:
+    """:func:`stat` of ``path``, or what this process remembers of it (a listing or an earlier
+    ``HEAD``; a command starts from nothing remembered, :func:`forget_all`)."""
+    text = os.fspath(path)
     with _lock:
-        info = _infos.get(path)
-    return info if info is not None else stat(path)
+        known = _infos.get(text)
+    return known if known is not None else stat(text)
 
 
 def forget(path: str | os.PathLike[str]) -> None:
     """Drop what this process remembers of ``path`` (its next read asks the store again)."""
     with _lock:
         _infos.pop(os.fspath(path), None)
+
+
+def forget_all() -> None:
+    """Drop what this process remembers of every object (a command starts afresh)."""
+    with _lock:
+        _infos.clear()
 
 
 def coalesce(ranges: Sequence[tuple[int, int]], gap: int = DEFAULT_GAP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -367,7 +376,7 @@ def read_ranges(path: str | os.PathLike[str], ranges: Sequence[tuple[int, int]],
     :data:`MAX_CONCURRENCY`). ``info`` (from :func:`stat`, e.g. when the ranges came from an
     index of that object) pins the ETag read; a range past the end is an error."""
     text = os.fspath(path)
-    info = info if info is not None else _known(text)
+    info = info if info is not None else known_info(text)
     starts, ends, group = coalesce(ranges, gap)
     if len(ends) and int(ends.max()) > info.size:
         raise StoreError(f"{text}: byte range ends at {int(ends.max())}, past the object's end ({info.size} bytes)")
@@ -396,7 +405,7 @@ def exists(path: str | os.PathLike[str]) -> bool:
     if not is_url(text):
         return os.path.exists(local_path(text))
     try:
-        stat(text)
+        known_info(text)
     except StoreError as exc:
         if str(exc).endswith("no such object"):
             return False
@@ -482,6 +491,49 @@ class _RangeFile(io.RawIOBase):
         return n
 
 
+class _ScanFile(_RangeFile):
+    """A forward scan of an object's headers (a tar's): a read outside the window held fetches a
+    new one sized to the strides seen between reads: about :data:`SCAN_HEADERS` headers a
+    request where members are small (their data comes along: cheaper than a round trip each),
+    the header alone (:data:`SCAN_MIN` bytes) where they are larger than :data:`SCAN_SKIP`."""
+
+    def __init__(self, path: str, info: ObjectInfo) -> None:
+        super().__init__(path, info)
+        self.buf, self.buf_at, self.prev_end, self.moved, self.reads = b"", 0, 0, 0, 0
+
+    def readinto(self, buf: Any) -> int:
+        n = max(0, min(len(buf), self.size - self.pos))
+        if n == 0:
+            return 0
+        if self.pos >= self.prev_end:  # forward: a jump (to the next header) or a read on from the last
+            self.moved += self.pos - self.prev_end + n
+            self.reads += self.pos > self.prev_end or self.reads == 0
+        self.prev_end = self.pos + n
+        if not (self.buf_at <= self.pos and self.pos + n <= self.buf_at + len(self.buf)):
+            stride = self.moved / max(1, self.reads)
+            window = SCAN_MIN if stride > SCAN_SKIP or self.reads < 2 else int(SCAN_HEADERS * stride)
+            end = min(self.size, self.pos + max(n, window, SCAN_MIN))
+            self.buf, self.buf_at = _get_span(self.path, self.pos, end, self.info), self.pos
+        rel = self.pos - self.buf_at
+        buf[:n] = self.buf[rel:rel + n]
+        self.pos += n
+        return n
+
+
+#: a header scan reads at least this many bytes a request
+SCAN_MIN = 64 * 1024
+#: members at most this far apart are read through (their data with their headers)
+SCAN_SKIP = 256 * 1024
+#: headers a scan request aims to cover where members are small
+SCAN_HEADERS = 64
+
+
+def open_scan(path: str) -> IO[bytes]:
+    """A seekable file of the URL ``path`` for a forward scan of its headers (a tar's index):
+    windows sized to the members' strides (see :class:`_ScanFile`), pinned to its ETag."""
+    return _ScanFile(path, known_info(path))  # type: ignore[return-value]
+
+
 def check_reads(fh: Any) -> None:
     """Raise the store error a read of ``fh`` (from :func:`open_input` / :func:`open_range`) met,
     if any: a C library reading through callbacks (soundfile) turns it into a short read."""
@@ -495,7 +547,7 @@ def open_range(path: str, offset: int, size: int, buffer_size: int = 64 * 1024, 
     """A binary, seekable file of the ``size`` bytes at ``offset`` of the URL ``path`` (a tar
     member), read by range requests of ``buffer_size`` bytes, pinned to the object's ETag.
     ``errors_later``: as :func:`open_input`'s."""
-    return io.BufferedReader(_RangeFile(path, _known(path), offset, size, errors_later), buffer_size=buffer_size)
+    return io.BufferedReader(_RangeFile(path, known_info(path), offset, size, errors_later), buffer_size=buffer_size)
 
 
 def open_input(path: str | os.PathLike[str], buffer_size: int = 64 * 1024, *,
@@ -510,7 +562,7 @@ def open_input(path: str | os.PathLike[str], buffer_size: int = 64 * 1024, *,
             return open(local_path(text), "rb")
         except OSError as exc:
             raise StoreError(os_error_line(exc, text)) from None
-    return io.BufferedReader(_RangeFile(text, stat(text), later=errors_later), buffer_size=buffer_size)
+    return io.BufferedReader(_RangeFile(text, known_info(text), later=errors_later), buffer_size=buffer_size)
 
 
 # ----------------------------------------------------------------------------- writing

@@ -38,7 +38,7 @@ def fingerprint(path: str) -> str:
     """SHA-256 naming what a URL holds without reading it: an object's (URL, size, ETag,
     version), a folder's the same for each object under it."""
     import hashlib
-    items = [(path, storage.stat(path))] if storage.exists(path) else storage.list_prefix(path.rstrip("/") + "/")
+    items = [(path, storage.known_info(path))] if storage.exists(path) else storage.list_prefix(path.rstrip("/") + "/")
     text = "\n".join(f"{u}\0{i.size}\0{i.etag}\0{i.version}" for u, i in items)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -123,7 +123,7 @@ def fetch_local(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] 
     from manifests.atomic_files import atomic_path
     import hashlib
     from manifests.hash_cache import default_cache_dir
-    info = storage.stat(text)
+    info = storage.known_info(text)
     tag = info.version or info.etag or f"size{info.size}"
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     dest = folder / "objects" / f"{hashlib.sha256(f'{text}|{tag}'.encode()).hexdigest()[:32]}-{storage.name(text)[-80:]}"

@@ -89,7 +89,11 @@ def _upload(folder: Path, parent_url: str, primary: Path, say: Callable[[str], N
 
 @contextlib.contextmanager
 def url_arguments(kwargs: dict[str, Any], say: Callable[[str], None] = print) -> Iterator[dict[str, Any]]:
-    """``kwargs`` with every URL argument replaced by its local stand-in; outputs uploaded on success."""
+    """``kwargs`` with every URL argument replaced by its local stand-in; outputs uploaded on success.
+    What an earlier command in this process learnt of objects is forgotten first."""
+    import sys
+    if "manifests.storage" in sys.modules:
+        sys.modules["manifests.storage"].forget_all()
     urls = {k: u for k, v in kwargs.items() if (u := _url(v)) is not None}
     listed = {k: [_url(x) or x for x in v] for k, v in kwargs.items()
               if isinstance(v, list) and any(_url(x) for x in v)}

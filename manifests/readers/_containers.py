@@ -45,7 +45,7 @@ HF_TEXT_COLUMNS = ("text", "sentence", "transcription")
 #: bytes of audio per chunk of a Hugging Face Parquet (rows per chunk follow from it)
 HF_CHUNK_BYTES = 64 << 20
 #: tars of a store indexed at once (each a chain of header range reads)
-TAR_INDEX_THREADS = 8
+TAR_INDEX_THREADS = 16
 _WDS_KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 
 
@@ -167,11 +167,15 @@ class _Tars:
             self.used.setdefault(shard, set())
         return self._idx[shard]
 
-    def members(self, shards: Sequence[int]) -> pl.DataFrame:
-        todo = [s for s in shards if 0 <= s < len(self.tars) and s not in self._idx and storage.is_url(self.tars[s])]
-        if len(todo) > 1:  # tars in a store: their headers read in parallel, bounded
+    def index_urls(self) -> None:
+        """Index every tar in a store at once, their headers read in parallel (bounded): each
+        tar's scan is a chain of requests, so one at a time would add their round trips."""
+        todo = [s for s in range(len(self.tars)) if s not in self._idx and storage.is_url(self.tars[s])]
+        if len(todo) > 1:
             with ThreadPoolExecutor(min(len(todo), TAR_INDEX_THREADS)) as pool:
                 list(pool.map(self.get, todo))
+
+    def members(self, shards: Sequence[int]) -> pl.DataFrame:
         frames = [_index_frame(idx, s) for s in shards if 0 <= s < len(self.tars) and (idx := self.get(s)) is not None]
         empty = _index_frame(TarIndex(""), 0).clear()
         return pl.concat([empty, *frames]) if frames else empty
@@ -217,7 +221,10 @@ def iter_nemo_tarred(
     """
     if not tars:
         raise DataprepError("--tarred-audio: no tar files given")
+    if urls := [u for u in (*manifests, *tars) if storage.is_url(u)]:
+        store_facts.infos(urls)  # one listing a folder instead of a HEAD each
     store = _Tars(tars)
+    store.index_urls()
     for mi, manifest in enumerate(manifests):
         if not (storage.exists(manifest) if storage.is_url(manifest) else Path(manifest).is_file()):
             raise DataprepError(f"{manifest}: no such tarred-dataset manifest")
@@ -263,6 +270,7 @@ def iter_shar_fields(cuts: Sequence[str], tars: Sequence[str], *, chunk_rows: in
     cuts, every audio member an ``unlisted_member``); each a path or a store URL."""
     tars = list(tars)
     store = _Tars(tars + list(orphans))
+    store.index_urls()
     for si, cut_name in enumerate(cuts):
         cut_file = store_facts.fetch_local(cut_name)
         for frame in relabel(iter_lhotse(cut_file, audio_root=None, chunk_rows=chunk_rows,
