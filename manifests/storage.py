@@ -454,11 +454,13 @@ class _RangeFile(io.RawIOBase):
     """A read-only, seekable view of an object whose every read is one range request."""
 
     def __init__(self, path: str, info: ObjectInfo, offset: int = 0, size: int | None = None,
-                 later: bool = False) -> None:
+                 later: bool = False, head: int = 0) -> None:
         self.path, self.info, self.pos, self.base, self.later = path, info, 0, offset, later
         self.size = info.size - offset if size is None else size
         self.name = path
         self.error: StoreError | None = None
+        n = min(head, self.size)  # read now, in the caller's thread: a C reader's callbacks run one at a time
+        self.head = _get_span(path, offset, offset + n, info) if n > 0 else b""
 
     def readable(self) -> bool:
         return True
@@ -478,6 +480,11 @@ class _RangeFile(io.RawIOBase):
         n = max(0, min(len(buf), self.size - self.pos, self.info.size - self.base - self.pos))
         if n == 0:
             return 0
+        if self.pos < len(self.head):
+            n = min(n, len(self.head) - self.pos)
+            buf[:n] = self.head[self.pos:self.pos + n]
+            self.pos += n
+            return n
         start = self.base + self.pos
         try:
             data = _get_span(self.path, start, start + n, self.info)
@@ -543,26 +550,29 @@ def check_reads(fh: Any) -> None:
 
 
 def open_range(path: str, offset: int, size: int, buffer_size: int = 64 * 1024, *,
-               errors_later: bool = False) -> IO[bytes]:
+               errors_later: bool = False, head: int = 0) -> IO[bytes]:
     """A binary, seekable file of the ``size`` bytes at ``offset`` of the URL ``path`` (a tar
     member), read by range requests of ``buffer_size`` bytes, pinned to the object's ETag.
-    ``errors_later``: as :func:`open_input`'s."""
-    return io.BufferedReader(_RangeFile(path, known_info(path), offset, size, errors_later), buffer_size=buffer_size)
+    ``errors_later``, ``head``: as :func:`open_input`'s."""
+    return io.BufferedReader(_RangeFile(path, known_info(path), offset, size, errors_later, head),
+                             buffer_size=buffer_size)
 
 
 def open_input(path: str | os.PathLike[str], buffer_size: int = 64 * 1024, *,
-               errors_later: bool = False) -> IO[bytes]:
+               errors_later: bool = False, head: int = 0) -> IO[bytes]:
     """A binary, seekable file of ``path``: a local file opened, a URL read by range requests
     of ``buffer_size`` bytes (what soundfile needs to probe a header, never the whole object).
     ``errors_later``: a failed read returns no bytes and :func:`check_reads` raises its error
-    (for a C reader that calls back, e.g. soundfile: an exception there would be swallowed)."""
+    (for a C reader that calls back, e.g. soundfile: an exception there would be swallowed).
+    ``head``: the first ``head`` bytes are read at once, here (soundfile's read callbacks run
+    one at a time across threads: reads inside them would serialise parallel probes)."""
     text = os.fspath(path)
     if not is_url(text):
         try:
             return open(local_path(text), "rb")
         except OSError as exc:
             raise StoreError(os_error_line(exc, text)) from None
-    return io.BufferedReader(_RangeFile(text, known_info(text), later=errors_later), buffer_size=buffer_size)
+    return io.BufferedReader(_RangeFile(text, known_info(text), later=errors_later, head=head), buffer_size=buffer_size)
 
 
 # ----------------------------------------------------------------------------- writing

@@ -80,6 +80,8 @@ def _cache() -> Any:
             folder.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(folder / "store-cache.sqlite", timeout=60, check_same_thread=False,
                                  isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")  # a fact a commit, without an fsync each (22 ms -> ~0.1)
+            db.execute("PRAGMA synchronous=NORMAL")
             db.execute("CREATE TABLE IF NOT EXISTS facts (kind TEXT, url TEXT, tag TEXT, value TEXT, "
                        "PRIMARY KEY (kind, url, tag))")
             _cache_db = db
