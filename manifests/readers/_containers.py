@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -364,11 +364,18 @@ def iter_webdataset(path: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
         last = next(reversed(groups))
         problems.setdefault(last, ("truncated_container", f"the last key before the tar's cut ({idx.problem}): "
                                                           "its later members may be lost"))
-    fd = os.open(path, os.O_RDONLY)
+    if storage.is_url(os.fspath(path)):  # the text members, coalesced range reads in parallel
+        want = [i for exts in groups.values() for e in ("txt", "json") if (i := exts.get(e)) is not None
+                and idx.names[i] not in idx.truncated]
+        held = dict(zip(want, storage.read_ranges(os.fspath(path), [(idx.offsets[i], idx.sizes[i]) for i in want])))
+        fd, read = -1, held.__getitem__
+    else:
+        fd = os.open(path, os.O_RDONLY)
+        read = lambda i: read_range(fd, idx.offsets[i], idx.sizes[i])  # noqa: E731
     try:
         rows: list[dict[str, object]] = []
         for key, exts in groups.items():
-            row = _wds_row(fd, idx, str(path), tar_abs, key, exts)
+            row = _wds_row(read, idx, str(path), tar_abs, key, exts)
             if key in problems and not (problems[key][0] == "truncated_container" and row.get("reason")):
                 reason, detail = problems[key]
                 row["reason"], row["detail"] = reason, f"{row['origin']}: {detail}"
@@ -379,13 +386,15 @@ def iter_webdataset(path: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
         if rows:
             yield _wds_frame(rows, path)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
     if idx.problem is not None or idx.trailing is not None:
         yield _container_rejects(TarIndex(idx.path, problem=idx.problem, trailing=idx.trailing))
 
 
-def _wds_row(fd: int, idx: TarIndex, tar: str, tar_abs: str, key: str, exts: dict[str, int]) -> dict[str, object]:
-    """The raw row (value + type columns, reason) of one WebDataset key."""
+def _wds_row(read: Callable[[int], bytes], idx: TarIndex, tar: str, tar_abs: str, key: str,
+             exts: dict[str, int]) -> dict[str, object]:
+    """The raw row (value + type columns, reason) of one WebDataset key (``read(i)``: member i's bytes)."""
     audio = next((exts[e] for e in exts if e.rsplit(".", 1)[-1] in AUDIO_EXTENSIONS), None)
     first = audio if audio is not None else min(exts.values(), default=None)
     origin = f"{tar}:{idx.names[first] if first is not None else key}"  # a key of links only: its name
@@ -399,7 +408,7 @@ def _wds_row(fd: int, idx: TarIndex, tar: str, tar_abs: str, key: str, exts: dic
         if idx.names[i] in idx.truncated:
             problem = problem or ("truncated_member", f"{origin}: {idx.names[i]}: member data runs past the end of the tar")
             continue
-        raw = read_range(fd, idx.offsets[i], idx.sizes[i])
+        raw = read(i)
         try:
             text = raw.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
@@ -446,7 +455,8 @@ def _wds_frame(rows: list[dict[str, object]], path: Path) -> pl.DataFrame:
         schema[f] = pl.String()
         schema[f"{f}__t"] = pl.String()
     raw = pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
-    out = finish(raw, base_dir=str(path.parent.resolve()), labels=_WDS_LABELS, require_audio=False)
+    out = finish(raw, base_dir=storage.parent(path) if storage.is_url(os.fspath(path)) else str(path.parent.resolve()),
+                 labels=_WDS_LABELS, require_audio=False)
     c = raw.select("container", "member_offset", "member_size",
                    (pl.col("container") + pl.lit(":") + pl.col("audio")).alias("audio_path"))
     out = out.with_columns(c.get_columns())
