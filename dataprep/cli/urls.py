@@ -118,6 +118,14 @@ def url_arguments(kwargs: dict[str, Any], say: Callable[[str], None] = print) ->
         for k, values in listed.items():
             new[k] = [_local_input(v, Path(tmp) / f"{k}-{j}") if isinstance(v, str) else v
                       for j, v in enumerate(values)]
-        yield new
+        try:
+            yield new
+        except DataprepError as exc:  # the line names the URL, never its local stand-in
+            text = str(exc)
+            for k, url in urls.items():
+                text = text.replace(str(new[k]), url)
+            if text == str(exc):
+                raise
+            raise DataprepError(text) from None
         for folder, parent_url, primary in uploads:
             _upload(folder, parent_url, primary, say)
