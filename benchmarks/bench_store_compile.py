@@ -150,6 +150,12 @@ def main() -> None:
             warm = compile_once(url, env, out / "warm.parquet", work / "spm.model")
             print(f"| {label} | {loc['s']:.2f} | {cold['s']:.2f} | {cold['requests']:,} | {warm['s']:.2f} | "
                   f"{warm['requests']:,} | {cold['s'] / loc['s']:.2f} | <= 2 |", flush=True)
+        from manifests import storage
+        storage.reset_clients()
+        t = time.perf_counter()
+        listed = storage.list_prefix(f"s3://{BUCKET}/audio/")
+        print(f"\nthe store's listing of the loose clips alone ({len(listed):,} objects, "
+              f"{(len(listed) + 999) // 1000} requests): {time.perf_counter() - t:.2f} s", flush=True)
     finally:
         proc.kill()
 

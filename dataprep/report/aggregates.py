@@ -570,7 +570,7 @@ def collect_report(
         section3 = None
         if files is not None and meta is not None and plan is not None:
             files.close()
-            section3 = plan_aggregates(plan, meta, corp, files, n, limit, world_sizes)
+            section3 = plan_aggregates(plan, meta, corp, files, n, limit, world_sizes, manifest=manifest)
     finally:
         if root is not None:
             remove_spill(root)
