@@ -5,7 +5,8 @@
 Corpus (built once in --work): 16 kHz FLAC clips of ../shared/data/audio cut to LibriSpeech
 dev-clean's durations, compiled, packed as Shar (``pack --layout shar --buckets``), compiled
 again, uploaded to moto's S3 on loopback behind a proxy adding --latency-ms a request (``python
--m dataprep.testing_store``, on another core), containers rewritten to ``s3://`` URLs, planned
+-m dataprep.testing_store --serve-ranges``, on another core: the proxy answers ranged GETs from
+each object read once, as moto copies the whole object for each; ``--moto-ranges``: moto does), containers rewritten to ``s3://`` URLs, planned
 for one rank (``--container-block``). On one pinned core, first pass each: ours is
 ``PlanSampler(prefetch_steps=K)`` + ``PlanDataLoader``; Lhotse's is ``CutSet.from_shar`` over the
 same URLs (opened with ``manifests.storage``, one GET per object); reads alone, then decoded.
@@ -87,11 +88,13 @@ def build(work: Path, n: int) -> dict[str, Path]:
     return p
 
 
-def start_store(latency_ms: float, core: int) -> tuple[subprocess.Popen[str], dict[str, str]]:
-    """The loopback S3 (moto behind the latency proxy) in a child pinned to ``core``, and its env."""
+def start_store(latency_ms: float, core: int, serve_ranges: bool = False) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """The loopback S3 (moto behind the latency proxy) in a child pinned to ``core``, and its env;
+    ``serve_ranges``: the proxy answers ranged GETs itself (``--serve-ranges``)."""
     from dataprep.testing_store import DUMMY_ENV
 
-    proc = subprocess.Popen([sys.executable, "-m", "dataprep.testing_store", "--latency-ms", str(latency_ms)],
+    proc = subprocess.Popen([sys.executable, "-m", "dataprep.testing_store", "--latency-ms", str(latency_ms),
+                             *(["--serve-ranges"] if serve_ranges else [])],
                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     line = proc.stdout.readline().strip()  # type: ignore[union-attr]
@@ -219,6 +222,9 @@ def main() -> None:
     ap.add_argument("--container-block", type=int, default=1, help="plan-batches --container-block (0: off)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_object_store"))
     ap.add_argument("--core", type=int, default=0, help="the core the readers run on (the store gets another)")
+    ap.add_argument("--moto-ranges", action="store_true",
+                    help="let moto answer ranged GETs (it copies the whole object for each: a cost per request "
+                         "that grows with the object, which a store does not have)")
     ap.add_argument("--runs", type=int, default=3, help="read passes of each reader, alternating (the median is shown)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -227,7 +233,7 @@ def main() -> None:
     print(f"# corpus ready in {args.work} ({time.perf_counter() - t:.1f} s)", flush=True)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     store_core = next((c for c in cores if c != args.core), args.core)
-    proc, env = start_store(args.latency_ms, store_core)
+    proc, env = start_store(args.latency_ms, store_core, serve_ranges=not args.moto_ranges)
     try:
         os.environ.update(env)
         manifest, plan, cuts, recs = upload(paths, args.work, env, args.container_block)
@@ -255,7 +261,8 @@ def main() -> None:
     mb = sum(f.stat().st_size for f in paths["shar"].glob("recording.*")) / 1e6
     print(f"\n{a['utt']:.0f} utterances, {mb:.0f} MB of FLAC in {len(recs)} Shar tars in S3 on loopback, "
           f"+{args.latency_ms:g} ms per request; plan --container-block {args.container_block}, prefetch "
-          f"{args.prefetch_steps} steps; readers on one core, store on another\n")
+          f"{args.prefetch_steps} steps; readers on one core, store on another"
+          f"{'; moto answers ranged GETs' if args.moto_ranges else '; ranged GETs answered by the proxy'}\n")
     print("| measure | plan-order reads + prefetch (ours) | Lhotse Shar reader | ours / Lhotse | goal |")
     print("|---|---|---|---|---|")
     for name, x, y, goal in (("utterances/s read (cuts with their audio bytes)", a, b, ">= 2"),

@@ -202,3 +202,24 @@ def test_a_tar_in_the_store_is_indexed_in_few_requests(s3: LoopbackS3, tmp_path:
     idx, local = index_tar(f"{s3.bucket}/scan.tar"), index_tar(tmp_path / "scan.tar")
     assert (idx.names, idx.offsets, idx.sizes, idx.problem) == (local.names, local.offsets, local.sizes, None)
     assert s3.counts()["GET"] <= most_gets, s3.counts()
+
+
+def test_the_loopback_proxy_can_answer_ranged_gets_itself() -> None:
+    """``serve_ranges`` (the benchmarks' server): the same bytes, ETag checks and writes as moto's."""
+    with LoopbackS3(serve_ranges=True) as server:
+        saved = {k: os.environ.get(k) for k in server.env()}
+        os.environ.update(server.env())
+        storage.reset_clients()
+        try:
+            url = f"{server.create_bucket('ranges')}/blob.bin"
+            with storage.write_atomic(url) as tmp:
+                tmp.write_bytes(BLOB)
+            assert storage.read_ranges(url, [(10, 100), (500_000, 7)], gap=0) == [BLOB[10:110], BLOB[500_000:500_007]]
+            with storage.write_atomic(url) as tmp:  # replaced through the proxy: never the old bytes
+                tmp.write_bytes(BLOB[::-1])
+            storage.forget_all()
+            assert storage.read_ranges(url, [(0, 64)])[0] == BLOB[::-1][:64]
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            storage.reset_clients()
