@@ -1,18 +1,16 @@
 """Reading a packed corpus from an object store: plan-order reads with prefetch against Lhotse's Shar reader.
 
-    python benchmarks/bench_object_store.py [--utterances 2000] [--latency-ms 20] [--prefetch-steps 8] [--runs 3] [--work DIR]
+    python benchmarks/bench_object_store.py [--utterances 2000] [--latency-ms 20] [--prefetch-steps 8] [--runs 3]
 
 Corpus (built once in --work): 16 kHz FLAC clips of ../shared/data/audio cut to LibriSpeech
-dev-clean's durations, compiled, packed as Shar (``pack --layout shar --buckets``), compiled
-again, uploaded to moto's S3 on loopback behind a proxy adding --latency-ms a request (``python
--m dataprep.testing_store --serve-ranges``, on another core: the proxy answers ranged GETs from
-each object read once, as moto copies the whole object for each; ``--moto-ranges``: moto does), containers rewritten to ``s3://`` URLs, planned
-for one rank (``--container-block``). On one pinned core, first pass each: ours is
-``PlanSampler(prefetch_steps=K)`` + ``PlanDataLoader``; Lhotse's is ``CutSet.from_shar`` over the
-same URLs (opened with ``manifests.storage``, one GET per object); reads alone, then decoded.
-Reads alone run --runs times, ours and Lhotse's alternating; the run of median ratio is shown.
-Prints utterances/s, time to first batch and bytes fetched / used (goals: ours >= 2x Lhotse's
-reads, first batch <= 1 s, <= 1.05).
+dev-clean's durations, packed as Shar (``pack --layout shar --buckets``), compiled, uploaded to
+moto's S3 on loopback behind a proxy adding --latency-ms a request and answering ranged GETs
+itself (``python -m dataprep.testing_store --serve-ranges``, another core; moto copies the whole
+object for each: ``--moto-ranges``), containers as ``s3://`` URLs, planned for one rank
+(``--container-block``). On one pinned core: ours is ``PlanSampler(prefetch_steps=K)`` +
+``PlanDataLoader``; Lhotse's is ``CutSet.from_shar`` on the same URLs (``manifests.storage``, one
+GET per object). Reads alone run --runs times, alternating (the run of median ratio shown), then
+decoded once. Goals: ours >= 2x Lhotse's reads, first batch <= 1 s, fetched / used <= 1.05.
 """
 
 from __future__ import annotations

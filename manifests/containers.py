@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
-from manifests import storage, store_facts
+from manifests import storage, store_facts, store_scan
 
 from manifests.errors import DataprepError
 
@@ -226,7 +226,7 @@ def _index_tar(path: str | os.PathLike[str]) -> TarIndex:
     try:
         size = storage.known_info(path).size
         # a URL's headers are read by range requests sized to the members (storage.open_scan)
-        with (storage.open_scan(os.fspath(path)) if storage.is_url(os.fspath(path)) else open(path, "rb")) as fh, \
+        with (store_scan.open_scan(os.fspath(path)) if storage.is_url(os.fspath(path)) else open(path, "rb")) as fh, \
                 tarfile.open(fileobj=fh, mode="r:") as tf:
             while True:
                 try:

@@ -32,15 +32,10 @@ from typing import IO, Any
 
 import numpy as np
 
-from manifests.errors import DataprepError, os_error_line
-
-#: URL schemes read through the object store (``file://`` is a local path)
-SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss"})
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-class StoreError(DataprepError, OSError):
-    """An object could not be read or written (after the last retry): one line naming it."""
+from manifests.errors import os_error_line
+from manifests.store_paths import (  # noqa: F401 (re-exported)
+    SCHEMES, StoreError, is_url, join, local_path, name, parent, resolve, split_url,
+)
 
 
 @dataclass(frozen=True)
@@ -77,62 +72,6 @@ RETRY = _env_policy()
 DEFAULT_GAP = 64 * 1024
 #: most requests in flight at once per process (bounded concurrency of range reads and probes)
 MAX_CONCURRENCY = 16
-
-
-# ----------------------------------------------------------------------------- paths and URLs
-def is_url(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` names an object in a store (``s3://``, ``gs://``, ``az://``, ``abfs://``);
-    a local path and ``file://`` are not URLs."""
-    m = _URL.match(os.fspath(path)) if isinstance(path, str) else None
-    return bool(m) and m.group(1).lower() in SCHEMES
-
-
-def local_path(path: str | os.PathLike[str]) -> str:
-    """``path`` as a local path (``file:///x`` -> ``/x``); a URL is returned unchanged."""
-    text = os.fspath(path)
-    return text[len("file://"):] if isinstance(text, str) and text.startswith("file://") else text
-
-
-def split_url(url: str) -> tuple[str, str]:
-    """``(root, key)`` of a URL: ``s3://bucket/a/b`` -> (``s3://bucket``, ``a/b``)."""
-    scheme, _, rest = url.partition("://")
-    bucket, _, key = rest.partition("/")
-    if not bucket:
-        raise StoreError(f"{url}: no bucket in the URL (expected {scheme}://BUCKET/KEY)")
-    return f"{scheme.lower()}://{bucket}", key
-
-
-def join(base: str | os.PathLike[str], *parts: str) -> str:
-    """``base`` / ``parts`` for a URL or a local path (never mangles ``s3://`` into ``s3:/``)."""
-    text = os.fspath(base)
-    if not is_url(text):
-        return os.path.join(local_path(text), *parts)
-    out = text.rstrip("/")
-    for p in parts:
-        out = p if is_url(p) else f"{out}/{p.strip('/')}" if p.strip("/") else out
-    return out
-
-
-def parent(path: str | os.PathLike[str]) -> str:
-    """The folder holding ``path`` (a URL's parent prefix, never above its bucket)."""
-    text = os.fspath(path)
-    if not is_url(text):
-        return os.path.dirname(local_path(text)) or "."
-    root, key = split_url(text)
-    head = key.rstrip("/").rpartition("/")[0]
-    return f"{root}/{head}" if head else root
-
-
-def name(path: str | os.PathLike[str]) -> str:
-    """The last component of ``path``."""
-    return os.fspath(path).rstrip("/").rpartition("/")[2] if is_url(path) else os.path.basename(local_path(path))
-
-
-def resolve(base_dir: str | os.PathLike[str], path: str) -> str:
-    """``path`` as given when absolute or a URL, else under ``base_dir`` (a folder or URL)."""
-    if is_url(path) or os.path.isabs(local_path(path)):
-        return local_path(path)
-    return join(base_dir, path)
 
 
 # ----------------------------------------------------------------------------- stores
@@ -496,49 +435,6 @@ class _RangeFile(io.RawIOBase):
         buf[:n] = data
         self.pos += n
         return n
-
-
-class _ScanFile(_RangeFile):
-    """A forward scan of an object's headers (a tar's): a read outside the window held fetches a
-    new one sized to the strides seen between reads: about :data:`SCAN_HEADERS` headers a
-    request where members are small (their data comes along: cheaper than a round trip each),
-    the header alone (:data:`SCAN_MIN` bytes) where they are larger than :data:`SCAN_SKIP`."""
-
-    def __init__(self, path: str, info: ObjectInfo) -> None:
-        super().__init__(path, info)
-        self.buf, self.buf_at, self.prev_end, self.moved, self.reads = b"", 0, 0, 0, 0
-
-    def readinto(self, buf: Any) -> int:
-        n = max(0, min(len(buf), self.size - self.pos))
-        if n == 0:
-            return 0
-        if self.pos >= self.prev_end:  # forward: a jump (to the next header) or a read on from the last
-            self.moved += self.pos - self.prev_end + n
-            self.reads += self.pos > self.prev_end or self.reads == 0
-        self.prev_end = self.pos + n
-        if not (self.buf_at <= self.pos and self.pos + n <= self.buf_at + len(self.buf)):
-            stride = self.moved / max(1, self.reads)
-            window = SCAN_MIN if stride > SCAN_SKIP or self.reads < 2 else int(SCAN_HEADERS * stride)
-            end = min(self.size, self.pos + max(n, window, SCAN_MIN))
-            self.buf, self.buf_at = _get_span(self.path, self.pos, end, self.info), self.pos
-        rel = self.pos - self.buf_at
-        buf[:n] = self.buf[rel:rel + n]
-        self.pos += n
-        return n
-
-
-#: a header scan reads at least this many bytes a request
-SCAN_MIN = 64 * 1024
-#: members at most this far apart are read through (their data with their headers)
-SCAN_SKIP = 256 * 1024
-#: headers a scan request aims to cover where members are small
-SCAN_HEADERS = 64
-
-
-def open_scan(path: str) -> IO[bytes]:
-    """A seekable file of the URL ``path`` for a forward scan of its headers (a tar's index):
-    windows sized to the members' strides (see :class:`_ScanFile`), pinned to its ETag."""
-    return _ScanFile(path, known_info(path))  # type: ignore[return-value]
 
 
 def check_reads(fh: Any) -> None:
