@@ -123,11 +123,12 @@ def main() -> None:
     args = ap.parse_args()
     work = args.work / f"{args.rows}-{args.tars}"
     build(work, args.rows, args.tars)
-    proc, env = start_store(args.latency_ms, core=1)
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    proc, env = start_store(args.latency_ms, core=cores[-1])
     out = args.work / "out"
     out.mkdir(parents=True, exist_ok=True)
     try:
-        upload(work, {**env, "AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"]})
+        upload(work, env)
         os.environ.update(env)
         os.environ["SPEECH_DATAPREP_CACHE"] = str(out / "cache")
         shutil.rmtree(out / "cache", ignore_errors=True)
