@@ -1,16 +1,16 @@
 """Reading a packed corpus from an object store: plan-order reads with prefetch against Lhotse's Shar reader.
 
-    python benchmarks/bench_object_store.py [--utterances 2000] [--latency-ms 20] [--prefetch-steps 8] [--work DIR]
+    python benchmarks/bench_object_store.py [--utterances 2000] [--latency-ms 20] [--prefetch-steps 8] [--runs 3]
 
 Corpus (built once in --work): 16 kHz FLAC clips of ../shared/data/audio cut to LibriSpeech
-dev-clean's durations, compiled, packed as Shar (``pack --layout shar --buckets``), compiled
-again, uploaded to moto's S3 on loopback behind a proxy adding --latency-ms a request (``python
--m dataprep.testing_store``, on another core), containers rewritten to ``s3://`` URLs, planned
-for one rank (``--container-block``). On one pinned core, first pass each: ours is
-``PlanSampler(prefetch_steps=K)`` + ``PlanDataLoader``; Lhotse's is ``CutSet.from_shar`` over the
-same URLs (opened with ``manifests.storage``, one GET per object); reads alone, then decoded.
-Prints utterances/s, time to first batch and bytes fetched / used (goals: ours >= 2x Lhotse's
-reads, first batch <= 1 s, <= 1.05).
+dev-clean's durations, packed as Shar (``pack --layout shar --buckets``), compiled, uploaded to
+moto's S3 on loopback behind a proxy adding --latency-ms a request and answering ranged GETs
+itself (``python -m dataprep.testing_store --serve-ranges``, another core; moto copies the whole
+object for each: ``--moto-ranges``), containers as ``s3://`` URLs, planned for one rank
+(``--container-block``). On one pinned core: ours is ``PlanSampler(prefetch_steps=K)`` +
+``PlanDataLoader``; Lhotse's is ``CutSet.from_shar`` on the same URLs (``manifests.storage``, one
+GET per object). Reads alone run --runs times, alternating (the run of median ratio shown), then
+decoded once. Goals: ours >= 2x Lhotse's reads, first batch <= 1 s, fetched / used <= 1.05.
 """
 
 from __future__ import annotations
@@ -86,11 +86,13 @@ def build(work: Path, n: int) -> dict[str, Path]:
     return p
 
 
-def start_store(latency_ms: float, core: int) -> tuple[subprocess.Popen[str], dict[str, str]]:
-    """The loopback S3 (moto behind the latency proxy) in a child pinned to ``core``, and its env."""
+def start_store(latency_ms: float, core: int, serve_ranges: bool = False) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """The loopback S3 (moto behind the latency proxy) in a child pinned to ``core``, and its env;
+    ``serve_ranges``: the proxy answers ranged GETs itself (``--serve-ranges``)."""
     from dataprep.testing_store import DUMMY_ENV
 
-    proc = subprocess.Popen([sys.executable, "-m", "dataprep.testing_store", "--latency-ms", str(latency_ms)],
+    proc = subprocess.Popen([sys.executable, "-m", "dataprep.testing_store", "--latency-ms", str(latency_ms),
+                             *(["--serve-ranges"] if serve_ranges else [])],
                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     line = proc.stdout.readline().strip()  # type: ignore[union-attr]
@@ -218,6 +220,10 @@ def main() -> None:
     ap.add_argument("--container-block", type=int, default=1, help="plan-batches --container-block (0: off)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_object_store"))
     ap.add_argument("--core", type=int, default=0, help="the core the readers run on (the store gets another)")
+    ap.add_argument("--moto-ranges", action="store_true",
+                    help="let moto answer ranged GETs (it copies the whole object for each: a cost per request "
+                         "that grows with the object, which a store does not have)")
+    ap.add_argument("--runs", type=int, default=3, help="read passes of each reader, alternating (the median is shown)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
@@ -225,7 +231,7 @@ def main() -> None:
     print(f"# corpus ready in {args.work} ({time.perf_counter() - t:.1f} s)", flush=True)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     store_core = next((c for c in cores if c != args.core), args.core)
-    proc, env = start_store(args.latency_ms, store_core)
+    proc, env = start_store(args.latency_ms, store_core, serve_ranges=not args.moto_ranges)
     try:
         os.environ.update(env)
         manifest, plan, cuts, recs = upload(paths, args.work, env, args.container_block)
@@ -235,22 +241,33 @@ def main() -> None:
         ManifestRows.open(manifest), ColumnCache.open(manifest)  # a trainer's caches, built once per manifest
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {args.core})
-        a = ours(manifest, plan, args.prefetch_steps, decode=False)
-        b = lhotse_shar(cuts, recs, decode=False)
+        from manifests import storage
+        storage.stat(cuts[0])  # the store's client made and connected before either reader is timed
+        runs = []  # ours and Lhotse's reads alternate: a load that drifts (a shared machine) hits both
+        for r in range(args.runs):
+            runs.append((ours(manifest, plan, args.prefetch_steps, decode=False), lhotse_shar(cuts, recs, decode=False)))
+            print(f"# run {r + 1}: ours {runs[-1][0]['utt'] / runs[-1][0]['s']:,.0f} utt/s, Lhotse "
+                  f"{runs[-1][1]['utt'] / runs[-1][1]['s']:,.0f} utt/s, ratio "
+                  f"{(runs[-1][0]['utt'] / runs[-1][0]['s']) / (runs[-1][1]['utt'] / runs[-1][1]['s']):.2f}", flush=True)
         ad = ours(manifest, plan, args.prefetch_steps, decode=True)
         bd = lhotse_shar(cuts, recs, decode=True)
     finally:
         proc.kill()
+    ratios = [(x["utt"] / x["s"]) / (y["utt"] / y["s"]) for x, y in runs]
+    mid = sorted(range(len(runs)), key=lambda i: ratios[i])[len(runs) // 2]
+    a, b = runs[mid]  # the run of median ratio
     mb = sum(f.stat().st_size for f in paths["shar"].glob("recording.*")) / 1e6
     print(f"\n{a['utt']:.0f} utterances, {mb:.0f} MB of FLAC in {len(recs)} Shar tars in S3 on loopback, "
           f"+{args.latency_ms:g} ms per request; plan --container-block {args.container_block}, prefetch "
-          f"{args.prefetch_steps} steps; readers on one core, store on another\n")
+          f"{args.prefetch_steps} steps; readers on one core, store on another"
+          f"{'; moto answers ranged GETs' if args.moto_ranges else '; ranged GETs answered by the proxy'}\n")
     print("| measure | plan-order reads + prefetch (ours) | Lhotse Shar reader | ours / Lhotse | goal |")
     print("|---|---|---|---|---|")
     for name, x, y, goal in (("utterances/s read (cuts with their audio bytes)", a, b, ">= 2"),
                              ("utterances/s read and decoded", ad, bd, "")):
         rx, ry = x["utt"] / x["s"], y["utt"] / y["s"]
         print(f"| {name} | {rx:,.0f} | {ry:,.0f} | {rx / ry:.2f} | {goal} |")
+    print(f"| ours / Lhotse, each of {len(runs)} runs (median above) | {', '.join(f'{x:.2f}' for x in ratios)} | | | |")
     print(f"| time to first batch, read (s) | {a['first']:.2f} | {b['first']:.2f} | | ours <= 1 |")
     print(f"| bytes fetched / bytes used | {a['fetched'] / max(1, a['used']):.3f} | 1 (whole tars, in order) | | <= 1.05 |")
     print(f"| requests | {a['requests']:,.0f} | {len(cuts) + len(recs)} | | |")

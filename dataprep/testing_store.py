@@ -4,7 +4,9 @@ proxy in front (:class:`LoopbackS3`). Nothing leaves the machine (127.0.0.1 only
 The proxy forwards every request to moto and, by rule (:meth:`LoopbackS3.fault`), answers 503
 SlowDown or 500 instead, resets the connection, truncates the body (full ``Content-Length``,
 half the bytes), or delays (``delay_s``; a delay past the client's time-out is a time-out).
-``latency_s`` adds a fixed delay to every request (a store's round trip). :meth:`env` is what a
+``latency_s`` adds a fixed delay to every request (a store's round trip); ``serve_ranges``
+answers ranged GETs from each object read whole once (moto copies the whole object for each,
+which a store does not; for benchmarks, objects written through the proxy). :meth:`env` is what a
 client needs (dummy credentials, the proxy as endpoint); it never touches ``os.environ``.
 Needs moto's server extra (``pip install 'moto[server]'``) and boto3 (dev dependencies).
 """
@@ -59,6 +61,9 @@ class _State:
     rules: list[Rule] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: path -> (headers, bytes) of objects read whole once, ranged GETs answered from them
+    #: (``None``: off; every request goes to moto)
+    objects: dict[str, tuple[dict[str, str], bytes]] | None = None
 
     def pick(self, method: str, path: str) -> Rule | None:
         with self.lock:
@@ -145,21 +150,21 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             if action == "500":
                 self._error(500, "InternalError", "We encountered an internal error. Please try again.")
                 return
-            conn = http.client.HTTPConnection(*state.upstream, timeout=60)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
             if body or self.command in ("PUT", "POST"):
                 headers["Content-Length"] = str(len(body))
-            conn.request(self.command, self.path, body=body or None, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-            conn.close()
-            self.send_response(resp.status, resp.reason)
-            for k, v in resp.getheaders():
+            ranged = self._ranged(headers)
+            if ranged is None:
+                status, reason, answer, data = self._upstream(self.command, self.path, body, headers)
+            else:
+                status, reason, answer, data = ranged
+            self.send_response(status, reason)
+            for k, v in answer:
                 if k.lower() not in _HOP and k.lower() not in ("content-length", "date", "server"):
                     self.send_header(k, v)
             # a HEAD answer has no body: its Content-Length is the object's size
-            self.send_header("Content-Length", resp.getheader("Content-Length", "0") if self.command == "HEAD"
-                             else str(len(data)))
+            self.send_header("Content-Length", dict((k.lower(), v) for k, v in answer).get("content-length", "0")
+                             if self.command == "HEAD" else str(len(data)))
             self.end_headers()
             if self.command == "HEAD":
                 return
@@ -170,6 +175,49 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 return
             self.wfile.write(data)
 
+        def _upstream(self, method: str, path: str, body: bytes,
+                      headers: dict[str, str]) -> tuple[int, str, list[tuple[str, str]], bytes]:
+            conn = http.client.HTTPConnection(*state.upstream, timeout=60)
+            conn.request(method, path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            conn.close()
+            return resp.status, resp.reason, resp.getheaders(), data
+
+        def _ranged(self, headers: dict[str, str]) -> tuple[int, str, list[tuple[str, str]], bytes] | None:
+            """A ranged GET of an object answered from its bytes read once (``objects`` on):
+            moto copies a whole object for every ranged GET, which a store does not."""
+            if state.objects is None:
+                return None
+            key = self.path.split("?")[0]
+            if self.command != "GET" or "?" in self.path:
+                if self.command in ("PUT", "POST", "DELETE"):
+                    with state.lock:
+                        state.objects.pop(key, None)
+                return None
+            m = re.fullmatch(r"bytes=(\d+)-(\d+)", headers.get("Range", headers.get("range", "")))
+            if m is None:
+                return None
+            with state.lock:
+                held = state.objects.get(key)
+            if held is None:
+                plain = {k: v for k, v in headers.items() if k.lower() not in ("range", "if-match")}
+                status, _, answer, data = self._upstream("GET", self.path, b"", plain)
+                if status != 200:
+                    return None
+                held = ({k.lower(): v for k, v in answer}, data)
+                with state.lock:
+                    state.objects[key] = held
+            meta, data = held
+            match = headers.get("If-Match", headers.get("if-match"))
+            if match is not None and match != meta.get("etag"):
+                return None  # moto answers the precondition
+            a, b = int(m.group(1)), min(int(m.group(2)), len(data) - 1)
+            if a > b:
+                return None
+            out = [(k, meta[k]) for k in ("etag", "last-modified", "content-type") if k in meta]
+            return 206, "Partial Content", out + [("Content-Range", f"bytes {a}-{b}/{len(data)}")], data[a:b + 1]
+
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
 
     return Proxy
@@ -178,13 +226,13 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
 class LoopbackS3:
     """moto's S3 server on 127.0.0.1 behind a fault-injecting proxy; :attr:`endpoint` is the proxy's."""
 
-    def __init__(self, latency_s: float = 0.0) -> None:
+    def __init__(self, latency_s: float = 0.0, serve_ranges: bool = False) -> None:
         from moto.server import ThreadedMotoServer
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._moto.start()
         host, port = self._moto.get_host_and_port()
-        self.state = _State(upstream=(host, port), latency_s=latency_s)
+        self.state = _State(upstream=(host, port), latency_s=latency_s, objects={} if serve_ranges else None)
         self._proxy = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.state))
         self._proxy.daemon_threads = True
         self._proxy.handle_error = lambda request, address: None  # type: ignore[method-assign] # a client gone mid-answer
@@ -260,8 +308,10 @@ def main() -> None:
     proxy's endpoint as the first line (``AWS_ENDPOINT_URL=...``)."""
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--latency-ms", type=float, default=0.0)
+    ap.add_argument("--serve-ranges", action="store_true",
+                    help="answer ranged GETs from each object read whole once (objects written only through the proxy)")
     args = ap.parse_args()
-    with LoopbackS3(latency_s=args.latency_ms / 1e3) as server:
+    with LoopbackS3(latency_s=args.latency_ms / 1e3, serve_ranges=args.serve_ranges) as server:
         print(f"AWS_ENDPOINT_URL={server.endpoint}", flush=True)
         threading.Event().wait()
 

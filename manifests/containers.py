@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
-from manifests import storage, store_facts
+from manifests import storage, store_facts, store_scan
 
 from manifests.errors import DataprepError
 
@@ -191,10 +191,6 @@ def _trailing_problem(path: str | os.PathLike[str], end: int) -> str | None:
     return None
 
 
-#: bytes read per request when a tar in a store is indexed (a header is 512; small members come along)
-TAR_HEADER_READ = 8192
-
-
 def index_tar(path: str | os.PathLike[str]) -> TarIndex:
     """The regular-file members of a tar and where their data lies, from the headers only.
 
@@ -211,7 +207,7 @@ def index_tar(path: str | os.PathLike[str]) -> TarIndex:
 def _index_url(url: str) -> TarIndex:
     """:func:`index_tar` of a tar in a store, remembered under its ETag / version (a rerun on an
     unchanged tar reads none of its headers again)."""
-    info = storage.stat(url)
+    info = storage.known_info(url)
     hit = store_facts.cache_get("tar-index", url, info)
     if hit is not None:
         return TarIndex(url, hit["names"], hit["offsets"], hit["sizes"], set(hit["truncated"]), hit["problem"],
@@ -228,9 +224,10 @@ def _index_tar(path: str | os.PathLike[str]) -> TarIndex:
     idx = TarIndex(os.fspath(path))
     pos = 0
     try:
-        size = storage.stat(path).size
-        # a URL's headers are read by range requests of TAR_HEADER_READ bytes: a member's data is skipped
-        with _open(path, TAR_HEADER_READ) as fh, tarfile.open(fileobj=fh, mode="r:") as tf:
+        size = storage.known_info(path).size
+        # a URL's headers are read by range requests sized to the members (storage.open_scan)
+        with (store_scan.open_scan(os.fspath(path)) if storage.is_url(os.fspath(path)) else open(path, "rb")) as fh, \
+                tarfile.open(fileobj=fh, mode="r:") as tf:
             while True:
                 try:
                     info = tf.next()

@@ -32,15 +32,10 @@ from typing import IO, Any
 
 import numpy as np
 
-from manifests.errors import DataprepError, os_error_line
-
-#: URL schemes read through the object store (``file://`` is a local path)
-SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss"})
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-class StoreError(DataprepError, OSError):
-    """An object could not be read or written (after the last retry): one line naming it."""
+from manifests.errors import os_error_line
+from manifests.store_paths import (  # noqa: F401 (re-exported)
+    SCHEMES, StoreError, is_url, join, local_path, name, parent, resolve, split_url,
+)
 
 
 @dataclass(frozen=True)
@@ -77,62 +72,6 @@ RETRY = _env_policy()
 DEFAULT_GAP = 64 * 1024
 #: most requests in flight at once per process (bounded concurrency of range reads and probes)
 MAX_CONCURRENCY = 16
-
-
-# ----------------------------------------------------------------------------- paths and URLs
-def is_url(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` names an object in a store (``s3://``, ``gs://``, ``az://``, ``abfs://``);
-    a local path and ``file://`` are not URLs."""
-    m = _URL.match(os.fspath(path)) if isinstance(path, str) else None
-    return bool(m) and m.group(1).lower() in SCHEMES
-
-
-def local_path(path: str | os.PathLike[str]) -> str:
-    """``path`` as a local path (``file:///x`` -> ``/x``); a URL is returned unchanged."""
-    text = os.fspath(path)
-    return text[len("file://"):] if isinstance(text, str) and text.startswith("file://") else text
-
-
-def split_url(url: str) -> tuple[str, str]:
-    """``(root, key)`` of a URL: ``s3://bucket/a/b`` -> (``s3://bucket``, ``a/b``)."""
-    scheme, _, rest = url.partition("://")
-    bucket, _, key = rest.partition("/")
-    if not bucket:
-        raise StoreError(f"{url}: no bucket in the URL (expected {scheme}://BUCKET/KEY)")
-    return f"{scheme.lower()}://{bucket}", key
-
-
-def join(base: str | os.PathLike[str], *parts: str) -> str:
-    """``base`` / ``parts`` for a URL or a local path (never mangles ``s3://`` into ``s3:/``)."""
-    text = os.fspath(base)
-    if not is_url(text):
-        return os.path.join(local_path(text), *parts)
-    out = text.rstrip("/")
-    for p in parts:
-        out = p if is_url(p) else f"{out}/{p.strip('/')}" if p.strip("/") else out
-    return out
-
-
-def parent(path: str | os.PathLike[str]) -> str:
-    """The folder holding ``path`` (a URL's parent prefix, never above its bucket)."""
-    text = os.fspath(path)
-    if not is_url(text):
-        return os.path.dirname(local_path(text)) or "."
-    root, key = split_url(text)
-    head = key.rstrip("/").rpartition("/")[0]
-    return f"{root}/{head}" if head else root
-
-
-def name(path: str | os.PathLike[str]) -> str:
-    """The last component of ``path``."""
-    return os.fspath(path).rstrip("/").rpartition("/")[2] if is_url(path) else os.path.basename(local_path(path))
-
-
-def resolve(base_dir: str | os.PathLike[str], path: str) -> str:
-    """``path`` as given when absolute or a URL, else under ``base_dir`` (a folder or URL)."""
-    if is_url(path) or os.path.isabs(local_path(path)):
-        return local_path(path)
-    return join(base_dir, path)
 
 
 # ----------------------------------------------------------------------------- stores
@@ -287,16 +226,25 @@ def stat(path: str | os.PathLike[str]) -> ObjectInfo:
     return info
 
 
-def _known(path: str) -> ObjectInfo:
+def known_info(path: str | os.PathLike[str]) -> ObjectInfo:
+    """:func:`stat` of ``path``, or what this process remembers of it (a listing or an earlier
+    ``HEAD``; a command starts from nothing remembered, :func:`forget_all`)."""
+    text = os.fspath(path)
     with _lock:
-        info = _infos.get(path)
-    return info if info is not None else stat(path)
+        known = _infos.get(text)
+    return known if known is not None else stat(text)
 
 
 def forget(path: str | os.PathLike[str]) -> None:
     """Drop what this process remembers of ``path`` (its next read asks the store again)."""
     with _lock:
         _infos.pop(os.fspath(path), None)
+
+
+def forget_all() -> None:
+    """Drop what this process remembers of every object (a command starts afresh)."""
+    with _lock:
+        _infos.clear()
 
 
 def coalesce(ranges: Sequence[tuple[int, int]], gap: int = DEFAULT_GAP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -367,7 +315,7 @@ def read_ranges(path: str | os.PathLike[str], ranges: Sequence[tuple[int, int]],
     :data:`MAX_CONCURRENCY`). ``info`` (from :func:`stat`, e.g. when the ranges came from an
     index of that object) pins the ETag read; a range past the end is an error."""
     text = os.fspath(path)
-    info = info if info is not None else _known(text)
+    info = info if info is not None else known_info(text)
     starts, ends, group = coalesce(ranges, gap)
     if len(ends) and int(ends.max()) > info.size:
         raise StoreError(f"{text}: byte range ends at {int(ends.max())}, past the object's end ({info.size} bytes)")
@@ -396,7 +344,7 @@ def exists(path: str | os.PathLike[str]) -> bool:
     if not is_url(text):
         return os.path.exists(local_path(text))
     try:
-        stat(text)
+        known_info(text)
     except StoreError as exc:
         if str(exc).endswith("no such object"):
             return False
@@ -445,11 +393,13 @@ class _RangeFile(io.RawIOBase):
     """A read-only, seekable view of an object whose every read is one range request."""
 
     def __init__(self, path: str, info: ObjectInfo, offset: int = 0, size: int | None = None,
-                 later: bool = False) -> None:
+                 later: bool = False, head: int = 0) -> None:
         self.path, self.info, self.pos, self.base, self.later = path, info, 0, offset, later
         self.size = info.size - offset if size is None else size
         self.name = path
         self.error: StoreError | None = None
+        n = min(head, self.size)  # read now, in the caller's thread: a C reader's callbacks run one at a time
+        self.head = _get_span(path, offset, offset + n, info) if n > 0 else b""
 
     def readable(self) -> bool:
         return True
@@ -469,6 +419,11 @@ class _RangeFile(io.RawIOBase):
         n = max(0, min(len(buf), self.size - self.pos, self.info.size - self.base - self.pos))
         if n == 0:
             return 0
+        if self.pos < len(self.head):
+            n = min(n, len(self.head) - self.pos)
+            buf[:n] = self.head[self.pos:self.pos + n]
+            self.pos += n
+            return n
         start = self.base + self.pos
         try:
             data = _get_span(self.path, start, start + n, self.info)
@@ -491,26 +446,29 @@ def check_reads(fh: Any) -> None:
 
 
 def open_range(path: str, offset: int, size: int, buffer_size: int = 64 * 1024, *,
-               errors_later: bool = False) -> IO[bytes]:
+               errors_later: bool = False, head: int = 0) -> IO[bytes]:
     """A binary, seekable file of the ``size`` bytes at ``offset`` of the URL ``path`` (a tar
     member), read by range requests of ``buffer_size`` bytes, pinned to the object's ETag.
-    ``errors_later``: as :func:`open_input`'s."""
-    return io.BufferedReader(_RangeFile(path, _known(path), offset, size, errors_later), buffer_size=buffer_size)
+    ``errors_later``, ``head``: as :func:`open_input`'s."""
+    return io.BufferedReader(_RangeFile(path, known_info(path), offset, size, errors_later, head),
+                             buffer_size=buffer_size)
 
 
 def open_input(path: str | os.PathLike[str], buffer_size: int = 64 * 1024, *,
-               errors_later: bool = False) -> IO[bytes]:
+               errors_later: bool = False, head: int = 0) -> IO[bytes]:
     """A binary, seekable file of ``path``: a local file opened, a URL read by range requests
     of ``buffer_size`` bytes (what soundfile needs to probe a header, never the whole object).
     ``errors_later``: a failed read returns no bytes and :func:`check_reads` raises its error
-    (for a C reader that calls back, e.g. soundfile: an exception there would be swallowed)."""
+    (for a C reader that calls back, e.g. soundfile: an exception there would be swallowed).
+    ``head``: the first ``head`` bytes are read at once, here (soundfile's read callbacks run
+    one at a time across threads: reads inside them would serialise parallel probes)."""
     text = os.fspath(path)
     if not is_url(text):
         try:
             return open(local_path(text), "rb")
         except OSError as exc:
             raise StoreError(os_error_line(exc, text)) from None
-    return io.BufferedReader(_RangeFile(text, stat(text), later=errors_later), buffer_size=buffer_size)
+    return io.BufferedReader(_RangeFile(text, known_info(text), later=errors_later, head=head), buffer_size=buffer_size)
 
 
 # ----------------------------------------------------------------------------- writing

@@ -38,7 +38,7 @@ def fingerprint(path: str) -> str:
     """SHA-256 naming what a URL holds without reading it: an object's (URL, size, ETag,
     version), a folder's the same for each object under it."""
     import hashlib
-    items = [(path, storage.stat(path))] if storage.exists(path) else storage.list_prefix(path.rstrip("/") + "/")
+    items = [(path, storage.known_info(path))] if storage.exists(path) else storage.list_prefix(path.rstrip("/") + "/")
     text = "\n".join(f"{u}\0{i.size}\0{i.etag}\0{i.version}" for u, i in items)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -80,6 +80,8 @@ def _cache() -> Any:
             folder.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(folder / "store-cache.sqlite", timeout=60, check_same_thread=False,
                                  isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")  # a fact a commit, without an fsync each (22 ms -> ~0.1)
+            db.execute("PRAGMA synchronous=NORMAL")
             db.execute("CREATE TABLE IF NOT EXISTS facts (kind TEXT, url TEXT, tag TEXT, value TEXT, "
                        "PRIMARY KEY (kind, url, tag))")
             _cache_db = db
@@ -123,7 +125,7 @@ def fetch_local(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] 
     from manifests.atomic_files import atomic_path
     import hashlib
     from manifests.hash_cache import default_cache_dir
-    info = storage.stat(text)
+    info = storage.known_info(text)
     tag = info.version or info.etag or f"size{info.size}"
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     dest = folder / "objects" / f"{hashlib.sha256(f'{text}|{tag}'.encode()).hexdigest()[:32]}-{storage.name(text)[-80:]}"

@@ -24,7 +24,8 @@ QUICK = {
     "bench_dynres.py": ["--seeds", "1", "--targets", "1000", "--repeats", "1", "--model", "tiny", "--rows", "4000"],
     "bench_html_report.py": ["--rows", "5000", "--world-size", "4", "--repeats", "1", "--work", "{tmp}"],
     "bench_calibrate.py": ["--rows", "3000", "--world-size", "4", "--epochs", "1", "--repeats", "1"],
-    "bench_object_store.py": ["--utterances", "40", "--latency-ms", "5", "--work", "{tmp}"],
+    "bench_object_store.py": ["--utterances", "40", "--latency-ms", "5", "--runs", "1", "--work", "{tmp}"],
+    "bench_store_compile.py": ["--rows", "60", "--tars", "2", "--latency-ms", "0", "--work", "{tmp}"],
     "bench_store_clients.py": ["--ranges", "8", "--repeats", "1", "--latency-ms", "0"],
     "bench_pack.py": ["--rows", "2000", "--world-size", "4", "--repeats", "1"],
 }

@@ -89,7 +89,11 @@ def _upload(folder: Path, parent_url: str, primary: Path, say: Callable[[str], N
 
 @contextlib.contextmanager
 def url_arguments(kwargs: dict[str, Any], say: Callable[[str], None] = print) -> Iterator[dict[str, Any]]:
-    """``kwargs`` with every URL argument replaced by its local stand-in; outputs uploaded on success."""
+    """``kwargs`` with every URL argument replaced by its local stand-in; outputs uploaded on success.
+    What an earlier command in this process learnt of objects is forgotten first."""
+    import sys
+    if "manifests.storage" in sys.modules:
+        sys.modules["manifests.storage"].forget_all()
     urls = {k: u for k, v in kwargs.items() if (u := _url(v)) is not None}
     listed = {k: [_url(x) or x for x in v] for k, v in kwargs.items()
               if isinstance(v, list) and any(_url(x) for x in v)}
@@ -114,6 +118,14 @@ def url_arguments(kwargs: dict[str, Any], say: Callable[[str], None] = print) ->
         for k, values in listed.items():
             new[k] = [_local_input(v, Path(tmp) / f"{k}-{j}") if isinstance(v, str) else v
                       for j, v in enumerate(values)]
-        yield new
+        try:
+            yield new
+        except DataprepError as exc:  # the line names the URL, never its local stand-in
+            text = str(exc)
+            for k, url in urls.items():
+                text = text.replace(str(new[k]), url)
+            if text == str(exc):
+                raise
+            raise DataprepError(text) from None
         for folder, parent_url, primary in uploads:
             _upload(folder, parent_url, primary, say)

@@ -55,7 +55,7 @@ def _source(path: str) -> Iterator[Any]:
     if not storage.is_url(path):
         yield path
         return
-    fh = storage.open_input(path, 16 << 10, errors_later=True)
+    fh = storage.open_input(path, 16 << 10, errors_later=True, head=16 << 10)
     try:
         yield fh
     except (soundfile.LibsndfileError, RuntimeError, ValueError):
@@ -224,7 +224,7 @@ def _member_url(name: str, container: str, offset: int, size: int, info: storage
     hit = store_facts.cache_get("member-probe", key, info)
     if hit is not None:
         return (name, *hit[1:])
-    fh = storage.open_range(container, offset, size, 16 << 10, errors_later=True)
+    fh = storage.open_range(container, offset, size, 16 << 10, errors_later=True, head=16 << 10)
     res = _info_of(name, fh)
     storage.check_reads(fh)
     if res[4] is None:

@@ -585,7 +585,7 @@ def collect_report(
         section3 = None
         if files is not None and meta is not None and plan is not None:
             files.close()
-            section3 = plan_aggregates(plan, meta, corp, files, n, limit, world_sizes)
+            section3 = plan_aggregates(plan, meta, corp, files, n, limit, world_sizes, manifest=manifest)
             windows = window_aggregates(plan, meta, corp.order, corp.names, files, n, share_range_rows(limit),
                                         section3.targets)
         times = step_time_aggregates(plan, steps, cost_model) if steps is not None and plan is not None else None

@@ -429,6 +429,14 @@ def plan_section(page: Page, p: PlanAggregates) -> None:
                "The first row is the plan's own world size and step layout; the others re-deal the same batches. "
                "Not representative: fewer batches per bucket than ranks.",
                percent=("idle_sync", "idle_unsync", "speedup"))
+    if p.store:
+        page.table("Store reads per step, epoch 0", [
+            ("rank", "rank"), ("requests_mean", "requests / step"), ("requests_max", "max requests"),
+            ("mb_mean", "MB / step"), ("mb_max", "max MB"), ("objects_mean", "objects / step"),
+            ("fetched_per_used", "fetched / used"), ("first_batch_s", "first batch (s)"),
+            ("utt_per_s", "utterances/s")], p.store,
+            "What each rank's step reads (a step's ranges of one object within 4 KiB are one request, as the "
+            "prefetch reads them), priced by the default store model (as simulate --reads).")
     page.close_section()
 
 

@@ -59,6 +59,33 @@ class PlanAggregates:
     simulate: list[dict[str, Any]]
     #: per corpus of a weighted blend: its weight, target probability and the shares achieved
     targets: list[dict[str, Any]] = field(default_factory=list)
+    #: per rank, epoch 0: requests and bytes a step reads from its store (:func:`store_rows`)
+    store: list[dict[str, Any]] = field(default_factory=list)
+
+
+def store_rows(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Per rank of epoch 0, for a manifest whose audio is in a store (else none): requests, MB
+    and objects a step reads (mean and max over steps), bytes fetched / used, and the default
+    store model's time to first batch and utterances/s (:func:`~dataprep.planning.simulate.store_reads`)."""
+    import polars as pl
+
+    from dataprep.planning.simulate import store_reads
+    from manifests.manifest_read import read_manifest
+    df = read_manifest(manifest, columns=["audio_path"], optional=["container"])
+    where = pl.coalesce(df["container"], df["audio_path"]) if "container" in df.columns else df["audio_path"]
+    if not where.str.contains(r"^(s3a?|gs|gcs|az|azure|abfss?)://").any():
+        return []  # audio on local disk: no store to read from
+    r = store_reads(plan_dir, manifest)
+    first = r.store.step_seconds(r.requests[0], r.nbytes[0]) if r.requests.shape[0] else np.zeros(r.requests.shape[1])
+    out = []
+    for k in range(r.requests.shape[1]):
+        rate = r.store.steps_per_second(r.requests[:, k], r.nbytes[:, k])
+        out.append({"rank": k, "requests_mean": _r(float(r.requests[:, k].mean()), 2), "requests_max": int(r.requests[:, k].max()),
+                    "mb_mean": _r(float(r.nbytes[:, k].mean()) / 1e6, 3), "mb_max": _r(float(r.nbytes[:, k].max()) / 1e6, 3),
+                    "objects_mean": _r(float(r.objects[:, k].mean()), 2),
+                    "fetched_per_used": _r(float(r.nbytes[:, k].sum() / max(1, r.used[:, k].sum())), 4),
+                    "first_batch_s": _r(float(first[k]), 3), "utt_per_s": _r(float(rate * r.rows[:, k].mean()), 1)})
+    return out
 
 
 def _step_rows(bucket: npt.NDArray[Any], size: npt.NDArray[Any], max_d: npt.NDArray[Any],
@@ -181,7 +208,7 @@ def corpus_shares(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corpus
 
 def plan_aggregates(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: CorpusCodes, rows: SpillFiles,
                     num_rows: int, memory_limit: int, world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
-                    cost: CostModel | None = None) -> PlanAggregates:
+                    cost: CostModel | None = None, manifest: str | os.PathLike[str] | None = None) -> PlanAggregates:
     """Section 3 for a plan of the manifest whose corpora and rows (:func:`corpus_shares`)
     were read already; epoch 0's batches (per-batch columns, not their rows) are read once
     and shared by every figure."""
@@ -203,4 +230,5 @@ def plan_aggregates(plan_dir: str | os.PathLike[str], meta: PlanMeta, corp: Corp
                "plan_hash": meta.plan_hash, "epoch0": rep}
     shares, targets = corpus_shares(plan_dir, meta, corp, rows, num_rows, memory_limit)
     return PlanAggregates(summary, steps, window, ranks, shares,
-                          [{k: (_r(v, 6) if isinstance(v, float) else v) for k, v in s.items()} for s in sims], targets)
+                          [{k: (_r(v, 6) if isinstance(v, float) else v) for k, v in s.items()} for s in sims], targets,
+                          store_rows(plan_dir, manifest) if manifest is not None else [])

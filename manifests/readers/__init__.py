@@ -27,7 +27,7 @@ import polars as pl
 from manifests.errors import DataprepError
 from manifests.options import check_int
 from manifests.containers import expand_paths
-from manifests.readers._blend import Blend, Leaf, check_exists, is_blend_path, iter_blend, read_blend
+from manifests.readers._blend import Blend, Leaf, check_exists, is_blend_path, iter_blend
 from manifests.readers._jsonl import iter_lhotse, iter_lhotse_recipe, iter_nemo
 from manifests.readers._kaldi import iter_kaldi
 from manifests.readers._text import iter_text_leaf
@@ -42,6 +42,7 @@ from manifests.readers._containers import (
     iter_shar_fields,
     iter_webdataset,
 )
+from manifests.readers._store import iter_url_files, read_blend
 from manifests.readers._tabular import iter_delimited, iter_parquet
 
 SOURCE_FORMATS = ("nemo", "lhotse", "kaldi", "csv", "tsv", "parquet", "shar", "webdataset", "hf-parquet", "input_cfg",
@@ -235,7 +236,23 @@ def _iter_url(url: str, fmt: str, *, text_field: str, audio_root: str | Path | N
               corpus_field: bool) -> Iterator[pl.DataFrame]:
     """A source in a store: a Shar folder read in place (its tars indexed by range reads), a
     manifest file read from its local copy (:func:`manifests.storage.fetch_local`, cached by
-    ETag) with relative audio paths resolved against the URL's folder and rows naming the URL."""
+    ETag) with relative audio paths resolved against the URL's folder and rows naming the URL;
+    a WebDataset tar read in place; Kaldi folders, Lhotse recipes and ``input_cfg`` YAML files
+    from local copies of their text files (:mod:`manifests.readers._store`)."""
+    if fmt in ("auto", "input_cfg") and is_blend_path(url):
+        blend = read_blend(url)
+        check_exists(blend)
+        yield from (f for f in iter_blend(blend, lambda leaf: iter_leaf(leaf, chunk_rows=chunk_rows)) if f.height)
+        return
+    if fmt in ("auto", "webdataset") and url.lower().endswith(".tar"):
+        if not storage.exists(url):
+            raise DataprepError(f"{url}: no such object")
+        yield from (corpus_from_extra(f) if corpus_field else f for f in iter_webdataset(url, chunk_rows=chunk_rows))
+        return
+    files = iter_url_files(url, fmt, audio_root=audio_root, chunk_rows=chunk_rows)
+    if files is not None:
+        yield from (corpus_from_extra(f) if corpus_field else f for f in files if f.height)
+        return
     if fmt in ("auto", "shar") and not storage.exists(url):
         if not storage.is_folder(url):
             raise DataprepError(f"{url}: no such object or folder")
@@ -244,8 +261,8 @@ def _iter_url(url: str, fmt: str, *, text_field: str, audio_root: str | Path | N
     local = store_facts.fetch_local(url)
     kind = detect_format(local) if fmt == "auto" else fmt
     if kind not in _COPIED_FORMATS:
-        raise DataprepError(f"{url}: {kind} sources are not read from a store (read are NeMo and Lhotse JSONL, "
-                            "CSV/TSV, Parquet, Lhotse Shar folders and NeMo tarred datasets); copy it locally")
+        raise DataprepError(f"{url}: a {kind} source cannot be read from a store in this form; name it by its folder "
+                            "or .tar/.yaml URL, or copy it locally")
     root = audio_root if audio_root is not None else storage.parent(url)
     yield from relabel(iter_source(local, kind, text_field=text_field, audio_root=root, chunk_rows=chunk_rows,
                                    corpus_field=corpus_field), str(local), url)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,7 +45,7 @@ HF_TEXT_COLUMNS = ("text", "sentence", "transcription")
 #: bytes of audio per chunk of a Hugging Face Parquet (rows per chunk follow from it)
 HF_CHUNK_BYTES = 64 << 20
 #: tars of a store indexed at once (each a chain of header range reads)
-TAR_INDEX_THREADS = 8
+TAR_INDEX_THREADS = 16
 _WDS_KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 
 
@@ -167,11 +167,15 @@ class _Tars:
             self.used.setdefault(shard, set())
         return self._idx[shard]
 
-    def members(self, shards: Sequence[int]) -> pl.DataFrame:
-        todo = [s for s in shards if 0 <= s < len(self.tars) and s not in self._idx and storage.is_url(self.tars[s])]
-        if len(todo) > 1:  # tars in a store: their headers read in parallel, bounded
+    def index_urls(self) -> None:
+        """Index every tar in a store at once, their headers read in parallel (bounded): each
+        tar's scan is a chain of requests, so one at a time would add their round trips."""
+        todo = [s for s in range(len(self.tars)) if s not in self._idx and storage.is_url(self.tars[s])]
+        if len(todo) > 1:
             with ThreadPoolExecutor(min(len(todo), TAR_INDEX_THREADS)) as pool:
                 list(pool.map(self.get, todo))
+
+    def members(self, shards: Sequence[int]) -> pl.DataFrame:
         frames = [_index_frame(idx, s) for s in shards if 0 <= s < len(self.tars) and (idx := self.get(s)) is not None]
         empty = _index_frame(TarIndex(""), 0).clear()
         return pl.concat([empty, *frames]) if frames else empty
@@ -217,7 +221,10 @@ def iter_nemo_tarred(
     """
     if not tars:
         raise DataprepError("--tarred-audio: no tar files given")
+    if urls := [u for u in (*manifests, *tars) if storage.is_url(u)]:
+        store_facts.infos(urls)  # one listing a folder instead of a HEAD each
     store = _Tars(tars)
+    store.index_urls()
     for mi, manifest in enumerate(manifests):
         if not (storage.exists(manifest) if storage.is_url(manifest) else Path(manifest).is_file()):
             raise DataprepError(f"{manifest}: no such tarred-dataset manifest")
@@ -263,6 +270,7 @@ def iter_shar_fields(cuts: Sequence[str], tars: Sequence[str], *, chunk_rows: in
     cuts, every audio member an ``unlisted_member``); each a path or a store URL."""
     tars = list(tars)
     store = _Tars(tars + list(orphans))
+    store.index_urls()
     for si, cut_name in enumerate(cuts):
         cut_file = store_facts.fetch_local(cut_name)
         for frame in relabel(iter_lhotse(cut_file, audio_root=None, chunk_rows=chunk_rows,
@@ -356,11 +364,18 @@ def iter_webdataset(path: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
         last = next(reversed(groups))
         problems.setdefault(last, ("truncated_container", f"the last key before the tar's cut ({idx.problem}): "
                                                           "its later members may be lost"))
-    fd = os.open(path, os.O_RDONLY)
+    if storage.is_url(os.fspath(path)):  # the text members, coalesced range reads in parallel
+        want = [i for exts in groups.values() for e in ("txt", "json") if (i := exts.get(e)) is not None
+                and idx.names[i] not in idx.truncated]
+        held = dict(zip(want, storage.read_ranges(os.fspath(path), [(idx.offsets[i], idx.sizes[i]) for i in want])))
+        fd, read = -1, held.__getitem__
+    else:
+        fd = os.open(path, os.O_RDONLY)
+        read = lambda i: read_range(fd, idx.offsets[i], idx.sizes[i])  # noqa: E731
     try:
         rows: list[dict[str, object]] = []
         for key, exts in groups.items():
-            row = _wds_row(fd, idx, str(path), tar_abs, key, exts)
+            row = _wds_row(read, idx, str(path), tar_abs, key, exts)
             if key in problems and not (problems[key][0] == "truncated_container" and row.get("reason")):
                 reason, detail = problems[key]
                 row["reason"], row["detail"] = reason, f"{row['origin']}: {detail}"
@@ -371,13 +386,15 @@ def iter_webdataset(path: Path, *, chunk_rows: int) -> Iterator[pl.DataFrame]:
         if rows:
             yield _wds_frame(rows, path)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
     if idx.problem is not None or idx.trailing is not None:
         yield _container_rejects(TarIndex(idx.path, problem=idx.problem, trailing=idx.trailing))
 
 
-def _wds_row(fd: int, idx: TarIndex, tar: str, tar_abs: str, key: str, exts: dict[str, int]) -> dict[str, object]:
-    """The raw row (value + type columns, reason) of one WebDataset key."""
+def _wds_row(read: Callable[[int], bytes], idx: TarIndex, tar: str, tar_abs: str, key: str,
+             exts: dict[str, int]) -> dict[str, object]:
+    """The raw row (value + type columns, reason) of one WebDataset key (``read(i)``: member i's bytes)."""
     audio = next((exts[e] for e in exts if e.rsplit(".", 1)[-1] in AUDIO_EXTENSIONS), None)
     first = audio if audio is not None else min(exts.values(), default=None)
     origin = f"{tar}:{idx.names[first] if first is not None else key}"  # a key of links only: its name
@@ -391,7 +408,7 @@ def _wds_row(fd: int, idx: TarIndex, tar: str, tar_abs: str, key: str, exts: dic
         if idx.names[i] in idx.truncated:
             problem = problem or ("truncated_member", f"{origin}: {idx.names[i]}: member data runs past the end of the tar")
             continue
-        raw = read_range(fd, idx.offsets[i], idx.sizes[i])
+        raw = read(i)
         try:
             text = raw.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
@@ -438,7 +455,8 @@ def _wds_frame(rows: list[dict[str, object]], path: Path) -> pl.DataFrame:
         schema[f] = pl.String()
         schema[f"{f}__t"] = pl.String()
     raw = pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
-    out = finish(raw, base_dir=str(path.parent.resolve()), labels=_WDS_LABELS, require_audio=False)
+    out = finish(raw, base_dir=storage.parent(path) if storage.is_url(os.fspath(path)) else str(path.parent.resolve()),
+                 labels=_WDS_LABELS, require_audio=False)
     c = raw.select("container", "member_offset", "member_size",
                    (pl.col("container") + pl.lit(":") + pl.col("audio")).alias("audio_path"))
     out = out.with_columns(c.get_columns())

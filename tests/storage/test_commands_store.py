@@ -120,3 +120,30 @@ def test_hugging_face_parquet_in_the_store_compiles_and_packs(s3: LoopbackS3, ti
     assert kept["duration"].to_list() == pytest.approx(SECONDS)
     _run("pack", f"{s3.bucket}/hf.parquet", "-o", f"{s3.bucket}/hf-packed", "--layout", "nemo-tarred")
     assert any(u.endswith(".tar") for u, _ in storage.list_prefix(f"{s3.bucket}/hf-packed/"))
+
+
+def test_exports_and_the_report_written_to_urls(corpus: str, s3: LoopbackS3, tiny_spm: str,  # noqa: F811
+                                               tmp_path: Path) -> None:
+    """Exports and the report go to the store whole, the same bytes as written locally."""
+    b = s3.bucket
+    m = _compiled(corpus, s3, tiny_spm)
+    _run("fit-buckets", m, "--num-buckets", "2", "--max-duration-budget", "10", "-o", f"{b}/buckets.json")
+    _run("plan-batches", m, "-b", f"{b}/buckets.json", "-o", f"{b}/plan", "--world-size", "1")
+    for kind in ("nemo", "lhotse"):
+        _run("export", kind, f"{b}/plan", "-m", m, "-o", f"{b}/export-{kind}")
+        names = {u[len(f"{b}/export-{kind}/"):] for u, _ in storage.list_prefix(f"{b}/export-{kind}/")}
+        assert ("bucketing.yaml" if kind == "nemo" else "bins.json") in names, names
+        local = tmp_path / f"export-{kind}"
+        _run("export", kind, f"{b}/plan", "-m", m, "-o", str(local))
+        assert names == {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()}
+    _run("report", m, "--plan", f"{b}/plan", "-o", f"{b}/report.html")
+    assert storage.read_bytes(f"{b}/report.html").lstrip().lower().startswith(b"<!doctype html")
+
+
+def test_an_error_names_the_url_not_its_local_copy(s3: LoopbackS3, tmp_path: Path) -> None:
+    manifest, buckets = write_plan_inputs(tmp_path, 50, seed=0, num_buckets=2)
+    storage.upload(manifest, f"{s3.bucket}/meta.parquet")
+    _run("plan-batches", f"{s3.bucket}/meta.parquet", "-b", str(buckets), "-o", str(tmp_path / "plan"), "--world-size", "1")
+    res = runner.invoke(app, ["export", "nemo", str(tmp_path / "plan"), "-m", f"{s3.bucket}/meta.parquet",
+                              "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2 and res.output.startswith(f"error: {s3.bucket}/meta.parquet: "), res.output

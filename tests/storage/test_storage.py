@@ -160,6 +160,9 @@ def test_list_prefix_and_fetch_local_cached_by_etag(blob_url: str, s3: LoopbackS
     assert first.read_bytes() == BLOB
     s3.reset_counts()
     assert store_facts.fetch_local(blob_url, tmp_path) == first
+    assert s3.counts() == {}  # within one command, the object's facts are remembered
+    storage.forget_all()  # a new command
+    assert store_facts.fetch_local(blob_url, tmp_path) == first
     assert s3.counts() == {"HEAD": 1}  # a rerun on an unchanged object reads only its HEAD
 
 
@@ -170,3 +173,53 @@ def test_without_obstore_a_url_is_one_line(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(DataprepError, match=r"needs obstore, which is not installed: pip install 'speech-dataprep\[store\]'"):
         storage.stat("s3://b/x")
     assert storage.is_url("s3://b/x") and os.fspath(storage.join("s3://b", "x")) == "s3://b/x"
+
+
+def _tar_of(sizes: list[int]) -> bytes:
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for i, n in enumerate(sizes):
+            info = tarfile.TarInfo(f"m{i:04d}.wav")
+            info.size = n
+            tf.addfile(info, io.BytesIO(bytes([i % 256]) * n))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(("sizes", "most_gets"), [([3000] * 400, 12), ([300_000] * 12, 16)])
+def test_a_tar_in_the_store_is_indexed_in_few_requests(s3: LoopbackS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       sizes: list[int], most_gets: int) -> None:
+    """Small members: many headers a request (one each would be 400 round trips in a chain);
+    large members: a header a request, their data skipped."""
+    from manifests.containers import index_tar
+    monkeypatch.setenv("SPEECH_DATAPREP_CACHE", str(tmp_path / "cache"))
+    storage.reset_clients()
+    data = _tar_of(sizes)
+    (tmp_path / "scan.tar").write_bytes(data)
+    s3.client().put_object(Bucket=s3.bucket[5:], Key="scan.tar", Body=data)
+    s3.reset_counts()
+    idx, local = index_tar(f"{s3.bucket}/scan.tar"), index_tar(tmp_path / "scan.tar")
+    assert (idx.names, idx.offsets, idx.sizes, idx.problem) == (local.names, local.offsets, local.sizes, None)
+    assert s3.counts()["GET"] <= most_gets, s3.counts()
+
+
+def test_the_loopback_proxy_can_answer_ranged_gets_itself() -> None:
+    """``serve_ranges`` (the benchmarks' server): the same bytes, ETag checks and writes as moto's."""
+    with LoopbackS3(serve_ranges=True) as server:
+        saved = {k: os.environ.get(k) for k in server.env()}
+        os.environ.update(server.env())
+        storage.reset_clients()
+        try:
+            url = f"{server.create_bucket('ranges')}/blob.bin"
+            with storage.write_atomic(url) as tmp:
+                tmp.write_bytes(BLOB)
+            assert storage.read_ranges(url, [(10, 100), (500_000, 7)], gap=0) == [BLOB[10:110], BLOB[500_000:500_007]]
+            with storage.write_atomic(url) as tmp:  # replaced through the proxy: never the old bytes
+                tmp.write_bytes(BLOB[::-1])
+            storage.forget_all()
+            assert storage.read_ranges(url, [(0, 64)])[0] == BLOB[::-1][:64]
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            storage.reset_clients()

@@ -1,0 +1,69 @@
+"""``az://`` through the same functions as ``s3://``, against Azurite (Azure's blob emulator, from
+npm: ``npm install azurite``) on loopback; skipped where ``azurite-blob`` is not on the PATH
+(or in ``$AZURITE_BLOB``) or azure-storage-blob (to create the container) is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("obstore", reason="obstore is not installed")
+blob = pytest.importorskip("azure.storage.blob", reason="azure-storage-blob is not installed")
+AZURITE = os.environ.get("AZURITE_BLOB") or shutil.which("azurite-blob")
+pytestmark = pytest.mark.skipif(AZURITE is None, reason="azurite-blob (npm install azurite) is not on the PATH")
+
+from manifests import storage  # noqa: E402
+
+#: Azurite's well-known development account (public, in Azure's docs)
+KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+@pytest.fixture(scope="module")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--silent",
+                             "--skipApiVersionCheck", "--location", str(tmp_path_factory.mktemp("azurite"))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}/devstoreaccount1"
+    conn = f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={KEY};BlobEndpoint={endpoint};"
+    for _ in range(100):
+        try:
+            blob.BlobServiceClient.from_connection_string(conn).create_container("corpus")
+            break
+        except Exception:  # noqa: BLE001 - not listening yet
+            time.sleep(0.1)
+    env = {"AZURE_STORAGE_USE_EMULATOR": "true", "AZURITE_BLOB_STORAGE_URL": f"http://127.0.0.1:{port}"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    storage.reset_clients()
+    try:
+        yield "az://corpus"
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        storage.reset_clients()
+        proc.kill()
+        proc.wait()
+
+
+def test_reads_writes_and_listing_of_az_urls(azurite: str, tmp_path: Path) -> None:
+    data = os.urandom(6 << 20)
+    with storage.open_output(f"{azurite}/big.bin", chunk=5 << 20) as out:  # a multipart (block) upload
+        out.write(data)
+    assert storage.stat(f"{azurite}/big.bin").size == len(data)
+    assert storage.read_ranges(f"{azurite}/big.bin", [(7, 100), (5 << 20, 9)], gap=0) == [data[7:107], data[5 << 20:(5 << 20) + 9]]
+    (tmp_path / "m.jsonl").write_text('{"a": 1}\n')
+    storage.upload(tmp_path / "m.jsonl", f"{azurite}/dir/m.jsonl")
+    assert [u for u, _ in storage.list_prefix(f"{azurite}/dir/")] == [f"{azurite}/dir/m.jsonl"]
+    assert not storage.exists(f"{azurite}/dir/absent.jsonl")
+    with pytest.raises(storage.StoreError, match=r"^az://corpus/absent\.bin: no such object$"):
+        storage.read_bytes(f"{azurite}/absent.bin")
