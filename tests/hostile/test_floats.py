@@ -70,6 +70,7 @@ def _base(cmd: str, flag: str, c: Corpus, plan: Path, tmp: Path) -> list[str]:
         "plan-batches": [str(c.manifest), "-b", str(c.buckets), "-w", "1", "-o", str(tmp / "p"), *dynres],
         "simulate": [str(plan), "--world-sizes", "2", *(["--strategy", "sync"] if flag == "--slow-rank" else [])],
         "filter": [str(c.manifest), "-o", str(tmp / "f.parquet")],
+        "stats": [str(c.manifest)],
         "calibrate": [str(plan), missing + ".parquet", "-o", str(tmp / "costmodel.json")],
         "train": [missing, "--manifest", str(c.manifest), "--tokenizer", str(c.spm), "--checkpoint-dir",
                   str(tmp / "ck"), "--device", "cpu", "--quiet"],
