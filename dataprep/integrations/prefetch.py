@@ -192,6 +192,7 @@ class StepPrefetcher:
         if loose.any():
             sizes = np.asarray([self._size(name_list[o]) for o in np.unique(obj[loose]).tolist()], np.int64)
             end[loose] = sizes[np.searchsorted(np.unique(obj[loose]), obj[loose])]
+            obj[loose & (end < 0)] = -1  # a file that cannot be asked for: left to the decoder's one-line error
         return obj, begin, end, name_list
 
     def _container_names(self, codes: np.ndarray) -> list[str]:
@@ -200,7 +201,12 @@ class StepPrefetcher:
 
     @staticmethod
     def _size(path: str) -> int:
-        return storage.stat(path).size
+        """``path``'s size; -1 where it cannot be had (missing): not read ahead, so the decoder
+        names the utterance (and ``--skip-bad-audio`` skips it)."""
+        try:
+            return storage.stat(path).size
+        except storage.StoreError:
+            return -1
 
     def _submit(self, step: _Step) -> None:
         step.futures = [self._pool.submit(self._fetch, o, s, e) for o, s, e in zip(step.objects, step.starts, step.ends)]
