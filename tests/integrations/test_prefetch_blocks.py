@@ -120,3 +120,15 @@ def test_replan_lays_the_rest_out_in_container_blocks(tmp_path: Path) -> None:
     plain = runner.invoke(app, ["replan", str(tmp_path / "plain"), "--at-step", str(k), "--manifest", str(manifest),
                                 "--container-block", "0", "-o", str(tmp_path / "bad")])
     assert plain.exit_code != 0 and "--container-block" in plain.output and "Traceback" not in plain.output
+
+
+def test_replan_keeps_the_parents_container_blocks(tmp_path: Path) -> None:
+    from dataprep.planning import replan
+
+    manifest, buckets = corpus(tmp_path, 400, 20, seed=5)
+    build_plan(manifest, buckets, tmp_path / "p", PlanOptions(2, seed=0, container_block=3))
+    kept = replan(tmp_path / "p", manifest, tmp_path / "r", PlanOptions(1), at_step=1)
+    assert kept.extra["container_blocks"]["containers"] == 3
+    plain = build_plan(manifest, buckets, tmp_path / "q", PlanOptions(2, seed=0))
+    assert "container_blocks" not in replan(tmp_path / "q", manifest, tmp_path / "s", PlanOptions(1), at_step=1).extra
+    assert "container_blocks" not in plain.extra
