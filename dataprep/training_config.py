@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from dataprep.planning.step_reads import DEFAULT_PREFETCH_BYTES, PrefetchOptions
 from manifests.errors import OptionError
 from manifests.options import check_bool, check_choice, check_int, check_number, check_str
 
@@ -41,7 +42,9 @@ class TrainConfig:
     ``steps``: train up to (not including) this global plan step (None = the whole plan;
     >= 0). ``lr``: AdamW learning rate (> 0, finite). ``seed``: model init and dropout.
     ``workers``: DataLoader worker processes per rank (>= 0; 0 = one prefetch thread).
-    ``prefetch``: batches prepared ahead (>= 0). ``checkpoint_every``: steps between saves
+    ``prefetch``: batches prepared ahead (>= 0). ``prefetch_steps`` / ``prefetch_bytes``: read
+    the audio bytes of that many next steps ahead, at most that many bytes held (0 steps: off;
+    :class:`~dataprep.planning.step_reads.PrefetchOptions`). ``checkpoint_every``: steps between saves
     (>= 0; 0 = only at the end). ``device``: auto, cpu or cuda. ``timeout_s``: seconds before a
     hung collective / rank is reported (> 0). ``cache_dir``: memory-mapped manifest columns
     (None: the tool's cache directory). ``features``: the log-mel front end, one of
@@ -61,6 +64,8 @@ class TrainConfig:
     seed: int = 0
     workers: int = 0
     prefetch: int = 2
+    prefetch_steps: int = 0  # plan steps whose audio bytes are read ahead (0: off)
+    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES  # bytes held ahead at most
     skip_bad_audio: bool = False
     checkpoint_every: int = 0  # steps; 0 = only at the end
     trace: bool = False
@@ -90,6 +95,7 @@ class TrainConfig:
         check_int("seed", self.seed, ge=SEED_RANGE[0], le=SEED_RANGE[1])
         check_int("workers", self.workers, ge=0, le=MAX_WORKERS)
         check_int("prefetch", self.prefetch, ge=0, le=MAX_PREFETCH)
+        PrefetchOptions(self.prefetch_steps, self.prefetch_bytes)  # checks both
         check_int("checkpoint_every", self.checkpoint_every, ge=0, le=None)
         check_choice("device", self.device, DEVICES)
         check_choice("features", self.features, FEATURE_SETS)

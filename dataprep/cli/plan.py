@@ -123,6 +123,11 @@ def plan_batches_cmd(
                   f"sequences of at most {packed['max_tokens']:,} token-equivalents ({packed['audio_token_rate']:g} "
                   f"audio tokens/s): slot use {pct(packed['slot_use'])}, "
                   f"{plural(packed['left_out_rows'], 'row')} left out", markup=False)
+    _print_blocks(meta)
+
+
+def _print_blocks(meta: PlanMeta) -> None:
+    """The price in randomness of a plan in container blocks (``plan.json``'s ``container_blocks``)."""
     blocks = meta.extra.get("container_blocks")
     if blocks:
         out.print(f"container blocks of {blocks['containers']}: a row's batch mates come from about "
@@ -159,6 +164,7 @@ def replan_cmd(
     sync_group: Annotated[Optional[int], typer.Option("--sync-group", help="Ranks synchronized together in the re-plan (divides --world-size; default the plan's).")] = None,
     memory_limit: Annotated[Optional[str], typer.Option("--memory-limit", help="Memory the re-plan may hold, e.g. 4GiB (default: half the machine's). A corpus within it is held in memory; a larger one is spilled next to -o (the same plan).", show_default=False)] = None,
     rank_speed: Annotated[Optional[str], typer.Option("--rank-speed", help=RANK_SPEED_HELP + " Default: the plan's, where the world size stays.", show_default=False)] = None,
+    container_block: Annotated[Optional[int], typer.Option("--container-block", help="Order each bucket of the re-planned rest in shuffled blocks of this many containers, as plan-batches --container-block (default: the plan's).", show_default=False)] = None,
 ) -> None:
     """Continue a plan at --at-step on --world-size ranks: steps before it stay consumed; the
     rest of that epoch (exactly the utterances no rank has seen) and later epochs are re-planned
@@ -169,13 +175,15 @@ def replan_cmd(
                             carry=carry, cost=_cost(coef, cost_model),
                             cost_equal=cost_model is not None if cost_equal is None else cost_equal, sync_group=sync_group,
                             rank_speed=None if rank_speed is None else parse_rank_speed(rank_speed),
-                            memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit))
+                            memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit),
+                            container_block=container_block)
     man = manifest if manifest is not None else default_manifest(plan_dir, parent)
     refuse_same_paths({"PLAN": plan_dir, "--manifest": man, **({"--exclude": exclude} if exclude else {})},
                       {"-o": out_dir})
     with option_flags(PLAN_FLAGS):  # --at-step is checked against the plan by replan()
         meta = replan(plan_dir, man, out_dir, options, at_step=at_step, exclude=exclude)
     print_plan(meta, out_dir)
+    _print_blocks(meta)
     excluded = meta.extra.get("excluded")
     if exclude is not None and isinstance(excluded, dict):
         unknown = excluded.get("unknown_ids", 0)

@@ -40,6 +40,8 @@ def train_cmd(
     seed: Annotated[int, typer.Option(help="Seed for the model init and dropout.")] = _D.seed,
     workers: Annotated[int, typer.Option(help="DataLoader worker processes per rank (0 = one prefetch thread).")] = _D.workers,
     prefetch: Annotated[int, typer.Option(help="Batches prepared ahead.")] = _D.prefetch,
+    prefetch_steps: Annotated[int, typer.Option("--prefetch-steps", help="Read the audio bytes of this many next plan steps ahead, neighbouring members of an object in one request (0 = off).")] = _D.prefetch_steps,
+    prefetch_bytes: Annotated[int, typer.Option("--prefetch-bytes", help="Bytes the step prefetch holds ahead at most, per rank (and DataLoader worker).")] = _D.prefetch_bytes,
     skip_bad_audio: Annotated[bool, typer.Option("--skip-bad-audio", help="Skip utterances whose audio fails, log them to skipped-rank-*.jsonl.")] = _D.skip_bad_audio,
     checkpoint_every: Annotated[int, typer.Option(help="Save every N steps (0 = only at the end).")] = _D.checkpoint_every,
     trace: Annotated[bool, typer.Option("--trace", help="Write trace-rank-*.jsonl: ids and tensor hash per step.")] = _D.trace,
@@ -56,7 +58,8 @@ def train_cmd(
     """Train a reference model on the plan with DDP (gloo on CPU, nccl on GPU); one JSON line per step."""
     cfg = build_options(TrainConfig, TRAIN_FLAGS, plan_dir=plan_dir, manifest=manifest, tokenizer=list(tokenizer),
                         checkpoint_dir=checkpoint_dir, model=model, steps=steps, resume=resume, lr=lr, seed=seed,
-                        workers=workers, prefetch=prefetch, skip_bad_audio=skip_bad_audio,
+                        workers=workers, prefetch=prefetch, prefetch_steps=prefetch_steps,
+                        prefetch_bytes=prefetch_bytes, skip_bad_audio=skip_bad_audio,
                         checkpoint_every=checkpoint_every, trace=trace, device=device, timeout_s=timeout,
                         cache_dir=cache_dir, quiet=quiet, dynamic_resolution=dynamic_resolution,
                         features=features, resampler=resampler, overwrite=overwrite,

@@ -21,44 +21,24 @@ import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from dataprep.planning.step_reads import DEFAULT_MAX_GAP, coalesce
+from dataprep.planning.step_reads import (  # noqa: F401  (PrefetchOptions and its defaults: this module's API)
+    DEFAULT_IO_THREADS,
+    DEFAULT_MAX_GAP,
+    DEFAULT_PREFETCH_BYTES,
+    PrefetchOptions,
+    coalesce,
+)
 from manifests import storage
 from manifests.column_cache import ColumnCache, RowsMeta
 from manifests.errors import DataprepError
-from manifests.options import check_int
 from manifests.plan_cursor import PlanCursor
 from manifests.plan_files import PlanBatch
-
-#: default memory budget of one rank's prefetch (bytes): 8 steps of 2-minute batches of
-#: 16 kHz FLAC (about 4 MB per batch-minute) with room to spare
-DEFAULT_PREFETCH_BYTES = 256 << 20
-#: default requests in flight per rank: hides a 20 ms store latency behind 16 requests
-DEFAULT_IO_THREADS = 16
-
-
-@dataclass(frozen=True)
-class PrefetchOptions:
-    """``prefetch_steps``: steps read ahead (0: off); ``prefetch_bytes``: bytes held ahead at
-    most (>= 1); ``io_threads``: requests in flight (>= 1)."""
-
-    prefetch_steps: int = 0
-    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
-    io_threads: int = DEFAULT_IO_THREADS
-
-    def __post_init__(self) -> None:
-        check_int("prefetch_steps", self.prefetch_steps, ge=0, le=1 << 16)
-        check_int("prefetch_bytes", self.prefetch_bytes, ge=1, le=2**50)
-        check_int("io_threads", self.io_threads, ge=1, le=1024)
-
-    @property
-    def on(self) -> bool:
-        return self.prefetch_steps > 0
 
 
 def read_ranges(path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
@@ -212,6 +192,7 @@ class StepPrefetcher:
         if loose.any():
             sizes = np.asarray([self._size(name_list[o]) for o in np.unique(obj[loose]).tolist()], np.int64)
             end[loose] = sizes[np.searchsorted(np.unique(obj[loose]), obj[loose])]
+            obj[loose & (end < 0)] = -1  # a file that cannot be asked for: left to the decoder's one-line error
         return obj, begin, end, name_list
 
     def _container_names(self, codes: np.ndarray) -> list[str]:
@@ -220,7 +201,12 @@ class StepPrefetcher:
 
     @staticmethod
     def _size(path: str) -> int:
-        return storage.stat(path).size
+        """``path``'s size; -1 where it cannot be had (missing): not read ahead, so the decoder
+        names the utterance (and ``--skip-bad-audio`` skips it)."""
+        try:
+            return storage.stat(path).size
+        except storage.StoreError:
+            return -1
 
     def _submit(self, step: _Step) -> None:
         step.futures = [self._pool.submit(self._fetch, o, s, e) for o, s, e in zip(step.objects, step.starts, step.ends)]

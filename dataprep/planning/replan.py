@@ -10,9 +10,8 @@ the parent's checkpoint at step K on it (``dataprep train --resume``).
 
 A parent with sync groups keeps them (each group draws the re-planned steps in its own order,
 :func:`bucketing.groups.regroup`; ``options.sync_group`` overrides the parent's size, which must
-divide the new world size); a dynamic-resolution parent keeps its rates (every re-planned batch
-records its target frames, ``plan.json`` the predicted figures of the re-planned part).
-"""
+divide the new world size); a dynamic-resolution parent keeps its rates (its batches record
+target frames); the rest is in blocks of ``options.container_block`` containers (default: the parent's)."""
 
 from __future__ import annotations
 
@@ -32,6 +31,7 @@ from bucketing.dynres import DynResConfig
 from bucketing.fit import grid_from_spec
 from dataprep.planning.calibrate import cost_equal_sizes
 from dataprep.planning.build import memory_limit_of, spill_for_plan, spills_to_disk
+from dataprep.planning.container_blocks import ContainerBlocks, container_codes
 from dataprep.planning.epochs import DynResTotals, EpochLoop, EpochTotals, WindowTotals, plan_extra, stages_extra
 from dataprep.planning.stages import recorded_stages, staged_weights
 from bucketing.speeds import RankSpeeds
@@ -63,8 +63,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     """Re-plan ``plan_dir`` from ``at_step`` on for ``options.world_size`` ranks into ``out_dir``
     (module docstring). ``manifest`` must be the parent's (by content hash). Of ``options``
     only ``world_size``, ``carry``, ``cost``, ``cost_equal`` (the parent's sizes as memory caps),
-    ``row_group_steps``, ``sync_group`` and ``rank_speed`` (default: the parent's where the world
-    size stays) apply: seed,
+    ``row_group_steps``, ``sync_group``, ``rank_speed`` (default: the parent's where the world
+    size stays) and ``container_block`` (default: the parent's) apply: seed,
     epochs, interleave, strictness, balance and dynamic resolution are the parent plan's
     (``options.dynamic_resolution``, if given, must equal the parent's).
 
@@ -85,6 +85,8 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
     meta = read_plan_meta(plan_dir)
     if not meta.first_step <= at_step < meta.num_steps:
         raise DataprepError(f"--at-step {at_step}: the plan holds steps {meta.first_step}..{meta.num_steps - 1}")
+    if "pack" in meta.extra and options.container_block is not None:
+        raise OptionError("container_block", "is not available for a packed plan (plan.json's pack)")
     if packed is None and "pack" in meta.extra:
         return replan_packed(plan_dir, manifest, out_dir, options, meta, at_step=at_step, exclude=exclude,
                              replan=replan, limit=memory_limit_of(options))
@@ -119,6 +121,9 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
                                               drawn=True,  # the unseen rest's times drawn
                                               fixed_buckets=packed is not None)
             options.check_rows(corpus.num_rows)  # before any per-rank allocation
+            block = _container_block(meta, options)
+            if block is not None:
+                corpus.blocks = ContainerBlocks(container_codes(str(manifest)), block)
             if weighted is not None:
                 _check_recorded_quotas(meta, weighted)
             stages = recorded_stages(meta.extra.get("stages"))
@@ -155,13 +160,23 @@ def replan(plan_dir: str | os.PathLike[str], manifest: str | os.PathLike[str], o
                          error=error)
                 known = {e: meta.first_step_of_epoch[e] for e in range(e0 + 1)}
                 extra = {**plan_extra(weighted, loop.dynres, speeds, loop.window),
-                         **stages_extra(staged, totals, meta.epochs, known), **excluded_entry}
+                         **stages_extra(staged, totals, meta.epochs, known), **excluded_entry,
+                         **({} if corpus.blocks is None else {"container_blocks": corpus.blocks.entry()})}
                 return writer.finish(dataclasses.replace(_replan_meta(
                     meta, world_size, at_step, totals, corpus.carried, corpus.carry, tol, group, extra),
                     buckets=spec.to_json()["buckets"]))
     finally:
         if root is not None:
             remove_spill(root)
+
+
+def _container_block(meta: PlanMeta, options: PlanOptions) -> int | None:
+    """Containers a block of the re-planned part: ``options.container_block``, else the parent's
+    (``plan.json``'s ``container_blocks``; None: the parent had none)."""
+    recorded = meta.extra.get("container_blocks")
+    if options.container_block is not None or not isinstance(recorded, dict):
+        return options.container_block
+    return int(recorded["containers"])
 
 
 def _window(meta: PlanMeta, weighted: WeightedEpochs | None) -> WindowTotals | None:

@@ -5,7 +5,8 @@ A row's audio is a byte range of one object: a tar member (``container``, ``memb
 requests: ranges of one object closer than ``max_gap`` bytes are one request, overlapping
 ranges (segments of one recording) are read once. :class:`StoreModel` (latency s, bandwidth
 bytes/s, request-rate limit requests/s, concurrent requests per rank) prices those requests:
-time to first batch and input throughput per rank. Units: bytes, seconds. Pure arrays, no I/O.
+time to first batch and input throughput per rank; :class:`PrefetchOptions`, how far a rank reads
+ahead (:mod:`dataprep.integrations.prefetch`). Units: bytes, seconds. Pure arrays, no I/O.
 """
 
 from __future__ import annotations
@@ -24,6 +25,30 @@ from manifests.options import check_int, check_number
 #: so a step's neighbouring members are one request; an unused clip between them (tens of KB)
 #: does not, which keeps bytes fetched / bytes used near 1.
 DEFAULT_MAX_GAP = 4096
+#: default memory budget of one rank's prefetch (bytes): 8 steps of 2-minute batches of
+#: 16 kHz FLAC (about 4 MB per batch-minute) with room to spare
+DEFAULT_PREFETCH_BYTES = 256 << 20
+#: default requests in flight per rank: hides a 20 ms store latency behind 16 requests
+DEFAULT_IO_THREADS = 16
+
+
+@dataclass(frozen=True)
+class PrefetchOptions:
+    """``prefetch_steps``: steps read ahead (0: off); ``prefetch_bytes``: bytes held ahead at
+    most (>= 1); ``io_threads``: requests in flight (>= 1)."""
+
+    prefetch_steps: int = 0
+    prefetch_bytes: int = DEFAULT_PREFETCH_BYTES
+    io_threads: int = DEFAULT_IO_THREADS
+
+    def __post_init__(self) -> None:
+        check_int("prefetch_steps", self.prefetch_steps, ge=0, le=1 << 16)
+        check_int("prefetch_bytes", self.prefetch_bytes, ge=1, le=2**50)
+        check_int("io_threads", self.io_threads, ge=1, le=1024)
+
+    @property
+    def on(self) -> bool:
+        return self.prefetch_steps > 0
 
 
 @dataclass(frozen=True)

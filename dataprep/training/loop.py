@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bucketing.dynres import DynResConfig
+from dataprep.planning.step_reads import PrefetchOptions
 from dataprep.training.batches import Batch, BatchBuilder
 from dataprep.training.checkpoint import load_checkpoint, save_checkpoint
 from dataprep.training.features import FeatureConfig
@@ -327,7 +328,8 @@ def run_rank(rank: int, world_size: int, cfg: TrainConfig, init_method: str, loc
         times = read_step_times(times_path, start)
         log = _read_lines(Path(cfg.checkpoint_dir) / "log.jsonl", start) if rank == 0 else []
         n_skipped_before = len(skipped)
-        loader = make_loader(PlanDataset(cfg.plan_dir, rank, builder, start, stop), cfg.workers, cfg.prefetch)
+        loader = make_loader(PlanDataset(cfg.plan_dir, rank, builder, start, stop, prefetch=PrefetchOptions(
+            cfg.prefetch_steps, cfg.prefetch_bytes)), cfg.workers, cfg.prefetch)
 
         def save(next_step: int) -> None:
             if rank == 0:

@@ -88,3 +88,47 @@ def test_container_block_is_checked() -> None:
         PlanOptions(2, container_block=0)
     with pytest.raises(OptionError, match="container_block"):
         PlanOptions(2, container_block=True)  # type: ignore[arg-type]
+
+
+def test_replan_lays_the_rest_out_in_container_blocks(tmp_path: Path) -> None:
+    """``replan --container-block``: the re-plan verifies, holds every unseen row of the epoch once,
+    and each re-planned rank-step touches at most two blocks' containers."""
+    from dataprep.cli import app
+    from tests.training._consumer import invoke, runner
+
+    manifest, buckets = corpus(tmp_path, 3000, 60, seed=3)
+    paths = pl.read_parquet(manifest)["audio_path"].to_numpy()
+    build_plan(manifest, buckets, tmp_path / "plain", PlanOptions(2, seed=0))
+    k = 5
+    res = invoke("replan", str(tmp_path / "plain"), "--at-step", str(k), "--world-size", "1", "--manifest",
+                 str(manifest), "--container-block", "2", "-o", str(tmp_path / "re"))
+    assert "container blocks of 2" in res
+    invoke("verify", str(tmp_path / "re"), "--manifest", str(manifest))
+    invoke("replan", str(tmp_path / "plain"), "--at-step", str(k), "--world-size", "1", "--manifest",
+           str(manifest), "-o", str(tmp_path / "re-plain"))
+
+    def per_step(plan: Path) -> tuple[np.ndarray, np.ndarray]:
+        t = PlanShard(plan, 0).read_epoch(0, ["rows"]).column("rows").combine_chunks()
+        rows, off = t.values.to_numpy(), t.offsets.to_numpy()
+        return rows, np.array([len(set(paths[rows[a:b]])) for a, b in zip(off[:-1], off[1:]) if b > a])
+
+    rows, blocked = per_step(tmp_path / "re")
+    assert blocked.max() <= 2 * 2 < per_step(tmp_path / "re-plain")[1].mean()
+    seen = [r for rk in range(2) for pb in PlanShard(tmp_path / "plain", rk).iter_batches(0) if pb.step < k
+            for r in pb.rows.tolist()]
+    assert sorted(rows.tolist() + seen) == list(range(3000))  # every row of epoch 0 exactly once
+    plain = runner.invoke(app, ["replan", str(tmp_path / "plain"), "--at-step", str(k), "--manifest", str(manifest),
+                                "--container-block", "0", "-o", str(tmp_path / "bad")])
+    assert plain.exit_code != 0 and "--container-block" in plain.output and "Traceback" not in plain.output
+
+
+def test_replan_keeps_the_parents_container_blocks(tmp_path: Path) -> None:
+    from dataprep.planning import replan
+
+    manifest, buckets = corpus(tmp_path, 400, 20, seed=5)
+    build_plan(manifest, buckets, tmp_path / "p", PlanOptions(2, seed=0, container_block=3))
+    kept = replan(tmp_path / "p", manifest, tmp_path / "r", PlanOptions(1), at_step=1)
+    assert kept.extra["container_blocks"]["containers"] == 3
+    plain = build_plan(manifest, buckets, tmp_path / "q", PlanOptions(2, seed=0))
+    assert "container_blocks" not in replan(tmp_path / "q", manifest, tmp_path / "s", PlanOptions(1), at_step=1).extra
+    assert "container_blocks" not in plain.extra

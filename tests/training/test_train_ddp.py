@@ -132,10 +132,13 @@ def test_bad_audio_at_training_time(tmp_path: Path) -> None:
     assert line.startswith("error: utterance")
     assert (gone_id in line and str(gone) in line) or (bad_id in line and str(bad) in line)
     invoke(*train_args(c, plan, tmp_path / "skip", "--nproc", "2", "--skip-bad-audio"))
-    logs = [tmp_path / "skip" / f"skipped-rank-{r:05d}.jsonl" for r in range(2)]
-    skipped = [s for p in logs if p.exists() for s in read_jsonl(p)]
-    assert sorted(s["id"] for s in skipped) == sorted([gone_id, bad_id])
-    assert {s["audio_path"] for s in skipped} == {str(gone), str(bad)}
+    # read ahead too (--prefetch-steps): a missing file is left to the decoder, which skips it
+    invoke(*train_args(c, plan, tmp_path / "skip-ahead", "--nproc", "2", "--skip-bad-audio", "--prefetch-steps", "2"))
+    for run in ("skip", "skip-ahead"):
+        logs = [tmp_path / run / f"skipped-rank-{r:05d}.jsonl" for r in range(2)]
+        skipped = [s for p in logs if p.exists() for s in read_jsonl(p)]
+        assert sorted(s["id"] for s in skipped) == sorted([gone_id, bad_id])
+        assert {s["audio_path"] for s in skipped} == {str(gone), str(bad)}
     write_tone(gone, 1.0)  # keep the fixture's files whole for anyone after us
 
 
