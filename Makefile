@@ -16,7 +16,8 @@ install-dev:
 demo: install
 	$(PYTHON) -m dataprep.demo $(DEMO_DIR)
 
-# the whole suite, NeMo, Lightning and Ray tests included (what CI runs), on two workers (a file's
+# the whole suite, NeMo, Lightning and Ray tests included (what CI runs), on two workers, the longest
+# groups first (tests/conftest.py LONGEST_FIRST; --no-loadscope-reorder keeps that order) (a file's
 # tests stay on one, so its fixtures are built once, but for the docs pages, each its own group,
 # their shared demo built in the background from the start: tests/conftest.py): in a NeMo venv (about
 # 2 GB) that sees the dev install, so torch, numpy and lhotse stay as pinned; made once per
@@ -24,7 +25,7 @@ demo: install
 # SPEECH_DATAPREP_FULL_SUITE=1 a test skipped for a missing module fails instead.
 test: install-dev
 	venv="$$(PYTHON=$(PYTHON) bash .ci/nemo-venv)" && \
-	SPEECH_DATAPREP_FULL_SUITE=1 "$$venv/bin/python" -m pytest -n 2 --dist loadgroup -rs --durations=30
+	SPEECH_DATAPREP_FULL_SUITE=1 "$$venv/bin/python" -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -rs --durations=30
 
 # only the NeMo-marked tests, in the same venv
 test-nemo: install-dev

@@ -20,6 +20,9 @@ settings.register_profile("repo", deadline=None, suppress_health_check=[HealthCh
                           derandomize=True)
 settings.register_profile("explore", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repo"))
+#: the example count of the slowest properties (each example a command run or a plan written):
+#: what ``make test`` affords on 2 cores, and ten times that under HYPOTHESIS_PROFILE=explore
+SLOW_EXAMPLES = 200 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 20
 
 REPO = Path(__file__).resolve().parents[1]
 #: real corpus metadata lives beside the repository, never inside it
@@ -39,14 +42,38 @@ def _missing_module_is_a_failure(rep: pytest.TestReport | pytest.CollectReport) 
             rep.longrepr = f"skipped for a missing module under SPEECH_DATAPREP_FULL_SUITE=1 (make test): {reason}"
 
 
+#: the longest groups (a test file, or a docs page), longest first as measured by ``make test``:
+#: ``--no-loadscope-reorder`` hands groups to the workers in collection order, so these start
+#: first and the run does not end waiting on one of them (xdist's own order is by test count,
+#: which put the docs pages, one test each, last); the docs pages after a first wave, by when
+#: the demo they share is built
+LONGEST_FIRST = (
+    "tests/test_readme_examples.py", "tests/training/test_train_ddp.py", "tests/test_benchmarks.py",
+    "docs:trainers.md", "tests/training/test_train_replan.py", "docs:oomptimize.md",
+    "tests/integrations/test_lightning_steps.py", "docs:plans.md", "tests/integrations/test_nemo_packed.py",
+    "tests/compile/test_parts.py", "docs:compile.md", "tests/planning/test_exclude.py",
+    "tests/integrations/test_pack_round4.py", "tests/hostile/test_floats.py", "docs:many-corpora.md",
+    "tests/oom/test_estimate.py", "tests/storage/test_object_storage_doc.py", "docs:containers.md",
+    "tests/report/test_report_browser.py", "tests/cli/test_replan_cli.py", "tests/test_pipeline_golden.py",
+    "tests/hostile/test_properties.py", "tests/oom/test_transducer.py", "tests/cli/test_cli_surface.py",
+    "tests/integrations/test_nemo_resume.py", "tests/cli/test_out_of_core.py", "tests/hostile/test_numbers.py",
+    "tests/planning/test_calibrate.py", "tests/training/test_grad_sync_clock.py", "docs:packing.md",
+)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``-n 2 --dist loadgroup`` (``make test``) a file's tests stay on one worker, so its
     module fixtures are built once, unless a test names its own ``xdist_group`` (the docs pages:
-    each page runs on whichever worker is free, the demo they share built once per session)."""
+    each page runs on whichever worker is free, the demo they share built once per session);
+    the groups of :data:`LONGEST_FIRST` first, in its order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    order = {id(item): (rank.get(item.get_closest_marker("xdist_group").args[0], len(rank)), i)  # type: ignore[union-attr]
+             for i, item in enumerate(items)}
+    items.sort(key=lambda item: order[id(item)])
 
 
 def docs_demo_root(factory: pytest.TempPathFactory) -> Path:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.conftest import SLOW_EXAMPLES
 from typer.testing import CliRunner
 
 from dataprep.cli import app
@@ -99,7 +100,7 @@ def plan_paths(plan: Path) -> list[tuple]:
     return _leaf_paths(json.loads((plan / "plan.json").read_text()))
 
 
-@settings(max_examples=60, suppress_health_check=FIXTURES)
+@settings(max_examples=SLOW_EXAMPLES, suppress_health_check=FIXTURES)
 @given(data=st.data())
 def test_plan_json_field_gets_any_json_value(plan: Path, plan_paths: list[tuple], tmp_path_factory, data) -> None:
     where = tmp_path_factory.mktemp("pj")
@@ -200,7 +201,7 @@ def checkpoint_loaded(trained: Path) -> dict:
     return torch.load(trained / "last.pt", weights_only=True)
 
 
-@settings(max_examples=80, suppress_health_check=FIXTURES)
+@settings(max_examples=SLOW_EXAMPLES, suppress_health_check=FIXTURES)
 @given(how=damage)
 def test_checkpoint_with_random_bytes(checkpoint_bytes: bytes, checkpoint_loaded: dict, tmp_path_factory,
                                       how: tuple) -> None:

@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.conftest import SLOW_EXAMPLES
 
 from bucketing.allocate import assign
 from bucketing.fit_passes import fit_spec
@@ -79,7 +80,7 @@ def corpora(draw: Any) -> tuple[np.ndarray, np.ndarray, Any]:
     return d, t, spec
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=SLOW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(corpora(), st.integers(1, 200), st.integers(1, 40))
 def test_streamed_buckets_equal_every_row_assigned(data: tuple[np.ndarray, np.ndarray, Any], block: int,
                                                    sample: int) -> None:
