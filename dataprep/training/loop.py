@@ -384,10 +384,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _child(rank: int, world_size: int, cfg: TrainConfig, init_method: str, errq: Any) -> None:
+def _child(rank: int, world_size: int, cfg: TrainConfig, init_method: str, errq: Any, environ: dict[str, str]) -> None:
     import faulthandler
     import signal
 
+    os.environ.clear()  # the launching process's environment now (store credentials, ...), not the
+    os.environ.update(environ)  # one the forkserver was started with for an earlier run
     faulthandler.register(signal.SIGTERM, chain=True)  # a rank killed for hanging shows where it hung
     try:
         run_rank(rank, world_size, cfg, init_method, local_rank=rank)
@@ -423,7 +425,8 @@ def train(cfg: TrainConfig, nproc: int = 1) -> dict[str, Any]:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["dataprep.training.loop", "oom.models", "torch._dynamo"])  # DDP imports _dynamo
     errq = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_child, args=(r, nproc, cfg, init_method, errq), daemon=False) for r in range(nproc)]
+    procs = [ctx.Process(target=_child, args=(r, nproc, cfg, init_method, errq, dict(os.environ)), daemon=False)
+             for r in range(nproc)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + cfg.timeout_s + 30
