@@ -7,7 +7,10 @@ import io
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -25,6 +28,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repo"))
 SLOW_EXAMPLES = 200 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 20
 
 REPO = Path(__file__).resolve().parents[1]
+#: every test process has its own cache folder (store headers, tar indexes, step indexes, OOM
+#: probes), never the user's ~/.cache/speech-dataprep: facts left there by an earlier run (same
+#: loopback bucket names, same bytes, same ETags) would answer what a test means to read
+os.environ["SPEECH_DATAPREP_CACHE"] = tempfile.mkdtemp(prefix="speech-dataprep-test-cache-")
 #: real corpus metadata lives beside the repository, never inside it
 SHARED_DATA = Path(os.environ.get("SPEECH_DATAPREP_SHARED_DATA", REPO.parent / "shared" / "data"))
 #: set by `make test` (what CI runs): every optional integration is installed there, so a test
@@ -166,3 +173,51 @@ def manifest_from_csv(name: str, spm_path: Path, prompt_tokens: int = 9) -> pl.D
         pl.format(f"{name}:{{}}", pl.int_range(2, df.height + 2)).alias("origin"),
         extra.alias("extra"),
     ).with_columns((pl.col("num_tokens") / pl.col("duration")).alias("tps"))
+
+
+#: fast retries for the store tests: a fault costs milliseconds, a give-up under a second
+STORE_TEST_ENV = {"DATAPREP_STORE_ATTEMPTS": "4", "DATAPREP_STORE_BACKOFF_S": "0.01", "DATAPREP_STORE_TIMEOUT_S": "2"}
+
+
+@pytest.fixture(scope="session")
+def loopback_s3() -> Iterator[Any]:
+    """A real S3 API on loopback (moto's server behind a fault-injecting proxy), one per test
+    process: its dummy credentials and endpoint are in the environment only while it runs
+    (subprocesses of a test inherit them). Defined here, never imported into a test module: a
+    second definition would start a second proxy over the same moto backend (moto's state is
+    the process's) and take over the environment, so one test's fault rules would not apply."""
+    pytest.importorskip("moto.server", reason="moto's server mode is not installed (pip install 'moto[server]')")
+    pytest.importorskip("obstore", reason="obstore is not installed (pip install 'speech-dataprep[store]')")
+    from dataprep.testing_store import LoopbackS3
+    from manifests import storage
+
+    server = LoopbackS3()
+    env = {**server.env(), **STORE_TEST_ENV}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    storage.reset_clients()
+    try:
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        storage.reset_clients()
+        server.close()
+
+
+@pytest.fixture()
+def s3(loopback_s3: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The loopback store with no fault rules and its counters at zero; ``s3.bucket`` is a
+    fresh bucket URL for this test (``s3://t-<test name>``)."""
+    from manifests import storage
+
+    loopback_s3.clear_faults()
+    bucket = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
+    loopback_s3.bucket = loopback_s3.create_bucket(bucket)
+    storage.reset_clients()
+    loopback_s3.reset_counts()
+    yield loopback_s3
+    loopback_s3.clear_faults()

@@ -340,3 +340,23 @@ def test_the_row_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     allowed = _allowed(("manifests",))
     assert [d for m, deps in graph.items() if _room(m) == "manifests" for d in deps if _room(d) not in allowed] \
         == ["bucketing"]
+
+
+def _fixtures_of(path: Path) -> set[str]:
+    """Names of the functions ``path`` decorates with ``pytest.fixture``."""
+    def is_fixture(d: ast.expr) -> bool:
+        d = d.func if isinstance(d, ast.Call) else d
+        return isinstance(d, ast.Attribute) and d.attr == "fixture"
+    return {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)
+            and any(is_fixture(d) for d in n.decorator_list)}
+
+
+def test_no_test_module_imports_a_conftest_fixture() -> None:
+    """A fixture imported from a conftest is defined twice: a session fixture (the loopback
+    store) then starts twice in one process, and the second takes over the environment."""
+    fixtures = {".".join(p.relative_to(REPO).with_suffix("").parts): _fixtures_of(p)
+                for p in (REPO / "tests").rglob("conftest.py")}
+    offenders = [f"{p.relative_to(REPO)}: {a.name}" for p in sorted((REPO / "tests").rglob("*.py"))
+                 for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ImportFrom)
+                 for a in node.names if a.name in fixtures.get(node.module or "", set())]
+    assert offenders == []

@@ -18,7 +18,6 @@ from manifests.errors import DataprepError
 from manifests.manifest_read import read_manifest
 from manifests.manifest_write import write_manifest
 from tests.integrations.test_prefetch import corpus, expected_requests, planned, samples  # noqa: F401  (fixtures)
-from tests.storage.conftest import loopback_s3, s3  # noqa: F401  (fixtures)
 from tests.training._consumer import Corpus, invoke
 
 

@@ -18,7 +18,6 @@ from manifests.errors import OptionError
 from manifests.manifest_read import read_manifest
 from tests.integrations.test_prefetch import corpus, expected_requests, planned, samples  # noqa: F401  (fixtures)
 from tests.integrations.test_prefetch_s3 import in_store  # noqa: F401  (fixture)
-from tests.storage.conftest import loopback_s3, s3  # noqa: F401  (fixtures)
 
 
 def decoded(manifest: Path, batches: list[list[tuple[int, bytes | None]]]) -> dict[str, np.ndarray]:

@@ -99,7 +99,9 @@ def test_a_store_fault_during_compile_is_retried_and_the_result_is_the_same(corp
     assert faulty.select("id", "duration").equals(clean.select("id", "duration"))
 
 
-def test_a_store_that_keeps_failing_is_one_line_and_no_output(corpus: str, s3: LoopbackS3, tiny_spm: str) -> None:
+def test_a_store_that_keeps_failing_is_one_line_and_no_output(corpus: str, s3: LoopbackS3, tiny_spm: str,
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPEECH_DATAPREP_CACHE", str(tmp_path / "cache"))  # no header cached: each must be read
     out = f"{s3.bucket}/compiled/never.parquet"
     storage.reset_clients()
     with s3.faults(Rule("503", method="GET", path=r"\.wav", times=None)):

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dataprep.cli import app
 from manifests.column_cache import ColumnCache
 from manifests.plan_files import PlanShard
 from tests.integrations.test_prefetch import corpus, expected_requests_of_step, planned  # noqa: F401  (fixtures)
 from tests.integrations.test_prefetch_s3 import in_store  # noqa: F401  (fixture)
-from tests.storage.conftest import loopback_s3, s3  # noqa: F401  (fixtures)
 from tests.training._consumer import Corpus, invoke, runner
-from dataprep.cli import app
 
 
 def train(c: Corpus, plan: Path, manifest: Path, ckpt: Path, *extra: str) -> list[list[dict]]:
