@@ -3,8 +3,18 @@ xdist groups of ``make test``; the docs pages' demo started in the background.""
 
 from __future__ import annotations
 
-import io
 import os
+
+#: under xdist each worker gets its share of the cores for its thread pools (torch's OpenMP,
+#: BLAS, polars), set before any of them is imported: ``make test`` runs 2 workers on 2 cores,
+#: and a worker's 2 OpenMP threads (4 with 2 DDP ranks) spinning against the other's cost a
+#: third of the training tests' time
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLARS_MAX_THREADS"):
+        os.environ.setdefault(_var, _share)
+
+import io
 import subprocess
 import sys
 import tempfile
