@@ -93,7 +93,7 @@ class _Step:
     request: list[int]
     begin: list[int]
     end: list[int]
-    futures: list[Future[bytes]] = field(default_factory=list)
+    futures: list[Future[bytes | None]] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
@@ -211,8 +211,16 @@ class StepPrefetcher:
     def _submit(self, step: _Step) -> None:
         step.futures = [self._pool.submit(self._fetch, o, s, e) for o, s, e in zip(step.objects, step.starts, step.ends)]
 
-    def _fetch(self, path: str, start: int, end: int) -> bytes:
-        data = self.reader(path, [(start, end - start)])[0]
+    def _fetch(self, path: str, start: int, end: int) -> bytes | None:
+        """The bytes ``[start, end)`` of ``path``; ``None`` where the object is gone or ends
+        before ``end`` (a missing or truncated tar): its rows are left to the decoder, which
+        names each utterance (and ``--skip-bad-audio`` skips them). A store fault still raises."""
+        try:
+            data = self.reader(path, [(start, end - start)])[0]
+        except storage.StoreError as exc:
+            if "past the object's end" in str(exc) or not storage.exists(path):
+                return None
+            raise
         if len(data) != end - start:
             raise DataprepError(f"{path}: bytes {start}..{end - 1} cut short ({len(data)} of {end - start} bytes)")
         with self._cond:
@@ -241,7 +249,7 @@ class StepPrefetcher:
                 self._release(entry)
         out: list[bytes | None] = []
         for r, b, e in zip(entry.request, entry.begin, entry.end):
-            out.append(None if r < 0 else bufs[r][b:e])
+            out.append(None if r < 0 or bufs[r] is None else bufs[r][b:e])  # type: ignore[index]
         return out
 
     def _release(self, entry: _Step) -> None:

@@ -2,14 +2,17 @@
 step's requests are exactly its rows' byte ranges (neighbours within 4 KiB joined, a file two
 rows share read once), the cuts and batches built over the fetched bytes equal those read
 directly, a resumed iteration prefetches from the resumed step, the bytes held stay within the
-budget, bad options are one line, a cut-short object is one line at its step."""
+budget, bad options are one line, the rows of a cut-short or missing container are left to
+the decoder's one line per utterance (and ``--skip-bad-audio``)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +21,11 @@ import pytest
 from dataprep.integrations.lhotse import PlanSampler
 from dataprep.integrations.prefetch import PrefetchOptions, StepPrefetcher, read_ranges
 from dataprep.planning.step_reads import DEFAULT_MAX_GAP
+from dataprep.training.batches import BatchBuilder
+from manifests.audio import AudioError
 from manifests.column_cache import ColumnCache
 from manifests.errors import DataprepError, OptionError
+from manifests.manifest_read import read_manifest
 from manifests.plan_cursor import PlanCursor
 from manifests.plan_files import PlanShard
 from tests.training._consumer import Corpus, invoke, shared_corpus
@@ -236,26 +242,68 @@ def test_nemo_config_prefetch_keys_checked(corpus: Corpus) -> None:
     assert loader.plan_sampler.prefetch.prefetch_steps == 4
 
 
-def test_a_cut_short_container_is_one_line_at_its_step(planned: tuple[Path, Path], tmp_path: Path) -> None:
+@pytest.fixture()
+def damaged(planned: tuple[Path, Path], tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[str, set[str]]]:
+    """(how, ids): the container of rank 0's first step cut to 10 bytes or moved away (put
+    back after the test), and the ids of the rows it holds."""
     manifest, plan = planned
     columns = ColumnCache.open(manifest)
     pb = next(PlanShard(plan, 0).iter_batches())
     container = columns.gather(pb.rows, pb.ids).container_paths[0]
     if container is None:
         pytest.skip("loose files are the corpus's own (never cut here)")
-    victim = Path(container)
-    keep = tmp_path / "keep"
+    victim, keep = Path(container), tmp_path / "keep"
     shutil.copy(victim, keep)
+    m = read_manifest(manifest)
+    ids = set(m.filter(m["container"] == container)["id"].to_list())
     try:
-        with open(victim, "r+b") as fh:
-            fh.truncate(10)
-        ahead = StepPrefetcher(PlanCursor(plan, 0), columns, PrefetchOptions(prefetch_steps=2))
-        with pytest.raises(DataprepError, match=f"{victim}: byte range ends at .*, past the object's end") as err:
-            ahead.take(pb.step)
-        ahead.close()
-        assert "\n" not in str(err.value)
+        if request.param == "truncated":
+            with open(victim, "r+b") as fh:
+                fh.truncate(10)
+        else:
+            victim.unlink()
+        yield request.param, ids
     finally:
         shutil.copy(keep, victim)
+
+
+@pytest.mark.parametrize("damaged", ["truncated", "missing"], indirect=True)
+def test_a_cut_short_or_missing_container_is_left_to_the_decoder(planned: tuple[Path, Path], corpus: Corpus,
+                                                                 damaged: tuple[str, set[str]]) -> None:
+    """The prefetch gives no bytes for the rows of a container that is gone or ends early (the
+    others' bytes as read); the decoder then names each utterance in one line."""
+    manifest, plan = planned
+    how, ids = damaged
+    columns = ColumnCache.open(manifest)
+    pb = next(PlanShard(plan, 0).iter_batches())
+    ahead = StepPrefetcher(PlanCursor(plan, 0), columns, PrefetchOptions(prefetch_steps=2))
+    held = ahead.take(pb.step)
+    ahead.close()
+    hit = [i in ids for i in pb.ids]
+    assert any(hit) and all(h is None for h, x in zip(held, hit) if x)
+    assert all(h is not None for h, x in zip(held, hit) if not x)
+    waves = BatchBuilder(manifest, [str(corpus.spm)], skip_bad_audio=True).read_audio(
+        columns.gather(pb.rows, pb.ids), held)
+    want = "container not found" if how == "missing" else "cut short"
+    for utt, wave, x in zip(pb.ids, waves, hit):
+        assert isinstance(wave, AudioError) == x
+        if x:
+            assert str(wave).startswith(f"utterance {utt!r}: ") and want in str(wave) and "\n" not in str(wave)
+
+
+@pytest.mark.parametrize("damaged", ["missing"], indirect=True)
+def test_train_skips_the_rows_of_a_missing_container_with_prefetch(planned: tuple[Path, Path], corpus: Corpus,
+                                                                   damaged: tuple[str, set[str]], tmp_path: Path) -> None:
+    """``train --skip-bad-audio --prefetch-steps 2`` over a plan whose tar is gone: the run ends,
+    each of its rows in the skipped log."""
+    manifest, plan = planned
+    _, ids = damaged
+    invoke("train", str(plan), "--manifest", str(manifest), "--tokenizer", str(corpus.spm), "--checkpoint-dir",
+           str(tmp_path / "run"), "--timeout", "90", "--quiet", "--nproc", "2", "--skip-bad-audio",
+           "--prefetch-steps", "2")
+    skipped = [json.loads(x)["id"] for r in range(2) if (tmp_path / "run" / f"skipped-rank-{r:05d}.jsonl").exists()
+               for x in (tmp_path / "run" / f"skipped-rank-{r:05d}.jsonl").read_text().splitlines() if x]
+    assert sorted(skipped) == sorted(ids)
 
 
 def test_simulate_counts_what_the_prefetch_reads(planned: tuple[Path, Path]) -> None:
