@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dataprep.cli import app
+from tests.conftest import SLOW_EXAMPLES
 from tests.training._consumer import Corpus
 
 runner = CliRunner()
@@ -97,7 +98,7 @@ def test_non_finite_is_refused_naming_the_flag(corpus: Corpus, plan: Path, tmp_p
     assert code == 2 and (flag in err or "cost coefficient" in err), (cmd, flag, value, err)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=SLOW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_float_in_any_float_option(corpus: Corpus, plan: Path, tmp_path_factory: pytest.TempPathFactory,

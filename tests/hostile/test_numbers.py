@@ -17,13 +17,14 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dataprep.cli import app
+from dataprep.testing import WORDS
 from dataprep.tokenize import train_model
 from manifests.errors import DataprepError, ManifestError
 from manifests.validation import MAX_YAML_NODES, load_json_file, load_yaml_file
 from tests.compile.test_blend import _nemo
+from tests.conftest import SLOW_EXAMPLES
 from tests.hostile.conftest import refused
 from tests.training._consumer import Corpus
-from dataprep.testing import WORDS
 
 runner = CliRunner()
 
@@ -75,7 +76,7 @@ def _fmt(x: float) -> str:
     return repr(x)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=SLOW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(data=st.data())
 def test_extreme_floats_give_one_line_or_a_plan_verify_accepts(blend: tuple[Path, Path],

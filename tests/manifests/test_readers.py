@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from manifests.errors import DataprepError
 from manifests.readers import SOURCE_FORMATS, detect_format, iter_source
 from manifests.schema import REJECTS_POLARS_SCHEMA
-
 from tests.conftest import SHARED_DATA as SHARED
+from tests.conftest import SLOW_EXAMPLES
+
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} absent (shared corpus metadata)")
 
 
@@ -149,7 +150,7 @@ _BAD = st.sampled_from(['{"audio_filepath": ', '{"text": "x"}', '{"audio_filepat
                         "\udcff", "[]", '{"audio_filepath": 3, "text": "q"}', "   "])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=SLOW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(st.one_of(_GOOD, _BAD), min_size=1, max_size=40), chunk=st.integers(1, 7),
        crlf=st.booleans())
 def test_chunking_never_changes_rows(tmp_path_factory, lines: list[str], chunk: int, crlf: bool) -> None:
