@@ -32,16 +32,22 @@ WEIGHTS = {"short": 1.0, "long": 2.0, "mid": 1.0}
 NAMES = list(WEIGHTS)
 
 
+def three_corpus_blend(root: Path, rows: int) -> tuple[Path, Path, np.ndarray]:
+    """(manifest, buckets.json, each row's corpus code into :data:`NAMES`): ``rows`` planned
+    utterances whose shortest 40% are corpus ``short`` and the rest ``long`` or ``mid`` at random,
+    so corpora and buckets are correlated, as in a real blend."""
+    manifest, buckets = write_plan_inputs(root, rows, seed=4, num_buckets=6)
+    df = pl.read_parquet(manifest)
+    d = df["duration"].to_numpy()
+    rng = np.random.default_rng(0)
+    corpus = np.where(d < np.quantile(d, 0.4), "short", np.where(rng.random(d.shape[0]) < 0.5, "long", "mid"))
+    write_manifest(df.select("id", "duration", "num_tokens").with_columns(pl.Series("corpus", corpus)), manifest)
+    return manifest, buckets, np.array([NAMES.index(c) for c in corpus])
+
+
 class Inputs:
     def __init__(self, root: Path) -> None:
-        self.manifest, self.buckets = write_plan_inputs(root, 3000, seed=4, num_buckets=6)
-        df = pl.read_parquet(self.manifest)
-        d = df["duration"].to_numpy()
-        rng = np.random.default_rng(0)
-        corpus = np.where(d < np.quantile(d, 0.4), "short", np.where(rng.random(d.shape[0]) < 0.5, "long", "mid"))
-        write_manifest(df.select("id", "duration", "num_tokens").with_columns(pl.Series("corpus", corpus)),
-                       self.manifest)
-        self.codes = np.array([NAMES.index(c) for c in corpus])
+        self.manifest, self.buckets, self.codes = three_corpus_blend(root, 3000)
         self.plain = root / "plain"
         build_plan(self.manifest, self.buckets, self.plain, PlanOptions(world_size=W, epochs=EPOCHS, weights=WEIGHTS))
         self.windowed = root / "windowed"

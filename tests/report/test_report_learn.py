@@ -20,28 +20,19 @@ from dataprep.planning.build import build_plan
 from dataprep.planning.options import PlanOptions
 from dataprep.report.aggregates import ReportData, collect_report
 from dataprep.report.learn_section import step_time_aggregates
-from dataprep.testing import write_plan_inputs
-from manifests.manifest_write import write_manifest
 from manifests.plan_files import PlanShard
+from tests.planning.test_weight_window import WEIGHTS, three_corpus_blend
 
 pytest.importorskip("altair", reason="the report extra (altair) is not installed")
 
 W, K, TOL = 2, 8, 0.1
-WEIGHTS = {"short": 1.0, "long": 2.0, "mid": 1.0}
 TRUE = CostModel(overhead=0.05, per_frame=3e-6, per_frame2=0.0, per_token=4e-5, per_token2=0.0)
 SLOW = 1.5
 
 
 class Run:
     def __init__(self, root: Path) -> None:
-        self.manifest, self.buckets = write_plan_inputs(root, 1200, seed=4, num_buckets=6)
-        df = pl.read_parquet(self.manifest)
-        d = df["duration"].to_numpy()
-        rng = np.random.default_rng(0)
-        corpus = np.where(d < np.quantile(d, 0.4), "short", np.where(rng.random(d.shape[0]) < 0.5, "long", "mid"))
-        write_manifest(df.select("id", "duration", "num_tokens").with_columns(pl.Series("corpus", corpus)),
-                       self.manifest)
-        self.codes = np.array([list(WEIGHTS).index(c) for c in corpus])
+        self.manifest, self.buckets, self.codes = three_corpus_blend(root, 1200)
         self.plan = root / "plan"
         self.meta = build_plan(self.manifest, self.buckets, self.plan,
                                PlanOptions(world_size=W, epochs=2, weights=WEIGHTS, weight_window=K,
