@@ -74,6 +74,8 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="Where the manifest and spill files go.")
     a = ap.parse_args()
     limit = parse_bytes(a.memory_limit)
+    if a.dir is not None:
+        a.dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         work = Path(tmp)
         manifest = work / "m.parquet"

@@ -38,6 +38,8 @@ BLOCK_BYTES_PER_ROW = 160
 SORT_BYTES_PER_ROW = 16
 #: Fewest values per range of the sort, whatever the limit (each range is one pass).
 MIN_SORT_ROWS = 256
+#: rows per block of passes 3 and 4 over columns held in memory (the most a spilled fit's block has)
+HELD_BLOCK_ROWS = 1 << 20
 
 
 @dataclass
@@ -82,7 +84,7 @@ class AllocationTotals:
 
 def block_rows(memory_limit: int) -> int:
     """Rows per block of the manifest and of the spill files for ``memory_limit`` bytes."""
-    return int(min(max(memory_limit // (4 * BLOCK_BYTES_PER_ROW), 1 << 10), 1 << 20))
+    return int(min(max(memory_limit // (4 * BLOCK_BYTES_PER_ROW), 1 << 10), HELD_BLOCK_ROWS))
 
 
 def sort_rows(memory_limit: int, block: int) -> int:
@@ -104,8 +106,9 @@ class Passes:
 
     @classmethod
     def held(cls, num_rows: int) -> Passes:
-        """Everything in memory, one block, one sorted range."""
-        return cls(HeldColumns(), max(num_rows, 1), max(num_rows, MIN_SORT_ROWS))
+        """Everything in memory, one sorted range; passes 3 and 4 walk it in blocks of at most
+        :data:`HELD_BLOCK_ROWS` rows, so their temporaries stay a block's, not the corpus's."""
+        return cls(HeldColumns(), min(max(num_rows, 1), HELD_BLOCK_ROWS), max(num_rows, MIN_SORT_ROWS))
 
 
 def fit_grid(blocks: Blocks, passes: Passes, *, num_buckets: int, num_subbuckets: int, min_duration: float | None,
