@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
@@ -22,6 +21,7 @@ from dataprep.planning.replan import replan
 from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError
 from manifests.plan_files import PlanShard, shard_name
+from tests.training._consumer import run_cli
 
 W = 3
 
@@ -114,8 +114,7 @@ def test_a_replanned_plan_is_traced_from_its_first_step(plans: Plans) -> None:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dataprep.cli", "lookup", *args], capture_output=True, text=True,
-                          cwd=cwd)
+    return run_cli("lookup", *args, cwd=cwd)
 
 
 def test_cli_prints_a_table_or_json_lines_and_refuses_in_one_line(plans: Plans) -> None:

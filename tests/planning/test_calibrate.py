@@ -6,8 +6,6 @@ step logs and cost-model files are one-line errors."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ from dataprep.planning.replan import replan
 from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError
 from manifests.plan_files import PlanShard
+from tests.training._consumer import run_cli
 
 W = 4
 TRUE = CostModel(overhead=0.05, per_frame=3e-6, per_frame2=1e-9, per_token=4e-5, per_token2=1e-7)
@@ -78,10 +77,6 @@ def test_a_slow_rank_is_found_and_does_not_bend_the_model(run: Run, tmp_path: Pa
     assert np.median(np.abs(got - truth) / truth) < 0.02
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dataprep.cli", *args], check=False, capture_output=True, text=True)
-
-
 def _same(a: Path, b: Path) -> bool:
     names = sorted(p.name for p in a.iterdir())
     return names == sorted(p.name for p in b.iterdir()) and all((a / n).read_bytes() == (b / n).read_bytes()
@@ -100,8 +95,8 @@ def test_plan_batches_and_replan_use_the_calibrated_model_with_cost_equal_sizes(
     out.write_text(json.dumps(obj))
     plan = ["plan-batches", str(run.manifest), "-b", str(run.buckets), "--world-size", str(W), "--epochs", "2",
             "--cost-model", str(out)]
-    assert (res := _cli(*plan, "-o", str(tmp_path / "cli"))).returncode == 0, res.stderr
-    assert (res := _cli(*plan, "--no-cost-equal", "-o", str(tmp_path / "cli-sizes"))).returncode == 0, res.stderr
+    assert (res := run_cli(*plan, "-o", str(tmp_path / "cli"))).returncode == 0, res.stderr
+    assert (res := run_cli(*plan, "--no-cost-equal", "-o", str(tmp_path / "cli-sizes"))).returncode == 0, res.stderr
     build_plan(run.manifest, run.buckets, tmp_path / "lib", PlanOptions(world_size=W, epochs=2, cost=slow,
                                                                        cost_equal=True))
     build_plan(run.manifest, run.buckets, tmp_path / "lib-sizes", PlanOptions(world_size=W, epochs=2, cost=slow))
@@ -116,17 +111,17 @@ def test_plan_batches_and_replan_use_the_calibrated_model_with_cost_equal_sizes(
     md, mt = np.asarray([b["max_duration"] for b in buckets]), np.asarray([b["max_tokens"] for b in buckets])
     full, one_more = slow.step_time(sizes, md, mt), slow.step_time(sizes + 1, md, mt)
     assert one_more.min() > full.max() * 0.999 or (sizes == caps).any()
-    assert _cli("verify", str(tmp_path / "lib"), "--manifest", str(run.manifest)).returncode == 0
+    assert run_cli("verify", str(tmp_path / "lib"), "--manifest", str(run.manifest)).returncode == 0
     replan_args = ["replan", str(run.plan), "--at-step", "5", "--manifest", str(run.manifest), "--cost-model", str(out)]
-    assert (res := _cli(*replan_args, "-o", str(tmp_path / "re-cli"))).returncode == 0, res.stderr
+    assert (res := run_cli(*replan_args, "-o", str(tmp_path / "re-cli"))).returncode == 0, res.stderr
     replan(run.plan, run.manifest, tmp_path / "re-lib", PlanOptions(world_size=W, cost=slow, cost_equal=True), at_step=5)
     assert _same(tmp_path / "re-cli", tmp_path / "re-lib")
     assert json.loads((tmp_path / "re-lib" / "plan.json").read_text())["buckets"] == buckets
-    assert (res := _cli("verify", str(tmp_path / "re-lib"), "--manifest", str(run.manifest))).returncode == 0, res.stderr
-    assert (res := _cli(*replan_args, "--no-cost-equal", "-o", str(tmp_path / "re-cli-sizes"))).returncode == 0
+    assert (res := run_cli("verify", str(tmp_path / "re-lib"), "--manifest", str(run.manifest))).returncode == 0, res.stderr
+    assert (res := run_cli(*replan_args, "--no-cost-equal", "-o", str(tmp_path / "re-cli-sizes"))).returncode == 0
     replan(run.plan, run.manifest, tmp_path / "re-lib-sizes", PlanOptions(world_size=W, cost=slow), at_step=5)
     assert _same(tmp_path / "re-cli-sizes", tmp_path / "re-lib-sizes")
-    res = _cli("calibrate", str(run.plan), str(logged), "-o", str(tmp_path / "again.json"))
+    res = run_cli("calibrate", str(run.plan), str(logged), "-o", str(tmp_path / "again.json"))
     assert res.returncode == 0, res.stderr
     assert "median error" in res.stdout and "slowest rank" in res.stdout
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import read_plan_meta
+from tests.training._consumer import run_cli
 
 W, EPOCHS = 3, 3
 
@@ -173,8 +173,7 @@ def test_a_weighted_replan_excludes_and_draws_each_quota_again(weighted: tuple[P
             assert sum(times) == q  # exactly the quota
             lo = q // len(left)
             assert set(times) <= {lo, lo + 1}  # every remaining row floor or ceil times: all before repeats
-    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "verify", str(tmp / "re"), "--manifest",
-                          str(manifest)], check=False, capture_output=True, text=True)
+    res = run_cli("verify", str(tmp / "re"), "--manifest", str(manifest))
     assert res.returncode == 0, res.stderr
 
 
@@ -188,7 +187,7 @@ def test_a_weighted_corpus_excluded_whole_is_one_line(weighted: tuple[Path, Path
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dataprep.cli", *args], check=False, capture_output=True, text=True, cwd=cwd)
+    return run_cli(*args, cwd=cwd)
 
 
 def test_cli_replan_exclude_then_verify(parent: Parent, tmp_path: Path) -> None:

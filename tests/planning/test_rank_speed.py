@@ -8,8 +8,6 @@ one-line errors."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,7 @@ from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError, OptionError
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import read_plan_meta
+from tests.training._consumer import run_cli
 
 W, EPOCHS = 4, 2
 SPEEDS = (1.0, 0.5, 1.0, 0.7)
@@ -152,9 +151,7 @@ def test_rank_speed_sources_and_errors(tmp_path: Path) -> None:
 
 
 def test_cli_plan_simulate_and_bad_speeds(inputs: Inputs, tmp_path: Path) -> None:
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "dataprep.cli", *args], capture_output=True, text=True,
-                              check=False)
+    cli = run_cli
 
     res = cli("plan-batches", str(inputs.manifest), "-b", str(inputs.buckets), "-w", str(W), "-e", str(EPOCHS),
               "--rank-speed", ",".join(map(str, SPEEDS)), "--row-group-steps", "4", "-o", str(tmp_path / "p"))

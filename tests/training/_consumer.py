@@ -5,7 +5,10 @@ source, a sentencepiece model trained on its transcripts, then ``dataprep compil
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +22,14 @@ from dataprep.tokenize import train_model
 from tests.conftest import SHARED_DATA
 
 runner = CliRunner()
+
+
+def run_cli(*args: str, cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``dataprep ARGS`` in this process (typer's runner: the CLI's own parsing, output and exit
+    code), in folder ``cwd``, as a finished process: ``returncode``, ``stdout``, ``stderr``."""
+    with contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext():
+        res = runner.invoke(app, list(args))
+    return subprocess.CompletedProcess(["dataprep", *args], res.exit_code, res.stdout, res.stderr)
 
 
 def invoke(*args: str) -> str:
