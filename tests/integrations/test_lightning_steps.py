@@ -21,7 +21,7 @@ nemo = pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not i
 
 from dataprep.training.loop import STEP_TIMES_SCHEMA  # noqa: E402
 from manifests.plan_meta import read_plan_meta  # noqa: E402
-from tests.training._consumer import invoke  # noqa: E402
+from tests.training._consumer import invoke, run_cli  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +47,7 @@ def test_a_tiny_canary_runs_step_log_calibrates(rich: Rich, tmp_path: Path) -> N
     rows = table.to_pylist()
     assert [r["step"] for r in rows] == list(range(steps)) and {r["rank"] for r in rows} == {0}
     assert all(r["forward_backward_s"] > 0 and r["optimizer_s"] > 0 and r["data_wait_s"] >= 0 for r in rows)
-    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "calibrate", str(plan), str(logs), "-o",
-                          str(tmp_path / "costmodel.json")], check=False, capture_output=True, text=True, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    res = run_cli("calibrate", str(plan), str(logs), "-o", str(tmp_path / "costmodel.json"))
     assert res.returncode == 0, res.stderr
     model = json.loads((tmp_path / "costmodel.json").read_text())
     assert model["fit"]["rows"] == steps and "median error" in res.stdout

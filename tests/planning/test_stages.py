@@ -8,8 +8,6 @@ memory or spilled, the same bytes; bad stages are one-line errors."""
 from __future__ import annotations
 
 import collections
-import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
@@ -24,6 +22,7 @@ from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError, OptionError
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import read_plan_meta
+from tests.training._consumer import run_cli
 
 W = 3
 STAGES = ((2, {"c0": 1.0, "c1": 1.0, "c2": 1.0}), (1, {"c0": 5.0, "c1": 1.0, "c2": 0.5}))
@@ -108,12 +107,9 @@ def test_bad_stages_are_one_line_errors(inputs: Inputs, tmp_path: Path) -> None:
         PlanOptions(world_size=W, epochs=2, stages=((1, {"c0": 1.0}), (1, {"c1": 1.0})))
     with pytest.raises(OptionError, match="not both"):
         PlanOptions(world_size=W, epochs=3, stages=STAGES, weights={"c0": 1.0})
-    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "plan-batches", str(inputs.manifest), "-b",
-                          str(inputs.buckets), "-w", str(W), "--stage", f"2:{tmp_path / 'a.yaml'}", "--stage",
-                          f"1:{tmp_path / 'a.yaml'}", "-o", str(tmp_path / "cli")], capture_output=True, text=True,
-                         check=False)
+    res = run_cli("plan-batches", str(inputs.manifest), "-b", str(inputs.buckets), "-w", str(W), "--stage",
+                  f"2:{tmp_path / 'a.yaml'}", "--stage", f"1:{tmp_path / 'a.yaml'}", "-o", str(tmp_path / "cli"))
     assert res.returncode == 0 and "stage: epochs 2-2" in res.stdout, res.stderr
-    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "plan-batches", str(inputs.manifest), "-b",
-                          str(inputs.buckets), "-w", str(W), "--stage", f"1:{tmp_path / 'b.yaml'}", "-o",
-                          str(tmp_path / "bad")], capture_output=True, text=True, check=False)
+    res = run_cli("plan-batches", str(inputs.manifest), "-b", str(inputs.buckets), "-w", str(W), "--stage",
+                  f"1:{tmp_path / 'b.yaml'}", "-o", str(tmp_path / "bad"))
     assert res.returncode != 0 and "b.yaml" in res.stderr and "Traceback" not in res.stderr

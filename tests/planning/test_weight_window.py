@@ -8,8 +8,6 @@ is refused where it cannot apply."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +24,7 @@ from manifests.errors import DataprepError, OptionError
 from manifests.manifest_write import write_manifest
 from manifests.plan_files import PlanShard
 from manifests.plan_meta import read_plan_meta
+from tests.training._consumer import run_cli
 
 W, EPOCHS, K, TOL = 4, 2, 16, 0.1
 WEIGHTS = {"short": 1.0, "long": 2.0, "mid": 1.0}
@@ -129,12 +128,10 @@ def test_refused_where_it_cannot_apply(inputs: Inputs, tmp_path: Path) -> None:
             PlanOptions(world_size=W, weight_window=K, **kwargs)
     with pytest.raises(DataprepError, match="not weighted"):
         build_plan(inputs.manifest, inputs.buckets, tmp_path / "x", PlanOptions(world_size=W, weight_window=K))
-    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "plan-batches", str(inputs.manifest), "-b",
-                          str(inputs.buckets), "-w", str(W), "--weights", "short=1", "--weights", "long=2",
-                          "--weights", "mid=1", "--weight-window", str(K), "--weight-tolerance", str(TOL),
-                          "-o", str(tmp_path / "cli")], capture_output=True, text=True, check=False)
+    res = run_cli("plan-batches", str(inputs.manifest), "-b", str(inputs.buckets), "-w", str(W), "--weights", "short=1",
+                  "--weights", "long=2", "--weights", "mid=1", "--weight-window", str(K), "--weight-tolerance", str(TOL),
+                  "-o", str(tmp_path / "cli"))
     assert res.returncode == 0 and "weight windows of 16 steps" in res.stdout, res.stderr
-    res = subprocess.run([sys.executable, "-m", "dataprep.cli", "plan-batches", str(inputs.manifest), "-b",
-                          str(inputs.buckets), "-w", str(W), "--weight-tolerance", "0.1", "-o", str(tmp_path / "c2")],
-                         capture_output=True, text=True, check=False)
+    res = run_cli("plan-batches", str(inputs.manifest), "-b", str(inputs.buckets), "-w", str(W), "--weight-tolerance",
+                  "0.1", "-o", str(tmp_path / "c2"))
     assert res.returncode != 0 and "--weight-window" in res.stderr and "Traceback" not in res.stderr

@@ -9,6 +9,7 @@ import contextlib
 import csv
 import os
 import subprocess
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,10 @@ def run_cli(*args: str, cwd: str | os.PathLike[str] | None = None) -> subprocess
     code), in folder ``cwd``, as a finished process: ``returncode``, ``stdout``, ``stderr``."""
     with contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext():
         res = runner.invoke(app, list(args))
-    return subprocess.CompletedProcess(["dataprep", *args], res.exit_code, res.stdout, res.stderr)
+    stderr = res.stderr
+    if res.exc_info is not None and not isinstance(res.exception, SystemExit):  # what the interpreter would print
+        stderr += "".join(traceback.format_exception(*res.exc_info))
+    return subprocess.CompletedProcess(["dataprep", *args], res.exit_code, res.stdout, stderr)
 
 
 def invoke(*args: str) -> str:
