@@ -66,3 +66,27 @@ def test_a_throttled_store_is_retried_then_one_line(in_store: tuple[Path, Path, 
         next(iter(PlanSampler(url_plan, url_m, rank=1, world_size=2, prefetch_steps=2)))
     assert "\n" not in str(err.value)
     assert Counter(s3.counts())["GET"] >= 4  # type: ignore[attr-defined]
+
+
+def test_an_object_gone_after_it_was_seen_is_left_to_the_decoder(in_store: tuple[Path, Path, Path, Path],
+                                                                 s3: object) -> None:
+    """A container whose size this process remembers, deleted from the store before its step is
+    read: no bytes ahead for its rows (the decoder names each), never a stopped step."""
+    from dataprep.integrations.prefetch import PrefetchOptions, StepPrefetcher
+    from manifests import storage
+    from manifests.plan_cursor import PlanCursor
+    from manifests.plan_files import PlanShard
+
+    _, _, url_m, url_plan = in_store
+    columns = ColumnCache.open(url_m)
+    pb = next(PlanShard(url_plan, 0).iter_batches())
+    container = columns.gather(pb.rows, pb.ids).container_paths[0]
+    storage.stat(container)  # remembered
+    bucket, key = container.removeprefix("s3://").split("/", 1)
+    s3.client().delete_object(Bucket=bucket, Key=key)  # type: ignore[attr-defined]
+    ahead = StepPrefetcher(PlanCursor(url_plan, 0), columns, PrefetchOptions(prefetch_steps=2))
+    held = ahead.take(pb.step)
+    ahead.close()
+    gone = [c == container for c in columns.gather(pb.rows, pb.ids).container_paths]
+    assert any(gone) and all(h is None for h, g in zip(held, gone) if g)
+    assert all(h is not None for h, g in zip(held, gone) if not g)
