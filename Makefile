@@ -21,11 +21,12 @@ demo: install
 # tests stay on one, so its fixtures are built once, but for the docs pages, each its own group,
 # their shared demo built in the background from the start: tests/conftest.py): in a NeMo venv (about
 # 2 GB) that sees the dev install, so torch, numpy and lhotse stay as pinned; made once per
-# NeMo requirement, Python and torch under the cache (.ci/nemo-venv), then reused. With
+# NeMo requirement, Python and torch under the cache (.ci/nemo-venv), then reused; Azurite (from
+# npm, .ci/azurite) for the az:// tests. With
 # SPEECH_DATAPREP_FULL_SUITE=1 a test skipped for a missing module fails instead.
 test: install-dev
-	venv="$$(PYTHON=$(PYTHON) bash .ci/nemo-venv)" && \
-	SPEECH_DATAPREP_FULL_SUITE=1 "$$venv/bin/python" -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -rs --durations=30
+	venv="$$(PYTHON=$(PYTHON) bash .ci/nemo-venv)" && azurite="$$(bash .ci/azurite)" && \
+	AZURITE_BLOB="$$azurite" SPEECH_DATAPREP_FULL_SUITE=1 "$$venv/bin/python" -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -rs --durations=30
 
 # only the NeMo-marked tests, in the same venv
 test-nemo: install-dev

@@ -35,12 +35,13 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}/devstoreaccount1"
     conn = f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={KEY};BlobEndpoint={endpoint};"
-    for _ in range(100):
+    for _ in range(200):  # until it listens (the blob client's own retries back off for seconds)
         try:
-            blob.BlobServiceClient.from_connection_string(conn).create_container("corpus")
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
-        except Exception:  # noqa: BLE001 - not listening yet
-            time.sleep(0.1)
+        except OSError:
+            time.sleep(0.05)
+    blob.BlobServiceClient.from_connection_string(conn).create_container("corpus")
     env = {"AZURE_STORAGE_USE_EMULATOR": "true", "AZURITE_BLOB_STORAGE_URL": f"http://127.0.0.1:{port}"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
