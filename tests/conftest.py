@@ -64,6 +64,11 @@ def _missing_module_is_a_failure(rep: pytest.TestReport | pytest.CollectReport) 
 #: first and the run does not end waiting on one of them (xdist's own order is by test count,
 #: which put the docs pages, one test each, last); the docs pages after a first wave, by when
 #: the demo they share is built
+#: the files whose trainers' runs are forked from one server that imported NeMo and Lightning
+#: (:func:`tests.warm_python.run_python`): one group, so the server's imports are paid once a run
+TRAINER_RUNS = ("tests/test_readme_examples.py", "tests/integrations/test_nemo_packed.py",
+                "tests/integrations/test_lightning_steps.py", "tests/integrations/test_nemo_resume.py")
+
 LONGEST_FIRST = (
     "tests/test_readme_examples.py", "tests/training/test_train_ddp.py", "tests/test_benchmarks.py",
     "docs:trainers.md", "tests/training/test_train_replan.py", "docs:oomptimize.md",
@@ -87,7 +92,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            file = item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group("trainer-runs" if file in TRAINER_RUNS else file))
     order = {id(item): (rank.get(item.get_closest_marker("xdist_group").args[0], len(rank)), i)  # type: ignore[union-attr]
              for i, item in enumerate(items)}
     items.sort(key=lambda item: order[id(item)])

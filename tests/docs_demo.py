@@ -7,19 +7,16 @@ worker waits for it idle)."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-from tests.cli_server import write_shim
 from tests.doc_blocks import readme_walk
+from tests.warm_python import COMMANDS, server_for, write_shim
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,23 +34,12 @@ def env(bin_dir: Path, cache: Path | None = None) -> dict[str, str]:
     return out
 
 
-@contextlib.contextmanager
-def serving(bin_dir: Path) -> Iterator[dict[str, str]]:
+def serving(bin_dir: Path) -> dict[str, str]:
     """The environment of :func:`env` whose ``dataprep`` is a process forked by a server that
-    imported the CLI once (:mod:`tests.cli_server`), for as long as the context lasts."""
+    imported :data:`tests.warm_python.COMMANDS` once (:mod:`tests.warm_python`, one per test process)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    sock = Path(tempfile.mkdtemp(prefix="cli-", dir="/tmp")) / "s"  # short: a socket path has 107 bytes
-    write_shim(bin_dir / "dataprep", str(sock))
-    out = env(bin_dir)
-    server = subprocess.Popen([sys.executable, "-m", "tests.cli_server", str(sock)], env=out, cwd=REPO,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout is not None and server.stdout.readline() == "ready\n", "the CLI server did not start"
-        yield out
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-        shutil.rmtree(sock.parent, ignore_errors=True)
+    write_shim(bin_dir / "dataprep", str(server_for(COMMANDS)))
+    return env(bin_dir)
 
 
 def build(root: Path) -> tuple[Path, str]:
@@ -74,14 +60,14 @@ def build(root: Path) -> tuple[Path, str]:
         if not (root / "examples").exists():
             (root / "examples").symlink_to(REPO / "examples")  # the walk runs ../examples/, as demo-out/ does
         report = "dataprep " + shlex.join(demo_steps(Path("."))[-1])
-        with serving(root / "bin") as commands:
-            for code in (readme_walk().code, report):
-                res = subprocess.run(["bash", "-euo", "pipefail", "-c", code], capture_output=True, text=True,
-                                     env=commands, cwd=ws, timeout=600, check=False)
-                if res.returncode != 0:
-                    return ws, f"{code}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
-                with open(ws / "walk.out", "a", encoding="utf-8") as out:
-                    out.write(res.stdout)
+        commands = serving(root / "bin")
+        for code in (readme_walk().code, report):
+            res = subprocess.run(["bash", "-euo", "pipefail", "-c", code], capture_output=True, text=True,
+                                 env=commands, cwd=ws, timeout=600, check=False)
+            if res.returncode != 0:
+                return ws, f"{code}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+            with open(ws / "walk.out", "a", encoding="utf-8") as out:
+                out.write(res.stdout)
         (root / "ready").touch()
     return ws, ""
 

@@ -4,11 +4,11 @@ measure, tests do not time). The quick ones run in CI; the heavy ones are ``slow
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.warm_python import COMMANDS, run_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,8 +61,8 @@ def _run(script: str, args: list[str], tmp_path: Path) -> None:
         from tests.conftest import shared_file
 
         shared_file("librispeech.train-clean-100.csv")
-    cmd = [sys.executable, str(REPO / "benchmarks" / script), *(a.format(tmp=tmp_path) for a in args)]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    cmd = [str(REPO / "benchmarks" / script), *(a.format(tmp=tmp_path) for a in args)]
+    res = run_python(cmd, cwd=REPO, preload=COMMANDS)  # as ``python SCRIPT ARGS``, the imports paid once
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
     assert res.stdout.strip(), "a benchmark prints its figures"
 

@@ -7,7 +7,7 @@ Convention (one rule for every page):
   ``manifest.parquet``, ``kept.parquet``, ``buckets.json``, ``plan/`` ...), the one shared
   workspace of this module; ``examples/`` and ``benchmarks/`` are linked into it. Blocks of one
   page share their copy, so a page reads as one session. ``dataprep`` there runs each command
-  in a process of its own forked from one that imported the CLI once (:mod:`tests.cli_server`:
+  in a process of its own forked from one that imported the CLI once (:mod:`tests.warm_python`:
   the same output and exit status, without an interpreter's start per command).
 - ``<!-- doc-test: not-run: REASON -->`` on the line before a fence: not run (a GPU, a cluster,
   an install, a full-size benchmark); the reason is required.
@@ -23,14 +23,23 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.doc_blocks import FENCE, FILE_MARK, PAGES, REPO, Block, page_blocks, readme_walk
 from tests.conftest import docs_demo_root
+from tests.doc_blocks import (
+    FENCE,
+    FILE_MARK,
+    PAGES,
+    REPO,
+    Block,
+    page_blocks,
+    readme_walk,
+)
 from tests.docs_demo import build, serving
+from tests.warm_python import COMMANDS, run_python
+
 
 def all_blocks() -> list[Block]:
     return [b for p in PAGES for b in page_blocks(p)]
@@ -101,19 +110,22 @@ PAGES_WITH_RUNS = [p for p in PAGES if _page_runs(p)]
                                   for p in PAGES_WITH_RUNS], ids=lambda p: str(p.relative_to(REPO)))
 def test_page_blocks_run(page: Path, demo_workspace: Path, tmp_path: Path) -> None:
     """The page's runnable blocks, in order, in its own copy of the demo workspace; each
-    ``dataprep`` a process forked by a server that imported the CLI once (:mod:`tests.cli_server`)."""
+    ``dataprep`` a process forked by a server that imported the CLI once (:mod:`tests.warm_python`)."""
     ws = tmp_path / "ws"
     shutil.copytree(demo_workspace, ws, ignore=shutil.ignore_patterns("audio"))
     (ws / "audio").symlink_to(demo_workspace / "audio")
     for name in ("examples", "benchmarks"):
         (ws / name).symlink_to(REPO / name)
     (tmp_path / "examples").symlink_to(REPO / "examples")  # demo-out/ beside examples/, as in the repository
-    with serving(tmp_path / "bin") as env:
-        for b in _page_runs(page):
-            cmd = ["bash", "-euo", "pipefail", "-c", b.code] if b.lang == "sh" else [sys.executable, "-c", b.code]
-            res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ws, timeout=600, check=False)
-            assert res.returncode == 0, \
-                f"{b.where} failed ({res.returncode}):\n{b.code}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    env = serving(tmp_path / "bin")
+    for b in _page_runs(page):
+        if b.lang == "sh":
+            res = subprocess.run(["bash", "-euo", "pipefail", "-c", b.code], capture_output=True, text=True, env=env,
+                                 cwd=ws, timeout=600, check=False)
+        else:
+            res = run_python(["-c", b.code], env=env, cwd=ws, preload=COMMANDS)
+        assert res.returncode == 0, \
+            f"{b.where} failed ({res.returncode}):\n{b.code}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
 
 
 def _anchor(heading: str) -> str:

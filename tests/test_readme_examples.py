@@ -8,16 +8,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from manifests.plan_files import open_shard
-from tests.integrations._rich import Rich, rich_corpus
-
 from tests.doc_blocks import page_blocks
+from tests.integrations._rich import Rich, rich_corpus
+from tests.warm_python import TRAINERS, run_python
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "trainers.md"
@@ -57,8 +55,7 @@ def test_example_runs_and_replays_the_plan(rich: Rich, name: str) -> None:
             pytest.skip(f"{mod} is not installed")
     args = [str(rich.plan), str(rich.manifest)] + ([str(rich.spm)] if name.startswith("nemo_") else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, str(REPO / "examples" / name), *args], capture_output=True, text=True,
-                         check=False, env=env, cwd=REPO, timeout=600)
+    res = run_python([str(REPO / "examples" / name), *args], env=env, cwd=REPO, preload=TRAINERS)
     assert res.returncode == 0, res.stderr[-3000:]
     plan = [b.ids for b in open_shard(rich.plan, 0)]
     if name == "pytorch_sampler.py":  # a readable summary: three steps, then the resumed rest counted

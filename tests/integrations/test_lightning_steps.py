@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from tests.integrations._rich import Rich, rich_corpus
+from tests.warm_python import TRAINERS, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.nemo
@@ -36,9 +35,9 @@ def test_a_tiny_canary_runs_step_log_calibrates(rich: Rich, tmp_path: Path) -> N
     steps = read_plan_meta(plan).num_steps
     logs = tmp_path / "steps"
     (tmp_path / "run").mkdir()
-    run = subprocess.run([sys.executable, "-m", "tests.integrations._canary_train", str(plan), str(rich.manifest),
-                          str(rich.spm), str(tmp_path / "run"), str(steps), str(logs)], check=False, capture_output=True, text=True,
-                         timeout=600, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    run = run_python(["-m", "tests.integrations._canary_train", str(plan), str(rich.manifest), str(rich.spm),
+                      str(tmp_path / "run"), str(steps), str(logs)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                     preload=TRAINERS)
     assert run.returncode == 0, run.stderr[-3000:]
     trained = [json.loads(x)["step"] for x in run.stdout.splitlines() if x.startswith("{")]
     assert trained == list(range(steps)) and steps >= 8

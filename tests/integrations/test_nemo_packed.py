@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integrations._rich import Rich, rich_corpus
+from tests.warm_python import TRAINERS, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.nemo
@@ -63,7 +63,9 @@ def test_canary2_counts_and_labels_of_every_packed_cut(packed: tuple[str, Path, 
 
 
 def test_get_plan_dataloader_over_the_pack_yields_the_plan(packed: tuple[str, Path, Path], tokenizer: Any) -> None:  # noqa: F811
-    from nemo.collections.asr.data.audio_to_text_lhotse_prompted import PromptedAudioToTextLhotseDataset
+    from nemo.collections.asr.data.audio_to_text_lhotse_prompted import (
+        PromptedAudioToTextLhotseDataset,
+    )
     from nemo.collections.common.prompts import Canary2PromptFormatter
 
     from dataprep.integrations.lhotse import PlanEnded
@@ -108,9 +110,8 @@ def test_nemo_reads_the_tarred_export(packed: tuple[str, Path, Path], tmp_path: 
 
 def _train(plan: Path, manifest: Path, rich: Rich, work: Path, max_steps: int) -> subprocess.CompletedProcess[str]:
     work.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "tests.integrations._canary_train", str(plan), str(manifest),
-                           str(rich.spm), str(work), str(max_steps)], capture_output=True, text=True, timeout=600,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return run_python(["-m", "tests.integrations._canary_train", str(plan), str(manifest), str(rich.spm), str(work),
+                       str(max_steps)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, preload=TRAINERS)
 
 
 def test_a_tiny_canary_trains_on_the_plan_of_the_pack(packed: tuple[str, Path, Path], rich: Rich,

@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from manifests.plan_files import open_shard
 from tests.integrations._rich import Rich, rich_corpus
+from tests.warm_python import TRAINERS, run_python
 
 pytestmark = pytest.mark.nemo
 pytest.importorskip("lightning.pytorch", reason="Lightning is not installed (make test-nemo)")
@@ -43,17 +43,11 @@ def runs(rich: Rich, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int
     work = tmp_path_factory.mktemp("lightning")
     env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port()),
            "WORLD_SIZE": "2", "NODE_RANK": "0"}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.integrations._lightning_plan", str(rich.plan),
-                               str(rich.manifest), str(work), str(EVERY)], cwd=REPO, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**env, "LOCAL_RANK": str(r)})
-             for r in range(2)]
-    out = []
-    for p in procs:
-        try:
-            stdout, stderr = p.communicate(timeout=600)
-        finally:
-            p.kill()
-        out.append((p.returncode, stdout, stderr))
+    argv = ["-m", "tests.integrations._lightning_plan", str(rich.plan), str(rich.manifest), str(work), str(EVERY)]
+    with ThreadPoolExecutor(2) as pool:  # the two ranks at once
+        done = [pool.submit(run_python, argv, cwd=REPO, env={**env, "LOCAL_RANK": str(r)}, preload=TRAINERS)
+                for r in range(2)]
+        out = [(d.result().returncode, d.result().stdout, d.result().stderr) for d in done]
     return out
 
 
