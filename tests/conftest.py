@@ -59,27 +59,26 @@ def _missing_module_is_a_failure(rep: pytest.TestReport | pytest.CollectReport) 
             rep.longrepr = f"skipped for a missing module under SPEECH_DATAPREP_FULL_SUITE=1 (make test): {reason}"
 
 
-#: the longest groups (a test file, or a docs page), longest first as measured by ``make test``:
-#: ``--no-loadscope-reorder`` hands groups to the workers in collection order, so these start
-#: first and the run does not end waiting on one of them (xdist's own order is by test count,
-#: which put the docs pages, one test each, last); the docs pages after a first wave, by when
-#: the demo they share is built
 #: the files whose trainers' runs are forked from one server that imported NeMo and Lightning
 #: (:func:`tests.warm_python.run_python`): one group, so the server's imports are paid once a run
 TRAINER_RUNS = ("tests/test_readme_examples.py", "tests/integrations/test_nemo_packed.py",
                 "tests/integrations/test_lightning_steps.py", "tests/integrations/test_nemo_resume.py")
 
+#: the longest groups (a test file, or a docs page), longest first as measured by ``make test``:
+#: ``--no-loadscope-reorder`` hands groups to the workers in collection order, so these start
+#: first and the run does not end waiting on one of them (xdist's own order is by test count,
+#: which put the docs pages, one test each, last); the docs pages after a first wave, by when
+#: the demo they share is built
 LONGEST_FIRST = (
-    "tests/test_readme_examples.py", "tests/training/test_train_ddp.py", "tests/test_benchmarks.py",
-    "docs:trainers.md", "tests/training/test_train_replan.py", "docs:oomptimize.md",
-    "tests/integrations/test_lightning_steps.py", "docs:plans.md", "tests/integrations/test_nemo_packed.py",
-    "tests/compile/test_parts.py", "docs:compile.md", "tests/planning/test_exclude.py",
-    "tests/integrations/test_pack_round4.py", "tests/hostile/test_floats.py", "docs:many-corpora.md",
-    "tests/oom/test_estimate.py", "tests/storage/test_object_storage_doc.py", "docs:containers.md",
-    "tests/report/test_report_browser.py", "tests/cli/test_replan_cli.py", "tests/test_pipeline_golden.py",
-    "tests/hostile/test_properties.py", "tests/oom/test_transducer.py", "tests/cli/test_cli_surface.py",
-    "tests/integrations/test_nemo_resume.py", "tests/cli/test_out_of_core.py", "tests/hostile/test_numbers.py",
-    "tests/planning/test_calibrate.py", "tests/training/test_grad_sync_clock.py", "docs:packing.md",
+    "tests/test_benchmarks.py", "tests/compile/test_parts.py", "tests/training/test_train_ddp.py", "trainer-runs",
+    "docs:trainers.md", "tests/report/test_report_browser.py", "tests/cli/test_replan_cli.py",
+    "tests/cli/test_cli_surface.py", "tests/integrations/test_pack_round4.py", "docs:oomptimize.md",
+    "tests/manifests/test_readers.py", "tests/storage/test_object_storage_doc.py", "docs:plans.md",
+    "tests/cli/test_out_of_core.py", "docs:containers.md", "tests/integrations/test_prefetch.py",
+    "tests/storage/test_storage.py", "docs:compile.md", "tests/hostile/test_floats.py", "tests/oom/test_fit.py",
+    "tests/test_layout.py", "tests/test_pipeline_golden.py", "tests/integrations/test_samplers.py",
+    "tests/oom/test_estimate.py", "tests/hostile/test_properties.py", "tests/hostile/test_training.py",
+    "docs:many-corpora.md", "tests/training/test_grad_sync_clock.py", "docs:packing.md",
 )
 
 
