@@ -86,13 +86,15 @@ def build(work: Path, n: int) -> dict[str, Path]:
     return p
 
 
-def start_store(latency_ms: float, core: int, serve_ranges: bool = False) -> tuple[subprocess.Popen[str], dict[str, str]]:
+def start_store(latency_ms: float, core: int, serve_ranges: bool = False,
+                extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """The loopback S3 (moto behind the latency proxy) in a child pinned to ``core``, and its env;
-    ``serve_ranges``: the proxy answers ranged GETs itself (``--serve-ranges``)."""
+    ``serve_ranges``: the proxy answers ranged GETs itself (``--serve-ranges``); ``extra``: more
+    of ``python -m dataprep.testing_store``'s options."""
     from dataprep.testing_store import DUMMY_ENV
 
     proc = subprocess.Popen([sys.executable, "-m", "dataprep.testing_store", "--latency-ms", str(latency_ms),
-                             *(["--serve-ranges"] if serve_ranges else [])],
+                             *(["--serve-ranges"] if serve_ranges else []), *extra],
                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     line = proc.stdout.readline().strip()  # type: ignore[union-attr]

@@ -2,38 +2,56 @@
 proxy in front (:class:`LoopbackS3`). Nothing leaves the machine (127.0.0.1 only).
 
 The proxy forwards every request to moto and, by rule (:meth:`LoopbackS3.fault`), answers 503
-SlowDown or 500 instead, resets the connection, truncates the body (full ``Content-Length``,
-half the bytes), or delays (``delay_s``; a delay past the client's time-out is a time-out).
-``latency_s`` adds a fixed delay to every request (a store's round trip); ``serve_ranges``
-answers ranged GETs from each object read whole once (moto copies the whole object for each,
-which a store does not; for benchmarks, objects written through the proxy). :meth:`env` is what a
-client needs (dummy credentials, the proxy as endpoint); it never touches ``os.environ``.
-Needs moto's server extra (``pip install 'moto[server]'``) and boto3 (dev dependencies).
+SlowDown or 500 instead, resets the connection, truncates the body (full ``Content-Length``, half
+the bytes), or delays (``delay_s``: past the client's time-out, a time-out); ``latency_s`` adds
+a fixed delay to every request (a store's round trip). ``serve_ranges`` answers ranged GETs from
+each object read whole once (moto copies the whole object for each). ``store_like`` (the
+benchmarks' mode) answers from moto's state in this process, at a store's cost: ListObjectsV2
+from each bucket's keys sorted once (moto sorts the bucket for every page), GETs and HEADs read in
+place, moto's XML byte for byte and its headers; whatever it cannot answer exactly goes to moto.
+Latency and faults apply either way. :meth:`LoopbackS3.load` puts local files into moto in-process.
+:meth:`env` is what a client needs (dummy credentials, the proxy as endpoint); it never touches
+``os.environ``. Needs moto's server extra (``pip install 'moto[server]'``) and boto3 (dev dependencies).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import http.client
+import itertools
 import json
 import logging
 import re
+import secrets
 import socket
 import struct
 import threading
 import time
+import urllib.parse
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+from xml.sax.saxutils import escape
 
 #: the dummy credentials of the loopback store (moto accepts any)
 DUMMY_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
              "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
              "AWS_EC2_METADATA_DISABLED": "true"}
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
+#: an answer: status, reason, headers, body
+_Answer = tuple[int, str, list[tuple[str, str]], bytes]
+#: the query parameters of a ListObjectsV2 the proxy answers itself (any other: moto answers)
+_LIST_PARAMS = {"list-type", "prefix", "delimiter", "continuation-token", "start-after", "max-keys", "fetch-owner",
+                "encoding-type"}
+#: moto's owner of every object (ListObjectsV2 with fetch-owner)
+_OWNER = ("<Owner><DisplayName>webfile</DisplayName>"
+          "<ID>75aa57f09aa0c8caeab4f8c24e99d10f8e7faeebf76c078efc7c6caea54ba06a</ID></Owner>")
 
 
 @dataclass
@@ -64,6 +82,8 @@ class _State:
     #: path -> (headers, bytes) of objects read whole once, ranged GETs answered from them
     #: (``None``: off; every request goes to moto)
     objects: dict[str, tuple[dict[str, str], bytes]] | None = None
+    #: answers ListObjectsV2, GETs and HEADs from moto's state in-process (``None``: off)
+    store: _StoreLike | None = None
 
     def pick(self, method: str, path: str) -> Rule | None:
         with self.lock:
@@ -73,6 +93,201 @@ class _State:
                     rule.hits += 1
                     return rule
         return None
+
+
+def _moto_bucket(name: str) -> tuple[Any, Any] | None:
+    """(moto's S3 backend, the bucket) of bucket ``name`` in this process, or ``None``."""
+    from moto.s3.models import s3_backends
+    where = s3_backends.bucket_accounts.get(name)
+    if where is None:
+        return None
+    partition, account = where
+    backend = s3_backends[account][partition]
+    bucket = backend.buckets.get(name)
+    return None if bucket is None else (backend, bucket)
+
+
+def _el(tag: str, text: str) -> str:
+    """One XML element as moto's serializer writes it (``<Tag/>`` when empty)."""
+    return f"<{tag}>{escape(text)}</{tag}>" if text else f"<{tag}/>"
+
+
+class _StoreLike:
+    """Answers from moto's state in this process what moto answers at more than a store's cost:
+    ListObjectsV2 pages walked from each bucket's keys sorted once, and GETs and HEADs of objects
+    read in place. Every method returns ``None`` for a request it does not answer exactly as moto
+    would (versioned buckets, CORS, other conditions or query parameters, errors): moto answers
+    those. The sorted keys are moto's own, read again at each listing: a listing sees every
+    write, whichever way it came (through the proxy, to moto directly, a multipart upload, a
+    batch delete); the names are sorted again only when they changed (checked by comparing them,
+    in moto's order, with those sorted last: about 1 ms at 100,000 keys)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: bucket name -> (the bucket, its keys in moto's order, sorted)
+        self.sorted: dict[str, tuple[Any, list[str], list[str]]] = {}
+        #: continuation token -> the last name of the page that gave it
+        self.tokens: dict[str, str] = {}
+        #: requests answered here, by kind (``list``, ``GET``, ``HEAD``)
+        self.answered: Counter[str] = Counter()
+
+    def answer(self, method: str, target: str, headers: dict[str, str]) -> _Answer | None:
+        path, _, query = target.partition("?")
+        bucket, _, key = path.lstrip("/").partition("/")
+        found = _moto_bucket(urllib.parse.unquote(bucket)) if bucket else None
+        if found is None or found[1].versioning_status or found[1].cors:
+            return None
+        out = None
+        if method == "GET" and not key and "list-type=2" in query.split("&"):
+            out, kind = self.list_v2(*found, query), "list"
+        elif method in ("GET", "HEAD") and key and not query:
+            out, kind = self.get(found[1], urllib.parse.unquote(key), method,
+                                 {k.lower(): v for k, v in headers.items()}), method
+        if out is not None:
+            with self.lock:
+                self.answered[kind] += 1
+        return out
+
+    def names(self, bucket: Any) -> list[str]:
+        """The bucket's key names, sorted."""
+        order = list(dict.keys(bucket.keys))  # moto's own dict, copied whole under the GIL
+        with self.lock:
+            held = self.sorted.get(bucket.name)
+            if held is not None and held[0] is bucket and held[1] == order:
+                return held[2]
+        names = sorted(order)
+        with self.lock:
+            self.sorted[bucket.name] = (bucket, order, names)
+        return names
+
+    @staticmethod
+    def _walk(names: list[str], prefix: str, delimiter: str, after: str | None) -> Iterator[tuple[str, bool]]:
+        """(name, is a common prefix) in order, as moto merges keys and common prefixes: those
+        after ``after``, under ``prefix``; a common prefix's keys are skipped by bisection."""
+        i = bisect_left(names, prefix)
+        if after is not None:
+            i = max(i, bisect_right(names, after))
+        while i < len(names):
+            name = names[i]
+            if not name.startswith(prefix):
+                return
+            j = name.find(delimiter, len(prefix)) if delimiter else -1
+            if j < 0:
+                yield name, False
+                i += 1
+                continue
+            folder = name[: j + len(delimiter)]
+            # every name starting with FOLDER sorts before FOLDER with its last character raised
+            i = bisect_left(names, folder[:-1] + chr(ord(folder[-1]) + 1), i + 1)
+            if after is None or folder > after:
+                yield folder, True
+
+    def list_v2(self, backend: Any, bucket: Any, query: str) -> _Answer | None:
+        """ListObjectsV2, the XML moto's ``list_objects_v2`` writes, byte for byte."""
+        from moto import settings
+        q = {k: v[0] for k, v in urllib.parse.parse_qs(query, keep_blank_values=True).items()}
+        if not set(q) <= _LIST_PARAMS or q.get("encoding-type") not in (None, "url"):
+            return None
+        prefix, delimiter = q.get("prefix"), q.get("delimiter")
+        token, start_after = q.get("continuation-token"), q.get("start-after")
+        max_keys = int(q.get("max-keys", settings.get_s3_default_max_keys()))
+        if max_keys < 0 or token == "":
+            return None
+        after = start_after
+        if token:
+            with self.lock:
+                after = self.tokens.get(token) or backend._pagination_tokens.get(token)
+            if after is None:
+                return None
+        walk = self._walk(self.names(bucket), prefix or "", delimiter or "", after)
+        items = list(itertools.islice(walk, max_keys + 1)) if max_keys else []
+        truncated = len(items) > max_keys
+        items = items[:max_keys]
+        next_token = None
+        if truncated:
+            next_token = hashlib.md5(items[-1][0].encode("utf-8")).hexdigest()
+            with self.lock:
+                self.tokens[next_token] = items[-1][0]
+            backend._pagination_tokens[next_token] = items[-1][0]  # moto takes the page on from it too
+        url = q.get("encoding-type") == "url"
+        contents, folders = [], []
+        for name, is_folder in items:
+            if is_folder:
+                folders.append(f"<CommonPrefixes>{_el('Prefix', urllib.parse.quote(name) if url else name)}"
+                               "</CommonPrefixes>")
+                continue
+            key = bucket.keys.get(name)
+            if key is None:  # deleted since the names were read
+                continue
+            contents.append("<Contents>" + _el("Key", urllib.parse.quote(name) if url else name)
+                            + _el("LastModified", key.last_modified_ISO8601) + _el("ETag", key.etag)
+                            + (_el("ChecksumAlgorithm", key.checksum_algorithm) if key.checksum_algorithm else "")
+                            + _el("Size", str(key.size)) + _el("StorageClass", key.storage_class)
+                            + (_OWNER if q.get("fetch-owner") else "") + "</Contents>")
+        shown = (urllib.parse.quote(prefix) if prefix else "") if url else (prefix or "")
+        body = ('<?xml version="1.0" encoding="utf-8"?>\n'
+                '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+                + _el("IsTruncated", "true" if truncated else "false") + "".join(contents)
+                + _el("Name", bucket.name) + _el("Prefix", shown)
+                + (_el("Delimiter", delimiter) if delimiter else "") + _el("MaxKeys", str(max_keys))
+                + ("".join(folders) if delimiter else "") + (_el("EncodingType", "url") if url else "")
+                + _el("KeyCount", str(len(contents) + len(folders)))
+                + (_el("NextContinuationToken", next_token) if next_token else "")
+                + (_el("StartAfter", start_after) if start_after and not token else "")
+                + "</ListBucketResult>")
+        return 200, "OK", [("Content-Type", "application/xml"), ("x-amzn-requestid", secrets.token_hex(16))], \
+            body.encode("utf-8")
+
+    @staticmethod
+    def get(bucket: Any, name: str, method: str, headers: dict[str, str]) -> _Answer | None:
+        """GET (whole, or one range as moto parses it) or HEAD of an object, its bytes read in
+        place (moto copies the whole object first); the headers moto sends. A wrong ``If-Match``,
+        other conditions and checksums: moto answers."""
+        from moto.s3.models import FakeKey
+        key = bucket.keys.get(name)
+        if not isinstance(key, FakeKey) or key.storage_class != "STANDARD":
+            return None
+        if any(h in headers for h in ("if-none-match", "if-modified-since", "if-unmodified-since")):
+            return None
+        match = headers.get("if-match")
+        if match and key.etag not in ((match,) if method == "HEAD" else (match, f'"{match}"')):
+            return None  # moto answers the precondition (412)
+        if headers.get("x-amz-checksum-mode") == "ENABLED" and key.checksum_algorithm:
+            return None
+        out: dict[str, str] = {}
+        if method == "HEAD":
+            if "range" in headers:
+                return None
+            out.update(key.metadata)
+            out.update(key.response_dict)
+            out["Accept-Ranges"] = "bytes"
+            return 200, "OK", list(out.items()), b""
+        if key.version_id != "null":
+            out["x-amz-version-id"] = key.version_id
+        out.update(key.response_dict)
+        out.update(key.metadata)
+        out["Accept-Ranges"] = "bytes"
+        size = key.size
+        begin, end, status, reason = 0, size - 1, 200, "OK"
+        if "range" in headers:
+            unit, _, spec = headers["range"].partition("=")
+            m = re.fullmatch(r"(\d*)-(\d*)", spec.strip())
+            if unit.strip() != "bytes" or m is None or m.group(0) == "-":
+                return None
+            a, b = (int(g) if g else None for g in m.groups())
+            if a is not None:
+                begin, end = a, size - 1 if b is None else min(b, size - 1)
+            else:
+                assert b is not None
+                begin = size - min(b, size)
+            if (a is None and b == 0) or begin > size - 1 or begin > end:
+                return None  # moto's 416, or its whole-object answer
+            out["content-range"] = f"bytes {begin}-{end}/{size}"
+            status, reason = 206, "Partial Content"
+        with key.lock:  # moto's own lock on the object's buffer
+            key._value_buffer.seek(begin)
+            data = key._value_buffer.read(end - begin + 1)
+        return status, reason, list(out.items()), data
 
 
 def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
@@ -153,11 +368,11 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
             if body or self.command in ("PUT", "POST"):
                 headers["Content-Length"] = str(len(body))
-            ranged = self._ranged(headers)
-            if ranged is None:
+            local = self._local(headers)
+            if local is None:
                 status, reason, answer, data = self._upstream(self.command, self.path, body, headers)
             else:
-                status, reason, answer, data = ranged
+                status, reason, answer, data = local
             self.send_response(status, reason)
             for k, v in answer:
                 if k.lower() not in _HOP and k.lower() not in ("content-length", "date", "server"):
@@ -176,7 +391,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _upstream(self, method: str, path: str, body: bytes,
-                      headers: dict[str, str]) -> tuple[int, str, list[tuple[str, str]], bytes]:
+                      headers: dict[str, str]) -> _Answer:
             conn = http.client.HTTPConnection(*state.upstream, timeout=60)
             conn.request(method, path, body=body or None, headers=headers)
             resp = conn.getresponse()
@@ -184,7 +399,17 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             conn.close()
             return resp.status, resp.reason, resp.getheaders(), data
 
-        def _ranged(self, headers: dict[str, str]) -> tuple[int, str, list[tuple[str, str]], bytes] | None:
+        def _local(self, headers: dict[str, str]) -> _Answer | None:
+            """The answer given here rather than by moto (``store`` or ``objects`` on), or ``None``."""
+            if state.store is not None:
+                try:
+                    return state.store.answer(self.command, self.path, headers)
+                except Exception:  # anything moto's state did not let us answer exactly: moto answers
+                    logging.getLogger(__name__).debug("store-like answer failed", exc_info=True)
+                    return None
+            return self._ranged(headers)
+
+        def _ranged(self, headers: dict[str, str]) -> _Answer | None:
             """A ranged GET of an object answered from its bytes read once (``objects`` on):
             moto copies a whole object for every ranged GET, which a store does not."""
             if state.objects is None:
@@ -226,13 +451,15 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
 class LoopbackS3:
     """moto's S3 server on 127.0.0.1 behind a fault-injecting proxy; :attr:`endpoint` is the proxy's."""
 
-    def __init__(self, latency_s: float = 0.0, serve_ranges: bool = False) -> None:
+    def __init__(self, latency_s: float = 0.0, serve_ranges: bool = False, store_like: bool = False) -> None:
         from moto.server import ThreadedMotoServer
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._moto.start()
         host, port = self._moto.get_host_and_port()
-        self.state = _State(upstream=(host, port), latency_s=latency_s, objects={} if serve_ranges else None)
+        self.state = _State(upstream=(host, port), latency_s=latency_s,
+                            objects={} if serve_ranges and not store_like else None,
+                            store=_StoreLike() if store_like else None)
         self._proxy = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.state))
         self._proxy.daemon_threads = True
         self._proxy.handle_error = lambda request, address: None  # type: ignore[method-assign] # a client gone mid-answer
@@ -259,6 +486,25 @@ class LoopbackS3:
         except c.exceptions.BucketAlreadyOwnedByYou:
             pass
         return f"s3://{bucket}"
+
+    def load(self, url: str, path: str | Path) -> int:
+        """Put the file ``path`` at ``s3://bucket/key``, or every file under the folder ``path`` at
+        ``s3://bucket/prefix/<its path under the folder>``, straight into moto's state in this
+        process (no HTTP: tens of thousands of objects a second, where moto takes about a hundred
+        PUTs a second); creates the bucket. Returns the number of objects."""
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        self.create_bucket(bucket)
+        found = _moto_bucket(bucket)
+        assert found is not None, bucket
+        root = Path(path)
+        if root.is_file():
+            files = [(prefix or root.name, root)]
+        else:
+            files = [("/".join(filter(None, (prefix.rstrip("/"), f.relative_to(root).as_posix()))), f)
+                     for f in sorted(root.rglob("*")) if f.is_file()]
+        for key, f in files:
+            _ = found[0].put_object(bucket, key, f.read_bytes(), disable_notification=True).etag  # as a PUT does
+        return len(files)
 
     def fault(self, action: str, *, method: str | None = None, path: str | None = None,
               times: int | None = 1, delay_s: float = 0.0) -> Rule:
@@ -304,14 +550,23 @@ class LoopbackS3:
 
 
 def main() -> None:
-    """``python -m dataprep.testing_store [--latency-ms 20]``: serve until killed; prints the
-    proxy's endpoint as the first line (``AWS_ENDPOINT_URL=...``)."""
+    """``python -m dataprep.testing_store [--latency-ms 20] [--store-like] [--load s3://B/P=PATH ...]``:
+    serve until killed; prints the proxy's endpoint as the first line (``AWS_ENDPOINT_URL=...``),
+    once every ``--load`` is in the store."""
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--latency-ms", type=float, default=0.0)
     ap.add_argument("--serve-ranges", action="store_true",
                     help="answer ranged GETs from each object read whole once (objects written only through the proxy)")
+    ap.add_argument("--store-like", action="store_true",
+                    help="answer listings, GETs and HEADs from moto's state in-process, at a store's cost")
+    ap.add_argument("--load", action="append", default=[], metavar="s3://BUCKET/PREFIX=PATH",
+                    help="put a local file or folder into the store before serving (repeatable)")
     args = ap.parse_args()
-    with LoopbackS3(latency_s=args.latency_ms / 1e3, serve_ranges=args.serve_ranges) as server:
+    with LoopbackS3(latency_s=args.latency_ms / 1e3, serve_ranges=args.serve_ranges,
+                    store_like=args.store_like) as server:
+        for spec in args.load:
+            url, _, path = spec.partition("=")
+            server.load(url, path)
         print(f"AWS_ENDPOINT_URL={server.endpoint}", flush=True)
         threading.Event().wait()
 
