@@ -1,17 +1,16 @@
 """A real S3 API on loopback for tests, docs and benchmarks: moto's server with a fault-injecting
 proxy in front (:class:`LoopbackS3`). Nothing leaves the machine (127.0.0.1 only).
 
-The proxy forwards every request to moto and, by rule (:meth:`LoopbackS3.fault`), answers 503
-SlowDown or 500 instead, resets the connection, truncates the body (full ``Content-Length``, half
-the bytes), or delays (``delay_s``: past the client's time-out, a time-out); ``latency_s`` adds
-a fixed delay to every request (a store's round trip). ``serve_ranges`` answers ranged GETs from
+The proxy forwards every request to moto and, by rule (:meth:`LoopbackS3.fault`), answers 503,
+500, resets, truncates the body or delays (past the client's time-out, a time-out); ``latency_s``
+adds a fixed delay to every request (a store's round trip). ``serve_ranges`` answers ranged GETs from
 each object read whole once (moto copies the whole object for each). ``store_like`` (the
 benchmarks' mode) answers from moto's state in this process, at a store's cost: ListObjectsV2
 from each bucket's keys sorted once (moto sorts the bucket for every page), GETs and HEADs read in
 place, moto's XML byte for byte and its headers; whatever it cannot answer exactly goes to moto.
 Latency and faults apply either way. :meth:`LoopbackS3.load` puts local files into moto in-process.
-:meth:`env` is what a client needs (dummy credentials, the proxy as endpoint); it never touches
-``os.environ``. Needs moto's server extra (``pip install 'moto[server]'``) and boto3 (dev dependencies).
+:meth:`env` is what a client needs (dummy credentials, the proxy as endpoint), :meth:`gcs_env` a
+``gs://`` client of the same buckets; neither touches ``os.environ``. Needs moto's server extra (``pip install 'moto[server]'``) and boto3 (dev dependencies).
 """
 
 from __future__ import annotations
@@ -43,6 +42,9 @@ from xml.sax.saxutils import escape
 DUMMY_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
              "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
              "AWS_EC2_METADATA_DISABLED": "true"}
+#: what the proxy sends moto instead of a ``gs://`` client's empty bearer token: moto reads the
+#: service from a SigV4 header's scope (and refuses an anonymous write over an existing object)
+_GCS_AS_S3 = "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0"
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 #: an answer: status, reason, headers, body
 _Answer = tuple[int, str, list[tuple[str, str]], bytes]
@@ -345,11 +347,23 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(out)
 
+        def _as_s3(self) -> None:
+            """A ``gs://`` client's request as moto's S3 takes it: the object name's ``/`` and
+            ``.`` unescaped (GCS's client escapes them; moto reads ``%2F`` literally in a GET), an
+            S3 signature's scope in place of its empty bearer token, or of none (its reads are
+            unsigned; moto refuses an anonymous HEAD)."""
+            path, sep, query = self.path.partition("?")
+            self.path = urllib.parse.quote(urllib.parse.unquote(path), safe="/~") + sep + query
+            del self.headers["Authorization"]
+            self.headers["Authorization"] = _GCS_AS_S3
+
         def _any(self) -> None:
             body = self._body()
             if self.path.startswith("/__proxy__/"):
                 self._admin(body)
                 return
+            if self.headers.get("Authorization", "Bearer").startswith("Bearer"):  # gcs_env's client
+                self._as_s3()
             if state.latency_s:
                 time.sleep(state.latency_s)
             rule = state.pick(self.command, self.path)
@@ -471,6 +485,14 @@ class LoopbackS3:
     def env(self) -> dict[str, str]:
         """The environment a client of this store needs (dummy credentials, the proxy endpoint)."""
         return {**DUMMY_ENV, "AWS_ENDPOINT_URL": self.endpoint}
+
+    def gcs_env(self) -> dict[str, str]:
+        """The environment of a ``gs://`` client of the same buckets: GCS's XML API, the one
+        obstore's GCS client speaks, is S3's (a service-account key with ``gcs_base_url`` and
+        ``disable_oauth``; the proxy takes its requests as S3's: :meth:`_as_s3`)."""
+        key = {"gcs_base_url": self.endpoint, "disable_oauth": True, "client_email": "", "private_key": "",
+               "private_key_id": ""}
+        return {"GOOGLE_SERVICE_ACCOUNT_KEY": json.dumps(key), "GOOGLE_ALLOW_HTTP": "true"}
 
     def client(self) -> Any:
         """A boto3 S3 client talking to moto directly (set-up and inspection, never faulted)."""

@@ -123,6 +123,10 @@ def _store(root: str) -> Any:
             kw["client_options"]["allow_http"] = True
     elif scheme in ("gcs", "azure"):
         root = {"gcs": "gs", "azure": "az"}[scheme] + "://" + root.partition("://")[2]
+    # the client options above replace those obstore reads from the environment: keep this one
+    prefix = {"s3": "AWS", "s3a": "AWS", "gs": "GOOGLE", "gcs": "GOOGLE"}.get(scheme, "AZURE")
+    if os.environ.get(f"{prefix}_ALLOW_HTTP", "").lower() in ("1", "true"):
+        kw["client_options"]["allow_http"] = True
     try:
         store = from_url(root, **kw)
     except Exception as exc:  # noqa: BLE001 - obstore's config errors have no common base we can name
