@@ -3,16 +3,14 @@
     python benchmarks/bench_store_compile.py [--rows 5000] [--tars 16] [--latency-ms 20]
         [--corpora loose,probed,tarred] [--work DIR]
 
-``--rows`` short 8 kHz WAV clips, written once in --work, as three corpora: **loose** (a NeMo
-manifest with durations; clips one object each: checked to exist by listing their folder),
-**probed** (the same without durations: each clip's header read by a range request) and
-**tarred** (a NeMo tarred dataset in --tars tars, indexed from the tar headers). The store is S3
-on loopback in another process, the proxy adding --latency-ms a request and answering at a
-store's cost (``python -m dataprep.testing_store --store-like``: listings from the keys sorted
-once, GETs read in place; moto alone lists a page in time growing with the bucket and answers
-~85 requests/s), the corpora put into it in-process (``--load``). Each corpus is compiled from
-local disk, then from the store with an empty store cache (cold), then again (warm: cached by
-ETag). Prints seconds, requests and store / local (goal: cold <= 2).
+``--rows`` short 8 kHz WAV clips in --work, as three corpora: **loose** (a NeMo manifest with
+durations; clips one object each, checked to exist by listing their folder), **probed** (no
+durations: each header read by a range request) and **tarred** (a NeMo tarred set in --tars tars,
+indexed from the tar headers). The store is S3 on loopback in another process, --latency-ms added
+a request, answering at a store's cost (``python -m dataprep.testing_store --store-like --load``:
+moto alone lists a page in time growing with the bucket). Each corpus is compiled from local disk,
+then from the store cold (empty store cache) and warm (cached by ETag). Prints seconds, requests
+and store / local (goal: cold <= 2).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def compile_cmd(
     text_field: TextFieldOpt = "text",
     audio_root: Annotated[Optional[str], typer.Option(help="Resolve relative audio paths against this folder or URL (default: the source's folder).")] = None,
     probe: Annotated[str, typer.Option(help="auto: read audio headers only where the source has no duration; always: verify every file; never.")] = "auto",
-    probe_threads: Annotated[Optional[int], typer.Option("--probe-threads", help=f"Threads for audio header reads (I/O bound; default {_COMPILE.probe_threads}).", show_default=False)] = None,
+    probe_threads: Annotated[Optional[int], typer.Option("--probe-threads", help="Threads for audio header reads (I/O bound; default 8 on local disk, 64 when the audio is in a store).", show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", hidden=True, help="Old name of --probe-threads.", show_default=False)] = None,
     mismatch_tolerance: Annotated[float, typer.Option(help="Seconds a manifest duration may differ from the header with --probe always.")] = 0.05,
     max_plausible_duration: Annotated[float, typer.Option(help="Reject rows longer than this many seconds (reason implausible_duration): a typo or a unit error, not a recording.")] = DEFAULT_MAX_PLAUSIBLE_DURATION,
@@ -91,8 +91,9 @@ def compile_cmd(
     check_range("--mismatch-tolerance", mismatch_tolerance, ge=0)
     check_range("--max-plausible-duration", max_plausible_duration, gt=0)
     probe_threads = alias("--probe-threads", probe_threads, "--threads", threads)
+    if probe_threads is not None:
+        check_range("--probe-threads", probe_threads, ge=1)
     probe_threads = _COMPILE.probe_threads if probe_threads is None else probe_threads
-    check_range("--probe-threads", probe_threads, ge=1)
     num_parts = alias("--num-parts", num_parts, "--num-shards", num_shards)
     part_index = alias("--part-index", part_index, "--shard-index", shard_index)
     opts = CompileOptions(prompt_tokens=prompt_tokens, prompt_format=prompt_format, fmt=fmt, text_field=text_field,

@@ -24,6 +24,7 @@ import polars as pl
 import soundfile
 
 from manifests import storage, store_facts
+from manifests.store_paths import SCHEMES
 from manifests.audio import not_regular
 from manifests.containers import RangeFile
 
@@ -132,6 +133,20 @@ def _probe_one(path: str, info: HeaderReader, verify_length: bool = False) -> tu
             return path, None, rate, int(hdr.channels), "truncated_audio", (
                 f"{path}: header says {frames / rate:.3f} s but only {real / rate:.3f} s decode (truncated file)")
     return path, frames / rate, rate, int(hdr.channels), None, None
+
+
+#: header reads in flight by default: on local disk, and in a store (each read waits a round trip)
+LOCAL_PROBE_THREADS = 8
+STORE_PROBE_THREADS = 64
+_STORE_URL = "^(?i:" + "|".join(sorted(SCHEMES)) + ")://"
+
+
+def probe_thread_count(threads: int, paths: pl.Series) -> int:
+    """``threads``, or where 0 (the default): :data:`STORE_PROBE_THREADS` when any of ``paths``
+    (audio files or containers) is in a store, else :data:`LOCAL_PROBE_THREADS`."""
+    if threads:
+        return threads
+    return STORE_PROBE_THREADS if paths.str.contains(_STORE_URL).any() else LOCAL_PROBE_THREADS
 
 
 def probe_headers(

@@ -23,7 +23,7 @@ import polars as pl
 import pyarrow as pa
 
 from dataprep import __version__
-from dataprep.compile.probe import PROBE_SCHEMA, probe_headers, probe_members
+from dataprep.compile.probe import PROBE_SCHEMA, probe_headers, probe_members, probe_thread_count
 from dataprep.compile.prompts import CONTEXT_FIELD, prompt_format_tokens
 from manifests.readers._text import CONTEXT_KEY
 from dataprep.tokenize import Tokenizers
@@ -70,7 +70,7 @@ class CompileOptions:
     text_field: str = "text"
     audio_root: str | None = None
     probe: ProbeMode = "auto"  # auto: header only where the source has no duration
-    probe_threads: int = 8
+    probe_threads: int = 0  # 0 = 8 on local disk, 64 for audio in a store
     tokenizer_threads: int = 0  # 0 = all cores
     mismatch_tolerance: float = 0.05  # s, for --probe always on whole-file rows
     max_plausible_duration: float = DEFAULT_MAX_PLAUSIBLE_DURATION  # s; longer rows are rejected (implausible_duration)
@@ -257,10 +257,11 @@ def _probe(
         return df, []
     infos = [pl.DataFrame(schema=PROBE_SCHEMA)]
     if paths:
-        infos.append(probe_headers(paths, threads=opts.probe_threads, on_progress=on_probe,
-                                   verify_length=opts.probe == "always"))
+        infos.append(probe_headers(paths, threads=probe_thread_count(opts.probe_threads, pl.Series(paths, dtype=pl.String)),
+                                   on_progress=on_probe, verify_length=opts.probe == "always"))
     if members.height:
-        infos.append(probe_members(members, threads=opts.probe_threads, on_progress=on_probe))
+        infos.append(probe_members(members, threads=probe_thread_count(opts.probe_threads, members["container"]),
+                                   on_progress=on_probe))
     info = pl.concat(infos)
     df = df.join(info, on="audio_path", how="left", maintain_order="left", suffix="__p")
     df = df.with_columns(
