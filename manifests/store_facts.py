@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,28 +45,54 @@ def fingerprint(path: str) -> str:
 
 
 
+#: keys a listing answer holds (S3, GCS and Azure alike)
+LIST_PAGE = 1000
+
+
 def infos(urls: Sequence[str]) -> dict[str, storage.ObjectInfo | None]:
     """Size, ETag and version of many URLs in few requests: one listing per folder they share
-    (a thousand objects an answer), ``None`` for an object that does not exist."""
+    (a thousand objects an answer; a folder of many is listed in key ranges at once, split at
+    its members' quantiles), ``None`` for an object that does not exist."""
     out: dict[str, storage.ObjectInfo | None] = {}
     folders: dict[str, set[str]] = {}
     for u in urls:
         folders.setdefault(storage.parent(u), set()).add(u)
-    obs = storage._obstore()
     for folder, members in folders.items():
         root, key = storage.split_url(folder + "/x")
-        store = storage._store(root)
-        prefix = key[:-1]
-
-        def once(prefix: str = prefix, store: Any = store) -> list[dict[str, Any]]:
-            return list(obs.list_with_delimiter(store, prefix=prefix or None)["objects"])
-
-        listed = {f"{root}/{m['path']}": storage.ObjectInfo(int(m["size"]), m.get("e_tag"), m.get("version"))
-                  for m in storage._retrying(folder + "/", once)}
+        listed = _list_folder(root, key[:-1], sorted(m[len(root) + 1:] for m in members))
         with storage._lock:
             storage._infos.update(listed)
         out.update({u: listed.get(u) for u in members})
     return out
+
+
+def _list_folder(root: str, prefix: str, keys: list[str]) -> dict[str, storage.ObjectInfo]:
+    """The objects of the folder ``prefix`` of ``root`` whose listing ``keys`` (sorted) need: one
+    listing, or, for more than two answers' worth, ranges between members listed concurrently
+    (each from the last key of the range before it, up to its own last key)."""
+    obs = storage._obstore()
+    store = storage._store(root)
+    parts = min(storage.MAX_CONCURRENCY, len(keys) // (2 * LIST_PAGE))
+    ends: list[str | None] = [keys[len(keys) * (i + 1) // parts - 1] for i in range(parts - 1)] + [None] \
+        if parts > 1 else [None]
+    starts: list[str | None] = [None, *ends[:-1]]
+
+    def one(start: str | None, end: str | None) -> list[dict[str, Any]]:
+        def once() -> list[dict[str, Any]]:
+            if start is None and end is None:
+                return list(obs.list_with_delimiter(store, prefix=prefix or None)["objects"])
+            got: list[dict[str, Any]] = []
+            for chunk in obs.list(store, prefix=prefix or None, offset=start, chunk_size=LIST_PAGE):
+                got.extend(m for m in chunk if end is None or m["path"] <= end)
+                if end is not None and chunk and chunk[-1]["path"] >= end:
+                    break
+            return got
+        return storage._retrying(f"{root}/{prefix}/", once)
+
+    with ThreadPoolExecutor(len(ends), thread_name_prefix="dataprep-list") as pool:
+        metas = [m for part in pool.map(one, starts, ends) for m in part]
+    return {f"{root}/{m['path']}": storage.ObjectInfo(int(m["size"]), m.get("e_tag"), m.get("version"))
+            for m in metas}
 
 
 def _cache() -> Any:
