@@ -211,8 +211,8 @@ def test_header_probes_of_a_store_run_in_parallel(s3: LoopbackS3, tmp_path: Path
 
 def test_a_folder_of_many_objects_is_listed_in_ranges_at_once(s3: LoopbackS3, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past two answers' worth of members, a folder is listed in key ranges split at the members'
-    quantiles, concurrently: every object found with its size, a missing one None, a subfolder's
+    """Many members (a sample spread over a large folder, or all of it): the folder is listed in
+    key ranges split at the members' quantiles, concurrently: every object found with its size, a missing one None, a subfolder's
     objects never taken for the folder's, and the same answer as one listing."""
     folder = tmp_path / "many"
     (folder / "sub").mkdir(parents=True)
@@ -221,12 +221,12 @@ def test_a_folder_of_many_objects_is_listed_in_ranges_at_once(s3: LoopbackS3, tm
     (folder / "sub" / "k010.bin").write_bytes(b"deeper")
     s3.load(f"{s3.bucket}/many", folder)
     wanted = [f"{s3.bucket}/many/k{i:03d}.bin" for i in range(0, 64, 2)]  # 60..62: absent
-    monkeypatch.setattr(store_facts, "LIST_PAGE", 4)  # 32 members: 4 ranges
+    monkeypatch.setattr(store_facts, "RANGE_MEMBERS", 8)  # 32 members: 4 ranges
     s3.reset_counts()
     got = store_facts.infos(wanted)
     assert s3.counts()["GET"] >= 4
     assert {u: (i.size if i else None) for u, i in got.items()} == {
         u: (int(u[-7:-4]) if int(u[-7:-4]) < 60 else None) for u in wanted}
-    monkeypatch.setattr(store_facts, "LIST_PAGE", 1000)  # one listing
+    monkeypatch.setattr(store_facts, "RANGE_MEMBERS", 64)  # one listing
     assert {u: i.size if i else None for u, i in store_facts.infos(wanted).items()} == \
         {u: i.size if i else None for u, i in got.items()}
