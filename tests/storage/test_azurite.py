@@ -20,6 +20,7 @@ AZURITE = os.environ.get("AZURITE_BLOB") or shutil.which("azurite-blob")
 pytestmark = pytest.mark.skipif(AZURITE is None, reason="azurite-blob (npm install azurite) is not on the PATH")
 
 from manifests import storage  # noqa: E402
+from tests.storage._round_trip import check_reads_writes_and_listing  # noqa: E402
 
 #: Azurite's well-known development account (public, in Azure's docs)
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -57,14 +58,4 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_reads_writes_and_listing_of_az_urls(azurite: str, tmp_path: Path) -> None:
-    data = os.urandom(6 << 20)
-    with storage.open_output(f"{azurite}/big.bin", chunk=5 << 20) as out:  # a multipart (block) upload
-        out.write(data)
-    assert storage.stat(f"{azurite}/big.bin").size == len(data)
-    assert storage.read_ranges(f"{azurite}/big.bin", [(7, 100), (5 << 20, 9)], gap=0) == [data[7:107], data[5 << 20:(5 << 20) + 9]]
-    (tmp_path / "m.jsonl").write_text('{"a": 1}\n')
-    storage.upload(tmp_path / "m.jsonl", f"{azurite}/dir/m.jsonl")
-    assert [u for u, _ in storage.list_prefix(f"{azurite}/dir/")] == [f"{azurite}/dir/m.jsonl"]
-    assert not storage.exists(f"{azurite}/dir/absent.jsonl")
-    with pytest.raises(storage.StoreError, match=r"^az://corpus/absent\.bin: no such object$"):
-        storage.read_bytes(f"{azurite}/absent.bin")
+    check_reads_writes_and_listing(azurite, tmp_path)

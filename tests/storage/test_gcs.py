@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 from dataprep.testing import write_tone
 from dataprep.testing_store import Rule
 from manifests import storage
+from tests.storage._round_trip import check_reads_writes_and_listing
 from tests.training._consumer import run_cli
 
 SECONDS = [1.0, 1.5, 0.75]
@@ -36,17 +36,7 @@ def gs(s3: Any, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_reads_writes_and_listing_of_gs_urls(gs: str, tmp_path: Path) -> None:
-    data = os.urandom(6 << 20)
-    with storage.open_output(f"{gs}/big.bin", chunk=5 << 20) as out:  # a multipart upload
-        out.write(data)
-    assert storage.stat(f"{gs}/big.bin").size == len(data)
-    assert storage.read_ranges(f"{gs}/big.bin", [(7, 100), (5 << 20, 9)], gap=0) == [data[7:107], data[5 << 20:(5 << 20) + 9]]
-    (tmp_path / "m.jsonl").write_text('{"a": 1}\n')
-    storage.upload(tmp_path / "m.jsonl", f"{gs}/dir/m.jsonl")
-    assert [u for u, _ in storage.list_prefix(f"{gs}/dir/")] == [f"{gs}/dir/m.jsonl"]
-    assert not storage.exists(f"{gs}/dir/absent.jsonl")
-    with pytest.raises(storage.StoreError, match=rf"^{gs}/absent\.bin: no such object$"):
-        storage.read_bytes(f"{gs}/absent.bin")
+    check_reads_writes_and_listing(gs, tmp_path)
 
 
 def test_compile_from_and_to_gs(gs: str, s3: Any, tiny_spm: str, tmp_path: Path) -> None:
