@@ -4,9 +4,9 @@
 
 Corpus (built once in --work): 16 kHz FLAC clips of ../shared/data/audio cut to LibriSpeech
 dev-clean's durations, packed as Shar (``pack --layout shar --buckets``), compiled, uploaded to
-moto's S3 on loopback behind a proxy adding --latency-ms a request and answering ranged GETs
-itself (``python -m dataprep.testing_store --serve-ranges``, another core; moto copies the whole
-object for each: ``--moto-ranges``), containers as ``s3://`` URLs, planned for one rank
+moto's S3 on loopback behind a proxy adding --latency-ms a request and answering reads at a
+store's cost (``python -m dataprep.testing_store --store-like``, another core; moto copies the
+whole object for each ranged GET: ``--moto-ranges``), containers as ``s3://`` URLs, planned for one rank
 (``--container-block``). On one pinned core: ours is ``PlanSampler(prefetch_steps=K)`` +
 ``PlanDataLoader``; Lhotse's is ``CutSet.from_shar`` on the same URLs (``manifests.storage``, one
 GET per object). Reads alone run --runs times, alternating (the run of median ratio shown), then
@@ -86,15 +86,13 @@ def build(work: Path, n: int) -> dict[str, Path]:
     return p
 
 
-def start_store(latency_ms: float, core: int, serve_ranges: bool = False,
-                extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], dict[str, str]]:
+def start_store(latency_ms: float, core: int, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """The loopback S3 (moto behind the latency proxy) in a child pinned to ``core``, and its env;
-    ``serve_ranges``: the proxy answers ranged GETs itself (``--serve-ranges``); ``extra``: more
-    of ``python -m dataprep.testing_store``'s options."""
+    ``extra``: more of ``python -m dataprep.testing_store``'s options (``--store-like``)."""
     from dataprep.testing_store import DUMMY_ENV
 
     proc = subprocess.Popen([sys.executable, "-m", "dataprep.testing_store", "--latency-ms", str(latency_ms),
-                             *(["--serve-ranges"] if serve_ranges else []), *extra],
+                             *extra],
                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     line = proc.stdout.readline().strip()  # type: ignore[union-attr]
@@ -223,8 +221,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench_object_store"))
     ap.add_argument("--core", type=int, default=0, help="the core the readers run on (the store gets another)")
     ap.add_argument("--moto-ranges", action="store_true",
-                    help="let moto answer ranged GETs (it copies the whole object for each: a cost per request "
-                         "that grows with the object, which a store does not have)")
+                    help="let moto answer every request (it copies the whole object for each ranged GET: a cost "
+                         "per request that grows with the object, which a store does not have)")
     ap.add_argument("--runs", type=int, default=3, help="read passes of each reader, alternating (the median is shown)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -233,7 +231,7 @@ def main() -> None:
     print(f"# corpus ready in {args.work} ({time.perf_counter() - t:.1f} s)", flush=True)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     store_core = next((c for c in cores if c != args.core), args.core)
-    proc, env = start_store(args.latency_ms, store_core, serve_ranges=not args.moto_ranges)
+    proc, env = start_store(args.latency_ms, store_core, extra=() if args.moto_ranges else ("--store-like",))
     try:
         os.environ.update(env)
         manifest, plan, cuts, recs = upload(paths, args.work, env, args.container_block)
@@ -262,7 +260,7 @@ def main() -> None:
     print(f"\n{a['utt']:.0f} utterances, {mb:.0f} MB of FLAC in {len(recs)} Shar tars in S3 on loopback, "
           f"+{args.latency_ms:g} ms per request; plan --container-block {args.container_block}, prefetch "
           f"{args.prefetch_steps} steps; readers on one core, store on another"
-          f"{'; moto answers ranged GETs' if args.moto_ranges else '; ranged GETs answered by the proxy'}\n")
+          f"{'; moto answers ranged GETs' if args.moto_ranges else '; store-like proxy'}\n")
     print("| measure | plan-order reads + prefetch (ours) | Lhotse Shar reader | ours / Lhotse | goal |")
     print("|---|---|---|---|---|")
     for name, x, y, goal in (("utterances/s read (cuts with their audio bytes)", a, b, ">= 2"),

@@ -3,8 +3,7 @@ proxy in front (:class:`LoopbackS3`). Nothing leaves the machine (127.0.0.1 only
 
 The proxy forwards every request to moto and, by rule (:meth:`LoopbackS3.fault`), answers 503,
 500, resets, truncates the body or delays (past the client's time-out, a time-out); ``latency_s``
-adds a fixed delay to every request (a store's round trip). ``serve_ranges`` answers ranged GETs from
-each object read whole once (moto copies the whole object for each). ``store_like`` (the
+adds a fixed delay to every request (a store's round trip). ``store_like`` (the
 benchmarks' mode) answers from moto's state in this process, at a store's cost: ListObjectsV2
 from each bucket's keys sorted once (moto sorts the bucket for every page), GETs and HEADs read in
 place, moto's XML byte for byte and its headers; whatever it cannot answer exactly goes to moto.
@@ -81,9 +80,6 @@ class _State:
     rules: list[Rule] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: path -> (headers, bytes) of objects read whole once, ranged GETs answered from them
-    #: (``None``: off; every request goes to moto)
-    objects: dict[str, tuple[dict[str, str], bytes]] | None = None
     #: answers ListObjectsV2, GETs and HEADs from moto's state in-process (``None``: off)
     store: _StoreLike | None = None
 
@@ -414,48 +410,14 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             return resp.status, resp.reason, resp.getheaders(), data
 
         def _local(self, headers: dict[str, str]) -> _Answer | None:
-            """The answer given here rather than by moto (``store`` or ``objects`` on), or ``None``."""
-            if state.store is not None:
-                try:
-                    return state.store.answer(self.command, self.path, headers)
-                except Exception:  # anything moto's state did not let us answer exactly: moto answers
-                    logging.getLogger(__name__).debug("store-like answer failed", exc_info=True)
-                    return None
-            return self._ranged(headers)
-
-        def _ranged(self, headers: dict[str, str]) -> _Answer | None:
-            """A ranged GET of an object answered from its bytes read once (``objects`` on):
-            moto copies a whole object for every ranged GET, which a store does not."""
-            if state.objects is None:
+            """The answer given here rather than by moto (``store_like`` on), or ``None``."""
+            if state.store is None:
                 return None
-            key = self.path.split("?")[0]
-            if self.command != "GET" or "?" in self.path:
-                if self.command in ("PUT", "POST", "DELETE"):
-                    with state.lock:
-                        state.objects.pop(key, None)
+            try:
+                return state.store.answer(self.command, self.path, headers)
+            except Exception:  # anything moto's state did not let us answer exactly: moto answers
+                logging.getLogger(__name__).debug("store-like answer failed", exc_info=True)
                 return None
-            m = re.fullmatch(r"bytes=(\d+)-(\d+)", headers.get("Range", headers.get("range", "")))
-            if m is None:
-                return None
-            with state.lock:
-                held = state.objects.get(key)
-            if held is None:
-                plain = {k: v for k, v in headers.items() if k.lower() not in ("range", "if-match")}
-                status, _, answer, data = self._upstream("GET", self.path, b"", plain)
-                if status != 200:
-                    return None
-                held = ({k.lower(): v for k, v in answer}, data)
-                with state.lock:
-                    state.objects[key] = held
-            meta, data = held
-            match = headers.get("If-Match", headers.get("if-match"))
-            if match is not None and match != meta.get("etag"):
-                return None  # moto answers the precondition
-            a, b = int(m.group(1)), min(int(m.group(2)), len(data) - 1)
-            if a > b:
-                return None
-            out = [(k, meta[k]) for k in ("etag", "last-modified", "content-type") if k in meta]
-            return 206, "Partial Content", out + [("Content-Range", f"bytes {a}-{b}/{len(data)}")], data[a:b + 1]
 
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
 
@@ -465,15 +427,13 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
 class LoopbackS3:
     """moto's S3 server on 127.0.0.1 behind a fault-injecting proxy; :attr:`endpoint` is the proxy's."""
 
-    def __init__(self, latency_s: float = 0.0, serve_ranges: bool = False, store_like: bool = False) -> None:
+    def __init__(self, latency_s: float = 0.0, store_like: bool = False) -> None:
         from moto.server import ThreadedMotoServer
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._moto.start()
         host, port = self._moto.get_host_and_port()
-        self.state = _State(upstream=(host, port), latency_s=latency_s,
-                            objects={} if serve_ranges and not store_like else None,
-                            store=_StoreLike() if store_like else None)
+        self.state = _State(upstream=(host, port), latency_s=latency_s, store=_StoreLike() if store_like else None)
         self._proxy = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.state))
         self._proxy.daemon_threads = True
         self._proxy.handle_error = lambda request, address: None  # type: ignore[method-assign] # a client gone mid-answer
@@ -577,15 +537,12 @@ def main() -> None:
     once every ``--load`` is in the store."""
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--latency-ms", type=float, default=0.0)
-    ap.add_argument("--serve-ranges", action="store_true",
-                    help="answer ranged GETs from each object read whole once (objects written only through the proxy)")
     ap.add_argument("--store-like", action="store_true",
                     help="answer listings, GETs and HEADs from moto's state in-process, at a store's cost")
     ap.add_argument("--load", action="append", default=[], metavar="s3://BUCKET/PREFIX=PATH",
                     help="put a local file or folder into the store before serving (repeatable)")
     args = ap.parse_args()
-    with LoopbackS3(latency_s=args.latency_ms / 1e3, serve_ranges=args.serve_ranges,
-                    store_like=args.store_like) as server:
+    with LoopbackS3(latency_s=args.latency_ms / 1e3, store_like=args.store_like) as server:
         for spec in args.load:
             url, _, path = spec.partition("=")
             server.load(url, path)

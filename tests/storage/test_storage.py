@@ -205,8 +205,9 @@ def test_a_tar_in_the_store_is_indexed_in_few_requests(s3: LoopbackS3, tmp_path:
 
 
 def test_the_loopback_proxy_can_answer_ranged_gets_itself() -> None:
-    """``serve_ranges`` (the benchmarks' server): the same bytes, ETag checks and writes as moto's."""
-    with LoopbackS3(serve_ranges=True) as server:
+    """``store_like`` (the benchmarks' server), through our storage layer: the same bytes, ETag
+    checks and writes as moto's."""
+    with LoopbackS3(store_like=True) as server:
         saved = {k: os.environ.get(k) for k in server.env()}
         os.environ.update(server.env())
         storage.reset_clients()
