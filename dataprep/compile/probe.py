@@ -24,9 +24,9 @@ import polars as pl
 import soundfile
 
 from manifests import storage, store_facts
-from manifests.store_paths import SCHEMES
 from manifests.audio import not_regular
 from manifests.containers import RangeFile
+from manifests.store_paths import SCHEMES
 
 #: ``info(path)`` returns an object with ``frames``, ``samplerate`` and ``channels``.
 HeaderReader = Callable[[str], Any]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ SECONDS = [1.0, 1.5, 0.75]
 
 
 @pytest.fixture()
-def gs(s3: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+def gs(s3: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """``gs://<this test's bucket>``: the loopback store's bucket through the GCS client."""
     for k, v in s3.gcs_env().items():
         monkeypatch.setenv(k, v)
