@@ -14,6 +14,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLARS_MAX_THREADS"):
         os.environ.setdefault(_var, _share)
 
+import importlib.util
 import io
 import subprocess
 import sys
@@ -59,10 +60,22 @@ def _missing_module_is_a_failure(rep: pytest.TestReport | pytest.CollectReport) 
             rep.longrepr = f"skipped for a missing module under SPEECH_DATAPREP_FULL_SUITE=1 (make test): {reason}"
 
 
-#: the files whose trainers' runs are forked from one server that imported NeMo and Lightning
-#: (:func:`tests.warm_python.run_python`): one group, so the server's imports are paid once a run
-TRAINER_RUNS = ("tests/test_readme_examples.py", "tests/integrations/test_nemo_packed.py",
-                "tests/integrations/test_lightning_steps.py", "tests/integrations/test_nemo_resume.py")
+#: the files that import NeMo (12 s of CPU), in the test process or in the server their trainers'
+#: runs are forked from (:func:`tests.warm_python.run_python`): one group, on one worker, so a run
+#: pays each of those imports once; none of them imports NeMo at collection (:func:`needs_module`)
+NEMO_FILES = tuple(f"tests/{name}.py" for name in (
+    "test_readme_examples", "integrations/test_nemo_packed", "integrations/test_lightning_steps",
+    "integrations/test_nemo_resume", "integrations/test_nemo", "integrations/test_nemo_models",
+    "integrations/test_nemo_dynres", "integrations/test_nemo_resample", "integrations/test_nemo_channel_field",
+    "integrations/test_nemo_tokenizer_choice", "integrations/test_export_blend", "integrations/test_pack",
+    "training/test_features_nemo", "analysis/test_token_equivalents_nemo", "manifests/test_blend_nemo",
+    "manifests/test_blend_idioms", "compile/test_text_blend_nemo", "compile/test_prompt_format"))
+
+
+def needs_module(name: str, reason: str) -> pytest.MarkDecorator:
+    """Skip where ``name``'s package is not installed, found without importing it: a test module
+    that imported NeMo at its top would have every xdist worker pay that import at collection."""
+    return pytest.mark.skipif(importlib.util.find_spec(name.split(".")[0]) is None, reason=reason)
 
 #: the longest groups (a test file, or a docs page), longest first as measured by ``make test``:
 #: ``--no-loadscope-reorder`` hands groups to the workers in collection order, so these start
@@ -70,7 +83,7 @@ TRAINER_RUNS = ("tests/test_readme_examples.py", "tests/integrations/test_nemo_p
 #: which put the docs pages, one test each, last); the docs pages after a first wave, by when
 #: the demo they share is built
 LONGEST_FIRST = (
-    "tests/test_benchmarks.py", "tests/compile/test_parts.py", "tests/training/test_train_ddp.py", "trainer-runs",
+    "tests/test_benchmarks.py", "tests/compile/test_parts.py", "tests/training/test_train_ddp.py", "nemo",
     "docs:trainers.md", "tests/report/test_report_browser.py", "tests/cli/test_replan_cli.py",
     "tests/cli/test_cli_surface.py", "tests/integrations/test_pack_round4.py", "docs:oomptimize.md",
     "tests/manifests/test_readers.py", "tests/storage/test_object_storage_doc.py", "docs:plans.md",
@@ -92,7 +105,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             file = item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group("trainer-runs" if file in TRAINER_RUNS else file))
+            item.add_marker(pytest.mark.xdist_group("nemo" if file in NEMO_FILES else file))
     order = {id(item): (rank.get(item.get_closest_marker("xdist_group").args[0], len(rank)), i)  # type: ignore[union-attr]
              for i, item in enumerate(items)}
     items.sort(key=lambda item: order[id(item)])

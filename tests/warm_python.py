@@ -29,12 +29,15 @@ REPO = Path(__file__).resolve().parents[1]
 _SHIM = '''#!{python} -S
 import json, os, socket, struct, sys
 args = sys.argv[1:]
+line = [*{prefix!r}, *args]
 try:
+    if line and line[0].startswith("-") and line[0] not in ("-m", "-c"):
+        raise OSError("an interpreter option: the interpreter itself runs it")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect({sock!r})
 except OSError:
-    os.execv({python!r}, [{python!r}, *{prefix!r}, *args])
-req = json.dumps({{"argv": [*{prefix!r}, *args], "argv0": {argv0!r}, "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+    os.execv({python!r}, [{python!r}, *line])
+req = json.dumps({{"argv": line, "argv0": {argv0!r}, "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
 socket.send_fds(s, [struct.pack("!I", len(req)) + req], [0, 1, 2])
 got = b""
 while len(got) < 8:
@@ -49,7 +52,8 @@ sys.exit(struct.unpack("!ii", got)[1])
 
 def write_shim(path: Path, sock: str, prefix: tuple[str, ...] = ("-m", "dataprep.cli"), argv0: str | None = "dataprep") -> None:
     """An executable at ``path`` that runs ``python *prefix ARGS`` through the server at ``sock``
-    (``sys.argv[0]`` is ``argv0`` where given), or execs it itself when no server listens."""
+    (``sys.argv[0]`` is ``argv0`` where given), or execs it itself when no server listens or the
+    line starts with an interpreter option other than ``-m`` / ``-c`` (``python -u ...``)."""
     path.write_text(_SHIM.format(python=sys.executable, sock=sock, prefix=list(prefix), argv0=argv0))
     path.chmod(0o755)
 

@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
+from lhotse import MonoCut, Recording, SupervisionSegment
+from lhotse.audio.source import AudioSource
+
 from bucketing.token_equivalents import token_batch_sizes, token_cost, token_equivalents
-from tests.conftest import read_shared_csv
+from tests.conftest import needs_module, read_shared_csv
 
-pytestmark = pytest.mark.nemo
-pytest.importorskip("nemo.collections.common.data.lhotse.sampling", reason="nemo_toolkit is not installed (make test-nemo)")
-
-from lhotse import MonoCut, Recording, SupervisionSegment  # noqa: E402
-from lhotse.audio.source import AudioSource  # noqa: E402
-from nemo.collections.common.data.lhotse.sampling import MultimodalSamplingConstraint  # noqa: E402
-from nemo.collections.common.data.lhotse.text_adapters import TextExample  # noqa: E402
+pytestmark = [pytest.mark.nemo, needs_module("nemo.collections.common.data.lhotse.sampling",
+                                             "nemo_toolkit is not installed (make test-nemo)")]
 
 TED = 0.08  # token_equivalent_duration: 12.5 tokens per second of audio
 
@@ -28,13 +28,18 @@ def _cut(i: int, duration: float, tokens: int) -> MonoCut:
     return MonoCut(id=f"c{i}", start=0.0, duration=duration, channel=0, recording=rec, supervisions=[sup])
 
 
-def _text(tokens: int) -> TextExample:
+def _text(tokens: int) -> Any:
+    """NeMo's formatted text example of ``tokens`` tokens (imported when a test runs, not at collection)."""
+    from nemo.collections.common.data.lhotse.text_adapters import TextExample
+
     ex = TextExample("x")
     ex.input_ids = np.zeros(tokens, dtype=np.int64)  # prompt + answer, as the prompt formatter gives
     return ex
 
 
 def test_token_equivalents_equal_nemo_measure_length() -> None:
+    from nemo.collections.common.data.lhotse.sampling import MultimodalSamplingConstraint
+
     df = read_shared_csv("librispeech.dev-clean.csv").head(400)
     d = df["duration"].to_numpy()
     t = (np.arange(d.shape[0]) * 7) % 90
@@ -49,6 +54,8 @@ def test_token_equivalents_equal_nemo_measure_length() -> None:
 @pytest.mark.parametrize("quadratic_factor", [None, 1500.0])
 def test_batch_sizes_equal_lhotse_token_constraint(quadratic_factor: float | None) -> None:
     """The most rows of cost c a batch of batch_tokens takes before lhotse's constraint is exceeded."""
+    from nemo.collections.common.data.lhotse.sampling import MultimodalSamplingConstraint
+
     budget = 4000
     for te in (1, 13, 50, 199, 200, 333, 999, 1700, 4000):
         c = MultimodalSamplingConstraint(token_equivalent_duration=TED, batch_tokens=budget,

@@ -9,17 +9,10 @@ from pathlib import Path
 import pytest
 
 from manifests.readers._text import iter_conversations, iter_nemo_sft, iter_txt, iter_txt_pair
-from tests.conftest import read_shared_csv
+from tests.conftest import needs_module, read_shared_csv
 
-pytestmark = pytest.mark.nemo
-pytest.importorskip("nemo.collections.common.data.lhotse.text_adapters", reason="nemo_toolkit is not installed (make test-nemo)")
-
-from nemo.collections.common.data.lhotse.text_adapters import (  # noqa: E402
-    LhotseTextAdapter,
-    LhotseTextPairAdapter,
-    NeMoMultimodalConversationJsonlAdapter,
-    NeMoSFTJsonlAdapter,
-)
+pytestmark = [pytest.mark.nemo,
+              needs_module("nemo.collections.common.data.lhotse.text_adapters", "nemo_toolkit is not installed (make test-nemo)")]
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +25,8 @@ def _rows(frames: object) -> list[dict[str, object]]:
 
 
 def test_txt_and_pairs_as_nemo(tmp_path: Path, texts: list[str]) -> None:
+    from nemo.collections.common.data.lhotse.text_adapters import LhotseTextAdapter, LhotseTextPairAdapter
+
     (tmp_path / "a.txt").write_text("\n".join(texts[:80]) + "\n", encoding="utf-8")
     (tmp_path / "b.txt").write_text("\n".join(t.upper() for t in texts[:80]) + "\n", encoding="utf-8")
     ours = _rows(iter_txt([str(tmp_path / "a.txt")], "id", 1000))
@@ -44,6 +39,8 @@ def test_txt_and_pairs_as_nemo(tmp_path: Path, texts: list[str]) -> None:
 
 
 def test_sft_and_conversations_as_nemo(tmp_path: Path, texts: list[str]) -> None:
+    from nemo.collections.common.data.lhotse.text_adapters import NeMoMultimodalConversationJsonlAdapter, NeMoSFTJsonlAdapter
+
     with (tmp_path / "sft.jsonl").open("w", encoding="utf-8") as f:
         for i, t in enumerate(texts[:50]):
             turns = [{"from": "User", "value": f"Q{i}: {t.lower()}"}, {"from": "Assistant", "value": t},

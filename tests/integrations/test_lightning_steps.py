@@ -11,16 +11,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from dataprep.training.loop import STEP_TIMES_SCHEMA
+from manifests.plan_meta import read_plan_meta
+from tests.conftest import needs_module
 from tests.integrations._rich import Rich, rich_corpus
+from tests.training._consumer import invoke, run_cli
 from tests.warm_python import TRAINERS, run_python
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.nemo
-nemo = pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
-
-from dataprep.training.loop import STEP_TIMES_SCHEMA  # noqa: E402
-from manifests.plan_meta import read_plan_meta  # noqa: E402
-from tests.training._consumer import invoke, run_cli  # noqa: E402
+pytestmark = [pytest.mark.nemo,
+              needs_module("nemo.collections.asr", "nemo_toolkit is not installed (make test-nemo)")]
 
 
 @pytest.fixture(scope="module")

@@ -12,17 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lhotse import CutSet
 
+from manifests.manifest_read import read_manifest
+from manifests.plan_files import open_shard
+from tests.conftest import needs_module
+from tests.integrations._nemo import canary_tokenizer
 from tests.integrations._rich import Rich, rich_corpus
 
-pytestmark = pytest.mark.nemo
-nemo = pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
-
-from lhotse import CutSet  # noqa: E402
-
-from manifests.manifest_read import read_manifest  # noqa: E402
-from manifests.plan_files import open_shard  # noqa: E402
-from tests.integrations._nemo import canary_tokenizer  # noqa: E402
+pytestmark = [pytest.mark.nemo,
+              needs_module("nemo.collections.asr", "nemo_toolkit is not installed (make test-nemo)")]
 
 
 @pytest.fixture(scope="module")

@@ -16,24 +16,14 @@ import numpy as np
 import pytest
 import torch
 
+from bucketing.dynres import DynResConfig, resolve
+from dataprep.integrations.nemo import get_plan_dataloader
+from manifests.manifest_read import read_manifest
+from manifests.plan_files import open_shard
+from tests.conftest import needs_module
 from tests.training._consumer import Corpus, build_corpus, invoke
 
-pytestmark = pytest.mark.nemo
-pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
-
-import lightning.pytorch as pl  # noqa: E402
-from lhotse.dataset.collation import collate_audio  # noqa: E402
-from nemo.collections.asr.modules import (  # noqa: E402
-    AudioToMelSpectrogramPreprocessor,
-    ConformerEncoder,
-    SpectrogramAugmentation,
-)
-
-from bucketing.dynres import DynResConfig, resolve  # noqa: E402
-from dataprep.integrations.nemo import get_plan_dataloader  # noqa: E402
-from dataprep.integrations.nemo_features import DynamicResolutionCallback, DynamicResolutionPreprocessor  # noqa: E402
-from manifests.manifest_read import read_manifest  # noqa: E402
-from manifests.plan_files import open_shard  # noqa: E402
+pytestmark = [pytest.mark.nemo, needs_module("nemo.collections.asr", "nemo_toolkit is not installed (make test-nemo)")]
 
 # frames per batch (the lowest target accepted); the corpus holds 0.3-2.5 s clips (clamped at 130 Hz) and an
 # 11 s recording, which needs 799 / 11 = 72.6 Hz: below a 75 Hz floor, so its batch falls back
@@ -41,38 +31,6 @@ F = 800
 DYN = {"min_rate": 75.0, "floor_rate": 75.0}
 PRE = {"sample_rate": 16000, "window_size": 0.025, "window_stride": 0.01, "features": 32, "n_fft": 512,
        "normalize": "per_feature", "dither": 0.0, "pad_to": 0}
-
-
-class AudioOnly(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """A Lhotse-style dataset: CutSet -> dict batch of 16 kHz audio (NeMo's key names)."""
-
-    def __getitem__(self, cuts: Any) -> dict[str, Any]:
-        audio, lens = collate_audio(cuts)
-        return {"audio": audio, "audio_lens": lens}
-
-
-class TinyASR(pl.LightningModule):
-    """Preprocessor -> SpecAugment -> 1-layer Conformer -> a frame-level loss."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.preprocessor = DynamicResolutionPreprocessor(**PRE, **DYN)
-        self.spec_augmentation = SpectrogramAugmentation(freq_masks=1, time_masks=2, freq_width=4, time_width=10)
-        self.encoder = ConformerEncoder(feat_in=32, n_layers=1, d_model=32, n_heads=2, subsampling_factor=4,
-                                        subsampling_conv_channels=8, ff_expansion_factor=2)
-        self.seen: list[tuple[int, int, int, int]] = []  # (target, feature frames, max length, time width)
-
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        feats, lens = self.preprocessor(input_signal=batch["audio"], length=batch["audio_lens"])
-        width = self.spec_augmentation.spec_augment.time_width
-        self.seen.append((batch["target_frames"], feats.shape[-1], int(lens.max()), width))
-        feats = self.spec_augmentation(input_spec=feats, length=lens)
-        enc, enc_lens = self.encoder(audio_signal=feats, length=lens)
-        mask = torch.arange(enc.shape[-1])[None, :] < enc_lens[:, None]
-        return (enc.square().mean(dim=1) * mask).sum() / mask.sum()
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +47,16 @@ def corpus_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Corpus, Path]
 
 
 def test_a_tiny_nemo_model_trains_two_steps_at_dynamic_resolution(corpus_plan: tuple[Corpus, Path]) -> None:
+    import lightning.pytorch as pl
+
+    from dataprep.integrations.nemo_features import DynamicResolutionCallback
+    from tests.integrations._nemo_dynres_model import AudioOnly, TinyASR
+
     corpus, plan = corpus_plan
     config = {"plan_dir": str(plan), "manifest": str(corpus.manifest), "channel_selector": 0, "sample_rate": 16000}
     loader = get_plan_dataloader(config, global_rank=0, world_size=1, dataset=AudioOnly())
     assert [b.target_frames for b in open_shard(plan, 0)][:2] == [F, F]
-    model = TinyASR()
+    model = TinyASR(PRE, DYN)
     before = [p.detach().clone() for p in model.encoder.parameters()]
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", callbacks=[DynamicResolutionCallback()], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
@@ -123,6 +86,11 @@ def test_a_tiny_nemo_model_trains_two_steps_at_dynamic_resolution(corpus_plan: t
 
 
 def test_eval_and_batches_without_a_target_are_nemos(corpus_plan: tuple[Corpus, Path]) -> None:
+    from nemo.collections.asr.modules import AudioToMelSpectrogramPreprocessor
+
+    from dataprep.integrations.nemo_features import DynamicResolutionPreprocessor
+    from tests.integrations._nemo_dynres_model import AudioOnly
+
     corpus, plan = corpus_plan
     config = {"plan_dir": str(plan), "manifest": str(corpus.manifest), "channel_selector": 0}
     batch = next(b for b in get_plan_dataloader(config, global_rank=0, world_size=1, dataset=AudioOnly())

@@ -17,32 +17,18 @@ from typing import Any
 import pytest
 import torch
 
+from dataprep.integrations.nemo_models import use_plans
+from dataprep.training.audio import half_up
+from manifests.errors import DataprepError
 from manifests.manifest_read import read_manifest
 from manifests.plan_files import open_shard
+from tests.conftest import needs_module
+from tests.integrations._canary_train import _vocab_files
+from tests.integrations._nemo_asr import config
 from tests.integrations._speechlike import SpeechCorpus, speech_corpus
 
-pytestmark = pytest.mark.nemo
-pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
+pytestmark = [pytest.mark.nemo, needs_module("nemo.collections.asr", "nemo_toolkit is not installed (make test-nemo)")]
 
-import lightning.pytorch as pl  # noqa: E402
-import nemo.collections.asr.models.rnnt_bpe_models as rnnt_bpe  # noqa: E402
-from nemo.collections.asr.models import (  # noqa: E402
-    EncDecCTCModelBPE,
-    EncDecHybridRNNTCTCBPEModel,
-    EncDecMultiTaskModel,
-    EncDecRNNTBPEModel,
-)
-from omegaconf import OmegaConf  # noqa: E402
-
-from dataprep.integrations.nemo import get_plan_dataloader  # noqa: E402
-from dataprep.integrations.nemo_models import use_plans  # noqa: E402
-from dataprep.training.audio import half_up  # noqa: E402
-from manifests.errors import DataprepError  # noqa: E402
-from tests.integrations._canary_train import _vocab_files  # noqa: E402
-from tests.integrations._nemo_asr import config  # noqa: E402
-
-CLASSES = {"rnnt": EncDecRNNTBPEModel, "tdt": EncDecRNNTBPEModel, "ctc": EncDecCTCModelBPE,
-           "hybrid": EncDecHybridRNNTCTCBPEModel}
 STEPS = 2
 
 
@@ -60,7 +46,25 @@ def tokenizer_dir(corpus: SpeechCorpus) -> Path:
     return folder
 
 
+def _classes() -> dict[str, Any]:
+    """The NeMo model class of each kind (NeMo imported when a test runs, not at collection)."""
+    from nemo.collections.asr.models import EncDecCTCModelBPE, EncDecHybridRNNTCTCBPEModel, EncDecRNNTBPEModel
+
+    return {"rnnt": EncDecRNNTBPEModel, "tdt": EncDecRNNTBPEModel, "ctc": EncDecCTCModelBPE,
+            "hybrid": EncDecHybridRNNTCTCBPEModel}
+
+
 def test_use_plans_points_each_models_own_loader_at_the_plan() -> None:
+    import nemo.collections.asr.models.rnnt_bpe_models as rnnt_bpe
+    from nemo.collections.asr.models import (
+        EncDecCTCModelBPE,
+        EncDecHybridRNNTCTCBPEModel,
+        EncDecMultiTaskModel,
+        EncDecRNNTBPEModel,
+    )
+
+    from dataprep.integrations.nemo import get_plan_dataloader
+
     changed = use_plans(EncDecRNNTBPEModel, EncDecCTCModelBPE, EncDecHybridRNNTCTCBPEModel, EncDecMultiTaskModel)
     assert changed == ["nemo.collections.asr.models.rnnt_bpe_models", "nemo.collections.asr.models.ctc_bpe_models",
                        "nemo.collections.asr.models.hybrid_rnnt_ctc_bpe_models",
@@ -85,21 +89,26 @@ def test_use_plans_points_each_models_own_loader_at_the_plan() -> None:
         use_plans()
 
 
-class Seen(pl.Callback):  # type: ignore[misc]
-    """(audio lengths, tokens) of each training batch the model received."""
+def _train(kind: str, corpus: SpeechCorpus, tokenizer_dir: Path, accelerator: str) -> tuple[Any, Any]:
+    """The model trained ``STEPS`` steps, and its callback's ``batches``: (audio lengths, tokens) of
+    each training batch the model received."""
+    import lightning.pytorch as pl
+    from omegaconf import OmegaConf
 
-    def __init__(self) -> None:
-        self.batches: list[tuple[list[int], list[list[int]]]] = []
+    class Seen(pl.Callback):  # type: ignore[misc]
+        """(audio lengths, tokens) of each training batch the model received."""
 
-    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
-        _, audio_lens, tokens, token_lens = batch
-        self.batches.append((audio_lens.tolist(), [t[:n].tolist() for t, n in zip(tokens, token_lens)]))
+        def __init__(self) -> None:
+            self.batches: list[tuple[list[int], list[list[int]]]] = []
 
+        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+            _, audio_lens, tokens, token_lens = batch
+            self.batches.append((audio_lens.tolist(), [t[:n].tolist() for t, n in zip(tokens, token_lens)]))
 
-def _train(kind: str, corpus: SpeechCorpus, tokenizer_dir: Path, accelerator: str) -> tuple[Any, Seen]:
-    use_plans(CLASSES[kind])
+    model_class = _classes()[kind]
+    use_plans(model_class)
     cfg = OmegaConf.create(config(kind, str(tokenizer_dir), str(corpus.plan), str(corpus.manifest)))
-    model = CLASSES[kind](cfg=cfg)
+    model = model_class(cfg=cfg)
     seen = Seen()
     trainer = pl.Trainer(max_steps=STEPS, max_epochs=-1, accelerator=accelerator, devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -135,6 +144,9 @@ def test_tdt(corpus: SpeechCorpus, tokenizer_dir: Path) -> None:
         model, seen = _train("tdt", corpus, tokenizer_dir, "gpu")
         assert seen.batches == _plan_batches(corpus, model)
         return
+    from nemo.collections.asr.models import EncDecRNNTBPEModel
+    from omegaconf import OmegaConf
+
     use_plans(EncDecRNNTBPEModel)
     model = EncDecRNNTBPEModel(cfg=OmegaConf.create(config("tdt", str(tokenizer_dir), str(corpus.plan),
                                                            str(corpus.manifest))))

@@ -14,18 +14,18 @@ from typing import Any
 
 import pytest
 
+from manifests.manifest_read import read_manifest
+from manifests.plan_files import open_shard
+from tests.conftest import needs_module
 from tests.integrations._rich import Rich, rich_corpus
+from tests.integrations.test_nemo import tokenizer  # noqa: F401  (the module's fixture)
+from tests.integrations.test_packed_consumers import compile_packed
+from tests.training._consumer import invoke
 from tests.warm_python import TRAINERS, run_python
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.nemo
-nemo = pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
-
-from manifests.manifest_read import read_manifest  # noqa: E402
-from manifests.plan_files import open_shard  # noqa: E402
-from tests.integrations.test_nemo import tokenizer  # noqa: E402,F401  (the module's fixture)
-from tests.integrations.test_packed_consumers import compile_packed  # noqa: E402
-from tests.training._consumer import invoke  # noqa: E402
+pytestmark = [pytest.mark.nemo,
+              needs_module("nemo.collections.asr", "nemo_toolkit is not installed (make test-nemo)")]
 
 
 @pytest.fixture(scope="module")

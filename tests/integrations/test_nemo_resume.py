@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from manifests.plan_files import open_shard
+from tests.conftest import needs_module
 from tests.integrations._rich import Rich, rich_corpus
 from tests.warm_python import TRAINERS, run_python
 
-pytestmark = pytest.mark.nemo
-pytest.importorskip("lightning.pytorch", reason="Lightning is not installed (make test-nemo)")
-pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
+pytestmark = [pytest.mark.nemo,
+              needs_module("lightning.pytorch", "Lightning is not installed (make test-nemo)"),
+              needs_module("nemo.collections.asr", "nemo_toolkit is not installed (make test-nemo)")]
 
 REPO = Path(__file__).resolve().parents[2]
 EVERY = 3

@@ -11,9 +11,10 @@ import sentencepiece as spm
 from dataprep.testing import WORDS, write_nemo_manifest, write_tone
 from dataprep.tokenize import train_model
 from manifests.manifest_read import read_manifest
+from tests.conftest import needs_module
 
-pytestmark = pytest.mark.nemo
-pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
+pytestmark = [pytest.mark.nemo,
+              needs_module("nemo.collections.asr", "nemo_toolkit is not installed (make test-nemo)")]
 
 FRENCH = "le la les un une des et est dans que pour qui pas sur avec plus tout nous vous ils elle".split()
 

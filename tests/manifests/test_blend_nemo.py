@@ -19,10 +19,11 @@ from dataprep.tokenize import train_model
 from manifests.manifest_read import read_manifest
 from manifests.readers import read_blend
 from manifests.records import custom_for_row
+from tests.conftest import needs_module
 from tests.manifests.test_blend_idioms import ENV, build_blend, build_shar_blend
 
-pytestmark = pytest.mark.nemo
-pytest.importorskip("nemo.collections.common.data.lhotse", reason="nemo_toolkit is not installed (make test-nemo)")
+pytestmark = [pytest.mark.nemo,
+              needs_module("nemo.collections.common.data.lhotse", "nemo_toolkit is not installed (make test-nemo)")]
 
 #: Canary 2's prompt slots (nemo.collections.common.prompts.canary2.canary2): required, then optional defaults
 SLOTS = {"source_lang": None, "target_lang": None, "decodercontext": "", "emotion": "<|emo:undefined|>",

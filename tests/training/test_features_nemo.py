@@ -16,11 +16,9 @@ import soundfile
 import torch
 
 from dataprep.training.features import FeatureConfig, LogMel
+from tests.conftest import needs_module
 
-pytestmark = pytest.mark.nemo
-pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit is not installed (make test-nemo)")
-
-from nemo.collections.asr.modules import AudioToMelSpectrogramPreprocessor  # noqa: E402
+pytestmark = [pytest.mark.nemo, needs_module("nemo.collections.asr", "nemo_toolkit is not installed (make test-nemo)")]
 
 CANARY_1B = {"sample_rate": 16000, "normalize": "per_feature", "window_size": 0.025, "window_stride": 0.01,
              "window": "hann", "features": 128, "n_fft": 512, "log": True, "frame_splicing": 1, "dither": 1e-5,
@@ -55,6 +53,8 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.Tensor, torch
 
 
 def nemo_features(args: dict[str, Any], x: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from nemo.collections.asr.modules import AudioToMelSpectrogramPreprocessor
+
     pre = AudioToMelSpectrogramPreprocessor(**args)
     pre.eval()
     return pre(input_signal=x.clone(), length=n.clone())
