@@ -10,7 +10,6 @@ Marked ``nemo``; skipped where ``nemo_toolkit`` is not installed (``make test-ne
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
