@@ -23,10 +23,12 @@ demo: install
 # 2 GB) that sees the dev install, so torch, numpy and lhotse stay as pinned; made once per
 # NeMo requirement, Python and torch under the cache (.ci/nemo-venv), then reused; Azurite (from
 # npm, .ci/azurite) for the az:// tests. With
-# SPEECH_DATAPREP_FULL_SUITE=1 a test skipped for a missing module fails instead.
+# SPEECH_DATAPREP_FULL_SUITE=1 a test skipped for a missing module fails instead. Bytecode is
+# written (PYTHONDONTWRITEBYTECODE emptied): the suite's hundreds of interpreters then compile
+# each module of the checkout once, not each time, and pytest keeps its rewritten test modules.
 test: install-dev
 	venv="$$(PYTHON=$(PYTHON) bash .ci/nemo-venv)" && azurite="$$(bash .ci/azurite)" && \
-	AZURITE_BLOB="$$azurite" SPEECH_DATAPREP_FULL_SUITE=1 "$$venv/bin/python" -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -rs --durations=30
+	PYTHONDONTWRITEBYTECODE= AZURITE_BLOB="$$azurite" SPEECH_DATAPREP_FULL_SUITE=1 "$$venv/bin/python" -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -rs --durations=30
 
 # only the NeMo-marked tests, in the same venv
 test-nemo: install-dev

@@ -37,6 +37,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repo"))
 #: the example count of the slowest properties (each example a command run or a plan written):
 #: what ``make test`` affords on 2 cores, and ten times that under HYPOTHESIS_PROFILE=explore
 SLOW_EXAMPLES = 200 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 20
+#: the example count of the properties whose examples each compile, pack or plan out of core
+#: several times over (seconds an example): a handful on 2 cores, ten times that under explore
+FEW_EXAMPLES = 60 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 6
 
 REPO = Path(__file__).resolve().parents[1]
 #: every test process has its own cache folder (store headers, tar indexes, step indexes, OOM

@@ -27,6 +27,7 @@ from manifests.errors import DataprepError
 from manifests.plan_files import PlanWriter, shard_name
 from manifests.plan_meta import read_plan_meta
 from manifests.spill import spill_dir
+from tests.conftest import FEW_EXAMPLES
 
 runner = CliRunner()
 
@@ -59,7 +60,7 @@ def _spilled(folder: Path) -> Iterator[list[int]]:
         yield seen
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=FEW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(40, 900), buckets=st.integers(2, 6), W=st.integers(1, 9), seed=st.integers(0, 2**31),
        epochs=st.integers(1, 2), group=st.sampled_from([None, 1]), strict=st.booleans(), carry=st.booleans(),
        interleave=st.sampled_from(["random", "ascending"]), budget=st.sampled_from([20.0, 60.0, 200.0]),
@@ -83,7 +84,7 @@ def test_out_of_core_plan_equals_in_memory(tmp_path_factory, n, buckets, W, seed
     _compare(tmp, m, b, opts, n, order_rows, id_chunk, groups)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=FEW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(40, 900), corpora=st.integers(1, 4), W=st.integers(1, 9), seed=st.integers(0, 2**31),
        epochs=st.integers(1, 3), carry=st.booleans(), data=st.integers(0, 2**31),
        size=st.sampled_from([None, 0.3, 1.0, 2.5]), weights=st.lists(st.floats(0.05, 20.0), min_size=4, max_size=4),
@@ -304,7 +305,7 @@ def test_fit_buckets_under_a_file_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=FEW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(60, 700), W=st.integers(1, 6), W2=st.integers(1, 6), seed=st.integers(0, 2**31),
        epochs=st.integers(1, 3), corpora=st.sampled_from([0, 1, 3]), group=st.booleans(),
        data=st.integers(0, 2**31), at=st.floats(0.0, 0.99), dynres=st.booleans(),

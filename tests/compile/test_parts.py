@@ -35,6 +35,7 @@ from dataprep.testing import sample_corpus, write_nemo_manifest, write_tone
 from dataprep.tokenize import Tokenizers, train_model
 from manifests.errors import DataprepError
 from manifests.manifest_read import read_manifest, read_metadata
+from tests.conftest import FEW_EXAMPLES
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[2]
@@ -262,7 +263,7 @@ def test_local_process_pool_gives_the_same_bytes(corpus, spm_model, single, tmp_
     assert not (tmp_path / "pool.parquet.parts").exists()  # parts removed after the merge
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=FEW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ids=st.lists(st.sampled_from([f"u{k}" for k in range(12)] + ["é", "a b", "x" * 30]), min_size=1, max_size=40),
        num_shards=st.integers(1, 6))
 def test_merge_equals_compile_for_any_duplicates_and_shard_count(ids, num_shards, spm_model, tmp_path) -> None:

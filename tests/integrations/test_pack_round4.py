@@ -29,6 +29,7 @@ from manifests.manifest_read import read_manifest
 from manifests.manifest_write import write_manifest
 from manifests.readers import iter_nemo_tarred, iter_source
 from manifests.records import LAYOUT_KEYS
+from tests.conftest import FEW_EXAMPLES
 
 LAYOUTS = ("nemo-tarred", "shar", "webdataset")
 LABELS = ("text", "lang", "source_lang", "target_lang", "task", "corpus")
@@ -72,7 +73,7 @@ _row = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+@settings(max_examples=FEW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(rows=st.lists(_row, min_size=1, max_size=4))
 def test_every_layout_round_trips_every_field(tmp_path_factory: pytest.TempPathFactory, tones: list[Path],

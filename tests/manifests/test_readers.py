@@ -341,7 +341,7 @@ _NEMO_KEYS = st.sampled_from(["audio_filepath", "duration", "offset", "text", "a
                               "target_lang", "taskname", "pnc", "Text", "spk", "a\"b", "é"])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=SLOW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(objs=st.lists(st.dictionaries(_NEMO_KEYS, _JSON_VALUE, max_size=7), min_size=1, max_size=25),
        raw=st.lists(st.sampled_from(['{"a": 1, "a": 2, "text": "dup"}', '{"text": "x" ', "[1]", " {\"text\": \"sp\"}",
                                      '{"audio_filepath": "x.wav", "text": "t", "rare_key": null}']), max_size=3),
