@@ -12,7 +12,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from dataprep.cli.fmt import Table, pct, plural
 from manifests.optional import INSTALL
 from oom.options import MODEL_NAMES
 from tests.training._consumer import Corpus, build_corpus
+from tests.warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -43,16 +43,22 @@ def plan(corpus: Corpus) -> Path:
     return corpus.plan(1)
 
 
+#: what the CLI's modules import from other packages, imported once by the server the commands are
+#: forked from (:mod:`tests.warm_python`); never the CLI itself, whose consoles read FORCE_COLOR and
+#: COLUMNS when they are built, nor a module a test makes missing
+THIRD_PARTY = ("numpy", "polars", "pyarrow", "rich", "typer")
+
+
 def _run(*args: object, missing: tuple[str, ...] = (), env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``dataprep ARGS`` in a fresh interpreter, stdout and stderr pipes (not a terminal), no
-    COLUMNS (unless ``env`` sets it); each module of ``missing`` unimportable there, as if not installed."""
+    """``dataprep ARGS`` in a process of its own that imported only :data:`THIRD_PARTY`, stdout
+    and stderr not a terminal, no COLUMNS (unless ``env`` sets it); each module of ``missing``
+    unimportable there, as if not installed."""
     code = ("import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in missing)
             + "from dataprep.cli import app\napp(args=sys.argv[1:], prog_name='dataprep')\n")
     env = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR", "TTY_COMPATIBLE")},
            **(env or {})}
     env["PYTHONPATH"] = str(REPO) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=300, check=False)
+    return run_python(["-c", code, *map(str, args)], env=env, timeout=300, preload=THIRD_PARTY)
 
 
 def _one_line_error(res: subprocess.CompletedProcess[str], *fragments: str) -> str:

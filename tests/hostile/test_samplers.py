@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from dataprep.planning.build import build_plan
 from dataprep.planning.options import PlanOptions
 from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError, OptionError
+from tests.warm_python import COMMANDS, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,13 +55,13 @@ def test_a_process_opening_another_ranks_shard_is_refused(tmp_path: Path) -> Non
     build_plan(manifest, buckets, plan, PlanOptions(world_size=2))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(plan), port, str(r)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
+    with ThreadPoolExecutor(2) as pool:  # two processes at once, each forked from a server that imported torch
+        runs = list(pool.map(lambda r: run_python(["-c", _RANK, str(plan), port, str(r)], env=env, timeout=300,
+                                                  preload=COMMANDS), range(2)))
     outs = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=300)
-        assert p.returncode == 0, stderr[-3000:]
-        outs.append(json.loads(stdout.splitlines()[-1]))
+    for res in runs:
+        assert res.returncode == 0, res.stderr[-3000:]
+        outs.append(json.loads(res.stdout.splitlines()[-1]))
     assert isinstance(outs[0]["rank 0"], int)  # rank 0 opening its own shard
     msg = outs[1]["rank 0"]
     assert msg == f"{plan}: rank 0 given, but this process is rank 1 of 2 (torch.distributed): open rank 1's shard"

@@ -24,6 +24,7 @@ from dataprep.integrations.torch import PlanBatchSampler
 from manifests.errors import DataprepError
 from manifests.plan_files import open_shard
 from tests.integrations._rich import Rich, rich_corpus
+from tests.warm_python import COMMANDS, run_python
 
 lhotse = pytest.importorskip("lhotse", reason="lhotse (dev extra) is needed")
 REPO = Path(__file__).resolve().parents[2]
@@ -106,8 +107,8 @@ def test_plan_batch_sampler_over_a_hugging_face_dataset(rich: Rich, tmp_path: Pa
     # in a child process: datasets leaves threads behind that deadlock DataLoader workers forked
     # later in the same process (seen with tests/training/test_loader.py)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, "-c", _HF, str(rich.plan), str(rich.manifest), str(tmp_path / "hf")],
-                         capture_output=True, text=True, check=False, env=env, timeout=300)
+    res = run_python(["-c", _HF, str(rich.plan), str(rich.manifest), str(tmp_path / "hf")], env=env, timeout=300,
+                     preload=COMMANDS)
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads(res.stdout.splitlines()[-1]) == plan_ids(rich.plan, 0)[2:]
 

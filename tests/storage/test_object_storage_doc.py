@@ -10,8 +10,8 @@ from pathlib import Path
 from dataprep.testing import write_tone
 from dataprep.testing_store import LoopbackS3
 from manifests import storage
-from tests.docs_demo import env as _env
 from tests.doc_blocks import REPO, page_blocks
+from tests.docs_demo import serving
 
 PAGE = REPO / "docs" / "object-storage.md"
 MARK = "run by tests/storage/test_object_storage_doc.py"
@@ -30,9 +30,9 @@ def test_the_walk_through_runs_against_the_loopback_store(loopback_s3: LoopbackS
     ws = tmp_path / "ws"
     ws.mkdir()
     shutil.copyfile(tiny_spm, ws / "spm.model")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    env = _env(bin_dir)  # the loopback store's AWS_* come from the session fixture's environment
+    # each ``dataprep`` forked from a server that imported the CLI once (tests.warm_python); the
+    # loopback store's AWS_* come from the session fixture's environment, as a command's own
+    env = serving(tmp_path / "bin")
     blocks = [b for b in page_blocks(PAGE) if b.lang == "sh" and b.mark and MARK in b.mark]
     assert len(blocks) == 3
     for b in blocks:

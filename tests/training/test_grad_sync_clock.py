@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dataprep.training.loop import STEP_TIMES_SCHEMA, GradSyncClock, read_step_times
+from tests.warm_python import COMMANDS, run_python
 
+REPO = Path(__file__).resolve().parents[2]
 SLOW_S = 0.25
 
 
@@ -48,13 +50,20 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 
 def test_the_fast_rank_waits_in_sync_not_in_compute(tmp_path: Path) -> None:
+    """Each rank a process of its own, forked from a server that imported torch once
+    (:func:`tests.warm_python.run_python`), the two at once."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    code = "import sys\nfrom tests.training.test_grad_sync_clock import _rank\n_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda r: run_python(["-c", code, str(r), str(port), str(tmp_path)], env=env, cwd=REPO,
+                                                  timeout=300, preload=COMMANDS), (0, 1)))
+    for res in runs:
+        assert res.returncode == 0, res.stderr[-3000:]
     fast, slow = (pq.read_table(tmp_path / f"{r}.parquet").to_pydict() for r in (0, 1))
     for i in range(1, 3):  # the first step also waits for the other process to start
         assert fast["fb"][i] < 0.1 and fast["sync"][i] > SLOW_S * 0.7
