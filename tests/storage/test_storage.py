@@ -87,14 +87,19 @@ def test_a_time_out_is_retried(blob_url: str, s3: LoopbackS3) -> None:
 @pytest.mark.parametrize(("action", "words"), [
     ("503", "503 SlowDown"), ("500", "500 InternalError"), ("reset", "connection reset"),
     ("truncate", "truncated body (the connection closed mid-body)"), ("delay", "timed out")])
-def test_after_the_last_retry_one_line_names_the_object(blob_url: str, s3: LoopbackS3, action: str,
-                                                        words: str) -> None:
+def test_after_the_last_retry_one_line_names_the_object(blob_url: str, s3: LoopbackS3, action: str, words: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     storage.stat(blob_url)
-    with s3.faults(Rule(action, method="GET", times=None, delay_s=2.2)) as (rule,), \
+    if action == "delay":  # every GET held past a 0.5 s time-out: 4 attempts wait 2 s, not 4 x the tests' 2 s
+        monkeypatch.setenv("DATAPREP_STORE_TIMEOUT_S", "0.5")
+        storage.reset_clients()
+    with s3.faults(Rule(action, method="GET", times=None, delay_s=0.8)) as (rule,), \
             pytest.raises(DataprepError) as err:
         storage.read_ranges(blob_url, [(0, 100_000)])
     assert str(err.value) == f"{blob_url}: {words} (gave up after 4 attempts)"
     assert rule.hits == 4
+    monkeypatch.undo()
+    storage.reset_clients()
     with pytest.raises(storage.StoreError, match=r"^s3://.*/dir/absent.bin: no such object$"):
         storage.stat(blob_url.replace("blob", "absent"))
     assert "testing" not in str(err.value)  # the credentials are never in a message
