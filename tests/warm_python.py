@@ -186,10 +186,11 @@ def start(sock: Path, preload: tuple[str, ...]) -> subprocess.Popen[str]:
     return server
 
 
-#: what the CLI's commands, the docs pages' python blocks and the benchmarks import
-COMMANDS = ("dataprep.cli", "torch", "lhotse")
+#: what the CLI's commands, the docs pages' python blocks and the benchmarks import (pandas too:
+#: pyarrow imports it, where installed, the first time ``pa.array`` is given a NumPy array)
+COMMANDS = ("dataprep.cli", "torch", "lhotse", "pandas")
 #: what a trainer's run imports: torch, Lhotse, Lightning and NeMo (12 s of CPU in a fresh interpreter)
-TRAINERS = ("torch", "lhotse", "lightning.pytorch", "nemo.collections.asr")
+TRAINERS = ("torch", "lhotse", "pandas", "lightning.pytorch", "nemo.collections.asr")
 
 _SERVERS: dict[tuple[str, ...], tuple[subprocess.Popen[str], Path]] = {}
 _LOCK = threading.Lock()
