@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -246,6 +248,19 @@ def run_python(argv: list[str], *, env: dict[str, str] | None = None, cwd: str |
         err.seek(0)
         return subprocess.CompletedProcess([sys.executable, *argv], code, out.read().decode(errors="replace"),
                                            err.read().decode(errors="replace"))
+
+
+
+def run_ranks(world_size: int, rank_command: Callable[[int], tuple[list[str], dict[str, str]]],
+              **kwargs: object) -> list[subprocess.CompletedProcess[str]]:
+    """:func:`run_python` of each rank's ``(argv, env)``, all at once (the ranks of one process
+    group wait for each other), in rank order; ``kwargs`` as :func:`run_python`'s."""
+    def one(rank: int) -> subprocess.CompletedProcess[str]:
+        argv, env = rank_command(rank)
+        return run_python(argv, env=env, **kwargs)  # type: ignore[arg-type]
+
+    with ThreadPoolExecutor(world_size) as pool:
+        return list(pool.map(one, range(world_size)))
 
 
 if __name__ == "__main__":

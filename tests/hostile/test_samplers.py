@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from dataprep.planning.build import build_plan
 from dataprep.planning.options import PlanOptions
 from dataprep.testing import write_plan_inputs
 from manifests.errors import DataprepError, OptionError
-from tests.warm_python import COMMANDS, run_python
+from tests.warm_python import COMMANDS, run_ranks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,9 +54,8 @@ def test_a_process_opening_another_ranks_shard_is_refused(tmp_path: Path) -> Non
     build_plan(manifest, buckets, plan, PlanOptions(world_size=2))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     port = str(_free_port())
-    with ThreadPoolExecutor(2) as pool:  # two processes at once, each forked from a server that imported torch
-        runs = list(pool.map(lambda r: run_python(["-c", _RANK, str(plan), port, str(r)], env=env, timeout=300,
-                                                  preload=COMMANDS), range(2)))
+    # two processes at once, each forked from a server that imported torch
+    runs = run_ranks(2, lambda r: (["-c", _RANK, str(plan), port, str(r)], env), timeout=300, preload=COMMANDS)
     outs = []
     for res in runs:
         assert res.returncode == 0, res.stderr[-3000:]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from manifests.plan_files import open_shard
 from tests.conftest import needs_module
 from tests.integrations._rich import Rich, rich_corpus
-from tests.warm_python import TRAINERS, run_python
+from tests.warm_python import TRAINERS, run_ranks
 
 pytestmark = [pytest.mark.nemo,
               needs_module("lightning.pytorch", "Lightning is not installed (make test-nemo)"),
@@ -45,11 +44,8 @@ def runs(rich: Rich, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int
     env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port()),
            "WORLD_SIZE": "2", "NODE_RANK": "0"}
     argv = ["-m", "tests.integrations._lightning_plan", str(rich.plan), str(rich.manifest), str(work), str(EVERY)]
-    with ThreadPoolExecutor(2) as pool:  # the two ranks at once
-        done = [pool.submit(run_python, argv, cwd=REPO, env={**env, "LOCAL_RANK": str(r)}, preload=TRAINERS)
-                for r in range(2)]
-        out = [(d.result().returncode, d.result().stdout, d.result().stderr) for d in done]
-    return out
+    runs = run_ranks(2, lambda r: (argv, {**env, "LOCAL_RANK": str(r)}), cwd=REPO, preload=TRAINERS)
+    return [(res.returncode, res.stdout, res.stderr) for res in runs]
 
 
 def _lines(stdout: str) -> list[dict]:

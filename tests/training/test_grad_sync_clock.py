@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from dataprep.training.loop import STEP_TIMES_SCHEMA, GradSyncClock, read_step_times
-from tests.warm_python import COMMANDS, run_python
+from tests.warm_python import COMMANDS, run_ranks
 
 REPO = Path(__file__).resolve().parents[2]
 SLOW_S = 0.25
@@ -59,10 +58,8 @@ def test_the_fast_rank_waits_in_sync_not_in_compute(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     code = "import sys\nfrom tests.training.test_grad_sync_clock import _rank\n_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(lambda r: run_python(["-c", code, str(r), str(port), str(tmp_path)], env=env, cwd=REPO,
-                                                  timeout=300, preload=COMMANDS), (0, 1)))
-    for res in runs:
+    for res in run_ranks(2, lambda r: (["-c", code, str(r), str(port), str(tmp_path)], env), cwd=REPO, timeout=300,
+                         preload=COMMANDS):
         assert res.returncode == 0, res.stderr[-3000:]
     fast, slow = (pq.read_table(tmp_path / f"{r}.parquet").to_pydict() for r in (0, 1))
     for i in range(1, 3):  # the first step also waits for the other process to start
