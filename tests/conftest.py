@@ -26,6 +26,7 @@ from typing import Any
 import polars as pl
 import pytest
 import sentencepiece as spm
+import typer.testing
 from hypothesis import HealthCheck, settings
 
 # a loaded 2-core CI machine must not turn slow example generation into failures, and CI runs
@@ -42,6 +43,20 @@ SLOW_EXAMPLES = 200 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 20
 FEW_EXAMPLES = 60 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 6
 
 REPO = Path(__file__).resolve().parents[1]
+_typer_command = getattr(typer.testing, "_get_command", None)
+
+
+def _cli_command(typer_app: typer.Typer) -> Any:
+    """``CliRunner.invoke(app, ...)`` runs the command the ``dataprep`` script runs, built once per
+    process (:func:`dataprep.cli.command`): typer builds it anew at each call, 70 ms of annotations
+    evaluated again, a minute of CPU over the suite's thousand or so invocations."""
+    from dataprep.cli import app, command
+
+    return command() if typer_app is app else _typer_command(typer_app)  # type: ignore[misc]
+
+
+if _typer_command is not None:  # typer's name for it; where it has another, each call builds it
+    typer.testing._get_command = _cli_command  # type: ignore[attr-defined]
 #: every test process has its own cache folder (store headers, tar indexes, step indexes, OOM
 #: probes), never the user's ~/.cache/speech-dataprep: facts left there by an earlier run (same
 #: loopback bucket names, same bytes, same ETags) would answer what a test means to read

@@ -1,7 +1,8 @@
 """Python commands of the tests without an interpreter's start (and its imports) per command.
 
-``python -m tests.warm_python SOCKET [MODULE ...]`` imports the MODULEs once (the CLI, or torch,
-Lightning and NeMo: 12 s of CPU each time a fresh interpreter imports NeMo), then for each request
+``python -m tests.warm_python SOCKET [MODULE[:FUNCTION] ...]`` imports the MODULEs once (the CLI,
+or torch, Lightning and NeMo: 12 s of CPU each time a fresh interpreter imports NeMo) and calls
+each FUNCTION (the CLI's click command, built once), then for each request
 forks a child that takes the caller's stdin/stdout/stderr, working folder, environment and python
 command line (``-m MODULE ARGS``, ``-c CODE ARGS`` or ``SCRIPT ARGS``), runs it as the
 interpreter would (:mod:`runpy`; ``sys.path`` from the script's folder and ``PYTHONPATH``;
@@ -142,9 +143,12 @@ def serve(path: str, preload: list[str]) -> None:
     import importlib.util
 
     _SERVER_PYTHONPATH.update(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
-    for name in preload:  # the imports every command would pay (those installed)
+    for entry in preload:  # the imports every command would pay (those installed), and the builds
+        name, _, build = entry.partition(":")
         if importlib.util.find_spec(name.split(".")[0]) is not None:
-            importlib.import_module(name)
+            module = importlib.import_module(name)
+            if build:
+                getattr(module, build)()
     parent = os.getppid()
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
@@ -188,9 +192,10 @@ def start(sock: Path, preload: tuple[str, ...]) -> subprocess.Popen[str]:
     return server
 
 
-#: what the CLI's commands, the docs pages' python blocks and the benchmarks import (pandas too:
-#: pyarrow imports it, where installed, the first time ``pa.array`` is given a NumPy array)
-COMMANDS = ("dataprep.cli", "torch", "lhotse", "pandas")
+#: what the CLI's commands, the docs pages' python blocks and the benchmarks import (``MODULE:FUNCTION``:
+#: and call, here the CLI's click command, built once; pandas too: pyarrow imports it, where installed,
+#: the first time ``pa.array`` is given a NumPy array; torch._dynamo: DDP and fake-tensor traces)
+COMMANDS = ("dataprep.cli:command", "torch", "torch._dynamo", "lhotse", "pandas")
 #: what a trainer's run imports: torch, Lhotse, Lightning and NeMo (12 s of CPU in a fresh interpreter)
 TRAINERS = ("torch", "lhotse", "pandas", "lightning.pytorch", "nemo.collections.asr")
 
