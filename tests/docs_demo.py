@@ -37,13 +37,14 @@ def env(bin_dir: Path, cache: Path | None = None) -> dict[str, str]:
 def serving(bin_dir: Path) -> dict[str, str]:
     """The environment of :func:`env` whose ``dataprep``, ``python`` and ``torchrun`` are processes
     forked by a server that imported :data:`tests.warm_python.COMMANDS` once (:mod:`tests.warm_python`,
-    one per test process; ``torchrun``'s ranks are interpreters of their own, as torchrun starts them)."""
+    one per test process), and torchrun's ranks too (``PYTHON_EXEC``: the interpreter torchrun
+    starts them with)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     sock = str(server_for(COMMANDS))
     write_shim(bin_dir / "dataprep", sock)
     write_shim(bin_dir / "python", sock, prefix=(), argv0=None)
     write_shim(bin_dir / "torchrun", sock, prefix=("-m", "torch.distributed.run"), argv0="torchrun")
-    return env(bin_dir)
+    return {**env(bin_dir), "PYTHON_EXEC": str(bin_dir / "python")}
 
 
 def build(root: Path) -> tuple[Path, str]:

@@ -33,14 +33,17 @@ _SHIM = '''#!{python} -S
 import json, os, socket, struct, sys
 args = sys.argv[1:]
 line = [*{prefix!r}, *args]
+env = dict(os.environ)
 try:
+    if line[:1] == ["-u"]:  # unbuffered, as torchrun starts its ranks
+        line, env["PYTHONUNBUFFERED"] = line[1:], "1"
     if line and line[0].startswith("-") and line[0] not in ("-m", "-c"):
         raise OSError("an interpreter option: the interpreter itself runs it")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect({sock!r})
 except OSError:
-    os.execv({python!r}, [{python!r}, *line])
-req = json.dumps({{"argv": line, "argv0": {argv0!r}, "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+    os.execv({python!r}, [{python!r}, *{prefix!r}, *args])  # the line as given
+req = json.dumps({{"argv": line, "argv0": {argv0!r}, "cwd": os.getcwd(), "env": env}}).encode()
 socket.send_fds(s, [struct.pack("!I", len(req)) + req], [0, 1, 2])
 got = b""
 while len(got) < 8:
@@ -108,6 +111,9 @@ def _child(conn: socket.socket, req: dict[str, object], fds: list[int]) -> None:
     os.chdir(str(req["cwd"]))
     os.environ.clear()
     os.environ.update(req["env"])  # type: ignore[arg-type]
+    if os.environ.get("PYTHONUNBUFFERED"):
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=True, write_through=True)  # type: ignore[attr-defined]
     code = 0
     try:
         try:

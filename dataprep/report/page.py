@@ -10,13 +10,16 @@ bytes (no timestamps). Altair and vl-convert are the ``report`` extra, imported 
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import html
 import json
 import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dataprep.report.aggregates import CorpusAggregates, RejectsAggregates, ReportData
@@ -24,8 +27,9 @@ from dataprep.report.buckets_section import REPORT_PACK, BucketAggregates, batch
 from dataprep.report.learn_page import run_section, windows_section
 from dataprep.report.page_assets import CSS, GLOSSARY, JS, term_id
 from dataprep.report.plan_section import MAX_SHARE_EPOCHS, PlanAggregates
-from manifests.atomic_files import atomic_path, output_kind
+from manifests.atomic_files import atomic_path, output_kind, write_json
 from manifests.errors import DataprepError
+from manifests.hash_cache import default_cache_dir
 from manifests.optional import require
 
 #: the marker of a page this tool wrote (an existing -o without it is not replaced)
@@ -42,14 +46,36 @@ def _libs() -> Any:
 
 @functools.lru_cache(maxsize=1)
 def vega_bundle() -> str:
-    """vega + vega-lite + vega-embed as one script (vl-convert's bundle, built once per process:
-    a few seconds), for the Vega-Lite version Altair writes."""
+    """vega + vega-lite + vega-embed as one script, for the Vega-Lite version Altair writes:
+    vl-convert's bundle (about 2 s to build), kept under ``<cache>/vega/`` by vl-convert's and
+    Vega-Lite's versions (:func:`~manifests.hash_cache.default_cache_dir`); a kept one is used only
+    where its versions and SHA-256 check, and a cache that cannot be written is no error."""
     alt = _libs()
     import vl_convert as vlc
 
     want = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
-    js = vlc.javascript_bundle(vl_version=want) if want in vlc.get_vegalite_versions() else vlc.javascript_bundle()
+    vega_lite = want if want in vlc.get_vegalite_versions() else "default"
+    key = {"vl_convert": str(getattr(vlc, "__version__", "unknown")), "vega_lite": vega_lite}
+    path = default_cache_dir() / "vega" / f"bundle-{key['vl_convert']}-{vega_lite}.json"
+    js = _kept_bundle(path, key)
+    if js is None:
+        js = vlc.javascript_bundle(vl_version=want) if vega_lite != "default" else vlc.javascript_bundle()
+        with contextlib.suppress(OSError, DataprepError):  # a cache that cannot be written costs 2 s again
+            write_json({**key, "sha256": hashlib.sha256(js.encode()).hexdigest(), "js": js}, path)
     return js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
+
+
+def _kept_bundle(path: Path, key: dict[str, str]) -> str | None:
+    """The bundle kept at ``path`` for ``key``, or None (missing, another version, corrupt)."""
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    js = kept.get("js") if isinstance(kept, dict) else None
+    if not isinstance(js, str) or any(kept.get(k) != v for k, v in key.items()) \
+            or kept.get("sha256") != hashlib.sha256(js.encode()).hexdigest():
+        return None
+    return js
 
 
 @dataclass

@@ -216,3 +216,32 @@ def test_a_manifest_without_a_corpus_column_names_its_source_files(tmp_path: Pat
     heads, rows = table(page, "Per corpus, language and task (largest first)")
     assert heads[0] == "corpus (source file)" and {r[0] for r in rows} == {"a/train.jsonl", "b/train.jsonl"}
     assert "The manifest has no corpus column" in page
+
+
+def test_the_vega_bundle_is_kept_in_the_cache_and_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vl-convert's bundle is built once per cache: the next process reads it, if its versions and
+    SHA-256 check; an edited or truncated one is not used."""
+    import hashlib
+
+    from dataprep.report import page
+
+    monkeypatch.setenv("SPEECH_DATAPREP_CACHE", str(tmp_path))
+    page.vega_bundle.cache_clear()
+    built = page.vega_bundle()
+    (kept,) = (tmp_path / "vega").iterdir()
+    record = json.loads(kept.read_text(encoding="utf-8"))
+    assert record["js"].replace("</script", "<\\/script") == built and "vega" in record["js"]
+    key = {k: record[k] for k in ("vl_convert", "vega_lite")}
+
+    edited = record["js"] + "\n// kept"
+    kept.write_text(json.dumps({**record, "js": edited, "sha256": hashlib.sha256(edited.encode()).hexdigest()}))
+    page.vega_bundle.cache_clear()
+    assert page.vega_bundle().endswith("// kept")  # a later process reads the kept bundle
+    kept.write_text(json.dumps({**record, "js": edited}))  # the SHA-256 no longer checks
+    assert page._kept_bundle(kept, key) is None
+    kept.write_text(json.dumps(record)[:1000])  # truncated
+    assert page._kept_bundle(kept, key) is None
+    kept.write_text(json.dumps({**record, "vl_convert": "0.0"}))  # another vl-convert's
+    assert page._kept_bundle(kept, key) is None
+    assert page._kept_bundle(tmp_path / "missing.json", key) is None
+    page.vega_bundle.cache_clear()

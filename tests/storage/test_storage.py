@@ -78,10 +78,15 @@ def test_transient_faults_are_retried_and_the_bytes_are_right(blob_url: str, s3:
     assert rule.hits == 2
 
 
-def test_a_time_out_is_retried(blob_url: str, s3: LoopbackS3) -> None:
+def test_a_time_out_is_retried(blob_url: str, s3: LoopbackS3, monkeypatch: pytest.MonkeyPatch) -> None:
     storage.stat(blob_url)
-    with s3.faults(Rule("delay", method="GET", times=1, delay_s=2.5)):  # past the tests' 2 s time-out
+    monkeypatch.setenv("DATAPREP_STORE_TIMEOUT_S", "0.5")
+    storage.reset_clients()
+    with s3.faults(Rule("delay", method="GET", times=1, delay_s=0.8)) as (rule,):  # past the 0.5 s time-out
         assert storage.read_ranges(blob_url, [(0, 100)]) == [BLOB[:100]]
+    assert rule.hits == 1
+    monkeypatch.undo()
+    storage.reset_clients()
 
 
 @pytest.mark.parametrize(("action", "words"), [
