@@ -90,6 +90,14 @@ NEMO_FILES = tuple(f"tests/{name}.py" for name in (
     "manifests/test_blend_idioms", "compile/test_text_blend_nemo", "compile/test_prompt_format"))
 
 
+#: the files whose tests start ranks or DataLoader workers from multiprocessing's forkserver in the
+#: test process (``train --nproc N``): one group, on one worker, which starts that server (a fresh
+#: interpreter importing torch: 6 s on a loaded machine) once
+FORKSERVER_FILES = tuple(f"tests/{name}.py" for name in (
+    "training/test_train_ddp", "training/test_train_replan", "training/test_train_prefetch_s3",
+    "training/test_loader", "integrations/test_prefetch"))
+
+
 def needs_module(name: str, reason: str) -> pytest.MarkDecorator:
     """Skip where ``name``'s package is not installed, found without importing it: a test module
     that imported NeMo at its top would have every xdist worker pay that import at collection."""
@@ -101,14 +109,15 @@ def needs_module(name: str, reason: str) -> pytest.MarkDecorator:
 #: which put the docs pages, one test each, last); the docs pages after a first wave, by when
 #: the demo they share is built
 LONGEST_FIRST = (
-    "nemo", "tests/test_benchmarks.py", "tests/compile/test_parts.py", "docs:trainers.md",
-    "tests/training/test_train_ddp.py", "tests/cli/test_replan_cli.py", "tests/report/test_report_browser.py",
-    "tests/oom/test_fit.py", "docs:plans.md", "docs:containers.md", "tests/hostile/test_training.py",
-    "docs:oomptimize.md", "tests/cli/test_cli_surface.py", "tests/oom/test_estimate.py",
-    "tests/integrations/test_pack_round4.py", "tests/cli/test_out_of_core.py", "tests/hostile/test_floats.py",
-    "docs:compile.md", "tests/integrations/test_prefetch.py", "docs:many-corpora.md", "tests/hostile/test_properties.py",
-    "tests/test_pipeline_golden.py", "tests/manifests/test_readers.py", "tests/analysis/test_stats.py",
-    "tests/storage/test_storage.py", "tests/storage/test_commands_store.py", "tests/test_layout.py",
+    "nemo", "tests/test_benchmarks.py", "forkserver", "tests/compile/test_parts.py", "docs:trainers.md",
+    "tests/report/test_report_browser.py", "tests/cli/test_replan_cli.py", "tests/oom/test_fit.py",
+    "tests/integrations/test_pack_round4.py", "docs:oomptimize.md", "tests/hostile/test_training.py",
+    "tests/cli/test_cli_surface.py", "tests/oom/test_estimate.py", "docs:containers.md", "tests/cli/test_out_of_core.py",
+    "docs:plans.md", "tests/test_layout.py", "tests/integrations/test_samplers.py", "docs:compile.md",
+    "tests/manifests/test_readers.py", "tests/oom/test_transducer.py", "tests/cli/test_buckets_cli.py",
+    "tests/training/test_train_packed.py", "tests/integrations/test_packed_consumers.py", "tests/analysis/test_stats.py",
+    "tests/test_pipeline_golden.py", "tests/storage/test_storage.py", "docs:many-corpora.md",
+    "tests/hostile/test_properties.py",
 )
 
 
@@ -122,7 +131,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             file = item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group("nemo" if file in NEMO_FILES else file))
+            group = "nemo" if file in NEMO_FILES else "forkserver" if file in FORKSERVER_FILES else file
+            item.add_marker(pytest.mark.xdist_group(group))
     order = {id(item): (rank.get(item.get_closest_marker("xdist_group").args[0], len(rank)), i)  # type: ignore[union-attr]
              for i, item in enumerate(items)}
     items.sort(key=lambda item: order[id(item)])
