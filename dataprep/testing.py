@@ -65,8 +65,9 @@ def write_tone(
     n = max(1, int(round(seconds * sample_rate)))
     rng = np.random.default_rng(seed)
     t = np.arange(n) / sample_rate
-    gate = (np.sin(2 * np.pi * 0.7 * t + rng.uniform(0, 6.28)) > 0.6).astype(np.float32)
-    sig = (0.05 * gate * np.sin(2 * np.pi * rng.uniform(150, 400) * t)).astype(np.float32)
+    on = np.flatnonzero(np.sin(2 * np.pi * 0.7 * t + rng.uniform(0, 6.28)) > 0.6)  # the tones' samples
+    sig = np.zeros(n, np.float32)
+    sig[on] = np.float32(0.05) * np.sin(2 * np.pi * rng.uniform(150, 400) * t[on])
     data = np.repeat(sig[:, None], channels, axis=1) if channels > 1 else sig
     soundfile.write(p, data, sample_rate, subtype=subtype)
     return p
