@@ -5,7 +5,8 @@ frames and tokens). Value: per batch size, the raw outcome (oom, peak bytes, ste
 seconds). Whether a probe *fits* is decided from the outcome and the budget at lookup
 time, so a different ``--margin`` reuses the same measurements. One JSON file per key under the
 directory the caller passes (the CLI: ``<cache>/oom`` of :func:`manifests.hash_cache.default_cache_dir`,
-or ``--cache-dir``), written atomically.
+or ``--cache-dir``), written atomically. Beside them :func:`keep_value` keeps small facts by
+context (the estimator a model gets, :mod:`oom.optimize`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,24 @@ class ProbeCache:
         self.entries[str(batch_size)] = {"oom": r.oom or not r.fits, "peak_bytes": r.peak_bytes, "step_seconds": r.step_seconds}
         if self.path is not None:
             write_json({"context": self.context, "probes": self.entries}, self.path)
+
+
+def kept_value(cache_dir: str | os.PathLike[str] | None, context: dict[str, Any]) -> Any:
+    """The value :func:`keep_value` kept for ``context``, or None (no cache, none kept, another
+    context under the same key, a corrupt file: a miss, never an error)."""
+    if cache_dir is None:
+        return None
+    try:
+        data = json.loads((Path(cache_dir) / f"{cache_key(context)}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("value") if isinstance(data, dict) and data.get("context") == context else None
+
+
+def keep_value(cache_dir: str | os.PathLike[str] | None, context: dict[str, Any], value: Any) -> None:
+    """Keep a JSON ``value`` for ``context`` (atomically; nothing without a cache)."""
+    if cache_dir is not None:
+        write_json({"context": context, "value": value}, Path(cache_dir) / f"{cache_key(context)}.json")
 
 
 def budget_probe(measure: Measure, budget_bytes: int, cache: ProbeCache | None = None) -> Probe:

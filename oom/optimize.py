@@ -23,7 +23,7 @@ from bucketing.dynres import LONGEST, bucket_frames
 from manifests.buckets_file import Bucket, BucketSpec
 from manifests.errors import DataprepError, OptionError
 from manifests.units import parse_bytes
-from oom.cache import ProbeCache, budget_probe
+from oom.cache import ProbeCache, budget_probe, keep_value, kept_value
 from oom.estimate import shape_estimator
 from oom.fit import FitError, fitted_model
 from oom.isolate import device_info, run_isolated
@@ -48,6 +48,32 @@ def _peak_function(model: str, loss_mode: str, exact_trace: bool) -> tuple[Calla
         except FitError:
             pass
     return (lambda shape, b: shape_estimator(model, shape, loss_mode).peak(b)), "exact-trace"
+
+
+class _Estimate:
+    """The estimate's ``(shape, batch) -> peak bytes``, traced at the first probe the cache cannot
+    answer (the fit traces a step once: about 1 s for ``tiny``, 14 s for ``canary-1b-flash`` on
+    CPU). Which method a model gets (:func:`_peak_function`) names the cached probes, so it is kept
+    in the cache too: a search the cache answers traces nothing."""
+
+    def __init__(self, model: str, loss_mode: str, exact_trace: bool, cache_dir: str | None) -> None:
+        self.model, self.loss_mode, self.cache_dir = model, loss_mode, cache_dir
+        self.context = {"estimator_of": _model_context(model), "torch": torch.__version__, "loss_mode": loss_mode}
+        self._peak: Callable[[Shape, int], int] | None = None
+        kept = None if exact_trace else kept_value(cache_dir, self.context)
+        if exact_trace or kept in ("fitted", "exact-trace"):
+            self.method = "exact-trace" if exact_trace else str(kept)
+        else:
+            self._peak, self.method = _peak_function(model, loss_mode, exact_trace=False)
+            keep_value(cache_dir, self.context, self.method)
+
+    def peak(self, shape: Shape, batch_size: int) -> int:
+        if self._peak is None:
+            self._peak, method = _peak_function(self.model, self.loss_mode, exact_trace=self.method == "exact-trace")
+            if method != self.method:
+                raise DataprepError(f"{self.model}: the cached estimator ({self.method}) no longer applies; "
+                                    f"run again with --no-cache")
+        return self._peak(shape, batch_size)
 
 
 def explain_bucket(model: str, shape: Shape, batch_size: int, loss_mode: str = "batched") -> dict[str, Any]:
@@ -114,18 +140,19 @@ def oomptimize(
         "memory_fraction": None if estimate else memory_fraction,
         **({"loss_mode": loss_mode} if loss_mode != "batched" else {}),
     }
-    peak_of, method = _peak_function(model, loss_mode, exact_trace) if estimate else (None, None)
+    estimator = _Estimate(model, loss_mode, exact_trace, cache_dir) if estimate else None
+    method = estimator.method if estimator is not None else None
 
     def probe_for(i: int) -> Callable[[int], ProbeResult]:
         shape = shapes[i]
         cache = ProbeCache(cache_dir, {**base_ctx, "frames": shape.frames, "tokens": shape.tokens})
-        if peak_of is not None:
+        if estimator is not None:
             # the fitted and exact estimates agree to the byte on the models we ship; the
             # cache key still tells them apart so that one never answers for the other
             cache = ProbeCache(cache_dir, {**cache.context, "estimator": method})
 
             def measure(b: int) -> ProbeResult:
-                return ProbeResult(fits=True, peak_bytes=peak_of(shape, b))
+                return ProbeResult(fits=True, peak_bytes=estimator.peak(shape, b))
         else:
 
             def measure(b: int) -> ProbeResult:

@@ -60,7 +60,34 @@ def test_probe_cache_follows_the_cache_directory(tmp_path, monkeypatch) -> None:
     r = CliRunner().invoke(app, ["oomptimize", _write(tmp_path), "--model", "tiny", "--estimate", "--gpu-memory",
                                  "200MiB", "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert len(list((tmp_path / "cache" / "oom").glob("*.json"))) == len(BUCKETS)
+    kept = [json.loads(f.read_text()) for f in (tmp_path / "cache" / "oom").glob("*.json")]
+    assert sum("probes" in k for k in kept) == len(BUCKETS)  # one per bucket shape
+    assert [k["value"] for k in kept if "value" in k] == ["fitted"]  # and the estimator the model gets
+
+
+def test_a_rerun_the_cache_answers_traces_nothing(tmp_path) -> None:
+    """The estimator a model gets is kept beside its probes: a re-run of the same search traces no
+    step and sizes every bucket the same; a damaged record is a miss (traced again)."""
+    from oom.fit import fitted_model
+
+    cache = tmp_path / "cache"
+
+    def run(name: str) -> dict:
+        r = CliRunner().invoke(app, ["oomptimize", _write(tmp_path), "--model", "tiny", "--estimate", "--gpu-memory",
+                                     "200MiB", "--cache-dir", str(cache), "-o", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        return json.loads((tmp_path / name).read_text())
+
+    fitted_model.cache_clear()
+    first = run("a.json")
+    assert fitted_model.cache_info().currsize == 1
+    fitted_model.cache_clear()
+    assert run("b.json") == first
+    assert fitted_model.cache_info().currsize == 0  # every probe and the estimator from the cache
+    (record,) = [f for f in cache.glob("*.json") if "value" in json.loads(f.read_text())]
+    record.write_text('{"context": ')
+    assert run("c.json") == first
+    assert fitted_model.cache_info().currsize == 1 and json.loads(record.read_text())["value"] == "fitted"
 
 
 def test_options_out_of_range_name_the_flag(tmp_path) -> None:
