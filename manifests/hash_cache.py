@@ -1,5 +1,5 @@
-"""Verified content hashes of files we wrote, remembered by the file's cheap facts, and the
-one cache directory.
+"""Verified content hashes of files we wrote, remembered by the file's cheap facts; the one
+cache directory; small values kept by context (:func:`keep_value`: OOM probes, the report's script).
 
 A recorded hash is trusted only once the rows were seen to hash to it; the verification is
 remembered under ``<cache>/content-hash/`` by the file's size, mtime and footer SHA-256
@@ -28,6 +28,31 @@ def default_cache_dir() -> Path:
     if env:
         return Path(env)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speech-dataprep"
+
+
+def context_key(context: Mapping[str, Any]) -> str:
+    """SHA-256 (hex, 24 chars) of the canonical JSON of ``context``: the name of what is kept for it."""
+    return hashlib.sha256(json.dumps(dict(context), sort_keys=True).encode()).hexdigest()[:24]
+
+
+def kept_value(folder: str | os.PathLike[str] | None, context: Mapping[str, Any], field: str = "value") -> Any:
+    """What :func:`keep_value` kept in ``folder`` for ``context`` under ``field``, or None (no
+    folder, none kept, another context under the same name, a corrupt file: a miss, never an error)."""
+    if folder is None:
+        return None
+    try:
+        data = json.loads((Path(folder) / f"{context_key(context)}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get(field) if isinstance(data, dict) and data.get("context") == context else None
+
+
+def keep_value(folder: str | os.PathLike[str] | None, context: Mapping[str, Any], value: Any,
+               field: str = "value") -> None:
+    """Keep a JSON ``value`` for ``context`` under ``field``, atomically (nothing without a folder):
+    one file per context, ``{"context": ..., field: value}``."""
+    if folder is not None:
+        write_json({"context": dict(context), field: value}, Path(folder) / f"{context_key(context)}.json")
 
 
 def file_facts(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from bucketing.dynres import LONGEST, bucket_frames
 from manifests.buckets_file import Bucket, BucketSpec
 from manifests.errors import DataprepError, OptionError
 from manifests.units import parse_bytes
-from oom.cache import ProbeCache, budget_probe, keep_value, kept_value
+from manifests.hash_cache import keep_value, kept_value
+from oom.cache import ProbeCache, budget_probe
 from oom.estimate import shape_estimator
 from oom.fit import FitError, fitted_model
 from oom.isolate import device_info, run_isolated
@@ -52,12 +53,12 @@ def _peak_function(model: str, loss_mode: str, exact_trace: bool) -> tuple[Calla
 
 class _Estimate:
     """The estimate's ``(shape, batch) -> peak bytes``, traced at the first probe the cache cannot
-    answer (the fit traces a step once: about 1 s for ``tiny``, 14 s for ``canary-1b-flash`` on
-    CPU). Which method a model gets (:func:`_peak_function`) names the cached probes, so it is kept
-    in the cache too: a search the cache answers traces nothing."""
+    answer (the fit traces a step once per model: seconds for a 1B model on CPU). Which method a
+    model gets (:func:`_peak_function`) names the cached probes, so it is kept in the cache too: a
+    search the cache answers traces nothing."""
 
     def __init__(self, model: str, loss_mode: str, exact_trace: bool, cache_dir: str | None) -> None:
-        self.model, self.loss_mode, self.cache_dir = model, loss_mode, cache_dir
+        self.model, self.loss_mode = model, loss_mode
         self.context = {"estimator_of": _model_context(model), "torch": torch.__version__, "loss_mode": loss_mode}
         self._peak: Callable[[Shape, int], int] | None = None
         kept = None if exact_trace else kept_value(cache_dir, self.context)

@@ -27,9 +27,9 @@ from dataprep.report.buckets_section import REPORT_PACK, BucketAggregates, batch
 from dataprep.report.learn_page import run_section, windows_section
 from dataprep.report.page_assets import CSS, GLOSSARY, JS, term_id
 from dataprep.report.plan_section import MAX_SHARE_EPOCHS, PlanAggregates
-from manifests.atomic_files import atomic_path, output_kind, write_json
+from manifests.atomic_files import atomic_path, output_kind
 from manifests.errors import DataprepError
-from manifests.hash_cache import default_cache_dir
+from manifests.hash_cache import default_cache_dir, keep_value, kept_value
 from manifests.optional import require
 
 #: the marker of a page this tool wrote (an existing -o without it is not replaced)
@@ -56,24 +56,20 @@ def vega_bundle() -> str:
     want = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
     vega_lite = want if want in vlc.get_vegalite_versions() else "default"
     key = {"vl_convert": str(getattr(vlc, "__version__", "unknown")), "vega_lite": vega_lite}
-    path = default_cache_dir() / "vega" / f"bundle-{key['vl_convert']}-{vega_lite}.json"
-    js = _kept_bundle(path, key)
+    folder = default_cache_dir() / "vega"
+    js = _kept_bundle(folder, key)
     if js is None:
         js = vlc.javascript_bundle(vl_version=want) if vega_lite != "default" else vlc.javascript_bundle()
         with contextlib.suppress(OSError, DataprepError):  # a cache that cannot be written costs 2 s again
-            write_json({**key, "sha256": hashlib.sha256(js.encode()).hexdigest(), "js": js}, path)
+            keep_value(folder, key, {"sha256": hashlib.sha256(js.encode()).hexdigest(), "js": js})
     return js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
 
 
-def _kept_bundle(path: Path, key: dict[str, str]) -> str | None:
-    """The bundle kept at ``path`` for ``key``, or None (missing, another version, corrupt)."""
-    try:
-        kept = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+def _kept_bundle(folder: Path, key: dict[str, str]) -> str | None:
+    """The bundle kept in ``folder`` for ``key``, or None (missing, another version, corrupt)."""
+    kept = kept_value(folder, key)
     js = kept.get("js") if isinstance(kept, dict) else None
-    if not isinstance(js, str) or any(kept.get(k) != v for k, v in key.items()) \
-            or kept.get("sha256") != hashlib.sha256(js.encode()).hexdigest():
+    if not isinstance(js, str) or kept.get("sha256") != hashlib.sha256(js.encode()).hexdigest():
         return None
     return js
 

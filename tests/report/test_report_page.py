@@ -228,20 +228,24 @@ def test_the_vega_bundle_is_kept_in_the_cache_and_checked(tmp_path: Path, monkey
     monkeypatch.setenv("SPEECH_DATAPREP_CACHE", str(tmp_path))
     page.vega_bundle.cache_clear()
     built = page.vega_bundle()
-    (kept,) = (tmp_path / "vega").iterdir()
+    folder = tmp_path / "vega"
+    (kept,) = folder.iterdir()
     record = json.loads(kept.read_text(encoding="utf-8"))
-    assert record["js"].replace("</script", "<\\/script") == built and "vega" in record["js"]
-    key = {k: record[k] for k in ("vl_convert", "vega_lite")}
+    key, bundle = record["context"], record["value"]
+    assert bundle["js"].replace("</script", "<\\/script") == built and "vega" in bundle["js"]
 
-    edited = record["js"] + "\n// kept"
-    kept.write_text(json.dumps({**record, "js": edited, "sha256": hashlib.sha256(edited.encode()).hexdigest()}))
+    def keep(js: str, sha: str, context: dict = key) -> None:
+        kept.write_text(json.dumps({"context": context, "value": {"js": js, "sha256": sha}}))
+
+    edited = bundle["js"] + "\n// kept"
+    keep(edited, hashlib.sha256(edited.encode()).hexdigest())
     page.vega_bundle.cache_clear()
     assert page.vega_bundle().endswith("// kept")  # a later process reads the kept bundle
-    kept.write_text(json.dumps({**record, "js": edited}))  # the SHA-256 no longer checks
-    assert page._kept_bundle(kept, key) is None
+    keep(edited, bundle["sha256"])  # the SHA-256 no longer checks
+    assert page._kept_bundle(folder, key) is None
     kept.write_text(json.dumps(record)[:1000])  # truncated
-    assert page._kept_bundle(kept, key) is None
-    kept.write_text(json.dumps({**record, "vl_convert": "0.0"}))  # another vl-convert's
-    assert page._kept_bundle(kept, key) is None
-    assert page._kept_bundle(tmp_path / "missing.json", key) is None
+    assert page._kept_bundle(folder, key) is None
+    keep(bundle["js"], bundle["sha256"], {**key, "vl_convert": "0.0"})  # another vl-convert's
+    assert page._kept_bundle(folder, key) is None
+    assert page._kept_bundle(tmp_path / "missing", key) is None
     page.vega_bundle.cache_clear()
